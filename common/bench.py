@@ -1,0 +1,54 @@
+"""Timing and roofline math shared by every benchmark.
+
+Times are `triton.testing.do_bench` medians (CUDA events, L2 flushed before each repetition, warm-up
+first). Every kernel is reported against the device-to-device copy bandwidth measured in the same
+run, counting bytes read plus bytes written, because absolute figures move between machines.
+In smoke mode (the interpreter on CPU) a host clock stands in: the numbers then mean nothing and
+only prove the benchmark code runs.
+"""
+import statistics
+import time
+
+import torch
+
+from common.device import DEVICE, INTERPRET
+
+
+def time_ms(fn, warmup_ms=25, rep_ms=100):
+    """Median milliseconds of one call of `fn`."""
+    if INTERPRET:
+        fn()  # warm-up: first-call work stays out of the figure
+        samples = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def gbps(n_bytes, ms):
+    return n_bytes / (ms * 1e-3) / 1e9
+
+
+def tflops(flops, ms):
+    return flops / (ms * 1e-3) / 1e12
+
+
+def copy_bandwidth_GBps(n_bytes=1 << 30):
+    """Device-to-device copy of `n_bytes` (far past L2), reported as (read + written) bytes / time."""
+    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    return gbps(2 * n_bytes, ms)
+
+
+def compile_fn(fn):
+    """`torch.compile` baseline: static shapes (the strongest kernels Inductor makes), default mode,
+    and a recompile limit high enough for a shape sweep."""
+    import torch._dynamo
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+    return torch.compile(fn, dynamic=False)

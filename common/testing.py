@@ -1,0 +1,190 @@
+"""Comparison against a reference, the PASS/FAIL table, and the two test tiers.
+
+A test script holds one list, `CASES`, of `Case`s. `run_cases` runs it as a script (progress line
+per case, then a tabulate table, then `N passed, M failed`, exit code 1 on any failure); the root
+`conftest.py` hands the same list to pytest, so there is one source of cases. Cases marked
+`gpu_only` are too big for Triton's interpreter and run only when a CUDA device is present.
+
+Tolerance rule (from flash-attention's tests): an output passes when every element is within
+`atol + rtol * |ref|` of a reference computed in fp32/fp64 from the same inputs, and, when the test
+supplies PyTorch's own same-dtype result, its max error is at most 2x PyTorch's plus `atol`.
+"""
+import math
+import os
+import random
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from common.device import DEVICE, INTERPRET, describe
+from common.validation import DTYPE_NAMES
+
+
+@dataclass(frozen=True)
+class Tol:
+    atol: float
+    rtol: float
+    why: str
+
+
+# One table for every kernel whose output is computed in fp32 and rounded once to the output dtype.
+# A kernel with a different error model (long fp32 dot products, ...) passes its own Tol to compare().
+TOLERANCES = {
+    torch.float32: Tol(1e-5, 1e-5, "fp32 math throughout; only the order of summation differs from "
+                                   "the fp64 reference (~log2(N) * 2^-24 relative)"),
+    torch.float16: Tol(1e-5, 2 ** -10, "one rounding of an fp32 result to fp16 is half an ulp (2^-11 "
+                                       "relative); summation order can flip a rounding: one ulp"),
+    torch.bfloat16: Tol(1e-5, 2 ** -7, "the same rule for bf16's 8-bit significand: one ulp, 2^-7"),
+}
+
+
+@dataclass
+class Outcome:
+    """One checked output (or one expected error) of a case; a row of the report."""
+    check: str
+    passed: bool
+    max_abs: float = float("nan")
+    max_rel: float = float("nan")
+    bad: str = ""
+    first_bad: str = ""
+    limit: str = ""
+    torch_err: float = float("nan")
+    note: str = ""
+
+
+def compare(check, out, ref, tol=None, torch_out=None):
+    """Compare `out` with `ref` (computed in fp32 or fp64 from the same inputs).
+
+    out, ref: same shape. tol: a Tol, by default TOLERANCES[out.dtype]. torch_out: PyTorch's own
+    result in out's dtype, if there is one; its error against `ref` bounds ours (2x plus atol).
+    NaN where the reference is finite, or a different NaN/inf pattern, always fails.
+    """
+    tol = tol or TOLERANCES[out.dtype]
+    if tuple(out.shape) != tuple(ref.shape):
+        return Outcome(check, False, note=f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    o, r = out.detach().double(), ref.detach().double()
+    diff = (o - r).abs()
+    same_special = (o.isnan() & r.isnan()) | (o.isinf() & (o == r))
+    ok = (diff <= tol.atol + tol.rtol * r.abs()) | same_special
+    finite = ~same_special
+    max_abs = diff[finite].max().item() if finite.any() else 0.0
+    rel = diff / r.abs().clamp_min(1e-30)
+    max_rel = rel[finite & (r.abs() > tol.atol)].max().item() if (finite & (r.abs() > tol.atol)).any() else 0.0
+    n_bad = int((~ok).sum().item())
+    first_bad = ""
+    if n_bad:
+        flat = int((~ok).flatten().nonzero()[0].item())
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape))
+        first_bad = f"{idx}: {o[idx].item():.6g} vs {r[idx].item():.6g}"
+    passed = n_bad == 0
+    torch_err = float("nan")
+    note = ""
+    if torch_out is not None:
+        torch_err = (torch_out.detach().double() - r).abs().nan_to_num(nan=math.inf).max().item() if r.numel() else 0.0
+        if not max_abs <= 2 * torch_err + tol.atol:
+            passed = False
+            note = "error above 2x PyTorch's own"
+    return Outcome(check, passed, max_abs, max_rel, f"{n_bad}/{o.numel()}", first_bad,
+                   f"{tol.atol:.0e}+{tol.rtol:.1e}|ref|", torch_err, note)
+
+
+def expect_raises(check, fn, exc_types=(ValueError, TypeError), match=""):
+    """The call must raise one of `exc_types` with `match` (an argument name) in its message."""
+    try:
+        fn()
+    except exc_types as e:
+        msg = str(e)
+        ok = match.lower() in msg.lower()
+        return Outcome(check, ok, note=(msg if ok else f"message lacks {match!r}: {msg}")[:70])
+    except Exception as e:  # the wrong kind of error is a failure, not a crash of the script
+        return Outcome(check, False, note=f"{type(e).__name__}: {e}"[:70])
+    return Outcome(check, False, note="no error raised")
+
+
+def poisoned(shape, dtype):
+    """An output buffer full of NaN: an element the kernel fails to write shows up as a mismatch."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def rand(shape, dtype, *, pad=None, scale=1.0):
+    """Fresh normal(0, scale) input of `shape`. pad (one int per dim) returns a strided view: a
+    tensor `pad` larger in each dim, cut back to `shape`, so its strides are not the packed ones
+    (pad=(0, 8) gives rows with a wider stride; padding a middle dim gives leading dims that
+    cannot be merged into one row index)."""
+    pad = pad or (0,) * len(shape)
+    full = torch.randn(*(s + p for s, p in zip(shape, pad)), device=DEVICE) * scale
+    return full.to(dtype)[tuple(slice(0, s) for s in shape)]
+
+
+def dtype_name(dtype):
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+@dataclass
+class Case:
+    """One test case: `fn(**kwargs)` builds fresh inputs and returns a list of Outcomes."""
+    name: str
+    fn: Callable[..., list]
+    kwargs: dict = field(default_factory=dict)
+    gpu_only: bool = False
+
+    def run(self, base_seed):
+        torch.manual_seed(base_seed ^ zlib.crc32(self.name.encode()))
+        try:
+            return self.fn(**self.kwargs)
+        except Exception as e:  # a crash is one failed case, and the script goes on
+            return [Outcome("(crashed)", False, note=f"{type(e).__name__}: {e}"[:120])]
+
+    def check(self):
+        """pytest entry point: raise AssertionError naming every failed output."""
+        failed = [o for o in self.run(base_seed()) if not o.passed]
+        assert not failed, "; ".join(f"{o.check}: bad {o.bad} first {o.first_bad} {o.note}" for o in failed)
+
+
+def base_seed():
+    """TEST_SEED=<int> reruns a failure with the same inputs; otherwise every run draws new ones."""
+    if "TEST_SEED" not in os.environ:
+        os.environ["TEST_SEED"] = str(random.randrange(2 ** 31))
+    return int(os.environ["TEST_SEED"])
+
+
+def select_cases(cases):
+    """The interpreter tier (small shapes) on the CPU; every case on a GPU."""
+    return [c for c in cases if not (INTERPRET and c.gpu_only)]
+
+
+def _fmt(x):
+    return "" if isinstance(x, float) and math.isnan(x) else (f"{x:.3g}" if isinstance(x, float) else x)
+
+
+def run_cases(title, cases):
+    """Run the tier's cases with a progress line each, print the table and the count; return the
+    exit code (1 if any case failed)."""
+    from tabulate import tabulate
+
+    seed = base_seed()
+    chosen = select_cases(cases)
+    print(f"{title}: {len(chosen)} of {len(cases)} cases on {describe()}, TEST_SEED={seed}", flush=True)
+    rows, n_pass, n_fail = [], 0, 0
+    for i, case in enumerate(chosen, 1):
+        t0 = time.perf_counter()
+        outcomes = case.run(seed)
+        ok = all(o.passed for o in outcomes) and bool(outcomes)
+        n_pass, n_fail = n_pass + ok, n_fail + (not ok)
+        print(f"  [{i}/{len(chosen)}] {case.name} ... {'PASS' if ok else 'FAIL'} "
+              f"({time.perf_counter() - t0:.1f}s)", flush=True)
+        for o in outcomes:
+            rows.append([case.name, o.check, _fmt(o.max_abs), _fmt(o.max_rel), o.bad, o.first_bad,
+                         o.limit, _fmt(o.torch_err), "PASS" if o.passed else "FAIL", o.note])
+    print(tabulate(rows, headers=["case", "check", "max abs", "max rel", "bad", "first bad",
+                                  "tolerance", "torch err", "result", "note"]))
+    print(f"{n_pass} passed, {n_fail} failed", flush=True)
+    return 1 if n_fail else 0
+
+
+def main(title, cases):
+    sys.exit(run_cases(title, cases))

@@ -1,0 +1,50 @@
+"""Argument checks shared by every launcher: each raises before anything is launched, with a
+message that names the argument and says what was expected."""
+import torch
+
+from common.device import DEVICE
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def check_tensor(name, t, dtypes=FLOAT_DTYPES, min_dim=1):
+    """`t` must be a tensor on the kernel device, of one of `dtypes`, with at least `min_dim` dims."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        wanted = ", ".join(DTYPE_NAMES.get(d, str(d)) for d in dtypes)
+        raise TypeError(f"{name} must have dtype {wanted}; got {t.dtype}")
+    if t.device.type != DEVICE:
+        raise ValueError(f"{name} must be on the {DEVICE} device, got a tensor on {t.device}")
+    if t.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dim(s), got shape {tuple(t.shape)}")
+
+
+def check_same_device(name, t, like_name, like):
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but {like_name} is on {like.device}")
+
+
+def check_out(name, out, shape, dtype, device):
+    """A caller-supplied output buffer must match what the kernel would allocate."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+        raise ValueError(
+            f"{name} must have shape {tuple(shape)}, dtype {dtype} and device {device}; "
+            f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def as_rows(name, t):
+    """View `t` (..., N) as (rows, N) without a copy when the leading dims merge and the last dim
+    is unit-stride; otherwise copy once (the kernels take a row stride, not a column stride)."""
+    n_cols = t.shape[-1]
+    if t.stride(-1) != 1 and n_cols > 1:
+        t = t.contiguous()
+    try:
+        return t.view(-1, n_cols)
+    except RuntimeError:  # leading dims that cannot be merged into one row index
+        return t.reshape(-1, n_cols)

@@ -1,0 +1,9 @@
+"""pytest collects every test script's CASES, the same list the script runs on its own."""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+from common.testing import select_cases
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames and hasattr(metafunc.module, "CASES"):
+        cases = select_cases(metafunc.module.CASES)
+        metafunc.parametrize("case", cases, ids=[c.name for c in cases])

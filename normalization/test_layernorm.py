@@ -1,0 +1,96 @@
+"""Tests for normalization/triton_layernorm.py against the fp64 reference and F.layer_norm.
+
+    python normalization/test_layernorm.py        (or: pytest normalization/test_layernorm.py)
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from common.testing import (TOLERANCES, Case, Outcome, compare, dtype_name, expect_raises, main,  # noqa: E402
+                            poisoned, rand)
+from normalization.layernorm import layernorm_ref  # noqa: E402
+from normalization.norm_cases import huge_rows, norm_inputs  # noqa: E402
+from normalization.triton_layernorm import layernorm  # noqa: E402
+
+EPS = 1e-5
+
+
+def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None, offset=0.0, affine=(True, True)):
+    x = rand(shape, dtype, pad=pad, scale=scale)
+    if offset:
+        x = x + offset  # a large mean: E[x^2] - E[x]^2 would cancel here
+    n = shape[-1]
+    w = rand((n,), weight_dtype or dtype) if affine[0] else None
+    b = rand((n,), weight_dtype or dtype) if affine[1] else None
+    y = layernorm(x, w, b, EPS, out=poisoned(shape, dtype))
+    ref = layernorm_ref(x.double(), None if w is None else w.double(), None if b is None else b.double(), EPS)
+    torch_out = F.layer_norm(x, (n,), w, b, EPS) if weight_dtype is None else None
+    # With a large mean the fp32 mean itself is off by up to an ulp of the offset (2^-23 * offset),
+    # and x - mean carries that into y scaled by |weight| / std (~4 here): allow 2x that, 2^-20 * offset.
+    # Cancellation (E[x^2] - E[x]^2) would be ~2^-24 * offset^2 / std^2 relative: 6% of y at 1000.
+    tol = replace(TOLERANCES[dtype], atol=TOLERANCES[dtype].atol + 2 ** -20 * offset)
+    return [compare("y", y, ref, tol=tol, torch_out=torch_out)]  # inf/NaN where ref is finite fails too
+
+
+def check_own_buffer():
+    x, w, b = rand((9, 41), torch.float16), rand((41,), torch.float16), rand((41,), torch.float16)
+    return [compare("y", layernorm(x, w, b, EPS), layernorm_ref(x.double(), w.double(), b.double(), EPS))]
+
+
+def check_huge(n_cols):
+    """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
+    rows = huge_rows(n_cols)
+    x, w, b = rand((rows, n_cols), torch.float16), rand((n_cols,), torch.float16), rand((n_cols,), torch.float16)
+    y = layernorm(x, w, b, EPS, out=poisoned((rows, n_cols), torch.float16))
+    return [compare("last rows", y[-4:], layernorm_ref(x[-4:].double(), w.double(), b.double(), EPS))]
+
+
+def check_errors():
+    x, w = rand((4, 64), torch.float16), rand((64,), torch.float16)
+    other = "cpu" if DEVICE == "cuda" else "meta"
+    return [
+        expect_raises("weight size", lambda: layernorm(x, w[:63]), ValueError, "weight"),
+        expect_raises("bias size", lambda: layernorm(x, w, w[:10]), ValueError, "bias"),
+        expect_raises("int x", lambda: layernorm(x.to(torch.int64), w), TypeError, "x"),
+        expect_raises("int bias", lambda: layernorm(x, w, w.to(torch.int32)), TypeError, "bias"),
+        expect_raises(f"x on {other}", lambda: layernorm(x.to(other)), ValueError, "x"),
+        expect_raises("bias elsewhere", lambda: layernorm(x, w, w.to(other)), ValueError, "bias"),
+        expect_raises("eps < 0", lambda: layernorm(x, w, eps=-1e-5), ValueError, "eps"),
+        expect_raises("out dtype", lambda: layernorm(x, w, out=x.float()), ValueError, "out"),
+    ]
+
+
+def check_empty():
+    x = rand((2, 0, 64), torch.float32)
+    y = layernorm(x, rand((64,), torch.float32))
+    return [Outcome("empty in, empty out", y.shape == x.shape and y.dtype == x.dtype)]
+
+
+CASES = [Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_inputs()]
+for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    for n in (123, 4096, 65537):  # both kernels, each with and without weight and bias
+        CASES += [Case(f"(3, {n}) {dtype_name(dtype)} {name} offset=1000", check,
+                       dict(shape=(3, n), dtype=dtype, offset=1000.0, affine=affine))
+                  for name, affine in (("w+b", (True, True)), ("no bias", (True, False)), ("no affine", (False, False)))]
+CASES += [
+    Case("allocates its output", check_own_buffer),
+    Case("bad input", check_errors),
+    Case("empty input", check_empty),
+    Case("2^31+ elements, fused", check_huge, dict(n_cols=4096), gpu_only=True),
+    Case("2^31+ elements, looped", check_huge, dict(n_cols=65537), gpu_only=True),
+]
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("layernorm", CASES)

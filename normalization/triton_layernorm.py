@@ -1,0 +1,123 @@
+"""LayerNorm over the last dim in Triton, matching `F.layer_norm` (biased variance).
+
+    y = (x - mean) * rsqrt(var + eps) * weight + bias       math in fp32, one cast
+
+Traffic per row: read x (N*e), write y (N*e); weight and bias stay in L2.
+The fused kernel (short rows, in registers) takes the variance of the centred values, so there is
+no E[x^2] - E[x]^2 cancellation. The looped kernel keeps a Welford mean/M2 per lane over the row's
+chunks, merges the lanes (parallel-axis formula), then re-reads the row from L1/L2 to normalize.
+normalization/launch_config.py picks the kernel and its launch.
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.validation import as_rows, check_out
+from normalization.launch_config import row_config
+from normalization.triton_rmsnorm import check_norm_args
+
+
+@triton.jit
+def _layernorm_fused_kernel(
+    # pointers
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_xm, stride_ym,
+    eps,
+    # meta-parameters
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
+                eviction_policy="evict_first").to(tl.float32)
+    mean = tl.sum(x, axis=1) / n_cols
+    centred = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
+    y = centred * rstd[:, None]
+    if HAS_WEIGHT:
+        y *= tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layernorm_looped_kernel(
+    # pointers
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_xm, stride_ym,
+    eps,
+    # meta-parameters
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    lanes = tl.arange(0, BLOCK_N)
+    # lane l sees columns l, l + BLOCK_N, ...: its count is known up front
+    lane_count = ((n_cols - lanes + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
+    for row_idx in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(row_idx, tl.int64)
+        # pass 1: per-lane Welford. In chunk k every live lane has seen exactly k + 1 values, so the
+        # update weight is one scalar per chunk; the row stays in L2 (evict_last) for pass 2.
+        mean = tl.zeros([BLOCK_N], dtype=tl.float32)
+        m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + lanes
+            mask = cols < n_cols
+            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            delta = x - mean
+            mean = tl.where(mask, mean + delta / (start // BLOCK_N + 1), mean)
+            m2 = tl.where(mask, m2 + delta * (x - mean), m2)
+        # merge the lanes: M2 = sum of lane M2s + sum of n_l * (lane mean - row mean)^2, every term
+        # non-negative, so nothing cancels however large the mean is next to the spread
+        row_mean = tl.sum(mean * lane_count, axis=0) / n_cols
+        spread = mean - row_mean
+        row_m2 = tl.sum(m2 + lane_count * spread * spread, axis=0)
+        rstd = tl.rsqrt(row_m2 / n_cols + eps)
+        # pass 2: normalize, reading the row for the last time
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + lanes
+            mask = cols < n_cols
+            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+            y = (x - row_mean) * rstd
+            if HAS_WEIGHT:
+                y *= tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_BIAS:
+                y += tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")  # y is not read again: keep L2 for x
+
+
+def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
+    """LayerNorm over the last dim.
+
+    x: (..., N) fp16, bf16 or fp32, any row stride. weight, bias: (N,) any float dtype, or None.
+    out: optional contiguous buffer shaped like x. Returns y: (..., N), x's dtype.
+    """
+    n_cols = check_norm_args(x, weight, eps)
+    if bias is not None:
+        check_norm_args(x, bias, eps, weight_name="bias")
+    if out is not None:
+        check_out("out", out, x.shape, x.dtype, x.device)
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    x2 = as_rows("x", x)
+    y2 = y.view(-1, n_cols)
+    n_rows = x2.shape[0]
+    cfg = row_config(n_rows, n_cols, x.element_size())
+    # absent weight/bias: pass x as a never-read placeholder pointer
+    args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y2,
+            n_rows, n_cols, x2.stride(0), y2.stride(0), eps)
+    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+    if cfg.looped:
+        _layernorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+    else:
+        _layernorm_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                             num_warps=cfg.num_warps)
+    return y

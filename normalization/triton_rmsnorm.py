@@ -1,0 +1,141 @@
+"""RMSNorm (and residual-add + RMSNorm) in Triton.
+
+    y = x * rsqrt(mean(x^2) + eps) * weight            over the last dim, math in fp32, one cast
+    u = x + residual;  y = rmsnorm(u)                   with HAS_RESIDUAL (u rounded to x's dtype)
+
+Memory traffic per row of N values of e bytes: read x (N*e), write y (N*e), plus weight (N*w_e,
+read once per program, L2-resident). With a residual: also read residual and write u: 4*N*e.
+Two kernels, chosen by normalization/launch_config.py: `_rmsnorm_fused_kernel` holds BLOCK_M short
+rows in registers; `_rmsnorm_looped_kernel` streams a row in chunks twice, the second pass served
+from L1/L2, which needs fewer registers and so keeps more loads in flight.
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.validation import as_rows, check_out, check_same_device, check_tensor
+from normalization.launch_config import row_config
+
+
+@triton.jit
+def _rmsnorm_fused_kernel(
+    # pointers
+    x_ptr, res_ptr, w_ptr, y_ptr, u_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um,
+    eps,
+    # meta-parameters
+    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    # x and residual are read exactly once: do not let them push the weight out of L2
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
+                eviction_policy="evict_first")
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first")
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # u is rounded before it is normalized
+        tl.store(u_ptr + rows[:, None] * stride_um + cols[None, :], x, mask=mask)
+    x = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_looped_kernel(
+    # pointers
+    x_ptr, res_ptr, w_ptr, y_ptr, u_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um,
+    eps,
+    # meta-parameters
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # grid-stride over rows: for rows past 64 KB the grid is capped so the rows in flight stay in L2
+    for row_idx in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(row_idx, tl.int64)
+        # pass 1: sum of squares; keep the row in L2 (evict_last) for pass 2
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+            if HAS_RESIDUAL:
+                r = tl.load(res_ptr + row * stride_rm + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+                tl.store(u_ptr + row * stride_um + cols, x, mask=mask, eviction_policy="evict_last")
+            x = x.to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        if HAS_RESIDUAL:
+            tl.debug_barrier()  # pass 2 reads u back: make every thread's stores visible to the block
+        # pass 2: normalize; the source is read for the last time
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            if HAS_RESIDUAL:
+                x = tl.load(u_ptr + row * stride_um + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            else:
+                x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            y = x.to(tl.float32) * rstd * w
+            tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")  # y is not read again: keep L2 for x
+
+
+def check_norm_args(x, weight, eps, x_name="x", weight_name="weight"):
+    """Shared argument checks of the row-wise norms; returns N, the normalized size."""
+    check_tensor(x_name, x)
+    n_cols = x.shape[-1]
+    if weight is not None:
+        check_tensor(weight_name, weight)
+        check_same_device(weight_name, weight, x_name, x)
+        if tuple(weight.shape) != (n_cols,):
+            raise ValueError(f"{weight_name} must have shape ({n_cols},) to match the last dim of "
+                             f"{x_name} {tuple(x.shape)}; got {tuple(weight.shape)}")
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    return n_cols
+
+
+def launch_rmsnorm(x, residual, weight, eps, y, u):
+    """Launch on validated arguments: x, residual (or None) (..., N); weight (N,); y, u (or None)
+    contiguous outputs shaped like x. Writes y (and u) in place."""
+    if x.numel() == 0:
+        return
+    x2 = as_rows("x", x)
+    n_rows, n_cols = x2.shape
+    r2 = as_rows("residual", residual) if residual is not None else x2
+    y2 = y.view(-1, n_cols)
+    u2 = u.view(-1, n_cols) if u is not None else y2
+    cfg = row_config(n_rows, n_cols, x.element_size())
+    args = (x2, r2, weight.contiguous(), y2, u2, n_rows, n_cols,
+            x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0), eps)
+    if cfg.looped:
+        _rmsnorm_looped_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None,
+                                            BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+    else:
+        _rmsnorm_fused_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None,
+                                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                           num_warps=cfg.num_warps)
+
+
+def rmsnorm(x, weight, eps=1e-6, out=None):
+    """RMSNorm over the last dim.
+
+    x: (..., N) fp16, bf16 or fp32, any row stride (a view whose leading dims cannot merge is
+       copied once). weight: (N,) any float dtype. out: optional contiguous buffer shaped like x.
+    Returns y: (..., N), x's dtype.
+    """
+    check_norm_args(x, weight, eps)
+    if out is not None:
+        check_out("out", out, x.shape, x.dtype, x.device)
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launch_rmsnorm(x, None, weight, eps, y, None)
+    return y
