@@ -27,6 +27,17 @@ FUSED_TABLE = [
     (2048, 2, 4),   # N = 1024: 3178 GB/s (compile 3102-3272, run to run)
 ]
 
+# LayerNorm keeps rows up to 32 KB in the fused kernel: its looped pass 1 carries a Welford update
+# per value, and measured 2620 / 2795 / 2747 / 3166 GB/s at N = 2048 / 4096 / 8192 / 16384 bf16
+# where the fused kernel did 3670 / 3843 / 3782 / 3749 (compile 2708 / 3159 / 4007 / 4120).
+#   (max row bytes, BLOCK_M, num_warps), after FUSED_TABLE
+LAYERNORM_FUSED_TABLE = [
+    (4096, 1, 4),
+    (8192, 1, 8),
+    (16384, 1, 8),
+    (32768, 1, 16),
+]
+
 # Looped kernel with one program per row, for padded rows up to LOOPED_MAX_ROW_BYTES. The chunk is
 # half the row, clamped to 2-8 KB, and num_warps gives each thread one 16-byte load per chunk:
 #   N = 2048 fp16: 1024-value chunks, 4 warps: 3694 GB/s (fused 3579, compile 3209)
@@ -64,11 +75,11 @@ def _sm_count():
 
 
 @functools.lru_cache(maxsize=1024)
-def row_config(n_rows, n_cols, elem_size):
+def row_config(n_rows, n_cols, elem_size, layernorm=False):
     """Pick kernel and launch parameters for n_rows rows of n_cols values of elem_size bytes."""
     block_n = triton.next_power_of_2(n_cols)
     row_bytes = block_n * elem_size
-    for max_bytes, block_m, warps in FUSED_TABLE:
+    for max_bytes, block_m, warps in FUSED_TABLE + (LAYERNORM_FUSED_TABLE if layernorm else []):
         if row_bytes <= max_bytes:
             return RowConfig(False, block_m, block_n, warps, triton.cdiv(n_rows, block_m))
     if row_bytes <= LOOPED_MAX_ROW_BYTES:

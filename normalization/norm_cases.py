@@ -6,7 +6,7 @@ One list for RMSNorm, residual RMSNorm and LayerNorm so the three cannot drift a
 import torch
 
 from common.testing import dtype_name
-from normalization.launch_config import FUSED_TABLE, LOOPED_MAX_ROW_BYTES
+from normalization.launch_config import FUSED_TABLE, LAYERNORM_FUSED_TABLE, LOOPED_MAX_ROW_BYTES
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 760, 1000, 4096, 5120, 65537)
@@ -25,7 +25,8 @@ def norm_inputs():
     for dtype in DTYPES:
         for n in WIDTHS:
             add((3, n), dtype)
-        for max_bytes in (FUSED_TABLE[-1][0], LOOPED_MAX_ROW_BYTES):  # either side of each switch
+        switches = (FUSED_TABLE[-1][0], LAYERNORM_FUSED_TABLE[-1][0], LOOPED_MAX_ROW_BYTES)
+        for max_bytes in switches:  # either side of each change of kernel or grid
             widest = max_bytes * 8 // torch.finfo(dtype).bits
             add((2, widest), dtype)
             add((2, widest + 1), dtype)

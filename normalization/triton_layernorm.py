@@ -123,7 +123,7 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
     x2 = as_rows("x", x)
     y2 = y.view(-1, n_cols)
     n_rows = x2.shape[0]
-    cfg = row_config(n_rows, n_cols, x.element_size())
+    cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)
     # absent weight/bias: pass x as a never-read placeholder pointer
     args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y2,
             n_rows, n_cols, x2.stride(0), y2.stride(0), eps)
