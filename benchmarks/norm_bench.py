@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from common.bench import compile_fn, copy_bandwidth_GBps, time_ms  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.results import make_meta, make_row, parse_args, plot_sweeps, write_json  # noqa: E402
+from common.results import make_meta, make_row, parse_args, plot_sweeps, read_json, shape_str, write_json  # noqa: E402
 from common.testing import dtype_name  # noqa: E402
 from normalization.layernorm import layernorm_ref  # noqa: E402
 from normalization.rmsnorm import residual_rmsnorm_ref, rmsnorm_ref  # noqa: E402
@@ -55,11 +55,10 @@ OPS = {
 }
 
 
-def main():
-    args = parse_args(__doc__.splitlines()[0])
-    sweeps = SMOKE_SWEEPS if args.smoke else FULL_SWEEPS
+def measure(sweeps, smoke):
+    """Time every op, dtype, shape and provider; returns (meta, rows)."""
     shapes = list(dict.fromkeys(s for _, points in sweeps for _, s in points))
-    copy_GBps = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
+    copy_GBps = copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30)
     meta = make_meta(copy_GBps)
     print(f"copy bandwidth {copy_GBps:.0f} GB/s on {meta['gpu']}", flush=True)
     rows = []
@@ -75,7 +74,7 @@ def main():
                 for provider, fn in providers.items():
                     err = (_first(fn(*inputs)).float() - expected).abs().max().item()  # also the warm-up
                     ms = time_ms(lambda: fn(*inputs))
-                    row = make_row(op, f"{m}x{n}", dtype_name(dtype), provider, ms, copy_GBps,
+                    row = make_row(op, shape_str((m, n)), dtype_name(dtype), provider, ms, copy_GBps,
                                    n_bytes=n_bytes(m, n, x.element_size()), max_err=err)
                     rows.append(row)
                     print(f"{op:17s} {row['shape']:>12s} {row['dtype']} {provider:15s} {ms:9.4f} ms "
@@ -83,7 +82,17 @@ def main():
                 del x, r, w, b, inputs, expected
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()  # the widest shapes need the memory the last ones held
-    write_json(args.out, "norm", meta, rows)
+    return meta, rows
+
+
+def main():
+    args = parse_args(__doc__.splitlines()[0])
+    sweeps = SMOKE_SWEEPS if args.smoke else FULL_SWEEPS
+    if args.replot:
+        meta, rows = read_json(args.out, "norm")
+    else:
+        meta, rows = measure(sweeps, args.smoke)
+        write_json(args.out, "norm", meta, rows)
     for op in OPS:
         for dtype in ("fp16", "bf16"):
             sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]

@@ -20,15 +20,22 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 SMOKE_DIR = ROOT / "build" / "bench-smoke"
 
 
+def shape_str(shape):
+    """(16384, 4096) -> "16384x4096", the shape key of result rows and charts."""
+    return "x".join(str(d) for d in shape)
+
+
 def parse_args(description):
     """Every benchmark's command line: --smoke runs tiny shapes in the interpreter into a scratch
-    folder. A full run needs a CUDA GPU; without one, say so in one line and exit 2."""
+    folder; --replot redraws the charts from the JSON already in the results folder. A full run
+    needs a CUDA GPU; without one, say so in one line and exit 2."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes, any device, results into build/bench-smoke (numbers meaningless)")
+    parser.add_argument("--replot", action="store_true", help="redraw the charts from the results JSON")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder")
     args = parser.parse_args()
-    if not args.smoke and INTERPRET:
+    if not args.smoke and not args.replot and INTERPRET:
         print(f"{pathlib.Path(sys.argv[0]).name}: no CUDA GPU here; a benchmark needs one "
               "(use --smoke to run the code on tiny shapes)", file=sys.stderr)
         sys.exit(2)
@@ -55,6 +62,11 @@ def make_row(op, shape, dtype, provider, ms, copy_GBps, n_bytes=None, flops=None
             "max_err": None if max_err is None else float(f"{max_err:.3g}")}
 
 
+def read_json(out_dir, name):
+    data = json.loads((pathlib.Path(out_dir) / f"{name}.json").read_text())
+    return data["meta"], data["rows"]
+
+
 def write_json(out_dir, name, meta, rows):
     path = pathlib.Path(out_dir) / f"{name}.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
@@ -66,7 +78,7 @@ def plot_sweeps(path, title, rows, sweeps, meta, metric="GBps"):
     """One PNG, one panel per sweep: `metric` against the swept dimension for every provider, with
     the copy bandwidth as a line when the metric is GB/s.
 
-    rows: the result rows of one op and dtype. sweeps: [(xlabel, [(x, shape), ...]), ...].
+    rows: the result rows of one op and dtype. sweeps: [(xlabel, [(x, shape tuple), ...]), ...].
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -77,7 +89,7 @@ def plot_sweeps(path, title, rows, sweeps, meta, metric="GBps"):
     for ax, (xlabel, points) in zip(axes[0], sweeps):
         for provider in providers:
             by_shape = {r["shape"]: r[metric] for r in rows if r["provider"] == provider}
-            xy = [(x, by_shape[s]) for x, s in points if by_shape.get(s) is not None]
+            xy = [(x, by_shape[shape_str(s)]) for x, s in points if by_shape.get(shape_str(s)) is not None]
             if xy:
                 ax.plot(*zip(*xy), marker="o", label=provider)
         if metric == "GBps":

@@ -38,7 +38,7 @@ def check_out(name, out, shape, dtype, device):
         raise ValueError(f"{name} must be contiguous")
 
 
-def as_rows(name, t):
+def as_rows(t):
     """View `t` (..., N) as (rows, N) without a copy when the leading dims merge and the last dim
     is unit-stride; otherwise copy once (the kernels take a row stride, not a column stride)."""
     n_cols = t.shape[-1]

@@ -67,8 +67,9 @@ CASES = [Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_
     Case("allocates its output", check_own_buffer),
     Case("bad input", check_errors),
     Case("empty input", check_empty),
-    Case("2^31+ elements, fused", check_huge, dict(n_cols=4096), gpu_only=True),
-    Case("2^31+ elements, looped", check_huge, dict(n_cols=65537), gpu_only=True),
+] + [
+    Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True)
+    for kernel, n in (("fused", 1000), ("looped", 4096), ("wide rows", 65537))
 ]
 
 

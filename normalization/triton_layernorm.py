@@ -120,7 +120,7 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
     y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    x2 = as_rows("x", x)
+    x2 = as_rows(x)
     y2 = y.view(-1, n_cols)
     n_rows = x2.shape[0]
     cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)

@@ -121,9 +121,9 @@ def launch_rmsnorm(x, residual, weight, eps, y, u):
     contiguous outputs shaped like x. Writes y (and u) in place."""
     if x.numel() == 0:
         return
-    x2 = as_rows("x", x)
+    x2 = as_rows(x)
     n_rows, n_cols = x2.shape
-    r2 = as_rows("residual", residual) if residual is not None else x2
+    r2 = as_rows(residual) if residual is not None else x2
     y2 = y.view(-1, n_cols)
     u2 = u.view(-1, n_cols) if u is not None else y2
     cfg = row_config(n_rows, n_cols, x.element_size())

@@ -1,0 +1,46 @@
+"""Markdown tables for the README from a results JSON, so README figures come from the files.
+
+    python -m common.report benchmarks/results/norm.json [--min-elements 16777216]
+
+One table per op, one row per shape, one column group per dtype: our GB/s with its share of the
+copy bandwidth (or TFLOP/s where the rows carry no bytes), then every baseline's figure.
+"""
+import argparse
+import json
+import math
+
+
+def tables(path, min_elements=0):
+    """One markdown table per op in the file, preceded by a line naming the run."""
+    data = json.load(open(path))
+    meta, rows = data["meta"], data["rows"]
+    metric = "GBps" if rows and rows[0]["GBps"] is not None else "TFLOPs"
+    cell = {(r["op"], r["shape"], r["dtype"], r["provider"]): r for r in rows}
+    out = [f"{meta['gpu']}, {meta['date']}, torch {meta['torch']}, triton {meta['triton']}; copy bandwidth "
+           f"{meta['copy_GBps']:.0f} GB/s. Figures in {metric}; ours also as a share of the copy bandwidth."]
+    for op in dict.fromkeys(r["op"] for r in rows):
+        sel = [r for r in rows if r["op"] == op]
+        dtypes = list(dict.fromkeys(r["dtype"] for r in sel))
+        providers = list(dict.fromkeys(r["provider"] for r in sel if r["provider"] != "triton"))
+        shapes = [s for s in dict.fromkeys(r["shape"] for r in sel)
+                  if math.prod(int(d) for d in s.split("x")) >= min_elements]
+        head = ["shape"] + [f"{dt} {p}" for dt in dtypes for p in ["triton"] + providers]
+        out += ["", f"**{op}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for shape in shapes:
+            line = [shape]
+            for dt in dtypes:
+                ours = cell.get((op, shape, dt, "triton"))
+                pct = f" ({ours['pct_copy']:.0f}%)" if ours and ours["pct_copy"] is not None else ""
+                line.append(f"**{ours[metric]:.0f}**{pct}" if ours else "")
+                line += [f"{cell[(op, shape, dt, p)][metric]:.0f}" if (op, shape, dt, p) in cell else ""
+                         for p in providers]
+            out.append("| " + " | ".join(line) + " |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json")
+    parser.add_argument("--min-elements", type=int, default=0)
+    args = parser.parse_args()
+    print(tables(args.json, args.min_elements))
