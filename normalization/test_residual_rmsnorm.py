@@ -30,6 +30,9 @@ def outcomes(x, r, w, y, u, with_torch=True):
 
 
 def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None):
+    # Large-value cases halve each input so x + residual stays inside fp16's range (65504; past it
+    # u = inf is the right answer, as in PyTorch) while the squares still overflow fp16.
+    scale = scale / 2 if scale > 1 else scale
     x = rand(shape, dtype, pad=pad, scale=scale)
     r = rand(shape, dtype, pad=pad, scale=scale)
     w = rand((shape[-1],), weight_dtype or dtype)
