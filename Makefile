@@ -5,7 +5,7 @@ PYTHON ?= python3
 
 .PHONY: test bench bench-smoke deps
 deps:
-	@$(PYTHON) -m common.deps
+	@$(PYTHON) common/deps.py  # a plain script: it must not import what it is about to install
 
 test: deps
 	@$(PYTHON) -m common.run_tests

@@ -1,4 +1,4 @@
-"""`make` runs this first: install whatever requirements.txt names that is missing or too old,
+"""`make` runs this first, as a plain script (stdlib only, not through the `common` package): install whatever requirements.txt names that is missing or too old,
 and nothing when all is there (so it also works on a machine without network access)."""
 import pathlib
 import re

@@ -5,7 +5,6 @@ Setting `TRITON_INTERPRET=1` by hand forces the interpreter even on a GPU machin
 """
 import os
 
-import numpy as np
 import torch
 
 if not torch.cuda.is_available():
@@ -24,6 +23,8 @@ def describe() -> str:
 
 def _round_fp32_to_bf16(data):
     """fp32 array -> bf16 bit patterns (uint16), rounded to nearest even as the GPU's cvt.rn does."""
+    import numpy as np
+
     bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     return np.where(np.isnan(data), np.uint16(0x7FC0), rounded)

@@ -5,7 +5,7 @@ One list for RMSNorm, residual RMSNorm and LayerNorm so the three cannot drift a
 """
 import torch
 
-from common.testing import dtype_name
+from common.testing import Case, dtype_name
 from normalization.launch_config import FUSED_TABLE, LAYERNORM_FUSED_TABLE, LOOPED_MAX_ROW_BYTES
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -41,6 +41,16 @@ def norm_inputs():
         add((300, 131072), dtype, gpu_only=True)
     add((2, 4096), torch.bfloat16, weight_dtype=torch.float32)
     return cases
+
+
+def norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge):
+    """A norm test's cases from its check functions: every input of norm_inputs(), its own output
+    allocation, bad input, empty input, and tensors past 2^31 elements through each kernel."""
+    return ([Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_inputs()]
+            + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
+               Case("empty input", check_empty)]
+            + [Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True)
+               for kernel, n in (("fused", 1000), ("looped", 4096), ("wide rows", 65537))])
 
 
 def huge_rows(n_cols):

@@ -16,7 +16,7 @@ from dataclasses import replace  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, compare, dtype_name, expect_raises, main,  # noqa: E402
                             poisoned, rand)
 from normalization.layernorm import layernorm_ref  # noqa: E402
-from normalization.norm_cases import huge_rows, norm_inputs  # noqa: E402
+from normalization.norm_cases import huge_rows, norm_cases  # noqa: E402
 from normalization.triton_layernorm import layernorm  # noqa: E402
 
 EPS = 1e-5
@@ -73,20 +73,14 @@ def check_empty():
     return [Outcome("empty in, empty out", y.shape == x.shape and y.dtype == x.dtype)]
 
 
-CASES = [Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_inputs()]
+CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge)
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
-    for n in (123, 4096, 65537):  # both kernels, each with and without weight and bias
+    # fused (123, and 12000 in 16-bit), per-row looped (12000 fp32, 20000 16-bit), wide rows (65537);
+    # each with and without weight and bias
+    for n in (123, 12000, 20000, 65537):
         CASES += [Case(f"(3, {n}) {dtype_name(dtype)} {name} offset=1000", check,
                        dict(shape=(3, n), dtype=dtype, offset=1000.0, affine=affine))
                   for name, affine in (("w+b", (True, True)), ("no bias", (True, False)), ("no affine", (False, False)))]
-CASES += [
-    Case("allocates its output", check_own_buffer),
-    Case("bad input", check_errors),
-    Case("empty input", check_empty),
-] + [
-    Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True)
-    for kernel, n in (("fused", 1000), ("looped", 4096), ("wide rows", 65537))
-]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -12,8 +12,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, compare, expect_raises, main, poisoned, rand  # noqa: E402
-from normalization.norm_cases import huge_rows, norm_inputs  # noqa: E402
+from common.testing import Outcome, compare, expect_raises, main, poisoned, rand  # noqa: E402
+from normalization.norm_cases import huge_rows, norm_cases  # noqa: E402
 from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
 from normalization.triton_residual_rmsnorm import residual_rmsnorm  # noqa: E402
 
@@ -76,14 +76,7 @@ def check_empty():
     return [Outcome("empty in, empty out", y.shape == x.shape and u.shape == x.shape)]
 
 
-CASES = [Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_inputs()] + [
-    Case("allocates its outputs", check_own_buffer),
-    Case("bad input", check_errors),
-    Case("empty input", check_empty),
-] + [
-    Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True)
-    for kernel, n in (("fused", 1000), ("looped", 4096), ("wide rows", 65537))
-]
+CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
