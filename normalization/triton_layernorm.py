@@ -4,8 +4,8 @@
 
 Traffic per row: read x (N*e), write y (N*e); weight and bias stay in L2.
 The fused kernel (short rows, in registers) takes the variance of the centred values, so there is
-no E[x^2] - E[x]^2 cancellation. The looped kernel keeps a Welford mean/M2 per lane over the row's
-chunks, merges the lanes (parallel-axis formula), then re-reads the row from L1/L2 to normalize.
+no E[x^2] - E[x]^2 cancellation. The looped kernel sums values shifted by its first chunk's mean,
+which bounds that cancellation (see its docstring), then re-reads the row from L1/L2 to normalize.
 normalization/launch_config.py picks the kernel and its launch.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
@@ -46,48 +46,6 @@ def _layernorm_fused_kernel(
 
 
 @triton.jit
-def _layernorm_row(
-    x_ptr, w_ptr, b_ptr, y_ptr, row, n_cols, stride_xm, stride_ym, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """One row in BLOCK_N chunks: per-lane Welford statistics, then normalize from L1/L2."""
-    lanes = tl.arange(0, BLOCK_N)
-    # pass 1: per-lane Welford. In chunk k every live lane has seen exactly k + 1 values, so the
-    # update weight is one scalar per chunk; the row stays in L2 (evict_last) for pass 2.
-    mean = tl.zeros([BLOCK_N], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + lanes
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
-                    eviction_policy="evict_last").to(tl.float32)
-        inv_count = 1.0 / (start // BLOCK_N + 1)  # one division per chunk, not per value
-        delta = x - mean
-        mean = tl.where(mask, mean + delta * inv_count, mean)
-        m2 = tl.where(mask, m2 + delta * (x - mean), m2)
-    # merge the lanes: lane l saw columns l, l + BLOCK_N, ... so its count is known up front;
-    # M2 = sum of lane M2s + sum of n_l * (lane mean - row mean)^2, every term non-negative, so
-    # nothing cancels however large the mean is next to the spread
-    lane_count = ((n_cols - lanes + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
-    row_mean = tl.sum(mean * lane_count, axis=0) / n_cols
-    spread = mean - row_mean
-    rstd = tl.rsqrt(tl.sum(m2 + lane_count * spread * spread, axis=0) / n_cols + eps)
-    # pass 2: normalize, reading the row for the last time
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + lanes
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        y = (x - row_mean) * rstd
-        if HAS_WEIGHT:
-            y *= tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")  # y is not read again: keep L2 for x
-
-
-@triton.jit
 def _layernorm_looped_kernel(
     # pointers
     x_ptr, w_ptr, b_ptr, y_ptr,
@@ -95,15 +53,46 @@ def _layernorm_looped_kernel(
     n_rows, n_cols, stride_xm, stride_ym,
     eps,
     # meta-parameters
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GRID_STRIDE: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    if GRID_STRIDE:  # wide rows: a capped grid strides over the rows (see launch_config)
-        for row_idx in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-            _layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, tl.cast(row_idx, tl.int64), n_cols, stride_xm,
-                           stride_ym, eps, HAS_WEIGHT, HAS_BIAS, BLOCK_N)
-    else:  # one row per program
-        _layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, tl.program_id(0).to(tl.int64), n_cols, stride_xm,
-                       stride_ym, eps, HAS_WEIGHT, HAS_BIAS, BLOCK_N)
+    """One row per program in BLOCK_N chunks: shifted sums, then normalize from L1/L2.
+
+    Pass 1 sums d = x - c and d^2 with c the mean of the first chunk, then var = E[d^2] - E[d]^2.
+    That difference cancels only as far as the row mean is from c, and the mean of any k of the
+    row's n values lies within std * sqrt((n - k) / k) of the row mean, so at most log2(n / k)
+    bits are lost (7 for 131072 values in chunks of 1024), whatever the offset of the data.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    shift = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
+    d = tl.where(mask, x - shift, 0.0)
+    sum_d, sum_d2 = d, d * d
+    # pass 1 (rest of the row): keep the row in L2 (evict_last) for pass 2
+    for start in range(BLOCK_N, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        d = tl.where(mask, x - shift, 0.0)
+        sum_d += d
+        sum_d2 += d * d
+    mean_d = tl.sum(sum_d, axis=0) / n_cols
+    rstd = tl.rsqrt(tl.maximum(tl.sum(sum_d2, axis=0) / n_cols - mean_d * mean_d, 0.0) + eps)
+    mean = shift + mean_d
+    # pass 2: normalize, reading the row for the last time
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y *= tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
 def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
@@ -123,14 +112,13 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
     x2 = as_rows(x)
     y2 = y.view(-1, n_cols)
     n_rows = x2.shape[0]
-    cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)
+    cfg = row_config(n_rows, n_cols, x.element_size())
     # absent weight/bias: pass x as a never-read placeholder pointer
     args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y2,
             n_rows, n_cols, x2.stride(0), y2.stride(0), eps)
     flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
     if cfg.looped:
-        _layernorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, GRID_STRIDE=cfg.grid_stride,
-                                              num_warps=cfg.num_warps)
+        _layernorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
     else:
         _layernorm_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                                              num_warps=cfg.num_warps)

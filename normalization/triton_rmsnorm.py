@@ -48,11 +48,17 @@ def _rmsnorm_fused_kernel(
 
 
 @triton.jit
-def _rmsnorm_row(
-    x_ptr, res_ptr, w_ptr, y_ptr, u_ptr, row, n_cols, stride_xm, stride_rm, stride_ym, stride_um, eps,
+def _rmsnorm_looped_kernel(
+    # pointers
+    x_ptr, res_ptr, w_ptr, y_ptr, u_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um,
+    eps,
+    # meta-parameters
     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One row in BLOCK_N chunks: pass 1 sums squares, pass 2 re-reads (from L1/L2) and writes."""
+    """One row per program in BLOCK_N chunks: pass 1 sums squares, pass 2 re-reads (from L1/L2)."""
+    row = tl.program_id(0).to(tl.int64)
     # pass 1: keep the row in L2 (evict_last) for pass 2
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
@@ -80,25 +86,6 @@ def _rmsnorm_row(
         y = x.to(tl.float32) * rstd * w
         tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # y is not read again: keep L2 for x
-
-
-@triton.jit
-def _rmsnorm_looped_kernel(
-    # pointers
-    x_ptr, res_ptr, w_ptr, y_ptr, u_ptr,
-    # matrix dimensions and strides (in elements)
-    n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um,
-    eps,
-    # meta-parameters
-    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, GRID_STRIDE: tl.constexpr,
-):
-    if GRID_STRIDE:  # wide rows: a capped grid strides over the rows (see launch_config)
-        for row_idx in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-            _rmsnorm_row(x_ptr, res_ptr, w_ptr, y_ptr, u_ptr, tl.cast(row_idx, tl.int64), n_cols,
-                         stride_xm, stride_rm, stride_ym, stride_um, eps, HAS_RESIDUAL, BLOCK_N)
-    else:  # one row per program; a loop here, even of one trip, measured up to 10% slower
-        _rmsnorm_row(x_ptr, res_ptr, w_ptr, y_ptr, u_ptr, tl.program_id(0).to(tl.int64), n_cols,
-                     stride_xm, stride_rm, stride_ym, stride_um, eps, HAS_RESIDUAL, BLOCK_N)
 
 
 def check_norm_args(x, weight, eps, x_name="x", weight_name="weight"):
@@ -130,8 +117,8 @@ def launch_rmsnorm(x, residual, weight, eps, y, u):
     args = (x2, r2, weight.contiguous(), y2, u2, n_rows, n_cols,
             x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0), eps)
     if cfg.looped:
-        _rmsnorm_looped_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None, BLOCK_N=cfg.BLOCK_N,
-                                            GRID_STRIDE=cfg.grid_stride, num_warps=cfg.num_warps)
+        _rmsnorm_looped_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None,
+                                            BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
     else:
         _rmsnorm_fused_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None,
                                            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
