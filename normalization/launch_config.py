@@ -25,6 +25,14 @@ FUSED_TABLE = [
     (2048, 2, 4),   # N = 1024: 3178 GB/s (compile 3102-3272, run to run)
 ]
 
+# LayerNorm keeps rows up to 32 KB in the fused kernel when they fill at least 3/4 of the padded
+# block: its looped kernel measured far slower there (bf16, N = 2048 / 4096 / 8192 / 16384: 2970 /
+# 3024 / 2898 / 3524 GB/s, fused 3745 / 3852 / 3835 / 3774; compile 2684 / 3166 / 3995 / 4121) for
+# reasons not yet found (the same loop structure runs at 4100+ in RMSNorm and in Inductor's
+# kernel). At N = 5120 the fused block is 3/8 padding and the looped kernel wins, 3897 vs 3330.
+#   (max row bytes, num_warps): the best of 4 / 8 / 16 warps at each size, one row per program
+LAYERNORM_FUSED_TABLE = [(4096, 4), (8192, 8), (16384, 8), (32768, 16)]
+
 # Looped kernel, by padded row bytes: (max row bytes, chunk bytes). num_warps = chunk bytes / 512,
 # one 16-byte load per thread per chunk (at most 32 warps). RMSNorm / residual RMSNorm GB/s:
 LOOP_CHUNK_TABLE = [
@@ -52,13 +60,17 @@ class RowConfig:
 
 
 @functools.lru_cache(maxsize=1024)
-def row_config(n_rows, n_cols, elem_size):
+def row_config(n_rows, n_cols, elem_size, layernorm=False):
     """Pick kernel and launch parameters for n_rows rows of n_cols values of elem_size bytes."""
     block_n = triton.next_power_of_2(n_cols)
     row_bytes = block_n * elem_size
     for max_bytes, block_m, warps in FUSED_TABLE:
         if row_bytes <= max_bytes:
             return RowConfig(False, block_m, block_n, warps, triton.cdiv(n_rows, block_m))
+    if layernorm and 4 * n_cols >= 3 * block_n:
+        for max_bytes, warps in LAYERNORM_FUSED_TABLE:
+            if row_bytes <= max_bytes:
+                return RowConfig(False, 1, block_n, warps, n_rows)
     chunk_bytes = next(c for max_bytes, c in LOOP_CHUNK_TABLE if max_bytes is None or row_bytes <= max_bytes)
     chunk = min(chunk_bytes // elem_size, block_n)
     chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: triton.cdiv(n_cols, c) * c)

@@ -6,7 +6,7 @@ One list for RMSNorm, residual RMSNorm and LayerNorm so the three cannot drift a
 import torch
 
 from common.testing import Case, dtype_name
-from normalization.launch_config import FUSED_TABLE, LOOP_CHUNK_TABLE
+from normalization.launch_config import FUSED_TABLE, LAYERNORM_FUSED_TABLE, LOOP_CHUNK_TABLE
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 760, 1000, 4096, 5120, 65537)
@@ -25,7 +25,7 @@ def norm_inputs():
     for dtype in DTYPES:
         for n in WIDTHS:
             add((3, n), dtype)
-        switches = [FUSED_TABLE[-1][0]] + [b for b, _ in LOOP_CHUNK_TABLE if b is not None]
+        switches = [FUSED_TABLE[-1][0], LAYERNORM_FUSED_TABLE[-1][0]] + [b for b, _ in LOOP_CHUNK_TABLE if b]
         for max_bytes in switches:  # either side of each change of kernel or chunk
             widest = max_bytes * 8 // torch.finfo(dtype).bits
             add((2, widest), dtype)

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from common.validation import as_rows, check_out
 from normalization.launch_config import row_config
-from normalization.triton_rmsnorm import check_norm_args
+from normalization.triton_rmsnorm import check_norm_args, col_mask
 
 
 @triton.jit
@@ -30,8 +30,8 @@ def _layernorm_fused_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    in_row = cols < n_cols
+    mask = (rows < n_rows)[:, None] & in_row[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
                 eviction_policy="evict_first").to(tl.float32)
     mean = tl.sum(x, axis=1) / n_cols
@@ -39,9 +39,9 @@ def _layernorm_fused_kernel(
     rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
     y = centred * rstd[:, None]
     if HAS_WEIGHT:
-        y *= tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)[None, :]
+        y *= tl.load(w_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_last").to(tl.float32)[None, :]
     if HAS_BIAS:
-        y += tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)[None, :]
+        y += tl.load(b_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_last").to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -53,7 +53,7 @@ def _layernorm_looped_kernel(
     n_rows, n_cols, stride_xm, stride_ym,
     eps,
     # meta-parameters
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     """One row per program in BLOCK_N chunks: shifted sums, then normalize from L1/L2.
 
@@ -64,7 +64,7 @@ def _layernorm_looped_kernel(
     """
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    mask = col_mask(cols, n_cols, EVEN_N)
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     shift = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
     d = tl.where(mask, x - shift, 0.0)
@@ -72,7 +72,7 @@ def _layernorm_looped_kernel(
     # pass 1 (rest of the row): keep the row in L2 (evict_last) for pass 2
     for start in range(BLOCK_N, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
+        mask = col_mask(cols, n_cols, EVEN_N)
         x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         d = tl.where(mask, x - shift, 0.0)
         sum_d += d
@@ -83,7 +83,7 @@ def _layernorm_looped_kernel(
     # pass 2: normalize, reading the row for the last time
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
+        mask = col_mask(cols, n_cols, EVEN_N)
         x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
                     eviction_policy="evict_first").to(tl.float32)
         y = (x - mean) * rstd
@@ -112,13 +112,14 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
     x2 = as_rows(x)
     y2 = y.view(-1, n_cols)
     n_rows = x2.shape[0]
-    cfg = row_config(n_rows, n_cols, x.element_size())
+    cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)
     # absent weight/bias: pass x as a never-read placeholder pointer
     args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y2,
             n_rows, n_cols, x2.stride(0), y2.stride(0), eps)
     flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
     if cfg.looped:
-        _layernorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+        _layernorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
+                                              EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
     else:
         _layernorm_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                                              num_warps=cfg.num_warps)
