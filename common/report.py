@@ -10,6 +10,12 @@ import json
 import math
 
 
+def _elements(shape):
+    """Element count of a "16384x4096" shape; a named shape (a model's parameter list) always shows."""
+    parts = shape.split("x")
+    return math.prod(int(d) for d in parts) if all(d.isdigit() for d in parts) else math.inf
+
+
 def tables(path, min_elements=0):
     """One markdown table per op in the file, preceded by a line naming the run."""
     data = json.load(open(path))
@@ -22,8 +28,7 @@ def tables(path, min_elements=0):
         sel = [r for r in rows if r["op"] == op]
         dtypes = list(dict.fromkeys(r["dtype"] for r in sel))
         providers = list(dict.fromkeys(r["provider"] for r in sel if r["provider"] != "triton"))
-        shapes = [s for s in dict.fromkeys(r["shape"] for r in sel)
-                  if math.prod(int(d) for d in s.split("x")) >= min_elements]
+        shapes = [s for s in dict.fromkeys(r["shape"] for r in sel) if _elements(s) >= min_elements]
         head = ["shape"] + [f"{dt} {p}" for dt in dtypes for p in ["triton"] + providers]
         out += ["", f"**{op}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for shape in shapes:

@@ -1,0 +1,42 @@
+"""PyTorch reference for AdamW (decoupled weight decay, bias correction), one tensor at a time.
+
+The order of operations is torch.optim.AdamW's (`_single_tensor_adam` in torch/optim/adam.py):
+
+    w = w * (1 - lr * weight_decay)                       decoupled: not folded into g
+    m = lerp(m, g, 1 - beta1)                             = beta1 * m + (1 - beta1) * g
+    v = v * beta2 + (1 - beta2) * g * g
+    w = w - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+
+The math runs in the state's dtype (fp32, or fp64 when the tests want a reference of the
+references) and the param is rounded to its own dtype once per step, which is also the bf16 mode
+of the Triton kernel: bf16 params, fp32 state, fp32 math.
+"""
+import torch
+
+
+def adamw_step_ref(param, grad, exp_avg, exp_avg_sq, step, *, lr, beta1, beta2, eps, weight_decay):
+    """One AdamW step, in place on param, exp_avg and exp_avg_sq. `step` counts this step (1 first).
+
+    param, grad: same shape, any float dtype. exp_avg, exp_avg_sq: like param, fp32 or fp64.
+    """
+    compute = exp_avg.dtype
+    w = param.detach().to(compute)  # param itself when the dtypes agree: updated in place
+    g = grad.to(compute)
+    # bias corrections in Python floats (float64), as torch does for a float lr and betas
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+    if weight_decay != 0:
+        w.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    w.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+    if w is not param:
+        param.detach().copy_(w)  # the one rounding to the param's dtype
+
+
+def adamw_ref(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas, eps, weight_decay):
+    """adamw_step_ref over lists (one param group); steps: the step count of each param."""
+    for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True):
+        adamw_step_ref(p, g, m, v, step, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
+                       weight_decay=weight_decay)
