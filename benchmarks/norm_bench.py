@@ -18,9 +18,9 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.bench import compile_fn, copy_bandwidth_GBps, time_ms  # noqa: E402
+from common.bench import compile_fn, time_ms  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.results import make_meta, make_row, parse_args, plot_sweeps, read_json, shape_str, write_json  # noqa: E402
+from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
 from common.testing import dtype_name  # noqa: E402
 from normalization.layernorm import layernorm_ref  # noqa: E402
 from normalization.rmsnorm import residual_rmsnorm_ref, rmsnorm_ref  # noqa: E402
@@ -58,9 +58,8 @@ OPS = {
 def measure(sweeps, smoke):
     """Time every op, dtype, shape and provider; returns (meta, rows)."""
     shapes = list(dict.fromkeys(s for _, points in sweeps for _, s in points))
-    copy_GBps = copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30)
-    meta = make_meta(copy_GBps)
-    print(f"copy bandwidth {copy_GBps:.0f} GB/s on {meta['gpu']}", flush=True)
+    meta = start_run(smoke)
+    copy_GBps = meta["copy_GBps"]
     rows = []
     for op, (pick, kernel, ref, vendor_name, vendor, n_bytes) in OPS.items():
         compiled = compile_fn(ref)
@@ -88,11 +87,7 @@ def measure(sweeps, smoke):
 def main():
     args = parse_args(__doc__.splitlines()[0])
     sweeps = SMOKE_SWEEPS if args.smoke else FULL_SWEEPS
-    if args.replot:
-        meta, rows = read_json(args.out, "norm")
-    else:
-        meta, rows = measure(sweeps, args.smoke)
-        write_json(args.out, "norm", meta, rows)
+    meta, rows = load_or_measure(args, "norm", lambda: measure(sweeps, args.smoke))
     for op in OPS:
         for dtype in ("fp16", "bf16"):
             sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]

@@ -21,9 +21,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from common.bench import copy_bandwidth_GBps, time_ms  # noqa: E402
+from common.bench import time_ms  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.results import make_meta, make_row, parse_args, plot_sweeps, read_json, shape_str, write_json  # noqa: E402
+from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
 from common.testing import dtype_name  # noqa: E402
 from optimizers.adam import adamw_step_ref  # noqa: E402
 from optimizers.triton_adam import TritonAdamW  # noqa: E402
@@ -106,9 +106,8 @@ def measure_row(rows, copy_GBps, name, shapes, dtype):
 
 def measure(config, smoke):
     """Time every row and provider; returns (meta, rows)."""
-    copy_GBps = copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30)
-    meta = make_meta(copy_GBps)
-    print(f"copy bandwidth {copy_GBps:.0f} GB/s on {meta['gpu']}", flush=True)
+    meta = start_run(smoke)
+    copy_GBps = meta["copy_GBps"]
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         for n in config["sizes"]:
@@ -120,11 +119,7 @@ def measure(config, smoke):
 def main():
     args = parse_args(__doc__.splitlines()[0])
     config = SMOKE if args.smoke else FULL
-    if args.replot:
-        meta, rows = read_json(args.out, "optimizer")
-    else:
-        meta, rows = measure(config, args.smoke)
-        write_json(args.out, "optimizer", meta, rows)
+    meta, rows = load_or_measure(args, "optimizer", lambda: measure(config, args.smoke))
     for dtype in ("fp32", "bf16"):
         sel = [r for r in rows if r["dtype"] == dtype]
         plot_sweeps(args.out / f"optimizer_adamw_{dtype}.png", f"AdamW step {dtype}", sel, sweeps(config), meta)

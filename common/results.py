@@ -44,6 +44,24 @@ def parse_args(description):
     return args
 
 
+def start_run(smoke):
+    """Measure the copy bandwidth (1 GB, far past L2; 1 MB in smoke mode) and return the run's meta."""
+    from common.bench import copy_bandwidth_GBps
+    meta = make_meta(copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30))
+    print(f"copy bandwidth {meta['copy_GBps']:.0f} GB/s on {meta['gpu']}", flush=True)
+    return meta
+
+
+def load_or_measure(args, name, measure):
+    """--replot: the meta and rows already in the results folder; otherwise run measure() -> (meta,
+    rows) and write them to <out>/<name>.json."""
+    if args.replot:
+        return read_json(args.out, name)
+    meta, rows = measure()
+    write_json(args.out, name, meta, rows)
+    return meta, rows
+
+
 def make_meta(copy_GBps):
     import triton
     return {"gpu": describe(), "torch": torch.__version__, "triton": triton.__version__,
