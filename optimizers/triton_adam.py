@@ -15,19 +15,20 @@ Bytes moved per element: read w, g, m, v, write w, m, v: 28 for fp32 params; 22 
 (w and g bf16, m and v fp32).
 
 Launch: the params are cut into blocks of BLOCK elements and program i updates block i, so a list
-of hundreds of small tensors costs one launch. Two tables say where a program works:
-- the block table (tensor index, block index within it), which depends only on the param sizes:
-  built once per list of sizes and kept on the device;
-- the tensor table: addresses of w, g, m, v, the size, an alignment flag and the fp32 scalars of
-  each tensor. Grads are new tensors after zero_grad(), and lr and the step counts change, so it
-  is rebuilt every step (a few host operations per param) and uploaded in one asynchronous copy.
+of hundreds of small tensors costs one launch. Tables on the device say where a program works:
+- the block table (tensor index, block index within it), which depends only on the param sizes;
+- the address table: addresses of w, g, m, v, the size and an alignment flag of each tensor. Its
+  content is its cache key, and grads usually come back at the same addresses after zero_grad(),
+  so it is uploaded only when an address changes;
+- the AdamW scalars (lr, bias corrections, ...): passed by value when every tensor of the launch
+  shares one group and step count, the usual case, and uploaded as a per-tensor table otherwise.
+A step with nothing new to upload does no host-to-device copy, which keeps small steps cheap.
 
 Limits: params fp32 or bf16 (m and v in fp32 either way), dense (contiguous or a permutation of
 contiguous), on the kernel device; dense grads only; amsgrad, maximize, capturable and
 differentiable are refused; foreach and fused are accepted and ignored (this is the fused path).
 """
 import contextlib
-import struct
 
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
@@ -50,10 +51,11 @@ FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False, "diff
 
 
 @triton.jit
-def _adamw_block(row, s, start, numel, PARAM_BF16: tl.constexpr, SIZE: tl.constexpr,
-                 FAST: tl.constexpr):
-    """Elements [start, start + SIZE) of one tensor; row and s are its rows of the address and
-    scalar tables. FAST: all SIZE elements exist and w, g, m, v are 16-byte aligned."""
+def _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
+                 neg_step_size, PARAM_BF16: tl.constexpr, SIZE: tl.constexpr, FAST: tl.constexpr):
+    """Elements [start, start + SIZE) of one tensor; row is its row of the address table, the
+    scalars are its columns of _scalars(). FAST: all SIZE elements exist and w, g, m, v are
+    16-byte aligned."""
     param_ty = tl.bfloat16 if PARAM_BF16 else tl.float32
     w_ptr = tl.load(row + 0).to(tl.pointer_type(param_ty))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(param_ty))
@@ -72,13 +74,6 @@ def _adamw_block(row, s, start, numel, PARAM_BF16: tl.constexpr, SIZE: tl.conste
     else:
         mask = offs < numel
         other = 0.0
-    decay = tl.load(s + 0)  # the columns as _scalars() writes them
-    lerp_weight = tl.load(s + 1)
-    beta2 = tl.load(s + 2)
-    one_minus_beta2 = tl.load(s + 3)
-    bc2_sqrt = tl.load(s + 4)
-    eps = tl.load(s + 5)
-    neg_step_size = tl.load(s + 6)
     # every value is read once and written once: keep them from evicting the tables from L2
     w = tl.load(w_ptr + offs, mask=mask, other=other, eviction_policy="evict_first").to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=other, eviction_policy="evict_first").to(tl.float32)
@@ -101,24 +96,36 @@ def _adamw_kernel(
     block_table,   # int32 (n_blocks, 2): tensor index, block index within that tensor
     addr_table,    # int64 (n_tensors, ADDR_COLS): w, g, m, v addresses, numel, aligned flag
     scalar_table,  # fp32 (n_tensors, SCALAR_COLS): per-tensor AdamW scalars, see _scalars()
+    # the scalars of every tensor when they are all the same (UNIFORM), by value
+    decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size,
     # meta-parameters
     PARAM_BF16: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-    ADDR_COLS: tl.constexpr, SCALAR_COLS: tl.constexpr,
+    ADDR_COLS: tl.constexpr, SCALAR_COLS: tl.constexpr, UNIFORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.load(block_table + 2 * pid).to(tl.int64)
     start = tl.load(block_table + 2 * pid + 1).to(tl.int64) * BLOCK  # 64-bit: tensors past 2^31
     row = addr_table + t * ADDR_COLS
-    s = scalar_table + t * SCALAR_COLS
     numel = tl.load(row + 4)
     aligned = tl.load(row + 5)
+    if not UNIFORM:  # groups or step counts differ: this tensor's columns of _scalars()
+        s = scalar_table + t * SCALAR_COLS
+        decay = tl.load(s + 0)
+        lerp_weight = tl.load(s + 1)
+        beta2 = tl.load(s + 2)
+        one_minus_beta2 = tl.load(s + 3)
+        bc2_sqrt = tl.load(s + 4)
+        eps = tl.load(s + 5)
+        neg_step_size = tl.load(s + 6)
     if (aligned != 0) & (start + BLOCK <= numel):
-        _adamw_block(row, s, start, numel, PARAM_BF16, BLOCK, FAST=True)
+        _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
+                     neg_step_size, PARAM_BF16, BLOCK, FAST=True)
     else:
         # a tensor's last block, or an unaligned view: masked 4-byte accesses, each holding a
         # 64-bit address, so in TAIL pieces that need no more registers than the fast path
         for sub in range(start, tl.minimum(start + BLOCK, numel), TAIL):
-            _adamw_block(row, s, sub, numel, PARAM_BF16, TAIL, FAST=False)
+            _adamw_block(row, sub, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
+                         neg_step_size, PARAM_BF16, TAIL, FAST=False)
 
 
 class TritonAdamW(torch.optim.Optimizer):
@@ -139,7 +146,7 @@ class TritonAdamW(torch.optim.Optimizer):
                         foreach=foreach, capturable=capturable, differentiable=differentiable,
                         fused=fused, decoupled_weight_decay=True)
         _check_group(defaults, "")
-        self._block_tables = {}
+        self._block_tables, self._addr_tables = {}, {}
         super().__init__(params, defaults)  # calls add_param_group, which checks every group
 
     def add_param_group(self, param_group):
@@ -157,6 +164,7 @@ class TritonAdamW(torch.optim.Optimizer):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._block_tables = getattr(self, "_block_tables", {})
+        self._addr_tables = getattr(self, "_addr_tables", {})
         for group in self.param_groups:  # as torch.optim.AdamW does for older state dicts
             for key, value in FIXED_OPTIONS.items():
                 group.setdefault(key, value)
@@ -239,8 +247,7 @@ class TritonAdamW(torch.optim.Optimizer):
         counts = [c + 1 for c in torch.stack(steps).tolist()]  # this step's count, per param
         # as torch.optim.AdamW does it: a tensor 1 is 4x faster than a Python 1 for CPU scalars
         torch._foreach_add_(steps, torch.ones((), dtype=steps[0].dtype, device="cpu"), alpha=1.0)
-        addrs, scalars, numels, keep = [], [], [], []
-        scalar_rows = {}  # params of one group at one step count share their scalars
+        rows, keys, numels, keep = [], [], [], []
         for (p, g, hyper), state, count in zip(items, states, counts):
             n = p.numel()
             if n == 0:
@@ -249,27 +256,42 @@ class TritonAdamW(torch.optim.Optimizer):
                 g = torch.empty_like(p).copy_(g)
                 keep.append(g)
             ptrs = (p.data_ptr(), g.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr())
-            addrs += (*ptrs, n, int((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16 == 0))
-            key = (hyper, count)
-            if key not in scalar_rows:
-                scalar_rows[key] = _scalars(*hyper, count)
-            scalars += scalar_rows[key]
+            rows.append((*ptrs, n, int((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16 == 0)))
+            keys.append((*hyper, count))
             numels.append(n)
         torch.autograd.graph.increment_version([p for p, _, _ in items])  # as an in-place op would
         if not numels:
             return
         blocks = self._block_table(device, block, numels)
-        # one upload a step; pinned and asynchronous so the host does not wait for the GPU
-        host = torch.frombuffer(bytearray(struct.pack(f"<{len(addrs)}q{len(scalars)}f", *addrs, *scalars)),
-                                dtype=torch.int64)
-        table = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
-        n_addr = len(numels) * ADDR_COLS
+        addr_table = self._addr_table(device, tuple(rows))
+        distinct = dict.fromkeys(keys)
+        if len(distinct) == 1:  # the usual case: the scalars go by value, nothing is uploaded
+            scalars, scalar_table = _scalars(*keys[0])[:7], addr_table  # the table is not read
+        else:
+            for key in distinct:  # params of one group at one step count share their scalars
+                distinct[key] = _scalars(*key)
+            host = torch.tensor([v for key in keys for v in distinct[key]], dtype=torch.float32)
+            scalars, scalar_table = (0.0,) * 7, _to_device(host, device)
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             _adamw_kernel[(blocks.shape[0],)](
-                blocks, table[:n_addr], table[n_addr:].view(torch.float32),
+                blocks, addr_table, scalar_table, *scalars,
                 PARAM_BF16=dtype == torch.bfloat16, BLOCK=block, TAIL=block // 4,
-                ADDR_COLS=ADDR_COLS, SCALAR_COLS=SCALAR_COLS, num_warps=num_warps)
+                ADDR_COLS=ADDR_COLS, SCALAR_COLS=SCALAR_COLS, UNIFORM=len(distinct) == 1,
+                num_warps=num_warps)
         del keep  # grad copies are freed after the launch is queued (stream-ordered reuse)
+
+    def _addr_table(self, device, rows):
+        """(n_tensors, ADDR_COLS) int64 on `device`. Its content is its key (the addresses and
+        sizes), so a cached table is right whenever it is found; grads usually come back at the
+        same addresses step after step, so the upload is rare."""
+        key = (device, rows)
+        table = self._addr_tables.get(key)
+        if table is None:
+            table = _to_device(torch.tensor(rows, dtype=torch.int64), device)
+            if len(self._addr_tables) >= 8:
+                self._addr_tables.pop(next(iter(self._addr_tables)))
+            self._addr_tables[key] = table
+        return table
 
     def _block_table(self, device, block, numels):
         """(n_blocks, 2) int32 on `device`: tensor index and block index within it, for every
@@ -287,6 +309,11 @@ class TritonAdamW(torch.optim.Optimizer):
                 self._block_tables.pop(next(iter(self._block_tables)))
             self._block_tables[key] = table
         return table
+
+
+def _to_device(host, device):
+    """Pinned and asynchronous, so the host does not wait for the GPU."""
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
 def _scalars(lr, beta1, beta2, eps, weight_decay, step):
