@@ -4,8 +4,8 @@
 
 Traffic per row: read x (N*e), write y (N*e); weight and bias stay in L2.
 The fused kernel (short rows, in registers) takes the variance of the centred values, so there is
-no E[x^2] - E[x]^2 cancellation. The looped kernel sums values shifted by its first chunk's mean,
-which bounds that cancellation (see its docstring), then re-reads the row from L1/L2 to normalize.
+no E[x^2] - E[x]^2 cancellation; the looped kernel does the same in three passes over the row
+(mean, squared deviations, normalize), the second and third served from L1/L2.
 normalization/launch_config.py picks the kernel and its launch.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
@@ -55,32 +55,28 @@ def _layernorm_looped_kernel(
     # meta-parameters
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
 ):
-    """One row per program in BLOCK_N chunks: shifted sums, then normalize from L1/L2.
-
-    Pass 1 sums d = x - c and d^2 with c the mean of the first chunk, then var = E[d^2] - E[d]^2.
-    That difference cancels only as far as the row mean is from c, and the mean of any k of the
-    row's n values lies within std * sqrt((n - k) / k) of the row mean, so at most log2(n / k)
-    bits are lost (7 for 131072 values in chunks of 1024), whatever the offset of the data.
-    """
+    """One row per program in BLOCK_N chunks, three passes: the mean, the mean of squared
+    deviations from it (the textbook two-pass variance: nothing cancels however large the mean),
+    then normalize. Passes 2 and 3 re-read the row from L1/L2; each loop carries one accumulator,
+    the shape that streams fastest (it is RMSNorm's pass 1)."""
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = col_mask(cols, n_cols, EVEN_N)
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    shift = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
-    d = tl.where(mask, x - shift, 0.0)
-    sum_d, sum_d2 = d, d * d
-    # pass 1 (rest of the row): keep the row in L2 (evict_last) for pass 2
-    for start in range(BLOCK_N, n_cols, BLOCK_N):
+    # pass 1: the mean; keep the row in L2 (evict_last) for passes 2 and 3
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = col_mask(cols, n_cols, EVEN_N)
+        acc += tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    mean = tl.sum(acc, axis=0) / n_cols
+    # pass 2: squared deviations from the mean
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = col_mask(cols, n_cols, EVEN_N)
         x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        d = tl.where(mask, x - shift, 0.0)
-        sum_d += d
-        sum_d2 += d * d
-    mean_d = tl.sum(sum_d, axis=0) / n_cols
-    rstd = tl.rsqrt(tl.maximum(tl.sum(sum_d2, axis=0) / n_cols - mean_d * mean_d, 0.0) + eps)
-    mean = shift + mean_d
-    # pass 2: normalize, reading the row for the last time
+        centred = tl.where(mask, x - mean, 0.0)
+        acc += centred * centred
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    # pass 3: normalize, reading the row for the last time
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = col_mask(cols, n_cols, EVEN_N)
