@@ -26,10 +26,11 @@ FUSED_TABLE = [
 ]
 
 # LayerNorm keeps rows up to 32 KB in the fused kernel when they fill at least 3/4 of the padded
-# block: its looped kernel measured far slower there (bf16, N = 2048 / 4096 / 8192 / 16384: 2970 /
-# 3024 / 2898 / 3524 GB/s, fused 3745 / 3852 / 3835 / 3774; compile 2684 / 3166 / 3995 / 4121) for
-# reasons not yet found (the same loop structure runs at 4100+ in RMSNorm and in Inductor's
-# kernel). At N = 5120 the fused block is 3/8 padding and the looped kernel wins, 3897 vs 3330.
+# block: its looped kernel (three passes) measured slower there (bf16, N = 2048 / 4096 / 8192:
+# 3137 / 3334 / 3335 GB/s, fused 3792 / 3810 / 3817; compile 2684 / 3166 / 3995), even though the
+# same loop shape runs at 4100+ in RMSNorm: a reason not yet found. From N = 16384 they are even
+# (3844 vs 3762), and at N = 32768 the looped kernel wins (3736 vs 2974). At N = 5120 the fused
+# block is 3/8 padding and the looped kernel wins too.
 #   (max row bytes, num_warps): the best of 4 / 8 / 16 warps at each size, one row per program
 LAYERNORM_FUSED_TABLE = [(4096, 4), (8192, 8), (16384, 8), (32768, 16)]
 
