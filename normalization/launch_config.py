@@ -25,14 +25,12 @@ FUSED_TABLE = [
     (2048, 2, 4),   # N = 1024: 3178 GB/s (compile 3102-3272, run to run)
 ]
 
-# LayerNorm keeps rows up to 32 KB in the fused kernel when they fill at least 3/4 of the padded
-# block: its looped kernel (three passes) measured slower there (bf16, N = 2048 / 4096 / 8192:
-# 3137 / 3334 / 3335 GB/s, fused 3792 / 3810 / 3817; compile 2684 / 3166 / 3995), even though the
-# same loop shape runs at 4100+ in RMSNorm: a reason not yet found. From N = 16384 they are even
-# (3844 vs 3762), and at N = 32768 the looped kernel wins (3736 vs 2974). At N = 5120 the fused
-# block is 3/8 padding and the looped kernel wins too.
-#   (max row bytes, num_warps): the best of 4 / 8 / 16 warps at each size, one row per program
-LAYERNORM_FUSED_TABLE = [(4096, 4), (8192, 8), (16384, 8), (32768, 16)]
+# LayerNorm keeps rows up to 4 KB in the fused kernel with 4 warps when they fill at least 3/4 of
+# the padded block: N = 2048 bf16 fused 3792 GB/s, looped 3585. From N = 4096 its looped kernel
+# (three passes, row length as a compile-time constant) is ahead: 3926 vs 3810 at 4096, 4080 vs
+# 3817 at 8192, 3736 vs 2974 at 32768 (compile 3166 / 3995 / 3704).
+#   (max row bytes, num_warps)
+LAYERNORM_FUSED_TABLE = [(4096, 4)]
 
 # Looped kernel, by padded row bytes: (max row bytes, chunk bytes). num_warps = chunk bytes / 512,
 # one 16-byte load per thread per chunk (at most 32 warps). RMSNorm / residual RMSNorm GB/s:
