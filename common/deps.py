@@ -1,5 +1,6 @@
-"""`make` runs this first, as a plain script (stdlib only, not through the `common` package): install whatever requirements.txt names that is missing or too old,
-and nothing when all is there (so it also works on a machine without network access)."""
+"""`make` runs this first, as a plain script (stdlib only, not through the `common` package, whose
+imports it may be about to install): install whatever requirements.txt names that is missing or
+too old, and nothing when all is there (so it also works on a machine without network access)."""
 import pathlib
 import re
 import subprocess
