@@ -51,5 +51,36 @@ def _match_gpu_bf16_rounding():
     builder._bf16_rne = True
 
 
+def _widen_bf16(data):
+    """bf16 bit patterns (uint16) -> fp32 values; exact, bf16 is the top half of an fp32."""
+    import numpy as np
+
+    return (np.ascontiguousarray(data).astype(np.uint32) << 16).view(np.float32)
+
+
+def _bf16_dot_as_values():
+    """The interpreter keeps bf16 tensors as their uint16 bit patterns, and its tl.dot multiplies
+    those patterns as integers. Widen bf16 operands to fp32 first (exact), as a tensor core reads
+    them; every other dot is left to the interpreter."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_bf16_dot", False) or not hasattr(builder, "create_dot"):
+        return
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, *args):
+        if a.dtype.scalar == tl.bfloat16:
+            a = interpreter.TensorHandle(_widen_bf16(a.data), tl.float32)
+        if b.dtype.scalar == tl.bfloat16:
+            b = interpreter.TensorHandle(_widen_bf16(b.data), tl.float32)
+        return original(self, a, b, d, *args)
+
+    builder.create_dot = create_dot
+    builder._bf16_dot = True
+
+
 if INTERPRET:
     _match_gpu_bf16_rounding()
+    _bf16_dot_as_values()
