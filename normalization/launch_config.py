@@ -33,13 +33,14 @@ FUSED_TABLE = [
 LAYERNORM_FUSED_TABLE = [(4096, 4)]
 
 # Looped kernel, by padded row bytes: (max row bytes, chunk bytes). num_warps = chunk bytes / 512,
-# one 16-byte load per thread per chunk (at most 32 warps). RMSNorm / residual RMSNorm GB/s:
+# one 16-byte load per thread per chunk (at most 32 warps). RMSNorm / residual RMSNorm GB/s with
+# the row length as a compile-time constant (a later run, same H200):
 LOOP_CHUNK_TABLE = [
-    (4096, 2048),     # N = 2048:  3708 / 3813
-    (8192, 4096),     # N = 4096:  3944 / 4020
-    (32768, 8192),    # N = 8192, 16384: 4125, 4191 / 4030, 4059
-    (65536, 16384),   # N = 32768: 3931 / 4007
-    (None, 32768),    # N = 65536, 131072: 3525, 2847 / 4020, 3694
+    (4096, 2048),     # N = 2048:  3666 / 3762
+    (8192, 4096),     # N = 4096:  3907 / 3961
+    (32768, 8192),    # N = 8192, 16384: 4152, 4180 / 4002, 4044
+    (65536, 16384),   # N = 32768: 4103 / 3999
+    (None, 32768),    # N = 65536, 131072: 3825, 3255 / 4059, 3689
 ]
 # A chunk that does not divide N leaves most of its last chunk masked: N = 5120 in 4096-value
 # chunks ran 3090 GB/s, in 1024-value chunks 3875. So of the chunk, its half and its quarter, the

@@ -60,13 +60,20 @@ def _rmsnorm_fused_kernel(
 def _rmsnorm_looped_kernel(
     # pointers
     x_ptr, res_ptr, w_ptr, y_ptr, u_ptr,
-    # matrix dimensions and strides (in elements)
-    n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um,
+    # matrix dimensions and strides (in elements), compile-time constants: see the docstring
+    n_rows, n_cols: tl.constexpr, stride_xm: tl.constexpr, stride_rm: tl.constexpr,
+    stride_ym: tl.constexpr, stride_um: tl.constexpr,
     eps,
     # meta-parameters
     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
 ):
-    """One row per program in BLOCK_N chunks: pass 1 sums squares, pass 2 re-reads (from L1/L2)."""
+    """One row per program in BLOCK_N chunks: pass 1 sums squares, pass 2 re-reads (from L1/L2).
+
+    The row length and strides are compile-time constants, as in Inductor's static-shape kernels:
+    the chunk loop's trip count and every address offset are then known to the compiler. One
+    compile per row length; on an H200 it ran the N = 65536 rows at 3825-3836 GB/s instead of
+    3157-3722, and residual RMSNorm at N = 32768 fp16 at 3999 instead of 3651.
+    """
     row = tl.program_id(0).to(tl.int64)
     # pass 1: keep the row in L2 (evict_last) for pass 2
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
