@@ -1,0 +1,1 @@
+"""Attention: references, row softmax, rotary embeddings and the fused FlashAttention forward."""

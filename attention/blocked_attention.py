@@ -1,0 +1,49 @@
+"""Online-softmax attention over key blocks, in plain PyTorch: FlashAttention's algorithm without
+the kernel.
+
+For each block of `block_size` keys it keeps, per query row, the running max m, the running sum
+l of exp(s - m) and the unnormalized output acc, and rescales them when the max grows:
+
+    m_new = max(m, rowmax(S_blk));  alpha = exp(m - m_new)
+    l = l * alpha + rowsum(exp(S_blk - m_new));  acc = acc * alpha + exp(S_blk - m_new) @ V_blk
+    O = acc / l
+
+It never holds more than Tq x block_size scores, which proves the algorithm is exact; it is not
+fast, because every block is its own round of PyTorch launches reading and writing memory. Same
+conventions as naive_attention (GQA, bottom-right causal, zeros for a query with no key).
+"""
+import math
+
+import torch
+
+from attention.naive_attention import causal_mask, expand_kv
+
+
+def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128):
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) -> O (B, H, Tq, D) in q's dtype, math in fp32."""
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    compute = torch.promote_types(q.dtype, torch.float32)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    tq, tk = q.shape[2], k.shape[2]
+    qf = q.to(compute) * sm_scale
+    k, v = expand_kv(k, q.shape[1]).to(compute), expand_kv(v, q.shape[1]).to(compute)
+    m = torch.full(q.shape[:3], float("-inf"), dtype=compute, device=q.device)
+    l = torch.zeros(q.shape[:3], dtype=compute, device=q.device)
+    acc = torch.zeros(*q.shape[:3], v.shape[-1], dtype=compute, device=q.device)
+    visible = causal_mask(tq, tk, q.device) if causal else None
+    for start in range(0, tk, block_size):
+        kb, vb = k[:, :, start:start + block_size], v[:, :, start:start + block_size]
+        s = torch.matmul(qf, kb.transpose(-1, -2))
+        if causal:
+            s = s.masked_fill(~visible[:, start:start + block_size], float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        # rows that have seen no key yet keep m = -inf; subtracting 0 instead avoids inf - inf
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe[..., None])
+        alpha = torch.exp(m - m_safe)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.matmul(p, vb)
+        m = m_new
+    out = acc / torch.where(l == 0, torch.ones_like(l), l)[..., None]
+    return out.to(q.dtype)

@@ -1,0 +1,240 @@
+"""Rotary position embeddings (RoPE) on q and k in Triton, both in one launch.
+
+Math as in attention/rope.py (fp32 inside, one rounding to the input dtype). Pair i of a head is
+rotated by the table's column i (and, in the half layout, the second element of the pair by column
+i + D/2):
+    half:         (x[i], x[i + D/2])  ->  (x[i] cos[i] - x[i + D/2] sin[i],
+                                           x[i + D/2] cos[i + D/2] + x[i] sin[i + D/2])
+    interleaved:  (x[2i], x[2i + 1])  ->  (x[2i] cos[i] - x[2i + 1] sin[i],
+                                           x[2i + 1] cos[i] + x[2i] sin[i])     (columns >= D/2 unread)
+
+One program takes BLOCK_T consecutive (b, t) positions and a block of heads of q or of k: it loads
+the positions' cos and sin once and applies them to every head of its block. Programs are numbered
+head block fastest, so the programs sharing a tile of positions run together and read the table
+from L2. Memory traffic (e = element size of q, k; e_c of the table):
+    read q, k and write q_out, k_out:  2 * B*T*(H + Hkv)*D * e
+    read cos and sin:                  2 * (rows of the table)*D * e_c from HBM once (half of it
+                                       interleaved), and again from L2 for every head block.
+Limits: D even, D <= 1024 (a program holds a whole head).
+"""
+import functools
+from dataclasses import dataclass
+
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.validation import check_out, check_same_device, check_tensor
+
+MAX_HEAD_DIM = 1024
+
+
+@triton.jit
+def _rope_heads(
+    # pointers: this block's source (q or k) and its output
+    x_ptr, o_ptr,
+    # the block of heads and the positions of the program
+    head0, n_heads, b, t, in_rows,
+    # strides (in elements) of the source and of the contiguous output
+    stride_xb, stride_xh, stride_xt, stride_xd, stride_ob, stride_oh, stride_ot,
+    # the positions' table, fp32 (BLOCK_T, BLOCK_HALF): columns 0..D/2-1 (c1, s1) and D/2.. (c2, s2)
+    c1, s1, c2, s2,
+    # meta-parameters
+    INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    """Rotate BLOCK_H heads x BLOCK_T positions x D of one tensor; tiles are (heads, positions, cols)."""
+    heads = head0 + tl.arange(0, BLOCK_H).to(tl.int64)
+    rows_mask = (heads < n_heads)[:, None, None] & in_rows[None, :, None]
+    x_rows = x_ptr + heads[:, None, None] * stride_xh + (b * stride_xb + t * stride_xt)[None, :, None]
+    o_rows = o_ptr + heads[:, None, None] * stride_oh + (b * stride_ob + t * stride_ot)[None, :, None]
+    # broadcast the positions' table over the heads of the block
+    c1, s1 = c1[None, :, :], s1[None, :, :]
+    if INTERLEAVED:
+        # whole rows, split into (even, odd) in registers: one contiguous load instead of two
+        # stride-2 gathers
+        cols = tl.arange(0, 2 * BLOCK_HALF)[None, None, :]
+        mask = rows_mask & (cols < 2 * HALF)
+        x = tl.load(x_rows + cols * stride_xd, mask=mask, other=0.0, eviction_policy="evict_first")
+        x_even, x_odd = tl.split(tl.reshape(x.to(tl.float32), [BLOCK_H, BLOCK_T, BLOCK_HALF, 2]))
+        o = tl.join(x_even * c1 - x_odd * s1, x_odd * c1 + x_even * s1)
+        o = tl.reshape(o, [BLOCK_H, BLOCK_T, 2 * BLOCK_HALF])
+        tl.store(o_rows + cols, o.to(o_ptr.dtype.element_ty), mask=mask)
+    else:
+        # the two halves as two loads: D/2 need not be a power of two (D = 80, 96)
+        cols = tl.arange(0, BLOCK_HALF)[None, None, :]
+        mask = rows_mask & (cols < HALF)
+        x1 = tl.load(x_rows + cols * stride_xd, mask=mask, other=0.0,
+                     eviction_policy="evict_first").to(tl.float32)
+        x2 = tl.load(x_rows + (cols + HALF) * stride_xd, mask=mask, other=0.0,
+                     eviction_policy="evict_first").to(tl.float32)
+        o1 = x1 * c1 - x2 * s1
+        o2 = x2 * c2[None, :, :] + x1 * s2[None, :, :]
+        tl.store(o_rows + cols, o1.to(o_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_rows + cols + HALF, o2.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    # pointers
+    q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
+    # dimensions: B*T positions, T, heads of q and k, head blocks (of q, of q and k together)
+    n_rows, seq_len, n_q_heads, n_k_heads, n_q_blocks, n_blocks,
+    # strides (in elements); stride_cb = stride_sb = 0 for a table shared by the batch
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_cb, stride_ct, stride_cd,
+    stride_sb, stride_st, stride_sd,
+    stride_qob, stride_qoh, stride_qot,
+    stride_kob, stride_koh, stride_kot,
+    # meta-parameters. HALF = D/2 is a compile-time constant (one compile per head dim): the column
+    # masks and x[D/2:]'s offset then have known divisibility (a runtime 40, D = 80, would carry
+    # none), so loads stay 16-byte vectors for D = 80 too
+    INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)  # 64-bit: head * stride_h and b * stride_b can pass 2^31
+    head_block = pid % n_blocks
+    rows = (pid // n_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)  # flat b*T + t: a tile may span batches
+    in_rows = rows < n_rows
+    b = rows // seq_len
+    t = rows % seq_len
+    # the table, once for every head of the block; kept in L2 for the other head blocks
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = in_rows[:, None] & (cols < HALF)[None, :]
+    c_rows = cos_ptr + (b * stride_cb + t * stride_ct)[:, None]
+    s_rows = sin_ptr + (b * stride_sb + t * stride_st)[:, None]
+    c1 = tl.load(c_rows + cols[None, :] * stride_cd, mask=mask, other=0.0, eviction_policy="evict_last")
+    s1 = tl.load(s_rows + cols[None, :] * stride_sd, mask=mask, other=0.0, eviction_policy="evict_last")
+    c1, s1 = c1.to(tl.float32), s1.to(tl.float32)
+    if INTERLEAVED:  # columns D/2.. are not read
+        c2, s2 = c1, s1
+    else:
+        c2 = tl.load(c_rows + (cols[None, :] + HALF) * stride_cd, mask=mask, other=0.0,
+                     eviction_policy="evict_last").to(tl.float32)
+        s2 = tl.load(s_rows + (cols[None, :] + HALF) * stride_sd, mask=mask, other=0.0,
+                     eviction_policy="evict_last").to(tl.float32)
+    if head_block < n_q_blocks:
+        _rope_heads(q_ptr, q_out_ptr, head_block * BLOCK_HQ, n_q_heads, b, t, in_rows,
+                    stride_qb, stride_qh, stride_qt, stride_qd, stride_qob, stride_qoh, stride_qot,
+                    c1, s1, c2, s2, INTERLEAVED, HALF, BLOCK_HQ, BLOCK_T, BLOCK_HALF)
+    else:
+        _rope_heads(k_ptr, k_out_ptr, (head_block - n_q_blocks) * BLOCK_HK, n_k_heads, b, t, in_rows,
+                    stride_kb, stride_kh, stride_kt, stride_kd, stride_kob, stride_koh, stride_kot,
+                    c1, s1, c2, s2, INTERLEAVED, HALF, BLOCK_HK, BLOCK_T, BLOCK_HALF)
+
+
+# Tile of one program: BLOCK_T positions x BLOCK_H heads x BLOCK_D (= next_power_of_2(D)) values.
+# The cos/sin rows are loaded once per program and reused by its BLOCK_H heads, so the widest head
+# block, one position, wins: q's 16 heads (k's 8) of one position in a program. Heads per program
+# are capped by the tensor's own head count (k with Hkv = 1 gets 1-head blocks).
+# GB/s from a sweep of 24 tiles on an H200 (copy 4245 GB/s), B1 H32/8 T8192 bf16, half layout:
+#   (max BLOCK_D, BLOCK_T positions, BLOCK_H heads at most, num_warps)
+ROPE_TABLE = [
+    (64, 2, 16, 4),    # D 64: 3019 (best 3057 at 16 positions x 2 heads; 4096-value tiles 2822)
+    (128, 1, 16, 4),   # D 128: 3512, B4 T4096 strided 3701 (4 positions x 8 heads: 3115, 3337)
+    (256, 1, 16, 8),   # D 256: 3607 (2 positions x 8 heads: 3349)
+    (512, 1, 8, 8),    # a position per program; 8 warps keep 32 values a thread
+    (1024, 1, 4, 8),   # 4 heads of 1024: 4096 values
+]
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    BLOCK_T: int
+    BLOCK_HQ: int
+    BLOCK_HK: int
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=1024)
+def rope_config(n_rows, n_q_heads, n_k_heads, head_dim):
+    """Tile and warps for B*T = n_rows positions of heads of head_dim values, from ROPE_TABLE."""
+    block_d = triton.next_power_of_2(head_dim)
+    _, block_t, block_h, warps = next(row for row in ROPE_TABLE if block_d <= row[0])
+    block_t = min(block_t, triton.next_power_of_2(n_rows))  # decode (T = 1): no empty positions
+    return RopeConfig(block_t, min(block_h, triton.next_power_of_2(max(n_q_heads, 1))),
+                      min(block_h, triton.next_power_of_2(max(n_k_heads, 1))), warps)
+
+
+def check_rope_args(q, k, cos, sin, interleaved):
+    """Raise ValueError/TypeError naming the first bad argument; nothing is launched."""
+    check_tensor("q", q)
+    check_tensor("k", k)
+    check_same_device("k", k, "q", q)
+    if q.dim() != 4 or k.dim() != 4:
+        bad = "q" if q.dim() != 4 else "k"
+        raise ValueError(f"{bad} must have 4 dims (B, heads, T, D), got shape {tuple((q if bad == 'q' else k).shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}; got {k.dtype}")
+    batch, _, seq_len, head_dim = q.shape
+    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq_len, head_dim):
+        raise ValueError(f"k must be (B, Hkv, T, D) with q's B = {batch}, T = {seq_len}, D = {head_dim}; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"q and k need an even head dim D <= {MAX_HEAD_DIM} (pairs of features "
+                         f"are rotated); got D = {head_dim}")
+    for name, table in (("cos", cos), ("sin", sin)):
+        check_tensor(name, table, dtypes=tuple(dict.fromkeys((torch.float32, q.dtype))))
+        check_same_device(name, table, "q", q)
+        shape = tuple(table.shape)
+        if not (shape == (seq_len, head_dim) or (len(shape) == 3 and shape[0] in (1, batch)
+                                                  and shape[1:] == (seq_len, head_dim))):
+            raise ValueError(f"{name} must have shape (T, D) = {(seq_len, head_dim)}, (1, T, D) or "
+                             f"(B, T, D) = {(batch, seq_len, head_dim)}; got {shape}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+
+
+def _table_strides(table):
+    """(stride_b, stride_t, stride_d) of a (T, D) / (1, T, D) / (B, T, D) table; 0 for a shared batch."""
+    if table.dim() == 2:
+        return (0, *table.stride())
+    return (0 if table.shape[0] == 1 else table.stride(0), table.stride(1), table.stride(2))
+
+
+def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
+    """Launch on validated arguments (shapes as in apply_rope); writes q_out, k_out (contiguous).
+    cfg: a RopeConfig, by default rope_config's."""
+    batch, n_q_heads, seq_len, head_dim = q.shape
+    n_k_heads = k.shape[1]
+    n_rows = batch * seq_len
+    if n_rows == 0 or head_dim == 0 or n_q_heads + n_k_heads == 0:
+        return
+    cfg = cfg or rope_config(n_rows, n_q_heads, n_k_heads, head_dim)
+    n_q_blocks = triton.cdiv(n_q_heads, cfg.BLOCK_HQ)
+    n_blocks = n_q_blocks + triton.cdiv(n_k_heads, cfg.BLOCK_HK)
+    grid = (triton.cdiv(n_rows, cfg.BLOCK_T) * n_blocks,)
+    _rope_kernel[grid](
+        q, k, cos, sin, q_out, k_out,
+        n_rows, seq_len, n_q_heads, n_k_heads, n_q_blocks, n_blocks,
+        *q.stride(), *k.stride(), *_table_strides(cos), *_table_strides(sin),
+        *q_out.stride()[:3], *k_out.stride()[:3],
+        INTERLEAVED=interleaved, HALF=head_dim // 2, BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ, BLOCK_HK=cfg.BLOCK_HK,
+        BLOCK_HALF=triton.next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
+
+
+def apply_rope(q, k, cos, sin, interleaved=False, out=None):
+    """Rotary embeddings on q and k in one launch.
+
+    q: (B, H, T, D), k: (B, Hkv, T, D), fp16, bf16 or fp32, one dtype, any strides (a (B, T, H, D)
+       tensor's .transpose(1, 2) is read in place). H and Hkv are independent; D even, <= 1024.
+    cos, sin: (T, D), (1, T, D) or (B, T, D), fp32 or q's dtype, any strides; the HF table of
+       attention/rope.py (rope_cos_sin). interleaved=False pairs (x[i], x[i + D/2]) and uses every
+       column; interleaved=True pairs (x[2i], x[2i + 1]) and uses columns 0 .. D/2-1 only.
+    out: optional (q_out, k_out), contiguous buffers shaped and typed like q and k.
+    Returns (q_out, k_out): new contiguous (B, H, T, D) and (B, Hkv, T, D) tensors in q's dtype.
+    """
+    check_rope_args(q, k, cos, sin, interleaved)
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"out must be a (q_out, k_out) pair or None, got {type(out).__name__}")
+        check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
+        check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
+        q_out, k_out = out
+    else:
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    launch_rope(q, k, cos, sin, q_out, k_out, interleaved)
+    return q_out, k_out

@@ -1,0 +1,303 @@
+"""Row softmax in Triton.
+
+    y = exp(x - max(x)) / sum(exp(x - max(x)))        over the last dim, math in fp32, one cast
+
+exp(t) is taken as exp2(t * log2(e)) of the difference t = x - max: subtracting first keeps every
+bit of a large |x| (scaling x first would round x * log2(e) to half an fp32 ulp, 5e-4 at 1e4).
+
+Memory traffic per row of N values of e bytes: read x (N*e), write y (N*e). That is the ideal; the
+looped and split paths read x a second time, served from L1/L2 when it is still there.
+
+Three paths, picked by `softmax_config` from the table below:
+- fused: BLOCK_M whole rows a program, in registers; x crosses the memory bus once.
+- looped: one program a row, in chunks, three passes: the row max, the sum of exp(x - max), then
+  the write; passes 2 and 3 are served from L1/L2. Any N: a chunk, not the row, lives in
+  registers, so nothing spills and no width is refused.
+- split: the looped path when the rows are too few to fill the GPU. Each row is cut into
+  segments, one program each: kernel 1 writes each segment's (max, sum), kernel 2 combines its
+  row's partials and writes its segment. Two launches stand in for a barrier across programs.
+
+The split path reads a segment once for its (max, sum): an online update that costs one exp per
+element, with m the lane's running max and s its sum of exp(x_i - m),
+    x <= m:  s += exp(x - m)                       (m stays)
+    x >  m:  s  = s * exp(m - x) + 1,  m = x       (rescale the old sum to the new max)
+and both exponents are -|x - m|. Lanes are combined once, at the end of the segment.
+
+A row of only -inf gives NaN, as torch.softmax does (0 / 0: every exp is 0).
+"""
+import functools
+from dataclasses import dataclass
+
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.device import INTERPRET
+from common.validation import as_rows, check_out, check_tensor
+from normalization.triton_rmsnorm import col_mask
+
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(t) = exp2(t * log2(e))
+# A lane's running max starts at -FLT_MAX, not -inf, so a lane that has seen only -inf computes
+# x - m = -inf (exp 0) instead of -inf - (-inf) = NaN, and keeps s = 0.
+NEG_FLT_MAX = tl.constexpr(-3.4028234663852886e38)
+
+# ---------------------------------------------------------------------------------------------
+# Heuristics. Keyed by BLOCK_N = next_power_of_2(N), the fp32 values a row takes in registers
+# (what limits the fused path, whatever the input dtype):
+#   (max BLOCK_N, path, values a program, num_warps)
+# fused: rows a program = values // BLOCK_N (at least 1); looped/split: values = the chunk.
+SOFTMAX_TABLE = [
+    (1024, "fused", 2048, 4),     # N <= 1024: 2 rows a program: 3241 GB/s (4 rows 3187, 8 rows 2992)
+    (2048, "fused", 2048, 4),     # N = 2048: 1 row, 4 warps: 3216 (8 warps 3144)
+    (4096, "fused", 4096, 8),     # N = 4096: 1 row, 8 warps: 3173 (4 warps 3116)
+    (8192, "fused", 8192, 4),     # N = 8192: 1 row, 4 warps: 3187 (16 warps 3125)
+    (16384, "looped", 4096, 16),  # N = 16384: 4096-value chunks: 3071 (online one-pass 2066)
+    (32768, "looped", 8192, 32),  # N = 32768: 2842 (online one-pass 2367)
+    (None, "looped", 16384, 32),  # N = 65536 at 256 rows: 2699 (split path 1850)
+]
+# GB/s: best of a sweep on an H200 (copy 4223 GB/s), bf16, 16M elements (M = 16M / N rows).
+# The looped kernel makes three passes over its row (max; sum of exp; write), the row length a
+# compile-time constant; the second and third read come from L1/L2. It beat a one-pass online
+# (max, sum) kernel by 13-48%: the online update's extra exp and its dependence chain cost more
+# than re-reading a row that is still in cache.
+# A chunk that does not divide N leaves its last chunk mostly masked, so of the chunk, its half and
+# its quarter the one that pads N least is taken (the larger on a tie), as the norms do.
+#
+# Looped rows go to the split path when there are fewer than SPLIT_BELOW_ROWS_PER_SM rows an SM:
+# with one program a row, 64 rows of 262144 would keep 64 of 132 SMs busy. At two rows an SM
+# (256 x 65536) the looped kernel is ahead again (2699 against 1850 GB/s). The split path cuts each
+# row into segments (whole chunks) for about SPLIT_PROGRAMS_PER_SM programs an SM, so the grid
+# fills the GPU evenly (64 x 262144 on 132 SMs: 16 segments of 16384, 1024 programs). Its second read comes from L2 when x
+# fits there (16M fp16 values: 32 MB of a 50 MB L2); kernel 2 runs its programs and chunks in
+# reverse so that the last data kernel 1 read is the first it reads again.
+SPLIT_BELOW_ROWS_PER_SM = 1
+SPLIT_PROGRAMS_PER_SM = 8
+# The split kernels' own chunk: 4096 values, 8 warps, best of the sweep at 128 x 131072 (1811 GB/s;
+# 16384-value chunks of 32 warps 1202) and within 2% of it at 64 x 262144 (1802).
+SPLIT_CHUNK, SPLIT_WARPS = 4096, 8
+MAX_SPLITS = 1024          # kernel 2 loads a row's partials as one block
+INTERPRETER_SMS = 2        # the interpreter has no SMs; 2 keeps its split grids small
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoftmaxConfig:
+    path: str        # "fused", "looped" or "split"
+    BLOCK_M: int     # rows a program (fused)
+    BLOCK_N: int     # the padded row (fused) or one chunk of it (looped, split)
+    num_warps: int
+    n_splits: int    # programs a row (split; 1 otherwise)
+    seg_len: int     # columns a program (split: a multiple of BLOCK_N)
+
+
+def _chunk(values, block_n, n_cols):
+    """Of `values` (capped at the padded row), its half and its quarter: the one that pads N least."""
+    chunk = min(values, block_n)
+    return min((chunk, chunk // 2, chunk // 4), key=lambda c: triton.cdiv(n_cols, c) * c)
+
+
+@functools.lru_cache(maxsize=1024)
+def softmax_config(n_rows, n_cols, n_sms):
+    """Path and launch parameters for n_rows rows of n_cols values on a GPU with n_sms SMs."""
+    block_n = triton.next_power_of_2(n_cols)
+    max_block, path, values, warps = next(r for r in SOFTMAX_TABLE if r[0] is None or block_n <= r[0])
+    if path == "fused":
+        return SoftmaxConfig("fused", max(1, values // block_n), block_n, warps, 1, n_cols)
+    if n_rows >= SPLIT_BELOW_ROWS_PER_SM * n_sms:
+        chunk = _chunk(values, block_n, n_cols)
+        return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
+    chunk, warps = _chunk(SPLIT_CHUNK, block_n, n_cols), SPLIT_WARPS
+    n_chunks = triton.cdiv(n_cols, chunk)
+    n_splits = min(triton.cdiv(SPLIT_PROGRAMS_PER_SM * n_sms, n_rows), n_chunks, MAX_SPLITS)
+    seg_len = triton.cdiv(n_chunks, n_splits) * chunk  # whole chunks, so only the row's end is masked
+    n_splits = triton.cdiv(n_cols, seg_len)
+    if n_splits == 1:
+        return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
+    return SoftmaxConfig("split", 1, chunk, warps, n_splits, seg_len)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index):
+    if INTERPRET:
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@triton.jit
+def _softmax_fused_kernel(
+    # pointers
+    x_ptr, y_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_xm, stride_ym,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_M whole rows in registers: x is read once, y written once."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    # padding is -inf: exp 0, so it adds nothing to the sum
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"),
+                eviction_policy="evict_first").to(tl.float32)
+    row_max = tl.max(x, axis=1)
+    p = tl.exp2((x - row_max[:, None]) * LOG2E)
+    inv_sum = 1.0 / tl.sum(p, axis=1)
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], (p * inv_sum[:, None]).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _online_max_sum(x_row_ptr, col_start, col_end, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    """(m, s) of x[col_start:col_end] of one row: m its max, s = sum(exp(x - m)), in one pass of
+    BLOCK_N chunks (col_start and col_end - col_start are multiples of BLOCK_N, or col_end = n_cols)."""
+    m = tl.full([BLOCK_N], NEG_FLT_MAX, tl.float32)
+    s = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(col_start, col_end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        # evict_last: the second pass reads these lines again
+        x = tl.load(x_row_ptr + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"),
+                    eviction_policy="evict_last").to(tl.float32)
+        d = x - m
+        e = tl.exp2(-tl.abs(d) * LOG2E)   # exp(x - m) if x <= m, else exp(m - x)
+        s = tl.where(d > 0, s * e + 1.0, s + e)
+        m = tl.maximum(m, x)
+    # combine the lanes: rescale each lane's sum to the max over lanes
+    row_max = tl.max(m, axis=0)
+    return row_max, tl.sum(s * tl.exp2((m - row_max) * LOG2E), axis=0)
+
+
+@triton.jit
+def _write_softmax(x_row_ptr, y_row_ptr, col_start, col_end, n_cols, row_max, inv_sum,
+                   BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    """y = exp(x - row_max) * inv_sum over x[col_start:col_end] of one row, last chunk first: the
+    first pass read it last, so it is the likeliest to be still in L1/L2."""
+    n_chunks = (col_end - col_start + BLOCK_N - 1) // BLOCK_N
+    for i in range(0, n_chunks):
+        cols = col_start + (n_chunks - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = col_mask(cols, n_cols, EVEN_N)
+        x = tl.load(x_row_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        y = tl.exp2((x - row_max) * LOG2E) * inv_sum
+        tl.store(y_row_ptr + cols, y.to(y_row_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")  # y is not read again: keep L2 for x
+
+
+@triton.jit
+def _softmax_looped_kernel(
+    # pointers
+    x_ptr, y_ptr,
+    # matrix dimensions and strides (in elements), compile-time constants: one compile per width
+    n_cols: tl.constexpr, stride_xm: tl.constexpr, stride_ym: tl.constexpr,
+    # meta-parameters
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """One row a program in BLOCK_N chunks, three passes: the max, the sum of exp(x - max), then
+    y = exp(x - max) / sum. Passes 2 and 3 re-read the row from L1/L2 (evict_last keeps it)."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    m = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"),
+                    eviction_policy="evict_last")
+        m = tl.maximum(m, x.to(tl.float32))
+    row_max = tl.max(m, axis=0)  # -inf only for a row of -inf: then every exp below is NaN, as in torch
+    s = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"),
+                    eviction_policy="evict_last")
+        s += tl.exp2((x.to(tl.float32) - row_max) * LOG2E)
+    _write_softmax(x_row, y_ptr + row * stride_ym, 0, n_cols, n_cols, row_max, 1.0 / tl.sum(s, axis=0),
+                   BLOCK_N, EVEN_N)
+
+
+@triton.jit
+def _softmax_split_stats_kernel(
+    # pointers: stats is (2, n_rows * n_splits) fp32, the maxes then the sums
+    x_ptr, stats_ptr,
+    # matrix dimensions and strides (in elements)
+    n_cols, stride_xm, n_splits, seg_len, n_tiles,
+    # meta-parameters
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Kernel 1 of the split path: program `tile` = (row, split) writes the (max, sum) of columns
+    [split * seg_len, (split + 1) * seg_len) of its row."""
+    tile = tl.program_id(0)
+    row = tile // n_splits
+    col_start = (tile % n_splits) * seg_len
+    col_end = tl.minimum(col_start + seg_len, n_cols)
+    seg_max, seg_sum = _online_max_sum(x_ptr + row.to(tl.int64) * stride_xm, col_start, col_end, n_cols,
+                                       BLOCK_N, EVEN_N)
+    tl.store(stats_ptr + tile, seg_max)
+    tl.store(stats_ptr + n_tiles + tile, seg_sum)
+
+
+@triton.jit
+def _softmax_split_write_kernel(
+    # pointers
+    x_ptr, y_ptr, stats_ptr,
+    # matrix dimensions and strides (in elements)
+    n_cols, stride_xm, stride_ym, n_splits, seg_len, n_tiles,
+    # meta-parameters
+    SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Kernel 2 of the split path: combine the row's n_splits partials (SPLITS = their padded
+    count), then write the segment. Tiles run in reverse: kernel 1 read the last ones last."""
+    tile = n_tiles - 1 - tl.program_id(0)
+    row = tile // n_splits
+    col_start = (tile % n_splits) * seg_len
+    col_end = tl.minimum(col_start + seg_len, n_cols)
+    parts = tl.arange(0, SPLITS)
+    in_row = parts < n_splits
+    seg_max = tl.load(stats_ptr + row * n_splits + parts, mask=in_row, other=float("-inf"))
+    seg_sum = tl.load(stats_ptr + n_tiles + row * n_splits + parts, mask=in_row, other=0.0)
+    row_max = tl.max(seg_max, axis=0)
+    row_sum = tl.sum(seg_sum * tl.exp2((seg_max - row_max) * LOG2E), axis=0)
+    row64 = row.to(tl.int64)
+    _write_softmax(x_ptr + row64 * stride_xm, y_ptr + row64 * stride_ym, col_start, col_end, n_cols,
+                   row_max, 1.0 / row_sum, BLOCK_N, EVEN_N)
+
+
+def launch_softmax(x2, y2, cfg=None):
+    """Launch on validated arguments: x2 (M, N) with unit column stride, y2 (M, N) written in place
+    (it may be x2 itself: each element is read before the program that writes it writes it).
+    cfg: a SoftmaxConfig to use instead of softmax_config's choice (for tuning sweeps)."""
+    n_rows, n_cols = x2.shape
+    if cfg is None:
+        cfg = softmax_config(n_rows, n_cols, sm_count(x2.device.index or 0))
+    even = n_cols % cfg.BLOCK_N == 0
+    if cfg.path == "fused":
+        _softmax_fused_kernel[(triton.cdiv(n_rows, cfg.BLOCK_M),)](
+            x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+    elif cfg.path == "looped":
+        _softmax_looped_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0),
+                                          BLOCK_N=cfg.BLOCK_N, EVEN_N=even, num_warps=cfg.num_warps)
+    else:
+        n_tiles = n_rows * cfg.n_splits
+        stats = torch.empty((2, n_tiles), dtype=torch.float32, device=x2.device)
+        _softmax_split_stats_kernel[(n_tiles,)](x2, stats, n_cols, x2.stride(0), cfg.n_splits, cfg.seg_len,
+                                                n_tiles, BLOCK_N=cfg.BLOCK_N, EVEN_N=even,
+                                                num_warps=cfg.num_warps)
+        _softmax_split_write_kernel[(n_tiles,)](x2, y2, stats, n_cols, x2.stride(0), y2.stride(0), cfg.n_splits,
+                                                cfg.seg_len, n_tiles, SPLITS=triton.next_power_of_2(cfg.n_splits),
+                                                BLOCK_N=cfg.BLOCK_N, EVEN_N=even, num_warps=cfg.num_warps)
+
+
+def softmax(x, out=None):
+    """Softmax over the last dim.
+
+    x: (..., N) fp16, bf16 or fp32, any strides (a view whose leading dims cannot merge, or whose
+       last dim is not unit-stride, is copied once). N >= 1 any size.
+    out: optional contiguous buffer shaped like x in x's dtype; it may be x itself (in place).
+    Returns y: (..., N), x's dtype. A row of only -inf gives NaN, as torch.softmax does.
+    """
+    check_tensor("x", x)
+    if out is not None:
+        check_out("out", out, x.shape, x.dtype, x.device)
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    launch_softmax(as_rows(x), y.view(-1, x.shape[-1]))
+    return y
