@@ -1,0 +1,209 @@
+"""Tests for gemm/triton_matmul.py against the fp64 product of the same fp16/bf16 inputs and
+PyTorch's same-dtype torch.matmul (plus its bias and activation ops for the epilogue).
+
+    python gemm/test_matmul.py        (or: pytest gemm/test_matmul.py)
+
+Tolerance (per element, against the fp64 reference): the inputs are exact, and a product of two
+fp16 or bf16 values is exact in fp32, so the only errors are the fp32 accumulation over K and the
+one final rounding to the output dtype.
+- rtol: that final rounding, half an ulp, and an ulp where summation order flips it: 2^-10
+  (fp16), 2^-7 (bf16), as in common.testing.TOLERANCES.
+- atol: for outputs near zero, where the relative bound means nothing. K fp32 additions each
+  round by at most 2^-24 of a partial sum, and partial sums are of the size of a typical output,
+  T = sqrt(K) * rms(a) * rms(b) for independent inputs; as a random walk they add up to about
+  sqrt(K) * 2^-24 * T. The bound is 16x that, sqrt(K) * T * 2^-20: room for the tensor cores'
+  internal alignment (truncating, not rounding) and for the maximum over many elements.
+The 2x-PyTorch rule is the main guard: our largest error may be at most twice torch.matmul's
+own (one more rounding for each separate bias or activation op) plus atol.
+"""
+import math
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
+                            poisoned, rand)
+from gemm.triton_matmul import CONFIGS, autotune_configs, launch_matmul, m_bucket, matmul, prune_configs  # noqa: E402
+
+DTYPES = (torch.float16, torch.bfloat16)
+TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+                     "silu": F.silu}
+
+
+def tolerance(a, b):
+    """Tol for a @ b in a's dtype; see the module docstring."""
+    k = a.shape[1]
+    rms = lambda t: t.double().pow(2).mean().sqrt().item() if t.numel() else 0.0  # noqa: E731
+    typical = math.sqrt(k) * rms(a) * rms(b)
+    atol = max(1e-5, math.sqrt(k) * typical * 2 ** -20)
+    return Tol(atol, TOLERANCES[a.dtype].rtol, "fp32 accumulation over K, one rounding")
+
+
+def reference(a, b, bias, activation):
+    """fp64 math on the same inputs: act(a @ b + bias)."""
+    y = a.double() @ b.double()
+    if bias is not None:
+        y = y + bias.double()
+    return TORCH_ACTIVATIONS[activation](y)
+
+
+def torch_same_dtype(a, b, bias, activation):
+    """PyTorch in the inputs' dtype: matmul, then the bias add and the activation as separate ops."""
+    y = torch.matmul(a, b)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return TORCH_ACTIVATIONS[activation](y)
+
+
+def outcome(check, a, b, bias=None, activation=None, config=None):
+    """Run matmul (or one forced config) into a poisoned buffer and compare."""
+    out = poisoned((a.shape[0], b.shape[1]), a.dtype)
+    if config is None:
+        matmul(a, b, bias, activation, out=out)
+    else:
+        launch_matmul(a, b, bias, activation, out, config=config)
+    return compare(check, out, reference(a, b, bias, activation), tolerance(a, b),
+                   torch_out=torch_same_dtype(a, b, bias, activation))
+
+
+def check(m, n, k, dtype, bias=False, bias_dtype=None, activation=None, trans_a=False, trans_b=False, pad=False):
+    """a (M, K) and b (K, N), built transposed (a view of a (K, M) tensor) or padded (a view of a
+    larger tensor) as asked."""
+    pad_a, pad_b = ((5, 3), (3, 7)) if pad else (None, None)
+    a = rand((k, m), dtype).t() if trans_a else rand((m, k), dtype, pad=pad_a)
+    b = rand((n, k), dtype).t() if trans_b else rand((k, n), dtype, pad=pad_b)
+    bias_t = rand((n,), bias_dtype or dtype) if bias else None
+    return [outcome("c", a, b, bias_t, activation)]
+
+
+def check_config(config, dtype):
+    """One row of CONFIGS, forced, on a shape with an edge tile in M and N and a K tail; b is an
+    nn.Linear weight's transpose."""
+    bm, bn, bk = config[:3]
+    m, n, k = bm + 3, bn + 5, bk + 7
+    a, b, bias = rand((m, k), dtype), rand((n, k), dtype).t(), rand((n,), dtype)
+    outcomes = [outcome("c", a, b, config=config)]
+    if dtype == torch.float16:  # the epilogue in one dtype: each variant is one more compile per config
+        outcomes.append(outcome("c, bias+gelu", a, b, bias, "gelu", config=config))
+    return outcomes
+
+
+def check_prune():
+    """The autotuner's candidates (the GPU's path, checked here without one): configs that fit M."""
+    configs = autotune_configs()
+
+    def kept(m, n, k):
+        return {c.kwargs["BLOCK_M"] for c in prune_configs(configs, dict(M_BUCKET=m_bucket(m), N=n, K=k))}
+
+    return [Outcome("decode M=1: 16-row tiles only", kept(1, 4096, 4096) == {16}),
+            Outcome("M=48: tiles up to 64 rows", kept(48, 4096, 4096) == {16, 32, 64}),
+            Outcome("M=200: every tile", kept(200, 4096, 4096) == {16, 32, 64, 128}),
+            Outcome("M=4096: 64 rows and up", kept(4096, 4096, 4096) == {64, 128}),
+            Outcome("tiny: one config", len(prune_configs(configs, dict(M_BUCKET=16, N=64, K=64))) == 1)]
+
+
+def check_own_buffer():
+    a, b = rand((9, 41), torch.float16), rand((41, 23), torch.float16)
+    return [compare("c", matmul(a, b), reference(a, b, None, None), tolerance(a, b), torch_out=torch.matmul(a, b))]
+
+
+def check_empty():
+    a, b, bias = rand((5, 0), torch.bfloat16), rand((0, 7), torch.bfloat16), rand((7,), torch.bfloat16)
+    zero_k = matmul(a, b, out=poisoned((5, 7), torch.bfloat16))
+    zero_k_epilogue = matmul(a, b, bias, "silu", out=poisoned((5, 7), torch.bfloat16))
+    no_rows = matmul(rand((0, 9), torch.float16), rand((9, 4), torch.float16))
+    no_cols = matmul(rand((3, 9), torch.float16), rand((9, 0), torch.float16))
+    return [
+        compare("K = 0: zeros", zero_k, torch.zeros(5, 7, dtype=torch.float64, device=DEVICE)),
+        compare("K = 0: silu(bias)", zero_k_epilogue, F.silu(bias.double()).expand(5, 7)),
+        Outcome("M = 0: empty (0, N)", tuple(no_rows.shape) == (0, 4) and no_rows.dtype == torch.float16),
+        Outcome("N = 0: empty (M, 0)", tuple(no_cols.shape) == (3, 0)),
+    ]
+
+
+def check_errors():
+    a, b, bias = rand((4, 64), torch.float16), rand((64, 32), torch.float16), rand((32,), torch.float16)
+    other = "cpu" if DEVICE == "cuda" else "meta"
+    return [
+        expect_raises("fp32 a", lambda: matmul(a.float(), b), TypeError, "a"),
+        expect_raises("fp32 b", lambda: matmul(a, b.float()), TypeError, "b"),
+        expect_raises("a fp16, b bf16", lambda: matmul(a, b.bfloat16()), TypeError, "b"),
+        expect_raises("inner dims differ", lambda: matmul(a, b[:63]), ValueError, "K"),
+        expect_raises("3-D a", lambda: matmul(a[None], b), ValueError, "a"),
+        expect_raises("bias size", lambda: matmul(a, b, bias[:31]), ValueError, "bias"),
+        expect_raises("int bias", lambda: matmul(a, b, bias.to(torch.int32)), TypeError, "bias"),
+        expect_raises("unknown activation", lambda: matmul(a, b, activation="relu"), ValueError, "activation"),
+        expect_raises(f"a on {other}", lambda: matmul(a.to(other), b.to(other)), ValueError, "a"),
+        expect_raises("b elsewhere", lambda: matmul(a, b.to(other)), ValueError, "b"),
+        expect_raises("bias elsewhere", lambda: matmul(a, b, bias.to(other)), ValueError, "bias"),
+        expect_raises("not a tensor", lambda: matmul([1.0], b), TypeError, "a"),
+        expect_raises("out shape", lambda: matmul(a, b, out=a.clone()), ValueError, "out"),
+    ]
+
+
+def check_huge():
+    """An output past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
+    m, n, k = 2 ** 31 // 4096 + 3, 4096, 32
+    a, b = rand((m, k), torch.float16), rand((k, n), torch.float16)
+    c = matmul(a, b, out=poisoned((m, n), torch.float16))
+    tail = a[-4:]
+    return [compare("last rows", c[-4:], reference(tail, b, None, None), tolerance(tail, b),
+                    torch_out=torch.matmul(tail, b))]
+
+
+def cases():
+    out = []
+
+    def add(name, fn=check, gpu_only=False, **kwargs):
+        out.append(Case(name, fn, kwargs, gpu_only))
+
+    for dtype in DTYPES:
+        dt = dtype_name(dtype)
+        # M, N, K that are multiples of no block, one row, one element, a K tail, a long K
+        for m, n, k in [(1, 1, 1), (17, 17, 17), (1, 100, 64), (33, 65, 129), (100, 300, 70),
+                        (300, 70, 64), (8, 40, 3000)]:
+            add(f"({m}, {n}, {k}) {dt}", m=m, n=n, k=k, dtype=dtype)
+        for bias, activation in [(True, None), (True, "gelu"), (True, "gelu_tanh"), (True, "silu"),
+                                 (False, "gelu")]:
+            label = "+".join(["bias"] * bias + [activation] * (activation is not None))
+            add(f"(33, 65, 129) {dt} {label}", m=33, n=65, k=129, dtype=dtype, bias=bias, activation=activation)
+        add(f"(40, 50, 60) {dt} a transposed", m=40, n=50, k=60, dtype=dtype, trans_a=True)
+        add(f"(40, 50, 60) {dt} b transposed", m=40, n=50, k=60, dtype=dtype, trans_b=True)
+        add(f"(40, 50, 60) {dt} both transposed", m=40, n=50, k=60, dtype=dtype, trans_a=True, trans_b=True)
+        add(f"(40, 50, 60) {dt} padded views", m=40, n=50, k=60, dtype=dtype, pad=True)
+        for config in CONFIGS:  # each tuned config, forced (the interpreter runs them in fp16)
+            add(f"config {'x'.join(map(str, config[:3]))} w{config[3]} s{config[4]} {dt}", check_config,
+                gpu_only=dtype != torch.float16, config=config, dtype=dtype)
+        # full size on the GPU: the tutorial shape, decode, a ragged large shape
+        add(f"(4096, 4096, 4096) {dt}", gpu_only=True, m=4096, n=4096, k=4096, dtype=dtype)
+        add(f"(1, 4096, 4096) {dt} b transposed", gpu_only=True, m=1, n=4096, k=4096, dtype=dtype, trans_b=True)
+        add(f"(1023, 4095, 1000) {dt} bias+gelu", gpu_only=True, m=1023, n=4095, k=1000, dtype=dtype,
+            bias=True, activation="gelu")
+    add("(33, 65, 129) bf16 fp32 bias+silu", m=33, n=65, k=129, dtype=torch.bfloat16, bias=True,
+        bias_dtype=torch.float32, activation="silu")
+    # LLM projections, bf16: (M tokens, K in, N out) for a 4096-wide model with a 14336-wide MLP
+    for m in (1, 16, 128, 2048):
+        for k, n in ((4096, 14336), (14336, 4096)):
+            add(f"LLM ({m}, {n}, {k}) bf16", gpu_only=True, m=m, n=n, k=k, dtype=torch.bfloat16)
+    add("(2048, 14336, 4096) fp16 bias+silu", gpu_only=True, m=2048, n=14336, k=4096, dtype=torch.float16,
+        bias=True, activation="silu")
+    out += [Case("autotune candidates", check_prune), Case("allocates its output", check_own_buffer),
+            Case("empty input", check_empty), Case("bad input", check_errors),
+            Case("2^31+ output elements", check_huge, gpu_only=True)]
+    return out
+
+
+CASES = cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("matmul", CASES)

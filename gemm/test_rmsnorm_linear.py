@@ -1,0 +1,122 @@
+"""Tests for gemm/triton_rmsnorm_linear.py against the fp64 rmsnorm(x) @ W^T of the same inputs
+and PyTorch's same-dtype F.rms_norm followed by torch.matmul; each path by itself and as chosen.
+
+    python gemm/test_rmsnorm_linear.py        (or: pytest gemm/test_rmsnorm_linear.py)
+
+Tolerance (per element, against the fp64 reference): both paths round the normalized input to
+the input dtype before the dot (the fused path rounds x * norm_weight, the unfused one x * rstd *
+norm_weight), which PyTorch does as well. Each rounding is a relative error of at most u (2^-11
+fp16, 2^-8 bf16), with random sign, on one of K terms, so the error of an output is about
+u / sqrt(3) times the root-sum-square of its terms, which is the size of a typical output, T
+(the rms of the reference). The largest of a million such errors is near 5.5 standard deviations,
+3.2u T: atol = 8u T, and rtol the final rounding (one ulp, common.testing.TOLERANCES). fp32
+accumulation adds nothing visible at this scale. The 2x-PyTorch rule is the tighter guard.
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
+                            rand)
+from gemm.triton_rmsnorm_linear import PATH_TABLE, choose_path, rmsnorm_linear  # noqa: E402
+from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
+
+EPS = 1e-6
+DTYPES = (torch.float16, torch.bfloat16)
+UNIT_ROUNDOFF = {torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8}
+
+
+def outcome(check, x, norm_weight, weight, path):
+    y = rmsnorm_linear(x, norm_weight, weight, EPS, path=path)
+    ref = rmsnorm_ref(x.double(), norm_weight.double(), EPS) @ weight.double().t()
+    typical = ref.pow(2).mean().sqrt().item()
+    tol = Tol(max(1e-5, 8 * UNIT_ROUNDOFF[x.dtype] * typical), TOLERANCES[x.dtype].rtol,
+              "one rounding of each normalized input, one of the output")
+    torch_out = None
+    if norm_weight.dtype == x.dtype:  # F.rms_norm wants one dtype
+        torch_out = torch.matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, EPS), weight.t())
+    return compare(check, y, ref, tol, torch_out=torch_out)
+
+
+def check(shape, n, dtype, paths=("fused", "unfused", None), pad=False, scale=1.0, norm_dtype=None):
+    """x (..., K), W (N, K), norm_weight (K,); pad: x and W as views with wider row strides and
+    norm_weight as every other element of a longer vector. Each path of `paths` (None: the one
+    PATH_TABLE chooses)."""
+    k = shape[-1]
+    x = rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (8,) if pad else None, scale=scale)
+    weight = rand((n, k), dtype, pad=(0, 24) if pad else None, scale=k ** -0.5)
+    norm_weight = rand((2 * k,), norm_dtype or dtype)[::2] if pad else rand((k,), norm_dtype or dtype)
+    return [outcome(f"y, {path or 'chosen: ' + choose_path(x.numel() // k)}", x, norm_weight, weight, path)
+            for path in paths]
+
+
+def check_empty():
+    w, nw = rand((6, 8), torch.float16), rand((8,), torch.float16)
+    no_rows = rmsnorm_linear(rand((0, 8), torch.float16), nw, w)
+    no_cols = rmsnorm_linear(rand((2, 3, 8), torch.float16), nw, rand((0, 8), torch.float16))
+    zero_k = rmsnorm_linear(rand((3, 0), torch.bfloat16), rand((0,), torch.bfloat16), rand((5, 0), torch.bfloat16))
+    return [Outcome("M = 0: empty (0, N)", tuple(no_rows.shape) == (0, 6)),
+            Outcome("N = 0: empty (..., 0)", tuple(no_cols.shape) == (2, 3, 0)),
+            compare("K = 0: zeros", zero_k, torch.zeros(3, 5, dtype=torch.float64, device=DEVICE))]
+
+
+def check_errors():
+    x, nw, w = rand((4, 64), torch.float16), rand((64,), torch.float16), rand((32, 64), torch.float16)
+    other = "cpu" if DEVICE == "cuda" else "meta"
+    return [
+        expect_raises("fp32 x", lambda: rmsnorm_linear(x.float(), nw, w.float()), TypeError, "x"),
+        expect_raises("weight bf16, x fp16", lambda: rmsnorm_linear(x, nw, w.bfloat16()), TypeError, "weight"),
+        expect_raises("weight (K, N)", lambda: rmsnorm_linear(x, nw, w.t().contiguous()), ValueError, "weight"),
+        expect_raises("1-D weight", lambda: rmsnorm_linear(x, nw, w[0]), ValueError, "weight"),
+        expect_raises("norm_weight size", lambda: rmsnorm_linear(x, nw[:63], w), ValueError, "norm_weight"),
+        expect_raises("int norm_weight", lambda: rmsnorm_linear(x, nw.to(torch.int32), w), TypeError, "norm_weight"),
+        expect_raises("eps < 0", lambda: rmsnorm_linear(x, nw, w, -1.0), ValueError, "eps"),
+        expect_raises("unknown path", lambda: rmsnorm_linear(x, nw, w, path="split"), ValueError, "path"),
+        expect_raises(f"x on {other}", lambda: rmsnorm_linear(x.to(other), nw.to(other), w.to(other)), ValueError, "x"),
+        expect_raises("weight elsewhere", lambda: rmsnorm_linear(x, nw, w.to(other)), ValueError, "weight"),
+        expect_raises("not a tensor", lambda: rmsnorm_linear([1.0], nw, w), TypeError, "x"),
+    ]
+
+
+def cases():
+    out = []
+
+    def add(name, fn=check, gpu_only=False, **kwargs):
+        out.append(Case(name, fn, kwargs, gpu_only))
+
+    # either side of the switch when PATH_TABLE has one; 64 (a decode batch) when it has none
+    switch = next((max_m for max_m, path in PATH_TABLE if path == "fused"), 64)
+    for dtype in DTYPES:
+        dt = dtype_name(dtype)
+        # M from one row to either side of the path switch; K and N multiples of no block
+        for m in (1, 7, 33, switch, switch + 1):
+            add(f"M={m} K=130 N=70 {dt}", shape=(m, 130), n=70, dtype=dtype)
+        add(f"(2, 3, 96) N=50 {dt}", shape=(2, 3, 96), n=50, dtype=dtype)
+        add(f"M=5 K=64 N=40 {dt} strided views", shape=(5, 64), n=40, dtype=dtype, pad=True)
+        add(f"M=3 K=1000 N=24 {dt}", shape=(3, 1000), n=24, dtype=dtype)
+        # LLM shapes on the GPU, M from decode to prefill, each path
+        for m in (1, 4, 16, 64, 256, 1024, 2048):
+            add(f"M={m} K=4096 N=4096 {dt}", gpu_only=True, shape=(m, 4096), n=4096, dtype=dtype)
+    for m in (1, 16):
+        add(f"M={m} K=4096 N=14336 bf16", gpu_only=True, shape=(m, 4096), n=14336, dtype=torch.bfloat16)
+    add("M=4 K=96 N=40 bf16 x*1e4", shape=(4, 96), n=40, dtype=torch.bfloat16, scale=1e4)   # squares past fp16
+    add("M=4 K=96 N=40 fp16 x*100", shape=(4, 96), n=40, dtype=torch.float16, scale=100.0)  # squares past fp16
+    add("M=4 K=96 N=40 bf16 fp32 norm_weight", shape=(4, 96), n=40, dtype=torch.bfloat16, norm_dtype=torch.float32)
+    out += [Case("empty input", check_empty), Case("bad input", check_errors)]
+    return out
+
+
+CASES = cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("rmsnorm_linear", CASES)

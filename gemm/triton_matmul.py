@@ -1,0 +1,259 @@
+"""Tiled FP16/BF16 matrix multiply with an optional fused epilogue, in Triton.
+
+    c = act(a @ b + bias)        a (M, K), b (K, N), bias (N,); fp32 accumulation, one rounding
+
+Each program computes one BLOCK_M x BLOCK_N tile of c: it walks K in BLOCK_K steps, loading an
+A tile (BLOCK_M x BLOCK_K) and a B tile (BLOCK_K x BLOCK_N) and feeding them to `tl.dot` (the
+tensor cores) with an fp32 accumulator; the bias and the activation are applied to that fp32
+accumulator, and the tile is rounded and stored once. Memory traffic with perfect reuse is
+(M*K + K*N + M*N) * e bytes; each A row-panel is really read once per column of tiles and each B
+column-panel once per row of tiles, which the grouped program order below turns into L2 hits.
+
+Every stride is passed, so a transposed or padded view of a or b is read in place, with no copy.
+Edges: rows and columns wrap (% M, % N) on load, so loads need no mask in those dimensions, and
+the store is masked; the last K step is masked unless K divides by BLOCK_K (EVEN_K).
+
+Block sizes are autotuned on the GPU over the small table CONFIGS below, keyed by (M rounded up
+to a power of two, N, K, b's layout, dtype): one tuning per layer shape, not per batch size.
+Triton's interpreter (no GPU) runs one small fixed config instead: autotuning there would only
+time numpy.
+"""
+import functools
+
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.device import INTERPRET
+from common.validation import check_out, check_same_device, check_tensor
+
+DTYPES = (torch.float16, torch.bfloat16)
+ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
+
+# Grouped program order: consecutive program ids walk GROUP_M row-tiles down one column of tiles
+# before moving right, instead of along a whole row of tiles. The programs in flight together (one
+# per SM with the large tiles) then need GROUP_M row-panels of A and (programs / GROUP_M)
+# column-panels of B, rather than a few A panels and every B panel of their rows; a panel they
+# share is read from DRAM once and from L2 after. At 8192^3 with 128x256 tiles, a wave of 132
+# programs reads about 84 MB of panels instead of 136 MB. (The Triton matmul tutorial reports 220 ->
+# 245 TFLOP/s on an A100 from this change alone.) 8 is the tutorial's value.
+GROUP_M = 8
+
+# Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
+# Shared memory per config is (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes * num_stages; all fit the
+# 227 KB an H100/H200 block may take.
+CONFIGS = [
+    # large M and N: the Hopper textbook tile; two warpgroups each hold a 64x256 fp32 accumulator
+    # (128 registers a thread); 144 KB smem, one program per SM
+    (128, 256, 64, 8, 3),
+    (128, 256, 64, 8, 4),  # one more stage (192 KB): 659 against 635 TFLOP/s at 4096^3 bf16 (H200)
+    (128, 128, 64, 4, 4),  # twice the tiles of 128x256, for shapes where those leave SMs idle
+    (64, 256, 32, 4, 4),   # the tutorial's config for moderate M against large N
+    (64, 128, 64, 4, 4),   # M ~ 128-512 against N = 4096: 4x the tiles of 128x256; 96 KB, 2 an SM
+    # M <= 64 is bound by reading b once (decode): small tiles, long K steps to keep loads in flight
+    (32, 64, 128, 4, 4),   # 17 <= M <= 32
+    (16, 64, 128, 4, 4),   # M <= 16 (16 is tl.dot's smallest M)
+    (16, 32, 256, 4, 4),   # M <= 16 with N = 4096: 128 column tiles, about one per SM
+]
+# Small tiles are slow for large M (under 64 rows there is no wgmma, and each loaded B tile serves
+# few rows), and large tiles are mostly padding for small M: prune_configs hands the autotuner
+# only the part of the table that fits M. Up to SMALL_M rows every tile no taller than M competes.
+SMALL_M = 256
+# Below TINY_MACS multiply-adds (M rounded up x N x K; 2^27 is 128 x 1024 x 1024) a GEMM takes a few
+# microseconds whatever its tiles, so timing candidates would only cost compile time: the fitting
+# config with the smallest tile (the most programs) runs untimed.
+TINY_MACS = 1 << 27
+
+# Interpreter: one config with several tiles in every dimension of the small test shapes, so edge
+# tiles, the K tail and the grouped order all run. (BLOCK_M, BLOCK_N, BLOCK_K)
+INTERPRET_CONFIG = (32, 32, 32)
+
+
+def m_bucket(m):
+    """The autotune key's M: a power of two, at least 16 (tl.dot's smallest tile)."""
+    return max(16, triton.next_power_of_2(m))
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """Keep the configs whose BLOCK_M fits the key's M: no taller than M rounded up, and at least
+    64 rows once M passes SMALL_M; only the smallest of them below TINY_MACS."""
+    m = named_args["M_BUCKET"]
+    fit = [c for c in configs if c.kwargs["BLOCK_M"] <= m and (m <= SMALL_M or c.kwargs["BLOCK_M"] >= 64)]
+    if m * named_args["N"] * named_args["K"] < TINY_MACS:
+        return [min(fit, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    return fit
+
+
+def autotune_configs():
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": GROUP_M},
+                          num_warps=warps, num_stages=stages)
+            for bm, bn, bk, warps, stages in CONFIGS]
+
+
+def interpret_meta():
+    bm, bn, bk = INTERPRET_CONFIG
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M)
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program id -> (pid_m, pid_n) in grouped order: GROUP_M row-tiles per column sweep (the last
+    group may be shorter)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def activate(x, ACTIVATION: tl.constexpr):
+    """The epilogue's activation on an fp32 tile."""
+    if ACTIVATION == "gelu":  # exact: x * Phi(x)
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # 1/sqrt(2)
+    elif ACTIVATION == "gelu_tanh":
+        # tanh from exp (tl has no tanh in every Triton version), as sign(u) (1 - t) / (1 + t)
+        # with t = exp(-2|u|) <= 1: no overflow for any u
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi)
+        t = tl.exp(-2.0 * tl.abs(u))
+        tanh_abs = (1.0 - t) / (1.0 + t)
+        x = 0.5 * x * (1.0 + tl.where(u >= 0, tanh_abs, -tanh_abs))
+    elif ACTIVATION == "silu":
+        x = x * tl.sigmoid(x)
+    return x
+
+
+@triton.jit
+def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Round the fp32 tile to c's dtype once and store the part inside (M, N)."""
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride can pass 2^31
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=["M_BUCKET"])
+def _matmul_kernel(
+    # pointers
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
+    M, N, K, M_BUCKET,
+    # strides, in elements
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    # meta-parameters
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    # Edge tiles re-read valid rows/columns (% M, % N) instead of masking every load; the store
+    # drops them. The wrap keeps the 16-element contiguity the compiler needs for vector loads
+    # whenever M or N divides by 16.
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:  # zeros past K add nothing to the dot
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # epilogue on the fp32 accumulator, before the single rounding; rn < N always (wrapped)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    acc = activate(acc, ACTIVATION)
+    store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@functools.lru_cache(maxsize=None)
+def tuned(kernel):
+    """`kernel` autotuned over CONFIGS, built on first use (never at import, never in the
+    interpreter). Returns the same autotuner every call, so each key is tuned once per process.
+
+    Key: M rounded up (a batch size does not retune), N, K, b's layout (stride_bn is 1 for a
+    row-major b and K for an nn.Linear weight's transpose, whose loads run along K) and, added by
+    Triton, the dtypes. The epilogue is not in the key: it changes a tile's last step, not which
+    tile is fastest, and keying on it would tune (and compile) every config once more per variant."""
+    return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "stride_bn"],
+                           prune_configs_by={"early_config_prune": prune_configs})(kernel)
+
+
+def check_matmul_args(a, b, bias, activation):
+    """Argument checks of matmul; returns (M, N, K)."""
+    check_tensor("a", a, DTYPES, min_dim=2)
+    check_tensor("b", b, DTYPES, min_dim=2)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"a and b must be 2-D, (M, K) and (K, N); got a {tuple(a.shape)}, b {tuple(b.shape)}")
+    check_same_device("b", b, "a", a)
+    if b.dtype != a.dtype:
+        raise TypeError(f"b must have a's dtype {a.dtype}; got {b.dtype}")
+    (m, k), n = a.shape, b.shape[1]
+    if b.shape[0] != k:
+        raise ValueError(f"b must have shape (K, N) with K = a.shape[1] = {k}; got {tuple(b.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, (a.dtype, torch.float32))
+        check_same_device("bias", bias, "a", a)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},) to match N of b {tuple(b.shape)}; got {tuple(bias.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    return m, n, k
+
+
+def launch_matmul(a, b, bias, activation, c, config=None):
+    """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N), bias (N,) or None, c (M, N),
+    any strides. config: a row of CONFIGS to run as is; None autotunes (the interpreter runs
+    INTERPRET_CONFIG)."""
+    (m, k), n = a.shape, b.shape[1]
+    if config is not None:
+        bm, bn, bk, warps, stages = config
+        kernel, meta = _matmul_kernel, dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
+                                             num_warps=warps, num_stages=stages)
+    elif INTERPRET:
+        kernel, meta = _matmul_kernel, interpret_meta()
+    else:
+        kernel, meta = tuned(_matmul_kernel), {}
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    kernel[grid](
+        a, b, c, bias if bias is not None else c,  # an unused pointer still needs a tensor
+        m, n, k, m_bucket(m),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        HAS_BIAS=bias is not None, ACTIVATION=activation, **meta)
+
+
+def matmul(a, b, bias=None, activation=None, out=None):
+    """c = activation(a @ b + bias), accumulated in fp32 and rounded once to a's dtype.
+
+    a: (M, K) fp16 or bf16, any strides (a transposed or padded view is read in place).
+    b: (K, N), a's dtype, any strides (for an nn.Linear weight W (N, K), pass W.T).
+    bias: optional (N,), a's dtype or fp32. activation: None, "gelu" (erf), "gelu_tanh" or "silu".
+    out: optional contiguous (M, N) buffer of a's dtype.
+    Returns c: (M, N), a's dtype. K = 0 gives activation(bias) (zeros without a bias).
+    """
+    m, n, _ = check_matmul_args(a, b, bias, activation)
+    if out is not None:
+        check_out("out", out, (m, n), a.dtype, a.device)
+    c = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m and n:
+        launch_matmul(a, b, bias, activation, c)
+    return c

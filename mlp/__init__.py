@@ -1,0 +1,1 @@
+"""The transformer MLP's elementwise kernels: bias + GELU and SwiGLU."""

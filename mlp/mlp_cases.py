@@ -1,0 +1,52 @@
+"""What the bias + GELU and SwiGLU tests share: dtypes, widths, the one-rounding tolerance, every
+value of a 16-bit type as one input, and the quiet context for inputs whose exp overflows on
+purpose."""
+import contextlib
+import warnings
+
+import torch
+
+from common.device import DEVICE
+from common.testing import TOLERANCES, Tol
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+WIDTHS = (1, 7, 123, 1000, 4096, 5120)  # tiny, odd, unaligned, and model widths
+
+# Both kernels compute each output from its own inputs in fp32 and round once, with no sum whose
+# order could flip a rounding: the error is half an ulp (2^-11 relative for fp16, 2^-8 for bf16)
+# plus the fp32 math's own (up to 2e-6 relative for the exact GELU's polynomial, a few 2^-24 for
+# exp and the division), for which 2^-16 leaves 7x room. A second rounding (of x + bias, or of
+# silu(gate), as eager PyTorch does) reaches up to a whole ulp, and over a few thousand values some
+# exceed that: it fails here, where common.testing's one-ulp rtol would let it pass. fp32 keeps
+# its table row.
+ONE_ROUNDING = {
+    torch.float16: Tol(1e-5, 2 ** -11 + 2 ** -16, "one rounding of an fp32 result: half an fp16 ulp "
+                                                   "(2^-11) plus the fp32 math's error"),
+    torch.bfloat16: Tol(1e-5, 2 ** -8 + 2 ** -16, "one rounding of an fp32 result: half a bf16 ulp "
+                                                   "(2^-8) plus the fp32 math's error"),
+    torch.float32: TOLERANCES[torch.float32],
+}
+
+
+@contextlib.contextmanager
+def overflow_expected():
+    """Where exp overflows to inf on purpose (|x| ~ 1e4 gives gelu = 0 or x, silu = 0 or gate),
+    the interpreter's numpy warns; the result is right, so the warning is noise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def every_value(dtype, fp32_limit):
+    """Every finite fp16 or bf16 value once, as (rows, 256): the whole input range in one call,
+    subnormals and the largest values included. fp32: a grid of 2^16 points over
+    [-fp32_limit, fp32_limit], as (256, 256)."""
+    if dtype == torch.float32:
+        return torch.linspace(-fp32_limit, fp32_limit, 2 ** 16, device=DEVICE).reshape(256, 256)
+    x = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    return x[x.isfinite()].reshape(-1, 256).to(DEVICE)
+
+
+def huge_rows(n_cols):
+    """A row count putting the tensor just past 2^31 elements: offsets must be 64-bit."""
+    return 2 ** 31 // n_cols + 3

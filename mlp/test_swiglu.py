@@ -1,0 +1,155 @@
+"""Tests for mlp/triton_swiglu.py against the fp64 reference and F.silu(gate) * up.
+
+The tolerance is one rounding (mlp/mlp_cases.py: half an ulp, not common.testing's whole ulp), and
+PyTorch's same-dtype result bounds the error too (the 2x rule); it rounds twice (silu(gate), then
+the product), the kernel once.
+
+    python mlp/test_swiglu.py        (or: pytest mlp/test_swiglu.py)
+"""
+import contextlib
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from mlp.gelu import swiglu_ref  # noqa: E402
+from mlp.mlp_cases import DTYPES, ONE_ROUNDING, WIDTHS, every_value, huge_rows, overflow_expected  # noqa: E402
+from mlp.triton_swiglu import swiglu  # noqa: E402
+
+
+def inputs(shape, dtype, layout, pad, gate_scale, up_scale):
+    """gate, up of `shape` laid out as:
+    separate    two tensors (gate a strided view when pad is given)
+    fused       the two halves of one (..., 2I) buffer, as a fused gate/up projection returns them
+    transposed  2-D views whose last dim is strided (copied once by the launcher)"""
+    n = shape[-1]
+    if layout == "fused":
+        h = rand((*shape[:-1], 2 * n), dtype)
+        return h[..., :n], h[..., n:]
+    if layout == "transposed":
+        return rand(shape[::-1], dtype).t(), rand(shape[::-1], dtype).t()
+    return rand(shape, dtype, pad=pad, scale=gate_scale), rand(shape, dtype, scale=up_scale)
+
+
+def check(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_scale=1.0):
+    gate, up = inputs(shape, dtype, layout, pad, gate_scale, up_scale)
+    with overflow_expected() if gate_scale > 100 else contextlib.nullcontext():
+        y = swiglu(gate, up, out=poisoned(shape, dtype))
+    ref = swiglu_ref(gate.double(), up.double())
+    # inf/NaN where the reference is finite fails too
+    return [compare("y", y, ref, ONE_ROUNDING[dtype], torch_out=F.silu(gate) * up)]
+
+
+def check_extremes(dtype):
+    """silu(-1e4) * up = 0 and silu(1e4) * up = 1e4 * up (rounded once); NaN in, NaN out."""
+    pick = torch.randint(0, 3, (7, 129), device=DEVICE)
+    gate = torch.tensor([-1e4, 1e4, float("nan")], device=DEVICE)[pick].to(dtype)
+    up = rand(gate.shape, dtype)
+    with overflow_expected():
+        y = swiglu(gate, up, out=poisoned(gate.shape, dtype))
+    big = (gate.double() * up.double()).to(dtype)
+    return [Outcome("silu(-1e4) * up == 0", bool((y[pick == 0] == 0).all())),
+            Outcome("silu(1e4) * up == 1e4 * up", bool((y[pick == 1] == big[pick == 1]).all())),
+            Outcome("silu(NaN) * up is NaN", bool(y[pick == 2].isnan().all()))]
+
+
+def check_every_value(dtype):
+    """Every fp16 / bf16 gate value (fp32: a grid over [-100, 100]) with up in [-1, 1], so that no
+    product overflows: both tails of silu, subnormals, the largest values."""
+    gate = every_value(dtype, fp32_limit=100.0)
+    up = (torch.rand(gate.shape, device=DEVICE) * 2 - 1).to(dtype)
+    with overflow_expected():
+        y = swiglu(gate, up, out=poisoned(gate.shape, dtype))
+        torch_out = F.silu(gate) * up
+    ref = swiglu_ref(gate.double(), up.double())
+    return [compare("y", y, ref, ONE_ROUNDING[dtype], torch_out=torch_out)]
+
+
+def check_own_buffer():
+    gate, up = rand((9, 41), torch.bfloat16), rand((9, 41), torch.bfloat16)
+    ref = swiglu_ref(gate.double(), up.double())
+    return [compare("y", swiglu(gate, up), ref, ONE_ROUNDING[gate.dtype])]
+
+
+def check_huge(n_cols):
+    """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
+    rows = huge_rows(n_cols)
+    gate, up = rand((rows, n_cols), torch.float16), rand((rows, n_cols), torch.float16)
+    y = swiglu(gate, up, out=poisoned((rows, n_cols), torch.float16))
+    ref = swiglu_ref(gate[-4:].double(), up[-4:].double())
+    return [compare("last rows", y[-4:], ref, ONE_ROUNDING[torch.float16])]
+
+
+def check_errors():
+    gate, up = rand((4, 64), torch.float16), rand((4, 64), torch.float16)
+    other = "cpu" if DEVICE == "cuda" else "meta"
+    return [
+        expect_raises("up shape", lambda: swiglu(gate, up[:, :63]), ValueError, "up"),
+        expect_raises("up broadcast", lambda: swiglu(gate, up[:1]), ValueError, "up"),
+        expect_raises("up dtype", lambda: swiglu(gate, up.float()), TypeError, "up"),
+        expect_raises("int gate", lambda: swiglu(gate.to(torch.int32), up), TypeError, "gate"),
+        expect_raises("int up", lambda: swiglu(gate, up.to(torch.int32)), TypeError, "up"),
+        expect_raises(f"gate on {other}", lambda: swiglu(gate.to(other), up.to(other)), ValueError, "gate"),
+        expect_raises("up elsewhere", lambda: swiglu(gate, up.to(other)), ValueError, "up"),
+        expect_raises("not a tensor", lambda: swiglu(gate, [1.0]), TypeError, "up"),
+        expect_raises("0-dim gate", lambda: swiglu(gate[0, 0], up[0, 0]), ValueError, "gate"),
+        expect_raises("out shape", lambda: swiglu(gate, up, out=gate[:2].clone()), ValueError, "out"),
+        expect_raises("out dtype", lambda: swiglu(gate, up, out=gate.float()), ValueError, "out"),
+    ]
+
+
+def check_empty():
+    outcomes = []
+    for shape in ((0, 64), (2, 0, 64), (3, 0)):
+        gate, up = rand(shape, torch.float16), rand(shape, torch.float16)
+        y = swiglu(gate, up)
+        ok = y.shape == gate.shape and y.dtype == gate.dtype
+        outcomes.append(Outcome(f"{shape}: empty in, empty out", ok))
+    return outcomes
+
+
+def cases():
+    out = []
+
+    def add(shape, dtype, gpu_only=False, **extra):
+        label = " ".join(f"{k}={v}" for k, v in extra.items())
+        out.append(Case(f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(), check,
+                        dict(shape=shape, dtype=dtype, **extra), gpu_only))
+
+    for dtype in DTYPES:
+        for n in WIDTHS:
+            add((3, n), dtype)
+        add((1, 4096), dtype)
+        add((37, 64), dtype)                                      # several row tiles, the last one partial
+        add((257, 123), dtype)                                    # row and column masks together
+        add((2, 3, 123), dtype)
+        add((5, 1000), dtype, layout="fused")                     # halves of one (5, 2000) buffer
+        add((5, 760), dtype, pad=(0, 8))                          # gate row stride 768, up packed
+        add((2, 5, 1000), dtype, pad=(0, 3, 0))                   # leading dims that cannot merge
+        add((33, 64), dtype, layout="transposed")                 # last dim strided: one copy
+        # large gates: exp(-gate) overflows, no NaN; up small enough that fp16 does not overflow
+        add((3, 5120), dtype, gate_scale=1e4, up_scale=0.1)
+        out.append(Case(f"extremes {dtype_name(dtype)}", check_extremes, dict(dtype=dtype)))
+        out.append(Case(f"every value {dtype_name(dtype)}", check_every_value, dict(dtype=dtype)))
+        add((8192, 14336), dtype, gpu_only=True)
+        add((4096, 16384), dtype, gpu_only=True, layout="fused")
+        add((2049, 11008), dtype, gpu_only=True, pad=(0, 64))     # 11008 = 43 * 256: column tiles of 256
+    return out + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
+                  Case("empty input", check_empty),
+                  Case("2^31+ elements", check_huge, dict(n_cols=14336), gpu_only=True)]
+
+
+CASES = cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("swiglu", CASES)
