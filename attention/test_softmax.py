@@ -19,7 +19,7 @@ from attention.triton_softmax import (SOFTMAX_TABLE, SPLIT_BELOW_ROWS_PER_SM, sm
                                       softmax_config)
 from common.device import DEVICE  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
-                            poisoned, rand)
+                            poisoned, rand, shape_case)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 1000, 4096, 5120, 65537, 262144)
@@ -165,9 +165,7 @@ def cases():
     out = []
 
     def add(shape, dtype, gpu_only=False, **extra):
-        label = " ".join(f"{k}={v}" for k, v in extra.items())
-        out.append(Case(f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(), check,
-                        dict(shape=shape, dtype=dtype, **extra), gpu_only))
+        out.append(shape_case(check, shape, dtype, gpu_only, **extra))
 
     for dtype in DTYPES:
         for n in WIDTHS + SWITCH_WIDTHS:

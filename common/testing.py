@@ -145,6 +145,13 @@ class Case:
         assert not failed, "; ".join(f"{o.check}: bad {o.bad} first {o.first_bad} {o.note}" for o in failed)
 
 
+def shape_case(fn, shape, dtype, gpu_only=False, **extra):
+    """A Case named "(shape) dtype key=value ..." that calls fn(shape=, dtype=, **extra)."""
+    label = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
+    return Case(f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(), fn, dict(shape=shape, dtype=dtype, **extra),
+                gpu_only)
+
+
 def base_seed():
     """TEST_SEED=<int> reruns a failure with the same inputs; otherwise every run draws new ones."""
     if "TEST_SEED" not in os.environ:

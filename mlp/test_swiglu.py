@@ -16,7 +16,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand, shape_case  # noqa: E402
 from mlp.gelu import swiglu_ref  # noqa: E402
 from mlp.mlp_cases import DTYPES, ONE_ROUNDING, WIDTHS, every_value, huge_rows, overflow_expected  # noqa: E402
 from mlp.triton_swiglu import swiglu  # noqa: E402
@@ -117,9 +117,7 @@ def cases():
     out = []
 
     def add(shape, dtype, gpu_only=False, **extra):
-        label = " ".join(f"{k}={v}" for k, v in extra.items())
-        out.append(Case(f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(), check,
-                        dict(shape=shape, dtype=dtype, **extra), gpu_only))
+        out.append(shape_case(check, shape, dtype, gpu_only, **extra))
 
     for dtype in DTYPES:
         for n in WIDTHS:

@@ -16,7 +16,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from common.testing import (Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand,  # noqa: E402
+                            shape_case)
 from mlp.gelu import APPROXIMATIONS, bias_gelu_ref  # noqa: E402
 from mlp.mlp_cases import DTYPES, ONE_ROUNDING, WIDTHS, every_value, huge_rows, overflow_expected  # noqa: E402
 from mlp.triton_bias_gelu import bias_gelu  # noqa: E402
@@ -112,9 +113,7 @@ def cases():
     out = []
 
     def add(shape, dtype, approximate="none", gpu_only=False, **extra):
-        label = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
-        name = f"{tuple(shape)} {dtype_name(dtype)} {approximate} {label}".strip()
-        out.append(Case(name, check, dict(shape=shape, dtype=dtype, approximate=approximate, **extra), gpu_only))
+        out.append(shape_case(check, shape, dtype, gpu_only, approximate=approximate, **extra))
 
     for dtype in DTYPES:
         for approximate in APPROXIMATIONS:
