@@ -13,15 +13,10 @@ Three paths, picked by `softmax_config` from the table below:
 - looped: one program a row, in chunks, three passes: the row max, the sum of exp(x - max), then
   the write; passes 2 and 3 are served from L1/L2. Any N: a chunk, not the row, lives in
   registers, so nothing spills and no width is refused.
-- split: the looped path when the rows are too few to fill the GPU. Each row is cut into
-  segments, one program each: kernel 1 writes each segment's (max, sum), kernel 2 combines its
-  row's partials and writes its segment. Two launches stand in for a barrier across programs.
-
-The split path reads a segment once for its (max, sum): an online update that costs one exp per
-element, with m the lane's running max and s its sum of exp(x_i - m),
-    x <= m:  s += exp(x - m)                       (m stays)
-    x >  m:  s  = s * exp(m - x) + 1,  m = x       (rescale the old sum to the new max)
-and both exponents are -|x - m|. Lanes are combined once, at the end of the segment.
+- split: for rows too few to fill the GPU. Each row is cut into segments of SPLIT_SEG values,
+  one program each, held in registers: kernel 1 writes each segment's (max, sum of exp), kernel 2
+  combines its row's partials and writes its segment. Two launches stand in for a barrier across
+  programs; kernel 2's read of x comes mostly from L2.
 
 A row of only -inf gives NaN, as torch.softmax does (0 / 0: every exp is 0).
 """
@@ -66,17 +61,17 @@ SOFTMAX_TABLE = [
 #
 # Looped rows go to the split path when there are fewer than SPLIT_BELOW_ROWS_PER_SM rows an SM:
 # with one program a row, 64 rows of 262144 would keep 64 of 132 SMs busy. At two rows an SM
-# (256 x 65536) the looped kernel is ahead again (2699 against 1850 GB/s). The split path cuts each
-# row into segments (whole chunks) for about SPLIT_PROGRAMS_PER_SM programs an SM, so the grid
-# fills the GPU evenly (64 x 262144 on 132 SMs: 16 segments of 16384, 1024 programs). Its second read comes from L2 when x
-# fits there (16M fp16 values: 32 MB of a 50 MB L2); kernel 2 runs its programs and chunks in
-# reverse so that the last data kernel 1 read is the first it reads again.
+# (256 x 65536) the looped kernel is ahead again (2648 against 2222 GB/s). The split path gives each
+# program one segment of SPLIT_SEG values in registers (32 fp32 values a thread at 8 warps), so
+# kernel 1 reads x once and computes the segment's max and sum from registers, and kernel 2 reads
+# it once more (from L2 when x fits there: 16M fp16 values are 32 MB of a 50 MB L2) and writes y.
+# Sweep on an H200 (copy 4245 GB/s), 16M elements, GB/s: segments of 8192, 8 warps for kernel 1
+# and 4 for kernel 2: 2212 at 128 x 131072 and 64 x 262144 (4096-value segments 2106-2208, 2048
+# 2191-2226); the split path it replaced, whose kernel 1 looped over 4096-value chunks with an
+# online (max, sum) update: 1791-1800.
 SPLIT_BELOW_ROWS_PER_SM = 1
-SPLIT_PROGRAMS_PER_SM = 8
-# The split kernels' own chunk: 4096 values, 8 warps, best of the sweep at 128 x 131072 (1811 GB/s;
-# 16384-value chunks of 32 warps 1202) and within 2% of it at 64 x 262144 (1802).
-SPLIT_CHUNK, SPLIT_WARPS = 4096, 8
-MAX_SPLITS = 1024          # kernel 2 loads a row's partials as one block
+SPLIT_SEG, SPLIT_STATS_WARPS, SPLIT_WRITE_WARPS = 8192, 8, 4
+MAX_SPLITS = 4096          # kernel 2 loads a row's partials as one block; wider rows take the looped path
 INTERPRETER_SMS = 2        # the interpreter has no SMs; 2 keeps its split grids small
 # ---------------------------------------------------------------------------------------------
 
@@ -88,7 +83,7 @@ class SoftmaxConfig:
     BLOCK_N: int     # the padded row (fused) or one chunk of it (looped, split)
     num_warps: int
     n_splits: int    # programs a row (split; 1 otherwise)
-    seg_len: int     # columns a program (split: a multiple of BLOCK_N)
+    seg_len: int     # columns a program (split: SPLIT_SEG, held in registers; n_cols otherwise)
 
 
 def _chunk(values, block_n, n_cols):
@@ -107,14 +102,11 @@ def softmax_config(n_rows, n_cols, n_sms):
     if n_rows >= SPLIT_BELOW_ROWS_PER_SM * n_sms:
         chunk = _chunk(values, block_n, n_cols)
         return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
-    chunk, warps = _chunk(SPLIT_CHUNK, block_n, n_cols), SPLIT_WARPS
-    n_chunks = triton.cdiv(n_cols, chunk)
-    n_splits = min(triton.cdiv(SPLIT_PROGRAMS_PER_SM * n_sms, n_rows), n_chunks, MAX_SPLITS)
-    seg_len = triton.cdiv(n_chunks, n_splits) * chunk  # whole chunks, so only the row's end is masked
-    n_splits = triton.cdiv(n_cols, seg_len)
-    if n_splits == 1:
+    n_splits = triton.cdiv(n_cols, SPLIT_SEG)
+    chunk = _chunk(values, block_n, n_cols)
+    if n_splits > MAX_SPLITS:
         return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
-    return SoftmaxConfig("split", 1, chunk, warps, n_splits, seg_len)
+    return SoftmaxConfig("split", 1, SPLIT_SEG, SPLIT_STATS_WARPS, n_splits, SPLIT_SEG)
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,26 +137,6 @@ def _softmax_fused_kernel(
     inv_sum = 1.0 / tl.sum(p, axis=1)
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], (p * inv_sum[:, None]).to(y_ptr.dtype.element_ty),
              mask=mask)
-
-
-@triton.jit
-def _online_max_sum(x_row_ptr, col_start, col_end, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
-    """(m, s) of x[col_start:col_end] of one row: m its max, s = sum(exp(x - m)), in one pass of
-    BLOCK_N chunks (col_start and col_end - col_start are multiples of BLOCK_N, or col_end = n_cols)."""
-    m = tl.full([BLOCK_N], NEG_FLT_MAX, tl.float32)
-    s = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(col_start, col_end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        # evict_last: the second pass reads these lines again
-        x = tl.load(x_row_ptr + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"),
-                    eviction_policy="evict_last").to(tl.float32)
-        d = x - m
-        e = tl.exp2(-tl.abs(d) * LOG2E)   # exp(x - m) if x <= m, else exp(m - x)
-        s = tl.where(d > 0, s * e + 1.0, s + e)
-        m = tl.maximum(m, x)
-    # combine the lanes: rescale each lane's sum to the max over lanes
-    row_max = tl.max(m, axis=0)
-    return row_max, tl.sum(s * tl.exp2((m - row_max) * LOG2E), axis=0)
 
 
 @triton.jit
@@ -216,47 +188,54 @@ def _softmax_looped_kernel(
 def _softmax_split_stats_kernel(
     # pointers: stats is (2, n_rows * n_splits) fp32, the maxes then the sums
     x_ptr, stats_ptr,
-    # matrix dimensions and strides (in elements)
-    n_cols, stride_xm, n_splits, seg_len, n_tiles,
+    # matrix dimensions and strides (in elements), compile-time constants: one compile per width
+    n_cols: tl.constexpr, stride_xm: tl.constexpr, n_splits: tl.constexpr, n_tiles,
     # meta-parameters
-    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    SEG: tl.constexpr,
 ):
-    """Kernel 1 of the split path: program `tile` = (row, split) writes the (max, sum) of columns
-    [split * seg_len, (split + 1) * seg_len) of its row."""
+    """Kernel 1 of the split path: program `tile` = (row, split) writes the (max, sum of exp(x -
+    max)) of columns [split * SEG, (split + 1) * SEG) of its row, from one read into registers."""
     tile = tl.program_id(0)
     row = tile // n_splits
-    col_start = (tile % n_splits) * seg_len
-    col_end = tl.minimum(col_start + seg_len, n_cols)
-    seg_max, seg_sum = _online_max_sum(x_ptr + row.to(tl.int64) * stride_xm, col_start, col_end, n_cols,
-                                       BLOCK_N, EVEN_N)
+    cols = (tile % n_splits) * SEG + tl.arange(0, SEG)
+    # evict_last: kernel 2 reads the segment again
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=float("-inf"),
+                eviction_policy="evict_last").to(tl.float32)
+    # a segment of only -inf (padding past the row's end included) has max -inf; replacing it by
+    # -FLT_MAX gives exp(-inf) = 0 instead of exp(-inf - (-inf)) = NaN, so the segment adds nothing
+    seg_max = tl.maximum(tl.max(x, axis=0), NEG_FLT_MAX)
     tl.store(stats_ptr + tile, seg_max)
-    tl.store(stats_ptr + n_tiles + tile, seg_sum)
+    tl.store(stats_ptr + n_tiles + tile, tl.sum(tl.exp2((x - seg_max) * LOG2E), axis=0))
 
 
 @triton.jit
 def _softmax_split_write_kernel(
     # pointers
     x_ptr, y_ptr, stats_ptr,
-    # matrix dimensions and strides (in elements)
-    n_cols, stride_xm, stride_ym, n_splits, seg_len, n_tiles,
+    # matrix dimensions and strides (in elements), compile-time constants
+    n_cols: tl.constexpr, stride_xm: tl.constexpr, stride_ym: tl.constexpr, n_splits: tl.constexpr, n_tiles,
     # meta-parameters
-    SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    SPLITS: tl.constexpr, SEG: tl.constexpr,
 ):
     """Kernel 2 of the split path: combine the row's n_splits partials (SPLITS = their padded
-    count), then write the segment. Tiles run in reverse: kernel 1 read the last ones last."""
-    tile = n_tiles - 1 - tl.program_id(0)
+    count) into its max and sum, then write the segment."""
+    tile = tl.program_id(0)
     row = tile // n_splits
-    col_start = (tile % n_splits) * seg_len
-    col_end = tl.minimum(col_start + seg_len, n_cols)
     parts = tl.arange(0, SPLITS)
     in_row = parts < n_splits
-    seg_max = tl.load(stats_ptr + row * n_splits + parts, mask=in_row, other=float("-inf"))
+    seg_max = tl.load(stats_ptr + row * n_splits + parts, mask=in_row, other=NEG_FLT_MAX)
     seg_sum = tl.load(stats_ptr + n_tiles + row * n_splits + parts, mask=in_row, other=0.0)
+    # -inf only for a row of -inf (every segment max is -FLT_MAX then): NaN below, as in torch
     row_max = tl.max(seg_max, axis=0)
-    row_sum = tl.sum(seg_sum * tl.exp2((seg_max - row_max) * LOG2E), axis=0)
+    row_max = tl.where(row_max == NEG_FLT_MAX, float("-inf"), row_max)
+    inv_sum = 1.0 / tl.sum(seg_sum * tl.exp2((seg_max - row_max) * LOG2E), axis=0)
     row64 = row.to(tl.int64)
-    _write_softmax(x_ptr + row64 * stride_xm, y_ptr + row64 * stride_ym, col_start, col_end, n_cols,
-                   row_max, 1.0 / row_sum, BLOCK_N, EVEN_N)
+    cols = (tile % n_splits) * SEG + tl.arange(0, SEG)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+    y = tl.exp2((x.to(tl.float32) - row_max) * LOG2E) * inv_sum
+    tl.store(y_ptr + row64 * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
+             eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
 def launch_softmax(x2, y2, cfg=None):
@@ -277,12 +256,11 @@ def launch_softmax(x2, y2, cfg=None):
     else:
         n_tiles = n_rows * cfg.n_splits
         stats = torch.empty((2, n_tiles), dtype=torch.float32, device=x2.device)
-        _softmax_split_stats_kernel[(n_tiles,)](x2, stats, n_cols, x2.stride(0), cfg.n_splits, cfg.seg_len,
-                                                n_tiles, BLOCK_N=cfg.BLOCK_N, EVEN_N=even,
-                                                num_warps=cfg.num_warps)
+        _softmax_split_stats_kernel[(n_tiles,)](x2, stats, n_cols, x2.stride(0), cfg.n_splits, n_tiles,
+                                                SEG=cfg.seg_len, num_warps=cfg.num_warps)
         _softmax_split_write_kernel[(n_tiles,)](x2, y2, stats, n_cols, x2.stride(0), y2.stride(0), cfg.n_splits,
-                                                cfg.seg_len, n_tiles, SPLITS=triton.next_power_of_2(cfg.n_splits),
-                                                BLOCK_N=cfg.BLOCK_N, EVEN_N=even, num_warps=cfg.num_warps)
+                                                n_tiles, SPLITS=triton.next_power_of_2(cfg.n_splits),
+                                                SEG=cfg.seg_len, num_warps=SPLIT_WRITE_WARPS)
 
 
 def softmax(x, out=None):

@@ -3,7 +3,8 @@
     python -m common.report benchmarks/results/norm.json [--min-elements 16777216]
 
 One table per op, one row per shape, one column group per dtype: our GB/s with its share of the
-copy bandwidth (or TFLOP/s where the rows carry no bytes), then every baseline's figure.
+copy bandwidth (or TFLOP/s where the rows carry no bytes), then every baseline's figure. The best
+figure of each group is in bold.
 """
 import argparse
 import json
@@ -34,11 +35,14 @@ def tables(path, min_elements=0):
         for shape in shapes:
             line = [shape]
             for dt in dtypes:
-                ours = cell.get((op, shape, dt, "triton"))
-                pct = f" ({ours['pct_copy']:.0f}%)" if ours and ours["pct_copy"] is not None else ""
-                line.append(f"**{ours[metric]:.0f}**{pct}" if ours else "")
-                line += [f"{cell[(op, shape, dt, p)][metric]:.0f}" if (op, shape, dt, p) in cell else ""
-                         for p in providers]
+                found = [cell.get((op, shape, dt, p)) for p in ["triton"] + providers]
+                values = [r[metric] if r and r[metric] is not None else None for r in found]
+                best = max((v for v in values if v is not None), default=None)
+                for i, (r, v) in enumerate(zip(found, values)):
+                    text = "" if v is None else (f"**{v:.0f}**" if v == best else f"{v:.0f}")
+                    if i == 0 and r and r["pct_copy"] is not None:
+                        text += f" ({r['pct_copy']:.0f}%)"
+                    line.append(text)
             out.append("| " + " | ".join(line) + " |")
     return "\n".join(out)
 

@@ -12,8 +12,10 @@ What the table has to get right for a streaming kernel:
 - 16-byte accesses: BLOCK_N spans whole 16-byte vectors (the compiler vectorizes when the row
   stride is a multiple of 16 elements, as every real model width is);
 - enough bytes in flight: at 3 TB/s and ~1 us of DRAM latency under load an H100 needs ~3 MB of
-  loads outstanding, ~23 KB per SM; a 16 KB tile per input keeps several times that in flight,
-  as the kernels compile to 56-70 registers a thread at 4 warps (sm_90), so 7 programs fit an SM;
+  loads outstanding, ~23 KB per SM; 4-8 KB tiles per input, several programs an SM, keep more
+  than that in flight;
+- whole waves: the last wave of programs runs part-full, so more, smaller tiles waste less of it
+  (until the per-program overhead shows: 1024-value tiles lost 5% on the largest matrices);
 - every SM busy: small matrices get smaller tiles, so that there are still several per SM;
 - no predicates: BLOCK_N is chosen to divide n_cols when a nearby power of two does, and masks
   that are known true at compile time (EVEN_M, EVEN_N) are dropped by the compiler.
@@ -24,13 +26,17 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-# By element size in bytes: (widest BLOCK_N, elements a program, num_warps).
+# By kernel, then element size in bytes: (widest BLOCK_N, elements a program, num_warps).
+# Sweep on an H200 (copy 4245 GB/s), the mlp bench's shapes of 16M+ elements, fp16 and bf16:
+# - swiglu (two inputs): 2048 values a program (2 rows of 1024) was best or within 1% at 13 of 16
+#   shapes; 8192 lost 2-4% at 4096 x 4096 and 4096 x 11008 (3200 against 3336 GB/s, fp16), where
+#   2048 programs of 8192 are 2.2 waves of the GPU and the last wave runs a fifth full. 1024 values
+#   of 2 warps won at 4096 x 4096 (3430) but lost 5% at 16384 x 14336.
+# - bias_gelu (one input, more math a value): 4096 values was best or within 1% at 14 of 16.
+# fp32 keeps the same bytes a program (half the values), untuned.
 TILE_TABLE = {
-    # fp16/bf16: 8192 values = 16 KB of each input a program; 4 warps -> 64 values a thread,
-    # eight 16-byte loads in flight per input; BLOCK_N up to 1024 keeps 2 KB contiguous per row
-    2: (1024, 8192, 4),
-    # fp32: the same 16 KB a program (4096 values, 32 a thread: eight 16-byte loads)
-    4: (512, 4096, 4),
+    "swiglu": {2: (1024, 2048, 4), 4: (512, 1024, 4)},
+    "bias_gelu": {2: (1024, 4096, 4), 4: (512, 2048, 4)},
 }
 # Below MIN_PROGRAMS programs (four per SM of a 132-SM H100) tiles are halved, rows first, down to
 # MIN_TILE values (2 KB of fp16, 8 values a thread of 4 warps): smaller tiles only add programs.
@@ -49,9 +55,10 @@ class TileConfig:
 
 
 @functools.lru_cache(maxsize=1024)
-def tile_config(n_rows, n_cols, elem_size):
-    """Tile and launch parameters for an (n_rows, n_cols) matrix of elem_size-byte values."""
-    widest, tile, warps = TILE_TABLE[elem_size]
+def tile_config(kernel, n_rows, n_cols, elem_size):
+    """Tile and launch parameters of `kernel` (a TILE_TABLE key) for an (n_rows, n_cols) matrix of
+    elem_size-byte values."""
+    widest, tile, warps = TILE_TABLE[kernel][elem_size]
     block_n = min(widest, triton.next_power_of_2(n_cols))
     # of the widest block, its half and its quarter, the one that pads n_cols least (the larger on
     # a tie): 11008 = 43 * 256 takes 256 and no mask, where 1024 would leave a 3/4-empty last tile

@@ -99,7 +99,7 @@ def launch_bias_gelu(x, bias, approximate, y):
     x2 = as_rows(x)
     n_rows, n_cols = x2.shape
     y2 = y.view(-1, n_cols)
-    cfg = tile_config(n_rows, n_cols, x.element_size())
+    cfg = tile_config("bias_gelu", n_rows, n_cols, x.element_size())
     b = bias.contiguous() if bias is not None else x2  # x2: a placeholder pointer, never read
     _bias_gelu_kernel[(cfg.grid,)](
         x2, b, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),

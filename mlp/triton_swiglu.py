@@ -55,7 +55,7 @@ def launch_swiglu(gate, up, y):
     g2, u2 = as_rows(gate), as_rows(up)
     n_rows, n_cols = g2.shape
     y2 = y.view(-1, n_cols)
-    cfg = tile_config(n_rows, n_cols, gate.element_size())
+    cfg = tile_config("swiglu", n_rows, n_cols, gate.element_size())
     _swiglu_kernel[(cfg.grid,)](
         g2, u2, y2, n_rows, n_cols, g2.stride(0), u2.stride(0), y2.stride(0),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
