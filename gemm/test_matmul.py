@@ -15,6 +15,8 @@ one final rounding to the output dtype.
   internal alignment (truncating, not rounding) and for the maximum over many elements.
 The 2x-PyTorch rule is the main guard: our largest error may be at most twice torch.matmul's
 own (one more rounding for each separate bias or activation op) plus atol.
+Split-K adds fp32 slice sums in a different order, the same error model; a slice lost, counted
+twice or given the epilogue on its own is off by a whole partial sum, far past the tolerance.
 """
 import math
 import pathlib
@@ -25,10 +27,11 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.device import DEVICE  # noqa: E402
+from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
                             poisoned, rand)
-from gemm.triton_matmul import CONFIGS, autotune_configs, launch_matmul, m_bucket, matmul, prune_configs  # noqa: E402
+from gemm.triton_matmul import (CONFIGS, SPLIT_TABLE, autotune_configs, launch_matmul, m_bucket, matmul,  # noqa: E402
+                                plan, prune_configs, sm_count, split_plan)
 
 DTYPES = (torch.float16, torch.bfloat16)
 TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
@@ -60,36 +63,43 @@ def torch_same_dtype(a, b, bias, activation):
     return TORCH_ACTIVATIONS[activation](y)
 
 
-def outcome(check, a, b, bias=None, activation=None, config=None):
-    """Run matmul (or one forced config) into a poisoned buffer and compare."""
+def outcome(check, a, b, bias=None, activation=None, config=None, split_k=None):
+    """Run matmul (or a forced config and/or split-K) into a poisoned buffer and compare."""
     out = poisoned((a.shape[0], b.shape[1]), a.dtype)
-    if config is None:
+    if config is None and split_k is None:
         matmul(a, b, bias, activation, out=out)
     else:
-        launch_matmul(a, b, bias, activation, out, config=config)
+        launch_matmul(a, b, bias, activation, out, config=config, split_k=split_k)
     return compare(check, out, reference(a, b, bias, activation), tolerance(a, b),
                    torch_out=torch_same_dtype(a, b, bias, activation))
 
 
-def check(m, n, k, dtype, bias=False, bias_dtype=None, activation=None, trans_a=False, trans_b=False, pad=False):
+def check(m, n, k, dtype, bias=False, bias_dtype=None, activation=None, trans_a=False, trans_b=False, pad=False,
+          split_k=None, planned_split=None):
     """a (M, K) and b (K, N), built transposed (a view of a (K, M) tensor) or padded (a view of a
-    larger tensor) as asked."""
+    larger tensor) as asked. split_k forces split-K (None: matmul's own choice); planned_split
+    also checks that matmul's own choice for this shape is that SPLIT_K."""
     pad_a, pad_b = ((5, 3), (3, 7)) if pad else (None, None)
     a = rand((k, m), dtype).t() if trans_a else rand((m, k), dtype, pad=pad_a)
     b = rand((n, k), dtype).t() if trans_b else rand((k, n), dtype, pad=pad_b)
     bias_t = rand((n,), bias_dtype or dtype) if bias else None
-    return [outcome("c", a, b, bias_t, activation)]
+    outcomes = [outcome("c", a, b, bias_t, activation, split_k=split_k)]
+    if planned_split is not None:
+        chosen = plan(m, n, k, sm_count(a.device))[1]
+        outcomes.append(Outcome(f"plan: SPLIT_K {chosen}, expected {planned_split}", chosen == planned_split))
+    return outcomes
 
 
-def check_config(config, dtype):
-    """One row of CONFIGS, forced, on a shape with an edge tile in M and N and a K tail; b is an
-    nn.Linear weight's transpose."""
+def check_config(config, dtype, split_k=None):
+    """One row of CONFIGS (or SPLIT_TABLE, with split_k), forced, on a shape with an edge tile in M
+    and N and a K tail; b is an nn.Linear weight's transpose. With split_k the K steps are split
+    over the slices, the last one shorter."""
     bm, bn, bk = config[:3]
-    m, n, k = bm + 3, bn + 5, bk + 7
+    m, n, k = bm + 3, bn + 5, bk * (split_k or 1) + 7
     a, b, bias = rand((m, k), dtype), rand((n, k), dtype).t(), rand((n,), dtype)
-    outcomes = [outcome("c", a, b, config=config)]
+    outcomes = [outcome("c", a, b, config=config, split_k=split_k)]
     if dtype == torch.float16:  # the epilogue in one dtype: each variant is one more compile per config
-        outcomes.append(outcome("c, bias+gelu", a, b, bias, "gelu", config=config))
+        outcomes.append(outcome("c, bias+gelu", a, b, bias, "gelu", config=config, split_k=split_k))
     return outcomes
 
 
@@ -105,6 +115,21 @@ def check_prune():
             Outcome("M=200: every tile", kept(200, 4096, 4096) == {16, 32, 64, 128}),
             Outcome("M=4096: 64 rows and up", kept(4096, 4096, 4096) == {64, 128}),
             Outcome("tiny: one config", len(prune_configs(configs, dict(M_BUCKET=16, N=64, K=64))) == 1)]
+
+
+def check_split_plan():
+    """SPLIT_TABLE's decisions on the GPU's tiles and an H100/H200's 132 SMs, checked without a GPU."""
+    def split(m, n, k):
+        return split_plan(m, n, k, 132, SPLIT_TABLE)[1]
+
+    return [Outcome("decode M=1, N=4096: 32 tiles, 4 slices", split(1, 4096, 4096) == 4),
+            Outcome("M=1, N=2048: 16 tiles, 8 slices", split(1, 2048, 4096) == 8),
+            Outcome("M=1, N=8192: 64 tiles, 2 slices", split(1, 8192, 4096) == 2),
+            Outcome("M=1, N=14336: 112 tiles, no split", split(1, 14336, 4096) == 1),
+            Outcome("M=2: no split", split(2, 4096, 4096) == 1),
+            Outcome("1024^3: no split", split(1024, 1024, 1024) == 1),
+            Outcome("K=1024: 8 steps, 2 slices of 4", split(1, 2048, 1024) == 2),
+            Outcome("K=384: 3 steps, no split", split(1, 2048, 384) == 1)]
 
 
 def check_own_buffer():
@@ -179,9 +204,42 @@ def cases():
         for config in CONFIGS:  # each tuned config, forced (the interpreter runs them in fp16)
             add(f"config {'x'.join(map(str, config[:3]))} w{config[3]} s{config[4]} {dt}", check_config,
                 gpu_only=dtype != torch.float16, config=config, dtype=dtype)
+        for config in sorted({row[-1] for row in SPLIT_TABLE}):  # each split-K tile, forced
+            add(f"split 3 x {'x'.join(map(str, config[:3]))} w{config[3]} s{config[4]} {dt}", check_config,
+                gpu_only=dtype != torch.float16, config=config, dtype=dtype, split_k=3)
+        # split-K forced: one row, odd N, K tails (the last slice shorter), slice counts that do
+        # not divide the K steps, each epilogue (applied once, to the full sum), strided inputs
+        # (more slices than K steps: lowered to one a step)
+        for m, n, k, split_k in [(1, 1, 100, 4), (1, 17, 300, 3), (17, 33, 129, 2), (33, 65, 1000, 5),
+                                 (20, 50, 64, 7)]:
+            add(f"({m}, {n}, {k}) {dt} split {split_k}", m=m, n=n, k=k, dtype=dtype, split_k=split_k)
+        for bias, activation in [(True, None), (True, "gelu"), (True, "gelu_tanh"), (True, "silu"),
+                                 (False, "silu")]:
+            label = "+".join(["bias"] * bias + [activation] * (activation is not None))
+            add(f"(17, 65, 300) {dt} split 3 {label}", m=17, n=65, k=300, dtype=dtype, bias=bias,
+                activation=activation, split_k=3)
+        add(f"(9, 50, 200) {dt} split 2 both transposed", m=9, n=50, k=200, dtype=dtype, trans_a=True,
+            trans_b=True, split_k=2)
+        add(f"(9, 50, 200) {dt} split 3 padded views", m=9, n=50, k=200, dtype=dtype, pad=True, split_k=3)
+        # split-K chosen by matmul: each row of SPLIT_TABLE, decode shapes with a long K (the
+        # interpreter counts its 32x32 tiles on INTERPRET_SMS; the GPU plans these differently)
+        for n, k, split_k in [(60, 1000, 8), (100, 520, 4), (250, 300, 2)]:
+            add(f"(1, {n}, {k}) {dt} chosen split {split_k}", m=1, n=n, k=k, dtype=dtype,
+                planned_split=split_k if INTERPRET else None)
+        add(f"(1, 100, 520) {dt} chosen split 4 bias+gelu_tanh b transposed", m=1, n=100, k=520, dtype=dtype,
+            bias=True, activation="gelu_tanh", trans_b=True, planned_split=4 if INTERPRET else None)
+        add(f"(2, 100, 520) {dt} no split above M = 1", m=2, n=100, k=520, dtype=dtype,
+            planned_split=1 if INTERPRET else None)
         # full size on the GPU: the tutorial shape, decode, a ragged large shape
         add(f"(4096, 4096, 4096) {dt}", gpu_only=True, m=4096, n=4096, k=4096, dtype=dtype)
-        add(f"(1, 4096, 4096) {dt} b transposed", gpu_only=True, m=1, n=4096, k=4096, dtype=dtype, trans_b=True)
+        add(f"(1, 4096, 4096) {dt} b transposed", gpu_only=True, m=1, n=4096, k=4096, dtype=dtype, trans_b=True,
+            planned_split=4)
+        add(f"(1, 4096, 14336) {dt} bias+silu", gpu_only=True, m=1, n=4096, k=14336, dtype=dtype, bias=True,
+            activation="silu", planned_split=4)
+        add(f"(3, 4095, 5000) {dt} split 5 bias+gelu", gpu_only=True, m=3, n=4095, k=5000, dtype=dtype,
+            bias=True, activation="gelu", split_k=5)
+        add(f"(128, 4096, 4096) {dt}", gpu_only=True, m=128, n=4096, k=4096, dtype=dtype)
+        add(f"(1024, 1024, 1024) {dt}", gpu_only=True, m=1024, n=1024, k=1024, dtype=dtype)
         add(f"(1023, 4095, 1000) {dt} bias+gelu", gpu_only=True, m=1023, n=4095, k=1000, dtype=dtype,
             bias=True, activation="gelu")
     add("(33, 65, 129) bf16 fp32 bias+silu", m=33, n=65, k=129, dtype=torch.bfloat16, bias=True,
@@ -192,7 +250,8 @@ def cases():
             add(f"LLM ({m}, {n}, {k}) bf16", gpu_only=True, m=m, n=n, k=k, dtype=torch.bfloat16)
     add("(2048, 14336, 4096) fp16 bias+silu", gpu_only=True, m=2048, n=14336, k=4096, dtype=torch.float16,
         bias=True, activation="silu")
-    out += [Case("autotune candidates", check_prune), Case("allocates its output", check_own_buffer),
+    out += [Case("autotune candidates", check_prune), Case("split-K plan", check_split_plan),
+            Case("allocates its output", check_own_buffer),
             Case("empty input", check_empty), Case("bad input", check_errors),
             Case("2^31+ output elements", check_huge, gpu_only=True)]
     return out

@@ -1,5 +1,7 @@
 """Tests for gemm/triton_rmsnorm_linear.py against the fp64 rmsnorm(x) @ W^T of the same inputs
-and PyTorch's same-dtype F.rms_norm followed by torch.matmul; each path by itself and as chosen.
+and PyTorch's same-dtype F.rms_norm followed by torch.matmul; each path by itself and as chosen,
+and the decode kernel at set configs (split K, several row tiles, K steps with a masked tail)
+into a NaN-filled output.
 
     python gemm/test_rmsnorm_linear.py        (or: pytest gemm/test_rmsnorm_linear.py)
 
@@ -22,8 +24,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
-                            rand)
-from gemm.triton_rmsnorm_linear import PATH_TABLE, choose_path, rmsnorm_linear  # noqa: E402
+                            poisoned, rand)
+from gemm.triton_rmsnorm_linear import PATH_TABLE, PATHS, choose_path, launch_decode, rmsnorm_linear  # noqa: E402
 from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
 
 EPS = 1e-6
@@ -31,8 +33,8 @@ DTYPES = (torch.float16, torch.bfloat16)
 UNIT_ROUNDOFF = {torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8}
 
 
-def outcome(check, x, norm_weight, weight, path):
-    y = rmsnorm_linear(x, norm_weight, weight, EPS, path=path)
+def outcome(check, x, norm_weight, weight, y):
+    """y against the fp64 reference of x, norm_weight, weight, and against PyTorch's error."""
     ref = rmsnorm_ref(x.double(), norm_weight.double(), EPS) @ weight.double().t()
     typical = ref.pow(2).mean().sqrt().item()
     tol = Tol(max(1e-5, 8 * UNIT_ROUNDOFF[x.dtype] * typical), TOLERANCES[x.dtype].rtol,
@@ -43,16 +45,39 @@ def outcome(check, x, norm_weight, weight, path):
     return compare(check, y, ref, tol, torch_out=torch_out)
 
 
-def check(shape, n, dtype, paths=("fused", "unfused", None), pad=False, scale=1.0, norm_dtype=None):
-    """x (..., K), W (N, K), norm_weight (K,); pad: x and W as views with wider row strides and
-    norm_weight as every other element of a longer vector. Each path of `paths` (None: the one
-    PATH_TABLE chooses)."""
+def inputs(shape, n, dtype, pad=False, scale=1.0, norm_dtype=None):
+    """x (..., K), W (N, K), norm_weight (K,). pad: x and W as views with wider row strides and
+    norm_weight as every other element of a longer vector; "x^T": x as the transpose of a (K, M)
+    tensor (unit row stride, column stride M)."""
     k = shape[-1]
-    x = rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (8,) if pad else None, scale=scale)
+    if pad == "x^T":
+        x = rand(shape[::-1], dtype, scale=scale).t()
+    else:
+        x = rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (8,) if pad else None, scale=scale)
     weight = rand((n, k), dtype, pad=(0, 24) if pad else None, scale=k ** -0.5)
     norm_weight = rand((2 * k,), norm_dtype or dtype)[::2] if pad else rand((k,), norm_dtype or dtype)
-    return [outcome(f"y, {path or 'chosen: ' + choose_path(x.numel() // k)}", x, norm_weight, weight, path)
+    return x, norm_weight, weight
+
+
+def check(shape, n, dtype, paths=PATHS + (None,), **kwargs):
+    """Each path of `paths` (None: the one PATH_TABLE chooses) through rmsnorm_linear."""
+    x, norm_weight, weight = inputs(shape, n, dtype, **kwargs)
+    return [outcome(f"y, {path or 'chosen: ' + choose_path(x.numel() // shape[-1])}", x, norm_weight, weight,
+                    rmsnorm_linear(x, norm_weight, weight, EPS, path=path))
             for path in paths]
+
+
+def check_decode(shape, n, dtype, config, **kwargs):
+    """The decode path at `config` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages),
+    writing a NaN-filled y: an element it leaves unwritten fails. Twice, on fresh inputs: split K
+    must leave its arrival counters ready for the next launch."""
+    out = []
+    for launch in ("1st", "2nd"):
+        x, norm_weight, weight = inputs(shape, n, dtype, **kwargs)
+        y = poisoned((shape[0], n), dtype)
+        launch_decode(x, norm_weight, weight, EPS, y, config=config)
+        out.append(outcome(f"y, {launch} launch", x, norm_weight, weight, y))
+    return out
 
 
 def check_empty():
@@ -77,10 +102,23 @@ def check_errors():
         expect_raises("int norm_weight", lambda: rmsnorm_linear(x, nw.to(torch.int32), w), TypeError, "norm_weight"),
         expect_raises("eps < 0", lambda: rmsnorm_linear(x, nw, w, -1.0), ValueError, "eps"),
         expect_raises("unknown path", lambda: rmsnorm_linear(x, nw, w, path="split"), ValueError, "path"),
+        expect_raises("0-d x", lambda: rmsnorm_linear(x[0, 0], nw, w, path="decode"), ValueError, "x"),
+        expect_raises("weight (N, K + 1), decode", lambda: rmsnorm_linear(x, nw, rand((32, 65), torch.float16),
+                                                                          path="decode"), ValueError, "weight"),
         expect_raises(f"x on {other}", lambda: rmsnorm_linear(x.to(other), nw.to(other), w.to(other)), ValueError, "x"),
         expect_raises("weight elsewhere", lambda: rmsnorm_linear(x, nw, w.to(other)), ValueError, "weight"),
         expect_raises("not a tensor", lambda: rmsnorm_linear([1.0], nw, w), TypeError, "x"),
     ]
+
+
+# Decode configs (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) at which the small
+# shapes below take several K steps, several row tiles and a column tile that wraps past N
+DECODE_CASES = [
+    ((5, 200), 40, (16, 16, 32, 3, 4, 1)),   # split K: 7 steps in splits of 3, 3 and 1 (masked tail)
+    ((33, 256), 40, (32, 16, 32, 4, 4, 1)),  # split K, every step full; two row tiles
+    ((20, 96), 24, (16, 32, 32, 1, 4, 2)),   # no split; two row tiles; one column tile wider than N
+    ((3, 200), 20, (1, 8, 64, 1, 4, 2)),     # the GEMV kernel, one program row per row of x; K tail
+]
 
 
 def cases():
@@ -89,21 +127,31 @@ def cases():
     def add(name, fn=check, gpu_only=False, **kwargs):
         out.append(Case(name, fn, kwargs, gpu_only))
 
-    # either side of the switch when PATH_TABLE has one; 64 (a decode batch) when it has none
-    switch = next((max_m for max_m, path in PATH_TABLE if path == "fused"), 64)
+    # the largest M that the decode path takes (32 when PATH_TABLE gives it none)
+    switch = next((max_m for max_m, path in PATH_TABLE if path == "decode"), 32)
     for dtype in DTYPES:
         dt = dtype_name(dtype)
-        # M from one row to either side of the path switch; K and N multiples of no block
-        for m in (1, 7, 33, switch, switch + 1):
+        # M from one row to either side of the path switch and of the decode table's 64-row tiles;
+        # K and N multiples of no block
+        for m in sorted({1, 17, switch, switch + 1, 64, 65}):
             add(f"M={m} K=130 N=70 {dt}", shape=(m, 130), n=70, dtype=dtype)
         add(f"(2, 3, 96) N=50 {dt}", shape=(2, 3, 96), n=50, dtype=dtype)
         add(f"M=5 K=64 N=40 {dt} strided views", shape=(5, 64), n=40, dtype=dtype, pad=True)
+        add(f"M=9 K=80 N=24 {dt} x^T", shape=(9, 80), n=24, dtype=dtype, pad="x^T")
         add(f"M=3 K=1000 N=24 {dt}", shape=(3, 1000), n=24, dtype=dtype)
+        for shape, n, config in DECODE_CASES:
+            add(f"decode {config} M={shape[0]} K={shape[1]} N={n} {dt}", check_decode, shape=shape, n=n,
+                dtype=dtype, config=config)
+        for shape, n, config in DECODE_CASES[::3]:  # split K and the GEMV kernel on strided views
+            add(f"decode {config} M={shape[0]} K={shape[1]} N={n} {dt} strided views", check_decode, shape=shape,
+                n=n, dtype=dtype, config=config, pad=True)
         # LLM shapes on the GPU, M from decode to prefill, each path
-        for m in (1, 4, 16, 64, 256, 1024, 2048):
+        for m in (1, 4, 16, 32, 33, 64, 65, 256, 1024, 2048):
             add(f"M={m} K=4096 N=4096 {dt}", gpu_only=True, shape=(m, 4096), n=4096, dtype=dtype)
-    for m in (1, 16):
+    for m in (1, 16, 32, 64):
         add(f"M={m} K=4096 N=14336 bf16", gpu_only=True, shape=(m, 4096), n=14336, dtype=torch.bfloat16)
+    for m in (1, 4, 32, 64):
+        add(f"M={m} K=14336 N=4096 fp16", gpu_only=True, shape=(m, 14336), n=4096, dtype=torch.float16)
     add("M=4 K=96 N=40 bf16 x*1e4", shape=(4, 96), n=40, dtype=torch.bfloat16, scale=1e4)   # squares past fp16
     add("M=4 K=96 N=40 fp16 x*100", shape=(4, 96), n=40, dtype=torch.float16, scale=100.0)  # squares past fp16
     add("M=4 K=96 N=40 bf16 fp32 norm_weight", shape=(4, 96), n=40, dtype=torch.bfloat16, norm_dtype=torch.float32)

@@ -17,6 +17,14 @@ Block sizes are autotuned on the GPU over the small table CONFIGS below, keyed b
 to a power of two, N, K, b's layout, dtype): one tuning per layer shape, not per batch size.
 Triton's interpreter (no GPU) runs one small fixed config instead: autotuning there would only
 time numpy.
+
+Split-K, for one-token decode (M = 1) against N <= 8192, where the few output tiles leave SMs
+idle: SPLIT_K programs share each tile, program s reducing the s-th slice of the BLOCK_K steps to
+an fp32 workspace (SPLIT_K * M, N); a second kernel adds the slices in a fixed order
+(deterministic), adds the bias, applies the activation and rounds once, so the epilogue runs
+once, after the full K reduction. It costs the workspace (SPLIT_K * N * 4 bytes written and read
+back, small next to b's K * N * 2) and one more launch. SPLIT_TABLE picks it by M and output tiles
+per SM; it is not autotuned.
 """
 import functools
 
@@ -50,11 +58,16 @@ CONFIGS = [
     (128, 256, 64, 8, 4),  # one more stage (192 KB): 659 against 635 TFLOP/s at 4096^3 bf16 (H200)
     (128, 128, 64, 4, 4),  # twice the tiles of 128x256, for shapes where those leave SMs idle
     (64, 256, 32, 4, 4),   # the tutorial's config for moderate M against large N
-    (64, 128, 64, 4, 4),   # M ~ 128-512 against N = 4096: 4x the tiles of 128x256; 96 KB, 2 an SM
+    (64, 128, 64, 4, 4),   # M ~ 128-512: 4x the tiles of 128x256 (M = 128, N = 14336: 0.95-0.97x); 96 KB
+    # M = 128 against N = 4096: 128 programs where 64x128 tiles leave half the SMs idle; six
+    # stages of 32 KB (192 KB) keep 4-5 stages of loads in flight. H200 bf16, us (cuBLAS /
+    # ours): K = 4096: 19.7 (0.95x; 5 stages 20.8, 4: 22.6; 64x128x64 29.0), K = 14336: 44.7
+    # (0.99x; 5 stages 47.5; 64x128x64 76.9)
+    (64, 64, 128, 4, 6),
     # M <= 64 is bound by reading b once (decode): small tiles, long K steps to keep loads in flight
     (32, 64, 128, 4, 4),   # 17 <= M <= 32
-    (16, 64, 128, 4, 4),   # M <= 16 (16 is tl.dot's smallest M)
-    (16, 32, 256, 4, 4),   # M <= 16 with N = 4096: 128 column tiles, about one per SM
+    (16, 128, 128, 4, 4),  # M <= 16 against N = 14336 (112 tiles): 0.99-1.00x (16x64x128: 0.91-0.96x)
+    (16, 32, 256, 4, 4),   # M <= 16 with N = 4096: 128 column tiles, about one per SM; 0.98-1.01x
 ]
 # Small tiles are slow for large M (under 64 rows there is no wgmma, and each loaded B tile serves
 # few rows), and large tiles are mostly padding for small M: prune_configs hands the autotuner
@@ -65,8 +78,40 @@ SMALL_M = 256
 # config with the smallest tile (the most programs) runs untimed.
 TINY_MACS = 1 << 27
 
+# Split-K, when the output tiles leave SMs idle: (largest M, largest tiles / SMs, SPLIT_K,
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)); the first row that M and the tile count
+# (of the row's tile) satisfy wins; no row, no split. Not autotuned: the tile and SPLIT_K size
+# the workspace before the launch. SPLIT_K is then lowered to keep MIN_SLICE_STEPS steps a slice.
+# One-token decode is bound by reading b once, and with few 16 x 128 tiles (256 bytes of a
+# row-major b a row) too few loads are in flight: the slices bring the grid to about one program
+# per SM. H200 bf16, M = 1, K = 4096 unless said, us (cuBLAS / ours) from
+# build/tune/matmul_small_sweep.py, against the best one-kernel config:
+#   N = 2048 (16 tiles): cuBLAS 13.1; SPLIT_K 4: 14.4, 8: 14.5 (0.90x); one kernel 15.6 (0.84x)
+#   N = 4096 (32 tiles): cuBLAS 18.5; SPLIT_K 2: 20.2, 4: 19.7 (0.94x), 8: 20.4; one kernel 21.0
+#   N = 4096, K = 14336: cuBLAS 40.8; SPLIT_K 4: 43.5 (0.94x); one kernel 51.0 (0.80x)
+#   N = 8192 (64 tiles): cuBLAS 27.0; SPLIT_K 2: 29.7 (0.91x), 4: 30.3; one kernel 30.3 (0.89x)
+#   N = 14336 (112 tiles): cuBLAS 40.3; SPLIT_K 2: 44.7; one kernel 41.2 (0.98x): no split.
+# M >= 4 loses (N = 4096: 20.6 against 18.7 at M = 4, 20.4 against 18.5 at M = 16; M = 2 ties),
+# M = 128 is better served by 64 x 64 tiles (CONFIGS: 0.95x against 0.77x split at K = 4096), and
+# 1024^3 loses at every SPLIT_K (15.6 us at best against 11.0 in one kernel).
+SPLIT_TABLE = [
+    (1, 1 / 8, 8, (16, 128, 128, 4, 4)),  # N <= 2048: 16 tiles, 8 slices
+    (1, 1 / 4, 4, (16, 128, 128, 4, 4)),  # N <= 4096: 32 tiles, 4 slices
+    (1, 1 / 2, 2, (16, 128, 128, 4, 4)),  # N <= 8192: 64 tiles, 2 slices
+]
+# A slice keeps at least this many BLOCK_K steps, so its software pipeline (num_stages - 1 loads
+# in flight) fills before it drains, and the fp32 partials stay small against what it reads.
+MIN_SLICE_STEPS = 4
+# SMs that plan() counts in the interpreter, which has none: a small GPU, so that the small test
+# shapes (32x32 tiles) reach every row of SPLIT_TABLE with a few dozen programs.
+INTERPRET_SMS = 16
+# The kernel that sums the slices: a (<= SUM_BLOCK_M rows, SUM_BLOCK_N columns) tile a program,
+# 4 warps: 2 values a thread and slice for M = 1, 32 for a 16-row tile, all loads in flight at once.
+SUM_BLOCK_M, SUM_BLOCK_N = 16, 256
+
 # Interpreter: one config with several tiles in every dimension of the small test shapes, so edge
-# tiles, the K tail and the grouped order all run. (BLOCK_M, BLOCK_N, BLOCK_K)
+# tiles, the K tail and the grouped order all run. (BLOCK_M, BLOCK_N, BLOCK_K); the split-K path
+# runs it too.
 INTERPRET_CONFIG = (32, 32, 32)
 
 
@@ -138,10 +183,21 @@ def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
+@triton.jit
+def epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue on a tile of the full fp32 sum: bias, activation, one rounding, the store."""
+    if HAS_BIAS:
+        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped like the loads; the store masks
+        acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    acc = activate(acc, ACTIVATION)
+    store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["M_BUCKET"])
 def _matmul_kernel(
-    # pointers
+    # pointers; with SPLIT_K_PARTIAL, c is the fp32 workspace (SPLIT_K * M, N)
     a_ptr, b_ptr, c_ptr, bias_ptr,
     # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
     M, N, K, M_BUCKET,
@@ -150,20 +206,28 @@ def _matmul_kernel(
     # meta-parameters
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_K_PARTIAL: tl.constexpr = False,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    # This program's share of the K steps: all of them, or with split-K (the grid's second axis,
+    # SPLIT_K programs a tile) slice pid_k of them; the launcher leaves no slice empty.
+    pid_k = tl.program_id(1)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    slice_steps = tl.cdiv(k_steps, tl.num_programs(1))
+    k_first = pid_k * slice_steps
+    k_last = tl.minimum(k_first + slice_steps, k_steps)
     # Edge tiles re-read valid rows/columns (% M, % N) instead of masking every load; the store
     # drops them. The wrap keeps the 16-element contiguity the compiler needs for vector loads
     # whenever M or N divides by 16.
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
-    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn
+    k_start = (k_first * BLOCK_K).to(tl.int64)  # 64-bit: K * stride_ak can pass 2^31 (a transposed)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + (k_start + rk[None, :]) * stride_ak
+    b_ptrs = b_ptr + (k_start + rk[:, None]) * stride_bk + rn[None, :].to(tl.int64) * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_last):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -175,9 +239,40 @@ def _matmul_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    # epilogue on the fp32 accumulator, before the single rounding; rn < N always (wrapped)
+    if SPLIT_K_PARTIAL:
+        # this slice's fp32 sum, unrounded, into rows pid_k * M ... of the workspace; the bias and
+        # the activation wait for the sum of all slices (_split_k_sum_kernel)
+        store_tile(c_ptr + pid_k.to(tl.int64) * M * stride_cm, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                   BLOCK_M, BLOCK_N)
+    else:
+        epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                       HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _split_k_sum_kernel(
+    # pointers: the fp32 workspace (SPLIT_K * M, N), contiguous; c (M, N); bias (N,)
+    partials_ptr, c_ptr, bias_ptr,
+    # matrix dimensions
+    M, N,
+    # strides of c, in elements
+    stride_cm, stride_cn,
+    # meta-parameters
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """c = act(sum of the SPLIT_K slices + bias) for one BLOCK_M x BLOCK_N tile. The slices are
+    added in the order 0, 1, ..., so the result does not depend on which slice finished first."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: SPLIT_K * M * N can pass 2^31
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # unrolled: every slice's load is in flight at once
+        acc += tl.load(partials_ptr + (s * M + rm)[:, None] * N + rn[None, :], mask=mask, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     acc = activate(acc, ACTIVATION)
     store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
@@ -217,11 +312,81 @@ def check_matmul_args(a, b, bias, activation):
     return m, n, k
 
 
-def launch_matmul(a, b, bias, activation, c, config=None):
-    """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N), bias (N,) or None, c (M, N),
-    any strides. config: a row of CONFIGS to run as is; None autotunes (the interpreter runs
-    INTERPRET_CONFIG)."""
+@functools.lru_cache(maxsize=None)
+def sm_count(device):
+    return INTERPRET_SMS if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def fit_split(k, block_k, split_k):
+    """SPLIT_K lowered until no slice of the cdiv(K, BLOCK_K) steps is empty (5 steps in 4 slices
+    would be 2 + 2 + 1 + 0: 3 slices)."""
+    k_steps = triton.cdiv(k, block_k)
+    if k_steps <= 1 or split_k <= 1:
+        return 1
+    return triton.cdiv(k_steps, triton.cdiv(k_steps, split_k))
+
+
+def split_plan(m, n, k, num_sms, table):
+    """(config, SPLIT_K) from a SPLIT_TABLE-like table for an (M, N, K) product, or (None, 1): no
+    split, the autotuned one-kernel path."""
+    for max_m, max_tiles_per_sm, split_k, config in table:
+        tiles = triton.cdiv(m, config[0]) * triton.cdiv(n, config[1])
+        if m <= max_m and tiles <= max_tiles_per_sm * num_sms:
+            split_k = fit_split(k, config[2], min(split_k, triton.cdiv(k, config[2]) // MIN_SLICE_STEPS))
+            return (config, split_k) if split_k > 1 else (None, 1)
+    return None, 1
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(m, n, k, num_sms):
+    """split_plan on SPLIT_TABLE; the interpreter counts tiles of, and runs, INTERPRET_CONFIG."""
+    table = SPLIT_TABLE
+    if INTERPRET:
+        table = [(*row[:-1], (*INTERPRET_CONFIG, 4, 1)) for row in SPLIT_TABLE]
+    return split_plan(m, n, k, num_sms, table)
+
+
+def default_split_config():
+    """The tile of a forced split without a config: SPLIT_TABLE's (the interpreter's config there)."""
+    return (*INTERPRET_CONFIG, 4, 1) if INTERPRET else SPLIT_TABLE[0][-1]
+
+
+def launch_split_k(a, b, bias, activation, c, config, split_k):
+    """Split-K on validated arguments (see launch_matmul): split_k >= 2 programs a tile write fp32
+    slices to a workspace, then one kernel sums them and runs the epilogue into c."""
     (m, k), n = a.shape, b.shape[1]
+    bm, bn, bk, warps, stages = config
+    partials = torch.empty((split_k * m, n), dtype=torch.float32, device=a.device)
+    _matmul_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)](
+        a, b, partials, partials,  # no bias here: it is added once, to the sum
+        m, n, k, m_bucket(m),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), n, 1,
+        HAS_BIAS=False, ACTIVATION=None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
+        SPLIT_K_PARTIAL=True, num_warps=warps, num_stages=stages)
+    sum_bm = min(SUM_BLOCK_M, triton.next_power_of_2(m))
+    _split_k_sum_kernel[(triton.cdiv(m, sum_bm), triton.cdiv(n, SUM_BLOCK_N))](
+        partials, c, bias if bias is not None else c,
+        m, n, c.stride(0), c.stride(1),
+        SPLIT_K=split_k, HAS_BIAS=bias is not None, ACTIVATION=activation,
+        BLOCK_M=sum_bm, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+
+
+def launch_matmul(a, b, bias, activation, c, config=None, split_k=None):
+    """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N), bias (N,) or None, c (M, N),
+    any strides.
+    config: a (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) row to run as is; None autotunes
+    (the interpreter runs INTERPRET_CONFIG), or with a forced split runs default_split_config().
+    split_k: K slices a tile (lowered by fit_split until none is empty); 1 runs the one-kernel
+    path; None: plan() from SPLIT_TABLE when config is None, else 1."""
+    (m, k), n = a.shape, b.shape[1]
+    if split_k is None and config is None:
+        config, split_k = plan(m, n, k, sm_count(a.device))
+    elif (split_k or 1) > 1:
+        config = config or default_split_config()
+        split_k = fit_split(k, config[2], split_k)
+    if (split_k or 1) > 1:
+        launch_split_k(a, b, bias, activation, c, config, split_k)
+        return
     if config is not None:
         bm, bn, bk, warps, stages = config
         kernel, meta = _matmul_kernel, dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,

@@ -6,23 +6,37 @@ rstd is one scalar per row, so it factors out of every dot product of that row:
 
     y = rstd[:, None] * ((x * norm_weight) @ W^T)
 
-The fused kernel is the matmul's K loop (gemm/triton_matmul.py) with two additions: each A tile
-(BLOCK_M x BLOCK_K of x) is multiplied by its slice of norm_weight before tl.dot, and its squares
-are summed per row in fp32 on the way; after the loop the accumulator rows are scaled by rstd.
-Normalized x never exists in memory, and there is one launch instead of two. Traffic:
-read x (M*K*e, once per column of tiles, from L2 after the first), W (N*K*e), norm_weight, write
-y (M*N*e). The unfused path writes rmsnorm(x) (M*K*e) and reads it back, and pays a second launch.
+The fused kernels run a K loop that multiplies each x tile (BLOCK_M x BLOCK_K) by its slice of
+norm_weight before the dot and sums its squares per row in fp32 on the way; after the loop the
+accumulator rows are scaled by rstd. Normalized x never exists in memory, and there is one launch
+instead of two. Traffic: read W (N*K*e) once, x (M*K*e) once per column of tiles (from L2 after
+the first), norm_weight, write y (M*N*e). The unfused path writes rmsnorm(x) (M*K*e), reads it
+back, and pays a second launch. Three paths, picked by M from PATH_TABLE:
 
-That saving matters while the GEMM is memory-bound on W (decode: M of 1 to a few dozen), where
-the launch and the extra pass are a visible share of ~10 us. For large M the GEMM is compute-bound,
-the rmsnorm pass is a few percent of it, and the speed of the GEMM itself decides; the unfused path
-then uses cuBLAS. PATH_TABLE picks by M.
+- "decode", for M up to 32 rows. The GEMM is then one pass over W (32 MB at 4096 x 4096
+  bf16), and what decides its speed is how well that pass streams. `_rmsnorm_linear_decode_kernel`
+  swaps the operands: it computes y^T tiles, W_tile (BLOCK_N x BLOCK_K, read in its nn.Linear
+  layout, K contiguous) @ a^T (BLOCK_K x BLOCK_M), so that W's rows are the MMA's 64-row side
+  (Hopper's wgmma) and the few rows of x its narrow side. Loads go straight to registers
+  (num_stages 1): a few programs per SM overlap each other's loads better than a cp.async
+  pipeline (M = 16, 4096 x 4096, H200: 18.5 us against 22.6 with 3 stages). Where the column
+  tiles are too few for that, K is split (SPLIT_K programs a tile); each split stores fp32 partial sums and partial sums of squares, counts itself in a
+  per-tile counter, and the last to arrive adds them up, applies rstd and stores y: one launch.
+  For M = 1 a GEMV kernel without tensor cores (`_rmsnorm_gemv_kernel`) streams W faster still.
+- "fused" (`_rmsnorm_matmul_kernel`): the same idea on gemm/triton_matmul.py's big autotuned
+  tiles. Slower than "unfused" at every M measured; only path="fused" runs it.
+- "unfused": our rmsnorm, then cuBLAS. For large M the GEMM is compute-bound, the rmsnorm pass
+  is a few percent of it, and cuBLAS's GEMM is the fastest there is.
 
-Numerics: the fused kernel rounds x * norm_weight to x's dtype before the dot, where the unfused
-path rounds x * rstd * norm_weight: one rounding of each input either way, the same error. In fp16
-the unnormalized product must fit fp16's range (|x * norm_weight| < 65504), or it becomes inf;
-bf16 has fp32's range. rstd is computed from x in fp32, like rmsnorm's.
+Numerics: the tensor-core kernels round x * norm_weight to x's dtype before the dot, where the
+unfused path rounds x * rstd * norm_weight: one rounding of each input either way, the same error
+(the GEMV kernel keeps it in fp32). In fp16 the unnormalized product must fit fp16's range
+(|x * norm_weight| < 65504), or it becomes inf; bf16 has fp32's range. rstd is computed from x in
+fp32, like rmsnorm's. Split K adds its fp32 partial sums in a fixed order: the result does not
+depend on which split finishes last.
 """
+import functools
+
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
@@ -33,23 +47,220 @@ from common.validation import check_same_device, check_tensor
 from gemm.triton_matmul import DTYPES, grouped_tile, interpret_meta, m_bucket, store_tile, tuned
 from normalization.triton_rmsnorm import check_norm_args, rmsnorm
 
-PATHS = ("fused", "unfused")
+PATHS = ("decode", "fused", "unfused")
 
-# The path by rows M = x.numel() // K: (largest M, path), first match wins. The fused kernel
-# belongs up to the largest M at which it beats rmsnorm + cuBLAS at every M, for K = 4096 and N =
-# 4096 and 14336. Measured on an H200 (bf16, microseconds, fused / unfused): N = 4096: M = 1
-# 32.4 / 21.0, M = 16 34.1 / 20.5, M = 64 54.4 / 20.7; N = 14336: M = 1 65.2 / 42.9, M = 64
-# 57.6 / 44.2. It lost at every M: its tiles leave too few programs to stream W at the memory's
-# speed (128 at N = 4096, M = 1), so the launch it saves is worth less than the bandwidth it
-# loses. Until a split-K decode kernel closes that gap, the unfused path runs everywhere and the
-# fused one is reachable with path="fused".
+# The path by rows M = x.numel() // K: (largest M, path), first match wins. Each path belongs
+# where it beats both F.rms_norm + cuBLAS and our rmsnorm + cuBLAS for K = 4096 (N = 4096 and
+# 14336) and K = 14336 (N = 4096), fp16 and bf16 (build/tune/rmsnorm_linear_sweep.py measures it).
+# On an H200 the decode path ran at 0.70-0.93x the faster of the two for M = 1, 4, 16, 32 at every
+# shape and dtype, and lost at M = 64 (1.03-1.29x; at 64 rows every column tile re-reads and
+# normalizes all of x: as many bytes from L2 as W has at BLOCK_N = 64). The big-tile fused kernel
+# lost everywhere (bf16, us, fused / unfused, N = 4096: M = 1 32.4 / 21.0, M = 64 54.4 / 20.7); it
+# stays reachable with path="fused".
 PATH_TABLE = [
+    (32, "decode"),     # a pass over W, bound by memory
     (None, "unfused"),  # our rmsnorm, then cuBLAS
 ]
+
+# Decode launch table, by M: (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). BLOCK_M 1
+# is the GEMV kernel; the others are the MMA kernel's row tile (16 is tl.dot's smallest). Times on
+# an H200, bf16, us, L2 flushed, this path / our rmsnorm + cuBLAS, at (K, N) = 4096^2, (4096, 14336),
+# (14336, 4096); fp16 within a few percent. Best of the sweep's candidates unless said otherwise.
+DECODE_TABLE = [
+    # no tensor cores: 8 rows of W a program, 1 KB of each a step, 512 programs at N = 4096;
+    # 16.0 / 21.4, 36.7 / 43.6, 35.7 / 45.1 (the MMA kernel: 17.7, 38.8, 39.3)
+    (1, 1, 8, 512, 4, 2),
+    # 128 rows of W a program (two warpgroups of 64 rows), K split to ~2 programs an SM;
+    # M = 4: 16.9 / 21.3, 38.6 / 43.5, 39.2 / 45.9; M = 16: 16.9 / 21.6, 38.7 / 43.6, 39.9 / 46.3
+    # (BLOCK_N 64 with 4 warps: up to 1.13x slower; 4 programs an SM: up to 1.07x)
+    (16, 16, 128, 128, 8, 1),
+    (32, 32, 128, 128, 8, 1),   # M = 32: 18.1 / 22.0, 39.9 / 43.0, 40.3 / 47.1
+    # M = 64, reached only with path="decode": 21.9 / 21.2, 57.9 / 45.1, 51.1 / 49.7 (two row tiles
+    # of 32 or BLOCK_N 128 were no faster)
+    (None, 64, 64, 128, 4, 1),
+]
+# Split K until the tiles fill DECODE_PROGRAMS_PER_SM programs per SM (2 beat 1 and 4 at every
+# shape above), keeping at least MIN_SPLIT_STEPS K steps a split; the split divides the K steps
+# when it can, so that no load needs a mask.
+DECODE_PROGRAMS_PER_SM = 2
+MIN_SPLIT_STEPS = 4
+# the interpreter has no SMs; a count that makes the small test shapes split K
+INTERPRETER_SMS = 4
 
 
 def choose_path(m):
     return next(path for max_m, path in PATH_TABLE if max_m is None or m <= max_m)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index):
+    if INTERPRET:
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_k(tiles, k_steps, programs):
+    """How many splits of k_steps K steps bring `tiles` output tiles to about `programs` programs:
+    at most MIN_SPLIT_STEPS steps a split, and the largest such count that divides k_steps."""
+    most = max(1, min(triton.cdiv(programs, tiles), k_steps // MIN_SPLIT_STEPS))
+    return next(split for split in range(most, 0, -1) if k_steps % split == 0 or split == 1)
+
+
+def decode_config(m, n, k, n_sms):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) of the decode path."""
+    _, block_m, block_n, block_k, warps, stages = next(r for r in DECODE_TABLE if r[0] is None or m <= r[0])
+    if block_m == 1:  # the GEMV kernel does not split K
+        return block_m, block_n, block_k, 1, warps, stages
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split = split_k(tiles, triton.cdiv(k, block_k), DECODE_PROGRAMS_PER_SM * n_sms)
+    return block_m, block_n, block_k, split, warps, stages
+
+
+_COUNTERS = {}
+
+
+def arrival_counters(device, n):
+    """int32 zeros (at least n) in which split-K programs count their arrivals; every launch leaves
+    them at zero. One buffer per device and stream: launches on one stream never overlap."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    counters = _COUNTERS.get((device, stream))
+    if counters is None or counters.numel() < n:
+        counters = _COUNTERS[(device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return counters
+
+
+@triton.jit
+def store_rows(y_ptr, acc_t, sum_sq, pid_m, pid_n, M, N, K, eps, stride_ym, stride_yn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y[rows, cols] = rstd[rows] * acc_t^T, rounded once, for the y^T tile acc_t (BLOCK_N, BLOCK_M)
+    and the rows' sums of squares over all of K."""
+    rstd = tl.rsqrt(sum_sq / K + eps)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride can pass 2^31
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None] * stride_yn
+    tl.store(y_ptrs, (acc_t * rstd[None, :]).to(y_ptr.dtype.element_ty), mask=(rm < M)[None, :] & (rn < N)[:, None])
+
+
+@triton.jit(do_not_specialize=["M", "K_STEPS"])  # M changes every decode step: one compile for all
+def _rmsnorm_linear_decode_kernel(
+    # pointers: x (M, K), norm weight (K,), W (N, K), y (M, N); with SPLIT_K > 1 also partial
+    # (tiles * SPLIT_K, BLOCK_N, BLOCK_M) and partial_sq (tiles * SPLIT_K, BLOCK_M), fp32, and
+    # counter (tiles,) int32, zeros
+    x_ptr, norm_w_ptr, w_ptr, y_ptr, partial_ptr, partial_sq_ptr, counter_ptr,
+    # matrix dimensions; each split of K covers K_STEPS steps of BLOCK_K
+    M, N, K, K_STEPS,
+    # strides, in elements
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    eps,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """One program: the y^T tile of columns [pid_n * BLOCK_N, +BLOCK_N) x rows [pid_m * BLOCK_M,
+    +BLOCK_M) over one split of K. The splits of a tile are adjacent programs, then the row tiles of
+    a column tile, so a tile of W read by one row tile is in L2 for the next."""
+    pid = tl.program_id(0)
+    pid_k = pid % SPLIT_K
+    tile = pid // SPLIT_K
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    pid_m = tile % num_pid_m
+    pid_n = tile // num_pid_m
+    # rows past M are masked (no bytes fetched: M = 1 loads one row of x, not 16); columns past N
+    # re-read valid rows of W (% N) so that W's loads need no mask, and the store drops them
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_m = rm < M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    k_start = pid_k * K_STEPS * BLOCK_K
+    rk = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_start + rk)[None, :] * stride_xk
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_start + rk)[None, :] * stride_wk
+    norm_w_ptrs = norm_w_ptr + k_start + rk
+
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T
+    squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # summed over K once, after the loop
+    for step in range(0, K_STEPS):
+        # x and norm_weight are read by every column tile: keep them in L2; W is read once
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=in_m[:, None], other=0.0, eviction_policy="evict_last")
+            norm_w = tl.load(norm_w_ptrs, eviction_policy="evict_last")
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:  # zeros past K (or past this split) add nothing to the dot or to the squares
+            in_k = rk < K - k_start - step * BLOCK_K
+            x = tl.load(x_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0, eviction_policy="evict_last")
+            norm_w = tl.load(norm_w_ptrs, mask=in_k, other=0.0, eviction_policy="evict_last")
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0.0, eviction_policy="evict_first")
+        xf = x.to(tl.float32)
+        squares += xf * xf
+        a = (xf * norm_w.to(tl.float32)[None, :]).to(x.dtype)  # the tensor cores take x's dtype
+        acc_t = tl.dot(w, tl.trans(a), acc_t)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+        norm_w_ptrs += BLOCK_K
+    sum_sq = tl.sum(squares, axis=1)
+
+    if SPLIT_K > 1:
+        # store this split's sums, then count it in; the last split of the tile to arrive finds
+        # every other split's sums stored (release/acquire on the counter) and finishes the tile
+        first = tile.to(tl.int64) * SPLIT_K
+        offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        tl.store(partial_ptr + (first + pid_k) * (BLOCK_N * BLOCK_M) + offs, acc_t)
+        tl.store(partial_sq_ptr + (first + pid_k) * BLOCK_M + tl.arange(0, BLOCK_M), sum_sq)
+        tl.debug_barrier()  # every thread's stores are issued before the count says they are
+        if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for split in range(0, SPLIT_K):  # in split order: the sum does not depend on arrival order
+                # .cg: from L2, where the other SMs' stores are, never a stale L1 line
+                acc_t += tl.load(partial_ptr + (first + split) * (BLOCK_N * BLOCK_M) + offs, cache_modifier=".cg")
+                sum_sq += tl.load(partial_sq_ptr + (first + split) * BLOCK_M + tl.arange(0, BLOCK_M),
+                                  cache_modifier=".cg")
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
+            store_rows(y_ptr, acc_t, sum_sq, pid_m, pid_n, M, N, K, eps, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
+    else:
+        store_rows(y_ptr, acc_t, sum_sq, pid_m, pid_n, M, N, K, eps, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _rmsnorm_gemv_kernel(
+    # pointers: x (M, K), norm weight (K,), W (N, K), y (M, N)
+    x_ptr, norm_w_ptr, w_ptr, y_ptr,
+    N, K,
+    # strides, in elements
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    eps,
+    # meta-parameters
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """One row of x (program_id(1)) against BLOCK_N rows of W on the CUDA cores: fp32 products
+    accumulate elementwise in a (BLOCK_N, BLOCK_K) tile and are summed over K once, after the loop.
+    Meant for M = 1, where an MMA would be 15/16 padding: each program streams BLOCK_N rows of W in
+    BLOCK_K-long runs (1 KB of each row a step), and the normalized x stays fp32."""
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped columns re-read valid rows of W
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :] * stride_wk
+    x_ptrs = x_ptr + row * stride_xm + rk * stride_xk
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs + k * stride_xk, eviction_policy="evict_last")
+            norm_w = tl.load(norm_w_ptr + k + rk, eviction_policy="evict_last")
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:  # zeros past K add nothing
+            in_k = rk < K - k
+            x = tl.load(x_ptrs + k * stride_xk, mask=in_k, other=0.0, eviction_policy="evict_last")
+            norm_w = tl.load(norm_w_ptr + k + rk, mask=in_k, other=0.0, eviction_policy="evict_last")
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0.0, eviction_policy="evict_first")
+        xf = x.to(tl.float32)
+        squares += xf * xf
+        acc += w.to(tl.float32) * (xf * norm_w.to(tl.float32))[None, :]
+        w_ptrs += BLOCK_K * stride_wk
+    rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + row * stride_ym + cols * stride_yn, (tl.sum(acc, axis=1) * rstd).to(y_ptr.dtype.element_ty),
+             mask=cols < N)
 
 
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
@@ -112,13 +323,42 @@ def check_rmsnorm_linear_args(x, norm_weight, weight, eps, path):
         raise ValueError(f"weight must have shape (N, K) with K = x.shape[-1] = {k} (nn.Linear layout); "
                          f"got {tuple(weight.shape)}")
     if path is not None and path not in PATHS:
-        raise ValueError(f"path must be None (choose by M), 'fused' or 'unfused'; got {path!r}")
+        raise ValueError(f"path must be None (choose by M), 'decode', 'fused' or 'unfused'; got {path!r}")
     return k, weight.shape[0]
 
 
+def launch_decode(x2, norm_weight, weight, eps, y, config=None):
+    """The decode path on validated arguments: x2 (M, K) any strides, norm_weight (K,), weight
+    (N, K) any strides, y (M, N) any strides; M, N, K >= 1. config: (BLOCK_M, BLOCK_N, BLOCK_K,
+    SPLIT_K, num_warps, num_stages) to run as is (BLOCK_M 1: the GEMV kernel, which ignores
+    SPLIT_K); None takes decode_config's."""
+    (m, k), n = x2.shape, weight.shape[0]
+    block_m, block_n, block_k, split, warps, stages = config or decode_config(m, n, k, sm_count(x2.device.index))
+    norm_weight = norm_weight.contiguous()  # the kernels step norm_weight with unit stride
+    strides = (x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1))
+    if block_m == 1:
+        _rmsnorm_gemv_kernel[(triton.cdiv(n, block_n), m)](
+            x2, norm_weight, weight, y, n, k, *strides, eps,
+            BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages)
+        return
+    k_steps = triton.cdiv(triton.cdiv(k, block_k), split)  # per split
+    split = triton.cdiv(triton.cdiv(k, block_k), k_steps)  # no split left without a step
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    partial = partial_sq = counters = y  # unused pointers still need a tensor
+    if split > 1:
+        partial = torch.empty((tiles * split, block_n, block_m), dtype=torch.float32, device=x2.device)
+        partial_sq = torch.empty((tiles * split, block_m), dtype=torch.float32, device=x2.device)
+        counters = arrival_counters(x2.device, tiles)
+    _rmsnorm_linear_decode_kernel[(tiles * split,)](
+        x2, norm_weight, weight, y, partial, partial_sq, counters,
+        m, n, k, k_steps, *strides, eps,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split,
+        EVEN_K=k == k_steps * split * block_k, num_warps=warps, num_stages=stages)
+
+
 def launch_fused(x2, norm_weight, weight, eps, c):
-    """The fused kernel on validated arguments: x2 (M, K) any strides, norm_weight (K,), weight
-    (N, K) any strides, c (M, N) contiguous; M, N, K >= 1."""
+    """The big-tile fused kernel on validated arguments: x2 (M, K) any strides, norm_weight (K,),
+    weight (N, K) any strides, c (M, N) contiguous; M, N, K >= 1."""
     (m, k), n = x2.shape, weight.shape[0]
     b = weight.t()  # (K, N): a view, W's strides swapped
     kernel, meta = (_rmsnorm_matmul_kernel, interpret_meta()) if INTERPRET else (tuned(_rmsnorm_matmul_kernel), {})
@@ -133,13 +373,13 @@ def launch_fused(x2, norm_weight, weight, eps, c):
         eps, **meta)
 
 
-def rmsnorm_linear_fused(x, norm_weight, weight, eps):
-    """One kernel: rstd and the normalized A tiles are made inside the GEMM's K loop."""
+def rmsnorm_linear_kernel(x, norm_weight, weight, eps, launch):
+    """One of the fused kernels (launch_decode or launch_fused) on x (..., K)."""
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)  # a view unless the leading dims cannot merge; any strides go to the kernel
-    c = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
-    launch_fused(x2, norm_weight, weight, eps, c)
-    return c.view(*x.shape[:-1], n)
+    y = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    launch(x2, norm_weight, weight, eps, y)
+    return y.view(*x.shape[:-1], n)
 
 
 def rmsnorm_linear_unfused(x, norm_weight, weight, eps):
@@ -148,11 +388,11 @@ def rmsnorm_linear_unfused(x, norm_weight, weight, eps):
 
 
 def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
-    """y = rmsnorm(x, norm_weight, eps) @ weight.T, fused into one GEMM for small M.
+    """y = rmsnorm(x, norm_weight, eps) @ weight.T, fused into one pass over weight for small M.
 
     x: (..., K) fp16 or bf16, any strides. norm_weight: (K,) fp16, bf16 or fp32.
-    weight: (N, K), x's dtype (nn.Linear's layout; read in place through its transposed view).
-    path: None picks by M = x.numel() // K from PATH_TABLE; "fused" or "unfused" forces one.
+    weight: (N, K), x's dtype (nn.Linear's layout, read in place), any strides.
+    path: None picks by M = x.numel() // K from PATH_TABLE; "decode", "fused" or "unfused" forces one.
     Returns y: (..., N), x's dtype. M = 0 or N = 0 give an empty y; K = 0 gives zeros.
     """
     k, n = check_rmsnorm_linear_args(x, norm_weight, weight, eps, path)
@@ -162,6 +402,9 @@ def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
         return torch.zeros(out_shape, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    if (path or choose_path(m)) == "fused":
-        return rmsnorm_linear_fused(x, norm_weight, weight, eps)
+    path = path or choose_path(m)
+    if path == "decode":
+        return rmsnorm_linear_kernel(x, norm_weight, weight, eps, launch_decode)
+    if path == "fused":
+        return rmsnorm_linear_kernel(x, norm_weight, weight, eps, launch_fused)
     return rmsnorm_linear_unfused(x, norm_weight, weight, eps)
