@@ -1,0 +1,209 @@
+"""Decode attention (one new token per sequence against its KV cache): our contiguous and paged
+kernels against SDPA's backends at q_len 1 and the fp32 reference, as GB/s of K and V read and as a
+share of the copy bandwidth measured in the same run.
+
+Bytes: K and V read once, 2 * B * Hkv * T * D * e (e = 2 bytes, fp16). q and O (B * H * D * e
+each) are under 0.1% of that at every shape here and are left out.
+
+Shapes: H = 32 query heads, hd 128, fp16, every sequence at length T (= T_max); Hkv = 32 (op
+"decode-mha") and Hkv = 8 (op "decode-gqa", GQA 32/8). Panels: T = 512..32768 at B = 1 and at
+B = 16, and B = 1..64 at T = 8192. Caches past CACHE_MAX_BYTES are skipped. Providers:
+    triton          inference/triton_inference_attention.py decode_attention on a (B, T, Hkv, D)
+                    cache (inference/kv_cache.py's layout); its split count is in the row
+    triton-paged    paged_decode_attention on the same tokens in 16-token pages, shuffled
+    sdpa-flash, sdpa-efficient, sdpa-math
+                    F.scaled_dot_product_attention with q (B, H, 1, D) and its preferred contiguous
+                    (B, Hkv, T, D) K and V, each backend forced with sdpa_kernel; GQA by
+                    enable_gqa=True, or, for a backend that refuses it, K and V expanded to H heads
+                    once outside the timing (the row then has "kv_expanded": true); a backend that
+                    refuses the shape is reported as skipped
+    naive           inference/attention_inference.py (fp32 math), caches up to NAIVE_MAX_BYTES
+max_err: against the fp32 reference on the first (up to) two sequences.
+    python benchmarks/inference_bench.py            (GPU; benchmarks/results/inference.json and PNGs)
+    python benchmarks/inference_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common.bench import time_ms  # noqa: E402
+from common.device import DEVICE  # noqa: E402
+from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
+from inference.attention_inference import decode_attention_reference  # noqa: E402
+from inference.triton_inference_attention import (decode_attention, decode_config, paged_decode_attention,  # noqa: E402
+                                                  sm_count)
+
+N_HEADS, HEAD_DIM, DTYPE, PAGE_SIZE = 32, 128, torch.float16, 16
+FULL = dict(heads=N_HEADS, kv_heads=(32, 8), d=HEAD_DIM, lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768),
+            t_batches=(1, 16), batches=(1, 2, 4, 8, 16, 32, 64), b_length=8192)
+SMOKE = dict(heads=4, kv_heads=(4, 2), d=64, lengths=(16, 48), t_batches=(1,), batches=(1, 2), b_length=16)
+CACHE_MAX_BYTES = 20 * 2 ** 30   # K + V; with a second copy (pages, SDPA's layout) the peak is twice this
+NAIVE_MAX_BYTES = 1 * 2 ** 30    # the reference copies the cache to fp32 (and v once more): 3x this
+MATH_MAX_BYTES = 2 * 2 ** 30     # SDPA's math backend materializes fp32 scores and, for GQA, expands K/V
+EXPAND_MAX_BYTES = 16 * 2 ** 30  # K/V expanded to H heads for a backend that refuses enable_gqa
+
+
+def kv_bytes(b, hkv, t, d, e=2):
+    return 2 * b * hkv * t * d * e
+
+
+def panels(cfg, hkv):
+    """[(xlabel, [(x, (B, H, Hkv, T, D))])] for one kv head count."""
+    h, d = cfg["heads"], cfg["d"]
+    out = [(f"sequence length T (B {b}, H {h}/{hkv}, hd {d})", [(t, (b, h, hkv, t, d)) for t in cfg["lengths"]])
+           for b in cfg["t_batches"]]
+    t = cfg["b_length"]
+    out.append((f"batch B (T {t}, H {h}/{hkv}, hd {d})", [(b, (b, h, hkv, t, d)) for b in cfg["batches"]]))
+    return out
+
+
+def op_name(h, hkv):
+    return "decode-mha" if hkv == h else "decode-gqa"
+
+
+def to_pages(k, perm):
+    """(B, T, Hkv, D) -> pages (B * T / PAGE_SIZE, PAGE_SIZE, Hkv, D), block j of sequence b at page
+    perm[b, j]."""
+    b, t, hkv, d = k.shape
+    pages = torch.empty((b * t // PAGE_SIZE, PAGE_SIZE, hkv, d), dtype=k.dtype, device=k.device)
+    pages[perm] = k.view(b, t // PAGE_SIZE, PAGE_SIZE, hkv, d)
+    return pages
+
+
+def sdpa_backends():
+    from torch.nn.attention import SDPBackend
+    return {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "sdpa-math": SDPBackend.MATH}
+
+
+def time_sdpa(backend, q4, k4, v4, gqa):
+    """(ms, output) of SDPA forced to one backend; raises RuntimeError where it refuses the inputs."""
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(backend):
+        call = lambda: F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=gqa)  # noqa: E731
+        out = call()  # also the warm-up
+        return time_ms(call), out
+
+
+def measure_shape(shape, meta, rows):
+    b, h, hkv, t, d = shape
+    op, key, n_bytes = op_name(h, hkv), shape_str(shape), kv_bytes(b, hkv, t, d)
+
+    def record(provider, ms, out, **extra):
+        err = (out[:n_check].float() - expected).abs().max().item()
+        row = make_row(op, key, "fp16", provider, ms, meta["copy_GBps"], n_bytes=n_bytes, max_err=err)
+        row.update(extra)
+        rows.append(row)
+        print(f"{op:10s} {key:>20s} {provider:15s} {ms:9.4f} ms {row['GBps']:8.1f} GB/s {row['pct_copy']:5.1f}% of copy"
+              f"  err {err:.2g}" + "".join(f"  {k} {v}" for k, v in extra.items()), flush=True)
+
+    def skip(provider, why):
+        print(f"{op:10s} {key:>20s} {provider:15s} skipped ({why})", flush=True)
+
+    if n_bytes > CACHE_MAX_BYTES:
+        return skip("all", f"cache {n_bytes / 2 ** 30:.1f} GiB > {CACHE_MAX_BYTES / 2 ** 30:.0f} GiB")
+    q = torch.randn((b, h, d), device=DEVICE, dtype=DTYPE)
+    k, v = (torch.randn((b, t, hkv, d), device=DEVICE, dtype=DTYPE) for _ in range(2))
+    lengths = torch.full((b,), t, dtype=torch.int32, device=DEVICE)
+    n_check = min(b, 2)
+    expected = decode_attention_reference(q[:n_check].float(), k[:n_check], v[:n_check], lengths[:n_check]).float()
+
+    splits = decode_config(b, hkv, h // hkv, d, t, sm_count(torch.device(DEVICE).index or 0)).num_splits
+    call = lambda: decode_attention(q, k, v, lengths, max_length=t)  # noqa: E731
+    record("triton", time_ms(call), call(), splits=splits)
+
+    perm = torch.randperm(b * t // PAGE_SIZE, device=DEVICE).reshape(b, -1)
+    k_pages, v_pages = to_pages(k, perm), to_pages(v, perm)
+    table = perm.to(torch.int32)
+    call = lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t)  # noqa: E731
+    record("triton-paged", time_ms(call), call(), splits=splits)
+    del k_pages, v_pages
+
+    if n_bytes <= NAIVE_MAX_BYTES:
+        call = lambda: decode_attention_reference(q, k, v, lengths)  # noqa: E731
+        record("naive", time_ms(call), call())
+    else:
+        skip("naive", "cache past NAIVE_MAX_BYTES")
+
+    # SDPA's preferred layout: contiguous (B, Hkv, T, D); the (B, T, Hkv, D) copies are not needed after
+    k4, v4 = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    del k, v
+    q4 = q[:, :, None, :]
+    for provider, backend in sdpa_backends().items():
+        if provider == "sdpa-math" and n_bytes > MATH_MAX_BYTES:
+            skip(provider, "cache past MATH_MAX_BYTES")
+            continue
+        try:
+            ms, out = time_sdpa(backend, q4, k4, v4, hkv != h)
+            record(provider, ms, out[:, :, 0])
+            continue
+        except RuntimeError as e:  # a backend that refuses the shape (or enable_gqa)
+            why = str(e).splitlines()[0][:90] if str(e) else type(e).__name__
+        if hkv == h or n_bytes * h // hkv > EXPAND_MAX_BYTES:
+            skip(provider, why)
+            continue
+        k_exp, v_exp = (x.repeat_interleave(h // hkv, dim=1) for x in (k4, v4))
+        try:
+            ms, out = time_sdpa(backend, q4, k_exp, v_exp, False)
+            record(provider, ms, out[:, :, 0], kv_expanded=True)
+        except RuntimeError as e:
+            skip(provider, f"{why}; expanded: {str(e).splitlines()[0][:60]}")
+        del k_exp, v_exp
+    del q, k4, v4, q4
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def summarize(rows, h, kv_heads):
+    """The figures the kernel is judged by, one line each."""
+    def pick(provider, shape):
+        return next((r for r in rows if r["provider"] == provider and r["shape"] == shape), None)
+
+    lines = []
+    big = [r for r in rows if r["provider"] == "triton" and int(r["shape"].split("x")[0]) >= 8
+           and int(r["shape"].split("x")[3]) >= 4096]
+    if big:
+        worst = min(big, key=lambda r: r["pct_copy"])
+        lines.append(f"triton at B >= 8, T >= 4096: worst {worst['pct_copy']}% of copy ({worst['shape']}; target 85%)")
+    for hkv in kv_heads:
+        shape = shape_str((1, h, hkv, 8192, HEAD_DIM))
+        ours, flash = pick("triton", shape), pick("sdpa-flash", shape)
+        if ours and flash:
+            lines.append(f"B1 T8192 H{h}/{hkv}: triton {ours['GBps']} GB/s vs sdpa-flash {flash['GBps']} "
+                         f"({ours['GBps'] / flash['GBps']:.2f}x; target > 1)")
+    ratios = [r["ms"] / pick("triton-paged", r["shape"])["ms"] for r in rows
+              if r["provider"] == "triton" and pick("triton-paged", r["shape"])]
+    if ratios:
+        median = sorted(ratios)[len(ratios) // 2]
+        lines.append(f"paged / contiguous speed: worst {min(ratios):.2f}, median {median:.2f} (target >= 0.9)")
+    return lines
+
+
+def measure(cfg, smoke):
+    meta = start_run(smoke)
+    rows = []
+    for hkv in cfg["kv_heads"]:
+        shapes = list(dict.fromkeys(s for _, points in panels(cfg, hkv) for _, s in points))
+        for shape in shapes:
+            measure_shape(shape, meta, rows)
+    for line in summarize(rows, cfg["heads"], cfg["kv_heads"]):
+        print(line)
+    return meta, rows
+
+
+def main():
+    args = parse_args(__doc__.splitlines()[0])
+    cfg = SMOKE if args.smoke else FULL
+    meta, rows = load_or_measure(args, "inference", lambda: measure(cfg, args.smoke))
+    for hkv in cfg["kv_heads"]:
+        op = op_name(cfg["heads"], hkv)
+        sel = [r for r in rows if r["op"] == op]
+        plot_sweeps(args.out / f"inference_{op}_fp16.png", f"{op} (q_len 1) fp16", sel, panels(cfg, hkv), meta)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Inference decode: KV caches (contiguous and paged) and single-token attention against them."""

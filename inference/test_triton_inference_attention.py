@@ -1,0 +1,309 @@
+"""Tests for inference/triton_inference_attention.py (contiguous and paged decode attention) against
+inference/attention_inference.py computed in fp64.
+
+    python inference/test_triton_inference_attention.py   (or: pytest inference/test_triton_inference_attention.py)
+
+Error model and tolerance (as attention/test_flash_attention.py): scores and the softmax statistics
+are fp32 (the split path merges fp32 partials); p is rounded once to the input dtype (unit roundoff
+u = 2^-11 fp16, 2^-8 bf16) before p @ v on the tensor cores, and O is rounded once. So
+|O - O_ref| <= u * max|v| (the p rounding, summed with weights that add to one) plus one rounding of
+O: atol = u * max|v|, rtol = 2u. Beside that bound, the 2x rule: our error must be at most twice
+that of PyTorch's same-dtype decode (scores, softmax and p @ v each in the input dtype).
+
+Every batch is ragged where it can be: lengths 0, 1 and T_max side by side, the rest random. Caches
+are filled everywhere (also past each length) so a kernel that reads past a length fails.
+"""
+import math
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from common.testing import Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from inference.attention_inference import decode_attention_reference  # noqa: E402
+from inference.triton_inference_attention import (MAX_SPLITS, DecodeConfig, decode_attention,  # noqa: E402
+                                                  decode_config, paged_decode_attention, split_count)
+
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+H100_SMS = 132
+
+
+def decode_tol(dtype, v):
+    u = UNIT_ROUNDOFF[dtype]
+    return Tol(u * v.abs().max().item(), 2 * u, "p rounded to the input dtype before p @ v, O rounded once")
+
+
+def same_dtype_decode(q, k, v, lengths, sm_scale):
+    """PyTorch's decode with every step in the input dtype: the error the 2x rule allows."""
+    b, h, d = q.shape
+    t_max, hkv = k.shape[1], k.shape[2]
+    scores = torch.einsum("bkgd,btkd->bkgt", q.reshape(b, hkv, h // hkv, d), k) * sm_scale
+    visible = torch.arange(t_max, device=q.device)[None, :] < lengths[:, None]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
+    return torch.einsum("bkgt,btkd->bkgd", p, v).reshape(b, h, d)
+
+
+def ragged_lengths(b, t_max):
+    """(B,) int32: T_max, 0 and 1 first (as many as fit), the rest random in 0..T_max."""
+    fixed = [t_max, 0, 1][:b]
+    rest = torch.randint(0, t_max + 1, (b - len(fixed),)).tolist()
+    return torch.tensor(fixed + rest, dtype=torch.int32, device=DEVICE)
+
+
+def make_cache(b, t_max, hkv, d, dtype, layout):
+    """k, v (B, T_max, Hkv, D). layout "bthd": packed; "hf": (B, Hkv, T, D) tensors viewed with
+    .transpose(1, 2); "padded": views cut from larger tensors (every stride unpacked)."""
+    if layout == "hf":
+        return [rand((b, hkv, t_max, d), dtype).transpose(1, 2) for _ in range(2)]
+    pad = (0, 3, 1, 8) if layout == "padded" else None
+    return [rand((b, t_max, hkv, d), dtype, pad=pad) for _ in range(2)]
+
+
+def reference(q, k, v, lengths, sm_scale):
+    return decode_attention_reference(q.double(), k.double(), v.double(), lengths, sm_scale)
+
+
+def check(b, h, hkv, t_max, d, dtype, num_splits=None, layout="bthd", sm_scale=None, scale=1.0, use_dot=None):
+    q = rand((b, h, d), dtype, pad=(0, 2, 8) if layout == "padded" else None, scale=scale)
+    k, v = make_cache(b, t_max, hkv, d, dtype, layout)
+    lengths = ragged_lengths(b, t_max)
+    config = None
+    if use_dot is not None:  # force one product (and a split count) past the heuristics
+        auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
+        config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
+    o = decode_attention(q, k, v, lengths, sm_scale, num_splits=num_splits, config=config,
+                         out=poisoned((b, h, d), dtype))
+    scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    return [compare("O", o, reference(q, k, v, lengths, scale_used), decode_tol(dtype, v),
+                    torch_out=same_dtype_decode(q, k, v, lengths, scale_used))]
+
+
+def to_pages(caches, lengths, page_size, spare_pages=3):
+    """Paged copies of contiguous caches (each (B, T_max, Hkv, D)), one page order for all: pages in
+    a random order, spare pages of large values, and block table entries past each sequence's pages
+    pointing at a spare (a kernel that reads past a length fails). Returns ([pages...], block_table)."""
+    b, t_max, hkv, d = caches[0].shape
+    max_pages = triton.cdiv(t_max, page_size)
+    num_pages = b * max_pages + spare_pages
+    order = torch.randperm(num_pages, device=DEVICE)
+    table = order[:b * max_pages].reshape(b, max_pages)
+    paged = []
+    for cache in caches:
+        pages = rand((num_pages, page_size, hkv, d), cache.dtype, scale=100.0)
+        padded = torch.zeros((b, max_pages * page_size, hkv, d), dtype=cache.dtype, device=DEVICE)
+        padded[:, :t_max] = cache
+        pages[table] = padded.reshape(b, max_pages, page_size, hkv, d)
+        paged.append(pages)
+    used = (lengths.long()[:, None] + page_size - 1) // page_size  # pages each sequence holds
+    unused = torch.arange(max_pages, device=DEVICE)[None, :] >= used
+    table = torch.where(unused, order[b * max_pages], table)
+    return paged, table.to(torch.int32)
+
+
+def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_dot=None):
+    """The paged kernel against the reference, and against the contiguous kernel on the same data:
+    the same blocks in the same order, so bit for bit the same output."""
+    q = rand((b, h, d), dtype)
+    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
+    lengths = ragged_lengths(b, t_max)
+    (k_pages, v_pages), table = to_pages((k, v), lengths, page_size)
+    config = None
+    if use_dot is not None:
+        auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
+        config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
+    o = paged_decode_attention(q, k_pages, v_pages, table, lengths, num_splits=num_splits, config=config,
+                               out=poisoned((b, h, d), dtype))
+    scale = 1.0 / math.sqrt(d)
+    outcomes = [compare("O paged", o, reference(q, k, v, lengths, scale), decode_tol(dtype, v),
+                        torch_out=same_dtype_decode(q, k, v, lengths, scale))]
+    if num_splits is not None:  # both sides then take the same split count
+        o_contiguous = decode_attention(q, k, v, lengths, num_splits=num_splits, config=config)
+        outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_contiguous)))
+    return outcomes
+
+
+def check_huge():
+    """Past 2^31 elements per cache (B65 T32768 H32/8 hd128, 4.4 GB each): the last sequences, where
+    a 32-bit batch or page offset would wrap; contiguous and paged (the same memory as pages)."""
+    b, h, hkv, t_max, d, dtype = 65, 32, 8, 32768, 128, torch.float16
+    q = rand((b, h, d), dtype)
+    k, v = (torch.randn((b, t_max, hkv, d), device=DEVICE, dtype=dtype) for _ in range(2))
+    lengths = torch.randint(1, t_max + 1, (b,), dtype=torch.int32, device=DEVICE)
+    lengths[-1] = t_max
+    tail = slice(b - 2, b)
+    ref = reference(q[tail], k[tail], v[tail], lengths[tail], 1.0 / math.sqrt(d))
+    tol = decode_tol(dtype, v[tail])
+    page_size = 16
+    table = torch.arange(b * t_max // page_size, device=DEVICE, dtype=torch.int32).reshape(b, -1)
+    outcomes = []
+    for splits in (None, 1):
+        o = decode_attention(q, k, v, lengths, num_splits=splits)
+        outcomes.append(compare(f"last 2 sequences, splits {splits}", o[tail], ref, tol))
+        o = paged_decode_attention(q, k.view(-1, page_size, hkv, d), v.view(-1, page_size, hkv, d), table,
+                                   lengths, num_splits=splits)
+        outcomes.append(compare(f"paged, last 2 sequences, splits {splits}", o[tail], ref, tol))
+    return outcomes
+
+
+def check_no_keys():
+    """T_max = 0 and all lengths 0: every sequence sees nothing, O is zeros (unsplit and split)."""
+    q = rand((3, 4, 64), torch.float16)
+    outcomes = []
+    k = v = rand((3, 0, 2, 64), torch.float16)
+    zero = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    o = decode_attention(q, k, v, zero, out=poisoned((3, 4, 64), torch.float16))
+    outcomes.append(Outcome("T_max 0: zeros", bool((o == 0).all())))
+    k = v = rand((3, 40, 2, 64), torch.float16)
+    for splits in (1, 4):
+        o = decode_attention(q, k, v, zero, num_splits=splits, out=poisoned((3, 4, 64), torch.float16))
+        outcomes.append(Outcome(f"lengths 0, splits {splits}: zeros", bool((o == 0).all())))
+    return outcomes
+
+
+def check_empty():
+    outcomes = []
+    for b, h, hkv in ((0, 4, 2), (2, 0, 2)):
+        q = rand((b, h, 64), torch.bfloat16)
+        k = v = rand((b, 9, hkv, 64), torch.bfloat16)
+        lengths = torch.zeros(b, dtype=torch.int32, device=DEVICE)
+        o = decode_attention(q, k, v, lengths)
+        outcomes.append(Outcome(f"q {tuple(q.shape)}", o.shape == q.shape and o.dtype == q.dtype))
+        table = torch.zeros((b, 1), dtype=torch.int32, device=DEVICE)
+        o = paged_decode_attention(q, k[:0].reshape(0, 16, hkv, 64), k[:0].reshape(0, 16, hkv, 64), table, lengths)
+        outcomes.append(Outcome(f"paged q {tuple(q.shape)}", o.shape == q.shape and o.dtype == q.dtype))
+    return outcomes
+
+
+def check_split_heuristic():
+    """The split table on an H100's 132 SMs: B1 splits (the GPU is otherwise idle), a full GPU does
+    not, short sequences do not, and no count passes MAX_SPLITS."""
+    shapes = ((1, 8, 8192), (1, 32, 8192), (8, 8, 4096), (64, 32, 4096), (1, 8, 128), (1, 1, 10 ** 6))
+    counts = {(b, hkv, t): split_count(b * hkv, t, H100_SMS, 64) for b, hkv, t in shapes}
+    return [
+        Outcome("B1 H32/8 T8192 splits", counts[(1, 8, 8192)] > 8, note=str(counts[(1, 8, 8192)])),
+        Outcome("B1 H32/32 T8192 splits", counts[(1, 32, 8192)] > 1, note=str(counts[(1, 32, 8192)])),
+        Outcome("B8 H32/8 T4096 splits", counts[(8, 8, 4096)] > 1, note=str(counts[(8, 8, 4096)])),
+        Outcome("B64 H32/32 unsplit", counts[(64, 32, 4096)] == 1, note=str(counts[(64, 32, 4096)])),
+        Outcome("T128 unsplit", counts[(1, 8, 128)] == 1, note=str(counts[(1, 8, 128)])),
+        Outcome("at most MAX_SPLITS", counts[(1, 1, 10 ** 6)] == MAX_SPLITS, note=str(counts[(1, 1, 10 ** 6)])),
+    ]
+
+
+def check_errors():
+    q = rand((2, 8, 64), torch.float16)
+    k, v = make_cache(2, 20, 2, 64, torch.float16, "bthd")
+    lengths = torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)
+    (pages,), table = to_pages((k,), lengths, 16)
+    other = "cpu" if DEVICE == "cuda" else "meta"
+    f = decode_attention
+    return [
+        expect_raises("fp32 q", lambda: f(q.float(), k, v, lengths), TypeError, "q"),
+        expect_raises("k dtype differs", lambda: f(q, k.bfloat16(), v, lengths), TypeError, "k_cache"),
+        expect_raises("4-D q", lambda: f(q[:, None], k, v, lengths), ValueError, "q"),
+        expect_raises("head dim 96", lambda: f(q[..., :32].repeat(1, 1, 3), k, v, lengths), ValueError, "head_dim"),
+        expect_raises("k head dim", lambda: f(q, k[..., :32], v[..., :32], lengths), ValueError, "k_cache"),
+        expect_raises("3-D k", lambda: f(q, k[0], v[0], lengths), ValueError, "k_cache"),
+        expect_raises("v shape", lambda: f(q, k, v[:, :10], lengths), ValueError, "v_cache"),
+        expect_raises("heads 8 vs 3", lambda: f(q, k.repeat(1, 1, 2, 1)[:, :, :3], v.repeat(1, 1, 2, 1)[:, :, :3],
+                                                lengths), ValueError, "head count"),
+        expect_raises("batch", lambda: f(q, k[:1], v[:1], lengths), ValueError, "k_cache"),
+        expect_raises("int64 lengths", lambda: f(q, k, v, lengths.long()), TypeError, "lengths"),
+        expect_raises("lengths shape", lambda: f(q, k, v, lengths[:1]), ValueError, "lengths"),
+        expect_raises(f"lengths on {other}", lambda: f(q, k, v, lengths.to(other)), ValueError, "lengths"),
+        expect_raises("sm_scale 0", lambda: f(q, k, v, lengths, 0.0), ValueError, "sm_scale"),
+        expect_raises("num_splits 0", lambda: f(q, k, v, lengths, num_splits=0), ValueError, "num_splits"),
+        expect_raises("num_splits 65", lambda: f(q, k, v, lengths, num_splits=MAX_SPLITS + 1), ValueError,
+                      "num_splits"),
+        expect_raises("max_length -1", lambda: f(q, k, v, lengths, max_length=-1), ValueError, "max_length"),
+        expect_raises("config BLOCK_N 8", lambda: f(q, k, v, lengths, config=DecodeConfig(8, 4, 1, True, 1)),
+                      ValueError, "config"),
+        expect_raises(f"q on {other}", lambda: f(q.to(other), k, v, lengths), ValueError, "q"),
+        expect_raises("v elsewhere", lambda: f(q, k, v.to(other), lengths), ValueError, "v_cache"),
+        expect_raises("not a tensor", lambda: f(q, [1.0], v, lengths), TypeError, "k_cache"),
+        expect_raises("out shape", lambda: f(q, k, v, lengths, out=q[:, :2].clone()), ValueError, "out"),
+        expect_raises("paged: int64 table", lambda: paged_decode_attention(q, pages, pages, table.long(), lengths),
+                      TypeError, "block_table"),
+        expect_raises("paged: table rows", lambda: paged_decode_attention(q, pages, pages, table[:1], lengths),
+                      ValueError, "block_table"),
+        expect_raises("paged: table strided", lambda: paged_decode_attention(
+            q, pages, pages, table.t().contiguous().t(), lengths), ValueError, "block_table"),
+        expect_raises("paged: v_pages shape", lambda: paged_decode_attention(q, pages, pages[:, :8], table, lengths),
+                      ValueError, "v_pages"),
+        expect_raises("paged: k_pages dtype", lambda: paged_decode_attention(
+            q, pages.bfloat16(), pages, table, lengths), TypeError, "k_pages"),
+    ]
+
+
+def _cases():
+    cases = []
+
+    def add(name, fn=check, gpu_only=False, **kw):
+        cases.append(Case(name, fn, kw, gpu_only))
+
+    for dtype in (torch.float16, torch.bfloat16):
+        dt = dtype_name(dtype)
+        # interpreter tier: heads and lengths scaled down, every path and head dim
+        for splits in (None, 1, 3):
+            add(f"GQA 8/2 B5 T237 D128 splits {splits} {dt}", b=5, h=8, hkv=2, t_max=237, d=128, dtype=dtype,
+                num_splits=splits)
+        for use_dot in (True, False):
+            for splits in (1, 4):
+                add(f"MHA 4/4 B3 T150 D64 {'dot' if use_dot else 'broadcast'} splits {splits} {dt}", b=3, h=4, hkv=4,
+                    t_max=150, d=64, dtype=dtype, num_splits=splits, use_dot=use_dot)
+        add(f"MQA 8/1 B3 T100 D256 splits 2 {dt}", b=3, h=8, hkv=1, t_max=100, d=256, dtype=dtype, num_splits=2)
+        add(f"GQA 32/8 B3 T70 D128 {dt}", b=3, h=32, hkv=8, t_max=70, d=128, dtype=dtype)
+        add(f"GQA 32/4 B3 T40 D64 splits 2 {dt}", b=3, h=32, hkv=4, t_max=40, d=64, dtype=dtype, num_splits=2)
+        add(f"MQA 32/1 B3 T40 D128 {dt}", b=3, h=32, hkv=1, t_max=40, d=128, dtype=dtype)
+        for splits in (1, 3):
+            add(f"HF (B,Hkv,T,D) view 8/2 B3 T120 D64 splits {splits} {dt}", b=3, h=8, hkv=2, t_max=120, d=64,
+                dtype=dtype, num_splits=splits, layout="hf")
+        add(f"padded q and cache views 4/2 B3 T50 D128 {dt}", b=3, h=4, hkv=2, t_max=50, d=128, dtype=dtype,
+            layout="padded", num_splits=2)
+        add(f"16 splits of T40: most empty {dt}", b=3, h=4, hkv=2, t_max=40, d=64, dtype=dtype, num_splits=16)
+        add(f"sm_scale 0.3 4/2 B3 T60 D64 {dt}", b=3, h=4, hkv=2, t_max=60, d=64, dtype=dtype, sm_scale=0.3)
+        add(f"peaked: q x 30, 4/2 B3 T90 D64 splits 3 {dt}", b=3, h=4, hkv=2, t_max=90, d=64, dtype=dtype,
+            num_splits=3, scale=30.0)
+        for page_size, splits in ((16, 1), (16, 3), (7, 2)):
+            add(f"paged {page_size} vs contiguous 8/2 B4 T100 D128 splits {splits} {dt}", check_paged, b=4, h=8,
+                hkv=2, t_max=100, d=128, dtype=dtype, page_size=page_size, num_splits=splits)
+        add(f"paged 16 MHA broadcast 4/4 B3 T70 D64 {dt}", check_paged, b=3, h=4, hkv=4, t_max=70, d=64, dtype=dtype,
+            num_splits=2, use_dot=False)
+        add(f"paged 16 auto splits 8/2 B3 T64 D256 {dt}", check_paged, b=3, h=8, hkv=2, t_max=64, d=256, dtype=dtype)
+        # full sizes: real head counts, long caches
+        add(f"B1 H32/8 T32768 D128 {dt}", gpu_only=True, b=1, h=32, hkv=8, t_max=32768, d=128, dtype=dtype)
+        for splits in (None, 1, 16):
+            add(f"B4 H32/8 T16384 ragged D128 splits {splits} {dt}", gpu_only=True, b=4, h=32, hkv=8, t_max=16384,
+                d=128, dtype=dtype, num_splits=splits)
+        add(f"B16 H32/8 T4096 D128 {dt}", gpu_only=True, b=16, h=32, hkv=8, t_max=4096, d=128, dtype=dtype)
+        for use_dot in (True, False):
+            add(f"B2 H32/32 T8192 D128 MHA {'dot' if use_dot else 'broadcast'} {dt}", gpu_only=True, b=2, h=32,
+                hkv=32, t_max=8192, d=128, dtype=dtype, use_dot=use_dot, num_splits=8)
+        add(f"B2 H32/4 T8192 D128 {dt}", gpu_only=True, b=2, h=32, hkv=4, t_max=8192, d=128, dtype=dtype)
+        add(f"B3 H32/1 T8192 D128 MQA {dt}", gpu_only=True, b=3, h=32, hkv=1, t_max=8192, d=128, dtype=dtype)
+        add(f"HF view B3 H32/8 T8192 D128 {dt}", gpu_only=True, b=3, h=32, hkv=8, t_max=8192, d=128, dtype=dtype,
+            layout="hf")
+        for d in (64, 256):
+            add(f"B3 H16/4 T4096 D{d} {dt}", gpu_only=True, b=3, h=16, hkv=4, t_max=4096, d=d, dtype=dtype)
+        for splits in (None, 1, 8):
+            add(f"paged 16 vs contiguous B4 H32/8 T8192 D128 splits {splits} {dt}", check_paged, gpu_only=True, b=4,
+                h=32, hkv=8, t_max=8192, d=128, dtype=dtype, num_splits=splits)
+    cases += [Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
+              Case("empty input", check_empty), Case("bad input", check_errors),
+              Case("2^31+ elements per cache (contiguous, paged)", check_huge, gpu_only=True)]
+    return cases
+
+
+CASES = _cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("decode_attention", CASES)

@@ -1,0 +1,444 @@
+"""Decode attention in Triton: one new query token per sequence against its KV cache.
+
+    O[b, h] = softmax_t(q[b, h] . k[b, t, h // G] * sm_scale) @ v[b, t, h // G]   over t < lengths[b]
+
+(G = H / Hkv query heads share one kv head; the reference is inference/attention_inference.py.)
+
+Decode is a stream over the cache: each K and V value is read once and used for G multiply-adds,
+so the kernel is memory-bound and its figure of merit is bytes of K and V read per second,
+2 * sum(lengths) * Hkv * D * e (e = 2 bytes), against the device's copy bandwidth.
+
+One program owns one (sequence, kv head) and all G query heads of that kv head, so a K/V block is
+read from memory once per group, not once per query head. It streams the sequence's tokens in
+blocks of BLOCK_N with the online softmax of attention/flash_attention_triton.py (running max m and
+sum l per query head in fp32, exp2 with log2(e) folded into the scale). Both products of a block,
+q k^T and p v, are tl.dot of the group padded to 16 rows (the MMA's smallest M) against the K/V
+block: the padding costs FLOPs only, and at 16 FLOPs per KV byte even with G = 1 the tensor cores
+are far from busy. What decides is the loads: feeding a dot, they are staged through shared memory
+by cp.async, num_stages deep, so the next blocks stream in while one is computed on (compiled for
+sm_90 with 4 warps, Triton 3.6 and 3.9: 76-202 registers a thread over hd 64-256 and G 1-32, no
+spills). The G == 1 alternative, a broadcast multiply and sum over D in registers (no padding, no
+shared memory), compiles to 86-128 registers without that staging; it stays selectable
+(DecodeConfig.use_dot).
+The last, partial block of a range runs masked; the others run without masks.
+
+Split-KV (flash-decoding): B * Hkv programs cannot fill the GPU at small batch (8 programs for 132
+SMs at B1 H32/8), so each sequence is cut into num_splits ranges, one program each. Those write
+their partial (m, l, acc) in fp32, and a second, small kernel merges the splits of each query head:
+    M = max_s m_s,  w_s = exp2(m_s - M),  O = sum_s w_s * acc_s / sum_s w_s * l_s
+(extra traffic B * H * splits * (D + 2) * 4 bytes written and read: under 1% of the cache at the
+shapes that split). The unsplit path writes O directly.
+
+Paged caches map a token to (page, slot) through a block table, page = block_table[b, t // PAGE_SIZE],
+slot = t % PAGE_SIZE; everything else is the same kernel (PAGED constexpr).
+
+Limits: head dim 64, 128 or 256; fp16 or bf16; lengths are read on the device (no host sync) and
+clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
+"""
+import functools
+import math
+from dataclasses import dataclass
+
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.device import INTERPRET
+from common.validation import check_out, check_same_device, check_tensor
+
+LOG2_E = 1.4426950408889634
+HEAD_DIMS = (64, 128, 256)
+
+# ---------------------------------------------------------------------------------------------
+# Heuristics.
+# Blocks, by head dim: (largest head dim, BLOCK_N, num_warps, num_stages). Every row loads a K and
+# a V block of BLOCK_N * D = 8192 values (16 KB each in fp16): large enough for full 128-byte
+# transactions and many loads in flight, small enough that the G == 1 broadcast product
+# (BLOCK_N x D fp32) stays at 64 values a thread with 4 warps. Three stages keep two K/V block
+# pairs in flight while one is computed on: 72 KB of shared memory, three programs an SM. The paged
+# loop spends one stage on its block-table load, so it keeps one pair in flight (39 KB, five
+# programs an SM).
+BLOCK_TABLE = [
+    (64, 128, 4, 3),
+    (128, 64, 4, 3),
+    (256, 32, 4, 3),
+]
+# The interpreter runs every op in numpy: small blocks keep the CPU tests quick and give short
+# sequences several blocks, so the unmasked loop, the masked tail and split boundaries all run.
+INTERPRETER_BLOCK = (16, 1, 1)
+# G == 1 (MHA) takes tl.dot too (see the module docstring); False selects the broadcast product.
+# Groups of two or more always take tl.dot: a broadcast [G, BLOCK_N, D] fp32 product spills (G = 4,
+# hd 128, BLOCK_N 64: 255 registers and 1.5 KB of stack a thread).
+MHA_USE_DOT = True
+
+# Split-KV, from the shapes: B * Hkv programs a split, n_sms SMs, the longest sequence T.
+#   (B * Hkv below this many per SM, split to this many programs per SM, tokens per split at least)
+# The first row that applies sets num_splits = min(ceil(target * n_sms / (B * Hkv)),
+# T // min_tokens, MAX_SPLITS); at or past the last row the sequence is not split.
+SPLIT_TABLE = [
+    (1, 4, 256),  # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32): the GPU is mostly
+                  # idle unsplit; 4 programs an SM hide a program's start and its partial write,
+                  # and 256 tokens (four blocks, 128 KB of K and V at hd 128) amortize them
+    (4, 4, 512),  # one to four programs an SM: the last wave runs part-empty; splitting evens it out,
+                  # with longer splits as there is less idle time to win back
+]
+MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
+INTERPRETER_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index):
+    if INTERPRET:
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    BLOCK_N: int      # tokens a block
+    num_warps: int
+    num_stages: int
+    use_dot: bool     # tl.dot on the padded group (True) or broadcast multiply-sum (False: G == 1 only)
+    num_splits: int   # programs a (sequence, kv head); 1 is the unsplit path
+
+
+def split_count(n_programs, max_length, n_sms, block_n):
+    """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens."""
+    for below_per_sm, target_per_sm, min_tokens in SPLIT_TABLE:
+        if n_programs < below_per_sm * n_sms:
+            by_sms = triton.cdiv(target_per_sm * n_sms, max(n_programs, 1))
+            by_length = max_length // max(min_tokens, block_n)
+            return max(1, min(by_sms, by_length, MAX_SPLITS))
+    return 1
+
+
+@functools.lru_cache(maxsize=1024)
+def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms):
+    """Launch parameters for B = batch sequences of at most max_length tokens, Hkv = n_kv_heads,
+    G = group query heads a kv head, on a GPU with n_sms SMs."""
+    if INTERPRET:
+        block_n, num_warps, num_stages = INTERPRETER_BLOCK
+    else:
+        block_n, num_warps, num_stages = next(row[1:] for row in BLOCK_TABLE if head_dim <= row[0])
+    return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT,
+                        split_count(batch * n_kv_heads, max_length, n_sms, block_n))
+
+
+@triton.jit
+def _attend_kv_blocks(
+    acc, l_i, m_i, q,
+    k_base, v_base, table_base,
+    stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd,
+    lo, hi, qk_scale,
+    MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Fold tokens [lo, hi) of one sequence and kv head into the group's (acc, l_i, m_i).
+
+    q: [GROUP_PAD, D] (the input dtype for tl.dot, fp32 for the broadcast product); acc [GROUP_PAD, D]
+    and l_i, m_i [GROUP_PAD] fp32, m in log2 units (scores times qk_scale = sm_scale * log2(e)).
+    Unmasked calls get whole blocks; a MASKED call gets the one partial block at the end of a range,
+    which holds at least one token, so m stays finite there and needs no -inf guard.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start in range(lo, hi, BLOCK_N):
+        tokens = start + offs_n
+        valid = tokens < hi
+        if PAGED:  # token -> (page from the block table, slot in the page)
+            if MASKED:
+                page = tl.load(table_base + tokens // PAGE_SIZE, mask=valid, other=0)
+            else:
+                page = tl.load(table_base + tokens // PAGE_SIZE)
+            page = page.to(tl.int64)  # 64-bit: page * stride can pass 2^31 in a large pool
+            slot = tokens % PAGE_SIZE
+            k_rows = page * stride_kp + slot * stride_kt
+            v_rows = page * stride_vp + slot * stride_vt
+        else:
+            k_rows = tokens.to(tl.int64) * stride_kt
+            v_rows = tokens.to(tl.int64) * stride_vt
+        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
+        if MASKED:
+            k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if USE_DOT:
+            qk = tl.dot(q, tl.trans(k))  # [GROUP_PAD, BLOCK_N], fp32 accumulation
+        else:  # G == 1, q [1, D]: a [BLOCK_N, D] product summed over D, kept 2-D
+            qk = tl.sum(q * k.to(tl.float32), 1)[None, :]
+        if MASKED:
+            qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max commutes with it
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
+        if MASKED:
+            v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        if USE_DOT:  # p rounded to the input dtype for the tensor cores, as FlashAttention does
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        else:  # p [1, BLOCK_N] -> [BLOCK_N] (a sum over its one row), then [BLOCK_N, D] summed over tokens
+            acc = acc * alpha[:, None] + tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _decode_attention_kernel(
+    # pointers: o is the output (unsplit) or unused; m_part, l_part (B*H, splits) and
+    # acc_part (B*H, splits, D) fp32 are the partials (split) or unused
+    q_ptr, k_ptr, v_ptr, lengths_ptr, table_ptr, o_ptr, m_part_ptr, l_part_ptr, acc_part_ptr,
+    # strides (in elements). q and o: (batch, head, dim). k and v: (batch, token, kv head, dim)
+    # contiguous, or (page, slot, kv head, dim) paged; table: the block table's row stride (paged)
+    stride_qb, stride_qh, stride_qd,
+    stride_kp, stride_kt, stride_kh, stride_kd,
+    stride_vp, stride_vt, stride_vh, stride_vd,
+    stride_table,
+    stride_ob, stride_oh, stride_od,
+    # sizes
+    n_kv_heads, max_tokens, qk_scale,
+    # meta-parameters
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
+):
+    """Program (sequence * Hkv + kv head, split): the G query heads of one kv head over one range."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = (pid // n_kv_heads).to(tl.int64)  # 64-bit: batch * stride can pass 2^31
+    kv_head = (pid % n_kv_heads).to(tl.int64)
+    # clamped to the cache: a length past it would otherwise read out of bounds
+    length = tl.minimum(tl.maximum(tl.load(lengths_ptr + batch), 0), max_tokens)
+
+    if PAGED:
+        k_base = k_ptr + kv_head * stride_kh
+        v_base = v_ptr + kv_head * stride_vh
+        table_base = table_ptr + batch * stride_table
+    else:
+        k_base = k_ptr + batch * stride_kp + kv_head * stride_kh
+        v_base = v_ptr + batch * stride_vp + kv_head * stride_vh
+        table_base = table_ptr
+    if SPLIT:
+        # this sequence's own split length, whole blocks, so only the sequence's last block is masked
+        num_splits = tl.num_programs(1)
+        split_len = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * split_len
+        hi = tl.maximum(tl.minimum(lo + split_len, length), lo)  # lo past the end: an empty range
+    else:
+        lo = 0
+        hi = length
+    full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + offs_g
+    in_group = offs_g < GROUP  # padding rows load zeros and are never stored
+    q = tl.load(q_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=in_group[:, None], other=0.0)
+    if not USE_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    acc, l_i, m_i = _attend_kv_blocks(
+        acc, l_i, m_i, q, k_base, v_base, table_base,
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, lo, full_end, qk_scale,
+        False, PAGED, PAGE_SIZE, USE_DOT, HEAD_DIM, BLOCK_N)
+    acc, l_i, m_i = _attend_kv_blocks(
+        acc, l_i, m_i, q, k_base, v_base, table_base,
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, full_end, hi, qk_scale,
+        True, PAGED, PAGE_SIZE, USE_DOT, HEAD_DIM, BLOCK_N)
+
+    if SPLIT:  # an empty range writes m = -inf, l = 0, acc = 0: weight 0 in the merge
+        part = (batch * n_kv_heads * GROUP + heads) * tl.num_programs(1) + split
+        tl.store(m_part_ptr + part, m_i, mask=in_group)
+        tl.store(l_part_ptr + part, l_i, mask=in_group)
+        tl.store(acc_part_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=in_group[:, None])
+    else:
+        # a sequence of length 0 has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + batch * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 out.to(o_ptr.dtype.element_ty), mask=in_group[:, None])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    # pointers: the partials of _decode_attention_kernel's split path, and the output
+    m_part_ptr, l_part_ptr, acc_part_ptr, o_ptr,
+    # strides (in elements) of o: (batch, head, dim)
+    stride_ob, stride_oh, stride_od,
+    # sizes
+    n_heads, num_splits,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """Program (sequence * H + head): O = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max m)."""
+    row = tl.program_id(0).to(tl.int64)
+    batch = row // n_heads
+    head = row % n_heads
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_range = offs_s < num_splits
+    parts = row * num_splits + offs_s
+    m = tl.load(m_part_ptr + parts, mask=in_range, other=float("-inf"))
+    l_s = tl.load(l_part_ptr + parts, mask=in_range, other=0.0)
+    acc = tl.load(acc_part_ptr + parts[:, None] * HEAD_DIM + offs_d[None, :], mask=in_range[:, None], other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # length 0: every split empty, every weight 0
+    w = tl.math.exp2(m - m_max)
+    l_sum = tl.sum(l_s * w, axis=0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_sum == 0.0, 1.0, l_sum)
+    tl.store(o_ptr + batch * stride_ob + head * stride_oh + offs_d * stride_od, out.to(o_ptr.dtype.element_ty))
+
+
+def _check_common(q, k, v, lengths, sm_scale, k_name, v_name):
+    """Checks shared by the contiguous and paged entry points; returns (B, H, D)."""
+    dtypes = (torch.float16, torch.bfloat16)
+    check_tensor("q", q, dtypes)
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-D (batch, heads, head_dim), one token per sequence; got shape {tuple(q.shape)}")
+    for name, t in ((k_name, k), (v_name, v)):
+        check_tensor(name, t, dtypes)
+        check_same_device(name, t, "q", q)
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"{v_name} must have {k_name}'s shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    b, h, d = q.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim (last dim of q) must be one of {HEAD_DIMS}, got {d}")
+    if k.shape[3] != d:
+        raise ValueError(f"{k_name}'s last dim must be q's head_dim {d}, got shape {tuple(k.shape)}")
+    hkv = k.shape[2]
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"q's head count {h} must be a multiple of {k_name}'s kv head count {hkv} "
+                         "(MHA, GQA or MQA)")
+    check_tensor("lengths", lengths, (torch.int32,))
+    check_same_device("lengths", lengths, "q", q)
+    if tuple(lengths.shape) != (b,):
+        raise ValueError(f"lengths must have shape (B,) = ({b},), got {tuple(lengths.shape)}")
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0 and math.isfinite(sm_scale)):
+        raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
+    return b, h, d
+
+
+def _check_options(num_splits, max_length, out, config, q):
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
+    if config is not None and not (config.BLOCK_N >= 16 and config.BLOCK_N & (config.BLOCK_N - 1) == 0
+                                   and 1 <= config.num_splits <= MAX_SPLITS):
+        raise ValueError(f"config must have a power-of-two BLOCK_N >= 16 (tl.dot's smallest) and num_splits in "
+                         f"1..{MAX_SPLITS}, got {config}")
+    if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be None or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
+    if max_length is not None and not (isinstance(max_length, int) and max_length >= 0):
+        raise ValueError(f"max_length must be None or a non-negative int, got {max_length!r}")
+    if out is not None:
+        check_out("out", out, q.shape, q.dtype, q.device)
+
+
+def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_splits, max_length, cfg=None):
+    """Launch on validated arguments. k, v: (B, T_max, Hkv, D) (table None) or pages
+    (P, PAGE_SIZE, Hkv, D) with table (B, max_pages) int32. max_tokens: the tokens a sequence can
+    hold. cfg: a DecodeConfig to use instead of decode_config's choice."""
+    b, h, d = q.shape
+    hkv = k.shape[2]
+    group = h // hkv
+    if out is None:
+        out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    if max_tokens == 0:  # no cache at all: every sequence has length 0
+        return out.zero_()
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if cfg is None:
+        longest = max_tokens if max_length is None else min(max_length, max_tokens)
+        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0))
+    splits = num_splits or cfg.num_splits
+    paged = table is not None
+    use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
+    if splits > 1:
+        m_part, l_part = torch.empty((2, b * h, splits), dtype=torch.float32, device=q.device)
+        acc_part = torch.empty((b * h, splits, d), dtype=torch.float32, device=q.device)
+    else:
+        m_part = l_part = acc_part = out  # unused
+    _decode_attention_kernel[(b * hkv, splits)](
+        q, k, v, lengths, table if paged else lengths, out, m_part, l_part, acc_part,
+        *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
+        hkv, max_tokens, scale * LOG2_E,
+        GROUP=group, GROUP_PAD=max(16 if use_dot else 1, triton.next_power_of_2(group)), HEAD_DIM=d,
+        BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        splits_pad = triton.next_power_of_2(splits)
+        _merge_splits_kernel[(b * h,)](
+            m_part, l_part, acc_part, out, *out.stride(), h, splits,
+            HEAD_DIM=d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * d <= 4096 else 8,
+        )
+    return out
+
+
+def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, num_splits=None, max_length=None, out=None,
+                     config=None):
+    """Attention of one new token per sequence against a contiguous KV cache.
+
+    q: (B, H, D) fp16 or bf16, any strides. k_cache, v_cache: (B, T_max, Hkv, D), q's dtype, any
+       strides (a (B, Hkv, T, D) cache passed as `.transpose(1, 2)` is read in place). H a multiple
+       of Hkv; D in 64, 128, 256.
+    lengths: (B,) int32 on q's device, tokens of each sequence (0..T_max; clamped to it); a
+       sequence of length 0 gets zeros.
+    sm_scale: defaults to 1/sqrt(D).
+    num_splits: None picks from the heuristics table; 1 forces the unsplit path, 2..MAX_SPLITS the
+       split path with that many programs a sequence.
+    max_length: a hint for the split heuristic, the longest length if the caller knows it without
+       a sync (otherwise T_max is assumed); it never changes the result.
+    out: optional contiguous (B, H, D) buffer of q's dtype.
+    config: a DecodeConfig that replaces the heuristics' whole choice (tuning sweeps, tests);
+       num_splits, when given, still overrides its split count.
+    Returns O (B, H, D) in q's dtype.
+    """
+    _check_common(q, k_cache, v_cache, lengths, sm_scale, "k_cache", "v_cache")
+    if k_cache.shape[0] != q.shape[0]:
+        raise ValueError(f"k_cache must be (B={q.shape[0]}, T_max, Hkv, D) to match q {tuple(q.shape)}, "
+                         f"got {tuple(k_cache.shape)}")
+    _check_options(num_splits, max_length, out, config, q)
+    return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length,
+                   config)
+
+
+def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=None, *, num_splits=None,
+                           max_length=None, out=None, config=None):
+    """Attention of one new token per sequence against a paged KV cache (same kernel as
+    decode_attention; token t of sequence b is slot t % PAGE_SIZE of page block_table[b, t // PAGE_SIZE]).
+
+    q: (B, H, D) fp16 or bf16, any strides. k_pages, v_pages: (num_pages, PAGE_SIZE, Hkv, D), q's
+       dtype, any strides. block_table: (B, max_pages) int32 page ids, any row stride; the entries
+       that cover a sequence's tokens must be valid pages (not checked: that would need a sync),
+       entries past its length are never read. lengths: (B,) int32, 0..max_pages * PAGE_SIZE.
+    sm_scale, num_splits, max_length, out, config: as in decode_attention.
+    Returns O (B, H, D) in q's dtype.
+    """
+    b, _, _ = _check_common(q, k_pages, v_pages, lengths, sm_scale, "k_pages", "v_pages")
+    check_tensor("block_table", block_table, (torch.int32,))
+    check_same_device("block_table", block_table, "q", q)
+    if block_table.dim() != 2 or block_table.shape[0] != b:
+        raise ValueError(f"block_table must be (B={b}, max_pages), got shape {tuple(block_table.shape)}")
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        raise ValueError(f"block_table's rows must be unit-stride, got strides {block_table.stride()}")
+    page_size = k_pages.shape[1]
+    if page_size < 1:
+        raise ValueError(f"k_pages must have a page size (dim 1) of at least 1, got shape {tuple(k_pages.shape)}")
+    _check_options(num_splits, max_length, out, config, q)
+    max_tokens = block_table.shape[1] * page_size if k_pages.shape[0] else 0
+    return _launch(q, k_pages, v_pages, lengths, block_table, page_size, max_tokens, out, sm_scale,
+                   num_splits, max_length, config)
