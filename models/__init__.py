@@ -1,0 +1,1 @@
+"""Whole models: this repository's kernels swapped into Hugging Face transformers models."""

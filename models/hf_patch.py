@@ -1,0 +1,398 @@
+"""This repository's Triton kernels swapped into a Hugging Face Llama or Qwen2 model, in place.
+
+    patch_model(model, kernels=("rmsnorm", "swiglu", "rope", "attention"))  -> model
+    unpatch_model(model)                                                    -> model, as it was
+    kernel_calls(model)                                                     -> {"rmsnorm": 9, ...}
+
+transformers stays an optional dependency: it is imported inside patch_model, never on import.
+Written against transformers 5.17 (models/llama/modeling_llama.py, models/qwen2/modeling_qwen2.py),
+whose decoder layer runs RMSNorm -> attention (q/k/v projections, RoPE, KV cache update, attention
+function, o_proj) -> RMSNorm -> MLP. What is replaced, and through which hook:
+
+  rmsnorm    each LlamaRMSNorm / Qwen2RMSNorm gets an instance `forward` that calls
+             normalization/triton_rmsnorm.py. HF rounds x * rstd to x's dtype before the weight
+             multiply; the kernel rounds once, after it.
+  swiglu     each MLP gets an instance `forward`, down_proj(swiglu(gate_proj(x), up_proj(x))):
+             silu(gate) * up in one pass (mlp/triton_swiglu.py). Needs hidden_act "silu".
+  attention  registered as "triton_attention" in transformers' AttentionInterface and
+             AttentionMaskInterface, and selected with model.set_attn_implementation. A prefill runs
+             attention/flash_attention_triton.py (causal, GQA); a decode step (one query) runs
+             decode_attention from inference/triton_inference_attention.py (the (B, Hkv, T, D)
+             cache read through .transpose(1, 2), no copy) when that module imports and takes the
+             head dim, otherwise the same flash kernel with Tq = 1.
+  rope       the attention modules call the module-level `apply_rotary_pos_emb` of their modeling
+             file directly, and transformers has no per-model hook for it (its `use_kernelized_func`
+             decorator acts only with the `kernels` package and hub repositories). So that global is
+             replaced by a dispatcher while any model of that file is patched (reference counted;
+             the last unpatch puts the original back), and the dispatcher runs
+             attention/triton_rope.py only inside the forward of a patched attention module (an
+             instance forward wrapper marks it in a thread-local). Every other caller, e.g. an
+             unpatched model in the same process, gets the original function. A patched model that
+             is dropped without unpatch_model leaves the dispatcher installed, still inert for others.
+
+The original code runs instead of a kernel whenever the kernel does not cover the call, so a
+patched model is never wrong, only sometimes not faster:
+  - autograd: the kernels are forward-only. With grad enabled, a parameter (they require grad by
+    default) or input that requires grad sends every hook to the original code: run under
+    torch.no_grad() or torch.inference_mode(), as generate() does.
+  - a tensor off the kernels' device (common.device.DEVICE) or of a dtype a kernel lacks (the flash
+    kernel takes fp16 and bf16 only, so an fp32 model keeps its original attention), or an RMSNorm
+    weight whose dtype differs from its input's (HF then returns the promoted dtype).
+  - any attention mask. The mask function is transformers' SDPA one, which returns None for a plain
+    causal mask: a prefill with no padding (attention_mask absent or all ones; also into an empty
+    StaticCache, whose unwritten slots are cut off as HF's SDPA path does) and an unpadded decode
+    step on a DynamicCache. A padded or otherwise arbitrary mask, a prefill chunk appended to a
+    non-empty cache, a sliding window shorter than the keys, dropout in training, or a StaticCache
+    decode step (transformers always builds that mask) runs the model's original attention
+    implementation, with the mask built in that implementation's own format.
+kernel_calls(model) counts the kernel calls and the fallbacks, so a caller can see which path ran.
+The attention registry entry stays after unpatching: it is inert unless a config selects it.
+"""
+import functools
+import importlib
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+
+from attention.flash_attention_triton import MAX_HEAD_DIM, flash_attention
+from attention.triton_rope import apply_rope
+from common.device import DEVICE
+from common.validation import FLOAT_DTYPES
+from mlp.triton_swiglu import swiglu
+from normalization.triton_rmsnorm import rmsnorm
+
+KERNELS = ("rmsnorm", "swiglu", "rope", "attention")
+ATTENTION_NAME = "triton_attention"  # no "flash" in it: transformers treats such names as flash-attn builds
+ATTENTION_DTYPES = (torch.float16, torch.bfloat16)  # what flash_attention takes
+# config.model_type -> (modeling module, prefix of its RMSNorm / MLP / Attention class names)
+SUPPORTED = {
+    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+}
+_STATE_ATTR = "_triton_patch"  # the model's _PatchState; each patched attention module holds it too
+
+# the patched attention module whose forward is running in this thread (read by the RoPE dispatcher)
+_running = threading.local()
+# modeling module name -> [its original apply_rotary_pos_emb, number of patched models using it]
+_ROPE_PATCHES = {}
+# id(config) -> attention implementation the model had before patching (read by the mask function,
+# which gets the config but not the model; a config attribute would be saved with the model)
+_ORIGINAL_ATTENTION = {}
+
+
+@dataclass
+class _PatchState:
+    """What patch_model changed on one model, so unpatch_model can put it back."""
+    kernels: tuple
+    calls: Counter = field(default_factory=Counter)
+    forwards: list = field(default_factory=list)           # (module, instance forward it had, or None)
+    attention_modules: list = field(default_factory=list)
+    original_attention: str | None = None                  # config._attn_implementation before
+    attention_fallback: Callable | None = None             # that implementation's attention function
+    decode_attention: Callable | None = None               # inference/'s kernel, if it imports
+    decode_head_dims: tuple = ()                           # the head dims it takes
+    decode_lengths: tuple | None = None                    # ((B, T, device), lengths) of the last step
+    rope_module: str | None = None                         # modeling module whose global is patched
+
+
+def _kernel_ready(*tensors, dtypes=FLOAT_DTYPES):
+    """The kernels are forward-only and run on DEVICE: anything else takes the original path."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return all(t.device.type == DEVICE and t.dtype in dtypes for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# instance forwards: functools.partial(fn, module, original_forward, state) is set as module.forward
+
+
+def _rmsnorm_forward(norm, original, state, hidden_states):
+    """LlamaRMSNorm / Qwen2RMSNorm: hidden_states (B, T, N) -> (B, T, N), same dtype."""
+    if hidden_states.dtype == norm.weight.dtype and _kernel_ready(hidden_states, norm.weight):
+        state.calls["rmsnorm"] += 1
+        return rmsnorm(hidden_states, norm.weight, norm.variance_epsilon)
+    state.calls["rmsnorm fallback"] += 1
+    return original(hidden_states)
+
+
+def _mlp_forward(mlp, original, state, x):
+    """Gated MLP: x (B, T, N) -> down_proj(silu(gate_proj(x)) * up_proj(x)), (B, T, N)."""
+    if _kernel_ready(x, mlp.gate_proj.weight, mlp.up_proj.weight):
+        state.calls["swiglu"] += 1
+        return mlp.down_proj(swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+    state.calls["swiglu fallback"] += 1
+    return original(x)
+
+
+def _attention_module_forward(module, original, state, *args, **kwargs):
+    """The attention module's own forward, with `state` marked as running for the RoPE dispatcher."""
+    outer = getattr(_running, "state", None)
+    _running.state = state
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _running.state = outer
+
+
+def _replace_forward(state, module, fn):
+    state.forwards.append((module, module.__dict__.get("forward")))
+    module.forward = functools.partial(fn, module, module.forward, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE: the modeling module's global apply_rotary_pos_emb
+
+
+def _rope_dispatcher(original):
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        """q (B, H, T, D), k (B, Hkv, T, D); cos, sin (B or 1, T, D) from the rotary embedding."""
+        state = getattr(_running, "state", None)
+        if state is None:  # not called from a patched attention module
+            return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        if (unsqueeze_dim == 1 and cos.dtype in (torch.float32, q.dtype) and sin.dtype == cos.dtype
+                and _kernel_ready(q, k, cos, sin)):
+            state.calls["rope"] += 1
+            return apply_rope(q, k, cos, sin)
+        state.calls["rope fallback"] += 1
+        return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return apply_rotary_pos_emb
+
+
+def _install_rope(modeling):
+    entry = _ROPE_PATCHES.get(modeling.__name__)
+    if entry is None:
+        entry = _ROPE_PATCHES[modeling.__name__] = [modeling.apply_rotary_pos_emb, 0]
+        modeling.apply_rotary_pos_emb = _rope_dispatcher(entry[0])
+    entry[1] += 1
+
+
+def _release_rope(module_name):
+    entry = _ROPE_PATCHES[module_name]
+    entry[1] -= 1
+    if entry[1] == 0:
+        sys.modules[module_name].apply_rotary_pos_emb = entry[0]
+        del _ROPE_PATCHES[module_name]
+
+
+# ---------------------------------------------------------------------------------------------
+# attention: an AttentionInterface function and its AttentionMaskInterface mask
+
+
+def _flash_covers(module, query, key, value, attention_mask, kwargs):
+    """Whether a mask-free causal (or one-query) attention call is one our kernels compute exactly."""
+    if attention_mask is not None:  # padding or an arbitrary pattern: the original handles it
+        return False
+    if not _kernel_ready(query, key, value, dtypes=ATTENTION_DTYPES) or query.shape[-1] > MAX_HEAD_DIM:
+        return False
+    if module.training and kwargs.get("dropout", 0.0) > 0:
+        return False
+    window = kwargs.get("sliding_window")  # Qwen2 passes one on its sliding-window layers
+    return window is None or key.shape[2] <= window
+
+
+def _decode_lengths(state, batch, n_keys, device):
+    """(B,) int32 tensor of n_keys: every layer of a decode step has the same cache length, so one
+    tensor (one fill launch) serves them all."""
+    key = (batch, n_keys, device)
+    if state.decode_lengths is None or state.decode_lengths[0] != key:
+        state.decode_lengths = (key, torch.full((batch,), n_keys, dtype=torch.int32, device=device))
+    return state.decode_lengths[1]
+
+
+def _attention(module, query, key, value, attention_mask, **kwargs):
+    """AttentionInterface signature. query (B, H, Tq, D); key, value (B, Hkv, Tk, D), the whole KV
+    cache on a decode step. Returns (output (B, Tq, H, D), None): attention weights are never built.
+    """
+    state = getattr(module, _STATE_ATTR, None)
+    if state is None:
+        raise RuntimeError(f"attention implementation {ATTENTION_NAME!r} runs only in a model prepared "
+                           "by models.hf_patch.patch_model")
+    if not _flash_covers(module, query, key, value, attention_mask, kwargs):
+        state.calls["attention fallback"] += 1
+        return state.attention_fallback(module, query, key, value, attention_mask, **kwargs)
+    batch, heads, n_queries, head_dim = query.shape
+    scaling = kwargs.get("scaling") or head_dim ** -0.5
+    if n_queries == 1 and head_dim in state.decode_head_dims:
+        state.calls["decode_attention"] += 1
+        lengths = _decode_lengths(state, batch, key.shape[2], query.device)
+        # (B, Hkv, T, D) cache -> (B, T, Hkv, D) view, no copy
+        out = state.decode_attention(query[:, :, 0], key.transpose(1, 2), value.transpose(1, 2), lengths, scaling)
+        return out.unsqueeze(1), None
+    is_causal = kwargs.get("is_causal")
+    causal = (getattr(module, "is_causal", True) if is_causal is None else is_causal) and n_queries > 1
+    if causal and key.shape[2] > n_queries:
+        # No mask with more keys than queries happens only for a prefill into an empty StaticCache,
+        # where the keys past the queries are unwritten slots: HF's SDPA path cuts them off too.
+        key, value = key[:, :, :n_queries], value[:, :, :n_queries]
+    state.calls["flash_attention"] += 1
+    # written as (B, Tq, H, D), the layout attention functions return: o_proj then reads it in place
+    out = torch.empty(batch, n_queries, heads, head_dim, dtype=query.dtype, device=query.device)
+    flash_attention(query, key, value, causal=causal, sm_scale=scaling, out=out.transpose(1, 2))
+    return out, None
+
+
+def _mask_function(sdpa_mask, mask_functions):
+    def attention_mask(**kwargs):
+        """None where SDPA would skip the mask (plain causal); otherwise the original
+        implementation's own mask, since that implementation then runs."""
+        mask = sdpa_mask(**kwargs)
+        original = _ORIGINAL_ATTENTION.get(id(kwargs.get("config")), "sdpa")
+        if mask is None or original == "sdpa":
+            return mask
+        return mask_functions[original](**kwargs)
+    return attention_mask
+
+
+def _load_decode_attention():
+    """(decode_attention, the head dims it takes), or (None, ()) without it: flash_attention with
+    Tq = 1 is correct too, just not built for one query."""
+    try:
+        from inference.triton_inference_attention import HEAD_DIMS, decode_attention
+    except ImportError:
+        return None, ()
+    return decode_attention, tuple(HEAD_DIMS)
+
+
+def _check_attention_implementation(original):
+    """The attention kernel hands masked calls to the model's implementation, in that
+    implementation's mask format: it must have a mask function."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if original not in ALL_MASK_ATTENTION_FUNCTIONS:
+        raise ValueError(f"kernels: 'attention' falls back to the model's attention implementation, which must "
+                         f"be one with a mask function ({', '.join(ALL_MASK_ATTENTION_FUNCTIONS)}); got "
+                         f"{original!r}. Leave 'attention' out of kernels to keep it.")
+
+
+def _select_attention(model, modeling, state):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    original = model.config._attn_implementation
+    AttentionInterface.register(ATTENTION_NAME, _attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _mask_function(sdpa_mask, ALL_MASK_ATTENTION_FUNCTIONS))
+    state.original_attention = original
+    # the lookup the modeling code does itself ("eager" is its own module's function)
+    state.attention_fallback = ALL_ATTENTION_FUNCTIONS.get_interface(original, modeling.eager_attention_forward)
+    state.decode_attention, state.decode_head_dims = _load_decode_attention()
+    _ORIGINAL_ATTENTION[id(model.config)] = original
+    model.set_attn_implementation(ATTENTION_NAME)
+    if model.config._attn_implementation != ATTENTION_NAME:
+        raise RuntimeError(f"{type(model).__name__} did not accept attention implementation {ATTENTION_NAME!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def _check_kernels(kernels):
+    if isinstance(kernels, str) or not isinstance(kernels, (tuple, list, set, frozenset)) \
+            or not all(isinstance(k, str) for k in kernels):
+        raise TypeError(f"kernels must be a tuple of names from {KERNELS}, got {kernels!r}")
+    unknown = [k for k in kernels if k not in KERNELS]
+    if unknown:
+        raise ValueError(f"kernels: unknown name(s) {unknown}; choose from {KERNELS}")
+    return tuple(k for k in KERNELS if k in kernels)
+
+
+def _modeling_module(model):
+    """(modeling module, class name prefix) of a supported model; raises for anything else."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError as e:
+        raise ImportError("patch_model needs transformers (pip install transformers)") from e
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a transformers model (LlamaForCausalLM, Qwen2ForCausalLM), "
+                        f"got {type(model).__name__}")
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in SUPPORTED:
+        raise ValueError(f"model: patch_model supports config.model_type {' and '.join(map(repr, SUPPORTED))} "
+                         f"(Llama, Qwen2); got {model_type!r} ({type(model).__name__})")
+    module_name, prefix = SUPPORTED[model_type]
+    return importlib.import_module(module_name), prefix
+
+
+def patch_model(model, kernels=KERNELS):
+    """Swap the kernels named in `kernels` into `model` in place; returns `model`.
+
+    model: a transformers LlamaForCausalLM or Qwen2ForCausalLM (or their base models), on any
+       device and dtype: the kernels run where they can, the original code elsewhere (see the
+       module docstring). kernels: any of "rmsnorm", "swiglu", "rope", "attention".
+    Raises TypeError / ValueError, with the model untouched, for another model type, an unknown
+    kernel name, a model that is already patched, a model whose MLP activation is not SiLU when
+    "swiglu" is asked for, or an attention implementation with no mask function when "attention" is.
+    """
+    kernels = _check_kernels(kernels)
+    modeling, prefix = _modeling_module(model)
+    if _STATE_ATTR in model.__dict__:
+        raise ValueError("model is already patched; call unpatch_model(model) first")
+    if "swiglu" in kernels and model.config.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"kernels: 'swiglu' computes silu(gate) * up, but config.hidden_act is "
+                         f"{model.config.hidden_act!r}; leave 'swiglu' out")
+    if "attention" in kernels:
+        _check_attention_implementation(model.config._attn_implementation)
+    norm_cls, mlp_cls, attention_cls = (getattr(modeling, prefix + name) for name in ("RMSNorm", "MLP", "Attention"))
+    modules = list(model.modules())
+    if not any(isinstance(m, attention_cls) for m in modules):
+        raise ValueError(f"model: found no {attention_cls.__name__} modules in {type(model).__name__}")
+
+    state = _PatchState(kernels)
+    setattr(model, _STATE_ATTR, state)
+    try:
+        for module in modules:
+            if isinstance(module, norm_cls) and "rmsnorm" in kernels:
+                _replace_forward(state, module, _rmsnorm_forward)
+            elif isinstance(module, mlp_cls) and "swiglu" in kernels:
+                _replace_forward(state, module, _mlp_forward)
+            elif isinstance(module, attention_cls):
+                state.attention_modules.append(module)
+                setattr(module, _STATE_ATTR, state)
+                if "rope" in kernels:
+                    _replace_forward(state, module, _attention_module_forward)
+        if "rope" in kernels:
+            _install_rope(modeling)
+            state.rope_module = modeling.__name__
+        if "attention" in kernels:
+            _select_attention(model, modeling, state)
+    except BaseException:
+        unpatch_model(model)  # undoes what was done so far
+        raise
+    return model
+
+
+def unpatch_model(model):
+    """Undo patch_model: the instance forwards, the attention implementation and (with the last
+    patched model of its modeling file) the RoPE global are as they were. Returns `model`."""
+    state = model.__dict__.get(_STATE_ATTR) if isinstance(model, torch.nn.Module) else None
+    if state is None:
+        raise ValueError("model is not patched (patch_model was not called on it, or it was unpatched)")
+    for module, previous in reversed(state.forwards):
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous
+    for module in state.attention_modules:
+        delattr(module, _STATE_ATTR)
+    if state.original_attention is not None:
+        model.set_attn_implementation(state.original_attention)
+        _ORIGINAL_ATTENTION.pop(id(model.config), None)
+    if state.rope_module is not None:
+        _release_rope(state.rope_module)
+    delattr(model, _STATE_ATTR)
+    return model
+
+
+def kernel_calls(model):
+    """{name: count} of kernel calls ("rmsnorm", "swiglu", "rope", "flash_attention",
+    "decode_attention") and of fallbacks ("rmsnorm fallback", ...) since patch_model."""
+    state = model.__dict__.get(_STATE_ATTR) if isinstance(model, torch.nn.Module) else None
+    if state is None:
+        raise ValueError("model is not patched")
+    return dict(state.calls)

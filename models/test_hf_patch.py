@@ -1,0 +1,357 @@
+"""Tests for models/hf_patch.py: small Llama and Qwen2 models with random weights, patched, against
+the same weights run unpatched.
+
+    python models/test_hf_patch.py        (or: pytest models/test_hf_patch.py)
+
+Needs transformers (an optional dependency): without it the script prints why and runs no case.
+
+Each model case runs a prefill and a few decode steps on a DynamicCache (the decode tokens are the
+fp32 reference's greedy choices, fed to every model alike, so the logits compare step by step) in
+three models with one set of weights: the low-precision model unpatched, the same model patched,
+and the fp32 reference (the low-precision weights widened, exact).
+
+Error model: the low-precision model's logits differ from the fp32 reference through the roundings
+of its activations. The residual stream is rounded about twice a layer (after attention, after the
+MLP), plus the embedding and the final norm, each time by up to u (2^-8 bf16, 2^-11 fp16) of values
+as large as the largest logit, so every logit must be within (2L + 2) * u * max|ref| of the
+reference (the unpatched model measured 0.3-0.5 of that bound at both sizes). Beside it, the 2x rule
+of the kernel tests for the whole model: the patched model's largest error is at most twice the
+unpatched model's, plus one unit roundoff of the largest logit. The GEMMs' roundings dominate both
+errors, so the two come out close.
+"""
+import copy
+import importlib.util
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from common.testing import Case, Outcome, Tol, compare, expect_raises, run_cases  # noqa: E402
+
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+SKIP_REASON = "transformers is not installed (an optional dependency: pip install transformers==5.17.0)"
+if not HAVE_TRANSFORMERS and "pytest" in sys.modules:
+    import pytest
+    pytest.skip(SKIP_REASON, allow_module_level=True)
+
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+# fp32 model: the kernels reorder fp32 sums only (~1e-6 relative); the logits are O(1)
+FP32_TOL = Tol(1e-4, 1e-4, "fp32 throughout; only summation order differs")
+
+# Model sizes: hidden, heads, kv heads, head dim, MLP width, layers, vocab. head dim 64 is one the
+# decode kernel takes; the GPU size adds head dim 128 and a longer prompt.
+SIZES = {
+    "tiny": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 intermediate_size=512, num_hidden_layers=2, vocab_size=1000),
+    "gpu": dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=4, head_dim=128,
+                intermediate_size=5504, num_hidden_layers=4, vocab_size=32000),
+}
+# Weights N(0, s^2) with s = 0.05 * sqrt(256 / hidden) rather than HF's fixed 0.02: attention scores
+# of O(1) at every width, so attention is far from uniform and a wrong mask or rotation shows in the
+# logits, and activations of one scale, so one error model serves both sizes (measured: the
+# unpatched model's logits error is 0.3-0.5 of the bound below at both sizes, bf16 and fp16). HF
+# starts norm weights at one and biases at zero; random ones make a dropped weight or bias show too.
+INIT_STD = 0.05
+NORM_WEIGHT_STD = 0.2
+
+
+def make_model(kind, size, dtype):
+    """(model in dtype on DEVICE, fp32 copy with the same, widened, weights), both in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+    init_std = INIT_STD * (256 / SIZES[size]["hidden_size"]) ** 0.5
+    config = config_cls(**SIZES[size], initializer_range=init_std, rms_norm_eps=1e-6)
+    model = model_cls(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(1.0, NORM_WEIGHT_STD)
+            elif name.endswith("bias"):
+                param.normal_(0.0, init_std)
+    model = model.to(device=DEVICE, dtype=dtype).eval()
+    return model, copy.deepcopy(model).float()
+
+
+def prompt(size, batch):
+    n_tokens = 13 if size == "tiny" else 300  # 13: not a multiple of any block size
+    return torch.randint(0, SIZES[size]["vocab_size"], (batch, n_tokens), device=DEVICE)
+
+
+@torch.no_grad()
+def run_steps(model, ids, attention_mask, next_tokens):
+    """Prefill ids (B, T), then one decode step per column of next_tokens (B, S) on the cache.
+    Returns [prefill logits (B, T, V), step logits (B, 1, V), ...] in fp32."""
+    out = model(ids, attention_mask=attention_mask, use_cache=True)
+    logits, cache, mask = [out.logits.float()], out.past_key_values, attention_mask
+    for step in range(next_tokens.shape[1]):
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        out = model(next_tokens[:, step:step + 1], attention_mask=mask, past_key_values=cache, use_cache=True)
+        logits.append(out.logits.float())
+    return logits
+
+
+@torch.no_grad()
+def greedy_tokens(model, ids, attention_mask, n_steps):
+    """The decode tokens: the model's greedy choices, (B, n_steps)."""
+    out = model(ids, attention_mask=attention_mask, use_cache=True)
+    tokens, cache, mask = [], out.past_key_values, attention_mask
+    for _ in range(n_steps):
+        tokens.append(out.logits[:, -1].argmax(-1))
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        out = model(tokens[-1][:, None], attention_mask=mask, past_key_values=cache, use_cache=True)
+    return torch.stack(tokens, dim=1)
+
+
+def logits_tol(dtype, ref, n_layers):
+    u = UNIT_ROUNDOFF[dtype]
+    return Tol((2 * n_layers + 2) * u * ref.abs().max().item(), 0.0,
+               "(2L + 2) roundings of the residual stream, each u * max|logit|")
+
+
+def check_logits(name, out, ref, lowp, dtype, n_layers, rows=None):
+    """Elementwise bound against the fp32 reference, and the 2x rule against the unpatched model."""
+    if rows is not None:  # (B, T) bool: positions to compare (padding rows are left out)
+        out, ref, lowp = out[rows], ref[rows], lowp[rows]
+    if dtype == torch.float32:
+        return [compare(name, out, ref, FP32_TOL)]
+    outcomes = [compare(name, out, ref, logits_tol(dtype, ref, n_layers))]
+    ours = (out.double() - ref.double()).abs().max().item()
+    theirs = (lowp.double() - ref.double()).abs().max().item()
+    slack = UNIT_ROUNDOFF[dtype] * ref.abs().max().item()
+    outcomes.append(Outcome(f"{name}: 2x unpatched", ours <= 2 * theirs + slack, ours, torch_err=theirs,
+                            limit=f"2x torch + {slack:.1e}", note="" if ours <= 2 * theirs + slack
+                            else "error above 2x the unpatched model's"))
+    return outcomes
+
+
+def restored(model, modeling, original_rope, original_attention, before, after):
+    """unpatch_model left no trace: outputs bit-identical, no instance forward, globals back."""
+    leftover = [name for name, m in model.named_modules() if "forward" in m.__dict__]
+    return [
+        Outcome("unpatched: bit-identical logits", all(torch.equal(a, b) for a, b in zip(before, after))),
+        Outcome("unpatched: no instance forward left", not leftover, note=", ".join(leftover)[:70]),
+        Outcome("unpatched: apply_rotary_pos_emb restored", modeling.apply_rotary_pos_emb is original_rope),
+        Outcome("unpatched: attention implementation restored",
+                model.config._attn_implementation == original_attention,
+                note=f"{model.config._attn_implementation} vs {original_attention}"),
+    ]
+
+
+def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=False):
+    """Prefill + decode steps, patched vs unpatched vs fp32; the kernel call counts; unpatch."""
+    from models.hf_patch import kernel_calls, patch_model, unpatch_model
+
+    model, ref_model = make_model(kind, size, dtype)
+    modeling = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    original_rope, original_attention = modeling.apply_rotary_pos_emb, model.config._attn_implementation
+    ids = prompt(size, batch)
+    mask = torch.ones_like(ids)
+    if padded:  # left padding: the attention kernel must hand the mask to the original implementation
+        mask[0, :4] = 0
+    next_tokens = greedy_tokens(ref_model, ids, mask, n_steps)
+    ref = run_steps(ref_model, ids, mask, next_tokens)
+    before = run_steps(model, ids, mask, next_tokens)
+    patch_model(model)
+    patched = run_steps(model, ids, mask, next_tokens)
+    calls = kernel_calls(model)
+    unpatch_model(model)
+    after = run_steps(model, ids, mask, next_tokens)
+
+    n_layers = model.config.num_hidden_layers
+    rows = mask.bool() if padded else None
+    outcomes = check_logits("prefill logits", patched[0], ref[0], before[0], dtype, n_layers, rows)
+    for step in range(1, n_steps + 1):
+        outcomes += check_logits(f"decode {step} logits", patched[step], ref[step], before[step], dtype, n_layers)
+
+    # every module of the model went through a kernel, on every forward
+    n_forwards = n_steps + 1
+    expected = {"rmsnorm": (2 * n_layers + 1) * n_forwards, "swiglu": n_layers * n_forwards,
+                "rope": n_layers * n_forwards}
+    if dtype == torch.float32 or padded:  # flash_attention takes fp16 / bf16; a mask goes to the original
+        expected["attention fallback"] = n_layers * n_forwards
+    else:
+        decode = "decode_attention" if model.config.head_dim in _decode_head_dims() else "flash_attention"
+        expected["flash_attention"] = n_layers * (1 if decode == "decode_attention" else n_forwards)
+        if decode == "decode_attention":
+            expected["decode_attention"] = n_layers * n_steps
+    outcomes.append(Outcome("kernel calls", calls == expected, note=f"{calls}"[:120]))
+    return outcomes + restored(model, modeling, original_rope, original_attention, before, after)
+
+
+def _decode_head_dims():
+    """The head dims the decode kernel takes; none where it is not in the checkout."""
+    try:
+        from inference.triton_inference_attention import HEAD_DIMS
+    except ImportError:
+        return ()
+    return HEAD_DIMS
+
+
+def check_generate(kind, dtype):
+    """generate() on the patched model: every token it picks is a greedy choice of the fp32
+    reference up to the logits tolerance (a near tie may go either way), and its decode steps ran
+    our attention."""
+    from models.hf_patch import kernel_calls, patch_model
+
+    model, ref_model = make_model(kind, "tiny", dtype)
+    ids = prompt("tiny", 2)
+    mask = torch.ones_like(ids)
+    patch_model(model)
+    n_new = 4
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n_new, do_sample=False, pad_token_id=0)
+        ref_logits = ref_model(out).logits.float()[:, ids.shape[1] - 1:-1]  # the logits each pick came from
+    picked = ref_logits.gather(-1, out[:, ids.shape[1]:, None])[..., 0]
+    gap = (ref_logits.max(-1).values - picked).max().item()
+    limit = 2 * logits_tol(dtype, ref_logits, model.config.num_hidden_layers).atol
+    calls = kernel_calls(model)
+    attention_calls = calls.get("flash_attention", 0) + calls.get("decode_attention", 0)
+    return [Outcome("picked logit within 2 tol of the max", gap <= limit, gap, limit=f"{limit:.3g}"),
+            Outcome("attention kernels ran in every layer and step",
+                    attention_calls == model.config.num_hidden_layers * n_new
+                    and "attention fallback" not in calls, note=f"{calls}"[:120])]
+
+
+def check_cache(cache_kind):
+    """Caches whose steps the mask function does not skip: a second prefill chunk on a DynamicCache
+    (q_len > 1 on a non-empty cache) and a StaticCache decode step go to the original attention; a
+    StaticCache prefill (no mask, keys past the queries unwritten) runs our kernel on the written
+    keys only."""
+    from transformers import DynamicCache, StaticCache
+
+    from models.hf_patch import kernel_calls, patch_model
+
+    dtype = torch.bfloat16
+    model, ref_model = make_model("llama", "tiny", dtype)
+    ids = prompt("tiny", 2)
+    chunk = torch.randint(0, SIZES["tiny"]["vocab_size"], (2, 5), device=DEVICE)
+
+    @torch.no_grad()
+    def run(m):
+        cache = (DynamicCache(config=m.config) if cache_kind == "dynamic"
+                 else StaticCache(config=m.config, max_cache_len=32))
+        first = m(ids, past_key_values=cache, use_cache=True).logits.float()
+        second = m(chunk if cache_kind == "dynamic" else chunk[:, :1], past_key_values=cache, use_cache=True)
+        return [first, second.logits.float()]
+
+    ref, before = run(ref_model), run(model)
+    patch_model(model)
+    patched = run(model)
+    calls = kernel_calls(model)
+    n_layers = model.config.num_hidden_layers
+    outcomes = check_logits("prefill logits", patched[0], ref[0], before[0], dtype, n_layers)
+    outcomes += check_logits("second step logits", patched[1], ref[1], before[1], dtype, n_layers)
+    expected = {"flash_attention": n_layers, "attention fallback": n_layers}
+    got = {k: calls.get(k, 0) for k in expected}
+    outcomes.append(Outcome("prefill: kernel, second step: original", got == expected, note=f"{calls}"[:120]))
+    return outcomes
+
+
+def check_grad_enabled():
+    """Outside no_grad the parameters require grad: every hook takes the original path, exactly."""
+    from models.hf_patch import kernel_calls, patch_model
+
+    model, _ = make_model("llama", "tiny", torch.bfloat16)
+    ids = prompt("tiny", 1)
+    before = model(ids).logits
+    patch_model(model)
+    after = model(ids).logits
+    calls = kernel_calls(model)
+    kernels_ran = {k: v for k, v in calls.items() if "fallback" not in k}
+    return [Outcome("bit-identical with grad enabled", torch.equal(before, after)),
+            Outcome("no kernel ran", not kernels_ran and after.requires_grad, note=f"{calls}"[:120])]
+
+
+def check_other_model_untouched():
+    """A second model of the same modeling file, unpatched, gets the original RoPE function and
+    implementation while the first is patched; a subset of kernels patches only those."""
+    from models.hf_patch import kernel_calls, patch_model, unpatch_model
+
+    first, _ = make_model("llama", "tiny", torch.bfloat16)
+    second, _ = make_model("llama", "tiny", torch.bfloat16)
+    ids = prompt("tiny", 2)
+    with torch.no_grad():
+        before = second(ids).logits
+        patch_model(first)
+        during = second(ids).logits
+        patch_model(second, kernels=("rmsnorm",))
+        second(ids)
+        subset_calls = kernel_calls(second)
+        subset_attention = second.config._attn_implementation
+        unpatch_model(second)
+        unpatch_model(first)
+    n_layers = first.config.num_hidden_layers
+    return [Outcome("unpatched model bit-identical beside a patched one", torch.equal(before, during)),
+            Outcome("kernels=('rmsnorm',) runs rmsnorm only", subset_calls == {"rmsnorm": 2 * n_layers + 1}
+                    and subset_attention == "sdpa", note=f"{subset_calls} {subset_attention}"[:120])]
+
+
+def check_errors():
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    from models.hf_patch import patch_model, unpatch_model
+
+    small = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
+                 num_hidden_layers=1, vocab_size=64)
+    mistral = MistralForCausalLM(MistralConfig(**small))
+    gelu_llama = LlamaForCausalLM(LlamaConfig(**small, hidden_act="gelu"))
+    llama = LlamaForCausalLM(LlamaConfig(**small))
+    paged = LlamaForCausalLM(LlamaConfig(**small))
+    paged.set_attn_implementation("paged|sdpa")  # no mask function to fall back with
+    outcomes = [
+        expect_raises("unsupported model type", lambda: patch_model(mistral), ValueError, "model_type"),
+        expect_raises("not a model", lambda: patch_model(torch.nn.Linear(2, 2)), TypeError, "model"),
+        expect_raises("unknown kernel", lambda: patch_model(llama, kernels=("rmsnorm", "gelu")), ValueError, "kernels"),
+        expect_raises("kernels as one string", lambda: patch_model(llama, kernels="rmsnorm"), TypeError, "kernels"),
+        expect_raises("swiglu on a GELU MLP", lambda: patch_model(gelu_llama), ValueError, "hidden_act"),
+        expect_raises("unpatch an unpatched model", lambda: unpatch_model(llama), ValueError, "not patched"),
+        expect_raises("attention implementation without a mask", lambda: patch_model(paged), ValueError, "kernels"),
+    ]
+    touched = [name for name, m in paged.named_modules() if "forward" in m.__dict__ or "_triton_patch" in m.__dict__]
+    outcomes.append(Outcome("a refused model is left untouched", not touched, note=", ".join(touched)[:70]))
+    patch_model(llama)
+    outcomes.append(expect_raises("patch twice", lambda: patch_model(llama), ValueError, "already patched"))
+    unpatch_model(llama)
+    return outcomes
+
+
+def model_cases():
+    cases = []
+    for kind in ("llama", "qwen2"):
+        cases.append(Case(f"{kind} bf16 prefill + 3 decode steps", check_model, dict(kind=kind, dtype=torch.bfloat16)))
+    cases += [
+        Case("llama fp16 prefill + 3 decode steps", check_model, dict(kind="llama", dtype=torch.float16)),
+        Case("qwen2 bf16 left-padded (attention falls back)", check_model,
+             dict(kind="qwen2", dtype=torch.bfloat16, padded=True)),
+        Case("llama fp32 (attention falls back)", check_model, dict(kind="llama", dtype=torch.float32, n_steps=1)),
+        Case("llama bf16 DynamicCache, second prefill chunk", check_cache, dict(cache_kind="dynamic")),
+        Case("llama bf16 StaticCache prefill + decode step", check_cache, dict(cache_kind="static")),
+        Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
+        Case("grad enabled: original path", check_grad_enabled),
+        Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
+        Case("errors", check_errors),
+    ]
+    for kind in ("llama", "qwen2"):
+        for dtype in (torch.bfloat16, torch.float16):
+            name = f"{kind} {'bf16' if dtype == torch.bfloat16 else 'fp16'} hd128 T300 x2, 8 decode steps"
+            cases.append(Case(name, check_model, dict(kind=kind, dtype=dtype, size="gpu", n_steps=8), gpu_only=True))
+    cases.append(Case("llama bf16 hd128 T300 left-padded", check_model,
+                      dict(kind="llama", dtype=torch.bfloat16, size="gpu", padded=True), gpu_only=True))
+    return cases
+
+
+CASES = model_cases() if HAVE_TRANSFORMERS else []
+
+
+def test_case(case):
+    case.check()
+
+
+if __name__ == "__main__":
+    if not HAVE_TRANSFORMERS:
+        print(f"models/test_hf_patch.py: skipped, {SKIP_REASON}")
+    sys.exit(run_cases("HF Llama / Qwen2 patched with our kernels", CASES))
