@@ -1,0 +1,422 @@
+"""Tests for cuda_cpp/ops.py, the hand-written CUDA RMSNorm, RoPE and SwiGLU, against the same fp64
+references, PyTorch same-dtype results and tolerances as the Triton kernels' tests
+(normalization/test_rmsnorm.py, attention/test_rope.py, mlp/test_swiglu.py), on their inputs plus
+the switch points of cuda_cpp/launch_config.py and both paths of every kernel (16-byte packs with a
+scalar tail, and the scalar variant for misaligned or strided data).
+
+Every case needs a CUDA device and nvcc (the kernels are compiled at first use, in well under a
+minute):
+all are `gpu_only`, so on a CPU the script runs none and says why.
+
+    python cuda_cpp/test_cuda_kernels.py        (or: pytest cuda_cpp/test_cuda_kernels.py)
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
+from attention.test_rope import make_table  # noqa: E402
+from common.device import DEVICE, INTERPRET  # noqa: E402
+from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from cuda_cpp.extension import unavailable_reason  # noqa: E402
+from cuda_cpp.launch_config import CACHED_ROW_PACKS, WARP_ROW_PACKS, RmsnormConfig, SwigluConfig, pack_size  # noqa: E402
+from cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu  # noqa: E402
+from mlp.gelu import swiglu_ref  # noqa: E402
+from mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected  # noqa: E402
+from mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS  # noqa: E402
+from mlp.mlp_cases import huge_rows as swiglu_huge_rows  # noqa: E402
+from mlp.test_swiglu import inputs as swiglu_inputs  # noqa: E402
+from normalization.norm_cases import huge_rows, norm_inputs  # noqa: E402
+from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
+
+EPS = 1e-6
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+OTHER = "cpu"  # a device the kernels must refuse
+
+
+# ---- RMSNorm ----
+
+def check_rmsnorm(shape, dtype, pad=None, scale=1.0, weight_dtype=None):
+    x = rand(shape, dtype, pad=pad, scale=scale)
+    w = rand((shape[-1],), weight_dtype or dtype)
+    y = rmsnorm(x, w, EPS, out=poisoned(shape, dtype))
+    ref = rmsnorm_ref(x.double(), w.double(), EPS)
+    # PyTorch's own same-dtype result bounds our error; it needs weight and x in one dtype
+    torch_out = F.rms_norm(x, (shape[-1],), w, EPS) if weight_dtype is None else None
+    return [compare("y", y, ref, torch_out=torch_out)]  # inf/NaN where ref is finite fails too
+
+
+def rmsnorm_variants(n_cols, vector):
+    """Every launch of the RMSNorm kernels that covers rows of n_cols fp16 values."""
+    packs = max(1, n_cols // pack_size(2, vector))
+    out = [RmsnormConfig(True, 1, 32, 4)] + [RmsnormConfig(True, 1, t, 1) for t in (64, 256, 1024)]
+    if vector:
+        out += [RmsnormConfig(False, v, t, 4 if t == 32 else 1)
+                for v in (1, 2, 4) for t in (32, 64, 128, 256, 512, 1024) if packs <= t * v <= 4 * packs]
+    return out
+
+
+def check_rmsnorm_variants(shape, pad=None):
+    """The same rows through every kernel and launch shape (the ones the tuning sweep tries too)."""
+    x = rand(shape, torch.float16, pad=pad)
+    w = rand((shape[-1],), torch.float16)
+    ref = rmsnorm_ref(x.double(), w.double(), EPS)
+    vector = pad is None and (shape[-1] % 8 == 0 or shape[0] == 1)
+    outcomes = []
+    for cfg in rmsnorm_variants(shape[-1], vector):
+        y = poisoned(shape, torch.float16)
+        launch_rmsnorm(x, w, EPS, y, cfg)
+        label = (f"looped {cfg.threads_per_row}x{cfg.rows_per_block}" if cfg.looped
+                 else f"cached {cfg.threads_per_row}x{cfg.rows_per_block} vpt {cfg.vectors_per_thread}")
+        outcomes.append(compare(label, y, ref))
+    return outcomes
+
+
+def check_rmsnorm_own_buffer():
+    x, w = rand((9, 41), torch.float16), rand((41,), torch.float16)
+    return [compare("y", rmsnorm(x, w, EPS), rmsnorm_ref(x.double(), w.double(), EPS))]
+
+
+def check_rmsnorm_huge(n_cols):
+    """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
+    rows = huge_rows(n_cols)
+    x, w = rand((rows, n_cols), torch.float16), rand((n_cols,), torch.float16)
+    y = rmsnorm(x, w, EPS, out=poisoned((rows, n_cols), torch.float16))
+    return [compare("last rows", y[-4:], rmsnorm_ref(x[-4:].double(), w.double(), EPS))]
+
+
+def check_rmsnorm_errors():
+    x, w = rand((4, 64), torch.float16), rand((64,), torch.float16)
+    return [
+        expect_raises("weight size", lambda: rmsnorm(x, w[:63]), ValueError, "weight"),
+        expect_raises("weight None", lambda: rmsnorm(x, None), TypeError, "weight"),
+        expect_raises("int x", lambda: rmsnorm(x.to(torch.int32), w), TypeError, "x"),
+        expect_raises("int weight", lambda: rmsnorm(x, w.to(torch.int32)), TypeError, "weight"),
+        expect_raises(f"x on {OTHER}", lambda: rmsnorm(x.to(OTHER), w.to(OTHER)), ValueError, "x"),
+        expect_raises("weight elsewhere", lambda: rmsnorm(x, w.to(OTHER)), ValueError, "weight"),
+        expect_raises("not a tensor", lambda: rmsnorm([1.0], w), TypeError, "x"),
+        expect_raises("eps < 0", lambda: rmsnorm(x, w, -1.0), ValueError, "eps"),
+        expect_raises("out shape", lambda: rmsnorm(x, w, out=x[:2].clone()), ValueError, "out"),
+    ]
+
+
+def check_rmsnorm_empty():
+    x, w = rand((0, 64), torch.bfloat16), rand((64,), torch.bfloat16)
+    y = rmsnorm(x, w)
+    return [Outcome("empty in, empty out", y.shape == x.shape and y.dtype == x.dtype)]
+
+
+def rmsnorm_cases():
+    cases = [Case(f"rmsnorm {name}", check_rmsnorm, kwargs, gpu_only=True) for name, kwargs, _ in norm_inputs()]
+
+    def add(shape, dtype, **extra):
+        label = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
+        cases.append(Case(f"rmsnorm {tuple(shape)} {dtype_name(dtype)} {label}".strip(), check_rmsnorm,
+                          dict(shape=shape, dtype=dtype, **extra), gpu_only=True))
+
+    for dtype in DTYPES:
+        vec = pack_size(torch.finfo(dtype).bits // 8, True)
+        for packs in (WARP_ROW_PACKS, CACHED_ROW_PACKS):  # either side of each change of kernel
+            add((3, packs * vec), dtype)
+            add((3, (packs + 1) * vec), dtype)
+        add((1, 123), dtype)                              # one row: packs, then a scalar tail of 3
+        add((1, CACHED_ROW_PACKS * vec + 5), dtype)       # the same in the looped kernel
+        add((5, 123), dtype, pad=(0, 5))                  # row stride 128, rows of 123: scalar path
+        add((7, 4096), dtype, pad=(0, 3))                 # row stride 4099: misaligned rows, scalar
+    add((2, 4096), torch.bfloat16, weight_dtype=torch.float16)  # neither x's dtype nor fp32
+    cases += [Case("rmsnorm every kernel (5, 4096)", check_rmsnorm_variants, dict(shape=(5, 4096)), gpu_only=True),
+              Case("rmsnorm every kernel (1, 4099)", check_rmsnorm_variants, dict(shape=(1, 4099)), gpu_only=True),
+              Case("rmsnorm every kernel (6, 1000) strided", check_rmsnorm_variants,
+                   dict(shape=(6, 1000), pad=(0, 1)), gpu_only=True),
+              Case("rmsnorm allocates its output", check_rmsnorm_own_buffer, gpu_only=True),
+              Case("rmsnorm bad input", check_rmsnorm_errors, gpu_only=True),
+              Case("rmsnorm empty input", check_rmsnorm_empty, gpu_only=True)]
+    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", check_rmsnorm_huge, dict(n_cols=n), gpu_only=True)
+              for kernel, n in (("warp a row", 1000), ("row in registers", 4096), ("looped", 65536))]
+    return cases
+
+
+# ---- RoPE ----
+
+def rope_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, strided):
+    if strided == "BTHD":  # the projection's (B, T, H, D) layout seen as (B, H, T, D): read in place
+        return (rand((batch, seq_len, heads, head_dim), dtype).transpose(1, 2),
+                rand((batch, seq_len, kv_heads, head_dim), dtype).transpose(1, 2))
+    if strided == "every other feature":  # stride 2 along D: the scalar kernel
+        return (rand((batch, heads, seq_len, 2 * head_dim), dtype)[..., ::2],
+                rand((batch, kv_heads, seq_len, 2 * head_dim), dtype)[..., 1::2])
+    return rand((batch, heads, seq_len, head_dim), dtype), rand((batch, kv_heads, seq_len, head_dim), dtype)
+
+
+def rope_table(batch, seq_len, head_dim, layout, kind, dtype, sin_dtype=None):
+    """attention/test_rope.py's tables, plus "T,D misaligned": columns 1.. of a (T, D + 1) buffer
+    (odd row stride, base off 16 bytes), which the packed kernel cannot read; sin_dtype: a sin
+    table in another dtype than cos."""
+    if layout == "T,D misaligned":
+        cos, sin = (rand((seq_len, head_dim + 1), dtype)[:, 1:] for _ in range(2))
+    else:
+        cos, sin = make_table(batch, seq_len, head_dim, layout, kind, dtype)
+    return cos, (sin.to(sin_dtype) if sin_dtype else sin)
+
+
+def check_rope(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
+               table_dtype=None, sin_dtype=None, strided=None):
+    q, k = rope_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
+    cos, sin = rope_table(batch, seq_len, head_dim, layout, kind, table_dtype or dtype, sin_dtype)
+    out = (poisoned(q.shape, dtype), poisoned(k.shape, dtype))
+    q_out, k_out = apply_rope(q, k, cos, sin, interleaved, out=out)
+    q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double(), interleaved)
+    # the HF way in the input dtype (three roundings) bounds our error (2x rule)
+    q_torch, k_torch = apply_rope_ref(q, k, cos, sin, interleaved)
+    return [compare("q", q_out, q_ref, torch_out=q_torch), compare("k", k_out, k_ref, torch_out=k_torch)]
+
+
+def check_rope_own_buffer():
+    """From (B, T, H, D) views: new contiguous (B, H, T, D) outputs."""
+    q = rand((1, 5, 3, 64), torch.float16).transpose(1, 2)
+    k = rand((1, 5, 1, 64), torch.float16).transpose(1, 2)
+    cos, sin = make_table(1, 5, 64, "T,D", "rope", torch.float32)
+    q_out, k_out = apply_rope(q, k, cos, sin)
+    q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double())
+    return [compare("q", q_out, q_ref), compare("k", k_out, k_ref),
+            Outcome("outputs contiguous", q_out.is_contiguous() and k_out.is_contiguous())]
+
+
+def check_rope_huge():
+    """q past 2^31 elements (B1 H32 T524289 D128): the last positions, where 32-bit offsets wrap."""
+    seq_len = 2 ** 31 // (32 * 128) + 1
+    q, k = rand((1, 32, seq_len, 128), torch.bfloat16), rand((1, 1, seq_len, 128), torch.bfloat16)
+    cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), 128)
+    q_out, k_out = apply_rope(q, k, cos, sin)
+    tail = slice(seq_len - 3, seq_len)
+    q_ref, k_ref = apply_rope_ref(q[:, :, tail].double(), k[:, :, tail].double(), cos[tail].double(),
+                                  sin[tail].double())
+    return [compare("q last positions", q_out[:, :, tail], q_ref),
+            compare("k last positions", k_out[:, :, tail], k_ref)]
+
+
+def check_rope_errors():
+    q, k = rand((2, 4, 6, 64), torch.float16), rand((2, 2, 6, 64), torch.float16)
+    cos, sin = make_table(2, 6, 64, "T,D", "rope", torch.float32)
+    odd_q, odd_k = rand((2, 4, 6, 63), torch.float16), rand((2, 2, 6, 63), torch.float16)
+    odd_cos = rand((6, 63), torch.float32)
+    return [
+        expect_raises("odd D", lambda: apply_rope(odd_q, odd_k, odd_cos, odd_cos), ValueError, "even"),
+        expect_raises("q 3 dims", lambda: apply_rope(q[0], k, cos, sin), ValueError, "q"),
+        expect_raises("k batch", lambda: apply_rope(q, k[:1], cos, sin), ValueError, "k"),
+        expect_raises("k dtype", lambda: apply_rope(q, k.bfloat16(), cos, sin), TypeError, "k"),
+        expect_raises("fp64 q", lambda: apply_rope(q.double(), k.double(), cos, sin), TypeError, "q"),
+        expect_raises("cos length", lambda: apply_rope(q, k, cos[:5], sin), ValueError, "cos"),
+        expect_raises("bf16 cos for fp16 q", lambda: apply_rope(q, k, cos.bfloat16(), sin), TypeError, "cos"),
+        expect_raises(f"q on {OTHER}", lambda: apply_rope(q.to(OTHER), k.to(OTHER), cos.to(OTHER),
+                                                          sin.to(OTHER)), ValueError, "q"),
+        expect_raises("cos elsewhere", lambda: apply_rope(q, k, cos.to(OTHER), sin), ValueError, "cos"),
+        expect_raises("interleaved not bool", lambda: apply_rope(q, k, cos, sin, "yes"), TypeError, "interleaved"),
+        expect_raises("out shape", lambda: apply_rope(q, k, cos, sin, out=(q.clone(), q.clone())),
+                      ValueError, "k_out"),
+    ]
+
+
+def check_rope_empty():
+    outcomes = []
+    for name, (q_shape, k_shape) in {"T = 0": ((2, 4, 0, 64), (2, 2, 0, 64)),
+                                     "B = 0": ((0, 4, 6, 64), (0, 2, 6, 64))}.items():
+        q, k = rand(q_shape, torch.bfloat16), rand(k_shape, torch.bfloat16)
+        cos, sin = rand(q_shape[2:], torch.float32), rand(q_shape[2:], torch.float32)
+        q_out, k_out = apply_rope(q, k, cos, sin)
+        outcomes.append(Outcome(f"{name}: empty in, empty out", q_out.shape == q.shape and k_out.shape == k.shape))
+    return outcomes
+
+
+def rope_cases():
+    cases = []
+
+    def add(batch, heads, kv_heads, seq_len, head_dim, dtype, **extra):
+        extra_str = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
+        name = f"rope B{batch} H{heads}/{kv_heads} T{seq_len} D{head_dim} {dtype_name(dtype)} {extra_str}".strip()
+        cases.append(Case(name, check_rope, dict(batch=batch, heads=heads, kv_heads=kv_heads, seq_len=seq_len,
+                                                 head_dim=head_dim, dtype=dtype, **extra), gpu_only=True))
+
+    for dtype in DTYPES:
+        for interleaved in (False, True):
+            add(2, 4, 1, 7, 64, dtype, interleaved=interleaved)
+            add(2, 8, 8, 7, 80, dtype, interleaved=interleaved, layout="B,T,D", kind="random")
+            add(1, 4, 1, 77, 96, dtype, interleaved=interleaved, strided="BTHD", layout="1,T,D")
+            add(2, 4, 1, 7, 128, dtype, interleaved=interleaved, strided="BTHD", kind="random")
+            add(2, 3, 2, 5, 80, dtype, interleaved=interleaved, strided="every other feature")  # scalar kernel
+            add(2, 3, 2, 5, 64, dtype, interleaved=interleaved, layout="T,D misaligned")         # scalar kernel
+        add(3, 8, 8, 1, 256, dtype, layout="B,T,D")
+        add(2, 3, 2, 5, 64, dtype, table_dtype=torch.float32, layout="T,D strided", kind="random")
+        add(2, 3, 2, 5, 6, dtype, kind="random")  # D/2 = 3: no whole pack, the scalar kernel
+    for interleaved in (False, True):
+        add(3, 32, 8, 1, 128, torch.bfloat16, interleaved=interleaved, layout="B,T,D")  # decode
+        add(1, 4, 1, 1000, 64, torch.bfloat16, interleaved=interleaved)
+        add(1, 2, 1, 7, 256, torch.float16, interleaved=interleaved, kind="random", layout="B,T,D expanded")
+        add(1, 32, 8, 77, 128, torch.bfloat16, interleaved=interleaved, layout="1,T,D", table_dtype=torch.float32)
+        add(2, 4, 3, 9, 1024, torch.float16, interleaved=interleaved, kind="random")  # widest head
+        add(1, 2, 1, 3, 1024, torch.float16, interleaved=interleaved, strided="every other feature")  # 512 threads
+    add(2, 4, 2, 9, 128, torch.float16, table_dtype=torch.float32, sin_dtype=torch.float16, kind="random")
+    # full size
+    for dtype in (torch.bfloat16, torch.float16):
+        for interleaved in (False, True):
+            add(1, 32, 8, 8192, 128, dtype, interleaved=interleaved)
+            add(4, 32, 8, 2048, 128, dtype, interleaved=interleaved, strided="BTHD", layout="B,T,D")
+        for head_dim in (80, 96, 256):
+            add(2, 32, 8, 1000, head_dim, dtype, kind="random", layout="B,T,D")
+    add(1, 32, 8, 8192, 128, torch.float32, table_dtype=torch.float32, strided="BTHD")
+    return cases + [Case("rope allocates its output", check_rope_own_buffer, gpu_only=True),
+                    Case("rope bad input", check_rope_errors, gpu_only=True),
+                    Case("rope empty input", check_rope_empty, gpu_only=True),
+                    Case("rope 2^31+ elements", check_rope_huge, gpu_only=True)]
+
+
+# ---- SwiGLU ----
+
+def check_swiglu(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_scale=1.0, up_pad=None):
+    gate, up = swiglu_inputs(shape, dtype, layout, pad, gate_scale, up_scale)
+    if up_pad is not None:
+        up = rand(shape, dtype, pad=up_pad, scale=up_scale)
+    y = swiglu(gate, up, out=poisoned(shape, dtype))
+    ref = swiglu_ref(gate.double(), up.double())
+    with overflow_expected():
+        torch_out = F.silu(gate) * up
+    return [compare("y", y, ref, ONE_ROUNDING[dtype], torch_out=torch_out)]
+
+
+def check_swiglu_extremes(dtype):
+    """silu(-1e4) * up = 0 and silu(1e4) * up = 1e4 * up (rounded once); NaN in, NaN out."""
+    pick = torch.randint(0, 3, (7, 129), device=DEVICE)
+    gate = torch.tensor([-1e4, 1e4, float("nan")], device=DEVICE)[pick].to(dtype)
+    up = rand(gate.shape, dtype)
+    y = swiglu(gate, up, out=poisoned(gate.shape, dtype))
+    big = (gate.double() * up.double()).to(dtype)
+    return [Outcome("silu(-1e4) * up == 0", bool((y[pick == 0] == 0).all())),
+            Outcome("silu(1e4) * up == 1e4 * up", bool((y[pick == 1] == big[pick == 1]).all())),
+            Outcome("silu(NaN) * up is NaN", bool(y[pick == 2].isnan().all()))]
+
+
+def check_swiglu_every_value(dtype):
+    """Every fp16 / bf16 gate value (fp32: a grid over [-100, 100]) with up in [-1, 1]."""
+    gate = every_value(dtype, fp32_limit=100.0)
+    up = (torch.rand(gate.shape, device=DEVICE) * 2 - 1).to(dtype)
+    y = swiglu(gate, up, out=poisoned(gate.shape, dtype))
+    with overflow_expected():
+        torch_out = F.silu(gate) * up
+    return [compare("y", y, swiglu_ref(gate.double(), up.double()), ONE_ROUNDING[dtype], torch_out=torch_out)]
+
+
+def check_swiglu_variants(shape, layout):
+    """The same input through every block size and packs-a-thread (the tuning sweep's choices)."""
+    gate, up = swiglu_inputs(shape, torch.bfloat16, layout, None, 1.0, 1.0)
+    ref = swiglu_ref(gate.double(), up.double())
+    outcomes = []
+    for threads in (32, 128, 256, 512):
+        for vpt in (1, 2, 4):
+            y = poisoned(shape, torch.bfloat16)
+            launch_swiglu(gate, up, y, SwigluConfig(vpt, threads))
+            outcomes.append(compare(f"{threads} threads x {vpt}", y, ref, ONE_ROUNDING[torch.bfloat16]))
+    return outcomes
+
+
+def check_swiglu_own_buffer():
+    gate, up = rand((9, 41), torch.bfloat16), rand((9, 41), torch.bfloat16)
+    return [compare("y", swiglu(gate, up), swiglu_ref(gate.double(), up.double()), ONE_ROUNDING[gate.dtype])]
+
+
+def check_swiglu_huge(n_cols):
+    """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
+    rows = swiglu_huge_rows(n_cols)
+    gate, up = rand((rows, n_cols), torch.float16), rand((rows, n_cols), torch.float16)
+    y = swiglu(gate, up, out=poisoned((rows, n_cols), torch.float16))
+    ref = swiglu_ref(gate[-4:].double(), up[-4:].double())
+    return [compare("last rows", y[-4:], ref, ONE_ROUNDING[torch.float16])]
+
+
+def check_swiglu_errors():
+    gate, up = rand((4, 64), torch.float16), rand((4, 64), torch.float16)
+    return [
+        expect_raises("up shape", lambda: swiglu(gate, up[:, :63]), ValueError, "up"),
+        expect_raises("up dtype", lambda: swiglu(gate, up.float()), TypeError, "up"),
+        expect_raises("int gate", lambda: swiglu(gate.to(torch.int32), up), TypeError, "gate"),
+        expect_raises(f"gate on {OTHER}", lambda: swiglu(gate.to(OTHER), up.to(OTHER)), ValueError, "gate"),
+        expect_raises("up elsewhere", lambda: swiglu(gate, up.to(OTHER)), ValueError, "up"),
+        expect_raises("not a tensor", lambda: swiglu(gate, [1.0]), TypeError, "up"),
+        expect_raises("0-dim gate", lambda: swiglu(gate[0, 0], up[0, 0]), ValueError, "gate"),
+        expect_raises("out shape", lambda: swiglu(gate, up, out=gate[:2].clone()), ValueError, "out"),
+    ]
+
+
+def check_swiglu_empty():
+    outcomes = []
+    for shape in ((0, 64), (2, 0, 64), (3, 0)):
+        gate, up = rand(shape, torch.float16), rand(shape, torch.float16)
+        y = swiglu(gate, up)
+        outcomes.append(Outcome(f"{shape}: empty in, empty out", y.shape == gate.shape and y.dtype == gate.dtype))
+    return outcomes
+
+
+def swiglu_cases():
+    cases = []
+
+    def add(shape, dtype, **extra):
+        label = " ".join(f"{k}={v}" for k, v in extra.items())
+        cases.append(Case(f"swiglu {tuple(shape)} {dtype_name(dtype)} {label}".strip(), check_swiglu,
+                          dict(shape=shape, dtype=dtype, **extra), gpu_only=True))
+
+    for dtype in DTYPES:
+        for n in SWIGLU_WIDTHS:
+            add((3, n), dtype)                                    # packed: one row of 3n, a scalar tail
+        add((1, 4096), dtype)
+        add((257, 123), dtype)
+        add((2, 3, 123), dtype)
+        add((5, 1000), dtype, layout="fused")                     # halves of one (5, 2000) buffer: rows
+        add((5, 760), dtype, pad=(0, 8))                          # gate row stride 768: rows of packs
+        add((5, 123), dtype, pad=(0, 5), up_pad=(0, 5))           # rows of 123: the scalar kernel
+        add((2, 5, 1000), dtype, pad=(0, 3, 0))                   # leading dims that cannot merge
+        add((33, 64), dtype, layout="transposed")                 # last dim strided: one copy
+        add((3, 5120), dtype, gate_scale=1e4, up_scale=0.1)       # exp(-gate) overflows: no NaN
+        cases.append(Case(f"swiglu extremes {dtype_name(dtype)}", check_swiglu_extremes, dict(dtype=dtype),
+                          gpu_only=True))
+        cases.append(Case(f"swiglu every value {dtype_name(dtype)}", check_swiglu_every_value, dict(dtype=dtype),
+                          gpu_only=True))
+        add((8192, 14336), dtype)
+        add((4096, 16384), dtype, layout="fused")
+        add((2049, 11008), dtype, pad=(0, 64))
+    cases += [Case("swiglu every launch (3, 1001)", check_swiglu_variants, dict(shape=(3, 1001), layout="separate"),
+                   gpu_only=True),
+              Case("swiglu every launch (5, 1000) fused", check_swiglu_variants, dict(shape=(5, 1000), layout="fused"),
+                   gpu_only=True),
+              Case("swiglu allocates its output", check_swiglu_own_buffer, gpu_only=True),
+              Case("swiglu bad input", check_swiglu_errors, gpu_only=True),
+              Case("swiglu empty input", check_swiglu_empty, gpu_only=True),
+              Case("swiglu 2^31+ elements", check_swiglu_huge, dict(n_cols=14336), gpu_only=True)]
+    return cases
+
+
+CASES = rmsnorm_cases() + rope_cases() + swiglu_cases()
+
+
+def skip_reason():
+    """Why no case can run here (no GPU, no nvcc, ...), or None."""
+    if unavailable_reason() is not None:
+        return unavailable_reason()
+    return "TRITON_INTERPRET=1 puts the tests' tensors on the CPU" if INTERPRET else None
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    if skip_reason() is not None:
+        import pytest
+        pytest.skip(skip_reason())
+    case.check()
+
+
+if __name__ == "__main__":
+    reason = skip_reason()
+    if reason is not None:
+        print(f"cuda kernels: every case skipped: {reason}")
+    # without a GPU the harness drops the gpu_only cases itself; with one but no nvcc, so do we
+    main("cuda kernels", CASES if reason is None or INTERPRET else [c for c in CASES if not c.gpu_only])
