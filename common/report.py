@@ -39,7 +39,8 @@ def tables(path, min_elements=0):
                 values = [r[metric] if r and r[metric] is not None else None for r in found]
                 best = max((v for v in values if v is not None), default=None)
                 for i, (r, v) in enumerate(zip(found, values)):
-                    text = "" if v is None else (f"**{v:.0f}**" if v == best else f"{v:.0f}")
+                    num = "" if v is None else (f"{v:.0f}" if v >= 100 else f"{v:.3g}")  # decode-sized rows keep 3 digits
+                    text = f"**{num}**" if v is not None and v == best else num
                     if i == 0 and r and r["pct_copy"] is not None:
                         text += f" ({r['pct_copy']:.0f}%)"
                     line.append(text)
