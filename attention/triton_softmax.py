@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET
+from common.device import sm_count as device_sm_count
 from common.validation import as_rows, check_out, check_tensor
 from normalization.triton_rmsnorm import col_mask
 
@@ -109,11 +109,8 @@ def softmax_config(n_rows, n_cols, n_sms):
     return SoftmaxConfig("split", 1, SPLIT_SEG, SPLIT_STATS_WARPS, n_splits, SPLIT_SEG)
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index):
-    if INTERPRET:
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def sm_count(device):
+    return device_sm_count(device, INTERPRETER_SMS)
 
 
 @triton.jit

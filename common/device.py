@@ -3,6 +3,7 @@
 `TRITON_INTERPRET` is read when `triton` is first imported, so this module sets it before that.
 Setting `TRITON_INTERPRET=1` by hand forces the interpreter even on a GPU machine.
 """
+import functools
 import os
 
 import torch
@@ -12,6 +13,16 @@ if not torch.cuda.is_available():
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device, interpreter_sms):
+    """Streaming multiprocessors of `device` (a torch.device, an index, or None for the current
+    one). The interpreter has none: it returns `interpreter_sms`, which each kernel picks so that
+    its small test shapes reach every path of its heuristics (split or not, and so on)."""
+    if INTERPRET:
+        return interpreter_sms
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def describe() -> str:

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET
+from common.device import INTERPRET, sm_count as device_sm_count
 from common.validation import check_out, check_same_device, check_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -312,9 +312,8 @@ def check_matmul_args(a, b, bias, activation):
     return m, n, k
 
 
-@functools.lru_cache(maxsize=None)
 def sm_count(device):
-    return INTERPRET_SMS if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
+    return device_sm_count(device, INTERPRET_SMS)
 
 
 def fit_split(k, block_k, split_k):

@@ -35,14 +35,13 @@ unfused path rounds x * rstd * norm_weight: one rounding of each input either wa
 fp32, like rmsnorm's. Split K adds its fp32 partial sums in a fixed order: the result does not
 depend on which split finishes last.
 """
-import functools
 
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET
+from common.device import INTERPRET, sm_count as device_sm_count
 from common.validation import check_same_device, check_tensor
 from gemm.triton_matmul import DTYPES, grouped_tile, interpret_meta, m_bucket, store_tile, tuned
 from normalization.triton_rmsnorm import check_norm_args, rmsnorm
@@ -92,11 +91,8 @@ def choose_path(m):
     return next(path for max_m, path in PATH_TABLE if max_m is None or m <= max_m)
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index):
-    if INTERPRET:
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def sm_count(device):
+    return device_sm_count(device, INTERPRETER_SMS)
 
 
 def split_k(tiles, k_steps, programs):

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET
+from common.device import INTERPRET, sm_count as device_sm_count
 from common.validation import check_out, check_same_device, check_tensor
 
 LOG2_E = 1.4426950408889634
@@ -88,11 +88,8 @@ INTERPRETER_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index):
-    if INTERPRET:
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def sm_count(device):
+    return device_sm_count(device, INTERPRETER_SMS)
 
 
 @dataclass(frozen=True)
