@@ -84,23 +84,24 @@ def check_properties(dtype=torch.float32):
             compare("interleaved == permuted half layout", q_int, q_back.double())]
 
 
-def check_own_buffer():
-    """From (B, T, H, D) views: new contiguous (B, H, T, D) outputs."""
+def check_own_buffer(impl=apply_rope):
+    """From (B, T, H, D) views: new contiguous (B, H, T, D) outputs. impl: the RoPE under test
+    (cuda_cpp/test_cuda_kernels.py passes the CUDA one)."""
     q = rand((1, 5, 3, 64), torch.float16).transpose(1, 2)
     k = rand((1, 5, 1, 64), torch.float16).transpose(1, 2)
     cos, sin = make_table(1, 5, 64, "T,D", "rope", torch.float32)
-    q_out, k_out = apply_rope(q, k, cos, sin)
+    q_out, k_out = impl(q, k, cos, sin)
     q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double())
     return [compare("q", q_out, q_ref), compare("k", k_out, k_ref),
             Outcome("outputs contiguous", q_out.is_contiguous() and k_out.is_contiguous())]
 
 
-def check_huge():
+def check_huge(impl=apply_rope):
     """q past 2^31 elements (B1 H32 T524289 D128): the last positions, where 32-bit offsets wrap."""
     seq_len = 2 ** 31 // (32 * 128) + 1
     q, k = rand((1, 32, seq_len, 128), torch.bfloat16), rand((1, 1, seq_len, 128), torch.bfloat16)
     cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), 128)
-    q_out, k_out = apply_rope(q, k, cos, sin)
+    q_out, k_out = impl(q, k, cos, sin)
     tail = slice(seq_len - 3, seq_len)
     q_ref, k_ref = apply_rope_ref(q[:, :, tail].double(), k[:, :, tail].double(), cos[tail].double(),
                                   sin[tail].double())

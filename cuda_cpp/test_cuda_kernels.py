@@ -18,7 +18,8 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
+from attention.rope import apply_rope_ref  # noqa: E402
+from attention import test_rope  # noqa: E402
 from attention.test_rope import make_table  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
@@ -30,7 +31,8 @@ from mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected  # noqa: 
 from mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS  # noqa: E402
 from mlp.mlp_cases import huge_rows as swiglu_huge_rows  # noqa: E402
 from mlp.test_swiglu import inputs as swiglu_inputs  # noqa: E402
-from normalization.norm_cases import huge_rows, norm_inputs  # noqa: E402
+from normalization import test_rmsnorm  # noqa: E402
+from normalization.norm_cases import norm_inputs  # noqa: E402
 from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
 
 EPS = 1e-6
@@ -39,16 +41,6 @@ OTHER = "cpu"  # a device the kernels must refuse
 
 
 # ---- RMSNorm ----
-
-def check_rmsnorm(shape, dtype, pad=None, scale=1.0, weight_dtype=None):
-    x = rand(shape, dtype, pad=pad, scale=scale)
-    w = rand((shape[-1],), weight_dtype or dtype)
-    y = rmsnorm(x, w, EPS, out=poisoned(shape, dtype))
-    ref = rmsnorm_ref(x.double(), w.double(), EPS)
-    # PyTorch's own same-dtype result bounds our error; it needs weight and x in one dtype
-    torch_out = F.rms_norm(x, (shape[-1],), w, EPS) if weight_dtype is None else None
-    return [compare("y", y, ref, torch_out=torch_out)]  # inf/NaN where ref is finite fails too
-
 
 def rmsnorm_variants(n_cols, vector):
     """Every launch of the RMSNorm kernels that covers rows of n_cols fp16 values."""
@@ -76,19 +68,6 @@ def check_rmsnorm_variants(shape, pad=None):
     return outcomes
 
 
-def check_rmsnorm_own_buffer():
-    x, w = rand((9, 41), torch.float16), rand((41,), torch.float16)
-    return [compare("y", rmsnorm(x, w, EPS), rmsnorm_ref(x.double(), w.double(), EPS))]
-
-
-def check_rmsnorm_huge(n_cols):
-    """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
-    rows = huge_rows(n_cols)
-    x, w = rand((rows, n_cols), torch.float16), rand((n_cols,), torch.float16)
-    y = rmsnorm(x, w, EPS, out=poisoned((rows, n_cols), torch.float16))
-    return [compare("last rows", y[-4:], rmsnorm_ref(x[-4:].double(), w.double(), EPS))]
-
-
 def check_rmsnorm_errors():
     x, w = rand((4, 64), torch.float16), rand((64,), torch.float16)
     return [
@@ -111,12 +90,13 @@ def check_rmsnorm_empty():
 
 
 def rmsnorm_cases():
-    cases = [Case(f"rmsnorm {name}", check_rmsnorm, kwargs, gpu_only=True) for name, kwargs, _ in norm_inputs()]
+    cases = [Case(f"rmsnorm {name}", test_rmsnorm.check, dict(kwargs, impl=rmsnorm), gpu_only=True)
+             for name, kwargs, _ in norm_inputs()]
 
     def add(shape, dtype, **extra):
         label = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
-        cases.append(Case(f"rmsnorm {tuple(shape)} {dtype_name(dtype)} {label}".strip(), check_rmsnorm,
-                          dict(shape=shape, dtype=dtype, **extra), gpu_only=True))
+        cases.append(Case(f"rmsnorm {tuple(shape)} {dtype_name(dtype)} {label}".strip(), test_rmsnorm.check,
+                          dict(shape=shape, dtype=dtype, impl=rmsnorm, **extra), gpu_only=True))
 
     for dtype in DTYPES:
         vec = pack_size(torch.finfo(dtype).bits // 8, True)
@@ -132,10 +112,10 @@ def rmsnorm_cases():
               Case("rmsnorm every kernel (1, 4099)", check_rmsnorm_variants, dict(shape=(1, 4099)), gpu_only=True),
               Case("rmsnorm every kernel (6, 1000) strided", check_rmsnorm_variants,
                    dict(shape=(6, 1000), pad=(0, 1)), gpu_only=True),
-              Case("rmsnorm allocates its output", check_rmsnorm_own_buffer, gpu_only=True),
+              Case("rmsnorm allocates its output", test_rmsnorm.check_own_buffer, dict(impl=rmsnorm), gpu_only=True),
               Case("rmsnorm bad input", check_rmsnorm_errors, gpu_only=True),
               Case("rmsnorm empty input", check_rmsnorm_empty, gpu_only=True)]
-    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", check_rmsnorm_huge, dict(n_cols=n), gpu_only=True)
+    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", test_rmsnorm.check_huge, dict(n_cols=n, impl=rmsnorm), gpu_only=True)
               for kernel, n in (("warp a row", 1000), ("row in registers", 4096), ("looped", 65536))]
     return cases
 
@@ -173,30 +153,6 @@ def check_rope(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=Fal
     # the HF way in the input dtype (three roundings) bounds our error (2x rule)
     q_torch, k_torch = apply_rope_ref(q, k, cos, sin, interleaved)
     return [compare("q", q_out, q_ref, torch_out=q_torch), compare("k", k_out, k_ref, torch_out=k_torch)]
-
-
-def check_rope_own_buffer():
-    """From (B, T, H, D) views: new contiguous (B, H, T, D) outputs."""
-    q = rand((1, 5, 3, 64), torch.float16).transpose(1, 2)
-    k = rand((1, 5, 1, 64), torch.float16).transpose(1, 2)
-    cos, sin = make_table(1, 5, 64, "T,D", "rope", torch.float32)
-    q_out, k_out = apply_rope(q, k, cos, sin)
-    q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double())
-    return [compare("q", q_out, q_ref), compare("k", k_out, k_ref),
-            Outcome("outputs contiguous", q_out.is_contiguous() and k_out.is_contiguous())]
-
-
-def check_rope_huge():
-    """q past 2^31 elements (B1 H32 T524289 D128): the last positions, where 32-bit offsets wrap."""
-    seq_len = 2 ** 31 // (32 * 128) + 1
-    q, k = rand((1, 32, seq_len, 128), torch.bfloat16), rand((1, 1, seq_len, 128), torch.bfloat16)
-    cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), 128)
-    q_out, k_out = apply_rope(q, k, cos, sin)
-    tail = slice(seq_len - 3, seq_len)
-    q_ref, k_ref = apply_rope_ref(q[:, :, tail].double(), k[:, :, tail].double(), cos[tail].double(),
-                                  sin[tail].double())
-    return [compare("q last positions", q_out[:, :, tail], q_ref),
-            compare("k last positions", k_out[:, :, tail], k_ref)]
 
 
 def check_rope_errors():
@@ -268,10 +224,10 @@ def rope_cases():
         for head_dim in (80, 96, 256):
             add(2, 32, 8, 1000, head_dim, dtype, kind="random", layout="B,T,D")
     add(1, 32, 8, 8192, 128, torch.float32, table_dtype=torch.float32, strided="BTHD")
-    return cases + [Case("rope allocates its output", check_rope_own_buffer, gpu_only=True),
+    return cases + [Case("rope allocates its output", test_rope.check_own_buffer, dict(impl=apply_rope), gpu_only=True),
                     Case("rope bad input", check_rope_errors, gpu_only=True),
                     Case("rope empty input", check_rope_empty, gpu_only=True),
-                    Case("rope 2^31+ elements", check_rope_huge, gpu_only=True)]
+                    Case("rope 2^31+ elements", test_rope.check_huge, dict(impl=apply_rope), gpu_only=True)]
 
 
 # ---- SwiGLU ----
