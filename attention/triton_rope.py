@@ -215,6 +215,18 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
         BLOCK_HALF=triton.next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
 
 
+def rope_outputs(q, k, out):
+    """(q_out, k_out): the checked `out` pair, or new contiguous tensors shaped and typed like q, k."""
+    if out is None:
+        return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                torch.empty(k.shape, dtype=k.dtype, device=k.device))
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out must be a (q_out, k_out) pair or None, got {type(out).__name__}")
+    check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
+    check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
+    return tuple(out)
+
+
 def apply_rope(q, k, cos, sin, interleaved=False, out=None):
     """Rotary embeddings on q and k in one launch.
 
@@ -227,14 +239,6 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
     Returns (q_out, k_out): new contiguous (B, H, T, D) and (B, Hkv, T, D) tensors in q's dtype.
     """
     check_rope_args(q, k, cos, sin, interleaved)
-    if out is not None:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError(f"out must be a (q_out, k_out) pair or None, got {type(out).__name__}")
-        check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
-        check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
-        q_out, k_out = out
-    else:
-        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    q_out, k_out = rope_outputs(q, k, out)
     launch_rope(q, k, cos, sin, q_out, k_out, interleaved)
     return q_out, k_out

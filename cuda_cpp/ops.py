@@ -17,7 +17,7 @@ last dim is strided, or whose leading dims cannot merge into one row index, are 
 """
 import torch
 
-from attention.triton_rope import check_rope_args
+from attention.triton_rope import check_rope_args, rope_outputs
 from common.validation import as_rows, check_out
 from cuda_cpp.extension import extension
 from cuda_cpp.launch_config import PACK_BYTES, pack_size, rmsnorm_config, rope_config, swiglu_config
@@ -188,14 +188,6 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
     """
     check_rope_args(q, k, cos, sin, interleaved)
     check_cuda(q=q, k=k, cos=cos, sin=sin)
-    if out is not None:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError(f"out must be a (q_out, k_out) pair or None, got {type(out).__name__}")
-        check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
-        check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
-        q_out, k_out = out
-    else:
-        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    q_out, k_out = rope_outputs(q, k, out)
     launch_rope(q, k, cos, sin, q_out, k_out, interleaved)
     return q_out, k_out
