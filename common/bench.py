@@ -28,6 +28,40 @@ def time_ms(fn, warmup_ms=25, rep_ms=100):
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def graph_time_ms(fn, reps=20):
+    """GPU milliseconds of one call of `fn` with the host out of the loop: `reps` calls, each after an
+    L2 flush, captured in one CUDA graph, minus a graph of the flushes alone. For calls whose GPU
+    time is below their launch cost (decode at small batch), where time_ms measures the host; serving
+    engines replay decode steps from CUDA graphs for the same reason. fn must be capturable (no host
+    syncs). The interpreter has no graphs: time_ms stands in.
+
+    The flush reads a 256 MB buffer rather than writing it (do_bench zeroes one): a written flush
+    leaves L2 full of dirty lines, and writing them back costs the next kernel ~12 us of traffic on
+    an H200 (50 MB), 10% of a 70 us decode call; a kernel in a model finds mostly clean lines there
+    (weights just read)."""
+    if INTERPRET:
+        return time_ms(fn)
+    import triton.testing
+    flush = torch.ones(64 * 2 ** 20, dtype=torch.int32, device=DEVICE)  # 256 MB, 5x an H100's L2
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture asks
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    totals = []
+    for with_fn in (True, False):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                flush.amax()
+                if with_fn:
+                    fn()
+        graph.replay()
+        totals.append(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
+        del graph
+    return max(totals[0] - totals[1], 0.0) / reps
+
+
 def gbps(n_bytes, ms):
     return n_bytes / (ms * 1e-3) / 1e9
 

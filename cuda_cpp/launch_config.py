@@ -27,18 +27,25 @@ def pack_size(elem_size, vector):
 
 
 # ---- RMSNorm ----
-#   rows of at most WARP_ROW_PACKS packs: one warp a row (32 threads x up to 4 packs), ROWS_PER_BLOCK
+# Measured on an H200 with build/tune/cuda_sweep.py (16-bit rows, % of the copy bandwidth).
+#   rows of at most WARP_ROW_PACKS packs: one warp a row (32 threads x up to 2 packs), ROWS_PER_BLOCK
 #       rows a block: a row this short is too little work for a block, and a warp needs no barrier.
-#   up to CACHED_ROW_PACKS: the row in registers, 4 packs a thread (all loads issued before the sum),
-#       at most 512 threads: with <= 57 registers two such blocks share an SM, so one row's
-#       reduction and stores overlap the next row's loads (one 1024-thread block per SM would not).
-#   wider rows: two passes, LOOPED_THREADS threads; the second read comes from L2 (N = 32768 bf16:
-#       64 KB a row, a few rows an SM in flight, far below the 50 MB L2).
-WARP_ROW_PACKS = 128         # N <= 1024 fp16 / bf16, 512 fp32
-ROWS_PER_BLOCK = 4           # 128-thread blocks
-CACHED_PACKS_PER_THREAD = 4  # 16 registers of row (in the storage type) a thread
-CACHED_ROW_PACKS = 2048      # N <= 16384 fp16 / bf16, 8192 fp32: 512 threads x 4 packs
-LOOPED_THREADS = 512         # 4 packs a trip each: 32 KB of a row in flight a block
+#   up to CACHED_ROW_PACKS: the row in registers, all loads issued before the sum. Two packs a
+#       thread while that takes at most 512 threads (N <= 8192), four beyond: at N = 1024-2048 two
+#       packs on twice the threads run 4-7% faster than four (N = 1024: 71% of copy against 67%
+#       for a warp with four), equal at 4096-8192; at N = 16384 four packs on 512 threads reach 92-94%,
+#       while 1024 threads with two spill in bf16 (68%).
+#   wider rows: two passes, a thread moving 4 packs a trip; the second read comes from L2 (N = 32768
+#       bf16: 64 KB a row, a few rows an SM in flight, far below the 50 MB L2). At least two trips a
+#       thread, at most 1024 threads: 512 at N = 32768 (83%; 1024 threads 79%), 1024 from 65536
+#       (82% against 74% with 512).
+WARP_ROW_PACKS = 64           # N <= 512 fp16 / bf16, 256 fp32
+ROWS_PER_BLOCK = 4            # 128-thread blocks
+CACHED_SMALL_PACKS = 2        # packs a thread of the register-cached kernel while threads <= 512
+CACHED_THREADS = 512
+CACHED_ROW_PACKS = 2048       # N <= 16384 fp16 / bf16, 8192 fp32: 512 threads x 4 packs
+LOOPED_PACKS_PER_THREAD = 8   # two trips of 4 packs
+LOOPED_MAX_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -54,20 +61,24 @@ def rmsnorm_config(n_cols, elem_size, vector):
     """Kernel and launch shape for rows of n_cols values of elem_size bytes (vector: 16-byte packs)."""
     packs = max(1, n_cols // pack_size(elem_size, vector))  # a tail of < 1 pack rides along
     if packs <= WARP_ROW_PACKS:
-        vpt = next(v for v in (1, 2, 4) if 32 * v >= packs)
+        vpt = next(v for v in (1, 2) if 32 * v >= packs)
         return RmsnormConfig(not vector, vpt, 32, ROWS_PER_BLOCK)
     if vector and packs <= CACHED_ROW_PACKS:
-        threads = round_up(cdiv(packs, CACHED_PACKS_PER_THREAD), 32)
+        threads = round_up(cdiv(packs, CACHED_SMALL_PACKS), 32)
+        if threads > CACHED_THREADS:
+            threads = round_up(cdiv(packs, 4), 32)
         vpt = next(v for v in (1, 2, 4) if threads * v >= packs)
         return RmsnormConfig(False, vpt, threads, 1)
-    return RmsnormConfig(True, 1, min(LOOPED_THREADS, round_up(cdiv(packs, 4), 32)), 1)
+    return RmsnormConfig(True, 1, min(LOOPED_MAX_THREADS, round_up(cdiv(packs, LOOPED_PACKS_PER_THREAD), 32)), 1)
 
 
 # ---- SwiGLU ----
-# A block moves SWIGLU_THREADS x SWIGLU_PACKS packs of y (and twice that read): 256 threads x 2 packs
-# is 64 bytes of loads in flight a thread, ~1000 threads an SM at <= 60 registers: 64 KB an SM. The
-# scalar path moves 2-byte values, so 4 a thread keep as many loads in flight as it can.
-SWIGLU_THREADS = 256
+# A block moves SWIGLU_THREADS x SWIGLU_PACKS packs of y (and twice that read): 2 packs are 64 bytes
+# of loads in flight a thread. Measured on an H200: 128-thread blocks run 0.3-3.8% faster than 256
+# from 4096x11008 up (the finer grid evens out the last wave) and within 1% of the best at
+# 1024x14336; 4 packs a thread are 5-25% slower. The scalar path moves 2-byte values, so 4 a thread
+# keep as many loads in flight as it can.
+SWIGLU_THREADS = 128
 SWIGLU_PACKS = 2
 SWIGLU_SCALARS = 4
 
@@ -85,11 +96,13 @@ def swiglu_config(vector):
 # ---- RoPE ----
 # One block a (b, t) position: threads_pairs = D/2 / pairs-a-thread threads along the pairs (8 for
 # D = 128 fp16), and threads along the heads, each rotating HEADS_PER_TRIP heads a trip. Heads are
-# spread so that no thread idles in the last trip: Llama's 32 + 8 heads at D = 128 give 20 x 2
-# heads, a 160-thread block. About ROPE_THREADS threads a block at most: the half layout's 16-bit
-# kernels take 93-113 registers (four fp32 table columns, two heads' packs), so ~4 such blocks fill
-# an SM, with ~40 KB of loads in flight.
-ROPE_THREADS = 256
+# spread so that no thread idles in the last trip: Llama's 32 + 8 heads at D = 128 give 7 threads
+# x 3 trips x 2 heads, a 56-thread block. About ROPE_THREADS threads a block at most: the half
+# layout's 16-bit kernels take 93-113 registers (four fp32 table columns, two heads' packs). Measured
+# on an H200: small blocks, each looping over its position's heads, run 2-9% faster than one trip
+# (8 x 20 threads) at D = 128 and 3-7% at D = 256: more blocks an SM, and the cos/sin row loaded
+# once serves more heads a thread. At D = 64 (4 x 10 threads) they are 4% slower than 4 x 20.
+ROPE_THREADS = 64
 HEADS_PER_TRIP = 2  # as in csrc/rope.cu
 
 

@@ -24,7 +24,8 @@ from attention.test_rope import make_table  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
 from cuda_cpp.extension import unavailable_reason  # noqa: E402
-from cuda_cpp.launch_config import CACHED_ROW_PACKS, WARP_ROW_PACKS, RmsnormConfig, SwigluConfig, pack_size  # noqa: E402
+from cuda_cpp.launch_config import (CACHED_ROW_PACKS, CACHED_SMALL_PACKS, CACHED_THREADS, WARP_ROW_PACKS,  # noqa: E402
+                                    RmsnormConfig, SwigluConfig, pack_size)
 from cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu  # noqa: E402
 from mlp.gelu import swiglu_ref  # noqa: E402
 from mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected  # noqa: E402
@@ -100,7 +101,8 @@ def rmsnorm_cases():
 
     for dtype in DTYPES:
         vec = pack_size(torch.finfo(dtype).bits // 8, True)
-        for packs in (WARP_ROW_PACKS, CACHED_ROW_PACKS):  # either side of each change of kernel
+        # either side of each change of kernel, and of the cached kernel's change from 2 to 4 packs a thread
+        for packs in (WARP_ROW_PACKS, CACHED_SMALL_PACKS * CACHED_THREADS, CACHED_ROW_PACKS):
             add((3, packs * vec), dtype)
             add((3, (packs + 1) * vec), dtype)
         add((1, 123), dtype)                              # one row: packs, then a scalar tail of 3

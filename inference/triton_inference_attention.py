@@ -56,14 +56,16 @@ HEAD_DIMS = (64, 128, 256)
 # a V block of BLOCK_N * D = 8192 values (16 KB each in fp16): large enough for full 128-byte
 # transactions and many loads in flight, small enough that the G == 1 broadcast product
 # (BLOCK_N x D fp32) stays at 64 values a thread with 4 warps. Three stages keep two K/V block
-# pairs in flight while one is computed on: 72 KB of shared memory, three programs an SM. The paged
-# loop spends one stage on its block-table load, so it keeps one pair in flight (39 KB, five
-# programs an SM).
+# pairs in flight while one is computed on: 72 KB of shared memory, three programs an SM.
 BLOCK_TABLE = [
     (64, 128, 4, 3),
     (128, 64, 4, 3),
     (256, 32, 4, 3),
 ]
+# The paged loop's K/V addresses depend on a block-table load, which takes a pipeline stage of its
+# own. Measured on an H200 (hd 128, 16-token pages): two stages, half the shared memory and so more
+# programs an SM, run paged at 0.94-1.01x the contiguous kernel's speed, three stages at 0.83-0.92x.
+PAGED_NUM_STAGES = 2
 # The interpreter runs every op in numpy: small blocks keep the CPU tests quick and give short
 # sequences several blocks, so the unmasked loop, the masked tail and split boundaries all run.
 INTERPRETER_BLOCK = (16, 1, 1)
@@ -75,13 +77,25 @@ MHA_USE_DOT = True
 # Split-KV, from the shapes: B * Hkv programs a split, n_sms SMs, the longest sequence T.
 #   (B * Hkv below this many per SM, split to this many programs per SM, tokens per split at least)
 # The first row that applies sets num_splits = min(ceil(target * n_sms / (B * Hkv)),
-# T // min_tokens, MAX_SPLITS); at or past the last row the sequence is not split.
+# T // min_tokens, MAX_SPLITS); at or past the last row the sequence is not split. Measured on an
+# H200 (H32 hd128 fp16): with fewer programs than SMs, one program an SM is best or within 3% of it
+# in GPU time (CUDA graphs, build/tune/decode_graph_splits.py: B1 Hkv8 T8192 17.6 us at 16 splits,
+# 18.9 at 25; B1 Hkv32 T8192 45.2 us at 4, 46.0 at 7; B8 Hkv8 T4096 45.5 us at 2 and 4, 49.9 at 8);
+# more splits only add partials to merge. With one to four programs an SM, finer splits even out the
+# last wave (build/tune/decode_sweep.py: B16 Hkv32 T4096 and B64 Hkv8 T16384, 4 splits 4205 / 4529
+# GB/s, 2 splits 4095 / 4362).
 SPLIT_TABLE = [
-    (1, 4, 256),  # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32): the GPU is mostly
-                  # idle unsplit; 4 programs an SM hide a program's start and its partial write,
-                  # and 256 tokens (four blocks, 128 KB of K and V at hd 128) amortize them
-    (4, 4, 512),  # one to four programs an SM: the last wave runs part-empty; splitting evens it out,
-                  # with longer splits as there is less idle time to win back
+    (1, 1, 256),   # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32): about one an SM;
+                   # 256 tokens (four blocks, 128 KB of K and V at hd 128) amortize a program's
+                   # start and its partial write
+    (4, 16, 512),  # one to four programs an SM: four to eight splits a sequence, longer splits
+]
+# The paged loop keeps fewer loads in flight a program (its K/V addresses wait on the block-table
+# load, and it runs PAGED_NUM_STAGES), so with few sequences it needs more programs an SM: at one an
+# SM it ran at 0.58-0.77x the contiguous kernel's GPU time for B <= 4 (at 1.5 an SM 0.80-0.88x).
+PAGED_SPLIT_TABLE = [
+    (1, 4, 256),
+    (4, 16, 512),
 ]
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
 INTERPRETER_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
@@ -101,26 +115,27 @@ class DecodeConfig:
     num_splits: int   # programs a (sequence, kv head); 1 is the unsplit path
 
 
-def split_count(n_programs, max_length, n_sms, block_n):
+def split_count(n_programs, max_length, n_sms, block_n, paged=False):
     """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens."""
-    for below_per_sm, target_per_sm, min_tokens in SPLIT_TABLE:
+    for below_per_sm, target_per_sm, min_tokens in PAGED_SPLIT_TABLE if paged else SPLIT_TABLE:
         if n_programs < below_per_sm * n_sms:
-            by_sms = triton.cdiv(target_per_sm * n_sms, max(n_programs, 1))
+            by_sms = math.ceil(target_per_sm * n_sms / max(n_programs, 1))
             by_length = max_length // max(min_tokens, block_n)
             return max(1, min(by_sms, by_length, MAX_SPLITS))
     return 1
 
 
 @functools.lru_cache(maxsize=1024)
-def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms):
+def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=False):
     """Launch parameters for B = batch sequences of at most max_length tokens, Hkv = n_kv_heads,
-    G = group query heads a kv head, on a GPU with n_sms SMs."""
+    G = group query heads a kv head, on a GPU with n_sms SMs; paged: a paged cache."""
     if INTERPRET:
         block_n, num_warps, num_stages = INTERPRETER_BLOCK
     else:
         block_n, num_warps, num_stages = next(row[1:] for row in BLOCK_TABLE if head_dim <= row[0])
+        num_stages = PAGED_NUM_STAGES if paged else num_stages
     return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT,
-                        split_count(batch * n_kv_heads, max_length, n_sms, block_n))
+                        split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged))
 
 
 @triton.jit
@@ -357,11 +372,11 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     if max_tokens == 0:  # no cache at all: every sequence has length 0
         return out.zero_()
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    if cfg is None:
-        longest = max_tokens if max_length is None else min(max_length, max_tokens)
-        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0))
-    splits = num_splits or cfg.num_splits
+    longest = max_tokens if max_length is None else min(max_length, max_tokens)
     paged = table is not None
+    if cfg is None:
+        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0), paged)
+    splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     if splits > 1:
         m_part, l_part = torch.empty((2, b * h, splits), dtype=torch.float32, device=q.device)

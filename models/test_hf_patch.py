@@ -128,11 +128,27 @@ def check_logits(name, out, ref, lowp, dtype, n_layers, rows=None):
     return outcomes
 
 
-def restored(model, modeling, original_rope, original_attention, before, after):
-    """unpatch_model left no trace: outputs bit-identical, no instance forward, globals back."""
+# On the GPU, two back-to-back runs of one unpatched model are not bit-identical in the decode steps:
+# measured on an H200 (torch 2.11, transformers 5.17), from some step on their logits differ by up to
+# 2.3 units of roundoff of max|logit|, while prefill logits always match (a fixed
+# CUBLAS_WORKSPACE_CONFIG did not change it). There, decode logits after unpatching must be within
+# UNPATCHED_GPU_ULPS such units of those before; in the interpreter they must be bit-identical.
+UNPATCHED_GPU_ULPS = 6
+
+
+def restored(model, modeling, original_rope, original_attention, before, after, ref, dtype):
+    """unpatch_model left no trace: prefill logits bit-identical (decode logits too in the
+    interpreter, within run-to-run noise on the GPU), no instance forward, globals back."""
     leftover = [name for name, m in model.named_modules() if "forward" in m.__dict__]
+    diffs = [(a - b).abs().max().item() for a, b in zip(before, after)]
+    ulp = UNIT_ROUNDOFF.get(dtype, 2.0 ** -24) * ref[0].abs().max().item()
+    limit = 0.0 if DEVICE != "cuda" else UNPATCHED_GPU_ULPS * ulp
     return [
-        Outcome("unpatched: bit-identical logits", all(torch.equal(a, b) for a, b in zip(before, after))),
+        Outcome("unpatched: bit-identical prefill logits", torch.equal(before[0], after[0]), diffs[0]),
+        Outcome("unpatched: decode logits" + (" (run-to-run noise)" if limit else ", bit-identical"),
+                max(diffs[1:], default=0.0) <= limit, max(diffs[1:], default=0.0),
+                limit=f"{UNPATCHED_GPU_ULPS} u*max|ref|" if limit else "0",
+                note=f"{max(diffs[1:], default=0.0) / ulp:.2g} u*max|ref|"),
         Outcome("unpatched: no instance forward left", not leftover, note=", ".join(leftover)[:70]),
         Outcome("unpatched: apply_rotary_pos_emb restored", modeling.apply_rotary_pos_emb is original_rope),
         Outcome("unpatched: attention implementation restored",
@@ -179,7 +195,7 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=False):
         if decode == "decode_attention":
             expected["decode_attention"] = n_layers * n_steps
     outcomes.append(Outcome("kernel calls", calls == expected, note=f"{calls}"[:120]))
-    return outcomes + restored(model, modeling, original_rope, original_attention, before, after)
+    return outcomes + restored(model, modeling, original_rope, original_attention, before, after, ref, dtype)
 
 
 def _decode_head_dims():
