@@ -64,7 +64,7 @@ BLOCK_TABLE = [
 ]
 # The paged loop's K/V addresses depend on a block-table load, which takes a pipeline stage of its
 # own. Measured on an H200 (hd 128, 16-token pages): two stages, half the shared memory and so more
-# programs an SM, run paged at 0.94-1.01x the contiguous kernel's speed, three stages at 0.83-0.92x.
+# programs an SM, run paged at 0.94-1.01x the contiguous kernel's speed, three stages at 0.83-0.93x.
 PAGED_NUM_STAGES = 2
 # The interpreter runs every op in numpy: small blocks keep the CPU tests quick and give short
 # sequences several blocks, so the unmasked loop, the masked tail and split boundaries all run.
@@ -91,8 +91,9 @@ SPLIT_TABLE = [
     (4, 16, 512),  # one to four programs an SM: four to eight splits a sequence, longer splits
 ]
 # The paged loop keeps fewer loads in flight a program (its K/V addresses wait on the block-table
-# load, and it runs PAGED_NUM_STAGES), so with few sequences it needs more programs an SM: at one an
-# SM it ran at 0.58-0.77x the contiguous kernel's GPU time for B <= 4 (at 1.5 an SM 0.80-0.88x).
+# load, and it runs PAGED_NUM_STAGES), so with few sequences it needs more programs an SM. At B <= 4
+# and T >= 8192 (H200, GPU time) it ran at 0.58-0.75x the contiguous kernel's speed with one
+# program an SM, 0.72-0.88x with 1.5 and 0.86-1.07x with four.
 PAGED_SPLIT_TABLE = [
     (1, 4, 256),
     (4, 16, 512),
