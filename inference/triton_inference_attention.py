@@ -75,7 +75,8 @@ INTERPRETER_BLOCK = (16, 1, 1)
 MHA_USE_DOT = True
 
 # Split-KV, from the shapes: B * Hkv programs a split, n_sms SMs, the longest sequence T.
-#   (B * Hkv below this many per SM, split to this many programs per SM, tokens per split at least)
+#   (B * Hkv below this many per SM, split to this many programs per SM, the same for a paged
+#    cache, tokens per split at least)
 # The first row that applies sets num_splits = min(ceil(target * n_sms / (B * Hkv)),
 # T // min_tokens, MAX_SPLITS); at or past the last row the sequence is not split. Measured on an
 # H200 (H32 hd128 fp16): with fewer programs than SMs, one program an SM is best or within 3% of it
@@ -84,19 +85,15 @@ MHA_USE_DOT = True
 # more splits only add partials to merge. With one to four programs an SM, finer splits even out the
 # last wave (build/tune/decode_sweep.py: B16 Hkv32 T4096 and B64 Hkv8 T16384, 4 splits 4205 / 4529
 # GB/s, 2 splits 4095 / 4362).
-SPLIT_TABLE = [
-    (1, 1, 256),   # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32): about one an SM;
-                   # 256 tokens (four blocks, 128 KB of K and V at hd 128) amortize a program's
-                   # start and its partial write
-    (4, 16, 512),  # one to four programs an SM: four to eight splits a sequence, longer splits
-]
 # The paged loop keeps fewer loads in flight a program (its K/V addresses wait on the block-table
 # load, and it runs PAGED_NUM_STAGES), so with few sequences it needs more programs an SM. At B <= 4
 # and T >= 8192 (H200, GPU time) it ran at 0.58-0.75x the contiguous kernel's speed with one
 # program an SM, 0.72-0.88x with 1.5 and 0.86-1.07x with four.
-PAGED_SPLIT_TABLE = [
-    (1, 4, 256),
-    (4, 16, 512),
+SPLIT_TABLE = [
+    (1, 1, 4, 256),    # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32); 256 tokens
+                       # (four blocks, 128 KB of K and V at hd 128) amortize a program's start and
+                       # its partial write
+    (4, 16, 16, 512),  # one to four programs an SM: four to eight splits a sequence, longer splits
 ]
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
 INTERPRETER_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
@@ -118,9 +115,9 @@ class DecodeConfig:
 
 def split_count(n_programs, max_length, n_sms, block_n, paged=False):
     """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens."""
-    for below_per_sm, target_per_sm, min_tokens in PAGED_SPLIT_TABLE if paged else SPLIT_TABLE:
+    for below_per_sm, target_per_sm, paged_target_per_sm, min_tokens in SPLIT_TABLE:
         if n_programs < below_per_sm * n_sms:
-            by_sms = math.ceil(target_per_sm * n_sms / max(n_programs, 1))
+            by_sms = math.ceil((paged_target_per_sm if paged else target_per_sm) * n_sms / max(n_programs, 1))
             by_length = max_length // max(min_tokens, block_n)
             return max(1, min(by_sms, by_length, MAX_SPLITS))
     return 1
@@ -373,9 +370,9 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     if max_tokens == 0:  # no cache at all: every sequence has length 0
         return out.zero_()
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    longest = max_tokens if max_length is None else min(max_length, max_tokens)
     paged = table is not None
     if cfg is None:
+        longest = max_tokens if max_length is None else min(max_length, max_tokens)
         cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0), paged)
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
