@@ -8,6 +8,11 @@ Work and bytes (M, N, K; e = element size):
                                        copy bandwidth says how close to that bound it runs)
     epilogue rows add the bias (N*e); rmsnorm_linear rows add the norm weight (K*e) and count the
     RMSNorm's own FLOPs as nothing.
+graph_ms (rows with M <= 64): the same call's GPU time with the host out of the loop
+    (common.bench.graph_time_ms: CUDA-graph replays after an L2 flush). A decode-size GEMM runs for
+    10-50 us, about what one launch costs the host (Triton's more than cuBLAS's), so do_bench's "ms"
+    there partly measures the host; serving engines replay decode steps from CUDA graphs, where
+    only graph_ms counts.
 
 Shapes are keyed "MxNxK". Sweeps (fp16 and bf16): square M = N = K = 1024..8192; tokens
 M = 1..8192 at the (K, N) of a 4096-wide model's projections: attention (4096, 4096), MLP up
@@ -27,7 +32,7 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.bench import compile_fn, time_ms  # noqa: E402
+from common.bench import compile_fn, graph_time_ms, time_ms  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
 from common.testing import dtype_name  # noqa: E402
@@ -37,6 +42,7 @@ from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
 
 EPS = 1e-6
 BYTES_UP_TO_M = 128  # GB/s for the rows bound by reading b
+GRAPH_UP_TO_M = 64   # GPU time (CUDA graphs) beside do_bench's for decode-size rows
 
 
 def llm_sweep(ms, k, n, label):
@@ -48,7 +54,7 @@ FULL = dict(
     + [llm_sweep((1, 16, 128, 2048, 4096, 8192), k, n, label)
        for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
     epilogue=[llm_sweep((16, 256, 2048), 4096, 14336, "MLP up")],
-    rmsnorm_linear=[llm_sweep((1, 4, 16, 64, 256, 1024, 4096), 4096, n, f"N={n}") for n in (4096, 14336)],
+    rmsnorm_linear=[llm_sweep((1, 4, 16, 32, 64, 256, 1024, 4096), 4096, n, f"N={n}") for n in (4096, 14336)],
 )
 SMOKE = dict(
     matmul=[("M = N = K", [(s, (s, s, s)) for s in (32, 64)]), llm_sweep((1, 16), 64, 96, "tiny")],
@@ -70,10 +76,15 @@ def add_rows(rows, copy_GBps, op, shape, dtype, providers, expected, n_bytes):
         ms = time_ms(fn)
         row = make_row(op, shape_str(shape), dtype_name(dtype), provider, ms, copy_GBps,
                        n_bytes=n_bytes if m <= BYTES_UP_TO_M else None, flops=2 * m * n * k, max_err=err)
+        graph = ""
+        if m <= GRAPH_UP_TO_M:
+            row["graph_ms"] = round(graph_time_ms(fn), 5)
+            row["graph_pct_copy"] = round(row["pct_copy"] * ms / max(row["graph_ms"], 1e-9), 1)
+            graph = f"  graph {row['graph_ms']:9.4f} ms {row['graph_pct_copy']:5.1f}%"
         rows.append(row)
         bw = f"{row['GBps']:8.1f} GB/s" if row["GBps"] is not None else " " * 13
         print(f"{op:17s} {row['shape']:>16s} {row['dtype']} {provider:22s} {ms:9.4f} ms "
-              f"{row['TFLOPs']:7.1f} TFLOP/s {bw}  err {err:.2g}", flush=True)
+              f"{row['TFLOPs']:7.1f} TFLOP/s {bw}{graph}  err {err:.2g}", flush=True)
 
 
 def free():
@@ -151,8 +162,10 @@ def main():
             sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
             if sel:
                 plot_sweeps(args.out / f"gemm_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta, metric="TFLOPs")
-    for dtype in ("fp16", "bf16"):  # the decode rows against the memory bound
+    for dtype in ("fp16", "bf16"):  # the decode rows against the memory bound, GPU time beside do_bench's
         sel = [r for r in rows if r["op"] == "matmul" and r["dtype"] == dtype]
+        sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
+                for r in sel if r.get("graph_ms")]
         plot_sweeps(args.out / f"gemm_matmul_decode_{dtype}.png", f"matmul {dtype}, M <= {BYTES_UP_TO_M}", sel,
                     [(label, [(x, s) for x, s in points if s[0] <= BYTES_UP_TO_M])
                      for label, points in config["matmul"][1:]], meta)

@@ -1,10 +1,11 @@
 """Markdown tables for the README from a results JSON, so README figures come from the files.
 
-    python -m common.report benchmarks/results/norm.json [--min-elements 16777216]
+    python -m common.report benchmarks/results/norm.json [--min-elements 16777216] [--graph]
 
 One table per op, one row per shape, one column group per dtype: our GB/s with its share of the
 copy bandwidth (or TFLOP/s where the rows carry no bytes), then every baseline's figure. The best
-figure of each group is in bold.
+figure of each group is in bold. --graph: the same from the GPU times of the rows that have one
+(graph_ms: CUDA-graph replays, the host out of the loop), for the rows and providers that carry it.
 """
 import argparse
 import json
@@ -17,14 +18,25 @@ def _elements(shape):
     return math.prod(int(d) for d in parts) if all(d.isdigit() for d in parts) else math.inf
 
 
-def tables(path, min_elements=0):
-    """One markdown table per op in the file, preceded by a line naming the run."""
+def graph_row(r):
+    """A row's figures recomputed from its GPU time (graph_ms) instead of do_bench's ms."""
+    scale = r["ms"] / r["graph_ms"]
+    return dict(r, GBps=r["GBps"] and r["GBps"] * scale, TFLOPs=r["TFLOPs"] and r["TFLOPs"] * scale,
+                pct_copy=r.get("graph_pct_copy"))
+
+
+def tables(path, min_elements=0, graph=False):
+    """One markdown table per op in the file, preceded by a line naming the run; graph: from GPU
+    times (graph_ms), only the rows that have one."""
     data = json.load(open(path))
     meta, rows = data["meta"], data["rows"]
+    if graph:
+        rows = [graph_row(r) for r in rows if r.get("graph_ms")]
     metric = "GBps" if rows and rows[0]["GBps"] is not None else "TFLOPs"
     cell = {(r["op"], r["shape"], r["dtype"], r["provider"]): r for r in rows}
     out = [f"{meta['gpu']}, {meta['date']}, torch {meta['torch']}, triton {meta['triton']}; copy bandwidth "
-           f"{meta['copy_GBps']:.0f} GB/s. Figures in {metric}; ours also as a share of the copy bandwidth."]
+           f"{meta['copy_GBps']:.0f} GB/s. Figures in {metric}{' from GPU time (CUDA graphs)' if graph else ''}; "
+           "ours also as a share of the copy bandwidth."]
     for op in dict.fromkeys(r["op"] for r in rows):
         sel = [r for r in rows if r["op"] == op]
         dtypes = list(dict.fromkeys(r["dtype"] for r in sel))
@@ -52,5 +64,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json")
     parser.add_argument("--min-elements", type=int, default=0)
+    parser.add_argument("--graph", action="store_true", help="figures from the GPU times (graph_ms)")
     args = parser.parse_args()
-    print(tables(args.json, args.min_elements))
+    print(tables(args.json, args.min_elements, args.graph))

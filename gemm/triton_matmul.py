@@ -19,12 +19,12 @@ Triton's interpreter (no GPU) runs one small fixed config instead: autotuning th
 time numpy.
 
 Split-K, for one-token decode (M = 1) against N <= 8192, where the few output tiles leave SMs
-idle: SPLIT_K programs share each tile, program s reducing the s-th slice of the BLOCK_K steps to
-an fp32 workspace (SPLIT_K * M, N); a second kernel adds the slices in a fixed order
-(deterministic), adds the bias, applies the activation and rounds once, so the epilogue runs
-once, after the full K reduction. It costs the workspace (SPLIT_K * N * 4 bytes written and read
-back, small next to b's K * N * 2) and one more launch. SPLIT_TABLE picks it by M and output tiles
-per SM; it is not autotuned.
+idle: SPLIT_K programs share each tile, program s reducing the s-th slice of the BLOCK_K steps.
+Each stores its fp32 partial tile in a scratch buffer and counts itself in the tile's arrival
+counter (common/workspace.py); the last to arrive adds the slices in a fixed order (the result does
+not depend on which finished first), then runs the epilogue (bias, activation, one rounding) on the
+full sum. One launch; the partials (SPLIT_K * M * N * 4 bytes written and read back) are small
+next to b's K * N * 2. SPLIT_TABLE picks it by M and output tiles per SM; it is not autotuned.
 """
 import functools
 
@@ -35,6 +35,7 @@ import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
 from common.validation import check_out, check_same_device, check_tensor
+from common.workspace import split_k_buffers
 
 DTYPES = (torch.float16, torch.bfloat16)
 ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
@@ -45,8 +46,12 @@ ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
 # column-panels of B, rather than a few A panels and every B panel of their rows; a panel they
 # share is read from DRAM once and from L2 after. At 8192^3 with 128x256 tiles, a wave of 132
 # programs reads about 84 MB of panels instead of 136 MB. (The Triton matmul tutorial reports 220 ->
-# 245 TFLOP/s on an A100 from this change alone.) 8 is the tutorial's value.
-GROUP_M = 8
+# 245 TFLOP/s on an A100 from this change alone.) The tutorial uses 8. On an H100 with 128x256
+# tiles, 8 and 16 were within the run-to-run spread of each other (one config timed twice moves by
+# up to 5-10% there), at 0.85-1.04x cuBLAS at 4096^3, 8192^3, 2048-8192 x 14336 x 4096 and
+# 4096^2 x 14336 (build/tune/gcheck.py); with 16, a wave of 132 programs reads about a fifth fewer
+# panel bytes (16 A panels and 9 B panels of twice the size, against 8 and 17).
+GROUP_M = 16
 
 # Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
 # Shared memory per config is (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes * num_stages; all fit the
@@ -59,6 +64,9 @@ CONFIGS = [
     (128, 128, 64, 4, 4),  # twice the tiles of 128x256, for shapes where those leave SMs idle
     (64, 256, 32, 4, 4),   # the tutorial's config for moderate M against large N
     (64, 128, 64, 4, 4),   # M ~ 128-512: 4x the tiles of 128x256 (M = 128, N = 14336: 0.95-0.97x); 96 KB
+    # 1024^3 (256 tiles, two a SM): GPU time on an H100 8.3 us against 9.2 for 64x128x64 and
+    # 128x64x64, 11.2 for 128x128x64; cuBLAS 7.3-7.6 (CUDA graphs, build/tune/ab1.py "mm")
+    (64, 128, 128, 4, 3),
     # M = 128 against N = 4096: 128 programs where 64x128 tiles leave half the SMs idle; six
     # stages of 32 KB (192 KB) keep 4-5 stages of loads in flight. H200 bf16, us (cuBLAS /
     # ours): K = 4096: 19.7 (0.95x; 5 stages 20.8, 4: 22.6; 64x128x64 29.0), K = 14336: 44.7
@@ -91,6 +99,9 @@ TINY_MACS = 1 << 27
 #   N = 4096, K = 14336: cuBLAS 40.8; SPLIT_K 4: 43.5 (0.94x); one kernel 51.0 (0.80x)
 #   N = 8192 (64 tiles): cuBLAS 27.0; SPLIT_K 2: 29.7 (0.91x), 4: 30.3; one kernel 30.3 (0.89x)
 #   N = 14336 (112 tiles): cuBLAS 40.3; SPLIT_K 2: 44.7; one kernel 41.2 (0.98x): no split.
+# Those were two launches (slices, then a summing kernel). In one launch (the last slice sums) the
+# GPU time barely moves (H100, M = 1, N = K = 4096, CUDA graphs: 15.8 us against 16.1; cuBLAS 14.2)
+# but the host's drops from ~80 to ~46 us a call (build/tune/ab1.py, ab2.py).
 # M >= 4 loses (N = 4096: 20.6 against 18.7 at M = 4, 20.4 against 18.5 at M = 16; M = 2 ties),
 # M = 128 is better served by 64 x 64 tiles (CONFIGS: 0.95x against 0.77x split at K = 4096), and
 # 1024^3 loses at every SPLIT_K (15.6 us at best against 11.0 in one kernel).
@@ -105,9 +116,6 @@ MIN_SLICE_STEPS = 4
 # SMs that plan() counts in the interpreter, which has none: a small GPU, so that the small test
 # shapes (32x32 tiles) reach every row of SPLIT_TABLE with a few dozen programs.
 INTERPRET_SMS = 16
-# The kernel that sums the slices: a (<= SUM_BLOCK_M rows, SUM_BLOCK_N columns) tile a program,
-# 4 warps: 2 values a thread and slice for M = 1, 32 for a 16-row tile, all loads in flight at once.
-SUM_BLOCK_M, SUM_BLOCK_N = 16, 256
 
 # Interpreter: one config with several tiles in every dimension of the small test shapes, so edge
 # tiles, the K tail and the grouped order all run. (BLOCK_M, BLOCK_N, BLOCK_K); the split-K path
@@ -194,35 +202,19 @@ def epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_c
     store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit(do_not_specialize=["M_BUCKET"])
-def _matmul_kernel(
-    # pointers; with SPLIT_K_PARTIAL, c is the fp32 workspace (SPLIT_K * M, N)
-    a_ptr, b_ptr, c_ptr, bias_ptr,
-    # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
-    M, N, K, M_BUCKET,
-    # strides, in elements
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    # meta-parameters
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, SPLIT_K_PARTIAL: tl.constexpr = False,
-):
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    # This program's share of the K steps: all of them, or with split-K (the grid's second axis,
-    # SPLIT_K programs a tile) slice pid_k of them; the launcher leaves no slice empty.
-    pid_k = tl.program_id(1)
-    k_steps = tl.cdiv(K, BLOCK_K)
-    slice_steps = tl.cdiv(k_steps, tl.num_programs(1))
-    k_first = pid_k * slice_steps
-    k_last = tl.minimum(k_first + slice_steps, k_steps)
+@triton.jit
+def dot_tile(a_ptr, b_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
+             stride_am, stride_ak, stride_bk, stride_bn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The fp32 (BLOCK_M, BLOCK_N) tile (pid_m, pid_n) of a @ b summed over BLOCK_K steps
+    [k_first, k_last)."""
     # Edge tiles re-read valid rows/columns (% M, % N) instead of masking every load; the store
     # drops them. The wrap keeps the 16-element contiguity the compiler needs for vector loads
     # whenever M or N divides by 16.
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rk = tl.arange(0, BLOCK_K)
-    k_start = (k_first * BLOCK_K).to(tl.int64)  # 64-bit: K * stride_ak can pass 2^31 (a transposed)
+    k_start = tl.cast(k_first, tl.int64) * BLOCK_K  # 64-bit: K * stride_ak can pass 2^31 (a transposed)
     a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + (k_start + rk[None, :]) * stride_ak
     b_ptrs = b_ptr + (k_start + rk[:, None]) * stride_bk + rn[None, :].to(tl.int64) * stride_bn
 
@@ -238,43 +230,72 @@ def _matmul_kernel(
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-
-    if SPLIT_K_PARTIAL:
-        # this slice's fp32 sum, unrounded, into rows pid_k * M ... of the workspace; the bias and
-        # the activation wait for the sum of all slices (_split_k_sum_kernel)
-        store_tile(c_ptr + pid_k.to(tl.int64) * M * stride_cm, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                   BLOCK_M, BLOCK_N)
-    else:
-        epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                       HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
+    return acc
 
 
-@triton.jit
-def _split_k_sum_kernel(
-    # pointers: the fp32 workspace (SPLIT_K * M, N), contiguous; c (M, N); bias (N,)
-    partials_ptr, c_ptr, bias_ptr,
-    # matrix dimensions
-    M, N,
-    # strides of c, in elements
-    stride_cm, stride_cn,
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=["M_BUCKET"])
+def _matmul_kernel(
+    # pointers
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
+    M, N, K, M_BUCKET,
+    # strides, in elements
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     # meta-parameters
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
-    """c = act(sum of the SPLIT_K slices + bias) for one BLOCK_M x BLOCK_N tile. The slices are
-    added in the order 0, 1, ..., so the result does not depend on which slice finished first."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    """One program: tile tl.program_id(0) (grouped order) over all of K, then the epilogue."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = dot_tile(a_ptr, b_ptr, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                   HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
+
+
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit
+def _matmul_split_k_kernel(
+    # pointers; partial: fp32 scratch (SPLIT_K * M, N), counter: int32 zeros (tiles,)
+    a_ptr, b_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
+    # matrix dimensions
+    M, N, K,
+    # strides, in elements
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    # meta-parameters
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """Program (tile, s): slice s of the K steps of one tile; the slice to finish last sums them."""
+    tile = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    slice_steps = tl.cdiv(k_steps, SPLIT_K)  # the launcher leaves no slice empty
+    k_first = pid_k * slice_steps
+    acc = dot_tile(a_ptr, b_ptr, pid_m, pid_n, k_first, tl.minimum(k_first + slice_steps, k_steps), M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+
+    # this slice's fp32 sum, unrounded, into rows pid_k * M ... of the scratch (rows past M, as
+    # with M = 1 in a 16-row tile, are neither written nor read)
     rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: SPLIT_K * M * N can pass 2^31
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = rm[:, None] * N + rn[None, :]
     mask = (rm < M)[:, None] & (rn < N)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):  # unrolled: every slice's load is in flight at once
-        acc += tl.load(partials_ptr + (s * M + rm)[:, None] * N + rn[None, :], mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    acc = activate(acc, ACTIVATION)
-    store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    tl.store(partial_ptr + pid_k * M * N + offs, acc, mask=mask)
+    tl.debug_barrier()  # every thread's stores are issued before the count says they are
+    # release/acquire: the last slice to count itself in finds every other slice's sum stored
+    if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):  # slice order, unrolled: every load in flight at once
+            # .cg: from L2, where the other SMs' stores are, never a stale L1 line
+            acc += tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
+        epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                       HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
 
 
 @functools.lru_cache(maxsize=None)
@@ -288,6 +309,27 @@ def tuned(kernel):
     tile is fastest, and keying on it would tune (and compile) every config once more per variant."""
     return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "stride_bn"],
                            prune_configs_by={"early_config_prune": prune_configs})(kernel)
+
+
+# The autotuner's pick for each key, as launch arguments. After a key's first call the kernel is
+# launched with its pick directly: the autotuner's own per-call work (building its key from the
+# arguments, merging the config into them) costs ~10 us of host time, as much as the GPU time of a
+# decode-size GEMM.
+_PICKED = {}
+
+
+def _picked_key(kernel, a, b, m, n, k):
+    """The autotune key of tuned(kernel) (M bucket, N, K, b's layout, dtype), and the device."""
+    return kernel, m_bucket(m), n, k, b.stride(1), a.dtype, a.device
+
+
+def picked_config(kernel, a, b, m, n, k):
+    """Launch arguments of the config the autotuner picked for this key, or None before its first call."""
+    return _PICKED.get(_picked_key(kernel, a, b, m, n, k))
+
+
+def pick_config(kernel, a, b, m, n, k, config):
+    _PICKED[_picked_key(kernel, a, b, m, n, k)] = config.all_kwargs()
 
 
 def check_matmul_args(a, b, bias, activation):
@@ -351,23 +393,17 @@ def default_split_config():
 
 
 def launch_split_k(a, b, bias, activation, c, config, split_k):
-    """Split-K on validated arguments (see launch_matmul): split_k >= 2 programs a tile write fp32
-    slices to a workspace, then one kernel sums them and runs the epilogue into c."""
+    """Split-K on validated arguments (see launch_matmul): split_k >= 2 programs a tile, one launch."""
     (m, k), n = a.shape, b.shape[1]
     bm, bn, bk, warps, stages = config
-    partials = torch.empty((split_k * m, n), dtype=torch.float32, device=a.device)
-    _matmul_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)](
-        a, b, partials, partials,  # no bias here: it is added once, to the sum
-        m, n, k, m_bucket(m),
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), n, 1,
-        HAS_BIAS=False, ACTIVATION=None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
-        SPLIT_K_PARTIAL=True, num_warps=warps, num_stages=stages)
-    sum_bm = min(SUM_BLOCK_M, triton.next_power_of_2(m))
-    _split_k_sum_kernel[(triton.cdiv(m, sum_bm), triton.cdiv(n, SUM_BLOCK_N))](
-        partials, c, bias if bias is not None else c,
-        m, n, c.stride(0), c.stride(1),
-        SPLIT_K=split_k, HAS_BIAS=bias is not None, ACTIVATION=activation,
-        BLOCK_M=sum_bm, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    partial, counters = split_k_buffers(a.device, split_k * m * n, tiles)
+    _matmul_split_k_kernel[(tiles, split_k)](
+        a, b, c, bias if bias is not None else c, partial, counters,
+        m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
+        SPLIT_K=split_k, num_warps=warps, num_stages=stages)
 
 
 def launch_matmul(a, b, bias, activation, c, config=None, split_k=None):
@@ -393,16 +429,18 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None):
     elif INTERPRET:
         kernel, meta = _matmul_kernel, interpret_meta()
     else:
-        kernel, meta = tuned(_matmul_kernel), {}
-
-    def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-
-    kernel[grid](
-        a, b, c, bias if bias is not None else c,  # an unused pointer still needs a tensor
-        m, n, k, m_bucket(m),
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        HAS_BIAS=bias is not None, ACTIVATION=activation, **meta)
+        kernel, meta = _matmul_kernel, picked_config(_matmul_kernel, a, b, m, n, k)
+    args = (a, b, c, bias if bias is not None else c,  # an unused pointer still needs a tensor
+            m, n, k, m_bucket(m),
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    if meta is None:  # this key's first call: the autotuner times CONFIGS, then runs the fastest
+        tuner = tuned(kernel)
+        tuner[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
+            *args, HAS_BIAS=bias is not None, ACTIVATION=activation)
+        pick_config(kernel, a, b, m, n, k, tuner.best_config)
+        return
+    kernel[(triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
+        *args, HAS_BIAS=bias is not None, ACTIVATION=activation, **meta)
 
 
 def matmul(a, b, bias=None, activation=None, out=None):

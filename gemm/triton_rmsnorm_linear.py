@@ -13,7 +13,7 @@ instead of two. Traffic: read W (N*K*e) once, x (M*K*e) once per column of tiles
 the first), norm_weight, write y (M*N*e). The unfused path writes rmsnorm(x) (M*K*e), reads it
 back, and pays a second launch. Three paths, picked by M from PATH_TABLE:
 
-- "decode", for M up to 32 rows. The GEMM is then one pass over W (32 MB at 4096 x 4096
+- "decode", for M up to 16 rows. The GEMM is then one pass over W (32 MB at 4096 x 4096
   bf16), and what decides its speed is how well that pass streams. `_rmsnorm_linear_decode_kernel`
   swaps the operands: it computes y^T tiles, W_tile (BLOCK_N x BLOCK_K, read in its nn.Linear
   layout, K contiguous) @ a^T (BLOCK_K x BLOCK_M), so that W's rows are the MMA's 64-row side
@@ -36,6 +36,8 @@ fp32, like rmsnorm's. Split K adds its fp32 partial sums in a fixed order: the r
 depend on which split finishes last.
 """
 
+import functools
+
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
@@ -43,6 +45,7 @@ import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
 from common.validation import check_same_device, check_tensor
+from common.workspace import split_k_buffers
 from gemm.triton_matmul import DTYPES, grouped_tile, interpret_meta, m_bucket, store_tile, tuned
 from normalization.triton_rmsnorm import check_norm_args, rmsnorm
 
@@ -50,14 +53,18 @@ PATHS = ("decode", "fused", "unfused")
 
 # The path by rows M = x.numel() // K: (largest M, path), first match wins. Each path belongs
 # where it beats both F.rms_norm + cuBLAS and our rmsnorm + cuBLAS for K = 4096 (N = 4096 and
-# 14336) and K = 14336 (N = 4096), fp16 and bf16 (build/tune/rmsnorm_linear_sweep.py measures it).
-# On an H200 the decode path ran at 0.70-0.93x the faster of the two for M = 1, 4, 16, 32 at every
-# shape and dtype, and lost at M = 64 (1.03-1.29x; at 64 rows every column tile re-reads and
-# normalizes all of x: as many bytes from L2 as W has at BLOCK_N = 64). The big-tile fused kernel
-# lost everywhere (bf16, us, fused / unfused, N = 4096: M = 1 32.4 / 21.0, M = 64 54.4 / 20.7); it
-# stays reachable with path="fused".
+# 14336), bf16, in GPU time (CUDA graphs; build/tune/ab2.py "rl" on an H100, us, decode path's
+# best config / our rmsnorm + cuBLAS / F.rms_norm + cuBLAS):
+#   M = 1:  13.9 / 18.8 / 24.4 (N = 4096),  41.0 / 44.8 / 50.5 (N = 14336)
+#   M = 16: 17.1 / 19.4 / 24.9,             44.7 / 45.5 / 51.0
+#   M = 32: 18.9 / 18.0 / 23.4,             47.3 / 47.4 / 52.8   (a tie at best: unfused)
+#   M = 64: 21.7 / 18.7 / 24.2,             53.4 / 47.9 / 53.3
+# From 32 rows every column tile re-reads and normalizes all of x (at 64 rows and BLOCK_N = 64, as
+# many bytes from L2 as W has from DRAM) and the unfused pair wins. The big-tile fused kernel lost
+# everywhere (H200, bf16, us, fused / unfused, N = 4096: M = 1 32.4 / 21.0, M = 64 54.4 / 20.7);
+# it stays reachable with path="fused".
 PATH_TABLE = [
-    (32, "decode"),     # a pass over W, bound by memory
+    (16, "decode"),     # a pass over W, bound by memory
     (None, "unfused"),  # our rmsnorm, then cuBLAS
 ]
 
@@ -73,7 +80,7 @@ DECODE_TABLE = [
     # M = 4: 16.9 / 21.3, 38.6 / 43.5, 39.2 / 45.9; M = 16: 16.9 / 21.6, 38.7 / 43.6, 39.9 / 46.3
     # (BLOCK_N 64 with 4 warps: up to 1.13x slower; 4 programs an SM: up to 1.07x)
     (16, 16, 128, 128, 8, 1),
-    (32, 32, 128, 128, 8, 1),   # M = 32: 18.1 / 22.0, 39.9 / 43.0, 40.3 / 47.1
+    (32, 32, 128, 128, 8, 1),   # M = 32 (path="decode" only): 18.1 / 22.0, 39.9 / 43.0, 40.3 / 47.1
     # M = 64, reached only with path="decode": 21.9 / 21.2, 57.9 / 45.1, 51.1 / 49.7 (two row tiles
     # of 32 or BLOCK_N 128 were no faster)
     (None, 64, 64, 128, 4, 1),
@@ -102,6 +109,7 @@ def split_k(tiles, k_steps, programs):
     return next(split for split in range(most, 0, -1) if k_steps % split == 0 or split == 1)
 
 
+@functools.lru_cache(maxsize=4096)
 def decode_config(m, n, k, n_sms):
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) of the decode path."""
     _, block_m, block_n, block_k, warps, stages = next(r for r in DECODE_TABLE if r[0] is None or m <= r[0])
@@ -110,19 +118,6 @@ def decode_config(m, n, k, n_sms):
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     split = split_k(tiles, triton.cdiv(k, block_k), DECODE_PROGRAMS_PER_SM * n_sms)
     return block_m, block_n, block_k, split, warps, stages
-
-
-_COUNTERS = {}
-
-
-def arrival_counters(device, n):
-    """int32 zeros (at least n) in which split-K programs count their arrivals; every launch leaves
-    them at zero. One buffer per device and stream: launches on one stream never overlap."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    counters = _COUNTERS.get((device, stream))
-    if counters is None or counters.numel() < n:
-        counters = _COUNTERS[(device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return counters
 
 
 @triton.jit
@@ -139,10 +134,10 @@ def store_rows(y_ptr, acc_t, sum_sq, pid_m, pid_n, M, N, K, eps, stride_ym, stri
 
 @triton.jit(do_not_specialize=["M", "K_STEPS"])  # M changes every decode step: one compile for all
 def _rmsnorm_linear_decode_kernel(
-    # pointers: x (M, K), norm weight (K,), W (N, K), y (M, N); with SPLIT_K > 1 also partial
-    # (tiles * SPLIT_K, BLOCK_N, BLOCK_M) and partial_sq (tiles * SPLIT_K, BLOCK_M), fp32, and
-    # counter (tiles,) int32, zeros
-    x_ptr, norm_w_ptr, w_ptr, y_ptr, partial_ptr, partial_sq_ptr, counter_ptr,
+    # pointers: x (M, K), norm weight (K,), W (N, K), y (M, N); with SPLIT_K > 1 also fp32 scratch
+    # for the partial y^T tiles (tiles * SPLIT_K, BLOCK_N, BLOCK_M) followed by the partial sums of
+    # squares (tiles * SPLIT_K, BLOCK_M), and counter (tiles,) int32, zeros
+    x_ptr, norm_w_ptr, w_ptr, y_ptr, partial_ptr, counter_ptr,
     # matrix dimensions; each split of K covers K_STEPS steps of BLOCK_K
     M, N, K, K_STEPS,
     # strides, in elements
@@ -198,6 +193,7 @@ def _rmsnorm_linear_decode_kernel(
         # store this split's sums, then count it in; the last split of the tile to arrive finds
         # every other split's sums stored (release/acquire on the counter) and finishes the tile
         first = tile.to(tl.int64) * SPLIT_K
+        partial_sq_ptr = partial_ptr + tl.num_programs(0).to(tl.int64) * (BLOCK_N * BLOCK_M)
         offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
         tl.store(partial_ptr + (first + pid_k) * (BLOCK_N * BLOCK_M) + offs, acc_t)
         tl.store(partial_sq_ptr + (first + pid_k) * BLOCK_M + tl.arange(0, BLOCK_M), sum_sq)
@@ -340,13 +336,11 @@ def launch_decode(x2, norm_weight, weight, eps, y, config=None):
     k_steps = triton.cdiv(triton.cdiv(k, block_k), split)  # per split
     split = triton.cdiv(triton.cdiv(k, block_k), k_steps)  # no split left without a step
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    partial = partial_sq = counters = y  # unused pointers still need a tensor
+    partial = counters = y  # unused pointers still need a tensor
     if split > 1:
-        partial = torch.empty((tiles * split, block_n, block_m), dtype=torch.float32, device=x2.device)
-        partial_sq = torch.empty((tiles * split, block_m), dtype=torch.float32, device=x2.device)
-        counters = arrival_counters(x2.device, tiles)
+        partial, counters = split_k_buffers(x2.device, tiles * split * (block_n + 1) * block_m, tiles)
     _rmsnorm_linear_decode_kernel[(tiles * split,)](
-        x2, norm_weight, weight, y, partial, partial_sq, counters,
+        x2, norm_weight, weight, y, partial, counters,
         m, n, k, k_steps, *strides, eps,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split,
         EVEN_K=k == k_steps * split * block_k, num_warps=warps, num_stages=stages)

@@ -180,17 +180,19 @@ def check_empty():
 
 
 def check_split_heuristic():
-    """The split table on an H100's 132 SMs: B1 splits (the GPU is otherwise idle), a full GPU does
-    not, short sequences do not, no count passes MAX_SPLITS, and the paged kernel splits more."""
-    shapes = ((1, 8, 8192), (1, 32, 8192), (8, 8, 4096), (64, 32, 4096), (1, 8, 128), (1, 1, 10 ** 6))
+    """The split table on an H100's 132 SMs: B1 splits (the GPU is otherwise idle), one program an SM
+    (B16 H32/8) or a full GPU does not, nor does a one-block sequence, no count passes MAX_SPLITS,
+    and the paged kernel splits more."""
+    shapes = ((1, 8, 8192), (1, 32, 8192), (8, 8, 4096), (16, 8, 4096), (64, 32, 4096), (1, 8, 64), (1, 1, 10 ** 6))
     counts = {(b, hkv, t): split_count(b * hkv, t, H100_SMS, 64) for b, hkv, t in shapes}
     paged = split_count(8, 8192, H100_SMS, 64, paged=True)  # fewer loads in flight a program
     return [
         Outcome("B1 H32/8 T8192 splits", counts[(1, 8, 8192)] > 8, note=str(counts[(1, 8, 8192)])),
         Outcome("B1 H32/32 T8192 splits", counts[(1, 32, 8192)] > 1, note=str(counts[(1, 32, 8192)])),
         Outcome("B8 H32/8 T4096 splits", counts[(8, 8, 4096)] > 1, note=str(counts[(8, 8, 4096)])),
+        Outcome("B16 H32/8 unsplit", counts[(16, 8, 4096)] == 1, note=str(counts[(16, 8, 4096)])),
         Outcome("B64 H32/32 unsplit", counts[(64, 32, 4096)] == 1, note=str(counts[(64, 32, 4096)])),
-        Outcome("T128 unsplit", counts[(1, 8, 128)] == 1, note=str(counts[(1, 8, 128)])),
+        Outcome("T64 (one block) unsplit", counts[(1, 8, 64)] == 1, note=str(counts[(1, 8, 64)])),
         Outcome("at most MAX_SPLITS", counts[(1, 1, 10 ** 6)] == MAX_SPLITS, note=str(counts[(1, 1, 10 ** 6)])),
         Outcome("paged B1 H32/8 T8192 splits more", paged > counts[(1, 8, 8192)], note=str(paged)),
     ]

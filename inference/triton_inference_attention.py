@@ -30,7 +30,10 @@ their partial (m, l, acc) in fp32, and a second, small kernel merges the splits 
 shapes that split). The unsplit path writes O directly.
 
 Paged caches map a token to (page, slot) through a block table, page = block_table[b, t // PAGE_SIZE],
-slot = t % PAGE_SIZE; everything else is the same kernel (PAGED constexpr).
+slot = t % PAGE_SIZE; everything else is the same kernel (PAGED constexpr). The loop loads the next
+block's page ids while it works on the current block, so a K/V load never waits on a table load
+(H100, GPU time at B1: 2-9% faster than loading them in the block's own iteration, at the split
+counts SPLIT_TABLE picks; build/tune/ab1.py).
 
 Limits: head dim 64, 128 or 256; fp16 or bf16; lengths are read on the device (no host sync) and
 clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
@@ -46,6 +49,7 @@ import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
 from common.validation import check_out, check_same_device, check_tensor
+from common.workspace import split_k_buffers
 
 LOG2_E = 1.4426950408889634
 HEAD_DIMS = (64, 128, 256)
@@ -62,9 +66,10 @@ BLOCK_TABLE = [
     (128, 64, 4, 3),
     (256, 32, 4, 3),
 ]
-# The paged loop's K/V addresses depend on a block-table load, which takes a pipeline stage of its
-# own. Measured on an H200 (hd 128, 16-token pages): two stages, half the shared memory and so more
-# programs an SM, run paged at 0.94-1.01x the contiguous kernel's speed, three stages at 0.83-0.93x.
+# The paged loop's K/V addresses depend on block-table loads, which the pipeliner gives a stage of
+# their own. Measured on an H200 (hd 128, 16-token pages, before the table loads moved a block
+# ahead): two stages, half the shared memory and so more programs an SM, ran paged at 0.94-1.01x
+# the contiguous kernel's speed, three stages at 0.83-0.93x.
 PAGED_NUM_STAGES = 2
 # The interpreter runs every op in numpy: small blocks keep the CPU tests quick and give short
 # sequences several blocks, so the unmasked loop, the masked tail and split boundaries all run.
@@ -77,22 +82,24 @@ MHA_USE_DOT = True
 # Split-KV, from the shapes: B * Hkv programs a split, n_sms SMs, the longest sequence T.
 #   (B * Hkv below this many per SM, split to this many programs per SM, the same for a paged
 #    cache, tokens per split at least)
-# The first row that applies sets num_splits = min(ceil(target * n_sms / (B * Hkv)),
-# T // min_tokens, MAX_SPLITS); at or past the last row the sequence is not split. Measured on an
-# H200 (H32 hd128 fp16): with fewer programs than SMs, one program an SM is best or within 3% of it
-# in GPU time (CUDA graphs, build/tune/decode_graph_splits.py: B1 Hkv8 T8192 17.6 us at 16 splits,
-# 18.9 at 25; B1 Hkv32 T8192 45.2 us at 4, 46.0 at 7; B8 Hkv8 T4096 45.5 us at 2 and 4, 49.9 at 8);
-# more splits only add partials to merge. With one to four programs an SM, finer splits even out the
-# last wave (build/tune/decode_sweep.py: B16 Hkv32 T4096 and B64 Hkv8 T16384, 4 splits 4205 / 4529
-# GB/s, 2 splits 4095 / 4362).
-# The paged loop keeps fewer loads in flight a program (its K/V addresses wait on the block-table
-# load, and it runs PAGED_NUM_STAGES), so with few sequences it needs more programs an SM. At B <= 4
-# and T >= 8192 (H200, GPU time) it ran at 0.58-0.75x the contiguous kernel's speed with one
-# program an SM, 0.72-0.88x with 1.5 and 0.86-1.07x with four.
+# The first row that applies sets num_splits = min(floor(target * n_sms / (B * Hkv)),
+# T // max(min_tokens, BLOCK_N), MAX_SPLITS), at least 1; at or past the last row the sequence is
+# not split. Measured in GPU time (CUDA graphs, build/tune/ab2.py "split") on an H100, H32 hd128
+# fp16, us at the best split count (and at the next one up):
+# - Contiguous: with fewer programs than SMs, one program an SM is best: B1 Hkv8 T8192 17.9 at 17
+#   splits (19.2 at 32), B1 Hkv32 T8192 49.1 at 4 (51.2 at 5), B4 Hkv8 49.8 at 4 (52.0 at 5); and
+#   128 programs (B16 Hkv8, B4 Hkv32) are one a SM already: unsplit 15.9 at T512 against 19.0 in
+#   2 splits, 172 against 181 at B4 Hkv32 T8192. Short sequences split down to one block a
+#   program: B1 Hkv8 T512 6.7 at 8 splits against 9.3 at 2 and 7.8 at 4.
+# - Paged: its K/V addresses wait on block-table loads, so a program keeps fewer loads in flight,
+#   and two programs an SM are best: B1 Hkv8 20.3 at 32 splits (T8192; 25.0 at 16), 14.6 at 32
+#   (T4096; 16.1 at 16), B1 Hkv32 T2048 19.8 at 8 (24.0 at 4), B2 Hkv8 T8192 31.5 at 16
+#   (39.3 at 8); four an SM were 1-7% slower than two.
+# With one to four programs an SM, finer splits even out the last wave (H200: B16 Hkv32 T4096 and
+# B64 Hkv8 T16384, 4 splits 4205 / 4529 GB/s, 2 splits 4095 / 4362).
 SPLIT_TABLE = [
-    (1, 1, 4, 256),    # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32); 256 tokens
-                       # (four blocks, 128 KB of K and V at hd 128) amortize a program's start and
-                       # its partial write
+    (1, 1, 2, 64),     # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32); down to
+                       # one block (64 tokens at hd 128) a program
     (4, 16, 16, 512),  # one to four programs an SM: four to eight splits a sequence, longer splits
 ]
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
@@ -117,7 +124,7 @@ def split_count(n_programs, max_length, n_sms, block_n, paged=False):
     """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens."""
     for below_per_sm, target_per_sm, paged_target_per_sm, min_tokens in SPLIT_TABLE:
         if n_programs < below_per_sm * n_sms:
-            by_sms = math.ceil((paged_target_per_sm if paged else target_per_sm) * n_sms / max(n_programs, 1))
+            by_sms = int((paged_target_per_sm if paged else target_per_sm) * n_sms / max(n_programs, 1))
             by_length = max_length // max(min_tokens, block_n)
             return max(1, min(by_sms, by_length, MAX_SPLITS))
     return 1
@@ -154,15 +161,18 @@ def _attend_kv_blocks(
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    if PAGED:  # the first block's page ids (a token's page is block_table[b, t // PAGE_SIZE])
+        first = lo + offs_n
+        pages = tl.load(table_base + first // PAGE_SIZE, mask=first < hi, other=0)
     for start in range(lo, hi, BLOCK_N):
         tokens = start + offs_n
         valid = tokens < hi
-        if PAGED:  # token -> (page from the block table, slot in the page)
-            if MASKED:
-                page = tl.load(table_base + tokens // PAGE_SIZE, mask=valid, other=0)
-            else:
-                page = tl.load(table_base + tokens // PAGE_SIZE)
-            page = page.to(tl.int64)  # 64-bit: page * stride can pass 2^31 in a large pool
+        if PAGED:  # token -> (page, slot in the page)
+            page = pages.to(tl.int64)  # 64-bit: page * stride can pass 2^31 in a large pool
+            # the next block's page ids, loaded a block ahead: this block's K/V loads never wait
+            # on a block-table load
+            upcoming = tokens + BLOCK_N
+            pages = tl.load(table_base + upcoming // PAGE_SIZE, mask=upcoming < hi, other=0)
             slot = tokens % PAGE_SIZE
             k_rows = page * stride_kp + slot * stride_kt
             v_rows = page * stride_vp + slot * stride_vt
@@ -202,9 +212,9 @@ def _attend_kv_blocks(
 
 @triton.jit
 def _decode_attention_kernel(
-    # pointers: o is the output (unsplit) or unused; m_part, l_part (B*H, splits) and
-    # acc_part (B*H, splits, D) fp32 are the partials (split) or unused
-    q_ptr, k_ptr, v_ptr, lengths_ptr, table_ptr, o_ptr, m_part_ptr, l_part_ptr, acc_part_ptr,
+    # pointers: o is the output (unsplit) or unused; part is fp32 scratch for the partials (split)
+    # or unused: m (B*H, splits), then l (B*H, splits), then acc (B*H, splits, D)
+    q_ptr, k_ptr, v_ptr, lengths_ptr, table_ptr, o_ptr, part_ptr,
     # strides (in elements). q and o: (batch, head, dim). k and v: (batch, token, kv head, dim)
     # contiguous, or (page, slot, kv head, dim) paged; table: the block table's row stride (paged)
     stride_qb, stride_qh, stride_qd,
@@ -267,10 +277,11 @@ def _decode_attention_kernel(
         True, PAGED, PAGE_SIZE, USE_DOT, HEAD_DIM, BLOCK_N)
 
     if SPLIT:  # an empty range writes m = -inf, l = 0, acc = 0: weight 0 in the merge
+        n_parts = tl.num_programs(0).to(tl.int64) * GROUP * tl.num_programs(1)  # B * H * splits
         part = (batch * n_kv_heads * GROUP + heads) * tl.num_programs(1) + split
-        tl.store(m_part_ptr + part, m_i, mask=in_group)
-        tl.store(l_part_ptr + part, l_i, mask=in_group)
-        tl.store(acc_part_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=in_group[:, None])
+        tl.store(part_ptr + part, m_i, mask=in_group)
+        tl.store(part_ptr + n_parts + part, l_i, mask=in_group)
+        tl.store(part_ptr + 2 * n_parts + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=in_group[:, None])
     else:
         # a sequence of length 0 has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -280,8 +291,8 @@ def _decode_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    # pointers: the partials of _decode_attention_kernel's split path, and the output
-    m_part_ptr, l_part_ptr, acc_part_ptr, o_ptr,
+    # pointers: the partials of _decode_attention_kernel's split path (m, l, acc), and the output
+    part_ptr, o_ptr,
     # strides (in elements) of o: (batch, head, dim)
     stride_ob, stride_oh, stride_od,
     # sizes
@@ -296,10 +307,12 @@ def _merge_splits_kernel(
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     in_range = offs_s < num_splits
+    n_parts = tl.num_programs(0).to(tl.int64) * num_splits  # B * H * splits
     parts = row * num_splits + offs_s
-    m = tl.load(m_part_ptr + parts, mask=in_range, other=float("-inf"))
-    l_s = tl.load(l_part_ptr + parts, mask=in_range, other=0.0)
-    acc = tl.load(acc_part_ptr + parts[:, None] * HEAD_DIM + offs_d[None, :], mask=in_range[:, None], other=0.0)
+    m = tl.load(part_ptr + parts, mask=in_range, other=float("-inf"))
+    l_s = tl.load(part_ptr + n_parts + parts, mask=in_range, other=0.0)
+    acc = tl.load(part_ptr + 2 * n_parts + parts[:, None] * HEAD_DIM + offs_d[None, :], mask=in_range[:, None],
+                  other=0.0)
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # length 0: every split empty, every weight 0
     w = tl.math.exp2(m - m_max)
@@ -376,13 +389,9 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
         cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0), paged)
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
-    if splits > 1:
-        m_part, l_part = torch.empty((2, b * h, splits), dtype=torch.float32, device=q.device)
-        acc_part = torch.empty((b * h, splits, d), dtype=torch.float32, device=q.device)
-    else:
-        m_part = l_part = acc_part = out  # unused
+    part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
     _decode_attention_kernel[(b * hkv, splits)](
-        q, k, v, lengths, table if paged else lengths, out, m_part, l_part, acc_part,
+        q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
         hkv, max_tokens, scale * LOG2_E,
         GROUP=group, GROUP_PAD=max(16 if use_dot else 1, triton.next_power_of_2(group)), HEAD_DIM=d,
@@ -392,7 +401,7 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     if splits > 1:
         splits_pad = triton.next_power_of_2(splits)
         _merge_splits_kernel[(b * h,)](
-            m_part, l_part, acc_part, out, *out.stride(), h, splits,
+            part, out, *out.stride(), h, splits,
             HEAD_DIM=d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * d <= 4096 else 8,
         )
     return out
