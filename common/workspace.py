@@ -29,8 +29,9 @@ def _stream_key(device):
 def _buffer(key, numel, make):
     buf = _BUFFERS.get(key)
     if buf is None or buf.numel() < numel:
-        if buf is not None:
+        if buf is not None:  # kept alive; at least doubling keeps the outgrown ones few
             _OUTGROWN.append(buf)
+            numel = max(numel, 2 * buf.numel())
         buf = _BUFFERS[key] = make(numel)
     return buf
 
