@@ -27,7 +27,7 @@ def pack_size(elem_size, vector):
 
 
 # ---- RMSNorm ----
-# Measured on an H200 with build/tune/cuda_sweep.py (16-bit rows, % of the copy bandwidth).
+# Measured on an H200 with scripts/tune/cuda_sweep.py (16-bit rows, % of the copy bandwidth).
 #   rows of at most WARP_ROW_PACKS packs: one warp a row (32 threads x up to 2 packs), ROWS_PER_BLOCK
 #       rows a block: a row this short is too little work for a block, and a warp needs no barrier.
 #   up to CACHED_ROW_PACKS: the row in registers, all loads issued before the sum. Two packs a

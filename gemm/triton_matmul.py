@@ -49,7 +49,7 @@ ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
 # 245 TFLOP/s on an A100 from this change alone.) The tutorial uses 8. On an H100 with 128x256
 # tiles, 8 and 16 were within the run-to-run spread of each other (one config timed twice moves by
 # up to 5-10% there), at 0.85-1.04x cuBLAS at 4096^3, 8192^3, 2048-8192 x 14336 x 4096 and
-# 4096^2 x 14336 (build/tune/gcheck.py); with 16, a wave of 132 programs reads about a fifth fewer
+# 4096^2 x 14336 (scripts/tune/group_m.py); with 16, a wave of 132 programs reads about a fifth fewer
 # panel bytes (16 A panels and 9 B panels of twice the size, against 8 and 17).
 GROUP_M = 16
 
@@ -65,7 +65,7 @@ CONFIGS = [
     (64, 256, 32, 4, 4),   # the tutorial's config for moderate M against large N
     (64, 128, 64, 4, 4),   # M ~ 128-512: 4x the tiles of 128x256 (M = 128, N = 14336: 0.95-0.97x); 96 KB
     # 1024^3 (256 tiles, two a SM): GPU time on an H100 8.3 us against 9.2 for 64x128x64 and
-    # 128x64x64, 11.2 for 128x128x64; cuBLAS 7.3-7.6 (CUDA graphs, build/tune/ab1.py "mm")
+    # 128x64x64, 11.2 for 128x128x64; cuBLAS 7.3-7.6 (CUDA graphs, scripts/tune/small_shapes.py 1024)
     (64, 128, 128, 4, 3),
     # M = 128 against N = 4096: 128 programs where 64x128 tiles leave half the SMs idle; six
     # stages of 32 KB (192 KB) keep 4-5 stages of loads in flight. H200 bf16, us (cuBLAS /
@@ -93,7 +93,7 @@ TINY_MACS = 1 << 27
 # One-token decode is bound by reading b once, and with few 16 x 128 tiles (256 bytes of a
 # row-major b a row) too few loads are in flight: the slices bring the grid to about one program
 # per SM. H200 bf16, M = 1, K = 4096 unless said, us (cuBLAS / ours) from
-# build/tune/matmul_small_sweep.py, against the best one-kernel config:
+# scripts/tune/matmul_small_sweep.py, against the best one-kernel config:
 #   N = 2048 (16 tiles): cuBLAS 13.1; SPLIT_K 4: 14.4, 8: 14.5 (0.90x); one kernel 15.6 (0.84x)
 #   N = 4096 (32 tiles): cuBLAS 18.5; SPLIT_K 2: 20.2, 4: 19.7 (0.94x), 8: 20.4; one kernel 21.0
 #   N = 4096, K = 14336: cuBLAS 40.8; SPLIT_K 4: 43.5 (0.94x); one kernel 51.0 (0.80x)
@@ -101,7 +101,7 @@ TINY_MACS = 1 << 27
 #   N = 14336 (112 tiles): cuBLAS 40.3; SPLIT_K 2: 44.7; one kernel 41.2 (0.98x): no split.
 # Those were two launches (slices, then a summing kernel). In one launch (the last slice sums) the
 # GPU time barely moves (H100, M = 1, N = K = 4096, CUDA graphs: 15.8 us against 16.1; cuBLAS 14.2)
-# but the host's drops from ~80 to ~46 us a call (build/tune/ab1.py, ab2.py).
+# but the host's drops from ~80 to ~46 us a call (against the two-launch version of this file).
 # M >= 4 loses (N = 4096: 20.6 against 18.7 at M = 4, 20.4 against 18.5 at M = 16; M = 2 ties),
 # M = 128 is better served by 64 x 64 tiles (CONFIGS: 0.95x against 0.77x split at K = 4096), and
 # 1024^3 loses at every SPLIT_K (15.6 us at best against 11.0 in one kernel).

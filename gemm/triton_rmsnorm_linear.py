@@ -53,7 +53,7 @@ PATHS = ("decode", "fused", "unfused")
 
 # The path by rows M = x.numel() // K: (largest M, path), first match wins. Each path belongs
 # where it beats both F.rms_norm + cuBLAS and our rmsnorm + cuBLAS for K = 4096 (N = 4096 and
-# 14336), bf16, in GPU time (CUDA graphs; build/tune/ab2.py "rl" on an H100, us, decode path's
+# 14336), bf16, in GPU time (CUDA graphs; scripts/tune/small_shapes.py rl on an H100, us, decode path's
 # best config / our rmsnorm + cuBLAS / F.rms_norm + cuBLAS):
 #   M = 1:  13.9 / 18.8 / 24.4 (N = 4096),  41.0 / 44.8 / 50.5 (N = 14336)
 #   M = 16: 17.1 / 19.4 / 24.9,             44.7 / 45.5 / 51.0

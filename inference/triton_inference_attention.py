@@ -33,7 +33,7 @@ Paged caches map a token to (page, slot) through a block table, page = block_tab
 slot = t % PAGE_SIZE; everything else is the same kernel (PAGED constexpr). The loop loads the next
 block's page ids while it works on the current block, so a K/V load never waits on a table load
 (H100, GPU time at B1: 2-9% faster than loading them in the block's own iteration, at the split
-counts SPLIT_TABLE picks; build/tune/ab1.py).
+counts SPLIT_TABLE picks; measured against the previous version of this file).
 
 Limits: head dim 64, 128 or 256; fp16 or bf16; lengths are read on the device (no host sync) and
 clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
@@ -84,7 +84,7 @@ MHA_USE_DOT = True
 #    cache, tokens per split at least)
 # The first row that applies sets num_splits = min(floor(target * n_sms / (B * Hkv)),
 # T // max(min_tokens, BLOCK_N), MAX_SPLITS), at least 1; at or past the last row the sequence is
-# not split. Measured in GPU time (CUDA graphs, build/tune/ab2.py "split") on an H100, H32 hd128
+# not split. Measured in GPU time (CUDA graphs, scripts/tune/small_shapes.py split) on an H100, H32 hd128
 # fp16, us at the best split count (and at the next one up):
 # - Contiguous: with fewer programs than SMs, one program an SM is best: B1 Hkv8 T8192 17.9 at 17
 #   splits (19.2 at 32), B1 Hkv32 T8192 49.1 at 4 (51.2 at 5), B4 Hkv8 49.8 at 4 (52.0 at 5); and
