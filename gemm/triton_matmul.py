@@ -410,7 +410,8 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None):
     """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N), bias (N,) or None, c (M, N),
     any strides.
     config: a (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) row to run as is; None autotunes
-    (the interpreter runs INTERPRET_CONFIG), or with a forced split runs default_split_config().
+    on the key's first call and runs the autotuner's pick after it (the interpreter runs
+    INTERPRET_CONFIG), or with a forced split runs default_split_config().
     split_k: K slices a tile (lowered by fit_split until none is empty); 1 runs the one-kernel
     path; None: plan() from SPLIT_TABLE when config is None, else 1."""
     (m, k), n = a.shape, b.shape[1]
@@ -424,22 +425,19 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None):
         return
     if config is not None:
         bm, bn, bk, warps, stages = config
-        kernel, meta = _matmul_kernel, dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
-                                             num_warps=warps, num_stages=stages)
-    elif INTERPRET:
-        kernel, meta = _matmul_kernel, interpret_meta()
+        meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
     else:
-        kernel, meta = _matmul_kernel, picked_config(_matmul_kernel, a, b, m, n, k)
+        meta = interpret_meta() if INTERPRET else picked_config(_matmul_kernel, a, b, m, n, k)
     args = (a, b, c, bias if bias is not None else c,  # an unused pointer still needs a tensor
             m, n, k, m_bucket(m),
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if meta is None:  # this key's first call: the autotuner times CONFIGS, then runs the fastest
-        tuner = tuned(kernel)
+        tuner = tuned(_matmul_kernel)
         tuner[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
             *args, HAS_BIAS=bias is not None, ACTIVATION=activation)
-        pick_config(kernel, a, b, m, n, k, tuner.best_config)
+        pick_config(_matmul_kernel, a, b, m, n, k, tuner.best_config)
         return
-    kernel[(triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
+    _matmul_kernel[(triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
         *args, HAS_BIAS=bias is not None, ACTIVATION=activation, **meta)
 
 
