@@ -8,15 +8,17 @@ Work and bytes (M, N, K; e = element size):
                                        copy bandwidth says how close to that bound it runs)
     epilogue rows add the bias (N*e); rmsnorm_linear rows add the norm weight (K*e) and count the
     RMSNorm's own FLOPs as nothing.
-graph_ms (rows with M <= 64): the same call's GPU time with the host out of the loop
-    (common.bench.graph_time_ms: CUDA-graph replays after an L2 flush). A decode-size GEMM runs for
-    10-50 us, about what one launch costs the host (Triton's more than cuBLAS's), so do_bench's "ms"
-    there partly measures the host; serving engines replay decode steps from CUDA graphs, where
-    only graph_ms counts.
+graph_ms (rows with M <= 64, and every provider of a shape where one takes under 50 us): the
+    same call's GPU time with the host out of the loop (common.bench.graph_time_ms: CUDA-graph
+    replays after an L2 flush). A decode-size GEMM (or 1024^3) runs for 10-50 us, about what one
+    launch costs the host (Triton's more than cuBLAS's), so do_bench's "ms" there partly measures
+    the host; serving engines replay decode steps from CUDA graphs, where only graph_ms counts.
 
 Shapes are keyed "MxNxK". Sweeps (fp16 and bf16): square M = N = K = 1024..8192; tokens
 M = 1..8192 at the (K, N) of a 4096-wide model's projections: attention (4096, 4096), MLP up
 (4096, 14336), MLP down (14336, 4096).
+Decode against an nn.Linear weight's transpose (op "matmul_linear", b = W.T): M = 1, 16 at the
+same (K, N).
 Epilogue (bias+gelu, bias+silu; bf16): M = 16, 256, 2048 at (K, N) = (4096, 14336), against
 "cuBLAS+eager" (torch.matmul, then act(y + bias)) and torch.compile of the same function.
 rmsnorm_linear (bf16): M = 1..4096 at K = 4096, N = 4096 and 14336, against "F.rms_norm+cuBLAS"
@@ -43,6 +45,7 @@ from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
 EPS = 1e-6
 BYTES_UP_TO_M = 128  # GB/s for the rows bound by reading b
 GRAPH_UP_TO_M = 64   # GPU time (CUDA graphs) beside do_bench's for decode-size rows
+GRAPH_BELOW_MS = 0.05  # and for any shape a provider runs in under 50 us (1024^3: ~10 us), where the host shows
 
 
 def llm_sweep(ms, k, n, label):
@@ -53,11 +56,16 @@ FULL = dict(
     matmul=[("M = N = K", [(s, (s, s, s)) for s in (1024, 2048, 4096, 8192)])]
     + [llm_sweep((1, 16, 128, 2048, 4096, 8192), k, n, label)
        for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
+    # decode against b = W.T, an nn.Linear weight (N, K) as a model holds it (the sweeps above use a
+    # row-major (K, N) b; one-row products take a different kernel for each)
+    matmul_linear=[llm_sweep((1, 16), k, n, label)
+                   for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
     epilogue=[llm_sweep((16, 256, 2048), 4096, 14336, "MLP up")],
     rmsnorm_linear=[llm_sweep((1, 4, 16, 32, 64, 256, 1024, 4096), 4096, n, f"N={n}") for n in (4096, 14336)],
 )
 SMOKE = dict(
     matmul=[("M = N = K", [(s, (s, s, s)) for s in (32, 64)]), llm_sweep((1, 16), 64, 96, "tiny")],
+    matmul_linear=[llm_sweep((1, 16), 64, 96, "tiny")],
     epilogue=[llm_sweep((16,), 64, 96, "tiny")],
     rmsnorm_linear=[llm_sweep((1, 4), 64, 64, "tiny")],
 )
@@ -69,21 +77,28 @@ def shapes_of(sweeps):
 
 
 def add_rows(rows, copy_GBps, op, shape, dtype, providers, expected, n_bytes):
-    """Time every provider (fn of no arguments) of one shape; max_err against `expected` (fp32)."""
+    """Time every provider (fn of no arguments) of one shape; max_err against `expected` (fp32).
+    GPU times (graph_ms) too for decode sizes and wherever a provider's do_bench median is below
+    GRAPH_BELOW_MS."""
     m, n, k = shape
+    shape_rows = []
     for provider, fn in providers.items():
         err = (fn().float() - expected).abs().max().item()  # also the warm-up (autotune, compile)
         ms = time_ms(fn)
-        row = make_row(op, shape_str(shape), dtype_name(dtype), provider, ms, copy_GBps,
-                       n_bytes=n_bytes if m <= BYTES_UP_TO_M else None, flops=2 * m * n * k, max_err=err)
+        shape_rows.append((fn, err, make_row(op, shape_str(shape), dtype_name(dtype), provider, ms, copy_GBps,
+                                             n_bytes=n_bytes if m <= BYTES_UP_TO_M else None,
+                                             flops=2 * m * n * k, max_err=err)))
+    with_graph = m <= GRAPH_UP_TO_M or min(row["ms"] for _, _, row in shape_rows) < GRAPH_BELOW_MS
+    for fn, err, row in shape_rows:
         graph = ""
-        if m <= GRAPH_UP_TO_M:
+        if with_graph:
             row["graph_ms"] = round(graph_time_ms(fn), 5)
-            row["graph_pct_copy"] = round(row["pct_copy"] * ms / max(row["graph_ms"], 1e-9), 1)
-            graph = f"  graph {row['graph_ms']:9.4f} ms {row['graph_pct_copy']:5.1f}%"
+            scale = row["ms"] / max(row["graph_ms"], 1e-9)
+            row["graph_pct_copy"] = round(row["pct_copy"] * scale, 1) if row["pct_copy"] is not None else None
+            graph = f"  graph {row['graph_ms']:9.4f} ms"
         rows.append(row)
         bw = f"{row['GBps']:8.1f} GB/s" if row["GBps"] is not None else " " * 13
-        print(f"{op:17s} {row['shape']:>16s} {row['dtype']} {provider:22s} {ms:9.4f} ms "
+        print(f"{op:17s} {row['shape']:>16s} {row['dtype']} {row['provider']:22s} {row['ms']:9.4f} ms "
               f"{row['TFLOPs']:7.1f} TFLOP/s {bw}{graph}  err {err:.2g}", flush=True)
 
 
@@ -92,13 +107,15 @@ def free():
         torch.cuda.empty_cache()
 
 
-def measure_matmul(rows, copy_GBps, sweeps):
+def measure_matmul(rows, copy_GBps, sweeps, linear=False):
+    """op "matmul": b row-major (K, N); linear: op "matmul_linear", b = W.T for W (N, K) contiguous."""
     for dtype in (torch.float16, torch.bfloat16):
         for m, n, k in shapes_of(sweeps):
-            a, b = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(k, n, device=DEVICE).to(dtype)
+            a = torch.randn(m, k, device=DEVICE).to(dtype)
+            b = torch.randn(n, k, device=DEVICE).to(dtype).t() if linear else torch.randn(k, n, device=DEVICE).to(dtype)
             expected = a.float() @ b.float()
             providers = {"triton": lambda: matmul(a, b), "cuBLAS": lambda: torch.matmul(a, b)}
-            add_rows(rows, copy_GBps, "matmul", (m, n, k), dtype, providers, expected,
+            add_rows(rows, copy_GBps, "matmul_linear" if linear else "matmul", (m, n, k), dtype, providers, expected,
                      (m * k + k * n + m * n) * a.element_size())
             del a, b, expected
             free()
@@ -146,6 +163,7 @@ def measure(config, smoke):
     meta = start_run(smoke)
     rows = []
     measure_matmul(rows, meta["copy_GBps"], config["matmul"])
+    measure_matmul(rows, meta["copy_GBps"], config["matmul_linear"], linear=True)
     measure_epilogue(rows, meta["copy_GBps"], config["epilogue"])
     measure_rmsnorm_linear(rows, meta["copy_GBps"], config["rmsnorm_linear"])
     return meta, rows
@@ -162,13 +180,16 @@ def main():
             sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
             if sel:
                 plot_sweeps(args.out / f"gemm_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta, metric="TFLOPs")
-    for dtype in ("fp16", "bf16"):  # the decode rows against the memory bound, GPU time beside do_bench's
-        sel = [r for r in rows if r["op"] == "matmul" and r["dtype"] == dtype]
-        sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
-                for r in sel if r.get("graph_ms")]
-        plot_sweeps(args.out / f"gemm_matmul_decode_{dtype}.png", f"matmul {dtype}, M <= {BYTES_UP_TO_M}", sel,
-                    [(label, [(x, s) for x, s in points if s[0] <= BYTES_UP_TO_M])
-                     for label, points in config["matmul"][1:]], meta)
+    # the decode rows against the memory bound, GPU time beside do_bench's
+    for op, sweeps, title in (("matmul", config["matmul"][1:], "matmul"),
+                              ("matmul_linear", config["matmul_linear"], "matmul, b = W.T")):
+        for dtype in ("fp16", "bf16"):
+            sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r["GBps"] is not None]
+            sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
+                    for r in sel if r.get("graph_ms")]
+            name = "decode" if op == "matmul" else "linear_decode"
+            plot_sweeps(args.out / f"gemm_matmul_{name}_{dtype}.png", f"{title} {dtype}, M <= {BYTES_UP_TO_M}", sel,
+                        [(label, [(x, s) for x, s in points if s[0] <= BYTES_UP_TO_M]) for label, points in sweeps], meta)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
                             poisoned, rand)
 from gemm.triton_matmul import (CONFIGS, SPLIT_TABLE, autotune_configs, launch_matmul, m_bucket, matmul,  # noqa: E402
-                                plan, prune_configs, sm_count, split_plan)
+                                plan, prune_configs, sm_count, split_plan, choose_kernel)
+from gemm import triton_matmul_tma  # noqa: E402
 
 DTYPES = (torch.float16, torch.bfloat16)
 TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
@@ -63,30 +64,34 @@ def torch_same_dtype(a, b, bias, activation):
     return TORCH_ACTIVATIONS[activation](y)
 
 
-def outcome(check, a, b, bias=None, activation=None, config=None, split_k=None):
-    """Run matmul (or a forced config and/or split-K) into a poisoned buffer and compare."""
+def outcome(check, a, b, bias=None, activation=None, config=None, split_k=None, kernel=None):
+    """Run matmul (or a forced config, split-K or kernel) into a poisoned buffer and compare."""
     out = poisoned((a.shape[0], b.shape[1]), a.dtype)
-    if config is None and split_k is None:
+    if config is None and split_k is None and kernel is None:
         matmul(a, b, bias, activation, out=out)
     else:
-        launch_matmul(a, b, bias, activation, out, config=config, split_k=split_k)
+        launch_matmul(a, b, bias, activation, out, config=config, split_k=split_k, kernel=kernel)
     return compare(check, out, reference(a, b, bias, activation), tolerance(a, b),
                    torch_out=torch_same_dtype(a, b, bias, activation))
 
 
 def check(m, n, k, dtype, bias=False, bias_dtype=None, activation=None, trans_a=False, trans_b=False, pad=False,
-          split_k=None, planned_split=None):
+          split_k=None, planned_split=None, kernel=None, planned_kernel=None):
     """a (M, K) and b (K, N), built transposed (a view of a (K, M) tensor) or padded (a view of a
-    larger tensor) as asked. split_k forces split-K (None: matmul's own choice); planned_split
-    also checks that matmul's own choice for this shape is that SPLIT_K."""
-    pad_a, pad_b = ((5, 3), (3, 7)) if pad else (None, None)
+    larger tensor; pad=8 pads by 8 columns, which keeps TMA's 16-byte row alignment) as asked.
+    split_k forces split-K and kernel the kernel (None: matmul's own choice); planned_split and
+    planned_kernel also check that matmul's own choice for this shape is that SPLIT_K, that kernel."""
+    pad_a, pad_b = ((8, 8), (8, 8)) if pad == 8 else ((5, 3), (3, 7)) if pad else (None, None)
     a = rand((k, m), dtype).t() if trans_a else rand((m, k), dtype, pad=pad_a)
     b = rand((n, k), dtype).t() if trans_b else rand((k, n), dtype, pad=pad_b)
     bias_t = rand((n,), bias_dtype or dtype) if bias else None
-    outcomes = [outcome("c", a, b, bias_t, activation, split_k=split_k)]
+    outcomes = [outcome("c", a, b, bias_t, activation, split_k=split_k, kernel=kernel)]
     if planned_split is not None:
         chosen = plan(m, n, k, sm_count(a.device))[1]
         outcomes.append(Outcome(f"plan: SPLIT_K {chosen}, expected {planned_split}", chosen == planned_split))
+    if planned_kernel is not None:
+        chosen = choose_kernel(a, b, torch.empty(m, n, dtype=dtype, device=a.device), m)
+        outcomes.append(Outcome(f"kernel chosen: {chosen}, expected {planned_kernel}", chosen == planned_kernel))
     return outcomes
 
 
@@ -101,6 +106,47 @@ def check_config(config, dtype, split_k=None):
     if dtype == torch.float16:  # the epilogue in one dtype: each variant is one more compile per config
         outcomes.append(outcome("c, bias+gelu", a, b, bias, "gelu", config=config, split_k=split_k))
     return outcomes
+
+
+def check_tma_config(config, dtype):
+    """One row of TMA_CONFIGS, forced, on a shape with an edge tile in M and N and a K tail (TMA
+    zero-fills past the edges; N and K multiples of 8 for the 16-byte row alignment); b is an
+    nn.Linear weight's transpose, and with bias+gelu a row-major b."""
+    bm, bn, bk = config[:3]
+    m, n, k = bm + 3, bn + 8, bk + 8
+    a, b = rand((m, k), dtype), rand((n, k), dtype).t()
+    outcomes = [outcome("c", a, b, config=config, kernel="tma")]
+    if dtype == torch.float16:
+        b_rows, bias = rand((k, n), dtype), rand((n,), dtype)
+        outcomes.append(outcome("c, row-major b, bias+gelu", a, b_rows, bias, "gelu", config=config, kernel="tma"))
+    return outcomes
+
+
+def check_tma_fits():
+    """Which arguments a TMA descriptor covers; the rest run the pointer kernel."""
+    a, b, c = rand((40, 64), torch.float16), rand((64, 48), torch.float16), rand((40, 48), torch.float16)
+    fits = triton_matmul_tma.fits
+    return [Outcome("row-major a, b, c", fits(a, b, c)),
+            Outcome("b an nn.Linear weight's transpose", fits(a, rand((48, 64), torch.float16).t(), c)),
+            Outcome("a transposed: no", not fits(rand((64, 40), torch.float16).t(), b, c)),
+            Outcome("a's rows 7 elements apart: no", not fits(rand((40, 63), torch.float16)[:, :56], b[:56], c)),
+            Outcome("a's base 2 bytes past 16: no", not fits(a[:, 1:], b[1:], c)),
+            Outcome("N = 47: no", not fits(a, rand((64, 47), torch.float16), rand((40, 47), torch.float16))),
+            Outcome("N = 47, b transposed: no (c's rows)",
+                    not fits(a, rand((47, 64), torch.float16).t(), rand((40, 47), torch.float16)))]
+
+
+def check_tma_prune():
+    """TMA_CONFIGS' autotune candidates on an H100/H200's 132 SMs."""
+    configs = triton_matmul_tma.tuned().configs if not INTERPRET else None
+
+    def kept(m, n):
+        cands = configs or [type("C", (), {"kwargs": {"BLOCK_N": c[1]}})() for c in triton_matmul_tma.TMA_CONFIGS]
+        return {c.kwargs["BLOCK_N"] for c in triton_matmul_tma.prune_configs(cands, dict(M=m, N=n, NUM_SMS=132))}
+
+    return [Outcome("4096^2: 128x256 tiles", kept(4096, 4096) == {256}),
+            Outcome("2048^2: 128 tiles of 128x256, about a wave", kept(2048, 2048) == {256}),
+            Outcome("1024^2: 32 tiles of 128x256, smaller tiles", kept(1024, 1024) == {128})]
 
 
 def check_prune():
@@ -221,21 +267,57 @@ def cases():
         add(f"(9, 50, 200) {dt} split 2 both transposed", m=9, n=50, k=200, dtype=dtype, trans_a=True,
             trans_b=True, split_k=2)
         add(f"(9, 50, 200) {dt} split 3 padded views", m=9, n=50, k=200, dtype=dtype, pad=True, split_k=3)
-        # split-K chosen by matmul: each row of SPLIT_TABLE, decode shapes with a long K (the
+        # the persistent TMA kernel forced: edge tiles in M and N, K tails, one row, each epilogue,
+        # both layouts of b, padded (aligned) views; a program walks several tiles
+        for m, n, k in [(1, 8, 8), (17, 40, 72), (100, 56, 200), (65, 96, 24)]:
+            add(f"({m}, {n}, {k}) {dt} TMA", m=m, n=n, k=k, dtype=dtype, kernel="tma")
+        for bias, activation in [(True, None), (True, "gelu"), (True, "gelu_tanh"), (False, "silu")]:
+            label = "+".join(["bias"] * bias + [activation] * (activation is not None))
+            add(f"(33, 72, 136) {dt} TMA {label}", m=33, n=72, k=136, dtype=dtype, bias=bias,
+                activation=activation, kernel="tma")
+        add(f"(40, 56, 64) {dt} TMA b transposed", m=40, n=56, k=64, dtype=dtype, trans_b=True, kernel="tma")
+        add(f"(40, 48, 64) {dt} TMA padded views", m=40, n=48, k=64, dtype=dtype, pad=8, kernel="tma")
+        for config in triton_matmul_tma.TMA_CONFIGS:
+            add(f"TMA config {'x'.join(map(str, config[:3]))} w{config[3]} s{config[4]} e{config[5]} {dt}",
+                check_tma_config, gpu_only=dtype != torch.float16, config=config, dtype=dtype)
+        # matmul's own choice: TMA from TMA_MIN_M rows where it fits, else the pointer kernel
+        add(f"(1030, 72, 64) {dt} chosen TMA", m=1030, n=72, k=64, dtype=dtype, planned_kernel="tma")
+        add(f"(1000, 72, 64) {dt} M < TMA_MIN_M: pointer kernel", m=1000, n=72, k=64, dtype=dtype,
+            planned_kernel="tiled")
+        add(f"(1030, 70, 64) {dt} N = 70: pointer kernel", m=1030, n=70, k=64, dtype=dtype, planned_kernel="tiled")
+        add(f"(1030, 72, 64) {dt} a transposed: pointer kernel", m=1030, n=72, k=64, dtype=dtype, trans_a=True,
+            planned_kernel="tiled")
+        # the tiled kernel's own split-K: each row of SPLIT_TABLE, decode shapes with a long K (the
         # interpreter counts its 32x32 tiles on INTERPRET_SMS; the GPU plans these differently)
         for n, k, split_k in [(60, 1000, 8), (100, 520, 4), (250, 300, 2)]:
-            add(f"(1, {n}, {k}) {dt} chosen split {split_k}", m=1, n=n, k=k, dtype=dtype,
+            add(f"(1, {n}, {k}) {dt} tiled, chosen split {split_k}", m=1, n=n, k=k, dtype=dtype, kernel="tiled",
                 planned_split=split_k if INTERPRET else None)
-        add(f"(1, 100, 520) {dt} chosen split 4 bias+gelu_tanh b transposed", m=1, n=100, k=520, dtype=dtype,
-            bias=True, activation="gelu_tanh", trans_b=True, planned_split=4 if INTERPRET else None)
+        add(f"(1, 100, 520) {dt} tiled, chosen split 4 bias+gelu_tanh b transposed", m=1, n=100, k=520,
+            dtype=dtype, bias=True, activation="gelu_tanh", trans_b=True, kernel="tiled",
+            planned_split=4 if INTERPRET else None)
         add(f"(2, 100, 520) {dt} no split above M = 1", m=2, n=100, k=520, dtype=dtype,
-            planned_split=1 if INTERPRET else None)
+            planned_split=1 if INTERPRET else None, planned_kernel="tiled")
+        # one row against an nn.Linear weight's transpose: matmul runs the GEMV (gemm/test_gemv.py
+        # tests it in depth); against a row-major b, the tiled kernel
+        add(f"(1, 100, 520) {dt} chosen GEMV b transposed", m=1, n=100, k=520, dtype=dtype, trans_b=True,
+            planned_kernel="gemv")
+        add(f"(1, 60, 1000) {dt} GEMV bias+silu b transposed", m=1, n=60, k=1000, dtype=dtype, bias=True,
+            activation="silu", trans_b=True, planned_kernel="gemv")
+        add(f"(1, 100, 520) {dt} row-major b: tiled", m=1, n=100, k=520, dtype=dtype, planned_kernel="tiled")
         # full size on the GPU: the tutorial shape, decode, a ragged large shape
-        add(f"(4096, 4096, 4096) {dt}", gpu_only=True, m=4096, n=4096, k=4096, dtype=dtype)
+        add(f"(4096, 4096, 4096) {dt}", gpu_only=True, m=4096, n=4096, k=4096, dtype=dtype, planned_kernel="tma")
+        add(f"(4096, 4096, 4096) {dt} pointer kernel", gpu_only=True, m=4096, n=4096, k=4096, dtype=dtype,
+            kernel="tiled")
+        add(f"(4000, 4104, 4104) {dt} b transposed bias+gelu_tanh", gpu_only=True, m=4000, n=4104, k=4104,
+            dtype=dtype, trans_b=True, bias=True, activation="gelu_tanh", planned_kernel="tma")
         add(f"(1, 4096, 4096) {dt} b transposed", gpu_only=True, m=1, n=4096, k=4096, dtype=dtype, trans_b=True,
-            planned_split=4)
+            planned_kernel="gemv")
+        add(f"(1, 4096, 4096) {dt} tiled, b transposed", gpu_only=True, m=1, n=4096, k=4096, dtype=dtype,
+            trans_b=True, kernel="tiled", planned_split=4)
         add(f"(1, 4096, 14336) {dt} bias+silu", gpu_only=True, m=1, n=4096, k=14336, dtype=dtype, bias=True,
-            activation="silu", planned_split=4)
+            activation="silu", planned_kernel="tiled", planned_split=4)
+        add(f"(1, 4096, 14336) {dt} bias+silu b transposed", gpu_only=True, m=1, n=4096, k=14336, dtype=dtype,
+            bias=True, activation="silu", trans_b=True, planned_kernel="gemv")
         add(f"(3, 4095, 5000) {dt} split 5 bias+gelu", gpu_only=True, m=3, n=4095, k=5000, dtype=dtype,
             bias=True, activation="gelu", split_k=5)
         add(f"(128, 4096, 4096) {dt}", gpu_only=True, m=128, n=4096, k=4096, dtype=dtype)
@@ -251,6 +333,7 @@ def cases():
     add("(2048, 14336, 4096) fp16 bias+silu", gpu_only=True, m=2048, n=14336, k=4096, dtype=torch.float16,
         bias=True, activation="silu")
     out += [Case("autotune candidates", check_prune), Case("split-K plan", check_split_plan),
+            Case("TMA: which arguments fit", check_tma_fits), Case("TMA autotune candidates", check_tma_prune),
             Case("allocates its output", check_own_buffer),
             Case("empty input", check_empty), Case("bad input", check_errors),
             Case("2^31+ output elements", check_huge, gpu_only=True)]

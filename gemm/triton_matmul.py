@@ -2,6 +2,10 @@
 
     c = act(a @ b + bias)        a (M, K), b (K, N), bias (N,); fp32 accumulation, one rounding
 
+matmul() runs one of three kernels (choose_kernel): this file's, described below; from TMA_MIN_M
+rows on Hopper, the persistent TMA kernel of gemm/triton_matmul_tma.py; for one row against an
+nn.Linear weight's transpose, the CUDA-core GEMV of gemm/triton_gemv.py.
+
 Each program computes one BLOCK_M x BLOCK_N tile of c: it walks K in BLOCK_K steps, loading an
 A tile (BLOCK_M x BLOCK_K) and a B tile (BLOCK_K x BLOCK_N) and feeding them to `tl.dot` (the
 tensor cores) with an fp32 accumulator; the bias and the activation are applied to that fp32
@@ -81,6 +85,18 @@ CONFIGS = [
 # few rows), and large tiles are mostly padding for small M: prune_configs hands the autotuner
 # only the part of the table that fits M. Up to SMALL_M rows every tile no taller than M competes.
 SMALL_M = 256
+# From TMA_MIN_M rows (where TMA descriptors fit the strides) gemm/triton_matmul_tma.py's
+# persistent kernel runs instead. H100, do_bench, against cuBLAS (scripts/tune/tma_sweep.py): at
+# M >= 2048 it is at 0.94-1.07x where this file's best config is at 0.84-1.00x; at M = 1024 and
+# N = 4096, 0.90-0.99x against 0.90-0.94x; at M = 512 both are at 0.83-0.88x, and at 1024^3 both at
+# ~0.93x in GPU time. Its three descriptors cost host time (~85 us a call there, against ~45 for
+# this file's launch), which a GEMM of a few tens of microseconds would feel.
+TMA_MIN_M = 1024
+# Up to GEMV_MAX_M rows, with b an nn.Linear weight's transpose (read along K), gemm/triton_gemv.py's
+# CUDA-core kernel runs: one row of a against b is a single pass over b, where a tensor-core tile
+# would be 15/16 padding. H100, M = 1, bf16, GPU time: 0.97-1.35x cuBLAS against 0.92-0.99x for
+# this file's kernels. For a row-major b the split-K kernel here stays faster (see its table).
+GEMV_MAX_M = 1
 # Below TINY_MACS multiply-adds (M rounded up x N x K; 2^27 is 128 x 1024 x 1024) a GEMM takes a few
 # microseconds whatever its tiles, so timing candidates would only cost compile time: the fitting
 # config with the smallest tile (the most programs) runs untimed.
@@ -406,15 +422,44 @@ def launch_split_k(a, b, bias, activation, c, config, split_k):
         SPLIT_K=split_k, num_warps=warps, num_stages=stages)
 
 
-def launch_matmul(a, b, bias, activation, c, config=None, split_k=None):
+@functools.lru_cache(maxsize=None)
+def has_tma(device):
+    """Whether `device` has TMA (compute capability 9.0, Hopper, and later). The interpreter
+    emulates the descriptors, so its tests run that path too."""
+    return INTERPRET or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def choose_kernel(a, b, c, m):
+    """Which kernel runs a call that forces none: "gemv" for M <= GEMV_MAX_M with b read along K,
+    "tma" from TMA_MIN_M rows where the descriptors fit (on Hopper and later), else "tiled" (this
+    file's kernels)."""
+    if m <= GEMV_MAX_M and not triton_gemv.is_row_major(b):
+        return "gemv"
+    if m >= TMA_MIN_M and has_tma(a.device) and triton_matmul_tma.fits(a, b, c):
+        return "tma"
+    return "tiled"
+
+
+def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=None):
     """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N), bias (N,) or None, c (M, N),
     any strides.
-    config: a (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) row to run as is; None autotunes
-    on the key's first call and runs the autotuner's pick after it (the interpreter runs
-    INTERPRET_CONFIG), or with a forced split runs default_split_config().
+    kernel: "tiled" (this file), "tma" (gemm/triton_matmul_tma.py; the arguments must fit it) or
+    "gemv" (gemm/triton_gemv.py; M = 1); None: choose_kernel(), or "tiled" when config or split_k
+    is given.
+    config: a row of the kernel's table to run as is (tiled: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
+    num_stages)); None autotunes on the key's first call and runs the autotuner's pick after it
+    (the interpreter runs INTERPRET_CONFIG), or with a forced split runs default_split_config().
     split_k: K slices a tile (lowered by fit_split until none is empty); 1 runs the one-kernel
-    path; None: plan() from SPLIT_TABLE when config is None, else 1."""
+    path; None: plan() from SPLIT_TABLE when config is None, else 1. (gemv: its own plan's.)"""
     (m, k), n = a.shape, b.shape[1]
+    if kernel is None:
+        kernel = "tiled" if config is not None or split_k is not None else choose_kernel(a, b, c, m)
+    if kernel == "tma":
+        triton_matmul_tma.launch_matmul_tma(a, b, bias, activation, c, triton_matmul_tma.sm_count(a.device), config)
+        return
+    if kernel == "gemv":
+        triton_gemv.launch_gemv(a, b, bias, activation, c, config, split_k)
+        return
     if split_k is None and config is None:
         config, split_k = plan(m, n, k, sm_count(a.device))
     elif (split_k or 1) > 1:
@@ -457,3 +502,8 @@ def matmul(a, b, bias=None, activation=None, out=None):
     if m and n:
         launch_matmul(a, b, bias, activation, c)
     return c
+
+
+# the TMA and GEMV kernels reuse this module's helpers (grouped_tile, activate, fit_split), so
+# they are imported once those exist
+from gemm import triton_gemv, triton_matmul_tma  # noqa: E402

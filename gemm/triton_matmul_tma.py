@@ -1,0 +1,199 @@
+"""Persistent matmul with TMA loads and stores, for large GEMMs on Hopper (sm_90) and later.
+
+    c = act(a @ b + bias)        a (M, K), b (K, N), bias (N,); fp32 accumulation, one rounding
+
+The same math and tiles as gemm/triton_matmul.py's one-kernel path, in two changes:
+
+- TMA. Each A and B tile is one tensor-memory-accelerator copy into shared memory, described by a
+  host-built descriptor (base, shape, strides, block), instead of BLOCK_M * BLOCK_K / 8 pointer
+  loads issued and address-computed by every thread. The registers and issue slots that pointer
+  arithmetic took go to the wgmma pipeline, and the out-of-range part of an edge tile is filled
+  with zeros by the copy itself (no masks, no wrap). c leaves through a TMA store, which clips at
+  (M, N).
+- Persistence. NUM_SMS programs (one per SM) each walk tiles pid, pid + NUM_SMS, ... in grouped
+  order. With 128 x 256 tiles, 4096^3 has 512 tiles: 3.9 waves of one program per SM; a launch per
+  tile pays each program's prologue (the pipeline filling) once a tile and leaves the last wave's
+  SMs idle while the others finish, where a persistent program starts loading its next tile while
+  the epilogue of the current one runs (flattened loops: `tl.range(..., flatten=True)`).
+
+Memory traffic is that of the tiled kernel: (M*K + K*N + M*N) * e with perfect reuse, each
+A row-panel read once per column of tiles and each B column-panel once per row of tiles, the
+grouped order turning the repeats into L2 hits.
+
+TMA needs a 16-byte-aligned base and 16-byte-aligned strides for all but the last (contiguous)
+dimension: with 2-byte elements, a's, b's and c's row strides multiples of 8 (so N is one, for c),
+and a and b read along K or N, not transposed otherwise. `fits` says when a call qualifies; the
+others run gemm/triton_matmul.py's pointer kernel. b may be row-major (K, N)
+or an nn.Linear weight's transpose (W.T, W (N, K) contiguous): the descriptor then covers W and
+each loaded (BLOCK_N, BLOCK_K) tile is fed to the dot transposed, which wgmma reads from shared
+memory in either order.
+
+Block sizes are autotuned over TMA_CONFIGS, keyed like the pointer kernel. Triton's interpreter
+runs this kernel too (the descriptors are emulated), with one small config and INTERPRET_SMS
+programs, so that each program walks several tiles.
+"""
+import functools
+
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.device import INTERPRET, sm_count as device_sm_count
+from gemm.triton_matmul import GROUP_M, activate, grouped_tile, m_bucket
+
+try:  # host-side TMA descriptors: Triton 3.4 and later
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # older Triton: the pointer kernel serves every call
+    TensorDescriptor = None
+
+# Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SPLIT).
+# Shared memory: (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes a stage, plus the c tile staged for the TMA
+# store, BLOCK_M * BLOCK_N * 2 / EPILOGUE_SPLIT bytes; an H100 block may take 227 KB.
+TMA_CONFIGS = [
+    # the Hopper tile: two warpgroups each hold a 64 x 256 fp32 accumulator; 144 KB of stages + 32 KB
+    # for c. H100, us (cuBLAS / this / the pointer kernel's best 128 x 256 config), fp16:
+    # 4096^3 185 / 189 / 216, 8192^3 1600 / 1688 / 1723, 8192 x 14336 x 4096 1459 / 1417 / 1563;
+    # bf16: 4096^3 183 / 180 / 204, 2048 x 14336 x 4096 330 / 351 / 369 (scripts/tune/tma_sweep.py)
+    (128, 256, 64, 8, 3, 2),
+    (128, 256, 64, 8, 4, 2),  # 192 + 32 KB: one more stage in flight; ties s3 within the run-to-run spread
+    # twice the tiles, where 128 x 256 ones leave SMs idle; 4 warps (one warpgroup of 128 x 128)
+    # beat 8 at every shape swept, by 2-15%
+    (128, 128, 64, 4, 4, 1),
+    (64, 128, 128, 4, 3, 1),  # 1024^3 and the like: 128 tiles, one a SM
+]
+# A tile of c leaves in EPILOGUE_SPLIT column slices: each slice's staging buffer is a fraction of
+# the tile's, which leaves room for one more load stage.
+
+# Programs the interpreter runs (it has no SMs): few, so each walks several of the test tiles.
+INTERPRET_SMS = 3
+INTERPRET_CONFIG = (32, 32, 32, 4, 1, 2)
+
+
+def sm_count(device):
+    return device_sm_count(device, INTERPRET_SMS)
+
+
+def fits(a, b, c):
+    """Whether a TMA descriptor can cover a, b (as (K, N) row-major or an (N, K) transpose) and c:
+    16-byte-aligned bases and row strides, a contiguous last dimension."""
+    if TensorDescriptor is None:
+        return False
+    e = a.element_size()
+
+    def aligned(t, row_stride):
+        return t.data_ptr() % 16 == 0 and (row_stride * e) % 16 == 0
+
+    a_ok = a.stride(1) == 1 and aligned(a, a.stride(0))
+    b_ok = (b.stride(1) == 1 and aligned(b, b.stride(0))) or (b.stride(0) == 1 and aligned(b, b.stride(1)))
+    c_ok = c.stride(1) == 1 and aligned(c, c.stride(0))
+    return a_ok and b_ok and c_ok
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    # TMA descriptors: a (M, K); b (K, N), or (N, K) when B_TRANSPOSED; c (M, N); bias pointer
+    a_desc, b_desc, c_desc, bias_ptr,
+    # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
+    M, N, K, M_BUCKET,
+    # meta-parameters
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, B_TRANSPOSED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr,
+):
+    """Program p computes tiles p, p + NUM_SMS, ... (grouped order), each over all of K."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_steps):  # past K, the copies read zeros, which add nothing
+            a = a_desc.load([off_m, k * BLOCK_K])
+            if B_TRANSPOSED:
+                b = b_desc.load([off_n, k * BLOCK_K]).T
+            else:
+                b = b_desc.load([k * BLOCK_K, off_n])
+            acc = tl.dot(a, b, acc)
+
+        if HAS_BIAS:
+            rn = off_n + tl.arange(0, BLOCK_N)
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        acc = activate(acc, ACTIVATION)
+        # the store clips rows and columns past (M, N)
+        if EPILOGUE_SPLIT == 1:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        else:
+            tiles = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            c_desc.store([off_m, off_n], tiles[0].to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], tiles[1].to(c_desc.dtype))
+
+
+def set_blocks(nargs):
+    """Autotuner pre-hook: the descriptors' block shapes follow the config being run."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["b_desc"].block_shape = [bn, bk] if nargs["B_TRANSPOSED"] else [bk, bn]
+    nargs["c_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """128 x 256 tiles while they make at least 2/3 of a wave (one program an SM), smaller ones
+    below that."""
+    args = {**named_args, **kwargs}
+    waves = triton.cdiv(args["M"], 128) * triton.cdiv(args["N"], 256) / args["NUM_SMS"]
+    if waves >= 2 / 3:
+        return [c for c in configs if c.kwargs["BLOCK_N"] == 256]
+    return [c for c in configs if c.kwargs["BLOCK_N"] != 256]
+
+
+def meta_of(config):
+    bm, bn, bk, warps, stages, split = config
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLIT=split,
+                num_warps=warps, num_stages=stages)
+
+
+@functools.lru_cache(maxsize=None)
+def tuned():
+    """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter)."""
+    configs = [triton.Config({k: v for k, v in meta_of(c).items() if not k.startswith("num_")},
+                             num_warps=c[3], num_stages=c[4], pre_hook=set_blocks) for c in TMA_CONFIGS]
+    return triton.autotune(configs=configs, key=["M_BUCKET", "N", "K", "B_TRANSPOSED"],
+                           prune_configs_by={"early_config_prune": prune_configs})(_matmul_tma_kernel)
+
+
+# The autotuner's pick per key (see triton_matmul._PICKED): later calls launch it directly.
+_PICKED = {}
+
+
+def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
+    """Launch on validated arguments that `fits`: a (M, K), b (K, N) either layout, bias (N,) or None,
+    c (M, N) with M, N >= 1. config: a TMA_CONFIGS row to run as is; None autotunes on the key's
+    first call and runs the pick after it (the interpreter runs INTERPRET_CONFIG on INTERPRET_SMS
+    programs)."""
+    (m, k), n = a.shape, b.shape[1]
+    transposed = b.stride(1) != 1
+    if INTERPRET and config is None:
+        config = INTERPRET_CONFIG
+    key = (m_bucket(m), n, k, transposed, a.dtype, a.device)
+    meta = meta_of(config) if config is not None else _PICKED.get(key)
+    # block shapes are placeholders until the config is known (set_blocks)
+    bm, bn, bk = (meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]) if meta else (16, 16, 16)
+    split = meta["EPILOGUE_SPLIT"] if meta else 1
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [bm, bk])
+    if transposed:  # W (N, K) with W.T = b
+        b_desc = TensorDescriptor(b.T, [n, k], [b.stride(1), 1], [bn, bk])
+    else:
+        b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [bk, bn])
+    c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], [bm, bn // split])
+    args = (a_desc, b_desc, c_desc, bias if bias is not None else c, m, n, k, m_bucket(m))
+    flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, B_TRANSPOSED=transposed, NUM_SMS=num_sms)
+    if meta is None:
+        tuner = tuned()
+        tuner[lambda meta: (min(num_sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)](
+            *args, **flags)
+        _PICKED[key] = tuner.best_config.all_kwargs()
+        return
+    grid = (min(num_sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    _matmul_tma_kernel[grid](*args, **flags, **meta)
