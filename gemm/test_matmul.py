@@ -138,11 +138,10 @@ def check_tma_fits():
 
 def check_tma_prune():
     """TMA_CONFIGS' autotune candidates on an H100/H200's 132 SMs."""
-    configs = triton_matmul_tma.tuned().configs if not INTERPRET else None
+    configs = triton_matmul_tma.autotune_configs()
 
     def kept(m, n):
-        cands = configs or [type("C", (), {"kwargs": {"BLOCK_N": c[1]}})() for c in triton_matmul_tma.TMA_CONFIGS]
-        return {c.kwargs["BLOCK_N"] for c in triton_matmul_tma.prune_configs(cands, dict(M=m, N=n, NUM_SMS=132))}
+        return {c.kwargs["BLOCK_N"] for c in triton_matmul_tma.prune_configs(configs, dict(M=m, N=n, NUM_SMS=132))}
 
     return [Outcome("4096^2: 128x256 tiles", kept(4096, 4096) == {256}),
             Outcome("2048^2: 128 tiles of 128x256, about a wave", kept(2048, 2048) == {256}),

@@ -35,12 +35,11 @@ programs, so that each program walks several tiles.
 import functools
 
 import common  # noqa: F401  (interpreter switch before triton is imported)
-import torch
 import triton
 import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
-from gemm.triton_matmul import GROUP_M, activate, grouped_tile, m_bucket
+from gemm.triton_matmul import GROUP_M, activate, grouped_tile, m_bucket, pick_config, picked_config
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -154,17 +153,17 @@ def meta_of(config):
                 num_warps=warps, num_stages=stages)
 
 
+def autotune_configs():
+    return [triton.Config({k: v for k, v in meta_of(c).items() if not k.startswith("num_")},
+                          num_warps=c[3], num_stages=c[4], pre_hook=set_blocks) for c in TMA_CONFIGS]
+
+
 @functools.lru_cache(maxsize=None)
 def tuned():
-    """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter)."""
-    configs = [triton.Config({k: v for k, v in meta_of(c).items() if not k.startswith("num_")},
-                             num_warps=c[3], num_stages=c[4], pre_hook=set_blocks) for c in TMA_CONFIGS]
-    return triton.autotune(configs=configs, key=["M_BUCKET", "N", "K", "B_TRANSPOSED"],
+    """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter). The
+    autotuner's pick is kept per key with triton_matmul.pick_config: later calls launch it directly."""
+    return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "B_TRANSPOSED"],
                            prune_configs_by={"early_config_prune": prune_configs})(_matmul_tma_kernel)
-
-
-# The autotuner's pick per key (see triton_matmul._PICKED): later calls launch it directly.
-_PICKED = {}
 
 
 def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
@@ -176,8 +175,7 @@ def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
     transposed = b.stride(1) != 1
     if INTERPRET and config is None:
         config = INTERPRET_CONFIG
-    key = (m_bucket(m), n, k, transposed, a.dtype, a.device)
-    meta = meta_of(config) if config is not None else _PICKED.get(key)
+    meta = meta_of(config) if config is not None else picked_config(_matmul_tma_kernel, a, b, m, n, k)
     # block shapes are placeholders until the config is known (set_blocks)
     bm, bn, bk = (meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]) if meta else (16, 16, 16)
     split = meta["EPILOGUE_SPLIT"] if meta else 1
@@ -193,7 +191,7 @@ def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
         tuner = tuned()
         tuner[lambda meta: (min(num_sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)](
             *args, **flags)
-        _PICKED[key] = tuner.best_config.all_kwargs()
+        pick_config(_matmul_tma_kernel, a, b, m, n, k, tuner.best_config)
         return
     grid = (min(num_sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
     _matmul_tma_kernel[grid](*args, **flags, **meta)
