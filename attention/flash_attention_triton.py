@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from common.device import INTERPRET
+from common.ints import cdiv, next_power_of_2
 from common.validation import check_same_device, check_tensor
 
 LOG2_E = 1.4426950408889634
@@ -211,12 +212,12 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None):
         return out.zero_()
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     block_m, block_n, num_warps, num_stages = attention_config(d, tq)
-    grid = (triton.cdiv(tq, block_m), b * h)
+    grid = (cdiv(tq, block_m), b * h)
     _flash_attention_fwd_kernel[grid](
         q, k, v, out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         h, h // hkv, tq, tk, scale * LOG2_E,
-        CAUSAL=bool(causal), HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        CAUSAL=bool(causal), HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)),
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.ints import cdiv, next_power_of_2
 from common.validation import check_out, check_same_device, check_tensor
 
 MAX_HEAD_DIM = 1024
@@ -151,11 +152,11 @@ class RopeConfig:
 @functools.lru_cache(maxsize=1024)
 def rope_config(n_rows, n_q_heads, n_k_heads, head_dim):
     """Tile and warps for B*T = n_rows positions of heads of head_dim values, from ROPE_TABLE."""
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = next_power_of_2(head_dim)
     _, block_t, block_h, warps = next(row for row in ROPE_TABLE if block_d <= row[0])
-    block_t = min(block_t, triton.next_power_of_2(n_rows))  # decode (T = 1): no empty positions
-    return RopeConfig(block_t, min(block_h, triton.next_power_of_2(max(n_q_heads, 1))),
-                      min(block_h, triton.next_power_of_2(max(n_k_heads, 1))), warps)
+    block_t = min(block_t, next_power_of_2(n_rows))  # decode (T = 1): no empty positions
+    return RopeConfig(block_t, min(block_h, next_power_of_2(max(n_q_heads, 1))),
+                      min(block_h, next_power_of_2(max(n_k_heads, 1))), warps)
 
 
 def check_rope_args(q, k, cos, sin, interleaved):
@@ -203,16 +204,16 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
     if n_rows == 0 or head_dim == 0 or n_q_heads + n_k_heads == 0:
         return
     cfg = cfg or rope_config(n_rows, n_q_heads, n_k_heads, head_dim)
-    n_q_blocks = triton.cdiv(n_q_heads, cfg.BLOCK_HQ)
-    n_blocks = n_q_blocks + triton.cdiv(n_k_heads, cfg.BLOCK_HK)
-    grid = (triton.cdiv(n_rows, cfg.BLOCK_T) * n_blocks,)
+    n_q_blocks = cdiv(n_q_heads, cfg.BLOCK_HQ)
+    n_blocks = n_q_blocks + cdiv(n_k_heads, cfg.BLOCK_HK)
+    grid = (cdiv(n_rows, cfg.BLOCK_T) * n_blocks,)
     _rope_kernel[grid](
         q, k, cos, sin, q_out, k_out,
         n_rows, seq_len, n_q_heads, n_k_heads, n_q_blocks, n_blocks,
         *q.stride(), *k.stride(), *_table_strides(cos), *_table_strides(sin),
         *q_out.stride()[:3], *k_out.stride()[:3],
         INTERLEAVED=interleaved, HALF=head_dim // 2, BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ, BLOCK_HK=cfg.BLOCK_HK,
-        BLOCK_HALF=triton.next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
+        BLOCK_HALF=next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
 
 
 def rope_outputs(q, k, out):

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from common.device import sm_count as device_sm_count
+from common.ints import cdiv, next_power_of_2
 from common.validation import as_rows, check_out, check_tensor
 from normalization.triton_rmsnorm import col_mask
 
@@ -89,20 +90,20 @@ class SoftmaxConfig:
 def _chunk(values, block_n, n_cols):
     """Of `values` (capped at the padded row), its half and its quarter: the one that pads N least."""
     chunk = min(values, block_n)
-    return min((chunk, chunk // 2, chunk // 4), key=lambda c: triton.cdiv(n_cols, c) * c)
+    return min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)
 
 
 @functools.lru_cache(maxsize=1024)
 def softmax_config(n_rows, n_cols, n_sms):
     """Path and launch parameters for n_rows rows of n_cols values on a GPU with n_sms SMs."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     max_block, path, values, warps = next(r for r in SOFTMAX_TABLE if r[0] is None or block_n <= r[0])
     if path == "fused":
         return SoftmaxConfig("fused", max(1, values // block_n), block_n, warps, 1, n_cols)
     if n_rows >= SPLIT_BELOW_ROWS_PER_SM * n_sms:
         chunk = _chunk(values, block_n, n_cols)
         return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
-    n_splits = triton.cdiv(n_cols, SPLIT_SEG)
+    n_splits = cdiv(n_cols, SPLIT_SEG)
     chunk = _chunk(values, block_n, n_cols)
     if n_splits > MAX_SPLITS:
         return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
@@ -244,7 +245,7 @@ def launch_softmax(x2, y2, cfg=None):
         cfg = softmax_config(n_rows, n_cols, sm_count(x2.device.index or 0))
     even = n_cols % cfg.BLOCK_N == 0
     if cfg.path == "fused":
-        _softmax_fused_kernel[(triton.cdiv(n_rows, cfg.BLOCK_M),)](
+        _softmax_fused_kernel[(cdiv(n_rows, cfg.BLOCK_M),)](
             x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
     elif cfg.path == "looped":
@@ -256,7 +257,7 @@ def launch_softmax(x2, y2, cfg=None):
         _softmax_split_stats_kernel[(n_tiles,)](x2, stats, n_cols, x2.stride(0), cfg.n_splits, n_tiles,
                                                 SEG=cfg.seg_len, num_warps=cfg.num_warps)
         _softmax_split_write_kernel[(n_tiles,)](x2, y2, stats, n_cols, x2.stride(0), y2.stride(0), cfg.n_splits,
-                                                n_tiles, SPLITS=triton.next_power_of_2(cfg.n_splits),
+                                                n_tiles, SPLITS=next_power_of_2(cfg.n_splits),
                                                 SEG=cfg.seg_len, num_warps=SPLIT_WRITE_WARPS)
 
 

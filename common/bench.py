@@ -28,7 +28,7 @@ def time_ms(fn, warmup_ms=25, rep_ms=100):
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def graph_time_ms(fn, reps=20):
+def graph_time_ms(fn, reps=20, warmup_ms=25, rep_ms=100):
     """GPU milliseconds of one call of `fn` with the host out of the loop: `reps` calls, each after an
     L2 flush, captured in one CUDA graph, minus a graph of the flushes alone. For calls whose GPU
     time is below their launch cost (decode at small batch), where time_ms measures the host; serving
@@ -57,9 +57,20 @@ def graph_time_ms(fn, reps=20):
                 if with_fn:
                     fn()
         graph.replay()
-        totals.append(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
+        totals.append(triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
         del graph
     return max(totals[0] - totals[1], 0.0) / reps
+
+
+def autotune_bench(fn, quantiles=None):
+    """The timer of this repository's autotuners (triton.autotune(do_bench=autotune_bench)): GPU
+    time of one call, graph_time_ms on a shorter budget. Triton's default, do_bench, zeroes a
+    256 MB buffer before each call (dirty lines the timed call then writes back) and, where a
+    launch's host work outlasts that flush, times the host: at decode sizes it picked configs up
+    to 35% slower in GPU time (scripts/tune/host_and_picks.py auto). Returns the figure once per
+    requested quantile, as the autotuner expects."""
+    ms = graph_time_ms(fn, warmup_ms=10, rep_ms=40)
+    return [ms] * len(quantiles) if quantiles else ms
 
 
 def gbps(n_bytes, ms):

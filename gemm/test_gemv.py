@@ -18,9 +18,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 from common.device import DEVICE, INTERPRET  # noqa: E402
+from common.ints import cdiv  # noqa: E402
 from common.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand  # noqa: E402
 from common.workspace import split_k_buffers  # noqa: E402
 from gemm.test_matmul import reference, tolerance, torch_same_dtype  # noqa: E402
@@ -110,11 +110,11 @@ def check_gpu_plan():
     for layout, config in GEMV_CONFIGS.items():
         for n, k in [(4096, 4096), (2048, 4096), (8192, 4096), (14336, 4096), (4096, 14336), (4096, 64), (1, 4096)]:
             block_n, block_k, _, _, split = plan_for(n, k, config, 132)
-            strips, k_steps = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
-            slice_steps = triton.cdiv(k_steps, split)
+            strips, k_steps = cdiv(n, block_n), cdiv(k, block_k)
+            slice_steps = cdiv(k_steps, split)
             ok = (strips * split <= max(strips, config[-1] * 132)
                   and (split == 1 or slice_steps >= MIN_SLICE_STEPS)
-                  and triton.cdiv(k_steps, slice_steps) == split)
+                  and cdiv(k_steps, slice_steps) == split)
             if strips * 2 <= config[-1] * 132 and k_steps >= 2 * 2 * MIN_SLICE_STEPS:
                 ok = ok and split >= 2  # a GPU less than half full, with K to spare, splits
             outcomes.append(Outcome(f"{layout} N={n} K={k}: {strips} strips x {split}", ok))

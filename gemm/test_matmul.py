@@ -167,8 +167,9 @@ def check_split_plan():
     def split(m, n, k):
         return split_plan(m, n, k, 132, SPLIT_TABLE)[1]
 
-    return [Outcome("decode M=1, N=4096: 32 tiles, 4 slices", split(1, 4096, 4096) == 4),
-            Outcome("M=1, N=2048: 16 tiles, 8 slices", split(1, 2048, 4096) == 8),
+    return [Outcome("decode M=1, N=4096: 16 tiles of 256 columns, 4 slices", split(1, 4096, 4096) == 4),
+            Outcome("M=1, N=4096: the 256-column tile", split_plan(1, 4096, 4096, 132, SPLIT_TABLE)[0][1] == 256),
+            Outcome("M=1, N=2048: 16 tiles, 4 slices", split(1, 2048, 4096) == 4),
             Outcome("M=1, N=8192: 64 tiles, 2 slices", split(1, 8192, 4096) == 2),
             Outcome("M=1, N=14336: 112 tiles, no split", split(1, 14336, 4096) == 1),
             Outcome("M=2: no split", split(2, 4096, 4096) == 1),
@@ -286,12 +287,13 @@ def cases():
         add(f"(1030, 70, 64) {dt} N = 70: pointer kernel", m=1030, n=70, k=64, dtype=dtype, planned_kernel="tiled")
         add(f"(1030, 72, 64) {dt} a transposed: pointer kernel", m=1030, n=72, k=64, dtype=dtype, trans_a=True,
             planned_kernel="tiled")
-        # the tiled kernel's own split-K: each row of SPLIT_TABLE, decode shapes with a long K (the
-        # interpreter counts its 32x32 tiles on INTERPRET_SMS; the GPU plans these differently)
-        for n, k, split_k in [(60, 1000, 8), (100, 520, 4), (250, 300, 2)]:
+        # the tiled kernel's own split-K: rows of SPLIT_TABLE, decode shapes with a long K (the
+        # interpreter counts its 32x32 tiles on INTERPRET_SMS, where the first two rows are one;
+        # the GPU plans these differently)
+        for n, k, split_k in [(60, 1000, 4), (100, 520, 2), (250, 300, 2)]:
             add(f"(1, {n}, {k}) {dt} tiled, chosen split {split_k}", m=1, n=n, k=k, dtype=dtype, kernel="tiled",
                 planned_split=split_k if INTERPRET else None)
-        add(f"(1, 100, 520) {dt} tiled, chosen split 4 bias+gelu_tanh b transposed", m=1, n=100, k=520,
+        add(f"(1, 60, 1000) {dt} tiled, chosen split 4 bias+gelu_tanh b transposed", m=1, n=60, k=1000,
             dtype=dtype, bias=True, activation="gelu_tanh", trans_b=True, kernel="tiled",
             planned_split=4 if INTERPRET else None)
         add(f"(2, 100, 520) {dt} no split above M = 1", m=2, n=100, k=520, dtype=dtype,

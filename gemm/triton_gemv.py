@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
+from common.ints import cdiv, next_power_of_2
 from common.workspace import split_k_buffers
 from gemm.triton_matmul import activate, fit_split
 
@@ -91,8 +92,8 @@ def plan_for(n, k, config, n_sms):
     n_sms SMs: the largest split whose programs fit in the row's programs per SM, with at least
     MIN_SLICE_STEPS K steps a slice and none empty."""
     block_n, block_k, warps, stages, programs_per_sm = config
-    strips = triton.cdiv(n, block_n)
-    split = min(programs_per_sm * n_sms // strips, triton.cdiv(k, block_k) // MIN_SLICE_STEPS)
+    strips = cdiv(n, block_n)
+    split = min(programs_per_sm * n_sms // strips, cdiv(k, block_k) // MIN_SLICE_STEPS)
     return block_n, block_k, warps, stages, fit_split(k, block_k, split)
 
 
@@ -219,14 +220,14 @@ def launch_gemv(a, b, bias, activation, c, config=None, split_k=None):
     block_n, block_k, warps, stages, split = gemv_plan(n, k, row_major, sm_count(a.device), config)
     if split_k is not None:
         split = fit_split(k, block_k, split_k)
-    strips = triton.cdiv(n, block_n)
+    strips = cdiv(n, block_n)
     partial = counters = c  # unused pointers still need a tensor
     if split > 1:
         partial, counters = split_k_buffers(a.device, split * n, strips)
     _gemv_kernel[(strips * split,)](
         a, b, c, bias if bias is not None else c, partial, counters,
-        n, k, triton.cdiv(triton.cdiv(k, block_k), split) * block_k, split,
+        n, k, cdiv(cdiv(k, block_k), split) * block_k, split,
         a.stride(1), b.stride(0), b.stride(1), c.stride(1), bias.stride(0) if bias is not None else 0,
         HAS_BIAS=bias is not None, ACTIVATION=activation, B_ROW_MAJOR=row_major,
-        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_BLOCK=triton.next_power_of_2(split), NUM_STAGES=stages,
+        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_BLOCK=next_power_of_2(split), NUM_STAGES=stages,
         EVEN_K=k % block_k == 0, num_warps=warps)

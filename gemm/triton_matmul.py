@@ -37,7 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
+from common.bench import autotune_bench
 from common.device import INTERPRET, sm_count as device_sm_count
+from common.ints import cdiv, next_power_of_2
 from common.validation import check_out, check_same_device, check_tensor
 from common.workspace import split_k_buffers
 
@@ -78,6 +80,10 @@ CONFIGS = [
     (64, 64, 128, 4, 6),
     # M <= 64 is bound by reading b once (decode): small tiles, long K steps to keep loads in flight
     (32, 64, 128, 4, 4),   # 17 <= M <= 32
+    # 17 <= M <= 32 against N = 4096: two row tiles of 64 programs. H100, GPU us (CUDA graphs,
+    # scripts/tune/host_and_picks.py small), M = 32, b row-major / W.T: 14.7-14.8 / 15.4-15.6
+    # against cuBLAS 14.5-14.6 / 15.2 (32x64x128: 17.8-18.3; 16x32x256: 16.0-16.6)
+    (16, 64, 256, 4, 4),
     (16, 128, 128, 4, 4),  # M <= 16 against N = 14336 (112 tiles): 0.99-1.00x (16x64x128: 0.91-0.96x)
     (16, 32, 256, 4, 4),   # M <= 16 with N = 4096: 128 column tiles, about one per SM; 0.98-1.01x
 ]
@@ -121,9 +127,15 @@ TINY_MACS = 1 << 27
 # M >= 4 loses (N = 4096: 20.6 against 18.7 at M = 4, 20.4 against 18.5 at M = 16; M = 2 ties),
 # M = 128 is better served by 64 x 64 tiles (CONFIGS: 0.95x against 0.77x split at K = 4096), and
 # 1024^3 loses at every SPLIT_K (15.6 us at best against 11.0 in one kernel).
+# The one-launch version on an H100, bf16, M = 1, GPU us (CUDA graphs; cuBLAS / ours by config and
+# SPLIT_K, scripts/tune/host_and_picks.py m1):
+#   N = 2048: 10.5 / 16x128x128 s4 10.2, s8 10.7; 16x256x64 s8 10.6
+#   N = 4096: 14.2 / 16x256x64 (8 warps) s4 15.7 (0.90x), s8 16.0; 16x128x128 s2 16.0, s4 16.2
+#   N = 4096, K = 14336: 43.2 / 16x256x64 s4 42.3; 16x128x128 s4 42.9
+#   N = 8192: 24.9 / 16x128x128 s1 26.4, s2 26.9; 16x256x64 s2 26.5
 SPLIT_TABLE = [
-    (1, 1 / 8, 8, (16, 128, 128, 4, 4)),  # N <= 2048: 16 tiles, 8 slices
-    (1, 1 / 4, 4, (16, 128, 128, 4, 4)),  # N <= 4096: 32 tiles, 4 slices
+    (1, 1 / 8, 4, (16, 128, 128, 4, 4)),  # N <= 2048: 16 tiles, 4 slices
+    (1, 1 / 8, 4, (16, 256, 64, 8, 4)),   # N <= 4096: 16 tiles of 256 columns, 4 slices
     (1, 1 / 2, 2, (16, 128, 128, 4, 4)),  # N <= 8192: 64 tiles, 2 slices
 ]
 # A slice keeps at least this many BLOCK_K steps, so its software pipeline (num_stages - 1 loads
@@ -141,7 +153,7 @@ INTERPRET_CONFIG = (32, 32, 32)
 
 def m_bucket(m):
     """The autotune key's M: a power of two, at least 16 (tl.dot's smallest tile)."""
-    return max(16, triton.next_power_of_2(m))
+    return max(16, next_power_of_2(m))
 
 
 def prune_configs(configs, named_args, **kwargs):
@@ -249,7 +261,6 @@ def dot_tile(a_ptr, b_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
     return acc
 
 
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["M_BUCKET"])
 def _matmul_kernel(
     # pointers
@@ -271,7 +282,6 @@ def _matmul_kernel(
                    HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
 
 
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _matmul_split_k_kernel(
     # pointers; partial: fp32 scratch (SPLIT_K * M, N), counter: int32 zeros (tiles,)
@@ -314,17 +324,25 @@ def _matmul_split_k_kernel(
                        HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
 
 
+def even_k(args):
+    """EVEN_K of a launch: K a multiple of BLOCK_K, so that no K step needs a mask."""
+    return args["K"] % args["BLOCK_K"] == 0
+
+
 @functools.lru_cache(maxsize=None)
 def tuned(kernel):
     """`kernel` autotuned over CONFIGS, built on first use (never at import, never in the
     interpreter). Returns the same autotuner every call, so each key is tuned once per process.
+    EVEN_K follows each config's BLOCK_K (a heuristic inside the autotuner); a direct launch
+    passes it, which spares the heuristic's per-call work.
 
     Key: M rounded up (a batch size does not retune), N, K, b's layout (stride_bn is 1 for a
     row-major b and K for an nn.Linear weight's transpose, whose loads run along K) and, added by
     Triton, the dtypes. The epilogue is not in the key: it changes a tile's last step, not which
     tile is fastest, and keying on it would tune (and compile) every config once more per variant."""
     return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "stride_bn"],
-                           prune_configs_by={"early_config_prune": prune_configs})(kernel)
+                           prune_configs_by={"early_config_prune": prune_configs},
+                           do_bench=autotune_bench)(triton.heuristics({"EVEN_K": even_k})(kernel))
 
 
 # The autotuner's pick for each key, as launch arguments. After a key's first call the kernel is
@@ -377,19 +395,19 @@ def sm_count(device):
 def fit_split(k, block_k, split_k):
     """SPLIT_K lowered until no slice of the cdiv(K, BLOCK_K) steps is empty (5 steps in 4 slices
     would be 2 + 2 + 1 + 0: 3 slices)."""
-    k_steps = triton.cdiv(k, block_k)
+    k_steps = cdiv(k, block_k)
     if k_steps <= 1 or split_k <= 1:
         return 1
-    return triton.cdiv(k_steps, triton.cdiv(k_steps, split_k))
+    return cdiv(k_steps, cdiv(k_steps, split_k))
 
 
 def split_plan(m, n, k, num_sms, table):
     """(config, SPLIT_K) from a SPLIT_TABLE-like table for an (M, N, K) product, or (None, 1): no
     split, the autotuned one-kernel path."""
     for max_m, max_tiles_per_sm, split_k, config in table:
-        tiles = triton.cdiv(m, config[0]) * triton.cdiv(n, config[1])
+        tiles = cdiv(m, config[0]) * cdiv(n, config[1])
         if m <= max_m and tiles <= max_tiles_per_sm * num_sms:
-            split_k = fit_split(k, config[2], min(split_k, triton.cdiv(k, config[2]) // MIN_SLICE_STEPS))
+            split_k = fit_split(k, config[2], min(split_k, cdiv(k, config[2]) // MIN_SLICE_STEPS))
             return (config, split_k) if split_k > 1 else (None, 1)
     return None, 1
 
@@ -412,14 +430,14 @@ def launch_split_k(a, b, bias, activation, c, config, split_k):
     """Split-K on validated arguments (see launch_matmul): split_k >= 2 programs a tile, one launch."""
     (m, k), n = a.shape, b.shape[1]
     bm, bn, bk, warps, stages = config
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = cdiv(m, bm) * cdiv(n, bn)
     partial, counters = split_k_buffers(a.device, split_k * m * n, tiles)
     _matmul_split_k_kernel[(tiles, split_k)](
         a, b, c, bias if bias is not None else c, partial, counters,
         m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
-        SPLIT_K=split_k, num_warps=warps, num_stages=stages)
+        SPLIT_K=split_k, EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
 
 
 @functools.lru_cache(maxsize=None)
@@ -478,12 +496,12 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=N
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if meta is None:  # this key's first call: the autotuner times CONFIGS, then runs the fastest
         tuner = tuned(_matmul_kernel)
-        tuner[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
+        tuner[lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)](
             *args, HAS_BIAS=bias is not None, ACTIVATION=activation)
         pick_config(_matmul_kernel, a, b, m, n, k, tuner.best_config)
         return
-    _matmul_kernel[(triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
-        *args, HAS_BIAS=bias is not None, ACTIVATION=activation, **meta)
+    _matmul_kernel[(cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)](
+        *args, HAS_BIAS=bias is not None, ACTIVATION=activation, EVEN_K=k % meta["BLOCK_K"] == 0, **meta)
 
 
 def matmul(a, b, bias=None, activation=None, out=None):

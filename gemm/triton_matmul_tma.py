@@ -38,7 +38,9 @@ import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
+from common.bench import autotune_bench
 from common.device import INTERPRET, sm_count as device_sm_count
+from common.ints import cdiv
 from gemm.triton_matmul import GROUP_M, activate, grouped_tile, m_bucket, pick_config, picked_config
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
@@ -59,7 +61,10 @@ TMA_CONFIGS = [
     # twice the tiles, where 128 x 256 ones leave SMs idle; 4 warps (one warpgroup of 128 x 128)
     # beat 8 at every shape swept, by 2-15%
     (128, 128, 64, 4, 4, 1),
-    (64, 128, 128, 4, 3, 1),  # 1024^3 and the like: 128 tiles, one a SM
+    # 1024^3 and the like: 128 tiles, one a SM; 192 KB of stages + 16 KB for c. H100, GPU us (CUDA
+    # graphs, scripts/tune/host_and_picks.py tma1024): 7.7 in both dtypes against 8.2-8.3 with 3
+    # stages, 9.8-9.9 for 128 x 128; cuBLAS 6.6-7.1
+    (64, 128, 128, 4, 4, 1),
 ]
 # A tile of c leaves in EPILOGUE_SPLIT column slices: each slice's staging buffer is a fraction of
 # the tile's, which leaves room for one more load stage.
@@ -141,7 +146,7 @@ def prune_configs(configs, named_args, **kwargs):
     """128 x 256 tiles while they make at least 2/3 of a wave (one program an SM), smaller ones
     below that."""
     args = {**named_args, **kwargs}
-    waves = triton.cdiv(args["M"], 128) * triton.cdiv(args["N"], 256) / args["NUM_SMS"]
+    waves = cdiv(args["M"], 128) * cdiv(args["N"], 256) / args["NUM_SMS"]
     if waves >= 2 / 3:
         return [c for c in configs if c.kwargs["BLOCK_N"] == 256]
     return [c for c in configs if c.kwargs["BLOCK_N"] != 256]
@@ -163,7 +168,8 @@ def tuned():
     """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter). The
     autotuner's pick is kept per key with triton_matmul.pick_config: later calls launch it directly."""
     return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "B_TRANSPOSED"],
-                           prune_configs_by={"early_config_prune": prune_configs})(_matmul_tma_kernel)
+                           prune_configs_by={"early_config_prune": prune_configs},
+                           do_bench=autotune_bench)(_matmul_tma_kernel)
 
 
 def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
@@ -189,9 +195,9 @@ def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
     flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, B_TRANSPOSED=transposed, NUM_SMS=num_sms)
     if meta is None:
         tuner = tuned()
-        tuner[lambda meta: (min(num_sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)](
+        tuner[lambda meta: (min(num_sms, cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])),)](
             *args, **flags)
         pick_config(_matmul_tma_kernel, a, b, m, n, k, tuner.best_config)
         return
-    grid = (min(num_sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    grid = (min(num_sms, cdiv(m, bm) * cdiv(n, bn)),)
     _matmul_tma_kernel[grid](*args, **flags, **meta)

@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
+from common.ints import cdiv
 from common.validation import check_same_device, check_tensor
 from common.workspace import split_k_buffers
 from gemm.triton_matmul import DTYPES, grouped_tile, interpret_meta, m_bucket, store_tile, tuned
@@ -62,7 +63,10 @@ PATHS = ("decode", "fused", "unfused")
 # From 32 rows every column tile re-reads and normalizes all of x (at 64 rows and BLOCK_N = 64, as
 # many bytes from L2 as W has from DRAM) and the unfused pair wins. The big-tile fused kernel lost
 # everywhere (H200, bf16, us, fused / unfused, N = 4096: M = 1 32.4 / 21.0, M = 64 54.4 / 20.7);
-# it stays reachable with path="fused".
+# it stays reachable with path="fused". Summing the squares elementwise and reducing once after
+# the loop did not save it (H100, GPU us, scripts/tune/host_and_picks.py fused; M = 32, N = 4096:
+# 30.7 with 16x64x256 tiles, against 15.5 for the same tiles without the norm and 18.3 for our
+# rmsnorm + cuBLAS).
 PATH_TABLE = [
     (16, "decode"),     # a pass over W, bound by memory
     (None, "unfused"),  # our rmsnorm, then cuBLAS
@@ -105,7 +109,7 @@ def sm_count(device):
 def split_k(tiles, k_steps, programs):
     """How many splits of k_steps K steps bring `tiles` output tiles to about `programs` programs:
     at most MIN_SPLIT_STEPS steps a split, and the largest such count that divides k_steps."""
-    most = max(1, min(triton.cdiv(programs, tiles), k_steps // MIN_SPLIT_STEPS))
+    most = max(1, min(cdiv(programs, tiles), k_steps // MIN_SPLIT_STEPS))
     return next(split for split in range(most, 0, -1) if k_steps % split == 0 or split == 1)
 
 
@@ -115,8 +119,8 @@ def decode_config(m, n, k, n_sms):
     _, block_m, block_n, block_k, warps, stages = next(r for r in DECODE_TABLE if r[0] is None or m <= r[0])
     if block_m == 1:  # the GEMV kernel does not split K
         return block_m, block_n, block_k, 1, warps, stages
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    split = split_k(tiles, triton.cdiv(k, block_k), DECODE_PROGRAMS_PER_SM * n_sms)
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
+    split = split_k(tiles, cdiv(k, block_k), DECODE_PROGRAMS_PER_SM * n_sms)
     return block_m, block_n, block_k, split, warps, stages
 
 
@@ -255,7 +259,6 @@ def _rmsnorm_gemv_kernel(
              mask=cols < N)
 
 
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["M_BUCKET"])
 def _rmsnorm_matmul_kernel(
     # pointers: x (M, K), norm weight (K,), b = W^T (K, N), c (M, N)
@@ -329,13 +332,13 @@ def launch_decode(x2, norm_weight, weight, eps, y, config=None):
     norm_weight = norm_weight.contiguous()  # the kernels step norm_weight with unit stride
     strides = (x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1))
     if block_m == 1:
-        _rmsnorm_gemv_kernel[(triton.cdiv(n, block_n), m)](
+        _rmsnorm_gemv_kernel[(cdiv(n, block_n), m)](
             x2, norm_weight, weight, y, n, k, *strides, eps,
             BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages)
         return
-    k_steps = triton.cdiv(triton.cdiv(k, block_k), split)  # per split
-    split = triton.cdiv(triton.cdiv(k, block_k), k_steps)  # no split left without a step
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    k_steps = cdiv(cdiv(k, block_k), split)  # per split
+    split = cdiv(cdiv(k, block_k), k_steps)  # no split left without a step
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
     partial = counters = y  # unused pointers still need a tensor
     if split > 1:
         partial, counters = split_k_buffers(x2.device, tiles * split * (block_n + 1) * block_m, tiles)
@@ -352,9 +355,11 @@ def launch_fused(x2, norm_weight, weight, eps, c):
     (m, k), n = x2.shape, weight.shape[0]
     b = weight.t()  # (K, N): a view, W's strides swapped
     kernel, meta = (_rmsnorm_matmul_kernel, interpret_meta()) if INTERPRET else (tuned(_rmsnorm_matmul_kernel), {})
+    if INTERPRET:  # tuned() derives EVEN_K from each config; a direct launch passes it
+        meta["EVEN_K"] = k % meta["BLOCK_K"] == 0
 
     def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
     kernel[grid](
         x2, norm_weight.contiguous(), b, c,  # the kernel steps norm_weight with unit stride

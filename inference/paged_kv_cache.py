@@ -8,9 +8,9 @@ sequence's page list and its length, so an append is checked (max_len, free page
 taken before anything is written. Unused block table entries are 0 and never read.
 """
 import torch
-import triton
 
 from common.device import DEVICE
+from common.ints import cdiv
 from inference.kv_cache import check_int_at_least, check_kv_chunk, check_past_max_len, sequence_indices
 from inference.triton_inference_attention import paged_decode_attention
 
@@ -39,7 +39,7 @@ class PagedKVCache:
         check_int_at_least("page_size", page_size)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-        self.max_pages = triton.cdiv(max_len, page_size)
+        self.max_pages = cdiv(max_len, page_size)
         if num_pages is None:
             num_pages = batch * self.max_pages
         check_int_at_least("num_pages", num_pages, 0)
@@ -66,7 +66,7 @@ class PagedKVCache:
         check_past_max_len(self.host_lengths, t, self.max_len)
         if t == 0 or self.batch == 0:
             return
-        new_pages = [triton.cdiv(n + t, self.page_size) - len(pages)
+        new_pages = [cdiv(n + t, self.page_size) - len(pages)
                      for n, pages in zip(self.host_lengths, self.seq_pages)]
         if sum(new_pages) > len(self.free_pages):
             raise ValueError(f"append of {t} token(s) needs {sum(new_pages)} new page(s) but only "

@@ -20,9 +20,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
+from common.ints import cdiv  # noqa: E402
 from common.testing import Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
 from inference.attention_inference import decode_attention_reference  # noqa: E402
 from inference.triton_inference_attention import (MAX_SPLITS, DecodeConfig, decode_attention,  # noqa: E402
@@ -88,7 +88,7 @@ def to_pages(caches, lengths, page_size, spare_pages=3):
     a random order, spare pages of large values, and block table entries past each sequence's pages
     pointing at a spare (a kernel that reads past a length fails). Returns ([pages...], block_table)."""
     b, t_max, hkv, d = caches[0].shape
-    max_pages = triton.cdiv(t_max, page_size)
+    max_pages = cdiv(t_max, page_size)
     num_pages = b * max_pages + spare_pages
     order = torch.randperm(num_pages, device=DEVICE)
     table = order[:b * max_pages].reshape(b, max_pages)

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
+from common.ints import next_power_of_2
 from common.validation import check_out, check_same_device, check_tensor
 from common.workspace import split_k_buffers
 
@@ -394,12 +395,12 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
         q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
         hkv, max_tokens, scale * LOG2_E,
-        GROUP=group, GROUP_PAD=max(16 if use_dot else 1, triton.next_power_of_2(group)), HEAD_DIM=d,
+        GROUP=group, GROUP_PAD=max(16 if use_dot else 1, next_power_of_2(group)), HEAD_DIM=d,
         BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        splits_pad = triton.next_power_of_2(splits)
+        splits_pad = next_power_of_2(splits)
         _merge_splits_kernel[(b * h,)](
             part, out, *out.stride(), h, splits,
             HEAD_DIM=d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * d <= 4096 else 8,

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from common.ints import cdiv, next_power_of_2
+
 # By kernel, then element size in bytes: (widest BLOCK_N, elements a program, num_warps).
 # Sweep on an H200 (copy 4245 GB/s), the mlp bench's shapes of 16M+ elements, fp16 and bf16:
 # - swiglu (two inputs): 2048 values a program (2 rows of 1024) was best or within 1% at 13 of 16
@@ -59,15 +61,15 @@ def tile_config(kernel, n_rows, n_cols, elem_size):
     """Tile and launch parameters of `kernel` (a TILE_TABLE key) for an (n_rows, n_cols) matrix of
     elem_size-byte values."""
     widest, tile, warps = TILE_TABLE[kernel][elem_size]
-    block_n = min(widest, triton.next_power_of_2(n_cols))
+    block_n = min(widest, next_power_of_2(n_cols))
     # of the widest block, its half and its quarter, the one that pads n_cols least (the larger on
     # a tie): 11008 = 43 * 256 takes 256 and no mask, where 1024 would leave a 3/4-empty last tile
     block_n = min((block_n, max(1, block_n // 2), max(1, block_n // 4)),
-                  key=lambda b: triton.cdiv(n_cols, b) * b)
-    block_m = max(1, min(tile // block_n, triton.next_power_of_2(n_rows)))
+                  key=lambda b: cdiv(n_cols, b) * b)
+    block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
 
     def n_tiles(bm, bn):
-        return triton.cdiv(n_rows, bm) * triton.cdiv(n_cols, bn)
+        return cdiv(n_rows, bm) * cdiv(n_cols, bn)
 
     while n_tiles(block_m, block_n) < MIN_PROGRAMS and block_m * block_n > MIN_TILE:
         if block_m > 1:

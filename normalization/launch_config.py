@@ -14,7 +14,7 @@ for N <= 16384 and 4096 rows above, on an H200 whose copy bandwidth measured 424
 import functools
 from dataclasses import dataclass
 
-import triton
+from common.ints import cdiv, next_power_of_2
 
 # Fused kernel, by padded row bytes (next_power_of_2(N) * element size):
 #   (max row bytes, BLOCK_M rows per program, num_warps)
@@ -62,16 +62,16 @@ class RowConfig:
 @functools.lru_cache(maxsize=1024)
 def row_config(n_rows, n_cols, elem_size, layernorm=False):
     """Pick kernel and launch parameters for n_rows rows of n_cols values of elem_size bytes."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     row_bytes = block_n * elem_size
     for max_bytes, block_m, warps in FUSED_TABLE:
         if row_bytes <= max_bytes:
-            return RowConfig(False, block_m, block_n, warps, triton.cdiv(n_rows, block_m))
+            return RowConfig(False, block_m, block_n, warps, cdiv(n_rows, block_m))
     if layernorm and 4 * n_cols >= 3 * block_n:
         for max_bytes, warps in LAYERNORM_FUSED_TABLE:
             if row_bytes <= max_bytes:
                 return RowConfig(False, 1, block_n, warps, n_rows)
     chunk_bytes = next(c for max_bytes, c in LOOP_CHUNK_TABLE if max_bytes is None or row_bytes <= max_bytes)
     chunk = min(chunk_bytes // elem_size, block_n)
-    chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: triton.cdiv(n_cols, c) * c)
+    chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)
     return RowConfig(True, 1, chunk, min(32, max(4, chunk * elem_size // 512)), n_rows)
