@@ -62,6 +62,24 @@ def graph_time_ms(fn, reps=20, warmup_ms=25, rep_ms=100):
     return max(totals[0] - totals[1], 0.0) / reps
 
 
+def host_time_us(fn, calls=200, rounds=3):
+    """CPU microseconds of one call of `fn`: `calls` calls without a sync, best of `rounds` (after
+    a warm-up call). Meaningful where the GPU work of a call is shorter than its host work, so that
+    launches do not wait for a full queue."""
+    fn()
+    if not INTERPRET:
+        torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        if not INTERPRET:
+            torch.cuda.synchronize()
+    return best
+
+
 def autotune_bench(fn, quantiles=None):
     """The timer of this repository's autotuners (triton.autotune(do_bench=autotune_bench)): GPU
     time of one call, graph_time_ms on a shorter budget. Triton's default, do_bench, zeroes a

@@ -354,9 +354,11 @@ def launch_fused(x2, norm_weight, weight, eps, c):
     weight (N, K) any strides, c (M, N) contiguous; M, N, K >= 1."""
     (m, k), n = x2.shape, weight.shape[0]
     b = weight.t()  # (K, N): a view, W's strides swapped
-    kernel, meta = (_rmsnorm_matmul_kernel, interpret_meta()) if INTERPRET else (tuned(_rmsnorm_matmul_kernel), {})
-    if INTERPRET:  # tuned() derives EVEN_K from each config; a direct launch passes it
-        meta["EVEN_K"] = k % meta["BLOCK_K"] == 0
+    if INTERPRET:  # one config, launched directly: EVEN_K is passed (tuned() derives it per config)
+        meta = interpret_meta()
+        kernel, meta = _rmsnorm_matmul_kernel, dict(meta, EVEN_K=k % meta["BLOCK_K"] == 0)
+    else:
+        kernel, meta = tuned(_rmsnorm_matmul_kernel), {}
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)

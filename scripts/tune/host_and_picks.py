@@ -22,7 +22,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
 
-from common.bench import graph_time_ms  # noqa: E402
+from common.bench import graph_time_ms, host_time_us  # noqa: E402
 import gemm.triton_matmul as tm  # noqa: E402
 import gemm.triton_rmsnorm_linear as trl  # noqa: E402
 from gemm.triton_matmul import grouped_tile  # noqa: E402
@@ -31,20 +31,6 @@ import inference.triton_inference_attention as ia  # noqa: E402
 
 PARTS = sys.argv[1:] or ["host", "auto", "m1", "small", "fused", "tma1024"]
 dev = torch.device("cuda", 0)
-
-
-def host_us(fn, n=1000):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return min(best)
 
 
 def gpu_us(fn):
@@ -108,7 +94,7 @@ if "host" in PARTS:
     a1k, bk = torch.randn(1, 4096, device=dev, dtype=dt), torch.randn(4096, 256, device=dev, dtype=dt)
     fns["matmul split 1x256x4096 row"] = lambda: tm.matmul(a1k, bk)
     for name, fn in fns.items():
-        print(f"host {name:36s} {host_us(fn):7.1f} us", flush=True)
+        print(f"host {name:36s} {host_time_us(fn, calls=1000):7.1f} us", flush=True)
 
 if "auto" in PARTS:
     print("== autotuned picks (autotune_bench): GPU us (graph) and do_bench us, against cuBLAS")

@@ -34,6 +34,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
+from common.bench import host_time_us  # noqa: E402
 from gemm.triton_matmul import _matmul_kernel, launch_matmul, matmul, plan, sm_count, tuned  # noqa: E402
 
 DTYPE = torch.float16 if "--fp16" in sys.argv else torch.bfloat16
@@ -68,17 +69,6 @@ def bench_us(fn):
 def graph_us(fn):
     """GPU time alone: replays of a CUDA graph (no host launch cost, L2 not flushed)."""
     return triton.testing.do_bench_cudagraph(fn, rep=25, return_mode="median") * 1e3
-
-
-def host_us(fn, calls=100):
-    """Host time of one call: launches queue faster than the GPU runs them only below this."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
 
 
 def fits(config, m):
@@ -129,7 +119,7 @@ def sweep_shape(m, n, k, num_sms):
     ours = lambda: matmul(a, b)  # noqa: E731
     head = (f"{f'{m}x{n}x{k}':>16s} cuBLAS {cublas:7.1f}  matmul() {cell(shipped, cublas)} [{path}]\n"
             f"    graphs: cuBLAS {graph_us(lambda: torch.matmul(a, b)):6.1f} matmul() {graph_us(ours):6.1f}; "
-            f"host: cuBLAS {host_us(lambda: torch.matmul(a, b)):5.1f} matmul() {host_us(ours):5.1f}")
+            f"host: cuBLAS {host_time_us(lambda: torch.matmul(a, b), calls=100):5.1f} matmul() {host_time_us(ours, calls=100):5.1f}")
     if QUICK:
         print(head, flush=True)
         return

@@ -23,25 +23,13 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from common.bench import graph_time_ms  # noqa: E402
+from common.bench import graph_time_ms, host_time_us  # noqa: E402
 import gemm.triton_matmul as tm  # noqa: E402
 import gemm.triton_rmsnorm_linear as trl  # noqa: E402
 import inference.triton_inference_attention as ia  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
 
 PARTS = sys.argv[1:] or ["host", "rl", "split", "1024"]
-
-
-def host_us(fn, n=200):
-    fn(); torch.cuda.synchronize()
-    best = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return min(best)
 
 
 def bench_us(fn):
@@ -59,7 +47,7 @@ def line(label, fns, ref=None):
         if ref is not None:
             err = f" e{((fn().float() - ref).abs().max() / ref.abs().max()).item():.1e}"
         fn(); torch.cuda.synchronize()
-        cells.append(f"{name}: host {host_us(fn):5.1f} eager {bench_us(fn):6.1f} gpu {gpu_us(fn):6.1f}{err}")
+        cells.append(f"{name}: host {host_time_us(fn):5.1f} eager {bench_us(fn):6.1f} gpu {gpu_us(fn):6.1f}{err}")
     print(f"{label:24s} " + " | ".join(cells), flush=True)
 
 

@@ -5,7 +5,7 @@ of the two per provider, and its ratio to cuBLAS.
 
     python scripts/tune/tma_sweep.py [--quick]      (~3 min on an H100)
 """
-import pathlib, sys, time
+import pathlib, sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import common  # noqa: E402,F401
 import torch  # noqa: E402
@@ -13,6 +13,7 @@ import triton.testing  # noqa: E402
 
 import gemm.triton_matmul as tm  # noqa: E402
 import gemm.triton_matmul_tma as tma  # noqa: E402
+from common.bench import host_time_us  # noqa: E402
 from common.device import sm_count  # noqa: E402
 
 SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (512, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
@@ -24,18 +25,6 @@ POINTER = ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 4, 4), (64
 
 def us(fn):
     return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def host_us(fn, calls=200):
-    """CPU time a call, the GPU kept busy enough not to stall the queue (us)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return 1e6 * (t1 - t0) / calls
 
 
 def main():
@@ -70,7 +59,7 @@ def main():
                 for name, fn in fns.items():
                     res.setdefault(name, []).append(us(fn))
             if m * n * k <= 2048 ** 3:
-                res_host = {name: host_us(fns[name]) for name in ("cuBLAS", "tma auto", "ptr 64x128x128 s3")
+                res_host = {name: host_time_us(fns[name]) for name in ("cuBLAS", "tma auto", "ptr 64x128x128 s3")
                             if name in fns}
                 print("  host us a call: " + ", ".join(f"{kk} {v:.1f}" for kk, v in res_host.items()), flush=True)
             cub = min(res["cuBLAS"])
@@ -86,7 +75,7 @@ def main():
     c = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
     tma.launch_matmul_tma(a, w.T, None, None, c, sms)
     err = (c.float() - (a @ w.T).float()).abs().max().item()
-    print(f"  host us a call: matmul() {host_us(lambda: tm.matmul(a, w.T, out=c)):.1f}")
+    print(f"  host us a call: matmul() {host_time_us(lambda: tm.matmul(a, w.T, out=c)):.1f}")
     print(f"bf16 4096^3 b = W.T: cuBLAS {us(lambda: a @ w.T):.1f} us, tma auto {us(lambda: tma.launch_matmul_tma(a, w.T, None, None, c, sms)):.1f} us, err {err:.3g}")
 
 
