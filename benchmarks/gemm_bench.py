@@ -13,6 +13,7 @@ graph_ms (rows with M <= 64, and every provider of a shape where one takes under
     replays after an L2 flush). A decode-size GEMM (or 1024^3) runs for 10-50 us, about what one
     launch costs the host (Triton's more than cuBLAS's), so do_bench's "ms" there partly measures
     the host; serving engines replay decode steps from CUDA graphs, where only graph_ms counts.
+config (our matmul's rows): the kernel and tile that ran (gemm.triton_matmul.kernel_choice).
 
 Shapes are keyed "MxNxK". Sweeps (fp16 and bf16): square M = N = K = 1024..8192; tokens
 M = 1..8192 at the (K, N) of a 4096-wide model's projections: attention (4096, 4096), MLP up
@@ -38,7 +39,7 @@ from common.bench import compile_fn, graph_time_ms, time_ms  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
 from common.testing import dtype_name  # noqa: E402
-from gemm.triton_matmul import matmul  # noqa: E402
+from gemm.triton_matmul import kernel_choice, matmul  # noqa: E402
 from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
 
@@ -76,18 +77,21 @@ def shapes_of(sweeps):
     return list(dict.fromkeys(s for _, points in sweeps for _, s in points))
 
 
-def add_rows(rows, copy_GBps, op, shape, dtype, providers, expected, n_bytes):
+def add_rows(rows, copy_GBps, op, shape, dtype, providers, expected, n_bytes, configs=None):
     """Time every provider (fn of no arguments) of one shape; max_err against `expected` (fp32).
     GPU times (graph_ms) too for decode sizes and wherever a provider's do_bench median is below
-    GRAPH_BELOW_MS."""
+    GRAPH_BELOW_MS. configs: {provider: fn of no arguments} naming the kernel config that ran (the
+    row's "config"), asked after the warm-up call has tuned it."""
     m, n, k = shape
     shape_rows = []
     for provider, fn in providers.items():
         err = (fn().float() - expected).abs().max().item()  # also the warm-up (autotune, compile)
         ms = time_ms(fn)
-        shape_rows.append((fn, err, make_row(op, shape_str(shape), dtype_name(dtype), provider, ms, copy_GBps,
-                                             n_bytes=n_bytes if m <= BYTES_UP_TO_M else None,
-                                             flops=2 * m * n * k, max_err=err)))
+        row = make_row(op, shape_str(shape), dtype_name(dtype), provider, ms, copy_GBps,
+                       n_bytes=n_bytes if m <= BYTES_UP_TO_M else None, flops=2 * m * n * k, max_err=err)
+        if configs and provider in configs:
+            row["config"] = configs[provider]()
+        shape_rows.append((fn, err, row))
     with_graph = m <= GRAPH_UP_TO_M or min(row["ms"] for _, _, row in shape_rows) < GRAPH_BELOW_MS
     for fn, err, row in shape_rows:
         graph = ""
@@ -99,7 +103,7 @@ def add_rows(rows, copy_GBps, op, shape, dtype, providers, expected, n_bytes):
         rows.append(row)
         bw = f"{row['GBps']:8.1f} GB/s" if row["GBps"] is not None else " " * 13
         print(f"{op:17s} {row['shape']:>16s} {row['dtype']} {row['provider']:22s} {row['ms']:9.4f} ms "
-              f"{row['TFLOPs']:7.1f} TFLOP/s {bw}{graph}  err {err:.2g}", flush=True)
+              f"{row['TFLOPs']:7.1f} TFLOP/s {bw}{graph}  err {err:.2g}  {row.get('config', '')}", flush=True)
 
 
 def free():
@@ -116,7 +120,7 @@ def measure_matmul(rows, copy_GBps, sweeps, linear=False):
             expected = a.float() @ b.float()
             providers = {"triton": lambda: matmul(a, b), "cuBLAS": lambda: torch.matmul(a, b)}
             add_rows(rows, copy_GBps, "matmul_linear" if linear else "matmul", (m, n, k), dtype, providers, expected,
-                     (m * k + k * n + m * n) * a.element_size())
+                     (m * k + k * n + m * n) * a.element_size(), {"triton": lambda: kernel_choice(a, b)})
             del a, b, expected
             free()
 
@@ -134,7 +138,7 @@ def measure_epilogue(rows, copy_GBps, sweeps):
             providers = {"triton": lambda: matmul(a, b, bias, name), "cuBLAS+eager": lambda: eager(a, b, bias),
                          "torch.compile": lambda: compiled(a, b, bias)}
             add_rows(rows, copy_GBps, f"matmul_bias_{name}", (m, n, k), dtype, providers, expected,
-                     (m * k + k * n + m * n + n) * a.element_size())
+                     (m * k + k * n + m * n + n) * a.element_size(), {"triton": lambda: kernel_choice(a, b)})
             del a, b, bias, expected
             free()
 

@@ -30,8 +30,9 @@ import torch.nn.functional as F  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
                             poisoned, rand)
-from gemm.triton_matmul import (CONFIGS, SPLIT_TABLE, autotune_configs, launch_matmul, m_bucket, matmul,  # noqa: E402
-                                plan, prune_configs, sm_count, split_plan, choose_kernel)
+from gemm.triton_matmul import (CONFIGS, SPLIT_TABLE, TMA_MIN_M, autotune_configs, choose_kernel,  # noqa: E402
+                                kernel_choice, launch_matmul, m_bucket, matmul, plan, prune_configs, sm_count,
+                                split_plan)
 from gemm import triton_matmul_tma  # noqa: E402
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -176,6 +177,25 @@ def check_split_plan():
             Outcome("1024^3: no split", split(1024, 1024, 1024) == 1),
             Outcome("K=1024: 8 steps, 2 slices of 4", split(1, 2048, 1024) == 2),
             Outcome("K=384: 3 steps, no split", split(1, 2048, 384) == 1)]
+
+
+def check_kernel_choice():
+    """kernel_choice names the kernel each call takes: GEMV for one row against W.T, split-K for one
+    row against a row-major b of few tiles, TMA from TMA_MIN_M rows (the interpreter emulates it),
+    the tiled kernel otherwise; after the call, with the config it ran."""
+    def choice(m, n, k, linear=False):
+        a = rand((m, k), torch.float16)
+        b = rand((n, k), torch.float16).t() if linear else rand((k, n), torch.float16)
+        matmul(a, b)  # tunes the key on a GPU
+        return kernel_choice(a, b)
+
+    cases = [("M=1, W.T: GEMV", choice(1, 96, 64, linear=True), "gemv "),
+             # a split needs few tiles against the SMs: the interpreter counts 16 SMs and 32x32 tiles
+             ("M=1, row-major b: split-K", choice(1, 256, 512) if INTERPRET else choice(1, 4096, 4096),
+              "tiled split-K "),
+             ("M=17: tiled", choice(17, 40, 33), "tiled "),
+             ("M=TMA_MIN_M: TMA", choice(TMA_MIN_M, 64, 64), "tma ")]
+    return [Outcome(name, got.startswith(prefix) and "untuned" not in got, note=got) for name, got, prefix in cases]
 
 
 def check_own_buffer():
@@ -335,6 +355,7 @@ def cases():
         bias=True, activation="silu")
     out += [Case("autotune candidates", check_prune), Case("split-K plan", check_split_plan),
             Case("TMA: which arguments fit", check_tma_fits), Case("TMA autotune candidates", check_tma_prune),
+            Case("which kernel runs", check_kernel_choice),
             Case("allocates its output", check_own_buffer),
             Case("empty input", check_empty), Case("bad input", check_errors),
             Case("2^31+ output elements", check_huge, gpu_only=True)]

@@ -504,6 +504,34 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=N
         *args, HAS_BIAS=bias is not None, ACTIVATION=activation, EVEN_K=k % meta["BLOCK_K"] == 0, **meta)
 
 
+def kernel_choice(a, b):
+    """What matmul(a, b) runs, in words: "gemv 64x128 split 4", "tiled 64x128x64 w4 s4",
+    "tiled split-K 4 16x256x64 w8 s4", "tma 128x256x64 w8 s3 ...", or "... (untuned)" before a
+    key's first call has tuned it. For benchmark rows and tuning logs: the config behind a time."""
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)  # matmul's own output: aligned, contiguous
+    kind = choose_kernel(a, b, c, m)
+    if kind == "gemv":
+        bn, bk, warps, stages, split = triton_gemv.gemv_plan(n, k, triton_gemv.is_row_major(b),
+                                                              triton_gemv.sm_count(a.device))
+        return f"gemv {bn}x{bk} w{warps} s{stages} split {split}"
+    if kind == "tiled":
+        config, split = plan(m, n, k, sm_count(a.device))
+        if split > 1:
+            return f"tiled split-K {split} {config[0]}x{config[1]}x{config[2]} w{config[3]} s{config[4]}"
+    if INTERPRET:  # no tuning there: each kernel runs its INTERPRET_CONFIG
+        meta = (triton_matmul_tma.meta_of(triton_matmul_tma.INTERPRET_CONFIG) if kind == "tma"
+                else dict(interpret_meta(), num_warps=4, num_stages=1))
+    else:
+        kernel = triton_matmul_tma._matmul_tma_kernel if kind == "tma" else _matmul_kernel
+        meta = picked_config(kernel, a, b, m, n, k)
+    if meta is None:
+        return f"{kind} (untuned)"
+    extra = f" epilogue split {meta['EPILOGUE_SPLIT']}" if "EPILOGUE_SPLIT" in meta else ""
+    return (f"{kind} {meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{meta['num_warps']} "
+            f"s{meta['num_stages']}{extra}")
+
+
 def matmul(a, b, bias=None, activation=None, out=None):
     """c = activation(a @ b + bias), accumulated in fp32 and rounded once to a's dtype.
 

@@ -26,7 +26,8 @@ from common.ints import cdiv  # noqa: E402
 from common.testing import Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
 from inference.attention_inference import decode_attention_reference  # noqa: E402
 from inference.triton_inference_attention import (MAX_SPLITS, DecodeConfig, decode_attention,  # noqa: E402
-                                                  decode_config, paged_decode_attention, split_count)
+                                                  decode_config, paged_blocks, paged_decode_attention, sm_count,
+                                                  split_count)
 
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 H100_SMS = 132
@@ -116,6 +117,8 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
     if use_dot is not None:
         auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
         config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
+    elif num_splits is not None:  # the paged heuristics' blocks, given to both sides: the same blocks
+        config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0), True)
     o = paged_decode_attention(q, k_pages, v_pages, table, lengths, num_splits=num_splits, config=config,
                                out=poisoned((b, h, d), dtype))
     scale = 1.0 / math.sqrt(d)
@@ -186,6 +189,7 @@ def check_split_heuristic():
     shapes = ((1, 8, 8192), (1, 32, 8192), (8, 8, 4096), (16, 8, 4096), (64, 32, 4096), (1, 8, 64), (1, 1, 10 ** 6))
     counts = {(b, hkv, t): split_count(b * hkv, t, H100_SMS, 64) for b, hkv, t in shapes}
     paged = split_count(8, 8192, H100_SMS, 64, paged=True)  # fewer loads in flight a program
+    paged_b16 = split_count(128, 4096, H100_SMS, 64, paged=True)
     return [
         Outcome("B1 H32/8 T8192 splits", counts[(1, 8, 8192)] > 8, note=str(counts[(1, 8, 8192)])),
         Outcome("B1 H32/32 T8192 splits", counts[(1, 32, 8192)] > 1, note=str(counts[(1, 32, 8192)])),
@@ -195,6 +199,16 @@ def check_split_heuristic():
         Outcome("T64 (one block) unsplit", counts[(1, 8, 64)] == 1, note=str(counts[(1, 8, 64)])),
         Outcome("at most MAX_SPLITS", counts[(1, 1, 10 ** 6)] == MAX_SPLITS, note=str(counts[(1, 1, 10 ** 6)])),
         Outcome("paged B1 H32/8 T8192 splits more", paged > counts[(1, 8, 8192)], note=str(paged)),
+        Outcome("paged B16 H32/8 unsplit", paged_b16 == 1, note=str(paged_b16)),
+        # the paged kernel's blocks (hd 128: 64 tokens, 4 warps, 3 stages): halved in a split of
+        # several blocks, two stages for a split of one; unsplit, doubled with the warps for a long
+        # sequence under one program an SM, else unchanged
+        Outcome("paged blocks", (paged_blocks(64, 4, 3, 8, 8192, True), paged_blocks(64, 4, 3, 8, 512, True),
+                                 paged_blocks(64, 4, 3, 1, 8192, True), paged_blocks(64, 4, 3, 1, 1024, True),
+                                 paged_blocks(64, 4, 3, 1, 8192, False), paged_blocks(32, 4, 3, 8, 8192, True),
+                                 paged_blocks(16, 1, 1, 4, 512, True))
+                == ((32, 4, 3), (64, 4, 2), (128, 8, 3), (64, 4, 3), (64, 4, 3), (32, 4, 3), (16, 1, 1)),
+                note=str(paged_blocks(64, 4, 3, 1, 8192, True))),
     ]
 
 
@@ -296,6 +310,17 @@ def _cases():
         for splits in (None, 1, 8):
             add(f"paged 16 vs contiguous B4 H32/8 T8192 D128 splits {splits} {dt}", check_paged, gpu_only=True, b=4,
                 h=32, hkv=8, t_max=8192, d=128, dtype=dtype, num_splits=splits)
+        # the paged heuristics' own blocks: halved in a split of several blocks (hd 64: 128 -> 64 tokens;
+        # hd 256 stays at 32), and a split of one block (B1 H32/8 T512: 8 splits of 64 tokens)
+        for d in (64, 256):
+            add(f"paged 16 auto splits B2 H16/4 T2000 D{d} {dt}", check_paged, gpu_only=True, b=2, h=16, hkv=4,
+                t_max=2000, d=d, dtype=dtype)
+        add(f"paged 16 auto splits B1 H32/8 T512 D128 {dt}", check_paged, gpu_only=True, b=1, h=32, hkv=8, t_max=512,
+            d=128, dtype=dtype)
+        # unsplit under one program an SM, long: twice the block and the warps (hd 64: 256 tokens)
+        for d in (64, 128, 256):
+            add(f"paged 16 unsplit B16 H32/8 T2100 D{d} {dt}", check_paged, gpu_only=True, b=16, h=32, hkv=8,
+                t_max=2100, d=d, dtype=dtype)
     cases += [Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),
               Case("2^31+ elements per cache (contiguous, paged)", check_huge, gpu_only=True)]

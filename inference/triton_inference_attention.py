@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from common.device import INTERPRET, sm_count as device_sm_count
-from common.ints import next_power_of_2
+from common.ints import cdiv, next_power_of_2
 from common.validation import check_out, check_same_device, check_tensor
 from common.workspace import split_k_buffers
 
@@ -67,11 +67,23 @@ BLOCK_TABLE = [
     (128, 64, 4, 3),
     (256, 32, 4, 3),
 ]
-# The paged loop's K/V addresses depend on block-table loads, which the pipeliner gives a stage of
-# their own. Measured on an H200 (hd 128, 16-token pages, before the table loads moved a block
-# ahead): two stages, half the shared memory and so more programs an SM, ran paged at 0.94-1.01x
-# the contiguous kernel's speed, three stages at 0.83-0.93x.
-PAGED_NUM_STAGES = 2
+# A paged split runs blocks of half the tokens (down to 32), so a program has more blocks and the
+# pipeline runs deeper; a split of a single block keeps the full block and two stages instead
+# (one block needs no stages in flight, and 64 KB of shared memory fit three programs an SM where
+# 96 KB fit two). H100, hd 128, 16-token pages, GPU us (CUDA graphs, scripts/tune/decode_configs.py;
+# BLOCK_N/warps/stages/splits), contiguous as shipped | paged:
+#   B1 Hkv32 T1024:  12.2 | 32/4/3/8 12.8, 64/4/2/8 14.0        B1 Hkv32 T8192: 49.1 | 32/4/3/8 51.7, 64/4/2/8 52.3
+#   B1 Hkv8 T8192:   18.5 | 32/4/3/32 19.6, 64/4/2/33 20.4      B4 Hkv8 T8192:  49.8 | 32/4/3/8 53.7, 64/4/2/8 53.6
+#   B1 Hkv8 T512:     6.8 | 64/4/2/8 7.0, 64/4/3/8 8.0, 32/4/3/8 8.0 (one 64-token block a split)
+# Unsplit, the paged kernel takes the contiguous one's blocks and three stages: B16 Hkv8 T512, T1024,
+# T2048: 15.7, 27.0, 48.7 | 64/4/3/1 17.3, 29.6, 53.0, where 64/4/2 in two splits ran 19.9, 31.1, 53.7.
+# With under one program an SM, one program has to keep an SM's loads in flight by itself: from
+# PAGED_LONG_TOKENS on it takes blocks of twice the tokens with twice the warps (three stages of
+# 64 KB): B16 Hkv8 T2048 52.0 and T8192 182.8 against 53.0 and 186+ (contiguous 48.7, 174.6); at
+# T512-1024 the larger block's start costs as much as it saves (18.2 and 29.7 against 17.3 and 29.6).
+PAGED_SPLIT_MIN_BLOCK_N = 32
+PAGED_ONE_BLOCK_STAGES = 2
+PAGED_LONG_TOKENS = 2048
 # The interpreter runs every op in numpy: small blocks keep the CPU tests quick and give short
 # sequences several blocks, so the unmasked loop, the masked tail and split boundaries all run.
 INTERPRETER_BLOCK = (16, 1, 1)
@@ -85,23 +97,26 @@ MHA_USE_DOT = True
 #    cache, tokens per split at least)
 # The first row that applies sets num_splits = min(floor(target * n_sms / (B * Hkv)),
 # T // max(min_tokens, BLOCK_N), MAX_SPLITS), at least 1; at or past the last row the sequence is
-# not split. Measured in GPU time (CUDA graphs, scripts/tune/small_shapes.py split) on an H100, H32 hd128
-# fp16, us at the best split count (and at the next one up):
+# not split. Measured in GPU time (CUDA graphs, scripts/tune/small_shapes.py split and
+# scripts/tune/decode_configs.py) on an H100, H32 hd128 fp16, us at the best split count (and at
+# the next one up):
 # - Contiguous: with fewer programs than SMs, one program an SM is best: B1 Hkv8 T8192 17.9 at 17
 #   splits (19.2 at 32), B1 Hkv32 T8192 49.1 at 4 (51.2 at 5), B4 Hkv8 49.8 at 4 (52.0 at 5); and
 #   128 programs (B16 Hkv8, B4 Hkv32) are one a SM already: unsplit 15.9 at T512 against 19.0 in
 #   2 splits, 172 against 181 at B4 Hkv32 T8192. Short sequences split down to one block a
 #   program: B1 Hkv8 T512 6.7 at 8 splits against 9.3 at 2 and 7.8 at 4.
 # - Paged: its K/V addresses wait on block-table loads, so a program keeps fewer loads in flight,
-#   and two programs an SM are best: B1 Hkv8 20.3 at 32 splits (T8192; 25.0 at 16), 14.6 at 32
-#   (T4096; 16.1 at 16), B1 Hkv32 T2048 19.8 at 8 (24.0 at 4), B2 Hkv8 T8192 31.5 at 16
-#   (39.3 at 8); four an SM were 1-7% slower than two.
+#   and two programs an SM are best where there are few: B1 Hkv8 T8192 19.6 at 32 splits (20.3 at
+#   16), B1 Hkv32 T8192 51.7 at 8 (52.5 at 4 in 64-token blocks). From half a program an SM up,
+#   it is not split, as the contiguous kernel: B16 Hkv8 (128 programs) T512 17.3 unsplit against
+#   18.7-19.9 in two splits.
 # With one to four programs an SM, finer splits even out the last wave (H200: B16 Hkv32 T4096 and
 # B64 Hkv8 T16384, 4 splits 4205 / 4529 GB/s, 2 splits 4095 / 4362).
 SPLIT_TABLE = [
-    (1, 1, 2, 64),     # fewer programs than SMs (B1..B16 at Hkv 8, B1..B4 at Hkv 32); down to
-                       # one block (64 tokens at hd 128) a program
-    (4, 16, 16, 512),  # one to four programs an SM: four to eight splits a sequence, longer splits
+    (1 / 2, 1, 2, 64),  # under half a program an SM (B1..B8 at Hkv 8, B1..B2 at Hkv 32): one
+                        # contiguous or two paged programs an SM, down to one block a program
+    (1, 1, 1, 64),      # up to one program an SM: no split (a target of one rounds down to 1)
+    (4, 16, 16, 512),   # one to four programs an SM: four to eight splits a sequence, longer splits
 ]
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
 INTERPRETER_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
@@ -139,9 +154,25 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
         block_n, num_warps, num_stages = INTERPRETER_BLOCK
     else:
         block_n, num_warps, num_stages = next(row[1:] for row in BLOCK_TABLE if head_dim <= row[0])
-        num_stages = PAGED_NUM_STAGES if paged else num_stages
-    return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT,
-                        split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged))
+    splits = split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged)
+    if paged:
+        block_n, num_warps, num_stages = paged_blocks(block_n, num_warps, num_stages, splits, max_length,
+                                                      batch * n_kv_heads < n_sms)
+    return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT, splits)
+
+
+def paged_blocks(block_n, num_warps, num_stages, num_splits, max_length, under_one_per_sm):
+    """(BLOCK_N, num_warps, num_stages) of the paged kernel from the contiguous one's. Unsplit:
+    unchanged, or twice the block and the warps for sequences of PAGED_LONG_TOKENS or more when the
+    B * Hkv programs are fewer than the SMs. Split: the full block with PAGED_ONE_BLOCK_STAGES where a
+    split is one block, else blocks of half the tokens (down to PAGED_SPLIT_MIN_BLOCK_N, never up)."""
+    if num_splits <= 1:
+        if under_one_per_sm and max_length >= PAGED_LONG_TOKENS:
+            return 2 * block_n, 2 * num_warps, num_stages
+        return block_n, num_warps, num_stages
+    if cdiv(max_length, num_splits) <= block_n:
+        return block_n, num_warps, PAGED_ONE_BLOCK_STAGES
+    return min(block_n, max(PAGED_SPLIT_MIN_BLOCK_N, block_n // 2)), num_warps, num_stages
 
 
 @triton.jit

@@ -1,0 +1,73 @@
+"""GPU sweep of decode attention's launch configs, contiguous and paged, at the shapes where the paged
+kernel trailed the contiguous one: (BLOCK_N, num_warps, num_stages) x split count, GPU us (CUDA
+graphs, common.bench.graph_time_ms). Sets PAGED_SPLIT_MIN_BLOCK_N,
+PAGED_ONE_BLOCK_STAGES and SPLIT_TABLE's paged column in inference/triton_inference_attention.py.
+
+    python scripts/tune/decode_configs.py          (~4 min on an H100)
+
+Each line: a shape, the shipped heuristics' pick and time for both kernels, then the five fastest
+configs of each, "BLOCK_N/warps/stages/splits us".
+"""
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+import common  # noqa: E402,F401
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from common.bench import graph_time_ms  # noqa: E402
+import inference.triton_inference_attention as ia  # noqa: E402
+
+H, D, PS = 32, 128, 16
+SHAPES = [(1, 32, 512), (1, 32, 1024), (1, 8, 512), (16, 8, 512), (16, 8, 1024), (16, 8, 2048),  # (B, Hkv, T)
+          (1, 32, 8192), (1, 8, 8192), (16, 8, 8192), (16, 32, 2048), (4, 8, 8192)]
+BLOCKS = [(32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]
+MAX_PROGRAMS = 8 * 132
+
+
+def gpu_us(fn):
+    return 1e3 * graph_time_ms(fn, reps=10, warmup_ms=5, rep_ms=25)
+
+
+def main():
+    t00 = time.perf_counter()
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, flush=True)
+    n_sms = ia.sm_count(0)
+    for b, hkv, t in SHAPES:
+        q = torch.randn(b, H, D, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(b, t, hkv, D, device="cuda", dtype=torch.float16) for _ in range(2))
+        lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
+        table = torch.randperm(b * t // PS, device="cuda").view(b, t // PS).to(torch.int32)
+        kp = torch.empty(b * t // PS, PS, hkv, D, device="cuda", dtype=torch.float16)
+        vp = torch.empty_like(kp)
+        kp[table.flatten().long()] = k.reshape(-1, PS, hkv, D)
+        vp[table.flatten().long()] = v.reshape(-1, PS, hkv, D)
+        ref = ia.decode_attention(q, k, v, lengths, max_length=t).float()
+        calls = {"contig": lambda cfg: ia.decode_attention(q, k, v, lengths, max_length=t, config=cfg),
+                 "paged": lambda cfg: ia.paged_decode_attention(q, kp, vp, table, lengths, max_length=t, config=cfg)}
+        cells = []
+        for kind, call in calls.items():
+            auto = ia.decode_config(b, hkv, H // hkv, D, t, n_sms, kind == "paged")
+            auto_us = gpu_us(lambda: call(None))
+            found = []
+            for bn, warps, stages in BLOCKS:
+                for s in (1, 2, 4, 8, 16, 32, 64):
+                    if s * bn > t or b * hkv * s > MAX_PROGRAMS:
+                        continue
+                    cfg = ia.DecodeConfig(bn, warps, stages, True, s)
+                    err = (call(cfg).float() - ref).abs().max().item()
+                    if err > 1e-2:
+                        print("BAD", kind, cfg, err, flush=True)
+                        continue
+                    found.append((gpu_us(lambda: call(cfg)), f"{bn}/{warps}/{stages}/{s}"))
+            found.sort()
+            cells.append(f"{kind} auto {auto.BLOCK_N}/{auto.num_warps}/{auto.num_stages}/{auto.num_splits} "
+                         f"{auto_us:.1f}; best " + ", ".join(f"{name} {us:.1f}" for us, name in found[:5]))
+        print(f"B{b} Hkv{hkv} T{t}: " + " || ".join(cells), flush=True)
+    print(f"total {time.perf_counter() - t00:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
