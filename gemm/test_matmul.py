@@ -193,9 +193,10 @@ def check_kernel_choice():
              # a split needs few tiles against the SMs: the interpreter counts 16 SMs and 32x32 tiles
              ("M=1, row-major b: split-K", choice(1, 256, 512) if INTERPRET else choice(1, 4096, 4096),
               "tiled split-K "),
-             ("M=17: tiled", choice(17, 40, 33), "tiled "),
+             ("M=17: tiled, one kernel", choice(17, 40, 33), "tiled "),
              ("M=TMA_MIN_M: TMA", choice(TMA_MIN_M, 64, 64), "tma ")]
-    return [Outcome(name, got.startswith(prefix) and "untuned" not in got, note=got) for name, got, prefix in cases]
+    return [Outcome(name, got.startswith(prefix) and "untuned" not in got
+                    and ("split-K" in got) == ("split-K" in prefix), note=got) for name, got, prefix in cases]
 
 
 def check_own_buffer():

@@ -505,9 +505,12 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=N
 
 
 def kernel_choice(a, b):
-    """What matmul(a, b) runs, in words: "gemv 64x128 split 4", "tiled 64x128x64 w4 s4",
-    "tiled split-K 4 16x256x64 w8 s4", "tma 128x256x64 w8 s3 ...", or "... (untuned)" before a
-    key's first call has tuned it. For benchmark rows and tuning logs: the config behind a time."""
+    """What matmul(a, b) runs, in words: "gemv 4x1024 w4 s3 split 1" (BLOCK_N x BLOCK_K), "tiled
+    64x128x64 w4 s4", "tiled split-K 4 16x256x64 w8 s4", "tma 128x256x64 w8 s3 epilogue split 2",
+    or "tiled (untuned)" / "tma (untuned)" before a key's first call has tuned it. For benchmark
+    rows and tuning logs: the config behind a time. It follows launch_matmul's choice (choose_kernel,
+    plan, the autotuner's pick) without launching; "which kernel runs" in gemm/test_matmul.py
+    checks each branch."""
     (m, k), n = a.shape, b.shape[1]
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)  # matmul's own output: aligned, contiguous
     kind = choose_kernel(a, b, c, m)

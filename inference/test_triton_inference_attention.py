@@ -117,8 +117,9 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
     if use_dot is not None:
         auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
         config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
-    elif num_splits is not None:  # the paged heuristics' blocks, given to both sides: the same blocks
-        config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0), True)
+    elif num_splits is not None:  # the paged heuristics' blocks for this split, given to both sides
+        config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0), True,
+                               num_splits)
     o = paged_decode_attention(q, k_pages, v_pages, table, lengths, num_splits=num_splits, config=config,
                                out=poisoned((b, h, d), dtype))
     scale = 1.0 / math.sqrt(d)
@@ -200,14 +201,14 @@ def check_split_heuristic():
         Outcome("at most MAX_SPLITS", counts[(1, 1, 10 ** 6)] == MAX_SPLITS, note=str(counts[(1, 1, 10 ** 6)])),
         Outcome("paged B1 H32/8 T8192 splits more", paged > counts[(1, 8, 8192)], note=str(paged)),
         Outcome("paged B16 H32/8 unsplit", paged_b16 == 1, note=str(paged_b16)),
-        # the paged kernel's blocks (hd 128: 64 tokens, 4 warps, 3 stages): halved in a split of
-        # several blocks, two stages for a split of one; unsplit, doubled with the warps for a long
-        # sequence under one program an SM, else unchanged
+        # the paged kernel's blocks (hd 128: 64 tokens, 4 warps, 3 stages) under one program an SM:
+        # halved in a split of several blocks, two stages for a split of one; unsplit, doubled with
+        # the warps for a long sequence. From one program an SM up, split or not, unchanged.
         Outcome("paged blocks", (paged_blocks(64, 4, 3, 8, 8192, True), paged_blocks(64, 4, 3, 8, 512, True),
                                  paged_blocks(64, 4, 3, 1, 8192, True), paged_blocks(64, 4, 3, 1, 1024, True),
-                                 paged_blocks(64, 4, 3, 1, 8192, False), paged_blocks(32, 4, 3, 8, 8192, True),
-                                 paged_blocks(16, 1, 1, 4, 512, True))
-                == ((32, 4, 3), (64, 4, 2), (128, 8, 3), (64, 4, 3), (64, 4, 3), (32, 4, 3), (16, 1, 1)),
+                                 paged_blocks(64, 4, 3, 1, 8192, False), paged_blocks(64, 4, 3, 4, 8192, False),
+                                 paged_blocks(32, 4, 3, 8, 8192, True), paged_blocks(16, 1, 1, 4, 512, True))
+                == ((32, 4, 3), (64, 4, 2), (128, 8, 3), (64, 4, 3), (64, 4, 3), (64, 4, 3), (32, 4, 3), (16, 1, 1)),
                 note=str(paged_blocks(64, 4, 3, 1, 8192, True))),
     ]
 
@@ -317,9 +318,9 @@ def _cases():
                 t_max=2000, d=d, dtype=dtype)
         add(f"paged 16 auto splits B1 H32/8 T512 D128 {dt}", check_paged, gpu_only=True, b=1, h=32, hkv=8, t_max=512,
             d=128, dtype=dtype)
-        # unsplit under one program an SM, long: twice the block and the warps (hd 64: 256 tokens)
+        # long, 128 programs: on 129+ SMs unsplit with twice the block and the warps (hd 64: 256 tokens)
         for d in (64, 128, 256):
-            add(f"paged 16 unsplit B16 H32/8 T2100 D{d} {dt}", check_paged, gpu_only=True, b=16, h=32, hkv=8,
+            add(f"paged 16 auto B16 H32/8 T2100 D{d} {dt}", check_paged, gpu_only=True, b=16, h=32, hkv=8,
                 t_max=2100, d=d, dtype=dtype)
     cases += [Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),

@@ -67,20 +67,24 @@ BLOCK_TABLE = [
     (128, 64, 4, 3),
     (256, 32, 4, 3),
 ]
-# A paged split runs blocks of half the tokens (down to 32), so a program has more blocks and the
-# pipeline runs deeper; a split of a single block keeps the full block and two stages instead
-# (one block needs no stages in flight, and 64 KB of shared memory fit three programs an SM where
-# 96 KB fit two). H100, hd 128, 16-token pages, GPU us (CUDA graphs, scripts/tune/decode_configs.py;
-# BLOCK_N/warps/stages/splits), contiguous as shipped | paged:
+# The paged kernel's own blocks (paged_blocks). With fewer programs than SMs, a paged split runs
+# blocks of half the tokens (down to 32), so a program has more blocks and the pipeline runs
+# deeper; a split of a single block keeps the full block and two stages instead (one block needs
+# no loads in flight ahead of it, and two stages keep one K/V block pair in shared memory instead
+# of two, so more programs fit an SM). H100, hd 128, 16-token pages, GPU us (CUDA graphs,
+# scripts/tune/decode_configs.py; BLOCK_N/warps/stages/splits), contiguous as shipped | paged:
 #   B1 Hkv32 T1024:  12.2 | 32/4/3/8 12.8, 64/4/2/8 14.0        B1 Hkv32 T8192: 49.1 | 32/4/3/8 51.7, 64/4/2/8 52.3
 #   B1 Hkv8 T8192:   18.5 | 32/4/3/32 19.6, 64/4/2/33 20.4      B4 Hkv8 T8192:  49.8 | 32/4/3/8 53.7, 64/4/2/8 53.6
 #   B1 Hkv8 T512:     6.8 | 64/4/2/8 7.0, 64/4/3/8 8.0, 32/4/3/8 8.0 (one 64-token block a split)
 # Unsplit, the paged kernel takes the contiguous one's blocks and three stages: B16 Hkv8 T512, T1024,
 # T2048: 15.7, 27.0, 48.7 | 64/4/3/1 17.3, 29.6, 53.0, where 64/4/2 in two splits ran 19.9, 31.1, 53.7.
 # With under one program an SM, one program has to keep an SM's loads in flight by itself: from
-# PAGED_LONG_TOKENS on it takes blocks of twice the tokens with twice the warps (three stages of
-# 64 KB): B16 Hkv8 T2048 52.0 and T8192 182.8 against 53.0 and 186+ (contiguous 48.7, 174.6); at
-# T512-1024 the larger block's start costs as much as it saves (18.2 and 29.7 against 17.3 and 29.6).
+# PAGED_LONG_TOKENS on it takes blocks of twice the tokens with twice the warps (two 64 KB K/V
+# block pairs in flight): B16 Hkv8 T2048 52.0 and T8192 182.8 against 53.0 and 186+ (contiguous
+# 48.7, 174.6); at T512-1024 the larger block's start costs as much as it saves (18.2 and 29.7
+# against 17.3 and 29.6). With one program an SM or more, split or not, the paged kernel runs the
+# contiguous one's blocks: halved blocks there lost 1-9% (scripts/tune/decode_configs.py waves:
+# B16 Hkv32 T1024 in 2 splits 102.6 against 96.3 at 64 tokens, T16384 1426.6 against 1393.8).
 PAGED_SPLIT_MIN_BLOCK_N = 32
 PAGED_ONE_BLOCK_STAGES = 2
 PAGED_LONG_TOKENS = 2048
@@ -106,16 +110,17 @@ MHA_USE_DOT = True
 #   2 splits, 172 against 181 at B4 Hkv32 T8192. Short sequences split down to one block a
 #   program: B1 Hkv8 T512 6.7 at 8 splits against 9.3 at 2 and 7.8 at 4.
 # - Paged: its K/V addresses wait on block-table loads, so a program keeps fewer loads in flight,
-#   and two programs an SM are best where there are few: B1 Hkv8 T8192 19.6 at 32 splits (20.3 at
-#   16), B1 Hkv32 T8192 51.7 at 8 (52.5 at 4 in 64-token blocks). From half a program an SM up,
-#   it is not split, as the contiguous kernel: B16 Hkv8 (128 programs) T512 17.3 unsplit against
-#   18.7-19.9 in two splits.
+#   and two programs an SM are best where there are few: B1 Hkv8 T8192 19.6 at 32 splits against
+#   20.3 at 16 (the table's 33 ran 19.3-19.6 in the benchmark), B1 Hkv32 T8192 51.7 at 8 in 32-token
+#   blocks (52.5 at 8 in 64-token blocks). From half a program an SM up it splits as the
+#   contiguous kernel does: B16 Hkv8 (128 programs) T512 17.3 unsplit against 18.7-19.9 in two.
 # With one to four programs an SM, finer splits even out the last wave (H200: B16 Hkv32 T4096 and
 # B64 Hkv8 T16384, 4 splits 4205 / 4529 GB/s, 2 splits 4095 / 4362).
 SPLIT_TABLE = [
     (1 / 2, 1, 2, 64),  # under half a program an SM (B1..B8 at Hkv 8, B1..B2 at Hkv 32): one
                         # contiguous or two paged programs an SM, down to one block a program
-    (1, 1, 1, 64),      # up to one program an SM: no split (a target of one rounds down to 1)
+    (1, 1, 1, 64),      # half a program an SM up to one: one program an SM (no split past
+                        # n_sms / 2 programs, where a target of one rounds down to 1)
     (4, 16, 16, 512),   # one to four programs an SM: four to eight splits a sequence, longer splits
 ]
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
@@ -147,14 +152,15 @@ def split_count(n_programs, max_length, n_sms, block_n, paged=False):
 
 
 @functools.lru_cache(maxsize=1024)
-def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=False):
+def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=False, num_splits=None):
     """Launch parameters for B = batch sequences of at most max_length tokens, Hkv = n_kv_heads,
-    G = group query heads a kv head, on a GPU with n_sms SMs; paged: a paged cache."""
+    G = group query heads a kv head, on a GPU with n_sms SMs; paged: a paged cache; num_splits: a
+    split count to use instead of the table's (the paged blocks follow it)."""
     if INTERPRET:
         block_n, num_warps, num_stages = INTERPRETER_BLOCK
     else:
         block_n, num_warps, num_stages = next(row[1:] for row in BLOCK_TABLE if head_dim <= row[0])
-    splits = split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged)
+    splits = num_splits or split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged)
     if paged:
         block_n, num_warps, num_stages = paged_blocks(block_n, num_warps, num_stages, splits, max_length,
                                                       batch * n_kv_heads < n_sms)
@@ -162,12 +168,15 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
 
 
 def paged_blocks(block_n, num_warps, num_stages, num_splits, max_length, under_one_per_sm):
-    """(BLOCK_N, num_warps, num_stages) of the paged kernel from the contiguous one's. Unsplit:
-    unchanged, or twice the block and the warps for sequences of PAGED_LONG_TOKENS or more when the
-    B * Hkv programs are fewer than the SMs. Split: the full block with PAGED_ONE_BLOCK_STAGES where a
-    split is one block, else blocks of half the tokens (down to PAGED_SPLIT_MIN_BLOCK_N, never up)."""
+    """(BLOCK_N, num_warps, num_stages) of the paged kernel from the contiguous one's, which it keeps
+    unless the B * Hkv programs are fewer than the SMs (under_one_per_sm). Then, unsplit: twice the
+    block and the warps for sequences of PAGED_LONG_TOKENS or more; split: the full block with
+    PAGED_ONE_BLOCK_STAGES where a split is one block, else blocks of half the tokens (down to
+    PAGED_SPLIT_MIN_BLOCK_N, never up)."""
+    if not under_one_per_sm:
+        return block_n, num_warps, num_stages
     if num_splits <= 1:
-        if under_one_per_sm and max_length >= PAGED_LONG_TOKENS:
+        if max_length >= PAGED_LONG_TOKENS:
             return 2 * block_n, 2 * num_warps, num_stages
         return block_n, num_warps, num_stages
     if cdiv(max_length, num_splits) <= block_n:
@@ -418,7 +427,7 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     paged = table is not None
     if cfg is None:
         longest = max_tokens if max_length is None else min(max_length, max_tokens)
-        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0), paged)
+        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0), paged, num_splits)
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused

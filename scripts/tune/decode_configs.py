@@ -4,6 +4,8 @@ graphs, common.bench.graph_time_ms). Sets PAGED_SPLIT_MIN_BLOCK_N,
 PAGED_ONE_BLOCK_STAGES and SPLIT_TABLE's paged column in inference/triton_inference_attention.py.
 
     python scripts/tune/decode_configs.py          (~4 min on an H100)
+    python scripts/tune/decode_configs.py waves    (one to four programs an SM, B * Hkv 256-512:
+                                                    the shipped split count and its neighbours)
 
 Each line: a shape, the shipped heuristics' pick and time for both kernels, then the five fastest
 configs of each, "BLOCK_N/warps/stages/splits us".
@@ -24,6 +26,10 @@ H, D, PS = 32, 128, 16
 SHAPES = [(1, 32, 512), (1, 32, 1024), (1, 8, 512), (16, 8, 512), (16, 8, 1024), (16, 8, 2048),  # (B, Hkv, T)
           (1, 32, 8192), (1, 8, 8192), (16, 8, 8192), (16, 32, 2048), (4, 8, 8192)]
 BLOCKS = [(32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]
+WAVES = "waves" in sys.argv[1:]
+if WAVES:
+    SHAPES = [(16, 32, 1024), (16, 32, 4096), (8, 32, 8192), (32, 8, 8192), (64, 8, 8192), (16, 32, 16384)]
+    BLOCKS = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 8, 3)]
 MAX_PROGRAMS = 8 * 132
 
 
@@ -54,7 +60,9 @@ def main():
             found = []
             for bn, warps, stages in BLOCKS:
                 for s in (1, 2, 4, 8, 16, 32, 64):
-                    if s * bn > t or b * hkv * s > MAX_PROGRAMS:
+                    if s * bn > t or b * hkv * s > MAX_PROGRAMS and not WAVES:
+                        continue
+                    if WAVES and s not in (auto.num_splits // 2, auto.num_splits, 2 * auto.num_splits):
                         continue
                     cfg = ia.DecodeConfig(bn, warps, stages, True, s)
                     err = (call(cfg).float() - ref).abs().max().item()
