@@ -19,10 +19,11 @@ import common  # noqa: E402,F401
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from benchmarks.inference_bench import PAGE_SIZE as PS, to_pages  # noqa: E402
 from common.bench import graph_time_ms  # noqa: E402
 import inference.triton_inference_attention as ia  # noqa: E402
 
-H, D, PS = 32, 128, 16
+H, D = 32, 128
 SHAPES = [(1, 32, 512), (1, 32, 1024), (1, 8, 512), (16, 8, 512), (16, 8, 1024), (16, 8, 2048),  # (B, Hkv, T)
           (1, 32, 8192), (1, 8, 8192), (16, 8, 8192), (16, 32, 2048), (4, 8, 8192)]
 BLOCKS = [(32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]
@@ -37,19 +38,22 @@ def gpu_us(fn):
     return 1e3 * graph_time_ms(fn, reps=10, warmup_ms=5, rep_ms=25)
 
 
+def decode_inputs(b, hkv, t):
+    """q (B, H, D), caches (B, T, Hkv, D), lengths all T, a shuffled block table (B, T / PS) int32
+    and the same caches in PS-token pages, fp16 on the GPU: (q, k, v, lengths, table, k_pages, v_pages)."""
+    q = torch.randn(b, H, D, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(b, t, hkv, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
+    perm = torch.randperm(b * t // PS, device="cuda").view(b, t // PS)
+    return q, k, v, lengths, perm.to(torch.int32), to_pages(k, perm), to_pages(v, perm)
+
+
 def main():
     t00 = time.perf_counter()
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, flush=True)
     n_sms = ia.sm_count(0)
     for b, hkv, t in SHAPES:
-        q = torch.randn(b, H, D, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(b, t, hkv, D, device="cuda", dtype=torch.float16) for _ in range(2))
-        lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
-        table = torch.randperm(b * t // PS, device="cuda").view(b, t // PS).to(torch.int32)
-        kp = torch.empty(b * t // PS, PS, hkv, D, device="cuda", dtype=torch.float16)
-        vp = torch.empty_like(kp)
-        kp[table.flatten().long()] = k.reshape(-1, PS, hkv, D)
-        vp[table.flatten().long()] = v.reshape(-1, PS, hkv, D)
+        q, k, v, lengths, table, kp, vp = decode_inputs(b, hkv, t)
         ref = ia.decode_attention(q, k, v, lengths, max_length=t).float()
         calls = {"contig": lambda cfg: ia.decode_attention(q, k, v, lengths, max_length=t, config=cfg),
                  "paged": lambda cfg: ia.paged_decode_attention(q, kp, vp, table, lengths, max_length=t, config=cfg)}

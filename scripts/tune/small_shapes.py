@@ -122,18 +122,11 @@ if "rl" in PARTS:
 
 if "split" in PARTS:
     print("== decode splits, H32 hd128 fp16, GPU us (graph): contiguous | paged (16-token pages, shuffled)")
-    H, D, PS = 32, 128, 16
+    from scripts.tune.decode_configs import D, H, decode_inputs
     for b, hkv, t in ((1, 8, 512), (1, 8, 1024), (1, 8, 2048), (1, 8, 4096), (1, 8, 8192), (1, 8, 16384),
                       (1, 32, 512), (1, 32, 1024), (1, 32, 2048), (1, 32, 8192), (2, 8, 8192), (4, 8, 8192),
                       (4, 32, 8192), (16, 8, 512), (16, 8, 2048), (16, 32, 512)):
-        q = torch.randn(b, H, D, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(b, t, hkv, D, device="cuda", dtype=torch.float16) for _ in range(2))
-        lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
-        table = torch.randperm(b * t // PS, device="cuda").view(b, t // PS).to(torch.int32)
-        kp = torch.empty(b * t // PS, PS, hkv, D, device="cuda", dtype=torch.float16)
-        vp = torch.empty_like(kp)
-        kp[table.flatten().long()] = k.reshape(-1, PS, hkv, D)
-        vp[table.flatten().long()] = v.reshape(-1, PS, hkv, D)
+        q, k, v, lengths, table, kp, vp = decode_inputs(b, hkv, t)
         ca = ia.decode_config(b, hkv, H // hkv, D, t, 132).num_splits
         pa = ia.decode_config(b, hkv, H // hkv, D, t, 132, True).num_splits
         splits = sorted({s for s in (1, 2, 4, 8, 16, 32, 64) if s * 64 <= t} | {ca, pa})
