@@ -5,9 +5,11 @@ Setting `TRITON_INTERPRET=1` by hand forces the interpreter even on a GPU machin
 """
 import functools
 import os
+import sys
 
 import torch
 
+_TRITON_CAME_FIRST = "triton" in sys.modules  # imported by someone else (transformers, torch) before us
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -92,6 +94,29 @@ def _bf16_dot_as_values():
     builder._bf16_dot = True
 
 
+def _interpret_triton_builtins():
+    """Triton reads TRITON_INTERPRET when a function is decorated. If triton was imported before
+    this module set it, the @triton.jit functions of triton.language itself (tl.sum's combine
+    function, tl.cdiv, ...) were built for the GPU, and an interpreted kernel that calls them fails
+    ("Cannot call @triton.jit'd outside of the scope of a kernel"). Rebuild them as interpreted
+    functions, one object for each, in every triton module that holds them."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    rebuilt = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton" or name.startswith("triton.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction) and not isinstance(value, InterpretedFunction):
+                if id(value) not in rebuilt:
+                    rebuilt[id(value)] = InterpretedFunction(value.fn, do_not_specialize=value.do_not_specialize,
+                                                             noinline=value.noinline)
+                setattr(module, attr, rebuilt[id(value)])
+
+
 if INTERPRET:
+    if _TRITON_CAME_FIRST:
+        _interpret_triton_builtins()
     _match_gpu_bf16_rounding()
     _bf16_dot_as_values()

@@ -15,6 +15,16 @@ from inference.kv_cache import check_int_at_least, check_kv_chunk, check_past_ma
 from inference.triton_inference_attention import paged_decode_attention
 
 
+def to_pages(cache, perm, page_size=16):
+    """The inverse of gather_pages, for building test and benchmark inputs: a contiguous cache
+    (B, T, Hkv, D), T a multiple of page_size, -> pages (B * T / page_size, page_size, Hkv, D) with
+    block j of sequence b at page perm[b, j] (perm (B, T / page_size), a permutation of the pages)."""
+    b, t, hkv, d = cache.shape
+    pages = torch.empty((b * t // page_size, page_size, hkv, d), dtype=cache.dtype, device=cache.device)
+    pages[perm] = cache.view(b, t // page_size, page_size, hkv, d)
+    return pages
+
+
 def gather_pages(pages, block_table):
     """pages (num_pages, page_size, Hkv, D), block_table (B, max_pages) -> the contiguous cache
     (B, max_pages * page_size, Hkv, D): every mapped page in sequence order (a copy)."""
