@@ -1,17 +1,23 @@
 # make test        every */test_*.py: small shapes in Triton's interpreter without a GPU, full sizes with one
+#                  (JOBS=4: four scripts at once, each printed when it ends)
 # make bench       every benchmarks/*_bench.py on a CUDA GPU -> benchmarks/results/*.json and *.png
+#                  (BENCH=norm,attention: those only; ARGS='--dtype bf16 --only rmsnorm': to each benchmark)
 # make bench-smoke the same benchmark code on tiny shapes in the interpreter, into build/bench-smoke
+# make report      docs/results/*.md and the README's summary table from benchmarks/results/*.json
 PYTHON ?= python3
 
-.PHONY: test bench bench-smoke deps
+.PHONY: test bench bench-smoke deps report
 deps:
 	@$(PYTHON) common/deps.py  # a plain script: it must not import what it is about to install
 
 test: deps
-	@$(PYTHON) -m common.run_tests
+	@$(PYTHON) -m common.run_tests $(if $(JOBS),--jobs $(JOBS))
 
 bench: deps
-	@$(PYTHON) -m common.run_benchmarks
+	@$(PYTHON) -m common.run_benchmarks $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 bench-smoke: deps
-	@$(PYTHON) -m common.run_benchmarks --smoke
+	@$(PYTHON) -m common.run_benchmarks --smoke $(if $(BENCH),--bench $(BENCH)) $(ARGS)
+
+report:
+	@$(PYTHON) common/report.py  # a plain script, standard library only: no torch, no GPU

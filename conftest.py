@@ -1,6 +1,10 @@
 """pytest collects every test script's CASES, the same list the script runs on its own."""
 import common  # noqa: F401  (interpreter switch before triton is imported)
-from common.testing import select_cases
+from common.testing import quiet_interpreter, select_cases
+
+
+def pytest_configure(config):
+    quiet_interpreter()
 
 
 def pytest_generate_tests(metafunc):

@@ -24,34 +24,40 @@ import triton.language as tl
 
 from common.device import INTERPRET
 from common.ints import cdiv, next_power_of_2
+from common.triton_utils import LOG2E
 from common.validation import check_same_device, check_tensor
 
-LOG2_E = 1.4426950408889634
 MAX_HEAD_DIM = 256
 
 # (largest head dim, longest Tq, BLOCK_M, BLOCK_N, num_warps, num_stages): the first row that
 # fits wins. BLOCK_M rows of q and an fp32 accumulator of the same size live in registers; each
 # pipeline stage holds a K and a V block in shared memory (2 * BLOCK_N * BLOCK_D * 2 bytes).
-# TFLOP/s from a sweep on an H200 (fp16, full / causal; SDPA's FlashAttention-2 in brackets):
+# Measured by scripts/tune/attention_sweep.py on an H200 (fp16, full and causal); the figures and
+# the configs that lost are in docs/tuning/attention.md.
 CONFIG_TABLE = [
-    (64, None, 128, 64, 8, 3),    # B4 H32 T4096: 430 / 388 (303 / 282); 4 warps 399 / 357
-    (128, 1024, 64, 64, 4, 3),    # B16 H16 T1024: 402 / 315 (327 / 247); 128 x 64: 398 / 291
-    (128, None, 128, 64, 8, 3),   # B4 H16 T4096: 481 / 427 (355 / 305); 4 warps 277, 4 stages 473
-    (256, None, 128, 64, 8, 2),   # B4 H16 T4096: 507 / 447 (310 / 295); 64 x 32, 4 warps: 404 / 373
+    (64, None, 128, 64, 8, 3),    # small heads: a tall q block; 8 warps beat 4
+    (128, 1024, 64, 64, 4, 3),    # short sequences: half-height q blocks make twice the programs
+    (128, None, 128, 64, 8, 3),   # long sequences: 8 warps (4 lost 40%); 4 stages no better
+    (256, None, 128, 64, 8, 2),   # wide heads: a stage is 64 KB of K and V, two fit; 64 x 32 lost
 ]
 # The interpreter runs tl.dot in numpy: small blocks keep CPU tests quick and give short sequences
 # several blocks, so the masked and unmasked loops and the causal diagonal are all exercised.
-INTERPRETER_CONFIG = (16, 16, 1, 1)
+# The tests force every CONFIG_TABLE row as well (attention/test_flash_attention.py).
+INTERPRET_CONFIG = (16, 16, 1, 1)
 
 
-def attention_config(head_dim, n_queries):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim of at most MAX_HEAD_DIM."""
-    if INTERPRET:
-        return INTERPRETER_CONFIG
+def table_config(head_dim, n_queries):
+    """CONFIG_TABLE's (BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim of at most
+    MAX_HEAD_DIM and n_queries queries: the GPU's choice, in either lane."""
     for max_dim, max_tq, *config in CONFIG_TABLE:
         if head_dim <= max_dim and (max_tq is None or n_queries <= max_tq):
             return tuple(config)
     raise ValueError(f"head dim {head_dim} has no config")  # unreachable past check_attention_args
+
+
+def attention_config(head_dim, n_queries):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) to launch: INTERPRET_CONFIG in the interpreter."""
+    return INTERPRET_CONFIG if INTERPRET else table_config(head_dim, n_queries)
 
 
 @triton.jit
@@ -189,7 +195,35 @@ def check_attention_args(q, k, v, sm_scale):
     return b, h, hkv, tq, tk, d
 
 
-def flash_attention(q, k, v, causal=False, sm_scale=None, out=None):
+def check_config(config):
+    """A forced launch config must be (BLOCK_M, BLOCK_N, num_warps, num_stages), positive ints, the
+    blocks powers of two of at least 16 (tl.dot's smallest tile)."""
+    if not (isinstance(config, tuple) and len(config) == 4 and all(isinstance(c, int) and c > 0 for c in config)):
+        raise ValueError(f"config must be a (BLOCK_M, BLOCK_N, num_warps, num_stages) tuple of positive ints, "
+                         f"got {config!r}")
+    for name, block in zip(("BLOCK_M", "BLOCK_N"), config[:2]):
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"config's {name} must be a power of two >= 16, got {block}")
+
+
+def launch_flash_attention(q, k, v, out, causal, scale, config=None):
+    """Launch on validated arguments (shapes as in flash_attention, Tk >= 1, out non-empty); writes
+    out. scale: sm_scale as a float. config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch
+    instead of attention_config's choice (tests force each CONFIG_TABLE row; tuning sweeps)."""
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    block_m, block_n, num_warps, num_stages = config or attention_config(d, tq)
+    grid = (cdiv(tq, block_m), b * h)
+    _flash_attention_fwd_kernel[grid](
+        q, k, v, out,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        h, h // hkv, tq, tk, scale * LOG2E.value,
+        CAUSAL=bool(causal), HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None):
     """Attention forward, fused.
 
     q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D); fp16 or bf16, one dtype; H a multiple of Hkv; D up to
@@ -197,10 +231,14 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None):
     tensor passed as `.transpose(1, 2)` is read in place. causal aligns the mask to the bottom right.
     sm_scale defaults to 1/sqrt(D).
     out: optional (B, H, Tq, D) buffer of q's dtype, any strides.
+    config: optional (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of the table's
+    choice (tests and tuning sweeps).
     Returns O (B, H, Tq, D) in q's dtype, laid out like q when q is dense (so a transposed
     (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way).
     """
     b, h, hkv, tq, tk, d = check_attention_args(q, k, v, sm_scale)
+    if config is not None:
+        check_config(config)
     if out is None:
         out = torch.empty_like(q)
     elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
@@ -211,13 +249,5 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None):
     if tk == 0:  # no keys: every query sees nothing
         return out.zero_()
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    block_m, block_n, num_warps, num_stages = attention_config(d, tq)
-    grid = (cdiv(tq, block_m), b * h)
-    _flash_attention_fwd_kernel[grid](
-        q, k, v, out,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        h, h // hkv, tq, tk, scale * LOG2_E,
-        CAUSAL=bool(causal), HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
-    )
+    launch_flash_attention(q, k, v, out, causal, scale, config)
     return out

@@ -2,12 +2,10 @@
 
     python attention/test_flash_attention.py        (or: pytest attention/test_flash_attention.py)
 
-Error model and tolerance: scores and the softmax statistics are fp32; p is rounded once to the
-input dtype (unit roundoff u = 2^-11 fp16, 2^-8 bf16) before p @ v, and the output is rounded
-once. So |O - O_ref| <= u * max|v| (the p rounding, summed with weights that add to one) plus one
-rounding of O: atol = u * max|v|, rtol = 2u. Beside that bound, the 2x rule: our error must be at
-most twice that of PyTorch's same-dtype attention (scores, softmax and p @ v each in the input
-dtype, as flash-attention's own tests build their comparison).
+Error model and tolerance: common/checks/attention.py (p rounded once to the input dtype before
+p @ v, O rounded once: a bound for each element from the fp64 probabilities). Beside that bound,
+the 2x rule: our error must be at most twice that of PyTorch's same-dtype attention (scores,
+softmax and p @ v each in the input dtype, as flash-attention's own tests build their comparison).
 """
 import math
 import pathlib
@@ -17,17 +15,20 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from attention.flash_attention_triton import flash_attention  # noqa: E402
+from attention.flash_attention_triton import CONFIG_TABLE, flash_attention, table_config  # noqa: E402
 from attention.naive_attention import causal_mask, expand_kv, naive_attention  # noqa: E402
+from common.checks.attention import attention_tol as rounding_tol  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
 
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
-
-
-def attention_tol(dtype, v):
-    u = UNIT_ROUNDOFF[dtype]
-    return Tol(u * v.abs().max().item(), 2 * u, "p rounded to the input dtype before p @ v, O rounded once")
+def attention_tol(q, k, v, causal, sm_scale):
+    """The tolerance of O in q's dtype, from the fp64 probabilities of this problem."""
+    k, v = expand_kv(k.double(), q.shape[1]), expand_kv(v.double(), q.shape[1])
+    scores = torch.matmul(q.double(), k.transpose(-1, -2)) * sm_scale
+    if causal:
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
+    return rounding_tol(q.dtype, p, v, q.shape)
 
 
 def same_dtype_attention(q, k, v, causal, sm_scale):
@@ -62,7 +63,7 @@ def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, sca
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     ref = naive_attention(q.double(), k.double(), v.double(), causal, scale_used)
     torch_out = same_dtype_attention(q, k, v, causal, scale_used)
-    outcomes = [compare("O", o, ref, attention_tol(dtype, v), torch_out=torch_out)]
+    outcomes = [compare("O", o, ref, attention_tol(q, k, v, causal, scale_used), torch_out=torch_out)]
     if layout == "bthd":  # without out=, O comes back laid out like q
         o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
         outcomes.append(Outcome("O keeps q's layout", o2.stride() == q.stride() and torch.equal(o2, o),
@@ -161,6 +162,43 @@ def _cases():
 
 
 CASES = _cases()
+
+
+def check_forced(config, b, h, hkv, tq, tk, d, dtype, causal):
+    """check()'s comparison with the launch forced to `config`, a CONFIG_TABLE row: the interpreter
+    otherwise runs INTERPRET_CONFIG only."""
+    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
+    o = flash_attention(q, k, v, causal=causal, out=poisoned((b, h, tq, d), dtype), config=config)
+    scale = 1.0 / math.sqrt(d)
+    ref = naive_attention(q.double(), k.double(), v.double(), causal, scale)
+    return [compare("O", o, ref, attention_tol(q, k, v, causal, scale),
+                    torch_out=same_dtype_attention(q, k, v, causal, scale))]
+
+
+def forced_cases():
+    """Each CONFIG_TABLE row on a short sequence (several q and key blocks of the row's size, a
+    ragged last one) at the row's largest head dim, full and causal, fp16 and bf16."""
+    cases = []
+    for max_dim, max_tq, *config in CONFIG_TABLE:
+        for dtype in (torch.float16, torch.bfloat16):
+            for causal in (False, True):
+                name = f"forced {tuple(config)} T150 D{max_dim} {'causal' if causal else 'full'} {dtype_name(dtype)}"
+                cases.append(Case(name, check_forced, dict(config=tuple(config), b=1, h=2, hkv=1, tq=150, tk=150,
+                                                           d=max_dim, dtype=dtype, causal=causal)))
+    return cases
+
+
+def check_table_rows():
+    """Every CONFIG_TABLE row is forced by a case, and table_config routes each row's head dims
+    and lengths to it: a row added to the table without a forced case fails here."""
+    forced = {(c.kwargs["d"], c.kwargs["config"]) for c in CASES if c.fn is check_forced}
+    missing = [row for row in CONFIG_TABLE if (row[0], tuple(row[2:])) not in forced]
+    routed = all(table_config(max_dim, max_tq or 4096) == tuple(config) for max_dim, max_tq, *config in CONFIG_TABLE)
+    return [Outcome("every CONFIG_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
+            Outcome("table_config picks each row", routed)]
+
+
+CASES += forced_cases() + [Case("every launch-table row forced", check_table_rows)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -9,49 +9,18 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
+from common.checks.rope import check_empty, check_huge, check_own_buffer, make_qk, make_table  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import TOLERANCES, Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
-from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
-from attention.triton_rope import apply_rope  # noqa: E402
+from attention.rope import apply_rope_ref  # noqa: E402
+from attention.triton_rope import ROPE_TABLE, apply_rope, table_row  # noqa: E402
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def make_table(batch, seq_len, head_dim, layout, kind, dtype):
-    """cos, sin for the test.
-
-    layout: "T,D" (one table for the batch), "1,T,D", "B,T,D", "B,T,D expanded" (a (1, T, D) table
-    expanded, batch stride 0) or "T,D strided" (columns of a wider cache). kind: "rope" is
-    rope_cos_sin at random positions (each sequence its own for B,T,D); "random" is normal noise
-    whose two halves differ, so a kernel reading the wrong column of the table fails.
-    """
-    rows = batch if layout == "B,T,D" else 1
-    if kind == "rope":
-        positions = torch.randint(0, 8192, (rows, seq_len), device=DEVICE)
-        cos, sin = rope_cos_sin(positions, head_dim, dtype=dtype)
-    else:
-        cos, sin = rand((rows, seq_len, head_dim), dtype), rand((rows, seq_len, head_dim), dtype)
-    if layout in ("T,D", "T,D strided"):
-        cos, sin = cos[0], sin[0]
-    if layout == "T,D strided":
-        cos = torch.cat((cos, rand((seq_len, 24), dtype)), dim=-1)[:, :head_dim]
-        sin = torch.cat((rand((seq_len, 8), dtype), sin), dim=-1)[:, 8:]
-    if layout == "B,T,D expanded":
-        cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
-    return cos, sin
-
-
 def check(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
           table_dtype=None, strided=None):
-    if strided == "BTHD":  # the projection's (B, T, H, D) layout seen as (B, H, T, D): read in place
-        q = rand((batch, seq_len, heads, head_dim), dtype).transpose(1, 2)
-        k = rand((batch, seq_len, kv_heads, head_dim), dtype).transpose(1, 2)
-    elif strided == "every other feature":  # stride 2 along D: every stride is honoured
-        q = rand((batch, heads, seq_len, 2 * head_dim), dtype)[..., ::2]
-        k = rand((batch, kv_heads, seq_len, 2 * head_dim), dtype)[..., 1::2]
-    else:
-        q = rand((batch, heads, seq_len, head_dim), dtype)
-        k = rand((batch, kv_heads, seq_len, head_dim), dtype)
+    q, k = make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
     cos, sin = make_table(batch, seq_len, head_dim, layout, kind, table_dtype or dtype)
     out = (poisoned(q.shape, dtype), poisoned(k.shape, dtype))
     q_out, k_out = apply_rope(q, k, cos, sin, interleaved, out=out)
@@ -84,31 +53,6 @@ def check_properties(dtype=torch.float32):
             compare("interleaved == permuted half layout", q_int, q_back.double())]
 
 
-def check_own_buffer(impl=apply_rope):
-    """From (B, T, H, D) views: new contiguous (B, H, T, D) outputs. impl: the RoPE under test
-    (cuda_cpp/test_cuda_kernels.py passes the CUDA one)."""
-    q = rand((1, 5, 3, 64), torch.float16).transpose(1, 2)
-    k = rand((1, 5, 1, 64), torch.float16).transpose(1, 2)
-    cos, sin = make_table(1, 5, 64, "T,D", "rope", torch.float32)
-    q_out, k_out = impl(q, k, cos, sin)
-    q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double())
-    return [compare("q", q_out, q_ref), compare("k", k_out, k_ref),
-            Outcome("outputs contiguous", q_out.is_contiguous() and k_out.is_contiguous())]
-
-
-def check_huge(impl=apply_rope):
-    """q past 2^31 elements (B1 H32 T524289 D128): the last positions, where 32-bit offsets wrap."""
-    seq_len = 2 ** 31 // (32 * 128) + 1
-    q, k = rand((1, 32, seq_len, 128), torch.bfloat16), rand((1, 1, seq_len, 128), torch.bfloat16)
-    cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), 128)
-    q_out, k_out = impl(q, k, cos, sin)
-    tail = slice(seq_len - 3, seq_len)
-    q_ref, k_ref = apply_rope_ref(q[:, :, tail].double(), k[:, :, tail].double(), cos[tail].double(),
-                                  sin[tail].double())
-    return [compare("q last positions", q_out[:, :, tail], q_ref),
-            compare("k last positions", k_out[:, :, tail], k_ref)]
-
-
 def check_errors():
     q, k = rand((2, 4, 6, 64), torch.float16), rand((2, 2, 6, 64), torch.float16)
     cos, sin = make_table(2, 6, 64, "T,D", "rope", torch.float32)
@@ -139,18 +83,6 @@ def check_errors():
         expect_raises("out shape", lambda: apply_rope(q, k, cos, sin, out=(q.clone(), q.clone())),
                       ValueError, "k_out"),
     ]
-
-
-def check_empty(impl=apply_rope):
-    outcomes = []
-    for name, (q_shape, k_shape) in {"T = 0": ((2, 4, 0, 64), (2, 2, 0, 64)),
-                                     "B = 0": ((0, 4, 6, 64), (0, 2, 6, 64))}.items():
-        q, k = rand(q_shape, torch.bfloat16), rand(k_shape, torch.bfloat16)
-        cos, sin = rand(q_shape[2:], torch.float32), rand(q_shape[2:], torch.float32)
-        q_out, k_out = impl(q, k, cos, sin)
-        outcomes.append(Outcome(f"{name}: empty in, empty out", q_out.shape == q.shape and k_out.shape == k.shape
-                                and q_out.dtype == k_out.dtype == q.dtype))
-    return outcomes
 
 
 def rope_cases():
@@ -186,12 +118,27 @@ def rope_cases():
             add(2, 32, 8, 1000, head_dim, dtype, True, kind="random", layout="B,T,D")
     add(1, 32, 8, 8192, 128, torch.float32, True, table_dtype=torch.float32, strided="BTHD")
     return cases + [Case("rotation properties", check_properties),
-                    Case("allocates its output", check_own_buffer),
-                    Case("bad input", check_errors), Case("empty input", check_empty),
-                    Case("2^31+ elements", check_huge, gpu_only=True)]
+                    Case("allocates its output", check_own_buffer, dict(impl=apply_rope)),
+                    Case("bad input", check_errors), Case("empty input", check_empty, dict(impl=apply_rope)),
+                    Case("2^31+ elements", check_huge, dict(impl=apply_rope), gpu_only=True)]
 
 
 CASES = rope_cases()
+for interleaved in (False, True):  # D = 512: ROPE_TABLE's 512 row
+    CASES.append(Case(f"B2 H5/2 T6 D512 bf16 interleaved={interleaved}", check,
+                      dict(batch=2, heads=5, kv_heads=2, seq_len=6, head_dim=512, dtype=torch.bfloat16,
+                           interleaved=interleaved, kind="random")))
+
+
+def check_table_rows():
+    """Every ROPE_TABLE row is taken by a head dim of this tier: a row added to the table without
+    a case that reaches it fails here."""
+    rows = {table_row(c.kwargs["head_dim"]) for c in common.testing.select_cases(CASES) if c.fn is check}
+    missing = [ROPE_TABLE[i] for i in range(len(ROPE_TABLE)) if i not in rows]
+    return [Outcome("every ROPE_TABLE row", not missing, note=f"no head dim reaches {missing}" if missing else "")]
+
+
+CASES.append(Case("every launch-table row reached", check_table_rows))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -15,9 +15,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from attention.triton_softmax import (SOFTMAX_TABLE, SPLIT_BELOW_ROWS_PER_SM, sm_count, softmax,  # noqa: E402
-                                      softmax_config)
-from common.device import DEVICE  # noqa: E402
+from attention.triton_softmax import (INTERPRET_SMS, SOFTMAX_TABLE, SPLIT_BELOW_ROWS_PER_SM, softmax,  # noqa: E402
+                                      softmax_config, table_row)
+from common.device import DEVICE, sm_count  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
                             poisoned, rand, shape_case)
 
@@ -31,13 +31,13 @@ EXACT = Tol(0.0, 0.0, "exp(0) = 1 and exp(-inf) = 0 exactly, and the sum is 1")
 
 def path_of(x):
     n_cols = x.shape[-1]
-    return softmax_config(x.numel() // n_cols, n_cols, sm_count(x.device.index or 0)).path
+    return softmax_config(x.numel() // n_cols, n_cols, sm_count(x.device.index or 0, INTERPRET_SMS)).path
 
 
 def shape_for(path):
     """A small shape that takes `path` on this device: the looped and split shapes sit either side
     of the row count where the split path takes over."""
-    switch = SPLIT_BELOW_ROWS_PER_SM * sm_count(torch.device(DEVICE).index or 0)
+    switch = SPLIT_BELOW_ROWS_PER_SM * sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
     return {"fused": (5, 1000), "looped": (switch, 8193), "split": (switch - 1, 20000)}[path]
 
 
@@ -200,6 +200,20 @@ def cases():
 
 
 CASES = cases()
+
+
+def check_table_rows():
+    """Every row of SOFTMAX_TABLE, and the split path, is taken by a width check of this tier: a row
+    added to the table without a width that reaches it fails here."""
+    shapes = [c.kwargs["shape"] for c in common.testing.select_cases(CASES) if c.fn is check]
+    rows = {table_row(shape[-1]) for shape in shapes}
+    missing = [SOFTMAX_TABLE[i] for i in range(len(SOFTMAX_TABLE)) if i not in rows]
+    paths = {path_of(torch.empty(shape, device="meta")) for shape in shapes}
+    return [Outcome("every SOFTMAX_TABLE row", not missing, note=f"no width reaches {missing}" if missing else ""),
+            Outcome("every path", paths == set(PATHS), note=f"paths taken: {sorted(paths)}")]
+
+
+CASES.append(Case("every launch-table row reached", check_table_rows))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

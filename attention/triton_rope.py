@@ -21,14 +21,11 @@ import functools
 from dataclasses import dataclass
 
 import common  # noqa: F401  (interpreter switch before triton is imported)
-import torch
 import triton
 import triton.language as tl
 
 from common.ints import cdiv, next_power_of_2
-from common.validation import check_out, check_same_device, check_tensor
-
-MAX_HEAD_DIM = 1024
+from common.validation import check_rope_args, rope_outputs
 
 
 @triton.jit
@@ -130,12 +127,13 @@ def _rope_kernel(
 # The cos/sin rows are loaded once per program and reused by its BLOCK_H heads, so the widest head
 # block, one position, wins: q's 16 heads (k's 8) of one position in a program. Heads per program
 # are capped by the tensor's own head count (k with Hkv = 1 gets 1-head blocks).
-# GB/s from a sweep of 24 tiles on an H200 (copy 4245 GB/s), B1 H32/8 T8192 bf16, half layout:
+# Measured by scripts/tune/rope_sweep.py on an H200 (B1 H32/8 T8192 bf16, half layout); the
+# figures are in docs/tuning/attention.md.
 #   (max BLOCK_D, BLOCK_T positions, BLOCK_H heads at most, num_warps)
 ROPE_TABLE = [
-    (64, 2, 16, 4),    # D 64: 3019 (best 3057 at 16 positions x 2 heads; 4096-value tiles 2822)
-    (128, 1, 16, 4),   # D 128: 3512, B4 T4096 strided 3701 (4 positions x 8 heads: 3115, 3337)
-    (256, 1, 16, 8),   # D 256: 3607 (2 positions x 8 heads: 3349)
+    (64, 2, 16, 4),    # D 64: two positions keep a tile of 2048 values; larger tiles lost
+    (128, 1, 16, 4),   # D 128: one position of 16 heads beat more positions of fewer heads
+    (256, 1, 16, 8),   # D 256: 8 warps keep 16 values a thread
     (512, 1, 8, 8),    # a position per program; 8 warps keep 32 values a thread
     (1024, 1, 4, 8),   # 4 heads of 1024: 4096 values
 ]
@@ -149,43 +147,19 @@ class RopeConfig:
     num_warps: int
 
 
+def table_row(head_dim):
+    """Index of the ROPE_TABLE row that heads of head_dim values take."""
+    block_d = next_power_of_2(head_dim)
+    return next(i for i, row in enumerate(ROPE_TABLE) if block_d <= row[0])
+
+
 @functools.lru_cache(maxsize=1024)
 def rope_config(n_rows, n_q_heads, n_k_heads, head_dim):
     """Tile and warps for B*T = n_rows positions of heads of head_dim values, from ROPE_TABLE."""
-    block_d = next_power_of_2(head_dim)
-    _, block_t, block_h, warps = next(row for row in ROPE_TABLE if block_d <= row[0])
+    _, block_t, block_h, warps = ROPE_TABLE[table_row(head_dim)]
     block_t = min(block_t, next_power_of_2(n_rows))  # decode (T = 1): no empty positions
     return RopeConfig(block_t, min(block_h, next_power_of_2(max(n_q_heads, 1))),
                       min(block_h, next_power_of_2(max(n_k_heads, 1))), warps)
-
-
-def check_rope_args(q, k, cos, sin, interleaved):
-    """Raise ValueError/TypeError naming the first bad argument; nothing is launched."""
-    check_tensor("q", q)
-    check_tensor("k", k)
-    check_same_device("k", k, "q", q)
-    if q.dim() != 4 or k.dim() != 4:
-        bad = "q" if q.dim() != 4 else "k"
-        raise ValueError(f"{bad} must have 4 dims (B, heads, T, D), got shape {tuple((q if bad == 'q' else k).shape)}")
-    if k.dtype != q.dtype:
-        raise TypeError(f"k must have q's dtype {q.dtype}; got {k.dtype}")
-    batch, _, seq_len, head_dim = q.shape
-    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq_len, head_dim):
-        raise ValueError(f"k must be (B, Hkv, T, D) with q's B = {batch}, T = {seq_len}, D = {head_dim}; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"q and k need an even head dim D <= {MAX_HEAD_DIM} (pairs of features "
-                         f"are rotated); got D = {head_dim}")
-    for name, table in (("cos", cos), ("sin", sin)):
-        check_tensor(name, table, dtypes=tuple(dict.fromkeys((torch.float32, q.dtype))))
-        check_same_device(name, table, "q", q)
-        shape = tuple(table.shape)
-        if not (shape == (seq_len, head_dim) or (len(shape) == 3 and shape[0] in (1, batch)
-                                                  and shape[1:] == (seq_len, head_dim))):
-            raise ValueError(f"{name} must have shape (T, D) = {(seq_len, head_dim)}, (1, T, D) or "
-                             f"(B, T, D) = {(batch, seq_len, head_dim)}; got {shape}")
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
 
 
 def _table_strides(table):
@@ -214,18 +188,6 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
         *q_out.stride()[:3], *k_out.stride()[:3],
         INTERLEAVED=interleaved, HALF=head_dim // 2, BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ, BLOCK_HK=cfg.BLOCK_HK,
         BLOCK_HALF=next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
-
-
-def rope_outputs(q, k, out):
-    """(q_out, k_out): the checked `out` pair, or new contiguous tensors shaped and typed like q, k."""
-    if out is None:
-        return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-                torch.empty(k.shape, dtype=k.dtype, device=k.device))
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise TypeError(f"out must be a (q_out, k_out) pair or None, got {type(out).__name__}")
-    check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
-    check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
-    return tuple(out)
 
 
 def apply_rope(q, k, cos, sin, interleaved=False, out=None):

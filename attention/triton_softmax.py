@@ -28,52 +28,48 @@ import torch
 import triton
 import triton.language as tl
 
-from common.device import sm_count as device_sm_count
+from common.device import sm_count
 from common.ints import cdiv, next_power_of_2
+from common.triton_utils import LOG2E, col_mask
 from common.validation import as_rows, check_out, check_tensor
-from normalization.triton_rmsnorm import col_mask
 
-LOG2E = tl.constexpr(1.4426950408889634)  # exp(t) = exp2(t * log2(e))
 # A lane's running max starts at -FLT_MAX, not -inf, so a lane that has seen only -inf computes
 # x - m = -inf (exp 0) instead of -inf - (-inf) = NaN, and keeps s = 0.
 NEG_FLT_MAX = tl.constexpr(-3.4028234663852886e38)
 
 # ---------------------------------------------------------------------------------------------
-# Heuristics. Keyed by BLOCK_N = next_power_of_2(N), the fp32 values a row takes in registers
-# (what limits the fused path, whatever the input dtype):
+# Heuristics, measured by scripts/tune/softmax_sweep.py on an H200 (bf16, 16M elements); the
+# figures, and what was tried and lost, are in docs/tuning/attention.md. Keyed by
+# BLOCK_N = next_power_of_2(N), the fp32 values a row takes in registers (what limits the fused
+# path, whatever the input dtype):
 #   (max BLOCK_N, path, values a program, num_warps)
 # fused: rows a program = values // BLOCK_N (at least 1); looped/split: values = the chunk.
 SOFTMAX_TABLE = [
-    (1024, "fused", 2048, 4),     # N <= 1024: 2 rows a program: 3241 GB/s (4 rows 3187, 8 rows 2992)
-    (2048, "fused", 2048, 4),     # N = 2048: 1 row, 4 warps: 3216 (8 warps 3144)
-    (4096, "fused", 4096, 8),     # N = 4096: 1 row, 8 warps: 3173 (4 warps 3116)
-    (8192, "fused", 8192, 4),     # N = 8192: 1 row, 4 warps: 3187 (16 warps 3125)
-    (16384, "looped", 4096, 16),  # N = 16384: 4096-value chunks: 3071 (online one-pass 2066)
-    (32768, "looped", 8192, 32),  # N = 32768: 2842 (online one-pass 2367)
-    (None, "looped", 16384, 32),  # N = 65536 at 256 rows: 2699 (split path 1850)
+    (1024, "fused", 2048, 4),     # short rows: two a program (four or eight lost)
+    (2048, "fused", 2048, 4),     # one row, 4 warps (8 lost)
+    (4096, "fused", 4096, 8),     # one row, 8 warps: 16 values a thread (4 warps lost)
+    (8192, "fused", 8192, 4),     # one row, 4 warps (16 lost)
+    (16384, "looped", 4096, 16),  # from here the looped kernel: a chunk, not the row, in registers
+    (32768, "looped", 8192, 32),  # wider rows, wider chunks: fewer trips of the loop
+    (None, "looped", 16384, 32),  # the largest chunk; the split path lost at 256 rows of 65536
 ]
-# GB/s: best of a sweep on an H200 (copy 4223 GB/s), bf16, 16M elements (M = 16M / N rows).
 # The looped kernel makes three passes over its row (max; sum of exp; write), the row length a
-# compile-time constant; the second and third read come from L1/L2. It beat a one-pass online
-# (max, sum) kernel by 13-48%: the online update's extra exp and its dependence chain cost more
-# than re-reading a row that is still in cache.
+# compile-time constant; the second and third read come from L1/L2. A one-pass online (max, sum)
+# kernel lost to it at every width: its extra exp and dependence chain cost more than re-reading a
+# row still in cache.
 # A chunk that does not divide N leaves its last chunk mostly masked, so of the chunk, its half and
 # its quarter the one that pads N least is taken (the larger on a tie), as the norms do.
 #
 # Looped rows go to the split path when there are fewer than SPLIT_BELOW_ROWS_PER_SM rows an SM:
-# with one program a row, 64 rows of 262144 would keep 64 of 132 SMs busy. At two rows an SM
-# (256 x 65536) the looped kernel is ahead again (2648 against 2222 GB/s). The split path gives each
-# program one segment of SPLIT_SEG values in registers (32 fp32 values a thread at 8 warps), so
-# kernel 1 reads x once and computes the segment's max and sum from registers, and kernel 2 reads
-# it once more (from L2 when x fits there: 16M fp16 values are 32 MB of a 50 MB L2) and writes y.
-# Sweep on an H200 (copy 4245 GB/s), 16M elements, GB/s: segments of 8192, 8 warps for kernel 1
-# and 4 for kernel 2: 2212 at 128 x 131072 and 64 x 262144 (4096-value segments 2106-2208, 2048
-# 2191-2226); the split path it replaced, whose kernel 1 looped over 4096-value chunks with an
-# online (max, sum) update: 1791-1800.
+# with one program a row, 64 rows of 262144 would keep 64 of 132 SMs busy; at two rows an SM the
+# looped kernel is ahead again. The split path gives each program one segment of SPLIT_SEG values
+# in registers (32 fp32 values a thread at 8 warps), so kernel 1 reads x once and computes the
+# segment's max and sum from registers, and kernel 2 reads it once more (from L2 when x fits
+# there) and writes y.
 SPLIT_BELOW_ROWS_PER_SM = 1
 SPLIT_SEG, SPLIT_STATS_WARPS, SPLIT_WRITE_WARPS = 8192, 8, 4
 MAX_SPLITS = 4096          # kernel 2 loads a row's partials as one block; wider rows take the looped path
-INTERPRETER_SMS = 2        # the interpreter has no SMs; 2 keeps its split grids small
+INTERPRET_SMS = 2          # the interpreter has no SMs; 2 keeps its split grids small
 # ---------------------------------------------------------------------------------------------
 
 
@@ -93,11 +89,17 @@ def _chunk(values, block_n, n_cols):
     return min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)
 
 
+def table_row(n_cols):
+    """Index of the SOFTMAX_TABLE row that rows of n_cols values take."""
+    block_n = next_power_of_2(n_cols)
+    return next(i for i, row in enumerate(SOFTMAX_TABLE) if row[0] is None or block_n <= row[0])
+
+
 @functools.lru_cache(maxsize=1024)
 def softmax_config(n_rows, n_cols, n_sms):
     """Path and launch parameters for n_rows rows of n_cols values on a GPU with n_sms SMs."""
     block_n = next_power_of_2(n_cols)
-    max_block, path, values, warps = next(r for r in SOFTMAX_TABLE if r[0] is None or block_n <= r[0])
+    _, path, values, warps = SOFTMAX_TABLE[table_row(n_cols)]
     if path == "fused":
         return SoftmaxConfig("fused", max(1, values // block_n), block_n, warps, 1, n_cols)
     if n_rows >= SPLIT_BELOW_ROWS_PER_SM * n_sms:
@@ -108,10 +110,6 @@ def softmax_config(n_rows, n_cols, n_sms):
     if n_splits > MAX_SPLITS:
         return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
     return SoftmaxConfig("split", 1, SPLIT_SEG, SPLIT_STATS_WARPS, n_splits, SPLIT_SEG)
-
-
-def sm_count(device):
-    return device_sm_count(device, INTERPRETER_SMS)
 
 
 @triton.jit
@@ -242,7 +240,7 @@ def launch_softmax(x2, y2, cfg=None):
     cfg: a SoftmaxConfig to use instead of softmax_config's choice (for tuning sweeps)."""
     n_rows, n_cols = x2.shape
     if cfg is None:
-        cfg = softmax_config(n_rows, n_cols, sm_count(x2.device.index or 0))
+        cfg = softmax_config(n_rows, n_cols, sm_count(x2.device.index or 0, INTERPRET_SMS))
     even = n_cols % cfg.BLOCK_N == 0
     if cfg.path == "fused":
         _softmax_fused_kernel[(cdiv(n_rows, cfg.BLOCK_M),)](

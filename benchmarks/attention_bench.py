@@ -11,6 +11,7 @@ flash_attention_triton.py), `sdpa-flash` (FlashAttention-2 inside PyTorch), `sdp
 blocks in PyTorch, up to T = 4096). max_err is against SDPA in fp32 on the same inputs.
     python benchmarks/attention_bench.py            (GPU; benchmarks/results/attention.json and PNGs)
     python benchmarks/attention_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
+    python benchmarks/attention_bench.py --only causal,sdpa-flash --dtype bf16   (a subset)
 """
 import pathlib
 import sys
@@ -22,12 +23,12 @@ import torch.nn.functional as F  # noqa: E402
 
 from attention.blocked_attention import blocked_attention  # noqa: E402
 from attention.flash_attention_triton import flash_attention  # noqa: E402
-from attention.naive_attention import expand_kv, naive_attention  # noqa: E402
-from common.bench import time_ms  # noqa: E402
+from attention.naive_attention import naive_attention  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
-from common.testing import dtype_name  # noqa: E402
+from common.harness import Case, parse_args, run  # noqa: E402
+from common.results import plot_sweeps  # noqa: E402
 
+DTYPES = (torch.float16, torch.bfloat16)
 TOKENS = 16384
 FULL_T = (512, 1024, 2048, 4096, 8192, 16384)
 MEMORY_T = 8192      # peak memory is recorded at this length
@@ -43,20 +44,20 @@ def sweeps(head_dims, lengths, tokens, width):
 def sdpa(backend):
     from torch.nn.attention import sdpa_kernel
 
-    def run(q, k, v, causal):
+    def call(q, k, v, causal):
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return run
+    return call
 
 
-def providers():
+def providers(t):
     from torch.nn.attention import SDPBackend
-    found = {"triton": lambda q, k, v, causal: flash_attention(q, k, v, causal)}
+    found = {"triton": flash_attention}
     if DEVICE == "cuda":  # the fused SDPA backends exist on CUDA only
         found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                   "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
-    found |= {"naive": naive_attention, "blocked": blocked_attention}
-    return found
+    return found | {"naive": naive_attention,
+                    "blocked": blocked_attention if t <= BLOCKED_MAX_T else f"T > BLOCKED_MAX_T ({BLOCKED_MAX_T})"}
 
 
 def attention_flops(b, h, t, d, causal):
@@ -66,8 +67,6 @@ def attention_flops(b, h, t, d, causal):
 
 def peak_mib(fn):
     """Memory allocated by one call beyond what was live before it (MiB)."""
-    if DEVICE != "cuda":
-        return None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -76,51 +75,39 @@ def peak_mib(fn):
     return round((torch.cuda.max_memory_allocated() - before) / 2 ** 20, 1)
 
 
-def measure(panels, smoke):
-    meta = start_run(smoke)
-    rows = []
-    shapes = [s for _, points in panels for _, s in points]
-    for dtype in (torch.float16, torch.bfloat16):
-        for b, h, t, d in shapes:
-            q, k, v = (torch.randn(b, h, t, d, device=DEVICE, dtype=dtype) for _ in range(3))
+def setup(shape, dtype, causal):
+    q, k, v = (torch.randn(*shape, device=DEVICE, dtype=dtype) for _ in range(3))
+    with torch.no_grad():
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    return (q, k, v, causal), expected
+
+
+def cases(panels):
+    for dtype in DTYPES:
+        for b, h, t, d in [s for _, points in panels for _, s in points]:
             for causal in (False, True):
-                op = "attention-causal" if causal else "attention"
-                with torch.no_grad():
-                    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-                for provider, fn in providers().items():
-                    if provider == "blocked" and t > BLOCKED_MAX_T:
-                        continue
-                    call = lambda: fn(q, k, v, causal)  # noqa: E731
-                    try:
-                        err = (call().float() - expected).abs().max().item()  # also the warm-up
-                        ms = time_ms(call)
-                        peak = peak_mib(call) if t == MEMORY_T else None
-                    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # a backend that refuses the shape
-                        print(f"{op} {shape_str((b, h, t, d))} {provider}: skipped ({str(e).splitlines()[0][:80]})")
-                        continue
-                    row = make_row(op, shape_str((b, h, t, d)), dtype_name(dtype), provider, ms, meta["copy_GBps"],
-                                   flops=attention_flops(b, h, t, d, causal), max_err=err)
-                    if peak is not None:
-                        row["peak_MiB"] = peak
-                    rows.append(row)
-                    print(f"{op:16s} {row['shape']:>16s} {row['dtype']} {provider:14s} {ms:9.4f} ms "
-                          f"{row['TFLOPs']:7.1f} TFLOP/s  err {err:.2g}" + (f"  peak {peak} MiB" if peak else ""),
-                          flush=True)
-                del expected
-            del q, k, v
-            if DEVICE == "cuda":
-                torch.cuda.empty_cache()
-    return meta, rows
+                memory = DEVICE == "cuda" and t == MEMORY_T
+                yield Case("attention-causal" if causal else "attention", (b, h, t, d), dtype, providers(t),
+                           lambda shape=(b, h, t, d), dtype=dtype, causal=causal: setup(shape, dtype, causal),
+                           flops=attention_flops(b, h, t, d, causal),
+                           extra=(lambda name, inputs, call: {"peak_MiB": peak_mib(call)}) if memory else None,
+                           skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))  # a backend that refuses the shape
+
+
+def charts(args, panels):
+    def draw(meta, rows):
+        for op in ("attention", "attention-causal"):
+            for dtype in ("fp16", "bf16"):
+                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
+                plot_sweeps(args.out / f"{op}_{dtype}.png", f"{op} forward {dtype}", sel, panels, meta,
+                            metric="TFLOPs")
+    return draw
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__)
     panels = sweeps((32, 64), (16, 33), 33, 64) if args.smoke else sweeps((64, 128), FULL_T, TOKENS, 2048)
-    meta, rows = load_or_measure(args, "attention", lambda: measure(panels, args.smoke))
-    for op in ("attention", "attention-causal"):
-        for dtype in ("fp16", "bf16"):
-            sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
-            plot_sweeps(args.out / f"{op}_{dtype}.png", f"{op} forward {dtype}", sel, panels, meta, metric="TFLOPs")
+    run(args, "attention", charts(args, panels), cases=lambda: cases(panels))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ decode   32 steps on a DynamicCache after a 512-token prompt at batch 1 and 16, 
          Decode runs are the median of 3 after a warm-up (CUDA events; do_bench's 5 estimate runs
          would triple the time of these second-long runs). Prefill uses common.bench.time_ms.
 max_err  largest |logits - eager logits| in fp32 over the compared positions (prefill: the last
-         position; decode: every step), so each timing sits beside its numerical cost.
+         position; decode: every step), so each timing sits beside its numerical cost. The max_err
+         gate (common/harness.py) holds triton to 2 x torch.compile's error at the same row, where
+         compile ran, plus LOGITS_ATOL: the logits of 28-32 bf16 layers drift from eager's by about
+         0.3-0.5 whatever runs them, and decode has no second implementation to compare with. Eager
+         always runs (it is the reference), even where --only leaves its rows out.
 GEMM share  one prefill at T = 2048 under torch.profiler, eager and triton: time in GEMM kernels
          (cuBLAS: names with gemm / nvjet / xmma / cutlass, attention kernels excluded) over all
          CUDA kernel time, in meta["models"][name]["profile"] with the top kernels for checking.
@@ -29,6 +33,7 @@ index, which Dynamo guards on, so each of the 28-32 layers compiles a graph of i
 
     python benchmarks/e2e_bench.py            (GPU, ~4 min on an H100; benchmarks/results/e2e.json, PNGs)
     python benchmarks/e2e_bench.py --smoke    (a tiny model in the interpreter, build/bench-smoke)
+    python benchmarks/e2e_bench.py --only qwen,prefill   (a subset)
 Needs transformers (optional for the repository): without it the script says so and exits 0.
 """
 import gc
@@ -45,7 +50,8 @@ import torch  # noqa: E402
 
 from common.bench import time_ms  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
+from common.harness import parse_args, run  # noqa: E402
+from common.results import make_row, plot_sweeps, shape_str  # noqa: E402
 
 # The shapes of the published configs (config.json of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B).
 MODELS = {
@@ -67,12 +73,14 @@ FULL_PLAN = dict(prefill=(128, 512, 1024, 2048, 4096), prompt=512, steps=32, bat
                  decode_reps=3)
 SMOKE_PLAN = dict(prefill=(16,), prompt=16, steps=2, batches=(1, 2), profile_len=16, decode_reps=1)
 DTYPE = torch.bfloat16
+LOGITS_ATOL = 1.0  # the gate's atol on logits (bf16): twice the drift of the full-size models on an H200
 # A model's torch.compile provider starts only before this many seconds into the run, so a slow
 # compile cannot push the whole run far past its ~4 minutes.
 COMPILE_START_LIMIT_S = 170
 DECODE_COMPILE_NOTE = ("torch.compile decode skipped: a compiled decoder layer reads its DynamicCache entry by "
                        "its layer index, which Dynamo guards on, so every layer compiles its own graph "
                        "(4 layers: 8 graphs for a cached prefill and decode, 1 without a cache)")
+PROVIDERS = {"prefill": ("eager", "triton", "torch.compile"), "decode": ("eager", "triton")}  # op -> providers
 GEMM_KERNEL = re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm)$", re.IGNORECASE)
 ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
 
@@ -194,10 +202,11 @@ def decode_runner(model, prompt, tokens):
     return steps
 
 
-def measure_model(name, kind, config, plan, meta, smoke, t_run):
-    """Every provider on one model; returns rows and fills meta["models"][name]."""
+def measure_model(run, name, kind, config, plan, t_run):
+    """Every selected provider on one model: rows into run, meta["models"][name] filled."""
     from models.hf_patch import kernel_calls, patch_model, unpatch_model
 
+    meta, smoke, args = run.meta, run.args.smoke, run.args
     copy_GBps = meta["copy_GBps"]
     model = build(kind, config)
     vocab = config["vocab_size"]
@@ -205,21 +214,24 @@ def measure_model(name, kind, config, plan, meta, smoke, t_run):
     prompts = {b: torch.randint(0, vocab, (b, plan["prompt"]), device=DEVICE) for b in plan["batches"]}
     steps_tokens = {b: torch.randint(0, vocab, (b, plan["steps"]), device=DEVICE) for b in plan["batches"]}
     info = meta["models"][name] = {"config": config, "profile": {}}
-    reference, rows = {}, []
+    reference = {}
+
+    def wanted(op, shape, provider):
+        """Eager's logits are the reference: it runs wherever a row of that op and shape is selected."""
+        providers = PROVIDERS[op] if provider == "eager" else (provider,)
+        return any(run.selected(f"{name} {op}", shape_str(shape), p) for p in providers)
 
     def record(op, shape, provider, ms, logits, **size):
         key = (op, shape)
         if provider == "eager":
             reference[key] = logits
+        if ms is None:
+            return
         err = (logits - reference[key]).abs().max().item()
         row = make_row(f"{name} {op}", shape_str(shape), "bf16", provider, ms, copy_GBps, max_err=err, **size)
         if op == "decode":
             row["tok_s"] = round(shape[0] * 1e3 / ms, 1)
-        rows.append(row)
-        figure = (f"{row['TFLOPs']:7.1f} TFLOP/s" if op == "prefill"
-                  else f"{row['tok_s']:8.1f} tok/s {row['GBps']:7.0f} GB/s")
-        print(f"{name:11s} {op:7s} {row['shape']:>10s} {provider:13s} {ms:9.3f} ms {figure}  max_err {err:.3g}",
-              flush=True)
+        run.add(row)
 
     def profile_prefill(provider):
         prefix = ids[:, :plan["profile_len"]]
@@ -241,32 +253,44 @@ def measure_model(name, kind, config, plan, meta, smoke, t_run):
     def run_all(provider, decode=True, profile=False):
         with torch.inference_mode():
             for n_tokens in plan["prefill"]:
+                if not wanted("prefill", (1, n_tokens), provider):
+                    continue
                 prefix = ids[:, :n_tokens]
                 logits = run_prefill(model, prefix).float()  # also the warm-up (and the compile)
-                ms = time_ms(lambda: run_prefill(model, prefix))
+                ms = time_ms(lambda: run_prefill(model, prefix), args.warmup, args.rep) \
+                    if run.selected(f"{name} prefill", shape_str((1, n_tokens)), provider) else None
                 record("prefill", (1, n_tokens), provider, ms, logits, flops=prefill_flops(config, n_tokens))
             if profile:
                 profile_prefill(provider)
             if not decode:
                 return
             for batch in plan["batches"]:
+                shape = (batch, plan["prompt"], plan["steps"])
+                if not wanted("decode", shape, provider):
+                    continue
                 steps = decode_runner(model, prompts[batch], steps_tokens[batch])
                 logits = torch.cat(steps(), dim=1).float()  # warm-up; (B, S, V)
-                ms = median_ms(steps, plan["decode_reps"]) / plan["steps"]
-                record("decode", (batch, plan["prompt"], plan["steps"]), provider, ms, logits,
+                ms = median_ms(steps, plan["decode_reps"]) / plan["steps"] \
+                    if run.selected(f"{name} decode", shape_str(shape), provider) else None
+                record("decode", shape, provider, ms, logits,
                        n_bytes=decode_bytes(config, batch, plan["prompt"], plan["steps"]))
                 del steps
 
-    run_all("eager", profile=True)
-    patch_model(model)
-    try:
-        run_all("triton", profile=True)
-        info["kernel_calls"] = kernel_calls(model)  # which kernels ran, and any fallback
-    finally:
-        unpatch_model(model)
-    if time.perf_counter() - t_run > COMPILE_START_LIMIT_S and not smoke:
+    def any_row(provider):
+        return any(wanted(op, shape, provider) for op, shape in row_keys(plan) if provider in PROVIDERS[op])
+
+    run_all("eager", profile=not args.partial)
+    if any_row("triton"):
+        patch_model(model)
+        try:
+            run_all("triton", profile=not args.partial)
+            info["kernel_calls"] = kernel_calls(model)  # which kernels ran, and any fallback
+        finally:
+            unpatch_model(model)
+    late = time.perf_counter() - t_run > COMPILE_START_LIMIT_S and not smoke
+    if any_row("torch.compile") and late:
         meta["notes"].append(f"{name}: torch.compile skipped, {time.perf_counter() - t_run:.0f} s into the run")
-    else:
+    elif any_row("torch.compile"):
         originals = compile_layers(model, smoke)
         t0 = time.perf_counter()
         try:
@@ -281,39 +305,52 @@ def measure_model(name, kind, config, plan, meta, smoke, t_run):
     gc.collect()
     if not INTERPRET:
         torch.cuda.empty_cache()
-    return rows
 
 
-def measure(models, plan, smoke):
-    meta = start_run(smoke)
+def row_keys(plan):
+    """(op, shape) of every row of one model."""
+    return [("prefill", (1, t)) for t in plan["prefill"]] + \
+        [("decode", (b, plan["prompt"], plan["steps"])) for b in plan["batches"]]
+
+
+def measure(run, models, plan):
+    meta = run.meta
+    run.total = sum(run.selected(f"{name} {op}", shape_str(shape), p) for name in models
+                    for op, shape in row_keys(plan) for p in PROVIDERS[op])
     meta.update(models={}, notes=[DECODE_COMPILE_NOTE], plan=plan)
-    if smoke:
+    if run.args.smoke:
         meta["notes"].append("smoke: torch.compile with the eager backend (Dynamo only)")
     t_run = time.perf_counter()
-    rows = []
     for name, (kind, config) in models.items():
-        rows += measure_model(name, kind, config, plan, meta, smoke, t_run)
+        keys = [(f"{name} {op}", shape_str(shape), p) for op, shape in row_keys(plan) for p in PROVIDERS[op]]
+        if any(run.selected(*key) for key in keys):
+            measure_model(run, name, kind, config, plan, t_run)
     meta["run_s"] = round(time.perf_counter() - t_run, 1)
     print(f"run time {meta['run_s']} s", flush=True)
-    return meta, rows
+
+
+def charts(args):
+    def draw(meta, rows):
+        plan = meta["plan"]
+        for name in meta["models"]:
+            prefill = [r for r in rows if r["op"] == f"{name} prefill"]
+            decode = [r for r in rows if r["op"] == f"{name} decode"]
+            plot_sweeps(args.out / f"e2e_{name}_prefill.png", f"{name} prefill, batch 1", prefill,
+                        [("sequence length T (batch 1)", [(t, (1, t)) for t in plan["prefill"]])], meta,
+                        metric="TFLOPs")
+            plot_sweeps(args.out / f"e2e_{name}_decode.png", f"{name} decode", decode,
+                        [(f"batch ({plan['prompt']}-token prompt, {plan['steps']} steps)",
+                          [(b, (b, plan["prompt"], plan["steps"])) for b in plan["batches"]])], meta, metric="GBps")
+    return draw
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__)
     if not args.replot and importlib.util.find_spec("transformers") is None:
         print("e2e_bench.py: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")
         return
     models, plan = (SMOKE_MODELS, SMOKE_PLAN) if args.smoke else (MODELS, FULL_PLAN)
-    meta, rows = load_or_measure(args, "e2e", lambda: measure(models, plan, args.smoke))
-    for name in meta["models"]:
-        prefill = [r for r in rows if r["op"] == f"{name} prefill"]
-        decode = [r for r in rows if r["op"] == f"{name} decode"]
-        plan = meta["plan"]
-        plot_sweeps(args.out / f"e2e_{name}_prefill.png", f"{name} prefill, batch 1", prefill,
-                    [("sequence length T (batch 1)", [(t, (1, t)) for t in plan["prefill"]])], meta, metric="TFLOPs")
-        plot_sweeps(args.out / f"e2e_{name}_decode.png", f"{name} decode", decode,
-                    [(f"batch ({plan['prompt']}-token prompt, {plan['steps']} steps)",
-                      [(b, (b, plan["prompt"], plan["steps"])) for b in plan["batches"]])], meta, metric="GBps")
+    run(args, "e2e", charts(args), measure=lambda bench: measure(bench, models, plan), atol={"bf16": LOGITS_ATOL})
 
 
 if __name__ == "__main__":

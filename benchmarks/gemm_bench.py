@@ -26,6 +26,7 @@ rmsnorm_linear (bf16): M = 1..4096 at K = 4096, N = 4096 and 14336, against "F.r
 and "triton-rmsnorm+cuBLAS" (normalization/triton_rmsnorm.py, then torch.matmul).
     python benchmarks/gemm_bench.py            (GPU; writes benchmarks/results/gemm.json and PNGs)
     python benchmarks/gemm_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
+    python benchmarks/gemm_bench.py --only matmul_linear --dtype bf16   (a subset)
 """
 import pathlib
 import sys
@@ -35,10 +36,11 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.bench import compile_fn, graph_time_ms, time_ms  # noqa: E402
+from benchmarks.sweeps import randn, shapes_of  # noqa: E402
+from common.bench import compile_fn  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
-from common.testing import dtype_name  # noqa: E402
+from common.harness import Case, parse_args, run  # noqa: E402
+from common.results import plot_sweeps  # noqa: E402
 from gemm.triton_matmul import kernel_choice, matmul  # noqa: E402
 from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
@@ -73,127 +75,91 @@ SMOKE = dict(
 ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
 
 
-def shapes_of(sweeps):
-    return list(dict.fromkeys(s for _, points in sweeps for _, s in points))
-
-
-def add_rows(rows, copy_GBps, op, shape, dtype, providers, expected, n_bytes, configs=None):
-    """Time every provider (fn of no arguments) of one shape; max_err against `expected` (fp32).
-    GPU times (graph_ms) too for decode sizes and wherever a provider's do_bench median is below
-    GRAPH_BELOW_MS. configs: {provider: fn of no arguments} naming the kernel config that ran (the
-    row's "config"), asked after the warm-up call has tuned it."""
+def gemm_case(op, shape, dtype, providers, setup, extra_bytes=0, config=True):
+    """One GEMM shape: TFLOP/s for every row, GB/s up to BYTES_UP_TO_M, graph times for decode
+    sizes and wherever a provider's do_bench median is below GRAPH_BELOW_MS, and our matmul's
+    kernel config (asked after the warm-up call has tuned it)."""
     m, n, k = shape
-    shape_rows = []
-    for provider, fn in providers.items():
-        err = (fn().float() - expected).abs().max().item()  # also the warm-up (autotune, compile)
-        ms = time_ms(fn)
-        row = make_row(op, shape_str(shape), dtype_name(dtype), provider, ms, copy_GBps,
-                       n_bytes=n_bytes if m <= BYTES_UP_TO_M else None, flops=2 * m * n * k, max_err=err)
-        if configs and provider in configs:
-            row["config"] = configs[provider]()
-        shape_rows.append((fn, err, row))
-    with_graph = m <= GRAPH_UP_TO_M or min(row["ms"] for _, _, row in shape_rows) < GRAPH_BELOW_MS
-    for fn, err, row in shape_rows:
-        graph = ""
-        if with_graph:
-            row["graph_ms"] = round(graph_time_ms(fn), 5)
-            scale = row["ms"] / max(row["graph_ms"], 1e-9)
-            row["graph_pct_copy"] = round(row["pct_copy"] * scale, 1) if row["pct_copy"] is not None else None
-            graph = f"  graph {row['graph_ms']:9.4f} ms"
-        rows.append(row)
-        bw = f"{row['GBps']:8.1f} GB/s" if row["GBps"] is not None else " " * 13
-        print(f"{op:17s} {row['shape']:>16s} {row['dtype']} {row['provider']:22s} {row['ms']:9.4f} ms "
-              f"{row['TFLOPs']:7.1f} TFLOP/s {bw}{graph}  err {err:.2g}  {row.get('config', '')}", flush=True)
+    n_bytes = (m * k + k * n + m * n + extra_bytes) * dtype.itemsize
+    return Case(op, shape, dtype, providers, setup, n_bytes=n_bytes if m <= BYTES_UP_TO_M else None,
+                flops=2 * m * n * k,
+                graph=lambda rows: m <= GRAPH_UP_TO_M or min(r["ms"] for r in rows) < GRAPH_BELOW_MS,
+                extra=lambda name, inputs, call: {"config": kernel_choice(*inputs[:2])} if config and name == "triton"
+                else {})
 
 
-def free():
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+def matmul_setup(m, n, k, dtype, linear):
+    """b row-major (K, N); linear: b = W.T for W (N, K) contiguous."""
+    a = randn(m, k, dtype=dtype)
+    b = randn(n, k, dtype=dtype).t() if linear else randn(k, n, dtype=dtype)
+    return (a, b), a.float() @ b.float()
 
 
-def measure_matmul(rows, copy_GBps, sweeps, linear=False):
-    """op "matmul": b row-major (K, N); linear: op "matmul_linear", b = W.T for W (N, K) contiguous."""
-    for dtype in (torch.float16, torch.bfloat16):
-        for m, n, k in shapes_of(sweeps):
-            a = torch.randn(m, k, device=DEVICE).to(dtype)
-            b = torch.randn(n, k, device=DEVICE).to(dtype).t() if linear else torch.randn(k, n, device=DEVICE).to(dtype)
-            expected = a.float() @ b.float()
-            providers = {"triton": lambda: matmul(a, b), "cuBLAS": lambda: torch.matmul(a, b)}
-            add_rows(rows, copy_GBps, "matmul_linear" if linear else "matmul", (m, n, k), dtype, providers, expected,
-                     (m * k + k * n + m * n) * a.element_size(), {"triton": lambda: kernel_choice(a, b)})
-            del a, b, expected
-            free()
+def epilogue_setup(m, n, k, dtype, act):
+    a, b, bias = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype), randn(n, dtype=dtype)
+    return (a, b, bias), act(a.float() @ b.float() + bias.float())
 
 
-def measure_epilogue(rows, copy_GBps, sweeps):
+def rmsnorm_linear_setup(m, n, k, dtype):
+    x = randn(m, k, dtype=dtype)
+    norm_w = (1 + 0.1 * torch.randn(k, device=DEVICE)).to(dtype)
+    w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype)
+    xf = x.float()
+    return (x, norm_w, w), (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * norm_w.float()) @ w.float().t()
+
+
+def cases(config):
+    providers = {"triton": matmul, "cuBLAS": torch.matmul}
+    for op, linear in (("matmul", False), ("matmul_linear", True)):
+        for dtype in (torch.float16, torch.bfloat16):
+            for m, n, k in shapes_of(config[op]):
+                yield gemm_case(op, (m, n, k), dtype, providers,
+                                lambda m=m, n=n, k=k, dtype=dtype, linear=linear: matmul_setup(m, n, k, dtype, linear))
     dtype = torch.bfloat16
     for name, act in ACTIVATIONS.items():
         def eager(a, b, bias, act=act):
             return act(torch.matmul(a, b) + bias)
-        compiled = compile_fn(eager)
-        for m, n, k in shapes_of(sweeps):
-            a, b = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(k, n, device=DEVICE).to(dtype)
-            bias = torch.randn(n, device=DEVICE).to(dtype)
-            expected = act(a.float() @ b.float() + bias.float())
-            providers = {"triton": lambda: matmul(a, b, bias, name), "cuBLAS+eager": lambda: eager(a, b, bias),
-                         "torch.compile": lambda: compiled(a, b, bias)}
-            add_rows(rows, copy_GBps, f"matmul_bias_{name}", (m, n, k), dtype, providers, expected,
-                     (m * k + k * n + m * n + n) * a.element_size(), {"triton": lambda: kernel_choice(a, b)})
-            del a, b, bias, expected
-            free()
+        providers = {"triton": lambda a, b, bias, name=name: matmul(a, b, bias, name), "cuBLAS+eager": eager,
+                     "torch.compile": compile_fn(eager)}
+        for m, n, k in shapes_of(config["epilogue"]):
+            yield gemm_case(f"matmul_bias_{name}", (m, n, k), dtype, providers,
+                            lambda m=m, n=n, k=k, act=act: epilogue_setup(m, n, k, dtype, act), extra_bytes=n)
+    providers = {
+        "triton": lambda x, norm_w, w: rmsnorm_linear(x, norm_w, w, EPS),
+        "F.rms_norm+cuBLAS": lambda x, norm_w, w: torch.matmul(F.rms_norm(x, (x.shape[-1],), norm_w, EPS), w.t()),
+        "triton-rmsnorm+cuBLAS": lambda x, norm_w, w: torch.matmul(rmsnorm(x, norm_w, EPS), w.t()),
+    }
+    for m, n, k in shapes_of(config["rmsnorm_linear"]):
+        yield gemm_case("rmsnorm_linear", (m, n, k), dtype, providers,
+                        lambda m=m, n=n, k=k: rmsnorm_linear_setup(m, n, k, dtype), extra_bytes=k, config=False)
 
 
-def measure_rmsnorm_linear(rows, copy_GBps, sweeps):
-    dtype = torch.bfloat16
-    for m, n, k in shapes_of(sweeps):
-        x = torch.randn(m, k, device=DEVICE).to(dtype)
-        norm_w = (1 + 0.1 * torch.randn(k, device=DEVICE)).to(dtype)
-        w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype)
-        xf = x.float()
-        expected = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * norm_w.float()) @ w.float().t()
-        providers = {
-            "triton": lambda: rmsnorm_linear(x, norm_w, w, EPS),
-            "F.rms_norm+cuBLAS": lambda: torch.matmul(F.rms_norm(x, (k,), norm_w, EPS), w.t()),
-            "triton-rmsnorm+cuBLAS": lambda: torch.matmul(rmsnorm(x, norm_w, EPS), w.t()),
-        }
-        add_rows(rows, copy_GBps, "rmsnorm_linear", (m, n, k), dtype, providers, expected,
-                 (m * k + k * n + m * n + k) * x.element_size())
-        del x, norm_w, w, xf, expected
-        free()
-
-
-def measure(config, smoke):
-    """Time every op, dtype, shape and provider; returns (meta, rows)."""
-    meta = start_run(smoke)
-    rows = []
-    measure_matmul(rows, meta["copy_GBps"], config["matmul"])
-    measure_matmul(rows, meta["copy_GBps"], config["matmul_linear"], linear=True)
-    measure_epilogue(rows, meta["copy_GBps"], config["epilogue"])
-    measure_rmsnorm_linear(rows, meta["copy_GBps"], config["rmsnorm_linear"])
-    return meta, rows
+def charts(args, config):
+    def draw(meta, rows):
+        panels = [("matmul", config["matmul"])] + [(f"matmul_bias_{a}", config["epilogue"]) for a in ACTIVATIONS] \
+            + [("rmsnorm_linear", config["rmsnorm_linear"])]
+        for op, sweeps in panels:
+            for dtype in ("fp16", "bf16"):
+                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
+                plot_sweeps(args.out / f"gemm_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta, metric="TFLOPs")
+        # the decode rows against the memory bound, GPU time beside do_bench's
+        for op, sweeps, title in (("matmul", config["matmul"][1:], "matmul"),
+                                  ("matmul_linear", config["matmul_linear"], "matmul, b = W.T")):
+            for dtype in ("fp16", "bf16"):
+                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r["GBps"] is not None]
+                sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
+                        for r in sel if r.get("graph_ms")]
+                name = "decode" if op == "matmul" else "linear_decode"
+                plot_sweeps(args.out / f"gemm_matmul_{name}_{dtype}.png", f"{title} {dtype}, M <= {BYTES_UP_TO_M}",
+                            sel, [(label, [(x, s) for x, s in points if s[0] <= BYTES_UP_TO_M])
+                                  for label, points in sweeps], meta)
+    return draw
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__)
     config = SMOKE if args.smoke else FULL
-    meta, rows = load_or_measure(args, "gemm", lambda: measure(config, args.smoke))
-    charts = [("matmul", config["matmul"])] + [(f"matmul_bias_{a}", config["epilogue"]) for a in ACTIVATIONS] \
-        + [("rmsnorm_linear", config["rmsnorm_linear"])]
-    for op, sweeps in charts:
-        for dtype in ("fp16", "bf16"):
-            sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
-            if sel:
-                plot_sweeps(args.out / f"gemm_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta, metric="TFLOPs")
-    # the decode rows against the memory bound, GPU time beside do_bench's
-    for op, sweeps, title in (("matmul", config["matmul"][1:], "matmul"),
-                              ("matmul_linear", config["matmul_linear"], "matmul, b = W.T")):
-        for dtype in ("fp16", "bf16"):
-            sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r["GBps"] is not None]
-            sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
-                    for r in sel if r.get("graph_ms")]
-            name = "decode" if op == "matmul" else "linear_decode"
-            plot_sweeps(args.out / f"gemm_matmul_{name}_{dtype}.png", f"{title} {dtype}, M <= {BYTES_UP_TO_M}", sel,
-                        [(label, [(x, s) for x, s in points if s[0] <= BYTES_UP_TO_M]) for label, points in sweeps], meta)
+    run(args, "gemm", charts(args, config), cases=lambda: cases(config))
 
 
 if __name__ == "__main__":

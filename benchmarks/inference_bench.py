@@ -18,7 +18,8 @@ B = 16, and B = 1..64 at T = 8192. Caches past CACHE_MAX_BYTES are skipped. Prov
                     once outside the timing (the row then has "kv_expanded": true); a backend that
                     refuses the shape is reported as skipped
     naive           inference/attention_inference.py (fp32 math), caches up to NAIVE_MAX_BYTES
-max_err: against the fp32 reference on the first (up to) two sequences.
+max_err: against the fp32 reference on the first (up to) two sequences. The max_err gate holds
+    triton and triton-paged to the SDPA backends' and naive's error (common/harness.py).
 graph_ms, graph_pct_copy: the same call's GPU time with the host out of the loop (common.bench.
     graph_time_ms: CUDA-graph replays after an L2 flush), for triton, triton-paged, sdpa-flash and
     sdpa-efficient. ms (do_bench) includes what the GPU waits for the host: at B1 a Triton launch
@@ -26,6 +27,7 @@ graph_ms, graph_pct_copy: the same call's GPU time with the host out of the loop
     engines replay decode steps from CUDA graphs, where only graph_ms counts.
     python benchmarks/inference_bench.py            (GPU; benchmarks/results/inference.json and PNGs)
     python benchmarks/inference_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
+    python benchmarks/inference_bench.py --only decode-gqa,triton   (a subset)
 """
 import pathlib
 import sys
@@ -35,13 +37,15 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.bench import gbps, graph_time_ms, time_ms  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
+from common.device import DEVICE, sm_count  # noqa: E402
+from common.harness import Case, max_err, parse_args, run  # noqa: E402
+from common.results import plot_sweeps, shape_str  # noqa: E402
 from inference.attention_inference import decode_attention_reference  # noqa: E402
-from inference.triton_inference_attention import (decode_attention, decode_config, paged_decode_attention,  # noqa: E402
-                                                  sm_count)
+from inference.paged_kv_cache import to_pages  # noqa: E402
+from inference.triton_inference_attention import (INTERPRET_SMS, decode_attention, decode_config,  # noqa: E402
+                                                  paged_decode_attention)
 
+OURS = ("triton", "triton-paged")
 N_HEADS, HEAD_DIM, DTYPE, PAGE_SIZE = 32, 128, torch.float16, 16
 FULL = dict(heads=N_HEADS, kv_heads=(32, 8), d=HEAD_DIM, lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768),
             t_batches=(1, 16), batches=(1, 2, 4, 8, 16, 32, 64), b_length=8192)
@@ -50,6 +54,7 @@ CACHE_MAX_BYTES = 20 * 2 ** 30   # K + V; with a second copy (pages, SDPA's layo
 NAIVE_MAX_BYTES = 1 * 2 ** 30    # the reference copies the cache to fp32 (and v once more): 3x this
 MATH_MAX_BYTES = 2 * 2 ** 30     # SDPA's math backend materializes fp32 scores and, for GQA, expands K/V
 EXPAND_MAX_BYTES = 16 * 2 ** 30  # K/V expanded to H heads for a backend that refuses enable_gqa
+GRAPHED = ("triton", "triton-paged", "sdpa-flash", "sdpa-efficient")
 
 
 def kv_bytes(b, hkv, t, d, e=2):
@@ -70,107 +75,98 @@ def op_name(h, hkv):
     return "decode-mha" if hkv == h else "decode-gqa"
 
 
-def to_pages(k, perm):
-    """(B, T, Hkv, D) -> pages (B * T / PAGE_SIZE, PAGE_SIZE, Hkv, D), block j of sequence b at page
-    perm[b, j]."""
-    b, t, hkv, d = k.shape
-    pages = torch.empty((b * t // PAGE_SIZE, PAGE_SIZE, hkv, d), dtype=k.dtype, device=k.device)
-    pages[perm] = k.view(b, t // PAGE_SIZE, PAGE_SIZE, hkv, d)
-    return pages
-
-
 def sdpa_backends():
     from torch.nn.attention import SDPBackend
     return {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
             "sdpa-math": SDPBackend.MATH}
 
 
-def time_sdpa(backend, q4, k4, v4, gqa):
-    """(ms, output, graph ms or None) of SDPA forced to one backend; raises RuntimeError where it
-    refuses the inputs."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def sdpa_call(backend, q4, k4, v4, gqa):
+    from torch.nn.attention import sdpa_kernel
 
     def call():
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=gqa)
-    out = call()  # also the warm-up
-    graphed = backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
-    return time_ms(call), out, graph_time_ms(call) if graphed else None
+    return call
 
 
-def measure_shape(shape, meta, rows):
+def bind_sdpa(provider, q, k, v):
+    """SDPA forced to one backend on its preferred contiguous (B, Hkv, T, D) K and V, with q (B, H,
+    1, D); for a backend that refuses enable_gqa, K and V expanded to H heads once, outside the
+    timing (row field kv_expanded). Raises RuntimeError where the backend refuses the shape."""
+    h, hkv, n_bytes = q.shape[1], k.shape[2], k.numel() * k.element_size() * 2
+    backend, q4 = sdpa_backends()[provider], q[:, :, None, :]
+    k4, v4 = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    try:
+        call = sdpa_call(backend, q4, k4, v4, hkv != h)
+        call()
+        return call
+    except RuntimeError as e:
+        why = str(e).splitlines()[0][:90] if str(e) else type(e).__name__
+        if hkv == h or n_bytes * h // hkv > EXPAND_MAX_BYTES:
+            raise RuntimeError(why) from None
+    k_exp, v_exp = (x.repeat_interleave(h // hkv, dim=1) for x in (k4, v4))
+    del k4, v4
+    try:
+        call = sdpa_call(backend, q4, k_exp, v_exp, False)
+        call()
+    except RuntimeError as e:
+        raise RuntimeError(f"{why}; expanded: {str(e).splitlines()[0][:60]}") from None
+    return call, {"kv_expanded": True}
+
+
+def bind(provider, inputs):
+    q, k, v, lengths, t = inputs
+    if provider == "triton":
+        return lambda: decode_attention(q, k, v, lengths, max_length=t)
+    if provider == "triton-paged":
+        b = q.shape[0]
+        perm = torch.randperm(b * t // PAGE_SIZE, device=DEVICE).reshape(b, -1)
+        k_pages, v_pages, table = to_pages(k, perm, PAGE_SIZE), to_pages(v, perm, PAGE_SIZE), perm.to(torch.int32)
+        return lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t)
+    if provider == "naive":
+        return lambda: decode_attention_reference(q, k, v, lengths)
+    return bind_sdpa(provider, q, k, v)
+
+
+def setup(shape):
     b, h, hkv, t, d = shape
-    op, key, n_bytes = op_name(h, hkv), shape_str(shape), kv_bytes(b, hkv, t, d)
-
-    def record(provider, ms, out, graph_ms=None, **extra):
-        err = (out[:n_check].float() - expected).abs().max().item()
-        row = make_row(op, key, "fp16", provider, ms, meta["copy_GBps"], n_bytes=n_bytes, max_err=err)
-        row.update(extra)
-        if graph_ms is not None:
-            row.update(graph_ms=round(graph_ms, 5),
-                       graph_pct_copy=round(100 * gbps(n_bytes, graph_ms) / meta["copy_GBps"], 1))
-        rows.append(row)
-        graph = f"  graph {graph_ms:.4f} ms {row['graph_pct_copy']:5.1f}%" if graph_ms is not None else ""
-        print(f"{op:10s} {key:>20s} {provider:15s} {ms:9.4f} ms {row['GBps']:8.1f} GB/s {row['pct_copy']:5.1f}% of copy"
-              f"{graph}  err {err:.2g}" + "".join(f"  {k} {v}" for k, v in extra.items()), flush=True)
-
-    def skip(provider, why):
-        print(f"{op:10s} {key:>20s} {provider:15s} skipped ({why})", flush=True)
-
-    if n_bytes > CACHE_MAX_BYTES:
-        return skip("all", f"cache {n_bytes / 2 ** 30:.1f} GiB > {CACHE_MAX_BYTES / 2 ** 30:.0f} GiB")
     q = torch.randn((b, h, d), device=DEVICE, dtype=DTYPE)
     k, v = (torch.randn((b, t, hkv, d), device=DEVICE, dtype=DTYPE) for _ in range(2))
     lengths = torch.full((b,), t, dtype=torch.int32, device=DEVICE)
     n_check = min(b, 2)
     expected = decode_attention_reference(q[:n_check].float(), k[:n_check], v[:n_check], lengths[:n_check]).float()
+    return (q, k, v, lengths, t), expected
 
-    n_sms = sm_count(torch.device(DEVICE).index or 0)
-    splits = decode_config(b, hkv, h // hkv, d, t, n_sms).num_splits
-    call = lambda: decode_attention(q, k, v, lengths, max_length=t)  # noqa: E731
-    record("triton", time_ms(call), call(), graph_time_ms(call), splits=splits)
 
-    perm = torch.randperm(b * t // PAGE_SIZE, device=DEVICE).reshape(b, -1)
-    k_pages, v_pages = to_pages(k, perm), to_pages(v, perm)
-    table = perm.to(torch.int32)
-    call = lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t)  # noqa: E731
-    splits = decode_config(b, hkv, h // hkv, d, t, n_sms, True).num_splits
-    record("triton-paged", time_ms(call), call(), graph_time_ms(call), splits=splits)
-    del k_pages, v_pages
+def compare(out, expected):
+    """The first sequences' error; SDPA's output (B, H, 1, D) is read as (B, H, D)."""
+    return max_err((out[:, :, 0] if out.dim() == 4 else out)[:expected.shape[0]], expected)
 
-    if n_bytes <= NAIVE_MAX_BYTES:
-        call = lambda: decode_attention_reference(q, k, v, lengths)  # noqa: E731
-        record("naive", time_ms(call), call())
-    else:
-        skip("naive", "cache past NAIVE_MAX_BYTES")
 
-    # SDPA's preferred layout: contiguous (B, Hkv, T, D); the (B, T, Hkv, D) copies are not needed after
-    k4, v4 = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
-    del k, v
-    q4 = q[:, :, None, :]
-    for provider, backend in sdpa_backends().items():
-        if provider == "sdpa-math" and n_bytes > MATH_MAX_BYTES:
-            skip(provider, "cache past MATH_MAX_BYTES")
-            continue
-        try:
-            ms, out, graph_ms = time_sdpa(backend, q4, k4, v4, hkv != h)
-            record(provider, ms, out[:, :, 0], graph_ms)
-            continue
-        except RuntimeError as e:  # a backend that refuses the shape (or enable_gqa)
-            why = str(e).splitlines()[0][:90] if str(e) else type(e).__name__
-        if hkv == h or n_bytes * h // hkv > EXPAND_MAX_BYTES:
-            skip(provider, why)
-            continue
-        k_exp, v_exp = (x.repeat_interleave(h // hkv, dim=1) for x in (k4, v4))
-        try:
-            ms, out, graph_ms = time_sdpa(backend, q4, k_exp, v_exp, False)
-            record(provider, ms, out[:, :, 0], graph_ms, kv_expanded=True)
-        except RuntimeError as e:
-            skip(provider, f"{why}; expanded: {str(e).splitlines()[0][:60]}")
-        del k_exp, v_exp
-    del q, k4, v4, q4
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+def splits(name, inputs, call):
+    if name not in OURS:
+        return {}
+    q, k, _, _, t = inputs
+    n_sms = sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
+    return {"splits": decode_config(q.shape[0], k.shape[2], q.shape[1] // k.shape[2], q.shape[2], t, n_sms,
+                                    name == "triton-paged").num_splits}
+
+
+def cases(cfg):
+    for hkv in cfg["kv_heads"]:
+        for shape in list(dict.fromkeys(s for _, points in panels(cfg, hkv) for _, s in points)):
+            b, h, hkv, t, d = shape
+            n_bytes = kv_bytes(b, hkv, t, d)
+            providers = dict.fromkeys(OURS + ("naive",) + tuple(sdpa_backends()), bind)
+            if n_bytes > NAIVE_MAX_BYTES:
+                providers["naive"] = "cache past NAIVE_MAX_BYTES"
+            if n_bytes > MATH_MAX_BYTES:
+                providers["sdpa-math"] = "cache past MATH_MAX_BYTES"
+            too_big_why = f"cache {n_bytes / 2 ** 30:.1f} GiB > {CACHE_MAX_BYTES / 2 ** 30:.0f} GiB"
+            yield Case(op_name(h, hkv), shape, DTYPE, providers, lambda shape=shape: setup(shape), n_bytes=n_bytes,
+                       graph=GRAPHED, extra=splits, bind=bind, compare=compare, skip_on=(RuntimeError,),
+                       skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None)
 
 
 def summarize(rows, h, kv_heads):
@@ -197,34 +193,30 @@ def summarize(rows, h, kv_heads):
         ratios = sorted(r[ms] / pick("triton-paged", r["shape"])[ms] for r in rows
                         if r["provider"] == "triton" and ms in r and ms in pick("triton-paged", r["shape"]))
         if ratios:
-            lines.append(f"{label}paged / contiguous speed: worst {ratios[0]:.2f}, median {ratios[len(ratios) // 2]:.2f} "
+            lines.append(f"{label}paged / contiguous speed: worst {ratios[0]:.2f}, "
+                         f"median {ratios[len(ratios) // 2]:.2f} "
                          "(target >= 0.9)")
     return lines
 
 
-def measure(cfg, smoke):
-    meta = start_run(smoke)
-    rows = []
-    for hkv in cfg["kv_heads"]:
-        shapes = list(dict.fromkeys(s for _, points in panels(cfg, hkv) for _, s in points))
-        for shape in shapes:
-            measure_shape(shape, meta, rows)
-    for line in summarize(rows, cfg["heads"], cfg["kv_heads"]):
-        print(line)
-    return meta, rows
+def charts(args, cfg):
+    def draw(meta, rows):
+        for line in summarize(rows, cfg["heads"], cfg["kv_heads"]):
+            print(line)
+        for hkv in cfg["kv_heads"]:
+            op = op_name(cfg["heads"], hkv)
+            sel = [r for r in rows if r["op"] == op]
+            # GPU time (CUDA graphs) beside do_bench's for ours and flash: same bytes, so GB/s scales by ms
+            sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
+                    for r in sel if r["provider"] in ("triton", "sdpa-flash") and r.get("graph_ms")]
+            plot_sweeps(args.out / f"inference_{op}_fp16.png", f"{op} (q_len 1) fp16", sel, panels(cfg, hkv), meta)
+    return draw
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__)
     cfg = SMOKE if args.smoke else FULL
-    meta, rows = load_or_measure(args, "inference", lambda: measure(cfg, args.smoke))
-    for hkv in cfg["kv_heads"]:
-        op = op_name(cfg["heads"], hkv)
-        sel = [r for r in rows if r["op"] == op]
-        # GPU time (CUDA graphs) beside do_bench's for ours and flash: same bytes, so GB/s scales by ms
-        sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
-                for r in sel if r["provider"] in ("triton", "sdpa-flash") and r.get("graph_ms")]
-        plot_sweeps(args.out / f"inference_{op}_fp16.png", f"{op} (q_len 1) fp16", sel, panels(cfg, hkv), meta)
+    run(args, "inference", charts(args, cfg), cases=lambda: cases(cfg), ours=OURS)
 
 
 if __name__ == "__main__":

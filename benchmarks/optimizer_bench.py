@@ -4,7 +4,9 @@ and as a share of the copy bandwidth of the same run.
 Bytes moved per param: read w, g, m, v and write w, m, v:
     fp32 params                          28
     bf16 params with fp32 m, v (triton)  22   (w and g 2 bytes each; torch.optim.AdamW keeps bf16
-                                               m and v for bf16 params, so it has no such row)
+                                               m and v for bf16 params, so it has no such row: its
+                                               foreach step is run once, untimed, as the max_err
+                                               gate's baseline)
 
 Rows: one fp32 tensor of 1M..200M params, and the parameter list of a Llama-style model of about
 1.1B params (TinyLlama's shapes: vocab 32000, hidden 2048, intermediate 5632, 22 layers, 4 KV heads
@@ -13,6 +15,7 @@ grads set once (the step changes the params, which does not change its cost). ma
 step from the same start against optimizers/adam.py in fp32.
     python benchmarks/optimizer_bench.py            (GPU; writes benchmarks/results/optimizer.json and PNGs)
     python benchmarks/optimizer_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
+    python benchmarks/optimizer_bench.py --only llama --dtype fp32   (a subset)
 """
 import pathlib
 import sys
@@ -21,10 +24,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from common.bench import time_ms  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
-from common.testing import dtype_name  # noqa: E402
+from common.harness import Case, parse_args, run  # noqa: E402
+from common.results import plot_sweeps, shape_str  # noqa: E402
 from optimizers.adam import adamw_step_ref  # noqa: E402
 from optimizers.triton_adam import TritonAdamW  # noqa: E402
 
@@ -63,66 +65,58 @@ def sweeps(config):
             ("model parameter list (total params)", [(sum(torch.Size(s).numel() for s in config["model"]), (model,))])]
 
 
-def reference(start, grads):
-    """One AdamW step of every tensor in fp32, from optimizers/adam.py."""
-    out = []
+def setup(shapes, dtype):
+    """(start params, grads) and one AdamW step of every tensor in fp32, from optimizers/adam.py."""
+    start = [torch.randn(s, device=DEVICE).to(dtype) for s in shapes]
+    grads = [torch.randn(s, device=DEVICE).to(dtype) for s in shapes]
+    expected = []
     for w, g in zip(start, grads):
         w = w.clone()
         m, v = torch.zeros_like(w, dtype=torch.float32), torch.zeros_like(w, dtype=torch.float32)
-        adamw_step_ref(w, g, m, v, 1, lr=HYPER["lr"], beta1=HYPER["beta1"], beta2=HYPER["beta2"],
-                       eps=HYPER["eps"], weight_decay=HYPER["weight_decay"])
-        out.append(w)
-    return out
+        adamw_step_ref(w, g, m, v, 1, **HYPER)
+        expected.append(w)
+    return (start, grads), expected
 
 
-def measure_row(rows, copy_GBps, name, shapes, dtype):
-    """Time one step of every provider on fresh params of `shapes` (a list: one step covers all)."""
-    start = [torch.randn(s, device=DEVICE).to(dtype) for s in shapes]
-    grads = [torch.randn(s, device=DEVICE).to(dtype) for s in shapes]
-    expected = reference(start, grads)
-    n_params = sum(w.numel() for w in start)
-    providers = PROVIDERS if dtype == torch.float32 else {"triton": PROVIDERS["triton"]}
-    for provider, make in providers.items():
-        params = [w.clone().requires_grad_() for w in start]
-        for p, g in zip(params, grads):
-            p.grad = g
-        try:
-            opt = make(params)
-            opt.step()  # also the warm-up (compilation)
-        except (RuntimeError, ValueError) as e:  # fused=True where torch has no fused kernel
-            print(f"adamw {name:>24s} {dtype_name(dtype)} {provider:13s} skipped: {str(e)[:80]}", flush=True)
-            continue
-        err = max((p.detach().float() - w.float()).abs().max().item() for p, w in zip(params, expected))
-        ms = time_ms(opt.step)
-        row = make_row("adamw", name, dtype_name(dtype), provider, ms, copy_GBps,
-                       n_bytes=BYTES_PER_PARAM[dtype] * n_params, max_err=err)
-        rows.append(row)
-        print(f"adamw {name:>24s} {row['dtype']} {provider:13s} {ms:9.4f} ms {row['GBps']:8.1f} GB/s "
-              f"{row['pct_copy']:5.1f}% of copy  err {err:.2g}", flush=True)
-        del opt, params
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()  # the 1.1B list needs the memory the last provider held
+def step(opt, params):
+    opt.step()
+    return params
 
 
-def measure(config, smoke):
-    """Time every row and provider; returns (meta, rows)."""
-    meta = start_run(smoke)
-    copy_GBps = meta["copy_GBps"]
-    rows = []
+def bind(provider, inputs):
+    """A fresh optimizer on a copy of the start params; the call steps it and returns the params."""
+    start, grads = inputs
+    params = [w.clone().requires_grad_() for w in start]
+    for p, g in zip(params, grads):
+        p.grad = g
+    opt = PROVIDERS[provider](params)
+    return lambda: step(opt, params)
+
+
+def cases(config):
     for dtype in (torch.float32, torch.bfloat16):
-        for n in config["sizes"]:
-            measure_row(rows, copy_GBps, shape_str((n,)), [(n,)], dtype)
-        measure_row(rows, copy_GBps, model_row_name(config["model"]), config["model"], dtype)
-    return meta, rows
+        rows = [((n,), [(n,)]) for n in config["sizes"]] + [(model_row_name(config["model"]), config["model"])]
+        providers = PROVIDERS if dtype == torch.float32 else {p: PROVIDERS[p] for p in ("triton", "torch-foreach")}
+        for name, shapes in rows:
+            yield Case("adamw", shape_str(name), dtype, providers,
+                       lambda shapes=shapes, dtype=dtype: setup(shapes, dtype),
+                       n_bytes=BYTES_PER_PARAM[dtype] * sum(torch.Size(s).numel() for s in shapes), bind=bind,
+                       untimed=() if dtype == torch.float32 else ("torch-foreach",),
+                       skip_on=(RuntimeError, ValueError))  # fused=True where torch has no fused kernel
+
+
+def charts(args, config):
+    def draw(meta, rows):
+        for dtype in ("fp32", "bf16"):
+            sel = [r for r in rows if r["dtype"] == dtype]
+            plot_sweeps(args.out / f"optimizer_adamw_{dtype}.png", f"AdamW step {dtype}", sel, sweeps(config), meta)
+    return draw
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__)
     config = SMOKE if args.smoke else FULL
-    meta, rows = load_or_measure(args, "optimizer", lambda: measure(config, args.smoke))
-    for dtype in ("fp32", "bf16"):
-        sel = [r for r in rows if r["dtype"] == dtype]
-        plot_sweeps(args.out / f"optimizer_adamw_{dtype}.png", f"AdamW step {dtype}", sel, sweeps(config), meta)
+    run(args, "optimizer", charts(args, config), cases=lambda: cases(config))
 
 
 if __name__ == "__main__":

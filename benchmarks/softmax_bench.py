@@ -8,6 +8,7 @@ Sweeps: width N = 1024..262144 at 16M elements (M = 16M / N: 16384 x 1024 ... 64
 rows M = 1..16384 at N = 4096; fp16 and bf16. max_err: against torch.softmax in fp32.
     python benchmarks/softmax_bench.py            (GPU; writes benchmarks/results/softmax.json and PNGs)
     python benchmarks/softmax_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
+    python benchmarks/softmax_bench.py --only 4096 --dtype bf16 --csv softmax.csv   (a subset)
 """
 import pathlib
 import sys
@@ -17,11 +18,12 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
 from attention.triton_softmax import softmax  # noqa: E402
-from common.bench import compile_fn, time_ms  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.results import load_or_measure, make_row, parse_args, plot_sweeps, shape_str, start_run  # noqa: E402
-from common.testing import dtype_name  # noqa: E402
+from benchmarks.sweeps import randn, shapes_of  # noqa: E402
+from common.bench import compile_fn  # noqa: E402
+from common.harness import Case, parse_args, run  # noqa: E402
+from common.results import plot_sweeps  # noqa: E402
 
+DTYPES = (torch.float16, torch.bfloat16)
 ELEMENTS = 16 * 2 ** 20
 FULL_SWEEPS = [
     ("width N (16M elements)", [(n, (ELEMENTS // n, n)) for n in (1024, 2048, 4096, 8192, 16384, 32768,
@@ -37,36 +39,31 @@ def eager(x):
     return torch.softmax(x, -1)
 
 
-def measure(sweeps, smoke):
-    """Time every dtype, shape and provider; returns (meta, rows)."""
-    shapes = list(dict.fromkeys(s for _, points in sweeps for _, s in points))
-    meta = start_run(smoke)
-    copy_GBps = meta["copy_GBps"]
+def setup(m, n, dtype):
+    x = randn(m, n, dtype=dtype)
+    return (x,), torch.softmax(x.float(), -1)
+
+
+def cases(sweeps):
     providers = {"triton": softmax, "eager": eager, "torch.compile": compile_fn(eager)}
-    rows = []
-    for dtype in (torch.float16, torch.bfloat16):
-        for m, n in shapes:
-            x = torch.randn(m, n, device=DEVICE).to(dtype)
-            expected = torch.softmax(x.float(), -1)
-            for provider, fn in providers.items():
-                err = (fn(x).float() - expected).abs().max().item()  # also the warm-up
-                ms = time_ms(lambda: fn(x))
-                row = make_row("softmax", shape_str((m, n)), dtype_name(dtype), provider, ms, copy_GBps,
-                               n_bytes=2 * m * n * x.element_size(), max_err=err)
-                rows.append(row)
-                print(f"softmax {row['shape']:>12s} {row['dtype']} {provider:14s} {ms:9.4f} ms "
-                      f"{row['GBps']:8.1f} GB/s {row['pct_copy']:5.1f}% of copy  err {err:.2g}", flush=True)
-            del x, expected
-    return meta, rows
+    for dtype in DTYPES:
+        for m, n in shapes_of(sweeps):
+            yield Case("softmax", (m, n), dtype, providers, lambda m=m, n=n, dtype=dtype: setup(m, n, dtype),
+                       n_bytes=2 * m * n * dtype.itemsize)
+
+
+def charts(args, sweeps):
+    def draw(meta, rows):
+        for dtype in ("fp16", "bf16"):
+            sel = [r for r in rows if r["op"] == "softmax" and r["dtype"] == dtype]
+            plot_sweeps(args.out / f"softmax_{dtype}.png", f"softmax {dtype}", sel, sweeps, meta)
+    return draw
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__)
     sweeps = SMOKE_SWEEPS if args.smoke else FULL_SWEEPS
-    meta, rows = load_or_measure(args, "softmax", lambda: measure(sweeps, args.smoke))
-    for dtype in ("fp16", "bf16"):
-        sel = [r for r in rows if r["op"] == "softmax" and r["dtype"] == dtype]
-        plot_sweeps(args.out / f"softmax_{dtype}.png", f"softmax {dtype}", sel, sweeps, meta)
+    run(args, "softmax", charts(args, sweeps), cases=lambda: cases(sweeps))
 
 
 if __name__ == "__main__":

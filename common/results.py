@@ -1,72 +1,66 @@
-"""Benchmark results: the JSON every benchmark writes and the charts drawn from it.
+"""Benchmark results: the JSON every benchmark writes, its CSV form, and the charts drawn from it.
 
 File format, `<name>.json`:
-    {"meta": {"gpu", "torch", "triton", "copy_GBps", "date", "command"},
-     "rows": [{"op", "shape", "dtype", "provider", "ms", "GBps", "TFLOPs", "pct_copy", "max_err"}]}
+    {"meta": {"gpu", "torch", "triton", "copy_GBps", "date", "command", "commit", "dirty"},
+     "rows": [{"op", "shape", "dtype", "provider", "ms", "GBps", "TFLOPs", "pct_copy", "max_err", ...}]}
 """
-import argparse
+import csv
 import datetime
 import json
+import os
 import pathlib
 import shlex
+import subprocess
 import sys
 
 import torch
 
-from common.device import INTERPRET, describe
+from common.device import describe
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 SMOKE_DIR = ROOT / "build" / "bench-smoke"
+PARTIAL_DIR = ROOT / "build" / "bench-partial"
 
 
 def shape_str(shape):
-    """(16384, 4096) -> "16384x4096", the shape key of result rows and charts."""
-    return "x".join(str(d) for d in shape)
+    """(16384, 4096) -> "16384x4096", the shape key of result rows and charts; a string stays as is."""
+    return shape if isinstance(shape, str) else "x".join(str(d) for d in shape)
 
 
-def parse_args(description):
-    """Every benchmark's command line: --smoke runs tiny shapes in the interpreter into a scratch
-    folder; --replot redraws the charts from the JSON already in the results folder. A full run
-    needs a CUDA GPU; without one, say so in one line and exit 2."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes, any device, results into build/bench-smoke (numbers meaningless)")
-    parser.add_argument("--replot", action="store_true", help="redraw the charts from the results JSON")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder")
-    args = parser.parse_args()
-    if not args.smoke and not args.replot and INTERPRET:
-        print(f"{pathlib.Path(sys.argv[0]).name}: no CUDA GPU here; a benchmark needs one "
-              "(use --smoke to run the code on tiny shapes)", file=sys.stderr)
-        sys.exit(2)
-    args.out = args.out or (SMOKE_DIR if args.smoke else RESULTS_DIR)
-    args.out.mkdir(parents=True, exist_ok=True)
-    return args
-
-
-def start_run(smoke):
+def start_run(smoke, out_dir):
     """Measure the copy bandwidth (1 GB, far past L2; 1 MB in smoke mode) and return the run's meta."""
     from common.bench import copy_bandwidth_GBps
-    meta = make_meta(copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30))
-    print(f"copy bandwidth {meta['copy_GBps']:.0f} GB/s on {meta['gpu']}", flush=True)
+    meta = make_meta(copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30), out_dir)
+    print(f"copy bandwidth {meta['copy_GBps']:.0f} GB/s on {meta['gpu']}, commit {meta['commit']}"
+          + (" (dirty)" if meta["dirty"] else ""), flush=True)
     return meta
 
 
-def load_or_measure(args, name, measure):
-    """--replot: the meta and rows already in the results folder; otherwise run measure() -> (meta,
-    rows) and write them to <out>/<name>.json."""
-    if args.replot:
-        return read_json(args.out, name)
-    meta, rows = measure()
-    write_json(args.out, name, meta, rows)
-    return meta, rows
+def git_state(out_dir):
+    """(commit, dirty) of the checkout, the results folder being written left out of "dirty". A copy
+    of the tree without .git (the GPU machine's) reads BENCH_COMMIT and BENCH_DIRTY ("1"/"0") from
+    its caller instead; (None, None) when neither says."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        out = pathlib.Path(out_dir).resolve()
+        exclude = [f":(exclude){out.relative_to(ROOT)}"] if out.is_relative_to(ROOT) and out != ROOT else []
+        status = subprocess.run(["git", "status", "--porcelain", "--", ".", *exclude], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.CalledProcessError):
+        dirty = os.environ.get("BENCH_DIRTY")
+        return (os.environ.get("BENCH_COMMIT") or None,
+                None if dirty is None else dirty.strip().lower() in ("1", "true", "yes"))
 
 
-def make_meta(copy_GBps):
+def make_meta(copy_GBps, out_dir=RESULTS_DIR):
     import triton
+    commit, dirty = git_state(out_dir)
     return {"gpu": describe(), "torch": torch.__version__, "triton": triton.__version__,
-            "copy_GBps": round(copy_GBps, 1), "date": datetime.date.today().isoformat(),
-            "command": "python " + " ".join(shlex.quote(a) for a in sys.argv)}
+            "copy_GBps": float(f"{copy_GBps:.5g}"), "date": datetime.date.today().isoformat(),
+            "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "commit": commit, "dirty": dirty}
 
 
 def make_row(op, shape, dtype, provider, ms, copy_GBps, n_bytes=None, flops=None, max_err=None):
@@ -76,7 +70,7 @@ def make_row(op, shape, dtype, provider, ms, copy_GBps, n_bytes=None, flops=None
     return {"op": op, "shape": shape, "dtype": dtype, "provider": provider, "ms": round(ms, 5),
             "GBps": round(bw, 1) if bw is not None else None,
             "TFLOPs": round(tflops(flops, ms), 2) if flops is not None else None,
-            "pct_copy": round(100 * bw / copy_GBps, 1) if bw is not None else None,
+            "pct_copy": round(100 * bw / copy_GBps, 1) if bw is not None and copy_GBps > 0 else None,
             "max_err": None if max_err is None else float(f"{max_err:.3g}")}
 
 
@@ -92,12 +86,26 @@ def write_json(out_dir, name, meta, rows):
     return path
 
 
+def write_csv(path, rows):
+    """The rows as CSV, one column per field any row has (in first-seen order), blank where absent."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+
+
 def plot_sweeps(path, title, rows, sweeps, meta, metric="GBps"):
     """One PNG, one panel per sweep: `metric` against the swept dimension for every provider, with
-    the copy bandwidth as a line when the metric is GB/s.
+    the copy bandwidth as a line when the metric is GB/s. Nothing is drawn for no rows (a filtered run).
 
     rows: the result rows of one op and dtype. sweeps: [(xlabel, [(x, shape tuple), ...]), ...].
     """
+    if not rows:
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

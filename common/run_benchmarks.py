@@ -1,26 +1,50 @@
-"""`make bench` (GPU) and `make bench-smoke` (anywhere, tiny shapes, scratch folder): run every
-benchmarks/*_bench.py in turn; exit nonzero if any fails."""
+"""`make bench` (GPU) and `make bench-smoke` (anywhere, tiny shapes, scratch folder): run
+benchmarks/*_bench.py in turn, every one or those named; exit nonzero if any fails (an error, or a
+row over the max_err gate)."""
+import argparse
 import pathlib
 import subprocess
 import sys
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
-from common.device import INTERPRET
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def main(args):
-    smoke = "--smoke" in args
-    if INTERPRET and not smoke:
+def benchmarks():
+    """{name: script path relative to the root}: "norm" for benchmarks/norm_bench.py."""
+    return {p.name[:-len("_bench.py")]: p.relative_to(ROOT) for p in sorted((ROOT / "benchmarks").glob("*_bench.py"))}
+
+
+def parse_args(argv):
+    names = benchmarks()
+    parser = argparse.ArgumentParser(
+        prog="python -m common.run_benchmarks", description=" ".join(__doc__.split()),
+        epilog="Any other option goes to every benchmark (--only, --dtype, --warmup, --rep, --out, --replot; "
+               "see python benchmarks/norm_bench.py --help). "
+               "make bench BENCH=norm,attention and make bench-smoke BENCH=norm ARGS='--dtype bf16' pass the same.")
+    parser.add_argument("--bench", default=None, metavar="NAMES",
+                        help=f"comma list of benchmarks to run (default: all of {', '.join(names)})")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes in the interpreter, into build/bench-smoke")
+    args, rest = parser.parse_known_args(argv)
+    chosen = [n.strip() for n in args.bench.split(",") if n.strip()] if args.bench else list(names)
+    unknown = [n for n in chosen if n not in names]
+    if unknown:
+        parser.error(f"--bench: unknown {', '.join(unknown)}; expected names from {', '.join(names)}")
+    return args, [names[n] for n in chosen], rest
+
+
+def main(argv):
+    args, scripts, rest = parse_args(argv)
+    import common  # noqa: F401  (interpreter switch before triton is imported)
+    from common.device import INTERPRET
+    if INTERPRET and not args.smoke and "--replot" not in rest:
         print("make bench: no CUDA GPU on this machine; benchmarks need one "
               "(`make bench-smoke` runs their code on tiny shapes in the interpreter)", file=sys.stderr)
         return 2
+    forwarded = (["--smoke"] if args.smoke else []) + rest
     failed = []
-    for script in sorted((ROOT / "benchmarks").glob("*_bench.py")):
-        rel = script.relative_to(ROOT)
-        print(f"\n=== {rel} {' '.join(args)}", flush=True)
-        if subprocess.call([sys.executable, "-u", str(rel), *args], cwd=ROOT) != 0:
+    for rel in scripts:
+        print(f"\n=== {rel} {' '.join(forwarded)}", flush=True)
+        if subprocess.call([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT) != 0:
             failed.append(str(rel))
     if failed:
         print(f"\nbenchmarks that failed: {', '.join(failed)}", file=sys.stderr)

@@ -1,5 +1,9 @@
 """`make test`: run every */test_*.py as its own process, stream its table, and end with one line
-`N passed, M failed` counting cases over all scripts. Exit 1 if any case failed or a script died."""
+counting cases over all scripts: `N passed, M failed`, then `, K skipped (reason)` when some script
+could not run its cases here (no CUDA toolchain, an optional package missing), one reason per kind
+of skip. Exit 1 if any case failed, or a script died or ran nothing without saying why."""
+import argparse
+import concurrent.futures
 import pathlib
 import re
 import subprocess
@@ -7,38 +11,73 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-COUNT = re.compile(r"^(\d+) passed, (\d+) failed$")
+# common.testing.count_line writes it
+COUNT = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped \((.*)\))?$")
 
 
-def main(patterns):
-    scripts = sorted(p for pat in patterns for p in ROOT.glob(pat))
-    passed = failed = 0
-    broken = []
-    for script in scripts:
-        rel = script.relative_to(ROOT)
-        print(f"\n=== {rel}", flush=True)
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-u", str(rel)], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        counts = None
-        for line in proc.stdout:
+def run_script(rel, stream):
+    """Run one test script; (passed, failed, skipped, skip reason) or None if it printed no count
+    line, its exit code, and its output (streamed as it comes when `stream`, else returned whole)."""
+    proc = subprocess.Popen([sys.executable, "-u", str(rel)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    counts, lines = None, []
+    for line in proc.stdout:
+        if stream:
             print(line, end="", flush=True)
-            m = COUNT.match(line.strip())
-            counts = (int(m[1]), int(m[2])) if m else counts
-        proc.wait()
-        print(f"=== {rel}: exit {proc.returncode} in {time.perf_counter() - t0:.0f}s", flush=True)
-        if counts is None:  # died before its table: count it as one failed case
-            broken.append(str(rel))
-            counts = (0, 1)
-        elif proc.returncode != 0 and counts[1] == 0:
-            broken.append(str(rel))
-            counts = (counts[0], 1)
-        passed, failed = passed + counts[0], failed + counts[1]
+        else:
+            lines.append(line)
+        m = COUNT.match(line.strip())
+        counts = (int(m[1]), int(m[2]), int(m[3] or 0), m[4]) if m else counts
+    proc.wait()
+    return counts, proc.returncode, "".join(lines)
+
+
+def timed_run(rel, stream):
+    t0 = time.perf_counter()
+    return (*run_script(rel, stream), time.perf_counter() - t0)
+
+
+def main(patterns, jobs=1):
+    """Run the scripts matching `patterns`, `jobs` at a time (each script's output is then printed
+    whole when it ends, in the order they end: compiling dominates on a GPU, and uses CPU cores)."""
+    scripts = sorted(p.relative_to(ROOT) for pat in patterns for p in ROOT.glob(pat))
+    passed = failed = 0
+    skipped = {}  # reason -> cases
+    broken = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        if jobs == 1:
+            for rel in scripts:
+                print(f"\n=== {rel}", flush=True)
+        futures = {pool.submit(timed_run, rel, jobs == 1): rel for rel in scripts}
+        for future in concurrent.futures.as_completed(futures):
+            rel = futures[future]
+            counts, code, output, seconds = future.result()
+            if jobs > 1:
+                print(f"\n=== {rel}\n{output}", end="", flush=True)
+            print(f"=== {rel}: exit {code} in {seconds:.0f}s", flush=True)
+            if counts is None:  # died before its count line: one failed case
+                broken.append(str(rel))
+                counts = (0, 1, 0, None)
+            elif code != 0 and counts[1] == 0:  # ran nothing and gave no reason, or died after its table
+                broken.append(str(rel))
+                counts = (counts[0], 1, counts[2], counts[3])
+            passed, failed = passed + counts[0], failed + counts[1]
+            if counts[2]:
+                skipped[counts[3]] = skipped.get(counts[3], 0) + counts[2]
     if broken:
-        print(f"\nscripts that did not finish cleanly: {', '.join(broken)}")
-    print(f"\n{passed} passed, {failed} failed")
+        print(f"\nscripts that did not finish cleanly: {', '.join(sorted(broken))}")
+    line = f"{passed} passed, {failed} failed"
+    if skipped:
+        reasons = "; ".join(reason if len(skipped) == 1 else f"{n} {reason}" for reason, n in skipped.items())
+        line += f", {sum(skipped.values())} skipped ({reasons})"
+    print(f"\n{line}")
     return 1 if failed or not scripts else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["*/test_*.py"]))
+    parser = argparse.ArgumentParser(description="Run test scripts; the last line counts their cases.")
+    parser.add_argument("patterns", nargs="*", default=["*/test_*.py"], help="globs from the repository root")
+    parser.add_argument("--jobs", "-j", type=int, default=1,
+                        help="scripts run at once (default 1, streamed; more prints each script when it ends)")
+    args = parser.parse_args()
+    sys.exit(main(args.patterns, max(1, args.jobs)))

@@ -5,15 +5,21 @@ per case, then a tabulate table, then `N passed, M failed`, exit code 1 on any f
 `conftest.py` hands the same list to pytest, so there is one source of cases. Cases marked
 `gpu_only` are too big for Triton's interpreter and run only when a CUDA device is present.
 
+A script whose cases cannot run on this machine at all (no CUDA toolchain, an optional package
+missing) passes `skip_reason`: its cases count as skipped, with the reason, in the closing line
+`N passed, M failed, K skipped (reason)`. A script that runs no case and gives no reason fails.
+
 Tolerance rule (from flash-attention's tests): an output passes when every element is within
 `atol + rtol * |ref|` of a reference computed in fp32/fp64 from the same inputs, and, when the test
 supplies PyTorch's own same-dtype result, its max error is at most 2x PyTorch's plus `atol`.
+An fp16/bf16 output must also be rounded to nearest: see `rounding_bias`.
 """
 import math
 import os
 import random
 import sys
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,9 +32,14 @@ from common.validation import DTYPE_NAMES
 
 @dataclass(frozen=True)
 class Tol:
+    """Per element: |out - ref| <= atol + rtol * |ref|. atol: a float, or a tensor of ref's shape
+    (a bound for each element, from an error model that varies over the output). rounding_check:
+    whether compare() also tests fp16/bf16 outputs for a rounding bias (off for error models that
+    are not one rounding of an accurate fp32 value)."""
     atol: float
     rtol: float
     why: str
+    rounding_check: bool = True
 
 
 # One table for every kernel whose output is computed in fp32 and rounded once to the output dtype.
@@ -56,24 +67,53 @@ class Outcome:
     note: str = ""
 
 
+# Rounding to nearest leaves a mean signed error (in |value|, per ulp of the reference) of ~0;
+# rounding toward zero (truncation) leaves -0.5, away from zero +0.5. Over 512 values the mean of
+# uniform errors in [-0.5, 0.5] ulp has a standard deviation of 0.29 / sqrt(512) = 0.013 ulp, so
+# 0.25 is 20 standard deviations from a false alarm and half the distance to truncation.
+ROUNDING_BIAS_LIMIT = 0.25
+ROUNDING_MIN_VALUES = 512
+
+
+def rounding_bias(out, ref, dtype):
+    """Mean of (|out| - |ref|) / ulp(ref), each clipped to [-1, 1], over the outputs that are
+    normal numbers in `dtype` (fp16 or bf16), or None with fewer than ROUNDING_MIN_VALUES of them.
+    out, ref: fp64 copies. The clip keeps the errors of other origin (a kernel's own rounding of
+    intermediates, larger than an ulp of a small output, and of either sign) from drowning the
+    rounding's half ulp."""
+    tiny, eps = torch.finfo(dtype).tiny, torch.finfo(dtype).eps
+    keep = out.isfinite() & ref.isfinite() & (ref.abs() >= tiny)
+    o, r = out[keep], ref[keep]
+    if r.numel() < ROUNDING_MIN_VALUES:
+        return None
+    _, exponent = torch.frexp(r)  # |r| = m * 2^exponent, m in [0.5, 1): the ulp is eps * 2^(exponent - 1)
+    ulp = torch.ldexp(torch.full_like(r, eps), exponent - 1)
+    return ((o.abs() - r.abs()) / ulp).clamp(-1.0, 1.0).mean().item()
+
+
 def compare(check, out, ref, tol=None, torch_out=None):
     """Compare `out` with `ref` (computed in fp32 or fp64 from the same inputs).
 
     out, ref: same shape. tol: a Tol, by default TOLERANCES[out.dtype]. torch_out: PyTorch's own
     result in out's dtype, if there is one; its error against `ref` bounds ours (2x plus atol).
-    NaN where the reference is finite, or a different NaN/inf pattern, always fails.
+    NaN where the reference is finite, or a different NaN/inf pattern, always fails. An fp16 or
+    bf16 output of 512+ values must not be biased by more than ROUNDING_BIAS_LIMIT ulp (a kernel
+    that truncates instead of rounding to nearest fails, though each value is within an ulp).
     """
     tol = tol or TOLERANCES[out.dtype]
     if tuple(out.shape) != tuple(ref.shape):
         return Outcome(check, False, note=f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
     o, r = out.detach().double(), ref.detach().double()
+    atol = tol.atol.detach().double() if torch.is_tensor(tol.atol) else tol.atol
+    atol_max = (atol.max().item() if atol.numel() else 0.0) if torch.is_tensor(atol) else atol
     diff = (o - r).abs()
     same_special = (o.isnan() & r.isnan()) | (o.isinf() & (o == r))
-    ok = (diff <= tol.atol + tol.rtol * r.abs()) | same_special
+    ok = (diff <= atol + tol.rtol * r.abs()) | same_special
     finite = ~same_special
     max_abs = diff[finite].max().item() if finite.any() else 0.0
     rel = diff / r.abs().clamp_min(1e-30)
-    max_rel = rel[finite & (r.abs() > tol.atol)].max().item() if (finite & (r.abs() > tol.atol)).any() else 0.0
+    relative = finite & (r.abs() > atol)
+    max_rel = rel[relative].max().item() if relative.any() else 0.0
     n_bad = int((~ok).sum().item())
     first_bad = ""
     if n_bad:
@@ -82,14 +122,20 @@ def compare(check, out, ref, tol=None, torch_out=None):
         first_bad = f"{idx}: {o[idx].item():.6g} vs {r[idx].item():.6g}"
     passed = n_bad == 0
     torch_err = float("nan")
-    note = ""
+    notes = []
     if torch_out is not None:
         torch_err = (torch_out.detach().double() - r).abs().nan_to_num(nan=math.inf).max().item() if r.numel() else 0.0
-        if not max_abs <= 2 * torch_err + tol.atol:
+        if not max_abs <= 2 * torch_err + atol_max:
             passed = False
-            note = "error above 2x PyTorch's own"
+            notes.append("error above 2x PyTorch's own")
+    if tol.rounding_check and out.dtype in (torch.float16, torch.bfloat16):
+        bias = rounding_bias(o, r, out.dtype)
+        if bias is not None and abs(bias) > ROUNDING_BIAS_LIMIT:
+            passed = False
+            notes.append(f"rounding bias {bias:+.2f} ulp (round to nearest: ~0)")
+    note = "; ".join(notes)
     return Outcome(check, passed, max_abs, max_rel, f"{n_bad}/{o.numel()}", first_bad,
-                   f"{tol.atol:.0e}+{tol.rtol:.1e}|ref|", torch_err, note)
+                   f"{'<=' if torch.is_tensor(atol) else ''}{atol_max:.0e}+{tol.rtol:.1e}|ref|", torch_err, note)
 
 
 def expect_raises(check, fn, exc_types=(ValueError, TypeError), match=""):
@@ -168,11 +214,33 @@ def _fmt(x):
     return "" if isinstance(x, float) and math.isnan(x) else (f"{x:.3g}" if isinstance(x, float) else x)
 
 
-def run_cases(title, cases):
+def quiet_interpreter():
+    """In the interpreter lane, numpy warns from inside interpreted kernels where fp32 math
+    overflows or meets inf on purpose (exp of a masked -inf score, 0 * inf in a masked lane): the
+    results are checked, so those warnings are noise. Only warnings raised by the interpreter's
+    own numpy calls are silenced; our Python code's warnings still show."""
+    if INTERPRET:
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+
+
+def count_line(n_pass, n_fail, n_skip=0, skip_reason=None):
+    """The closing line run_tests reads: `N passed, M failed[, K skipped (reason)]`."""
+    return f"{n_pass} passed, {n_fail} failed" + (f", {n_skip} skipped ({skip_reason})" if n_skip else "")
+
+
+def run_cases(title, cases, skip_reason=None):
     """Run the tier's cases with a progress line each, print the table and the count; return the
-    exit code (1 if any case failed)."""
+    exit code (1 if any case failed, or if no case ran and there is no skip_reason).
+
+    skip_reason: why none of `cases` can run on this machine (a short phrase, e.g. "no CUDA
+    toolchain"); every case then counts as skipped and none runs."""
     from tabulate import tabulate
 
+    if skip_reason is not None:
+        print(f"{title}: {len(cases)} cases skipped: {skip_reason}")
+        print(count_line(0, 0, len(cases), skip_reason), flush=True)
+        return 0
+    quiet_interpreter()
     seed = base_seed()
     chosen = select_cases(cases)
     print(f"{title}: {len(chosen)} of {len(cases)} cases on {describe()}, TEST_SEED={seed}", flush=True)
@@ -189,9 +257,11 @@ def run_cases(title, cases):
                          o.limit, _fmt(o.torch_err), "PASS" if o.passed else "FAIL", o.note])
     print(tabulate(rows, headers=["case", "check", "max abs", "max rel", "bad", "first bad",
                                   "tolerance", "torch err", "result", "note"]))
-    print(f"{n_pass} passed, {n_fail} failed", flush=True)
-    return 1 if n_fail else 0
+    if not chosen:
+        print(f"{title}: no case ran, and no reason to skip was given")
+    print(count_line(n_pass, n_fail), flush=True)
+    return 1 if n_fail or not chosen else 0
 
 
-def main(title, cases):
-    sys.exit(run_cases(title, cases))
+def main(title, cases, skip_reason=None):
+    sys.exit(run_cases(title, cases, skip_reason))

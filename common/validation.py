@@ -48,3 +48,75 @@ def as_rows(t):
         return t.view(-1, n_cols)
     except RuntimeError:  # leading dims that cannot be merged into one row index
         return t.reshape(-1, n_cols)
+
+
+def check_norm_args(x, weight, eps, x_name="x", weight_name="weight"):
+    """Argument checks of the row-wise norms (RMSNorm, LayerNorm; Triton and CUDA); returns N, the
+    normalized size. weight may be None (no affine weight)."""
+    check_tensor(x_name, x)
+    n_cols = x.shape[-1]
+    if weight is not None:
+        check_tensor(weight_name, weight)
+        check_same_device(weight_name, weight, x_name, x)
+        if tuple(weight.shape) != (n_cols,):
+            raise ValueError(f"{weight_name} must have shape ({n_cols},) to match the last dim of "
+                             f"{x_name} {tuple(x.shape)}; got {tuple(weight.shape)}")
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    return n_cols
+
+
+def check_swiglu_args(gate, up):
+    """Argument checks of SwiGLU (Triton and CUDA): gate and up of one shape, dtype and device."""
+    check_tensor("gate", gate)
+    check_tensor("up", up)
+    check_same_device("up", up, "gate", gate)
+    if up.dtype != gate.dtype:
+        raise TypeError(f"up must have gate's dtype {gate.dtype}; got {up.dtype}")
+    if up.shape != gate.shape:
+        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}; got {tuple(up.shape)}")
+
+
+ROPE_MAX_HEAD_DIM = 1024  # the RoPE kernels (Triton and CUDA) hold half a head in one block
+
+
+def check_rope_args(q, k, cos, sin, interleaved):
+    """Argument checks of RoPE (Triton and CUDA): q (B, H, T, D), k (B, Hkv, T, D) of one dtype,
+    cos/sin tables (T, D), (1, T, D) or (B, T, D); raises naming the first bad argument."""
+    check_tensor("q", q)
+    check_tensor("k", k)
+    check_same_device("k", k, "q", q)
+    if q.dim() != 4 or k.dim() != 4:
+        bad = "q" if q.dim() != 4 else "k"
+        raise ValueError(f"{bad} must have 4 dims (B, heads, T, D), got shape {tuple((q if bad == 'q' else k).shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}; got {k.dtype}")
+    batch, _, seq_len, head_dim = q.shape
+    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq_len, head_dim):
+        raise ValueError(f"k must be (B, Hkv, T, D) with q's B = {batch}, T = {seq_len}, D = {head_dim}; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if head_dim % 2 or head_dim > ROPE_MAX_HEAD_DIM:
+        raise ValueError(f"q and k need an even head dim D <= {ROPE_MAX_HEAD_DIM} (pairs of features "
+                         f"are rotated); got D = {head_dim}")
+    for name, table in (("cos", cos), ("sin", sin)):
+        check_tensor(name, table, dtypes=tuple(dict.fromkeys((torch.float32, q.dtype))))
+        check_same_device(name, table, "q", q)
+        shape = tuple(table.shape)
+        if not (shape == (seq_len, head_dim) or (len(shape) == 3 and shape[0] in (1, batch)
+                                                  and shape[1:] == (seq_len, head_dim))):
+            raise ValueError(f"{name} must have shape (T, D) = {(seq_len, head_dim)}, (1, T, D) or "
+                             f"(B, T, D) = {(batch, seq_len, head_dim)}; got {shape}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+
+
+def rope_outputs(q, k, out):
+    """(q_out, k_out): the checked `out` pair, or new contiguous tensors shaped and typed like q, k."""
+    if out is None:
+        return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                torch.empty(k.shape, dtype=k.dtype, device=k.device))
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out must be a (q_out, k_out) pair or None, got {type(out).__name__}")
+    check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
+    check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
+    return tuple(out)

@@ -27,18 +27,15 @@ def pack_size(elem_size, vector):
 
 
 # ---- RMSNorm ----
-# Measured on an H200 with scripts/tune/cuda_sweep.py (16-bit rows, % of the copy bandwidth).
+# Measured by scripts/tune/cuda_sweep.py on an H200 (16-bit rows); the figures: docs/tuning/cuda_cpp.md.
 #   rows of at most WARP_ROW_PACKS packs: one warp a row (32 threads x up to 2 packs), ROWS_PER_BLOCK
 #       rows a block: a row this short is too little work for a block, and a warp needs no barrier.
 #   up to CACHED_ROW_PACKS: the row in registers, all loads issued before the sum. Two packs a
-#       thread while that takes at most 512 threads (N <= 8192), four beyond: at N = 1024-2048 two
-#       packs on twice the threads run 4-7% faster than four (N = 1024: 71% of copy against 67%
-#       for a warp with four), equal at 4096-8192; at N = 16384 four packs on 512 threads reach 92-94%,
-#       while 1024 threads with two spill in bf16 (68%).
-#   wider rows: two passes, a thread moving 4 packs a trip; the second read comes from L2 (N = 32768
-#       bf16: 64 KB a row, a few rows an SM in flight, far below the 50 MB L2). At least two trips a
-#       thread, at most 1024 threads: 512 at N = 32768 (83%; 1024 threads 79%), 1024 from 65536
-#       (82% against 74% with 512).
+#       thread while that takes at most 512 threads (N <= 8192): more threads in flight beat more
+#       packs a thread there; four beyond, where 1024 threads with two spill in bf16.
+#   wider rows: two passes, a thread moving 4 packs a trip; the second read comes from L2 (a few
+#       64 KB rows an SM in flight, far below the 50 MB L2). At least two trips a thread, at most
+#       1024 threads.
 WARP_ROW_PACKS = 64           # N <= 512 fp16 / bf16, 256 fp32
 ROWS_PER_BLOCK = 4            # 128-thread blocks
 CACHED_SMALL_PACKS = 2        # packs a thread of the register-cached kernel while threads <= 512
@@ -74,10 +71,9 @@ def rmsnorm_config(n_cols, elem_size, vector):
 
 # ---- SwiGLU ----
 # A block moves SWIGLU_THREADS x SWIGLU_PACKS packs of y (and twice that read): 2 packs are 64 bytes
-# of loads in flight a thread. Measured on an H200: 128-thread blocks run 0.3-3.8% faster than 256
-# from 4096x11008 up (the finer grid evens out the last wave) and within 1% of the best at
-# 1024x14336; 4 packs a thread are 5-25% slower. The scalar path moves 2-byte values, so 4 a thread
-# keep as many loads in flight as it can.
+# of loads in flight a thread. 128-thread blocks: the finer grid evens out the last wave; 4 packs a
+# thread were slower (scripts/tune/cuda_sweep.py on an H200; docs/tuning/cuda_cpp.md). The scalar
+# path moves 2-byte values, so 4 a thread keep as many loads in flight as it can.
 SWIGLU_THREADS = 128
 SWIGLU_PACKS = 2
 SWIGLU_SCALARS = 4
@@ -98,10 +94,10 @@ def swiglu_config(vector):
 # D = 128 fp16), and threads along the heads, each rotating HEADS_PER_TRIP heads a trip. Heads are
 # spread so that no thread idles in the last trip: Llama's 32 + 8 heads at D = 128 give 7 threads
 # x 3 trips x 2 heads, a 56-thread block. About ROPE_THREADS threads a block at most: the half
-# layout's 16-bit kernels take 93-113 registers (four fp32 table columns, two heads' packs). Measured
-# on an H200: small blocks, each looping over its position's heads, run 2-9% faster than one trip
-# (8 x 20 threads) at D = 128 and 3-7% at D = 256: more blocks an SM, and the cos/sin row loaded
-# once serves more heads a thread. At D = 64 (4 x 10 threads) they are 4% slower than 4 x 20.
+# layout's 16-bit kernels take about a hundred registers (four fp32 table columns, two heads'
+# packs). Small blocks, each looping over its position's heads, win at D = 128 and 256: more blocks
+# an SM, and the cos/sin row loaded once serves more heads a thread (scripts/tune/cuda_sweep.py on
+# an H200; docs/tuning/cuda_cpp.md).
 ROPE_THREADS = 64
 HEADS_PER_TRIP = 2  # as in csrc/rope.cu
 

@@ -4,8 +4,8 @@
     apply_rope(q, k, cos, sin, interleaved=False, out=None)    as attention/triton_rope.py
     swiglu(gate, up, out=None)                                  as mlp/triton_swiglu.py
 
-Same math (fp32 inside, one rounding to the input dtype), same argument checks and messages (the
-Triton launchers' own check functions), plus one: tensors must be on a CUDA device. The kernels are
+Same math (fp32 inside, one rounding to the input dtype), the Triton launchers' argument checks and
+messages (common/validation.py), plus one: tensors must be on a CUDA device. The kernels are
 compiled at the first call (cuda_cpp/extension.py); bad input raises before that.
 
 Layouts: the last dim must be unit-stride for 16-byte packs; any other stride is taken as it is
@@ -17,12 +17,9 @@ last dim is strided, or whose leading dims cannot merge into one row index, are 
 """
 import torch
 
-from attention.triton_rope import check_rope_args, rope_outputs
-from common.validation import as_rows, check_out
+from common.validation import as_rows, check_norm_args, check_out, check_rope_args, check_swiglu_args, rope_outputs
 from cuda_cpp.extension import extension
 from cuda_cpp.launch_config import PACK_BYTES, pack_size, rmsnorm_config, rope_config, swiglu_config
-from mlp.triton_swiglu import check_swiglu_args
-from normalization.triton_rmsnorm import check_norm_args
 
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # csrc/common.cuh DType
 

@@ -5,8 +5,8 @@ the switch points of cuda_cpp/launch_config.py and both paths of every kernel (1
 scalar tail, and the scalar variant for misaligned or strided data).
 
 Every case needs a CUDA device and nvcc (the kernels are compiled at first use, in well under a
-minute):
-all are `gpu_only`, so on a CPU the script runs none and says why.
+minute): all are `gpu_only`, and without them every case counts as skipped ("no CUDA toolchain").
+The checks shared with the Triton kernels' tests are in common/checks/.
 
     python cuda_cpp/test_cuda_kernels.py        (or: pytest cuda_cpp/test_cuda_kernels.py)
 """
@@ -19,8 +19,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from attention.rope import apply_rope_ref  # noqa: E402
-from attention import test_rope  # noqa: E402
-from attention.test_rope import make_table  # noqa: E402
+from common.checks import rmsnorm as norm_checks  # noqa: E402
+from common.checks import rope as rope_checks  # noqa: E402
+from common.checks.swiglu import inputs as swiglu_inputs  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
 from cuda_cpp.extension import unavailable_reason  # noqa: E402
@@ -31,8 +32,6 @@ from mlp.gelu import swiglu_ref  # noqa: E402
 from mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected  # noqa: E402
 from mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS  # noqa: E402
 from mlp.mlp_cases import huge_rows as swiglu_huge_rows  # noqa: E402
-from mlp.test_swiglu import inputs as swiglu_inputs  # noqa: E402
-from normalization import test_rmsnorm  # noqa: E402
 from normalization.norm_cases import norm_inputs  # noqa: E402
 from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
 
@@ -91,12 +90,12 @@ def check_rmsnorm_empty():
 
 
 def rmsnorm_cases():
-    cases = [Case(f"rmsnorm {name}", test_rmsnorm.check, dict(kwargs, impl=rmsnorm), gpu_only=True)
+    cases = [Case(f"rmsnorm {name}", norm_checks.check, dict(kwargs, impl=rmsnorm), gpu_only=True)
              for name, kwargs, _ in norm_inputs()]
 
     def add(shape, dtype, **extra):
         label = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
-        cases.append(Case(f"rmsnorm {tuple(shape)} {dtype_name(dtype)} {label}".strip(), test_rmsnorm.check,
+        cases.append(Case(f"rmsnorm {tuple(shape)} {dtype_name(dtype)} {label}".strip(), norm_checks.check,
                           dict(shape=shape, dtype=dtype, impl=rmsnorm, **extra), gpu_only=True))
 
     for dtype in DTYPES:
@@ -114,40 +113,30 @@ def rmsnorm_cases():
               Case("rmsnorm every kernel (1, 4099)", check_rmsnorm_variants, dict(shape=(1, 4099)), gpu_only=True),
               Case("rmsnorm every kernel (6, 1000) strided", check_rmsnorm_variants,
                    dict(shape=(6, 1000), pad=(0, 1)), gpu_only=True),
-              Case("rmsnorm allocates its output", test_rmsnorm.check_own_buffer, dict(impl=rmsnorm), gpu_only=True),
+              Case("rmsnorm allocates its output", norm_checks.check_own_buffer, dict(impl=rmsnorm), gpu_only=True),
               Case("rmsnorm bad input", check_rmsnorm_errors, gpu_only=True),
               Case("rmsnorm empty input", check_rmsnorm_empty, gpu_only=True)]
-    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", test_rmsnorm.check_huge, dict(n_cols=n, impl=rmsnorm), gpu_only=True)
+    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", norm_checks.check_huge, dict(n_cols=n, impl=rmsnorm), gpu_only=True)
               for kernel, n in (("warp a row", 1000), ("row in registers", 4096), ("looped", 65536))]
     return cases
 
 
 # ---- RoPE ----
 
-def rope_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, strided):
-    if strided == "BTHD":  # the projection's (B, T, H, D) layout seen as (B, H, T, D): read in place
-        return (rand((batch, seq_len, heads, head_dim), dtype).transpose(1, 2),
-                rand((batch, seq_len, kv_heads, head_dim), dtype).transpose(1, 2))
-    if strided == "every other feature":  # stride 2 along D: the scalar kernel
-        return (rand((batch, heads, seq_len, 2 * head_dim), dtype)[..., ::2],
-                rand((batch, kv_heads, seq_len, 2 * head_dim), dtype)[..., 1::2])
-    return rand((batch, heads, seq_len, head_dim), dtype), rand((batch, kv_heads, seq_len, head_dim), dtype)
-
-
 def rope_table(batch, seq_len, head_dim, layout, kind, dtype, sin_dtype=None):
-    """attention/test_rope.py's tables, plus "T,D misaligned": columns 1.. of a (T, D + 1) buffer
+    """common/checks/rope.py's tables, plus "T,D misaligned": columns 1.. of a (T, D + 1) buffer
     (odd row stride, base off 16 bytes), which the packed kernel cannot read; sin_dtype: a sin
     table in another dtype than cos."""
     if layout == "T,D misaligned":
         cos, sin = (rand((seq_len, head_dim + 1), dtype)[:, 1:] for _ in range(2))
     else:
-        cos, sin = make_table(batch, seq_len, head_dim, layout, kind, dtype)
+        cos, sin = rope_checks.make_table(batch, seq_len, head_dim, layout, kind, dtype)
     return cos, (sin.to(sin_dtype) if sin_dtype else sin)
 
 
 def check_rope(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
                table_dtype=None, sin_dtype=None, strided=None):
-    q, k = rope_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
+    q, k = rope_checks.make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
     cos, sin = rope_table(batch, seq_len, head_dim, layout, kind, table_dtype or dtype, sin_dtype)
     out = (poisoned(q.shape, dtype), poisoned(k.shape, dtype))
     q_out, k_out = apply_rope(q, k, cos, sin, interleaved, out=out)
@@ -159,7 +148,7 @@ def check_rope(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=Fal
 
 def check_rope_errors():
     q, k = rand((2, 4, 6, 64), torch.float16), rand((2, 2, 6, 64), torch.float16)
-    cos, sin = make_table(2, 6, 64, "T,D", "rope", torch.float32)
+    cos, sin = rope_checks.make_table(2, 6, 64, "T,D", "rope", torch.float32)
     odd_q, odd_k = rand((2, 4, 6, 63), torch.float16), rand((2, 2, 6, 63), torch.float16)
     odd_cos = rand((6, 63), torch.float32)
     return [
@@ -215,10 +204,10 @@ def rope_cases():
         for head_dim in (80, 96, 256):
             add(2, 32, 8, 1000, head_dim, dtype, kind="random", layout="B,T,D")
     add(1, 32, 8, 8192, 128, torch.float32, table_dtype=torch.float32, strided="BTHD")
-    return cases + [Case("rope allocates its output", test_rope.check_own_buffer, dict(impl=apply_rope), gpu_only=True),
+    return cases + [Case("rope allocates its output", rope_checks.check_own_buffer, dict(impl=apply_rope), gpu_only=True),
                     Case("rope bad input", check_rope_errors, gpu_only=True),
-                    Case("rope empty input", test_rope.check_empty, dict(impl=apply_rope), gpu_only=True),
-                    Case("rope 2^31+ elements", test_rope.check_huge, dict(impl=apply_rope), gpu_only=True)]
+                    Case("rope empty input", rope_checks.check_empty, dict(impl=apply_rope), gpu_only=True),
+                    Case("rope 2^31+ elements", rope_checks.check_huge, dict(impl=apply_rope), gpu_only=True)]
 
 
 # ---- SwiGLU ----
@@ -348,22 +337,24 @@ CASES = rmsnorm_cases() + rope_cases() + swiglu_cases()
 
 
 def skip_reason():
-    """Why no case can run here (no GPU, no nvcc, ...), or None."""
-    if unavailable_reason() is not None:
-        return unavailable_reason()
-    return "TRITON_INTERPRET=1 puts the tests' tensors on the CPU" if INTERPRET else None
+    """Why no case can run here, as (short reason for the count line, detail), or None."""
+    detail = unavailable_reason()
+    if detail is not None:
+        return "no CUDA toolchain", detail
+    if INTERPRET:
+        return "TRITON_INTERPRET=1", "TRITON_INTERPRET=1 puts the tests' tensors on the CPU"
+    return None
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
     if skip_reason() is not None:
         import pytest
-        pytest.skip(skip_reason())
+        pytest.skip(skip_reason()[1])
     case.check()
 
 
 if __name__ == "__main__":
     reason = skip_reason()
     if reason is not None:
-        print(f"cuda kernels: every case skipped: {reason}")
-    # without a GPU the harness drops the gpu_only cases itself; with one but no nvcc, so do we
-    main("cuda kernels", CASES if reason is None or INTERPRET else [c for c in CASES if not c.gpu_only])
+        print(f"cuda kernels: {reason[1]}")
+    main("cuda kernels", CASES, skip_reason=reason and reason[0])

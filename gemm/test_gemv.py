@@ -1,5 +1,5 @@
 """Tests for gemm/triton_gemv.py (M = 1) against the fp64 product of the same fp16/bf16 inputs and
-PyTorch's same-dtype torch.matmul with its bias and activation ops, with gemm/test_matmul.py's
+PyTorch's same-dtype torch.matmul with its bias and activation ops, with common/checks/matmul.py's
 reference and tolerance (fp32 accumulation over K, one rounding; at most 2x PyTorch's own error
 plus atol).
 
@@ -19,13 +19,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from common.device import DEVICE, INTERPRET  # noqa: E402
+from common.checks.matmul import reference, tolerance, torch_same_dtype  # noqa: E402
+from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
 from common.ints import cdiv  # noqa: E402
 from common.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand  # noqa: E402
 from common.workspace import split_k_buffers  # noqa: E402
-from gemm.test_matmul import reference, tolerance, torch_same_dtype  # noqa: E402
-from gemm.triton_gemv import (GEMV_CONFIGS, MIN_SLICE_STEPS, gemv_plan, is_row_major, launch_gemv,  # noqa: E402
-                              plan_for, sm_count)
+from gemm.triton_gemv import (GEMV_CONFIGS, INTERPRET_SMS, MIN_SLICE_STEPS, gemv_plan, is_row_major,  # noqa: E402
+                              launch_gemv, plan_for)
 
 DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("row-major", "W.T")
@@ -87,7 +87,7 @@ def check(n, k, dtype, layout="row-major", bias=False, bias_dtype=None, activati
     if calls > 1:
         outcomes.append(counters_clear(a.device))
     if planned_split is not None:
-        chosen = gemv_plan(n, k, is_row_major(b), sm_count(a.device))[-1]
+        chosen = gemv_plan(n, k, is_row_major(b), sm_count(a.device, INTERPRET_SMS))[-1]
         outcomes.append(Outcome(f"plan: SPLIT_K {chosen}, expected {planned_split}", chosen == planned_split))
     return outcomes
 
@@ -136,6 +136,35 @@ def check_huge(dtype):
         outcomes.append(compare(layout, c, ref, tol))
         del b
     return outcomes
+
+
+def check_config(layout, dtype):
+    """GEMV_CONFIGS' row for `layout`, forced, on a shape with a strip past N, a K tail and enough K
+    steps for its plan to split K on this device; with bias+gelu in fp16. Also checks that the plan
+    split (every row runs its split path) and left the counters at zero."""
+    config = GEMV_CONFIGS[layout]
+    block_n, block_k = config[:2]
+    n, k = 2 * block_n + 1, (2 * MIN_SLICE_STEPS + 1) * block_k + 7
+    a, b = make_a(k, dtype), make_b(k, n, dtype, "row-major" if layout == "row_major" else "W.T")
+    split = gemv_plan(n, k, is_row_major(b), sm_count(a.device, INTERPRET_SMS), config)[-1]
+    outcomes = [Outcome(f"plan splits K: {split}", split > 1)]
+    epilogues = [(False, None)] + ([(True, "gelu")] if dtype == torch.float16 else [])
+    for bias, activation in epilogues:
+        bias_t = rand((n,), dtype) if bias else None
+        c = poisoned((1, n), dtype)
+        launch_gemv(a, b, bias_t, activation, c, config=config)
+        outcomes.append(compare(f"c, {epilogue_label(bias, activation)}", c, reference(a, b, bias_t, activation),
+                                tolerance(a, b), torch_out=torch_same_dtype(a, b, bias_t, activation)))
+    outcomes.append(counters_clear(a.device))
+    return outcomes
+
+
+def check_tables_forced():
+    """Every GEMV_CONFIGS row is forced by a case that runs on this device."""
+    runnable = [c for c in CASES if not (c.gpu_only and INTERPRET)]
+    forced = {c.kwargs["layout"] for c in runnable if c.fn is check_config}
+    missing = sorted(set(GEMV_CONFIGS) - forced)
+    return [Outcome("every GEMV_CONFIGS row forced", not missing, note=f"missing {missing}" if missing else "")]
 
 
 def cases():
@@ -191,6 +220,11 @@ def cases():
         bias_dtype=torch.float32, activation="silu", split_k=1)
     add("GPU plan (132 SMs)", check_gpu_plan)
     add("K * N past 2^31 fp16", check_huge, gpu_only=True, dtype=torch.float16)
+    for dtype in DTYPES:  # each GEMV_CONFIGS row, forced (the interpreter runs them in fp16)
+        for layout, config in GEMV_CONFIGS.items():
+            add(f"config {layout} {config} {dtype_name(dtype)}", check_config, gpu_only=dtype != torch.float16,
+                layout=layout, dtype=dtype)
+    add("every launch-table row forced", check_tables_forced)
     return out
 
 

@@ -3,22 +3,11 @@ PyTorch's same-dtype torch.matmul (plus its bias and activation ops for the epil
 
     python gemm/test_matmul.py        (or: pytest gemm/test_matmul.py)
 
-Tolerance (per element, against the fp64 reference): the inputs are exact, and a product of two
-fp16 or bf16 values is exact in fp32, so the only errors are the fp32 accumulation over K and the
-one final rounding to the output dtype.
-- rtol: that final rounding, half an ulp, and an ulp where summation order flips it: 2^-10
-  (fp16), 2^-7 (bf16), as in common.testing.TOLERANCES.
-- atol: for outputs near zero, where the relative bound means nothing. K fp32 additions each
-  round by at most 2^-24 of a partial sum, and partial sums are of the size of a typical output,
-  T = sqrt(K) * rms(a) * rms(b) for independent inputs; as a random walk they add up to about
-  sqrt(K) * 2^-24 * T. The bound is 16x that, sqrt(K) * T * 2^-20: room for the tensor cores'
-  internal alignment (truncating, not rounding) and for the maximum over many elements.
-The 2x-PyTorch rule is the main guard: our largest error may be at most twice torch.matmul's
-own (one more rounding for each separate bias or activation op) plus atol.
+Tolerance: common/checks/matmul.py (fp32 accumulation over K and one rounding per element; at
+most 2x torch.matmul's own error plus atol).
 Split-K adds fp32 slice sums in a different order, the same error model; a slice lost, counted
 twice or given the epilogue on its own is off by a whole partial sum, far past the tolerance.
 """
-import math
 import pathlib
 import sys
 
@@ -27,44 +16,16 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
-                            poisoned, rand)
-from gemm.triton_matmul import (CONFIGS, SPLIT_TABLE, TMA_MIN_M, autotune_configs, choose_kernel,  # noqa: E402
-                                kernel_choice, launch_matmul, m_bucket, matmul, plan, prune_configs, sm_count,
-                                split_plan)
+from common.checks.matmul import reference, tolerance, torch_same_dtype  # noqa: E402
+from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
+from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from gemm.matmul_common import m_bucket  # noqa: E402
+from gemm.triton_matmul import TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul  # noqa: E402
+from gemm.triton_matmul_tiled import (CONFIGS, INTERPRET_SMS, SPLIT_TABLE, autotune_configs, plan,  # noqa: E402
+                                      prune_configs, split_plan)
 from gemm import triton_matmul_tma  # noqa: E402
 
 DTYPES = (torch.float16, torch.bfloat16)
-TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-                     "silu": F.silu}
-
-
-def tolerance(a, b):
-    """Tol for a @ b in a's dtype; see the module docstring."""
-    k = a.shape[1]
-    rms = lambda t: t.double().pow(2).mean().sqrt().item() if t.numel() else 0.0  # noqa: E731
-    typical = math.sqrt(k) * rms(a) * rms(b)
-    atol = max(1e-5, math.sqrt(k) * typical * 2 ** -20)
-    return Tol(atol, TOLERANCES[a.dtype].rtol, "fp32 accumulation over K, one rounding")
-
-
-def reference(a, b, bias, activation):
-    """fp64 math on the same inputs: act(a @ b + bias)."""
-    y = a.double() @ b.double()
-    if bias is not None:
-        y = y + bias.double()
-    return TORCH_ACTIVATIONS[activation](y)
-
-
-def torch_same_dtype(a, b, bias, activation):
-    """PyTorch in the inputs' dtype: matmul, then the bias add and the activation as separate ops."""
-    y = torch.matmul(a, b)
-    if bias is not None:
-        y = y + bias.to(y.dtype)
-    return TORCH_ACTIVATIONS[activation](y)
-
-
 def outcome(check, a, b, bias=None, activation=None, config=None, split_k=None, kernel=None):
     """Run matmul (or a forced config, split-K or kernel) into a poisoned buffer and compare."""
     out = poisoned((a.shape[0], b.shape[1]), a.dtype)
@@ -88,7 +49,7 @@ def check(m, n, k, dtype, bias=False, bias_dtype=None, activation=None, trans_a=
     bias_t = rand((n,), bias_dtype or dtype) if bias else None
     outcomes = [outcome("c", a, b, bias_t, activation, split_k=split_k, kernel=kernel)]
     if planned_split is not None:
-        chosen = plan(m, n, k, sm_count(a.device))[1]
+        chosen = plan(m, n, k, sm_count(a.device, INTERPRET_SMS))[1]
         outcomes.append(Outcome(f"plan: SPLIT_K {chosen}, expected {planned_split}", chosen == planned_split))
     if planned_kernel is not None:
         chosen = choose_kernel(a, b, torch.empty(m, n, dtype=dtype, device=a.device), m)
@@ -248,6 +209,20 @@ def check_huge():
                     torch_out=torch.matmul(tail, b))]
 
 
+def check_tables_forced():
+    """Every CONFIGS row, every SPLIT_TABLE tile and every TMA_CONFIGS row is forced by a case that
+    runs on this device."""
+    runnable = [c for c in CASES if not (c.gpu_only and INTERPRET)]
+    forced = {tuple(c.kwargs["config"]) for c in runnable if "config" in c.kwargs}
+    tables = {"CONFIGS": CONFIGS, "SPLIT_TABLE": [row[-1] for row in SPLIT_TABLE],
+              "TMA_CONFIGS": triton_matmul_tma.TMA_CONFIGS}
+    outcomes = []
+    for name, rows in tables.items():
+        missing = [row for row in rows if tuple(row) not in forced]
+        outcomes.append(Outcome(f"every {name} row forced", not missing, note=f"missing {missing}" if missing else ""))
+    return outcomes
+
+
 def cases():
     out = []
 
@@ -359,7 +334,8 @@ def cases():
             Case("which kernel runs", check_kernel_choice),
             Case("allocates its output", check_own_buffer),
             Case("empty input", check_empty), Case("bad input", check_errors),
-            Case("2^31+ output elements", check_huge, gpu_only=True)]
+            Case("2^31+ output elements", check_huge, gpu_only=True),
+            Case("every launch-table row forced", check_tables_forced)]
     return out
 
 

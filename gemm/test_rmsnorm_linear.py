@@ -25,7 +25,9 @@ import torch.nn.functional as F  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
                             poisoned, rand)
-from gemm.triton_rmsnorm_linear import PATH_TABLE, PATHS, choose_path, launch_decode, rmsnorm_linear  # noqa: E402
+from common.device import INTERPRET  # noqa: E402
+from gemm.triton_rmsnorm_linear import (DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode,  # noqa: E402
+                                        rmsnorm_linear)
 from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
 
 EPS = 1e-6
@@ -121,6 +123,24 @@ DECODE_CASES = [
 ]
 
 
+def table_config(row):
+    """launch_decode's config for a DECODE_TABLE row: its tile, warps and stages, K split in two (the
+    GEMV kernel's row, BLOCK_M 1, does not split)."""
+    _, block_m, block_n, block_k, warps, stages = row
+    return block_m, block_n, block_k, 1 if block_m == 1 else 2, warps, stages
+
+
+def check_tables_forced():
+    """Every DECODE_TABLE row is forced by a case that runs on this device, and every PATH_TABLE
+    path by `check`."""
+    runnable = [c for c in CASES if not (c.gpu_only and INTERPRET)]
+    forced = {tuple(c.kwargs["config"]) for c in runnable if c.fn is check_decode}
+    missing = [row for row in DECODE_TABLE if table_config(row) not in forced]
+    paths = {path for _, path in PATH_TABLE}
+    return [Outcome("every DECODE_TABLE row forced", not missing, note=f"missing {missing}" if missing else ""),
+            Outcome("every PATH_TABLE path run", paths <= set(PATHS) and any(c.fn is check for c in runnable))]
+
+
 def cases():
     out = []
 
@@ -156,6 +176,15 @@ def cases():
     add("M=4 K=96 N=40 fp16 x*100", shape=(4, 96), n=40, dtype=torch.float16, scale=100.0)  # squares past fp16
     add("M=4 K=96 N=40 bf16 fp32 norm_weight", shape=(4, 96), n=40, dtype=torch.bfloat16, norm_dtype=torch.float32)
     out += [Case("empty input", check_empty), Case("bad input", check_errors)]
+    # each DECODE_TABLE row, forced: a row tile and a column tile past M and N, K in two splits with a
+    # masked tail (the interpreter runs them in fp16)
+    for dtype in DTYPES:
+        for row in DECODE_TABLE:
+            config = table_config(row)
+            m = 3 if config[0] == 1 else config[0] + 3
+            add(f"decode table {config} M={m} {dtype_name(dtype)}", check_decode, gpu_only=dtype != torch.float16,
+                shape=(m, 3 * config[2] + 7), n=config[1] + 5, dtype=dtype, config=config)
+    out.append(Case("every launch-table row forced", check_tables_forced))
     return out
 
 

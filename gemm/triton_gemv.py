@@ -42,27 +42,23 @@ import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET, sm_count as device_sm_count
+from common.device import INTERPRET, sm_count
 from common.ints import cdiv, next_power_of_2
+from common.triton_utils import activate
 from common.workspace import split_k_buffers
-from gemm.triton_matmul import activate, fit_split
+from gemm.matmul_common import fit_split
 
 # b's layout -> (BLOCK_N, BLOCK_K, num_warps, NUM_STAGES, programs per SM). The split brings the
 # strips (cdiv(N, BLOCK_N)) up to at most `programs per SM` x SMs programs, all resident at once,
-# so none waits for a second wave; a slice keeps at least MIN_SLICE_STEPS steps.
-# Each row is the candidate with the smallest geometric-mean GPU time over M = 1 at (N, K) =
-# (4096, 4096), (2048, 4096), (8192, 4096), (14336, 4096), (4096, 14336), bf16, on an H100
-# (scripts/tune/gemv_sweep.py; CUDA graphs, us, cuBLAS / this row):
+# so none waits for a second wave. Each row is the candidate with the smallest geometric-mean GPU
+# time over M = 1 at five decode shapes of a 4096-wide model, bf16, measured by
+# scripts/tune/gemv_sweep.py on an H100; docs/tuning/gemm.md has the figures.
 GEMV_CONFIGS = {
-    # W.T (an nn.Linear weight, what a model passes): 4 rows of W x 1024 values (2 KB runs of each
-    # row a step), no split below 8 K steps a slice: 16.3 / 13.9, 10.9 / 8.1, 25.3 / 24.7,
-    # 42.1 / 40.5, 44.1 / 45.7 (0.97x; 8 x 512 tiles: 41.0 there, but 27.3 at N = 8192).
-    # 81-97% of the copy bandwidth where b is 32 MB or more. matmul() runs this layout here.
+    # W.T (an nn.Linear weight, what a model passes; what matmul() runs here): 4 rows of W x 1024
+    # values, 2 KB runs of each row a step; 81-97% of the copy bandwidth where b is 32 MB or more
     "linear": (4, 1024, 4, 3, 4),
-    # row-major (K, N): 128 columns (256 bytes a row) x 64 rows a step: 14.2 / 17.1 (0.83x),
-    # 10.8 / 11.9, 24.9 / 28.0, 44.8 / 45.8, 41.7 / 44.0. gemm/triton_matmul.py's tiled split-K
-    # kernel is faster at every one of these shapes (16.1, 10.7, 27.0, 42.3, 42.9), so matmul()
-    # keeps that for a row-major b; this row serves launch_gemv called directly.
+    # row-major (K, N): 128 columns (256 bytes a row) x 64 rows a step. The tiled kernel's split-K
+    # beats it at every shape swept, so matmul() runs that; this row serves launch_gemv called directly.
     "row_major": (128, 64, 4, 3, 2),
 }
 # A slice keeps at least this many BLOCK_K steps: its pipeline (NUM_STAGES - 1 tiles ahead) fills
@@ -75,10 +71,6 @@ MIN_SLICE_STEPS = 4
 # (N = 17, K = 257 row-major: 2 strips x 4 slices of 5, 5, 5 and 2 steps.)
 INTERPRET_CONFIGS = {"row_major": (16, 16, 4, 1, 2), "linear": (4, 16, 4, 1, 2)}
 INTERPRET_SMS = 8
-
-
-def sm_count(device):
-    return device_sm_count(device, INTERPRET_SMS)
 
 
 def is_row_major(b):
@@ -203,7 +195,7 @@ def _gemv_kernel(
 
 
 def launch_gemv(a, b, bias, activation, c, config=None, split_k=None):
-    """c = activation(a @ b + bias) on validated arguments (gemm.triton_matmul.check_matmul_args),
+    """c = activation(a @ b + bias) on validated arguments (gemm.matmul_common.check_matmul_args),
     one launch.
 
     a: (1, K) fp16 or bf16, any strides (a row or a column view of a larger matrix). K >= 0.
@@ -217,7 +209,7 @@ def launch_gemv(a, b, bias, activation, c, config=None, split_k=None):
     """
     n, k = b.shape[1], a.shape[1]
     row_major = is_row_major(b)
-    block_n, block_k, warps, stages, split = gemv_plan(n, k, row_major, sm_count(a.device), config)
+    block_n, block_k, warps, stages, split = gemv_plan(n, k, row_major, sm_count(a.device, INTERPRET_SMS), config)
     if split_k is not None:
         split = fit_split(k, block_k, split_k)
     strips = cdiv(n, block_n)

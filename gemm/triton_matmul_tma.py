@@ -2,7 +2,7 @@
 
     c = act(a @ b + bias)        a (M, K), b (K, N), bias (N,); fp32 accumulation, one rounding
 
-The same math and tiles as gemm/triton_matmul.py's one-kernel path, in two changes:
+The same math and tiles as gemm/triton_matmul_tiled.py's one-kernel path, in two changes:
 
 - TMA. Each A and B tile is one tensor-memory-accelerator copy into shared memory, described by a
   host-built descriptor (base, shape, strides, block), instead of BLOCK_M * BLOCK_K / 8 pointer
@@ -23,7 +23,7 @@ grouped order turning the repeats into L2 hits.
 TMA needs a 16-byte-aligned base and 16-byte-aligned strides for all but the last (contiguous)
 dimension: with 2-byte elements, a's, b's and c's row strides multiples of 8 (so N is one, for c),
 and a and b read along K or N, not transposed otherwise. `fits` says when a call qualifies; the
-others run gemm/triton_matmul.py's pointer kernel. b may be row-major (K, N)
+others run gemm/triton_matmul_tiled.py's pointer kernel. b may be row-major (K, N)
 or an nn.Linear weight's transpose (W.T, W (N, K) contiguous): the descriptor then covers W and
 each loaded (BLOCK_N, BLOCK_K) tile is fed to the dot transposed, which wgmma reads from shared
 memory in either order.
@@ -39,9 +39,10 @@ import triton
 import triton.language as tl
 
 from common.bench import autotune_bench
-from common.device import INTERPRET, sm_count as device_sm_count
+from common.device import INTERPRET
 from common.ints import cdiv
-from gemm.triton_matmul import GROUP_M, activate, grouped_tile, m_bucket, pick_config, picked_config
+from common.triton_utils import activate
+from gemm.matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -50,20 +51,18 @@ except ImportError:  # older Triton: the pointer kernel serves every call
 
 # Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SPLIT).
 # Shared memory: (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes a stage, plus the c tile staged for the TMA
-# store, BLOCK_M * BLOCK_N * 2 / EPILOGUE_SPLIT bytes; an H100 block may take 227 KB.
+# store, BLOCK_M * BLOCK_N * 2 / EPILOGUE_SPLIT bytes; an H100 block may take 227 KB. Measured by
+# scripts/tune/tma_sweep.py on an H100; docs/tuning/gemm.md has the figures.
 TMA_CONFIGS = [
     # the Hopper tile: two warpgroups each hold a 64 x 256 fp32 accumulator; 144 KB of stages + 32 KB
-    # for c. H100, us (cuBLAS / this / the pointer kernel's best 128 x 256 config), fp16:
-    # 4096^3 185 / 189 / 216, 8192^3 1600 / 1688 / 1723, 8192 x 14336 x 4096 1459 / 1417 / 1563;
-    # bf16: 4096^3 183 / 180 / 204, 2048 x 14336 x 4096 330 / 351 / 369 (scripts/tune/tma_sweep.py)
+    # for c; ahead of the tiled kernel's 128 x 256 config at every large shape swept
     (128, 256, 64, 8, 3, 2),
     (128, 256, 64, 8, 4, 2),  # 192 + 32 KB: one more stage in flight; ties s3 within the run-to-run spread
     # twice the tiles, where 128 x 256 ones leave SMs idle; 4 warps (one warpgroup of 128 x 128)
-    # beat 8 at every shape swept, by 2-15%
+    # beat 8 at every shape swept
     (128, 128, 64, 4, 4, 1),
-    # 1024^3 and the like: 128 tiles, one a SM; 192 KB of stages + 16 KB for c. H100, GPU us (CUDA
-    # graphs, scripts/tune/host_and_picks.py tma1024): 7.7 in both dtypes against 8.2-8.3 with 3
-    # stages, 9.8-9.9 for 128 x 128; cuBLAS 6.6-7.1
+    # 1024^3 and the like: 128 tiles, one an SM; 192 KB of stages + 16 KB for c; 4 stages beat 3
+    # and 128 x 128 tiles (scripts/tune/host_and_picks.py tma1024)
     (64, 128, 128, 4, 4, 1),
 ]
 # A tile of c leaves in EPILOGUE_SPLIT column slices: each slice's staging buffer is a fraction of
@@ -72,10 +71,6 @@ TMA_CONFIGS = [
 # Programs the interpreter runs (it has no SMs): few, so each walks several of the test tiles.
 INTERPRET_SMS = 3
 INTERPRET_CONFIG = (32, 32, 32, 4, 1, 2)
-
-
-def sm_count(device):
-    return device_sm_count(device, INTERPRET_SMS)
 
 
 def fits(a, b, c):
@@ -166,7 +161,7 @@ def autotune_configs():
 @functools.lru_cache(maxsize=None)
 def tuned():
     """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter). The
-    autotuner's pick is kept per key with triton_matmul.pick_config: later calls launch it directly."""
+    autotuner's pick is kept per key with matmul_common.pick_config: later calls launch it directly."""
     return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "B_TRANSPOSED"],
                            prune_configs_by={"early_config_prune": prune_configs},
                            do_bench=autotune_bench)(_matmul_tma_kernel)

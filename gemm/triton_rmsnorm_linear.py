@@ -6,12 +6,12 @@ rstd is one scalar per row, so it factors out of every dot product of that row:
 
     y = rstd[:, None] * ((x * norm_weight) @ W^T)
 
-The fused kernels run a K loop that multiplies each x tile (BLOCK_M x BLOCK_K) by its slice of
+The decode kernels run a K loop that multiplies each x tile (BLOCK_M x BLOCK_K) by its slice of
 norm_weight before the dot and sums its squares per row in fp32 on the way; after the loop the
 accumulator rows are scaled by rstd. Normalized x never exists in memory, and there is one launch
 instead of two. Traffic: read W (N*K*e) once, x (M*K*e) once per column of tiles (from L2 after
 the first), norm_weight, write y (M*N*e). The unfused path writes rmsnorm(x) (M*K*e), reads it
-back, and pays a second launch. Three paths, picked by M from PATH_TABLE:
+back, and pays a second launch. Two paths, picked by M from PATH_TABLE:
 
 - "decode", for M up to 16 rows. The GEMM is then one pass over W (32 MB at 4096 x 4096
   bf16), and what decides its speed is how well that pass streams. `_rmsnorm_linear_decode_kernel`
@@ -19,16 +19,17 @@ back, and pays a second launch. Three paths, picked by M from PATH_TABLE:
   layout, K contiguous) @ a^T (BLOCK_K x BLOCK_M), so that W's rows are the MMA's 64-row side
   (Hopper's wgmma) and the few rows of x its narrow side. Loads go straight to registers
   (num_stages 1): a few programs per SM overlap each other's loads better than a cp.async
-  pipeline (M = 16, 4096 x 4096, H200: 18.5 us against 22.6 with 3 stages). Where the column
-  tiles are too few for that, K is split (SPLIT_K programs a tile); each split stores fp32 partial sums and partial sums of squares, counts itself in a
-  per-tile counter, and the last to arrive adds them up, applies rstd and stores y: one launch.
-  For M = 1 a GEMV kernel without tensor cores (`_rmsnorm_gemv_kernel`) streams W faster still.
-- "fused" (`_rmsnorm_matmul_kernel`): the same idea on gemm/triton_matmul.py's big autotuned
-  tiles. Slower than "unfused" at every M measured; only path="fused" runs it.
-- "unfused": our rmsnorm, then cuBLAS. For large M the GEMM is compute-bound, the rmsnorm pass
-  is a few percent of it, and cuBLAS's GEMM is the fastest there is.
+  pipeline. Where the column tiles are too few for that, K is split (SPLIT_K programs a tile);
+  each split stores fp32 partial sums and partial sums of squares, counts itself in a per-tile
+  counter, and the last to arrive adds them up, applies rstd and stores y: one launch. For M = 1
+  a GEMV kernel without tensor cores (`_rmsnorm_gemv_kernel`) streams W faster still.
+- "unfused": our rmsnorm, then cuBLAS. From 32 rows every column tile of a fused kernel re-reads
+  and normalizes all of x, and the GEMM soon becomes compute-bound, where the rmsnorm pass is a
+  few percent of it and cuBLAS's GEMM is the fastest there is. A fused kernel on
+  gemm/triton_matmul_tiled.py's big autotuned tiles lost to this pair at every M measured
+  (docs/tuning/gemm.md), and is not kept.
 
-Numerics: the tensor-core kernels round x * norm_weight to x's dtype before the dot, where the
+Numerics: the tensor-core kernel rounds x * norm_weight to x's dtype before the dot, where the
 unfused path rounds x * rstd * norm_weight: one rounding of each input either way, the same error
 (the GEMV kernel keeps it in fp32). In fp16 the unnormalized product must fit fp16's range
 (|x * norm_weight| < 65504), or it becomes inf; bf16 has fp32's range. rstd is computed from x in
@@ -43,67 +44,45 @@ import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET, sm_count as device_sm_count
+from common.device import sm_count
 from common.ints import cdiv
-from common.validation import check_same_device, check_tensor
+from common.validation import check_norm_args, check_same_device, check_tensor
 from common.workspace import split_k_buffers
-from gemm.triton_matmul import DTYPES, grouped_tile, interpret_meta, m_bucket, store_tile, tuned
-from normalization.triton_rmsnorm import check_norm_args, rmsnorm
+from gemm.matmul_common import DTYPES
+from normalization.triton_rmsnorm import rmsnorm
 
-PATHS = ("decode", "fused", "unfused")
+PATHS = ("decode", "unfused")
 
-# The path by rows M = x.numel() // K: (largest M, path), first match wins. Each path belongs
-# where it beats both F.rms_norm + cuBLAS and our rmsnorm + cuBLAS for K = 4096 (N = 4096 and
-# 14336), bf16, in GPU time (CUDA graphs; scripts/tune/small_shapes.py rl on an H100, us, decode path's
-# best config / our rmsnorm + cuBLAS / F.rms_norm + cuBLAS):
-#   M = 1:  13.9 / 18.8 / 24.4 (N = 4096),  41.0 / 44.8 / 50.5 (N = 14336)
-#   M = 16: 17.1 / 19.4 / 24.9,             44.7 / 45.5 / 51.0
-#   M = 32: 18.9 / 18.0 / 23.4,             47.3 / 47.4 / 52.8   (a tie at best: unfused)
-#   M = 64: 21.7 / 18.7 / 24.2,             53.4 / 47.9 / 53.3
-# From 32 rows every column tile re-reads and normalizes all of x (at 64 rows and BLOCK_N = 64, as
-# many bytes from L2 as W has from DRAM) and the unfused pair wins. The big-tile fused kernel lost
-# everywhere (H200, bf16, us, fused / unfused, N = 4096: M = 1 32.4 / 21.0, M = 64 54.4 / 20.7);
-# it stays reachable with path="fused". Summing the squares elementwise and reducing once after
-# the loop did not save it (H100, GPU us, scripts/tune/host_and_picks.py fused; M = 32, N = 4096:
-# 30.7 with 16x64x256 tiles, against 15.5 for the same tiles without the norm and 18.3 for our
-# rmsnorm + cuBLAS).
+# The path by rows M = x.numel() // K: (largest M, path), first match wins. Each path belongs where
+# it beats both F.rms_norm + cuBLAS and our rmsnorm + cuBLAS for K = 4096 (N = 4096 and 14336),
+# bf16, in GPU time (scripts/tune/small_shapes.py rl on an H100; in benchmarks/results/gemm.json,
+# op "rmsnorm_linear", graph_ms, the decode path leads triton-rmsnorm+cuBLAS at M = 1, 4 and 16).
 PATH_TABLE = [
     (16, "decode"),     # a pass over W, bound by memory
-    (None, "unfused"),  # our rmsnorm, then cuBLAS
+    (None, "unfused"),  # from 32 rows each column tile re-reads all of x: our rmsnorm, then cuBLAS
 ]
 
 # Decode launch table, by M: (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). BLOCK_M 1
-# is the GEMV kernel; the others are the MMA kernel's row tile (16 is tl.dot's smallest). Times on
-# an H200, bf16, us, L2 flushed, this path / our rmsnorm + cuBLAS, at (K, N) = 4096^2, (4096, 14336),
-# (14336, 4096); fp16 within a few percent. Best of the sweep's candidates unless said otherwise.
+# is the GEMV kernel; the others are the MMA kernel's row tile (16 is tl.dot's smallest). Each row
+# is the best of the candidates scripts/tune/small_shapes.py swept on an H200 at (K, N) = 4096^2,
+# (4096, 14336), (14336, 4096); docs/tuning/gemm.md has the figures.
 DECODE_TABLE = [
-    # no tensor cores: 8 rows of W a program, 1 KB of each a step, 512 programs at N = 4096;
-    # 16.0 / 21.4, 36.7 / 43.6, 35.7 / 45.1 (the MMA kernel: 17.7, 38.8, 39.3)
-    (1, 1, 8, 512, 4, 2),
-    # 128 rows of W a program (two warpgroups of 64 rows), K split to ~2 programs an SM;
-    # M = 4: 16.9 / 21.3, 38.6 / 43.5, 39.2 / 45.9; M = 16: 16.9 / 21.6, 38.7 / 43.6, 39.9 / 46.3
-    # (BLOCK_N 64 with 4 warps: up to 1.13x slower; 4 programs an SM: up to 1.07x)
-    (16, 16, 128, 128, 8, 1),
-    (32, 32, 128, 128, 8, 1),   # M = 32 (path="decode" only): 18.1 / 22.0, 39.9 / 43.0, 40.3 / 47.1
-    # M = 64, reached only with path="decode": 21.9 / 21.2, 57.9 / 45.1, 51.1 / 49.7 (two row tiles
-    # of 32 or BLOCK_N 128 were no faster)
-    (None, 64, 64, 128, 4, 1),
+    (1, 1, 8, 512, 4, 2),        # no tensor cores: 8 rows of W a program, 1 KB of each a step
+    (16, 16, 128, 128, 8, 1),    # 128 rows of W a program (two warpgroups of 64), K split to ~2 programs an SM
+    (32, 32, 128, 128, 8, 1),    # reached only with path="decode"
+    (None, 64, 64, 128, 4, 1),   # reached only with path="decode"
 ]
 # Split K until the tiles fill DECODE_PROGRAMS_PER_SM programs per SM (2 beat 1 and 4 at every
-# shape above), keeping at least MIN_SPLIT_STEPS K steps a split; the split divides the K steps
+# shape swept), keeping at least MIN_SPLIT_STEPS K steps a split; the split divides the K steps
 # when it can, so that no load needs a mask.
 DECODE_PROGRAMS_PER_SM = 2
 MIN_SPLIT_STEPS = 4
 # the interpreter has no SMs; a count that makes the small test shapes split K
-INTERPRETER_SMS = 4
+INTERPRET_SMS = 4
 
 
 def choose_path(m):
     return next(path for max_m, path in PATH_TABLE if max_m is None or m <= max_m)
-
-
-def sm_count(device):
-    return device_sm_count(device, INTERPRETER_SMS)
 
 
 def split_k(tiles, k_steps, programs):
@@ -259,53 +238,6 @@ def _rmsnorm_gemv_kernel(
              mask=cols < N)
 
 
-@triton.jit(do_not_specialize=["M_BUCKET"])
-def _rmsnorm_matmul_kernel(
-    # pointers: x (M, K), norm weight (K,), b = W^T (K, N), c (M, N)
-    x_ptr, norm_w_ptr, b_ptr, c_ptr,
-    # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
-    M, N, K, M_BUCKET,
-    # strides, in elements
-    stride_xm, stride_xk, stride_bk, stride_bn, stride_cm, stride_cn,
-    eps,
-    # meta-parameters
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr,
-):
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    # edge tiles re-read valid rows/columns instead of masking loads (see _matmul_kernel); a
-    # wrapped row repeats a real row's sum of squares, and its output is never stored
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    rk = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :] * stride_xk
-    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn
-    norm_w_ptrs = norm_w_ptr + rk
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-            norm_w = tl.load(norm_w_ptrs)
-            b = tl.load(b_ptrs)
-        else:  # zeros past K add nothing to the dot or to the squares
-            k_left = K - k * BLOCK_K
-            x = tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            norm_w = tl.load(norm_w_ptrs, mask=rk < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        xf = x.to(tl.float32)
-        sum_sq += tl.sum(xf * xf, axis=1)
-        a = (xf * norm_w.to(tl.float32)[None, :]).to(x.dtype)  # the tensor cores take x's dtype
-        acc = tl.dot(a, b, acc)
-        x_ptrs += BLOCK_K * stride_xk
-        b_ptrs += BLOCK_K * stride_bk
-        norm_w_ptrs += BLOCK_K
-
-    rstd = tl.rsqrt(sum_sq / K + eps)
-    store_tile(c_ptr, acc * rstd[:, None], pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-
-
 def check_rmsnorm_linear_args(x, norm_weight, weight, eps, path):
     """Argument checks of rmsnorm_linear; returns (K, N)."""
     check_tensor("x", x, DTYPES)
@@ -318,7 +250,7 @@ def check_rmsnorm_linear_args(x, norm_weight, weight, eps, path):
         raise ValueError(f"weight must have shape (N, K) with K = x.shape[-1] = {k} (nn.Linear layout); "
                          f"got {tuple(weight.shape)}")
     if path is not None and path not in PATHS:
-        raise ValueError(f"path must be None (choose by M), 'decode', 'fused' or 'unfused'; got {path!r}")
+        raise ValueError(f"path must be None (choose by M), 'decode' or 'unfused'; got {path!r}")
     return k, weight.shape[0]
 
 
@@ -328,7 +260,8 @@ def launch_decode(x2, norm_weight, weight, eps, y, config=None):
     SPLIT_K, num_warps, num_stages) to run as is (BLOCK_M 1: the GEMV kernel, which ignores
     SPLIT_K); None takes decode_config's."""
     (m, k), n = x2.shape, weight.shape[0]
-    block_m, block_n, block_k, split, warps, stages = config or decode_config(m, n, k, sm_count(x2.device.index))
+    block_m, block_n, block_k, split, warps, stages = config or decode_config(
+        m, n, k, sm_count(x2.device.index, INTERPRET_SMS))
     norm_weight = norm_weight.contiguous()  # the kernels step norm_weight with unit stride
     strides = (x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1))
     if block_m == 1:
@@ -349,33 +282,12 @@ def launch_decode(x2, norm_weight, weight, eps, y, config=None):
         EVEN_K=k == k_steps * split * block_k, num_warps=warps, num_stages=stages)
 
 
-def launch_fused(x2, norm_weight, weight, eps, c):
-    """The big-tile fused kernel on validated arguments: x2 (M, K) any strides, norm_weight (K,),
-    weight (N, K) any strides, c (M, N) contiguous; M, N, K >= 1."""
-    (m, k), n = x2.shape, weight.shape[0]
-    b = weight.t()  # (K, N): a view, W's strides swapped
-    if INTERPRET:  # one config, launched directly: EVEN_K is passed (tuned() derives it per config)
-        meta = interpret_meta()
-        kernel, meta = _rmsnorm_matmul_kernel, dict(meta, EVEN_K=k % meta["BLOCK_K"] == 0)
-    else:
-        kernel, meta = tuned(_rmsnorm_matmul_kernel), {}
-
-    def grid(meta):
-        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
-
-    kernel[grid](
-        x2, norm_weight.contiguous(), b, c,  # the kernel steps norm_weight with unit stride
-        m, n, k, m_bucket(m),
-        x2.stride(0), x2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        eps, **meta)
-
-
-def rmsnorm_linear_kernel(x, norm_weight, weight, eps, launch):
-    """One of the fused kernels (launch_decode or launch_fused) on x (..., K)."""
+def rmsnorm_linear_decode(x, norm_weight, weight, eps):
+    """The decode path (launch_decode) on x (..., K)."""
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)  # a view unless the leading dims cannot merge; any strides go to the kernel
     y = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
-    launch(x2, norm_weight, weight, eps, y)
+    launch_decode(x2, norm_weight, weight, eps, y)
     return y.view(*x.shape[:-1], n)
 
 
@@ -389,7 +301,7 @@ def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
 
     x: (..., K) fp16 or bf16, any strides. norm_weight: (K,) fp16, bf16 or fp32.
     weight: (N, K), x's dtype (nn.Linear's layout, read in place), any strides.
-    path: None picks by M = x.numel() // K from PATH_TABLE; "decode", "fused" or "unfused" forces one.
+    path: None picks by M = x.numel() // K from PATH_TABLE; "decode" or "unfused" forces one.
     Returns y: (..., N), x's dtype. M = 0 or N = 0 give an empty y; K = 0 gives zeros.
     """
     k, n = check_rmsnorm_linear_args(x, norm_weight, weight, eps, path)
@@ -401,7 +313,5 @@ def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
         return torch.empty(out_shape, dtype=x.dtype, device=x.device)
     path = path or choose_path(m)
     if path == "decode":
-        return rmsnorm_linear_kernel(x, norm_weight, weight, eps, launch_decode)
-    if path == "fused":
-        return rmsnorm_linear_kernel(x, norm_weight, weight, eps, launch_fused)
+        return rmsnorm_linear_decode(x, norm_weight, weight, eps)
     return rmsnorm_linear_unfused(x, norm_weight, weight, eps)

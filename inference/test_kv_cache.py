@@ -14,8 +14,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
+from common.checks.attention import decode_tol  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, Tol, compare, expect_raises, main, rand  # noqa: E402
+from common.testing import Case, Outcome, compare, expect_raises, main, rand  # noqa: E402
 from inference.attention_inference import decode_attention_reference  # noqa: E402
 from inference.kv_cache import KVCache  # noqa: E402
 from inference.paged_kv_cache import PagedKVCache, gather_pages  # noqa: E402
@@ -122,13 +123,11 @@ def check_attend():
     """attend() of both caches after the script: the fp64 reference, and paged == contiguous bit for
     bit (same kernel, same blocks, forced split count)."""
     seed = int(torch.randint(2 ** 31, ()).item())
-    _, contiguous, model = run_script(lambda: KVCache(B, MAX_LEN, HKV, D, torch.float16), contiguous_view, seed)
+    _, contiguous, _ = run_script(lambda: KVCache(B, MAX_LEN, HKV, D, torch.float16), contiguous_view, seed)
     _, paged, _ = run_script(lambda: PagedKVCache(B, MAX_LEN, HKV, D, torch.float16, page_size=16), paged_view, seed)
     q = rand((B, 4, D), torch.float16)
     ref = decode_attention_reference(q.double(), contiguous.k.double(), contiguous.v.double(), contiguous.lengths)
-    u = 2.0 ** -11
-    v_max = max(torch.stack(tokens).abs().max().item() for tokens in model.v if tokens)
-    tol = Tol(u * v_max, 2 * u, "as in test_triton_inference_attention.py")
+    tol = decode_tol(q, contiguous.k, contiguous.v, contiguous.lengths, D ** -0.5)
     outcomes = []
     for splits in (1, 3):
         o = contiguous.attend(q, num_splits=splits)

@@ -3,12 +3,11 @@ inference/attention_inference.py computed in fp64.
 
     python inference/test_triton_inference_attention.py   (or: pytest inference/test_triton_inference_attention.py)
 
-Error model and tolerance (as attention/test_flash_attention.py): scores and the softmax statistics
-are fp32 (the split path merges fp32 partials); p is rounded once to the input dtype (unit roundoff
-u = 2^-11 fp16, 2^-8 bf16) before p @ v on the tensor cores, and O is rounded once. So
-|O - O_ref| <= u * max|v| (the p rounding, summed with weights that add to one) plus one rounding of
-O: atol = u * max|v|, rtol = 2u. Beside that bound, the 2x rule: our error must be at most twice
-that of PyTorch's same-dtype decode (scores, softmax and p @ v each in the input dtype).
+Error model and tolerance: common/checks/attention.py, as for attention/test_flash_attention.py
+(the split path merges fp32 partials, the same model): p rounded once to the input dtype before
+p @ v, O rounded once, a bound for each element from the fp64 probabilities. Beside that bound, the
+2x rule: our error must be at most twice that of PyTorch's same-dtype decode (scores, softmax and
+p @ v each in the input dtype).
 
 Every batch is ragged where it can be: lengths 0, 1 and T_max side by side, the rest random. Caches
 are filled everywhere (also past each length) so a kernel that reads past a length fails.
@@ -21,21 +20,16 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from common.device import DEVICE  # noqa: E402
+from common.checks.attention import decode_tol  # noqa: E402
+from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
 from common.ints import cdiv  # noqa: E402
-from common.testing import Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
 from inference.attention_inference import decode_attention_reference  # noqa: E402
-from inference.triton_inference_attention import (MAX_SPLITS, DecodeConfig, decode_attention,  # noqa: E402
-                                                  decode_config, paged_blocks, paged_decode_attention, sm_count,
-                                                  split_count)
+from inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,  # noqa: E402
+                                                  PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,
+                                                  decode_config, paged_blocks, paged_decode_attention, split_count)
 
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 H100_SMS = 132
-
-
-def decode_tol(dtype, v):
-    u = UNIT_ROUNDOFF[dtype]
-    return Tol(u * v.abs().max().item(), 2 * u, "p rounded to the input dtype before p @ v, O rounded once")
 
 
 def same_dtype_decode(q, k, v, lengths, sm_scale):
@@ -80,7 +74,7 @@ def check(b, h, hkv, t_max, d, dtype, num_splits=None, layout="bthd", sm_scale=N
     o = decode_attention(q, k, v, lengths, sm_scale, num_splits=num_splits, config=config,
                          out=poisoned((b, h, d), dtype))
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    return [compare("O", o, reference(q, k, v, lengths, scale_used), decode_tol(dtype, v),
+    return [compare("O", o, reference(q, k, v, lengths, scale_used), decode_tol(q, k, v, lengths, scale_used),
                     torch_out=same_dtype_decode(q, k, v, lengths, scale_used))]
 
 
@@ -118,12 +112,12 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
         auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
         config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
     elif num_splits is not None:  # the paged heuristics' blocks for this split, given to both sides
-        config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0), True,
-                               num_splits)
+        config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS),
+                               True, num_splits)
     o = paged_decode_attention(q, k_pages, v_pages, table, lengths, num_splits=num_splits, config=config,
                                out=poisoned((b, h, d), dtype))
     scale = 1.0 / math.sqrt(d)
-    outcomes = [compare("O paged", o, reference(q, k, v, lengths, scale), decode_tol(dtype, v),
+    outcomes = [compare("O paged", o, reference(q, k, v, lengths, scale), decode_tol(q, k, v, lengths, scale),
                         torch_out=same_dtype_decode(q, k, v, lengths, scale))]
     if num_splits is not None:  # both sides then take the same split count
         o_contiguous = decode_attention(q, k, v, lengths, num_splits=num_splits, config=config)
@@ -141,7 +135,7 @@ def check_huge():
     lengths[-1] = t_max
     tail = slice(b - 2, b)
     ref = reference(q[tail], k[tail], v[tail], lengths[tail], 1.0 / math.sqrt(d))
-    tol = decode_tol(dtype, v[tail])
+    tol = decode_tol(q[tail], k[tail], v[tail], lengths[tail], 1.0 / math.sqrt(d))
     page_size = 16
     table = torch.arange(b * t_max // page_size, device=DEVICE, dtype=torch.int32).reshape(b, -1)
     outcomes = []
@@ -258,6 +252,80 @@ def check_errors():
     ]
 
 
+def paged_table_blocks(block_n, num_warps, num_stages):
+    """The paged kernel's blocks from one BLOCK_TABLE row, under one program an SM: a split of several
+    blocks (halved), a split of one block (fewer stages), a long unsplit sequence (doubled)."""
+    return sorted({paged_blocks(block_n, num_warps, num_stages, 4, 16 * block_n, True),
+                   paged_blocks(block_n, num_warps, num_stages, 2, block_n, True),
+                   paged_blocks(block_n, num_warps, num_stages, 1, PAGED_LONG_TOKENS, True)})
+
+
+def check_block(d, block_n, num_warps, num_stages, dtype, paged=False, num_splits=1):
+    """One launch-table block (BLOCK_N, num_warps, num_stages) forced at head dim d on about three
+    blocks of tokens (the last one partial), GQA 4/2 B3, ragged lengths; paged: 16-token pages."""
+    b, h, hkv, t_max = 3, 4, 2, 3 * block_n - 5
+    q = rand((b, h, d), dtype)
+    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
+    lengths = ragged_lengths(b, t_max)
+    config = DecodeConfig(block_n, num_warps, num_stages, True, num_splits)
+    out = poisoned((b, h, d), dtype)
+    if paged:
+        (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
+        o = paged_decode_attention(q, k_pages, v_pages, table, lengths, config=config, out=out)
+    else:
+        o = decode_attention(q, k, v, lengths, config=config, out=out)
+    scale = 1.0 / math.sqrt(d)
+    return [compare("O paged" if paged else "O", o, reference(q, k, v, lengths, scale),
+                    decode_tol(q, k, v, lengths, scale),
+                    torch_out=same_dtype_decode(q, k, v, lengths, scale))]
+
+
+def split_row(n_programs, n_sms):
+    """The index of the SPLIT_TABLE row that applies to n_programs, or len(SPLIT_TABLE): none."""
+    return next((i for i, row in enumerate(SPLIT_TABLE) if n_programs < row[0] * n_sms), len(SPLIT_TABLE))
+
+
+# (B, Hkv, T) landing in each SPLIT_TABLE row on an H100's 132 SMs, and past the last
+SPLIT_ROW_SHAPES = [(1, 8, 8192), (12, 8, 8192), (16, 32, 4096), (64, 32, 4096)]
+
+
+def check_split_row(b, hkv, t, dtype):
+    """The SPLIT_TABLE row (B, Hkv, T) lands in on 132 SMs, and its split counts (contiguous and
+    paged) run on a small cache (most splits of a short sequence are empty)."""
+    row = split_row(b * hkv, H100_SMS)
+    outcomes = [Outcome(f"B{b} Hkv{hkv} lands in row {row}", row == SPLIT_ROW_SHAPES.index((b, hkv, t)))]
+    q = rand((3, 4, 64), dtype)
+    k, v = make_cache(3, 70, 2, 64, dtype, "bthd")
+    lengths = ragged_lengths(3, 70)
+    (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
+    ref = reference(q, k, v, lengths, 1 / 8)
+    for paged in (False, True):
+        splits = split_count(b * hkv, t, H100_SMS, 64, paged)
+        if paged:
+            o = paged_decode_attention(q, k_pages, v_pages, table, lengths, num_splits=splits)
+        else:
+            o = decode_attention(q, k, v, lengths, num_splits=splits)
+        outcomes.append(compare(f"O {'paged' if paged else 'contiguous'}, {splits} splits", o, ref,
+                                decode_tol(q, k, v, lengths, 1 / 8),
+                                torch_out=same_dtype_decode(q, k, v, lengths, 1 / 8)))
+    return outcomes
+
+
+def check_tables_forced():
+    """Every BLOCK_TABLE row (contiguous), each paged block derived from it, and every SPLIT_TABLE
+    row are forced by a case that runs on this device."""
+    runnable = [c for c in CASES if not (c.gpu_only and INTERPRET)]
+    forced = {(c.kwargs["d"], c.kwargs["block_n"], c.kwargs["num_warps"], c.kwargs["num_stages"], c.kwargs["paged"])
+              for c in runnable if c.fn is check_block}
+    expected = {(d, *row, False) for d, *row in BLOCK_TABLE}
+    expected |= {(d, *blocks, True) for d, *row in BLOCK_TABLE for blocks in paged_table_blocks(*row)}
+    missing = sorted(expected - forced)
+    rows = {split_row(c.kwargs["b"] * c.kwargs["hkv"], H100_SMS) for c in runnable if c.fn is check_split_row}
+    return [Outcome("every BLOCK_TABLE row and paged block forced", not missing,
+                    note=f"missing {missing}" if missing else ""),
+            Outcome("every SPLIT_TABLE row run", rows >= set(range(len(SPLIT_TABLE))), note=str(sorted(rows)))]
+
+
 def _cases():
     cases = []
 
@@ -325,6 +393,23 @@ def _cases():
     cases += [Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),
               Case("2^31+ elements per cache (contiguous, paged)", check_huge, gpu_only=True)]
+    # every launch-table row forced on small shapes (the interpreter's own choice is always
+    # INTERPRET_BLOCK): fp16 there, both dtypes on the GPU
+    for dtype in (torch.float16, torch.bfloat16):
+        dt = dtype_name(dtype)
+        for d, block_n, warps, stages in BLOCK_TABLE:
+            add(f"BLOCK_TABLE hd{d} {block_n}/{warps}/{stages} {dt}", check_block, gpu_only=dtype != torch.float16,
+                d=d, block_n=block_n, num_warps=warps, num_stages=stages, dtype=dtype, paged=False)
+            for bn, w, s in paged_table_blocks(block_n, warps, stages):
+                # a split of one block where the stages drop, else two splits of a block and a half
+                splits = 2 if s != stages or bn < block_n else 1
+                add(f"paged blocks hd{d} {bn}/{w}/{s} splits {splits} {dt}", check_block,
+                    gpu_only=dtype != torch.float16, d=d, block_n=bn, num_warps=w, num_stages=s, dtype=dtype,
+                    paged=True, num_splits=splits)
+        for b, hkv, t in SPLIT_ROW_SHAPES:
+            add(f"SPLIT_TABLE B{b} Hkv{hkv} T{t} (132 SMs) {dt}", check_split_row, gpu_only=dtype != torch.float16,
+                b=b, hkv=hkv, t=t, dtype=dtype)
+    cases.append(Case("every launch-table row forced", check_tables_forced))
     return cases
 
 

@@ -16,10 +16,9 @@ q k^T and p v, are tl.dot of the group padded to 16 rows (the MMA's smallest M) 
 block: the padding costs FLOPs only, and at 16 FLOPs per KV byte even with G = 1 the tensor cores
 are far from busy. What decides is the loads: feeding a dot, they are staged through shared memory
 by cp.async, num_stages deep, so the next blocks stream in while one is computed on (compiled for
-sm_90 with 4 warps, Triton 3.6 and 3.9: 76-202 registers a thread over hd 64-256 and G 1-32, no
-spills). The G == 1 alternative, a broadcast multiply and sum over D in registers (no padding, no
-shared memory), compiles to 86-128 registers without that staging; it stays selectable
-(DecodeConfig.use_dot).
+sm_90 with 4 warps: no spills over hd 64-256 and G 1-32). The G == 1 alternative, a broadcast
+multiply and sum over D in registers (no padding, no shared memory), has no such staging; it stays
+selectable (DecodeConfig.use_dot).
 The last, partial block of a range runs masked; the others run without masks.
 
 Split-KV (flash-decoding): B * Hkv programs cannot fill the GPU at small batch (8 programs for 132
@@ -32,8 +31,7 @@ shapes that split). The unsplit path writes O directly.
 Paged caches map a token to (page, slot) through a block table, page = block_table[b, t // PAGE_SIZE],
 slot = t % PAGE_SIZE; everything else is the same kernel (PAGED constexpr). The loop loads the next
 block's page ids while it works on the current block, so a K/V load never waits on a table load
-(H100, GPU time at B1: 2-9% faster than loading them in the block's own iteration, at the split
-counts SPLIT_TABLE picks; measured against the previous version of this file).
+(2-9% at B1 on an H100, docs/tuning/inference.md).
 
 Limits: head dim 64, 128 or 256; fp16 or bf16; lengths are read on the device (no host sync) and
 clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
@@ -47,12 +45,12 @@ import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET, sm_count as device_sm_count
+from common.device import INTERPRET, sm_count
 from common.ints import cdiv, next_power_of_2
+from common.triton_utils import LOG2E
 from common.validation import check_out, check_same_device, check_tensor
 from common.workspace import split_k_buffers
 
-LOG2_E = 1.4426950408889634
 HEAD_DIMS = (64, 128, 256)
 
 # ---------------------------------------------------------------------------------------------
@@ -67,30 +65,22 @@ BLOCK_TABLE = [
     (128, 64, 4, 3),
     (256, 32, 4, 3),
 ]
-# The paged kernel's own blocks (paged_blocks). With fewer programs than SMs, a paged split runs
-# blocks of half the tokens (down to 32), so a program has more blocks and the pipeline runs
-# deeper; a split of a single block keeps the full block and two stages instead (one block needs
-# no loads in flight ahead of it, and two stages keep one K/V block pair in shared memory instead
-# of two, so more programs fit an SM). H100, hd 128, 16-token pages, GPU us (CUDA graphs,
-# scripts/tune/decode_configs.py; BLOCK_N/warps/stages/splits), contiguous as shipped | paged:
-#   B1 Hkv32 T1024:  12.2 | 32/4/3/8 12.8, 64/4/2/8 14.0        B1 Hkv32 T8192: 49.1 | 32/4/3/8 51.7, 64/4/2/8 52.3
-#   B1 Hkv8 T8192:   18.5 | 32/4/3/32 19.6, 64/4/2/33 20.4      B4 Hkv8 T8192:  49.8 | 32/4/3/8 53.7, 64/4/2/8 53.6
-#   B1 Hkv8 T512:     6.8 | 64/4/2/8 7.0, 64/4/3/8 8.0, 32/4/3/8 8.0 (one 64-token block a split)
-# Unsplit, the paged kernel takes the contiguous one's blocks and three stages: B16 Hkv8 T512, T1024,
-# T2048: 15.7, 27.0, 48.7 | 64/4/3/1 17.3, 29.6, 53.0, where 64/4/2 in two splits ran 19.9, 31.1, 53.7.
-# With under one program an SM, one program has to keep an SM's loads in flight by itself: from
-# PAGED_LONG_TOKENS on it takes blocks of twice the tokens with twice the warps (two 64 KB K/V
-# block pairs in flight): B16 Hkv8 T2048 52.0 and T8192 182.8 against 53.0 and 186+ (contiguous
-# 48.7, 174.6); at T512-1024 the larger block's start costs as much as it saves (18.2 and 29.7
-# against 17.3 and 29.6). With one program an SM or more, split or not, the paged kernel runs the
-# contiguous one's blocks: halved blocks there lost 1-9% (scripts/tune/decode_configs.py waves:
-# B16 Hkv32 T1024 in 2 splits 102.6 against 96.3 at 64 tokens, T16384 1426.6 against 1393.8).
+# The paged kernel's own blocks (paged_blocks), with fewer programs than SMs; with one program an
+# SM or more, split or not, it runs the contiguous kernel's blocks (halved blocks lost there).
+# Measured by scripts/tune/decode_configs.py (and its `waves` sweep) on an H100, hd 128, 16-token
+# pages; docs/tuning/inference.md has the figures.
+# A split of several blocks runs blocks of half the tokens, down to PAGED_SPLIT_MIN_BLOCK_N: more
+# blocks a program, a deeper pipeline.
 PAGED_SPLIT_MIN_BLOCK_N = 32
+# A split of one block keeps the full block with two stages: no loads needed ahead of it, and one
+# K/V block pair in shared memory instead of two fits more programs an SM.
 PAGED_ONE_BLOCK_STAGES = 2
+# Unsplit, from PAGED_LONG_TOKENS on, one program has to keep an SM's loads in flight by itself:
+# twice the tokens a block with twice the warps. Shorter, the larger block's start costs what it saves.
 PAGED_LONG_TOKENS = 2048
 # The interpreter runs every op in numpy: small blocks keep the CPU tests quick and give short
 # sequences several blocks, so the unmasked loop, the masked tail and split boundaries all run.
-INTERPRETER_BLOCK = (16, 1, 1)
+INTERPRET_BLOCK = (16, 1, 1)
 # G == 1 (MHA) takes tl.dot too (see the module docstring); False selects the broadcast product.
 # Groups of two or more always take tl.dot: a broadcast [G, BLOCK_N, D] fp32 product spills (G = 4,
 # hd 128, BLOCK_N 64: 255 registers and 1.5 KB of stack a thread).
@@ -101,35 +91,20 @@ MHA_USE_DOT = True
 #    cache, tokens per split at least)
 # The first row that applies sets num_splits = min(floor(target * n_sms / (B * Hkv)),
 # T // max(min_tokens, BLOCK_N), MAX_SPLITS), at least 1; at or past the last row the sequence is
-# not split. Measured in GPU time (CUDA graphs, scripts/tune/small_shapes.py split and
-# scripts/tune/decode_configs.py) on an H100, H32 hd128 fp16, us at the best split count (and at
-# the next one up):
-# - Contiguous: with fewer programs than SMs, one program an SM is best: B1 Hkv8 T8192 17.9 at 17
-#   splits (19.2 at 32), B1 Hkv32 T8192 49.1 at 4 (51.2 at 5), B4 Hkv8 49.8 at 4 (52.0 at 5); and
-#   128 programs (B16 Hkv8, B4 Hkv32) are one a SM already: unsplit 15.9 at T512 against 19.0 in
-#   2 splits, 172 against 181 at B4 Hkv32 T8192. Short sequences split down to one block a
-#   program: B1 Hkv8 T512 6.7 at 8 splits against 9.3 at 2 and 7.8 at 4.
-# - Paged: its K/V addresses wait on block-table loads, so a program keeps fewer loads in flight,
-#   and two programs an SM are best where there are few: B1 Hkv8 T8192 19.6 at 32 splits against
-#   20.3 at 16 (the table's 33 ran 19.3-19.6 in the benchmark), B1 Hkv32 T8192 51.7 at 8 in 32-token
-#   blocks (52.5 at 8 in 64-token blocks). From half a program an SM up it splits as the
-#   contiguous kernel does: B16 Hkv8 (128 programs) T512 17.3 unsplit against 18.7-19.9 in two.
-# With one to four programs an SM, finer splits even out the last wave (H200: B16 Hkv32 T4096 and
-# B64 Hkv8 T16384, 4 splits 4205 / 4529 GB/s, 2 splits 4095 / 4362).
+# not split. Measured in GPU time by scripts/tune/small_shapes.py split and
+# scripts/tune/decode_configs.py on an H100 (H32 hd128 fp16; the last row on an H200);
+# docs/tuning/inference.md has the figures. Contiguous, with fewer programs than SMs, one program
+# an SM is best; paged, whose K/V addresses wait on block-table loads, two where there are few.
 SPLIT_TABLE = [
     (1 / 2, 1, 2, 64),  # under half a program an SM (B1..B8 at Hkv 8, B1..B2 at Hkv 32): one
                         # contiguous or two paged programs an SM, down to one block a program
     (1, 1, 1, 64),      # half a program an SM up to one: one program an SM (no split past
                         # n_sms / 2 programs, where a target of one rounds down to 1)
-    (4, 16, 16, 512),   # one to four programs an SM: four to eight splits a sequence, longer splits
+    (4, 16, 16, 512),   # one to four programs an SM: finer splits even out the last wave
 ]
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
-INTERPRETER_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
+INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
 # ---------------------------------------------------------------------------------------------
-
-
-def sm_count(device):
-    return device_sm_count(device, INTERPRETER_SMS)
 
 
 @dataclass(frozen=True)
@@ -157,7 +132,7 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
     G = group query heads a kv head, on a GPU with n_sms SMs; paged: a paged cache; num_splits: a
     split count to use instead of the table's (the paged blocks follow it)."""
     if INTERPRET:
-        block_n, num_warps, num_stages = INTERPRETER_BLOCK
+        block_n, num_warps, num_stages = INTERPRET_BLOCK
     else:
         block_n, num_warps, num_stages = next(row[1:] for row in BLOCK_TABLE if head_dim <= row[0])
     splits = num_splits or split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged)
@@ -427,14 +402,14 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     paged = table is not None
     if cfg is None:
         longest = max_tokens if max_length is None else min(max_length, max_tokens)
-        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0), paged, num_splits)
+        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0, INTERPRET_SMS), paged, num_splits)
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
     _decode_attention_kernel[(b * hkv, splits)](
         q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
-        hkv, max_tokens, scale * LOG2_E,
+        hkv, max_tokens, scale * LOG2E.value,
         GROUP=group, GROUP_PAD=max(16 if use_dot else 1, next_power_of_2(group)), HEAD_DIM=d,
         BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

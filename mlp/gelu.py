@@ -1,4 +1,4 @@
-"""PyTorch references for GELU (exact and tanh), bias + GELU, and SwiGLU.
+"""PyTorch references for bias + GELU (exact and tanh) and SwiGLU.
 
 The math runs in fp32 (or fp64 when given fp64 inputs, as the tests do) and is cast to the input
 dtype once, as the fused kernels do. PyTorch's own same-dtype calls round in between: eager
@@ -30,11 +30,6 @@ def _gelu(xf, approximate):
     if approximate == "none":
         return 0.5 * xf * (1.0 + torch.erf(xf * math.sqrt(0.5)))
     return 0.5 * xf * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (xf + 0.044715 * xf.pow(3))))
-
-
-def gelu_ref(x, approximate="none"):
-    """GELU, exact (erf) or tanh.   x any shape -> y like x."""
-    return _gelu(x.to(_compute_dtype(x)), approximate).to(x.dtype)
 
 
 def bias_gelu_ref(x, bias, approximate="none"):

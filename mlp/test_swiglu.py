@@ -15,25 +15,13 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from common.checks.swiglu import inputs  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand, shape_case  # noqa: E402
 from mlp.gelu import swiglu_ref  # noqa: E402
 from mlp.mlp_cases import DTYPES, ONE_ROUNDING, WIDTHS, every_value, huge_rows, overflow_expected  # noqa: E402
-from mlp.triton_swiglu import swiglu  # noqa: E402
-
-
-def inputs(shape, dtype, layout, pad, gate_scale, up_scale):
-    """gate, up of `shape` laid out as:
-    separate    two tensors (gate a strided view when pad is given)
-    fused       the two halves of one (..., 2I) buffer, as a fused gate/up projection returns them
-    transposed  2-D views whose last dim is strided (copied once by the launcher)"""
-    n = shape[-1]
-    if layout == "fused":
-        h = rand((*shape[:-1], 2 * n), dtype)
-        return h[..., :n], h[..., n:]
-    if layout == "transposed":
-        return rand(shape[::-1], dtype).t(), rand(shape[::-1], dtype).t()
-    return rand(shape, dtype, pad=pad, scale=gate_scale), rand(shape, dtype, scale=up_scale)
+from mlp.tiling import TILE_TABLE, tile_config_for  # noqa: E402
+from mlp.triton_swiglu import launch_swiglu, swiglu  # noqa: E402
 
 
 def check(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_scale=1.0):
@@ -143,6 +131,29 @@ def cases():
 
 
 CASES = cases()
+
+
+def check_forced(row, shape, dtype):
+    """A TILE_TABLE entry's whole tile, which the interpreter's small matrices otherwise halve."""
+    gate, up = rand(shape, dtype), rand(shape, dtype)
+    cfg = tile_config_for(row, *shape, gate.element_size(), min_programs=1)
+    y = poisoned(shape, dtype)
+    launch_swiglu(gate, up, y, cfg)
+    return [Outcome("whole tile", cfg.BLOCK_M * cfg.BLOCK_N == row[1], note=str(cfg)),
+            compare("y", y, swiglu_ref(gate.double(), up.double()), ONE_ROUNDING[dtype], torch_out=F.silu(gate) * up)]
+
+
+def check_table_rows():
+    """Every TILE_TABLE["swiglu"] entry is forced by a case: an entry added without one fails here."""
+    forced = {c.kwargs["row"] for c in CASES if c.fn is check_forced}
+    missing = [row for row in TILE_TABLE["swiglu"].values() if row not in forced]
+    return [Outcome("every TILE_TABLE['swiglu'] entry", not missing, note=f"not forced: {missing}" if missing else "")]
+
+
+CASES += [Case(f"forced tile {row} (7, 1000) {dtype_name(dtype)}", check_forced,
+               dict(row=row, shape=(7, 1000), dtype=dtype))
+          for dtype in DTYPES for size, row in TILE_TABLE["swiglu"].items() if torch.finfo(dtype).bits // 8 == size]
+CASES.append(Case("every launch-table row forced", check_table_rows))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

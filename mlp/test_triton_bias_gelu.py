@@ -20,7 +20,8 @@ from common.testing import (Case, Outcome, Tol, compare, dtype_name, expect_rais
                             shape_case)
 from mlp.gelu import APPROXIMATIONS, bias_gelu_ref  # noqa: E402
 from mlp.mlp_cases import DTYPES, ONE_ROUNDING, WIDTHS, every_value, huge_rows, overflow_expected  # noqa: E402
-from mlp.triton_bias_gelu import bias_gelu  # noqa: E402
+from mlp.tiling import TILE_TABLE, tile_config_for  # noqa: E402
+from mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu  # noqa: E402
 
 
 def check(shape, dtype, approximate="none", pad=None, scale=1.0, bias_dtype=None, has_bias=True):
@@ -142,6 +143,29 @@ def cases():
 
 
 CASES = cases()
+
+
+def check_forced(row, shape, dtype):
+    """A TILE_TABLE entry's whole tile, which the interpreter's small matrices otherwise halve."""
+    x, b = rand(shape, dtype), rand((shape[-1],), dtype)
+    cfg = tile_config_for(row, *shape, x.element_size(), min_programs=1)
+    y = poisoned(shape, dtype)
+    launch_bias_gelu(x, b, "none", y, cfg)
+    return [Outcome("whole tile", cfg.BLOCK_M * cfg.BLOCK_N == row[1], note=str(cfg)),
+            compare("y", y, bias_gelu_ref(x.double(), b.double()), ONE_ROUNDING[dtype], torch_out=F.gelu(x + b))]
+
+
+def check_table_rows():
+    """Every TILE_TABLE["bias_gelu"] entry is forced by a case: an entry added without one fails here."""
+    forced = {c.kwargs["row"] for c in CASES if c.fn is check_forced}
+    missing = [row for row in TILE_TABLE["bias_gelu"].values() if row not in forced]
+    return [Outcome("every TILE_TABLE['bias_gelu'] entry", not missing, note=f"not forced: {missing}" if missing else "")]
+
+
+CASES += [Case(f"forced tile {row} (7, 1000) {dtype_name(dtype)}", check_forced,
+               dict(row=row, shape=(7, 1000), dtype=dtype))
+          for dtype in DTYPES for size, row in TILE_TABLE["bias_gelu"].items() if torch.finfo(dtype).bits // 8 == size]
+CASES.append(Case("every launch-table row forced", check_table_rows))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

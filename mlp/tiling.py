@@ -29,12 +29,11 @@ import triton.language as tl
 from common.ints import cdiv, next_power_of_2
 
 # By kernel, then element size in bytes: (widest BLOCK_N, elements a program, num_warps).
-# Sweep on an H200 (copy 4245 GB/s), the mlp bench's shapes of 16M+ elements, fp16 and bf16:
-# - swiglu (two inputs): 2048 values a program (2 rows of 1024) was best or within 1% at 13 of 16
-#   shapes; 8192 lost 2-4% at 4096 x 4096 and 4096 x 11008 (3200 against 3336 GB/s, fp16), where
-#   2048 programs of 8192 are 2.2 waves of the GPU and the last wave runs a fifth full. 1024 values
-#   of 2 warps won at 4096 x 4096 (3430) but lost 5% at 16384 x 14336.
-# - bias_gelu (one input, more math a value): 4096 values was best or within 1% at 14 of 16.
+# Measured by scripts/tune/mlp_sweep.py on an H200 (the mlp bench's shapes of 16M+ elements, fp16
+# and bf16); the figures are in docs/tuning/mlp.md.
+# - swiglu (two inputs): 2048 values a program, best or within 1% at most shapes; 8192 lost where
+#   its programs make a part-full last wave, 1024 lost at the largest matrices.
+# - bias_gelu (one input, more math a value): 4096 values, best or within 1% at most shapes.
 # fp32 keeps the same bytes a program (half the values), untuned.
 TILE_TABLE = {
     "swiglu": {2: (1024, 2048, 4), 4: (512, 1024, 4)},
@@ -60,7 +59,14 @@ class TileConfig:
 def tile_config(kernel, n_rows, n_cols, elem_size):
     """Tile and launch parameters of `kernel` (a TILE_TABLE key) for an (n_rows, n_cols) matrix of
     elem_size-byte values."""
-    widest, tile, warps = TILE_TABLE[kernel][elem_size]
+    return tile_config_for(TILE_TABLE[kernel][elem_size], n_rows, n_cols, elem_size)
+
+
+def tile_config_for(row, n_rows, n_cols, elem_size, min_programs=MIN_PROGRAMS):
+    """tile_config from one table entry row = (widest BLOCK_N, elements a program, num_warps):
+    what tile_config does with TILE_TABLE's entry, and what a tuning sweep does with a candidate.
+    min_programs=1 keeps the entry's whole tile on a small matrix (the tests force it so)."""
+    widest, tile, warps = row
     block_n = min(widest, next_power_of_2(n_cols))
     # of the widest block, its half and its quarter, the one that pads n_cols least (the larger on
     # a tie): 11008 = 43 * 256 takes 256 and no mask, where 1024 would leave a 3/4-empty last tile
@@ -71,7 +77,7 @@ def tile_config(kernel, n_rows, n_cols, elem_size):
     def n_tiles(bm, bn):
         return cdiv(n_rows, bm) * cdiv(n_cols, bn)
 
-    while n_tiles(block_m, block_n) < MIN_PROGRAMS and block_m * block_n > MIN_TILE:
+    while n_tiles(block_m, block_n) < min_programs and block_m * block_n > MIN_TILE:
         if block_m > 1:
             block_m //= 2
         else:

@@ -3,12 +3,10 @@
     y = gelu(x + bias)       exact:  z * Phi(z)            Phi the standard normal CDF, z = x + bias
                              tanh:   z * sigmoid(2 * sqrt(2/pi) * (z + 0.044715 * z^3))
 
-in fp32, with one rounding to x's dtype at the end. Neither form calls erf or tanh. The textbook
-0.5 * z * (1 + erf(z / sqrt(2))) loses most of its digits to 1 + erf(.) for z < -2, and costs twice
-the instructions: compiled for sm_90, the kernel with libdevice's erf is 37 SASS instructions a
-value (with a branch that a warp of mixed signs takes both ways), with gelu_fp32's forms 18
-(exact) and 15 (tanh), loads, conversions and stores included. Streaming fp16 at 3 TB/s (4 bytes a
-value) an H100 has issue slots for about 40 a value.
+in fp32 (common.triton_utils.gelu), with one rounding to x's dtype at the end. Neither form calls
+erf or tanh. The textbook 0.5 * z * (1 + erf(z / sqrt(2))) loses most of its digits to 1 + erf(.)
+for z < -2, and with libdevice's erf the kernel takes about twice the instructions a value, near
+what an H100 can issue while streaming fp16 at full bandwidth (docs/tuning/mlp.md).
 
 Memory traffic for M rows of O values of e bytes: read x (M*O*e), write y (M*O*e), read bias (O*e,
 from L2 after the first band of rows). Eager PyTorch takes two kernels and rounds x + bias between
@@ -20,43 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
+from common.triton_utils import gelu
 from common.validation import as_rows, check_out, check_same_device, check_tensor
 from mlp.gelu import check_approximate
 from mlp.tiling import tile_config, tile_offsets
-
-
-@triton.jit
-def gelu_fp32(z, TANH: tl.constexpr):
-    """GELU of fp32 values, exact or the tanh approximation."""
-    if TANH:
-        # 0.5 * (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + 2^(z * (K1 + K3 * z^2))) with the constants
-        # folded: K1 = -2 * sqrt(2/pi) * log2(e), K3 = 0.044715 * K1. No cancellation where
-        # tanh(u) -> -1, and for large finite |z|, where 2^(.) or z^3 overflows to inf, the
-        # result is exactly -0 or z.
-        t = z * tl.fma(-0.1029432395800235, z * z, -2.302208198144325)
-        return z / (1.0 + tl.exp2(t))
-    else:
-        # z * Phi(z) = relu(z) - |z| * Phi(-|z|) for either sign of z, and Phi(-a) = 2^q(a) with
-        # q(a) ~ log2(Phi(-a)) a degree-9 polynomial on [0, 5.5] (least squares at Chebyshev points,
-        # reweighted towards minimax): |error| < 1.3e-6 in q, 9e-7 relative in Phi(-a). In fp32 over
-        # 1M points of [-8, 8]: relative error < 2e-6 where |y| > 1e-4 (3e-6 further out), absolute
-        # < 1.1e-7 below; the fp32 erf formula reaches 6e-4 relative, from 1 + erf. No branch.
-        # Past a = 5.5, |z| * Phi(-|z|) < 1.1e-7 and y = relu(z): gelu(-1e4) = 0 and
-        # gelu(1e4) = 1e4 exactly, and the polynomial is never used outside its interval.
-        # Explicit fma: one instruction a step whether or not the compiler fuses a * b + c.
-        a = tl.abs(z)
-        q = tl.fma(7.855826e-08, a, -2.0426723e-06)
-        q = tl.fma(q, a, 2.0293202e-05)
-        q = tl.fma(q, a, -6.755226e-05)
-        q = tl.fma(q, a, -0.0004920478)
-        q = tl.fma(q, a, 0.0076362845)
-        q = tl.fma(q, a, -0.052991785)
-        q = tl.fma(q, a, -0.45899916)
-        q = tl.fma(q, a, -1.1511385)
-        q = tl.fma(q, a, -0.9999991)
-        relu = tl.maximum(z, 0.0)
-        # a NaN z fails the test and takes the second branch, where a * 2^q(a) carries it to y
-        return tl.where(a >= 5.5, relu, tl.fma(-a, tl.exp2(q), relu))
 
 
 @triton.jit
@@ -76,7 +41,7 @@ def _bias_gelu_kernel(
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=in_cols, other=0.0, eviction_policy="evict_last")
         z += b.to(tl.float32)[None, :]
-    y = gelu_fp32(z, TANH)
+    y = gelu(z, TANH)
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -91,15 +56,17 @@ def check_bias_gelu_args(x, bias, approximate):
     check_approximate(approximate)
 
 
-def launch_bias_gelu(x, bias, approximate, y):
+def launch_bias_gelu(x, bias, approximate, y, cfg=None):
     """Launch on validated arguments: x (..., O); bias (O,) or None; y a contiguous output shaped
-    like x. Writes y in place."""
+    like x. Writes y in place. cfg: a TileConfig to launch instead of tile_config's choice
+    (tuning sweeps: mlp.tiling.tile_config_for)."""
     if x.numel() == 0:
         return
     x2 = as_rows(x)
     n_rows, n_cols = x2.shape
     y2 = y.view(-1, n_cols)
-    cfg = tile_config("bias_gelu", n_rows, n_cols, x.element_size())
+    if cfg is None:
+        cfg = tile_config("bias_gelu", n_rows, n_cols, x.element_size())
     b = bias.contiguous() if bias is not None else x2  # x2: a placeholder pointer, never read
     _bias_gelu_kernel[(cfg.grid,)](
         x2, b, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from common.validation import as_rows, check_out, check_same_device, check_tensor
+from common.triton_utils import silu
+from common.validation import as_rows, check_out, check_swiglu_args
 from mlp.tiling import tile_config, tile_offsets
 
 
@@ -29,33 +30,24 @@ def _swiglu_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     rows, cols, mask, _ = tile_offsets(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N)
-    # no eviction hint: evict_first on these loads cost 4-6% (H200, 8192 x 14336 bf16, flat
-    # 1024-value blocks: 4053 GB/s with it, 4229 without, torch.compile 4233)
+    # no eviction hint: evict_first on these loads lost 4-6% on an H200 (docs/tuning/mlp.md)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
+    y = silu(g) * u
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def check_swiglu_args(gate, up):
-    check_tensor("gate", gate)
-    check_tensor("up", up)
-    check_same_device("up", up, "gate", gate)
-    if up.dtype != gate.dtype:
-        raise TypeError(f"up must have gate's dtype {gate.dtype}; got {up.dtype}")
-    if up.shape != gate.shape:
-        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}; got {tuple(up.shape)}")
-
-
-def launch_swiglu(gate, up, y):
+def launch_swiglu(gate, up, y, cfg=None):
     """Launch on validated arguments: gate, up (..., I) of one dtype; y a contiguous output shaped
-    like gate. Writes y in place."""
+    like gate. Writes y in place. cfg: a TileConfig to launch instead of tile_config's choice
+    (tuning sweeps: mlp.tiling.tile_config_for)."""
     if gate.numel() == 0:
         return
     g2, u2 = as_rows(gate), as_rows(up)
     n_rows, n_cols = g2.shape
     y2 = y.view(-1, n_cols)
-    cfg = tile_config("swiglu", n_rows, n_cols, gate.element_size())
+    if cfg is None:
+        cfg = tile_config("swiglu", n_rows, n_cols, gate.element_size())
     _swiglu_kernel[(cfg.grid,)](
         g2, u2, y2, n_rows, n_cols, g2.stride(0), u2.stride(0), y2.stride(0),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,

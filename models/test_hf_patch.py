@@ -3,7 +3,7 @@ the same weights run unpatched.
 
     python models/test_hf_patch.py        (or: pytest models/test_hf_patch.py)
 
-Needs transformers (an optional dependency): without it the script prints why and runs no case.
+Needs transformers (an optional dependency): without it every case counts as skipped, with the reason.
 
 Each model case runs a prefill and a few decode steps on a DynamicCache (the decode tokens are the
 fp32 reference's greedy choices, fed to every model alike, so the logits compare step by step) in
@@ -32,10 +32,11 @@ from common.device import DEVICE  # noqa: E402
 from common.testing import Case, Outcome, Tol, compare, expect_raises, run_cases  # noqa: E402
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-SKIP_REASON = "transformers is not installed (an optional dependency: pip install transformers==5.17.0)"
+SKIP_REASON = "transformers not installed"
+INSTALL_HINT = "an optional dependency: pip install transformers==5.17.0"
 if not HAVE_TRANSFORMERS and "pytest" in sys.modules:
     import pytest
-    pytest.skip(SKIP_REASON, allow_module_level=True)
+    pytest.skip(f"{SKIP_REASON} ({INSTALL_HINT})", allow_module_level=True)
 
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 # fp32 model: the kernels reorder fp32 sums only (~1e-6 relative); the logits are O(1)
@@ -360,7 +361,7 @@ def model_cases():
     return cases
 
 
-CASES = model_cases() if HAVE_TRANSFORMERS else []
+CASES = model_cases()
 
 
 def test_case(case):
@@ -369,5 +370,6 @@ def test_case(case):
 
 if __name__ == "__main__":
     if not HAVE_TRANSFORMERS:
-        print(f"models/test_hf_patch.py: skipped, {SKIP_REASON}")
-    sys.exit(run_cases("HF Llama / Qwen2 patched with our kernels", CASES))
+        print(f"models/test_hf_patch.py: {SKIP_REASON} ({INSTALL_HINT})")
+    sys.exit(run_cases("HF Llama / Qwen2 patched with our kernels", CASES,
+                       skip_reason=None if HAVE_TRANSFORMERS else SKIP_REASON))

@@ -2,45 +2,19 @@
 
     python normalization/test_rmsnorm.py        (or: pytest normalization/test_rmsnorm.py)
 """
+import functools
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
+from common.checks import rmsnorm as checks  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.testing import Outcome, compare, expect_raises, main, poisoned, rand  # noqa: E402
-from normalization.norm_cases import huge_rows, norm_cases  # noqa: E402
-from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
+from common.testing import Outcome, expect_raises, main, rand  # noqa: E402
+from normalization.norm_cases import norm_cases  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
-
-EPS = 1e-6
-
-
-def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None, impl=rmsnorm):
-    """impl: the RMSNorm under test (cuda_cpp/test_cuda_kernels.py passes the CUDA one)."""
-    x = rand(shape, dtype, pad=pad, scale=scale)
-    w = rand((shape[-1],), weight_dtype or dtype)
-    y = impl(x, w, EPS, out=poisoned(shape, dtype))
-    ref = rmsnorm_ref(x.double(), w.double(), EPS)
-    # PyTorch's own same-dtype result bounds our error; it needs weight and x in one dtype
-    torch_out = F.rms_norm(x, (shape[-1],), w, EPS) if weight_dtype is None else None
-    return [compare("y", y, ref, torch_out=torch_out)]  # inf/NaN where ref is finite fails too
-
-
-def check_own_buffer(impl=rmsnorm):
-    x, w = rand((9, 41), torch.float16), rand((41,), torch.float16)
-    return [compare("y", impl(x, w, EPS), rmsnorm_ref(x.double(), w.double(), EPS))]
-
-
-def check_huge(n_cols, impl=rmsnorm):
-    """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
-    rows = huge_rows(n_cols)
-    x, w = rand((rows, n_cols), torch.float16), rand((n_cols,), torch.float16)
-    y = impl(x, w, EPS, out=poisoned((rows, n_cols), torch.float16))
-    return [compare("last rows", y[-4:], rmsnorm_ref(x[-4:].double(), w.double(), EPS))]
 
 
 def check_errors():
@@ -64,7 +38,10 @@ def check_empty():
     return [Outcome("empty in, empty out", y.shape == x.shape and y.dtype == x.dtype)]
 
 
-CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge)
+# the checks of outputs are shared with cuda_cpp's RMSNorm: common/checks/rmsnorm.py
+CASES = norm_cases(functools.partial(checks.check, impl=rmsnorm),
+                   functools.partial(checks.check_own_buffer, impl=rmsnorm), check_errors, check_empty,
+                   functools.partial(checks.check_huge, impl=rmsnorm))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from common.validation import as_rows, check_out
+from common.triton_utils import col_mask
+from common.validation import as_rows, check_norm_args, check_out
 from normalization.launch_config import row_config
-from normalization.triton_rmsnorm import check_norm_args, col_mask
 
 
 @triton.jit
@@ -61,8 +61,7 @@ def _layernorm_looped_kernel(
 
     The row length and strides are compile-time constants, as in Inductor's static-shape kernels:
     one compile per (N, stride), and a model has a few. With them as runtime values this kernel
-    ran 15-23% slower (bf16, N = 4096 / 8192: 3307 / 3326 GB/s against 3926 / 4080). RMSNorm's
-    looped kernel reaches 4100+ GB/s with runtime values; it has not been tried specialized.
+    ran 15-23% slower (docs/tuning/normalization.md).
     """
     row = tl.program_id(0).to(tl.int64)
     # pass 1: the mean; keep the row in L2 (evict_last) for passes 2 and 3
@@ -96,24 +95,17 @@ def _layernorm_looped_kernel(
                  eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
-def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
-    """LayerNorm over the last dim.
-
-    x: (..., N) fp16, bf16 or fp32, any row stride. weight, bias: (N,) any float dtype, or None.
-    out: optional contiguous buffer shaped like x. Returns y: (..., N), x's dtype.
-    """
-    n_cols = check_norm_args(x, weight, eps)
-    if bias is not None:
-        check_norm_args(x, bias, eps, weight_name="bias")
-    if out is not None:
-        check_out("out", out, x.shape, x.dtype, x.device)
-    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+def launch_layernorm(x, weight, bias, eps, y, cfg=None):
+    """Launch on validated arguments: x (..., N); weight, bias (N,) or None; y a contiguous output
+    shaped like x, written in place. cfg: a RowConfig to launch instead of row_config's choice
+    (tuning sweeps); a fused one must hold the whole row (BLOCK_N >= N)."""
     if x.numel() == 0:
-        return y
+        return
     x2 = as_rows(x)
+    n_rows, n_cols = x2.shape
     y2 = y.view(-1, n_cols)
-    n_rows = x2.shape[0]
-    cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)
+    if cfg is None:
+        cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)
     # absent weight/bias: pass x as a never-read placeholder pointer
     args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y2,
             n_rows, n_cols, x2.stride(0), y2.stride(0), eps)
@@ -124,4 +116,19 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
     else:
         _layernorm_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                                              num_warps=cfg.num_warps)
+
+
+def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
+    """LayerNorm over the last dim.
+
+    x: (..., N) fp16, bf16 or fp32, any row stride. weight, bias: (N,) any float dtype, or None.
+    out: optional contiguous buffer shaped like x. Returns y: (..., N), x's dtype.
+    """
+    check_norm_args(x, weight, eps)
+    if bias is not None:
+        check_norm_args(x, bias, eps, weight_name="bias")
+    if out is not None:
+        check_out("out", out, x.shape, x.dtype, x.device)
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launch_layernorm(x, weight, bias, eps, y)
     return y

@@ -9,8 +9,8 @@ by an RMSNorm. The kernel is the RMSNorm kernel with HAS_RESIDUAL set (triton_rm
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from common.validation import check_out, check_same_device, check_tensor
-from normalization.triton_rmsnorm import check_norm_args, launch_rmsnorm
+from common.validation import check_norm_args, check_out, check_same_device, check_tensor
+from normalization.triton_rmsnorm import launch_rmsnorm
 
 
 def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None):

@@ -14,17 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from common.validation import as_rows, check_out, check_same_device, check_tensor
+from common.triton_utils import col_mask
+from common.validation import as_rows, check_norm_args, check_out
 from normalization.launch_config import row_config
-
-
-@triton.jit
-def col_mask(cols, n_cols, EVEN_N: tl.constexpr):
-    """cols < n_cols, or a constant True when every chunk is full: the compiler then drops the
-    predicate from every load and store (worth 5-10% on the looped kernels)."""
-    if EVEN_N:
-        return tl.full(cols.shape, True, tl.int1)
-    return cols < n_cols
 
 
 @triton.jit
@@ -71,8 +63,7 @@ def _rmsnorm_looped_kernel(
 
     The row length and strides are compile-time constants, as in Inductor's static-shape kernels:
     the chunk loop's trip count and every address offset are then known to the compiler. One
-    compile per row length; on an H200 it ran the N = 65536 rows at 3825-3836 GB/s instead of
-    3157-3722, and residual RMSNorm at N = 32768 fp16 at 3999 instead of 3651.
+    compile per row length, worth 3-21% on the widest rows (docs/tuning/normalization.md).
     """
     row = tl.program_id(0).to(tl.int64)
     # pass 1: keep the row in L2 (evict_last) for pass 2
@@ -104,24 +95,11 @@ def _rmsnorm_looped_kernel(
                  eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
-def check_norm_args(x, weight, eps, x_name="x", weight_name="weight"):
-    """Shared argument checks of the row-wise norms; returns N, the normalized size."""
-    check_tensor(x_name, x)
-    n_cols = x.shape[-1]
-    if weight is not None:
-        check_tensor(weight_name, weight)
-        check_same_device(weight_name, weight, x_name, x)
-        if tuple(weight.shape) != (n_cols,):
-            raise ValueError(f"{weight_name} must have shape ({n_cols},) to match the last dim of "
-                             f"{x_name} {tuple(x.shape)}; got {tuple(weight.shape)}")
-    if not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
-    return n_cols
-
-
-def launch_rmsnorm(x, residual, weight, eps, y, u):
+def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None):
     """Launch on validated arguments: x, residual (or None) (..., N); weight (N,); y, u (or None)
-    contiguous outputs shaped like x. Writes y (and u) in place."""
+    contiguous outputs shaped like x. Writes y (and u) in place.
+    cfg: a RowConfig to launch instead of row_config's choice (tuning sweeps); a fused one must
+    hold the whole row (BLOCK_N >= N)."""
     if x.numel() == 0:
         return
     x2 = as_rows(x)
@@ -129,7 +107,8 @@ def launch_rmsnorm(x, residual, weight, eps, y, u):
     r2 = as_rows(residual) if residual is not None else x2
     y2 = y.view(-1, n_cols)
     u2 = u.view(-1, n_cols) if u is not None else y2
-    cfg = row_config(n_rows, n_cols, x.element_size())
+    if cfg is None:
+        cfg = row_config(n_rows, n_cols, x.element_size())
     args = (x2, r2, weight.contiguous(), y2, u2, n_rows, n_cols,
             x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0), eps)
     if cfg.looped:

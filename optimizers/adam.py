@@ -11,7 +11,6 @@ The math runs in the state's dtype (fp32, or fp64 when the tests want a referenc
 references) and the param is rounded to its own dtype once per step, which is also the bf16 mode
 of the Triton kernel: bf16 params, fp32 state, fp32 math.
 """
-import torch
 
 
 def adamw_step_ref(param, grad, exp_avg, exp_avg_sq, step, *, lr, beta1, beta2, eps, weight_decay):
@@ -34,9 +33,3 @@ def adamw_step_ref(param, grad, exp_avg, exp_avg_sq, step, *, lr, beta1, beta2, 
     if w is not param:
         param.detach().copy_(w)  # the one rounding to the param's dtype
 
-
-def adamw_ref(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas, eps, weight_decay):
-    """adamw_step_ref over lists (one param group); steps: the step count of each param."""
-    for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True):
-        adamw_step_ref(p, g, m, v, step, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
-                       weight_decay=weight_decay)

@@ -402,6 +402,19 @@ CASES = (
        Case("bad input", check_errors),
        Case("2^31+ elements", check_huge, dict(n=2 ** 31 + 5), gpu_only=True)]
 )
+# the case of this tier that runs each CONFIGS entry (one per param dtype)
+CONFIG_CASES = {torch.float32: "MLP params wd=0.01", torch.bfloat16: "bf16 MLP params"}
+
+
+def check_table_rows():
+    """Every CONFIGS entry has a case of this tier that runs it: a dtype added to CONFIGS without
+    one fails here."""
+    names = {c.name for c in common.testing.select_cases(CASES)}
+    missing = [dtype for dtype in triton_adam.CONFIGS if CONFIG_CASES.get(dtype) not in names]
+    return [Outcome("every CONFIGS entry run", not missing, note=f"no case runs {missing}" if missing else "")]
+
+
+CASES = CASES + [Case("every launch-table row reached", check_table_rows)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -38,8 +38,9 @@ import triton.language as tl
 from common.device import DEVICE
 
 # (BLOCK elements a program, num_warps) per param dtype. fp32: 8 values a thread per array (two
-# 16-byte loads each of w, g, m, v) at 72 registers, so 7 programs fit an SM; 2048 needs 122
-# registers (4 programs). bf16 takes 2048 so that its w and g loads are 16 bytes too (91 registers).
+# 16-byte loads each of w, g, m, v); 2048 would need enough registers to nearly halve the programs
+# an SM. bf16 takes 2048 so that its w and g loads are 16 bytes too. Sized from the registers of
+# the kernel compiled for sm_90 (H100, H200), not swept: docs/tuning/optimizers.md.
 CONFIGS = {torch.float32: (1024, 4), torch.bfloat16: (2048, 4)}
 ADDR_COLS = 6    # tensor table, int64: w, g, m, v addresses, numel, 1 if all four 16-byte aligned
 SCALAR_COLS = 8  # tensor table, fp32: see _scalars()

@@ -1,7 +1,8 @@
 """GPU sweep of decode attention's launch configs, contiguous and paged, at the shapes where the paged
 kernel trailed the contiguous one: (BLOCK_N, num_warps, num_stages) x split count, GPU us (CUDA
-graphs, common.bench.graph_time_ms). Sets PAGED_SPLIT_MIN_BLOCK_N,
-PAGED_ONE_BLOCK_STAGES and SPLIT_TABLE's paged column in inference/triton_inference_attention.py.
+graphs, common.bench.graph_time_ms). Sets PAGED_SPLIT_MIN_BLOCK_N, PAGED_ONE_BLOCK_STAGES,
+PAGED_LONG_TOKENS and SPLIT_TABLE's paged column in inference/triton_inference_attention.py; the
+figures behind them are in docs/tuning/inference.md.
 
     python scripts/tune/decode_configs.py          (~4 min on an H100)
     python scripts/tune/decode_configs.py waves    (one to four programs an SM, B * Hkv 256-512:
@@ -19,11 +20,12 @@ import common  # noqa: E402,F401
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks.inference_bench import PAGE_SIZE as PS, to_pages  # noqa: E402
 from common.bench import graph_time_ms  # noqa: E402
+from common.device import sm_count  # noqa: E402
 import inference.triton_inference_attention as ia  # noqa: E402
+from inference.paged_kv_cache import to_pages  # noqa: E402
 
-H, D = 32, 128
+H, D, PS = 32, 128, 16  # PS: tokens a page
 SHAPES = [(1, 32, 512), (1, 32, 1024), (1, 8, 512), (16, 8, 512), (16, 8, 1024), (16, 8, 2048),  # (B, Hkv, T)
           (1, 32, 8192), (1, 8, 8192), (16, 8, 8192), (16, 32, 2048), (4, 8, 8192)]
 BLOCKS = [(32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]
@@ -45,13 +47,13 @@ def decode_inputs(b, hkv, t):
     k, v = (torch.randn(b, t, hkv, D, device="cuda", dtype=torch.float16) for _ in range(2))
     lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
     perm = torch.randperm(b * t // PS, device="cuda").view(b, t // PS)
-    return q, k, v, lengths, perm.to(torch.int32), to_pages(k, perm), to_pages(v, perm)
+    return q, k, v, lengths, perm.to(torch.int32), to_pages(k, perm, PS), to_pages(v, perm, PS)
 
 
 def main():
     t00 = time.perf_counter()
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, flush=True)
-    n_sms = ia.sm_count(0)
+    n_sms = sm_count(0, ia.INTERPRET_SMS)
     for b, hkv, t in SHAPES:
         q, k, v, lengths, table, kp, vp = decode_inputs(b, hkv, t)
         ref = ia.decode_attention(q, k, v, lengths, max_length=t).float()

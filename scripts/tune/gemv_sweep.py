@@ -31,9 +31,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from common.bench import copy_bandwidth_GBps, gbps, graph_time_ms, time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.device import DEVICE, INTERPRET, describe, sm_count  # noqa: E402
 from common.testing import dtype_name  # noqa: E402
-from gemm.triton_gemv import GEMV_CONFIGS, gemv_plan, launch_gemv, sm_count  # noqa: E402
+from gemm.triton_gemv import GEMV_CONFIGS, INTERPRET_SMS, gemv_plan, launch_gemv  # noqa: E402
 from gemm.triton_matmul import launch_matmul  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv
@@ -147,7 +147,7 @@ def sweep(dtype, layout, n, k, n_sms, copy, rel_times):
 
 def main():
     t0 = time.perf_counter()
-    n_sms = sm_count(torch.device(DEVICE))
+    n_sms = sm_count(torch.device(DEVICE), INTERPRET_SMS)
     copy = copy_bandwidth_GBps(1 << 20 if SMOKE else 1 << 30)
     print(f"{describe()}, {n_sms} SMs; triton {triton.__version__}, torch {torch.__version__}; "
           f"copy bandwidth {copy:.0f} GB/s")

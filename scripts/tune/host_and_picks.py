@@ -1,5 +1,5 @@
-"""Host cost of our launchers, the autotuners' picks, and the decode-size GEMM choices (H100 figures
-in gemm/triton_matmul.py, gemm/triton_matmul_tma.py and gemm/triton_rmsnorm_linear.py come from here).
+"""Host cost of our launchers, the autotuners' picks, and the decode-size GEMM choices (the H100
+figures behind gemm/'s CONFIGS, SPLIT_TABLE, TMA_CONFIGS and PATH_TABLE: docs/tuning/gemm.md).
 
     python scripts/tune/host_and_picks.py [host] [auto] [m1] [small] [fused] [tma1024]   (all: ~6 min on an H100)
 
@@ -8,8 +8,9 @@ host:    CPU us a call (1000 calls, no sync) of matmul on each kernel, rmsnorm, 
 auto:    the autotuned pick a fresh key gets, its GPU time (CUDA graphs) and do_bench time, against cuBLAS.
 m1:      M = 1 against a row-major b: split-K configs and slice counts (SPLIT_TABLE).
 small:   M = 1-64, both layouts of b: the tiled configs (CONFIGS) and split-K, forced.
-fused:   rmsnorm + matmul in one big-tile kernel, the squares summed elementwise, at M = 17-64,
-         against the same tiles without the norm and our rmsnorm + cuBLAS.
+fused:   rmsnorm + matmul in one big-tile kernel (defined here), the squares summed elementwise,
+         at M = 17-64, against the same tiles without the norm and our rmsnorm + cuBLAS: why
+         rmsnorm_linear has no big-tile fused path.
 tma1024: 1024^3 and neighbours on each TMA config and a few more (TMA_CONFIGS).
 """
 import pathlib
@@ -23,9 +24,12 @@ import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
 
 from common.bench import graph_time_ms, host_time_us  # noqa: E402
+from common.device import sm_count  # noqa: E402
 import gemm.triton_matmul as tm  # noqa: E402
+import gemm.triton_matmul_tiled as tiled  # noqa: E402
+import gemm.triton_matmul_tma as tma  # noqa: E402
 import gemm.triton_rmsnorm_linear as trl  # noqa: E402
-from gemm.triton_matmul import grouped_tile  # noqa: E402
+from gemm.matmul_common import grouped_tile, picked_config  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
 import inference.triton_inference_attention as ia  # noqa: E402
 
@@ -109,8 +113,7 @@ if "auto" in PARTS:
             tune_s = time.perf_counter() - t0
             err = ((c.float() - a.float() @ b.float()).abs().max()).item()
             kern = tm.choose_kernel(a, b, c, m)
-            pick = tm.picked_config(tm._matmul_kernel if kern == "tiled" else tm.triton_matmul_tma._matmul_tma_kernel,
-                                    a, b, m, n, k)
+            pick = picked_config(tiled._matmul_kernel if kern == "tiled" else tma._matmul_tma_kernel, a, b, m, n, k)
             pick = {kk: v for kk, v in (pick or {}).items() if kk in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps")}
             f_ours, f_cub = (lambda: tm.matmul(a, b, out=c)), (lambda: torch.matmul(a, b))
             print(f"{str(dtype)[6:]} {m}x{n}x{k} [{kern}] tuned in {tune_s:.1f}s pick {pick} err {err:.3g}: "
@@ -177,7 +180,7 @@ if "small" in PARTS:
                 b = w.T if lin else w.T.contiguous()
                 c = torch.empty(m, n, device=dev, dtype=dtype)
                 cells = [f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}"]
-                for cfg in [cf for cf in tm.CONFIGS if cf[0] <= max(16, m) and cf[0] < 128] + [(16, 64, 256, 4, 4), (32, 128, 128, 4, 4), (64, 128, 128, 4, 3), (16, 256, 64, 4, 4)]:
+                for cfg in [cf for cf in tiled.CONFIGS if cf[0] <= max(16, m) and cf[0] < 128] + [(16, 64, 256, 4, 4), (32, 128, 128, 4, 4), (64, 128, 128, 4, 3), (16, 256, 64, 4, 4)]:
                     fn = lambda: tm.launch_matmul(a, b, None, None, c, config=cfg)  # noqa: E731
                     try:
                         cells.append(f"{cfg} {gpu_us(fn):.1f}")
@@ -198,7 +201,6 @@ if "small" in PARTS:
                 print(f"{str(dtype)[6:]} {m}x{n}x{k} {'W.T' if lin else 'row'}: " + " | ".join(cells), flush=True)
 
 if "tma1024" in PARTS:
-    import gemm.triton_matmul_tma as tma
     print("== TMA configs at 1024^3 and neighbours, GPU us (graph)")
     extra = [(128, 128, 64, 8, 3, 1), (64, 128, 64, 4, 4, 1), (128, 64, 64, 4, 4, 1), (64, 64, 128, 4, 4, 1),
              (64, 128, 128, 4, 3, 1), (64, 256, 64, 4, 3, 1)]
@@ -209,7 +211,7 @@ if "tma1024" in PARTS:
             ref = a.float() @ b.float()
             cells = [f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}"]
             for cfg in tma.TMA_CONFIGS + [e for e in extra if e not in tma.TMA_CONFIGS]:
-                fn = lambda: tma.launch_matmul_tma(a, b, None, None, c, tma.sm_count(dev), cfg)  # noqa: E731
+                fn = lambda: tma.launch_matmul_tma(a, b, None, None, c, sm_count(dev, tma.INTERPRET_SMS), cfg)  # noqa: E731
                 try:
                     c.fill_(float("nan")); fn(); torch.cuda.synchronize()
                     bad = "" if ((c.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2 else " BAD"

@@ -1,6 +1,6 @@
-"""GPU sweep for the few-tile shapes of gemm/triton_matmul.py (decode M = 1 to 16, M = 128,
+"""GPU sweep for the few-tile shapes of gemm/triton_matmul_tiled.py (decode M = 1 to 16, M = 128,
 1024^3): one-kernel configs and split-K (tile x SPLIT_K) against torch.matmul, to set CONFIGS and
-SPLIT_TABLE from measurement.
+SPLIT_TABLE from measurement (the figures behind them: docs/tuning/gemm.md).
 
     python scripts/tune/matmul_small_sweep.py            (bf16; ~30 s on an H200, compiles included)
     python scripts/tune/matmul_small_sweep.py --fp16     (fp16)
@@ -35,7 +35,9 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from common.bench import host_time_us  # noqa: E402
-from gemm.triton_matmul import _matmul_kernel, launch_matmul, matmul, plan, sm_count, tuned  # noqa: E402
+from common.device import sm_count  # noqa: E402
+from gemm.triton_matmul import launch_matmul, matmul  # noqa: E402
+from gemm.triton_matmul_tiled import INTERPRET_SMS, plan, tuned  # noqa: E402
 
 DTYPE = torch.float16 if "--fp16" in sys.argv else torch.bfloat16
 QUICK = "--quick" in sys.argv
@@ -113,7 +115,7 @@ def sweep_shape(m, n, k, num_sms):
     if split_k > 1:
         path = f"split {split_k} x {name(config)}"
     else:
-        picked = tuned(_matmul_kernel).best_config
+        picked = tuned().best_config
         kw = picked.kwargs
         path = f"autotune {kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{picked.num_warps} s{picked.num_stages}"
     ours = lambda: matmul(a, b)  # noqa: E731
@@ -152,7 +154,7 @@ def sweep_shape(m, n, k, num_sms):
 
 if __name__ == "__main__":
     t0 = time.perf_counter()
-    num_sms = sm_count(torch.device("cuda", torch.cuda.current_device()))
+    num_sms = sm_count(torch.device("cuda", torch.cuda.current_device()), INTERPRET_SMS)
     print(torch.cuda.get_device_name(), num_sms, "SMs; triton", triton.__version__, "torch", torch.__version__,
           "dtype", DTYPE)
     print("sK columns: SPLIT_K = " + ", ".join(map(str, SPLITS)) + "; us (cuBLAS / ours)")

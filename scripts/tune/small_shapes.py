@@ -1,6 +1,7 @@
 """GPU sweeps of the small, launch-bound shapes: where the host's time goes and which configs win in
 GPU time (CUDA graphs, common.bench.graph_time_ms). Sets SPLIT_TABLE (inference), PATH_TABLE and
-DECODE_TABLE (gemm/triton_rmsnorm_linear.py) and the 1024^3 row of CONFIGS (gemm/triton_matmul.py).
+DECODE_TABLE (gemm/triton_rmsnorm_linear.py) and the 1024^3 row of CONFIGS (gemm/triton_matmul_tiled.py);
+the figures behind them are in docs/tuning/gemm.md and docs/tuning/inference.md.
 
     python scripts/tune/small_shapes.py [host] [rl] [split] [1024]     (all four without arguments; ~3 min on an H100)
 

@@ -1,9 +1,11 @@
 """The persistent TMA matmul (gemm/triton_matmul_tma.py) against cuBLAS and the pointer kernel
-(gemm/triton_matmul.py) at large GEMM shapes: every TMA_CONFIGS row and the pointer kernel's two
+(gemm/triton_matmul_tiled.py) at large GEMM shapes: every TMA_CONFIGS row and the pointer kernel's two
 128x256 rows, each checked against cuBLAS and timed twice in turn (do_bench medians, us); the best
 of the two per provider, and its ratio to cuBLAS.
 
     python scripts/tune/tma_sweep.py [--quick]      (~3 min on an H100)
+
+Sets TMA_CONFIGS and TMA_MIN_M; the figures behind them are in docs/tuning/gemm.md.
 """
 import pathlib, sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))

@@ -1,0 +1,48 @@
+"""The tolerance of an attention output O = softmax(s) @ v computed as our kernels do, for
+attention/test_flash_attention.py, inference/test_triton_inference_attention.py and
+inference/test_kv_cache.py.
+
+Error model: scores and the softmax statistics are fp32, and p = exp(s - m) (m the running
+max) is rounded to the input dtype before p @ v: each p_j gains a relative error d_j, |d_j| <= u
+(unit roundoff: 2^-11 fp16, 2^-8 bf16), except the row's largest, exp(0) = 1, which is exact. So
+the error of O[i, c] is sum_j p_j d_j v[j, c] (p normalised), with standard deviation
+(u / sqrt(3)) * S[i, c] for independent roundings, S[i, c] = sqrt(sum_j p_j^2 v[j, c]^2) over all
+j but the largest. Then O is rounded once: half an ulp, u * |O|.
+
+Tolerance: atol = P_ROUNDING_BOUND * u * S per element, rtol = u. The bound of 4 is 7 standard
+deviations (no false alarm over the 10^7 values of the largest GPU cases), and at least the worst
+case where one p carries the error (a row of two keys: |error| <= u * S). The fp32 steps add
+~2^-24 relative: ATOL_FLOOR covers them where S is 0 (one key, or a one-hot row).
+A bound tied to max|v| instead (u * max|v|) sits 4-11x above the real error of a long row, where
+|O| ~ max|v| / sqrt(T): a 1% error in the softmax scale passed it in bf16. This one catches it.
+"""
+import torch
+
+from common.testing import Tol
+
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+P_ROUNDING_BOUND = 4.0
+ATOL_FLOOR = 1e-6
+
+
+def attention_tol(dtype, p, v, shape):
+    """Tol for O (of `shape`) in `dtype`. p: (..., Tq, Tk) softmax probabilities in fp64, rows
+    summing to 1 (or 0: a query with no key); v: (..., Tk, D), zero where p is masked."""
+    u = UNIT_ROUNDOFF[dtype]
+    p = p.double().clone()
+    p.scatter_(-1, p.argmax(-1, keepdim=True), 0.0)  # the row's largest p is exactly 1 before normalising
+    spread = (p.pow(2) @ v.double().pow(2)).sqrt()
+    return Tol((P_ROUNDING_BOUND * u * spread + ATOL_FLOOR).reshape(shape), u,
+               "p rounded to the input dtype before p @ v (a bound per element), O rounded once")
+
+
+def decode_tol(q, k, v, lengths, sm_scale):
+    """attention_tol for decode: q (B, H, D), k and v caches (B, T_max, Hkv, D), lengths (B,)."""
+    b, h, d = q.shape
+    t_max, hkv = k.shape[1], k.shape[2]
+    scores = torch.einsum("bkgd,btkd->bkgt", q.double().reshape(b, hkv, h // hkv, d), k.double()) * sm_scale
+    visible = torch.arange(t_max, device=q.device)[None, :] < lengths.to(q.device)[:, None]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
+    v = v.double().masked_fill(~visible[:, :, None, None], 0.0).permute(0, 2, 1, 3)  # (B, Hkv, T, D)
+    return attention_tol(q.dtype, p, v, q.shape)

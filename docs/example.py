@@ -1,0 +1,54 @@
+"""The README's example, runnable as is: a few kernels, then a patched transformers model.
+
+    python docs/example.py    (from the repository root; on a CPU it runs in Triton's interpreter)
+
+Small shapes so that the interpreter finishes in seconds; on a GPU use real ones. The transformers
+part is skipped, saying so, when transformers is not installed.
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the checkout's root
+
+import torch
+
+from attention.flash_attention_triton import flash_attention
+from common.device import DEVICE
+from gemm.triton_matmul import matmul
+from mlp.triton_swiglu import swiglu
+from normalization.triton_rmsnorm import rmsnorm
+
+dtype = torch.float16
+with torch.inference_mode():  # every kernel is forward-only
+    x = torch.randn(4, 64, device=DEVICE, dtype=dtype)
+    y = rmsnorm(x, torch.ones(64, device=DEVICE, dtype=dtype), eps=1e-6)
+
+    q = torch.randn(1, 4, 32, 64, device=DEVICE, dtype=dtype)   # (B, H, T, D)
+    k = torch.randn(1, 2, 32, 64, device=DEVICE, dtype=dtype)   # (B, Hkv, T, D): GQA 4/2
+    o = flash_attention(q, k, k.clone(), causal=True)
+
+    gate, up = torch.randn(2, 4, 96, device=DEVICE, dtype=dtype).unbind(0)
+    h = swiglu(gate, up)                                          # silu(gate) * up
+
+    w = torch.randn(64, 48, device=DEVICE, dtype=dtype)
+    z = matmul(x, w, bias=torch.zeros(48, device=DEVICE, dtype=dtype), activation="gelu")
+    print("rmsnorm", tuple(y.shape), "flash_attention", tuple(o.shape),
+          "swiglu", tuple(h.shape), "matmul", tuple(z.shape))
+
+try:
+    from transformers import LlamaConfig, LlamaForCausalLM
+except ImportError:
+    print("transformers is not installed: skipped the model patch (pip install transformers)")
+    sys.exit(0)
+
+from models.hf_patch import kernel_calls, patch_model, unpatch_model
+
+config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=1, vocab_size=256)  # head dim 64
+model = LlamaForCausalLM(config).to(DEVICE, dtype).eval()          # random weights, nothing downloaded
+patch_model(model)                                                 # rmsnorm, swiglu, rope, attention
+with torch.inference_mode():
+    tokens = model.generate(torch.randint(0, 256, (1, 8), device=DEVICE), max_new_tokens=4,
+                            do_sample=False)
+print("generated", tokens.tolist(), "kernel calls", kernel_calls(model))
+unpatch_model(model)                                               # the model as it was

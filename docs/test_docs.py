@@ -1,0 +1,135 @@
+"""Tests for the user docs: the README's example runs, every relative link resolves, the generated
+results pages and the README's table agree with the committed JSON, and the README stays short.
+
+    python docs/test_docs.py        (or: pytest docs/test_docs.py)
+
+The example cases run the README's Python block and docs/example.py in fresh processes from the
+repository root, as a reader would paste them; without transformers the README block (which
+patches a model) is skipped with a note, and docs/example.py skips its model part itself.
+"""
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+
+from common import report  # noqa: E402
+from common.testing import Case, Outcome, run_cases  # noqa: E402
+
+README_MAX_LINES = 300
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def docs_pages():
+    """README.md and every markdown page under docs/."""
+    return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+
+
+def broken_links(path):
+    """Relative links in a markdown file (outside code blocks) whose target does not exist."""
+    text = FENCE.sub("", path.read_text())
+    out = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue  # a URL or an anchor in the same page
+        if not (path.parent / target.split("#")[0]).exists():
+            out.append(target)
+    return out
+
+
+def check_links():
+    outcomes = []
+    for page in docs_pages():
+        bad = broken_links(page)
+        outcomes.append(Outcome(f"links in {page.relative_to(ROOT)}", not bad, bad=str(len(bad)),
+                                note=", ".join(bad)[:120]))
+    return outcomes
+
+
+def check_generated():
+    """`make report` would change nothing: the pages and the README table match the JSON."""
+    stale = [str(p.relative_to(ROOT)) for p, text in report.outputs().items()
+             if not p.exists() or p.read_text() != text]
+    return [Outcome("docs/results and README table up to date", not stale, bad=str(len(stale)),
+                    note=("run `make report`: " + ", ".join(stale))[:120] if stale else "")]
+
+
+def check_readme_length():
+    n = len((ROOT / "README.md").read_text().splitlines())
+    return [Outcome("README.md length", n <= README_MAX_LINES, limit=f"<= {README_MAX_LINES} lines", note=f"{n} lines")]
+
+
+def check_report_robust():
+    """The generator on results with a provider, some rows and a whole file missing, and meta
+    fields it does not know (a commit, a dirty tree, a nested dict): it writes every other page."""
+    import json
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        for path in report.RESULTS.glob("*.json"):
+            shutil.copy(path, tmp / path.name)
+        data = json.loads((tmp / "norm.json").read_text())
+        first = data["rows"][0]["shape"]
+        data["rows"] = [r for r in data["rows"] if r["provider"] != "torch.compile" and r["shape"] != first]
+        data["meta"].update(commit="0123456789abcdef", dirty=True, harness={"rep_ms": 100})
+        (tmp / "norm.json").write_text(json.dumps(data))
+        (tmp / "e2e.json").unlink()
+        readme = tmp / "README.md"
+        readme.write_text(f"intro\n{report.SUMMARY_BEGIN}\nSTALE TABLE\n{report.SUMMARY_END}\nend\n")
+        out = report.outputs(results=tmp, pages=tmp / "pages", readme=readme)
+    pages = {p.name: text for p, text in out.items()}
+    n_pages = sum(name.endswith(".md") and name != "README.md" for name in pages)
+    return [Outcome("every area with a JSON gets a page", n_pages == len(report.AREAS) - 1, note=f"{n_pages} pages"),
+            Outcome("commit shown", "`0123456789ab` (uncommitted changes)" in pages.get("norm.md", "")),
+            Outcome("README table replaced between the markers",
+                    "STALE TABLE" not in pages["README.md"] and "| RMSNorm |" in pages["README.md"]
+                    and pages["README.md"].endswith("end\n"))]
+
+
+def run_python(args, label, env=None):
+    """Run python with args in a fresh process from the repository root, as a reader would."""
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ, **(env or {})),
+                          capture_output=True, text=True, timeout=600)
+    ok = proc.returncode == 0
+    tail = ((proc.stdout if ok else proc.stderr).strip().splitlines() or [""])[-1]
+    return [Outcome(label, ok, note=tail[:120])]
+
+
+def check_readme_example():
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    example = [b for b in blocks if "patch_model" in b]
+    if not example:
+        return [Outcome("README example", False, note="no ```python block that calls patch_model")]
+    if importlib.util.find_spec("transformers") is None:
+        return [Outcome("README example", True, note="skipped: transformers is not installed")]
+    return run_python(["-c", example[0]], "README example", env={"PYTHONPATH": str(ROOT)})
+
+
+def check_example_file():
+    return run_python(["docs/example.py"], "docs/example.py")
+
+
+CASES = [
+    Case("relative links resolve", check_links),
+    Case("generated pages up to date", check_generated),
+    Case("README length", check_readme_length),
+    Case("report with rows, providers and a file missing", check_report_robust),
+    Case("README example runs", check_readme_example),
+    Case("docs/example.py runs", check_example_file),
+]
+
+
+def test_case(case):
+    case.check()
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases("user docs: README, docs/results, the example", CASES))

@@ -1,0 +1,114 @@
+"""What matmul's three kernels (gemm/triton_matmul_tiled.py, triton_matmul_tma.py, triton_gemv.py)
+share: the argument checks, the grouped program order, the epilogue, the split-K slice count and
+the cache of the autotuner's picks. Imports no kernel file, so each of them can import it.
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.ints import cdiv, next_power_of_2
+from common.triton_utils import activate
+from common.validation import check_same_device, check_tensor
+
+DTYPES = (torch.float16, torch.bfloat16)
+ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
+
+# Grouped program order: consecutive program ids walk GROUP_M row-tiles down one column of tiles
+# before moving right, so the programs in flight share a few A row-panels and B column-panels,
+# read from DRAM once and from L2 after (the Triton matmul tutorial's scheme). 16 rather than the
+# tutorial's 8: tied within the run-to-run spread on an H100 (scripts/tune/group_m.py) and a fifth
+# fewer panel bytes a wave with 128x256 tiles; docs/tuning/gemm.md has the figures.
+GROUP_M = 16
+
+
+def m_bucket(m):
+    """The autotune key's M: a power of two, at least 16 (tl.dot's smallest tile)."""
+    return max(16, next_power_of_2(m))
+
+
+def fit_split(k, block_k, split_k):
+    """SPLIT_K lowered until no slice of the cdiv(K, BLOCK_K) steps is empty (5 steps in 4 slices
+    would be 2 + 2 + 1 + 0: 3 slices)."""
+    k_steps = cdiv(k, block_k)
+    if k_steps <= 1 or split_k <= 1:
+        return 1
+    return cdiv(k_steps, cdiv(k_steps, split_k))
+
+
+def check_matmul_args(a, b, bias, activation):
+    """Argument checks of matmul; returns (M, N, K)."""
+    check_tensor("a", a, DTYPES, min_dim=2)
+    check_tensor("b", b, DTYPES, min_dim=2)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"a and b must be 2-D, (M, K) and (K, N); got a {tuple(a.shape)}, b {tuple(b.shape)}")
+    check_same_device("b", b, "a", a)
+    if b.dtype != a.dtype:
+        raise TypeError(f"b must have a's dtype {a.dtype}; got {b.dtype}")
+    (m, k), n = a.shape, b.shape[1]
+    if b.shape[0] != k:
+        raise ValueError(f"b must have shape (K, N) with K = a.shape[1] = {k}; got {tuple(b.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, (a.dtype, torch.float32))
+        check_same_device("bias", bias, "a", a)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},) to match N of b {tuple(b.shape)}; got {tuple(bias.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    return m, n, k
+
+
+# The autotuner's pick for each key, as launch arguments. After a key's first call the kernel is
+# launched with its pick directly: the autotuner's own per-call work (building its key, merging the
+# config into the arguments) costs as much host time as a decode-size GEMM takes on the GPU.
+_PICKED = {}
+
+
+def _picked_key(kernel, a, b, m, n, k):
+    """The autotune key (M bucket, N, K, b's layout, dtype), the kernel and the device."""
+    return kernel, m_bucket(m), n, k, b.stride(1), a.dtype, a.device
+
+
+def picked_config(kernel, a, b, m, n, k):
+    """Launch arguments of the config the autotuner picked for this key, or None before its first call."""
+    return _PICKED.get(_picked_key(kernel, a, b, m, n, k))
+
+
+def pick_config(kernel, a, b, m, n, k, config):
+    _PICKED[_picked_key(kernel, a, b, m, n, k)] = config.all_kwargs()
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program id -> (pid_m, pid_n) in grouped order: GROUP_M row-tiles per column sweep (the last
+    group may be shorter)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Round the fp32 tile to c's dtype once and store the part inside (M, N)."""
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride can pass 2^31
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue on a tile of the full fp32 sum: bias, activation, one rounding, the store."""
+    if HAS_BIAS:
+        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped like the loads; the store masks
+        acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    acc = activate(acc, ACTIVATION)
+    store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)

@@ -1,0 +1,83 @@
+"""GPU sweep for attention/flash_attention_triton.py: times launch configs (BLOCK_M, BLOCK_N,
+num_warps, num_stages) at each of CONFIG_TABLE's head dims, full and causal, against PyTorch's SDPA,
+to set CONFIG_TABLE from measurement.
+
+    python scripts/tune/attention_sweep.py           (GPU, fp16: ~10 min, compiles included)
+    python scripts/tune/attention_sweep.py --smoke   (interpreter, tiny shapes: proves the script runs)
+
+Shapes: B4 H32 T4096 D64, B16 H16 T1024 D128, B4 H16 T4096 D128, B4 H16 T4096 D256. FLOPs a call:
+4 * B*H*T*T*D full, half of that causal. Each config is checked against SDPA first (a wrong one prints
+BAD, one that does not fit the GPU prints REFUSED; neither is timed), then timed with
+common.bench.time_ms. One line a config: TFLOP/s and its ratio to SDPA's; '*' marks the config the
+table picks. Read off: the best config per shape and mask.
+"""
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from attention.flash_attention_triton import flash_attention, table_config  # noqa: E402
+from common.bench import tflops, time_ms  # noqa: E402
+from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.ints import next_power_of_2  # noqa: E402
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+SHAPES = ((4, 32, 4096, 64), (16, 16, 1024, 128), (4, 16, 4096, 128), (4, 16, 4096, 256))
+SMOKE_SHAPES = ((1, 2, 40, 64),)
+SMEM_BYTES = 200 * 1024  # an H100/H200 SM has 228 KB of shared memory; leave the compiler room
+
+
+def candidates(head_dim, smoke):
+    """Blocks of 64 or 128 queries by 32 to 128 keys, 4 or 8 warps, 2 to 4 stages, where the
+    stages' K and V blocks fit shared memory."""
+    if smoke:
+        return [(16, 16, 1, 1), (32, 16, 1, 1)]
+    block_d = max(16, next_power_of_2(head_dim))
+    return [(bm, bn, warps, stages) for bm in (64, 128) for bn in (32, 64, 128) for warps in (4, 8)
+            for stages in (2, 3, 4) if stages * 2 * bn * block_d * 2 <= SMEM_BYTES]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", choices=DTYPES, default="fp16")
+    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
+    args = parser.parse_args()
+    if args.smoke and not INTERPRET:
+        sys.exit("attention_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
+    if not args.smoke and INTERPRET:
+        sys.exit("attention_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    dtype = DTYPES[args.dtype]
+    print(f"{describe()}, {args.dtype}", flush=True)
+    for b, h, t, d in SMOKE_SHAPES if args.smoke else SHAPES:
+        q, k, v = (torch.randn(b, h, t, d, device=DEVICE).to(dtype) for _ in range(3))
+        out = torch.empty_like(q)
+        picked = table_config(d, t)
+        for causal in (False, True):
+            flops = 4 * b * h * t * t * d // (2 if causal else 1)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            sdpa = tflops(flops, time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
+            print(f"B{b} H{h} T{t} D{d} {'causal' if causal else 'full'}: SDPA {sdpa:.0f} TFLOP/s", flush=True)
+            for config in dict.fromkeys(candidates(d, args.smoke) + [picked]):
+                call = lambda: flash_attention(q, k, v, causal=causal, out=out, config=config)  # noqa: E731
+                mark = "*" if config == picked else " "
+                name = "{} x {}, {} warps, {} stages".format(*config)
+                try:
+                    call()
+                except Exception as e:  # out of shared memory or registers: reported, not timed
+                    print(f"  {mark} {name}  REFUSED ({type(e).__name__})", flush=True)
+                    continue
+                err = (out.float() - ref.float()).abs().max().item()
+                if not err <= 0.02 * ref.float().abs().max().item():  # a wrong config is far off, or NaN
+                    print(f"  {mark} {name}  BAD (max |err| {err:.3g})", flush=True)
+                    continue
+                rate = tflops(flops, time_ms(call))
+                print(f"  {mark} {name}  {rate:6.0f} TFLOP/s  {rate / sdpa:5.2f}x SDPA", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""GPU sweep for normalization/launch_config.py: times the fused kernel (rows a program x warps) and
+the looped kernel (chunk size) of RMSNorm, residual RMSNorm and LayerNorm at each row width, to set
+FUSED_TABLE, LAYERNORM_FUSED_TABLE and LOOP_CHUNK_TABLE from measurement.
+
+    python scripts/tune/norm_sweep.py                    (GPU, bf16, every kernel: ~10 min, compiles included)
+    python scripts/tune/norm_sweep.py --kernel rmsnorm   (one kernel; --dtype fp16 for another dtype)
+    python scripts/tune/norm_sweep.py --smoke            (interpreter, tiny shapes: proves the script runs)
+
+Shapes: 16384 rows for N <= 16384, 4096 rows above. Bytes a call: read x, write y (2*M*N*e; residual
+RMSNorm also reads the residual and writes u: 4*M*N*e); the weight is L2-resident and not counted.
+Each config is checked against PyTorch in fp32 first (max |err| within 2% of max |ref|; a wrong
+one prints BAD and is not timed), then timed
+with common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at
+the start; '*' marks the config the tables pick. Read off: the best config per width.
+"""
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
+from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.ints import cdiv, next_power_of_2  # noqa: E402
+from normalization.launch_config import LOOP_CHUNK_TABLE, RowConfig, looped_config, row_config  # noqa: E402
+from normalization.triton_layernorm import launch_layernorm  # noqa: E402
+from normalization.triton_rmsnorm import launch_rmsnorm  # noqa: E402
+
+KERNELS = ("rmsnorm", "residual_rmsnorm", "layernorm")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+WIDTHS = (64, 256, 512, 1024, 2048, 4096, 5120, 8192, 16384, 32768, 65536, 131072)
+SMOKE_WIDTHS = (64, 1000, 5000)
+EPS = 1e-6
+
+
+def candidates(n_rows, n_cols, elem_size, smoke):
+    """Fused configs (the whole row in registers) up to 16 KB rows, then every looped chunk size."""
+    block_n = next_power_of_2(n_cols)
+    configs = []
+    if block_n * elem_size <= 16384:
+        for block_m in (1, 2, 4, 8, 16, 64):
+            for warps in (2, 4, 8):
+                if block_m * block_n <= 16384:
+                    configs.append(RowConfig(False, block_m, block_n, warps, cdiv(n_rows, block_m)))
+    chunks = sorted({c for _, c in LOOP_CHUNK_TABLE} | {1024})
+    configs += list(dict.fromkeys(looped_config(n_rows, n_cols, elem_size, c) for c in chunks))
+    return configs[:2] + configs[-2:] if smoke else configs
+
+
+def make_call(kernel, x, cfg):
+    """(call, reference): the kernel forced to cfg on x, and PyTorch's result to check it against."""
+    n = x.shape[-1]
+    w = torch.randn(n, device=DEVICE).to(x.dtype)
+    y = torch.empty_like(x)
+    if kernel == "layernorm":
+        b = torch.randn(n, device=DEVICE).to(x.dtype)
+        return (lambda: launch_layernorm(x, w, b, EPS, y, cfg)), y, F.layer_norm(x.float(), (n,), w.float(), b.float(), EPS)
+    if kernel == "residual_rmsnorm":
+        r, u = torch.randn_like(x), torch.empty_like(x)
+        ref = F.rms_norm((x + r).float(), (n,), w.float(), EPS)
+        return (lambda: launch_rmsnorm(x, r, w, EPS, y, u, cfg)), y, ref
+    return (lambda: launch_rmsnorm(x, None, w, EPS, y, None, cfg)), y, F.rms_norm(x.float(), (n,), w.float(), EPS)
+
+
+def describe_config(cfg):
+    if cfg.looped:
+        return f"looped chunk {cfg.BLOCK_N:6d}, {cfg.num_warps:2d} warps"
+    return f"fused {cfg.BLOCK_M:3d} rows, {cfg.num_warps:2d} warps"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", choices=KERNELS, action="append", help="kernel(s) to sweep (default: all)")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
+    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
+    args = parser.parse_args()
+    if args.smoke and not INTERPRET:
+        sys.exit("norm_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
+    if not args.smoke and INTERPRET:
+        sys.exit("norm_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    dtype = DTYPES[args.dtype]
+    elem_size = torch.finfo(dtype).bits // 8
+    copy = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
+    print(f"{describe()}, {args.dtype}, copy {copy:.0f} GB/s", flush=True)
+    for kernel in args.kernel or KERNELS:
+        for n_cols in SMOKE_WIDTHS if args.smoke else WIDTHS:
+            n_rows = 4 if args.smoke else (16384 if n_cols <= 16384 else 4096)
+            x = torch.randn(n_rows, n_cols, device=DEVICE).to(dtype)
+            n_bytes = (4 if kernel == "residual_rmsnorm" else 2) * x.numel() * elem_size
+            picked = row_config(n_rows, n_cols, elem_size, layernorm=kernel == "layernorm")
+            print(f"{kernel} {n_rows} x {n_cols}", flush=True)
+            for cfg in dict.fromkeys(candidates(n_rows, n_cols, elem_size, args.smoke) + [picked]):
+                call, y, ref = make_call(kernel, x, cfg)
+                call()
+                err = (y.float() - ref).abs().max().item()
+                mark = "*" if cfg == picked else " "
+                if not err <= 0.02 * ref.abs().max().item():  # a wrong config is far off, or NaN
+                    print(f"  {mark} {describe_config(cfg)}  BAD (max |err| {err:.3g})", flush=True)
+                    continue
+                rate = gbps(n_bytes, time_ms(call))
+                print(f"  {mark} {describe_config(cfg)}  {rate:7.0f} GB/s  {100 * rate / copy:5.1f}% copy", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""GPU sweep for attention/triton_rope.py: times tiles of positions x heads and warps at each head
+dim, to set ROPE_TABLE from measurement.
+
+    python scripts/tune/rope_sweep.py            (GPU, bf16, half layout: ~5 min, compiles included)
+    python scripts/tune/rope_sweep.py --smoke    (interpreter, tiny shapes: proves the script runs)
+
+Shape: B1, 32 q heads and 8 k heads, T8192 (T2048 for D >= 512), a (T, D) fp32 table. Bytes a call:
+read q and k, write q_out and k_out (2 * B*T*(H + Hkv)*D*e) plus the table once (2 * T*D*4). Each
+config is checked against attention/rope.py's reference in fp32 first (a wrong one prints BAD and
+is not timed), then timed with common.bench.time_ms. One line a config: GB/s and its share of the
+copy bandwidth measured at the start; '*' marks rope_config's choice. Read off: the best per D.
+"""
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+
+from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
+from attention.triton_rope import RopeConfig, launch_rope, rope_config  # noqa: E402
+from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
+from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.ints import next_power_of_2  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HEAD_DIMS = (64, 128, 256, 512, 1024)
+HEADS, KV_HEADS = 32, 8
+
+
+def candidates(seq_len, head_dim, smoke):
+    """Tiles of up to 8192 values: positions x heads, each with 4 and 8 warps."""
+    block_d = next_power_of_2(head_dim)
+    configs = []
+    for block_t in (1, 2, 4, 8, 16):
+        for block_h in (1, 2, 4, 8, 16):
+            if block_t * block_h * block_d <= 8192 and block_t <= seq_len:
+                for warps in (4, 8):
+                    configs.append(RopeConfig(block_t, block_h, min(block_h, KV_HEADS), warps))
+    return configs[:2] + configs[-2:] if smoke else configs
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
+    parser.add_argument("--interleaved", action="store_true", help="pairs (x[2i], x[2i+1]) instead of halves")
+    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
+    args = parser.parse_args()
+    if args.smoke and not INTERPRET:
+        sys.exit("rope_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
+    if not args.smoke and INTERPRET:
+        sys.exit("rope_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    dtype = DTYPES[args.dtype]
+    copy = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
+    print(f"{describe()}, {args.dtype}, {'interleaved' if args.interleaved else 'half'} layout, "
+          f"copy {copy:.0f} GB/s", flush=True)
+    for head_dim in (64, 128) if args.smoke else HEAD_DIMS:
+        seq_len = 5 if args.smoke else (8192 if head_dim < 512 else 2048)
+        q = torch.randn(1, HEADS, seq_len, head_dim, device=DEVICE).to(dtype)
+        k = torch.randn(1, KV_HEADS, seq_len, head_dim, device=DEVICE).to(dtype)
+        cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), head_dim)
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        q_ref, k_ref = apply_rope_ref(q.float(), k.float(), cos, sin, args.interleaved)
+        n_bytes = 2 * (q.numel() + k.numel()) * q.element_size() + 2 * cos.numel() * 4
+        picked = rope_config(seq_len, HEADS, KV_HEADS, head_dim)
+        print(f"B1 H{HEADS}/{KV_HEADS} T{seq_len} D{head_dim}", flush=True)
+        for cfg in dict.fromkeys(candidates(seq_len, head_dim, args.smoke) + [picked]):
+            call = lambda: launch_rope(q, k, cos, sin, q_out, k_out, args.interleaved, cfg)  # noqa: E731
+            call()
+            err = max((q_out.float() - q_ref).abs().max().item(), (k_out.float() - k_ref).abs().max().item())
+            mark = "*" if cfg == picked else " "
+            name = f"{cfg.BLOCK_T:2d} positions x {cfg.BLOCK_HQ:2d} heads, {cfg.num_warps} warps"
+            if not err <= 0.02 * q_ref.abs().max().item():  # a wrong config is far off, or NaN
+                print(f"  {mark} {name}  BAD (max |err| {err:.3g})", flush=True)
+                continue
+            rate = gbps(n_bytes, time_ms(call))
+            print(f"  {mark} {name}  {rate:7.0f} GB/s  {100 * rate / copy:5.1f}% copy", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""GPU sweep for attention/triton_softmax.py: times each path's candidate configs (fused: rows a
+program x warps; looped: chunk x warps; split: segment x warps) at each row width, to set
+SOFTMAX_TABLE and the split path's constants from measurement.
+
+    python scripts/tune/softmax_sweep.py             (GPU, bf16: ~10 min, compiles included)
+    python scripts/tune/softmax_sweep.py --smoke     (interpreter, tiny shapes: proves the script runs)
+
+Shapes: 16M elements (M = 16M / N rows) at each N, plus few wide rows (128 x 131072, 64 x 262144)
+where the split path competes. Bytes a call: read x, write y (2*M*N*e). Each config is checked
+against torch.softmax in fp32 first (a wrong one prints BAD and is not timed), then timed with
+common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
+start; '*' marks softmax_config's choice. Read off: the best config per shape.
+"""
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+
+from attention.triton_softmax import (INTERPRET_SMS, MAX_SPLITS, SoftmaxConfig, launch_softmax,  # noqa: E402
+                                      softmax_config)
+from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
+from common.device import DEVICE, INTERPRET, describe, sm_count  # noqa: E402
+from common.ints import cdiv, next_power_of_2  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+WIDTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+WIDE = ((128, 131072), (64, 262144))
+SMOKE_SHAPES = ((4, 64), (4, 9000), (1, 20000))
+
+
+def chunk_for(values, n_cols):
+    """The launcher's chunk rule: of values (capped at the padded row), its half and its quarter,
+    the one that pads N least."""
+    chunk = min(values, next_power_of_2(n_cols))
+    return min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)
+
+
+def candidates(n_rows, n_cols, smoke):
+    block_n = next_power_of_2(n_cols)
+    configs = []
+    if block_n <= 16384:
+        for rows in (1, 2, 4, 8):
+            for warps in (4, 8, 16):
+                if rows * block_n <= 16384:
+                    configs.append(SoftmaxConfig("fused", rows, block_n, warps, 1, n_cols))
+    for values in (2048, 4096, 8192, 16384):
+        for warps in (8, 16, 32):
+            configs.append(SoftmaxConfig("looped", 1, chunk_for(values, n_cols), warps, 1, n_cols))
+    for seg in (2048, 4096, 8192):
+        if n_cols > seg and cdiv(n_cols, seg) <= MAX_SPLITS:
+            for warps in (4, 8):
+                configs.append(SoftmaxConfig("split", 1, seg, warps, cdiv(n_cols, seg), seg))
+    configs = list(dict.fromkeys(configs))
+    return configs[:2] + configs[-2:] if smoke else configs
+
+
+def describe_config(cfg):
+    if cfg.path == "fused":
+        return f"fused  {cfg.BLOCK_M} rows, {cfg.num_warps:2d} warps"
+    if cfg.path == "looped":
+        return f"looped chunk {cfg.BLOCK_N:5d}, {cfg.num_warps:2d} warps"
+    return f"split  segment {cfg.seg_len:5d} x {cfg.n_splits}, {cfg.num_warps:2d} warps"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
+    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
+    args = parser.parse_args()
+    if args.smoke and not INTERPRET:
+        sys.exit("softmax_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
+    if not args.smoke and INTERPRET:
+        sys.exit("softmax_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    dtype = DTYPES[args.dtype]
+    copy = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
+    n_sms = sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
+    print(f"{describe()}, {args.dtype}, {n_sms} SMs, copy {copy:.0f} GB/s", flush=True)
+    shapes = SMOKE_SHAPES if args.smoke else tuple((2 ** 24 // n, n) for n in WIDTHS) + WIDE
+    for n_rows, n_cols in shapes:
+        x = torch.randn(n_rows, n_cols, device=DEVICE).to(dtype)
+        y = torch.empty_like(x)
+        ref = torch.softmax(x.float(), -1)
+        picked = softmax_config(n_rows, n_cols, n_sms)
+        print(f"{n_rows} x {n_cols}", flush=True)
+        for cfg in dict.fromkeys(candidates(n_rows, n_cols, args.smoke) + [picked]):
+            call = lambda: launch_softmax(x, y, cfg)  # noqa: E731
+            call()
+            err = (y.float() - ref).abs().max().item()
+            mark = "*" if cfg == picked else " "
+            if not err <= 0.02 * ref.max().item():  # a wrong config is far off, or NaN
+                print(f"  {mark} {describe_config(cfg)}  BAD (max |err| {err:.3g})", flush=True)
+                continue
+            rate = gbps(2 * x.numel() * x.element_size(), time_ms(call))
+            print(f"  {mark} {describe_config(cfg)}  {rate:7.0f} GB/s  {100 * rate / copy:5.1f}% copy", flush=True)
+
+
+if __name__ == "__main__":
+    main()
