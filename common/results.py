@@ -38,9 +38,13 @@ def start_run(smoke, out_dir):
 
 
 def git_state(out_dir):
-    """(commit, dirty) of the checkout, the results folder being written left out of "dirty". A copy
-    of the tree without .git (the GPU machine's) reads BENCH_COMMIT and BENCH_DIRTY ("1"/"0") from
-    its caller instead; (None, None) when neither says."""
+    """(commit, dirty) of the checkout, the results folder being written left out of "dirty".
+    BENCH_COMMIT and BENCH_DIRTY ("1"/"0"), when set, say it instead: a copy of the tree run
+    elsewhere (the GPU machine's) may carry no .git, or an older one than the files it runs.
+    (None, None) when neither says."""
+    if os.environ.get("BENCH_COMMIT"):
+        dirty = os.environ.get("BENCH_DIRTY")
+        return os.environ["BENCH_COMMIT"], None if dirty is None else dirty.strip().lower() in ("1", "true", "yes")
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()
@@ -50,9 +54,7 @@ def git_state(out_dir):
                                 capture_output=True, text=True, check=True).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.CalledProcessError):
-        dirty = os.environ.get("BENCH_DIRTY")
-        return (os.environ.get("BENCH_COMMIT") or None,
-                None if dirty is None else dirty.strip().lower() in ("1", "true", "yes"))
+        return None, None
 
 
 def make_meta(copy_GBps, out_dir=RESULTS_DIR):
