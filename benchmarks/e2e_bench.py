@@ -29,7 +29,7 @@ decoder layer is torch.compile'd with dynamic shapes, and without a cache all la
 share one graph (one compile a model) where whole-model compilation would trace every layer into
 one graph per shape. Prefill only: with a DynamicCache a layer reads its cache entry by its layer
 index, which Dynamo guards on, so each of the 28-32 layers compiles a graph of its own (measured on
-4 layers: 8 graphs with a cache, 1 without), past this run's time budget; meta["notes"] says so.
+4 layers: 8 graphs with a cache, 1 without), past the benchmark's time budget; meta["notes"] says so.
 
     python benchmarks/e2e_bench.py            (GPU, ~4 min on an H100; benchmarks/results/e2e.json, PNGs)
     python benchmarks/e2e_bench.py --smoke    (a tiny model in the interpreter, build/bench-smoke)

@@ -4,7 +4,7 @@
 
 Each case is a fresh Python process, because the order only matters at the first import: Triton
 decides at decoration time whether a @triton.jit function is compiled or interpreted, so a triton
-imported before `common` (by transformers, say) once left triton.language's own helpers built for
+imported before `common` (by transformers, say) would leave triton.language's own helpers built for
 a GPU on a CPU-only machine. The process imports the given modules, then ours, runs a few kernels
 on small inputs in whichever lane this machine has, and prints their errors against PyTorch.
 """

@@ -1,13 +1,14 @@
 """What the bias + GELU and SwiGLU tests share: dtypes, widths, the one-rounding tolerance, every
-value of a 16-bit type as one input, and the quiet context for inputs whose exp overflows on
-purpose."""
+value of a 16-bit type as one input, the quiet context for inputs whose exp overflows on purpose,
+and the cases forcing each TILE_TABLE entry."""
 import contextlib
 import warnings
 
 import torch
 
 from common.device import DEVICE
-from common.testing import TOLERANCES, Tol
+from common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
+from mlp.tiling import TILE_TABLE
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 1000, 4096, 5120)  # tiny, odd, unaligned, and model widths
@@ -50,3 +51,20 @@ def every_value(dtype, fp32_limit):
 def huge_rows(n_cols):
     """A row count putting the tensor just past 2^31 elements: offsets must be 64-bit."""
     return 2 ** 31 // n_cols + 3
+
+
+def forced_tile_cases(kernel, check_forced, shape=(7, 1000)):
+    """Cases running check_forced(row, shape, dtype) on every TILE_TABLE[kernel] entry, once per dtype
+    of its element size, plus one that fails for an entry no dtype of DTYPES reaches."""
+    cases = [Case(f"forced tile {row} {shape} {dtype_name(dtype)}", check_forced,
+                  dict(row=row, shape=shape, dtype=dtype))
+             for dtype in DTYPES for size, row in TILE_TABLE[kernel].items() if torch.finfo(dtype).bits // 8 == size]
+    forced = frozenset(c.kwargs["row"] for c in cases)
+    return cases + [Case("every launch-table row forced", check_table_rows, dict(kernel=kernel, forced=forced))]
+
+
+def check_table_rows(kernel, forced):
+    """Every TILE_TABLE[kernel] entry is among the forced rows: an entry added without a case fails here."""
+    missing = [row for row in TILE_TABLE[kernel].values() if row not in forced]
+    return [Outcome(f"every TILE_TABLE[{kernel!r}] entry", not missing,
+                    note=f"not forced: {missing}" if missing else "")]

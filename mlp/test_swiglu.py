@@ -19,8 +19,9 @@ from common.checks.swiglu import inputs  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand, shape_case  # noqa: E402
 from mlp.gelu import swiglu_ref  # noqa: E402
-from mlp.mlp_cases import DTYPES, ONE_ROUNDING, WIDTHS, every_value, huge_rows, overflow_expected  # noqa: E402
-from mlp.tiling import TILE_TABLE, tile_config_for  # noqa: E402
+from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
+                           overflow_expected)
+from mlp.tiling import tile_config_for  # noqa: E402
 from mlp.triton_swiglu import launch_swiglu, swiglu  # noqa: E402
 
 
@@ -143,17 +144,7 @@ def check_forced(row, shape, dtype):
             compare("y", y, swiglu_ref(gate.double(), up.double()), ONE_ROUNDING[dtype], torch_out=F.silu(gate) * up)]
 
 
-def check_table_rows():
-    """Every TILE_TABLE["swiglu"] entry is forced by a case: an entry added without one fails here."""
-    forced = {c.kwargs["row"] for c in CASES if c.fn is check_forced}
-    missing = [row for row in TILE_TABLE["swiglu"].values() if row not in forced]
-    return [Outcome("every TILE_TABLE['swiglu'] entry", not missing, note=f"not forced: {missing}" if missing else "")]
-
-
-CASES += [Case(f"forced tile {row} (7, 1000) {dtype_name(dtype)}", check_forced,
-               dict(row=row, shape=(7, 1000), dtype=dtype))
-          for dtype in DTYPES for size, row in TILE_TABLE["swiglu"].items() if torch.finfo(dtype).bits // 8 == size]
-CASES.append(Case("every launch-table row forced", check_table_rows))
+CASES += forced_tile_cases("swiglu", check_forced)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

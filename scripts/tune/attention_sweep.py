@@ -11,7 +11,6 @@ BAD, one that does not fit the GPU prints REFUSED; neither is timed), then timed
 common.bench.time_ms. One line a config: TFLOP/s and its ratio to SDPA's; '*' marks the config the
 table picks. Read off: the best config per shape and mask.
 """
-import argparse
 import pathlib
 import sys
 
@@ -22,8 +21,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from attention.flash_attention_triton import flash_attention, table_config  # noqa: E402
 from common.bench import tflops, time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.device import DEVICE, describe  # noqa: E402
 from common.ints import next_power_of_2  # noqa: E402
+from sweep_common import parse_sweep_args, report_config  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SHAPES = ((4, 32, 4096, 64), (16, 16, 1024, 128), (4, 16, 4096, 128), (4, 16, 4096, 256))
@@ -42,15 +42,7 @@ def candidates(head_dim, smoke):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", choices=DTYPES, default="fp16")
-    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
-    args = parser.parse_args()
-    if args.smoke and not INTERPRET:
-        sys.exit("attention_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
-    if not args.smoke and INTERPRET:
-        sys.exit("attention_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    args = parse_sweep_args(__doc__, "attention_sweep", DTYPES)
     dtype = DTYPES[args.dtype]
     print(f"{describe()}, {args.dtype}", flush=True)
     for b, h, t, d in SMOKE_SHAPES if args.smoke else SHAPES:
@@ -64,19 +56,8 @@ def main():
             print(f"B{b} H{h} T{t} D{d} {'causal' if causal else 'full'}: SDPA {sdpa:.0f} TFLOP/s", flush=True)
             for config in dict.fromkeys(candidates(d, args.smoke) + [picked]):
                 call = lambda: flash_attention(q, k, v, causal=causal, out=out, config=config)  # noqa: E731
-                mark = "*" if config == picked else " "
                 name = "{} x {}, {} warps, {} stages".format(*config)
-                try:
-                    call()
-                except Exception as e:  # out of shared memory or registers: reported, not timed
-                    print(f"  {mark} {name}  REFUSED ({type(e).__name__})", flush=True)
-                    continue
-                err = (out.float() - ref.float()).abs().max().item()
-                if not err <= 0.02 * ref.float().abs().max().item():  # a wrong config is far off, or NaN
-                    print(f"  {mark} {name}  BAD (max |err| {err:.3g})", flush=True)
-                    continue
-                rate = tflops(flops, time_ms(call))
-                print(f"  {mark} {name}  {rate:6.0f} TFLOP/s  {rate / sdpa:5.2f}x SDPA", flush=True)
+                report_config(name, call, out, ref, config == picked, flops=flops, sdpa_TFLOPs=sdpa, may_refuse=True)
 
 
 if __name__ == "__main__":

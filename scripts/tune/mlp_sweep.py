@@ -13,7 +13,6 @@ against PyTorch in fp32 first (a wrong one prints BAD and is not timed), then ti
 common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
 start; '*' marks the table's entry. Read off: the candidate best or within 1% at the most shapes.
 """
-import argparse
 import pathlib
 import sys
 
@@ -22,11 +21,11 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.device import DEVICE  # noqa: E402
 from mlp.tiling import TILE_TABLE, tile_config_for  # noqa: E402
 from mlp.triton_bias_gelu import launch_bias_gelu  # noqa: E402
 from mlp.triton_swiglu import launch_swiglu  # noqa: E402
+from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
 
 KERNELS = tuple(TILE_TABLE)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -52,20 +51,10 @@ def make_call(kernel, shape, dtype, cfg):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=KERNELS, action="append", help="kernel(s) to sweep (default: both)")
-    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
-    args = parser.parse_args()
-    if args.smoke and not INTERPRET:
-        sys.exit("mlp_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
-    if not args.smoke and INTERPRET:
-        sys.exit("mlp_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    args = parse_sweep_args(__doc__, "mlp_sweep", DTYPES, kernels=KERNELS)
     dtype = DTYPES[args.dtype]
     elem_size = torch.finfo(dtype).bits // 8
-    copy = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
-    print(f"{describe()}, {args.dtype}, copy {copy:.0f} GB/s", flush=True)
+    copy_GBps = measure_copy(args)
     for kernel in args.kernel or KERNELS:
         table_row = TILE_TABLE[kernel][elem_size]
         for shape in SMOKE_SHAPES if args.smoke else SHAPES:
@@ -73,16 +62,9 @@ def main():
             for row in dict.fromkeys(candidates(args.smoke) + [table_row]):
                 cfg = tile_config_for(row, *shape, elem_size)
                 call, y, ref = make_call(kernel, shape, dtype, cfg)
-                call()
-                err = (y.float() - ref).abs().max().item()
-                mark = "*" if row == table_row else " "
                 name = f"{row} -> {cfg.BLOCK_M:3d} x {cfg.BLOCK_N:4d}, {cfg.num_warps} warps"
-                if not err <= 0.02 * ref.abs().max().item():  # a wrong config is far off, or NaN
-                    print(f"  {mark} {name}  BAD (max |err| {err:.3g})", flush=True)
-                    continue
                 n_bytes = (3 if kernel == "swiglu" else 2) * y.numel() * elem_size
-                rate = gbps(n_bytes, time_ms(call))
-                print(f"  {mark} {name}  {rate:7.0f} GB/s  {100 * rate / copy:5.1f}% copy", flush=True)
+                report_config(name, call, y, ref, row == table_row, n_bytes=n_bytes, copy_GBps=copy_GBps)
                 del call, y, ref
 
 

@@ -13,7 +13,6 @@ one prints BAD and is not timed), then timed
 with common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at
 the start; '*' marks the config the tables pick. Read off: the best config per width.
 """
-import argparse
 import pathlib
 import sys
 
@@ -22,12 +21,12 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.device import DEVICE  # noqa: E402
 from common.ints import cdiv, next_power_of_2  # noqa: E402
 from normalization.launch_config import LOOP_CHUNK_TABLE, RowConfig, looped_config, row_config  # noqa: E402
 from normalization.triton_layernorm import launch_layernorm  # noqa: E402
 from normalization.triton_rmsnorm import launch_rmsnorm  # noqa: E402
+from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
 
 KERNELS = ("rmsnorm", "residual_rmsnorm", "layernorm")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -72,20 +71,10 @@ def describe_config(cfg):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=KERNELS, action="append", help="kernel(s) to sweep (default: all)")
-    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
-    args = parser.parse_args()
-    if args.smoke and not INTERPRET:
-        sys.exit("norm_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
-    if not args.smoke and INTERPRET:
-        sys.exit("norm_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    args = parse_sweep_args(__doc__, "norm_sweep", DTYPES, kernels=KERNELS)
     dtype = DTYPES[args.dtype]
     elem_size = torch.finfo(dtype).bits // 8
-    copy = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
-    print(f"{describe()}, {args.dtype}, copy {copy:.0f} GB/s", flush=True)
+    copy_GBps = measure_copy(args)
     for kernel in args.kernel or KERNELS:
         for n_cols in SMOKE_WIDTHS if args.smoke else WIDTHS:
             n_rows = 4 if args.smoke else (16384 if n_cols <= 16384 else 4096)
@@ -95,14 +84,7 @@ def main():
             print(f"{kernel} {n_rows} x {n_cols}", flush=True)
             for cfg in dict.fromkeys(candidates(n_rows, n_cols, elem_size, args.smoke) + [picked]):
                 call, y, ref = make_call(kernel, x, cfg)
-                call()
-                err = (y.float() - ref).abs().max().item()
-                mark = "*" if cfg == picked else " "
-                if not err <= 0.02 * ref.abs().max().item():  # a wrong config is far off, or NaN
-                    print(f"  {mark} {describe_config(cfg)}  BAD (max |err| {err:.3g})", flush=True)
-                    continue
-                rate = gbps(n_bytes, time_ms(call))
-                print(f"  {mark} {describe_config(cfg)}  {rate:7.0f} GB/s  {100 * rate / copy:5.1f}% copy", flush=True)
+                report_config(describe_config(cfg), call, y, ref, cfg == picked, n_bytes=n_bytes, copy_GBps=copy_GBps)
 
 
 if __name__ == "__main__":

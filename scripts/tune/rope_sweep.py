@@ -10,7 +10,6 @@ config is checked against attention/rope.py's reference in fp32 first (a wrong o
 is not timed), then timed with common.bench.time_ms. One line a config: GB/s and its share of the
 copy bandwidth measured at the start; '*' marks rope_config's choice. Read off: the best per D.
 """
-import argparse
 import pathlib
 import sys
 
@@ -20,9 +19,9 @@ import torch  # noqa: E402
 
 from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
 from attention.triton_rope import RopeConfig, launch_rope, rope_config  # noqa: E402
-from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe  # noqa: E402
+from common.device import DEVICE  # noqa: E402
 from common.ints import next_power_of_2  # noqa: E402
+from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEAD_DIMS = (64, 128, 256, 512, 1024)
@@ -42,20 +41,10 @@ def candidates(seq_len, head_dim, smoke):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    parser.add_argument("--interleaved", action="store_true", help="pairs (x[2i], x[2i+1]) instead of halves")
-    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
-    args = parser.parse_args()
-    if args.smoke and not INTERPRET:
-        sys.exit("rope_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
-    if not args.smoke and INTERPRET:
-        sys.exit("rope_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    args = parse_sweep_args(__doc__, "rope_sweep", DTYPES,
+                            flags={"--interleaved": "pairs (x[2i], x[2i+1]) instead of halves"})
     dtype = DTYPES[args.dtype]
-    copy = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
-    print(f"{describe()}, {args.dtype}, {'interleaved' if args.interleaved else 'half'} layout, "
-          f"copy {copy:.0f} GB/s", flush=True)
+    copy_GBps = measure_copy(args, f"{'interleaved' if args.interleaved else 'half'} layout")
     for head_dim in (64, 128) if args.smoke else HEAD_DIMS:
         seq_len = 5 if args.smoke else (8192 if head_dim < 512 else 2048)
         q = torch.randn(1, HEADS, seq_len, head_dim, device=DEVICE).to(dtype)
@@ -68,15 +57,9 @@ def main():
         print(f"B1 H{HEADS}/{KV_HEADS} T{seq_len} D{head_dim}", flush=True)
         for cfg in dict.fromkeys(candidates(seq_len, head_dim, args.smoke) + [picked]):
             call = lambda: launch_rope(q, k, cos, sin, q_out, k_out, args.interleaved, cfg)  # noqa: E731
-            call()
-            err = max((q_out.float() - q_ref).abs().max().item(), (k_out.float() - k_ref).abs().max().item())
-            mark = "*" if cfg == picked else " "
             name = f"{cfg.BLOCK_T:2d} positions x {cfg.BLOCK_HQ:2d} heads, {cfg.num_warps} warps"
-            if not err <= 0.02 * q_ref.abs().max().item():  # a wrong config is far off, or NaN
-                print(f"  {mark} {name}  BAD (max |err| {err:.3g})", flush=True)
-                continue
-            rate = gbps(n_bytes, time_ms(call))
-            print(f"  {mark} {name}  {rate:7.0f} GB/s  {100 * rate / copy:5.1f}% copy", flush=True)
+            report_config(name, call, (q_out, k_out), (q_ref, k_ref), cfg == picked,
+                          n_bytes=n_bytes, copy_GBps=copy_GBps)
 
 
 if __name__ == "__main__":

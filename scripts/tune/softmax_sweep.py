@@ -11,7 +11,6 @@ against torch.softmax in fp32 first (a wrong one prints BAD and is not timed), t
 common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
 start; '*' marks softmax_config's choice. Read off: the best config per shape.
 """
-import argparse
 import pathlib
 import sys
 
@@ -21,9 +20,9 @@ import torch  # noqa: E402
 
 from attention.triton_softmax import (INTERPRET_SMS, MAX_SPLITS, SoftmaxConfig, launch_softmax,  # noqa: E402
                                       softmax_config)
-from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe, sm_count  # noqa: E402
+from common.device import DEVICE, sm_count  # noqa: E402
 from common.ints import cdiv, next_power_of_2  # noqa: E402
+from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WIDTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -66,19 +65,10 @@ def describe_config(cfg):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
-    args = parser.parse_args()
-    if args.smoke and not INTERPRET:
-        sys.exit("softmax_sweep --smoke runs in the interpreter: set TRITON_INTERPRET=1 on a GPU machine")
-    if not args.smoke and INTERPRET:
-        sys.exit("softmax_sweep needs a CUDA GPU (or --smoke for the interpreter)")
+    args = parse_sweep_args(__doc__, "softmax_sweep", DTYPES)
     dtype = DTYPES[args.dtype]
-    copy = copy_bandwidth_GBps(1 << 20 if args.smoke else 1 << 30)
     n_sms = sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
-    print(f"{describe()}, {args.dtype}, {n_sms} SMs, copy {copy:.0f} GB/s", flush=True)
+    copy_GBps = measure_copy(args, f"{n_sms} SMs")
     shapes = SMOKE_SHAPES if args.smoke else tuple((2 ** 24 // n, n) for n in WIDTHS) + WIDE
     for n_rows, n_cols in shapes:
         x = torch.randn(n_rows, n_cols, device=DEVICE).to(dtype)
@@ -88,14 +78,8 @@ def main():
         print(f"{n_rows} x {n_cols}", flush=True)
         for cfg in dict.fromkeys(candidates(n_rows, n_cols, args.smoke) + [picked]):
             call = lambda: launch_softmax(x, y, cfg)  # noqa: E731
-            call()
-            err = (y.float() - ref).abs().max().item()
-            mark = "*" if cfg == picked else " "
-            if not err <= 0.02 * ref.max().item():  # a wrong config is far off, or NaN
-                print(f"  {mark} {describe_config(cfg)}  BAD (max |err| {err:.3g})", flush=True)
-                continue
-            rate = gbps(2 * x.numel() * x.element_size(), time_ms(call))
-            print(f"  {mark} {describe_config(cfg)}  {rate:7.0f} GB/s  {100 * rate / copy:5.1f}% copy", flush=True)
+            report_config(describe_config(cfg), call, y, ref, cfg == picked,
+                          n_bytes=2 * x.numel() * x.element_size(), copy_GBps=copy_GBps)
 
 
 if __name__ == "__main__":
