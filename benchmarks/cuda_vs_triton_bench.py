@@ -28,11 +28,12 @@ import torch.nn.functional as F  # noqa: E402
 from attention.rope import apply_rope_ref  # noqa: E402
 from attention.triton_rope import apply_rope as triton_rope  # noqa: E402
 from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, NORM_SMOKE_SWEEPS, NORM_SWEEPS,  # noqa: E402
-                               ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, randn, rmsnorm_bytes, rope_bytes, rope_inputs,
+                               ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, rmsnorm_bytes, rope_bytes, rope_inputs,
                                shapes_of, swiglu_bytes)
 from common.device import INTERPRET  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
+from common.testing import rand  # noqa: E402
 from cuda_cpp import ops as cuda_kernels  # noqa: E402
 from cuda_cpp.extension import extension, unavailable_reason  # noqa: E402
 from mlp.gelu import swiglu_ref  # noqa: E402
@@ -60,10 +61,10 @@ PROVIDERS = {
 def setup(op, shape, dtype):
     """(inputs, fp32 reference) of one op at one shape."""
     if op == "rmsnorm":
-        x, w = randn(*shape, dtype=dtype), randn(shape[1], dtype=dtype)
+        x, w = rand(shape, dtype), rand((shape[1],), dtype)
         return (x, w), rmsnorm_ref(x.float(), w.float())
     if op == "swiglu":
-        gate, up = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+        gate, up = rand(shape, dtype), rand(shape, dtype)
         return (gate, up), swiglu_ref(gate.float(), up.float())
     q, k, cos, sin = rope_inputs(shape, dtype)
     interleaved = op == "rope_interleaved"

@@ -36,11 +36,12 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.sweeps import randn, shapes_of  # noqa: E402
+from benchmarks.sweeps import shapes_of  # noqa: E402
 from common.bench import compile_fn  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
+from common.testing import rand  # noqa: E402
 from gemm.triton_matmul import kernel_choice, matmul  # noqa: E402
 from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
@@ -90,18 +91,18 @@ def gemm_case(op, shape, dtype, providers, setup, extra_bytes=0, config=True):
 
 def matmul_setup(m, n, k, dtype, linear):
     """b row-major (K, N); linear: b = W.T for W (N, K) contiguous."""
-    a = randn(m, k, dtype=dtype)
-    b = randn(n, k, dtype=dtype).t() if linear else randn(k, n, dtype=dtype)
+    a = rand((m, k), dtype)
+    b = rand((n, k), dtype).t() if linear else rand((k, n), dtype)
     return (a, b), a.float() @ b.float()
 
 
 def epilogue_setup(m, n, k, dtype, act):
-    a, b, bias = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype), randn(n, dtype=dtype)
+    a, b, bias = rand((m, k), dtype), rand((k, n), dtype), rand((n,), dtype)
     return (a, b, bias), act(a.float() @ b.float() + bias.float())
 
 
 def rmsnorm_linear_setup(m, n, k, dtype):
-    x = randn(m, k, dtype=dtype)
+    x = rand((m, k), dtype)
     norm_w = (1 + 0.1 * torch.randn(k, device=DEVICE)).to(dtype)
     w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype)
     xf = x.float()

@@ -25,11 +25,12 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, bias_gelu_bytes, randn, shapes_of,  # noqa: E402
+from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, bias_gelu_bytes, shapes_of,  # noqa: E402
                                swiglu_bytes)
 from common.bench import compile_fn  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
+from common.testing import rand  # noqa: E402
 from mlp.gelu import bias_gelu_ref, swiglu_ref  # noqa: E402
 from mlp.triton_bias_gelu import bias_gelu  # noqa: E402
 from mlp.triton_swiglu import swiglu  # noqa: E402
@@ -48,11 +49,11 @@ def eager_swiglu(gate, up):
 
 
 def x_and_bias(m, n, dtype):
-    return randn(m, n, dtype=dtype), randn(n, dtype=dtype)
+    return rand((m, n), dtype), rand((n,), dtype)
 
 
 def gate_and_up(m, n, dtype):
-    return randn(m, n, dtype=dtype), randn(m, n, dtype=dtype)
+    return rand((m, n), dtype), rand((m, n), dtype)
 
 
 # op -> (dtypes, inputs (m, n, dtype), triton, eager, fp32 reference, bytes(m, n, e))

@@ -20,11 +20,12 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.sweeps import (NORM_SMOKE_SWEEPS, NORM_SWEEPS, layernorm_bytes, randn,  # noqa: E402
+from benchmarks.sweeps import (NORM_SMOKE_SWEEPS, NORM_SWEEPS, layernorm_bytes,  # noqa: E402
                                residual_rmsnorm_bytes, rmsnorm_bytes, shapes_of)
 from common.bench import compile_fn  # noqa: E402
 from common.harness import Case, max_err, parse_args, run  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
+from common.testing import rand  # noqa: E402
 from normalization.layernorm import layernorm_ref  # noqa: E402
 from normalization.rmsnorm import residual_rmsnorm_ref, rmsnorm_ref  # noqa: E402
 from normalization.triton_layernorm import layernorm  # noqa: E402
@@ -49,8 +50,8 @@ def first(out):
 
 
 def setup(pick, ref, m, n, dtype):
-    x, r = randn(m, n, dtype=dtype), randn(m, n, dtype=dtype)
-    w, b = randn(n, dtype=dtype), randn(n, dtype=dtype)
+    x, r = rand((m, n), dtype), rand((m, n), dtype)
+    w, b = rand((n,), dtype), rand((n,), dtype)
     inputs = pick(x, w, b, r)
     return inputs, first(ref(*(t.float() for t in inputs)))  # fp32 math, fp32 result
 

@@ -18,10 +18,11 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
 from attention.triton_softmax import softmax  # noqa: E402
-from benchmarks.sweeps import randn, shapes_of  # noqa: E402
+from benchmarks.sweeps import shapes_of  # noqa: E402
 from common.bench import compile_fn  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
+from common.testing import rand  # noqa: E402
 
 DTYPES = (torch.float16, torch.bfloat16)
 ELEMENTS = 16 * 2 ** 20
@@ -40,7 +41,7 @@ def eager(x):
 
 
 def setup(m, n, dtype):
-    x = randn(m, n, dtype=dtype)
+    x = rand((m, n), dtype)
     return (x,), torch.softmax(x.float(), -1)
 
 

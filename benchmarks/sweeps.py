@@ -88,7 +88,3 @@ def rope_inputs(shape, dtype):
     angles = torch.rand(1, seq_len, head_dim, device=DEVICE) * 100
     return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
 
-
-def randn(*shape, dtype):
-    """Standard normal values drawn in fp32, then cast (the same values for every dtype's seed)."""
-    return torch.randn(*shape, device=DEVICE).to(dtype)

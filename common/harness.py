@@ -25,11 +25,11 @@ import torch
 from common.device import DEVICE, INTERPRET
 from common.results import PARTIAL_DIR, RESULTS_DIR, SMOKE_DIR, make_row, read_json, shape_str, start_run, \
     write_csv, write_json
+from common.validation import DTYPE_NAMES
 
 GATE_FACTOR = 2
 OURS = ("triton",)
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}  # "fp16" -> torch.float16, ...
 
 
 def parse_args(doc, warmup_ms=25, rep_ms=100):

@@ -42,6 +42,9 @@ class Tol:
     rounding_check: bool = True
 
 
+# Unit roundoff u of each dtype: the largest relative error of one rounding to nearest (half an ulp at 1).
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
+
 # One table for every kernel whose output is computed in fp32 and rounded once to the output dtype.
 # A kernel with a different error model (long fp32 dot products, ...) passes its own Tol to compare().
 TOLERANCES = {

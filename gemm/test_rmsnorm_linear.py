@@ -23,8 +23,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
-                            poisoned, rand)
+from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, compare, dtype_name, expect_raises,  # noqa: E402
+                            main, poisoned, rand)
 from common.device import INTERPRET  # noqa: E402
 from gemm.triton_rmsnorm_linear import (DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode,  # noqa: E402
                                         rmsnorm_linear)
@@ -32,7 +32,6 @@ from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
 
 EPS = 1e-6
 DTYPES = (torch.float16, torch.bfloat16)
-UNIT_ROUNDOFF = {torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8}
 
 
 def outcome(check, x, norm_weight, weight, y):

@@ -29,7 +29,7 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, Tol, compare, expect_raises, run_cases  # noqa: E402
+from common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, run_cases  # noqa: E402
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 SKIP_REASON = "transformers not installed"
@@ -38,7 +38,6 @@ if not HAVE_TRANSFORMERS and "pytest" in sys.modules:
     import pytest
     pytest.skip(f"{SKIP_REASON} ({INSTALL_HINT})", allow_module_level=True)
 
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 # fp32 model: the kernels reorder fp32 sums only (~1e-6 relative); the logits are O(1)
 FP32_TOL = Tol(1e-4, 1e-4, "fp32 throughout; only summation order differs")
 
@@ -142,7 +141,7 @@ def restored(model, modeling, original_rope, original_attention, before, after, 
     interpreter, within run-to-run noise on the GPU), no instance forward, globals back."""
     leftover = [name for name, m in model.named_modules() if "forward" in m.__dict__]
     diffs = [(a - b).abs().max().item() for a, b in zip(before, after)]
-    ulp = UNIT_ROUNDOFF.get(dtype, 2.0 ** -24) * ref[0].abs().max().item()
+    ulp = UNIT_ROUNDOFF[dtype] * ref[0].abs().max().item()
     limit = 0.0 if DEVICE != "cuda" else UNPATCHED_GPU_ULPS * ulp
     return [
         Outcome("unpatched: bit-identical prefill logits", torch.equal(before[0], after[0]), diffs[0]),

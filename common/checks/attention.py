@@ -18,9 +18,8 @@ A bound tied to max|v| instead (u * max|v|) sits 4-11x above the real error of a
 """
 import torch
 
-from common.testing import Tol
+from common.testing import UNIT_ROUNDOFF, Tol
 
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 P_ROUNDING_BOUND = 4.0
 ATOL_FLOOR = 1e-6
 
