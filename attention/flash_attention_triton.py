@@ -24,6 +24,7 @@ import triton.language as tl
 
 from common.device import INTERPRET
 from common.ints import cdiv, next_power_of_2
+from common.ops import define_op, no_outputs
 from common.triton_utils import LOG2E
 from common.validation import check_same_device, check_tensor
 
@@ -223,31 +224,56 @@ def launch_flash_attention(q, k, v, out, causal, scale, config=None):
     )
 
 
+def _attend_into(q, k, v, causal, sm_scale, config, out):
+    """O into out for checked arguments: the empty cases here, the kernel for the rest."""
+    if out.numel() == 0:
+        return
+    if k.shape[2] == 0:  # no keys: every query sees nothing
+        out.zero_()
+        return
+    scale = 1.0 / math.sqrt(q.shape[3]) if sm_scale is None else sm_scale
+    launch_flash_attention(q, k, v, out, causal, scale, None if config is None else tuple(config))
+
+
+def _flash_attention(q, k, v, causal, sm_scale, config):
+    out = torch.empty_like(q)  # laid out like a dense q, as the fake below
+    _attend_into(q, k, v, causal, sm_scale, config, out)
+    return out
+
+
+flash_attention_op = define_op(
+    "flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config) -> Tensor",
+    _flash_attention, lambda q, k, v, causal, sm_scale, config: torch.empty_like(q))
+flash_attention_out_op = define_op(
+    "flash_attention_out(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config, "
+    "Tensor(a!) out) -> ()", _attend_into, no_outputs)
+
+
 def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None):
-    """Attention forward, fused.
+    """Attention forward, fused (operators llmk::flash_attention and llmk::flash_attention_out).
 
     q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D); fp16 or bf16, one dtype; H a multiple of Hkv; D up to
     256 (not a power of two: padded to one in registers and masked). Any strides: a (B, T, H, D)
-    tensor passed as `.transpose(1, 2)` is read in place. causal aligns the mask to the bottom right.
-    sm_scale defaults to 1/sqrt(D).
+    tensor passed as `.transpose(1, 2)` is read in place. causal (a bool) aligns the mask to the
+    bottom right. sm_scale defaults to 1/sqrt(D).
     out: optional (B, H, Tq, D) buffer of q's dtype, any strides.
     config: optional (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of the table's
-    choice (tests and tuning sweeps).
-    Returns O (B, H, Tq, D) in q's dtype, laid out like q when q is dense (so a transposed
-    (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way).
+    choice (tests and tuning sweeps); it travels to the operator as its `int[]? config`.
+    Returns O (B, H, Tq, D) in q's dtype (out itself when given), laid out like q when q is dense
+    (so a transposed (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way).
     """
-    b, h, hkv, tq, tk, d = check_attention_args(q, k, v, sm_scale)
+    check_attention_args(q, k, v, sm_scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if config is not None:
         check_config(config)
+        config = list(config)
+    if sm_scale is not None:
+        sm_scale = float(sm_scale)
     if out is None:
-        out = torch.empty_like(q)
-    elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        return flash_attention_op(q, k, v, causal, sm_scale, config)
+    if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
                          f"{q.device}; got {out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}")
-    if out.numel() == 0:
-        return out
-    if tk == 0:  # no keys: every query sees nothing
-        return out.zero_()
-    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    launch_flash_attention(q, k, v, out, causal, scale, config)
+    flash_attention_out_op(q, k, v, causal, sm_scale, config, out)
     return out

@@ -117,7 +117,25 @@ def check_errors():
         expect_raises("v elsewhere", lambda: flash_attention(q, k, v.to(other)), ValueError, "v"),
         expect_raises("not a tensor", lambda: flash_attention(q, [1.0], v), TypeError, "k"),
         expect_raises("out shape", lambda: flash_attention(q, k, v, out=q[:, :2].clone()), ValueError, "out"),
+        expect_raises("causal='no'", lambda: flash_attention(q, k, v, causal="no"), TypeError, "causal"),
+        expect_raises("causal=1", lambda: flash_attention(q, k, v, causal=1), TypeError, "causal"),
     ]
+
+
+def check_grad_mode():
+    """Forward-only: in grad mode a q that requires grad raises, naming the operator; under
+    torch.no_grad() the call gives what it gives on a plain q."""
+    q, k, v = make_qkv(1, 4, 2, 20, 20, 64, torch.float16)
+    q_grad = q.clone().requires_grad_()
+    with torch.no_grad():
+        o = flash_attention(q_grad, k, v, True)
+        o_out = flash_attention(q_grad, k, v, True, out=poisoned(q.shape, q.dtype))
+    return [expect_raises("q requires grad", lambda: flash_attention(q_grad, k, v, True), RuntimeError,
+                          "llmk::flash_attention is forward-only"),
+            expect_raises("q requires grad, out=", lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
+                          RuntimeError, "llmk::flash_attention_out is forward-only"),
+            Outcome("under no_grad: as on a plain q",
+                    torch.equal(o, flash_attention(q, k, v, True)) and torch.equal(o_out, o))]
 
 
 def _cases():
@@ -157,7 +175,8 @@ def _cases():
         add(f"(B,T,H,D) view T2048 D128 full {dt}", gpu_only=True, b=2, h=16, hkv=4, tq=2048, tk=2048, d=128,
             dtype=dtype, causal=False, layout="bthd")
     cases += [Case("references agree", check_matches_blocked), Case("no keys", check_no_keys),
-              Case("empty input", check_empty), Case("bad input", check_errors)]
+              Case("empty input", check_empty), Case("bad input", check_errors),
+              Case("grad mode (forward-only)", check_grad_mode)]
     return cases
 
 

@@ -85,6 +85,23 @@ def check_errors():
     ]
 
 
+def check_grad_mode():
+    """Forward-only: in grad mode a q that requires grad raises, naming the operator; under
+    torch.no_grad() the call gives what it gives on a plain q."""
+    q, k = rand((2, 4, 6, 64), torch.float16), rand((2, 2, 6, 64), torch.float16)
+    cos, sin = make_table(2, 6, 64, "T,D", "rope", torch.float32)
+    q_grad = q.clone().requires_grad_()
+    with torch.no_grad():
+        got = apply_rope(q_grad, k, cos, sin)
+        got_out = apply_rope(q_grad, k, cos, sin, out=(poisoned(q.shape, q.dtype), poisoned(k.shape, k.dtype)))
+    plain = apply_rope(q, k, cos, sin)
+    return [expect_raises("q requires grad", lambda: apply_rope(q_grad, k, cos, sin), RuntimeError,
+                          "llmk::apply_rope is forward-only"),
+            expect_raises("q requires grad, out=", lambda: apply_rope(q_grad, k, cos, sin, out=(q.clone(), k.clone())),
+                          RuntimeError, "llmk::apply_rope_out is forward-only"),
+            Outcome("under no_grad: as on a plain q", all(torch.equal(a, b) for a, b in zip(got + got_out, plain * 2)))]
+
+
 def rope_cases():
     cases = []
 
@@ -120,6 +137,7 @@ def rope_cases():
     return cases + [Case("rotation properties", check_properties),
                     Case("allocates its output", check_own_buffer, dict(impl=apply_rope)),
                     Case("bad input", check_errors), Case("empty input", check_empty, dict(impl=apply_rope)),
+                    Case("grad mode (forward-only)", check_grad_mode),
                     Case("2^31+ elements", check_huge, dict(impl=apply_rope), gpu_only=True)]
 
 

@@ -152,6 +152,19 @@ def check_errors():
     ]
 
 
+def check_grad_mode():
+    """Forward-only: in grad mode an x that requires grad raises, naming the operator; under
+    torch.no_grad() the call gives what it gives on a plain x."""
+    x = rand((4, 64), torch.float16)
+    x_grad = x.clone().requires_grad_()
+    with torch.no_grad():
+        y, y_out = softmax(x_grad), softmax(x_grad, out=poisoned(x.shape, x.dtype))
+    return [expect_raises("x requires grad", lambda: softmax(x_grad), RuntimeError, "llmk::softmax is forward-only"),
+            expect_raises("x requires grad, out=", lambda: softmax(x_grad, out=torch.empty_like(x)), RuntimeError,
+                          "llmk::softmax_out is forward-only"),
+            Outcome("under no_grad: as on a plain x", torch.equal(y, softmax(x)) and torch.equal(y_out, y))]
+
+
 def check_empty():
     outs = []
     for shape in ((0, 64), (3, 0), (2, 0, 5)):
@@ -192,7 +205,8 @@ def cases():
                             dict(path=path, dtype=dtype)))
         out.append(Case(f"in place (out=x), {path}", check_in_place, dict(path=path)))
     out += [Case("column stride", check_column_stride), Case("allocates its output", check_own_buffer),
-            Case("bad input", check_errors), Case("empty input", check_empty)]
+            Case("bad input", check_errors), Case("empty input", check_empty),
+            Case("grad mode (forward-only)", check_grad_mode)]
     # past 2^31 elements through each path (the split one: 131 rows of 2^24 on a GPU of 66+ SMs)
     out += [Case(f"2^31+ elements, {path}", check_huge, dict(n_cols=n, path=path), gpu_only=True)
             for path, n in (("fused", 1000), ("looped", 16384), ("split", 2 ** 24))]

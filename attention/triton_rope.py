@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from common.ints import cdiv, next_power_of_2
+from common.ops import define_op, no_outputs
 from common.validation import check_rope_args, rope_outputs
 
 
@@ -190,8 +191,24 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
         BLOCK_HALF=next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
 
 
+def _apply_rope(q, k, cos, sin, interleaved):
+    q_out, k_out = rope_outputs(q, k, None)
+    launch_rope(q, k, cos, sin, q_out, k_out, interleaved)
+    return q_out, k_out
+
+
+apply_rope_op = define_op(
+    "apply_rope(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved) -> (Tensor, Tensor)", _apply_rope,
+    lambda q, k, cos, sin, interleaved: (q.new_empty(q.shape), k.new_empty(k.shape)))
+apply_rope_out_op = define_op(
+    "apply_rope_out(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved, Tensor(a!) q_out, "
+    "Tensor(b!) k_out) -> ()",
+    lambda q, k, cos, sin, interleaved, q_out, k_out: launch_rope(q, k, cos, sin, q_out, k_out, interleaved),
+    no_outputs)
+
+
 def apply_rope(q, k, cos, sin, interleaved=False, out=None):
-    """Rotary embeddings on q and k in one launch.
+    """Rotary embeddings on q and k in one launch (operators llmk::apply_rope and llmk::apply_rope_out).
 
     q: (B, H, T, D), k: (B, Hkv, T, D), fp16, bf16 or fp32, one dtype, any strides (a (B, T, H, D)
        tensor's .transpose(1, 2) is read in place). H and Hkv are independent; D even, <= 1024.
@@ -199,9 +216,12 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
        attention/rope.py (rope_cos_sin). interleaved=False pairs (x[i], x[i + D/2]) and uses every
        column; interleaved=True pairs (x[2i], x[2i + 1]) and uses columns 0 .. D/2-1 only.
     out: optional (q_out, k_out), contiguous buffers shaped and typed like q and k.
-    Returns (q_out, k_out): new contiguous (B, H, T, D) and (B, Hkv, T, D) tensors in q's dtype.
+    Returns (q_out, k_out): contiguous (B, H, T, D) and (B, Hkv, T, D) tensors in q's dtype, new
+    ones or the pair given as out.
     """
     check_rope_args(q, k, cos, sin, interleaved)
+    if out is None:
+        return apply_rope_op(q, k, cos, sin, interleaved)
     q_out, k_out = rope_outputs(q, k, out)
-    launch_rope(q, k, cos, sin, q_out, k_out, interleaved)
+    apply_rope_out_op(q, k, cos, sin, interleaved, q_out, k_out)
     return q_out, k_out

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from common.device import sm_count
 from common.ints import cdiv, next_power_of_2
+from common.ops import define_op, no_outputs
 from common.triton_utils import LOG2E, col_mask
 from common.validation import as_rows, check_out, check_tensor
 
@@ -259,19 +260,34 @@ def launch_softmax(x2, y2, cfg=None):
                                                 SEG=cfg.seg_len, num_warps=SPLIT_WRITE_WARPS)
 
 
+def _softmax_into(x, y):
+    """y = softmax(x) for a checked x and a contiguous y shaped like it (it may be x itself)."""
+    if x.numel():  # no rows, or rows of no values: nothing to write (and no (-1, 0) view)
+        launch_softmax(as_rows(x), y.view(-1, x.shape[-1]))
+
+
+def _softmax(x):
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _softmax_into(x, y)
+    return y
+
+
+softmax_op = define_op("softmax(Tensor x) -> Tensor", _softmax, lambda x: x.new_empty(x.shape))
+softmax_out_op = define_op("softmax_out(Tensor x, Tensor(a!) out) -> ()", _softmax_into, no_outputs)
+
+
 def softmax(x, out=None):
-    """Softmax over the last dim.
+    """Softmax over the last dim (operators llmk::softmax and llmk::softmax_out).
 
     x: (..., N) fp16, bf16 or fp32, any strides (a view whose leading dims cannot merge, or whose
        last dim is not unit-stride, is copied once). N >= 1 any size.
     out: optional contiguous buffer shaped like x in x's dtype; it may be x itself (in place).
-    Returns y: (..., N), x's dtype. A row of only -inf gives NaN, as torch.softmax does.
+    Returns y: (..., N), x's dtype, contiguous (out itself when given). A row of only -inf gives
+    NaN, as torch.softmax does.
     """
     check_tensor("x", x)
-    if out is not None:
-        check_out("out", out, x.shape, x.dtype, x.device)
-    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel() == 0:
-        return y
-    launch_softmax(as_rows(x), y.view(-1, x.shape[-1]))
-    return y
+    if out is None:
+        return softmax_op(x)
+    check_out("out", out, x.shape, x.dtype, x.device)
+    softmax_out_op(x, out)
+    return out

@@ -86,7 +86,12 @@ class Area:
     # peer, or (peer, graph), -> why it can lead; shown under a group where it does
     leader_notes: dict = field(default_factory=dict)
     lower_is_better: bool = False    # tables in ms (end to end)
+    # (meta, rows) -> the page's lines after the run table, in place of the sentences and tables of
+    # kernels against peers (host: CPU time, not GPU time)
+    render: Callable = None
 
+
+DECODE_STEP_LAYERS = ("llama3-8b", "qwen2-7b")  # the decode_step area's ops
 
 AREAS = {
     "norm": Area(
@@ -203,6 +208,15 @@ AREAS = {
         [Group(("adamw",), "16M+ params", lambda s: elements(s) >= 16e6),
          Group(("adamw",), "under 16M params", lambda s: elements(s) < 16e6)],
         ["At 1M-4M params a step is bound by launch and host work, not by memory."], {}),
+    "host": Area(
+        "Host time a call: the operator layer, the launchers and PyTorch",
+        "Every public kernel function calls an operator of the `llmk` namespace (`common/ops.py`), "
+        "which torch.compile puts into its graphs. An eager call on plain tensors runs the "
+        "operator's implementation directly; a compiled graph calls it through the dispatcher "
+        "(`torch.ops.llmk.<name>.default`). This page gives the CPU time of each way, of the bare "
+        "launch under it, and of the PyTorch call each kernel stands in for, at decode sizes, where "
+        "a call's host time is as long as its GPU time.",
+        [], render=lambda meta, rows: host_figures(meta, rows)),
     "e2e": Area(
         "End to end: Llama-3-8B- and Qwen2.5-7B-shaped models",
         "Hugging Face models with random bf16 weights, as transformers ships them (`eager`), patched "
@@ -224,6 +238,22 @@ AREAS = {
          Group(("swiglu",), "16M+ elements", big)],
         ["Each Triton kernel is compiled for its row length and its pointers' alignment; the CUDA "
          "kernels take the row length at run time, so their loops and tails stay general."], {}),
+    "decode_step": Area(
+        "Decode step of one decoder layer: Llama-3-8B and Qwen2-7B shapes",
+        "`models/llama_layer.py`: `decode_step` from our operators (rmsnorm_linear, apply_rope, "
+        "decode_attention, matmul, residual_rmsnorm, swiglu) against `torch_decode_step` (F.rms_norm, "
+        "F.linear on cuBLAS, Hugging Face's RoPE, SDPA's flash backend), each run eager, replayed from "
+        "one CUDA graph (`-graph`) and under torch.compile(mode=\"reduce-overhead\"). Shapes are B x T: "
+        "B sequences of T tokens each; figures in ms a step.",
+        [Group(DECODE_STEP_LAYERS, "CUDA graphs", ours="ours-graph", peers=("torch-graph",)),
+         Group(DECODE_STEP_LAYERS, "torch.compile reduce-overhead", ours="ours-reduce-overhead",
+               peers=("torch-reduce-overhead",)),
+         Group(DECODE_STEP_LAYERS, "eager", ours="ours-eager", peers=("torch-eager",))],
+        ["Eager, a step launches over a dozen kernels, and at small B the host's launch cost exceeds their GPU "
+         "time for either side: the graph rows measure the GPU work a serving engine replays.",
+         "The share of copy bandwidth counts the bytes a step must move (weights once, the KV cache "
+         "read); at B = 1 the weights dominate, at B = 32 and T = 16384 the cache does."],
+        {}, lower_is_better=True, render=lambda meta, rows: decode_step_figures(meta, rows)),
 }
 
 # The README's table: (kernel, area, index of the area's group it sums up)
@@ -404,6 +434,8 @@ def tables(path, min_elements=0, graph=False):
     """Every op's table of one results file (the --table mode)."""
     data = json.loads(pathlib.Path(path).read_text())
     rows = data["rows"]
+    if rows and all("us" in r for r in rows):  # host_bench's CPU times: its page's figures
+        return "\n".join([run_line(data["meta"]), ""] + host_figures(data["meta"], rows))
     if graph:
         rows = [graph_row(r) for r in rows if r.get("graph_ms")]
     metric = metric_of(rows)
@@ -478,6 +510,161 @@ def e2e_extra(meta):
     return out + ([""] if meta.get("notes") else [])
 
 
+# ---------------------------------------------------------------------------------------------
+# host: CPU time a call (benchmarks/host_bench.py), a page of its own shape
+
+
+HOST_BOUND_US = 5  # the op layer's budget a call, over the launcher alone (issue 18)
+HOST_COLUMNS = (("public", "public function (a)"), ("torch.ops", "torch.ops (b)"), ("launcher", "launcher (c)"))
+HOST_MODES = {"no_grad": "torch.no_grad()", "inference_mode": "torch.inference_mode()"}
+
+
+def host_cells(rows, mode):
+    """{op label: {provider: row}} of one grad mode, in the file's order; key "shape" too."""
+    out = {}
+    for r in rows:
+        if r.get("mode") == mode:
+            out.setdefault((r["op"], r["shape"]), {})[r["provider"]] = r
+    return out
+
+
+def host_us(by, provider):
+    r = by.get(provider)
+    return r.get("us") if r else None
+
+
+def host_layer(by):
+    """(a) - (c): what checks, allocation and the operator layer add to the launch."""
+    a, c = host_us(by, "public"), host_us(by, "launcher")
+    return None if a is None or c is None else a - c
+
+
+def host_span(values):
+    lo, hi = min(values), max(values)
+    return f"{fmt(lo)} us" if fmt(lo) == fmt(hi) else f"{fmt(lo)} to {fmt(hi)} us"
+
+
+def host_sentences(rows):
+    """Bullets: the bare launch, the op layer against its bound, the dispatcher's path, PyTorch,
+    and rmsnorm's three registrations; each per grad mode where the rows have it."""
+    bare, layer, dispatch, versus = [], [], [], []
+    for mode, words in HOST_MODES.items():
+        cells = host_cells(rows, mode)
+        ours = {key: by for key, by in cells.items() if key[0] != "empty kernel" and " via " not in key[0]}
+        us = next((host_us(by, "launcher") for (op, _), by in cells.items() if op == "empty kernel"), None)
+        if us is not None:
+            bare.append(f"{fmt(us)} us under {words}")
+        costs = {key: host_layer(by) for key, by in ours.items() if host_layer(by) is not None}
+        if costs:
+            over = [f"{op} {shape} ({fmt(v)} us)" for (op, shape), v in costs.items() if v > HOST_BOUND_US]
+            layer.append(f"under {words}, {host_span(costs.values())} over {len(costs)} rows, median "
+                         f"{fmt(statistics.median(costs.values()))} us, within ~{HOST_BOUND_US} us at "
+                         f"{len(costs) - len(over)} of {len(costs)}" + (f" (over it: {', '.join(over)})" if over else ""))
+        extra = [host_us(by, "torch.ops") - host_us(by, "launcher") for by in ours.values()
+                 if host_us(by, "torch.ops") is not None and host_us(by, "launcher") is not None]
+        if extra:
+            dispatch.append(f"median {fmt(statistics.median(extra))} us ({host_span(extra)}) under {words}")
+        ratios = [host_us(by, "public") / host_us(by, "pytorch") for by in ours.values()
+                  if host_us(by, "public") and host_us(by, "pytorch")]
+        if ratios:
+            versus.append(f"{ratio(statistics.median(ratios))}x median ({span(ratios, 'x')}) under {words}")
+    out = []
+    if bare:
+        out.append(f"- **A bare Triton launch** of an empty kernel: {'; '.join(bare)}.")
+    if layer:
+        out.append(f"- **The op layer, (a) - (c)**: {'; '.join(layer)}.")
+    if dispatch:
+        out.append(f"- **Through the dispatcher, (b) - (c)**, as a compiled graph calls an operator: "
+                   f"{'; '.join(dispatch)}.")
+    if versus:
+        out.append(f"- **Against PyTorch**, the public function's host time over its counterpart's: "
+                   f"{'; '.join(versus)}.")
+    cells = host_cells(rows, "no_grad")
+    ways = [("`torch.library.Library` (ours)", "rmsnorm"), ("`torch.library.custom_op`", "rmsnorm via custom_op"),
+            ("`triton_op` + `wrap_triton`", "rmsnorm via triton_op")]
+    found = [(name, next((by for (op, _), by in cells.items() if op == label), {})) for name, label in ways]
+    parts = [f"{name} {fmt(host_us(by, 'public'))} us public, {fmt(host_us(by, 'torch.ops'))} us through "
+             f"torch.ops" for name, by in found if host_us(by, "public") is not None]
+    if len(parts) > 1:
+        out.append("- **rmsnorm registered three ways**, same checks and launcher, under torch.no_grad(): "
+                   + "; ".join(parts) + ".")
+    return out
+
+
+def host_table(rows, mode):
+    cells = host_cells(rows, mode)
+    head = ["op", "shape"] + [name for _, name in HOST_COLUMNS] + ["op layer (a - c)", "PyTorch (d)", "PyTorch call"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (op, shape), by in cells.items():
+        if op == "empty kernel":
+            continue
+        line = [op, shape]
+        for provider in [p for p, _ in HOST_COLUMNS]:
+            r = by.get(provider)
+            line.append("error" if r and r.get("error") else fmt(host_us(by, provider)))
+        layer = host_layer(by)
+        line.append(fmt(layer) if layer is not None else "")
+        r = by.get("pytorch") or {}
+        line += ["error" if r.get("error") else fmt(r.get("us")), f"`{r['pytorch_call']}`" if r.get("pytorch_call") else ""]
+        out.append("| " + " | ".join(line) + " |")
+    return out
+
+
+def host_figures(meta, rows):
+    """The host page's figures: sentences, one table per grad mode, and any failed rows."""
+    out = ["## What the figures say", "", "CPU microseconds a call, timed as the run's `timer` says.", ""]
+    out += host_sentences(rows)
+    out += ["- (a) - (c) is what a caller pays over the bare launch: the argument checks, the output's "
+            "allocation and the operator layer; (b) is the dispatcher's path, which eager calls on "
+            "plain tensors skip (`common/ops.py`, `Op`).",
+            "- The `via custom_op` and `via triton_op` rows register the same launcher the other two "
+            "ways torch.library offers, in the benchmark's own namespace, with rmsnorm's checks "
+            "before the call.", ""]
+    for mode, words in HOST_MODES.items():
+        table_lines = host_table(rows, mode)
+        if len(table_lines) > 2:
+            out += [f"## CPU us a call, under {words}", ""] + table_lines + [""]
+    errors = {}
+    for r in rows:
+        if r.get("error"):
+            errors.setdefault((r["op"], r["provider"], r["error"]), []).append(r.get("mode", ""))
+    if errors:
+        out += ["## Failed rows", ""]
+        out += [f"- {op}, {provider} ({', '.join(modes)}): {error}" for (op, provider, error), modes in errors.items()]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# decode_step: one layer's decode step, ours against PyTorch run the same way
+
+
+def decode_step_figures(meta, rows):
+    """The decode_step page's figures: sentences, the graph speedup per shape, the ms tables, charts."""
+    area = AREAS["decode_step"]
+    out = ["## What the figures say", "",
+           "Each way of running ours against PyTorch's step run the same way, as a ratio of times: above "
+           "1.00x ours is faster.", ""]
+    out += group_sentences(area, rows) + [f"- {n}" for n in area.notes] + [""]
+    ms = {(r["op"], r["shape"], r["provider"]): r["ms"] for r in rows}
+    pairs = (("ours-graph", "torch-graph"), ("ours-reduce-overhead", "torch-reduce-overhead"))
+    head = ["layer", "B x T"] + [p for pair in pairs for p in pair + ("speedup",)]
+    out += ["## ours-graph against torch-graph", "",
+            "ms a step, and the speedup of ours (PyTorch's ms / ours): above 1.00 ours is faster.", "",
+            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for op, shape in dict.fromkeys((r["op"], r["shape"]) for r in rows):
+        line = [op, shape]
+        for ours, peer in pairs:
+            a, b = ms.get((op, shape, ours)), ms.get((op, shape, peer))
+            line += [fmt(a), fmt(b), ratio(b / a) if a and b else ""]
+        out.append("| " + " | ".join(line) + " |")
+    out.append("")
+    for op in dict.fromkeys(r["op"] for r in rows):
+        out += [f"## {op}", "", "ms a step (lower is better), timed as the docstring above says.", ""]
+        out += table(rows, op, "ms", lower_is_better=True) + [""]
+    pictures = charts("decode_step")
+    return out + (["## Charts", ""] + [p + "\n" for p in pictures] if pictures else [])
+
+
 def page(area_name, results=RESULTS):
     area = AREAS[area_name]
     meta, rows = load(area_name, results)
@@ -491,6 +678,8 @@ def page(area_name, results=RESULTS):
     out += ["## The run", ""] + run_table(meta) + [""]
     if area_name == "e2e":
         out += e2e_extra(meta)
+    if area.render:
+        return "\n".join(out + area.render(meta, rows)).rstrip() + "\n"
     out += ["## What the figures say", "",
             "Ours against the strongest peer of each row (the fastest provider that is not ours), as a "
             "ratio of times: above 1.00x ours is faster.", ""]

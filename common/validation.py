@@ -61,6 +61,8 @@ def check_norm_args(x, weight, eps, x_name="x", weight_name="weight"):
         if tuple(weight.shape) != (n_cols,):
             raise ValueError(f"{weight_name} must have shape ({n_cols},) to match the last dim of "
                              f"{x_name} {tuple(x.shape)}; got {tuple(weight.shape)}")
+    if isinstance(eps, bool):  # a flag passed where eps goes would be taken as 1.0
+        raise TypeError(f"eps must be a number, not a bool; got {eps!r}")
     if not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
     return n_cols

@@ -78,6 +78,16 @@ def pick_config(kernel, a, b, m, n, k, config):
     _PICKED[_picked_key(kernel, a, b, m, n, k)] = config.all_kwargs()
 
 
+def untuned_config(a, configs, prune, named_args):
+    """Launch arguments for a key not tuned yet, or None where the autotuner may run: while a's
+    device's current stream is captured into a CUDA graph, timing candidates would synchronize and
+    break the capture, so the first config `prune` keeps runs, untimed and not recorded as the
+    pick (the key's first eager call still tunes it)."""
+    if a.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        return None
+    return prune(configs, named_args)[0].all_kwargs()
+
+
 @triton.jit
 def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Program id -> (pid_m, pid_n) in grouped order: GROUP_M row-tiles per column sweep (the last

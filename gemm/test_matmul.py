@@ -191,12 +191,39 @@ def check_errors():
         expect_raises("bias size", lambda: matmul(a, b, bias[:31]), ValueError, "bias"),
         expect_raises("int bias", lambda: matmul(a, b, bias.to(torch.int32)), TypeError, "bias"),
         expect_raises("unknown activation", lambda: matmul(a, b, activation="relu"), ValueError, "activation"),
+        expect_raises("activation True", lambda: matmul(a, b, activation=True), ValueError, "activation"),
         expect_raises(f"a on {other}", lambda: matmul(a.to(other), b.to(other)), ValueError, "a"),
         expect_raises("b elsewhere", lambda: matmul(a, b.to(other)), ValueError, "b"),
         expect_raises("bias elsewhere", lambda: matmul(a, b, bias.to(other)), ValueError, "bias"),
         expect_raises("not a tensor", lambda: matmul([1.0], b), TypeError, "a"),
         expect_raises("out shape", lambda: matmul(a, b, out=a.clone()), ValueError, "out"),
     ]
+
+
+def check_forward_only():
+    """llmk::matmul and llmk::matmul_out have no backward: with grad mode on, an input that requires
+    grad raises; under torch.no_grad() the same call gives the same bits as on plain tensors (the
+    tiled kernel, and the GEMV kernel at M = 1 against W.T)."""
+    a, b, bias = rand((6, 40), torch.float16), rand((40, 24), torch.float16), rand((24,), torch.float16)
+    w_t = rand((24, 40), torch.float16).t()
+    grad = [t.clone().requires_grad_() for t in (a, b, bias, w_t)]
+    outcomes = [
+        expect_raises("a requires grad", lambda: matmul(grad[0], b), RuntimeError, "llmk::matmul is forward-only"),
+        expect_raises("bias requires grad, out=", lambda: matmul(a, b, grad[2], "gelu", out=poisoned((6, 24), a.dtype)),
+                      RuntimeError, "llmk::matmul_out is forward-only"),
+    ]
+    with torch.no_grad():
+        c = matmul(grad[0], grad[1], grad[2], "gelu")
+        c_out = matmul(grad[0], grad[1], grad[2], "gelu", out=poisoned((6, 24), a.dtype))
+        c_gemv = matmul(grad[0][:1], grad[3])
+    outcomes += [
+        compare("no_grad: c", c, reference(a, b, bias, "gelu"), tolerance(a, b),
+                torch_out=torch_same_dtype(a, b, bias, "gelu")),
+        Outcome("no_grad: c as on plain tensors", torch.equal(c, matmul(a, b, bias, "gelu")) and not c.requires_grad),
+        Outcome("no_grad, out=: as on plain tensors", torch.equal(c_out, c)),
+        Outcome("no_grad, M = 1 (gemv): as on plain tensors", torch.equal(c_gemv, matmul(a[:1], w_t))),
+    ]
+    return outcomes
 
 
 def check_huge():
@@ -334,6 +361,7 @@ def cases():
             Case("which kernel runs", check_kernel_choice),
             Case("allocates its output", check_own_buffer),
             Case("empty input", check_empty), Case("bad input", check_errors),
+            Case("forward-only operator", check_forward_only),
             Case("2^31+ output elements", check_huge, gpu_only=True),
             Case("every launch-table row forced", check_tables_forced)]
     return out

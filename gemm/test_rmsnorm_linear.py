@@ -102,6 +102,8 @@ def check_errors():
         expect_raises("norm_weight size", lambda: rmsnorm_linear(x, nw[:63], w), ValueError, "norm_weight"),
         expect_raises("int norm_weight", lambda: rmsnorm_linear(x, nw.to(torch.int32), w), TypeError, "norm_weight"),
         expect_raises("eps < 0", lambda: rmsnorm_linear(x, nw, w, -1.0), ValueError, "eps"),
+        expect_raises("eps True", lambda: rmsnorm_linear(x, nw, w, True), TypeError, "eps"),
+        expect_raises("path True", lambda: rmsnorm_linear(x, nw, w, path=True), ValueError, "path"),
         expect_raises("unknown path", lambda: rmsnorm_linear(x, nw, w, path="split"), ValueError, "path"),
         expect_raises("0-d x", lambda: rmsnorm_linear(x[0, 0], nw, w, path="decode"), ValueError, "x"),
         expect_raises("weight (N, K + 1), decode", lambda: rmsnorm_linear(x, nw, rand((32, 65), torch.float16),
@@ -110,6 +112,22 @@ def check_errors():
         expect_raises("weight elsewhere", lambda: rmsnorm_linear(x, nw, w.to(other)), ValueError, "weight"),
         expect_raises("not a tensor", lambda: rmsnorm_linear([1.0], nw, w), TypeError, "x"),
     ]
+
+
+def check_forward_only():
+    """llmk::rmsnorm_linear has no backward: with grad mode on, an input that requires grad raises;
+    under torch.no_grad() each path gives the same bits as on plain tensors."""
+    x, nw, w = rand((3, 64), torch.float16), rand((64,), torch.float16), rand((24, 64), torch.float16)
+    grad = [t.clone().requires_grad_() for t in (x, nw, w)]
+    outcomes = [expect_raises("weight requires grad", lambda: rmsnorm_linear(x, nw, grad[2]), RuntimeError,
+                              "llmk::rmsnorm_linear is forward-only")]
+    for path in PATHS:
+        with torch.no_grad():
+            y = rmsnorm_linear(*grad, EPS, path=path)
+        outcomes += [outcome(f"no_grad, {path}: y", x, nw, w, y),
+                     Outcome(f"no_grad, {path}: as on plain tensors",
+                             torch.equal(y, rmsnorm_linear(x, nw, w, EPS, path=path)) and not y.requires_grad)]
+    return outcomes
 
 
 # Decode configs (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) at which the small
@@ -174,7 +192,8 @@ def cases():
     add("M=4 K=96 N=40 bf16 x*1e4", shape=(4, 96), n=40, dtype=torch.bfloat16, scale=1e4)   # squares past fp16
     add("M=4 K=96 N=40 fp16 x*100", shape=(4, 96), n=40, dtype=torch.float16, scale=100.0)  # squares past fp16
     add("M=4 K=96 N=40 bf16 fp32 norm_weight", shape=(4, 96), n=40, dtype=torch.bfloat16, norm_dtype=torch.float32)
-    out += [Case("empty input", check_empty), Case("bad input", check_errors)]
+    out += [Case("empty input", check_empty), Case("bad input", check_errors),
+            Case("forward-only operator", check_forward_only)]
     # each DECODE_TABLE row, forced: a row tile and a column tile past M and N, K in two splits with a
     # masked tail (the interpreter runs them in fp16)
     for dtype in DTYPES:

@@ -17,6 +17,7 @@ import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
 from common.device import INTERPRET, sm_count
+from common.ops import define_op, no_outputs
 from common.validation import check_out
 from gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
 from gemm.matmul_common import check_matmul_args, picked_config
@@ -99,19 +100,37 @@ def kernel_choice(a, b):
             f"s{meta['num_stages']}{extra}")
 
 
+def _matmul_into(a, b, bias, activation, c):
+    if c.numel():  # M = 0 or N = 0: nothing to write; K = 0 runs, the epilogue on zero sums
+        launch_matmul(a, b, bias, activation, c)
+
+
+def _matmul(a, b, bias, activation):
+    c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    _matmul_into(a, b, bias, activation, c)
+    return c
+
+
+matmul_op = define_op("matmul(Tensor a, Tensor b, Tensor? bias, str? activation) -> Tensor", _matmul,
+                      lambda a, b, bias, activation: a.new_empty((a.shape[0], b.shape[1])))
+matmul_out_op = define_op("matmul_out(Tensor a, Tensor b, Tensor? bias, str? activation, Tensor(a!) out) -> ()",
+                          _matmul_into, no_outputs)
+
+
 def matmul(a, b, bias=None, activation=None, out=None):
-    """c = activation(a @ b + bias), accumulated in fp32 and rounded once to a's dtype.
+    """c = activation(a @ b + bias), accumulated in fp32 and rounded once to a's dtype (operators
+    llmk::matmul and llmk::matmul_out).
 
     a: (M, K) fp16 or bf16, any strides (a transposed or padded view is read in place).
     b: (K, N), a's dtype, any strides (for an nn.Linear weight W (N, K), pass W.T).
     bias: optional (N,), a's dtype or fp32. activation: None, "gelu" (erf), "gelu_tanh" or "silu".
     out: optional contiguous (M, N) buffer of a's dtype.
-    Returns c: (M, N), a's dtype. K = 0 gives activation(bias) (zeros without a bias).
+    Returns c: (M, N), a's dtype, contiguous (out itself when given). K = 0 gives activation(bias)
+    (zeros without a bias).
     """
     m, n, _ = check_matmul_args(a, b, bias, activation)
-    if out is not None:
-        check_out("out", out, (m, n), a.dtype, a.device)
-    c = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if m and n:
-        launch_matmul(a, b, bias, activation, c)
-    return c
+    if out is None:
+        return matmul_op(a, b, bias, activation)
+    check_out("out", out, (m, n), a.dtype, a.device)
+    matmul_out_op(a, b, bias, activation, out)
+    return out

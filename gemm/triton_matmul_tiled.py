@@ -37,7 +37,8 @@ from common.bench import autotune_bench
 from common.device import INTERPRET
 from common.ints import cdiv
 from common.workspace import split_k_buffers
-from gemm.matmul_common import GROUP_M, epilogue_store, fit_split, grouped_tile, m_bucket, pick_config, picked_config
+from gemm.matmul_common import (GROUP_M, epilogue_store, fit_split, grouped_tile, m_bucket, pick_config, picked_config,
+                                untuned_config)
 
 # Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Shared memory is
 # (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes a stage; all fit the 227 KB an H100/H200 block may take.
@@ -289,6 +290,8 @@ def launch_tiled(a, b, bias, activation, c, num_sms, config=None, split_k=None):
         meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
     else:
         meta = interpret_meta() if INTERPRET else picked_config(_matmul_kernel, a, b, m, n, k)
+    if meta is None:
+        meta = untuned_config(a, autotune_configs(), prune_configs, dict(M_BUCKET=m_bucket(m), N=n, K=k))
     args = (a, b, c, bias if bias is not None else c,  # an unused pointer still needs a tensor
             m, n, k, m_bucket(m),
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))

@@ -42,7 +42,7 @@ from common.bench import autotune_bench
 from common.device import INTERPRET
 from common.ints import cdiv
 from common.triton_utils import activate
-from gemm.matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config
+from gemm.matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config, untuned_config
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -177,6 +177,8 @@ def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
     if INTERPRET and config is None:
         config = INTERPRET_CONFIG
     meta = meta_of(config) if config is not None else picked_config(_matmul_tma_kernel, a, b, m, n, k)
+    if meta is None:
+        meta = untuned_config(a, autotune_configs(), prune_configs, dict(M=m, N=n, NUM_SMS=num_sms))
     # block shapes are placeholders until the config is known (set_blocks)
     bm, bn, bk = (meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]) if meta else (16, 16, 16)
     split = meta["EPILOGUE_SPLIT"] if meta else 1

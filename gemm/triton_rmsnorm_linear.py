@@ -46,10 +46,11 @@ import triton.language as tl
 
 from common.device import sm_count
 from common.ints import cdiv
+from common.ops import define_op
 from common.validation import check_norm_args, check_same_device, check_tensor
 from common.workspace import split_k_buffers
 from gemm.matmul_common import DTYPES
-from normalization.triton_rmsnorm import rmsnorm
+from normalization.triton_rmsnorm import rmsnorm_op
 
 PATHS = ("decode", "unfused")
 
@@ -292,19 +293,13 @@ def rmsnorm_linear_decode(x, norm_weight, weight, eps):
 
 
 def rmsnorm_linear_unfused(x, norm_weight, weight, eps):
-    """Two kernels: our rmsnorm writes normalized x, cuBLAS multiplies it by W^T."""
-    return torch.matmul(rmsnorm(x, norm_weight, eps), weight.t())
+    """Two kernels: our rmsnorm writes normalized x, cuBLAS multiplies it by W^T. The rmsnorm
+    operator's implementation is called directly: this runs inside llmk::rmsnorm_linear already."""
+    return torch.matmul(rmsnorm_op.impl(x, norm_weight, eps), weight.t())
 
 
-def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
-    """y = rmsnorm(x, norm_weight, eps) @ weight.T, fused into one pass over weight for small M.
-
-    x: (..., K) fp16 or bf16, any strides. norm_weight: (K,) fp16, bf16 or fp32.
-    weight: (N, K), x's dtype (nn.Linear's layout, read in place), any strides.
-    path: None picks by M = x.numel() // K from PATH_TABLE; "decode" or "unfused" forces one.
-    Returns y: (..., N), x's dtype. M = 0 or N = 0 give an empty y; K = 0 gives zeros.
-    """
-    k, n = check_rmsnorm_linear_args(x, norm_weight, weight, eps, path)
+def _rmsnorm_linear(x, norm_weight, weight, eps, path):
+    k, n = x.shape[-1], weight.shape[0]
     m = x.numel() // k if k else 0
     out_shape = (*x.shape[:-1], n)
     if k == 0:  # rmsnorm of an empty row is empty, and an empty dot product is 0
@@ -314,4 +309,23 @@ def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
     path = path or choose_path(m)
     if path == "decode":
         return rmsnorm_linear_decode(x, norm_weight, weight, eps)
-    return rmsnorm_linear_unfused(x, norm_weight, weight, eps)
+    # contiguous like the fake's output: a no-op on torch.matmul's (..., N) result
+    return rmsnorm_linear_unfused(x, norm_weight, weight, eps).contiguous()
+
+
+rmsnorm_linear_op = define_op(
+    "rmsnorm_linear(Tensor x, Tensor norm_weight, Tensor weight, float eps, str? path) -> Tensor", _rmsnorm_linear,
+    lambda x, norm_weight, weight, eps, path: x.new_empty((*x.shape[:-1], weight.shape[0])))
+
+
+def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
+    """y = rmsnorm(x, norm_weight, eps) @ weight.T, fused into one pass over weight for small M
+    (operator llmk::rmsnorm_linear).
+
+    x: (..., K) fp16 or bf16, any strides. norm_weight: (K,) fp16, bf16 or fp32.
+    weight: (N, K), x's dtype (nn.Linear's layout, read in place), any strides.
+    path: None picks by M = x.numel() // K from PATH_TABLE; "decode" or "unfused" forces one.
+    Returns y: (..., N), x's dtype, contiguous. M = 0 or N = 0 give an empty y; K = 0 gives zeros.
+    """
+    check_rmsnorm_linear_args(x, norm_weight, weight, eps, path)
+    return rmsnorm_linear_op(x, norm_weight, weight, float(eps), path)

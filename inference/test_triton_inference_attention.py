@@ -233,6 +233,13 @@ def check_errors():
         expect_raises("num_splits 65", lambda: f(q, k, v, lengths, num_splits=MAX_SPLITS + 1), ValueError,
                       "num_splits"),
         expect_raises("max_length -1", lambda: f(q, k, v, lengths, max_length=-1), ValueError, "max_length"),
+        expect_raises("num_splits True", lambda: f(q, k, v, lengths, num_splits=True), ValueError, "num_splits"),
+        expect_raises("max_length False", lambda: f(q, k, v, lengths, max_length=False), ValueError, "max_length"),
+        expect_raises("sm_scale True", lambda: f(q, k, v, lengths, True), ValueError, "sm_scale"),
+        expect_raises("config use_dot 1", lambda: f(q, k, v, lengths, config=DecodeConfig(16, 1, 1, 1, 1)),
+                      TypeError, "config"),
+        expect_raises("config num_splits True", lambda: f(q, k, v, lengths, config=DecodeConfig(16, 1, 1, True, True)),
+                      TypeError, "config"),
         expect_raises("config BLOCK_N 8", lambda: f(q, k, v, lengths, config=DecodeConfig(8, 4, 1, True, 1)),
                       ValueError, "config"),
         expect_raises(f"q on {other}", lambda: f(q.to(other), k, v, lengths), ValueError, "q"),
@@ -250,6 +257,52 @@ def check_errors():
         expect_raises("paged: k_pages dtype", lambda: paged_decode_attention(
             q, pages.bfloat16(), pages, table, lengths), TypeError, "k_pages"),
     ]
+
+
+def check_forward_only():
+    """The decode operators have no backward: with grad mode on, an input that requires grad raises
+    (a forced config, which launches past the operator, too); under torch.no_grad() each call gives
+    the same bits as on plain tensors."""
+    q = rand((2, 8, 64), torch.float16)
+    k, v = make_cache(2, 20, 2, 64, torch.float16, "bthd")
+    lengths = torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)
+    (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
+    config = DecodeConfig(16, 1, 1, True, 2)
+    q_grad, k_grad, v_pages_grad = (t.clone().requires_grad_() for t in (q, k, v_pages))
+    forward_only = "is forward-only"
+    outcomes = [
+        expect_raises("q requires grad", lambda: decode_attention(q_grad, k, v, lengths), RuntimeError,
+                      "llmk::decode_attention " + forward_only),
+        expect_raises("k_cache requires grad, out=",
+                      lambda: decode_attention(q, k_grad, v, lengths, out=torch.empty_like(q)), RuntimeError,
+                      "llmk::decode_attention_out " + forward_only),
+        expect_raises("k_cache requires grad, config=", lambda: decode_attention(q, k_grad, v, lengths, config=config),
+                      RuntimeError, "llmk::decode_attention " + forward_only),
+        expect_raises("paged: v_pages requires grad", lambda: paged_decode_attention(q, k_pages, v_pages_grad, table,
+                                                                                     lengths),
+                      RuntimeError, "llmk::paged_decode_attention " + forward_only),
+        expect_raises("paged: q requires grad, out=", lambda: paged_decode_attention(
+            q_grad, k_pages, v_pages, table, lengths, out=torch.empty_like(q)), RuntimeError,
+            "llmk::paged_decode_attention_out " + forward_only),
+    ]
+    calls = {
+        "contiguous": lambda q, k, v_pages: decode_attention(q, k, v, lengths),
+        "contiguous, out=": lambda q, k, v_pages: decode_attention(q, k, v, lengths, num_splits=2,
+                                                                   out=poisoned(q.shape, q.dtype)),
+        "contiguous, config=": lambda q, k, v_pages: decode_attention(q, k, v, lengths, config=config),
+        "paged": lambda q, k, v_pages: paged_decode_attention(q, k_pages, v_pages, table, lengths),
+        "paged, out=": lambda q, k, v_pages: paged_decode_attention(q, k_pages, v_pages, table, lengths, num_splits=2,
+                                                                     out=poisoned(q.shape, q.dtype)),
+    }
+    scale = 1.0 / math.sqrt(64)
+    for name, call in calls.items():
+        with torch.no_grad():
+            o = call(q_grad, k_grad, v_pages_grad)
+        outcomes.append(Outcome(f"no_grad, {name}: as on plain tensors",
+                                torch.equal(o, call(q, k, v_pages)) and not o.requires_grad))
+    outcomes.append(compare(f"no_grad, {name}: O", o, reference(q, k, v, lengths, scale),
+                            decode_tol(q, k, v, lengths, scale), torch_out=same_dtype_decode(q, k, v, lengths, scale)))
+    return outcomes
 
 
 def paged_table_blocks(block_n, num_warps, num_stages):
@@ -392,6 +445,7 @@ def _cases():
                 t_max=2100, d=d, dtype=dtype)
     cases += [Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),
+              Case("forward-only operators", check_forward_only),
               Case("2^31+ elements per cache (contiguous, paged)", check_huge, gpu_only=True)]
     # every launch-table row forced on small shapes (the interpreter's own choice is always
     # INTERPRET_BLOCK): fp16 there, both dtypes on the GPU

@@ -47,6 +47,7 @@ import triton.language as tl
 
 from common.device import INTERPRET, sm_count
 from common.ints import cdiv, next_power_of_2
+from common.ops import define_op, forward_only_error, no_outputs
 from common.triton_utils import LOG2E
 from common.validation import check_out, check_same_device, check_tensor
 from common.workspace import split_k_buffers
@@ -365,21 +366,32 @@ def _check_common(q, k, v, lengths, sm_scale, k_name, v_name):
     check_same_device("lengths", lengths, "q", q)
     if tuple(lengths.shape) != (b,):
         raise ValueError(f"lengths must have shape (B,) = ({b},), got {tuple(lengths.shape)}")
-    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0 and math.isfinite(sm_scale)):
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and not isinstance(sm_scale, bool)
+                                     and sm_scale > 0 and math.isfinite(sm_scale)):
         raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
     return b, h, d
+
+
+def _is_int(value):
+    """An int that is not a bool: True would pass as 1 and False as 0."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_options(num_splits, max_length, out, config, q):
     if config is not None and not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
+    if config is not None and not (all(_is_int(v) for v in (config.BLOCK_N, config.num_warps, config.num_stages,
+                                                                config.num_splits))
+                                   and isinstance(config.use_dot, bool)):
+        raise TypeError(f"config must have int BLOCK_N, num_warps, num_stages, num_splits and a bool use_dot, "
+                        f"got {config}")
     if config is not None and not (config.BLOCK_N >= 16 and config.BLOCK_N & (config.BLOCK_N - 1) == 0
                                    and 1 <= config.num_splits <= MAX_SPLITS):
         raise ValueError(f"config must have a power-of-two BLOCK_N >= 16 (tl.dot's smallest) and num_splits in "
                          f"1..{MAX_SPLITS}, got {config}")
-    if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits <= MAX_SPLITS):
+    if num_splits is not None and not (_is_int(num_splits) and 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be None or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
-    if max_length is not None and not (isinstance(max_length, int) and max_length >= 0):
+    if max_length is not None and not (_is_int(max_length) and max_length >= 0):
         raise ValueError(f"max_length must be None or a non-negative int, got {max_length!r}")
     if out is not None:
         check_out("out", out, q.shape, q.dtype, q.device)
@@ -423,9 +435,59 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     return out
 
 
+def _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out, cfg=None):
+    page_size = k_pages.shape[1]
+    max_tokens = block_table.shape[1] * page_size if k_pages.shape[0] else 0
+    return _launch(q, k_pages, v_pages, lengths, block_table, page_size, max_tokens, out, sm_scale, num_splits,
+                   max_length, cfg)
+
+
+def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out):
+    _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length)
+
+
+def _decode_attention(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out)
+    return out
+
+
+def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out):
+    _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out)
+
+
+def _paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out)
+    return out
+
+
+_DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length"
+decode_attention_op = define_op(
+    f"decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}) -> Tensor", _decode_attention,
+    lambda q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length: q.new_empty(q.shape))
+decode_attention_out_op = define_op(
+    f"decode_attention_out(Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}, Tensor(a!) out) -> ()",
+    _decode_attention_into, no_outputs)
+paged_decode_attention_op = define_op(
+    f"paged_decode_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}) -> Tensor",
+    _paged_decode_attention,
+    lambda q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length: q.new_empty(q.shape))
+paged_decode_attention_out_op = define_op(
+    f"paged_decode_attention_out(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}, "
+    "Tensor(a!) out) -> ()", _paged_decode_attention_into, no_outputs)
+
+
+def _check_forced_grad(name, *tensors):
+    """The forward-only check of operator `name`, for a forced config, which launches past the operator."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise forward_only_error(name)
+
+
 def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, num_splits=None, max_length=None, out=None,
                      config=None):
-    """Attention of one new token per sequence against a contiguous KV cache.
+    """Attention of one new token per sequence against a contiguous KV cache (operators
+    llmk::decode_attention and llmk::decode_attention_out).
 
     q: (B, H, D) fp16 or bf16, any strides. k_cache, v_cache: (B, T_max, Hkv, D), q's dtype, any
        strides (a (B, Hkv, T, D) cache passed as `.transpose(1, 2)` is read in place). H a multiple
@@ -439,29 +501,38 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, num_splits=
        a sync (otherwise T_max is assumed); it never changes the result.
     out: optional contiguous (B, H, D) buffer of q's dtype.
     config: a DecodeConfig that replaces the heuristics' whole choice (tuning sweeps, tests);
-       num_splits, when given, still overrides its split count.
-    Returns O (B, H, D) in q's dtype.
+       num_splits, when given, still overrides its split count. It launches the kernel directly,
+       not through the operator (eager only: torch.compile does not trace the launcher).
+    Returns O (B, H, D) in q's dtype, contiguous (out itself when given).
     """
     _check_common(q, k_cache, v_cache, lengths, sm_scale, "k_cache", "v_cache")
     if k_cache.shape[0] != q.shape[0]:
         raise ValueError(f"k_cache must be (B={q.shape[0]}, T_max, Hkv, D) to match q {tuple(q.shape)}, "
                          f"got {tuple(k_cache.shape)}")
     _check_options(num_splits, max_length, out, config, q)
-    return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length,
-                   config)
+    if config is not None:
+        _check_forced_grad("decode_attention", q, k_cache, v_cache)
+        return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits,
+                       max_length, config)
+    sm_scale = None if sm_scale is None else float(sm_scale)
+    if out is None:
+        return decode_attention_op(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length)
+    decode_attention_out_op(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out)
+    return out
 
 
 def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=None, *, num_splits=None,
                            max_length=None, out=None, config=None):
     """Attention of one new token per sequence against a paged KV cache (same kernel as
-    decode_attention; token t of sequence b is slot t % PAGE_SIZE of page block_table[b, t // PAGE_SIZE]).
+    decode_attention; token t of sequence b is slot t % PAGE_SIZE of page block_table[b, t // PAGE_SIZE];
+    operators llmk::paged_decode_attention and llmk::paged_decode_attention_out).
 
     q: (B, H, D) fp16 or bf16, any strides. k_pages, v_pages: (num_pages, PAGE_SIZE, Hkv, D), q's
        dtype, any strides. block_table: (B, max_pages) int32 page ids, any row stride; the entries
        that cover a sequence's tokens must be valid pages (not checked: that would need a sync),
        entries past its length are never read. lengths: (B,) int32, 0..max_pages * PAGE_SIZE.
     sm_scale, num_splits, max_length, out, config: as in decode_attention.
-    Returns O (B, H, D) in q's dtype.
+    Returns O (B, H, D) in q's dtype, contiguous (out itself when given).
     """
     b, _, _ = _check_common(q, k_pages, v_pages, lengths, sm_scale, "k_pages", "v_pages")
     check_tensor("block_table", block_table, (torch.int32,))
@@ -470,10 +541,15 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
         raise ValueError(f"block_table must be (B={b}, max_pages), got shape {tuple(block_table.shape)}")
     if block_table.shape[1] > 1 and block_table.stride(1) != 1:
         raise ValueError(f"block_table's rows must be unit-stride, got strides {block_table.stride()}")
-    page_size = k_pages.shape[1]
-    if page_size < 1:
+    if k_pages.shape[1] < 1:
         raise ValueError(f"k_pages must have a page size (dim 1) of at least 1, got shape {tuple(k_pages.shape)}")
     _check_options(num_splits, max_length, out, config, q)
-    max_tokens = block_table.shape[1] * page_size if k_pages.shape[0] else 0
-    return _launch(q, k_pages, v_pages, lengths, block_table, page_size, max_tokens, out, sm_scale,
-                   num_splits, max_length, config)
+    if config is not None:
+        _check_forced_grad("paged_decode_attention", q, k_pages, v_pages)
+        return _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
+                             config)
+    sm_scale = None if sm_scale is None else float(sm_scale)
+    if out is None:
+        return paged_decode_attention_op(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length)
+    paged_decode_attention_out_op(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out)
+    return out

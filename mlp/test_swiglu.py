@@ -92,6 +92,20 @@ def check_errors():
     ]
 
 
+def check_grad_mode():
+    """Forward-only: in grad mode an up that requires grad raises, naming the operator; under
+    torch.no_grad() the call gives what it gives on a plain up."""
+    gate, up = rand((4, 64), torch.float16), rand((4, 64), torch.float16)
+    up_grad = up.clone().requires_grad_()
+    with torch.no_grad():
+        y, y_out = swiglu(gate, up_grad), swiglu(gate, up_grad, out=poisoned(gate.shape, gate.dtype))
+    return [expect_raises("up requires grad", lambda: swiglu(gate, up_grad), RuntimeError,
+                          "llmk::swiglu is forward-only"),
+            expect_raises("up requires grad, out=", lambda: swiglu(gate, up_grad, out=torch.empty_like(gate)),
+                          RuntimeError, "llmk::swiglu_out is forward-only"),
+            Outcome("under no_grad: as on a plain up", torch.equal(y, swiglu(gate, up)) and torch.equal(y_out, y))]
+
+
 def check_empty():
     outcomes = []
     for shape in ((0, 64), (2, 0, 64), (3, 0)):
@@ -127,7 +141,7 @@ def cases():
         add((4096, 16384), dtype, gpu_only=True, layout="fused")
         add((2049, 11008), dtype, gpu_only=True, pad=(0, 64))     # 11008 = 43 * 256: column tiles of 256
     return out + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
-                  Case("empty input", check_empty),
+                  Case("empty input", check_empty), Case("grad mode (forward-only)", check_grad_mode),
                   Case("2^31+ elements", check_huge, dict(n_cols=14336), gpu_only=True)]
 
 

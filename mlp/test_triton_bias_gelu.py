@@ -102,6 +102,20 @@ def check_errors():
     ]
 
 
+def check_grad_mode():
+    """Forward-only: in grad mode a bias that requires grad (an nn.Parameter) raises, naming the
+    operator; under torch.no_grad() the call gives what it gives on a plain bias."""
+    x, b = rand((4, 64), torch.float16), rand((64,), torch.float16)
+    b_param = torch.nn.Parameter(b.clone())
+    with torch.no_grad():
+        y, y_out = bias_gelu(x, b_param), bias_gelu(x, b_param, out=poisoned(x.shape, x.dtype))
+    return [expect_raises("bias requires grad", lambda: bias_gelu(x, b_param), RuntimeError,
+                          "llmk::bias_gelu is forward-only"),
+            expect_raises("bias requires grad, out=", lambda: bias_gelu(x, b_param, out=torch.empty_like(x)),
+                          RuntimeError, "llmk::bias_gelu_out is forward-only"),
+            Outcome("under no_grad: as with a plain bias", torch.equal(y, bias_gelu(x, b)) and torch.equal(y_out, y))]
+
+
 def check_empty():
     outcomes = []
     for shape in ((0, 64), (2, 0, 64), (3, 0)):
@@ -139,7 +153,7 @@ def cases():
     add((5, 1000), torch.float16, has_bias=False)                 # plain GELU
     add((5, 1000), torch.float32, "tanh", has_bias=False)
     return out + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
-                  Case("empty input", check_empty),
+                  Case("empty input", check_empty), Case("grad mode (forward-only)", check_grad_mode),
                   Case("2^31+ elements", check_huge, dict(n_cols=4096), gpu_only=True)]
 
 

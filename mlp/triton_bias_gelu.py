@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.ops import define_op, no_outputs
 from common.triton_utils import gelu
 from common.validation import as_rows, check_out, check_same_device, check_tensor
 from mlp.gelu import check_approximate
@@ -75,19 +76,31 @@ def launch_bias_gelu(x, bias, approximate, y, cfg=None):
         num_warps=cfg.num_warps)
 
 
+def _bias_gelu(x, bias, approximate):
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launch_bias_gelu(x, bias, approximate, y)
+    return y
+
+
+bias_gelu_op = define_op("bias_gelu(Tensor x, Tensor? bias, str approximate) -> Tensor", _bias_gelu,
+                         lambda x, bias, approximate: x.new_empty(x.shape))
+bias_gelu_out_op = define_op("bias_gelu_out(Tensor x, Tensor? bias, str approximate, Tensor(a!) out) -> ()",
+                             launch_bias_gelu, no_outputs)
+
+
 def bias_gelu(x, bias, approximate="none", out=None):
     """gelu(x + bias) in one pass, as F.gelu(x + bias, approximate=approximate) but with no
-    rounding of x + bias.
+    rounding of x + bias (operators llmk::bias_gelu and llmk::bias_gelu_out).
 
     x: (..., O) fp16, bf16 or fp32, any row stride (a view whose leading dims cannot merge is
        copied once). bias: (O,) any float dtype, or None for plain GELU.
     approximate: "none" (the exact GELU, F.gelu's default) or "tanh".
     out: optional contiguous buffer shaped like x, x's dtype.
-    Returns y: (..., O), x's dtype.
+    Returns y: (..., O), x's dtype, contiguous (out itself when given).
     """
     check_bias_gelu_args(x, bias, approximate)
-    if out is not None:
-        check_out("out", out, x.shape, x.dtype, x.device)
-    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_bias_gelu(x, bias, approximate, y)
-    return y
+    if out is None:
+        return bias_gelu_op(x, bias, approximate)
+    check_out("out", out, x.shape, x.dtype, x.device)
+    bias_gelu_out_op(x, bias, approximate, out)
+    return out

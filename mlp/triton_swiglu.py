@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.ops import define_op, no_outputs
 from common.triton_utils import silu
 from common.validation import as_rows, check_out, check_swiglu_args
 from mlp.tiling import tile_config, tile_offsets
@@ -54,17 +55,29 @@ def launch_swiglu(gate, up, y, cfg=None):
         num_warps=cfg.num_warps)
 
 
+def _swiglu(gate, up):
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    launch_swiglu(gate, up, y)
+    return y
+
+
+swiglu_op = define_op("swiglu(Tensor gate, Tensor up) -> Tensor", _swiglu,
+                      lambda gate, up: gate.new_empty(gate.shape))
+swiglu_out_op = define_op("swiglu_out(Tensor gate, Tensor up, Tensor(a!) out) -> ()", launch_swiglu, no_outputs)
+
+
 def swiglu(gate, up, out=None):
-    """silu(gate) * up in one pass, as F.silu(gate) * up but with no rounding of silu(gate).
+    """silu(gate) * up in one pass, as F.silu(gate) * up but with no rounding of silu(gate)
+    (operators llmk::swiglu and llmk::swiglu_out).
 
     gate, up: (..., I), same shape, both fp16, bf16 or fp32 (one dtype), any row strides (a view
        whose leading dims cannot merge, or whose last dim is strided, is copied once).
     out: optional contiguous buffer shaped like gate, gate's dtype.
-    Returns y: (..., I), gate's dtype.
+    Returns y: (..., I), gate's dtype, contiguous (out itself when given).
     """
     check_swiglu_args(gate, up)
-    if out is not None:
-        check_out("out", out, gate.shape, gate.dtype, gate.device)
-    y = out if out is not None else torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    launch_swiglu(gate, up, y)
-    return y
+    if out is None:
+        return swiglu_op(gate, up)
+    check_out("out", out, gate.shape, gate.dtype, gate.device)
+    swiglu_out_op(gate, up, out)
+    return out

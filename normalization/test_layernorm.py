@@ -69,6 +69,8 @@ def check_errors():
         expect_raises("bias elsewhere", lambda: layernorm(x, w, w.to(other)), ValueError, "bias"),
         expect_raises("eps < 0", lambda: layernorm(x, w, eps=-1e-5), ValueError, "eps"),
         expect_raises("out dtype", lambda: layernorm(x, w, out=x.float()), ValueError, "out"),
+        expect_raises("x requires grad (forward-only)", lambda: layernorm(x.clone().requires_grad_(), w),
+                      RuntimeError, "llmk::layernorm is forward-only"),
     ]
 
 

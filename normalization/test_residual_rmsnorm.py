@@ -67,6 +67,9 @@ def check_errors():
         expect_raises("int x", lambda: residual_rmsnorm(x.to(torch.int32), x, w), TypeError, "x"),
         expect_raises("residual_out shape", lambda: residual_rmsnorm(x, x, w, residual_out=x[:1].clone()),
                       ValueError, "residual_out"),
+        expect_raises("residual requires grad (forward-only)",
+                      lambda: residual_rmsnorm(x, x.clone().requires_grad_(), w), RuntimeError,
+                      "llmk::residual_rmsnorm is forward-only"),
     ]
 
 

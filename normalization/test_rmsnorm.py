@@ -29,6 +29,8 @@ def check_errors():
         expect_raises("not a tensor", lambda: rmsnorm([1.0], w), TypeError, "x"),
         expect_raises("eps < 0", lambda: rmsnorm(x, w, -1.0), ValueError, "eps"),
         expect_raises("out shape", lambda: rmsnorm(x, w, out=x[:2].clone()), ValueError, "out"),
+        expect_raises("weight requires grad (forward-only)", lambda: rmsnorm(x, w.clone().requires_grad_()),
+                      RuntimeError, "llmk::rmsnorm is forward-only"),
     ]
 
 

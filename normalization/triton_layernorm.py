@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.ops import define_op, no_outputs
 from common.triton_utils import col_mask
 from common.validation import as_rows, check_norm_args, check_out
 from normalization.launch_config import row_config
@@ -118,17 +119,30 @@ def launch_layernorm(x, weight, bias, eps, y, cfg=None):
                                              num_warps=cfg.num_warps)
 
 
+def _layernorm(x, weight, bias, eps):
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launch_layernorm(x, weight, bias, eps, y)
+    return y
+
+
+layernorm_op = define_op("layernorm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor", _layernorm,
+                         lambda x, weight, bias, eps: x.new_empty(x.shape))
+layernorm_out_op = define_op(
+    "layernorm_out(Tensor x, Tensor? weight, Tensor? bias, float eps, Tensor(a!) out) -> ()",
+    lambda x, weight, bias, eps, out: launch_layernorm(x, weight, bias, eps, out), no_outputs)
+
+
 def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
-    """LayerNorm over the last dim.
+    """LayerNorm over the last dim (operators llmk::layernorm and llmk::layernorm_out).
 
     x: (..., N) fp16, bf16 or fp32, any row stride. weight, bias: (N,) any float dtype, or None.
-    out: optional contiguous buffer shaped like x. Returns y: (..., N), x's dtype.
+    out: optional contiguous buffer shaped like x. Returns y: (..., N), x's dtype, contiguous.
     """
     check_norm_args(x, weight, eps)
     if bias is not None:
         check_norm_args(x, bias, eps, weight_name="bias")
-    if out is not None:
-        check_out("out", out, x.shape, x.dtype, x.device)
-    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_layernorm(x, weight, bias, eps, y)
-    return y
+    if out is None:
+        return layernorm_op(x, weight, bias, float(eps))
+    check_out("out", out, x.shape, x.dtype, x.device)
+    layernorm_out_op(x, weight, bias, float(eps), out)
+    return out

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.ops import define_op, no_outputs
 from common.triton_utils import col_mask
 from common.validation import as_rows, check_norm_args, check_out
 from normalization.launch_config import row_config
@@ -120,16 +121,28 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None):
                                            num_warps=cfg.num_warps)
 
 
+def _rmsnorm(x, weight, eps):
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launch_rmsnorm(x, None, weight, eps, y, None)
+    return y
+
+
+rmsnorm_op = define_op("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor", _rmsnorm,
+                       lambda x, weight, eps: x.new_empty(x.shape))
+rmsnorm_out_op = define_op("rmsnorm_out(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()",
+                           lambda x, weight, eps, out: launch_rmsnorm(x, None, weight, eps, out, None), no_outputs)
+
+
 def rmsnorm(x, weight, eps=1e-6, out=None):
-    """RMSNorm over the last dim.
+    """RMSNorm over the last dim (operators llmk::rmsnorm and llmk::rmsnorm_out).
 
     x: (..., N) fp16, bf16 or fp32, any row stride (a view whose leading dims cannot merge is
        copied once). weight: (N,) any float dtype. out: optional contiguous buffer shaped like x.
-    Returns y: (..., N), x's dtype.
+    Returns y: (..., N), x's dtype, contiguous.
     """
     check_norm_args(x, weight, eps)
-    if out is not None:
-        check_out("out", out, x.shape, x.dtype, x.device)
-    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_rmsnorm(x, None, weight, eps, y, None)
-    return y
+    if out is None:
+        return rmsnorm_op(x, weight, float(eps))
+    check_out("out", out, x.shape, x.dtype, x.device)
+    rmsnorm_out_op(x, weight, float(eps), out)
+    return out

@@ -23,6 +23,7 @@ from optimizers.adam import adamw_step_ref  # noqa: E402
 from optimizers.triton_adam import TritonAdamW  # noqa: E402
 
 STEPS = 20
+EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
 FP32 = Tol(1e-6, 5e-6, "elementwise fp32 math, no sums: a step rounds w, m, v an ulp or two (2^-24 "
                        "relative each); 20 steps: 40 * 2^-24 = 2.4e-6, twice that; m cancels near 0: atol")
 BF16 = Tol(1e-5, 2 ** -6, "w rounded to bf16 once a step, as the reference does; an fp32 ulp of "
@@ -156,21 +157,14 @@ def check_mixed_dtypes():
 
 def launches_per_step(trio, expected):
     """Count kernel launches of one more step (the module global is looked up at each launch)."""
-    class Counter:
-        def __init__(self, kernel):
-            self.kernel, self.n = kernel, 0
-
-        def __getitem__(self, grid):
-            self.n += 1
-            return self.kernel[grid]
-
-    counter = Counter(triton_adam._adamw_kernel)
-    triton_adam._adamw_kernel = counter
+    calls = []
+    launch = triton_adam._launch
+    triton_adam._launch = lambda *args: calls.append(args) or launch(*args)
     try:
         trio.step(STEPS)
     finally:
-        triton_adam._adamw_kernel = counter.kernel
-    return Outcome(f"{expected} launch(es) a step", counter.n == expected, note=f"{counter.n} launches")
+        triton_adam._launch = launch
+    return Outcome(f"{expected} launch(es) a step", len(calls) == expected, note=f"{len(calls)} launches")
 
 
 def check_one_launch():
@@ -369,6 +363,73 @@ def check_errors():
     return out
 
 
+def check_op():
+    """llmk::adamw_step as an operator: opcheck on one step's lists (one transposed param, grads in
+    another layout, per-param scalars); the kernel through the dispatcher equals the direct call;
+    forward-only: with grad mode on and a param that requires grad it raises naming the op."""
+    def inputs():
+        params = [rand((33, 7), torch.float32), rand((20, 9), torch.float32).t(), rand((300,), torch.float32)]
+        grads = [rand((33, 7), torch.float32).t().contiguous().t(),  # both in another layout than their param
+                 rand((9, 20), torch.float32), rand((300,), torch.float32)]
+        exp_avgs = [torch.randn_like(p) for p in params]
+        exp_avg_sqs = [torch.rand_like(p) for p in params]
+        hyper = [1e-2, 0.9, 0.999, 1e-8, 0.1, 3.0] * 2 + [1e-3, 0.8, 0.99, 1e-6, 0.0, 1.0]
+        return params, grads, exp_avgs, exp_avg_sqs, hyper
+
+    out = []
+    try:
+        torch.library.opcheck(torch.ops.llmk.adamw_step.default, inputs())
+        out.append(Outcome("opcheck llmk::adamw_step", True))
+    except Exception as e:  # OpCheckError names the failed test
+        out.append(Outcome("opcheck llmk::adamw_step", False, note=str(e)[:200]))
+    direct = inputs()
+    through = tuple([t.clone() for t in ts] if isinstance(ts[0], torch.Tensor) else ts for ts in direct)
+    triton_adam.adamw_step_op(*direct)
+    torch.ops.llmk.adamw_step.default(*through)
+    for i, key in ((0, "params"), (2, "exp_avgs"), (3, "exp_avg_sqs")):
+        out.append(compare(f"dispatcher = direct: {key}", torch.cat([t.flatten() for t in direct[i]]),
+                           torch.cat([t.flatten() for t in through[i]]), EXACT))
+    params, *rest = inputs()
+    params[0].requires_grad_()
+    out.append(expect_raises("grad mode, param requires grad", lambda: triton_adam.adamw_step_op(params, *rest),
+                             RuntimeError, "llmk::adamw_step"))
+    with torch.no_grad():
+        triton_adam.adamw_step_op(params, *rest)
+    out.append(Outcome("under torch.no_grad(): runs", True))
+    bad = inputs()
+    bad[2][1] = bad[2][1].contiguous()  # m not in its transposed param's layout
+    out.append(expect_raises("m in another layout than its param", lambda: triton_adam.adamw_step_op(*bad),
+                             ValueError, "tensor 1"))
+    return out
+
+
+def check_requires_grad():
+    """The normal case: nn.Parameters that require grad, step() under its own no_grad, the grad
+    mode left as it was; the optimizer's step hooks run (with the profiler's label only when one
+    is on, see TritonAdamW.profile_hook_step)."""
+    params = [torch.nn.Parameter(rand(s, torch.float32)) for s in ((17, 5), (40,))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, torch_opt = TritonAdamW(params), torch.optim.AdamW(theirs)
+    calls = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: calls.append("pre"))
+    opt.register_step_post_hook(lambda o, args, kwargs: calls.append("post"))
+    for _ in range(3):
+        for p, q in zip(params, theirs):
+            p.grad = rand(p.shape, torch.float32)
+            q.grad = p.grad.clone()
+        opt.step()
+        torch_opt.step()
+    flat = lambda ps: torch.cat([p.detach().flatten() for p in ps])  # noqa: E731
+    out = [compare("w vs torch", flat(params), flat(theirs), FP32),
+           Outcome("params still require grad, grad mode on", all(p.requires_grad for p in params)
+                   and torch.is_grad_enabled()),
+           Outcome("step hooks ran", calls == ["pre", "post"] * 3, note=str(calls)[:70])]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    label = f"Optimizer.step#{TritonAdamW.__name__}.step"
+    return out + [Outcome("profiler label", any(e.name == label for e in prof.events()), note=label)]
+
+
 def check_huge(n):
     """Past 2^31 elements: the block index times BLOCK must not wrap. The first and last elements
     against the reference."""
@@ -400,6 +461,8 @@ CASES = (
        Case("layouts", check_layouts),
        Case("empty params, closure, zero_grad", check_misc),
        Case("bad input", check_errors),
+       Case("llmk::adamw_step operator", check_op),
+       Case("params that require grad, step hooks", check_requires_grad),
        Case("2^31+ elements", check_huge, dict(n=2 ** 31 + 5), gpu_only=True)]
 )
 # the case of this tier that runs each CONFIGS entry (one per param dtype)

@@ -24,18 +24,35 @@ of hundreds of small tensors costs one launch. Tables on the device say where a 
   shares one group and step count, the usual case, and uploaded as a per-tensor table otherwise.
 A step with nothing new to upload does no host-to-device copy, which keeps small steps cheap.
 
+The launch is the operator llmk::adamw_step (common/ops.py): lists of params, grads, m and v, and
+the hyperparameters with this step's count, shared or per param. TritonAdamW keeps the checks that
+name a param, the state and the step counts. Below ~10M params a step is bound by its host work
+(on the H100's host torch's fused AdamW spends 50-100 us a step), so the hot path is kept short:
+one test of the usual case per param before the checks that name it, no second check of the
+same lists inside the operator (_checked_adamw_step_op), the launch tables found by one lookup,
+the compiled kernel launched without JITFunction.run's argument binding (_launch), and torch's
+profiler label around step() opened only while a profiler runs (profile_hook_step).
+docs/tuning/optimizers.md has the figures.
+
 Limits: params fp32 or bf16 (m and v in fp32 either way), dense (contiguous or a permutation of
 contiguous), on the kernel device; dense grads only; amsgrad, maximize, capturable and
 differentiable are refused; foreach and fused are accepted and ignored (this is the fused path).
+step() does not compile under torch.compile: Dynamo sets capturable=True in the param groups, and
+the step counts are read on the host (the operator itself compiles, functionalized).
 """
-import contextlib
+
+import functools
 
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
+from torch.optim import optimizer as torch_optimizer
+from triton import knobs
+from triton.runtime import driver
 
-from common.device import DEVICE
+from common.device import DEVICE, INTERPRET
+from common.ops import Op, define_op, no_outputs
 
 # (BLOCK elements a program, num_warps) per param dtype. fp32: 8 values a thread per array (two
 # 16-byte loads each of w, g, m, v); 2048 would need enough registers to nearly halve the programs
@@ -44,11 +61,15 @@ from common.device import DEVICE
 CONFIGS = {torch.float32: (1024, 4), torch.bfloat16: (2048, 4)}
 ADDR_COLS = 6    # tensor table, int64: w, g, m, v addresses, numel, 1 if all four 16-byte aligned
 SCALAR_COLS = 8  # tensor table, fp32: see _scalars()
+HYPER_COLS = 6   # llmk::adamw_step's hyper, per param or shared: lr, beta1, beta2, eps, weight_decay, step
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
+_PARAM_DTYPE_SET = frozenset(PARAM_DTYPES)
 # torch.optim.AdamW options this kernel does not implement, with the one value it takes; they stay
 # in the param groups so that state dicts load into either optimizer
 FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False,
                  "decoupled_weight_decay": True}
+_FIXED_VALUES = tuple(FIXED_OPTIONS.values())
+_PLAIN_NUMBERS = frozenset((float, int))  # not bool, which _number refuses
 
 
 @triton.jit
@@ -129,8 +150,170 @@ def _adamw_kernel(
                          neg_step_size, PARAM_BF16, TAIL, FAST=False)
 
 
+# Device tables, cached by content on the host and shared by every optimizer, so a table is right
+# whenever its key is found: the block tables by the tensors' sizes, and the (block table, address
+# table) pair of a launch by its address table's rows. CACHE_SIZE entries of each cover a few
+# optimizers, each with a few patterns of missing grads, before an upload repeats.
+CACHE_SIZE = 16
+_BLOCK_TABLES, _LAUNCH_TABLES = {}, {}
+_COMPILED = {}  # (device, num_warps, constexpr values) -> _adamw_kernel compiled for them, see _launch
+CONSTEXPR_NAMES = ("PARAM_BF16", "BLOCK", "TAIL", "ADDR_COLS", "SCALAR_COLS", "UNIFORM")
+
+
+def _remember(cache, key, value):
+    if len(cache) >= CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
+
+
+def _block_table(device, block, numels):
+    """((n_blocks, 2) int32 on `device`: tensor index and block index within it for every block of
+    BLOCK elements, n_blocks). It depends on the sizes alone, not on which tensors, so a training
+    loop builds it once, or once per pattern of missing grads."""
+    key = (device, block, numels)
+    table = _BLOCK_TABLES.get(key)
+    if table is None:
+        counts = torch.tensor([-(-n // block) for n in numels])
+        first = torch.cumsum(counts, 0) - counts
+        tensor_index = torch.repeat_interleave(torch.arange(len(numels)), counts)
+        block_index = torch.arange(int(counts.sum())) - torch.repeat_interleave(first, counts)
+        blocks = torch.stack([tensor_index, block_index], dim=1).to(torch.int32)
+        table = _remember(_BLOCK_TABLES, key, (_to_device(blocks, device), blocks.shape[0]))
+    return table
+
+
+def _launch_tables(device, block, rows):
+    """(block table, n_blocks, address table) of a launch: rows are the address table's
+    (n_tensors, ADDR_COLS) int64 content. Grads usually come back at the same addresses step after
+    step (zero_grad, then backward), so the upload is rare."""
+    key = (device, block, rows)
+    tables = _LAUNCH_TABLES.get(key)
+    if tables is None:
+        blocks, n_blocks = _block_table(device, block, tuple(row[4] for row in rows))
+        addr_table = _to_device(torch.tensor(rows, dtype=torch.int64), device)
+        tables = _remember(_LAUNCH_TABLES, key, (blocks, n_blocks, addr_table))
+    return tables
+
+
+def _tensors_error(i, p, g, m, v, device, dtype):
+    """The error for tensor i of an llmk::adamw_step call that failed its fast check, or None."""
+    if p.dtype != dtype or g.dtype != dtype or m.dtype != torch.float32 or v.dtype != torch.float32:
+        return TypeError(f"adamw_step: tensor {i}: expected params and grads of {dtype} (the first "
+                         f"param's), m and v fp32; got {p.dtype}, {g.dtype}, {m.dtype}, {v.dtype}")
+    if not p.device == g.device == m.device == v.device == device:
+        return ValueError(f"adamw_step: tensor {i}: every tensor must be on {device} (the first param's)")
+    if not p.shape == g.shape == m.shape == v.shape:
+        return ValueError(f"adamw_step: tensor {i}: grad, exp_avg and exp_avg_sq must have the param's "
+                          f"shape {tuple(p.shape)}")
+    if not (_is_dense(p) and _same_layout(m, p) and _same_layout(v, p)):
+        return ValueError(f"adamw_step: tensor {i}: the param must be dense, exp_avg and exp_avg_sq in "
+                          f"its layout (strides {p.stride()})")
+    return None
+
+
+def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
+    """One AdamW step in place on params, exp_avgs and exp_avg_sqs: one launch of `_adamw_kernel`.
+
+    params: fp32 or bf16 tensors on one device, all of one dtype, dense. grads: shaped like their
+    param, same dtype, any strides (one in another layout is copied first). exp_avgs, exp_avg_sqs:
+    fp32, shaped and laid out like their param. hyper: (lr, beta1, beta2, eps, weight_decay,
+    step) of every param, or those HYPER_COLS values for each param in turn; step counts this step
+    (1 for the first).
+
+    Checked here: what keeps the kernel inside the tensors' memory (lengths, one device and dtype,
+    shapes, layouts). checked=True (TritonAdamW's eager calls, _checked_adamw_step_op) skips what
+    its own checks, which name the param, have already made sure of.
+    """
+    n = len(params)
+    if not len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n:
+        raise ValueError(f"adamw_step: params, grads, exp_avgs and exp_avg_sqs must have one length, got "
+                         f"{n}, {len(grads)}, {len(exp_avgs)}, {len(exp_avg_sqs)}")
+    if len(hyper) not in (HYPER_COLS, HYPER_COLS * n):
+        raise ValueError(f"adamw_step: hyper must hold {HYPER_COLS} values (every param's) or {HYPER_COLS} "
+                         f"per param ({HYPER_COLS * n}), got {len(hyper)}")
+    if n == 0:
+        return
+    device, dtype = params[0].device, params[0].dtype
+    if dtype not in CONFIGS:
+        raise TypeError(f"adamw_step: params must be fp32 or bf16, got {dtype}")
+    block, num_warps = CONFIGS[dtype]
+    fp32 = torch.float32
+    rows, keep = [], []
+    for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        # the usual case in one test: contiguous tensors of the expected dtypes, shapes and device
+        if not checked and not (
+                p.dtype == g.dtype == dtype and m.dtype == v.dtype == fp32 and p.shape == g.shape == m.shape == v.shape
+                and p.device == g.device == m.device == v.device == device
+                and p.is_contiguous() and m.is_contiguous() and v.is_contiguous()):
+            error = _tensors_error(i, p, g, m, v, device, dtype)
+            if error is not None:
+                raise error
+        if not _same_layout(g, p):  # an expanded or transposed grad: one copy in p's layout
+            g = torch.empty_like(p).copy_(g)
+            keep.append(g)
+        ptrs = (p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr())
+        rows.append((*ptrs, p.numel(), int((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16 == 0)))
+    torch.autograd.graph.increment_version([*params, *exp_avgs, *exp_avg_sqs])  # as in-place ops would
+    blocks, n_blocks, addr_table = _launch_tables(device, block, tuple(rows))
+    if n_blocks == 0:  # every tensor is empty
+        return
+    keys = None
+    if len(hyper) > HYPER_COLS:
+        keys = [tuple(hyper[i:i + HYPER_COLS]) for i in range(0, len(hyper), HYPER_COLS)]
+        distinct = dict.fromkeys(keys)
+        if len(distinct) == 1:
+            keys = None
+    if keys is None:  # the usual case: the scalars go by value, nothing is uploaded
+        scalars, scalar_table = _scalars(*map(float, hyper[:HYPER_COLS]))[:7], addr_table  # the table is not read
+    else:
+        for key in distinct:  # params of one group at one step count share their scalars
+            distinct[key] = _scalars(*key)
+        host = torch.tensor([x for key in keys for x in distinct[key]], dtype=torch.float32)
+        scalars, scalar_table = (0.0,) * 7, _to_device(host, device)
+    constexprs = (dtype == torch.bfloat16, block, block // 4, ADDR_COLS, SCALAR_COLS, keys is None)
+    _launch(device, n_blocks, (blocks, addr_table, scalar_table, *scalars), constexprs, num_warps)
+    del keep  # grad copies are freed after the launch is queued (stream-ordered reuse)
+
+
+def _launch(device, n_blocks, args, constexprs, num_warps):
+    """One launch of _adamw_kernel over n_blocks programs. args: its tables and scalars;
+    constexprs: its constexpr parameters' values, in order (CONSTEXPR_NAMES).
+
+    From the second launch of a configuration on, the compiled kernel is launched directly, by the
+    call that JITFunction.run makes once it has found the kernel in its cache (Triton 3.6 to 3.9).
+    run's binding and specializing of every argument, which cannot change here (the tables are
+    int32, int64 and int64/fp32 torch allocations, the scalars Python floats), cost 20 us of host
+    time a step on the H100's host, the direct launch 10."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _launch(device, n_blocks, args, constexprs, num_warps)
+    key = (device, num_warps, constexprs)
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        kernel = _adamw_kernel[(n_blocks,)](*args, **dict(zip(CONSTEXPR_NAMES, constexprs)), num_warps=num_warps)
+        if not INTERPRET:
+            _COMPILED[key] = kernel
+        return
+    args = (*args, *constexprs)
+    stream = driver.active.get_current_stream(device.index)
+    kernel.run(n_blocks, 1, 1, stream, kernel.function, kernel.packed_metadata,
+               kernel.launch_metadata((n_blocks,), stream, *args),
+               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+
+
+adamw_step_op = define_op(
+    "adamw_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+    "float[] hyper) -> ()", _adamw_step, no_outputs)
+# TritonAdamW's eager calls: the same operator, whose implementation skips the checks that
+# TritonAdamW has made already (a third of a 201-tensor step's host time). Under torch.compile or a
+# dispatch mode the call goes through the dispatcher to adamw_step_op's checked implementation.
+_checked_adamw_step_op = Op(adamw_step_op.name, functools.partial(_adamw_step, checked=True), adamw_step_op.overload)
+
+
 class TritonAdamW(torch.optim.Optimizer):
-    """torch.optim.AdamW with its update done by `_adamw_kernel`, one launch per step and param dtype.
+    """torch.optim.AdamW with its update done by the operator llmk::adamw_step (`_adamw_kernel`),
+    one launch per step and param dtype.
 
     Same arguments, param groups, state layout (state[p] = {"step": CPU fp32 scalar tensor,
     "exp_avg", "exp_avg_sq"}) and state dicts as torch.optim.AdamW, so a run can move between the
@@ -147,8 +330,27 @@ class TritonAdamW(torch.optim.Optimizer):
                         foreach=foreach, capturable=capturable, differentiable=differentiable,
                         fused=fused, decoupled_weight_decay=True)
         _check_group(defaults, "")
-        self._block_tables, self._addr_tables = {}, {}
         super().__init__(params, defaults)  # calls add_param_group, which checks every group
+
+    @staticmethod
+    def profile_hook_step(func):
+        """torch.optim.Optimizer wraps every optimizer's step() in a profiler label and its step
+        hooks (Optimizer._patch_step_function). This wrapper runs torch's whenever a profiler runs,
+        a step hook is registered or torch.compile traces; otherwise it skips the label, whose
+        record_function costs ~8 us of host time a step on the H100's host, a tenth of a small
+        step."""
+        hooked = torch.optim.Optimizer.profile_hook_step(func)
+
+        @functools.wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if (torch.compiler.is_compiling() or torch.autograd._profiler_enabled()
+                    or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks or _global_step_hooks()):
+                return hooked(self, *args, **kwargs)
+            out = func(self, *args, **kwargs)
+            self._optimizer_step_code()  # where a profiler tracing Python finds the step
+            return out
+
+        return wrapper
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -164,8 +366,6 @@ class TritonAdamW(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._block_tables = getattr(self, "_block_tables", {})
-        self._addr_tables = getattr(self, "_addr_tables", {})
         for group in self.param_groups:  # as torch.optim.AdamW does for older state dicts
             for key, value in FIXED_OPTIONS.items():
                 group.setdefault(key, value)
@@ -198,15 +398,17 @@ class TritonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for items in self._collect().values():  # every check first: a bad input writes nothing
-            self._update(items)
+        for batch in self._collect().values():  # every check first: a bad input writes nothing
+            self._update(*batch)
         return loss
 
     def _collect(self):
-        """{(device, dtype): [(param, grad, hyperparameters)]} over the params with a grad, after
-        checking every group, param, grad and existing state."""
+        """{(device, dtype): (params, grads, hyperparameters, states)} over the params with a grad,
+        after checking every group, param, grad and existing state; a state is None where
+        _state() has to make it (first step) or make it ready (a loaded one)."""
         batches = {}
         index = -1
+        state = self.state
         for gi, group in enumerate(self.param_groups):
             hyper = _check_group(group, f"param_groups[{gi}]: ")
             for j, p in enumerate(group["params"]):
@@ -214,13 +416,21 @@ class TritonAdamW(torch.optim.Optimizer):
                 g = p.grad
                 if g is None:
                     continue
-                name = f"param {index} (param_groups[{gi}]['params'][{j}])"
-                _check_param(name, p)
-                _check_grad(name, p, g)
-                state = self.state.get(p)
-                if state:
-                    _check_state(name, p, state)
-                batches.setdefault((p.device, p.dtype), []).append((p, g, hyper))
+                p_state = state.get(p)  # not state[p]: a defaultdict's lookup makes an entry
+                if not _fits(p, g, p_state):  # then the checks that name the param
+                    name = (index, gi, j)
+                    _check_param(name, p)
+                    _check_grad(name, p, g)
+                    if p_state:
+                        _check_state(name, p, p_state)
+                    p_state = None  # made ready by _state()
+                batch = batches.get((p.device, p.dtype))
+                if batch is None:
+                    batch = batches[(p.device, p.dtype)] = ([], [], [], [])
+                batch[0].append(p)
+                batch[1].append(g)
+                batch[2].append(hyper)
+                batch[3].append(p_state or None)
         return batches
 
     def _state(self, p):
@@ -235,81 +445,44 @@ class TritonAdamW(torch.optim.Optimizer):
             t = state[key]
             if t.dtype != torch.float32 or not _same_layout(t, p):
                 state[key] = torch.empty_like(p, dtype=torch.float32).copy_(t)
-        if not isinstance(state["step"], torch.Tensor) or state["step"].device.type != "cpu":
-            state["step"] = torch.tensor(float(state["step"]), dtype=_step_dtype(), device="cpu")
+        step = state["step"]
+        if not isinstance(step, torch.Tensor) or step.device.type != "cpu":
+            state["step"] = torch.tensor(float(step), dtype=_step_dtype(), device="cpu")
         return state
 
-    def _update(self, items):
-        """One launch for checked params of one device and dtype: [(param, grad, hyperparameters)]."""
-        device, dtype = items[0][0].device, items[0][0].dtype
-        block, num_warps = CONFIGS[dtype]
-        states = [self._state(p) for p, _, _ in items]
+    def _update(self, params, grads, hypers, states):
+        """One llmk::adamw_step for checked params of one device and dtype, with their grads,
+        (lr, beta1, beta2, eps, weight_decay) tuples and states (None: not ready yet)."""
+        states = [state or self._state(p) for p, state in zip(params, states)]
         steps = [state["step"] for state in states]
-        counts = [c + 1 for c in torch.stack(steps).tolist()]  # this step's count, per param
         # as torch.optim.AdamW does it: a tensor 1 is 4x faster than a Python 1 for CPU scalars
-        torch._foreach_add_(steps, torch.ones((), dtype=steps[0].dtype, device="cpu"), alpha=1.0)
-        rows, keys, numels, keep = [], [], [], []
-        for (p, g, hyper), state, count in zip(items, states, counts):
-            n = p.numel()
-            if n == 0:
-                continue
-            if not _same_layout(g, p):  # an expanded or transposed grad: one copy in p's layout
-                g = torch.empty_like(p).copy_(g)
-                keep.append(g)
-            ptrs = (p.data_ptr(), g.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr())
-            rows.append((*ptrs, n, int((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % 16 == 0)))
-            keys.append((*hyper, count))
-            numels.append(n)
-        torch.autograd.graph.increment_version([p for p, _, _ in items])  # as an in-place op would
-        if not numels:
-            return
-        blocks = self._block_table(device, block, numels)
-        addr_table = self._addr_table(device, tuple(rows))
-        distinct = dict.fromkeys(keys)
-        if len(distinct) == 1:  # the usual case: the scalars go by value, nothing is uploaded
-            scalars, scalar_table = _scalars(*keys[0])[:7], addr_table  # the table is not read
+        torch._foreach_add_(steps, _one(steps[0].dtype), alpha=1.0)
+        counts = [steps[0].item()] if len(steps) == 1 else torch.stack(steps).tolist()  # this step's, per param
+        first = hypers[0]
+        if all(h is first for h in hypers) and counts.count(counts[0]) == len(counts):
+            hyper = [*first, counts[0]]  # one group, one step count: the usual case
         else:
-            for key in distinct:  # params of one group at one step count share their scalars
-                distinct[key] = _scalars(*key)
-            host = torch.tensor([v for key in keys for v in distinct[key]], dtype=torch.float32)
-            scalars, scalar_table = (0.0,) * 7, _to_device(host, device)
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            _adamw_kernel[(blocks.shape[0],)](
-                blocks, addr_table, scalar_table, *scalars,
-                PARAM_BF16=dtype == torch.bfloat16, BLOCK=block, TAIL=block // 4,
-                ADDR_COLS=ADDR_COLS, SCALAR_COLS=SCALAR_COLS, UNIFORM=len(distinct) == 1,
-                num_warps=num_warps)
-        del keep  # grad copies are freed after the launch is queued (stream-ordered reuse)
+            hyper = [x for h, c in zip(hypers, counts) for x in (*h, c)]
+        _checked_adamw_step_op(params, grads, [state["exp_avg"] for state in states],
+                               [state["exp_avg_sq"] for state in states], hyper)
 
-    def _addr_table(self, device, rows):
-        """(n_tensors, ADDR_COLS) int64 on `device`. Its content is its key (the addresses and
-        sizes), so a cached table is right whenever it is found; grads usually come back at the
-        same addresses step after step, so the upload is rare."""
-        key = (device, rows)
-        table = self._addr_tables.get(key)
-        if table is None:
-            table = _to_device(torch.tensor(rows, dtype=torch.int64), device)
-            if len(self._addr_tables) >= 8:
-                self._addr_tables.pop(next(iter(self._addr_tables)))
-            self._addr_tables[key] = table
-        return table
 
-    def _block_table(self, device, block, numels):
-        """(n_blocks, 2) int32 on `device`: tensor index and block index within it, for every
-        block of BLOCK elements. It depends on the sizes alone (not on which tensors), so it is
-        cached by them: a training loop builds it once, or once per pattern of missing grads."""
-        key = (device, block, tuple(numels))
-        table = self._block_tables.get(key)
-        if table is None:
-            counts = torch.tensor([-(-n // block) for n in numels])
-            first = torch.cumsum(counts, 0) - counts
-            tensor_index = torch.repeat_interleave(torch.arange(len(numels)), counts)
-            block_index = torch.arange(int(counts.sum())) - torch.repeat_interleave(first, counts)
-            table = torch.stack([tensor_index, block_index], dim=1).to(torch.int32).to(device)
-            if len(self._block_tables) >= 8:
-                self._block_tables.pop(next(iter(self._block_tables)))
-            self._block_tables[key] = table
-        return table
+def _global_step_hooks():
+    """True if a global optimizer step hook is registered, or if torch no longer keeps them where
+    this looks (then torch's wrapper runs every step)."""
+    pre = getattr(torch_optimizer, "_global_optimizer_pre_hooks", True)
+    return bool(pre) or bool(getattr(torch_optimizer, "_global_optimizer_post_hooks", True))
+
+
+_ONES = {}
+
+
+def _one(dtype):
+    """A CPU scalar tensor 1 of `dtype`, made once."""
+    one = _ONES.get(dtype)
+    if one is None:
+        one = _ONES[dtype] = torch.ones((), dtype=dtype)
+    return one
 
 
 def _to_device(host, device):
@@ -342,63 +515,97 @@ def _number(where, name, x):
 def _check_group(group, where):
     """Raise ValueError (TypeError for a non-number) naming the first bad hyperparameter or
     unsupported option of a param group; return (lr, beta1, beta2, eps, weight_decay)."""
+    lr, betas, eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    # every step of a training loop: plain numbers in range and the fixed options at their values
+    if (type(lr) in _PLAIN_NUMBERS and type(eps) in _PLAIN_NUMBERS and type(weight_decay) in _PLAIN_NUMBERS
+            and type(betas) is tuple and len(betas) == 2
+            and type(betas[0]) in _PLAIN_NUMBERS and type(betas[1]) in _PLAIN_NUMBERS
+            and lr >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1 and eps >= 0 and weight_decay >= 0
+            and tuple(group.get(name) for name in FIXED_OPTIONS) == _FIXED_VALUES):
+        return float(lr), float(betas[0]), float(betas[1]), float(eps), float(weight_decay)
     for name, value in FIXED_OPTIONS.items():
         if group.get(name, value) != value:
             raise ValueError(f"{where}{name}={group[name]!r} is not supported by TritonAdamW "
                              f"(only {name}={value})")
-    lr = _number(where, "lr", group["lr"])
+    lr = _number(where, "lr", lr)
     if not lr >= 0:
         raise ValueError(f"{where}lr must be >= 0, got {lr}")
-    betas = group["betas"]
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"{where}betas must be a pair (beta1, beta2), got {betas!r}")
     beta1, beta2 = (_number(where, f"betas[{i}]", b) for i, b in enumerate(betas))
     for i, b in enumerate((beta1, beta2)):
         if not 0.0 <= b < 1.0:
             raise ValueError(f"{where}betas[{i}] must be in [0, 1), got {b}")
-    eps = _number(where, "eps", group["eps"])
+    eps = _number(where, "eps", eps)
     if not eps >= 0:
         raise ValueError(f"{where}eps must be >= 0, got {eps}")
-    weight_decay = _number(where, "weight_decay", group["weight_decay"])
+    weight_decay = _number(where, "weight_decay", weight_decay)
     if not weight_decay >= 0:
         raise ValueError(f"{where}weight_decay must be >= 0, got {weight_decay}")
     return lr, beta1, beta2, eps, weight_decay
 
 
+def _name(where):
+    """A param's name in messages: a string, or (index, group, position) of a param in a step,
+    formatted only when a check fails."""
+    if isinstance(where, str):
+        return where
+    index, gi, j = where
+    return f"param {index} (param_groups[{gi}]['params'][{j}])"
+
+
+def _fits(p, g, state):
+    """The usual case of a step's param in one test, for the hot loop: p and g contiguous, of one
+    supported dtype, on the kernel device, same shape; no state, or one ready for the kernel
+    (fp32 m and v like p, a CPU step tensor). False sends the param through the checks that name
+    it, and its state through _state()."""
+    dtype, device = p.dtype, p.device
+    if not (dtype in _PARAM_DTYPE_SET and device.type == DEVICE and g.layout == torch.strided
+            and g.dtype == dtype and g.device == device and g.shape == p.shape and p.is_contiguous()):
+        return False
+    if not state:
+        return True
+    m, v, step = state.get("exp_avg"), state.get("exp_avg_sq"), state.get("step")
+    return (type(m) is torch.Tensor and type(v) is torch.Tensor and type(step) is torch.Tensor
+            and m.dtype == v.dtype == torch.float32 and m.shape == p.shape == v.shape
+            and m.device == device == v.device and m.is_contiguous() and v.is_contiguous() and step.is_cpu)
+
+
 def _check_param(name, p):
+    """name: a string or a (index, group, position) tuple, see _name()."""
     if not isinstance(p, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(p).__name__}")
+        raise TypeError(f"{_name(name)} must be a torch.Tensor, got {type(p).__name__}")
     if p.dtype not in PARAM_DTYPES:
-        raise TypeError(f"{name} must have dtype fp32 or bf16; got {p.dtype}")
+        raise TypeError(f"{_name(name)} must have dtype fp32 or bf16; got {p.dtype}")
     if p.device.type != DEVICE:
-        raise ValueError(f"{name} must be on the {DEVICE} device, got a tensor on {p.device}")
+        raise ValueError(f"{_name(name)} must be on the {DEVICE} device, got a tensor on {p.device}")
     if not _is_dense(p):
-        raise ValueError(f"{name} must be dense (contiguous, or contiguous with its dims permuted); "
+        raise ValueError(f"{_name(name)} must be dense (contiguous, or contiguous with its dims permuted); "
                          f"got shape {tuple(p.shape)} with strides {p.stride()}")
 
 
 def _check_grad(name, p, g):
     if g.layout != torch.strided:
-        raise ValueError(f"{name} has a sparse grad ({g.layout}); AdamW needs dense grads "
+        raise ValueError(f"{_name(name)} has a sparse grad ({g.layout}); AdamW needs dense grads "
                          "(torch.optim.SparseAdam takes sparse ones)")
     if g.shape != p.shape:
-        raise ValueError(f"{name}: grad shape {tuple(g.shape)} differs from the param's shape {tuple(p.shape)}")
+        raise ValueError(f"{_name(name)}: grad shape {tuple(g.shape)} differs from the param's shape {tuple(p.shape)}")
     if g.dtype != p.dtype:
-        raise TypeError(f"{name}: grad dtype {g.dtype} differs from the param's dtype {p.dtype}")
+        raise TypeError(f"{_name(name)}: grad dtype {g.dtype} differs from the param's dtype {p.dtype}")
     if g.device != p.device:
-        raise ValueError(f"{name}: grad is on {g.device} but the param is on {p.device}")
+        raise ValueError(f"{_name(name)}: grad is on {g.device} but the param is on {p.device}")
 
 
 def _check_state(name, p, state):
     """State loaded from elsewhere must fit its param; m and v of another dtype are converted later."""
     for key in ("step", "exp_avg", "exp_avg_sq"):
         if key not in state:
-            raise ValueError(f"{name}: optimizer state lacks {key!r} (not an Adam/AdamW state?)")
+            raise ValueError(f"{_name(name)}: optimizer state lacks {key!r} (not an Adam/AdamW state?)")
     for key in ("exp_avg", "exp_avg_sq"):
         t = state[key]
         if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.device != p.device \
                 or not t.is_floating_point():
-            raise ValueError(f"{name}: state {key!r} must be a float tensor of shape {tuple(p.shape)} "
+            raise ValueError(f"{_name(name)}: state {key!r} must be a float tensor of shape {tuple(p.shape)} "
                              f"on {p.device}, like the param")
 
 

@@ -1,0 +1,113 @@
+"""Our kernels as PyTorch operators, all in one namespace: torch.ops.llmk.<name>.
+
+Each public function (rmsnorm, flash_attention, matmul, ...) checks its arguments in Python and then
+calls its operator. The operator is what torch.compile puts into a graph (as an opaque call, shaped
+by its fake implementation, never traced into), what a CUDA graph captures, and where autograd
+meets the kernel.
+
+    rmsnorm_op = define_op("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor", impl, fake)
+
+registers `impl` (which launches the kernel on checked arguments) for CPU tensors (the interpreter)
+and CUDA tensors, `fake` (shapes, dtypes and strides of the outputs, no data) for torch.compile's
+tracing, and an autograd kernel. An op that writes a caller's buffer is a second operator,
+`<name>_out`, whose schema marks the buffer as mutated, `Tensor(a!) out`, and returns nothing.
+
+Why torch.library.Library and not torch.library.custom_op (or triton_op): the same dispatcher
+entry without custom_op's Python wrapping around every call, and the kernels' launchers stay plain
+Python (triton_op would have torch.compile trace into them). benchmarks/host_bench.py measures the
+host cost of each way (docs/results/host.md).
+
+Forward-only: until an operator has a backward (define_op's `backward`), its autograd kernel raises
+when grad mode is on and any tensor argument requires grad, instead of returning outputs that are
+cut from the graph (a silently wrong gradient). Under torch.no_grad() or torch.inference_mode()
+nothing changes.
+"""
+import torch
+
+NAMESPACE = "llmk"
+
+_LIBRARY = []  # the torch.library.Library that owns our definitions, made on first use
+
+
+def _library():
+    if not _LIBRARY:
+        _LIBRARY.append(torch.library.Library(NAMESPACE, "DEF"))
+    return _LIBRARY[0]
+
+
+def _tensors(args):
+    """The tensors among an op's arguments, looking one level into lists (AdamW's lists of tensors)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
+
+
+def forward_only_error(name):
+    return RuntimeError(
+        f"{NAMESPACE}::{name} is forward-only (it has no backward yet), and an input requires grad: "
+        "call it under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
+
+
+def _forward_only_kernel(name, op):
+    """Autograd kernel of an op without a backward: raise under grad, else run the op below autograd."""
+    after_autograd = torch._C._after_autograd_keyset
+
+    def autograd_kernel(keyset, *args):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(args)):
+            raise forward_only_error(name)
+        return op.redispatch(keyset & after_autograd, *args)
+
+    return autograd_kernel
+
+
+# Tensor types a direct call may take: plain tensors and parameters, no subclass that dispatches in
+# Python (FakeTensor, FunctionalTensor, ...), whose calls must go through the dispatcher
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class Op:
+    """A registered operator and its implementation, called as `op(*args)` with the schema's arguments.
+
+    Under torch.compile, under a dispatch mode (FakeTensorMode, a TorchDispatchMode) or with a
+    tensor subclass, the call goes through the dispatcher: `op.overload`, torch.ops.llmk.<name>.
+    An eager call on plain tensors runs `op.impl` directly. That is the same code the dispatcher
+    would reach, minus its cost: the dispatcher's two Python kernels (autograd, then CPU/CUDA)
+    cost 10-40 us of host time a call on the H100's host, where the kernels of a decode step run
+    for 5-20 us (benchmarks/host_bench.py). The forward-only check is the same either way.
+    """
+
+    def __init__(self, name, impl, overload):
+        self.name, self.impl, self.overload = name, impl, overload
+
+    def __call__(self, *args):
+        if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+            return self.overload(*args)
+        tensors = tuple(_tensors(args))
+        if any(type(t) not in _PLAIN for t in tensors):
+            return self.overload(*args)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise forward_only_error(self.name)
+        return self.impl(*args)
+
+
+def define_op(schema, impl, fake):
+    """Register operator `schema` ("name(Tensor x, ...) -> Tensor") in our namespace and return it
+    as an Op: torch.ops.llmk.name, which runs `impl` on real tensors and `fake` under
+    torch.compile's tracing (both take the schema's arguments in order), with a forward-only
+    autograd kernel."""
+    name = schema.split("(", 1)[0]
+    lib = _library()
+    lib.define(schema)
+    for key in ("CPU", "CUDA"):  # CPU: the interpreter lane's tensors
+        lib.impl(name, impl, key)
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
+    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    lib.impl(name, _forward_only_kernel(name, overload), "Autograd", with_keyset=True)
+    return Op(name, impl, overload)
+
+
+def no_outputs(*args):
+    """The fake implementation of an `_out` operator: it returns nothing."""
+    return None

@@ -1,0 +1,495 @@
+"""Every kernel as a PyTorch operator (common/ops.py): one row per (operator, check).
+
+    python common/test_ops.py        (or: pytest common/test_ops.py)
+
+For each operator torch.ops.llmk.<name>, on small shapes with fresh inputs:
+- opcheck: torch.library.opcheck of the functional op and of its `_out` twin (schema, fake tensors
+  against the real kernel, autograd registration, AOT dispatch);
+- forward-only: with grad mode on and an input that requires grad, the public function and the op
+  itself raise a RuntimeError naming llmk::<name>; under torch.no_grad() and torch.inference_mode()
+  the public function returns what it returns on plain inputs, bit for bit, with no grad;
+- torch.compile: the public function and a `* 2` around it, compiled with fullgraph=True (aot_eager
+  in the interpreter, inductor on a GPU), called twice on fresh inputs of one shape: one frame (no
+  graph break, no recompile), equal to eager bit for bit (doubling is exact, fused or not);
+- CUDA graphs (GPU only; these rows run first, so each captures the op's first call in the process
+  with no warm-up): replay after copying fresh inputs into the captured ones equals an eager call
+  on them; and torch.compile(mode="reduce-overhead") of a decode step (rmsnorm, matmul at M = 1,
+  split-KV decode attention) called three times on new data equals eager.
+TritonAdamW's step() updates its params in place through llmk::adamw_step: its rows are opcheck
+of the op calls one step() makes, step() on params that require grad (its normal use), and the op in
+a compiled function (functionalized: it writes its lists in place). step() itself does not compile
+with fullgraph=True: it reads the step counts on the host (torch's own AdamW compiles through its
+capturable mode, which TritonAdamW does not implement).
+
+An operator that is not registered fails its rows with that message, it is never skipped. The
+GPU-only rows are left out in the interpreter (they need CUDA), as every test script's gpu_only
+cases are: the header line counts them.
+"""
+import pathlib
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch._dynamo.testing  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from attention.flash_attention_triton import flash_attention  # noqa: E402
+from attention.rope import rope_cos_sin  # noqa: E402
+from attention.triton_rope import apply_rope  # noqa: E402
+from attention.triton_softmax import softmax  # noqa: E402
+from common.device import DEVICE, INTERPRET  # noqa: E402
+from common.ops import NAMESPACE  # noqa: E402
+from common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main, poisoned, rand  # noqa: E402
+from gemm.triton_matmul import matmul  # noqa: E402
+from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
+from inference.triton_inference_attention import decode_attention, paged_decode_attention  # noqa: E402
+from mlp.triton_bias_gelu import bias_gelu  # noqa: E402
+from mlp.triton_swiglu import swiglu  # noqa: E402
+from normalization.triton_layernorm import layernorm  # noqa: E402
+from normalization.triton_residual_rmsnorm import residual_rmsnorm  # noqa: E402
+from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
+from optimizers.triton_adam import TritonAdamW  # noqa: E402
+
+# The same kernel on the same inputs: equal bit for bit
+EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
+COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
+f16, bf16 = torch.float16, torch.bfloat16
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operator and how to call it. inputs(): fresh inputs by name, small shapes. call(t): the
+    public function on them. args(t): the functional op's arguments, in schema order. out_args(t):
+    the `_out` op's, with new output buffers (None: no `_out` op). grad: the input that requires
+    grad in the forward-only row."""
+    label: str
+    name: str
+    inputs: Callable[[], dict]
+    call: Callable[[dict], object]
+    args: Callable[[dict], tuple]
+    out_args: Optional[Callable[[dict], tuple]]
+    grad: str
+
+
+def like(t):
+    """An output buffer for the `_out` ops: contiguous, t's shape and dtype, full of NaN."""
+    return poisoned(t.shape, t.dtype)
+
+
+def norm_inputs(shape, dtype, bias=False, residual=False):
+    t = dict(x=rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (8,)), weight=rand(shape[-1:], dtype))
+    if bias:
+        t["bias"] = rand(shape[-1:], dtype)
+    if residual:
+        t["residual"] = rand(shape, dtype)
+    return t
+
+
+def rope_inputs():
+    b, h, hkv, seq, d = 2, 4, 2, 8, 64
+    cos, sin = rope_cos_sin(torch.arange(seq, device=DEVICE), d)
+    return dict(q=rand((b, seq, h, d), bf16).transpose(1, 2), k=rand((b, hkv, seq, d), bf16), cos=cos, sin=sin)
+
+
+def attention_inputs():
+    return dict(q=rand((1, 4, 16, 64), f16), k=rand((1, 2, 24, 64), f16), v=rand((1, 2, 24, 64), f16))
+
+
+def linear_inputs(m, n, k, dtype, bias=False):
+    """a (M, K) and an nn.Linear weight w (N, K); the matmul reads w.T in place."""
+    t = dict(a=rand((m, k), dtype), w=rand((n, k), dtype))
+    if bias:
+        t["bias"] = rand((n,), dtype)
+    return t
+
+
+def lengths_of(batch, t_max):
+    """Fresh int32 lengths in 1..t_max: the kernel reads them on the device."""
+    return torch.randint(1, t_max + 1, (batch,), dtype=torch.int32, device=DEVICE)
+
+
+def decode_inputs(b=2, h=4, hkv=2, t_max=40, d=64, dtype=f16):
+    return dict(q=rand((b, h, d), dtype), k_cache=rand((b, t_max, hkv, d), dtype),
+                v_cache=rand((b, t_max, hkv, d), dtype), lengths=lengths_of(b, t_max))
+
+
+def paged_inputs(b=2, h=4, hkv=2, page_size=16, pages_per_seq=3, d=64, dtype=bf16):
+    n_pages = b * pages_per_seq + 1  # one page no sequence uses
+    table = torch.randperm(n_pages, device=DEVICE)[:b * pages_per_seq].view(b, pages_per_seq).to(torch.int32)
+    return dict(q=rand((b, h, d), dtype), k_pages=rand((n_pages, page_size, hkv, d), dtype),
+                v_pages=rand((n_pages, page_size, hkv, d), dtype), block_table=table,
+                lengths=lengths_of(b, pages_per_seq * page_size))
+
+
+EPS = 1e-6
+DECODE_SPLITS = 2  # forced: the interpreter's heuristics would not split these short caches
+
+SPECS = [
+    OpSpec("rmsnorm", "rmsnorm", lambda: norm_inputs((3, 5, 64), f16),
+           lambda t: rmsnorm(t["x"], t["weight"], EPS),
+           lambda t: (t["x"], t["weight"], EPS),
+           lambda t: (t["x"], t["weight"], EPS, like(t["x"])), "weight"),
+    OpSpec("layernorm", "layernorm", lambda: norm_inputs((4, 96), bf16, bias=True),
+           lambda t: layernorm(t["x"], t["weight"], t["bias"], EPS),
+           lambda t: (t["x"], t["weight"], t["bias"], EPS),
+           lambda t: (t["x"], t["weight"], t["bias"], EPS, like(t["x"])), "x"),
+    OpSpec("residual_rmsnorm", "residual_rmsnorm", lambda: norm_inputs((6, 64), bf16, residual=True),
+           lambda t: residual_rmsnorm(t["x"], t["residual"], t["weight"], EPS),
+           lambda t: (t["x"], t["residual"], t["weight"], EPS),
+           lambda t: (t["x"], t["residual"], t["weight"], EPS, like(t["x"]), like(t["x"])), "residual"),
+    OpSpec("softmax", "softmax", lambda: dict(x=rand((6, 100), f16, pad=(0, 4))),
+           lambda t: softmax(t["x"]),
+           lambda t: (t["x"],),
+           lambda t: (t["x"], like(t["x"])), "x"),
+    OpSpec("apply_rope", "apply_rope", rope_inputs,
+           lambda t: apply_rope(t["q"], t["k"], t["cos"], t["sin"]),
+           lambda t: (t["q"], t["k"], t["cos"], t["sin"], False),
+           lambda t: (t["q"], t["k"], t["cos"], t["sin"], False, like(t["q"]), like(t["k"])), "k"),
+    OpSpec("flash_attention causal", "flash_attention", attention_inputs,
+           lambda t: flash_attention(t["q"], t["k"], t["v"], causal=True),
+           lambda t: (t["q"], t["k"], t["v"], True, None, None),
+           lambda t: (t["q"], t["k"], t["v"], True, None, None, like(t["q"])), "v"),
+    OpSpec("bias_gelu tanh", "bias_gelu", lambda: dict(x=rand((5, 96), f16), bias=rand((96,), f16)),
+           lambda t: bias_gelu(t["x"], t["bias"], "tanh"),
+           lambda t: (t["x"], t["bias"], "tanh"),
+           lambda t: (t["x"], t["bias"], "tanh", like(t["x"])), "bias"),
+    OpSpec("swiglu", "swiglu", lambda: dict(gate=rand((3, 7, 96), bf16), up=rand((3, 7, 96), bf16)),
+           lambda t: swiglu(t["gate"], t["up"]),
+           lambda t: (t["gate"], t["up"]),
+           lambda t: (t["gate"], t["up"], like(t["gate"])), "gate"),
+    OpSpec("matmul", "matmul", lambda: linear_inputs(5, 48, 64, f16),
+           lambda t: matmul(t["a"], t["w"].T),
+           lambda t: (t["a"], t["w"].T, None, None),
+           lambda t: (t["a"], t["w"].T, None, None, poisoned((5, 48), f16)), "w"),
+    OpSpec("matmul bias+gelu", "matmul", lambda: linear_inputs(5, 48, 64, bf16, bias=True),
+           lambda t: matmul(t["a"], t["w"].T, t["bias"], "gelu"),
+           lambda t: (t["a"], t["w"].T, t["bias"], "gelu"),
+           lambda t: (t["a"], t["w"].T, t["bias"], "gelu", poisoned((5, 48), bf16)), "bias"),
+    OpSpec("rmsnorm_linear", "rmsnorm_linear",
+           lambda: dict(x=rand((2, 64), f16), norm_weight=rand((64,), f16), weight=rand((48, 64), f16)),
+           lambda t: rmsnorm_linear(t["x"], t["norm_weight"], t["weight"], EPS),
+           lambda t: (t["x"], t["norm_weight"], t["weight"], EPS, None),
+           None, "weight"),
+    OpSpec(f"decode_attention split {DECODE_SPLITS}", "decode_attention", decode_inputs,
+           lambda t: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["lengths"], num_splits=DECODE_SPLITS),
+           lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None),
+           lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None, like(t["q"])),
+           "q"),
+    OpSpec("paged_decode_attention", "paged_decode_attention", paged_inputs,
+           lambda t: paged_decode_attention(t["q"], t["k_pages"], t["v_pages"], t["block_table"], t["lengths"]),
+           lambda t: (t["q"], t["k_pages"], t["v_pages"], t["block_table"], t["lengths"], None, None, None),
+           lambda t: (t["q"], t["k_pages"], t["v_pages"], t["block_table"], t["lengths"], None, None, None,
+                      like(t["q"])), "k_pages"),
+]
+
+
+def registered(name):
+    """torch.ops.llmk.<name>.default, or None when no operator of that name is registered."""
+    try:
+        return getattr(getattr(torch.ops, NAMESPACE), name).default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def missing(check, name):
+    return [Outcome(check, False, note=f"{NAMESPACE}::{name} is not registered (not an operator yet?)")]
+
+
+def tensors_of(result):
+    """The output tensors of a call, as a tuple (one tensor, or a tuple of them)."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def outputs_equal(check, got, want):
+    got, want = tensors_of(got), tensors_of(want)
+    if len(got) != len(want):
+        return [Outcome(check, False, note=f"{len(got)} outputs, expected {len(want)}")]
+    return [compare(check if len(got) == 1 else f"{check} [{i}]", g, w, EXACT)
+            for i, (g, w) in enumerate(zip(got, want))]
+
+
+def opcheck(check, overload, args):
+    """torch.library.opcheck's four tests (schema, autograd registration, fake tensor, AOT dispatch)."""
+    try:
+        torch.library.opcheck(overload, args)
+    except Exception as e:  # OpCheckError, or the op itself raising: the row fails with the reason
+        # "opcheck(op, ...): test_faketensor failed with When comparing ...: Shapes ... are not equal!"
+        msg = str(e).split(" (scroll up")[0].replace("opcheck(op, ...): ", "")
+        test, _, why = msg.partition(" failed with ")
+        note = f"{test} failed: {why.rsplit('metadata: ', 1)[-1]}" if why else f"{type(e).__name__}: {msg}"
+        return Outcome(check, False, note=note[:200])
+    return Outcome(check, True)
+
+
+def check_opcheck(spec):
+    outcomes = []
+    variants = [(spec.name, spec.args)] + ([(f"{spec.name}_out", spec.out_args)] if spec.out_args else [])
+    for name, args in variants:
+        overload = registered(name)
+        if overload is None:
+            outcomes += missing(f"opcheck {NAMESPACE}::{name}", name)
+            continue
+        outcomes.append(opcheck(f"opcheck {NAMESPACE}::{name}", overload, args(spec.inputs())))
+    return outcomes
+
+
+def check_forward_only(spec):
+    overload = registered(spec.name)
+    if overload is None:
+        return missing("forward-only", spec.name)
+    inputs = spec.inputs()
+    want = spec.call(inputs)  # grad mode on, nothing requires grad
+    with_grad = dict(inputs)
+    with_grad[spec.grad] = inputs[spec.grad].detach().requires_grad_()  # a leaf, same strides and data
+    op_name = f"{NAMESPACE}::{spec.name}"
+    outcomes = [
+        expect_raises(f"{spec.grad} requires grad: public function raises", lambda: spec.call(with_grad),
+                      RuntimeError, op_name),
+        expect_raises(f"{spec.grad} requires grad: torch.ops.{NAMESPACE}.{spec.name} raises",
+                      lambda: overload(*spec.args(with_grad)), RuntimeError, op_name),
+    ]
+    for mode_name, mode in (("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
+        with mode():
+            got = spec.call(with_grad)
+        outcomes += outputs_equal(f"under {mode_name}", got, want)
+        grads = [t.requires_grad for t in tensors_of(got)]
+        outcomes.append(Outcome(f"under {mode_name}: no grad", not any(grads),
+                                note="" if not any(grads) else f"requires_grad {grads}"))
+    return outcomes
+
+
+def compiled_call(check, fn, *args, **kwargs):
+    """(fn's result, None), or (None, a failed Outcome naming the root cause): Dynamo wraps the
+    error of a traced call (a refused argument, a graph break) in its own exceptions."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as e:
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        return None, Outcome(check, False, note=f"{type(cause).__name__}: {str(cause).splitlines()[0]}"[:200])
+
+
+def times_two(result):
+    """One torch op around the kernel's: doubling is exact, so a fused copy of it is too."""
+    got = tensors_of(result)
+    return tuple(t * 2 for t in got) if isinstance(result, (tuple, list)) else got[0] * 2
+
+
+def check_compile(spec):
+    if registered(spec.name) is None:
+        return missing("torch.compile", spec.name)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(COMPILE_BACKEND)
+    compiled = torch.compile(lambda t: times_two(spec.call(t)), fullgraph=True, backend=counter)
+    outcomes = []
+    for call in (1, 2):  # the second call on fresh inputs of the same shapes must reuse the graph
+        inputs = spec.inputs()
+        check = f"{COMPILE_BACKEND} call {call} = eager"
+        got, failed = compiled_call(check, compiled, inputs)
+        if failed:
+            return outcomes + [failed]
+        outcomes += outputs_equal(check, got, times_two(spec.call(inputs)))
+    outcomes.append(Outcome(f"frames compiled: {counter.frame_count}, expected 1", counter.frame_count == 1))
+    return outcomes
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs (GPU only)
+
+def matmul_graph_tolerance(a, w):
+    """Capture runs an untuned matmul key with the first config the pruner keeps (timing candidates
+    would break the capture); the eager call after it tunes and may pick another tile. Both sum
+    the same fp32 products in another order, each rounded once: an ulp of the output apart, plus
+    twice the fp32 summation error bound K * u32 * (|a| @ |w.T|)."""
+    k = a.shape[1]
+    bound = 2 * k * UNIT_ROUNDOFF[torch.float32] * (a.float().abs() @ w.float().abs().T)
+    return Tol(bound, 2 * UNIT_ROUNDOFF[a.dtype], "two tile configs: an ulp plus the fp32 sum-order bound",
+               rounding_check=False)
+
+
+def check_cuda_graph(spec, tolerance=None):
+    """Capture the op's first call (no warm-up), copy fresh inputs (lengths, block tables too) into
+    the captured tensors, replay, compare with an eager call on those inputs."""
+    if registered(spec.name) is None:
+        return missing("CUDA graph", spec.name)
+    static = spec.inputs()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = spec.call(static)
+    fresh = spec.inputs()
+    for key, t in static.items():
+        if isinstance(t, torch.Tensor):
+            t.copy_(fresh[key])
+    graph.replay()
+    want = spec.call(fresh)
+    if tolerance is None:
+        return outputs_equal("replay = eager on new inputs", captured, want)
+    return [compare("replay = eager on new inputs", captured, want, tolerance(fresh))]
+
+
+# M = 8 against an nn.Linear weight: a shape no other row runs, so the autotuner has no pick yet
+GRAPH_MATMUL = OpSpec("matmul M=8 untuned", "matmul", lambda: linear_inputs(8, 96, 128, f16, bias=True),
+                      lambda t: matmul(t["a"], t["w"].T, t["bias"], "silu"), None, None, "w")
+
+
+def decode_step(x, norm_weight, w_q, k_cache, v_cache, lengths):
+    """One decode step's q path: RMSNorm, the q projection at M = 1, split-KV decode attention."""
+    q = matmul(rmsnorm(x, norm_weight, EPS), w_q.T)
+    return decode_attention(q.view(1, -1, k_cache.shape[3]), k_cache, v_cache, lengths, num_splits=4)
+
+
+def decode_step_inputs(h=8, hkv=2, d=64, hidden=256, t_max=512):
+    return dict(x=rand((1, hidden), f16), norm_weight=rand((hidden,), f16), w_q=rand((h * d, hidden), f16),
+                k_cache=rand((1, t_max, hkv, d), f16), v_cache=rand((1, t_max, hkv, d), f16),
+                lengths=lengths_of(1, t_max))
+
+
+def check_reduce_overhead():
+    torch._dynamo.reset()
+    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    compiled = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True)
+    outcomes = []
+    for call in (1, 2, 3):  # warm-up, record, replay of CUDA graph trees
+        inputs = decode_step_inputs()
+        # compared before the next call: a replay writes its outputs into the same memory
+        outcomes += outputs_equal(f"call {call} = eager", compiled(**inputs), decode_step(**inputs))
+    skipped = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - skips
+    # Inductor falls back to running without CUDA graphs (and logs why) where it cannot use them
+    outcomes.append(Outcome("ran as a CUDA graph (no cudagraph skip)", skipped == 0,
+                            note=f"{skipped} cudagraph skips: see the warning above" if skipped else ""))
+    return outcomes
+
+
+# ---------------------------------------------------------------------------------------------
+# TritonAdamW
+
+class OpCalls(TorchDispatchMode):
+    """Records each call of an operator of our namespace (under a dispatch mode, an Op goes
+    through the dispatcher) and runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == NAMESPACE:
+            self.calls.append((func, args))
+        return func(*args, **(kwargs or {}))
+
+
+def adamw_setup(dtype=torch.float32):
+    """Params of two shapes (one a transposed view of its storage) with grads, and their optimizer."""
+    params = [torch.nn.Parameter(rand((33, 20), dtype)), torch.nn.Parameter(rand((40, 17), dtype).T),
+              torch.nn.Parameter(rand((300,), dtype))]
+    for p in params:
+        p.grad = rand(p.shape, dtype)
+    return params, TritonAdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def adamw_clone(args):
+    """A copy of an op call's arguments, tensors (and lists of them) cloned, as opcheck mutates
+    them, and detached: step() calls the forward-only op under torch.no_grad(), opcheck with grad on."""
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return a.detach().clone()
+        if isinstance(a, (list, tuple)):
+            return type(a)(one(x) for x in a)
+        return a
+    return tuple(one(a) for a in args)
+
+
+def flat(tensors):
+    """A list of tensors as one vector, for one comparison."""
+    return torch.cat([t.detach().flatten() for t in tensors])
+
+
+def check_adamw_opcheck():
+    params, opt = adamw_setup()
+    opt.step()  # the first step creates the state outside the recording
+    with OpCalls() as recorder:
+        opt.step()
+    if not recorder.calls:
+        return [Outcome("opcheck", False, note=f"step() called no {NAMESPACE}:: operator (not an operator yet?)")]
+    return [opcheck(f"opcheck {func.name()}", func, adamw_clone(args)) for func, args in recorder.calls]
+
+
+def check_adamw_grad():
+    """A step on params that require grad (its normal use) updates them, under grad mode."""
+    params, opt = adamw_setup()
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    changed = all(not torch.equal(p.detach(), b) for p, b in zip(params, before))
+    return [Outcome("step() on params that require grad", changed, note="" if changed else "params unchanged"),
+            Outcome("params still require grad", all(p.requires_grad for p in params))]
+
+
+ADAMW_OP = "adamw_step"
+ADAMW_HYPER = [1e-2, 0.9, 0.999, 1e-8, 0.1, 3.0]  # lr, beta1, beta2, eps, weight_decay, this step's count
+
+
+def adamw_op_inputs():
+    """A param list as one step() hands it to the op: dense fp32 params (one transposed), grads,
+    and m and v in each param's layout."""
+    params = [rand((33, 20), torch.float32), rand((40, 17), torch.float32).T, rand((300,), torch.float32)]
+    return dict(params=params, grads=[rand(p.shape, p.dtype) for p in params],
+                exp_avgs=[torch.randn_like(p) for p in params], exp_avg_sqs=[torch.rand_like(p) for p in params])
+
+
+def adamw_update(params, grads, exp_avgs, exp_avg_sqs):
+    """One torch op (doubling the grads, exact) and the op, which writes params, m and v in place."""
+    getattr(torch.ops, NAMESPACE).adamw_step(params, [g * 2 for g in grads], exp_avgs, exp_avg_sqs, ADAMW_HYPER)
+
+
+def check_adamw_op_compile():
+    """llmk::adamw_step in a compiled function: functionalized (its lists are written in place),
+    one frame, and params, m and v equal to an eager call's on copies."""
+    if registered(ADAMW_OP) is None:
+        return missing("torch.compile", ADAMW_OP)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(COMPILE_BACKEND)
+    compiled = torch.compile(adamw_update, fullgraph=True, backend=counter)
+    outcomes = []
+    for call in (1, 2):
+        inputs = adamw_op_inputs()
+        copies = {key: [t.clone() for t in ts] for key, ts in inputs.items()}
+        _, failed = compiled_call(f"call {call}", compiled, **inputs)
+        if failed:
+            return outcomes + [failed]
+        adamw_update(**copies)
+        outcomes += [compare(f"call {call}: {key} = eager", flat(inputs[key]), flat(copies[key]), EXACT)
+                     for key in ("params", "exp_avgs", "exp_avg_sqs")]
+    outcomes.append(Outcome(f"frames compiled: {counter.frame_count}, expected 1", counter.frame_count == 1))
+    return outcomes
+
+
+def cases():
+    gpu_rows = [Case(f"{spec.label}: CUDA graph, no warm-up", check_cuda_graph, dict(spec=spec), gpu_only=True)
+                for spec in SPECS if spec.name != "matmul"]
+    gpu_rows.append(Case(f"{GRAPH_MATMUL.label}: CUDA graph, no warm-up", check_cuda_graph,
+                         dict(spec=GRAPH_MATMUL, tolerance=lambda t: matmul_graph_tolerance(t["a"], t["w"])),
+                         gpu_only=True))
+    rows = []
+    for spec in SPECS:
+        rows += [Case(f"{spec.label}: opcheck", check_opcheck, dict(spec=spec)),
+                 Case(f"{spec.label}: forward-only", check_forward_only, dict(spec=spec)),
+                 Case(f"{spec.label}: torch.compile", check_compile, dict(spec=spec))]
+    rows += [Case("TritonAdamW: opcheck", check_adamw_opcheck),
+             Case("TritonAdamW: step() with params that require grad", check_adamw_grad),
+             Case(f"TritonAdamW: {NAMESPACE}::{ADAMW_OP} in torch.compile", check_adamw_op_compile),
+             Case("decode step: torch.compile reduce-overhead", check_reduce_overhead, gpu_only=True)]
+    return gpu_rows + rows  # the CUDA graph rows first: they capture each op's first call
+
+
+CASES = cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("operators", CASES)
