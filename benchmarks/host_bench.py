@@ -5,21 +5,26 @@ At decode sizes a kernel runs on the GPU for 5-20 us, about what its call costs 
 host's cost per call bounds a step that is not replayed from a CUDA graph. For every op, CPU us a
 call (common.bench.host_time_us: 200 calls without a sync, best of 5, after a warm-up call), under
 torch.no_grad() and again under torch.inference_mode(), of
-    public     (a) the public function (rmsnorm(x, w), ...): argument checks, output allocation,
-               the operator layer (common/ops.py: an eager call on plain tensors runs the op's
-               implementation directly) and the launch
-    torch.ops  (b) the same llmk operators called through the dispatcher,
-               torch.ops.llmk.<name>.default, on the arguments the public function passed them:
-               what a torch.compile graph calls. Under no_grad it runs our Python autograd kernel,
-               then the CUDA kernel (Python); inference_mode skips the autograd one
-    launcher   (c) the launcher (launch_rmsnorm, ...) on prepared arguments and output: the launch
-               without the op layer. TritonAdamW has no launcher of its own: the operator's
-               implementation stands in
-    pytorch    (d) the PyTorch counterpart: F.rms_norm, F.layer_norm, x + r then F.rms_norm,
+    public     (a) the public function (rmsnorm(x, w), ...): argument checks, then its operator
+    op         (b) the operator's eager entry, the common.ops.Op objects the public function called,
+               on the arguments it passed them: on plain tensors Op.__call__ decides (not compiling,
+               no dispatch mode, no tensor subclass, no input that needs grad) and runs the
+               implementation
+    impl       (c) those operators' implementations called directly: output allocation and the
+               launch, without the operator layer
+    torch.ops  (d) the same operators through the dispatcher, torch.ops.llmk.<name>.default: what a
+               torch.compile graph calls. Under no_grad it runs our Python autograd kernel, then
+               the CUDA kernel (Python); inference_mode skips the autograd one
+    launcher   (e) the launcher (launch_rmsnorm, ...) on prepared arguments and output: the launch
+               alone. TritonAdamW has no launcher of its own: the operator's implementation stands in
+    pytorch    (f) the PyTorch counterpart: F.rms_norm, F.layer_norm, x + r then F.rms_norm,
                torch.softmax, rotate_half RoPE (attention/rope.py), SDPA, F.gelu(x + b),
                F.silu(g) * u, F.linear, F.rms_norm then F.linear, SDPA with one query,
                torch.optim.AdamW(fused=True).step()
-The op layer's cost to a caller is (a) - (c): checks, allocation and dispatch together.
+The operator layer's cost is (b) - (c); (a) - (b) is the argument checks; (c) - (e) the output
+allocation (and, for some ops, reshaping views). The providers of one row are timed in turns,
+round after round, each keeping its best round, so that a slow spell of the host (its figures
+drift by 2x over a minute) falls on all of them alike.
 Also: a bare Triton launch of an empty kernel, and rmsnorm registered the two other ways, behind
 torch.library.custom_op (+ register_fake) and behind torch.library.triton_op with wrap_triton
 (in a namespace of this script's own), with the same checks before the call: why common/ops.py
@@ -56,10 +61,10 @@ from common.ops import Op  # noqa: E402
 from common.testing import rand  # noqa: E402
 
 DTYPE = torch.bfloat16
-PROVIDERS = ("public", "torch.ops", "launcher", "pytorch")
+PROVIDERS = ("public", "op", "impl", "torch.ops", "launcher", "pytorch")
 MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 FULL = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, gelu=16384, qkv=6144, scores=32,
-            chunk=256, cache=4096, params=1_000_000, calls=200, rounds=5)
+            chunk=256, cache=4096, params=1_000_000, calls=200, rounds=9)
 # the interpreter runs a launch in milliseconds: few calls of tiny shapes, numbers meaningless
 SMOKE = dict(hidden=64, heads=4, kv_heads=2, head_dim=64, mlp=96, gelu=64, qkv=48, scores=4,
              chunk=16, cache=32, params=1000, calls=2, rounds=1)
@@ -422,6 +427,9 @@ def prepare(case):
     """({provider: call, or why there is none}, the llmk operators' names): the public function is
     called once, recording its operators, and the launcher's output checked against its own."""
     calls = case.build()
+    if "torch.ops" in calls:  # registered another way (custom_op, triton_op): no Op to time
+        calls.setdefault("op", None)
+        calls.setdefault("impl", None)
     try:
         with torch.no_grad():
             result, ops = recorded_ops(calls["public"])
@@ -433,6 +441,10 @@ def prepare(case):
             calls["launcher"] = why
         return calls, ""
     names = " + ".join(f"llmk::{op.name}" for op, _ in ops)
+    missing = "the public function called no llmk operator (common.ops.define_op): not converted yet?"
+    for provider, attribute in (("op", "__call__"), ("impl", "impl")):
+        if provider not in calls:
+            calls[provider] = through(ops, attribute) if ops else missing
     if "torch.ops" not in calls:
         calls["torch.ops"] = through(ops, "overload") if ops else (
             "the public function called no llmk operator (common.ops.define_op): not converted yet?")
@@ -458,23 +470,36 @@ def measure_case(bench, case, s):
     except Exception as e:  # noqa: BLE001  (any failure is the row's result)
         calls, names = dict.fromkeys(PROVIDERS, f"setup: {error_text(e)}"), ""
     for mode, context in MODES.items():
+        timed = {p: calls[p] for p in wanted if callable(calls.get(p))}
+        us, errors = interleaved_us(timed, context, s)
         for provider in wanted:
-            call = calls[provider]
+            call = calls.get(provider)
+            if call is None:  # not a provider of this row
+                continue
             extra = {"pytorch_call": case.pytorch_name} if provider == "pytorch" else {}
-            if provider == "torch.ops" and names:
+            if provider in ("op", "impl", "torch.ops") and names:
                 extra["operators"] = names
-            if isinstance(call, str):
-                row = make_row(case.op, case.shape, provider, mode, error=call, **extra)
-            else:
-                try:
-                    with context():
-                        us = host_time_us(call, calls=s["calls"], rounds=s["rounds"])
-                    row = make_row(case.op, case.shape, provider, mode, us, **extra)
-                except Exception as e:  # noqa: BLE001
-                    row = make_row(case.op, case.shape, provider, mode, error=error_text(e), **extra)
+            error = call if isinstance(call, str) else errors.get(provider)
+            row = make_row(case.op, case.shape, provider, mode, None if error else us[provider], error, **extra)
             bench.rows.append(row)
             shown = f"{row['us']:9.2f} us" if row["us"] is not None else f"ERROR {row['error']}"
             print(f"{case.op:24s} {case.shape:>28s} {mode:14s} {provider:9s} {shown}", flush=True)
+
+
+def interleaved_us(calls, context, s):
+    """({provider: CPU us a call}, {provider: error}): every call timed in turn for s["rounds"]
+    rounds of s["calls"] calls (common.bench.host_time_us's count), each keeping its best round."""
+    us, errors = {p: float("inf") for p in calls}, {}
+    with context():
+        for _ in range(s["rounds"]):
+            for provider, call in calls.items():
+                if provider in errors:
+                    continue
+                try:
+                    us[provider] = min(us[provider], host_time_us(call, calls=s["calls"], rounds=1))
+                except Exception as e:  # noqa: BLE001  (a failure is the row's result)
+                    errors[provider] = error_text(e)
+    return us, errors
 
 
 def measure(s):

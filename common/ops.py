@@ -65,6 +65,7 @@ def _forward_only_kernel(name, op):
 # Tensor types a direct call may take: plain tensors and parameters, no subclass that dispatches in
 # Python (FakeTensor, FunctionalTensor, ...), whose calls must go through the dispatcher
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 class Op:
@@ -82,13 +83,20 @@ class Op:
         self.name, self.impl, self.overload = name, impl, overload
 
     def __call__(self, *args):
-        if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        if torch.compiler.is_compiling() or _dispatch_modes():
             return self.overload(*args)
-        tensors = tuple(_tensors(args))
-        if any(type(t) not in _PLAIN for t in tensors):
-            return self.overload(*args)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            raise forward_only_error(self.name)
+        grad = torch.is_grad_enabled()
+        for a in args:  # one pass, no generator: this runs on every eager call
+            if type(a) in _PLAIN:
+                if grad and a.requires_grad:
+                    raise forward_only_error(self.name)
+            elif isinstance(a, torch.Tensor):  # a subclass: the dispatcher decides
+                return self.overload(*args)
+            elif type(a) is list and a and isinstance(a[0], torch.Tensor):
+                if any(type(t) not in _PLAIN for t in a):
+                    return self.overload(*args)
+                if grad and any(t.requires_grad for t in a):
+                    raise forward_only_error(self.name)
         return self.impl(*args)
 
 
