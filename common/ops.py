@@ -75,8 +75,10 @@ class Op:
     tensor subclass, the call goes through the dispatcher: `op.overload`, torch.ops.llmk.<name>.
     An eager call on plain tensors runs `op.impl` directly. That is the same code the dispatcher
     would reach, minus its cost: the dispatcher's two Python kernels (autograd, then CPU/CUDA)
-    cost 10-40 us of host time a call on the H100's host, where the kernels of a decode step run
-    for 5-20 us (benchmarks/host_bench.py). The forward-only check is the same either way.
+    cost 9-24 us of host time a call on an H100's host under torch.no_grad() (3-13 us under
+    inference_mode, which skips the autograd one), where the kernels of a decode step run for
+    5-20 us; this check costs ~3 us (docs/results/host.md). The forward-only check is the same
+    either way.
     """
 
     def __init__(self, name, impl, overload):

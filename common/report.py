@@ -264,6 +264,7 @@ SUMMARY = [
     ("matmul", "gemm", 0), ("matmul, decode", "gemm", 2), ("rmsnorm_linear, decode", "gemm", 6),
     ("decode attention", "inference", 0), ("paged decode attention", "inference", 2),
     ("AdamW", "optimizer", 0), ("Llama/Qwen prefill, patched", "e2e", 0), ("Llama/Qwen decode, patched", "e2e", 2),
+    ("decoder layer decode step", "decode_step", 0),
 ]
 
 
@@ -354,7 +355,7 @@ def standing(ms):
     return dict(n=len(ms), ahead=sum(s >= 1 for s in speed), median=ratio(statistics.median(speed)),
                 range=span(speed, "x"), pct=span(pct, "%", lambda v: f"{v:.0f}") if pct else None,
                 tflops=span(tflops, " TFLOP/s", fmt) if tflops and not pct else None,
-                peer=max(set(peers), key=peers.count))
+                peer=max(dict.fromkeys(peers), key=peers.count))  # a tie: the first seen, every run alike
 
 
 def group_sentences(area, rows):
