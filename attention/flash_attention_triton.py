@@ -24,7 +24,7 @@ import triton.language as tl
 
 from common.device import INTERPRET
 from common.ints import cdiv, next_power_of_2
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.triton_utils import LOG2E
 from common.validation import check_same_device, check_tensor
 
@@ -235,18 +235,10 @@ def _attend_into(q, k, v, causal, sm_scale, config, out):
     launch_flash_attention(q, k, v, out, causal, scale, None if config is None else tuple(config))
 
 
-def _flash_attention(q, k, v, causal, sm_scale, config):
-    out = torch.empty_like(q)  # laid out like a dense q, as the fake below
-    _attend_into(q, k, v, causal, sm_scale, config, out)
-    return out
-
-
-flash_attention_op = define_op(
-    "flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config) -> Tensor",
-    _flash_attention, lambda q, k, v, causal, sm_scale, config: torch.empty_like(q))
-flash_attention_out_op = define_op(
-    "flash_attention_out(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config, "
-    "Tensor(a!) out) -> ()", _attend_into, no_outputs)
+flash_attention_op, flash_attention_out_op = define_ops(
+    "flash_attention", "Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config",
+    lambda q, k, v, causal, sm_scale, config: torch.empty_like(q),  # laid out like a dense q
+    _attend_into)
 
 
 def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None):

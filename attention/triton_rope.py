@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from common.ints import cdiv, next_power_of_2
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.validation import check_rope_args, rope_outputs
 
 
@@ -191,20 +191,11 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
         BLOCK_HALF=next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
 
 
-def _apply_rope(q, k, cos, sin, interleaved):
-    q_out, k_out = rope_outputs(q, k, None)
-    launch_rope(q, k, cos, sin, q_out, k_out, interleaved)
-    return q_out, k_out
-
-
-apply_rope_op = define_op(
-    "apply_rope(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved) -> (Tensor, Tensor)", _apply_rope,
-    lambda q, k, cos, sin, interleaved: (q.new_empty(q.shape), k.new_empty(k.shape)))
-apply_rope_out_op = define_op(
-    "apply_rope_out(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved, Tensor(a!) q_out, "
-    "Tensor(b!) k_out) -> ()",
+apply_rope_op, apply_rope_out_op = define_ops(
+    "apply_rope", "Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved",
+    lambda q, k, cos, sin, interleaved: rope_outputs(q, k, None),
     lambda q, k, cos, sin, interleaved, q_out, k_out: launch_rope(q, k, cos, sin, q_out, k_out, interleaved),
-    no_outputs)
+    outs=("q_out", "k_out"))
 
 
 def apply_rope(q, k, cos, sin, interleaved=False, out=None):

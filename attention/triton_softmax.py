@@ -30,7 +30,7 @@ import triton.language as tl
 
 from common.device import sm_count
 from common.ints import cdiv, next_power_of_2
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.triton_utils import LOG2E, col_mask
 from common.validation import as_rows, check_out, check_tensor
 
@@ -266,14 +266,7 @@ def _softmax_into(x, y):
         launch_softmax(as_rows(x), y.view(-1, x.shape[-1]))
 
 
-def _softmax(x):
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _softmax_into(x, y)
-    return y
-
-
-softmax_op = define_op("softmax(Tensor x) -> Tensor", _softmax, lambda x: x.new_empty(x.shape))
-softmax_out_op = define_op("softmax_out(Tensor x, Tensor(a!) out) -> ()", _softmax_into, no_outputs)
+softmax_op, softmax_out_op = define_ops("softmax", "Tensor x", lambda x: x.new_empty(x.shape), _softmax_into)
 
 
 def softmax(x, out=None):

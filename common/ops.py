@@ -10,7 +10,8 @@ meets the kernel.
 registers `impl` (which launches the kernel on checked arguments) for CPU tensors (the interpreter)
 and CUDA tensors, `fake` (shapes, dtypes and strides of the outputs, no data) for torch.compile's
 tracing, and an autograd kernel. An op that writes a caller's buffer is a second operator,
-`<name>_out`, whose schema marks the buffer as mutated, `Tensor(a!) out`, and returns nothing.
+`<name>_out`, whose schema marks the buffer as mutated, `Tensor(a!) out`, and returns nothing;
+define_ops makes the pair from one allocation and one kernel call.
 
 Why torch.library.Library and not torch.library.custom_op (or triton_op): the same dispatcher
 entry without custom_op's Python wrapping around every call, and the kernels' launchers stay plain
@@ -121,3 +122,31 @@ def define_op(schema, impl, fake):
 def no_outputs(*args):
     """The fake implementation of an `_out` operator: it returns nothing."""
     return None
+
+
+def define_ops(name, args, empty, into, outs=("out",)):
+    """The two operators of a kernel that writes outputs it is given: `name(args) -> Tensor` (a
+    tuple of Tensors for several outs) and `name_out(args, Tensor(a!) out, ...) -> ()`.
+
+    args: the schema's arguments ("Tensor x, Tensor weight, float eps"). empty(*args): the new
+    output(s) of the functional op. It is the fake implementation too (under torch.compile's
+    tracing its torch.empty makes fake tensors), so the fake's shapes, dtypes and strides are the
+    kernel's by construction. into(*args, *outs): the kernel writing them, the `_out` op's body.
+    outs: the names of the written buffers in the `_out` op's schema.
+    Returns (functional Op, _out Op)."""
+    returns = "Tensor" if len(outs) == 1 else f"({', '.join(['Tensor'] * len(outs))})"
+    written = ", ".join(f"Tensor({chr(ord('a') + i)}!) {out}" for i, out in enumerate(outs))
+
+    if len(outs) == 1:
+        def impl(*a):
+            made = empty(*a)
+            into(*a, made)
+            return made
+    else:
+        def impl(*a):
+            made = empty(*a)
+            into(*a, *made)
+            return made
+
+    return (define_op(f"{name}({args}) -> {returns}", impl, empty),
+            define_op(f"{name}_out({args}, {written}) -> ()", into, no_outputs))

@@ -17,7 +17,7 @@ import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
 from common.device import INTERPRET, sm_count
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.validation import check_out
 from gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
 from gemm.matmul_common import check_matmul_args, picked_config
@@ -105,16 +105,9 @@ def _matmul_into(a, b, bias, activation, c):
         launch_matmul(a, b, bias, activation, c)
 
 
-def _matmul(a, b, bias, activation):
-    c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    _matmul_into(a, b, bias, activation, c)
-    return c
-
-
-matmul_op = define_op("matmul(Tensor a, Tensor b, Tensor? bias, str? activation) -> Tensor", _matmul,
-                      lambda a, b, bias, activation: a.new_empty((a.shape[0], b.shape[1])))
-matmul_out_op = define_op("matmul_out(Tensor a, Tensor b, Tensor? bias, str? activation, Tensor(a!) out) -> ()",
-                          _matmul_into, no_outputs)
+matmul_op, matmul_out_op = define_ops(
+    "matmul", "Tensor a, Tensor b, Tensor? bias, str? activation",
+    lambda a, b, bias, activation: a.new_empty((a.shape[0], b.shape[1])), _matmul_into)
 
 
 def matmul(a, b, bias=None, activation=None, out=None):

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from common.device import INTERPRET, sm_count
 from common.ints import cdiv, next_power_of_2
-from common.ops import define_op, forward_only_error, no_outputs
+from common.ops import define_ops, forward_only_error
 from common.triton_utils import LOG2E
 from common.validation import check_out, check_same_device, check_tensor
 from common.workspace import split_k_buffers
@@ -446,36 +446,17 @@ def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, m
     _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length)
 
 
-def _decode_attention(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length):
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out)
-    return out
-
-
 def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out):
     _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out)
 
 
-def _paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length):
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out)
-    return out
-
-
 _DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length"
-decode_attention_op = define_op(
-    f"decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}) -> Tensor", _decode_attention,
-    lambda q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length: q.new_empty(q.shape))
-decode_attention_out_op = define_op(
-    f"decode_attention_out(Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}, Tensor(a!) out) -> ()",
-    _decode_attention_into, no_outputs)
-paged_decode_attention_op = define_op(
-    f"paged_decode_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}) -> Tensor",
-    _paged_decode_attention,
-    lambda q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length: q.new_empty(q.shape))
-paged_decode_attention_out_op = define_op(
-    f"paged_decode_attention_out(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}, "
-    "Tensor(a!) out) -> ()", _paged_decode_attention_into, no_outputs)
+decode_attention_op, decode_attention_out_op = define_ops(
+    "decode_attention", f"Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}",
+    lambda q, *_: q.new_empty(q.shape), _decode_attention_into)
+paged_decode_attention_op, paged_decode_attention_out_op = define_ops(
+    "paged_decode_attention", f"Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}",
+    lambda q, *_: q.new_empty(q.shape), _paged_decode_attention_into)
 
 
 def _check_forced_grad(name, *tensors):

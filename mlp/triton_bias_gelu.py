@@ -14,11 +14,10 @@ them: 5*M*O*e bytes.
 Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/tiling.py.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
-import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.triton_utils import gelu
 from common.validation import as_rows, check_out, check_same_device, check_tensor
 from mlp.gelu import check_approximate
@@ -76,16 +75,9 @@ def launch_bias_gelu(x, bias, approximate, y, cfg=None):
         num_warps=cfg.num_warps)
 
 
-def _bias_gelu(x, bias, approximate):
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_bias_gelu(x, bias, approximate, y)
-    return y
-
-
-bias_gelu_op = define_op("bias_gelu(Tensor x, Tensor? bias, str approximate) -> Tensor", _bias_gelu,
-                         lambda x, bias, approximate: x.new_empty(x.shape))
-bias_gelu_out_op = define_op("bias_gelu_out(Tensor x, Tensor? bias, str approximate, Tensor(a!) out) -> ()",
-                             launch_bias_gelu, no_outputs)
+bias_gelu_op, bias_gelu_out_op = define_ops(
+    "bias_gelu", "Tensor x, Tensor? bias, str approximate", lambda x, bias, approximate: x.new_empty(x.shape),
+    launch_bias_gelu)
 
 
 def bias_gelu(x, bias, approximate="none", out=None):

@@ -11,11 +11,10 @@ Memory traffic for M rows of I values of e bytes: read gate and up, write y: 3*M
 Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/tiling.py.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
-import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.triton_utils import silu
 from common.validation import as_rows, check_out, check_swiglu_args
 from mlp.tiling import tile_config, tile_offsets
@@ -55,15 +54,8 @@ def launch_swiglu(gate, up, y, cfg=None):
         num_warps=cfg.num_warps)
 
 
-def _swiglu(gate, up):
-    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    launch_swiglu(gate, up, y)
-    return y
-
-
-swiglu_op = define_op("swiglu(Tensor gate, Tensor up) -> Tensor", _swiglu,
-                      lambda gate, up: gate.new_empty(gate.shape))
-swiglu_out_op = define_op("swiglu_out(Tensor gate, Tensor up, Tensor(a!) out) -> ()", launch_swiglu, no_outputs)
+swiglu_op, swiglu_out_op = define_ops("swiglu", "Tensor gate, Tensor up", lambda gate, up: gate.new_empty(gate.shape),
+                                      launch_swiglu)
 
 
 def swiglu(gate, up, out=None):

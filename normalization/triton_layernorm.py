@@ -9,11 +9,10 @@ no E[x^2] - E[x]^2 cancellation; the looped kernel does the same in three passes
 normalization/launch_config.py picks the kernel and its launch.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
-import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.triton_utils import col_mask
 from common.validation import as_rows, check_norm_args, check_out
 from normalization.launch_config import row_config
@@ -119,17 +118,9 @@ def launch_layernorm(x, weight, bias, eps, y, cfg=None):
                                              num_warps=cfg.num_warps)
 
 
-def _layernorm(x, weight, bias, eps):
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_layernorm(x, weight, bias, eps, y)
-    return y
-
-
-layernorm_op = define_op("layernorm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor", _layernorm,
-                         lambda x, weight, bias, eps: x.new_empty(x.shape))
-layernorm_out_op = define_op(
-    "layernorm_out(Tensor x, Tensor? weight, Tensor? bias, float eps, Tensor(a!) out) -> ()",
-    lambda x, weight, bias, eps, out: launch_layernorm(x, weight, bias, eps, out), no_outputs)
+layernorm_op, layernorm_out_op = define_ops(
+    "layernorm", "Tensor x, Tensor? weight, Tensor? bias, float eps",
+    lambda x, weight, bias, eps: x.new_empty(x.shape), launch_layernorm)
 
 
 def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):

@@ -9,26 +9,15 @@ by an RMSNorm. The kernel is the RMSNorm kernel with HAS_RESIDUAL set (triton_rm
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.validation import check_norm_args, check_out, check_same_device, check_tensor
 from normalization.triton_rmsnorm import launch_rmsnorm
 
 
-def _residual_rmsnorm(x, residual, weight, eps):
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    u = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_rmsnorm(x, residual, weight, eps, y, u)
-    return y, u
-
-
-residual_rmsnorm_op = define_op(
-    "residual_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
-    _residual_rmsnorm, lambda x, residual, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
-residual_rmsnorm_out_op = define_op(
-    "residual_rmsnorm_out(Tensor x, Tensor residual, Tensor weight, float eps, Tensor(a!) out, "
-    "Tensor(b!) residual_out) -> ()",
-    lambda x, residual, weight, eps, out, residual_out: launch_rmsnorm(x, residual, weight, eps, out, residual_out),
-    no_outputs)
+residual_rmsnorm_op, residual_rmsnorm_out_op = define_ops(
+    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor weight, float eps",
+    lambda x, residual, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)), launch_rmsnorm,
+    outs=("out", "residual_out"))
 
 
 def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None):

@@ -10,11 +10,10 @@ rows in registers; `_rmsnorm_looped_kernel` streams a row in chunks twice, the s
 from L1/L2, which needs fewer registers and so keeps more loads in flight.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
-import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, no_outputs
+from common.ops import define_ops
 from common.triton_utils import col_mask
 from common.validation import as_rows, check_norm_args, check_out
 from normalization.launch_config import row_config
@@ -121,16 +120,9 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None):
                                            num_warps=cfg.num_warps)
 
 
-def _rmsnorm(x, weight, eps):
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch_rmsnorm(x, None, weight, eps, y, None)
-    return y
-
-
-rmsnorm_op = define_op("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor", _rmsnorm,
-                       lambda x, weight, eps: x.new_empty(x.shape))
-rmsnorm_out_op = define_op("rmsnorm_out(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()",
-                           lambda x, weight, eps, out: launch_rmsnorm(x, None, weight, eps, out, None), no_outputs)
+rmsnorm_op, rmsnorm_out_op = define_ops(
+    "rmsnorm", "Tensor x, Tensor weight, float eps", lambda x, weight, eps: x.new_empty(x.shape),
+    lambda x, weight, eps, out: launch_rmsnorm(x, None, weight, eps, out, None))
 
 
 def rmsnorm(x, weight, eps=1e-6, out=None):
