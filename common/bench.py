@@ -91,6 +91,49 @@ def autotune_bench(fn, quantiles=None):
     return [ms] * len(quantiles) if quantiles else ms
 
 
+def train_call(fn, inputs, wrt, mode, grad_outputs=None):
+    """The call a training-mode benchmark row times, on `inputs` whose positions `wrt` get
+    gradients (leaves that require grad, made here; the other inputs pass as they are).
+
+    mode "fwd+bwd": fn(*inputs), then torch.autograd.grad of its outputs with grad_outputs.
+    mode "bwd": fn(*inputs) once, here; the call is only the backward, retain_graph=True.
+    grad_outputs: upstream gradients, one per output (default: fixed normal values, made here).
+    Returns the call; it returns the gradients in `wrt`'s order (compared with the reference's).
+    """
+    leaves = [a.detach().requires_grad_() if i in wrt else a for i, a in enumerate(inputs)]
+    wanted = [leaves[i] for i in wrt]
+
+    def forward():
+        out = fn(*leaves)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    if grad_outputs is None:
+        with torch.no_grad():
+            grad_outputs = [torch.randn(o.shape, device=o.device).to(o.dtype) for o in forward()]
+    if mode == "fwd+bwd":
+        return lambda: torch.autograd.grad(forward(), wanted, grad_outputs)
+    if mode == "bwd":
+        outs = forward()
+        return lambda: torch.autograd.grad(outs, wanted, grad_outputs, retain_graph=True)
+    raise ValueError(f"mode: expected 'fwd+bwd' or 'bwd', got {mode!r}")
+
+
+def peak_extra_MB(call):
+    """Peak memory of one call above what was allocated before it, in MB (1e6 bytes): its
+    outputs, the tensors autograd saves, the gradients it returns and any scratch. The inputs,
+    parameters and upstream gradients exist before the call and do not count. None without CUDA."""
+    if INTERPRET:
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del result
+    return round(peak / 1e6, 1)
+
+
 def gbps(n_bytes, ms):
     return n_bytes / (ms * 1e-3) / 1e9
 

@@ -29,6 +29,7 @@ from common.validation import DTYPE_NAMES
 
 GATE_FACTOR = 2
 OURS = ("triton",)
+MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}  # "fp16" -> torch.float16, ...
 
 
@@ -86,6 +87,9 @@ class Case:
         case's rows -> bool, asked after every provider is timed (their calls are kept until then).
     extra: (provider, inputs, call) -> dict of row fields (config, splits, peak_MiB...), asked after
         the warm-up call.
+    mode: "fwd" (the default), "bwd" or "fwd+bwd": what a call times (common.bench.train_call makes
+        the calls of the training modes); a row field, and part of the key the max_err gate compares.
+    peak: also measure each provider's peak_MB (common.bench.peak_extra_MB) on one more call.
     bind: (provider, inputs) -> call, or (call, dict of row fields), for a provider that must build
         state first (an optimizer, a copy of the inputs); default: lambda: providers[name](*inputs).
     compare: (output, reference) -> max_err; default: largest |out - ref| over tensors or pairs.
@@ -107,9 +111,13 @@ class Case:
     untimed: tuple = ()
     skip_on: tuple = ()
     skip: Optional[str] = None
+    mode: str = "fwd"
+    peak: bool = False
     key: tuple = field(init=False)
 
     def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"Case.mode: expected one of {MODES}, got {self.mode!r}")
         self.key = (self.op, shape_str(self.shape), DTYPE_NAMES.get(self.dtype, str(self.dtype)))
 
 
@@ -142,7 +150,7 @@ class Run:
         """Record a row (a baseline's error too, for the gate) and print its progress line."""
         self.rows.append(row)
         if row["provider"] not in self.ours and row["max_err"] is not None:
-            self.baseline((row["op"], row["shape"], row["dtype"]), row["max_err"])
+            self.baseline(gate_key(row), row["max_err"])
         parts = [f"{row['ms']:9.4f} ms"]
         if row.get("GBps") is not None:
             parts.append(f"{row['GBps']:8.1f} GB/s" + (f" {row['pct_copy']:5.1f}% copy" if row["pct_copy"] is not None
@@ -153,9 +161,10 @@ class Run:
             parts.append(f"graph {row['graph_ms']:.4f} ms")
         parts.append(f"err {row['max_err']:.2g}")
         base = {"op", "shape", "dtype", "provider", "ms", "GBps", "TFLOPs", "pct_copy", "max_err", "graph_ms",
-                "graph_pct_copy"}
+                "graph_pct_copy", "mode"}
         parts += [f"{k} {v}" for k, v in row.items() if k not in base]
-        print(f"{self._prefix()} {row['op']:16s} {row['shape']:>18s} {row['dtype']} {row['provider']:15s} "
+        mode = f" {row['mode']:7s}" if "mode" in row else ""
+        print(f"{self._prefix()} {row['op']:16s} {row['shape']:>18s} {row['dtype']}{mode} {row['provider']:15s} "
               + "  ".join(parts), flush=True)
 
     def skip(self, key, provider, why):
@@ -164,6 +173,11 @@ class Run:
 
     def baseline(self, key, err):
         self.baselines[key] = max(self.baselines.get(key, 0.0), err)
+
+
+def gate_key(row):
+    """The rows whose errors the gate compares: one op, shape, dtype and mode (fwd when absent)."""
+    return row["op"], row["shape"], row["dtype"], row.get("mode", "fwd")
 
 
 def run_cases(run, cases):
@@ -215,9 +229,12 @@ def _call_provider(run, case, name, inputs, expected, compare, timed):
         err = compare(call(), expected)  # also the warm-up (autotune, compile)
         if not timed:
             if name not in run.ours:
-                run.baseline(case.key, err)
+                run.baseline((*case.key, case.mode), err)
             return None
         ms = _time(call, run.args)
+        if case.peak:
+            from common.bench import peak_extra_MB
+            fields = {**fields, "peak_MB": peak_extra_MB(call)}
         fields = {**fields, **(case.extra(name, inputs, call) if case.extra else {})}
     except case.skip_on as e:
         if timed:
@@ -226,6 +243,8 @@ def _call_provider(run, case, name, inputs, expected, compare, timed):
     op, shape, dtype = case.key
     row = make_row(op, shape, dtype, name, ms, run.meta["copy_GBps"], n_bytes=case.n_bytes, flops=case.flops,
                    max_err=err)
+    if case.mode != "fwd":
+        row["mode"] = case.mode
     row.update(fields)
     if callable(case.graph):
         return call, row
@@ -259,7 +278,7 @@ def gate(run, atol=None):
     for row in run.rows:
         if row["provider"] not in run.ours or row["max_err"] is None:
             continue
-        key = (row["op"], row["shape"], row["dtype"])
+        key = gate_key(row)
         tol = atol.get(row["dtype"], torch.finfo(DTYPES[row["dtype"]]).eps if row["dtype"] in DTYPES else 0.0)
         limit = GATE_FACTOR * run.baselines.get(key, 0.0) + tol
         if row["max_err"] > limit:

@@ -18,10 +18,17 @@ entry without custom_op's Python wrapping around every call, and the kernels' la
 Python (triton_op would have torch.compile trace into them). benchmarks/host_bench.py measures the
 host cost of each way (docs/results/host.md).
 
-Forward-only: until an operator has a backward (define_op's `backward`), its autograd kernel raises
-when grad mode is on and any tensor argument requires grad, instead of returning outputs that are
-cut from the graph (a silently wrong gradient). Under torch.no_grad() or torch.inference_mode()
-nothing changes.
+Backward: an operator defined with `backward` and `setup_context` gets them as its autograd
+formula (torch.library.register_autograd, the same contract as an autograd.Function's
+setup_context/backward). The backward calls operators of its own (`<name>_backward`, defined with
+define_op and no backward of their own), so torch.compile traces it through their fake
+implementations and a compiled training step holds our kernels for both passes.
+
+Forward-only: an operator without a backward gets an autograd kernel that raises when grad mode is
+on and any tensor argument requires grad, instead of returning outputs that are cut from the graph
+(a silently wrong gradient). So do the `_out` twins (they write a caller's buffer: there is nothing
+to differentiate) and the backward operators (no double backward). Under torch.no_grad() or
+torch.inference_mode() nothing changes.
 """
 import torch
 
@@ -47,7 +54,7 @@ def _tensors(args):
 
 def forward_only_error(name):
     return RuntimeError(
-        f"{NAMESPACE}::{name} is forward-only (it has no backward yet), and an input requires grad: "
+        f"{NAMESPACE}::{name} is forward-only (it has no backward), and an input requires grad: "
         "call it under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
 
 
@@ -78,12 +85,18 @@ class Op:
     would reach, minus its cost: the dispatcher's two Python kernels (autograd, then CPU/CUDA)
     cost 9-24 us of host time a call on an H100's host under torch.no_grad() (3-13 us under
     inference_mode, which skips the autograd one), where the kernels of a decode step run for
-    5-20 us; this check costs ~3 us (docs/results/host.md). The forward-only check is the same
-    either way.
+    5-20 us; this check costs ~3 us (docs/results/host.md). A call that autograd must record (grad
+    mode on, an input that requires grad) goes through the dispatcher when the op has a backward,
+    and raises the forward-only error when it has none.
     """
 
-    def __init__(self, name, impl, overload):
-        self.name, self.impl, self.overload = name, impl, overload
+    def __init__(self, name, impl, overload, differentiable=False):
+        self.name, self.impl, self.overload, self.differentiable = name, impl, overload, differentiable
+
+    def _recorded(self, *args):
+        if self.differentiable:
+            return self.overload(*args)
+        raise forward_only_error(self.name)
 
     def __call__(self, *args):
         if torch.compiler.is_compiling() or _dispatch_modes():
@@ -92,22 +105,26 @@ class Op:
         for a in args:  # one pass, no generator: this runs on every eager call
             if type(a) in _PLAIN:
                 if grad and a.requires_grad:
-                    raise forward_only_error(self.name)
+                    return self._recorded(*args)
             elif isinstance(a, torch.Tensor):  # a subclass: the dispatcher decides
                 return self.overload(*args)
             elif type(a) is list and a and isinstance(a[0], torch.Tensor):
                 if any(type(t) not in _PLAIN for t in a):
                     return self.overload(*args)
                 if grad and any(t.requires_grad for t in a):
-                    raise forward_only_error(self.name)
+                    return self._recorded(*args)
         return self.impl(*args)
 
 
-def define_op(schema, impl, fake):
+def define_op(schema, impl, fake, backward=None, setup_context=None):
     """Register operator `schema` ("name(Tensor x, ...) -> Tensor") in our namespace and return it
     as an Op: torch.ops.llmk.name, which runs `impl` on real tensors and `fake` under
-    torch.compile's tracing (both take the schema's arguments in order), with a forward-only
-    autograd kernel."""
+    torch.compile's tracing (both take the schema's arguments in order).
+
+    backward, setup_context: its autograd formula, as torch.library.register_autograd takes them:
+    setup_context(ctx, inputs, output) saves what the backward needs (ctx.save_for_backward, plain
+    attributes); backward(ctx, *grad_outputs) returns one gradient (or None) per schema argument.
+    Without them the op is forward-only."""
     name = schema.split("(", 1)[0]
     lib = _library()
     lib.define(schema)
@@ -115,8 +132,11 @@ def define_op(schema, impl, fake):
         lib.impl(name, impl, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    lib.impl(name, _forward_only_kernel(name, overload), "Autograd", with_keyset=True)
-    return Op(name, impl, overload)
+    if backward is None:
+        lib.impl(name, _forward_only_kernel(name, overload), "Autograd", with_keyset=True)
+    else:
+        torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=lib)
+    return Op(name, impl, overload, differentiable=backward is not None)
 
 
 def no_outputs(*args):
@@ -124,7 +144,7 @@ def no_outputs(*args):
     return None
 
 
-def define_ops(name, args, empty, into, outs=("out",)):
+def define_ops(name, args, empty, into, outs=("out",), backward=None, setup_context=None):
     """The two operators of a kernel that writes outputs it is given: `name(args) -> Tensor` (a
     tuple of Tensors for several outs) and `name_out(args, Tensor(a!) out, ...) -> ()`.
 
@@ -133,6 +153,8 @@ def define_ops(name, args, empty, into, outs=("out",)):
     tracing its torch.empty makes fake tensors), so the fake's shapes, dtypes and strides are the
     kernel's by construction. into(*args, *outs): the kernel writing them, the `_out` op's body.
     outs: the names of the written buffers in the `_out` op's schema.
+    backward, setup_context: the functional op's autograd formula (define_op); the `_out` op is
+    forward-only.
     Returns (functional Op, _out Op)."""
     returns = "Tensor" if len(outs) == 1 else f"({', '.join(['Tensor'] * len(outs))})"
     written = ", ".join(f"Tensor({chr(ord('a') + i)}!) {out}" for i, out in enumerate(outs))
@@ -148,5 +170,5 @@ def define_ops(name, args, empty, into, outs=("out",)):
             into(*a, *made)
             return made
 
-    return (define_op(f"{name}({args}) -> {returns}", impl, empty),
+    return (define_op(f"{name}({args}) -> {returns}", impl, empty, backward, setup_context),
             define_op(f"{name}_out({args}, {written}) -> ()", into, no_outputs))

@@ -147,6 +147,72 @@ def compare(check, out, ref, tol=None, torch_out=None):
                    f"{'<=' if torch.is_tensor(atol) else ''}{atol_max:.0e}+{tol.rtol:.1e}|ref|", torch_err, note)
 
 
+def _leaves(inputs, wrt, dtype=None):
+    """Copies of `inputs` for one autograd run: the tensors at positions `wrt` become leaves that
+    require grad (same data and strides, or cast to `dtype`); other arguments pass as they are."""
+    out = []
+    for i, a in enumerate(inputs):
+        if torch.is_tensor(a):
+            a = a.detach() if dtype is None or not a.is_floating_point() else a.detach().to(dtype)
+            if i in wrt:
+                a.requires_grad_()
+        out.append(a)
+    return out
+
+
+def _outputs(result):
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def grads_of(fn, inputs, wrt, grad_outputs, dtype=None):
+    """Gradients of fn(*inputs) with respect to the inputs at positions `wrt`, given the upstream
+    gradients `grad_outputs` (one per output, cast to the outputs' dtype), via torch.autograd.grad.
+    dtype: run fn on copies of the floating-point inputs cast to it (the fp64 reference).
+    Returns (outputs, grads), each a tuple; a gradient autograd leaves undefined is None."""
+    leaves = _leaves(inputs, wrt, dtype)
+    outs = _outputs(fn(*leaves))
+    pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, grad_outputs) if o.requires_grad]
+    grads = torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in wrt], [g for _, g in pairs],
+                                allow_unused=True)
+    return tuple(o.detach() for o in outs), grads
+
+
+def check_grads(label, fn, reference, inputs, wrt, names, tol, torch_fn=None, grad_outputs=None):
+    """Gradients of our `fn` against autograd through `reference` in fp64, one Outcome per input in
+    `wrt` (positions in `inputs`; `names` names them), on fresh upstream gradients.
+
+    tol: a Tol, or a function (name, grad) -> Tol, for the gradients. torch_fn: PyTorch's own
+    computation in the inputs' dtype; its gradients' error bounds ours (2x plus atol, compare()).
+    grad_outputs: the upstream gradients (default: fresh normal values shaped like each output).
+    Also checks that every input not in `wrt` gets no gradient and that the outputs under grad
+    equal the outputs without it, bit for bit."""
+    with torch.no_grad():
+        plain = _outputs(fn(*inputs))
+    if grad_outputs is None:
+        grad_outputs = [torch.randn(o.shape, device=o.device).to(o.dtype) for o in plain]
+    outs, got = grads_of(fn, inputs, wrt, grad_outputs)
+    _, want = grads_of(reference, inputs, wrt, grad_outputs, dtype=torch.float64)
+    theirs = grads_of(torch_fn, inputs, wrt, grad_outputs)[1] if torch_fn is not None else [None] * len(wrt)
+    outcomes = []
+    for i, (o, p) in enumerate(zip(outs, plain)):
+        same = o.shape == p.shape and bool(((o == p) | (o.isnan() & p.isnan())).all())
+        outcomes.append(Outcome(f"{label} output {i} under grad = no_grad", same))
+    for pos, g, w, t in zip(wrt, got, want, theirs):
+        name = names[pos] if isinstance(names, (list, tuple)) else names
+        check = f"{label} d{name}"
+        if g is None or w is None:
+            outcomes.append(Outcome(check, g is None and w is None, note=f"grad {g is None and 'None'}, "
+                                                                         f"reference {w is None and 'None'}"))
+            continue
+        expected = inputs[pos]
+        if g.shape != expected.shape or g.dtype != expected.dtype:
+            outcomes.append(Outcome(check, False, note=f"grad {tuple(g.shape)} {g.dtype}, input "
+                                                       f"{tuple(expected.shape)} {expected.dtype}"))
+            continue
+        outcomes.append(compare(check, g, w, tol(name, w) if callable(tol) else tol, torch_out=t))
+    return outcomes
+
+
 def expect_raises(check, fn, exc_types=(ValueError, TypeError), match=""):
     """The call must raise one of `exc_types` with `match` (an argument name) in its message."""
     try:
