@@ -1,6 +1,10 @@
 """Tests for attention/triton_rope.py against the fp64 reference and the same-dtype HF-style one.
 
     python attention/test_rope.py        (or: pytest attention/test_rope.py)
+
+Backward: dq, dk against autograd through the fp64 reference and the same-dtype one (check_grads),
+both layouts, GQA, tables whose halves differ, strided q, k and upstream gradients; `out=` stays
+forward-only, and a cos or sin that requires grad raises (no gradient for the table).
 """
 import pathlib
 import sys
@@ -11,8 +15,9 @@ import torch  # noqa: E402
 
 from common.checks.rope import check_empty, check_huge, check_own_buffer, make_qk, make_table  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.testing import TOLERANCES, Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
-from attention.rope import apply_rope_ref  # noqa: E402
+from common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,  # noqa: E402
+                            expect_raises, main, poisoned, rand)
+from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
 from attention.triton_rope import ROPE_TABLE, apply_rope, table_row  # noqa: E402
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -86,20 +91,75 @@ def check_errors():
 
 
 def check_grad_mode():
-    """Forward-only: in grad mode a q that requires grad raises, naming the operator; under
-    torch.no_grad() the call gives what it gives on a plain q."""
+    """With out= the call stays forward-only: in grad mode a q that requires grad raises, naming
+    the operator; under torch.no_grad() both calls give what they give on a plain q. A table that
+    requires grad raises ValueError naming it (no gradient for cos and sin), but not under no_grad."""
     q, k = rand((2, 4, 6, 64), torch.float16), rand((2, 2, 6, 64), torch.float16)
     cos, sin = make_table(2, 6, 64, "T,D", "rope", torch.float32)
     q_grad = q.clone().requires_grad_()
     with torch.no_grad():
         got = apply_rope(q_grad, k, cos, sin)
         got_out = apply_rope(q_grad, k, cos, sin, out=(poisoned(q.shape, q.dtype), poisoned(k.shape, k.dtype)))
+        got_table = apply_rope(q, k, cos.clone().requires_grad_(), sin)
     plain = apply_rope(q, k, cos, sin)
-    return [expect_raises("q requires grad", lambda: apply_rope(q_grad, k, cos, sin), RuntimeError,
-                          "llmk::apply_rope is forward-only"),
-            expect_raises("q requires grad, out=", lambda: apply_rope(q_grad, k, cos, sin, out=(q.clone(), k.clone())),
+    return [expect_raises("q requires grad, out=", lambda: apply_rope(q_grad, k, cos, sin, out=(q.clone(), k.clone())),
                           RuntimeError, "llmk::apply_rope_out is forward-only"),
-            Outcome("under no_grad: as on a plain q", all(torch.equal(a, b) for a, b in zip(got + got_out, plain * 2)))]
+            expect_raises("cos requires grad", lambda: apply_rope(q_grad, k, cos.clone().requires_grad_(), sin),
+                          ValueError, "cos"),
+            expect_raises("sin requires grad", lambda: apply_rope(q, k, cos, sin.clone().requires_grad_()),
+                          ValueError, "sin"),
+            Outcome("under no_grad: as on a plain q",
+                    all(torch.equal(a, b) for a, b in zip(got + got_out + got_table, plain * 3))
+                    and not got[0].requires_grad)]
+
+
+def check_grad(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
+               strided=None, grads_strided=None, wrt=(0, 1)):
+    """dq, dk against autograd through the fp64 reference and the same-dtype HF-style reference (2x
+    rule). The backward is the forward's math (two fp32 products and a sum, one rounding), so the
+    forward's tolerances hold. grads_strided "BTHD": dq_out, dk_out as (B, T, H, D) tensors seen as
+    (B, H, T, D), the layout an attention backward may hand back. wrt=(0,): k gets no gradient."""
+    q, k = make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
+    cos, sin = make_table(batch, seq_len, head_dim, layout, kind, dtype)
+    dys = make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, grads_strided)
+
+    def ours(q, k, cos, sin):
+        return apply_rope(q, k, cos, sin, interleaved)
+
+    def ref(q, k, cos, sin):
+        return apply_rope_ref(q, k, cos, sin, interleaved)
+
+    return check_grads("rope", ours, ref, (q, k, cos, sin), wrt, ("q", "k", "cos", "sin"),
+                       TOLERANCES[dtype], torch_fn=ref, grad_outputs=dys)
+
+
+def check_grad_empty():
+    outcomes = []
+    for name, (q_shape, k_shape) in {"T = 0": ((2, 4, 0, 64), (2, 2, 0, 64)),
+                                     "B = 0": ((0, 4, 6, 64), (0, 2, 6, 64))}.items():
+        q, k = rand(q_shape, torch.bfloat16).requires_grad_(), rand(k_shape, torch.bfloat16).requires_grad_()
+        cos, sin = rand(q_shape[2:], torch.float32), rand(q_shape[2:], torch.float32)
+        q_out, k_out = apply_rope(q, k, cos, sin)
+        dq, dk = torch.autograd.grad((q_out, k_out), (q, k), (torch.empty_like(q_out), torch.empty_like(k_out)))
+        outcomes.append(Outcome(f"{name}: empty dq, dk", dq.shape == q.shape and dk.shape == k.shape
+                                and dq.dtype == dk.dtype == q.dtype))
+    return outcomes
+
+
+def check_grad_huge():
+    """q past 2^31 elements (B1 H32 T524289 D128): dq and dk of the last positions."""
+    seq_len = 2 ** 31 // (32 * 128) + 1
+    q = rand((1, 32, seq_len, 128), torch.bfloat16).requires_grad_()
+    k = rand((1, 1, seq_len, 128), torch.bfloat16).requires_grad_()
+    cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), 128)
+    dq_out, dk_out = torch.randn_like(q), torch.randn_like(k)
+    dq, dk = torch.autograd.grad(apply_rope(q, k, cos, sin), (q, k), (dq_out, dk_out))
+    tail = slice(seq_len - 3, seq_len)
+    q_t, k_t = (t[:, :, tail].detach().double().requires_grad_() for t in (q, k))
+    want = torch.autograd.grad(apply_rope_ref(q_t, k_t, cos[tail].double(), sin[tail].double()), (q_t, k_t),
+                               (dq_out[:, :, tail].double(), dk_out[:, :, tail].double()))
+    return [compare("dq last positions", dq[:, :, tail], want[0]),
+            compare("dk last positions", dk[:, :, tail], want[1])]
 
 
 def rope_cases():
@@ -137,11 +197,41 @@ def rope_cases():
     return cases + [Case("rotation properties", check_properties),
                     Case("allocates its output", check_own_buffer, dict(impl=apply_rope)),
                     Case("bad input", check_errors), Case("empty input", check_empty, dict(impl=apply_rope)),
-                    Case("grad mode (forward-only)", check_grad_mode),
-                    Case("2^31+ elements", check_huge, dict(impl=apply_rope), gpu_only=True)]
+                    Case("out= under grad (forward-only), tables that require grad", check_grad_mode),
+                    Case("2^31+ elements", check_huge, dict(impl=apply_rope), gpu_only=True),
+                    Case("empty input backward", check_grad_empty),
+                    Case("2^31+ elements backward", check_grad_huge, gpu_only=True)]
 
 
-CASES = rope_cases()
+def grad_cases():
+    """Backward: both layouts, GQA, tables whose halves differ (the transposed map's swapped sines),
+    strided q, k and upstream gradients, one input only; Llama sizes on the GPU."""
+    cases = []
+
+    def add(batch, heads, kv_heads, seq_len, head_dim, dtype, gpu_only=False, **extra):
+        extra_str = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
+        name = f"backward B{batch} H{heads}/{kv_heads} T{seq_len} D{head_dim} {dtype_name(dtype)} {extra_str}".strip()
+        cases.append(Case(name, check_grad, dict(batch=batch, heads=heads, kv_heads=kv_heads, seq_len=seq_len,
+                                                 head_dim=head_dim, dtype=dtype, **extra), gpu_only))
+
+    for dtype in DTYPES:
+        for interleaved in (False, True):
+            add(2, 4, 1, 7, 64, dtype, interleaved=interleaved, kind="random")
+        add(1, 4, 2, 9, 80, dtype, strided="BTHD", grads_strided="BTHD", layout="B,T,D")
+    add(2, 3, 2, 5, 96, torch.bfloat16, interleaved=True, strided="every other feature", layout="1,T,D",
+        kind="random")
+    add(2, 4, 1, 1, 128, torch.float16, wrt=(0,))                     # decode step, only q gets a gradient
+    add(1, 2, 1, 5, 256, torch.float16, kind="random", layout="B,T,D expanded")
+    for interleaved in (False, True):
+        add(1, 32, 8, 8192, 128, torch.bfloat16, True, interleaved=interleaved)
+        add(4, 32, 8, 4096, 128, torch.bfloat16, True, interleaved=interleaved, strided="BTHD",
+            grads_strided="BTHD", layout="B,T,D")
+    add(2, 32, 8, 1000, 80, torch.float16, True, kind="random")
+    add(1, 32, 8, 4096, 128, torch.float32, True, strided="BTHD")
+    return cases
+
+
+CASES = rope_cases() + grad_cases()
 for interleaved in (False, True):  # D = 512: ROPE_TABLE's 512 row
     CASES.append(Case(f"B2 H5/2 T6 D512 bf16 interleaved={interleaved}", check,
                       dict(batch=2, heads=5, kv_heads=2, seq_len=6, head_dim=512, dtype=torch.bfloat16,

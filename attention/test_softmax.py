@@ -7,7 +7,13 @@ Every check names the path its shape took on this tier (fused, looped or split).
 side of each row of the heuristics table; the looped/split switch is a row count per SM, so the
 property checks build their shapes at run time from the device's SM count (the interpreter
 counts 2), and each asserts that its shape takes the path it is meant to test.
+
+Backward: dx against autograd through torch.softmax in fp64 and torch.softmax's own same-dtype dx
+(check_grads), under the error model of grad_tol, on each path of SOFTMAX_BWD_TABLE, with strided,
+transposed and expanded upstream gradients; the launcher on a poisoned dx; properties (rows of dx
+sum to 0, dy + c per row gives the same dx). `out=` stays forward-only.
 """
+import math
 import pathlib
 import sys
 
@@ -15,11 +21,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from attention.triton_softmax import (INTERPRET_SMS, SOFTMAX_TABLE, SPLIT_BELOW_ROWS_PER_SM, softmax,  # noqa: E402
-                                      softmax_config, table_row)
+from attention.triton_softmax import (INTERPRET_SMS, SOFTMAX_BWD_TABLE, SOFTMAX_TABLE,  # noqa: E402
+                                      SPLIT_BELOW_ROWS_PER_SM, launch_softmax_backward, softmax,
+                                      softmax_backward_config, softmax_config, table_row)
 from common.device import DEVICE, sm_count  # noqa: E402
-from common.testing import (TOLERANCES, Case, Outcome, Tol, compare, dtype_name, expect_raises, main,  # noqa: E402
-                            poisoned, rand, shape_case)
+from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,  # noqa: E402
+                            dtype_name, expect_raises, main, poisoned, rand, shape_case)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 1000, 4096, 5120, 65537, 262144)
@@ -29,9 +36,13 @@ PATHS = ("fused", "looped", "split")
 EXACT = Tol(0.0, 0.0, "exp(0) = 1 and exp(-inf) = 0 exactly, and the sum is 1")
 
 
-def path_of(x):
+def path_of(x, config=softmax_config):
     n_cols = x.shape[-1]
-    return softmax_config(x.numel() // n_cols, n_cols, sm_count(x.device.index or 0, INTERPRET_SMS)).path
+    return config(x.numel() // n_cols, n_cols, sm_count(x.device.index or 0, INTERPRET_SMS)).path
+
+
+def bwd_path_of(x):
+    return path_of(x, softmax_backward_config)
 
 
 def shape_for(path):
@@ -136,6 +147,104 @@ def check_huge(n_cols, path):
             compare("last rows", y[-2:], torch.softmax(x[-2:].double(), -1))]
 
 
+def softmax_ref(x):
+    return torch.softmax(x, -1)
+
+
+def grad_tol(y, dy):
+    """Per-element bound on dx's error against the fp64 reference. The kernel works from the saved
+    y rounded to the dtype: |y_hat - y| <= e = r*y + d, with r the forward's rtol (TOLERANCES) and d
+    half the smallest subnormal step (a tiny fp16 y of a wide row is subnormal, off by up to that).
+    Then dot = sum(dy * y) is off by up to sum(|dy| e) (plus its fp32 summation, (2 + log2 N)
+    * 2^-24 * sum(|dy| y) at most), and dx = y * (dy - dot) by e * |dy - dot| + y * (the dot's
+    error), plus one rounding of dx (rtol 2u: a flipped rounding of the fp32 result; one
+    subnormal step where dx is subnormal, as fp16's 1e-6 of a wide row is). Not one rounding of an
+    exact value, so no rounding-bias check."""
+    info = torch.finfo(y.dtype)
+    y64 = y.double()
+    dy64 = dy.double()
+    e = TOLERANCES[y.dtype].rtol * y64 + info.smallest_normal * info.eps / 2
+    dot = (dy64 * y64).sum(-1, keepdim=True)
+    n_cols = y.shape[-1]
+    dot_err = (dy64.abs() * e).sum(-1, keepdim=True) \
+        + (2 + math.log2(max(n_cols, 1))) * 2 ** -24 * (dy64.abs() * y64).sum(-1, keepdim=True)
+    atol = 1.1 * (e * (dy64 - dot).abs() + y64 * dot_err) + info.smallest_normal * info.eps
+    return Tol(atol, 2 * UNIT_ROUNDOFF[y.dtype], "dx from the saved y rounded to the dtype: error model in grad_tol",
+               rounding_check=False)
+
+
+def check_grad(shape, dtype, pad=None, dy_layout=None):
+    """dx against autograd through torch.softmax in fp64, and torch.softmax's own same-dtype dx
+    (2x rule). dy_layout: "padded" (a view with a wider row stride), "transposed" (last dim not
+    unit-stride: copied once) or "expanded" (one row broadcast over all, row stride 0)."""
+    x = rand(shape, dtype, pad=pad)
+    if dy_layout == "padded":
+        dy = rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (8,))
+    elif dy_layout == "transposed":
+        dy = rand(shape[::-1], dtype).t()
+    elif dy_layout == "expanded":
+        dy = rand((1, shape[-1]), dtype).expand(shape)
+    else:
+        dy = rand(shape, dtype)
+    y = torch.softmax(x.double(), -1).to(dtype)  # the saved y, as the forward's tests bound it
+    tol = grad_tol(y, dy)
+    return [Outcome(f"backward path: {bwd_path_of(x)}", True)] + check_grads(
+        "softmax", softmax, softmax_ref, (x,), (0,), ("x",), tol, torch_fn=softmax_ref, grad_outputs=[dy])
+
+
+def check_grad_writes_all(path):
+    """The backward launcher on a poisoned dx: every element written, on each path."""
+    shape, dtype = shape_for(path), torch.bfloat16
+    y, dy = softmax(rand(shape, dtype)), rand(shape, dtype)
+    dx = poisoned(shape, dtype)
+    launch_softmax_backward(dy, y, dx)
+    y64 = y.double()
+    want = y64 * (dy.double() - (dy.double() * y64).sum(-1, keepdim=True))
+    # y is the exact input here: fp32 math and one rounding of dx
+    return [Outcome(f"backward takes the {path} path", bwd_path_of(y) == path), compare("dx", dx, want)]
+
+
+def check_grad_properties(path):
+    """fp32: rows of dx sum to 0 (y's rows sum to 1 whatever x is), and dy + c per row gives the
+    same dx (the dot product absorbs c). Bounds: y's rows sum to 1 within the forward's rtol r,
+    so sum(dx) = dot * (1 - sum(y)) is at most |dot| r plus one fp32 rounding of each dx; the
+    shift moves dx by y * (|c| r + the fp32 summation error of both dot products, (2 + log2 N)
+    * 2^-24 * sum(y * (|dy| + |c|)) each, + the rounding of dy + c), plus a rounding of each dx."""
+    shape, f32 = shape_for(path), torch.float32
+    x = rand(shape, f32).requires_grad_()
+    dy = rand(shape, f32)
+    c = torch.randint(-8, 9, (shape[0], 1), device=DEVICE).float()
+    y = softmax(x)
+    dx, = torch.autograd.grad(y, x, dy)
+    dx_shift, = torch.autograd.grad(softmax(x), x, dy + c)
+    y64, dy64, c64, dx64 = y.detach().double(), dy.double(), c.double(), dx.double()
+    r, u = TOLERANCES[f32].rtol, UNIT_ROUNDOFF[f32]
+    dot = (dy64 * y64).sum(-1)
+    sum_limit = 1.1 * (dot.abs() * r + dx64.abs().sum(-1) * u)
+    row_sums = dx64.sum(-1).abs()
+    depth = 2 + math.log2(shape[-1])
+    shift_atol = 1.1 * y64 * (c64.abs() * r + 2 * depth * u * (y64 * (dy64.abs() + c64.abs())).sum(-1, keepdim=True)
+                              + u * (dy64.abs() + c64.abs()))
+    return [Outcome(f"backward takes the {path} path", bwd_path_of(x) == path),
+            Outcome("rows of dx sum to 0", bool((row_sums <= sum_limit).all()), max_abs=row_sums.max().item(),
+                    limit=f"{sum_limit.max().item():.1e}"),
+            compare("dx(dy + c) vs dx(dy)", dx_shift, dx64, Tol(shift_atol, 2 * u, "see the docstring"))]
+
+
+def check_grad_huge(n_cols, path):
+    """Past 2^31 elements: dx of the last rows, where a 32-bit offset would wrap."""
+    rows = (2 ** 31) // n_cols + 3
+    x = rand((rows, n_cols), torch.float16).requires_grad_()
+    dy = rand((rows, n_cols), torch.float16)
+    y = softmax(x)
+    dx, = torch.autograd.grad(y, x, dy)
+    del y
+    y64 = torch.softmax(x[-2:].detach().double(), -1)
+    want = y64 * (dy[-2:].double() - (dy[-2:].double() * y64).sum(-1, keepdim=True))
+    return [Outcome(f"backward takes the {path} path", bwd_path_of(x) == path),
+            compare("dx last rows", dx[-2:], want, grad_tol(y64.half(), dy[-2:]))]
+
+
 def check_errors():
     x = rand((4, 64), torch.float16)
     other = "cpu" if DEVICE == "cuda" else "meta"
@@ -153,16 +262,16 @@ def check_errors():
 
 
 def check_grad_mode():
-    """Forward-only: in grad mode an x that requires grad raises, naming the operator; under
-    torch.no_grad() the call gives what it gives on a plain x."""
+    """With out= the call stays forward-only: in grad mode an x that requires grad raises, naming
+    the operator; under torch.no_grad() both calls give what they give on a plain x, with no grad."""
     x = rand((4, 64), torch.float16)
     x_grad = x.clone().requires_grad_()
     with torch.no_grad():
         y, y_out = softmax(x_grad), softmax(x_grad, out=poisoned(x.shape, x.dtype))
-    return [expect_raises("x requires grad", lambda: softmax(x_grad), RuntimeError, "llmk::softmax is forward-only"),
-            expect_raises("x requires grad, out=", lambda: softmax(x_grad, out=torch.empty_like(x)), RuntimeError,
+    return [expect_raises("x requires grad, out=", lambda: softmax(x_grad, out=torch.empty_like(x)), RuntimeError,
                           "llmk::softmax_out is forward-only"),
-            Outcome("under no_grad: as on a plain x", torch.equal(y, softmax(x)) and torch.equal(y_out, y))]
+            Outcome("under no_grad: as on a plain x", torch.equal(y, softmax(x)) and torch.equal(y_out, y)
+                    and not y.requires_grad)]
 
 
 def check_empty():
@@ -171,6 +280,9 @@ def check_empty():
         x = rand(shape, torch.bfloat16)
         y = softmax(x)
         outs.append(Outcome(f"{shape}: empty in, empty out", y.shape == x.shape and y.dtype == x.dtype))
+        x_grad = x.clone().requires_grad_()
+        dx, = torch.autograd.grad(softmax(x_grad), x_grad, torch.empty_like(x))
+        outs.append(Outcome(f"{shape}: empty dx", dx.shape == x.shape and dx.dtype == x.dtype))
     return outs
 
 
@@ -206,7 +318,39 @@ def cases():
         out.append(Case(f"in place (out=x), {path}", check_in_place, dict(path=path)))
     out += [Case("column stride", check_column_stride), Case("allocates its output", check_own_buffer),
             Case("bad input", check_errors), Case("empty input", check_empty),
-            Case("grad mode (forward-only)", check_grad_mode)]
+            Case("out= under grad (forward-only)", check_grad_mode)]
+    # backward: each path, non-powers-of-two, one row, 3-D, strided x and dy, wide rows on the GPU
+    def add_grad(shape, dtype, gpu_only=False, **extra):
+        case = shape_case(check_grad, shape, dtype, gpu_only, **extra)
+        out.append(Case(f"backward {case.name}", check_grad, case.kwargs, gpu_only))
+
+    for dtype in DTYPES:
+        add_grad((5, 1000), dtype)                                # fused
+        add_grad(shape_for("looped"), dtype)                      # looped
+        add_grad(shape_for("split"), dtype)                       # split
+    add_grad((1, 7), torch.float16)                               # one row
+    add_grad((3, 4000), torch.float16)                            # the backward table's 4096 row
+    add_grad((2, 6000), torch.bfloat16)                           # its 8192 row
+    add_grad((2, 40000), torch.float32)                           # its last row (looped, 16384 chunks)
+    add_grad((2, 3, 123), torch.bfloat16, pad=(0, 1, 5))          # leading dims that cannot merge
+    add_grad((3, 2000), torch.float16, dy_layout="padded")
+    add_grad((6, 33), torch.float32, dy_layout="transposed")
+    add_grad((2, 9000), torch.bfloat16, dy_layout="expanded")
+    add_grad((3, 8193), torch.float16, pad=(0, 8))                # looped, odd width, row stride 8201
+    for dtype in DTYPES:
+        add_grad((16384, 1024), dtype, gpu_only=True)             # many short rows: two a program
+        add_grad((4096, 4096), dtype, gpu_only=True)
+        add_grad((2049, 5120), dtype, gpu_only=True, pad=(0, 64))
+        add_grad((1024, 16384), dtype, gpu_only=True)
+        add_grad((1000, 32768), dtype, gpu_only=True)             # looped on a GPU
+        add_grad((300, 65537), dtype, gpu_only=True)
+        add_grad((64, 262144), dtype, gpu_only=True)              # split: few wide rows
+        add_grad((200, 262144), dtype, gpu_only=True)             # looped: 262144 wide, more rows than SMs
+    for path in PATHS:
+        out.append(Case(f"backward writes every element, {path}", check_grad_writes_all, dict(path=path)))
+        out.append(Case(f"backward properties, {path}", check_grad_properties, dict(path=path)))
+    out += [Case(f"2^31+ elements backward, {path}", check_grad_huge, dict(n_cols=n, path=path), gpu_only=True)
+            for path, n in (("fused", 1000), ("looped", 16384), ("split", 2 ** 24))]
     # past 2^31 elements through each path (the split one: 131 rows of 2^24 on a GPU of 66+ SMs)
     out += [Case(f"2^31+ elements, {path}", check_huge, dict(n_cols=n, path=path), gpu_only=True)
             for path, n in (("fused", 1000), ("looped", 16384), ("split", 2 ** 24))]
@@ -217,14 +361,20 @@ CASES = cases()
 
 
 def check_table_rows():
-    """Every row of SOFTMAX_TABLE, and the split path, is taken by a width check of this tier: a row
-    added to the table without a width that reaches it fails here."""
-    shapes = [c.kwargs["shape"] for c in common.testing.select_cases(CASES) if c.fn is check]
-    rows = {table_row(shape[-1]) for shape in shapes}
-    missing = [SOFTMAX_TABLE[i] for i in range(len(SOFTMAX_TABLE)) if i not in rows]
-    paths = {path_of(torch.empty(shape, device="meta")) for shape in shapes}
-    return [Outcome("every SOFTMAX_TABLE row", not missing, note=f"no width reaches {missing}" if missing else ""),
-            Outcome("every path", paths == set(PATHS), note=f"paths taken: {sorted(paths)}")]
+    """Every row and path of SOFTMAX_TABLE is taken by a width check of this tier, and every row
+    and path of SOFTMAX_BWD_TABLE by a gradient check: a row added to a table without a width
+    that reaches it fails here."""
+    outcomes = []
+    for fn, table, config, name in ((check, SOFTMAX_TABLE, softmax_config, "SOFTMAX_TABLE"),
+                                    (check_grad, SOFTMAX_BWD_TABLE, softmax_backward_config, "SOFTMAX_BWD_TABLE")):
+        shapes = [c.kwargs["shape"] for c in common.testing.select_cases(CASES) if c.fn is fn]
+        paths = {path_of(torch.empty(shape, device="meta"), config) for shape in shapes}
+        outcomes.append(Outcome(f"every path of {name}", paths == set(PATHS), note=f"paths taken: {sorted(paths)}"))
+        rows = {table_row(shape[-1], table) for shape in shapes}
+        missing = [table[i] for i in range(len(table)) if i not in rows]
+        outcomes.append(Outcome(f"every {name} row", not missing,
+                                note=f"no width reaches {missing}" if missing else ""))
+    return outcomes
 
 
 CASES.append(Case("every launch-table row reached", check_table_rows))

@@ -16,16 +16,25 @@ from L2. Memory traffic (e = element size of q, k; e_c of the table):
     read cos and sin:                  2 * (rows of the table)*D * e_c from HBM once (half of it
                                        interleaved), and again from L2 for every head block.
 Limits: D even, D <= 1024 (a program holds a whole head).
+
+Backward (autograd of `apply_rope`): each pair's map is linear, [[c1, -s1], [s2, c2]] (c1 = c2 and
+s1 = s2 in a true rotation table), so the gradient is its transpose applied to (dq_out, dk_out):
+    (do[i], do[i + D/2])  ->  (do[i] c1 + do[i + D/2] s2,  do[i + D/2] c2 - do[i] s1)
+the forward's formula with the sines swapped and negated (the inverse rotation, by -sin, when the
+halves agree). The same kernel runs it under BACKWARD: read dq_out, dk_out, write dq, dk, read
+the table as the forward does, so the bytes are the forward's. No gradient for cos and sin (a Hugging
+Face table does not require grad): a table that requires grad under grad mode raises.
 """
 import functools
 from dataclasses import dataclass
 
 import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
 import triton
 import triton.language as tl
 
 from common.ints import cdiv, next_power_of_2
-from common.ops import define_ops
+from common.ops import define_op, define_ops
 from common.validation import check_rope_args, rope_outputs
 
 
@@ -89,8 +98,9 @@ def _rope_kernel(
     stride_kob, stride_koh, stride_kot,
     # meta-parameters. HALF = D/2 is a compile-time constant (one compile per head dim): the column
     # masks and x[D/2:]'s offset then have known divisibility (a runtime 40, D = 80, would carry
-    # none), so loads stay 16-byte vectors for D = 80 too
-    INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
+    # none), so loads stay 16-byte vectors for D = 80 too. BACKWARD: q, k are dq_out, dk_out and
+    # the outputs dq, dk (the transposed map, module docstring)
+    INTERLEAVED: tl.constexpr, HALF: tl.constexpr, BACKWARD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)  # 64-bit: head * stride_h and b * stride_b can pass 2^31
@@ -114,6 +124,8 @@ def _rope_kernel(
                      eviction_policy="evict_last").to(tl.float32)
         s2 = tl.load(s_rows + (cols[None, :] + HALF) * stride_sd, mask=mask, other=0.0,
                      eviction_policy="evict_last").to(tl.float32)
+    if BACKWARD:  # the transpose: x1 c1 - x2 (-s2) and x2 c2 + x1 (-s1)
+        s1, s2 = -s2, -s1
     if head_block < n_q_blocks:
         _rope_heads(q_ptr, q_out_ptr, head_block * BLOCK_HQ, n_q_heads, b, t, in_rows,
                     stride_qb, stride_qh, stride_qt, stride_qd, stride_qob, stride_qoh, stride_qot,
@@ -170,9 +182,10 @@ def _table_strides(table):
     return (0 if table.shape[0] == 1 else table.stride(0), table.stride(1), table.stride(2))
 
 
-def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
+def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None, backward=False):
     """Launch on validated arguments (shapes as in apply_rope); writes q_out, k_out (contiguous).
-    cfg: a RopeConfig, by default rope_config's."""
+    cfg: a RopeConfig, by default rope_config's. backward: q, k are dq_out, dk_out (any strides),
+    q_out, k_out receive dq, dk."""
     batch, n_q_heads, seq_len, head_dim = q.shape
     n_k_heads = k.shape[1]
     n_rows = batch * seq_len
@@ -187,15 +200,47 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
         n_rows, seq_len, n_q_heads, n_k_heads, n_q_blocks, n_blocks,
         *q.stride(), *k.stride(), *_table_strides(cos), *_table_strides(sin),
         *q_out.stride()[:3], *k_out.stride()[:3],
-        INTERLEAVED=interleaved, HALF=head_dim // 2, BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ, BLOCK_HK=cfg.BLOCK_HK,
-        BLOCK_HALF=next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
+        INTERLEAVED=interleaved, HALF=head_dim // 2, BACKWARD=backward, BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ,
+        BLOCK_HK=cfg.BLOCK_HK, BLOCK_HALF=next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
+
+
+def _rope_backward(dq_out, dk_out, cos, sin, interleaved):
+    """dq, dk (new, contiguous) from dq_out, dk_out of any strides."""
+    dq, dk = rope_outputs(dq_out, dk_out, None)
+    launch_rope(dq_out, dk_out, cos, sin, dq, dk, interleaved, backward=True)
+    return dq, dk
+
+
+apply_rope_backward_op = define_op(
+    "apply_rope_backward(Tensor dq_out, Tensor dk_out, Tensor cos, Tensor sin, bool interleaved) -> (Tensor, Tensor)",
+    _rope_backward, lambda dq_out, dk_out, cos, sin, interleaved: rope_outputs(dq_out, dk_out, None))
+
+
+def table_grad_error(name):
+    return ValueError(f"{name} requires grad: apply_rope gives no gradient for the cos/sin table (a Hugging Face "
+                      f"table does not require grad); pass {name}.detach()")
+
+
+def _save_table(ctx, inputs, output):
+    _, _, cos, sin, interleaved = inputs
+    ctx.save_for_backward(cos, sin)  # q and k are not needed: the map is linear in them
+    ctx.interleaved = interleaved
+
+
+def _rope_grad(ctx, dq_out, dk_out):
+    for i, name in ((2, "cos"), (3, "sin")):
+        if ctx.needs_input_grad[i]:  # reached through torch.ops directly; apply_rope raises first
+            raise table_grad_error(name)
+    cos, sin = ctx.saved_tensors
+    dq, dk = apply_rope_backward_op(dq_out, dk_out, cos, sin, ctx.interleaved)
+    return dq if ctx.needs_input_grad[0] else None, dk if ctx.needs_input_grad[1] else None, None, None, None
 
 
 apply_rope_op, apply_rope_out_op = define_ops(
     "apply_rope", "Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved",
     lambda q, k, cos, sin, interleaved: rope_outputs(q, k, None),
     lambda q, k, cos, sin, interleaved, q_out, k_out: launch_rope(q, k, cos, sin, q_out, k_out, interleaved),
-    outs=("q_out", "k_out"))
+    outs=("q_out", "k_out"), backward=_rope_grad, setup_context=_save_table)
 
 
 def apply_rope(q, k, cos, sin, interleaved=False, out=None):
@@ -206,11 +251,18 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
     cos, sin: (T, D), (1, T, D) or (B, T, D), fp32 or q's dtype, any strides; the HF table of
        attention/rope.py (rope_cos_sin). interleaved=False pairs (x[i], x[i + D/2]) and uses every
        column; interleaved=True pairs (x[2i], x[2i + 1]) and uses columns 0 .. D/2-1 only.
-    out: optional (q_out, k_out), contiguous buffers shaped and typed like q and k.
+    out: optional (q_out, k_out), contiguous buffers shaped and typed like q and k. Forward-only:
+       with out given, a q or k that requires grad raises under grad mode.
     Returns (q_out, k_out): contiguous (B, H, T, D) and (B, Hkv, T, D) tensors in q's dtype, new
-    ones or the pair given as out.
+    ones or the pair given as out. Differentiable in q and k (without out): the backward saves
+    cos and sin and runs llmk::apply_rope_backward, whose dq, dk are contiguous. cos and sin get
+    no gradient: one that requires grad under grad mode raises ValueError.
     """
     check_rope_args(q, k, cos, sin, interleaved)
+    if torch.is_grad_enabled():
+        for name, table in (("cos", cos), ("sin", sin)):
+            if table.requires_grad:
+                raise table_grad_error(name)
     if out is None:
         return apply_rope_op(q, k, cos, sin, interleaved)
     q_out, k_out = rope_outputs(q, k, out)

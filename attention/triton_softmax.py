@@ -19,6 +19,16 @@ Three paths, picked by `softmax_config` from the table below:
   programs; kernel 2's read of x comes mostly from L2.
 
 A row of only -inf gives NaN, as torch.softmax does (0 / 0: every exp is 0).
+
+Backward (autograd of `softmax`), from the saved output y and the upstream gradient dy:
+
+    dx = y * (dy - sum(dy * y))        per row, math in fp32, one cast
+
+Memory traffic per row: read y and dy, write dx (3*N*e); forward and backward together 5*N*e
+(x read, y written, y and dy read, dx written). The same three paths, from SOFTMAX_BWD_TABLE:
+fused (rows in registers, y and dy read once), looped (two passes: the dot product, then dx last
+chunk first, re-read from L1/L2), split (kernel 1 writes each segment's partial dot product,
+kernel 2 sums its row's partials and writes its segment of dx).
 """
 import functools
 from dataclasses import dataclass
@@ -30,7 +40,7 @@ import triton.language as tl
 
 from common.device import sm_count
 from common.ints import cdiv, next_power_of_2
-from common.ops import define_ops
+from common.ops import define_op, define_ops
 from common.triton_utils import LOG2E, col_mask
 from common.validation import as_rows, check_out, check_tensor
 
@@ -71,6 +81,23 @@ SPLIT_BELOW_ROWS_PER_SM = 1
 SPLIT_SEG, SPLIT_STATS_WARPS, SPLIT_WRITE_WARPS = 8192, 8, 4
 MAX_SPLITS = 4096          # kernel 2 loads a row's partials as one block; wider rows take the looped path
 INTERPRET_SMS = 2          # the interpreter has no SMs; 2 keeps its split grids small
+
+# Backward: the same rows, chosen from first principles (not yet measured). A program holds y and
+# dy, two fp32 values per column where the forward holds one, so the fused rows take twice the
+# forward's warps, at most 64 live values a thread as the forward's best 8192 row has. Looped
+# chunks hold both tensors too: the forward's chunk widths at its warps keep 16-32 values a thread.
+#   (max BLOCK_N, path, values a program, num_warps)
+SOFTMAX_BWD_TABLE = [
+    (1024, "fused", 2048, 4),     # short rows: two or more a program, 16 values of y and of dy a thread
+    (2048, "fused", 2048, 4),     # one row, 16 + 16 values a thread
+    (4096, "fused", 4096, 8),     # one row, 16 + 16 values a thread
+    (8192, "fused", 8192, 8),     # one row, 32 + 32: the forward's 64 live values a thread
+    (16384, "looped", 4096, 16),  # a chunk in registers; pass 2 re-reads the row (64 KB in bf16) from L2
+    (32768, "looped", 8192, 32),
+    (None, "looped", 16384, 32),  # 16 + 16 values a thread; a 262144 row of y and dy is 1 MB in bf16,
+                                  # so pass 2 finds only the row's tail (read last) in L2
+]
+SPLIT_BWD_WARPS = 8   # both split kernels hold a segment of y and dy: 32 + 32 values a thread
 # ---------------------------------------------------------------------------------------------
 
 
@@ -90,27 +117,33 @@ def _chunk(values, block_n, n_cols):
     return min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)
 
 
-def table_row(n_cols):
-    """Index of the SOFTMAX_TABLE row that rows of n_cols values take."""
+def table_row(n_cols, table=SOFTMAX_TABLE):
+    """Index of the row of `table` (SOFTMAX_TABLE or SOFTMAX_BWD_TABLE) that rows of n_cols values take."""
     block_n = next_power_of_2(n_cols)
-    return next(i for i, row in enumerate(SOFTMAX_TABLE) if row[0] is None or block_n <= row[0])
+    return next(i for i, row in enumerate(table) if row[0] is None or block_n <= row[0])
+
+
+def _config(table, split_warps, n_rows, n_cols, n_sms):
+    block_n = next_power_of_2(n_cols)
+    _, path, values, warps = table[table_row(n_cols, table)]
+    if path == "fused":
+        return SoftmaxConfig("fused", max(1, values // block_n), block_n, warps, 1, n_cols)
+    n_splits = cdiv(n_cols, SPLIT_SEG)
+    if n_rows >= SPLIT_BELOW_ROWS_PER_SM * n_sms or n_splits > MAX_SPLITS:
+        return SoftmaxConfig("looped", 1, _chunk(values, block_n, n_cols), warps, 1, n_cols)
+    return SoftmaxConfig("split", 1, SPLIT_SEG, split_warps, n_splits, SPLIT_SEG)
 
 
 @functools.lru_cache(maxsize=1024)
 def softmax_config(n_rows, n_cols, n_sms):
-    """Path and launch parameters for n_rows rows of n_cols values on a GPU with n_sms SMs."""
-    block_n = next_power_of_2(n_cols)
-    _, path, values, warps = SOFTMAX_TABLE[table_row(n_cols)]
-    if path == "fused":
-        return SoftmaxConfig("fused", max(1, values // block_n), block_n, warps, 1, n_cols)
-    if n_rows >= SPLIT_BELOW_ROWS_PER_SM * n_sms:
-        chunk = _chunk(values, block_n, n_cols)
-        return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
-    n_splits = cdiv(n_cols, SPLIT_SEG)
-    chunk = _chunk(values, block_n, n_cols)
-    if n_splits > MAX_SPLITS:
-        return SoftmaxConfig("looped", 1, chunk, warps, 1, n_cols)
-    return SoftmaxConfig("split", 1, SPLIT_SEG, SPLIT_STATS_WARPS, n_splits, SPLIT_SEG)
+    """Path and launch parameters of the forward for n_rows rows of n_cols values on a GPU with n_sms SMs."""
+    return _config(SOFTMAX_TABLE, SPLIT_STATS_WARPS, n_rows, n_cols, n_sms)
+
+
+@functools.lru_cache(maxsize=1024)
+def softmax_backward_config(n_rows, n_cols, n_sms):
+    """The same for the backward, from SOFTMAX_BWD_TABLE (both split kernels take SPLIT_BWD_WARPS)."""
+    return _config(SOFTMAX_BWD_TABLE, SPLIT_BWD_WARPS, n_rows, n_cols, n_sms)
 
 
 @triton.jit
@@ -260,13 +293,166 @@ def launch_softmax(x2, y2, cfg=None):
                                                 SEG=cfg.seg_len, num_warps=SPLIT_WRITE_WARPS)
 
 
+@triton.jit
+def _softmax_bwd_fused_kernel(
+    # pointers
+    y_ptr, dy_ptr, dx_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_ym, stride_dym, stride_dxm,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_M whole rows in registers: y and dy are read once, dx written once."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    # padding is 0: it adds nothing to the dot product
+    y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0,
+                eviction_policy="evict_first").to(tl.float32)
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0,
+                 eviction_policy="evict_first").to(tl.float32)
+    dot = tl.sum(y * dy, axis=1)
+    tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+             (y * (dy - dot[:, None])).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_looped_kernel(
+    # pointers
+    y_ptr, dy_ptr, dx_ptr,
+    # matrix dimensions and strides (in elements), compile-time constants: one compile per width
+    n_cols: tl.constexpr, stride_ym: tl.constexpr, stride_dym: tl.constexpr, stride_dxm: tl.constexpr,
+    # meta-parameters
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """One row a program in BLOCK_N chunks, two passes: sum(dy * y), then dx = y * (dy - sum),
+    re-reading y and dy from L1/L2 (evict_last keeps them) last chunk first: pass 1 read it last,
+    so it is the likeliest to be still there."""
+    row = tl.program_id(0).to(tl.int64)
+    y_row, dy_row, dx_row = y_ptr + row * stride_ym, dy_ptr + row * stride_dym, dx_ptr + row * stride_dxm
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = col_mask(cols, n_cols, EVEN_N)
+        y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+        dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+        acc += y.to(tl.float32) * dy.to(tl.float32)
+    dot = tl.sum(acc, axis=0)
+    n_chunks = (n_cols + BLOCK_N - 1) // BLOCK_N
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = col_mask(cols, n_cols, EVEN_N)
+        y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")  # dx is not read again: keep L2 for y and dy
+
+
+@triton.jit
+def _softmax_bwd_split_dot_kernel(
+    # pointers: dots is (n_rows * n_splits,) fp32
+    y_ptr, dy_ptr, dots_ptr,
+    # matrix dimensions and strides (in elements), compile-time constants: one compile per width
+    n_cols: tl.constexpr, stride_ym: tl.constexpr, stride_dym: tl.constexpr, n_splits: tl.constexpr,
+    # meta-parameters
+    SEG: tl.constexpr,
+):
+    """Kernel 1 of the split backward: program `tile` = (row, split) writes sum(dy * y) over
+    columns [split * SEG, (split + 1) * SEG) of its row."""
+    tile = tl.program_id(0)
+    row = (tile // n_splits).to(tl.int64)
+    cols = (tile % n_splits) * SEG + tl.arange(0, SEG)
+    mask = cols < n_cols
+    # evict_last: kernel 2 reads the segment again
+    y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+    dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+    tl.store(dots_ptr + tile, tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=0))
+
+
+@triton.jit
+def _softmax_bwd_split_write_kernel(
+    # pointers
+    y_ptr, dy_ptr, dx_ptr, dots_ptr,
+    # matrix dimensions and strides (in elements), compile-time constants
+    n_cols: tl.constexpr, stride_ym: tl.constexpr, stride_dym: tl.constexpr, stride_dxm: tl.constexpr,
+    n_splits: tl.constexpr, n_tiles,
+    # meta-parameters
+    SPLITS: tl.constexpr, SEG: tl.constexpr,
+):
+    """Kernel 2 of the split backward: sum the row's n_splits partial dot products (SPLITS = their
+    padded count; the same sum in every program of the row, so dx is deterministic), then write
+    the segment's dx. Tiles run last first: kernel 1 read those last, so they are the ones still in
+    L2 when y and dy together outgrow it (in order, a scan larger than L2 would find none there)."""
+    tile = n_tiles - 1 - tl.program_id(0)
+    row = tile // n_splits
+    parts = tl.arange(0, SPLITS)
+    dot = tl.sum(tl.load(dots_ptr + row * n_splits + parts, mask=parts < n_splits, other=0.0), axis=0)
+    row64 = row.to(tl.int64)
+    cols = (tile % n_splits) * SEG + tl.arange(0, SEG)
+    mask = cols < n_cols
+    y = tl.load(y_ptr + row64 * stride_ym + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+    dy = tl.load(dy_ptr + row64 * stride_dym + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+    dx = y.to(tl.float32) * (dy.to(tl.float32) - dot)
+    tl.store(dx_ptr + row64 * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_softmax_backward(dy2, y2, dx2, cfg=None):
+    """Launch the backward on validated arguments: dy2, y2 (M, N) with unit column stride, dx2
+    (M, N) written (unit column stride). cfg: a SoftmaxConfig to use instead of
+    softmax_backward_config's choice (for tuning sweeps)."""
+    n_rows, n_cols = y2.shape
+    if cfg is None:
+        cfg = softmax_backward_config(n_rows, n_cols, sm_count(y2.device.index or 0, INTERPRET_SMS))
+    strides = (y2.stride(0), dy2.stride(0), dx2.stride(0))
+    if cfg.path == "fused":
+        _softmax_bwd_fused_kernel[(cdiv(n_rows, cfg.BLOCK_M),)](
+            y2, dy2, dx2, n_rows, n_cols, *strides,
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+    elif cfg.path == "looped":
+        _softmax_bwd_looped_kernel[(n_rows,)](y2, dy2, dx2, n_cols, *strides, BLOCK_N=cfg.BLOCK_N,
+                                              EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+    else:
+        n_tiles = n_rows * cfg.n_splits
+        dots = torch.empty((n_tiles,), dtype=torch.float32, device=y2.device)
+        _softmax_bwd_split_dot_kernel[(n_tiles,)](y2, dy2, dots, n_cols, *strides[:2], cfg.n_splits,
+                                                  SEG=cfg.seg_len, num_warps=cfg.num_warps)
+        _softmax_bwd_split_write_kernel[(n_tiles,)](y2, dy2, dx2, dots, n_cols, *strides, cfg.n_splits, n_tiles,
+                                                    SPLITS=next_power_of_2(cfg.n_splits), SEG=cfg.seg_len,
+                                                    num_warps=cfg.num_warps)
+
+
+def _softmax_backward(dy, y):
+    """dx for the saved output y (contiguous, (..., N)) and the upstream gradient dy shaped like
+    it, any strides: one that as_rows cannot view as rows of unit column stride (an expanded
+    gradient, as y.sum()'s) is copied once."""
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if y.numel():
+        n_cols = y.shape[-1]
+        launch_softmax_backward(as_rows(dy), y.view(-1, n_cols), dx.view(-1, n_cols))
+    return dx
+
+
+softmax_backward_op = define_op("softmax_backward(Tensor dy, Tensor y) -> Tensor", _softmax_backward,
+                                lambda dy, y: torch.empty(y.shape, dtype=y.dtype, device=y.device))
+
+
+def _save_output(ctx, inputs, output):
+    ctx.save_for_backward(output)  # y, not x: dx needs only y (and no exp is recomputed)
+
+
+def _softmax_grad(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return softmax_backward_op(dy, y)
+
+
 def _softmax_into(x, y):
     """y = softmax(x) for a checked x and a contiguous y shaped like it (it may be x itself)."""
     if x.numel():  # no rows, or rows of no values: nothing to write (and no (-1, 0) view)
         launch_softmax(as_rows(x), y.view(-1, x.shape[-1]))
 
 
-softmax_op, softmax_out_op = define_ops("softmax", "Tensor x", lambda x: x.new_empty(x.shape), _softmax_into)
+softmax_op, softmax_out_op = define_ops("softmax", "Tensor x", lambda x: x.new_empty(x.shape), _softmax_into,
+                                        backward=_softmax_grad, setup_context=_save_output)
 
 
 def softmax(x, out=None):
@@ -275,8 +461,10 @@ def softmax(x, out=None):
     x: (..., N) fp16, bf16 or fp32, any strides (a view whose leading dims cannot merge, or whose
        last dim is not unit-stride, is copied once). N >= 1 any size.
     out: optional contiguous buffer shaped like x in x's dtype; it may be x itself (in place).
+       Forward-only: with out given, an x that requires grad raises under grad mode.
     Returns y: (..., N), x's dtype, contiguous (out itself when given). A row of only -inf gives
-    NaN, as torch.softmax does.
+    NaN, as torch.softmax does. Differentiable (without out): the backward saves y and runs
+    llmk::softmax_backward, dx = y * (dy - sum(dy * y)).
     """
     check_tensor("x", x)
     if out is None:

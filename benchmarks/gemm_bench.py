@@ -24,6 +24,20 @@ Epilogue (bias+gelu, bias+silu; bf16): M = 16, 256, 2048 at (K, N) = (4096, 1433
 "cuBLAS+eager" (torch.matmul, then act(y + bias)) and torch.compile of the same function.
 rmsnorm_linear (bf16): M = 1..4096 at K = 4096, N = 4096 and 14336, against "F.rms_norm+cuBLAS"
 and "triton-rmsnorm+cuBLAS" (normalization/triton_rmsnorm.py, then torch.matmul).
+
+Training rows (bf16, mode "fwd+bwd" and "bwd", peak_MB; TRAIN sweeps): matmul with no epilogue,
+bias+gelu and bias+silu (ops "matmul", "matmul_bias_gelu", "matmul_bias_silu") on a (M, K) and an
+nn.Linear weight W (N, K), read as W.T; gradients of a, W (and bias) against autograd through the
+fp32 reference, on the same upstream gradient for every provider. Providers: triton (matmul;
+under grad the forward also writes z = a @ W.T + bias for the backward), "cuBLAS" (F.linear,
+then the eager activation, under autograd: cuBLAS's two GEMMs plus PyTorch's activation backward
+and bias reduction) and torch.compile of it. rmsnorm_linear: gradients of x, norm_weight and W,
+against F.rms_norm + F.linear and its torch.compile. Work (no Liger row: Liger has neither op):
+    FLOPs  fwd+bwd 6*M*N*K (the forward GEMM and the backward's two: da = dz @ W, dW = dz^T @ a)
+           bwd     4*M*N*K
+    the epilogue derivative (dz = dc * act'(z), read dc and z, write dz: 3*M*N*e) and the bias
+    gradient (a sum over rows of dz) count as no FLOPs, nor does the RMSNorm (its recomputation
+    and backward, 4*M*K*e and more); peak_MB shows what each provider keeps (z: M*N*e).
     python benchmarks/gemm_bench.py            (GPU; writes benchmarks/results/gemm.json and PNGs)
     python benchmarks/gemm_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/gemm_bench.py --only matmul_linear --dtype bf16   (a subset)
@@ -37,11 +51,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.sweeps import shapes_of  # noqa: E402
-from common.bench import compile_fn  # noqa: E402
+from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
-from common.testing import rand  # noqa: E402
+from common.testing import grads_of, rand  # noqa: E402
 from gemm.triton_matmul import kernel_choice, matmul  # noqa: E402
 from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
@@ -66,12 +80,18 @@ FULL = dict(
                    for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
     epilogue=[llm_sweep((16, 256, 2048), 4096, 14336, "MLP up")],
     rmsnorm_linear=[llm_sweep((1, 4, 16, 32, 64, 256, 1024, 4096), 4096, n, f"N={n}") for n in (4096, 14336)],
+    # training (bf16): a 4096-wide model's attention projection at 4096 and 8192 tokens, MLP up and down
+    train=[llm_sweep((4096, 8192), 4096, 4096, "attention"), llm_sweep((8192,), 4096, 14336, "MLP up"),
+           llm_sweep((8192,), 14336, 4096, "MLP down")],
+    rmsnorm_linear_train=[llm_sweep((4096,), 4096, 4096, "attention"), llm_sweep((8192,), 4096, 14336, "MLP up")],
 )
 SMOKE = dict(
     matmul=[("M = N = K", [(s, (s, s, s)) for s in (32, 64)]), llm_sweep((1, 16), 64, 96, "tiny")],
     matmul_linear=[llm_sweep((1, 16), 64, 96, "tiny")],
     epilogue=[llm_sweep((16,), 64, 96, "tiny")],
     rmsnorm_linear=[llm_sweep((1, 4), 64, 64, "tiny")],
+    train=[llm_sweep((48,), 64, 96, "tiny")],
+    rmsnorm_linear_train=[llm_sweep((40,), 64, 96, "tiny")],
 )
 ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
 
@@ -109,6 +129,72 @@ def rmsnorm_linear_setup(m, n, k, dtype):
     return (x, norm_w, w), (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * norm_w.float()) @ w.float().t()
 
 
+TRAIN_DTYPE = torch.bfloat16
+TRAIN_MODES = {"fwd+bwd": 6, "bwd": 4}  # FLOPs per M*N*K: three GEMMs, or the backward's two
+
+
+def linear_train_setup(m, n, k, bias, ref):
+    """(a, W, bias or None, upstream gradient), and the gradients of `ref` (fp32) for a, W, bias."""
+    a = rand((m, k), TRAIN_DTYPE)
+    w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(TRAIN_DTYPE)
+    b = rand((n,), TRAIN_DTYPE) if bias else None
+    dc = rand((m, n), TRAIN_DTYPE)
+    inputs = (a, w, b)
+    _, grads = grads_of(ref, inputs, (0, 1, 2) if bias else (0, 1), [dc], dtype=torch.float32)
+    return inputs + (dc,), grads
+
+
+def rmsnorm_linear_train_setup(m, n, k, ref):
+    (x, norm_w, w), _ = rmsnorm_linear_setup(m, n, k, TRAIN_DTYPE)
+    dy = rand((m, n), TRAIN_DTYPE)
+    _, grads = grads_of(ref, (x, norm_w, w), (0, 1, 2), [dy], dtype=torch.float32)
+    return (x, norm_w, w, dy), grads
+
+
+def compiled_for(mode, fn):
+    return compile_train_fn(fn, mode)
+
+
+def train_case(op, shape, mode, providers, wrt, setup):
+    """One training row per provider: the gradients in `wrt` on the setup's upstream gradient
+    (its inputs' last element), TFLOP/s with TRAIN_MODES' count, peak_MB."""
+    m, n, k = shape
+    return Case(op, shape, TRAIN_DTYPE, providers, setup, flops=TRAIN_MODES[mode] * m * n * k, mode=mode, peak=True,
+                bind=lambda name, inputs: train_call(providers[name], inputs[:-1], wrt, mode, [inputs[-1]]))
+
+
+def train_cases(config):
+    for name, act in (("", None), *(("_bias_" + a, a) for a in ACTIVATIONS)):
+        torch_act = ACTIVATIONS[act] if act else (lambda y: y)
+
+        def peer(a, w, bias, torch_act=torch_act):
+            return torch_act(F.linear(a, w, bias))
+
+        def ref(a, w, bias, torch_act=torch_act):  # fp32 math on (cast) inputs
+            return torch_act(a @ w.t() + (bias if bias is not None else 0))
+
+        wrt = (0, 1, 2) if act else (0, 1)
+        for mode in TRAIN_MODES:
+            providers = {"triton": lambda a, w, bias, act=act: matmul(a, w.T, bias, act), "cuBLAS": peer,
+                         "torch.compile": compiled_for(mode, peer)}
+            for shape in shapes_of(config["train"]):
+                yield train_case(f"matmul{name}", shape, mode, providers, wrt,
+                                 lambda shape=shape, act=act, ref=ref: linear_train_setup(*shape, act is not None, ref))
+
+    def rl_peer(x, norm_w, w):
+        return F.linear(F.rms_norm(x, (x.shape[-1],), norm_w, EPS), w)
+
+    def rl_ref(x, norm_w, w):
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * norm_w) @ w.t()
+
+    for mode in TRAIN_MODES:
+        providers = {"triton": lambda x, norm_w, w: rmsnorm_linear(x, norm_w, w, EPS), "F.rms_norm+cuBLAS": rl_peer,
+                     "torch.compile": compiled_for(mode, rl_peer)}
+        for shape in shapes_of(config["rmsnorm_linear_train"]):
+            yield train_case("rmsnorm_linear", shape, mode, providers, (0, 1, 2),
+                             lambda shape=shape: rmsnorm_linear_train_setup(*shape, rl_ref))
+
+
 def cases(config):
     providers = {"triton": matmul, "cuBLAS": torch.matmul}
     for op, linear in (("matmul", False), ("matmul_linear", True)):
@@ -141,13 +227,20 @@ def charts(args, config):
             + [("rmsnorm_linear", config["rmsnorm_linear"])]
         for op, sweeps in panels:
             for dtype in ("fp16", "bf16"):
-                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
+                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r.get("mode", "fwd") == "fwd"]
                 plot_sweeps(args.out / f"gemm_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta, metric="TFLOPs")
+        # training rows, fwd+bwd (6MNK FLOPs)
+        for op in ("matmul", *(f"matmul_bias_{a}" for a in ACTIVATIONS), "rmsnorm_linear"):
+            sel = [r for r in rows if r["op"] == op and r.get("mode") == "fwd+bwd"]
+            sweeps = config["rmsnorm_linear_train" if op == "rmsnorm_linear" else "train"]
+            plot_sweeps(args.out / f"gemm_{op}_bf16_train.png", f"{op} bf16 fwd+bwd (6MNK FLOPs)", sel, sweeps, meta,
+                        metric="TFLOPs")
         # the decode rows against the memory bound, GPU time beside do_bench's
         for op, sweeps, title in (("matmul", config["matmul"][1:], "matmul"),
                                   ("matmul_linear", config["matmul_linear"], "matmul, b = W.T")):
             for dtype in ("fp16", "bf16"):
-                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r["GBps"] is not None]
+                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r["GBps"] is not None
+                       and r.get("mode", "fwd") == "fwd"]
                 sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
                         for r in sel if r.get("graph_ms")]
                 name = "decode" if op == "matmul" else "linear_decode"
@@ -160,7 +253,7 @@ def charts(args, config):
 def main():
     args = parse_args(__doc__)
     config = SMOKE if args.smoke else FULL
-    run(args, "gemm", charts(args, config), cases=lambda: cases(config))
+    run(args, "gemm", charts(args, config), cases=lambda: [*cases(config), *train_cases(config)])
 
 
 if __name__ == "__main__":

@@ -13,6 +13,19 @@ move, so eager's extra round trip shows as a lower figure; benchmarks/sweeps.py)
 Sweeps: hidden sizes of real MLPs (4096, 11008, 14336, 16384, 28672) at 4096 tokens; tokens 1..16384
 at hidden size 14336. fp16 and bf16 (the tanh form in fp16 only, to keep the run short; smoke: the
 first dtype of each op). max_err: against the reference in fp32.
+
+Training rows (bf16, mode "fwd+bwd" and "bwd", peak_MB; MLP_TRAIN_SWEEPS): the gradients of both
+inputs against autograd through the fp32 reference, on one set of upstream gradients dy for every
+provider. Bytes (the issue's counting; the bias and dbias's fp32 partial sums are not counted):
+    swiglu           fwd+bwd: read gate, up, write y; read gate, up, dy, write dgate, dup:  8*M*I*e
+                     bwd:     read gate, up and dy, write dgate and dup:                    5*M*I*e
+    bias_gelu(_tanh) fwd+bwd: read x, write y; read x and dy, write dx:                     5*M*O*e
+                     bwd:     read x and dy, write dx:                                      3*M*O*e
+Providers: triton, eager, torch.compile (as above), and for swiglu Liger-Kernel's
+LigerSiLUMulFunction (skipped where not installed; Liger has no bias + GELU). Liger writes dgate and
+dup into the saved gate and up, which are the benchmark's inputs: its rows run on copies of its own,
+so the providers after it see the inputs they were given. peak_MB: the memory a call adds (y, the
+gradients, scratch); Liger's in-place gradients add none, ours 2*M*I*e (mlp/triton_swiglu.py).
     python benchmarks/mlp_bench.py            (GPU; writes benchmarks/results/mlp.json and PNGs)
     python benchmarks/mlp_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/mlp_bench.py --only swiglu --dtype bf16   (a subset)
@@ -25,12 +38,14 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, bias_gelu_bytes, shapes_of,  # noqa: E402
-                               swiglu_bytes)
-from common.bench import compile_fn  # noqa: E402
+from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, MLP_TRAIN_SMOKE_SWEEPS, MLP_TRAIN_SWEEPS,  # noqa: E402
+                               bias_gelu_bytes, shapes_of, swiglu_bytes)
+from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
+from common.device import INTERPRET  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
+from common.peers import LIGER, liger  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
-from common.testing import rand  # noqa: E402
+from common.testing import grads_of, rand  # noqa: E402
 from mlp.gelu import bias_gelu_ref, swiglu_ref  # noqa: E402
 from mlp.triton_bias_gelu import bias_gelu  # noqa: E402
 from mlp.triton_swiglu import swiglu  # noqa: E402
@@ -81,18 +96,78 @@ def cases(sweeps, smoke):
                            n_bytes=n_bytes(m, n, dtype.itemsize))
 
 
-def charts(args, sweeps):
+def liger_swiglu():
+    fn = liger("swiglu", "LigerSiLUMulFunction")
+    return fn if isinstance(fn, str) else lambda gate, up: fn.apply(gate, up)
+
+
+TRAIN_DTYPE = torch.bfloat16
+WRT = (0, 1)  # both inputs get gradients
+# training op -> (its sweeps' key, bytes(M, N, e) of fwd+bwd, of bwd)
+TRAIN = {
+    "swiglu": ("swiglu", lambda m, n, e: 8 * m * n * e, lambda m, n, e: 5 * m * n * e),
+    "bias_gelu": ("bias_gelu", lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
+    "bias_gelu_tanh": ("bias_gelu", lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
+}
+
+
+def train_setup(make_inputs, ref, m, n):
+    """(inputs + (upstream gradients,), the fp32 reference's gradients): one dy, made here, for
+    every provider of the case."""
+    inputs = make_inputs(m, n, TRAIN_DTYPE)
+    dys = [rand((m, n), TRAIN_DTYPE)]
+    _, grads = grads_of(ref, inputs, WRT, dys, dtype=torch.float32)
+    return inputs + (dys,), grads
+
+
+
+
+def bind_train(providers, mode):
+    """Case.bind of a training row: train_call on the case's inputs; Liger on copies of them, since
+    its backward overwrites the saved inputs with the gradients."""
+    def bind(name, inputs):
+        *tensors, dys = inputs
+        if name == LIGER:
+            tensors = [t.clone() for t in tensors]
+        return train_call(providers[name], tensors, WRT, mode, dys)
+    return bind
+
+
+def train_cases(train_sweeps):
+    for op, (sweep_key, fwd_bwd_bytes, bwd_bytes) in TRAIN.items():
+        _, make_inputs, kernel, eager, ref, _ = OPS[op]
+        for mode, n_bytes in (("fwd+bwd", fwd_bwd_bytes), ("bwd", bwd_bytes)):
+            compiled = compile_train_fn(eager, mode)
+            providers = {"triton": kernel, "eager": eager, "torch.compile": compiled}
+            if op == "swiglu":
+                providers[LIGER] = liger_swiglu() if not INTERPRET else \
+                    "liger: its kernels do not run in Triton's interpreter"
+            for m, n in shapes_of(train_sweeps[sweep_key]):
+                yield Case(op, (m, n), TRAIN_DTYPE, providers,
+                           lambda make=make_inputs, ref=ref, m=m, n=n: train_setup(make, ref, m, n),
+                           n_bytes=n_bytes(m, n, TRAIN_DTYPE.itemsize), mode=mode, peak=True,
+                           bind=bind_train(providers, mode))
+
+
+def charts(args, sweeps, train_sweeps):
     def draw(meta, rows):
-        for op, dtype in dict.fromkeys((r["op"], r["dtype"]) for r in rows):
-            sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
+        forward = [r for r in rows if r.get("mode", "fwd") == "fwd"]
+        for op, dtype in dict.fromkeys((r["op"], r["dtype"]) for r in forward):
+            sel = [r for r in forward if r["op"] == op and r["dtype"] == dtype]
             plot_sweeps(args.out / f"mlp_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta)
+        for op, (sweep_key, _, _) in TRAIN.items():
+            sel = [r for r in rows if r["op"] == op and r.get("mode") == "fwd+bwd"]
+            plot_sweeps(args.out / f"mlp_{op}_bf16_train.png", f"{op} bf16 fwd+bwd", sel, train_sweeps[sweep_key],
+                        meta)
     return draw
 
 
 def main():
     args = parse_args(__doc__)
     sweeps = MLP_SMOKE_SWEEPS if args.smoke else MLP_SWEEPS
-    run(args, "mlp", charts(args, sweeps), cases=lambda: cases(sweeps, args.smoke))
+    train_sweeps = MLP_TRAIN_SMOKE_SWEEPS if args.smoke else MLP_TRAIN_SWEEPS
+    run(args, "mlp", charts(args, sweeps, train_sweeps),
+        cases=lambda: [*cases(sweeps, args.smoke), *train_cases(train_sweeps)])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ Bytes moved (e = element size, M rows of N):
     rope              q (B, H, T, D), k (B, Hkv, T, D) of e bytes, cos and sin (1, T, D) of e_c bytes:
                       read q, k, write q_out, k_out, read cos and sin once:
                       2*(B*H*T*D + B*Hkv*T*D)*e + 2*T*D*e_c
+    rope backward     read dq_out, dk_out, write dq, dk, read cos and sin once: the same count;
+                      forward and backward together twice it (rope_train_bytes)
 """
 import torch
 
@@ -41,6 +43,11 @@ def rope_bytes(batch, heads, kv_heads, seq_len, head_dim, e, e_table):
         + 2 * seq_len * head_dim * e_table
 
 
+def rope_train_bytes(batch, heads, kv_heads, seq_len, head_dim, e, e_table, mode):
+    """Bytes of a RoPE training call: "bwd" as many as the forward, "fwd+bwd" twice that."""
+    return {"bwd": 1, "fwd+bwd": 2}[mode] * rope_bytes(batch, heads, kv_heads, seq_len, head_dim, e, e_table)
+
+
 def shapes_of(sweeps):
     """The distinct shapes of [(xlabel, [(x, shape), ...]), ...], in order."""
     return list(dict.fromkeys(s for _, points in sweeps for _, s in points))
@@ -53,6 +60,13 @@ NORM_SWEEPS = [
 ]
 NORM_SMOKE_SWEEPS = [("hidden size N", [(n, (4, n)) for n in (64, 1000)]),
                      ("rows M", [(m, (m, 256)) for m in (1, 3)])]
+# Training rows (fwd+bwd, bwd): the issue's shapes (16384 x 4096, 16384 x 8192, 4096 x 32768), a
+# short row, and the widest row; few, so the training part of the GPU run stays short.
+NORM_TRAIN_SWEEPS = [
+    ("hidden size N (16384 rows)", [(n, (16384, n)) for n in (1024, 4096, 8192)]),
+    ("wide rows N (4096 rows)", [(n, (4096, n)) for n in (32768, 131072)]),
+]
+NORM_TRAIN_SMOKE_SWEEPS = [("hidden size N", [(n, (5, n)) for n in (64, 1000)])]
 
 MLP_SWEEPS = [
     ("hidden size (4096 tokens)", [(n, (4096, n)) for n in (4096, 11008, 14336, 16384, 28672)]),
@@ -60,6 +74,16 @@ MLP_SWEEPS = [
 ]
 MLP_SMOKE_SWEEPS = [("hidden size", [(n, (4, n)) for n in (64, 1000)]),
                     ("tokens", [(m, (m, 256)) for m in (1, 3)])]
+# Training rows (fwd+bwd, bwd), by op: the issue's shapes (SwiGLU 8192 x 14336, 4096 x 11008,
+# 16384 x 14336; bias + GELU 4096 x 16384, 8192 x 16384) and one or two neighbours, few so that the
+# training part of the GPU run stays short.
+MLP_TRAIN_SWEEPS = {
+    "swiglu": [("tokens (I = 14336)", [(m, (m, 14336)) for m in (4096, 8192, 16384)]),
+               ("intermediate size I (4096 tokens)", [(n, (4096, n)) for n in (11008, 14336, 28672)])],
+    "bias_gelu": [("tokens (O = 16384)", [(m, (m, 16384)) for m in (2048, 4096, 8192)]),
+                  ("hidden size O (4096 tokens)", [(n, (4096, n)) for n in (11008, 16384)])],
+}
+MLP_TRAIN_SMOKE_SWEEPS = {op: [("tokens", [(m, (m, 1000)) for m in (1, 5)])] for op in MLP_TRAIN_SWEEPS}
 
 
 def llama_rope(batch, seq_len):
@@ -78,13 +102,24 @@ ROPE_SMOKE_SWEEPS = {
              ("batch B", [(b, (b, 4, 1, 8, 64)) for b in (1, 2)])],
     "rope_interleaved": [("sequence length T", [(8, (1, 4, 1, 8, 64))])],
 }
+# training rows (forward and backward): the issue's Llama shapes
+ROPE_TRAIN_SWEEPS = [("sequence length T (B1 H32 Hkv8 D128)", [(t, llama_rope(1, t)) for t in (4096, 8192, 16384)]),
+                     ("batch B (T = 4096)", [(b, llama_rope(b, 4096)) for b in (1, 4)])]
+ROPE_TRAIN_SMOKE_SWEEPS = [("sequence length T", [(8, (1, 4, 1, 8, 64))]),
+                           ("batch B", [(b, (b, 4, 1, 8, 64)) for b in (1, 2)])]
 
 
-def rope_inputs(shape, dtype):
-    """q (B, H, T, D), k (B, Hkv, T, D) and a (1, T, D) cos and sin table as Hugging Face's, in dtype."""
+def rope_inputs(shape, dtype, layout="BHTD"):
+    """q (B, H, T, D), k (B, Hkv, T, D) and a (1, T, D) cos and sin table as Hugging Face's, in dtype.
+    layout "BTHD": q and k are (B, T, H, D) tensors seen as (B, H, T, D), as a Llama attention
+    block's projections give them (x @ W_q viewed (B, T, H, D), then .transpose(1, 2))."""
     batch, heads, kv_heads, seq_len, head_dim = shape
-    q = torch.randn(batch, heads, seq_len, head_dim, device=DEVICE).to(dtype)
-    k = torch.randn(batch, kv_heads, seq_len, head_dim, device=DEVICE).to(dtype)
+    if layout == "BTHD":
+        q = torch.randn(batch, seq_len, heads, head_dim, device=DEVICE).to(dtype).transpose(1, 2)
+        k = torch.randn(batch, seq_len, kv_heads, head_dim, device=DEVICE).to(dtype).transpose(1, 2)
+    else:
+        q = torch.randn(batch, heads, seq_len, head_dim, device=DEVICE).to(dtype)
+        k = torch.randn(batch, kv_heads, seq_len, head_dim, device=DEVICE).to(dtype)
     angles = torch.rand(1, seq_len, head_dim, device=DEVICE) * 100
     return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
 

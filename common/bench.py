@@ -158,3 +158,18 @@ def compile_fn(fn):
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     return torch.compile(fn, dynamic=False)
+
+
+def compile_train_fn(fn, mode):
+    """The torch.compile baseline of a training-mode row. "bwd" rows run one graph's backward many
+    times (retain_graph=True), which AOTAutograd's donated buffers (the backward freeing saved
+    tensors as it goes) do not allow: that compile goes without them, of fn wrapped, as Dynamo
+    caches compiled graphs by code object and fn's own would hold the graphs compiled with them."""
+    if mode != "bwd":
+        return compile_fn(fn)
+    compiled = compile_fn(lambda *args: fn(*args))
+
+    def call(*args):
+        with torch._functorch.config.patch(donated_buffer=False):
+            return compiled(*args)
+    return call

@@ -38,7 +38,7 @@ def parse_args(doc, warmup_ms=25, rep_ms=100):
     rest: the epilog). A full run needs a CUDA GPU: without one, say so in one line and exit 2."""
     parser = argparse.ArgumentParser(
         description=doc.strip().splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(doc.strip().splitlines()[1:]) + "\n\nA run filtered by --only or --dtype writes into "
+        epilog="\n".join(doc.strip().splitlines()[1:]) + "\n\nA run filtered by --only, --dtype or --mode writes into "
                f"{PARTIAL_DIR.relative_to(PARTIAL_DIR.parents[1])}/ unless --out is given, so the committed "
                "results stay whole.\nExit status 1: a row of ours failed the max_err gate "
                f"(max_err > {GATE_FACTOR} x the PyTorch baseline's + one ulp at 1.0; common/harness.py).")
@@ -54,6 +54,8 @@ def parse_args(doc, warmup_ms=25, rep_ms=100):
                         help="run only rows whose op, shape or provider contains one of these comma-separated "
                              "strings (e.g. rmsnorm,4096 or triton; =rmsnorm: that name exactly)")
     parser.add_argument("--dtype", default=None, metavar="LIST", help=f"comma list of {', '.join(DTYPES)}")
+    parser.add_argument("--mode", default=None, metavar="LIST",
+                        help=f"comma list of {', '.join(MODES)}: run only rows of these modes")
     parser.add_argument("--csv", default=None, metavar="PATH", help="also write the rows as CSV to PATH")
     args = parser.parse_args()
     args.only = [t for t in args.only.split(",") if t] if args.only else None
@@ -63,13 +65,19 @@ def parse_args(doc, warmup_ms=25, rep_ms=100):
         unknown = [t for t in args.dtypes if t not in DTYPES]
         if unknown:
             parser.error(f"--dtype: unknown {', '.join(unknown)}; expected a comma list of {', '.join(DTYPES)}")
+    args.modes = None
+    if args.mode:
+        args.modes = [t.strip() for t in args.mode.split(",") if t.strip()]
+        unknown = [t for t in args.modes if t not in MODES]
+        if unknown:
+            parser.error(f"--mode: unknown {', '.join(unknown)}; expected a comma list of {', '.join(MODES)}")
     if args.warmup <= 0 or args.rep <= 0:
         parser.error("--warmup and --rep: expected milliseconds > 0")
     if not args.smoke and not args.replot and INTERPRET:
         print(f"{parser.prog}: no CUDA GPU here; a benchmark needs one "
               "(use --smoke to run the code on tiny shapes)", file=sys.stderr)
         sys.exit(2)
-    args.partial = bool(args.only or args.dtypes)
+    args.partial = bool(args.only or args.dtypes or args.modes)
     default_out = PARTIAL_DIR if args.partial else SMOKE_DIR if args.smoke else RESULTS_DIR
     args.out = default_out if args.out is None else pathlib.Path(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -89,12 +97,18 @@ class Case:
         the warm-up call.
     mode: "fwd" (the default), "bwd" or "fwd+bwd": what a call times (common.bench.train_call makes
         the calls of the training modes); a row field, and part of the key the max_err gate compares.
+        A fwd+bwd case times every provider in GPU time too (graph_ms), unless it says otherwise
+        in `graph`: autograd's host work (a Python backward, the engine's hand-off between threads)
+        can outlast kernels of a few hundred microseconds, and do_bench then times the host, where
+        a training step queues its kernels ahead of the GPU. A bwd row cannot be captured (its
+        backward runs on the stream of a forward made outside the capture): do_bench only.
     peak: also measure each provider's peak_MB (common.bench.peak_extra_MB) on one more call.
     bind: (provider, inputs) -> call, or (call, dict of row fields), for a provider that must build
         state first (an optimizer, a copy of the inputs); default: lambda: providers[name](*inputs).
     compare: (output, reference) -> max_err; default: largest |out - ref| over tensors or pairs.
     untimed: providers (of `providers`) called once for the gate's baseline, with no row.
-    skip_on: exceptions by which a provider refuses a shape (the row is then reported as skipped).
+    skip_on: exceptions by which a provider of ours refuses a shape (the row is then reported as
+        skipped); a peer's exception of any kind skips its row, with the reason.
     skip: a reason to skip the whole case.
     """
     op: str
@@ -118,6 +132,8 @@ class Case:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"Case.mode: expected one of {MODES}, got {self.mode!r}")
+        if self.mode == "fwd+bwd" and not self.graph:
+            self.graph = lambda rows: True
         self.key = (self.op, shape_str(self.shape), DTYPE_NAMES.get(self.dtype, str(self.dtype)))
 
 
@@ -141,6 +157,9 @@ class Run:
 
     def wants_dtype(self, dtype_name):
         return not self.args.dtypes or dtype_name in self.args.dtypes
+
+    def wants_mode(self, mode):
+        return not getattr(self.args, "modes", None) or mode in self.args.modes
 
     def _prefix(self):
         self.done += 1
@@ -184,7 +203,7 @@ def run_cases(run, cases):
     """Every selected provider of every selected case, in order."""
     plan = []
     for case in cases:
-        if run.wants_dtype(case.key[2]):
+        if run.wants_dtype(case.key[2]) and run.wants_mode(case.mode):
             names = [p for p in case.providers
                      if p not in case.untimed and run.selected(case.key[0], case.key[1], p)]
             if names:
@@ -236,7 +255,11 @@ def _call_provider(run, case, name, inputs, expected, compare, timed):
             from common.bench import peak_extra_MB
             fields = {**fields, "peak_MB": peak_extra_MB(call)}
         fields = {**fields, **(case.extra(name, inputs, call) if case.extra else {})}
-    except case.skip_on as e:
+    except Exception as e:
+        # a shape a provider refuses (case.skip_on), or a peer's error of any kind (Liger refusing
+        # a row width, say): the row is skipped with the reason; an error of ours stops the run
+        if not isinstance(e, case.skip_on) and name in run.ours:
+            raise
         if timed:
             run.skip(case.key, name, str(e).splitlines()[0][:90] if str(e) else type(e).__name__)
         return None
@@ -266,7 +289,12 @@ def _time(call, args):
 def _add_graph(row, call, n_bytes, run):
     """graph_ms, and graph_pct_copy where the row counts bytes (GB/s is given)."""
     from common.bench import gbps, graph_time_ms
-    row["graph_ms"] = round(graph_time_ms(call, warmup_ms=run.args.warmup, rep_ms=run.args.rep), 5)
+    try:
+        row["graph_ms"] = round(graph_time_ms(call, warmup_ms=run.args.warmup, rep_ms=run.args.rep), 5)
+    except Exception as e:  # a provider that cannot be captured keeps its do_bench row, with the reason
+        row["graph_ms"] = row["graph_pct_copy"] = None
+        row["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:90]
+        return
     row["graph_pct_copy"] = (None if row["pct_copy"] is None else
                              round(100 * gbps(n_bytes, max(row["graph_ms"], 1e-9)) / run.meta["copy_GBps"], 1))
 

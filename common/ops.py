@@ -35,6 +35,7 @@ import torch
 NAMESPACE = "llmk"
 
 _LIBRARY = []  # the torch.library.Library that owns our definitions, made on first use
+OPS = {}  # name -> Op, every operator defined so far (tests look up which have a backward)
 
 
 def _library():
@@ -86,16 +87,19 @@ class Op:
     cost 9-24 us of host time a call on an H100's host under torch.no_grad() (3-13 us under
     inference_mode, which skips the autograd one), where the kernels of a decode step run for
     5-20 us; this check costs ~3 us (docs/results/host.md). A call that autograd must record (grad
-    mode on, an input that requires grad) goes through the dispatcher when the op has a backward,
-    and raises the forward-only error when it has none.
+    mode on, an input that requires grad) runs `op.function`, an autograd.Function of the same
+    impl, setup_context and backward as the operator's autograd registration (one C++ autograd
+    node, no dispatcher hops), when the op has a backward; it raises the forward-only error when
+    it has none.
     """
 
-    def __init__(self, name, impl, overload, differentiable=False):
-        self.name, self.impl, self.overload, self.differentiable = name, impl, overload, differentiable
+    def __init__(self, name, impl, overload, function=None):
+        self.name, self.impl, self.overload, self.function = name, impl, overload, function
+        self.differentiable = function is not None
 
     def _recorded(self, *args):
         if self.differentiable:
-            return self.overload(*args)
+            return self.function.apply(*args)
         raise forward_only_error(self.name)
 
     def __call__(self, *args):
@@ -132,11 +136,16 @@ def define_op(schema, impl, fake, backward=None, setup_context=None):
         lib.impl(name, impl, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    function = None
     if backward is None:
         lib.impl(name, _forward_only_kernel(name, overload), "Autograd", with_keyset=True)
     else:
         torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=lib)
-    return Op(name, impl, overload, differentiable=backward is not None)
+        function = type(f"{name}_function", (torch.autograd.Function,), {
+            "forward": staticmethod(impl), "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward)})
+    OPS[name] = Op(name, impl, overload, function)
+    return OPS[name]
 
 
 def no_outputs(*args):

@@ -67,11 +67,13 @@ class Group:
     """A class of rows that a sentence (and maybe a README row) sums up.
 
     ops: the ops it covers; keep(shape): the shapes it covers; graph: compare GPU times (graph_ms)
-    instead of do_bench's ms; label: the shape class in words."""
+    instead of do_bench's ms; label: the shape class in words; mode: the rows' mode ("fwd",
+    "bwd", "fwd+bwd"; a row without one is fwd)."""
     ops: tuple
     label: str
     keep: Callable = lambda shape: True
     graph: bool = False
+    mode: str = "fwd"
     ours: str = "triton"
     peers: tuple = ()  # the providers ours is measured against; () = every provider not ours
     why: str = ""      # why a peer leads where it does, in place of the area's leader_notes
@@ -315,13 +317,17 @@ class Match:
     speedup: float   # peer time / our time: > 1 when ours is faster
 
 
+def mode_of(row):
+    return row.get("mode", "fwd")
+
+
 def matches(rows, group):
     """For every (op, shape, dtype) of the group with our row and at least one peer row: the
     strongest peer (least time) and our speedup over it, in do_bench or GPU time."""
     key = "graph_ms" if group.graph else "ms"
     cell = {}
     for r in rows:
-        if r.get("op") in group.ops and group.keep(r.get("shape", "")) and r.get(key):
+        if r.get("op") in group.ops and mode_of(r) == group.mode and group.keep(r.get("shape", "")) and r.get(key):
             cell.setdefault((r["op"], r["shape"], r["dtype"]), {})[r["provider"]] = r
     out = []
     for (op, shape, dtype), by in cell.items():
@@ -368,7 +374,7 @@ def group_sentences(area, rows):
         s = standing(ms)
         who = "ours" if g.ours == "triton" else f"`{g.ours}`"
         peer = "the strongest peer" if not g.peers else " / ".join(f"`{p}`" for p in g.peers)
-        line = (f"**{', '.join(g.ops)}**, {g.label} ({s['n']} rows): {who} at or above {peer} "
+        line = (f"**{', '.join(g.ops)}**{'' if g.mode == 'fwd' else ' ' + g.mode}, {g.label} ({s['n']} rows): {who} at or above {peer} "
                 f"at {s['ahead']} of {s['n']}; {who} / {peer.removeprefix('the ')} {s['median']}x median ({s['range']})")
         if s["pct"]:
             line += f"; {who} at {s['pct']} of copy bandwidth"
@@ -420,7 +426,7 @@ def table(rows, op, metric, lower_is_better=False, keep=lambda shape: True, extr
                 text = fmt(v)
                 if v is not None and v == best and len(have) > 1:
                     text = f"**{text}**"
-                if p in OURS and r and r.get("pct_copy") is not None:
+                if p in OURS and r and r.get("pct_copy") is not None and metric != "peak_MB":
                     text += f" ({r['pct_copy']:.0f}%)"
                 line.append(text)
         for dt in dtypes:
@@ -687,13 +693,19 @@ def page(area_name, results=RESULTS):
             "ratio of times: above 1.00x ours is faster.", ""]
     out += group_sentences(area, rows) + [f"- {n}" for n in area.notes] + [""]
     extras = ("config", "splits", "tok_s")
-    for op in dict.fromkeys(r["op"] for r in rows):
-        sel = [r for r in rows if r["op"] == op]
+    for op, mode in dict.fromkeys((r["op"], mode_of(r)) for r in rows):
+        sel = [r for r in rows if r["op"] == op and mode_of(r) == mode]
         metric = metric_of(sel, area.lower_is_better)
         unit = {"ms": "ms (lower is better)", "GBps": "GB/s", "TFLOPs": "TFLOP/s"}[metric]
         share = "; ours also as a share of the copy bandwidth" if any(r.get("pct_copy") is not None for r in sel) else ""
-        out += [f"## {op}", "", f"{unit}, timed as the docstring above says{share}.", ""]
+        out += [f"## {op}" + ("" if mode == "fwd" else f", {mode}"), "",
+                f"{unit}, timed as the docstring above says{share}.", ""]
         out += table(sel, op, metric, area.lower_is_better, extras=extras) + [""]
+        if any(r.get("peak_MB") is not None for r in sel):
+            out += [f"### {op}, {mode}: peak memory", "",
+                    "MB above what was allocated before the call (`peak_MB`: outputs, saved tensors, "
+                    "gradients, scratch); lower is better.", ""]
+            out += table(sel, op, "peak_MB", lower_is_better=True) + [""]
         graph = [graph_row(r) for r in sel if r.get("graph_ms")]
         if graph:
             out += [f"### {op}, GPU time", "",

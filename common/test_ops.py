@@ -5,12 +5,20 @@
 For each operator torch.ops.llmk.<name>, on small shapes with fresh inputs:
 - opcheck: torch.library.opcheck of the functional op and of its `_out` twin (schema, fake tensors
   against the real kernel, autograd registration, AOT dispatch);
-- forward-only: with grad mode on and an input that requires grad, the public function and the op
-  itself raise a RuntimeError naming llmk::<name>; under torch.no_grad() and torch.inference_mode()
-  the public function returns what it returns on plain inputs, bit for bit, with no grad;
+- grad mode, for an op with a backward: opcheck again with the inputs of `wrt` requiring grad (its
+  autograd registration and the backward traced by AOT dispatch); the gradients through the public
+  function equal those through torch.ops.llmk.<name>, bit for bit; the `_out` twin raises
+  (forward-only); under torch.no_grad() and torch.inference_mode() the outputs are the plain ones
+  with no grad. (The gradients' accuracy is each folder's test.)
+- forward-only, for an op without one: with grad mode on and an input that requires grad, the
+  public function and the op itself raise a RuntimeError naming llmk::<name>; under torch.no_grad()
+  and torch.inference_mode() the public function returns what it returns on plain inputs, bit for
+  bit, with no grad;
 - torch.compile: the public function and a `* 2` around it, compiled with fullgraph=True (aot_eager
   in the interpreter, inductor on a GPU), called twice on fresh inputs of one shape: one frame (no
-  graph break, no recompile), equal to eager bit for bit (doubling is exact, fused or not);
+  graph break, no recompile), equal to eager bit for bit (doubling is exact, fused or not); for an
+  op with a backward, also a compiled training call (forward, then the gradients of `wrt`): one
+  frame, gradients equal to eager's bit for bit;
 - CUDA graphs (GPU only; these rows run first, so each captures the op's first call in the process
   with no warm-up): replay after copying fresh inputs into the captured ones equals an eager call
   on them; and torch.compile(mode="reduce-overhead") of a decode step (rmsnorm, matmul at M = 1,
@@ -41,7 +49,7 @@ from attention.rope import rope_cos_sin  # noqa: E402
 from attention.triton_rope import apply_rope  # noqa: E402
 from attention.triton_softmax import softmax  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.ops import NAMESPACE  # noqa: E402
+from common.ops import NAMESPACE, OPS  # noqa: E402
 from common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main, poisoned, rand  # noqa: E402
 from gemm.triton_matmul import matmul  # noqa: E402
 from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
@@ -64,7 +72,8 @@ class OpSpec:
     """One operator and how to call it. inputs(): fresh inputs by name, small shapes. call(t): the
     public function on them. args(t): the functional op's arguments, in schema order. out_args(t):
     the `_out` op's, with new output buffers (None: no `_out` op). grad: the input that requires
-    grad in the forward-only row."""
+    grad in the forward-only row. wrt: the inputs that get gradients in the grad-mode rows of an
+    op with a backward."""
     label: str
     name: str
     inputs: Callable[[], dict]
@@ -72,6 +81,7 @@ class OpSpec:
     args: Callable[[dict], tuple]
     out_args: Optional[Callable[[dict], tuple]]
     grad: str
+    wrt: tuple = ()
 
 
 def like(t):
@@ -131,23 +141,24 @@ SPECS = [
     OpSpec("rmsnorm", "rmsnorm", lambda: norm_inputs((3, 5, 64), f16),
            lambda t: rmsnorm(t["x"], t["weight"], EPS),
            lambda t: (t["x"], t["weight"], EPS),
-           lambda t: (t["x"], t["weight"], EPS, like(t["x"])), "weight"),
+           lambda t: (t["x"], t["weight"], EPS, like(t["x"])), "weight", ("x", "weight")),
     OpSpec("layernorm", "layernorm", lambda: norm_inputs((4, 96), bf16, bias=True),
            lambda t: layernorm(t["x"], t["weight"], t["bias"], EPS),
            lambda t: (t["x"], t["weight"], t["bias"], EPS),
-           lambda t: (t["x"], t["weight"], t["bias"], EPS, like(t["x"])), "x"),
+           lambda t: (t["x"], t["weight"], t["bias"], EPS, like(t["x"])), "x", ("x", "weight", "bias")),
     OpSpec("residual_rmsnorm", "residual_rmsnorm", lambda: norm_inputs((6, 64), bf16, residual=True),
            lambda t: residual_rmsnorm(t["x"], t["residual"], t["weight"], EPS),
            lambda t: (t["x"], t["residual"], t["weight"], EPS),
-           lambda t: (t["x"], t["residual"], t["weight"], EPS, like(t["x"]), like(t["x"])), "residual"),
+           lambda t: (t["x"], t["residual"], t["weight"], EPS, like(t["x"]), like(t["x"])), "residual",
+           ("x", "residual", "weight")),
     OpSpec("softmax", "softmax", lambda: dict(x=rand((6, 100), f16, pad=(0, 4))),
            lambda t: softmax(t["x"]),
            lambda t: (t["x"],),
-           lambda t: (t["x"], like(t["x"])), "x"),
+           lambda t: (t["x"], like(t["x"])), "x", ("x",)),
     OpSpec("apply_rope", "apply_rope", rope_inputs,
            lambda t: apply_rope(t["q"], t["k"], t["cos"], t["sin"]),
            lambda t: (t["q"], t["k"], t["cos"], t["sin"], False),
-           lambda t: (t["q"], t["k"], t["cos"], t["sin"], False, like(t["q"]), like(t["k"])), "k"),
+           lambda t: (t["q"], t["k"], t["cos"], t["sin"], False, like(t["q"]), like(t["k"])), "k", ("q", "k")),
     OpSpec("flash_attention causal", "flash_attention", attention_inputs,
            lambda t: flash_attention(t["q"], t["k"], t["v"], causal=True),
            lambda t: (t["q"], t["k"], t["v"], True, None, None),
@@ -155,24 +166,24 @@ SPECS = [
     OpSpec("bias_gelu tanh", "bias_gelu", lambda: dict(x=rand((5, 96), f16), bias=rand((96,), f16)),
            lambda t: bias_gelu(t["x"], t["bias"], "tanh"),
            lambda t: (t["x"], t["bias"], "tanh"),
-           lambda t: (t["x"], t["bias"], "tanh", like(t["x"])), "bias"),
+           lambda t: (t["x"], t["bias"], "tanh", like(t["x"])), "bias", ("x", "bias")),
     OpSpec("swiglu", "swiglu", lambda: dict(gate=rand((3, 7, 96), bf16), up=rand((3, 7, 96), bf16)),
            lambda t: swiglu(t["gate"], t["up"]),
            lambda t: (t["gate"], t["up"]),
-           lambda t: (t["gate"], t["up"], like(t["gate"])), "gate"),
+           lambda t: (t["gate"], t["up"], like(t["gate"])), "gate", ("gate", "up")),
     OpSpec("matmul", "matmul", lambda: linear_inputs(5, 48, 64, f16),
            lambda t: matmul(t["a"], t["w"].T),
            lambda t: (t["a"], t["w"].T, None, None),
-           lambda t: (t["a"], t["w"].T, None, None, poisoned((5, 48), f16)), "w"),
+           lambda t: (t["a"], t["w"].T, None, None, poisoned((5, 48), f16)), "w", ("a", "w")),
     OpSpec("matmul bias+gelu", "matmul", lambda: linear_inputs(5, 48, 64, bf16, bias=True),
            lambda t: matmul(t["a"], t["w"].T, t["bias"], "gelu"),
            lambda t: (t["a"], t["w"].T, t["bias"], "gelu"),
-           lambda t: (t["a"], t["w"].T, t["bias"], "gelu", poisoned((5, 48), bf16)), "bias"),
+           lambda t: (t["a"], t["w"].T, t["bias"], "gelu", poisoned((5, 48), bf16)), "bias", ("a", "w", "bias")),
     OpSpec("rmsnorm_linear", "rmsnorm_linear",
            lambda: dict(x=rand((2, 64), f16), norm_weight=rand((64,), f16), weight=rand((48, 64), f16)),
            lambda t: rmsnorm_linear(t["x"], t["norm_weight"], t["weight"], EPS),
            lambda t: (t["x"], t["norm_weight"], t["weight"], EPS, None),
-           None, "weight"),
+           None, "weight", ("x", "norm_weight", "weight")),
     OpSpec(f"decode_attention split {DECODE_SPLITS}", "decode_attention", decode_inputs,
            lambda t: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["lengths"], num_splits=DECODE_SPLITS),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None),
@@ -261,6 +272,93 @@ def check_forward_only(spec):
     return outcomes
 
 
+def differentiable(spec):
+    op = OPS.get(spec.name)
+    return op is not None and op.differentiable
+
+
+def with_grads(spec, inputs):
+    """The inputs with those of spec.wrt made leaves that require grad (same data and strides)."""
+    t = dict(inputs)
+    for name in spec.wrt:
+        t[name] = inputs[name].detach().requires_grad_()
+    return t
+
+
+def grads(spec, t, result, grad_outputs):
+    """Gradients of result (the call's outputs on inputs t) for spec.wrt; None where undefined."""
+    outs = tensors_of(result)
+    return torch.autograd.grad(outs, [t[name] for name in spec.wrt], grad_outputs[:len(outs)], allow_unused=True)
+
+
+def fresh_grad_outputs(spec, inputs):
+    with torch.no_grad():
+        return [torch.randn_like(o) for o in tensors_of(spec.call(inputs))]
+
+
+def grads_equal(check, got, want):
+    outcomes = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g is None or w is None:
+            outcomes.append(Outcome(f"{check} [{i}]", g is None and w is None, note="a gradient is None"))
+        else:
+            outcomes.append(compare(f"{check} [{i}]", g, w, EXACT))
+    return outcomes
+
+
+def check_grad_mode(spec):
+    """An op with a backward: opcheck under grad, public function = torch.ops (gradients too),
+    `_out` forward-only, no_grad/inference_mode unchanged. Without one: check_forward_only."""
+    if not differentiable(spec):
+        return check_forward_only(spec)
+    overload = registered(spec.name)
+    inputs = spec.inputs()
+    outcomes = [opcheck(f"opcheck {NAMESPACE}::{spec.name}, {', '.join(spec.wrt)} require grad", overload,
+                        spec.args(with_grads(spec, inputs)))]
+    dys = fresh_grad_outputs(spec, inputs)
+    t1, t2 = with_grads(spec, inputs), with_grads(spec, inputs)
+    public = grads(spec, t1, spec.call(t1), dys)
+    via_ops = grads(spec, t2, overload(*spec.args(t2)), dys)
+    outcomes += grads_equal("grads: public function = torch.ops", public, via_ops)
+    if spec.out_args:
+        outcomes.append(expect_raises(f"{spec.name}_out under grad raises (forward-only)",
+                                      lambda: registered(f"{spec.name}_out")(*spec.out_args(with_grads(spec, inputs))),
+                                      RuntimeError, f"{NAMESPACE}::{spec.name}_out"))
+    want = spec.call(inputs)
+    for mode_name, mode in (("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
+        with mode():
+            got = spec.call(with_grads(spec, inputs))
+        outcomes += outputs_equal(f"under {mode_name}", got, want)
+        flags = [t.requires_grad for t in tensors_of(got)]
+        outcomes.append(Outcome(f"under {mode_name}: no grad", not any(flags),
+                                note="" if not any(flags) else f"requires_grad {flags}"))
+    return outcomes
+
+
+def check_compile_training(spec):
+    """Forward and backward compiled together (fullgraph): gradients equal eager's bit for bit,
+    one frame after two calls on fresh inputs."""
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(COMPILE_BACKEND)
+    compiled = torch.compile(lambda t: times_two(spec.call(t)), fullgraph=True, backend=counter)
+    outcomes = []
+    for call in (1, 2):
+        inputs = spec.inputs()
+        dys = fresh_grad_outputs(spec, inputs)
+        t = with_grads(spec, inputs)
+        check = f"{COMPILE_BACKEND} training call {call}: grads = eager"
+        result, failed = compiled_call(check, compiled, t)
+        if failed:
+            return outcomes + [failed]
+        got, failed = compiled_call(check, grads, spec, t, result, dys)
+        if failed:
+            return outcomes + [failed]
+        t_eager = with_grads(spec, inputs)
+        outcomes += grads_equal(check, got, grads(spec, t_eager, times_two(spec.call(t_eager)), dys))
+    outcomes.append(Outcome(f"frames compiled: {counter.frame_count}, expected 1", counter.frame_count == 1))
+    return outcomes
+
+
 def compiled_call(check, fn, *args, **kwargs):
     """(fn's result, None), or (None, a failed Outcome naming the root cause): Dynamo wraps the
     error of a traced call (a refused argument, a graph break) in its own exceptions."""
@@ -294,6 +392,8 @@ def check_compile(spec):
             return outcomes + [failed]
         outcomes += outputs_equal(check, got, times_two(spec.call(inputs)))
     outcomes.append(Outcome(f"frames compiled: {counter.frame_count}, expected 1", counter.frame_count == 1))
+    if differentiable(spec):
+        outcomes += check_compile_training(spec)
     return outcomes
 
 
@@ -329,6 +429,30 @@ def check_cuda_graph(spec, tolerance=None):
     if tolerance is None:
         return outputs_equal("replay = eager on new inputs", captured, want)
     return [compare("replay = eager on new inputs", captured, want, tolerance(fresh))]
+
+
+def check_cuda_graph_training(spec):
+    """Forward and backward (the gradients of spec.wrt) captured in one CUDA graph after one eager
+    warm-up on a side stream (autograd's first call sets up state, as make_graphed_callables does),
+    replayed on fresh inputs copied into the captured leaves: gradients equal an eager call's."""
+    static = with_grads(spec, spec.inputs())
+    dys = fresh_grad_outputs(spec, static)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        grads(spec, static, spec.call(static), dys)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = grads(spec, static, spec.call(static), dys)
+    fresh = spec.inputs()
+    with torch.no_grad():
+        for key, t in static.items():
+            if isinstance(t, torch.Tensor):
+                t.copy_(fresh[key])
+    graph.replay()
+    t = with_grads(spec, fresh)
+    return grads_equal("replay grads = eager on new inputs", captured, grads(spec, t, spec.call(t), dys))
 
 
 # M = 8 against an nn.Linear weight: a shape no other row runs, so the autotuner has no pick yet
@@ -472,10 +596,12 @@ def cases():
     gpu_rows.append(Case(f"{GRAPH_MATMUL.label}: CUDA graph, no warm-up", check_cuda_graph,
                          dict(spec=GRAPH_MATMUL, tolerance=lambda t: matmul_graph_tolerance(t["a"], t["w"])),
                          gpu_only=True))
+    gpu_rows += [Case(f"{spec.label}: CUDA graph of forward and backward", check_cuda_graph_training,
+                      dict(spec=spec), gpu_only=True) for spec in SPECS if spec.wrt]
     rows = []
     for spec in SPECS:
         rows += [Case(f"{spec.label}: opcheck", check_opcheck, dict(spec=spec)),
-                 Case(f"{spec.label}: forward-only", check_forward_only, dict(spec=spec)),
+                 Case(f"{spec.label}: grad mode", check_grad_mode, dict(spec=spec)),
                  Case(f"{spec.label}: torch.compile", check_compile, dict(spec=spec))]
     rows += [Case("TritonAdamW: opcheck", check_adamw_opcheck),
              Case("TritonAdamW: step() with params that require grad", check_adamw_grad),

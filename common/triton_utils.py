@@ -38,24 +38,60 @@ def gelu(z, TANH: tl.constexpr):
         # the relative error of y stays under 3e-6 where |y| > 1e-4. Past a = 5.5,
         # |z| * Phi(-|z|) < 1.1e-7 and y = relu(z) exactly. Explicit fma: one instruction a step.
         a = tl.abs(z)
-        q = tl.fma(7.855826e-08, a, -2.0426723e-06)
-        q = tl.fma(q, a, 2.0293202e-05)
-        q = tl.fma(q, a, -6.755226e-05)
-        q = tl.fma(q, a, -0.0004920478)
-        q = tl.fma(q, a, 0.0076362845)
-        q = tl.fma(q, a, -0.052991785)
-        q = tl.fma(q, a, -0.45899916)
-        q = tl.fma(q, a, -1.1511385)
-        q = tl.fma(q, a, -0.9999991)
         relu = tl.maximum(z, 0.0)
         # a NaN z fails the test and takes the second branch, where a * 2^q(a) carries it to y
-        return tl.where(a >= 5.5, relu, tl.fma(-a, tl.exp2(q), relu))
+        return tl.where(a >= 5.5, relu, tl.fma(-a, tl.exp2(_log2_normal_tail(a)), relu))
+
+
+@triton.jit
+def _log2_normal_tail(a):
+    """q(a) ~ log2(Phi(-a)) for fp32 a in [0, 5.5] (gelu's exact form, and its derivative)."""
+    q = tl.fma(7.855826e-08, a, -2.0426723e-06)
+    q = tl.fma(q, a, 2.0293202e-05)
+    q = tl.fma(q, a, -6.755226e-05)
+    q = tl.fma(q, a, -0.0004920478)
+    q = tl.fma(q, a, 0.0076362845)
+    q = tl.fma(q, a, -0.052991785)
+    q = tl.fma(q, a, -0.45899916)
+    q = tl.fma(q, a, -1.1511385)
+    return tl.fma(q, a, -0.9999991)
+
+
+@triton.jit
+def gelu_grad(z, TANH: tl.constexpr):
+    """d gelu(z) / dz of fp32 values, for gelu's two forms (the same polynomial and constants).
+        exact: Phi(z) + z * phi(z), phi(z) = exp(-z^2 / 2) / sqrt(2 pi)
+        tanh:  s + z * s * (1 - s) * 2 * sqrt(2/pi) * (1 + 3 * 0.044715 * z^2), s = sigmoid(2u)
+    Large finite |z| gives exactly 0 or 1, never NaN; a NaN z gives NaN."""
+    if TANH:
+        e = tl.exp2(z * tl.fma(-0.1029432395800235, z * z, -2.302208198144325))
+        s = 1.0 / (1.0 + e)
+        # s * (1 - s) as e * s * s: no cancellation in 1 - s where s -> 1. Where s saturates w is 0
+        # (or NaN, inf * 0, where e = inf) and z^3 may be inf: the slope term is then 0, not NaN
+        w = e * s * s
+        slope = tl.where(w > 0.0, z * w * tl.fma(0.21406444881780073, z * z, 1.5957691216057308), 0.0)
+        return s + slope
+    else:
+        a = tl.abs(z)
+        # Phi(-a) = 2^q(a); past a = 5.5 it is below 1.9e-8 and taken as 0 (q is fitted to 5.5 only)
+        tail = tl.where(a >= 5.5, 0.0, tl.exp2(_log2_normal_tail(a)))
+        cdf = tl.where(z >= 0.0, 1.0 - tail, tail)
+        # phi(z) = 2^(-z^2 * log2(e) / 2) / sqrt(2 pi); z^2 = inf gives 0, not NaN
+        return tl.fma(z * tl.exp2(z * z * -0.7213475204444817), 0.3989422804014327, cdf)
 
 
 @triton.jit
 def silu(x):
     """x * sigmoid(x) of fp32 values; a large negative x gives exp(-x) = inf and -0, never NaN."""
     return x / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def silu_grad(x):
+    """d silu(x) / dx = s * (1 + x * (1 - s)), s = sigmoid(x), of fp32 values; a large negative x
+    gives s = 0 and -0 (as silu does), a large positive one 1."""
+    s = 1.0 / (1.0 + tl.exp(-x))
+    return s * (1.0 + x * (1.0 - s))
 
 
 @triton.jit

@@ -64,18 +64,21 @@ def check_matmul_args(a, b, bias, activation):
 _PICKED = {}
 
 
-def _picked_key(kernel, a, b, m, n, k):
-    """The autotune key (M bucket, N, K, b's layout, dtype), the kernel and the device."""
-    return kernel, m_bucket(m), n, k, b.stride(1), a.dtype, a.device
+def _picked_key(kernel, a, b, m, n, k, store_z):
+    """The autotune key (M bucket, N, K, a's and b's layouts, dtype, whether z is stored too), the
+    kernel and the device. a's layout: a backward GEMM reads an activation transposed (a.T, unit
+    stride along M). store_z: the training forward's second output takes its own staging buffers,
+    so a config picked without it may not fit with it, and is tuned apart."""
+    return kernel, m_bucket(m), n, k, a.stride(1) == 1, b.stride(1), a.dtype, a.device, store_z
 
 
-def picked_config(kernel, a, b, m, n, k):
+def picked_config(kernel, a, b, m, n, k, store_z=False):
     """Launch arguments of the config the autotuner picked for this key, or None before its first call."""
-    return _PICKED.get(_picked_key(kernel, a, b, m, n, k))
+    return _PICKED.get(_picked_key(kernel, a, b, m, n, k, store_z))
 
 
-def pick_config(kernel, a, b, m, n, k, config):
-    _PICKED[_picked_key(kernel, a, b, m, n, k)] = config.all_kwargs()
+def pick_config(kernel, a, b, m, n, k, config, store_z=False):
+    _PICKED[_picked_key(kernel, a, b, m, n, k, store_z)] = config.all_kwargs()
 
 
 def untuned_config(a, configs, prune, named_args):
@@ -114,11 +117,16 @@ def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
 
 
 @triton.jit
-def epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The epilogue on a tile of the full fp32 sum: bias, activation, one rounding, the store."""
+def epilogue_store(c_ptr, z_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue on a tile of the full fp32 sum: bias, activation, one rounding, the store.
+    STORE_Z: also store the pre-activation z = acc + bias (rounded once) into z, laid out like c:
+    the training forward keeps it for the backward's activation derivative."""
     if HAS_BIAS:
         rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped like the loads; the store masks
         acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    if STORE_Z:
+        store_tile(z_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
     acc = activate(acc, ACTIVATION)
     store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)

@@ -7,6 +7,11 @@ Tolerance: common/checks/matmul.py (fp32 accumulation over K and one rounding pe
 most 2x torch.matmul's own error plus atol).
 Split-K adds fp32 slice sums in a different order, the same error model; a slice lost, counted
 twice or given the epilogue on its own is off by a whole partial sum, far past the tolerance.
+Backward: gradients of a, b and bias (common.testing.check_grads) against autograd through the
+fp64 reference and PyTorch's same-dtype ops; tolerance in grad_tolerance (inputs of the backward's
+products carry roundings, so the model is that of gemm/test_rmsnorm_linear.py, not an exact-input
+GEMM's), and again at most 2x PyTorch's error plus atol. A lost band of dbias, a skipped row of
+dz or a gradient in the wrong layout is off by whole terms, far past it.
 """
 import pathlib
 import sys
@@ -18,9 +23,11 @@ import torch.nn.functional as F  # noqa: E402
 
 from common.checks.matmul import reference, tolerance, torch_same_dtype  # noqa: E402
 from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
-from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,  # noqa: E402
+                            compare, dtype_name, expect_raises, main, poisoned, rand)
 from gemm.matmul_common import m_bucket  # noqa: E402
-from gemm.triton_matmul import TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul  # noqa: E402
+from gemm.triton_matmul import (TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul,  # noqa: E402
+                                matmul_op, matmul_train_op)
 from gemm.triton_matmul_tiled import (CONFIGS, INTERPRET_SMS, SPLIT_TABLE, autotune_configs, plan,  # noqa: E402
                                       prune_configs, split_plan)
 from gemm import triton_matmul_tma  # noqa: E402
@@ -90,7 +97,9 @@ def check_tma_fits():
     fits = triton_matmul_tma.fits
     return [Outcome("row-major a, b, c", fits(a, b, c)),
             Outcome("b an nn.Linear weight's transpose", fits(a, rand((48, 64), torch.float16).t(), c)),
-            Outcome("a transposed: no", not fits(rand((64, 40), torch.float16).t(), b, c)),
+            Outcome("a transposed (a backward's a.T)", fits(rand((64, 40), torch.float16).t(), b, c)),
+            Outcome("a transposed, rows 42 elements apart: no", not fits(rand((64, 42), torch.float16).t(), b, c)),
+            Outcome("a a column view: no", not fits(rand((40, 128), torch.float16)[:, ::2], b, c)),
             Outcome("a's rows 7 elements apart: no", not fits(rand((40, 63), torch.float16)[:, :56], b[:56], c)),
             Outcome("a's base 2 bytes past 16: no", not fits(a[:, 1:], b[1:], c)),
             Outcome("N = 47: no", not fits(a, rand((64, 47), torch.float16), rand((40, 47), torch.float16))),
@@ -200,15 +209,89 @@ def check_errors():
     ]
 
 
-def check_forward_only():
-    """llmk::matmul and llmk::matmul_out have no backward: with grad mode on, an input that requires
-    grad raises; under torch.no_grad() the same call gives the same bits as on plain tensors (the
-    tiled kernel, and the GEMV kernel at M = 1 against W.T)."""
+def grad_tolerance(dtype):
+    """Tol of a gradient of `dtype` against its fp64 reference (check_grads calls it per gradient).
+    da = dz @ b^T and db = a^T @ dz are products whose K-long inputs each carry a rounding or two
+    of relative size u (2^-11 fp16, 2^-8 bf16): dz's own, and z's in the forward, which moves
+    act'(z) by about as much. With random signs these add up to about u / sqrt(3) times the
+    root-sum-square of the terms, the size of a typical output, T (the rms of the reference):
+    sqrt(2/3) u T for two roundings, whose largest of a million is near 5.5 standard deviations,
+    4.5 u T. atol = 8 u T; rtol the final rounding (one ulp, common.testing.TOLERANCES). dbias is
+    such a sum over the rows. fp32 accumulation (sqrt(K) 2^-24 T, common/checks/matmul.py) is
+    below 2^-8 u T for any K up to 2^32. The 2x-PyTorch rule is the tighter guard."""
+    def tol(name, ref):
+        typical = ref.double().pow(2).mean().sqrt().item() if ref.numel() else 0.0
+        return Tol(max(1e-5, 8 * UNIT_ROUNDOFF[dtype] * typical), TOLERANCES[dtype].rtol,
+                   "one or two roundings of each input of the product, one of the output")
+    return tol
+
+
+def backward_inputs(m, n, k, dtype, bias=True, bias_dtype=None, trans_a=False, trans_b=False, pad=False):
+    """a, b, bias laid out as `check` makes them (transposed, padded)."""
+    a = rand((k, m), dtype).t() if trans_a else rand((m, k), dtype, pad=(5, 3) if pad else None)
+    b = rand((n, k), dtype).t() if trans_b else rand((k, n), dtype, pad=(3, 7) if pad else None)
+    return a, b, rand((n,), bias_dtype or dtype) if bias else None
+
+
+def check_backward(m, n, k, dtype, bias=True, bias_dtype=None, activation=None, trans_a=False, trans_b=False,
+                   pad=False, wrt=(0, 1, 2), expanded_dc=False):
+    """Gradients of matmul(a, b, bias, activation) for the inputs at `wrt` (0 a, 1 b, 2 bias) against
+    autograd through the fp64 reference and PyTorch's same-dtype matmul, bias add and activation;
+    the others get None. expanded_dc: the upstream gradient an expanded (1, N) row (stride 0 down
+    the rows, as .sum(0) gives): dz = dc is read in place, without a copy."""
+    a, b, bias_t = backward_inputs(m, n, k, dtype, bias, bias_dtype, trans_a, trans_b, pad)
+    inputs = (a, b, bias_t)
+    wrt = tuple(i for i in wrt if inputs[i] is not None)
+    dys = [torch.randn(1, n, device=DEVICE).to(dtype).expand(m, n)] if expanded_dc else None
+    return check_grads("matmul", lambda a, b, bias: matmul(a, b, bias, activation),
+                       lambda a, b, bias: reference(a, b, bias, activation), inputs, wrt, ("a", "b", "bias"),
+                       grad_tolerance(dtype), torch_fn=lambda a, b, bias: torch_same_dtype(a, b, bias, activation),
+                       grad_outputs=dys)
+
+
+def check_backward_ops(dtype):
+    """The operators below matmul(): llmk::matmul called directly under grad with an activation
+    (its backward recomputes z, a third GEMM), and llmk::matmul_train with both its outputs used (z's
+    own gradient adds to dz)."""
+    a, b, bias = backward_inputs(20, 40, 50, dtype)
+    inputs, names, tol = (a, b, bias), ("a", "b", "bias"), grad_tolerance(dtype)
+
+    def ref_pair(a, b, bias):
+        return reference(a, b, bias, "silu"), reference(a, b, bias, None)
+
+    def torch_pair(a, b, bias):
+        return torch_same_dtype(a, b, bias, "silu"), torch_same_dtype(a, b, bias, None)
+
+    return (check_grads("llmk::matmul gelu_tanh", lambda a, b, bias: matmul_op(a, b, bias, "gelu_tanh"),
+                        lambda a, b, bias: reference(a, b, bias, "gelu_tanh"), inputs, (0, 1, 2), names, tol,
+                        torch_fn=lambda a, b, bias: torch_same_dtype(a, b, bias, "gelu_tanh"))
+            + check_grads("llmk::matmul_train silu (c, z)", lambda a, b, bias: matmul_train_op(a, b, bias, "silu"),
+                          ref_pair, inputs, (0, 1, 2), names, tol, torch_fn=torch_pair))
+
+
+def check_backward_empty():
+    """Gradients of empty products: no rows (da empty, db and dbias zeros), no columns, K = 0 (da and
+    db empty, dbias the column sums of dz)."""
+    outcomes = []
+    for m, n, k in ((0, 6, 9), (4, 0, 9), (4, 6, 0)):
+        a, b, bias = (rand(s, torch.bfloat16).requires_grad_() for s in ((m, k), (k, n), (n,)))
+        c = matmul(a, b, bias, "gelu")
+        dc = torch.randn(c.shape, device=DEVICE).to(c.dtype)
+        got = torch.autograd.grad(c, (a, b, bias), dc)
+        want = torch.autograd.grad(reference(a, b, bias, "gelu"), (a, b, bias), dc.double())
+        outcomes += [compare(f"({m}, {n}, {k}) d{name}", g, w, grad_tolerance(torch.bfloat16)(name, w))
+                     for name, g, w in zip(("a", "b", "bias"), got, want)]
+    return outcomes
+
+
+def check_grad_mode():
+    """matmul under grad: out= stays forward-only (llmk::matmul_out raises); under torch.no_grad()
+    the same call gives the same bits as on plain tensors (the tiled kernel, and the GEMV kernel at
+    M = 1 against W.T), with no z written."""
     a, b, bias = rand((6, 40), torch.float16), rand((40, 24), torch.float16), rand((24,), torch.float16)
     w_t = rand((24, 40), torch.float16).t()
     grad = [t.clone().requires_grad_() for t in (a, b, bias, w_t)]
     outcomes = [
-        expect_raises("a requires grad", lambda: matmul(grad[0], b), RuntimeError, "llmk::matmul is forward-only"),
         expect_raises("bias requires grad, out=", lambda: matmul(a, b, grad[2], "gelu", out=poisoned((6, 24), a.dtype)),
                       RuntimeError, "llmk::matmul_out is forward-only"),
     ]
@@ -299,6 +382,9 @@ def cases():
             add(f"(33, 72, 136) {dt} TMA {label}", m=33, n=72, k=136, dtype=dtype, bias=bias,
                 activation=activation, kernel="tma")
         add(f"(40, 56, 64) {dt} TMA b transposed", m=40, n=56, k=64, dtype=dtype, trans_b=True, kernel="tma")
+        add(f"(40, 56, 72) {dt} TMA a transposed", m=40, n=56, k=72, dtype=dtype, trans_a=True, kernel="tma")
+        add(f"(48, 56, 72) {dt} TMA both transposed bias+silu", m=48, n=56, k=72, dtype=dtype, trans_a=True,
+            trans_b=True, bias=True, activation="silu", kernel="tma")
         add(f"(40, 48, 64) {dt} TMA padded views", m=40, n=48, k=64, dtype=dtype, pad=8, kernel="tma")
         for config in triton_matmul_tma.TMA_CONFIGS:
             add(f"TMA config {'x'.join(map(str, config[:3]))} w{config[3]} s{config[4]} e{config[5]} {dt}",
@@ -308,8 +394,8 @@ def cases():
         add(f"(1000, 72, 64) {dt} M < TMA_MIN_M: pointer kernel", m=1000, n=72, k=64, dtype=dtype,
             planned_kernel="tiled")
         add(f"(1030, 70, 64) {dt} N = 70: pointer kernel", m=1030, n=70, k=64, dtype=dtype, planned_kernel="tiled")
-        add(f"(1030, 72, 64) {dt} a transposed: pointer kernel", m=1030, n=72, k=64, dtype=dtype, trans_a=True,
-            planned_kernel="tiled")
+        add(f"(1030, 72, 64) {dt} a transposed, rows 1030 apart (unaligned): pointer kernel", m=1030, n=72, k=64,
+            dtype=dtype, trans_a=True, planned_kernel="tiled")
         # the tiled kernel's own split-K: rows of SPLIT_TABLE, decode shapes with a long K (the
         # interpreter counts its 32x32 tiles on INTERPRET_SMS, where the first two rows are one;
         # the GPU plans these differently)
@@ -350,6 +436,49 @@ def cases():
             bias=True, activation="gelu")
     add("(33, 65, 129) bf16 fp32 bias+silu", m=33, n=65, k=129, dtype=torch.bfloat16, bias=True,
         bias_dtype=torch.float32, activation="silu")
+    # backward: each epilogue in each dtype; one row (the GEMV kernel against W.T, the forward
+    # writing z from its epilogue too); transposed and padded inputs (gradients laid out like
+    # them); subsets of the inputs; an fp32 bias; an expanded upstream gradient; edges in every
+    # dimension of the interpreter's 32x32x32 tiles and of the derivative pass's 4x16 blocks
+    for dtype in DTYPES:
+        dt = dtype_name(dtype)
+        for bias, activation in [(False, None), (True, None), (True, "gelu"), (True, "gelu_tanh"), (True, "silu")]:
+            label = "+".join(["bias"] * bias + [activation or "no activation"])
+            add(f"backward (33, 65, 70) {dt} {label}", check_backward, m=33, n=65, k=70, dtype=dtype, bias=bias,
+                activation=activation)
+        add(f"backward (1, 40, 72) {dt} GEMV bias+gelu b transposed", check_backward, m=1, n=40, k=72, dtype=dtype,
+            activation="gelu", trans_b=True)
+        add(f"backward llmk::matmul, llmk::matmul_train {dt}", check_backward_ops, dtype=dtype)
+    add("backward (1, 40, 72) bf16 GEMV b transposed", check_backward, m=1, n=40, k=72, dtype=torch.bfloat16,
+        bias=False, trans_b=True)
+    add("backward (40, 50, 36) fp16 both transposed gelu_tanh", check_backward, m=40, n=50, k=36,
+        dtype=torch.float16, activation="gelu_tanh", trans_a=True, trans_b=True)
+    add("backward (30, 50, 40) bf16 padded views silu", check_backward, m=30, n=50, k=40, dtype=torch.bfloat16,
+        activation="silu", pad=True)
+    add("backward (30, 50, 40) fp16 da only gelu", check_backward, m=30, n=50, k=40, dtype=torch.float16,
+        activation="gelu", wrt=(0,))
+    add("backward (30, 50, 40) bf16 db, dbias gelu b transposed", check_backward, m=30, n=50, k=40,
+        dtype=torch.bfloat16, activation="gelu", trans_b=True, wrt=(1, 2))
+    add("backward (30, 50, 40) fp16 dbias only", check_backward, m=30, n=50, k=40, dtype=torch.float16, wrt=(2,))
+    add("backward (30, 50, 40) bf16 fp32 bias silu", check_backward, m=30, n=50, k=40, dtype=torch.bfloat16,
+        bias_dtype=torch.float32, activation="silu")
+    add("backward (30, 50, 40) bf16 expanded dc bias", check_backward, m=30, n=50, k=40, dtype=torch.bfloat16,
+        expanded_dc=True)
+    add("backward (30, 50, 40) fp16 expanded dc gelu", check_backward, m=30, n=50, k=40, dtype=torch.float16,
+        activation="gelu", expanded_dc=True)
+    # full size on the GPU: the TMA kernel for both backward GEMMs (a.T and b.T read in place)
+    add("backward (4096, 4096, 4096) bf16 bias+gelu", check_backward, gpu_only=True, m=4096, n=4096, k=4096,
+        dtype=torch.bfloat16, activation="gelu")
+    add("backward (8192, 14336, 4096) bf16 bias+silu", check_backward, gpu_only=True, m=8192, n=14336, k=4096,
+        dtype=torch.bfloat16, activation="silu")
+    add("backward (8192, 4096, 14336) bf16 b transposed", check_backward, gpu_only=True, m=8192, n=4096, k=14336,
+        dtype=torch.bfloat16, bias=False, trans_b=True)
+    add("backward (4000, 4104, 4104) fp16 b transposed bias+gelu_tanh", check_backward, gpu_only=True, m=4000,
+        n=4104, k=4104, dtype=torch.float16, activation="gelu_tanh", trans_b=True)
+    add("backward (2048, 4096, 4096) bf16 a transposed bias", check_backward, gpu_only=True, m=2048, n=4096,
+        k=4096, dtype=torch.bfloat16, trans_a=True)
+    add("backward (1, 4096, 4096) bf16 GEMV bias+silu b transposed", check_backward, gpu_only=True, m=1, n=4096,
+        k=4096, dtype=torch.bfloat16, activation="silu", trans_b=True)
     # LLM projections, bf16: (M tokens, K in, N out) for a 4096-wide model with a 14336-wide MLP
     for m in (1, 16, 128, 2048):
         for k, n in ((4096, 14336), (14336, 4096)):
@@ -361,7 +490,8 @@ def cases():
             Case("which kernel runs", check_kernel_choice),
             Case("allocates its output", check_own_buffer),
             Case("empty input", check_empty), Case("bad input", check_errors),
-            Case("forward-only operator", check_forward_only),
+            Case("grad mode: out= forward-only, no_grad unchanged", check_grad_mode),
+            Case("backward: empty products", check_backward_empty),
             Case("2^31+ output elements", check_huge, gpu_only=True),
             Case("every launch-table row forced", check_tables_forced)]
     return out

@@ -13,6 +13,9 @@ u / sqrt(3) times the root-sum-square of its terms, which is the size of a typic
 (the rms of the reference). The largest of a million such errors is near 5.5 standard deviations,
 3.2u T: atol = 8u T, and rtol the final rounding (one ulp, common.testing.TOLERANCES). fp32
 accumulation adds nothing visible at this scale. The 2x-PyTorch rule is the tighter guard.
+Backward: gradients of x, norm_weight and weight (common.testing.check_grads) against autograd
+through the fp64 reference and PyTorch's F.rms_norm and matmul in the same dtype; the same error
+model with up to two roundings per term (grad_tolerance).
 """
 import pathlib
 import sys
@@ -23,8 +26,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, compare, dtype_name, expect_raises,  # noqa: E402
-                            main, poisoned, rand)
+from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,  # noqa: E402
+                            compare, dtype_name, expect_raises, main, poisoned, rand)
 from common.device import INTERPRET  # noqa: E402
 from gemm.triton_rmsnorm_linear import (DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode,  # noqa: E402
                                         rmsnorm_linear)
@@ -49,14 +52,17 @@ def outcome(check, x, norm_weight, weight, y):
 def inputs(shape, n, dtype, pad=False, scale=1.0, norm_dtype=None):
     """x (..., K), W (N, K), norm_weight (K,). pad: x and W as views with wider row strides and
     norm_weight as every other element of a longer vector; "x^T": x as the transpose of a (K, M)
-    tensor (unit row stride, column stride M)."""
+    tensor (unit row stride, column stride M); "W^T": W as the transpose of a (K, N) tensor."""
     k = shape[-1]
     if pad == "x^T":
         x = rand(shape[::-1], dtype, scale=scale).t()
     else:
         x = rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (8,) if pad else None, scale=scale)
-    weight = rand((n, k), dtype, pad=(0, 24) if pad else None, scale=k ** -0.5)
-    norm_weight = rand((2 * k,), norm_dtype or dtype)[::2] if pad else rand((k,), norm_dtype or dtype)
+    if pad == "W^T":
+        weight = rand((k, n), dtype, scale=k ** -0.5).t()
+    else:
+        weight = rand((n, k), dtype, pad=(0, 24) if pad else None, scale=k ** -0.5)
+    norm_weight = rand((2 * k,), norm_dtype or dtype)[::2] if pad is True else rand((k,), norm_dtype or dtype)
     return x, norm_weight, weight
 
 
@@ -114,13 +120,54 @@ def check_errors():
     ]
 
 
-def check_forward_only():
-    """llmk::rmsnorm_linear has no backward: with grad mode on, an input that requires grad raises;
-    under torch.no_grad() each path gives the same bits as on plain tensors."""
+def grad_tolerance(dtype):
+    """Tol of a gradient against its fp64 reference (check_grads calls it per gradient). Each
+    gradient is a sum of products whose inputs carry one or two roundings of relative size u
+    (2^-11 fp16, 2^-8 bf16): dweight = dy^T @ h, h rounded; dh = dy @ weight, rounded, then the
+    RMSNorm backward's sums over dh * x; dnorm_weight sums dh * x * rstd over the rows. With random
+    signs that is about u / sqrt(3) times the root-sum-square of the terms, the size of a typical
+    output T (the rms of the reference), twice at most: sqrt(2/3) u T, whose largest of a million
+    is near 5.5 standard deviations, 4.5 u T. atol = 8 u T, and rtol the final rounding (one
+    ulp). The 2x-PyTorch rule is the tighter guard."""
+    def tol(name, ref):
+        typical = ref.double().pow(2).mean().sqrt().item() if ref.numel() else 0.0
+        return Tol(max(1e-5, 8 * UNIT_ROUNDOFF[dtype] * typical), TOLERANCES[dtype].rtol,
+                   "one or two roundings of each input of the sums, one of the output")
+    return tol
+
+
+def check_backward(shape, n, dtype, path=None, wrt=(0, 1, 2), **kwargs):
+    """Gradients of rmsnorm_linear for the inputs at `wrt` (0 x, 1 norm_weight, 2 weight) against
+    autograd through the fp64 reference and PyTorch's same-dtype F.rms_norm and matmul (norm_weight
+    cast to x's dtype there when it is fp32); the others get None. path: the forward's."""
+    x, norm_weight, weight = inputs(shape, n, dtype, **kwargs)
+
+    def torch_fn(x, nw, w):
+        return torch.matmul(F.rms_norm(x, (x.shape[-1],), nw.to(x.dtype), EPS), w.t())
+
+    return check_grads(f"path {path}", lambda x, nw, w: rmsnorm_linear(x, nw, w, EPS, path=path),
+                       lambda x, nw, w: rmsnorm_ref(x, nw, EPS) @ w.t(), (x, norm_weight, weight), wrt,
+                       ("x", "norm_weight", "weight"), grad_tolerance(dtype), torch_fn=torch_fn)
+
+
+def check_backward_empty():
+    """Gradients with no rows, no output columns or K = 0: zeros (or empty) of each input's shape."""
+    outcomes = []
+    for shape, n in (((0, 8), 6), ((2, 3, 8), 0), ((3, 0), 5)):
+        x, nw, w = (rand(s, torch.bfloat16).requires_grad_() for s in (shape, (shape[-1],), (n, shape[-1])))
+        y = rmsnorm_linear(x, nw, w, EPS)
+        grads = torch.autograd.grad(y, (x, nw, w), torch.randn(y.shape, device=DEVICE).to(y.dtype))
+        outcomes += [Outcome(f"x {shape}, N = {n}: d{name} zeros {tuple(t.shape)}",
+                             g.shape == t.shape and g.dtype == t.dtype and not g.any())
+                     for name, g, t in zip(("x", "norm_weight", "weight"), grads, (x, nw, w))]
+    return outcomes
+
+
+def check_grad_mode():
+    """Under torch.no_grad() each path gives the same bits as on plain tensors."""
     x, nw, w = rand((3, 64), torch.float16), rand((64,), torch.float16), rand((24, 64), torch.float16)
     grad = [t.clone().requires_grad_() for t in (x, nw, w)]
-    outcomes = [expect_raises("weight requires grad", lambda: rmsnorm_linear(x, nw, grad[2]), RuntimeError,
-                              "llmk::rmsnorm_linear is forward-only")]
+    outcomes = []
     for path in PATHS:
         with torch.no_grad():
             y = rmsnorm_linear(*grad, EPS, path=path)
@@ -193,7 +240,28 @@ def cases():
     add("M=4 K=96 N=40 fp16 x*100", shape=(4, 96), n=40, dtype=torch.float16, scale=100.0)  # squares past fp16
     add("M=4 K=96 N=40 bf16 fp32 norm_weight", shape=(4, 96), n=40, dtype=torch.bfloat16, norm_dtype=torch.float32)
     out += [Case("empty input", check_empty), Case("bad input", check_errors),
-            Case("forward-only operator", check_forward_only)]
+            Case("grad mode: no_grad unchanged", check_grad_mode), Case("backward: empty", check_backward_empty)]
+    # backward: either path's forward (decode at M <= 16, unfused above), 3-D x, strided views, x
+    # and W transposed (dweight laid out like W), subsets of the inputs, an fp32 norm_weight
+    for dtype in DTYPES:
+        dt = dtype_name(dtype)
+        add(f"backward M=5 K=72 N=40 {dt} decode", check_backward, shape=(5, 72), n=40, dtype=dtype)
+        add(f"backward M=33 K=72 N=40 {dt} unfused", check_backward, shape=(33, 72), n=40, dtype=dtype)
+    add("backward (2, 3, 96) N=50 bf16", check_backward, shape=(2, 3, 96), n=50, dtype=torch.bfloat16)
+    add("backward M=5 K=64 N=40 fp16 strided views", check_backward, shape=(5, 64), n=40, dtype=torch.float16,
+        pad=True)
+    add("backward M=9 K=80 N=24 bf16 x^T", check_backward, shape=(9, 80), n=24, dtype=torch.bfloat16, pad="x^T")
+    add("backward M=9 K=80 N=24 fp16 W^T", check_backward, shape=(9, 80), n=24, dtype=torch.float16, pad="W^T")
+    add("backward M=20 K=48 N=40 bf16 dweight only", check_backward, shape=(20, 48), n=40, dtype=torch.bfloat16,
+        wrt=(2,))
+    add("backward M=20 K=48 N=40 fp16 dx only", check_backward, shape=(20, 48), n=40, dtype=torch.float16, wrt=(0,))
+    add("backward M=20 K=48 N=40 bf16 dnorm_weight, dweight", check_backward, shape=(20, 48), n=40,
+        dtype=torch.bfloat16, wrt=(1, 2))
+    add("backward M=20 K=48 N=40 bf16 fp32 norm_weight", check_backward, shape=(20, 48), n=40, dtype=torch.bfloat16,
+        norm_dtype=torch.float32)
+    for m, n, path in ((16, 4096, None), (4096, 4096, None), (8192, 14336, None), (2048, 4096, "decode")):
+        add(f"backward M={m} K=4096 N={n} bf16 {path or 'chosen'}", check_backward, gpu_only=True, shape=(m, 4096),
+            n=n, dtype=torch.bfloat16, path=path)
     # each DECODE_TABLE row, forced: a row tile and a column tile past M and N, K in two splits with a
     # masked tail (the interpreter runs them in fp16)
     for dtype in DTYPES:

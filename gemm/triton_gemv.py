@@ -141,13 +141,16 @@ def strip_sum(a_ptr, b_ptr, strip, k_first, k_end, N, stride_ak, stride_bk, stri
 
 
 @triton.jit
-def epilogue_store(c_ptr, bias_ptr, acc, cols, N, stride_cn, stride_bias,
-                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
-    """Bias and activation on the strip's full fp32 sums, one rounding to c's dtype, the store."""
+def epilogue_store(c_ptr, z_ptr, bias_ptr, acc, cols, N, stride_cn, stride_bias,
+                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr):
+    """Bias and activation on the strip's full fp32 sums, one rounding to c's dtype, the store.
+    STORE_Z: the pre-activation sums are stored too, into z (laid out like c), for the backward."""
     in_n = cols < N
     cols = cols.to(tl.int64)  # a column view's N * stride can pass 2^31
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols * stride_bias, mask=in_n, other=0.0).to(tl.float32)
+    if STORE_Z:
+        tl.store(z_ptr + cols * stride_cn, acc.to(z_ptr.dtype.element_ty), mask=in_n)
     acc = activate(acc, ACTIVATION)
     tl.store(c_ptr + cols * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=in_n)
 
@@ -156,13 +159,13 @@ def epilogue_store(c_ptr, bias_ptr, acc, cols, N, stride_cn, stride_bias,
 def _gemv_kernel(
     # pointers: a (1, K), b (K, N), c (1, N), bias (N,); with SPLIT_BLOCK > 1 also fp32 scratch
     # (SPLIT_K, N) for the slices' sums and int32 zeros (strips,) that count the slices in
-    a_ptr, b_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
+    a_ptr, b_ptr, c_ptr, z_ptr, bias_ptr, partial_ptr, counter_ptr,
     # matrix dimensions; slice s covers K values [s * SLICE_K, (s + 1) * SLICE_K), a multiple of BLOCK_K
     N, K, SLICE_K, SPLIT_K,
     # strides, in elements
     stride_ak, stride_bk, stride_bn, stride_cn, stride_bias,
     # meta-parameters; SPLIT_BLOCK: SPLIT_K rounded up to a power of two, 1 when K is not split
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_BLOCK: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
@@ -188,13 +191,13 @@ def _gemv_kernel(
             parts = tl.load(partial_ptr + rs[:, None].to(tl.int64) * N + cols[None, :],
                             mask=(rs < SPLIT_K)[:, None] & in_n[None, :], other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(counter_ptr + strip, 0)  # ready for the next launch
-            epilogue_store(c_ptr, bias_ptr, tl.sum(parts, axis=0), cols, N, stride_cn, stride_bias,
-                           HAS_BIAS, ACTIVATION)
+            epilogue_store(c_ptr, z_ptr, bias_ptr, tl.sum(parts, axis=0), cols, N, stride_cn, stride_bias,
+                           HAS_BIAS, ACTIVATION, STORE_Z)
     else:
-        epilogue_store(c_ptr, bias_ptr, acc, cols, N, stride_cn, stride_bias, HAS_BIAS, ACTIVATION)
+        epilogue_store(c_ptr, z_ptr, bias_ptr, acc, cols, N, stride_cn, stride_bias, HAS_BIAS, ACTIVATION, STORE_Z)
 
 
-def launch_gemv(a, b, bias, activation, c, config=None, split_k=None):
+def launch_gemv(a, b, bias, activation, c, config=None, split_k=None, z=None):
     """c = activation(a @ b + bias) on validated arguments (gemm.matmul_common.check_matmul_args),
     one launch.
 
@@ -206,6 +209,7 @@ def launch_gemv(a, b, bias, activation, c, config=None, split_k=None):
     config: a (BLOCK_N, BLOCK_K, num_warps, NUM_STAGES, programs per SM) row to plan with; None
        takes GEMV_CONFIGS' row for b's layout.
     split_k: K slices a strip, lowered by fit_split until none is empty (1: no split); None: the plan's.
+    z: None, or (1, N) with c's strides: receives the pre-activation a @ b + bias (training forward).
     """
     n, k = b.shape[1], a.shape[1]
     row_major = is_row_major(b)
@@ -217,9 +221,9 @@ def launch_gemv(a, b, bias, activation, c, config=None, split_k=None):
     if split > 1:
         partial, counters = split_k_buffers(a.device, split * n, strips)
     _gemv_kernel[(strips * split,)](
-        a, b, c, bias if bias is not None else c, partial, counters,
+        a, b, c, z if z is not None else c, bias if bias is not None else c, partial, counters,
         n, k, cdiv(cdiv(k, block_k), split) * block_k, split,
         a.stride(1), b.stride(0), b.stride(1), c.stride(1), bias.stride(0) if bias is not None else 0,
-        HAS_BIAS=bias is not None, ACTIVATION=activation, B_ROW_MAJOR=row_major,
+        HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None, B_ROW_MAJOR=row_major,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_BLOCK=next_power_of_2(split), NUM_STAGES=stages,
         EVEN_K=k % block_k == 0, num_warps=warps)

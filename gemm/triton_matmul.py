@@ -10,6 +10,22 @@ rounding; the public entry point of gemm/, which runs one of three kernels (choo
 
 Thresholds measured by scripts/tune/tma_sweep.py and scripts/tune/gemv_sweep.py on an H100;
 docs/tuning/gemm.md has the figures.
+
+Backward (llmk::matmul and llmk::matmul_train carry autograd formulas):
+
+    dz = dc * act'(z)        z = a @ b + bias, the pre-activation; dz = dc without an activation
+    da = dz @ b^T,  db = a^T @ dz,  dbias = sum over rows of dz
+
+The two GEMMs run on the kernels above, on transposed views (b.T, a.T: every kernel takes strides,
+and the TMA kernel reads either operand transposed), each laid out like the input it is the
+gradient of (a gradient of W.T comes out as W's layout, which autograd accumulates without a
+copy). z: with an activation, the public function's forward under grad is llmk::matmul_train,
+which also writes z from the GEMM's epilogue (M*N*e more bytes) instead of leaving the backward a
+third GEMM to recompute it. dz and dbias come from one elementwise pass
+(gemm/triton_matmul_backward.py), then the two GEMMs read dz: the derivative is not fused into a
+GEMM's prologue (docs/tuning/gemm.md says what that would save). Without an activation dz is dc,
+not copied. The forward's knobs (launch_matmul's config, split_k, kernel) are not the public
+function's: the backward's GEMMs take matmul's own choice.
 """
 import functools
 
@@ -17,10 +33,11 @@ import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
 from common.device import INTERPRET, sm_count
-from common.ops import define_ops
+from common.ops import define_op, define_ops
 from common.validation import check_out
 from gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
 from gemm.matmul_common import check_matmul_args, picked_config
+from gemm.triton_matmul_backward import epilogue_backward
 
 # From TMA_MIN_M rows the persistent TMA kernel runs: from 2048 rows it beats the tiled kernel by
 # up to a tenth, at 1024 it ties or leads, below that both tie and the TMA kernel's three
@@ -49,9 +66,10 @@ def choose_kernel(a, b, c, m):
     return "tiled"
 
 
-def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=None):
+def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=None, z=None):
     """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N), bias (N,) or None, c (M, N),
-    any strides.
+    any strides. z: None, or a buffer with c's shape and strides that receives the pre-activation
+    a @ b + bias (the training forward's; every kernel writes it from its epilogue).
     kernel: "tiled", "tma" (the arguments must fit it) or "gemv" (M = 1); None: choose_kernel(), or
     "tiled" when config or split_k is given.
     config: a row of the kernel's table to run as is (tiled: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
@@ -61,12 +79,12 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=N
         kernel = "tiled" if config is not None or split_k is not None else choose_kernel(a, b, c, a.shape[0])
     if kernel == "tma":
         triton_matmul_tma.launch_matmul_tma(a, b, bias, activation, c,
-                                            sm_count(a.device, triton_matmul_tma.INTERPRET_SMS), config)
+                                            sm_count(a.device, triton_matmul_tma.INTERPRET_SMS), config, z)
     elif kernel == "gemv":
-        triton_gemv.launch_gemv(a, b, bias, activation, c, config, split_k)
+        triton_gemv.launch_gemv(a, b, bias, activation, c, config, split_k, z)
     else:
         triton_matmul_tiled.launch_tiled(a, b, bias, activation, c,
-                                         sm_count(a.device, triton_matmul_tiled.INTERPRET_SMS), config, split_k)
+                                         sm_count(a.device, triton_matmul_tiled.INTERPRET_SMS), config, split_k, z)
 
 
 def kernel_choice(a, b):
@@ -105,9 +123,81 @@ def _matmul_into(a, b, bias, activation, c):
         launch_matmul(a, b, bias, activation, c)
 
 
+def product_like(x, lhs, rhs):
+    """lhs @ rhs on our kernels, laid out like x (the input it is the gradient of): for x a
+    transposed view (unit stride down its columns), (rhs.T @ lhs.T).T, so that the gradient of
+    W.T is W's layout and autograd accumulates it without a copy."""
+    if x.stride(0) == 1 and x.stride(1) != 1:
+        return matmul_op(rhs.T, lhs.T, None, None).T
+    return matmul_op(lhs, rhs, None, None)
+
+
+def _grads(ctx, dc, a, b, bias, z, dz_out=None):
+    """(da, db, dbias) of c = act(z), z = a @ b + bias, each None unless ctx.needs_input_grad.
+    dz_out: z's own gradient, where a caller of llmk::matmul_train used z (None otherwise)."""
+    a_grad, b_grad, bias_grad = ctx.needs_input_grad[:3]
+    bias_grad = bias_grad and bias is not None
+    dz, dbias = dc, None
+    if dz_out is not None:  # never from matmul(): plain torch ops are enough
+        dz = epilogue_backward(dc, z, None, ctx.activation, False)[0] + dz_out
+        dbias = dz.sum(0, dtype=torch.float32).to(bias.dtype) if bias_grad else None
+    elif ctx.activation is not None or bias_grad:
+        dz, dbias = epilogue_backward(dc, z, bias, ctx.activation, bias_grad)
+    da = product_like(a, dz, b.T) if a_grad else None
+    db = product_like(b, a.T, dz) if b_grad else None
+    return da, db, dbias
+
+
+def _setup_matmul(ctx, inputs, output):
+    a, b, bias, activation = inputs
+    ctx.save_for_backward(a, b, bias)
+    ctx.activation = activation
+
+
+def _matmul_backward(ctx, dc):
+    """llmk::matmul's backward. With an activation it recomputes z (a third GEMM): only a direct
+    call of the operator under grad comes here with one, as matmul() takes llmk::matmul_train then."""
+    a, b, bias = ctx.saved_tensors
+    z = matmul_op(a, b, bias, None) if ctx.activation is not None else None
+    return (*_grads(ctx, dc, a, b, bias, z), None)
+
+
 matmul_op, matmul_out_op = define_ops(
     "matmul", "Tensor a, Tensor b, Tensor? bias, str? activation",
-    lambda a, b, bias, activation: a.new_empty((a.shape[0], b.shape[1])), _matmul_into)
+    lambda a, b, bias, activation: a.new_empty((a.shape[0], b.shape[1])), _matmul_into,
+    backward=_matmul_backward, setup_context=_setup_matmul)
+
+
+def _matmul_train(a, b, bias, activation):
+    c = a.new_empty((a.shape[0], b.shape[1]))
+    z = torch.empty_like(c)
+    if c.numel():
+        launch_matmul(a, b, bias, activation, c, z=z)
+    return c, z
+
+
+def _setup_matmul_train(ctx, inputs, output):
+    a, b, bias, activation = inputs
+    ctx.save_for_backward(a, b, bias, output[1])
+    ctx.activation = activation
+    ctx.set_materialize_grads(False)  # z's gradient: None unless a caller of the operator used z
+
+
+def _matmul_train_backward(ctx, dc, dz_out):
+    a, b, bias, z = ctx.saved_tensors
+    if dc is None:  # only z was used
+        dc = torch.zeros_like(z)
+    return (*_grads(ctx, dc, a, b, bias, z, dz_out), None)
+
+
+matmul_train_op = define_op(
+    "matmul_train(Tensor a, Tensor b, Tensor? bias, str activation) -> (Tensor, Tensor)", _matmul_train,
+    lambda a, b, bias, activation: (a.new_empty((a.shape[0], b.shape[1])), a.new_empty((a.shape[0], b.shape[1]))),
+    backward=_matmul_train_backward, setup_context=_setup_matmul_train)
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def matmul(a, b, bias=None, activation=None, out=None):
@@ -117,12 +207,17 @@ def matmul(a, b, bias=None, activation=None, out=None):
     a: (M, K) fp16 or bf16, any strides (a transposed or padded view is read in place).
     b: (K, N), a's dtype, any strides (for an nn.Linear weight W (N, K), pass W.T).
     bias: optional (N,), a's dtype or fp32. activation: None, "gelu" (erf), "gelu_tanh" or "silu".
-    out: optional contiguous (M, N) buffer of a's dtype.
+    out: optional contiguous (M, N) buffer of a's dtype; forward-only (llmk::matmul_out raises
+    when an input requires grad).
     Returns c: (M, N), a's dtype, contiguous (out itself when given). K = 0 gives activation(bias)
     (zeros without a bias).
+    Differentiable in a, b and bias (module docstring). Under grad with an activation the forward
+    also writes the pre-activation z (M, N), kept for the backward; without grad nothing changes.
     """
     m, n, _ = check_matmul_args(a, b, bias, activation)
     if out is None:
+        if activation is not None and _needs_grad(a, b, bias):
+            return matmul_train_op(a, b, bias, activation)[0]
         return matmul_op(a, b, bias, activation)
     check_out("out", out, (m, n), a.dtype, a.device)
     matmul_out_op(a, b, bias, activation, out)

@@ -146,14 +146,14 @@ def dot_tile(a_ptr, b_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
 
 @triton.jit(do_not_specialize=["M_BUCKET"])
 def _matmul_kernel(
-    # pointers
-    a_ptr, b_ptr, c_ptr, bias_ptr,
+    # pointers; z: the pre-activation output (STORE_Z), laid out like c
+    a_ptr, b_ptr, c_ptr, z_ptr, bias_ptr,
     # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
     M, N, K, M_BUCKET,
     # strides, in elements
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
@@ -161,20 +161,21 @@ def _matmul_kernel(
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = dot_tile(a_ptr, b_ptr, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K,
                    stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-    epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                   HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
+    epilogue_store(c_ptr, z_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                   HAS_BIAS, ACTIVATION, STORE_Z, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _matmul_split_k_kernel(
-    # pointers; partial: fp32 scratch (SPLIT_K * M, N), counter: int32 zeros (tiles,)
-    a_ptr, b_ptr, c_ptr, bias_ptr, partial_ptr, counter_ptr,
+    # pointers; z: the pre-activation output (STORE_Z), laid out like c; partial: fp32 scratch
+    # (SPLIT_K * M, N), counter: int32 zeros (tiles,)
+    a_ptr, b_ptr, c_ptr, z_ptr, bias_ptr, partial_ptr, counter_ptr,
     # matrix dimensions
     M, N, K,
     # strides, in elements
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
@@ -203,8 +204,8 @@ def _matmul_split_k_kernel(
             # .cg: from L2, where the other SMs' stores are, never a stale L1 line
             acc += tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
         tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
-        epilogue_store(c_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                       HAS_BIAS, ACTIVATION, BLOCK_M, BLOCK_N)
+        epilogue_store(c_ptr, z_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                       HAS_BIAS, ACTIVATION, STORE_Z, BLOCK_M, BLOCK_N)
 
 
 
@@ -223,8 +224,10 @@ def tuned():
     Key: M rounded up (a batch size does not retune), N, K, b's layout (stride_bn is 1 for a
     row-major b and K for an nn.Linear weight's transpose, whose loads run along K) and, added by
     Triton, the dtypes. The epilogue is not in the key: it changes a tile's last step, not which
-    tile is fastest, and keying on it would tune (and compile) every config once more per variant."""
-    return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "stride_bn"],
+    tile is fastest, and keying on it would tune (and compile) every config once more per variant.
+    STORE_Z is (the training forward's second output): its stores take registers and shared
+    memory that a config at the limit may not have, so a training shape is tuned once more."""
+    return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "stride_bn", "STORE_Z"],
                            prune_configs_by={"early_config_prune": prune_configs},
                            do_bench=autotune_bench)(triton.heuristics({"EVEN_K": even_k})(_matmul_kernel))
 
@@ -254,23 +257,25 @@ def default_split_config():
     return (*INTERPRET_CONFIG, 4, 1) if INTERPRET else SPLIT_TABLE[0][-1]
 
 
-def launch_split_k(a, b, bias, activation, c, config, split_k):
+def launch_split_k(a, b, bias, activation, c, config, split_k, z=None):
     """Split-K on validated arguments (see launch_tiled): split_k >= 2 programs a tile, one launch."""
     (m, k), n = a.shape, b.shape[1]
     bm, bn, bk, warps, stages = config
     tiles = cdiv(m, bm) * cdiv(n, bn)
     partial, counters = split_k_buffers(a.device, split_k * m * n, tiles)
     _matmul_split_k_kernel[(tiles, split_k)](
-        a, b, c, bias if bias is not None else c, partial, counters,
+        a, b, c, z if z is not None else c, bias if bias is not None else c, partial, counters,
         m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
+        HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
         SPLIT_K=split_k, EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
 
 
-def launch_tiled(a, b, bias, activation, c, num_sms, config=None, split_k=None):
+def launch_tiled(a, b, bias, activation, c, num_sms, config=None, split_k=None, z=None):
     """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N), bias (N,) or None, c (M, N),
-    any strides; num_sms: the SMs plan() counts.
+    any strides; num_sms: the SMs plan() counts. z: None, or a buffer with c's shape and strides
+    that receives the pre-activation a @ b + bias (the training forward's).
     config: a CONFIGS-like row (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) to run as is; None
     autotunes on the key's first call and runs the autotuner's pick after it (the interpreter runs
     INTERPRET_CONFIG), or with a forced split runs default_split_config().
@@ -283,23 +288,24 @@ def launch_tiled(a, b, bias, activation, c, num_sms, config=None, split_k=None):
         config = config or default_split_config()
         split_k = fit_split(k, config[2], split_k)
     if (split_k or 1) > 1:
-        launch_split_k(a, b, bias, activation, c, config, split_k)
+        launch_split_k(a, b, bias, activation, c, config, split_k, z)
         return
     if config is not None:
         bm, bn, bk, warps, stages = config
         meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
     else:
-        meta = interpret_meta() if INTERPRET else picked_config(_matmul_kernel, a, b, m, n, k)
+        meta = interpret_meta() if INTERPRET else picked_config(_matmul_kernel, a, b, m, n, k, z is not None)
     if meta is None:
         meta = untuned_config(a, autotune_configs(), prune_configs, dict(M_BUCKET=m_bucket(m), N=n, K=k))
-    args = (a, b, c, bias if bias is not None else c,  # an unused pointer still needs a tensor
+    args = (a, b, c, z if z is not None else c, bias if bias is not None else c,  # unused pointers still need a tensor
             m, n, k, m_bucket(m),
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if meta is None:  # this key's first call: the autotuner times CONFIGS, then runs the fastest
         tuner = tuned()
         tuner[lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)](
-            *args, HAS_BIAS=bias is not None, ACTIVATION=activation)
-        pick_config(_matmul_kernel, a, b, m, n, k, tuner.best_config)
+            *args, HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None)
+        pick_config(_matmul_kernel, a, b, m, n, k, tuner.best_config, z is not None)
         return
     _matmul_kernel[(cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)](
-        *args, HAS_BIAS=bias is not None, ACTIVATION=activation, EVEN_K=k % meta["BLOCK_K"] == 0, **meta)
+        *args, HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None,
+        EVEN_K=k % meta["BLOCK_K"] == 0, **meta)

@@ -22,11 +22,15 @@ grouped order turning the repeats into L2 hits.
 
 TMA needs a 16-byte-aligned base and 16-byte-aligned strides for all but the last (contiguous)
 dimension: with 2-byte elements, a's, b's and c's row strides multiples of 8 (so N is one, for c),
-and a and b read along K or N, not transposed otherwise. `fits` says when a call qualifies; the
+and each of a and b contiguous along one of its dimensions. `fits` says when a call qualifies; the
 others run gemm/triton_matmul_tiled.py's pointer kernel. b may be row-major (K, N)
 or an nn.Linear weight's transpose (W.T, W (N, K) contiguous): the descriptor then covers W and
 each loaded (BLOCK_N, BLOCK_K) tile is fed to the dot transposed, which wgmma reads from shared
-memory in either order.
+memory in either order. a likewise may be row-major (M, K) or a transpose (X.T, X (K, M)
+contiguous), which is how the backward reads its activations: db = a.T @ dz, dW = dy.T @ x.
+
+The training forward also stores the pre-activation z = a @ b + bias (STORE_Z, through a second
+descriptor like c's) for the backward's activation derivative: M*N*e more bytes written.
 
 Block sizes are autotuned over TMA_CONFIGS, keyed like the pointer kernel. Triton's interpreter
 runs this kernel too (the descriptors are emulated), with one small config and INTERPRET_SMS
@@ -74,8 +78,9 @@ INTERPRET_CONFIG = (32, 32, 32, 4, 1, 2)
 
 
 def fits(a, b, c):
-    """Whether a TMA descriptor can cover a, b (as (K, N) row-major or an (N, K) transpose) and c:
-    16-byte-aligned bases and row strides, a contiguous last dimension."""
+    """Whether a TMA descriptor can cover a (as (M, K) row-major or a (K, M) transpose), b (as
+    (K, N) row-major or an (N, K) transpose) and c (row-major): 16-byte-aligned bases and row
+    strides, a contiguous last dimension."""
     if TensorDescriptor is None:
         return False
     e = a.element_size()
@@ -83,7 +88,7 @@ def fits(a, b, c):
     def aligned(t, row_stride):
         return t.data_ptr() % 16 == 0 and (row_stride * e) % 16 == 0
 
-    a_ok = a.stride(1) == 1 and aligned(a, a.stride(0))
+    a_ok = (a.stride(1) == 1 and aligned(a, a.stride(0))) or (a.stride(0) == 1 and aligned(a, a.stride(1)))
     b_ok = (b.stride(1) == 1 and aligned(b, b.stride(0))) or (b.stride(0) == 1 and aligned(b, b.stride(1)))
     c_ok = c.stride(1) == 1 and aligned(c, c.stride(0))
     return a_ok and b_ok and c_ok
@@ -91,12 +96,14 @@ def fits(a, b, c):
 
 @triton.jit
 def _matmul_tma_kernel(
-    # TMA descriptors: a (M, K); b (K, N), or (N, K) when B_TRANSPOSED; c (M, N); bias pointer
-    a_desc, b_desc, c_desc, bias_ptr,
+    # TMA descriptors: a (M, K), or (K, M) when A_TRANSPOSED; b (K, N), or (N, K) when
+    # B_TRANSPOSED; c (M, N); z (M, N), the pre-activation output (STORE_Z); bias pointer
+    a_desc, b_desc, c_desc, z_desc, bias_ptr,
     # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
     M, N, K, M_BUCKET,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, B_TRANSPOSED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
+    A_TRANSPOSED: tl.constexpr, B_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr,
 ):
@@ -109,7 +116,10 @@ def _matmul_tma_kernel(
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(k_steps):  # past K, the copies read zeros, which add nothing
-            a = a_desc.load([off_m, k * BLOCK_K])
+            if A_TRANSPOSED:
+                a = a_desc.load([k * BLOCK_K, off_m]).T
+            else:
+                a = a_desc.load([off_m, k * BLOCK_K])
             if B_TRANSPOSED:
                 b = b_desc.load([off_n, k * BLOCK_K]).T
             else:
@@ -119,22 +129,31 @@ def _matmul_tma_kernel(
         if HAS_BIAS:
             rn = off_n + tl.arange(0, BLOCK_N)
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if STORE_Z:
+            store_split(z_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT)
         acc = activate(acc, ACTIVATION)
-        # the store clips rows and columns past (M, N)
-        if EPILOGUE_SPLIT == 1:
-            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-        else:
-            tiles = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            c_desc.store([off_m, off_n], tiles[0].to(c_desc.dtype))
-            c_desc.store([off_m, off_n + BLOCK_N // 2], tiles[1].to(c_desc.dtype))
+        store_split(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT)
+
+
+@triton.jit
+def store_split(c_desc, acc, off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                EPILOGUE_SPLIT: tl.constexpr):
+    """Round the fp32 tile to c's dtype and store it in EPILOGUE_SPLIT (1 or 2) column slices; the
+    store clips rows and columns past (M, N)."""
+    if EPILOGUE_SPLIT == 1:
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+    else:
+        tiles = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        c_desc.store([off_m, off_n], tiles[0].to(c_desc.dtype))
+        c_desc.store([off_m, off_n + BLOCK_N // 2], tiles[1].to(c_desc.dtype))
 
 
 def set_blocks(nargs):
     """Autotuner pre-hook: the descriptors' block shapes follow the config being run."""
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["a_desc"].block_shape = [bk, bm] if nargs["A_TRANSPOSED"] else [bm, bk]
     nargs["b_desc"].block_shape = [bn, bk] if nargs["B_TRANSPOSED"] else [bk, bn]
-    nargs["c_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
+    nargs["c_desc"].block_shape = nargs["z_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
 
 
 def prune_configs(configs, named_args, **kwargs):
@@ -162,39 +181,47 @@ def autotune_configs():
 def tuned():
     """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter). The
     autotuner's pick is kept per key with matmul_common.pick_config: later calls launch it directly."""
-    return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "B_TRANSPOSED"],
+    return triton.autotune(configs=autotune_configs(),
+                           key=["M_BUCKET", "N", "K", "A_TRANSPOSED", "B_TRANSPOSED", "STORE_Z"],
                            prune_configs_by={"early_config_prune": prune_configs},
                            do_bench=autotune_bench)(_matmul_tma_kernel)
 
 
-def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None):
-    """Launch on validated arguments that `fits`: a (M, K), b (K, N) either layout, bias (N,) or None,
-    c (M, N) with M, N >= 1. config: a TMA_CONFIGS row to run as is; None autotunes on the key's
-    first call and runs the pick after it (the interpreter runs INTERPRET_CONFIG on INTERPRET_SMS
-    programs)."""
+def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None, z=None):
+    """Launch on validated arguments that `fits`: a (M, K) and b (K, N) either layout, bias (N,) or
+    None, c (M, N) with M, N >= 1. config: a TMA_CONFIGS row to run as is; None autotunes on the
+    key's first call and runs the pick after it (the interpreter runs INTERPRET_CONFIG on
+    INTERPRET_SMS programs). z: None, or a row-major (M, N) buffer with c's strides that receives
+    the pre-activation a @ b + bias."""
     (m, k), n = a.shape, b.shape[1]
+    a_transposed = a.stride(1) != 1
     transposed = b.stride(1) != 1
     if INTERPRET and config is None:
         config = INTERPRET_CONFIG
-    meta = meta_of(config) if config is not None else picked_config(_matmul_tma_kernel, a, b, m, n, k)
+    meta = meta_of(config) if config is not None else picked_config(_matmul_tma_kernel, a, b, m, n, k, z is not None)
     if meta is None:
         meta = untuned_config(a, autotune_configs(), prune_configs, dict(M=m, N=n, NUM_SMS=num_sms))
     # block shapes are placeholders until the config is known (set_blocks)
     bm, bn, bk = (meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]) if meta else (16, 16, 16)
     split = meta["EPILOGUE_SPLIT"] if meta else 1
-    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [bm, bk])
+    if a_transposed:  # X (K, M) with X.T = a
+        a_desc = TensorDescriptor(a.T, [k, m], [a.stride(1), 1], [bk, bm])
+    else:
+        a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [bm, bk])
     if transposed:  # W (N, K) with W.T = b
         b_desc = TensorDescriptor(b.T, [n, k], [b.stride(1), 1], [bn, bk])
     else:
         b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [bk, bn])
     c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], [bm, bn // split])
-    args = (a_desc, b_desc, c_desc, bias if bias is not None else c, m, n, k, m_bucket(m))
-    flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, B_TRANSPOSED=transposed, NUM_SMS=num_sms)
+    z_desc = c_desc if z is None else TensorDescriptor(z, [m, n], [z.stride(0), 1], [bm, bn // split])
+    args = (a_desc, b_desc, c_desc, z_desc, bias if bias is not None else c, m, n, k, m_bucket(m))
+    flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None,
+                 A_TRANSPOSED=a_transposed, B_TRANSPOSED=transposed, NUM_SMS=num_sms)
     if meta is None:
         tuner = tuned()
         tuner[lambda meta: (min(num_sms, cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])),)](
             *args, **flags)
-        pick_config(_matmul_tma_kernel, a, b, m, n, k, tuner.best_config)
+        pick_config(_matmul_tma_kernel, a, b, m, n, k, tuner.best_config, z is not None)
         return
     grid = (min(num_sms, cdiv(m, bm) * cdiv(n, bn)),)
     _matmul_tma_kernel[grid](*args, **flags, **meta)

@@ -35,6 +35,16 @@ unfused path rounds x * rstd * norm_weight: one rounding of each input either wa
 (|x * norm_weight| < 65504), or it becomes inf; bf16 has fp32's range. rstd is computed from x in
 fp32, like rmsnorm's. Split K adds its fp32 partial sums in a fixed order: the result does not
 depend on which split finishes last.
+
+Backward (the operator's autograd formula), whichever path ran the forward:
+
+    h = rmsnorm(x, norm_weight)          recomputed (read x, write h: 2MKe), not saved
+    dweight = dy^T @ h                   (N, K), a GEMM on matmul's kernels, dy read transposed
+    dh = dy @ weight                     (M, K), a GEMM on matmul's kernels
+    dx, dnorm_weight = rmsnorm_backward(dh, x, norm_weight)   (normalization/triton_rmsnorm.py)
+
+Only x, norm_weight and weight are saved (inputs: no extra memory); each GEMM runs only when a
+gradient needs it (h only for dweight, dh only for dx or dnorm_weight).
 """
 
 import functools
@@ -50,7 +60,8 @@ from common.ops import define_op
 from common.validation import check_norm_args, check_same_device, check_tensor
 from common.workspace import split_k_buffers
 from gemm.matmul_common import DTYPES
-from normalization.triton_rmsnorm import rmsnorm_op
+from gemm.triton_matmul import matmul_op, product_like
+from normalization.triton_rmsnorm import rmsnorm_backward, rmsnorm_op
 
 PATHS = ("decode", "unfused")
 
@@ -313,9 +324,36 @@ def _rmsnorm_linear(x, norm_weight, weight, eps, path):
     return rmsnorm_linear_unfused(x, norm_weight, weight, eps).contiguous()
 
 
+def _setup_rmsnorm_linear(ctx, inputs, output):
+    x, norm_weight, weight, eps, path = inputs
+    ctx.save_for_backward(x, norm_weight, weight)
+    ctx.eps = eps
+
+
+def _rmsnorm_linear_backward(ctx, dy):
+    """(dx, dnorm_weight, dweight, None, None); module docstring. The forward's path does not
+    matter here: every path computes the same y."""
+    x, norm_weight, weight = ctx.saved_tensors
+    x_grad, norm_grad, weight_grad = ctx.needs_input_grad[:3]
+    k, n = x.shape[-1], weight.shape[0]
+    if x.numel() == 0 or n == 0:  # no rows, no columns or K = 0: every gradient is zero (or empty)
+        return (torch.zeros_like(x) if x_grad else None, torch.zeros_like(norm_weight) if norm_grad else None,
+                torch.zeros_like(weight) if weight_grad else None, None, None)
+    x2, dy2 = x.reshape(-1, k), dy.reshape(-1, n)  # views unless the leading dims cannot merge
+    dx = dnorm_weight = dweight = None
+    if weight_grad:
+        dweight = product_like(weight, dy2.T, rmsnorm_op(x2, norm_weight, ctx.eps))
+    if x_grad or norm_grad:
+        dh = matmul_op(dy2, weight, None, None)
+        dx, dnorm_weight = rmsnorm_backward(dh, x2, norm_weight, ctx.eps, weight_grad=norm_grad)
+        dx = dx.view(x.shape) if x_grad else None
+    return dx, dnorm_weight, dweight, None, None
+
+
 rmsnorm_linear_op = define_op(
     "rmsnorm_linear(Tensor x, Tensor norm_weight, Tensor weight, float eps, str? path) -> Tensor", _rmsnorm_linear,
-    lambda x, norm_weight, weight, eps, path: x.new_empty((*x.shape[:-1], weight.shape[0])))
+    lambda x, norm_weight, weight, eps, path: x.new_empty((*x.shape[:-1], weight.shape[0])),
+    backward=_rmsnorm_linear_backward, setup_context=_setup_rmsnorm_linear)
 
 
 def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
@@ -324,8 +362,10 @@ def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
 
     x: (..., K) fp16 or bf16, any strides. norm_weight: (K,) fp16, bf16 or fp32.
     weight: (N, K), x's dtype (nn.Linear's layout, read in place), any strides.
-    path: None picks by M = x.numel() // K from PATH_TABLE; "decode" or "unfused" forces one.
+    path: None picks by M = x.numel() // K from PATH_TABLE; "decode" or "unfused" forces one (the
+    forward's; the backward is the same for every path).
     Returns y: (..., N), x's dtype, contiguous. M = 0 or N = 0 give an empty y; K = 0 gives zeros.
+    Differentiable in x, norm_weight and weight (module docstring).
     """
     check_rmsnorm_linear_args(x, norm_weight, weight, eps, path)
     return rmsnorm_linear_op(x, norm_weight, weight, float(eps), path)

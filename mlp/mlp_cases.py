@@ -1,6 +1,7 @@
-"""What the bias + GELU and SwiGLU tests share: dtypes, widths, the one-rounding tolerance, every
-value of a 16-bit type as one input, the quiet context for inputs whose exp overflows on purpose,
-and the cases forcing each TILE_TABLE entry."""
+"""What the bias + GELU and SwiGLU tests share: dtypes, widths, the one-rounding tolerance (of
+outputs and of gradients), every value of a 16-bit type as one input, upstream gradients of several
+layouts, the quiet context for inputs whose exp overflows on purpose, and the cases forcing each
+launch-table entry (mlp/tiling.py)."""
 import contextlib
 import warnings
 
@@ -27,6 +28,22 @@ ONE_ROUNDING = {
                                                    "(2^-8) plus the fp32 math's error"),
     torch.float32: TOLERANCES[torch.float32],
 }
+# The gradients (dgate, dup; dx) are the same kind of value: a product of the fp32 upstream gradient
+# and an fp32 derivative, rounded once, so ONE_ROUNDING holds for them too. Near a zero of the
+# derivative (silu' at -1.28, gelu' at -0.75) its fp32 error is absolute, a few 2^-24 (5e-7 for the
+# exact GELU's polynomial) times |dy| (and |up|): atol 1e-5 covers |dy * up| up to ~20, past the
+# largest product of two normal samples in these tests' sizes.
+
+
+def upstream(shape, dtype, layout="packed", scale=1.0):
+    """An upstream gradient dy of `shape`, normal(0, scale): packed; "expanded", one row broadcast
+    over the others (row stride 0); or "transposed", 2-D with a strided last dim (copied once by
+    the launchers)."""
+    if layout == "expanded":
+        return (torch.randn(shape[-1], device=DEVICE) * scale).to(dtype).expand(shape)
+    if layout == "transposed":
+        return (torch.randn(shape[::-1], device=DEVICE) * scale).to(dtype).t()
+    return (torch.randn(shape, device=DEVICE) * scale).to(dtype)
 
 
 @contextlib.contextmanager
@@ -53,18 +70,20 @@ def huge_rows(n_cols):
     return 2 ** 31 // n_cols + 3
 
 
-def forced_tile_cases(kernel, check_forced, shape=(7, 1000)):
-    """Cases running check_forced(row, shape, dtype) on every TILE_TABLE[kernel] entry, once per dtype
-    of its element size, plus one that fails for an entry no dtype of DTYPES reaches."""
-    cases = [Case(f"forced tile {row} {shape} {dtype_name(dtype)}", check_forced,
+def forced_tile_cases(kernel, check_forced, shape=(7, 1000), table=TILE_TABLE):
+    """Cases running check_forced(row, shape, dtype) on every table[kernel] entry (TILE_TABLE,
+    BACKWARD_TILE_TABLE or BAND_TABLE), once per dtype of its element size, plus one that fails for
+    an entry no dtype of DTYPES reaches."""
+    cases = [Case(f"forced {kernel} {row} {shape} {dtype_name(dtype)}", check_forced,
                   dict(row=row, shape=shape, dtype=dtype))
-             for dtype in DTYPES for size, row in TILE_TABLE[kernel].items() if torch.finfo(dtype).bits // 8 == size]
+             for dtype in DTYPES for size, row in table[kernel].items() if torch.finfo(dtype).bits // 8 == size]
     forced = frozenset(c.kwargs["row"] for c in cases)
-    return cases + [Case("every launch-table row forced", check_table_rows, dict(kernel=kernel, forced=forced))]
+    return cases + [Case(f"every {kernel} launch-table row forced", check_table_rows,
+                         dict(kernel=kernel, forced=forced, table=table))]
 
 
-def check_table_rows(kernel, forced):
-    """Every TILE_TABLE[kernel] entry is among the forced rows: an entry added without a case fails here."""
-    missing = [row for row in TILE_TABLE[kernel].values() if row not in forced]
-    return [Outcome(f"every TILE_TABLE[{kernel!r}] entry", not missing,
+def check_table_rows(kernel, forced, table):
+    """Every table[kernel] entry is among the forced rows: an entry added without a case fails here."""
+    missing = [row for row in table[kernel].values() if row not in forced]
+    return [Outcome(f"every launch-table entry of {kernel!r}", not missing,
                     note=f"not forced: {missing}" if missing else "")]

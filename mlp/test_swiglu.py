@@ -2,11 +2,13 @@
 
 The tolerance is one rounding (mlp/mlp_cases.py: half an ulp, not common.testing's whole ulp), and
 PyTorch's same-dtype result bounds the error too (the 2x rule); it rounds twice (silu(gate), then
-the product), the kernel once.
+the product), the kernel once. The gradients (dgate, dup) are checked the same way: against autograd
+through the fp64 reference, and against PyTorch's own same-dtype gradients of F.silu(gate) * up.
 
     python mlp/test_swiglu.py        (or: pytest mlp/test_swiglu.py)
 """
 import contextlib
+import dataclasses
 import pathlib
 import sys
 
@@ -17,12 +19,19 @@ import torch.nn.functional as F  # noqa: E402
 
 from common.checks.swiglu import inputs  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand, shape_case  # noqa: E402
+from common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
+                            grads_of, main, poisoned, rand, shape_case)
 from mlp.gelu import swiglu_ref  # noqa: E402
 from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
-                           overflow_expected)
-from mlp.tiling import tile_config_for  # noqa: E402
-from mlp.triton_swiglu import launch_swiglu, swiglu  # noqa: E402
+                           overflow_expected, upstream)
+from mlp.tiling import BACKWARD_TILE_TABLE, tile_config_for  # noqa: E402
+from mlp.triton_swiglu import launch_swiglu, launch_swiglu_backward, swiglu  # noqa: E402
+
+NAMES = ("gate", "up")
+
+
+def eager_swiglu(gate, up):
+    return F.silu(gate) * up
 
 
 def check(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_scale=1.0):
@@ -32,6 +41,27 @@ def check(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_scale=1.
     ref = swiglu_ref(gate.double(), up.double())
     # inf/NaN where the reference is finite fails too
     return [compare("y", y, ref, ONE_ROUNDING[dtype], torch_out=F.silu(gate) * up)]
+
+
+def check_grad(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_scale=1.0, wrt=(0, 1),
+               dy_layout="packed", dy_scale=1.0):
+    """dgate and dup (or one of them, wrt) against autograd through the fp64 reference."""
+    gate, up = inputs(shape, dtype, layout, pad, gate_scale, up_scale)
+    dy = upstream(shape, dtype, dy_layout, dy_scale)
+    with overflow_expected() if gate_scale > 100 else contextlib.nullcontext():
+        return check_grads("swiglu", swiglu, swiglu_ref, (gate, up), wrt, NAMES, ONE_ROUNDING[dtype],
+                           torch_fn=eager_swiglu, grad_outputs=[dy])
+
+
+def check_grad_every_value(dtype):
+    """The gradients at every fp16 or bf16 gate value, up and dy in [-1, 1] so that dy * silu(gate)
+    does not overflow: silu' is 0 for large negative gates and 1 for large positive ones, never NaN."""
+    gate = every_value(dtype, fp32_limit=100.0)
+    up = (torch.rand(gate.shape, device=DEVICE) * 2 - 1).to(dtype)
+    dy = (torch.rand(gate.shape, device=DEVICE) * 2 - 1).to(dtype)
+    with overflow_expected():
+        return check_grads("swiglu", swiglu, swiglu_ref, (gate, up), (0, 1), NAMES, ONE_ROUNDING[dtype],
+                           torch_fn=eager_swiglu, grad_outputs=[dy])
 
 
 def check_extremes(dtype):
@@ -65,6 +95,17 @@ def check_own_buffer():
     return [compare("y", swiglu(gate, up), ref, ONE_ROUNDING[gate.dtype])]
 
 
+def check_grad_huge(n_cols):
+    """The gradients past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
+    rows = huge_rows(n_cols)
+    gate, up = rand((rows, n_cols), torch.float16), rand((rows, n_cols), torch.float16)
+    dy = upstream((rows, n_cols), torch.float16)
+    dgate, dup = grads_of(swiglu, (gate, up), (0, 1), [dy])[1]
+    _, want = grads_of(swiglu_ref, (gate[-4:], up[-4:]), (0, 1), [dy[-4:]], dtype=torch.float64)
+    tol = ONE_ROUNDING[torch.float16]
+    return [compare("dgate, last rows", dgate[-4:], want[0], tol), compare("dup, last rows", dup[-4:], want[1], tol)]
+
+
 def check_huge(n_cols):
     """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
     rows = huge_rows(n_cols)
@@ -93,17 +134,29 @@ def check_errors():
 
 
 def check_grad_mode():
-    """Forward-only: in grad mode an up that requires grad raises, naming the operator; under
-    torch.no_grad() the call gives what it gives on a plain up."""
+    """Under grad the call gives what it gives under torch.no_grad(), bit for bit; out= stays
+    forward-only: an input that requires grad raises, naming the operator."""
     gate, up = rand((4, 64), torch.float16), rand((4, 64), torch.float16)
     up_grad = up.clone().requires_grad_()
     with torch.no_grad():
         y, y_out = swiglu(gate, up_grad), swiglu(gate, up_grad, out=poisoned(gate.shape, gate.dtype))
-    return [expect_raises("up requires grad", lambda: swiglu(gate, up_grad), RuntimeError,
-                          "llmk::swiglu is forward-only"),
-            expect_raises("up requires grad, out=", lambda: swiglu(gate, up_grad, out=torch.empty_like(gate)),
+    y_grad = swiglu(gate, up_grad)
+    return [expect_raises("up requires grad, out=", lambda: swiglu(gate, up_grad, out=torch.empty_like(gate)),
                           RuntimeError, "llmk::swiglu_out is forward-only"),
+            Outcome("under grad: as under no_grad", torch.equal(y_grad, y) and y_grad.requires_grad),
             Outcome("under no_grad: as on a plain up", torch.equal(y, swiglu(gate, up)) and torch.equal(y_out, y))]
+
+
+def check_grad_empty():
+    """Empty gate and up: empty gradients of their shapes."""
+    outcomes = []
+    for shape in ((0, 64), (2, 0, 64), (3, 0)):
+        gate = rand(shape, torch.float16).requires_grad_()
+        up = rand(shape, torch.float16).requires_grad_()
+        dy = torch.ones(shape, dtype=torch.float16, device=DEVICE)
+        dgate, dup = torch.autograd.grad(swiglu(gate, up), (gate, up), dy)
+        outcomes.append(Outcome(f"{shape}: empty gradients", dgate.shape == gate.shape and dup.shape == up.shape))
+    return outcomes
 
 
 def check_empty():
@@ -140,9 +193,35 @@ def cases():
         add((8192, 14336), dtype, gpu_only=True)
         add((4096, 16384), dtype, gpu_only=True, layout="fused")
         add((2049, 11008), dtype, gpu_only=True, pad=(0, 64))     # 11008 = 43 * 256: column tiles of 256
+
+    def grad(shape, dtype, gpu_only=False, **extra):  # named apart from the forward's cases of a shape
+        case = shape_case(check_grad, shape, dtype, gpu_only, **extra)
+        out.append(dataclasses.replace(case, name=f"grad {case.name}"))
+
+    for dtype in DTYPES:  # gradients
+        grad((3, 1000), dtype)
+        grad((1, 4096), dtype)                                    # one row
+        grad((257, 123), dtype)                                   # row and column masks together
+        grad((2, 5, 1000), dtype, pad=(0, 3, 0))                  # leading dims that cannot merge
+        grad((5, 1000), dtype, layout="fused")                    # halves of one (5, 2000) buffer
+        grad((33, 64), dtype, layout="transposed", dy_layout="transposed")  # last dims strided: copies
+        grad((8192, 14336), dtype, gpu_only=True)
+        grad((4096, 16384), dtype, gpu_only=True, layout="fused")
+    # saturated silu, slopes 0 or 1 and no NaN: every fp16 and bf16 gate value (to 3e38), and fp16 and
+    # fp32 gates to ~4e4 (dy small enough that dy * silu(gate) fits in fp16)
+    for dtype in (torch.float16, torch.bfloat16):
+        out.append(Case(f"grad every value {dtype_name(dtype)}", check_grad_every_value, dict(dtype=dtype)))
+    for dtype in (torch.float16, torch.float32):
+        grad((3, 5120), dtype, gate_scale=1e4, up_scale=0.1, dy_scale=0.1)
+    grad((5, 1), torch.float16)                                   # one column
+    grad((37, 64), torch.bfloat16, dy_layout="expanded")          # dy with row stride 0 (a broadcast)
+    grad((7, 1000), torch.float16, wrt=(0,))                      # dgate only
+    grad((7, 1000), torch.bfloat16, wrt=(1,))                     # dup only: up is not read
     return out + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
-                  Case("empty input", check_empty), Case("grad mode (forward-only)", check_grad_mode),
-                  Case("2^31+ elements", check_huge, dict(n_cols=14336), gpu_only=True)]
+                  Case("empty input", check_empty), Case("grad mode", check_grad_mode),
+                  Case("grad of empty input", check_grad_empty),
+                  Case("2^31+ elements", check_huge, dict(n_cols=14336), gpu_only=True),
+                  Case("grad 2^31+ elements", check_grad_huge, dict(n_cols=14336), gpu_only=True)]
 
 
 CASES = cases()
@@ -159,6 +238,22 @@ def check_forced(row, shape, dtype):
 
 
 CASES += forced_tile_cases("swiglu", check_forced)
+
+
+def check_forced_backward(row, shape, dtype):
+    """A BACKWARD_TILE_TABLE["swiglu_backward"] entry's whole tile."""
+    gate, up, dy = rand(shape, dtype), rand(shape, dtype), rand(shape, dtype)
+    cfg = tile_config_for(row, *shape, gate.element_size(), min_programs=1)
+    dgate, dup = poisoned(shape, dtype), poisoned(shape, dtype)
+    launch_swiglu_backward(dy, gate, up, dgate, dup, cfg)
+    _, want = grads_of(swiglu_ref, (gate, up), (0, 1), [dy], dtype=torch.float64)
+    _, theirs = grads_of(eager_swiglu, (gate, up), (0, 1), [dy])
+    return [Outcome("whole tile", cfg.BLOCK_M * cfg.BLOCK_N == row[1], note=str(cfg)),
+            compare("dgate", dgate, want[0], ONE_ROUNDING[dtype], torch_out=theirs[0]),
+            compare("dup", dup, want[1], ONE_ROUNDING[dtype], torch_out=theirs[1])]
+
+
+CASES += forced_tile_cases("swiglu_backward", check_forced_backward, table=BACKWARD_TILE_TABLE)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

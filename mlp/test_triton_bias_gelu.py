@@ -2,11 +2,14 @@
 
 The tolerance is one rounding (mlp/mlp_cases.py: half an ulp, not common.testing's whole ulp), and
 PyTorch's same-dtype result bounds the error too (the 2x rule); it rounds x + bias before the GELU,
-the kernel does not.
+the kernel does not. The gradients: dx the same way (one rounding), against autograd through the
+fp64 reference and PyTorch's own same-dtype gradients of F.gelu(x + bias); dbias, an fp32 sum
+rounded once, within the error bound of its order of summation (dbias_tol).
 
     python mlp/test_triton_bias_gelu.py        (or: pytest mlp/test_triton_bias_gelu.py)
 """
 import contextlib
+import dataclasses
 import pathlib
 import sys
 
@@ -16,13 +19,47 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import (Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand,  # noqa: E402
-                            shape_case)
+from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
+                            expect_raises, grads_of, main, poisoned, rand, shape_case)
 from mlp.gelu import APPROXIMATIONS, bias_gelu_ref  # noqa: E402
 from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
-                           overflow_expected)
-from mlp.tiling import tile_config_for  # noqa: E402
-from mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu  # noqa: E402
+                           overflow_expected, upstream)
+from mlp.tiling import BAND_TABLE, band_config, band_config_for, tile_config_for  # noqa: E402
+from mlp.triton_bias_gelu import (SUM_MAX_BLOCK_B, bias_gelu, launch_bias_gelu,  # noqa: E402
+                                  launch_bias_gelu_backward)
+
+NAMES = ("x", "bias")
+GELU_SLOPE_MAX = 1.13  # max |gelu'(z)| (1.129 at z = 1.41, either form): |dx| <= 1.13 |dy|
+
+
+def sum_depth(cfg, n_rows):
+    """Additions on the longest path of dbias's summation under launch config cfg: a tree over
+    BLOCK_M rows, ROWS / BLOCK_M iterations a band, a tree over a step of bands in the reduce, and
+    its steps. Recursive and tree summation of terms t_i in fp32 err by at most depth * 2^-24 *
+    sum |t_i| (first order)."""
+    block_b = min(SUM_MAX_BLOCK_B, cfg.n_bands)
+    return (max(cfg.BLOCK_M, 2).bit_length() + min(cfg.ROWS, n_rows) // cfg.BLOCK_M
+            + max(block_b, 2).bit_length() + -(-cfg.n_bands // block_b))
+
+
+def dbias_tol(dy, bias_dtype, cfg):
+    """dbias's bound, per column: the fp32 summation's error over the terms |dx| <= 1.13 |dy|, plus
+    each term's own fp32 error (the rounding of dy * gelu'(z), gelu''s polynomial, the rounding of
+    x + bias: under 7e-7 |dy| together, so 2^-20 |dy|), plus the one rounding to bias's dtype."""
+    dy2 = dy.detach().reshape(-1, dy.shape[-1])
+    depth = sum_depth(cfg, dy2.shape[0])
+    info = torch.finfo(bias_dtype)
+    # |dy| is exact in dy's dtype; summed in fp64 without an fp64 copy (2^31+ elements on the GPU)
+    atol = (depth * 2 ** -24 * GELU_SLOPE_MAX + 2 ** -20) * dy2.abs().sum(0, dtype=torch.float64) \
+        + info.tiny * info.eps / 2
+    return Tol(atol, UNIT_ROUNDOFF[bias_dtype], "fp32 summation of dx (depth * 2^-24 * sum |dx|), each term's "
+                                                "fp32 error, one rounding to bias's dtype (half an ulp, of a "
+                                                "subnormal too)")
+
+
+def grad_tol(dy, dtype, bias_dtype, cfg):
+    """check_grads' tolerance by gradient: dx one rounding (mlp_cases.ONE_ROUNDING), dbias dbias_tol."""
+    return lambda name, ref: ONE_ROUNDING[dtype] if name == "x" else dbias_tol(dy, bias_dtype, cfg)
 
 
 def check(shape, dtype, approximate="none", pad=None, scale=1.0, bias_dtype=None, has_bias=True):
@@ -35,6 +72,33 @@ def check(shape, dtype, approximate="none", pad=None, scale=1.0, bias_dtype=None
     torch_out = None if bias_dtype else F.gelu(x + b if has_bias else x, approximate=approximate)
     # inf/NaN where the reference is finite fails too
     return [compare("y", y, ref, ONE_ROUNDING[dtype], torch_out=torch_out)]
+
+
+def check_grad(shape, dtype, approximate="none", pad=None, scale=1.0, bias_dtype=None, has_bias=True, wrt=(0, 1),
+               dy_layout="packed"):
+    """dx and dbias (or one of them, wrt) against autograd through the fp64 reference."""
+    x = rand(shape, dtype, pad=pad, scale=scale)
+    b = rand((shape[-1],), bias_dtype or dtype) if has_bias else None
+    dy = upstream(shape, dtype, dy_layout)
+    rows = x.numel() // shape[-1]
+    cfg = band_config("bias_gelu_backward", rows, shape[-1], x.element_size(), has_bias and 1 in wrt)
+    # PyTorch's own same-dtype gradients bound ours; it needs x and bias in one dtype
+    torch_fn = None if bias_dtype else lambda x, b: F.gelu(x if b is None else x + b, approximate=approximate)
+    with overflow_expected() if scale > 100 else contextlib.nullcontext():
+        return check_grads(f"bias_gelu {approximate}", lambda x, b: bias_gelu(x, b, approximate),
+                           lambda x, b: bias_gelu_ref(x, b, approximate), (x, b), wrt if has_bias else (0,), NAMES,
+                           grad_tol(dy, dtype, bias_dtype or dtype, cfg), torch_fn=torch_fn, grad_outputs=[dy])
+
+
+def check_grad_every_value(dtype, approximate):
+    """dx at every fp16 or bf16 value: both tails, the switch at |z| = 5.5, subnormals, and in bf16
+    values up to 3e38, where z^2 and z^3 overflow: slopes 0 or 1, no NaN."""
+    x = every_value(dtype, fp32_limit=8.0)
+    dy = upstream(x.shape, dtype)
+    with overflow_expected():
+        return check_grads(f"bias_gelu {approximate}", lambda x: bias_gelu(x, None, approximate),
+                           lambda x: bias_gelu_ref(x, None, approximate), (x,), (0,), NAMES, ONE_ROUNDING[dtype],
+                           torch_fn=lambda x: F.gelu(x, approximate=approximate), grad_outputs=[dy])
 
 
 def check_extremes(dtype, approximate):
@@ -81,6 +145,34 @@ def check_huge(n_cols):
     return [compare("last rows", y[-4:], ref, ONE_ROUNDING[torch.float16])]
 
 
+def check_many_bands():
+    """More bands than the reduce's step (SUM_MAX_BLOCK_B): it adds them in two steps. One-row bands
+    of 8 columns keep the interpreter's work small."""
+    shape, dtype = (SUM_MAX_BLOCK_B + 6, 8), torch.float16
+    x, b, dy = rand(shape, dtype), rand((shape[-1],), dtype), rand(shape, dtype)
+    cfg = band_config_for((8, 8, 1), *shape, x.element_size(), 1, min_programs=1)
+    db = poisoned((shape[-1],), dtype)
+    launch_bias_gelu_backward(dy, x, b, "none", None, db, cfg)
+    _, want = grads_of(bias_gelu_ref, (x, b), (1,), [dy], dtype=torch.float64)
+    return [Outcome("bands past one step", cfg.n_bands > SUM_MAX_BLOCK_B, note=str(cfg)),
+            compare("dbias", db, want[0], dbias_tol(dy, dtype, cfg))]
+
+
+def check_grad_huge(n_cols):
+    """The gradients past 2^31 elements: dx's last rows, where a 32-bit offset would wrap, and
+    dbias (its fp64 reference summed in slices of rows)."""
+    rows = huge_rows(n_cols)
+    x, b = rand((rows, n_cols), torch.float16), rand((n_cols,), torch.float16)
+    dy = upstream((rows, n_cols), torch.float16)
+    dx, db = grads_of(bias_gelu, (x, b), (0, 1), [dy])[1]
+    _, want = grads_of(bias_gelu_ref, (x[-4:], b), (0,), [dy[-4:]], dtype=torch.float64)
+    db_ref = sum(grads_of(bias_gelu_ref, (x[i:i + 2 ** 16], b), (1,), [dy[i:i + 2 ** 16]], dtype=torch.float64)[1][0]
+                 for i in range(0, rows, 2 ** 16))
+    cfg = band_config("bias_gelu_backward", rows, n_cols, 2, True)
+    return [compare("dx, last rows", dx[-4:], want[0], ONE_ROUNDING[torch.float16]),
+            compare("dbias", db, db_ref, dbias_tol(dy, torch.float16, cfg))]
+
+
 def check_errors():
     x, b = rand((4, 64), torch.float16), rand((64,), torch.float16)
     other = "cpu" if DEVICE == "cuda" else "meta"
@@ -103,17 +195,29 @@ def check_errors():
 
 
 def check_grad_mode():
-    """Forward-only: in grad mode a bias that requires grad (an nn.Parameter) raises, naming the
-    operator; under torch.no_grad() the call gives what it gives on a plain bias."""
+    """Under grad (a bias that is an nn.Parameter) the call gives what it gives under
+    torch.no_grad(), bit for bit; out= stays forward-only: it raises, naming the operator."""
     x, b = rand((4, 64), torch.float16), rand((64,), torch.float16)
     b_param = torch.nn.Parameter(b.clone())
     with torch.no_grad():
         y, y_out = bias_gelu(x, b_param), bias_gelu(x, b_param, out=poisoned(x.shape, x.dtype))
-    return [expect_raises("bias requires grad", lambda: bias_gelu(x, b_param), RuntimeError,
-                          "llmk::bias_gelu is forward-only"),
-            expect_raises("bias requires grad, out=", lambda: bias_gelu(x, b_param, out=torch.empty_like(x)),
+    y_grad = bias_gelu(x, b_param)
+    return [expect_raises("bias requires grad, out=", lambda: bias_gelu(x, b_param, out=torch.empty_like(x)),
                           RuntimeError, "llmk::bias_gelu_out is forward-only"),
+            Outcome("under grad: as under no_grad", torch.equal(y_grad, y) and y_grad.requires_grad),
             Outcome("under no_grad: as with a plain bias", torch.equal(y, bias_gelu(x, b)) and torch.equal(y_out, y))]
+
+
+def check_grad_empty():
+    """Empty x: an empty dx, and dbias = 0 (a sum over no rows) where the bias is not empty."""
+    outcomes = []
+    for shape in ((0, 64), (2, 0, 64), (3, 0)):
+        x = rand(shape, torch.bfloat16).requires_grad_()
+        b = rand((shape[-1],), torch.bfloat16).requires_grad_()
+        dx, db = torch.autograd.grad(bias_gelu(x, b), (x, b), torch.ones(shape, dtype=torch.bfloat16, device=DEVICE))
+        ok = dx.shape == x.shape and db.shape == b.shape and bool((db == 0).all())
+        outcomes.append(Outcome(f"{shape}: empty dx, zero dbias", ok))
+    return outcomes
 
 
 def check_empty():
@@ -152,9 +256,39 @@ def cases():
     add((2, 4096), torch.bfloat16, bias_dtype=torch.float32)      # a bias kept in fp32
     add((5, 1000), torch.float16, has_bias=False)                 # plain GELU
     add((5, 1000), torch.float32, "tanh", has_bias=False)
-    return out + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
-                  Case("empty input", check_empty), Case("grad mode (forward-only)", check_grad_mode),
-                  Case("2^31+ elements", check_huge, dict(n_cols=4096), gpu_only=True)]
+
+    def grad(shape, dtype, approximate="none", gpu_only=False, **extra):  # named apart from the forward's
+        case = shape_case(check_grad, shape, dtype, gpu_only, approximate=approximate, **extra)
+        out.append(dataclasses.replace(case, name=f"grad {case.name}"))
+
+    for dtype in DTYPES:  # gradients
+        for approximate in APPROXIMATIONS:
+            grad((3, 1000), dtype, approximate)
+        grad((257, 123), dtype, "tanh" if dtype == torch.bfloat16 else "none")  # row and column masks
+        grad((1, 4096), dtype)                                    # one row
+        grad((2, 3, 123), dtype, "tanh")                          # dbias summed over two leading dims
+        grad((2, 5, 1000), dtype, pad=(0, 3, 0))                  # leading dims that cannot merge
+        grad((33, 64), dtype, pad=(0, 8), dy_layout="transposed")  # x a view of row stride 72; dy copied
+        grad((4096, 16384), dtype, gpu_only=True)
+        grad((8192, 14336), dtype, "tanh", gpu_only=True)
+        grad((2049, 11008), dtype, gpu_only=True, pad=(0, 64))
+    # saturated GELU, slopes 0 or 1 and no NaN: every fp16 and bf16 value (to 3e38), fp32 values to ~4e4
+    for approximate in APPROXIMATIONS:
+        for dtype in (torch.float16, torch.bfloat16):
+            out.append(Case(f"grad every value {dtype_name(dtype)} {approximate}", check_grad_every_value,
+                            dict(dtype=dtype, approximate=approximate)))
+        grad((3, 5120), torch.float32, approximate, scale=1e4)
+    grad((5, 1), torch.float16)                                   # one column: dbias sums a column
+    grad((37, 64), torch.bfloat16, "tanh", dy_layout="expanded")  # dy with row stride 0 (a broadcast)
+    grad((2, 4096), torch.bfloat16, bias_dtype=torch.float32)     # a bias kept in fp32: dbias in fp32
+    grad((5, 1000), torch.float16, has_bias=False)                # plain GELU
+    grad((7, 1000), torch.float16, wrt=(0,))                      # dx only: no partial sums
+    grad((7, 1000), torch.bfloat16, "tanh", wrt=(1,))             # dbias only: dx is not written
+    return out + [Case("dbias over 70 bands", check_many_bands), Case("allocates its output", check_own_buffer),
+                  Case("bad input", check_errors), Case("empty input", check_empty), Case("grad mode", check_grad_mode),
+                  Case("grad of empty input", check_grad_empty),
+                  Case("2^31+ elements", check_huge, dict(n_cols=4096), gpu_only=True),
+                  Case("grad 2^31+ elements", check_grad_huge, dict(n_cols=4096), gpu_only=True)]
 
 
 CASES = cases()
@@ -171,6 +305,27 @@ def check_forced(row, shape, dtype):
 
 
 CASES += forced_tile_cases("bias_gelu", check_forced)
+
+FORCED_BAND_ROWS = 32  # with the table's BLOCK_M (16 or 8 rows at 1000 columns): 2 or 4 iterations a band
+
+
+def check_forced_backward(row, shape, dtype):
+    """A BAND_TABLE entry's whole tile, in bands of several iterations (which the interpreter's small
+    matrices otherwise cut to one), the last band part-full and its last iteration masked."""
+    x, b, dy = rand(shape, dtype), rand((shape[-1],), dtype), rand(shape, dtype)
+    cfg = band_config_for(row, *shape, x.element_size(), FORCED_BAND_ROWS, min_programs=1)
+    dx, db = poisoned(shape, dtype), poisoned((shape[-1],), dtype)
+    launch_bias_gelu_backward(dy, x, b, "tanh", dx, db, cfg)
+    _, want = grads_of(lambda x, b: bias_gelu_ref(x, b, "tanh"), (x, b), (0, 1), [dy], dtype=torch.float64)
+    _, theirs = grads_of(lambda x, b: F.gelu(x + b, approximate="tanh"), (x, b), (0, 1), [dy])
+    return [Outcome("whole tile, several iterations a band",
+                    cfg.BLOCK_M * cfg.BLOCK_N == row[1] and cfg.ROWS > cfg.BLOCK_M and shape[0] % cfg.ROWS != 0,
+                    note=str(cfg)),
+            compare("dx", dx, want[0], ONE_ROUNDING[dtype], torch_out=theirs[0]),
+            compare("dbias", db, want[1], dbias_tol(dy, dtype, cfg), torch_out=theirs[1])]
+
+
+CASES += forced_tile_cases("bias_gelu_backward", check_forced_backward, shape=(37, 1000), table=BAND_TABLE)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

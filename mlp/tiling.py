@@ -39,6 +39,12 @@ TILE_TABLE = {
     "swiglu": {2: (1024, 2048, 4), 4: (512, 1024, 4)},
     "bias_gelu": {2: (1024, 4096, 4), 4: (512, 2048, 4)},
 }
+# The backward kernels' tiles, untuned (scripts/tune/mlp_sweep.py times TILE_TABLE's kernels):
+# - swiglu_backward (reads gate, up and dy, writes dgate and dup): swiglu's tile, 12 KB of loads a
+#   program in 16-bit.
+BACKWARD_TILE_TABLE = {
+    "swiglu_backward": {2: (1024, 2048, 4), 4: (512, 1024, 4)},
+}
 # Below MIN_PROGRAMS programs (four per SM of a 132-SM H100) tiles are halved, rows first, down to
 # MIN_TILE values (2 KB of fp16, 8 values a thread of 4 warps): smaller tiles only add programs.
 MIN_PROGRAMS = 528
@@ -57,9 +63,10 @@ class TileConfig:
 
 @functools.lru_cache(maxsize=1024)
 def tile_config(kernel, n_rows, n_cols, elem_size):
-    """Tile and launch parameters of `kernel` (a TILE_TABLE key) for an (n_rows, n_cols) matrix of
-    elem_size-byte values."""
-    return tile_config_for(TILE_TABLE[kernel][elem_size], n_rows, n_cols, elem_size)
+    """Tile and launch parameters of `kernel` (a TILE_TABLE or BACKWARD_TILE_TABLE key) for an
+    (n_rows, n_cols) matrix of elem_size-byte values."""
+    table = TILE_TABLE if kernel in TILE_TABLE else BACKWARD_TILE_TABLE
+    return tile_config_for(table[kernel][elem_size], n_rows, n_cols, elem_size)
 
 
 def tile_config_for(row, n_rows, n_cols, elem_size, min_programs=MIN_PROGRAMS):
@@ -106,3 +113,56 @@ def tile_offsets(pid, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
     else:
         in_cols = cols < n_cols
     return rows, cols, in_rows[:, None] & in_cols[None, :], in_cols
+
+
+# Kernels that also sum their output over rows (bias + GELU's dbias) take bands: a program loops over
+# ROWS rows of one BLOCK_N column tile, BLOCK_M rows an iteration (the tile as tile_config_for makes
+# it), and writes one fp32 partial sum of its band, reduced by a second kernel; the grid walks the
+# column tiles of a band first. (widest BLOCK_N, elements an iteration, num_warps), untuned:
+# - 128 columns (256 B of a 16-bit row, two 128-byte lines): narrow, so that bands of 128 rows still
+#   make many programs. A program runs ROWS / BLOCK_M iterations, so a grid of few programs a slot
+#   ends in a long, part-full last wave: at 72 registers a thread (ptxas for sm_90, 16-bit, with
+#   dbias) an H100 holds seven programs an SM, 924 in all, and 2048 x 16384 makes 2048 programs
+#   (2.2 waves) at 128 columns, 1024 (1.1) at 256;
+# - 2048 values an iteration: x and dy, 8 KB of 16-bit loads in flight a program.
+BAND_TABLE = {
+    "bias_gelu_backward": {2: (128, 2048, 4), 4: (128, 1024, 4)},
+}
+# 128 rows a band: the partial sums (4 bytes, written and read once) add 8 / (128 * 3 * e) of the
+# backward's traffic, 1% at e = 2 bytes. Bands are halved, down to one iteration, until there are
+# MIN_PROGRAMS programs.
+BAND_ROWS = 128
+
+
+@dataclass(frozen=True)
+class BandConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    ROWS: int  # rows a program (a band), a multiple of BLOCK_M
+    num_warps: int
+    n_bands: int  # rows of the partial sums
+    grid: int
+    EVEN_M: bool  # BLOCK_M divides n_rows: no row mask
+    EVEN_N: bool  # BLOCK_N divides n_cols: no column mask
+
+
+@functools.lru_cache(maxsize=1024)
+def band_config(kernel, n_rows, n_cols, elem_size, reduce_rows):
+    """Launch parameters of `kernel` (a BAND_TABLE key); reduce_rows: whether the rows are summed
+    (if not, a band is one iteration: the plain tiling)."""
+    return band_config_for(BAND_TABLE[kernel][elem_size], n_rows, n_cols, elem_size,
+                           BAND_ROWS if reduce_rows else 1)
+
+
+def band_config_for(row, n_rows, n_cols, elem_size, band_rows, min_programs=MIN_PROGRAMS):
+    """band_config from one table entry (as tile_config_for takes) and a band height of up to
+    band_rows rows (rounded up to whole iterations). min_programs=1 keeps the entry's whole tile
+    and band on a small matrix (the tests force it so, to run several iterations a band)."""
+    tile = tile_config_for(row, n_rows, n_cols, elem_size, min_programs)
+    n_col_tiles = cdiv(n_cols, tile.BLOCK_N)
+    rows = max(tile.BLOCK_M, min(next_power_of_2(band_rows), next_power_of_2(n_rows)))
+    while rows > tile.BLOCK_M and cdiv(n_rows, rows) * n_col_tiles < min_programs:
+        rows //= 2
+    n_bands = cdiv(n_rows, rows)
+    return BandConfig(tile.BLOCK_M, tile.BLOCK_N, rows, tile.num_warps, n_bands, n_bands * n_col_tiles,
+                      tile.EVEN_M, tile.EVEN_N)

@@ -11,17 +11,28 @@ what an H100 can issue while streaming fp16 at full bandwidth (docs/tuning/mlp.m
 Memory traffic for M rows of O values of e bytes: read x (M*O*e), write y (M*O*e), read bias (O*e,
 from L2 after the first band of rows). Eager PyTorch takes two kernels and rounds x + bias between
 them: 5*M*O*e bytes.
-Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/tiling.py.
+
+Backward (llmk::bias_gelu_backward): the forward saves x and bias, not y; z = x + bias is
+recomputed and, in fp32 (common.triton_utils.gelu_grad),
+    dx = dy * gelu'(z)        rounded once to x's dtype
+    dbias = sum over rows of dx (the fp32 values, before that rounding)
+dbias is deterministic, in two stages: each program sums its band of rows into an fp32 partial row,
+then one small kernel adds the partial rows in a fixed order and rounds once to bias's dtype.
+Traffic: read x and dy, write dx: 3*M*O*e (fwd+bwd 5*M*O*e), plus the partial sums, 8*O bytes a
+band of 128 rows (~1% at e = 2); without dx (only bias requires grad) 2*M*O*e.
+Tiling (2D tiles over rows and columns, 64-bit offsets; bands of rows for dbias) and its tables:
+mlp/tiling.py.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_ops
-from common.triton_utils import gelu
+from common.ops import define_op, define_ops
+from common.triton_utils import gelu, gelu_grad
 from common.validation import as_rows, check_out, check_same_device, check_tensor
 from mlp.gelu import check_approximate
-from mlp.tiling import tile_config, tile_offsets
+from mlp.tiling import band_config, tile_config, tile_offsets
 
 
 @triton.jit
@@ -75,9 +86,137 @@ def launch_bias_gelu(x, bias, approximate, y, cfg=None):
         num_warps=cfg.num_warps)
 
 
+@triton.jit
+def _bias_gelu_backward_kernel(
+    # pointers
+    dy_ptr, x_ptr, b_ptr, dx_ptr, partial_ptr,
+    # matrix dimensions and row strides (in elements)
+    n_rows, n_cols, stride_dym, stride_xm, stride_dxm,
+    # meta-parameters
+    HAS_BIAS: tl.constexpr, TANH: tl.constexpr, X_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Program (band, column tile): dx over ROWS rows of BLOCK_N columns, BLOCK_M rows an iteration;
+    with BIAS_GRAD, the band's fp32 column sums of dx into row `band` of partial (n_bands, n_cols)."""
+    n_col_tiles = tl.cdiv(n_cols, BLOCK_N)
+    band = tl.program_id(0) // n_col_tiles
+    cols = (tl.program_id(0) % n_col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EVEN_N:
+        in_cols = tl.full((BLOCK_N,), True, tl.int1)
+    else:
+        in_cols = cols < n_cols
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(tl.float32)
+    band_start = band.to(tl.int64) * ROWS  # 64-bit: rows * stride can pass 2^31
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for start in range(0, tl.minimum(n_rows - band_start, ROWS), BLOCK_M):  # the last band may be short
+        rows = band_start + start + tl.arange(0, BLOCK_M)
+        if EVEN_M:
+            mask = in_cols[None, :]
+        else:
+            mask = (rows < n_rows)[:, None] & in_cols[None, :]
+        # x and dy are read exactly once: do not let them push the bias out of L2
+        z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_first").to(tl.float32)
+        if HAS_BIAS:
+            z += b[None, :]
+        dx = dy * gelu_grad(z, TANH)  # 0 outside the mask: dy = 0 there and gelu' of a bias is finite
+        if X_GRAD:
+            tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if BIAS_GRAD:
+            acc += dx
+    if BIAS_GRAD:
+        tl.store(partial_ptr + band * n_cols + cols, tl.sum(acc, axis=0), mask=in_cols)
+
+
+@triton.jit
+def _sum_rows_kernel(partial_ptr, out_ptr, n_bands, n_cols, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[c] = sum over b of partial[b, c], fp32, in a fixed order (BLOCK_B rows a step, summed as
+    a tree), rounded once to out's dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_cols = cols < n_cols
+    acc = tl.zeros((BLOCK_B, BLOCK_N), tl.float32)
+    for start in range(0, n_bands, BLOCK_B):
+        bands = start + tl.arange(0, BLOCK_B)
+        acc += tl.load(partial_ptr + bands[:, None] * n_cols + cols[None, :],
+                       mask=(bands < n_bands)[:, None] & in_cols[None, :], other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=in_cols)
+
+
+# The partial sums are small (n_bands <= rows / 64 in a large matrix): 128 columns a program give
+# n_cols / 128 programs (128 at O = 16384) that each load their bands in one step of up to 64 rows
+# (8192 values, 32 a thread of 8 warps) or a few, a few microseconds in all, where a loop over single
+# rows would wait for each load in turn.
+SUM_BLOCK_N = 128
+SUM_MAX_BLOCK_B = 64
+SUM_WARPS = 8
+
+
+def launch_bias_gelu_backward(dy, x, bias, approximate, dx, dbias, cfg=None):
+    """Launch on validated arguments: dy, x (..., O), any row strides (dy may be an expanded view);
+    bias (O,) or None; dx a contiguous output shaped like x, or None (not wanted); dbias a (O,)
+    output of bias's dtype, or None (not wanted: without bias, or bias does not require grad).
+    Writes them in place. cfg: a BandConfig to launch instead of band_config's choice."""
+    if dbias is not None and x.numel() == 0:
+        dbias.zero_()  # a sum over no rows
+    if x.numel() == 0:
+        return
+    x2, dy2 = as_rows(x), as_rows(dy)
+    n_rows, n_cols = x2.shape
+    dx2 = dx.view(-1, n_cols) if dx is not None else x2  # x2: a placeholder pointer, never written
+    if cfg is None:
+        cfg = band_config("bias_gelu_backward", n_rows, n_cols, x.element_size(), dbias is not None)
+    partial = torch.empty((cfg.n_bands, n_cols), dtype=torch.float32, device=x.device) if dbias is not None else x2
+    b = bias.contiguous() if bias is not None else x2  # x2: a placeholder pointer, never read
+    _bias_gelu_backward_kernel[(cfg.grid,)](
+        dy2, x2, b, dx2, partial, n_rows, n_cols, dy2.stride(0), x2.stride(0), dx2.stride(0),
+        HAS_BIAS=bias is not None, TANH=approximate == "tanh", X_GRAD=dx is not None, BIAS_GRAD=dbias is not None,
+        ROWS=cfg.ROWS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
+        num_warps=cfg.num_warps)
+    if dbias is not None:
+        block_n = min(SUM_BLOCK_N, triton.next_power_of_2(n_cols))
+        _sum_rows_kernel[(triton.cdiv(n_cols, block_n),)](
+            partial, dbias, cfg.n_bands, n_cols,
+            BLOCK_B=min(SUM_MAX_BLOCK_B, triton.next_power_of_2(cfg.n_bands)), BLOCK_N=block_n, num_warps=SUM_WARPS)
+
+
+def _backward_empty(dy, x, bias, approximate, x_grad, bias_grad):
+    """(dx, dbias): new contiguous tensors like x and bias, 0-size where that gradient is not
+    wanted (an op may not return None). Also the backward op's fake implementation."""
+    dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else x.new_empty((0,))
+    return x.new_empty(x.shape if x_grad else (0,)), dbias
+
+
+def _backward_impl(dy, x, bias, approximate, x_grad, bias_grad):
+    dx, dbias = _backward_empty(dy, x, bias, approximate, x_grad, bias_grad)
+    bias_grad = bias_grad and bias is not None
+    if x_grad or bias_grad:
+        launch_bias_gelu_backward(dy, x, bias, approximate, dx if x_grad else None, dbias if bias_grad else None)
+    return dx, dbias
+
+
+bias_gelu_backward_op = define_op(
+    "bias_gelu_backward(Tensor dy, Tensor x, Tensor? bias, str approximate, bool x_grad, bool bias_grad) "
+    "-> (Tensor, Tensor)", _backward_impl, _backward_empty)
+
+
+def _setup_context(ctx, inputs, output):
+    x, bias, ctx.approximate = inputs
+    ctx.save_for_backward(x, bias)  # z = x + bias is recomputed, y is not kept
+
+
+def _backward(ctx, dy):
+    x, bias = ctx.saved_tensors
+    x_grad, bias_grad = ctx.needs_input_grad[:2]
+    dx, dbias = bias_gelu_backward_op(dy, x, bias, ctx.approximate, x_grad, bias_grad)
+    return dx if x_grad else None, dbias if bias_grad else None, None
+
+
 bias_gelu_op, bias_gelu_out_op = define_ops(
     "bias_gelu", "Tensor x, Tensor? bias, str approximate", lambda x, bias, approximate: x.new_empty(x.shape),
-    launch_bias_gelu)
+    launch_bias_gelu, backward=_backward, setup_context=_setup_context)
 
 
 def bias_gelu(x, bias, approximate="none", out=None):
@@ -87,8 +226,10 @@ def bias_gelu(x, bias, approximate="none", out=None):
     x: (..., O) fp16, bf16 or fp32, any row stride (a view whose leading dims cannot merge is
        copied once). bias: (O,) any float dtype, or None for plain GELU.
     approximate: "none" (the exact GELU, F.gelu's default) or "tanh".
-    out: optional contiguous buffer shaped like x, x's dtype.
-    Returns y: (..., O), x's dtype, contiguous (out itself when given).
+    out: optional contiguous buffer shaped like x, x's dtype (forward-only: with out= an input
+       that requires grad raises).
+    Returns y: (..., O), x's dtype, contiguous (out itself when given). Differentiable in x and
+    bias (llmk::bias_gelu_backward).
     """
     check_bias_gelu_args(x, bias, approximate)
     if out is None:

@@ -8,14 +8,23 @@ Large |gate| is safe: for a large negative gate exp(-gate) overflows to inf and 
 
 Memory traffic for M rows of I values of e bytes: read gate and up, write y: 3*M*I*e. Eager
 `F.silu(gate) * up` takes two kernels and rounds silu(gate) between them: 5*M*I*e bytes.
+
+Backward (one kernel, llmk::swiglu_backward): the forward saves gate and up, not y, and silu is
+recomputed in fp32, each gradient rounded once:
+    dgate = dy * up * silu'(gate),   silu'(g) = s * (1 + g * (1 - s)),   s = sigmoid(g)
+    dup   = dy * silu(gate)
+read gate, up and dy, write dgate and dup: 5*M*I*e (fwd+bwd 8*M*I*e); only dup: read gate and dy,
+write dup (3*M*I*e); only dgate: 4*M*I*e. The gradients are new tensors (2*M*I*e of memory while
+the backward runs). Liger-Kernel writes them into the saved gate and up instead (no new memory),
+which overwrites tensors the caller may still hold: not done here.
 Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/tiling.py.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
-from common.ops import define_ops
-from common.triton_utils import silu
+from common.ops import define_op, define_ops
+from common.triton_utils import silu, silu_grad
 from common.validation import as_rows, check_out, check_swiglu_args
 from mlp.tiling import tile_config, tile_offsets
 
@@ -54,8 +63,79 @@ def launch_swiglu(gate, up, y, cfg=None):
         num_warps=cfg.num_warps)
 
 
+@triton.jit
+def _swiglu_backward_kernel(
+    # pointers
+    dy_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr,
+    # matrix dimensions and row strides (in elements)
+    n_rows, n_cols, stride_dym, stride_gm, stride_um, stride_dgm, stride_dum,
+    # meta-parameters
+    GATE_GRAD: tl.constexpr, UP_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    rows, cols, mask, _ = tile_offsets(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N)
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if GATE_GRAD:  # up is read only for dgate
+        u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dgate = dy * u * silu_grad(g)
+        tl.store(dgate_ptr + rows[:, None] * stride_dgm + cols[None, :], dgate.to(dgate_ptr.dtype.element_ty),
+                 mask=mask)
+    if UP_GRAD:
+        dup = dy * silu(g)
+        tl.store(dup_ptr + rows[:, None] * stride_dum + cols[None, :], dup.to(dup_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_swiglu_backward(dy, gate, up, dgate, dup, cfg=None):
+    """Launch on validated arguments: dy, gate, up (..., I), any row strides (dy may be an
+    expanded view); dgate, dup contiguous outputs shaped like gate, or None where that gradient is
+    not wanted (not both). Writes them in place. cfg: a TileConfig, as launch_swiglu takes."""
+    if gate.numel() == 0:
+        return
+    dy2, g2, u2 = as_rows(dy), as_rows(gate), as_rows(up)
+    n_rows, n_cols = g2.shape
+    dg2 = dgate.view(-1, n_cols) if dgate is not None else g2  # g2: a placeholder pointer, never written
+    du2 = dup.view(-1, n_cols) if dup is not None else g2
+    if cfg is None:
+        cfg = tile_config("swiglu_backward", n_rows, n_cols, gate.element_size())
+    _swiglu_backward_kernel[(cfg.grid,)](
+        dy2, g2, u2, dg2, du2, n_rows, n_cols, dy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
+        GATE_GRAD=dgate is not None, UP_GRAD=dup is not None,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
+        num_warps=cfg.num_warps)
+
+
+def _backward_empty(dy, gate, up, gate_grad, up_grad):
+    """(dgate, dup): new contiguous tensors like gate, 0-size where that gradient is not wanted
+    (an op may not return None). Also the backward op's fake implementation."""
+    return (gate.new_empty(gate.shape if gate_grad else (0,)), gate.new_empty(gate.shape if up_grad else (0,)))
+
+
+def _backward_impl(dy, gate, up, gate_grad, up_grad):
+    dgate, dup = _backward_empty(dy, gate, up, gate_grad, up_grad)
+    if gate_grad or up_grad:
+        launch_swiglu_backward(dy, gate, up, dgate if gate_grad else None, dup if up_grad else None)
+    return dgate, dup
+
+
+swiglu_backward_op = define_op(
+    "swiglu_backward(Tensor dy, Tensor gate, Tensor up, bool gate_grad, bool up_grad) -> (Tensor, Tensor)",
+    _backward_impl, _backward_empty)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)  # gate, up: silu is recomputed, y is not kept
+
+
+def _backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    gate_grad, up_grad = ctx.needs_input_grad[:2]
+    dgate, dup = swiglu_backward_op(dy, gate, up, gate_grad, up_grad)
+    return dgate if gate_grad else None, dup if up_grad else None
+
+
 swiglu_op, swiglu_out_op = define_ops("swiglu", "Tensor gate, Tensor up", lambda gate, up: gate.new_empty(gate.shape),
-                                      launch_swiglu)
+                                      launch_swiglu, backward=_backward, setup_context=_setup_context)
 
 
 def swiglu(gate, up, out=None):
@@ -64,8 +144,10 @@ def swiglu(gate, up, out=None):
 
     gate, up: (..., I), same shape, both fp16, bf16 or fp32 (one dtype), any row strides (a view
        whose leading dims cannot merge, or whose last dim is strided, is copied once).
-    out: optional contiguous buffer shaped like gate, gate's dtype.
-    Returns y: (..., I), gate's dtype, contiguous (out itself when given).
+    out: optional contiguous buffer shaped like gate, gate's dtype (forward-only: with out= an
+       input that requires grad raises).
+    Returns y: (..., I), gate's dtype, contiguous (out itself when given). Differentiable in gate
+    and up (llmk::swiglu_backward).
     """
     check_swiglu_args(gate, up)
     if out is None:

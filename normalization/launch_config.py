@@ -13,6 +13,7 @@ was tried and lost, are in docs/tuning/normalization.md.
 import functools
 from dataclasses import dataclass
 
+from common.device import sm_count
 from common.ints import cdiv, next_power_of_2
 
 # Fused kernel, by padded row bytes (next_power_of_2(N) * element size):
@@ -88,3 +89,51 @@ def looped_config(n_rows, n_cols, elem_size, chunk_bytes):
     chunk = min(chunk_bytes // elem_size, next_power_of_2(n_cols))
     chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)
     return RowConfig(True, 1, chunk, min(32, max(4, chunk * elem_size // 512)), n_rows)
+
+
+# Backward kernels (normalization/triton_norm_backward.py). The grid is persistent, one program per
+# SM (at most): each program keeps an (N,) fp32 dweight partial, so P programs cost a (P, N) fp32
+# buffer and a reduce over P; one an SM keeps the buffer no larger than Liger's. Latency hiding
+# then rests on each program's own loads: the fused kernel loads the next step's x and dy while it
+# computes on this step's, a tile of BLOCK_M = tile / padded N rows. Keyed by padded N, not bytes:
+# the registers hold fp32 whatever the input dtype. Every row compiles without spills for sm_90
+# (ptxas -v, bf16 and fp32 inputs, HAS_DU on); not yet timed on a GPU.
+#   (max padded N, tile values, num_warps)
+BACKWARD_FUSED_TABLE = [
+    (512, 4096, 8),     # short rows, 8 to 128 a step: 150-190 registers a thread; a tile of 8192
+                        # spilled at 8 warps and at 16 (128 registers a thread)
+    (4096, 8192, 16),   # N = 1024..4096: 1-4 rows, 16 KB of x and of dy in bf16 a step, 128
+                        # registers; N = 8192 (one row) spilled at 16 and 32 warps: looped
+]
+# Wider rows: the looped backward, chunks of up to 8192 values (of them, their half and their
+# quarter, the one that pads N least, as looped_config), one 16-byte load a thread of x and of dy
+# per chunk: num_warps = chunk bytes / 512, at most 32 (8 values a thread of each of x, dy, w and
+# two fp32 accumulators, inside the 64 registers a thread of 1024 threads).
+BACKWARD_LOOP_CHUNK = 8192
+# The interpreter's SM count: 3 programs, so small test shapes give each program several rows
+# (and some programs none) and the reduce sums several partials.
+INTERPRETER_SMS = 3
+
+
+def backward_table_row(n_cols):
+    """Index of BACKWARD_FUSED_TABLE that backward_config reads, or None for the looped kernel."""
+    block_n = next_power_of_2(n_cols)
+    return next((i for i, (max_n, _, _) in enumerate(BACKWARD_FUSED_TABLE) if block_n <= max_n), None)
+
+
+def backward_config(n_rows, n_cols, elem_size, device):
+    """Kernel and launch of the norms' backward for n_rows rows of n_cols values of elem_size bytes."""
+    return _backward_config(n_rows, n_cols, elem_size, sm_count(device, INTERPRETER_SMS))
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_config(n_rows, n_cols, elem_size, sms):
+    block_n = next_power_of_2(n_cols)
+    i = backward_table_row(n_cols)
+    if i is not None:
+        _, tile, warps = BACKWARD_FUSED_TABLE[i]
+        block_m = min(128, tile // block_n)  # 128 rows a step: the most compiled (N = 32) and checked
+        return RowConfig(False, block_m, block_n, warps, min(sms, cdiv(n_rows, block_m)))
+    chunk = min(BACKWARD_LOOP_CHUNK, block_n)
+    chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)  # as looped_config
+    return RowConfig(True, 1, chunk, min(32, max(4, chunk * elem_size // 512)), min(sms, n_rows))

@@ -1,4 +1,5 @@
-"""Tests for normalization/triton_layernorm.py against the fp64 reference and F.layer_norm.
+"""Tests for normalization/triton_layernorm.py against the fp64 reference and F.layer_norm: the
+output, and the gradients (dx, dweight, dbias) against autograd through the fp64 reference.
 
     python normalization/test_layernorm.py        (or: pytest normalization/test_layernorm.py)
 """
@@ -13,10 +14,11 @@ import torch.nn.functional as F  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
-from common.testing import (TOLERANCES, Case, Outcome, compare, dtype_name, expect_raises, main,  # noqa: E402
-                            poisoned, rand)
+from common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,  # noqa: E402
+                            expect_raises, main, poisoned, rand)
 from normalization.layernorm import layernorm_ref  # noqa: E402
-from normalization.norm_cases import huge_rows, norm_cases  # noqa: E402
+from normalization.norm_cases import (chunked_param_grad, dx_atol, grad_cases, grad_tol, huge_rows,  # noqa: E402
+                                      norm_cases, param_grad_atol, x_hat_error)
 from normalization.triton_layernorm import layernorm  # noqa: E402
 
 EPS = 1e-5
@@ -69,8 +71,9 @@ def check_errors():
         expect_raises("bias elsewhere", lambda: layernorm(x, w, w.to(other)), ValueError, "bias"),
         expect_raises("eps < 0", lambda: layernorm(x, w, eps=-1e-5), ValueError, "eps"),
         expect_raises("out dtype", lambda: layernorm(x, w, out=x.float()), ValueError, "out"),
-        expect_raises("x requires grad (forward-only)", lambda: layernorm(x.clone().requires_grad_(), w),
-                      RuntimeError, "llmk::layernorm is forward-only"),
+        expect_raises("out= under grad (forward-only)",
+                      lambda: layernorm(x.clone().requires_grad_(), w, out=torch.empty_like(x)),
+                      RuntimeError, "without out"),
     ]
 
 
@@ -80,7 +83,67 @@ def check_empty():
     return [Outcome("empty in, empty out", y.shape == x.shape and y.dtype == x.dtype)]
 
 
+def grad_atol(x, w, dy):
+    """Per-element fp32 error bounds of dx, dweight, dbias (norm_cases' error model), in fp64."""
+    xd, dyd = x.double(), dy.double()
+    centred = xd - xd.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + EPS)
+    x_hat = centred * rstd
+    g = dyd * w.double() if w is not None else dyd
+    return dict(x=dx_atol(x_hat, g, rstd, centred=True),
+                weight=param_grad_atol(dyd * x_hat, dyd.abs() * x_hat_error(xd, x_hat, rstd, centred=True)),
+                bias=param_grad_atol(dyd))
+
+
+def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, affine=(True, True)):
+    """Gradients against autograd through the fp64 reference and F.layer_norm's (2x rule); x and dy
+    strided views when pad is given; wrt: one input's gradient alone; affine: weight, bias present."""
+    n = shape[-1]
+    x, dy = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
+    w = rand((n,), weight_dtype or dtype) if affine[0] else None
+    b = rand((n,), weight_dtype or dtype) if affine[1] else None
+    atol = grad_atol(x, w, dy)
+    present = [i for i, t in enumerate((x, w, b)) if t is not None]
+    wrt = {"x": (0,), "weight": (1,), "bias": (2,)}[wrt] if wrt else tuple(present)
+    torch_fn = (lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS)) if weight_dtype is None else None
+    return check_grads("", lambda x, w, b: layernorm(x, w, b, EPS), lambda x, w, b: layernorm_ref(x, w, b, EPS),
+                       (x, w, b), wrt, ("x", "weight", "bias"),
+                       lambda name, _: grad_tol(x.dtype if name == "x" else (weight_dtype or dtype), atol[name]),
+                       torch_fn=torch_fn, grad_outputs=[dy])
+
+
+def check_grad_empty():
+    x, w, b = rand((0, 64), torch.float16), rand((64,), torch.float16), rand((64,), torch.float16)
+    return check_grads("empty", lambda x, w, b: layernorm(x, w, b, EPS), lambda x, w, b: layernorm_ref(x, w, b, EPS),
+                       (x, w, b), (0, 1, 2), ("x", "weight", "bias"), TOLERANCES[torch.float16])
+
+
+def check_grad_huge(n_cols):
+    """Past 2^31 elements (bf16): dx of the last rows, where a 32-bit offset would wrap, and dbias
+    (the sum of dy over every row, in fp64 a chunk at a time)."""
+    rows = huge_rows(n_cols)
+    x, dy = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16)
+    w, b = rand((n_cols,), torch.bfloat16), rand((n_cols,), torch.bfloat16)
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    dx, _, db = torch.autograd.grad(layernorm(*leaves, EPS), leaves, dy)
+    last = [t.detach().double().requires_grad_() for t in (x[-4:], w, b)]
+    dx_ref, = torch.autograd.grad(layernorm_ref(*last, EPS), last[:1], dy[-4:].double())
+    db_ref, db_atol = chunked_param_grad(rows, lambda start, stop: dy[start:stop].double(), 2 ** 26 // n_cols)
+    return [compare("dx, last rows", dx[-4:], dx_ref,
+                    tol=grad_tol(torch.bfloat16, grad_atol(x[-4:], w, dy[-4:])["x"])),
+            compare("dbias", db, db_ref, tol=grad_tol(torch.bfloat16, db_atol))]
+
+
 CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge)
+CASES += grad_cases(check_grad, check_grad_empty, check_grad_huge)
+# without weight or bias: the fused kernel in fp32 and bf16, the looped one in fp32 (its weight
+# without a bias gradient: the wrt=weight case)
+AFFINE = {"no bias": (True, False), "bias only": (False, True), "no affine": (False, False)}
+CASES += [Case(f"grad {shape} {dtype_name(dtype)} {name}", check_grad, dict(shape=shape, dtype=dtype, affine=AFFINE[name]))
+          for shape, dtype, names in (((7, 123), torch.float32, AFFINE), ((7, 123), torch.bfloat16, AFFINE),
+                                      ((4, 4500), torch.float32, ("bias only", "no affine")))
+          for name in names]
+CASES.append(Case("grad (9, 41) fp16 wrt=bias", check_grad, dict(shape=(9, 41), dtype=torch.float16, wrt="bias")))
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     # the fused kernel (123) and the looped one with 1, several and many chunks;
     # each with and without weight and bias

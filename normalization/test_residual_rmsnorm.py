@@ -1,5 +1,6 @@
 """Tests for normalization/triton_residual_rmsnorm.py: u against x + residual, y against the fp64
-RMSNorm of u as stored (rounded to the input dtype), and both against PyTorch's add + F.rms_norm.
+RMSNorm of u as stored (rounded to the input dtype), and both against PyTorch's add + F.rms_norm;
+the gradients (dx, dresidual, dweight) through both outputs, or y alone (du = None).
 
     python normalization/test_residual_rmsnorm.py   (or: pytest normalization/test_residual_rmsnorm.py)
 """
@@ -11,9 +12,12 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from common.checks.rmsnorm import rms_grad_atol  # noqa: E402
+
 from common.device import DEVICE  # noqa: E402
-from common.testing import Outcome, compare, expect_raises, main, poisoned, rand  # noqa: E402
-from normalization.norm_cases import huge_rows, norm_cases  # noqa: E402
+from common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
+                            main, poisoned, rand)
+from normalization.norm_cases import chunked_param_grad, grad_cases, grad_tol, huge_rows, norm_cases  # noqa: E402
 from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
 from normalization.triton_residual_rmsnorm import residual_rmsnorm  # noqa: E402
 
@@ -67,9 +71,9 @@ def check_errors():
         expect_raises("int x", lambda: residual_rmsnorm(x.to(torch.int32), x, w), TypeError, "x"),
         expect_raises("residual_out shape", lambda: residual_rmsnorm(x, x, w, residual_out=x[:1].clone()),
                       ValueError, "residual_out"),
-        expect_raises("residual requires grad (forward-only)",
-                      lambda: residual_rmsnorm(x, x.clone().requires_grad_(), w), RuntimeError,
-                      "llmk::residual_rmsnorm is forward-only"),
+        expect_raises("residual_out= under grad (forward-only)",
+                      lambda: residual_rmsnorm(x, x.clone().requires_grad_(), w, residual_out=torch.empty_like(x)),
+                      RuntimeError, "without out/residual_out"),
     ]
 
 
@@ -79,7 +83,69 @@ def check_empty():
     return [Outcome("empty in, empty out", y.shape == x.shape and u.shape == x.shape)]
 
 
+def reference(dtype, outputs):
+    """The fp64 reference of the gradient checks: u rounded to `dtype` in the forward, as the
+    kernel stores and normalizes it, with the identity as its derivative (rounding has none to
+    follow); outputs "both" -> (y, u), "y" -> y alone."""
+    def ref(x, r, w):
+        u = x + r
+        u = u + (u.to(dtype).to(u.dtype) - u).detach()
+        y = rmsnorm_ref(u, w, EPS)
+        return (y, u) if outputs == "both" else y
+    return ref
+
+
+def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, outputs="both"):
+    """Gradients through y and u (outputs="both") or y alone (u's gradient undefined: du = None),
+    against the fp64 reference and PyTorch's add + F.rms_norm (2x rule)."""
+    x, r = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
+    dy, du = rand(shape, dtype, pad=pad), rand(shape, dtype)
+    w = rand((shape[-1],), weight_dtype or dtype)
+    u = (x.double() + r.double()).to(dtype)
+    atol = rms_grad_atol(u, w, dy, du if outputs == "both" else None)
+    atol["residual"] = atol["x"]
+    pick = (lambda y, u: (y, u)) if outputs == "both" else (lambda y, u: y)
+    torch_fn = (lambda x, r, w: pick(F.rms_norm(x + r, (shape[-1],), w, EPS), x + r)) if weight_dtype is None else None
+    return check_grads(outputs, lambda x, r, w: pick(*residual_rmsnorm(x, r, w, EPS)), reference(dtype, outputs),
+                       (x, r, w), {"x": (0,), "weight": (2,)}.get(wrt, (0, 1, 2)), ("x", "residual", "weight"),
+                       lambda name, _: grad_tol(dtype if name != "weight" else w.dtype, atol[name]),
+                       torch_fn=torch_fn, grad_outputs=[dy, du] if outputs == "both" else [dy])
+
+
+def check_grad_empty():
+    x, w = rand((0, 64), torch.bfloat16), rand((64,), torch.bfloat16)
+    return check_grads("empty", lambda x, r, w: residual_rmsnorm(x, r, w, EPS), reference(torch.bfloat16, "both"),
+                       (x, x.clone(), w), (0, 1, 2), ("x", "residual", "weight"), TOLERANCES[torch.bfloat16])
+
+
+def check_grad_huge(n_cols):
+    """Past 2^31 elements (bf16): dx of the last rows, where a 32-bit offset would wrap, and
+    dweight over every row (fp64, a chunk of rows at a time)."""
+    rows = huge_rows(n_cols)
+    x, r = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16)
+    dy, du, w = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16), rand((n_cols,), torch.bfloat16)
+    leaves = [t.detach().requires_grad_() for t in (x, r, w)]
+    y, u = residual_rmsnorm(*leaves, EPS)
+    dx, dw = torch.autograd.grad((y, u), (leaves[0], leaves[2]), (dy, du))
+    del y
+    u = u.detach()
+    last = [t.detach().double().requires_grad_() for t in (u[-4:], w)]
+    dx_ref, = torch.autograd.grad(rmsnorm_ref(*last, EPS), last[:1], dy[-4:].double())
+
+    def terms(start, stop):
+        ud = u[start:stop].double()
+        return dy[start:stop].double() * ud * torch.rsqrt(ud.pow(2).mean(-1, keepdim=True) + EPS)
+
+    dw_ref, dw_atol = chunked_param_grad(rows, terms, 2 ** 26 // n_cols)
+    return [compare("dx, last rows", dx[-4:], dx_ref + du[-4:].double(),
+                    tol=grad_tol(torch.bfloat16, rms_grad_atol(u[-4:], w, dy[-4:], du[-4:])["x"])),
+            compare("dweight", dw, dw_ref, tol=grad_tol(torch.bfloat16, dw_atol))]
+
+
 CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge)
+CASES += grad_cases(check_grad, check_grad_empty, check_grad_huge)
+CASES += [Case(f"grad {shape} {dtype_name(dtype)} y only", check_grad, dict(shape=shape, dtype=dtype, outputs="y"))
+          for shape, dtype in (((7, 123), torch.bfloat16), ((4, 4500), torch.float32))]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

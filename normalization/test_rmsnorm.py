@@ -1,4 +1,5 @@
-"""Tests for normalization/triton_rmsnorm.py against the fp64 reference and F.rms_norm.
+"""Tests for normalization/triton_rmsnorm.py against the fp64 reference and F.rms_norm: the
+output, and the gradients (dx, dweight) against autograd through the fp64 reference.
 
     python normalization/test_rmsnorm.py        (or: pytest normalization/test_rmsnorm.py)
 """
@@ -12,9 +13,9 @@ import torch  # noqa: E402
 
 from common.checks import rmsnorm as checks  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.testing import Outcome, expect_raises, main, rand  # noqa: E402
-from normalization.norm_cases import norm_cases  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
+from common.testing import Case, Outcome, expect_raises, grads_of, main, rand  # noqa: E402
+from normalization.norm_cases import grad_cases, norm_cases  # noqa: E402
+from normalization.triton_rmsnorm import rmsnorm, rmsnorm_backward  # noqa: E402
 
 
 def check_errors():
@@ -29,9 +30,25 @@ def check_errors():
         expect_raises("not a tensor", lambda: rmsnorm([1.0], w), TypeError, "x"),
         expect_raises("eps < 0", lambda: rmsnorm(x, w, -1.0), ValueError, "eps"),
         expect_raises("out shape", lambda: rmsnorm(x, w, out=x[:2].clone()), ValueError, "out"),
-        expect_raises("weight requires grad (forward-only)", lambda: rmsnorm(x, w.clone().requires_grad_()),
-                      RuntimeError, "llmk::rmsnorm is forward-only"),
+        expect_raises("out= under grad (forward-only)",
+                      lambda: rmsnorm(x, w.clone().requires_grad_(), out=torch.empty_like(x)),
+                      RuntimeError, "without out"),
     ]
+
+
+def check_backward_function():
+    """rmsnorm_backward (the op other kernels' backwards call) gives autograd's gradients bit for
+    bit, on a strided dy; weight_grad=False gives dweight None; bad dy raises naming it."""
+    x, w, dy = rand((5, 300), torch.bfloat16), rand((300,), torch.bfloat16), rand((5, 300), torch.bfloat16, pad=(0, 4))
+    _, (dx, dw) = grads_of(lambda x, w: rmsnorm(x, w, 1e-6), (x, w), (0, 1), [dy])
+    got_dx, got_dw = rmsnorm_backward(dy, x, w, 1e-6)
+    only_dx, none = rmsnorm_backward(dy, x, w, 1e-6, weight_grad=False)
+    return [Outcome("dx = autograd's", torch.equal(got_dx, dx) and got_dx.is_contiguous()),
+            Outcome("dweight = autograd's", torch.equal(got_dw, dw)),
+            Outcome("weight_grad=False: dweight None, same dx", none is None and torch.equal(only_dx, dx)),
+            expect_raises("dy shape", lambda: rmsnorm_backward(dy[:2], x, w), ValueError, "dy"),
+            expect_raises("dy dtype", lambda: rmsnorm_backward(dy.float(), x, w), ValueError, "dy"),
+            expect_raises("int dy", lambda: rmsnorm_backward(dy.to(torch.int32), x, w), TypeError, "dy")]
 
 
 def check_empty():
@@ -44,6 +61,10 @@ def check_empty():
 CASES = norm_cases(functools.partial(checks.check, impl=rmsnorm),
                    functools.partial(checks.check_own_buffer, impl=rmsnorm), check_errors, check_empty,
                    functools.partial(checks.check_huge, impl=rmsnorm))
+CASES += grad_cases(functools.partial(checks.check_grad, impl=rmsnorm),
+                    functools.partial(checks.check_grad_empty, impl=rmsnorm),
+                    functools.partial(checks.check_grad_huge, impl=rmsnorm))
+CASES.append(Case("grad: rmsnorm_backward", check_backward_function))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

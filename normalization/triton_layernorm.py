@@ -7,15 +7,21 @@ The fused kernel (short rows, in registers) takes the variance of the centred va
 no E[x^2] - E[x]^2 cancellation; the looped kernel does the same in three passes over the row
 (mean, squared deviations, normalize), the second and third served from L1/L2.
 normalization/launch_config.py picks the kernel and its launch.
+
+Backward (normalization/triton_norm_backward.py, operator llmk::layernorm_backward): the forward
+saves x and weight; mean and rstd are recomputed (read x, dy, write dx: 3*N*e a row).
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
-from common.ops import define_ops
+import torch
+
+from common.ops import define_op, define_ops
 from common.triton_utils import col_mask
 from common.validation import as_rows, check_norm_args, check_out
 from normalization.launch_config import row_config
+from normalization.triton_norm_backward import check_out_without_grad, launch_layernorm_backward
 
 
 @triton.jit
@@ -118,13 +124,51 @@ def launch_layernorm(x, weight, bias, eps, y, cfg=None):
                                              num_warps=cfg.num_warps)
 
 
+def _grad_buffer(param, wanted):
+    """A parameter's gradient output: (N,) in its dtype, or a 0-size placeholder when not wanted."""
+    return param.new_empty(param.shape if wanted else (0,))
+
+
+def _backward_impl(dy, x, weight, bias, eps, weight_grad, bias_grad):
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dweight = _grad_buffer(weight if weight is not None else x, weight_grad)
+    dbias = _grad_buffer(bias if bias is not None else x, bias_grad)
+    launch_layernorm_backward(dy, x, weight, eps, dx, dweight if weight_grad else None,
+                              dbias if bias_grad else None)
+    return dx, dweight, dbias
+
+
+layernorm_backward_op = define_op(
+    "layernorm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, float eps, bool weight_grad, "
+    "bool bias_grad) -> (Tensor, Tensor, Tensor)", _backward_impl,
+    lambda dy, x, weight, bias, eps, weight_grad, bias_grad: (
+        x.new_empty(x.shape), _grad_buffer(weight if weight is not None else x, weight_grad),
+        _grad_buffer(bias if bias is not None else x, bias_grad)))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    # bias is saved for its dtype and shape only (db = sum of dy): a parameter, no extra memory
+    ctx.save_for_backward(x, weight, bias)
+    ctx.eps = eps
+
+
+def _backward(ctx, dy):
+    x, weight, bias = ctx.saved_tensors
+    wants_x, wants_weight, wants_bias = ctx.needs_input_grad[:3]
+    dx, dweight, dbias = layernorm_backward_op(dy, x, weight, bias, ctx.eps, wants_weight, wants_bias)
+    return (dx if wants_x else None), (dweight if wants_weight else None), (dbias if wants_bias else None), None
+
+
 layernorm_op, layernorm_out_op = define_ops(
     "layernorm", "Tensor x, Tensor? weight, Tensor? bias, float eps",
-    lambda x, weight, bias, eps: x.new_empty(x.shape), launch_layernorm)
+    lambda x, weight, bias, eps: x.new_empty(x.shape), launch_layernorm,
+    backward=_backward, setup_context=_setup_context)
 
 
 def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
-    """LayerNorm over the last dim (operators llmk::layernorm and llmk::layernorm_out).
+    """LayerNorm over the last dim (operators llmk::layernorm and llmk::layernorm_out), differentiable
+    in x, weight and bias (llmk::layernorm_backward); `out=` is forward-only.
 
     x: (..., N) fp16, bf16 or fp32, any row stride. weight, bias: (N,) any float dtype, or None.
     out: optional contiguous buffer shaped like x. Returns y: (..., N), x's dtype, contiguous.
@@ -134,6 +178,7 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
         check_norm_args(x, bias, eps, weight_name="bias")
     if out is None:
         return layernorm_op(x, weight, bias, float(eps))
+    check_out_without_grad("layernorm", "out", (x, weight, bias))
     check_out("out", out, x.shape, x.dtype, x.device)
     layernorm_out_op(x, weight, bias, float(eps), out)
     return out

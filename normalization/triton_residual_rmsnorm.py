@@ -5,23 +5,64 @@
 
 Traffic: read x and residual, write u and y (4*N*e bytes a row) against 6*N*e for an add followed
 by an RMSNorm. The kernel is the RMSNorm kernel with HAS_RESIDUAL set (triton_rmsnorm.py).
+
+Backward, through both outputs, one kernel (llmk::residual_rmsnorm_backward, the RMSNorm backward
+with HAS_DU): du_total = rmsnorm_backward(dy) + du, and dx = dresidual = du_total (one tensor,
+returned for both, as autograd's own add does). Saved: u (an output, alive anyway as the next
+block's skip) and weight. Traffic: read u, dy, du, write dx: 4*N*e a row (3*N*e when u's gradient
+is undefined, du = None).
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from common.ops import define_ops
+from common.ops import define_op, define_ops
 from common.validation import check_norm_args, check_out, check_same_device, check_tensor
+from normalization.triton_norm_backward import check_out_without_grad, launch_rmsnorm_backward
 from normalization.triton_rmsnorm import launch_rmsnorm
+
+
+def _backward_impl(dy, du, u, weight, eps, weight_grad):
+    dx = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    dweight = torch.empty(weight.shape if weight_grad else (0,), dtype=weight.dtype, device=weight.device)
+    launch_rmsnorm_backward(dy, u, weight, du, eps, dx, dweight if weight_grad else None)
+    return dx, dweight
+
+
+residual_rmsnorm_backward_op = define_op(
+    "residual_rmsnorm_backward(Tensor dy, Tensor? du, Tensor u, Tensor weight, float eps, bool weight_grad)"
+    " -> (Tensor, Tensor)", _backward_impl,
+    lambda dy, du, u, weight, eps, weight_grad: (u.new_empty(u.shape),
+                                                 weight.new_empty(weight.shape if weight_grad else (0,))))
+
+
+def _setup_context(ctx, inputs, output):
+    _, _, weight, eps = inputs
+    ctx.save_for_backward(output[1], weight)  # u: the rounded sum the forward normalized
+    ctx.eps = eps
+    ctx.set_materialize_grads(False)  # an unused u gives du = None: not a tensor of zeros to read
+
+
+def _backward(ctx, dy, du):
+    u, weight = ctx.saved_tensors
+    if dy is None and du is None:
+        return None, None, None, None
+    if dy is None:  # only u is used: y's gradient is zero (rare; not worth a kernel variant)
+        dy = torch.zeros_like(u)
+    wants_x, wants_residual, wants_weight = ctx.needs_input_grad[:3]
+    dx, dweight = residual_rmsnorm_backward_op(dy, du, u, weight, ctx.eps, wants_weight)
+    return (dx if wants_x else None), (dx if wants_residual else None), (dweight if wants_weight else None), None
 
 
 residual_rmsnorm_op, residual_rmsnorm_out_op = define_ops(
     "residual_rmsnorm", "Tensor x, Tensor residual, Tensor weight, float eps",
     lambda x, residual, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)), launch_rmsnorm,
-    outs=("out", "residual_out"))
+    outs=("out", "residual_out"), backward=_backward, setup_context=_setup_context)
 
 
 def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None):
-    """Operators llmk::residual_rmsnorm and llmk::residual_rmsnorm_out.
+    """Operators llmk::residual_rmsnorm and llmk::residual_rmsnorm_out; differentiable in x,
+    residual and weight through both outputs (llmk::residual_rmsnorm_backward); `out=` and
+    `residual_out=` are forward-only.
 
     x, residual: (..., N), same shape and dtype (fp16, bf16, fp32), any row strides.
     weight: (N,). out, residual_out: optional contiguous buffers shaped like x.
@@ -35,6 +76,7 @@ def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None)
                          f"got {tuple(residual.shape)} {residual.dtype}")
     if out is None and residual_out is None:
         return residual_rmsnorm_op(x, residual, weight, float(eps))
+    check_out_without_grad("residual_rmsnorm", "out/residual_out", (x, residual, weight))
     for name, buf in (("out", out), ("residual_out", residual_out)):
         if buf is not None:
             check_out(name, buf, x.shape, x.dtype, x.device)

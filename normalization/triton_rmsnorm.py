@@ -8,15 +8,21 @@ read once per program, L2-resident). With a residual: also read residual and wri
 Two kernels, chosen by normalization/launch_config.py: `_rmsnorm_fused_kernel` holds BLOCK_M short
 rows in registers; `_rmsnorm_looped_kernel` streams a row in chunks twice, the second pass served
 from L1/L2, which needs fewer registers and so keeps more loads in flight.
+
+Backward (normalization/triton_norm_backward.py): the operator llmk::rmsnorm_backward, which
+autograd calls and `rmsnorm_backward` exposes; the forward saves x and weight only (rstd is
+recomputed from x: read x, dy, write dx, 3*N*e a row).
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_ops
+from common.ops import define_op, define_ops
 from common.triton_utils import col_mask
-from common.validation import as_rows, check_norm_args, check_out
+from common.validation import as_rows, check_norm_args, check_out, check_same_device, check_tensor
 from normalization.launch_config import row_config
+from normalization.triton_norm_backward import check_out_without_grad, launch_rmsnorm_backward
 
 
 @triton.jit
@@ -120,13 +126,41 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None):
                                            num_warps=cfg.num_warps)
 
 
+def _rmsnorm_backward_impl(dy, x, weight, eps, weight_grad):
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dweight = torch.empty(weight.shape if weight_grad else (0,), dtype=weight.dtype, device=weight.device)
+    launch_rmsnorm_backward(dy, x, weight, None, eps, dx, dweight if weight_grad else None)
+    return dx, dweight
+
+
+rmsnorm_backward_op = define_op(
+    "rmsnorm_backward(Tensor dy, Tensor x, Tensor weight, float eps, bool weight_grad) -> (Tensor, Tensor)",
+    _rmsnorm_backward_impl,
+    lambda dy, x, weight, eps, weight_grad: (x.new_empty(x.shape),
+                                             weight.new_empty(weight.shape if weight_grad else (0,))))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dweight = rmsnorm_backward_op(dy, x, weight, ctx.eps, ctx.needs_input_grad[1])
+    return (dx if ctx.needs_input_grad[0] else None), (dweight if ctx.needs_input_grad[1] else None), None
+
+
 rmsnorm_op, rmsnorm_out_op = define_ops(
     "rmsnorm", "Tensor x, Tensor weight, float eps", lambda x, weight, eps: x.new_empty(x.shape),
-    lambda x, weight, eps, out: launch_rmsnorm(x, None, weight, eps, out, None))
+    lambda x, weight, eps, out: launch_rmsnorm(x, None, weight, eps, out, None),
+    backward=_backward, setup_context=_setup_context)
 
 
 def rmsnorm(x, weight, eps=1e-6, out=None):
-    """RMSNorm over the last dim (operators llmk::rmsnorm and llmk::rmsnorm_out).
+    """RMSNorm over the last dim (operators llmk::rmsnorm and llmk::rmsnorm_out), differentiable
+    in x and weight (llmk::rmsnorm_backward); `out=` is forward-only.
 
     x: (..., N) fp16, bf16 or fp32, any row stride (a view whose leading dims cannot merge is
        copied once). weight: (N,) any float dtype. out: optional contiguous buffer shaped like x.
@@ -135,6 +169,25 @@ def rmsnorm(x, weight, eps=1e-6, out=None):
     check_norm_args(x, weight, eps)
     if out is None:
         return rmsnorm_op(x, weight, float(eps))
+    check_out_without_grad("rmsnorm", "out", (x, weight))
     check_out("out", out, x.shape, x.dtype, x.device)
     rmsnorm_out_op(x, weight, float(eps), out)
     return out
+
+
+def rmsnorm_backward(dy, x, weight, eps=1e-6, weight_grad=True):
+    """The gradients of y = rmsnorm(x, weight, eps) given dy (operator llmk::rmsnorm_backward; a
+    caller fusing RMSNorm into another op's autograd formula calls this, and torch.compile traces it).
+
+    dy, x: (..., N) of one dtype (fp16, bf16, fp32), any strides (a dy with a column stride, such
+    as an expanded one, is copied once). weight: (N,) any float dtype.
+    Returns (dx, dweight): dx (..., N) contiguous in x's dtype; dweight (N,) in weight's dtype,
+    summed over rows in fp32 and rounded once, or None when weight_grad is False.
+    """
+    check_norm_args(x, weight, eps)
+    check_tensor("dy", dy)
+    check_same_device("dy", dy, "x", x)
+    if dy.shape != x.shape or dy.dtype != x.dtype:
+        raise ValueError(f"dy must match x: shape {tuple(x.shape)} dtype {x.dtype}; got {tuple(dy.shape)} {dy.dtype}")
+    dx, dweight = rmsnorm_backward_op(dy, x, weight, float(eps), bool(weight_grad))
+    return dx, (dweight if weight_grad else None)

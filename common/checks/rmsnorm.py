@@ -1,10 +1,12 @@
 """RMSNorm checks for any implementation `impl(x, weight, eps, out=None)`: the Triton kernel
-(normalization/test_rmsnorm.py) and the CUDA one (cuda_cpp/test_cuda_kernels.py)."""
+(normalization/test_rmsnorm.py) and the CUDA one (cuda_cpp/test_cuda_kernels.py); the gradient
+checks (check_grad*) for an implementation with a backward."""
 import torch
 import torch.nn.functional as F
 
-from common.testing import compare, poisoned, rand
-from normalization.norm_cases import huge_rows
+from common.testing import TOLERANCES, check_grads, compare, grads_of, poisoned, rand
+from normalization.norm_cases import (U32, chunked_param_grad, dx_atol, grad_tol, huge_rows, param_grad_atol,
+                                      x_hat_error)
 from normalization.rmsnorm import rmsnorm_ref
 
 EPS = 1e-6
@@ -31,3 +33,55 @@ def check_huge(n_cols, impl):
     x, w = rand((rows, n_cols), torch.float16), rand((n_cols,), torch.float16)
     y = impl(x, w, EPS, out=poisoned((rows, n_cols), torch.float16))
     return [compare("last rows", y[-4:], rmsnorm_ref(x[-4:].double(), w.double(), EPS))]
+
+
+def x_hat(x, eps=EPS):
+    """x * rstd in fp64."""
+    xd = x.double()
+    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_grad_atol(x, w, dy, du=None):
+    """Per-element fp32 error bounds of RMSNorm's dx (plus du, one more rounding) and dweight
+    (norm_cases' error model), in fp64."""
+    xd, dyd = x.double(), dy.double()
+    rstd = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS)
+    atol = dx_atol(xd * rstd, dyd * w.double(), rstd)
+    if du is not None:
+        atol = atol + 2 * U32 * du.double().abs()
+    x_hat = xd * rstd
+    return dict(x=atol, weight=param_grad_atol(dyd * x_hat, dyd.abs() * x_hat_error(xd, x_hat, rstd)))
+
+
+def check_grad(shape, dtype, impl, pad=None, wrt=None, weight_dtype=None):
+    """Gradients of impl(x, weight, EPS) against autograd through the fp64 reference, and against
+    PyTorch's F.rms_norm in the same dtype (2x rule). x and dy are strided views when pad is given.
+    wrt: "x" or "weight" for that gradient alone (the other is not wanted), default both."""
+    x, dy = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
+    w = rand((shape[-1],), weight_dtype or dtype)
+    atol = rms_grad_atol(x, w, dy)
+    torch_fn = (lambda x, w: F.rms_norm(x, (shape[-1],), w, EPS)) if weight_dtype is None else None
+    return check_grads("", lambda x, w: impl(x, w, EPS), lambda x, w: rmsnorm_ref(x, w, EPS), (x, w),
+                       {"x": (0,), "weight": (1,)}.get(wrt, (0, 1)), ("x", "weight"),
+                       lambda name, _: grad_tol(x.dtype if name == "x" else w.dtype, atol[name]),
+                       torch_fn=torch_fn, grad_outputs=[dy])
+
+
+def check_grad_empty(impl):
+    x, w = rand((2, 0, 64), torch.bfloat16), rand((64,), torch.bfloat16)
+    return check_grads("empty", lambda x, w: impl(x, w, EPS), lambda x, w: rmsnorm_ref(x, w, EPS), (x, w),
+                       (0, 1), ("x", "weight"), TOLERANCES[torch.bfloat16])
+
+
+def check_grad_huge(n_cols, impl):
+    """Past 2^31 elements (bf16): dx of the last rows, where a 32-bit offset would wrap, and
+    dweight over every row."""
+    rows = huge_rows(n_cols)
+    x, dy, w = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16), rand((n_cols,), torch.bfloat16)
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    dx, dw = torch.autograd.grad(impl(xg, wg, EPS), (xg, wg), dy)
+    _, (dx_ref,) = grads_of(lambda x, w: rmsnorm_ref(x, w, EPS), (x[-4:], w), (0,), [dy[-4:]], dtype=torch.float64)
+    dw_ref, dw_atol = chunked_param_grad(rows, lambda start, stop: dy[start:stop].double() * x_hat(x[start:stop]),
+                                         2 ** 26 // n_cols)  # 64M fp64 values a chunk
+    return [compare("dx, last rows", dx[-4:], dx_ref, tol=grad_tol(torch.bfloat16, rms_grad_atol(x[-4:], w, dy[-4:])["x"])),
+            compare("dweight", dw, dw_ref, tol=grad_tol(torch.bfloat16, dw_atol))]

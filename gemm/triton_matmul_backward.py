@@ -1,0 +1,159 @@
+"""The elementwise part of matmul's backward, in Triton: the activation's derivative and the bias
+gradient in one pass over the output gradient.
+
+    c = act(z),  z = a @ b + bias        (forward, gemm/triton_matmul.py)
+    dz = dc * act'(z)                    (M, N), rounded once to dc's dtype
+    dbias = sum over rows of dz          (N,), fp32 sums rounded once to bias's dtype
+
+da = dz @ b^T and db = a^T @ dz are two GEMMs on matmul's own kernels (gemm/triton_matmul.py runs
+them); this file only makes dz and dbias. Without an activation dz is dc itself (nothing written)
+and the pass only sums dc's columns.
+
+One program owns a strip of BLOCK_N columns over a band of rows: it walks the band BLOCK_M rows
+at a time, writes dz and keeps fp32 column sums of its band, stored as one row of an fp32 partial
+(bands, N). A second kernel adds each column's partial rows in band order: two stages with a fixed
+order, so dbias is the same bits every run (no atomics). Traffic: read dc and z, write dz (3MNe
+with an activation; MNe for dbias alone), plus the partial (bands * N * 4 bytes, under a MB at
+8192 x 4096: 32 bands).
+
+Numerics: dc and z are read in their dtype and the derivative and product run in fp32; dz is
+rounded once. dbias sums the fp32 dz (not the rounded one), in fp32. z itself is the forward's
+rounded pre-activation, as PyTorch's eager autograd keeps it.
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.device import INTERPRET, sm_count
+from common.ints import cdiv
+from common.ops import define_op
+from common.triton_utils import gelu_grad, silu_grad
+
+# (BLOCK_M, BLOCK_N, num_warps): 16 rows of 256 columns a step, so each of 128 threads loads two
+# 16-byte vectors of dc and two of z a step, and every row segment is 512 contiguous bytes (bf16).
+# The interpreter runs small blocks, so its small test shapes take several steps, bands and strips.
+BLOCKS = (4, 16, 4) if INTERPRET else (16, 256, 4)
+# Bands of rows: enough programs (bands x column strips) for PROGRAMS_PER_SM an SM, so that loads
+# from several programs are in flight on each; fewer, longer bands keep the partial small.
+PROGRAMS_PER_SM = 4
+# SMs the interpreter counts: few, so its small shapes make bands of several BLOCK_M steps
+INTERPRET_SMS = 2
+# Columns a program of the second stage (the sum of the partial's rows) adds up
+SUM_BLOCK_N = 16 if INTERPRET else 256
+
+
+@triton.jit
+def activation_grad(z, ACTIVATION: tl.constexpr):
+    """act'(z) on fp32 values for ACTIVATION "gelu" (erf), "gelu_tanh" or "silu": the derivatives
+    of common.triton_utils' forms of the same functions."""
+    if ACTIVATION == "gelu":
+        return gelu_grad(z, False)
+    elif ACTIVATION == "gelu_tanh":
+        return gelu_grad(z, True)
+    else:
+        return silu_grad(z)
+
+
+@triton.jit
+def _epilogue_backward_kernel(
+    # pointers: dc (M, N) any strides; z (M, N) contiguous; dz (M, N) contiguous; partial fp32 (bands, N)
+    dc_ptr, z_ptr, dz_ptr, partial_ptr,
+    # matrix dimensions; each band is BAND_STEPS steps of BLOCK_M rows
+    M, N, BAND_STEPS,
+    # strides, in elements
+    stride_dcm, stride_dcn,
+    # meta-parameters: ACTIVATION None (dz = dc, not written) or its name; BIAS_GRAD: store the band's column sums
+    ACTIVATION: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (band, strip): dz over BAND_STEPS * BLOCK_M rows of BLOCK_N columns, and the
+    band's fp32 column sums of dz."""
+    band = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_n = cols < N
+    sums = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    first = band.to(tl.int64) * BAND_STEPS * BLOCK_M  # 64-bit: rows * stride can pass 2^31
+    for step in range(0, BAND_STEPS):
+        rows = first + step * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < M)[:, None] & in_n[None, :]
+        dz = tl.load(dc_ptr + rows[:, None] * stride_dcm + cols[None, :] * stride_dcn, mask=mask,
+                     other=0.0).to(tl.float32)
+        if ACTIVATION is not None:
+            offs = rows[:, None] * N + cols[None, :]
+            z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            dz = dz * activation_grad(z, ACTIVATION)  # masked lanes: 0 * act'(0), finite
+            tl.store(dz_ptr + offs, dz.to(dz_ptr.dtype.element_ty), mask=mask)
+        if BIAS_GRAD:
+            sums += tl.sum(dz, axis=0)
+    if BIAS_GRAD:
+        tl.store(partial_ptr + band * N + cols, sums, mask=in_n)
+
+
+@triton.jit
+def _sum_rows_kernel(partial_ptr, out_ptr, ROWS, N, BLOCK_N: tl.constexpr):
+    """out[cols] = sum of the partial's ROWS rows in row order, rounded once to out's dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_n = cols < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for row in range(0, ROWS):
+        acc += tl.load(partial_ptr + row * N + cols, mask=in_n, other=0.0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=in_n)
+
+
+def bands(m, n, num_sms):
+    """(band steps, bands): rows split into bands of BLOCK_M-row steps, enough for PROGRAMS_PER_SM
+    programs an SM over the cdiv(N, BLOCK_N) column strips."""
+    block_m, block_n, _ = BLOCKS
+    steps = cdiv(m, block_m)
+    wanted = max(1, cdiv(PROGRAMS_PER_SM * num_sms, cdiv(n, block_n)))
+    band_steps = cdiv(steps, min(wanted, steps))
+    return band_steps, cdiv(steps, band_steps)
+
+
+def launch_epilogue_backward(dc, z, activation, dz, dbias):
+    """On validated arguments with M, N >= 1: dc (M, N) any strides; z (M, N) contiguous or None
+    (activation None); dz (M, N) contiguous, written when activation is given; dbias (N,) or None,
+    the bias gradient in the bias's dtype."""
+    m, n = dc.shape
+    block_m, block_n, warps = BLOCKS
+    band_steps, n_bands = bands(m, n, sm_count(dc.device, INTERPRET_SMS))
+    partial = torch.empty((n_bands, n) if dbias is not None else (1,), dtype=torch.float32, device=dc.device)
+    _epilogue_backward_kernel[(n_bands, cdiv(n, block_n))](
+        dc, z if z is not None else dc, dz if dz is not None else dc, partial,
+        m, n, band_steps, dc.stride(0), dc.stride(1),
+        ACTIVATION=activation, BIAS_GRAD=dbias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    if dbias is not None:
+        _sum_rows_kernel[(cdiv(n, SUM_BLOCK_N),)](partial, dbias, n_bands, n, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+
+
+def _empty_grads(dc, z, bias, activation, bias_grad):
+    dz = dc.new_empty(dc.shape) if activation is not None else dc.new_empty((0,))
+    dbias = bias.new_empty(bias.shape) if bias_grad else dc.new_empty((0,))
+    return dz, dbias
+
+
+def _epilogue_backward(dc, z, bias, activation, bias_grad):
+    dz, dbias = _empty_grads(dc, z, bias, activation, bias_grad)
+    if dc.numel():
+        launch_epilogue_backward(dc, z, activation, dz if activation is not None else None,
+                                 dbias if bias_grad else None)
+    elif bias_grad:  # M = 0: a sum of no rows
+        dbias.zero_()
+    return dz, dbias
+
+
+matmul_epilogue_backward_op = define_op(
+    "matmul_epilogue_backward(Tensor dc, Tensor? z, Tensor? bias, str? activation, bool bias_grad) "
+    "-> (Tensor, Tensor)", _epilogue_backward, _empty_grads)
+
+
+def epilogue_backward(dc, z, bias, activation, bias_grad):
+    """(dz, dbias) of c = act(z), z = a @ b + bias (operator llmk::matmul_epilogue_backward).
+
+    dc: (M, N), any strides. z: (M, N) contiguous, the forward's pre-activation (None without an
+    activation). bias: (N,), for its dtype (None without one). bias_grad: compute dbias.
+    Returns dz (M, N) contiguous, dc's dtype, or dc itself without an activation (the operator
+    returns an empty tensor then: an output may not alias an input); dbias (N,) in bias's dtype,
+    or None."""
+    dz, dbias = matmul_epilogue_backward_op(dc, z, bias, activation, bias_grad)
+    return (dz if activation is not None else dc), (dbias if bias_grad else None)

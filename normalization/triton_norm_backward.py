@@ -1,0 +1,360 @@
+"""Backward kernels of the row-wise norms (RMSNorm, residual RMSNorm, LayerNorm) in Triton.
+
+RMSNorm, per row of N values (x̂ = x * rstd, g = dy * w):
+    rstd = rsqrt(mean(x^2) + eps)                      recomputed from x: nothing saved but x
+    dx   = rstd * (g - x̂ * mean(g * x̂))   (+ du, the gradient of u = x + residual, if given)
+    dw   = sum over rows of dy * x̂
+LayerNorm (x̂ = (x - mean) * rstd, g = dy * w, or dy without a weight):
+    dx   = rstd * (g - x̂ * mean(g * x̂) - mean(g))
+    dw   = sum over rows of dy * x̂,  db = sum over rows of dy
+
+Memory traffic per row: read x and dy, write dx (3*N*e), plus du (N*e) for residual RMSNorm; the
+weight and the dw/db partials are L2-resident. rstd (and the mean) are recomputed rather than
+saved: a row held in registers costs no extra bytes for them, and the forward saves nothing but
+its input (no (M,) fp32 buffer alive between the passes).
+
+dw (and db) are a deterministic two-stage reduction: a persistent grid of P programs (at most one
+per SM: table in normalization/launch_config.py) loops over the rows, each summing its rows' dy * x̂
+in fp32 into its own row of a (P, N) fp32 buffer; `_sum_partials_kernel` then adds the P rows in a
+fixed order and rounds once to the weight's dtype. Two kernels per norm, as in the forward:
+- *fused*: BLOCK_M whole rows in registers, the dw partial in registers for the whole loop;
+- *looped*: one row at a time in BLOCK_N chunks, two passes (three for LayerNorm: the mean first,
+  so the centred values never cancel), the later ones served from L1/L2; the dw partial chunk is
+  read, added to and written back in the program's own row of the buffer (L2-resident).
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from common.triton_utils import col_mask
+from common.validation import as_rows
+from normalization.launch_config import backward_config
+
+
+@triton.jit
+def _load_block(ptr, rows, stride, cols, in_row, n_rows):
+    """Rows `rows` of a (n_rows, N) tensor, in its dtype; rows past the end read nothing (masked).
+    Read exactly once: evict_first, so they do not push the weight out of L2."""
+    mask = (rows < n_rows)[:, None] & in_row[None, :]
+    return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _rmsnorm_bwd_fused_kernel(
+    # pointers
+    dy_ptr, x_ptr, w_ptr, du_ptr, dx_ptr, dw_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_dym, stride_xm, stride_dum, stride_dxm,
+    eps,
+    # meta-parameters
+    HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Persistent: program p takes row blocks p, p + P, p + 2P, ...; dw partial -> dw_ptr[p, :].
+    With one program an SM nothing else hides its loads' latency, so each step loads the next
+    block's x and dy (raw, BLOCK_M * BLOCK_N values of each in flight) before computing on its own."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_M
+    cols = tl.arange(0, BLOCK_N)
+    in_row = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
+    x_next = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows)
+    dy_next = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows)
+    for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        rows = tl.cast(block, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < n_rows)[:, None] & in_row[None, :]
+        x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+        x_next = _load_block(x_ptr, rows + step, stride_xm, cols, in_row, n_rows)
+        dy_next = _load_block(dy_ptr, rows + step, stride_dym, cols, in_row, n_rows)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        # rows past the end: 0, not 0 * rsqrt(eps = 0) = NaN, in the dw sum
+        x_hat = tl.where(mask, x * rstd[:, None], 0.0)
+        g = dy * w[None, :]
+        c = tl.sum(g * x_hat, axis=1) / n_cols
+        dx = (g - x_hat * c[:, None]) * rstd[:, None]
+        if HAS_DU:
+            dx += tl.load(du_ptr + rows[:, None] * stride_dum + cols[None, :], mask=mask, other=0.0,
+                          eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WEIGHT_GRAD:
+            dw += tl.sum(dy * x_hat, axis=0)
+    if WEIGHT_GRAD:
+        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=in_row)
+
+
+@triton.jit
+def _rmsnorm_bwd_looped_kernel(
+    # pointers
+    dy_ptr, x_ptr, w_ptr, du_ptr, dx_ptr, dw_ptr,
+    # matrix dimensions and strides (in elements); compile-time constants, as in the forward
+    n_rows, n_cols: tl.constexpr, stride_dym: tl.constexpr, stride_xm: tl.constexpr,
+    stride_dum: tl.constexpr, stride_dxm: tl.constexpr,
+    eps,
+    # meta-parameters
+    HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Persistent, one row at a time in BLOCK_N chunks: pass 1 sums x^2 and x * g, pass 2 re-reads
+    x and dy (from L1/L2), writes dx and adds dy * x̂ into this program's row dw_ptr[p, :] (zeroed
+    by the launcher). A chunk's elements belong to the same threads in every pass, so each
+    thread reads back its own stores."""
+    pid = tl.program_id(0)
+    dw_row = dw_ptr + pid.to(tl.int64) * n_cols
+    for i in range(pid, n_rows, tl.num_programs(0)):
+        row = tl.cast(i, tl.int64)  # 64-bit: row*stride can pass 2^31
+        x_row, dy_row = x_ptr + row * stride_xm, dy_ptr + row * stride_dym
+        # pass 1: keep x and dy in L2 (evict_last) for pass 2
+        sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
+        sum_xg = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = col_mask(cols, n_cols, EVEN_N)
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            sum_sq += x * x
+            sum_xg += x * dy * w
+        rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps)
+        c = tl.sum(sum_xg, axis=0) * rstd * rstd / n_cols  # mean(g * x̂) / rstd
+        # pass 2: the last read of x and dy
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = col_mask(cols, n_cols, EVEN_N)
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            dx = (dy * w - x * c) * rstd
+            if HAS_DU:
+                dx += tl.load(du_ptr + row * stride_dum + cols, mask=mask, other=0.0,
+                              eviction_policy="evict_first").to(tl.float32)
+            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")  # dx is not read again: keep L2 for x and dy
+            if WEIGHT_GRAD:
+                dw = tl.load(dw_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                tl.store(dw_row + cols, dw + dy * (x * rstd), mask=mask, eviction_policy="evict_last")
+
+
+@triton.jit
+def _layernorm_bwd_fused_kernel(
+    # pointers
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr,
+    # matrix dimensions and strides (in elements)
+    n_rows, n_cols, stride_dym, stride_xm, stride_dxm,
+    eps,
+    # meta-parameters
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Persistent like the RMSNorm one, the next block's x and dy loaded ahead the same way; dw and
+    db partials -> dw_ptr[p, :], db_ptr[p, :]."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_M
+    cols = tl.arange(0, BLOCK_N)
+    in_row = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    x_next = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows)
+    dy_next = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows)
+    for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        rows = tl.cast(block, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < n_rows)[:, None] & in_row[None, :]
+        x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+        x_next = _load_block(x_ptr, rows + step, stride_xm, cols, in_row, n_rows)
+        dy_next = _load_block(dy_ptr, rows + step, stride_dym, cols, in_row, n_rows)
+        mean = tl.sum(x, axis=1) / n_cols
+        centred = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
+        x_hat = centred * rstd[:, None]
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        c1 = tl.sum(g * x_hat, axis=1) / n_cols
+        c2 = tl.sum(g, axis=1) / n_cols
+        dx = (g - x_hat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WEIGHT_GRAD:
+            dw += tl.sum(dy * x_hat, axis=0)
+        if BIAS_GRAD:
+            db += tl.sum(dy, axis=0)
+    if WEIGHT_GRAD:
+        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=in_row)
+    if BIAS_GRAD:
+        tl.store(db_ptr + pid * n_cols + cols, db, mask=in_row)
+
+
+@triton.jit
+def _layernorm_bwd_looped_kernel(
+    # pointers
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr,
+    # matrix dimensions and strides (in elements); compile-time constants, as in the forward
+    n_rows, n_cols: tl.constexpr, stride_dym: tl.constexpr, stride_xm: tl.constexpr,
+    stride_dxm: tl.constexpr,
+    eps,
+    # meta-parameters
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Persistent, one row at a time in BLOCK_N chunks, three passes: the mean of x; the squared
+    deviations, g and g * (x - mean); then dx and the dw/db partials (read-add-write of this
+    program's rows of dw_ptr and db_ptr, zeroed by the launcher)."""
+    pid = tl.program_id(0)
+    dw_row = dw_ptr + pid.to(tl.int64) * n_cols
+    db_row = db_ptr + pid.to(tl.int64) * n_cols
+    for i in range(pid, n_rows, tl.num_programs(0)):
+        row = tl.cast(i, tl.int64)  # 64-bit: row*stride can pass 2^31
+        x_row, dy_row = x_ptr + row * stride_xm, dy_ptr + row * stride_dym
+        # pass 1: the mean; keep x in L2 for passes 2 and 3
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = col_mask(cols, n_cols, EVEN_N)
+            acc += tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        mean = tl.sum(acc, axis=0) / n_cols
+        # pass 2: centred squares, g and g * (x - mean); dy kept in L2 for pass 3
+        sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
+        sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+        sum_cg = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = col_mask(cols, n_cols, EVEN_N)
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            g = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_WEIGHT:
+                g *= tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            centred = tl.where(mask, x - mean, 0.0)
+            sum_sq += centred * centred
+            sum_g += g
+            sum_cg += centred * g
+        rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps)
+        c1 = tl.sum(sum_cg, axis=0) * rstd / n_cols  # mean(g * x̂)
+        c2 = tl.sum(sum_g, axis=0) / n_cols  # mean(g)
+        # pass 3: the last read of x and dy
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = col_mask(cols, n_cols, EVEN_N)
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            x_hat = (x - mean) * rstd
+            dx = (g - x_hat * c1 - c2) * rstd
+            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")
+            if WEIGHT_GRAD:
+                dw = tl.load(dw_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                tl.store(dw_row + cols, dw + dy * x_hat, mask=mask, eviction_policy="evict_last")
+            if BIAS_GRAD:
+                db = tl.load(db_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                tl.store(db_row + cols, db + dy, mask=mask, eviction_policy="evict_last")
+
+
+@triton.jit
+def _sum_partials_kernel(
+    # pointers
+    partial_ptr, out_ptr,
+    # matrix dimensions
+    n_partials, n_cols,
+    # meta-parameters
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """out[j] = sum over p of partial[p, j], in fp32 in a fixed order, rounded once to out's dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_row = cols < n_cols
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_partials, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        acc += tl.load(partial_ptr + rows[:, None] * n_cols + cols[None, :],
+                       mask=(rows < n_partials)[:, None] & in_row[None, :], other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=in_row)
+
+
+SUM_BLOCK_P, SUM_BLOCK_N = 8, 256  # 8 x 256 fp32 a program: 16 values a thread at 4 warps
+
+
+def sum_partials(partial, out):
+    """out (N,) = partial (P, N) fp32 summed over P, in out's dtype (deterministic)."""
+    n_partials, n_cols = partial.shape
+    _sum_partials_kernel[(triton.cdiv(n_cols, SUM_BLOCK_N),)](partial, out, n_partials, n_cols,
+                                                              BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N)
+
+
+def check_out_without_grad(fn_name, out_names, inputs):
+    """A call with out= buffers has no backward (the `_out` operator writes a caller's buffer):
+    under grad mode with an input that requires grad, raise, saying how to get gradients."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+        raise RuntimeError(
+            f"{fn_name}({out_names}=...) is forward-only (llmk::{fn_name}_out writes a caller's buffer and "
+            f"has no backward), and an input requires grad: call {fn_name} without {out_names} to get "
+            "gradients, or under torch.no_grad() / torch.inference_mode()")
+
+
+def _partials(cfg, n_cols, device, wanted):
+    """A (P, N) fp32 buffer for one weight's per-program sums; zeroed for the looped kernel, which
+    adds into it row by row. A 0-size placeholder when the gradient is not wanted."""
+    if not wanted:
+        return torch.empty(0, dtype=torch.float32, device=device)
+    alloc = torch.zeros if cfg.looped else torch.empty
+    return alloc((cfg.grid, n_cols), dtype=torch.float32, device=device)
+
+
+def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None):
+    """Launch on validated arguments: dy, x, du (or None) (..., N) any row strides; weight (N,);
+    dx a contiguous output shaped like x; dweight (N,) in weight's dtype, or None (no weight grad).
+    Writes dx = the gradient of x (plus du), and dweight."""
+    if x.numel() == 0:
+        if dweight is not None:
+            dweight.zero_()  # no rows: the sum over rows is 0
+        return
+    x2, dy2 = as_rows(x), as_rows(dy)
+    n_rows, n_cols = x2.shape
+    du2 = as_rows(du) if du is not None else dy2
+    dx2 = dx.view(-1, n_cols)
+    if cfg is None:
+        cfg = backward_config(n_rows, n_cols, x.element_size(), x.device)
+    partial = _partials(cfg, n_cols, x.device, dweight is not None)
+    args = (dy2, x2, weight.contiguous(), du2, dx2, partial, n_rows, n_cols,
+            dy2.stride(0), x2.stride(0), du2.stride(0), dx2.stride(0), eps)
+    flags = dict(HAS_DU=du is not None, WEIGHT_GRAD=dweight is not None)
+    if cfg.looped:
+        _rmsnorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
+                                                EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+    else:
+        _rmsnorm_bwd_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                               num_warps=cfg.num_warps)
+    if dweight is not None:
+        sum_partials(partial, dweight)
+
+
+def launch_layernorm_backward(dy, x, weight, eps, dx, dweight, dbias, cfg=None):
+    """Launch on validated arguments: dy, x (..., N) any row strides; weight (N,) or None; dx a
+    contiguous output shaped like x; dweight, dbias (N,) outputs in the parameter's dtype, or None
+    (that gradient not wanted). Writes dx, dweight, dbias."""
+    if x.numel() == 0:
+        for grad in (dweight, dbias):
+            if grad is not None:
+                grad.zero_()
+        return
+    x2, dy2 = as_rows(x), as_rows(dy)
+    n_rows, n_cols = x2.shape
+    dx2 = dx.view(-1, n_cols)
+    if cfg is None:
+        cfg = backward_config(n_rows, n_cols, x.element_size(), x.device)
+    dw_partial = _partials(cfg, n_cols, x.device, dweight is not None)
+    db_partial = _partials(cfg, n_cols, x.device, dbias is not None)
+    args = (dy2, x2, weight.contiguous() if weight is not None else x2, dx2, dw_partial, db_partial,
+            n_rows, n_cols, dy2.stride(0), x2.stride(0), dx2.stride(0), eps)
+    flags = dict(HAS_WEIGHT=weight is not None, WEIGHT_GRAD=dweight is not None, BIAS_GRAD=dbias is not None)
+    if cfg.looped:
+        _layernorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
+                                                  EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+    else:
+        _layernorm_bwd_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                                 num_warps=cfg.num_warps)
+    for grad, partial in ((dweight, dw_partial), (dbias, db_partial)):
+        if grad is not None:
+            sum_partials(partial, grad)
