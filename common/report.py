@@ -94,6 +94,16 @@ class Area:
 
 
 DECODE_STEP_LAYERS = ("llama3-8b", "qwen2-7b")  # the decode_step area's ops
+TRAIN = "16M+ elements, GPU time"  # the training groups' label
+TRAIN_NOTE = ("Training rows (bf16): `fwd+bwd` is the forward and `torch.autograd.grad` of its outputs, "
+              "compared in GPU time (one CUDA graph of the calls, L2 flushed between them), as a training "
+              "step queues its kernels ahead of the GPU; `ms` also holds do_bench's time, which includes "
+              "autograd's host work (several hundred microseconds on this host, more than small kernels). "
+              "`bwd` is the backward alone on a kept forward graph (do_bench: it cannot be captured), so "
+              "small rows measure the host. `peak_MB` is the memory a call allocates above what existed "
+              "before it: outputs, saved tensors, gradients and scratch. Liger-Kernel (0.8.5) writes some "
+              "gradients into its inputs' buffers (SwiGLU, RoPE), which costs it no allocation, and "
+              "refuses rows wider than 65536.")
 
 AREAS = {
     "norm": Area(
@@ -104,8 +114,12 @@ AREAS = {
         "that reference with static shapes; `F.rms_norm`, `F.layer_norm` are PyTorch's own ops.",
         [Group(("rmsnorm",), "16M+ elements", big), Group(("layernorm",), "16M+ elements", big),
          Group(("residual_rmsnorm",), "16M+ elements", big),
-         Group(("rmsnorm", "layernorm", "residual_rmsnorm"), "under 16M elements", lambda s: not big(s))],
-        ["Under 16M elements launch and tail effects weigh in for every provider: the smallest "
+         Group(("rmsnorm", "layernorm", "residual_rmsnorm"), "under 16M elements", lambda s: not big(s)),
+         Group(("rmsnorm",), TRAIN, big, graph=True, mode="fwd+bwd"),
+         Group(("layernorm",), TRAIN, big, graph=True, mode="fwd+bwd"),
+         Group(("residual_rmsnorm",), TRAIN, big, graph=True, mode="fwd+bwd"),
+         Group(("rmsnorm", "layernorm", "residual_rmsnorm"), "16M+ elements (do_bench)", big, mode="bwd")],
+        [TRAIN_NOTE, "Under 16M elements launch and tail effects weigh in for every provider: the smallest "
          "calls last a few microseconds, too short to reach the copy bandwidth.",
          "Rows past 64 KB run the looped kernel, which reads each row twice (the second read mostly "
          "from L2); the byte count includes one read only."],
@@ -115,8 +129,10 @@ AREAS = {
         "Row softmax",
         "Kernel in `attention/triton_softmax.py`: rows up to 8192 in registers, wider rows in chunks "
         "(three passes), rows split across programs when there are fewer rows than SMs.",
-        [Group(("softmax",), "16M elements", big), Group(("softmax",), "under 16M elements", lambda s: not big(s))],
-        ["The looped and split paths read x twice (the second read mostly from L2) while the byte "
+        [Group(("softmax",), "16M elements", big), Group(("softmax",), "under 16M elements", lambda s: not big(s)),
+         Group(("softmax",), TRAIN, big, graph=True, mode="fwd+bwd"),
+         Group(("softmax",), "16M+ elements (do_bench)", big, mode="bwd")],
+        [TRAIN_NOTE, "The looped and split paths read x twice (the second read mostly from L2) while the byte "
          "count has one read: their share of copy is the ideal count's."],
         {}),
     "rope": Area(
@@ -125,8 +141,12 @@ AREAS = {
         "heads so each cos/sin row is loaded once for them; `rope_interleaved` is the GPT-J / Meta "
         "pair layout. `eager` is `attention/rope.py`'s Hugging Face-style reference.",
         [Group(("rope", "rope_interleaved"), "T >= 2048", lambda s: len(dims(s)) == 5 and dims(s)[3] >= 2048),
-         Group(("rope",), "T < 2048", lambda s: len(dims(s)) == 5 and dims(s)[3] < 2048)],
-        ["At T < 2048 a call moves a few MB in a few microseconds: launch-bound for every provider."], {}),
+         Group(("rope",), "T < 2048", lambda s: len(dims(s)) == 5 and dims(s)[3] < 2048),
+         Group(("rope",), "T >= 4096, GPU time", lambda s: len(dims(s)) == 5 and dims(s)[3] >= 4096,
+               graph=True, mode="fwd+bwd"),
+         Group(("rope",), "T >= 4096 (do_bench)", lambda s: len(dims(s)) == 5 and dims(s)[3] >= 4096,
+               mode="bwd")],
+        [TRAIN_NOTE, "At T < 2048 a call moves a few MB in a few microseconds: launch-bound for every provider."], {}),
     "attention": Area(
         "FlashAttention forward (prefill)",
         "Kernel in `attention/flash_attention_triton.py`: online softmax over key blocks, GQA, "
@@ -142,8 +162,11 @@ AREAS = {
         "`eager` is the op as a user writes it in the input dtype (two kernels); `torch.compile` "
         "compiles that function.",
         [Group(("bias_gelu", "bias_gelu_tanh"), "16M+ elements", big), Group(("swiglu",), "16M+ elements", big),
-         Group(("bias_gelu", "bias_gelu_tanh", "swiglu"), "under 16M elements", lambda s: not big(s))],
-        ["Exact GELU uses a polynomial erf in exp2 (about 18 instructions a value), cheaper than "
+         Group(("bias_gelu", "bias_gelu_tanh", "swiglu"), "under 16M elements", lambda s: not big(s)),
+         Group(("swiglu",), TRAIN, big, graph=True, mode="fwd+bwd"),
+         Group(("bias_gelu", "bias_gelu_tanh"), TRAIN, big, graph=True, mode="fwd+bwd"),
+         Group(("swiglu", "bias_gelu", "bias_gelu_tanh"), "16M+ elements (do_bench)", big, mode="bwd")],
+        [TRAIN_NOTE, "Exact GELU uses a polynomial erf in exp2 (about 18 instructions a value), cheaper than "
          "libdevice's erf, so bias + GELU stays memory-bound."],
         {"torch.compile": "SwiGLU is one multiply of two loads: Inductor's fused kernel moves the "
                           "same bytes, and both sit at the copy bandwidth."}),
@@ -165,8 +188,13 @@ AREAS = {
          Group(("rmsnorm_linear",), "M = 32-64, GPU time", lambda s: 16 < gemm_m(s) <= 64, graph=True,
                why="From M = 32 `rmsnorm_linear` runs our RMSNorm then cuBLAS, the same work as the "
                    "`triton-rmsnorm+cuBLAS` baseline."),
-         Group(("rmsnorm_linear",), "M > 16, eager (do_bench)", lambda s: gemm_m(s) > 16)],
-        ["Eager rows of 10-50 us carry the host's launch cost (a Triton launch costs the host more "
+         Group(("rmsnorm_linear",), "M > 16, eager (do_bench)", lambda s: gemm_m(s) > 16),
+         Group(("matmul", "matmul_bias_gelu", "matmul_bias_silu"), "all shapes (do_bench)", mode="bwd",
+               peers=("cuBLAS",)),
+         Group(("matmul", "matmul_bias_gelu", "matmul_bias_silu"), "all shapes, GPU time", graph=True,
+               mode="fwd+bwd"),
+         Group(("rmsnorm_linear",), "all shapes (do_bench)", mode="bwd")],
+        [TRAIN_NOTE, "Eager rows of 10-50 us carry the host's launch cost (a Triton launch costs the host more "
          "than cuBLAS's); the GPU-time tables (CUDA-graph replays) take the host out.",
          "`rmsnorm_linear` fuses the norm into the GEMM for M <= 16 only (`PATH_TABLE` in "
          "`gemm/triton_rmsnorm_linear.py`); above, it runs our RMSNorm then cuBLAS."],
@@ -267,6 +295,9 @@ SUMMARY = [
     ("decode attention", "inference", 0), ("paged decode attention", "inference", 2),
     ("AdamW", "optimizer", 0), ("Llama/Qwen prefill, patched", "e2e", 0), ("Llama/Qwen decode, patched", "e2e", 2),
     ("decoder layer decode step", "decode_step", 0),
+    ("RMSNorm fwd+bwd", "norm", 4), ("LayerNorm fwd+bwd", "norm", 5), ("residual add + RMSNorm fwd+bwd", "norm", 6),
+    ("softmax fwd+bwd", "softmax", 2), ("RoPE fwd+bwd", "rope", 2), ("SwiGLU fwd+bwd", "mlp", 3),
+    ("bias + GELU fwd+bwd", "mlp", 4), ("matmul bwd", "gemm", 9),
 ]
 
 
@@ -364,6 +395,20 @@ def standing(ms):
                 peer=max(dict.fromkeys(peers), key=peers.count))  # a tie: the first seen, every run alike
 
 
+def peak_sentence(rows, group, ms, peer="liger"):
+    """"; peak memory at most Liger's at K of N (ours x-y MB, Liger's ...)" for training groups whose
+    rows carry peak_MB and have a Liger row; "" otherwise."""
+    peak = {(r["op"], r["shape"], r["dtype"], r["provider"]): r.get("peak_MB") for r in rows
+            if mode_of(r) == group.mode and r.get("peak_MB") is not None}
+    pairs = [(peak.get((m.op, m.shape, m.dtype, group.ours)), peak.get((m.op, m.shape, m.dtype, peer))) for m in ms]
+    pairs = [(o, p) for o, p in pairs if o is not None and p is not None]
+    if not pairs:
+        return ""
+    at_most = sum(o <= p for o, p in pairs)
+    return (f"; peak memory at most {peer}'s at {at_most} of {len(pairs)} (ours {span([o for o, _ in pairs], ' MB', fmt)}, "
+            f"{peer}'s {span([p for _, p in pairs], ' MB', fmt)})")
+
+
 def group_sentences(area, rows):
     """One bullet per group: where ours leads the strongest peer and where it does not."""
     out, said = [], set()
@@ -380,6 +425,7 @@ def group_sentences(area, rows):
             line += f"; {who} at {s['pct']} of copy bandwidth"
         elif s["tflops"]:
             line += f"; {who} at {s['tflops']}"
+        line += peak_sentence(rows, g, ms)
         behind = sorted((m for m in ms if m.speedup < 1), key=lambda m: m.speedup)
         if behind:
             shown = ", ".join(f"{m.shape} {m.dtype}" + (f" {m.op}" if len(g.ops) > 1 else "") +

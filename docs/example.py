@@ -19,7 +19,7 @@ from mlp.triton_swiglu import swiglu
 from normalization.triton_rmsnorm import rmsnorm
 
 dtype = torch.float16
-with torch.inference_mode():  # every kernel is forward-only
+with torch.inference_mode():  # inference: no autograd graph
     x = torch.randn(4, 64, device=DEVICE, dtype=dtype)
     y = rmsnorm(x, torch.ones(64, device=DEVICE, dtype=dtype), eps=1e-6)
 
@@ -34,6 +34,14 @@ with torch.inference_mode():  # every kernel is forward-only
     z = matmul(x, w, bias=torch.zeros(48, device=DEVICE, dtype=dtype), activation="gelu")
     print("rmsnorm", tuple(y.shape), "flash_attention", tuple(o.shape),
           "swiglu", tuple(h.shape), "matmul", tuple(z.shape))
+
+# training: the norms, softmax, RoPE, SwiGLU, bias+GELU and the GEMM have a backward on our kernels
+x = torch.randn(4, 64, device=DEVICE, dtype=dtype)
+g = torch.ones(64, device=DEVICE, dtype=dtype, requires_grad=True)
+w = torch.randn(64, 48, device=DEVICE, dtype=dtype, requires_grad=True)
+loss = matmul(rmsnorm(x, g, eps=1e-6), w, activation="silu").float().square().mean()
+loss.backward()                                                    # g.grad, w.grad
+print("loss", loss.item(), "grads", tuple(g.grad.shape), tuple(w.grad.shape))
 
 try:
     from transformers import LlamaConfig, LlamaForCausalLM

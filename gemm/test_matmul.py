@@ -114,7 +114,15 @@ def check_tma_prune():
     def kept(m, n):
         return {c.kwargs["BLOCK_N"] for c in triton_matmul_tma.prune_configs(configs, dict(M=m, N=n, NUM_SMS=132))}
 
+    def rows(m, n, a_transposed):
+        return {triton_matmul_tma.row_of(c) for c in triton_matmul_tma.prune_configs(
+            configs, dict(M=m, N=n, NUM_SMS=132, A_TRANSPOSED=a_transposed))}
+
+    only = triton_matmul_tma.TRANSPOSED_A_ONLY
     return [Outcome("4096^2: 128x256 tiles", kept(4096, 4096) == {256}),
+            Outcome("4096^2, a transposed: also TRANSPOSED_A_ONLY's rows", only <= rows(4096, 4096, True)),
+            Outcome("4096^2, a row-major: not TRANSPOSED_A_ONLY's rows", not only & rows(4096, 4096, False)),
+            Outcome("1024^2, a transposed: smaller tiles only", not only & rows(1024, 1024, True)),
             Outcome("2048^2: 128 tiles of 128x256, about a wave", kept(2048, 2048) == {256}),
             Outcome("1024^2: 32 tiles of 128x256, smaller tiles", kept(1024, 1024) == {128})]
 

@@ -13,8 +13,8 @@ One program owns a strip of BLOCK_N columns over a band of rows: it walks the ba
 at a time, writes dz and keeps fp32 column sums of its band, stored as one row of an fp32 partial
 (bands, N). A second kernel adds each column's partial rows in band order: two stages with a fixed
 order, so dbias is the same bits every run (no atomics). Traffic: read dc and z, write dz (3MNe
-with an activation; MNe for dbias alone), plus the partial (bands * N * 4 bytes, under a MB at
-8192 x 4096: 32 bands).
+with an activation; MNe for dbias alone), plus the partial (bands * N * 4 bytes, about a MB at
+8192 x 4096: 49 bands).
 
 Numerics: dc and z are read in their dtype and the derivative and product run in fp32; dz is
 rounded once. dbias sums the fp32 dz (not the rounded one), in fp32. z itself is the forward's
@@ -30,13 +30,17 @@ from common.ints import cdiv
 from common.ops import define_op
 from common.triton_utils import gelu_grad, silu_grad
 
-# (BLOCK_M, BLOCK_N, num_warps): 16 rows of 256 columns a step, so each of 128 threads loads two
-# 16-byte vectors of dc and two of z a step, and every row segment is 512 contiguous bytes (bf16).
+# (BLOCK_M, BLOCK_N, num_warps): 8 rows of 256 columns a step, so each of 128 threads loads two
+# 16-byte vectors of dc and two of z a step (16 bf16 elements of each), and every row segment is
+# 512 contiguous bytes. 16 rows a step held 32 elements of dc, z and the sums a thread (~110
+# registers), which left room for only 4 programs an SM; 8 rows leave room for about twice as many.
 # The interpreter runs small blocks, so its small test shapes take several steps, bands and strips.
-BLOCKS = (4, 16, 4) if INTERPRET else (16, 256, 4)
+BLOCKS = (4, 16, 4) if INTERPRET else (8, 256, 4)
 # Bands of rows: enough programs (bands x column strips) for PROGRAMS_PER_SM an SM, so that loads
-# from several programs are in flight on each; fewer, longer bands keep the partial small.
-PROGRAMS_PER_SM = 4
+# from several programs are in flight on each (the loop's loads are not pipelined: other programs
+# hide a step's latency); 6 stays within what the registers let an SM hold at once (no second,
+# partial wave); fewer, longer bands keep the partial small.
+PROGRAMS_PER_SM = 6
 # SMs the interpreter counts: few, so its small shapes make bands of several BLOCK_M steps
 INTERPRET_SMS = 2
 # Columns a program of the second stage (the sum of the partial's rows) adds up
@@ -71,7 +75,10 @@ def _epilogue_backward_kernel(
     band = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     in_n = cols < N
-    sums = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    # fp32 sums of each (row lane, column) of the band, reduced over the rows once after the loop:
+    # a column sum every step would be a cross-warp reduction through shared memory (a barrier a
+    # step), which stalled the loads of the pass at ~57% of the copy bandwidth on an H100
+    sums = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = band.to(tl.int64) * BAND_STEPS * BLOCK_M  # 64-bit: rows * stride can pass 2^31
     for step in range(0, BAND_STEPS):
         rows = first + step * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -84,9 +91,9 @@ def _epilogue_backward_kernel(
             dz = dz * activation_grad(z, ACTIVATION)  # masked lanes: 0 * act'(0), finite
             tl.store(dz_ptr + offs, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         if BIAS_GRAD:
-            sums += tl.sum(dz, axis=0)
+            sums += dz  # masked rows and columns add 0
     if BIAS_GRAD:
-        tl.store(partial_ptr + band * N + cols, sums, mask=in_n)
+        tl.store(partial_ptr + band * N + cols, tl.sum(sums, axis=0), mask=in_n)
 
 
 @triton.jit

@@ -68,7 +68,15 @@ TMA_CONFIGS = [
     # 1024^3 and the like: 128 tiles, one an SM; 192 KB of stages + 16 KB for c; 4 stages beat 3
     # and 128 x 128 tiles (scripts/tune/host_and_picks.py tma1024)
     (64, 128, 128, 4, 4, 1),
+    # a read transposed (the backward's dW = dz^T @ a, A_TRANSPOSED) only: 128 x 256 with the c tile
+    # stored whole, and 256 x 128 (144 + 64 KB, 144 + 32 KB). At 8192 x 14336 x 4096 and
+    # 8192 x 4096 x 14336 they ran that GEMM at 0.97-1.04x cuBLAS where the rows above reached
+    # 0.88-1.00x (scripts/tune/backward_sweep.py, H100); other layouts gained nothing from them
+    (128, 256, 64, 8, 3, 1),
+    (256, 128, 64, 8, 3, 2),
 ]
+# The rows only a transposed a competes with
+TRANSPOSED_A_ONLY = {(128, 256, 64, 8, 3, 1), (256, 128, 64, 8, 3, 2)}
 # A tile of c leaves in EPILOGUE_SPLIT column slices: each slice's staging buffer is a fraction of
 # the tile's, which leaves room for one more load stage.
 
@@ -97,7 +105,8 @@ def fits(a, b, c):
 @triton.jit
 def _matmul_tma_kernel(
     # TMA descriptors: a (M, K), or (K, M) when A_TRANSPOSED; b (K, N), or (N, K) when
-    # B_TRANSPOSED; c (M, N); z (M, N), the pre-activation output (STORE_Z); bias pointer
+    # B_TRANSPOSED; c (M, N); z (M, N), the pre-activation output (STORE_Z, else None); bias
+    # pointer (HAS_BIAS, else None)
     a_desc, b_desc, c_desc, z_desc, bias_ptr,
     # matrix dimensions; M_BUCKET is only the autotune key (M rounded up to a power of two)
     M, N, K, M_BUCKET,
@@ -153,17 +162,31 @@ def set_blocks(nargs):
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     nargs["a_desc"].block_shape = [bk, bm] if nargs["A_TRANSPOSED"] else [bm, bk]
     nargs["b_desc"].block_shape = [bn, bk] if nargs["B_TRANSPOSED"] else [bk, bn]
-    nargs["c_desc"].block_shape = nargs["z_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
+    nargs["c_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
+    if nargs["z_desc"] is not None:
+        nargs["z_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
+
+
+def row_of(config):
+    """The TMA_CONFIGS row of an autotuner config."""
+    kw = config.kwargs
+    return kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], config.num_warps, config.num_stages, kw["EPILOGUE_SPLIT"]
 
 
 def prune_configs(configs, named_args, **kwargs):
     """128 x 256 tiles while they make at least 2/3 of a wave (one program an SM), smaller ones
-    below that."""
+    below that; with a read transposed, the TRANSPOSED_A_ONLY rows too while 128 x 256 tiles run."""
     args = {**named_args, **kwargs}
     waves = cdiv(args["M"], 128) * cdiv(args["N"], 256) / args["NUM_SMS"]
-    if waves >= 2 / 3:
-        return [c for c in configs if c.kwargs["BLOCK_N"] == 256]
-    return [c for c in configs if c.kwargs["BLOCK_N"] != 256]
+    large = waves >= 2 / 3
+    kept = []
+    for c in configs:
+        if row_of(c) in TRANSPOSED_A_ONLY:
+            if large and args.get("A_TRANSPOSED"):
+                kept.append(c)
+        elif (c.kwargs["BLOCK_N"] == 256) == large:
+            kept.append(c)
+    return kept
 
 
 def meta_of(config):
@@ -213,8 +236,10 @@ def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None, z=None):
     else:
         b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [bk, bn])
     c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], [bm, bn // split])
-    z_desc = c_desc if z is None else TensorDescriptor(z, [m, n], [z.stride(0), 1], [bm, bn // split])
-    args = (a_desc, b_desc, c_desc, z_desc, bias if bias is not None else c, m, n, k, m_bucket(m))
+    # no z or no bias: None, which the kernel takes as a constant: one descriptor fewer for the
+    # launch to encode on the host (host time decides the backward at 4096^3, docs/tuning/gemm.md)
+    z_desc = None if z is None else TensorDescriptor(z, [m, n], [z.stride(0), 1], [bm, bn // split])
+    args = (a_desc, b_desc, c_desc, z_desc, bias, m, n, k, m_bucket(m))
     flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None,
                  A_TRANSPOSED=a_transposed, B_TRANSPOSED=transposed, NUM_SMS=num_sms)
     if meta is None:

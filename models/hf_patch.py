@@ -32,9 +32,9 @@ function, o_proj) -> RMSNorm -> MLP. What is replaced, and through which hook:
 
 The original code runs instead of a kernel whenever the kernel does not cover the call, so a
 patched model is never wrong, only sometimes not faster:
-  - autograd: the kernels are forward-only. With grad enabled, a parameter (they require grad by
-    default) or input that requires grad sends every hook to the original code: run under
-    torch.no_grad() or torch.inference_mode(), as generate() does.
+  - autograd: the patch is for inference (flash_attention has no backward). With grad enabled, a
+    parameter (they require grad by default) or input that requires grad sends every hook to the
+    original code: run under torch.no_grad() or torch.inference_mode(), as generate() does.
   - a tensor off the kernels' device (common.device.DEVICE) or of a dtype a kernel lacks (the flash
     kernel takes fp16 and bf16 only, so an fp32 model keeps its original attention), or an RMSNorm
     weight whose dtype differs from its input's (HF then returns the promoted dtype).

@@ -53,6 +53,7 @@ class RowConfig:
     BLOCK_N: int
     num_warps: int
     grid: int
+    prefetch: bool = True  # the backward's fused kernel: load the next block ahead (see its docstring)
 
 
 def table_row(n_cols, elem_size, layernorm=False):
@@ -91,49 +92,102 @@ def looped_config(n_rows, n_cols, elem_size, chunk_bytes):
     return RowConfig(True, 1, chunk, min(32, max(4, chunk * elem_size // 512)), n_rows)
 
 
-# Backward kernels (normalization/triton_norm_backward.py). The grid is persistent, one program per
-# SM (at most): each program keeps an (N,) fp32 dweight partial, so P programs cost a (P, N) fp32
-# buffer and a reduce over P; one an SM keeps the buffer no larger than Liger's. Latency hiding
-# then rests on each program's own loads: the fused kernel loads the next step's x and dy while it
-# computes on this step's, a tile of BLOCK_M = tile / padded N rows. Keyed by padded N, not bytes:
-# the registers hold fp32 whatever the input dtype. Every row compiles without spills for sm_90
-# (ptxas -v, bf16 and fp32 inputs, HAS_DU on); not yet timed on a GPU.
-#   (max padded N, tile values, num_warps)
-BACKWARD_FUSED_TABLE = [
-    (512, 4096, 8),     # short rows, 8 to 128 a step: 150-190 registers a thread; a tile of 8192
-                        # spilled at 8 warps and at 16 (128 registers a thread)
-    (4096, 8192, 16),   # N = 1024..4096: 1-4 rows, 16 KB of x and of dy in bf16 a step, 128
-                        # registers; N = 8192 (one row) spilled at 16 and 32 warps: looped
-]
-# Wider rows: the looped backward, chunks of up to 8192 values (of them, their half and their
-# quarter, the one that pads N least, as looped_config), one 16-byte load a thread of x and of dy
-# per chunk: num_warps = chunk bytes / 512, at most 32 (8 values a thread of each of x, dy, w and
-# two fp32 accumulators, inside the 64 registers a thread of 1024 threads).
-BACKWARD_LOOP_CHUNK = 8192
-# The interpreter's SM count: 3 programs, so small test shapes give each program several rows
+# Backward kernels (normalization/triton_norm_backward.py). The grid is persistent, a few programs
+# per SM: each program keeps an (N,) fp32 dweight partial, so P programs cost a (P, N) fp32 buffer
+# and a reduce over P (sum_config). The fused kernel holds a tile of BLOCK_M = tile / padded N rows
+# and loads the next tile while it computes on this one (prefetch: ahead at every width, 1-4
+# programs an SM, e.g. 0.042 ms against 0.072 at N = 1024); the short rows also want small
+# programs, several an SM, whose steps overlap each other's waits.
+# Keyed by padded N, not bytes: the registers hold fp32 whatever the input dtype. Timed by
+# scripts/tune/norm_bwd_sweep.py on an H100 (bf16, 16384 rows; % of copy, backward bytes 3MNe,
+# 4MNe with du; docs/tuning/normalization.md). LayerNorm and residual RMSNorm (du) keep more values
+# live a row, hence their own rows.
+#   kernel -> [(max padded N, tile values, num_warps, programs an SM)]
+BACKWARD_FUSED_TABLE = {
+    "rmsnorm": [
+        (512, 4096, 8, 1),    # short rows, 8 to 128 a step (not timed on the H100: kept from the first cut)
+        (1024, 4096, 4, 2),   # 4 rows of 4 warps, 2 an SM: 81%; 8 rows of 16 warps, one an SM: 29%
+        (4096, 4096, 8, 2),   # N = 2048..4096: 1 row of 8 warps, 2 an SM: 93%, ties 2 rows of 16 warps
+        (8192, 8192, 16, 1),  # 1 row of 16 warps, the next row prefetched: 94% though it spills; 32 warps
+                              # 85%, the looped kernel 79-83%
+    ],
+    "residual_rmsnorm": [
+        (512, 4096, 8, 1),
+        (1024, 4096, 4, 4),   # 78%; 4 rows of 8 warps, 2 an SM: 54%
+        (4096, 4096, 8, 2),   # 95%, as 2 rows of 16 warps
+        (8192, 8192, 32, 1),  # 93%; the looped kernel 80-85%
+    ],
+    "layernorm": [
+        (512, 4096, 8, 1),
+        (1024, 4096, 4, 4),   # 66%; 8 rows of 16 warps, one an SM: 15%
+        (4096, 4096, 8, 2),   # 89%; 2 rows of 16 warps 87%, the looped kernel 44-68%
+        (8192, 8192, 32, 1),  # 73%; the looped kernel 59-63%
+    ],
+}
+# Wider rows: the looped backward, BLOCK_M rows a step in chunks of up to `chunk` values (of them,
+# their half and their quarter, the one that pads N least, as looped_config), one 16-byte load a
+# thread of x and of dy per chunk: num_warps = BLOCK_M * chunk bytes / 512, at most 32; one
+# program an SM. Each step reads, adds to and writes back the program's (N,) fp32 dw partial in L2
+# (8*N bytes against 3*N*e of HBM a row), and keeps its rows of x and dy in L2 for the second
+# pass. Timed at 4096 rows (bf16 backward, % of copy at 3MNe):
+#   N = 32768:  1 row, 16384, no prefetch 52%; 8192 49% (prefetch 44%); 2 rows of 8192 with
+#               prefetch 39%, of 4096 25%: the partials (17 MB) and one row a program (132 x
+#               128 KB of x and dy) fit in L2, two do not; the loads ahead cost registers.
+#   N = 131072: 2 rows of 8192 with prefetch 40%; 1 row of 16384 or 8192 32%: nothing fits in
+#               L2 any more (69 MB of partials), and two rows a step halve the partials' traffic.
+# N = 65536 (not timed) takes the 131072 row: 34 MB of partials and 34 MB of rows overflow L2.
+# Residual RMSNorm (du): 1 row of 8192 at N = 32768 (56%), the best of its sweep; its wider rows
+# follow RMSNorm's. LayerNorm's looped kernel (three passes, a dw and a db partial) takes one row a
+# step without prefetch: chunks of 8192, 23% at N = 32768, the best of 4096-8192 at 1-2 programs an
+# SM; the two partials (34 MB) crowd x and dy out of L2, the thing to rework next.
+#   kernel -> [(max padded N or None, BLOCK_M rows a step, chunk values, prefetch)]
+BACKWARD_LOOP_TABLE = {
+    "rmsnorm": [(32768, 1, 16384, False), (None, 2, 8192, True)],
+    "residual_rmsnorm": [(32768, 1, 8192, False), (None, 2, 8192, True)],
+    "layernorm": [(None, 1, 8192, False)],
+}
+# The interpreter's SM count: 3 (programs, per programs-an-SM), so small test shapes give each program several rows
 # (and some programs none) and the reduce sums several partials.
 INTERPRETER_SMS = 3
 
 
-def backward_table_row(n_cols):
-    """Index of BACKWARD_FUSED_TABLE that backward_config reads, or None for the looped kernel."""
+def backward_table_row(n_cols, kernel="rmsnorm"):
+    """(table, index) that backward_config reads: ("fused", i) of BACKWARD_FUSED_TABLE[kernel] or
+    ("looped", i) of BACKWARD_LOOP_TABLE[kernel]."""
     block_n = next_power_of_2(n_cols)
-    return next((i for i, (max_n, _, _) in enumerate(BACKWARD_FUSED_TABLE) if block_n <= max_n), None)
+    for i, (max_n, _, _, _) in enumerate(BACKWARD_FUSED_TABLE[kernel]):
+        if block_n <= max_n:
+            return "fused", i
+    return "looped", next(i for i, (max_n, _, _, _) in enumerate(BACKWARD_LOOP_TABLE[kernel])
+                          if max_n is None or block_n <= max_n)
 
 
-def backward_config(n_rows, n_cols, elem_size, device):
-    """Kernel and launch of the norms' backward for n_rows rows of n_cols values of elem_size bytes."""
-    return _backward_config(n_rows, n_cols, elem_size, sm_count(device, INTERPRETER_SMS))
+def backward_config(n_rows, n_cols, elem_size, device, kernel="rmsnorm"):
+    """Kernel and launch of the norms' backward for n_rows rows of n_cols values of elem_size bytes;
+    kernel: "rmsnorm", "residual_rmsnorm" (the RMSNorm backward with du) or "layernorm"."""
+    return _backward_config(n_rows, n_cols, elem_size, sm_count(device, INTERPRETER_SMS), kernel)
 
 
 @functools.lru_cache(maxsize=1024)
-def _backward_config(n_rows, n_cols, elem_size, sms):
+def _backward_config(n_rows, n_cols, elem_size, sms, kernel):
     block_n = next_power_of_2(n_cols)
-    i = backward_table_row(n_cols)
-    if i is not None:
-        _, tile, warps = BACKWARD_FUSED_TABLE[i]
+    table, i = backward_table_row(n_cols, kernel)
+    if table == "fused":
+        _, tile, warps, per_sm = BACKWARD_FUSED_TABLE[kernel][i]
         block_m = min(128, tile // block_n)  # 128 rows a step: the most compiled (N = 32) and checked
-        return RowConfig(False, block_m, block_n, warps, min(sms, cdiv(n_rows, block_m)))
-    chunk = min(BACKWARD_LOOP_CHUNK, block_n)
+        return RowConfig(False, block_m, block_n, warps, min(per_sm * sms, cdiv(n_rows, block_m)))
+    _, block_m, chunk, prefetch = BACKWARD_LOOP_TABLE[kernel][i]
+    chunk = min(chunk, block_n)
     chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)  # as looped_config
-    return RowConfig(True, 1, chunk, min(32, max(4, chunk * elem_size // 512)), min(sms, n_rows))
+    return RowConfig(True, block_m, chunk, min(32, max(4, block_m * chunk * elem_size // 512)),
+                     min(sms, cdiv(n_rows, block_m)), prefetch)
+
+def sum_config(n_partials, n_cols, sms):
+    """(BLOCK_P, BLOCK_N, num_warps) of the dweight reduce over a (P, N) fp32 partial buffer: one
+    program a BLOCK_N column strip, BLOCK_P partial rows a trip. The loop's loads wait one trip at
+    a time, so few, tall trips: all of P (up to 8192 values a program) in one or two; and strips
+    narrow enough for about one program an SM (N = 1024 on 132 SMs: 32 strips of 32; the
+    interpreter's 3 "SMs" keep its program count, its cost, low)."""
+    block_n = min(256, max(32, next_power_of_2(cdiv(n_cols, sms))))
+    block_p = min(next_power_of_2(n_partials), max(8, 8192 // block_n))
+    return block_p, block_n, 8

@@ -6,8 +6,8 @@ One list for RMSNorm, residual RMSNorm and LayerNorm so the three cannot drift a
 import torch
 
 from common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
-from normalization.launch_config import (BACKWARD_FUSED_TABLE, FUSED_TABLE, LAYERNORM_FUSED_TABLE,
-                                         LOOP_CHUNK_TABLE, backward_table_row, table_row)
+from normalization.launch_config import (BACKWARD_FUSED_TABLE, BACKWARD_LOOP_TABLE, FUSED_TABLE,
+                                         LAYERNORM_FUSED_TABLE, LOOP_CHUNK_TABLE, backward_table_row, table_row)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 760, 1000, 4096, 5120, 65537)
@@ -84,14 +84,15 @@ def huge_rows(n_cols):
     return (2 ** 31) // n_cols + 3
 
 
-# Backward cases. The widths reach both rows of BACKWARD_FUSED_TABLE (BLOCK_M from 128 rows a step
-# down to 2) and the looped kernel (check_backward_table_rows) at the fewest elements the
-# interpreter must run: 40, 123 (short rows, many a step), 1000, 3000 (1-8 rows a step); the looped
-# kernel with a partial last chunk at 4500 in fp32 and 8300 in bf16 (fp16's looped rows are GPU
-# cases: the interpreter's budget). GRAD_ROWS rows: more than the interpreter's 3 programs, so some
-# program sums two steps' rows into its dweight partial.
+# Backward cases. The widths reach every row of BACKWARD_FUSED_TABLE (BLOCK_M from 128 rows a step
+# down to 1) and the looped kernel (check_backward_table_rows) at the fewest elements the
+# interpreter must run: 40, 123 (short rows, many a step), 1000, 3000 (1-4 rows a step); one row
+# of 8192 padded at 4500 in fp32; the looped kernel with a partial last chunk at 8300 in bf16 (7
+# rows: a program with several), and RMSNorm's two-rows-a-step row at 40000 (3 rows: a partial
+# block); fp16's looped rows are GPU cases: the interpreter's budget. GRAD_ROWS rows: more than
+# the interpreter's 3 programs, so some program sums two steps' rows into its dweight partial.
 GRAD_WIDTHS = (40, 123, 1000, 3000)
-GRAD_WIDE = {torch.float32: ((4500, 4),), torch.bfloat16: ((8300, 4),), torch.float16: ()}
+GRAD_WIDE = {torch.float32: ((4500, 4),), torch.bfloat16: ((8300, 7), (40000, 3)), torch.float16: ()}
 GRAD_ROWS = 7
 
 
@@ -121,20 +122,23 @@ def grad_inputs():
         add((64, 8300), dtype, gpu_only=True)                 # the looped kernel in every dtype, partial chunk
     add((9, 41), torch.float16, wrt="x")                      # dweight not wanted: None
     add((9, 41), torch.bfloat16, wrt="weight")                # dx not wanted: None
-    add((4, 4500), torch.float32, wrt="weight")               # the looped kernel, dx not wanted
+    add((4, 4500), torch.float32, wrt="weight")               # the widest fused row, dx not wanted
     add((2, 4096), torch.bfloat16, weight_dtype=torch.float32)
     return cases
 
 
 def check_backward_table_rows():
-    """Every row of BACKWARD_FUSED_TABLE, and the looped backward, is taken by an interpreter-tier
-    gradient input."""
+    """Every row of each kernel's BACKWARD_FUSED_TABLE and BACKWARD_LOOP_TABLE is taken by an
+    interpreter-tier gradient input."""
     inputs = [kw for _, kw, gpu_only in grad_inputs() if not gpu_only]
-    reached = {backward_table_row(kw["shape"][-1]) for kw in inputs}
-    missing = [BACKWARD_FUSED_TABLE[i] if i is not None else "looped"
-               for i in [*range(len(BACKWARD_FUSED_TABLE)), None] if i not in reached]
+    missing, rows = [], 0
+    for kernel in BACKWARD_FUSED_TABLE:
+        reached = {backward_table_row(kw["shape"][-1], kernel) for kw in inputs}
+        for name, table in (("fused", BACKWARD_FUSED_TABLE[kernel]), ("looped", BACKWARD_LOOP_TABLE[kernel])):
+            rows += len(table)
+            missing += [f"{kernel} {name} {table[i]}" for i in range(len(table)) if (name, i) not in reached]
     return [Outcome("backward: every row", not missing,
-                    note=f"no input reaches {missing}" if missing else f"{len(BACKWARD_FUSED_TABLE) + 1} rows")]
+                    note=f"no input reaches {missing}" if missing else f"{rows} rows")]
 
 
 def grad_cases(check_grad, check_grad_empty, check_grad_huge):

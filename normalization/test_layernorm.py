@@ -95,11 +95,15 @@ def grad_atol(x, w, dy):
                 bias=param_grad_atol(dyd))
 
 
-def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, affine=(True, True)):
+def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, affine=(True, True), offset=0.0, lead=False):
     """Gradients against autograd through the fp64 reference and F.layer_norm's (2x rule); x and dy
-    strided views when pad is given; wrt: one input's gradient alone; affine: weight, bias present."""
+    strided views when pad is given; wrt: one input's gradient alone; affine: weight, bias present;
+    offset (on the first eighth of each row with lead): a large mean, as check's."""
     n = shape[-1]
     x, dy = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
+    if offset:
+        x = x.clone()
+        x[..., : n // 8 if lead else n] += offset
     w = rand((n,), weight_dtype or dtype) if affine[0] else None
     b = rand((n,), weight_dtype or dtype) if affine[1] else None
     atol = grad_atol(x, w, dy)
@@ -136,14 +140,19 @@ def check_grad_huge(n_cols):
 
 CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge)
 CASES += grad_cases(check_grad, check_grad_empty, check_grad_huge)
-# without weight or bias: the fused kernel in fp32 and bf16, the looped one in fp32 (its weight
-# without a bias gradient: the wrt=weight case)
+# without weight or bias: the fused kernel in fp32 and bf16, the looped one in fp32 (8300: five
+# chunks of 2048, the last partial)
 AFFINE = {"no bias": (True, False), "bias only": (False, True), "no affine": (False, False)}
 CASES += [Case(f"grad {shape} {dtype_name(dtype)} {name}", check_grad, dict(shape=shape, dtype=dtype, affine=AFFINE[name]))
           for shape, dtype, names in (((7, 123), torch.float32, AFFINE), ((7, 123), torch.bfloat16, AFFINE),
-                                      ((4, 4500), torch.float32, ("bias only", "no affine")))
+                                      ((2, 8300), torch.float32, ("bias only", "no affine")))
           for name in names]
 CASES.append(Case("grad (9, 41) fp16 wrt=bias", check_grad, dict(shape=(9, 41), dtype=torch.float16, wrt="bias")))
+# a large mean in the looped backward, whose one pass over x sums x minus the first chunk's mean:
+# on every value, and on the first eighth alone (that shift then far from the row's mean)
+CASES += [Case(f"grad (2, 8300) fp32 {name}offset=1000", check_grad,
+               dict(shape=(2, 8300), dtype=torch.float32, offset=1000.0, lead=lead))
+          for name, lead in (("", False), ("first eighth ", True))]
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     # the fused kernel (123) and the looped one with 1, several and many chunks;
     # each with and without weight and bias

@@ -13,23 +13,25 @@ weight and the dw/db partials are L2-resident. rstd (and the mean) are recompute
 saved: a row held in registers costs no extra bytes for them, and the forward saves nothing but
 its input (no (M,) fp32 buffer alive between the passes).
 
-dw (and db) are a deterministic two-stage reduction: a persistent grid of P programs (at most one
-per SM: table in normalization/launch_config.py) loops over the rows, each summing its rows' dy * x̂
+dw (and db) are a deterministic two-stage reduction: a persistent grid of P programs (one to four
+per SM: tables in normalization/launch_config.py) loops over the rows, each summing its rows' dy * x̂
 in fp32 into its own row of a (P, N) fp32 buffer; `_sum_partials_kernel` then adds the P rows in a
 fixed order and rounds once to the weight's dtype. Two kernels per norm, as in the forward:
 - *fused*: BLOCK_M whole rows in registers, the dw partial in registers for the whole loop;
-- *looped*: one row at a time in BLOCK_N chunks, two passes (three for LayerNorm: the mean first,
-  so the centred values never cancel), the later ones served from L1/L2; the dw partial chunk is
-  read, added to and written back in the program's own row of the buffer (L2-resident).
+- *looped*: BLOCK_M rows at a time in BLOCK_N chunks, two passes (LayerNorm: one row, three
+  passes, the mean first, so the centred values never cancel), the later ones served from L1/L2;
+  the dw partial chunk is read, added to and written back in the program's own row of the buffer
+  (L2-resident) once a step, or kept in registers when the row is one chunk.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
+from common.device import sm_count
 from common.triton_utils import col_mask
 from common.validation import as_rows
-from normalization.launch_config import backward_config
+from normalization.launch_config import INTERPRETER_SMS, backward_config, sum_config
 
 
 @triton.jit
@@ -49,10 +51,13 @@ def _rmsnorm_bwd_fused_kernel(
     eps,
     # meta-parameters
     HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Persistent: program p takes row blocks p, p + P, p + 2P, ...; dw partial -> dw_ptr[p, :].
-    With one program an SM nothing else hides its loads' latency, so each step loads the next
-    block's x and dy (raw, BLOCK_M * BLOCK_N values of each in flight) before computing on its own."""
+    PREFETCH: each step loads the next block's x and dy (raw, BLOCK_M * BLOCK_N values of each in
+    flight) before computing on its own, for when one program an SM leaves nothing else to hide the
+    loads' latency; without it the registers of the next block are free (wide rows, several programs
+    an SM)."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
@@ -60,14 +65,19 @@ def _rmsnorm_bwd_fused_kernel(
     w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
-    x_next = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows)
-    dy_next = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows)
+    if PREFETCH:
+        x_next = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows)
+        dy_next = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows)
     for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
         rows = tl.cast(block, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < n_rows)[:, None] & in_row[None, :]
-        x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
-        x_next = _load_block(x_ptr, rows + step, stride_xm, cols, in_row, n_rows)
-        dy_next = _load_block(dy_ptr, rows + step, stride_dym, cols, in_row, n_rows)
+        if PREFETCH:
+            x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+            x_next = _load_block(x_ptr, rows + step, stride_xm, cols, in_row, n_rows)
+            dy_next = _load_block(dy_ptr, rows + step, stride_dym, cols, in_row, n_rows)
+        else:
+            x = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows).to(tl.float32)
+            dy = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         # rows past the end: 0, not 0 * rsqrt(eps = 0) = NaN, in the dw sum
         x_hat = tl.where(mask, x * rstd[:, None], 0.0)
@@ -93,46 +103,83 @@ def _rmsnorm_bwd_looped_kernel(
     stride_dum: tl.constexpr, stride_dxm: tl.constexpr,
     eps,
     # meta-parameters
-    HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr, ONE_CHUNK: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    """Persistent, one row at a time in BLOCK_N chunks: pass 1 sums x^2 and x * g, pass 2 re-reads
-    x and dy (from L1/L2), writes dx and adds dy * x̂ into this program's row dw_ptr[p, :] (zeroed
-    by the launcher). A chunk's elements belong to the same threads in every pass, so each
-    thread reads back its own stores."""
+    """Persistent, BLOCK_M rows at a time in (BLOCK_M, BLOCK_N) chunks: pass 1 sums x^2 and x * g,
+    pass 2 re-reads x and dy (from L1/L2), writes dx and adds the chunk's dy * x̂, summed over the
+    BLOCK_M rows, into this program's row dw_ptr[p, :] (zeroed by the launcher): one read-add-write
+    of the partial (8 bytes a column, L2 traffic) per BLOCK_M rows. A chunk's elements belong to
+    the same threads in every pass, so each thread reads back its own stores. ONE_CHUNK
+    (N <= BLOCK_N): the dw partial stays in registers across rows and is stored once.
+    PREFETCH: pass 1 (the HBM pass) loads one chunk ahead, past the rows' end into the first chunk
+    of the program's next rows, so two chunks of x and dy are in flight instead of one."""
     pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_M
     dw_row = dw_ptr + pid.to(tl.int64) * n_cols
-    for i in range(pid, n_rows, tl.num_programs(0)):
-        row = tl.cast(i, tl.int64)  # 64-bit: row*stride can pass 2^31
-        x_row, dy_row = x_ptr + row * stride_xm, dy_ptr + row * stride_dym
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH:
+        rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_N)
+        ahead = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        x_ahead = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=ahead, other=0.0,
+                          eviction_policy="evict_last")
+        dy_ahead = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=ahead, other=0.0,
+                           eviction_policy="evict_last")
+    for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        rows = tl.cast(block, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
+        row_ok = (rows < n_rows)[:, None]
+        x_rows, dy_rows = x_ptr + rows[:, None] * stride_xm, dy_ptr + rows[:, None] * stride_dym
         # pass 1: keep x and dy in L2 (evict_last) for pass 2
-        sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
-        sum_xg = tl.zeros([BLOCK_N], dtype=tl.float32)
+        sum_sq = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        sum_xg = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            mask = col_mask(cols, n_cols, EVEN_N)
-            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            mask = row_ok & col_mask(cols, n_cols, EVEN_N)[None, :]
+            if PREFETCH:
+                x, dy = x_ahead.to(tl.float32), dy_ahead.to(tl.float32)
+                # the next chunk: these rows' next one, or the first of the program's next rows (no
+                # branch: a wrapped start of 0 and the rows stepped on)
+                wrap = tl.where(start + BLOCK_N >= n_cols, 1, 0).to(tl.int64)
+                next_rows = rows + wrap * step
+                next_cols = (start + BLOCK_N) * (1 - wrap) + tl.arange(0, BLOCK_N)
+                ahead = (next_rows < n_rows)[:, None] & (next_cols < n_cols)[None, :]
+                x_ahead = tl.load(x_ptr + next_rows[:, None] * stride_xm + next_cols[None, :], mask=ahead,
+                                  other=0.0, eviction_policy="evict_last")
+                dy_ahead = tl.load(dy_ptr + next_rows[:, None] * stride_dym + next_cols[None, :], mask=ahead,
+                                   other=0.0, eviction_policy="evict_last")
+            else:
+                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last").to(tl.float32)
             sum_sq += x * x
-            sum_xg += x * dy * w
-        rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps)
-        c = tl.sum(sum_xg, axis=0) * rstd * rstd / n_cols  # mean(g * x̂) / rstd
+            sum_xg += x * dy * w[None, :]
+        rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / n_cols + eps)
+        c = tl.sum(sum_xg, axis=1) * rstd * rstd / n_cols  # mean(g * x̂) / rstd
         # pass 2: the last read of x and dy
         for start in range(0, n_cols, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            mask = col_mask(cols, n_cols, EVEN_N)
-            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            dx = (dy * w - x * c) * rstd
+            mask = row_ok & col_mask(cols, n_cols, EVEN_N)[None, :]
+            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            dx = (dy * w[None, :] - x * c[:, None]) * rstd[:, None]
             if HAS_DU:
-                dx += tl.load(du_ptr + row * stride_dum + cols, mask=mask, other=0.0,
+                dx += tl.load(du_ptr + rows[:, None] * stride_dum + cols[None, :], mask=mask, other=0.0,
                               eviction_policy="evict_first").to(tl.float32)
-            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask,
+            tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask,
                      eviction_policy="evict_first")  # dx is not read again: keep L2 for x and dy
             if WEIGHT_GRAD:
-                dw = tl.load(dw_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
-                tl.store(dw_row + cols, dw + dy * (x * rstd), mask=mask, eviction_policy="evict_last")
+                # rows past the end: 0, not 0 * rsqrt(eps = 0) = NaN
+                dw_chunk = tl.sum(tl.where(mask, dy * (x * rstd[:, None]), 0.0), axis=0)
+                if ONE_CHUNK:
+                    dw_acc += dw_chunk
+                else:
+                    dw = tl.load(dw_row + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
+                    tl.store(dw_row + cols, dw + dw_chunk, mask=cols < n_cols, eviction_policy="evict_last")
+    if WEIGHT_GRAD and ONE_CHUNK:
+        cols = tl.arange(0, BLOCK_N)
+        tl.store(dw_row + cols, dw_acc, mask=cols < n_cols)
 
 
 @triton.jit
@@ -144,10 +191,10 @@ def _layernorm_bwd_fused_kernel(
     eps,
     # meta-parameters
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    """Persistent like the RMSNorm one, the next block's x and dy loaded ahead the same way; dw and
-    db partials -> dw_ptr[p, :], db_ptr[p, :]."""
+    """Persistent like the RMSNorm one (PREFETCH the same); dw and db partials -> dw_ptr[p, :],
+    db_ptr[p, :]."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
@@ -157,14 +204,19 @@ def _layernorm_bwd_fused_kernel(
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
     rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    x_next = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows)
-    dy_next = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows)
+    if PREFETCH:
+        x_next = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows)
+        dy_next = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows)
     for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
         rows = tl.cast(block, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < n_rows)[:, None] & in_row[None, :]
-        x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
-        x_next = _load_block(x_ptr, rows + step, stride_xm, cols, in_row, n_rows)
-        dy_next = _load_block(dy_ptr, rows + step, stride_dym, cols, in_row, n_rows)
+        if PREFETCH:
+            x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+            x_next = _load_block(x_ptr, rows + step, stride_xm, cols, in_row, n_rows)
+            dy_next = _load_block(dy_ptr, rows + step, stride_dym, cols, in_row, n_rows)
+        else:
+            x = _load_block(x_ptr, rows, stride_xm, cols, in_row, n_rows).to(tl.float32)
+            dy = _load_block(dy_ptr, rows, stride_dym, cols, in_row, n_rows).to(tl.float32)
         mean = tl.sum(x, axis=1) / n_cols
         centred = tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
@@ -196,14 +248,17 @@ def _layernorm_bwd_looped_kernel(
     eps,
     # meta-parameters
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, ONE_CHUNK: tl.constexpr,
 ):
     """Persistent, one row at a time in BLOCK_N chunks, three passes: the mean of x; the squared
     deviations, g and g * (x - mean); then dx and the dw/db partials (read-add-write of this
-    program's rows of dw_ptr and db_ptr, zeroed by the launcher)."""
+    program's rows of dw_ptr and db_ptr, zeroed by the launcher; with ONE_CHUNK, N <= BLOCK_N,
+    in registers across rows and stored once, as the RMSNorm one)."""
     pid = tl.program_id(0)
     dw_row = dw_ptr + pid.to(tl.int64) * n_cols
     db_row = db_ptr + pid.to(tl.int64) * n_cols
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i in range(pid, n_rows, tl.num_programs(0)):
         row = tl.cast(i, tl.int64)  # 64-bit: row*stride can pass 2^31
         x_row, dy_row = x_ptr + row * stride_xm, dy_ptr + row * stride_dym
@@ -246,11 +301,23 @@ def _layernorm_bwd_looped_kernel(
             tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask,
                      eviction_policy="evict_first")
             if WEIGHT_GRAD:
-                dw = tl.load(dw_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
-                tl.store(dw_row + cols, dw + dy * x_hat, mask=mask, eviction_policy="evict_last")
+                if ONE_CHUNK:
+                    dw_acc += dy * x_hat
+                else:
+                    dw = tl.load(dw_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                    tl.store(dw_row + cols, dw + dy * x_hat, mask=mask, eviction_policy="evict_last")
             if BIAS_GRAD:
-                db = tl.load(db_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
-                tl.store(db_row + cols, db + dy, mask=mask, eviction_policy="evict_last")
+                if ONE_CHUNK:
+                    db_acc += dy
+                else:
+                    db = tl.load(db_row + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+                    tl.store(db_row + cols, db + dy, mask=mask, eviction_policy="evict_last")
+    if ONE_CHUNK:
+        cols = tl.arange(0, BLOCK_N)
+        if WEIGHT_GRAD:
+            tl.store(dw_row + cols, dw_acc, mask=cols < n_cols)
+        if BIAS_GRAD:
+            tl.store(db_row + cols, db_acc, mask=cols < n_cols)
 
 
 @triton.jit
@@ -273,14 +340,13 @@ def _sum_partials_kernel(
     tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=in_row)
 
 
-SUM_BLOCK_P, SUM_BLOCK_N = 8, 256  # 8 x 256 fp32 a program: 16 values a thread at 4 warps
-
-
-def sum_partials(partial, out):
-    """out (N,) = partial (P, N) fp32 summed over P, in out's dtype (deterministic)."""
+def sum_partials(partial, out, blocks=None):
+    """out (N,) = partial (P, N) fp32 summed over P, in out's dtype (deterministic). blocks:
+    (BLOCK_P, BLOCK_N, num_warps) instead of sum_config's choice (tuning sweeps)."""
     n_partials, n_cols = partial.shape
-    _sum_partials_kernel[(triton.cdiv(n_cols, SUM_BLOCK_N),)](partial, out, n_partials, n_cols,
-                                                              BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N)
+    block_p, block_n, warps = blocks or sum_config(n_partials, n_cols, sm_count(partial.device, INTERPRETER_SMS))
+    _sum_partials_kernel[(triton.cdiv(n_cols, block_n),)](partial, out, n_partials, n_cols,
+                                                          BLOCK_P=block_p, BLOCK_N=block_n, num_warps=warps)
 
 
 def check_out_without_grad(fn_name, out_names, inputs):
@@ -294,18 +360,20 @@ def check_out_without_grad(fn_name, out_names, inputs):
 
 
 def _partials(cfg, n_cols, device, wanted):
-    """A (P, N) fp32 buffer for one weight's per-program sums; zeroed for the looped kernel, which
-    adds into it row by row. A 0-size placeholder when the gradient is not wanted."""
+    """A (P, N) fp32 buffer for one weight's per-program sums; zeroed for the looped kernel over
+    several chunks, which adds into it row by row. A 0-size placeholder when the gradient is not
+    wanted."""
     if not wanted:
         return torch.empty(0, dtype=torch.float32, device=device)
-    alloc = torch.zeros if cfg.looped else torch.empty
+    alloc = torch.zeros if cfg.looped and n_cols > cfg.BLOCK_N else torch.empty
     return alloc((cfg.grid, n_cols), dtype=torch.float32, device=device)
 
 
-def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None):
+def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_blocks=None):
     """Launch on validated arguments: dy, x, du (or None) (..., N) any row strides; weight (N,);
     dx a contiguous output shaped like x; dweight (N,) in weight's dtype, or None (no weight grad).
-    Writes dx = the gradient of x (plus du), and dweight."""
+    Writes dx = the gradient of x (plus du), and dweight. cfg, sum_blocks: a RowConfig and a
+    sum_partials blocks triple instead of the tables' choice (tuning sweeps)."""
     if x.numel() == 0:
         if dweight is not None:
             dweight.zero_()  # no rows: the sum over rows is 0
@@ -315,25 +383,29 @@ def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None):
     du2 = as_rows(du) if du is not None else dy2
     dx2 = dx.view(-1, n_cols)
     if cfg is None:
-        cfg = backward_config(n_rows, n_cols, x.element_size(), x.device)
+        cfg = backward_config(n_rows, n_cols, x.element_size(), x.device,
+                              "rmsnorm" if du is None else "residual_rmsnorm")
     partial = _partials(cfg, n_cols, x.device, dweight is not None)
     args = (dy2, x2, weight.contiguous(), du2, dx2, partial, n_rows, n_cols,
             dy2.stride(0), x2.stride(0), du2.stride(0), dx2.stride(0), eps)
     flags = dict(HAS_DU=du is not None, WEIGHT_GRAD=dweight is not None)
     if cfg.looped:
-        _rmsnorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
-                                                EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+        _rmsnorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                                EVEN_N=n_cols % cfg.BLOCK_N == 0,
+                                                ONE_CHUNK=n_cols <= cfg.BLOCK_N, PREFETCH=cfg.prefetch,
+                                                num_warps=cfg.num_warps)
     else:
         _rmsnorm_bwd_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                               num_warps=cfg.num_warps)
+                                               PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     if dweight is not None:
-        sum_partials(partial, dweight)
+        sum_partials(partial, dweight, sum_blocks)
 
 
-def launch_layernorm_backward(dy, x, weight, eps, dx, dweight, dbias, cfg=None):
+def launch_layernorm_backward(dy, x, weight, eps, dx, dweight, dbias, cfg=None, sum_blocks=None):
     """Launch on validated arguments: dy, x (..., N) any row strides; weight (N,) or None; dx a
     contiguous output shaped like x; dweight, dbias (N,) outputs in the parameter's dtype, or None
-    (that gradient not wanted). Writes dx, dweight, dbias."""
+    (that gradient not wanted). Writes dx, dweight, dbias. cfg, sum_blocks: as
+    launch_rmsnorm_backward's."""
     if x.numel() == 0:
         for grad in (dweight, dbias):
             if grad is not None:
@@ -343,18 +415,18 @@ def launch_layernorm_backward(dy, x, weight, eps, dx, dweight, dbias, cfg=None):
     n_rows, n_cols = x2.shape
     dx2 = dx.view(-1, n_cols)
     if cfg is None:
-        cfg = backward_config(n_rows, n_cols, x.element_size(), x.device)
+        cfg = backward_config(n_rows, n_cols, x.element_size(), x.device, "layernorm")
     dw_partial = _partials(cfg, n_cols, x.device, dweight is not None)
     db_partial = _partials(cfg, n_cols, x.device, dbias is not None)
     args = (dy2, x2, weight.contiguous() if weight is not None else x2, dx2, dw_partial, db_partial,
             n_rows, n_cols, dy2.stride(0), x2.stride(0), dx2.stride(0), eps)
     flags = dict(HAS_WEIGHT=weight is not None, WEIGHT_GRAD=dweight is not None, BIAS_GRAD=dbias is not None)
     if cfg.looped:
-        _layernorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
-                                                  EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+        _layernorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, EVEN_N=n_cols % cfg.BLOCK_N == 0,
+                                                  ONE_CHUNK=n_cols <= cfg.BLOCK_N, num_warps=cfg.num_warps)
     else:
         _layernorm_bwd_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                                 num_warps=cfg.num_warps)
+                                                 PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     for grad, partial in ((dweight, dw_partial), (dbias, db_partial)):
         if grad is not None:
-            sum_partials(partial, grad)
+            sum_partials(partial, grad, sum_blocks)
