@@ -53,19 +53,22 @@ def _tensors(args):
             yield from (t for t in a if isinstance(t, torch.Tensor))
 
 
-def forward_only_error(name):
+def forward_only_error(name, remedy=None):
+    """The error of a forward-only op called under grad. remedy: how else to get gradients (an
+    `_out` twin of a differentiable op: its functional form), said first."""
     return RuntimeError(
         f"{NAMESPACE}::{name} is forward-only (it has no backward), and an input requires grad: "
-        "call it under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
+        + (f"{remedy}, or call it" if remedy else "call it")
+        + " under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
 
 
-def _forward_only_kernel(name, op):
+def _forward_only_kernel(name, op, remedy=None):
     """Autograd kernel of an op without a backward: raise under grad, else run the op below autograd."""
     after_autograd = torch._C._after_autograd_keyset
 
     def autograd_kernel(keyset, *args):
         if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(args)):
-            raise forward_only_error(name)
+            raise forward_only_error(name, remedy)
         return op.redispatch(keyset & after_autograd, *args)
 
     return autograd_kernel
@@ -93,14 +96,14 @@ class Op:
     it has none.
     """
 
-    def __init__(self, name, impl, overload, function=None):
+    def __init__(self, name, impl, overload, function=None, remedy=None):
         self.name, self.impl, self.overload, self.function = name, impl, overload, function
-        self.differentiable = function is not None
+        self.differentiable, self.remedy = function is not None, remedy
 
     def _recorded(self, *args):
         if self.differentiable:
             return self.function.apply(*args)
-        raise forward_only_error(self.name)
+        raise forward_only_error(self.name, self.remedy)
 
     def __call__(self, *args):
         if torch.compiler.is_compiling() or _dispatch_modes():
@@ -120,7 +123,7 @@ class Op:
         return self.impl(*args)
 
 
-def define_op(schema, impl, fake, backward=None, setup_context=None):
+def define_op(schema, impl, fake, backward=None, setup_context=None, remedy=None):
     """Register operator `schema` ("name(Tensor x, ...) -> Tensor") in our namespace and return it
     as an Op: torch.ops.llmk.name, which runs `impl` on real tensors and `fake` under
     torch.compile's tracing (both take the schema's arguments in order).
@@ -128,7 +131,7 @@ def define_op(schema, impl, fake, backward=None, setup_context=None):
     backward, setup_context: its autograd formula, as torch.library.register_autograd takes them:
     setup_context(ctx, inputs, output) saves what the backward needs (ctx.save_for_backward, plain
     attributes); backward(ctx, *grad_outputs) returns one gradient (or None) per schema argument.
-    Without them the op is forward-only."""
+    Without them the op is forward-only; remedy: how else to get gradients, for its error."""
     name = schema.split("(", 1)[0]
     lib = _library()
     lib.define(schema)
@@ -138,13 +141,13 @@ def define_op(schema, impl, fake, backward=None, setup_context=None):
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     function = None
     if backward is None:
-        lib.impl(name, _forward_only_kernel(name, overload), "Autograd", with_keyset=True)
+        lib.impl(name, _forward_only_kernel(name, overload, remedy), "Autograd", with_keyset=True)
     else:
         torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=lib)
         function = type(f"{name}_function", (torch.autograd.Function,), {
             "forward": staticmethod(impl), "setup_context": staticmethod(setup_context),
             "backward": staticmethod(backward)})
-    OPS[name] = Op(name, impl, overload, function)
+    OPS[name] = Op(name, impl, overload, function, remedy)
     return OPS[name]
 
 
@@ -163,7 +166,8 @@ def define_ops(name, args, empty, into, outs=("out",), backward=None, setup_cont
     kernel's by construction. into(*args, *outs): the kernel writing them, the `_out` op's body.
     outs: the names of the written buffers in the `_out` op's schema.
     backward, setup_context: the functional op's autograd formula (define_op); the `_out` op is
-    forward-only.
+    forward-only (it writes a caller's buffer), and its error then says to call `name` without
+    the buffers.
     Returns (functional Op, _out Op)."""
     returns = "Tensor" if len(outs) == 1 else f"({', '.join(['Tensor'] * len(outs))})"
     written = ", ".join(f"Tensor({chr(ord('a') + i)}!) {out}" for i, out in enumerate(outs))
@@ -180,4 +184,5 @@ def define_ops(name, args, empty, into, outs=("out",), backward=None, setup_cont
             return made
 
     return (define_op(f"{name}({args}) -> {returns}", impl, empty, backward, setup_context),
-            define_op(f"{name}_out({args}, {written}) -> ()", into, no_outputs))
+            define_op(f"{name}_out({args}, {written}) -> ()", into, no_outputs,
+                      remedy=f"call {name} without {'/'.join(outs)}= to get gradients" if backward else None))

@@ -247,6 +247,20 @@ def check_opcheck(spec):
     return outcomes
 
 
+def without_grad(spec, with_grad, want):
+    """Under torch.no_grad() and torch.inference_mode() a call on inputs that require grad returns
+    `want` (the call on plain inputs), bit for bit, with no grad."""
+    outcomes = []
+    for mode_name, mode in (("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
+        with mode():
+            got = spec.call(with_grad)
+        outcomes += outputs_equal(f"under {mode_name}", got, want)
+        flags = [t.requires_grad for t in tensors_of(got)]
+        outcomes.append(Outcome(f"under {mode_name}: no grad", not any(flags),
+                                note="" if not any(flags) else f"requires_grad {flags}"))
+    return outcomes
+
+
 def check_forward_only(spec):
     overload = registered(spec.name)
     if overload is None:
@@ -262,14 +276,7 @@ def check_forward_only(spec):
         expect_raises(f"{spec.grad} requires grad: torch.ops.{NAMESPACE}.{spec.name} raises",
                       lambda: overload(*spec.args(with_grad)), RuntimeError, op_name),
     ]
-    for mode_name, mode in (("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
-        with mode():
-            got = spec.call(with_grad)
-        outcomes += outputs_equal(f"under {mode_name}", got, want)
-        grads = [t.requires_grad for t in tensors_of(got)]
-        outcomes.append(Outcome(f"under {mode_name}: no grad", not any(grads),
-                                note="" if not any(grads) else f"requires_grad {grads}"))
-    return outcomes
+    return outcomes + without_grad(spec, with_grad, want)
 
 
 def differentiable(spec):
@@ -324,15 +331,7 @@ def check_grad_mode(spec):
         outcomes.append(expect_raises(f"{spec.name}_out under grad raises (forward-only)",
                                       lambda: registered(f"{spec.name}_out")(*spec.out_args(with_grads(spec, inputs))),
                                       RuntimeError, f"{NAMESPACE}::{spec.name}_out"))
-    want = spec.call(inputs)
-    for mode_name, mode in (("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
-        with mode():
-            got = spec.call(with_grads(spec, inputs))
-        outcomes += outputs_equal(f"under {mode_name}", got, want)
-        flags = [t.requires_grad for t in tensors_of(got)]
-        outcomes.append(Outcome(f"under {mode_name}: no grad", not any(flags),
-                                note="" if not any(flags) else f"requires_grad {flags}"))
-    return outcomes
+    return outcomes + without_grad(spec, with_grads(spec, inputs), spec.call(inputs))
 
 
 def check_compile_training(spec):

@@ -21,10 +21,10 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.checks.matmul import reference, tolerance, torch_same_dtype  # noqa: E402
+from common.checks.matmul import grad_tolerance, reference, tolerance, torch_same_dtype  # noqa: E402
 from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
-from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,  # noqa: E402
-                            compare, dtype_name, expect_raises, main, poisoned, rand)
+from common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises, main,  # noqa: E402
+                            poisoned, rand)
 from gemm.matmul_common import m_bucket  # noqa: E402
 from gemm.triton_matmul import (TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul,  # noqa: E402
                                 matmul_op, matmul_train_op)
@@ -215,23 +215,6 @@ def check_errors():
         expect_raises("not a tensor", lambda: matmul([1.0], b), TypeError, "a"),
         expect_raises("out shape", lambda: matmul(a, b, out=a.clone()), ValueError, "out"),
     ]
-
-
-def grad_tolerance(dtype):
-    """Tol of a gradient of `dtype` against its fp64 reference (check_grads calls it per gradient).
-    da = dz @ b^T and db = a^T @ dz are products whose K-long inputs each carry a rounding or two
-    of relative size u (2^-11 fp16, 2^-8 bf16): dz's own, and z's in the forward, which moves
-    act'(z) by about as much. With random signs these add up to about u / sqrt(3) times the
-    root-sum-square of the terms, the size of a typical output, T (the rms of the reference):
-    sqrt(2/3) u T for two roundings, whose largest of a million is near 5.5 standard deviations,
-    4.5 u T. atol = 8 u T; rtol the final rounding (one ulp, common.testing.TOLERANCES). dbias is
-    such a sum over the rows. fp32 accumulation (sqrt(K) 2^-24 T, common/checks/matmul.py) is
-    below 2^-8 u T for any K up to 2^32. The 2x-PyTorch rule is the tighter guard."""
-    def tol(name, ref):
-        typical = ref.double().pow(2).mean().sqrt().item() if ref.numel() else 0.0
-        return Tol(max(1e-5, 8 * UNIT_ROUNDOFF[dtype] * typical), TOLERANCES[dtype].rtol,
-                   "one or two roundings of each input of the product, one of the output")
-    return tol
 
 
 def backward_inputs(m, n, k, dtype, bias=True, bias_dtype=None, trans_a=False, trans_b=False, pad=False):

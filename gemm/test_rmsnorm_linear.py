@@ -15,7 +15,7 @@ u / sqrt(3) times the root-sum-square of its terms, which is the size of a typic
 accumulation adds nothing visible at this scale. The 2x-PyTorch rule is the tighter guard.
 Backward: gradients of x, norm_weight and weight (common.testing.check_grads) against autograd
 through the fp64 reference and PyTorch's F.rms_norm and matmul in the same dtype; the same error
-model with up to two roundings per term (grad_tolerance).
+model with up to two roundings per term (common.checks.matmul.grad_tolerance).
 """
 import pathlib
 import sys
@@ -25,6 +25,7 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from common.checks.matmul import grad_tolerance  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,  # noqa: E402
                             compare, dtype_name, expect_raises, main, poisoned, rand)
@@ -118,22 +119,6 @@ def check_errors():
         expect_raises("weight elsewhere", lambda: rmsnorm_linear(x, nw, w.to(other)), ValueError, "weight"),
         expect_raises("not a tensor", lambda: rmsnorm_linear([1.0], nw, w), TypeError, "x"),
     ]
-
-
-def grad_tolerance(dtype):
-    """Tol of a gradient against its fp64 reference (check_grads calls it per gradient). Each
-    gradient is a sum of products whose inputs carry one or two roundings of relative size u
-    (2^-11 fp16, 2^-8 bf16): dweight = dy^T @ h, h rounded; dh = dy @ weight, rounded, then the
-    RMSNorm backward's sums over dh * x; dnorm_weight sums dh * x * rstd over the rows. With random
-    signs that is about u / sqrt(3) times the root-sum-square of the terms, the size of a typical
-    output T (the rms of the reference), twice at most: sqrt(2/3) u T, whose largest of a million
-    is near 5.5 standard deviations, 4.5 u T. atol = 8 u T, and rtol the final rounding (one
-    ulp). The 2x-PyTorch rule is the tighter guard."""
-    def tol(name, ref):
-        typical = ref.double().pow(2).mean().sqrt().item() if ref.numel() else 0.0
-        return Tol(max(1e-5, 8 * UNIT_ROUNDOFF[dtype] * typical), TOLERANCES[dtype].rtol,
-                   "one or two roundings of each input of the sums, one of the output")
-    return tol
 
 
 def check_backward(shape, n, dtype, path=None, wrt=(0, 1, 2), **kwargs):

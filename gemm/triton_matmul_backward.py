@@ -11,7 +11,7 @@ and the pass only sums dc's columns.
 
 One program owns a strip of BLOCK_N columns over a band of rows: it walks the band BLOCK_M rows
 at a time, writes dz and keeps fp32 column sums of its band, stored as one row of an fp32 partial
-(bands, N). A second kernel adds each column's partial rows in band order: two stages with a fixed
+(bands, N). common.reduce.sum_partials then adds each column's partial rows: two stages with a fixed
 order, so dbias is the same bits every run (no atomics). Traffic: read dc and z, write dz (3MNe
 with an activation; MNe for dbias alone), plus the partial (bands * N * 4 bytes, about a MB at
 8192 x 4096: 49 bands).
@@ -28,6 +28,7 @@ import triton.language as tl
 from common.device import INTERPRET, sm_count
 from common.ints import cdiv
 from common.ops import define_op
+from common.reduce import sum_partials
 from common.triton_utils import gelu_grad, silu_grad
 
 # (BLOCK_M, BLOCK_N, num_warps): 8 rows of 256 columns a step, so each of 128 threads loads two
@@ -43,8 +44,6 @@ BLOCKS = (4, 16, 4) if INTERPRET else (8, 256, 4)
 PROGRAMS_PER_SM = 6
 # SMs the interpreter counts: few, so its small shapes make bands of several BLOCK_M steps
 INTERPRET_SMS = 2
-# Columns a program of the second stage (the sum of the partial's rows) adds up
-SUM_BLOCK_N = 16 if INTERPRET else 256
 
 
 @triton.jit
@@ -96,17 +95,6 @@ def _epilogue_backward_kernel(
         tl.store(partial_ptr + band * N + cols, tl.sum(sums, axis=0), mask=in_n)
 
 
-@triton.jit
-def _sum_rows_kernel(partial_ptr, out_ptr, ROWS, N, BLOCK_N: tl.constexpr):
-    """out[cols] = sum of the partial's ROWS rows in row order, rounded once to out's dtype."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_n = cols < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for row in range(0, ROWS):
-        acc += tl.load(partial_ptr + row * N + cols, mask=in_n, other=0.0)
-    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=in_n)
-
-
 def bands(m, n, num_sms):
     """(band steps, bands): rows split into bands of BLOCK_M-row steps, enough for PROGRAMS_PER_SM
     programs an SM over the cdiv(N, BLOCK_N) column strips."""
@@ -130,7 +118,7 @@ def launch_epilogue_backward(dc, z, activation, dz, dbias):
         m, n, band_steps, dc.stride(0), dc.stride(1),
         ACTIVATION=activation, BIAS_GRAD=dbias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     if dbias is not None:
-        _sum_rows_kernel[(cdiv(n, SUM_BLOCK_N),)](partial, dbias, n_bands, n, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+        sum_partials(partial, dbias)
 
 
 def _empty_grads(dc, z, bias, activation, bias_grad):

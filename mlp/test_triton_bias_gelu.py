@@ -18,26 +18,31 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.device import DEVICE  # noqa: E402
+from common.device import DEVICE, sm_count  # noqa: E402
+from common.reduce import INTERPRETER_SMS, sum_config  # noqa: E402
 from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
                             expect_raises, grads_of, main, poisoned, rand, shape_case)
 from mlp.gelu import APPROXIMATIONS, bias_gelu_ref  # noqa: E402
 from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
                            overflow_expected, upstream)
 from mlp.tiling import BAND_TABLE, band_config, band_config_for, tile_config_for  # noqa: E402
-from mlp.triton_bias_gelu import (SUM_MAX_BLOCK_B, bias_gelu, launch_bias_gelu,  # noqa: E402
-                                  launch_bias_gelu_backward)
+from mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu, launch_bias_gelu_backward  # noqa: E402
 
 NAMES = ("x", "bias")
 GELU_SLOPE_MAX = 1.13  # max |gelu'(z)| (1.129 at z = 1.41, either form): |dx| <= 1.13 |dy|
 
 
-def sum_depth(cfg, n_rows):
+def reduce_step(n_bands, n_cols):
+    """Bands the reduce (common.reduce.sum_partials) adds in one step, as its sum_config picks."""
+    return sum_config(n_bands, n_cols, sm_count(DEVICE, INTERPRETER_SMS))[0]
+
+
+def sum_depth(cfg, n_rows, n_cols):
     """Additions on the longest path of dbias's summation under launch config cfg: a tree over
     BLOCK_M rows, ROWS / BLOCK_M iterations a band, a tree over a step of bands in the reduce, and
     its steps. Recursive and tree summation of terms t_i in fp32 err by at most depth * 2^-24 *
     sum |t_i| (first order)."""
-    block_b = min(SUM_MAX_BLOCK_B, cfg.n_bands)
+    block_b = min(reduce_step(cfg.n_bands, n_cols), cfg.n_bands)
     return (max(cfg.BLOCK_M, 2).bit_length() + min(cfg.ROWS, n_rows) // cfg.BLOCK_M
             + max(block_b, 2).bit_length() + -(-cfg.n_bands // block_b))
 
@@ -47,7 +52,7 @@ def dbias_tol(dy, bias_dtype, cfg):
     each term's own fp32 error (the rounding of dy * gelu'(z), gelu''s polynomial, the rounding of
     x + bias: under 7e-7 |dy| together, so 2^-20 |dy|), plus the one rounding to bias's dtype."""
     dy2 = dy.detach().reshape(-1, dy.shape[-1])
-    depth = sum_depth(cfg, dy2.shape[0])
+    depth = sum_depth(cfg, *dy2.shape)
     info = torch.finfo(bias_dtype)
     # |dy| is exact in dy's dtype; summed in fp64 without an fp64 copy (2^31+ elements on the GPU)
     atol = (depth * 2 ** -24 * GELU_SLOPE_MAX + 2 ** -20) * dy2.abs().sum(0, dtype=torch.float64) \
@@ -146,15 +151,15 @@ def check_huge(n_cols):
 
 
 def check_many_bands():
-    """More bands than the reduce's step (SUM_MAX_BLOCK_B): it adds them in two steps. One-row bands
-    of 8 columns keep the interpreter's work small."""
-    shape, dtype = (SUM_MAX_BLOCK_B + 6, 8), torch.float16
+    """More bands than the reduce's step (reduce_step): it adds them in two steps. One-row bands of
+    8 columns keep the interpreter's work small."""
+    shape, dtype = (reduce_step(2 ** 20, 8) + 6, 8), torch.float16
     x, b, dy = rand(shape, dtype), rand((shape[-1],), dtype), rand(shape, dtype)
     cfg = band_config_for((8, 8, 1), *shape, x.element_size(), 1, min_programs=1)
     db = poisoned((shape[-1],), dtype)
     launch_bias_gelu_backward(dy, x, b, "none", None, db, cfg)
     _, want = grads_of(bias_gelu_ref, (x, b), (1,), [dy], dtype=torch.float64)
-    return [Outcome("bands past one step", cfg.n_bands > SUM_MAX_BLOCK_B, note=str(cfg)),
+    return [Outcome("bands past one step", cfg.n_bands > reduce_step(cfg.n_bands, shape[-1]), note=str(cfg)),
             compare("dbias", db, want[0], dbias_tol(dy, dtype, cfg))]
 
 
@@ -284,7 +289,7 @@ def cases():
     grad((5, 1000), torch.float16, has_bias=False)                # plain GELU
     grad((7, 1000), torch.float16, wrt=(0,))                      # dx only: no partial sums
     grad((7, 1000), torch.bfloat16, "tanh", wrt=(1,))             # dbias only: dx is not written
-    return out + [Case("dbias over 70 bands", check_many_bands), Case("allocates its output", check_own_buffer),
+    return out + [Case("dbias over more bands than one reduce step", check_many_bands), Case("allocates its output", check_own_buffer),
                   Case("bad input", check_errors), Case("empty input", check_empty), Case("grad mode", check_grad_mode),
                   Case("grad of empty input", check_grad_empty),
                   Case("2^31+ elements", check_huge, dict(n_cols=4096), gpu_only=True),

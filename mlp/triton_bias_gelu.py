@@ -17,7 +17,7 @@ recomputed and, in fp32 (common.triton_utils.gelu_grad),
     dx = dy * gelu'(z)        rounded once to x's dtype
     dbias = sum over rows of dx (the fp32 values, before that rounding)
 dbias is deterministic, in two stages: each program sums its band of rows into an fp32 partial row,
-then one small kernel adds the partial rows in a fixed order and rounds once to bias's dtype.
+then common.reduce.sum_partials adds the partial rows in a fixed order and rounds once to bias's dtype.
 Traffic: read x and dy, write dx: 3*M*O*e (fwd+bwd 5*M*O*e), plus the partial sums, 8*O bytes a
 band of 128 rows (~1% at e = 2); without dx (only bias requires grad) 2*M*O*e.
 Tiling (2D tiles over rows and columns, 64-bit offsets; bands of rows for dbias) and its tables:
@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from common.ops import define_op, define_ops
+from common.reduce import sum_partials
 from common.triton_utils import gelu, gelu_grad
 from common.validation import as_rows, check_out, check_same_device, check_tensor
 from mlp.gelu import check_approximate
@@ -131,29 +132,6 @@ def _bias_gelu_backward_kernel(
         tl.store(partial_ptr + band * n_cols + cols, tl.sum(acc, axis=0), mask=in_cols)
 
 
-@triton.jit
-def _sum_rows_kernel(partial_ptr, out_ptr, n_bands, n_cols, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[c] = sum over b of partial[b, c], fp32, in a fixed order (BLOCK_B rows a step, summed as
-    a tree), rounded once to out's dtype."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_cols = cols < n_cols
-    acc = tl.zeros((BLOCK_B, BLOCK_N), tl.float32)
-    for start in range(0, n_bands, BLOCK_B):
-        bands = start + tl.arange(0, BLOCK_B)
-        acc += tl.load(partial_ptr + bands[:, None] * n_cols + cols[None, :],
-                       mask=(bands < n_bands)[:, None] & in_cols[None, :], other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=in_cols)
-
-
-# The partial sums are small (n_bands <= rows / 64 in a large matrix): 128 columns a program give
-# n_cols / 128 programs (128 at O = 16384) that each load their bands in one step of up to 64 rows
-# (8192 values, 32 a thread of 8 warps) or a few, a few microseconds in all, where a loop over single
-# rows would wait for each load in turn.
-SUM_BLOCK_N = 128
-SUM_MAX_BLOCK_B = 64
-SUM_WARPS = 8
-
-
 def launch_bias_gelu_backward(dy, x, bias, approximate, dx, dbias, cfg=None):
     """Launch on validated arguments: dy, x (..., O), any row strides (dy may be an expanded view);
     bias (O,) or None; dx a contiguous output shaped like x, or None (not wanted); dbias a (O,)
@@ -176,10 +154,7 @@ def launch_bias_gelu_backward(dy, x, bias, approximate, dx, dbias, cfg=None):
         ROWS=cfg.ROWS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
         num_warps=cfg.num_warps)
     if dbias is not None:
-        block_n = min(SUM_BLOCK_N, triton.next_power_of_2(n_cols))
-        _sum_rows_kernel[(triton.cdiv(n_cols, block_n),)](
-            partial, dbias, cfg.n_bands, n_cols,
-            BLOCK_B=min(SUM_MAX_BLOCK_B, triton.next_power_of_2(cfg.n_bands)), BLOCK_N=block_n, num_warps=SUM_WARPS)
+        sum_partials(partial, dbias)
 
 
 def _backward_empty(dy, x, bias, approximate, x_grad, bias_grad):

@@ -94,7 +94,7 @@ def looped_config(n_rows, n_cols, elem_size, chunk_bytes):
 
 # Backward kernels (normalization/triton_norm_backward.py). The grid is persistent, a few programs
 # per SM: each program keeps an (N,) fp32 dweight partial, so P programs cost a (P, N) fp32 buffer
-# and a reduce over P (sum_config). The fused kernel holds a tile of BLOCK_M = tile / padded N rows
+# and a reduce over P (common.reduce.sum_partials). The fused kernel holds a tile of BLOCK_M = tile / padded N rows
 # and loads the next tile while it computes on this one (prefetch: ahead at every width, 1-4
 # programs an SM, e.g. 0.042 ms against 0.072 at N = 1024); the short rows also want small
 # programs, several an SM, whose steps overlap each other's waits.
@@ -181,13 +181,3 @@ def _backward_config(n_rows, n_cols, elem_size, sms, kernel):
     chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)  # as looped_config
     return RowConfig(True, block_m, chunk, min(32, max(4, block_m * chunk * elem_size // 512)),
                      min(sms, cdiv(n_rows, block_m)), prefetch)
-
-def sum_config(n_partials, n_cols, sms):
-    """(BLOCK_P, BLOCK_N, num_warps) of the dweight reduce over a (P, N) fp32 partial buffer: one
-    program a BLOCK_N column strip, BLOCK_P partial rows a trip. The loop's loads wait one trip at
-    a time, so few, tall trips: all of P (up to 8192 values a program) in one or two; and strips
-    narrow enough for about one program an SM (N = 1024 on 132 SMs: 32 strips of 32; the
-    interpreter's 3 "SMs" keep its program count, its cost, low)."""
-    block_n = min(256, max(32, next_power_of_2(cdiv(n_cols, sms))))
-    block_p = min(next_power_of_2(n_partials), max(8, 8192 // block_n))
-    return block_p, block_n, 8

@@ -15,7 +15,7 @@ its input (no (M,) fp32 buffer alive between the passes).
 
 dw (and db) are a deterministic two-stage reduction: a persistent grid of P programs (one to four
 per SM: tables in normalization/launch_config.py) loops over the rows, each summing its rows' dy * x̂
-in fp32 into its own row of a (P, N) fp32 buffer; `_sum_partials_kernel` then adds the P rows in a
+in fp32 into its own row of a (P, N) fp32 buffer; `common.reduce.sum_partials` then adds the P rows in a
 fixed order and rounds once to the weight's dtype. Two kernels per norm, as in the forward:
 - *fused*: BLOCK_M whole rows in registers, the dw partial in registers for the whole loop;
 - *looped*: BLOCK_M rows at a time in BLOCK_N chunks, two passes (LayerNorm: one row, three
@@ -28,10 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from common.device import sm_count
 from common.triton_utils import col_mask
 from common.validation import as_rows
-from normalization.launch_config import INTERPRETER_SMS, backward_config, sum_config
+from common.reduce import sum_partials
+from normalization.launch_config import backward_config
 
 
 @triton.jit
@@ -318,45 +318,6 @@ def _layernorm_bwd_looped_kernel(
             tl.store(dw_row + cols, dw_acc, mask=cols < n_cols)
         if BIAS_GRAD:
             tl.store(db_row + cols, db_acc, mask=cols < n_cols)
-
-
-@triton.jit
-def _sum_partials_kernel(
-    # pointers
-    partial_ptr, out_ptr,
-    # matrix dimensions
-    n_partials, n_cols,
-    # meta-parameters
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """out[j] = sum over p of partial[p, j], in fp32 in a fixed order, rounded once to out's dtype."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_row = cols < n_cols
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for start in range(0, n_partials, BLOCK_P):
-        rows = start + tl.arange(0, BLOCK_P)
-        acc += tl.load(partial_ptr + rows[:, None] * n_cols + cols[None, :],
-                       mask=(rows < n_partials)[:, None] & in_row[None, :], other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=in_row)
-
-
-def sum_partials(partial, out, blocks=None):
-    """out (N,) = partial (P, N) fp32 summed over P, in out's dtype (deterministic). blocks:
-    (BLOCK_P, BLOCK_N, num_warps) instead of sum_config's choice (tuning sweeps)."""
-    n_partials, n_cols = partial.shape
-    block_p, block_n, warps = blocks or sum_config(n_partials, n_cols, sm_count(partial.device, INTERPRETER_SMS))
-    _sum_partials_kernel[(triton.cdiv(n_cols, block_n),)](partial, out, n_partials, n_cols,
-                                                          BLOCK_P=block_p, BLOCK_N=block_n, num_warps=warps)
-
-
-def check_out_without_grad(fn_name, out_names, inputs):
-    """A call with out= buffers has no backward (the `_out` operator writes a caller's buffer):
-    under grad mode with an input that requires grad, raise, saying how to get gradients."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
-        raise RuntimeError(
-            f"{fn_name}({out_names}=...) is forward-only (llmk::{fn_name}_out writes a caller's buffer and "
-            f"has no backward), and an input requires grad: call {fn_name} without {out_names} to get "
-            "gradients, or under torch.no_grad() / torch.inference_mode()")
 
 
 def _partials(cfg, n_cols, device, wanted):

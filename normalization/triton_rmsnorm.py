@@ -22,7 +22,7 @@ from common.ops import define_op, define_ops
 from common.triton_utils import col_mask
 from common.validation import as_rows, check_norm_args, check_out, check_same_device, check_tensor
 from normalization.launch_config import row_config
-from normalization.triton_norm_backward import check_out_without_grad, launch_rmsnorm_backward
+from normalization.triton_norm_backward import launch_rmsnorm_backward
 
 
 @triton.jit
@@ -169,7 +169,6 @@ def rmsnorm(x, weight, eps=1e-6, out=None):
     check_norm_args(x, weight, eps)
     if out is None:
         return rmsnorm_op(x, weight, float(eps))
-    check_out_without_grad("rmsnorm", "out", (x, weight))
     check_out("out", out, x.shape, x.dtype, x.device)
     rmsnorm_out_op(x, weight, float(eps), out)
     return out

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from common.testing import TOLERANCES, Tol
+from common.testing import TOLERANCES, UNIT_ROUNDOFF, Tol
 
 TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
                      "silu": F.silu}
@@ -48,3 +48,21 @@ def torch_same_dtype(a, b, bias, activation):
     if bias is not None:
         y = y + bias.to(y.dtype)
     return TORCH_ACTIVATIONS[activation](y)
+
+
+def grad_tolerance(dtype):
+    """Tol of a gradient of `dtype` against its fp64 reference (check_grads calls it per gradient).
+    da = dz @ b^T and db = a^T @ dz are products whose K-long inputs each carry a rounding or two
+    of relative size u (2^-11 fp16, 2^-8 bf16): dz's own, and z's in the forward, which moves
+    act'(z) by about as much. With random signs these add up to about u / sqrt(3) times the
+    root-sum-square of the terms, the size of a typical output, T (the rms of the reference):
+    sqrt(2/3) u T for two roundings, whose largest of a million is near 5.5 standard deviations,
+    4.5 u T. atol = 8 u T; rtol the final rounding (one ulp, common.testing.TOLERANCES). dbias is
+    such a sum over the rows; so are rmsnorm_linear's gradients (dweight = dy^T @ h, dh = dy @ weight,
+    then the RMSNorm backward's sums over dh * x). fp32 accumulation (sqrt(K) 2^-24 T, tolerance()
+    above) is below 2^-8 u T for any K up to 2^32. The 2x-PyTorch rule is the tighter guard."""
+    def tol(name, ref):
+        typical = ref.double().pow(2).mean().sqrt().item() if ref.numel() else 0.0
+        return Tol(max(1e-5, 8 * UNIT_ROUNDOFF[dtype] * typical), TOLERANCES[dtype].rtol,
+                   "one or two roundings of each input of the sums, one of the output")
+    return tol

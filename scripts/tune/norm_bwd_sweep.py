@@ -27,10 +27,10 @@ import torch  # noqa: E402
 from common.bench import gbps, graph_time_ms  # noqa: E402
 from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
 from common.ints import next_power_of_2  # noqa: E402
-from normalization.launch_config import RowConfig, backward_config, row_config, sum_config  # noqa: E402
+from common.reduce import INTERPRETER_SMS, sum_config, sum_partials  # noqa: E402
+from normalization.launch_config import RowConfig, backward_config, row_config  # noqa: E402
 from normalization.triton_layernorm import launch_layernorm  # noqa: E402
-from normalization.triton_norm_backward import (launch_layernorm_backward, launch_rmsnorm_backward,  # noqa: E402
-                                                sum_partials)
+from normalization.triton_norm_backward import launch_layernorm_backward, launch_rmsnorm_backward  # noqa: E402
 from normalization.triton_rmsnorm import launch_rmsnorm  # noqa: E402
 from sweep_common import MAX_REL_ERR, measure_copy, parse_sweep_args  # noqa: E402
 
@@ -162,7 +162,7 @@ def sweep_reduce(copy_GBps, smoke):
         ref = partial.sum(0)
         line = []
         others = [(8, 256, 4), (32, 64, 4), (64, 32, 4), (128, 32, 8), (16, 128, 4)]
-        for blocks in dict.fromkeys([sum_config(p, n, sm_count(DEVICE, 3)), *others]):
+        for blocks in dict.fromkeys([sum_config(p, n, sm_count(DEVICE, INTERPRETER_SMS)), *others]):
             sum_partials(partial, out, blocks)
             if (out.float() - ref).abs().max().item() > 0.02 * ref.abs().max().item():
                 line.append(f"{blocks} BAD")
