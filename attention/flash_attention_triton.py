@@ -1,168 +1,41 @@
-"""FlashAttention forward in Triton: softmax(q k^T * sm_scale) v without the T x T matrix.
+"""FlashAttention in Triton, forward and backward, on padded batches and on packed sequences.
 
-One program owns BLOCK_M query rows of one (batch, head). It keeps those rows of q in registers
-and streams the head's keys and values in blocks of BLOCK_N, with the online softmax of
-attention/blocked_attention.py: a running max m and sum l per row, and the output accumulator
-rescaled by exp(m_old - m_new) whenever the max grows. Scores live in registers only, so memory
-holds O(T * D) per head instead of O(T^2), and q k^T and p v run on the tensor cores with fp32
-accumulation (p is rounded to the input dtype for the second product, as FlashAttention does).
+    flash_attention(q, k, v, causal=False, sm_scale=None)          q (B, H, Tq, D), k, v (B, Hkv, Tk, D)
+    flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal=False, sm_scale=None)           q (total_q, H, D), k, v (total_k, Hkv, D)
 
-FLOPs: 4 * B * H * Tq * Tk * D for full attention (two matmuls of 2 * Tq * Tk * D each); causal
-does the visible pairs only. Per program the key loop runs in two parts: key blocks every row of
-the block sees run with no mask; the blocks cut by the causal diagonal or by the end of the keys
-run masked. exp2 replaces exp with log2(e) folded into the scale (one multiply saved per score).
+Both compute softmax(q k^T * sm_scale) v without the T x T matrix (the kernels:
+attention/flash_attention_fwd.py and attention/flash_attention_bwd.py), and both are
+differentiable in q, k and v: under grad the forward also writes each query's log-sum-exp (4
+bytes a query), and the backward recomputes the probabilities from it. Memory stays O(T) per head
+in both passes.
+
+Operators (common/ops.py), all in torch.ops.llmk:
+- flash_attention, flash_attention_varlen -> O. What a call without grad runs. Their autograd
+  formula recomputes O and LSE first (a second forward), for a caller that calls the operator
+  itself under grad; the public functions take the _train operators then.
+- flash_attention_train, flash_attention_varlen_train -> (O, LSE): the forward under grad; the
+  backward reads the saved LSE. LSE is differentiable too (its gradient enters the backward's
+  delta), for callers of the operator that use it.
+- flash_attention_backward -> (dq, dk, dv), for both layouts: what the formulas call, so a
+  torch.compile'd training step holds both passes (traced through the fake implementations).
+- flash_attention_out: the forward into a caller's buffer; forward-only.
 
 Conventions are those of attention/naive_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
-the bottom right when Tq != Tk, zeros for a query that sees no key.
+the bottom right when Tq != Tk (per sequence in a packed batch), zeros for a query that sees no
+key; such a query's LSE is -inf and its gradients are zero.
 """
 import math
 
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
-import triton
-import triton.language as tl
 
-from common.device import INTERPRET
-from common.ints import cdiv, next_power_of_2
-from common.ops import define_ops
-from common.triton_utils import LOG2E
+from attention.flash_attention_bwd import launch_flash_attention_backward
+from attention.flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
+from common.ops import define_op, define_ops
 from common.validation import check_same_device, check_tensor
 
-MAX_HEAD_DIM = 256
-
-# (largest head dim, longest Tq, BLOCK_M, BLOCK_N, num_warps, num_stages): the first row that
-# fits wins. BLOCK_M rows of q and an fp32 accumulator of the same size live in registers; each
-# pipeline stage holds a K and a V block in shared memory (2 * BLOCK_N * BLOCK_D * 2 bytes).
-# Measured by scripts/tune/attention_sweep.py on an H200 (fp16, full and causal); the figures and
-# the configs that lost are in docs/tuning/attention.md.
-CONFIG_TABLE = [
-    (64, None, 128, 64, 8, 3),    # small heads: a tall q block; 8 warps beat 4
-    (128, 1024, 64, 64, 4, 3),    # short sequences: half-height q blocks make twice the programs
-    (128, None, 128, 64, 8, 3),   # long sequences: 8 warps (4 lost 40%); 4 stages no better
-    (256, None, 128, 64, 8, 2),   # wide heads: a stage is 64 KB of K and V, two fit; 64 x 32 lost
-]
-# The interpreter runs tl.dot in numpy: small blocks keep CPU tests quick and give short sequences
-# several blocks, so the masked and unmasked loops and the causal diagonal are all exercised.
-# The tests force every CONFIG_TABLE row as well (attention/test_flash_attention.py).
-INTERPRET_CONFIG = (16, 16, 1, 1)
-
-
-def table_config(head_dim, n_queries):
-    """CONFIG_TABLE's (BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim of at most
-    MAX_HEAD_DIM and n_queries queries: the GPU's choice, in either lane."""
-    for max_dim, max_tq, *config in CONFIG_TABLE:
-        if head_dim <= max_dim and (max_tq is None or n_queries <= max_tq):
-            return tuple(config)
-    raise ValueError(f"head dim {head_dim} has no config")  # unreachable past check_attention_args
-
-
-def attention_config(head_dim, n_queries):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) to launch: INTERPRET_CONFIG in the interpreter."""
-    return INTERPRET_CONFIG if INTERPRET else table_config(head_dim, n_queries)
-
-
-@triton.jit
-def _attend_key_blocks(
-    acc, l_i, m_i, q,
-    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED blocks check the causal diagonal and the
-    end of the keys; the others are wholly visible to every row of the block."""
-    offs_n = tl.arange(0, BLOCK_N)
-    d_ok = offs_d < HEAD_DIM  # all True, and folded away, when BLOCK_D == HEAD_DIM
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        keys = start_n + offs_n
-        if MASKED:
-            kv_mask = (keys < n_keys)[:, None] & d_ok[None, :]
-        else:
-            kv_mask = d_ok[None, :]
-        k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k))
-        if MASKED:
-            visible = (keys < n_keys)[None, :]
-            if CAUSAL:
-                visible = visible & (keys[None, :] <= offs_m[:, None] + causal_shift)
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            # a row that has seen no key yet keeps m = -inf: subtract 0 so -inf - -inf is not NaN
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(qk - m_safe[:, None])
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max commutes
-            m_safe = m_new
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _flash_attention_fwd_kernel(
-    # pointers
-    q_ptr, k_ptr, v_ptr, o_ptr,
-    # strides (in elements) of q, k, v, o as (batch, head, token, dim)
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
-    # sizes
-    n_heads, kv_group, n_queries, n_keys, qk_scale,
-    # meta-parameters
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    start_m = tl.program_id(0)
-    if CAUSAL:  # the last query blocks see the most keys: start them first, the short ones fill the tail
-        start_m = tl.num_programs(0) - 1 - start_m
-    bh = tl.program_id(1)
-    batch = (bh // n_heads).to(tl.int64)  # 64-bit: batch * stride can pass 2^31
-    head = (bh % n_heads).to(tl.int64)
-    kv_head = head // kv_group
-    q_base = q_ptr + batch * stride_qb + head * stride_qh
-    k_base = k_ptr + batch * stride_kb + kv_head * stride_kh
-    v_base = v_ptr + batch * stride_vb + kv_head * stride_vh
-    o_base = o_ptr + batch * stride_ob + head * stride_oh
-
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    q_mask = (offs_m < n_queries)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    if CAUSAL:
-        # keys before the first row's diagonal are visible to every row of the block; keys past
-        # the last row's diagonal to none
-        first_row_end = tl.minimum(start_m * BLOCK_M + causal_shift + 1, n_keys)
-        unmasked_end = tl.maximum(first_row_end, 0) // BLOCK_N * BLOCK_N
-        hi = tl.maximum(tl.minimum((start_m + 1) * BLOCK_M + causal_shift, n_keys), 0)
-    else:
-        unmasked_end = n_keys // BLOCK_N * BLOCK_N
-        hi = n_keys
-    acc, l_i, m_i = _attend_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale,
-        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N)
-    acc, l_i, m_i = _attend_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale,
-        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N)
-
-    # a row with no visible key has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(o_ptr.dtype.element_ty), mask=q_mask)
-
+__all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
 
 def check_attention_args(q, k, v, sm_scale):
     """Validate before launch; returns (B, H, Hkv, Tq, Tk, D)."""
@@ -196,6 +69,51 @@ def check_attention_args(q, k, v, sm_scale):
     return b, h, hkv, tq, tk, d
 
 
+
+
+def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale):
+    """Validate a packed batch before launch (shapes and types only: the lengths live on the
+    device and are not read); returns (number of sequences, H, Hkv, D)."""
+    dtypes = (torch.float16, torch.bfloat16)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, dtypes, min_dim=3)
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total tokens, heads, head_dim), got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        check_same_device(name, t, "q", q)
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    _, h, d = q.shape
+    hkv = k.shape[1]
+    if k.shape[2] != d:
+        raise ValueError(f"k must be (total_k, Hkv, D={d}) to match q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if d > MAX_HEAD_DIM or d < 1:
+        raise ValueError(f"head_dim (last dim of q) must be 1..{MAX_HEAD_DIM}, got {d}")
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"q's head count {h} must be a multiple of k's head count {hkv} (MHA, GQA or MQA)")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_tensor(name, cu, (torch.int32,))
+        check_same_device(name, cu, "q", q)
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length {cu_seqlens_q.shape[0]} "
+                         f"(B + 1), got {cu_seqlens_k.shape[0]}")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise TypeError(f"{name} must be an int >= 0, got {n!r}")
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0 and math.isfinite(sm_scale)):
+        raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
+    for name, t, n in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
+        span = max(n - 1, 0) * abs(t.stride(0)) + (d - 1) * abs(t.stride(2))
+        if span >= 2 ** 31:  # offsets inside one sequence and head are 32-bit
+            raise ValueError(f"{name}: one sequence spans {span} elements; the kernel indexes within a "
+                             "sequence with 32-bit offsets (at most 2^31 - 1)")
+    return cu_seqlens_q.shape[0] - 1, h, hkv, d
+
+
 def check_config(config):
     """A forced launch config must be (BLOCK_M, BLOCK_N, num_warps, num_stages), positive ints, the
     blocks powers of two of at least 16 (tl.dot's smallest tile)."""
@@ -207,52 +125,174 @@ def check_config(config):
             raise ValueError(f"config's {name} must be a power of two >= 16, got {block}")
 
 
-def launch_flash_attention(q, k, v, out, causal, scale, config=None):
-    """Launch on validated arguments (shapes as in flash_attention, Tk >= 1, out non-empty); writes
-    out. scale: sm_scale as a float. config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch
-    instead of attention_config's choice (tests force each CONFIG_TABLE row; tuning sweeps)."""
-    b, h, tq, d = q.shape
-    hkv, tk = k.shape[1], k.shape[2]
-    block_m, block_n, num_warps, num_stages = config or attention_config(d, tq)
-    grid = (cdiv(tq, block_m), b * h)
-    _flash_attention_fwd_kernel[grid](
-        q, k, v, out,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        h, h // hkv, tq, tk, scale * LOG2E.value,
-        CAUSAL=bool(causal), HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
-    )
+def _scale(q, sm_scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
 
 
-def _attend_into(q, k, v, causal, sm_scale, config, out):
-    """O into out for checked arguments: the empty cases here, the kernel for the rest."""
+def packed(t):
+    """(total, H, D) -> the (1, H, total, D) view the kernels read (no copy); (H, total) LSE ->
+    (1, H, total)."""
+    return t.unsqueeze(0).transpose(1, 2) if t.dim() == 3 else t.unsqueeze(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+
+def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=None):
+    """O into out (and LSE into lse) for checked (B, H, T, D) arguments: the empty cases here, the
+    kernel for the rest."""
     if out.numel() == 0:
         return
     if k.shape[2] == 0:  # no keys: every query sees nothing
         out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
         return
-    scale = 1.0 / math.sqrt(q.shape[3]) if sm_scale is None else sm_scale
-    launch_flash_attention(q, k, v, out, causal, scale, None if config is None else tuple(config))
+    launch_flash_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, cu_seqlens,
+                           None if config is None else tuple(config))
 
+
+def _empty_lse(q):
+    return q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _attention_train(q, k, v, causal, sm_scale, config):
+    out, lse = torch.empty_like(q), _empty_lse(q)
+    _attend_into(q, k, v, causal, sm_scale, config, out, lse)
+    return out, lse
+
+
+def _varlen_empty(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config):
+    out, lse = _varlen_empty(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config)
+    _attend_into(packed(q), packed(k), packed(v), causal, sm_scale, config, packed(out), packed(lse),
+                 (cu_q, cu_k, max_q))
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+
+def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, sm_scale):
+    """(dq, dk, dv) shaped like q, k, v: the kernels on (B, H, T, D) views, zeros where a side is
+    empty (no keys: dq = 0; no queries: dk = dv = 0)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if cu_q is not None:
+        views = [packed(t) for t in (grad_out, q, k, v, out, lse, dq, dk, dv)]
+        grad_lse = None if grad_lse is None else packed(grad_lse)
+        cu_seqlens = (cu_q, cu_k, max_q, max_k)
+    else:
+        views, cu_seqlens = [grad_out, q, k, v, out, lse, dq, dk, dv], None
+    if q.numel() == 0 or k.numel() == 0:
+        for t in (dq, dk, dv):
+            t.zero_()
+        return dq, dk, dv
+    launch_flash_attention_backward(*views, causal, _scale(q, sm_scale), grad_lse, cu_seqlens)
+    return dq, dk, dv
+
+
+flash_attention_backward_op = define_op(
+    "flash_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+    "Tensor? grad_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+    "bool causal, float? sm_scale) -> (Tensor, Tensor, Tensor)",
+    _backward, lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
+
+
+def _grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu=(None, None, 0, 0)):
+    """The (dq, dk, dv) an autograd formula returns: None for an input that needs none."""
+    if grad_out is None:  # only LSE was used
+        grad_out = torch.zeros_like(out)
+    grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *cu, ctx.causal, ctx.sm_scale)
+    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3]))
+
+
+def _setup(ctx, inputs, output):
+    """Save q, k, v (and O, LSE for the _train ops: their output is a pair) and the scalars."""
+    q, k, v = inputs[:3]
+    ctx.causal, ctx.sm_scale = inputs[-3], inputs[-2]
+    ctx.varlen = len(inputs) == 10
+    saved = (q, k, v, *output) if isinstance(output, tuple) else (q, k, v)
+    if ctx.varlen:
+        ctx.max_seqlens = tuple(inputs[5:7])
+        saved += tuple(inputs[3:5])
+    ctx.save_for_backward(*saved)
+    ctx.set_materialize_grads(False)
+
+
+def _saved(ctx):
+    """((q, k, v) or (q, k, v, O, LSE), the backward op's (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k))."""
+    saved = ctx.saved_tensors
+    if ctx.varlen:
+        return saved[:-2], (*saved[-2:], *ctx.max_seqlens)
+    return saved, (None, None, 0, 0)
+
+
+def _recompute_backward(ctx, grad_out):
+    """The formula of flash_attention / flash_attention_varlen (no LSE saved): forward again, then
+    the backward."""
+    (q, k, v), cu = _saved(ctx)
+    if grad_out is None:
+        return (None,) * len(ctx.needs_input_grad)
+    if cu[0] is not None:
+        out, lse = flash_attention_varlen_train_op(q, k, v, *cu, ctx.causal, ctx.sm_scale, None)
+    else:
+        out, lse = flash_attention_train_op(q, k, v, ctx.causal, ctx.sm_scale, None)
+    return (*_grads(ctx, grad_out, None, q, k, v, out, lse, cu), *[None] * (len(ctx.needs_input_grad) - 3))
+
+
+def _train_backward(ctx, grad_out, grad_lse):
+    (q, k, v, out, lse), cu = _saved(ctx)
+    if grad_out is None and grad_lse is None:
+        return (None,) * len(ctx.needs_input_grad)
+    return (*_grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu), *[None] * (len(ctx.needs_input_grad) - 3))
+
+
+DENSE_ARGS = "Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config"
+VARLEN_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+               "int max_seqlen_k, bool causal, float? sm_scale, int[]? config")
 
 flash_attention_op, flash_attention_out_op = define_ops(
-    "flash_attention", "Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config",
+    "flash_attention", DENSE_ARGS,
     lambda q, k, v, causal, sm_scale, config: torch.empty_like(q),  # laid out like a dense q
-    _attend_into)
+    _attend_into, backward=_recompute_backward, setup_context=_setup)
+flash_attention_train_op = define_op(
+    f"flash_attention_train({DENSE_ARGS}) -> (Tensor, Tensor)", _attention_train,
+    lambda q, k, v, *rest: (torch.empty_like(q), _empty_lse(q)),
+    backward=_train_backward, setup_context=_setup)
+flash_attention_varlen_op = define_op(
+    f"flash_attention_varlen({VARLEN_ARGS}) -> Tensor", lambda *a: _varlen_train(*a)[0],
+    lambda *a: _varlen_empty(*a)[0], backward=_recompute_backward, setup_context=_setup)
+flash_attention_varlen_train_op = define_op(
+    f"flash_attention_varlen_train({VARLEN_ARGS}) -> (Tensor, Tensor)", _varlen_train, _varlen_empty,
+    backward=_train_backward, setup_context=_setup)
 
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# public functions
 
 def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None):
-    """Attention forward, fused (operators llmk::flash_attention and llmk::flash_attention_out).
+    """Attention, fused (operators llmk::flash_attention, llmk::flash_attention_train and
+    llmk::flash_attention_out; the module docstring has the backward).
 
     q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D); fp16 or bf16, one dtype; H a multiple of Hkv; D up to
     256 (not a power of two: padded to one in registers and masked). Any strides: a (B, T, H, D)
     tensor passed as `.transpose(1, 2)` is read in place. causal (a bool) aligns the mask to the
     bottom right. sm_scale defaults to 1/sqrt(D).
-    out: optional (B, H, Tq, D) buffer of q's dtype, any strides.
-    config: optional (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of the table's
-    choice (tests and tuning sweeps); it travels to the operator as its `int[]? config`.
+    out: optional (B, H, Tq, D) buffer of q's dtype, any strides; forward-only (under grad with an
+    input that requires grad, llmk::flash_attention_out raises).
+    config: optional forward (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of the
+    table's choice (tests and tuning sweeps); it travels to the operator as its `int[]? config`.
     Returns O (B, H, Tq, D) in q's dtype (out itself when given), laid out like q when q is dense
     (so a transposed (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way).
+    Differentiable in q, k and v; the gradients come back shaped like them.
     """
     check_attention_args(q, k, v, sm_scale)
     if not isinstance(causal, bool):
@@ -263,9 +303,44 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     if sm_scale is not None:
         sm_scale = float(sm_scale)
     if out is None:
+        if _needs_grad(q, k, v):
+            return flash_attention_train_op(q, k, v, causal, sm_scale, config)[0]
         return flash_attention_op(q, k, v, causal, sm_scale, config)
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
                          f"{q.device}; got {out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}")
     flash_attention_out_op(q, k, v, causal, sm_scale, config, out)
     return out
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                           sm_scale=None, *, config=None):
+    """Attention over a packed batch of sequences of different lengths, no padding (operators
+    llmk::flash_attention_varlen and llmk::flash_attention_varlen_train), as flash-attn's
+    `flash_attn_varlen_func` takes it.
+
+    q: (total_q, H, D); k, v: (total_k, Hkv, D); fp16 or bf16, any strides (a slice of a packed qkv
+    tensor is read in place); heads and head dims as for flash_attention.
+    cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) on q's device, cumulative lengths from 0: sequence b
+    is q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] against k, v[cu_seqlens_k[b]:cu_seqlens_k[b + 1]].
+    Lengths may be 0. They are read on the device only: nothing waits for them, and nothing checks
+    them; they must be nondecreasing and end at total_q / total_k.
+    max_seqlen_q, max_seqlen_k: ints at least the longest sequence's lengths. They size the grid
+    only; a smaller one leaves queries or keys past it out.
+    causal: per sequence, aligned to its bottom right. sm_scale defaults to 1/sqrt(D).
+    config: as for flash_attention.
+    Returns O (total_q, H, D) in q's dtype, contiguous. Differentiable in q, k and v.
+    """
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if config is not None:
+        check_config(config)
+        config = list(config)
+    if sm_scale is not None:
+        sm_scale = float(sm_scale)
+    args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal,
+            sm_scale, config)
+    if _needs_grad(q, k, v):
+        return flash_attention_varlen_train_op(*args)[0]
+    return flash_attention_varlen_op(*args)

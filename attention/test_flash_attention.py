@@ -1,11 +1,21 @@
-"""Tests for attention/flash_attention_triton.py against naive_attention computed in fp64.
+"""Tests for attention/flash_attention_triton.py against naive_attention computed in fp64:
+the forward, the backward (dq, dk, dv) and packed variable-length batches.
 
     python attention/test_flash_attention.py        (or: pytest attention/test_flash_attention.py)
 
-Error model and tolerance: common/checks/attention.py (p rounded once to the input dtype before
-p @ v, O rounded once: a bound for each element from the fp64 probabilities). Beside that bound,
-the 2x rule: our error must be at most twice that of PyTorch's same-dtype attention (scores,
-softmax and p @ v each in the input dtype, as flash-attention's own tests build their comparison).
+Error model and tolerance of O: common/checks/attention.py (p rounded once to the input dtype
+before p @ v, O rounded once: a bound for each element from the fp64 probabilities). Beside that
+bound, the 2x rule: our error must be at most twice that of PyTorch's same-dtype attention
+(scores, softmax and p @ v each in the input dtype, as flash-attention's own tests build their
+comparison).
+
+Gradients: flash-attention's own rule. Each of dq, dk, dv may be off the fp64 reference by at
+most twice the largest error of PyTorch's same-dtype attention backward, plus one rounding of the
+largest gradient (u * max|ref|). The kernels round P and dS to the input dtype before their
+products, as PyTorch's same-dtype path rounds P, dP and dS: the errors are of one kind.
+
+Packed batches (flash_attention_varlen) must equal a loop of the padded kernel over the sequences,
+bit for bit, in both passes (the same kernels on the same numbers, the launch config forced to one).
 """
 import math
 import pathlib
@@ -15,11 +25,15 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from attention.flash_attention_triton import CONFIG_TABLE, flash_attention, table_config  # noqa: E402
+from attention.flash_attention_fwd import attention_config  # noqa: E402
+from attention.flash_attention_bwd import BACKWARD_TABLE, backward_table_config, launch_flash_attention_backward  # noqa: E402
+from attention.flash_attention_triton import (CONFIG_TABLE, flash_attention, flash_attention_train_op,  # noqa: E402
+                                              flash_attention_varlen, table_config)
 from attention.naive_attention import causal_mask, expand_kv, naive_attention  # noqa: E402
 from common.checks.attention import attention_tol as rounding_tol  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, Tol, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
+from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
+                            expect_raises, grads_of, main, poisoned, rand)
 
 def attention_tol(q, k, v, causal, sm_scale):
     """The tolerance of O in q's dtype, from the fp64 probabilities of this problem."""
@@ -122,20 +136,180 @@ def check_errors():
     ]
 
 
-def check_grad_mode():
-    """Forward-only: in grad mode a q that requires grad raises, naming the operator; under
-    torch.no_grad() the call gives what it gives on a plain q."""
+def check_out_under_grad():
+    """out= is forward-only: under grad with an input that requires grad it raises, naming the
+    operator and the way to gradients; under torch.no_grad() it writes what a plain call returns."""
     q, k, v = make_qkv(1, 4, 2, 20, 20, 64, torch.float16)
     q_grad = q.clone().requires_grad_()
     with torch.no_grad():
         o = flash_attention(q_grad, k, v, True)
         o_out = flash_attention(q_grad, k, v, True, out=poisoned(q.shape, q.dtype))
-    return [expect_raises("q requires grad", lambda: flash_attention(q_grad, k, v, True), RuntimeError,
-                          "llmk::flash_attention is forward-only"),
-            expect_raises("q requires grad, out=", lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
+    return [expect_raises("q requires grad, out=", lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
                           RuntimeError, "llmk::flash_attention_out is forward-only"),
-            Outcome("under no_grad: as on a plain q",
-                    torch.equal(o, flash_attention(q, k, v, True)) and torch.equal(o_out, o))]
+            expect_raises("q requires grad, out=: the remedy", lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
+                          RuntimeError, "call flash_attention without out="),
+            Outcome("under no_grad: as on a plain q, no grad",
+                    torch.equal(o, flash_attention(q, k, v, True)) and torch.equal(o_out, o) and not o.requires_grad)]
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+
+GRAD_ATOL_FLOOR = 1e-5  # dP - delta of a query that sees one key is 0 in fp64, an fp32 residue here
+
+
+def grad_rule_tol(dtype, want, theirs):
+    """flash-attention's rule for a gradient, per element: within twice the largest error of
+    PyTorch's same-dtype backward (`theirs`) of the fp64 reference (`want`), plus one rounding of
+    the largest gradient."""
+    torch_err = (theirs.double() - want).abs().max().item() if want.numel() else 0.0
+    atol = 2 * torch_err + UNIT_ROUNDOFF[dtype] * (want.abs().max().item() if want.numel() else 0.0)
+    return Tol(atol + GRAD_ATOL_FLOOR, 0.0, "2x PyTorch's same-dtype error + u * max|grad|", rounding_check=False)
+
+
+def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype):
+    """check_grads of fn (our kernels) on inputs q, k, v under flash-attention's rule."""
+    wrt = [0, 1, 2]
+    _, want = grads_of(ref, inputs, wrt, grad_outputs, dtype=torch.float64)
+    _, theirs = grads_of(torch_fn, inputs, wrt, grad_outputs)
+    tols = {name: grad_rule_tol(dtype, w, t) for name, w, t in zip("qkv", want, theirs)}
+    return check_grads(label, fn, ref, inputs, wrt, ("q", "k", "v"), lambda name, w: tols[name], torch_fn=torch_fn,
+                       grad_outputs=grad_outputs)
+
+
+def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0):
+    """dq, dk, dv of flash_attention against autograd through naive_attention in fp64."""
+    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
+    scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    return attention_grads(
+        "", lambda q, k, v: flash_attention(q, k, v, causal=causal, sm_scale=sm_scale),
+        lambda q, k, v: naive_attention(q, k, v, causal, scale_used),
+        lambda q, k, v: same_dtype_attention(q, k, v, causal, scale_used),
+        [q, k, v], [rand((b, h, tq, d), dtype)], dtype)
+
+
+def attention_and_lse(q, k, v, causal, sm_scale):
+    """(O, LSE) with every step in the inputs' dtype: fp64 inputs give the reference."""
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+    scores = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
+    if causal:
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v), torch.logsumexp(scores, dim=-1)
+
+
+def check_lse_grad(dtype):
+    """llmk::flash_attention_train's LSE output is differentiable: a loss on O and LSE gets the
+    gradients of both (dLSE enters the backward's delta)."""
+    q, k, v = make_qkv(1, 4, 2, 40, 50, 64, dtype)
+    scale = 1.0 / math.sqrt(64)
+    return attention_grads(
+        "O and LSE", lambda q, k, v: flash_attention_train_op(q, k, v, True, None, None),
+        lambda q, k, v: attention_and_lse(q, k, v, True, scale),
+        lambda q, k, v: attention_and_lse(q, k, v, True, scale),
+        [q, k, v], [rand((1, 4, 40, 64), dtype), rand((1, 4, 40), torch.float32)], dtype)
+
+
+def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal):
+    """The backward launched with `config` (a BACKWARD_TABLE row) into poisoned buffers."""
+    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
+    do = rand((b, h, tq, d), dtype)
+    scale = 1.0 / math.sqrt(d)
+    with torch.no_grad():
+        o, lse = flash_attention_train_op(q, k, v, causal, None, None)
+    got = [poisoned(t.shape, dtype) for t in (q, k, v)]
+    launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, scale, config=config)
+    _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do],
+                       dtype=torch.float64)
+    _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do])
+    return [compare(f"d{name}", g, w, grad_rule_tol(dtype, w, t), torch_out=t)
+            for name, g, w, t in zip("qkv", got, want, theirs)]
+
+
+def check_backward_memory():
+    """No T x T buffer: fwd + bwd at T = 16384 allocate beyond their inputs less than one head's
+    fp32 score matrix (1 GiB) would take; the budget is 4x q, k, v, O, dO and the gradients."""
+    b, h, t, d = 1, 4, 16384, 64
+    q, k, v = (x.requires_grad_() for x in make_qkv(b, h, h, t, t, d, torch.bfloat16))
+    do = rand((b, h, t, d), torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    budget = 4 * 8 * q.numel() * q.element_size()
+    return [Outcome("peak extra memory", extra <= budget, note=f"{extra / 2 ** 20:.0f} MiB, budget {budget / 2 ** 20:.0f}")]
+
+
+# ---------------------------------------------------------------------------------------------
+# packed sequences
+
+def cumulative(lengths):
+    return torch.tensor([0] + lengths, device=DEVICE).cumsum(0).to(torch.int32)
+
+
+def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=False):
+    """flash_attention_varlen's O, dq, dk, dv equal a loop of flash_attention over the sequences,
+    bit for bit (config forced to one for both). packed_qkv: q, k, v slices of one (total, 3, H, D)
+    tensor (self-attention, lengths_q == lengths_k)."""
+    total_q, total_k = sum(lengths_q), sum(lengths_k)
+    if packed_qkv:
+        q, k, v = rand((total_q, 3, h, d), dtype).unbind(1)
+    else:
+        q, k, v = rand((total_q, h, d), dtype), rand((total_k, hkv, d), dtype), rand((total_k, hkv, d), dtype)
+    do = rand((total_q, h, d), dtype)
+    config = attention_config(d, max(lengths_q, default=0))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = flash_attention_varlen(q, k, v, cumulative(lengths_q), cumulative(lengths_k), max(lengths_q, default=0),
+                               max(lengths_k, default=0), causal, config=config)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    want = [torch.zeros_like(t) for t in (o, q, k, v)]
+    cq, ck = cumulative(lengths_q).tolist(), cumulative(lengths_k).tolist()
+    for i in range(len(lengths_q)):
+        sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        one = [t.detach()[s].transpose(0, 1).unsqueeze(0).requires_grad_() for t, s in ((q, sq), (k, sk), (v, sk))]
+        o_i = flash_attention(*one, causal=causal, config=config)
+        grads = torch.autograd.grad(o_i, one, do[sq].transpose(0, 1).unsqueeze(0))
+        for w, got, s in zip(want, (o_i, *grads), (sq, sq, sk, sk)):
+            w[s] = got[0].transpose(0, 1)
+    return [compare(name, got, w, EXACT) for name, got, w in zip(("O", "dq", "dk", "dv"), (o, dq, dk, dv), want)]
+
+
+EXACT = Tol(0.0, 0.0, "the same kernels on the same numbers", rounding_check=False)
+
+
+def check_varlen_errors():
+    q, k, v = rand((10, 4, 64), torch.float16), rand((12, 2, 64), torch.float16), rand((12, 2, 64), torch.float16)
+    cq, ck = cumulative([4, 6]), cumulative([5, 7])
+    call = flash_attention_varlen
+    return [
+        expect_raises("4-D q", lambda: call(q[None], k, v, cq, ck, 6, 7), ValueError, "q"),
+        expect_raises("k head dim", lambda: call(q, k[..., :32], v, cq, ck, 6, 7), ValueError, "k"),
+        expect_raises("v shape", lambda: call(q, k, v[:5], cq, ck, 6, 7), ValueError, "v"),
+        expect_raises("heads 4 vs 3", lambda: call(q, k[:, :1].expand(-1, 3, -1), v[:, :1].expand(-1, 3, -1),
+                                                   cq, ck, 6, 7), ValueError, "head count"),
+        expect_raises("int64 cu_seqlens_q", lambda: call(q, k, v, cq.long(), ck, 6, 7), TypeError, "cu_seqlens_q"),
+        expect_raises("2-D cu_seqlens_k", lambda: call(q, k, v, cq, ck[None], 6, 7), ValueError, "cu_seqlens_k"),
+        expect_raises("cu_seqlens lengths differ", lambda: call(q, k, v, cq, ck[:2], 6, 7), ValueError, "cu_seqlens_k"),
+        expect_raises("max_seqlen_q -1", lambda: call(q, k, v, cq, ck, -1, 7), TypeError, "max_seqlen_q"),
+        expect_raises("max_seqlen_k 7.0", lambda: call(q, k, v, cq, ck, 6, 7.0), TypeError, "max_seqlen_k"),
+        expect_raises("fp32 q", lambda: call(q.float(), k, v, cq, ck, 6, 7), TypeError, "q"),
+        expect_raises("causal=1", lambda: call(q, k, v, cq, ck, 6, 7, causal=1), TypeError, "causal"),
+        expect_raises("sm_scale -1", lambda: call(q, k, v, cq, ck, 6, 7, sm_scale=-1.0), ValueError, "sm_scale"),
+    ]
+
+
+def check_varlen_empty():
+    """No tokens at all (every length 0), and no sequences (cu_seqlens = [0]): empty O, zero grads."""
+    outcomes = []
+    for lengths in ([0, 0], []):
+        q, k, v = (rand((0, 2, 64), torch.bfloat16).requires_grad_() for _ in range(3))
+        cu = cumulative(lengths)
+        o = flash_attention_varlen(q, k, v, cu, cu, 0, 0, causal=True)
+        grads = torch.autograd.grad(o, (q, k, v), torch.zeros_like(o), allow_unused=True)
+        outcomes.append(Outcome(f"lengths {lengths}", o.shape == q.shape and all(
+            g is None or g.shape == t.shape for g, t in zip(grads, (q, k, v)))))
+    return outcomes
 
 
 def _cases():
@@ -176,7 +350,7 @@ def _cases():
             dtype=dtype, causal=False, layout="bthd")
     cases += [Case("references agree", check_matches_blocked), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),
-              Case("grad mode (forward-only)", check_grad_mode)]
+              Case("out= under grad (forward-only)", check_out_under_grad)]
     return cases
 
 
@@ -218,6 +392,97 @@ def check_table_rows():
 
 
 CASES += forced_cases() + [Case("every launch-table row forced", check_table_rows)]
+
+
+def backward_cases():
+    """Gradients: every layout, GQA/MQA, Tq != Tk both ways, one query, odd head dims, in both
+    lanes; full sizes (T 1000 at every head dim, 4097, GQA 32/8 at 4096) on the GPU only."""
+    cases = []
+
+    def add(name, gpu_only=False, **kw):
+        cases.append(Case(f"backward {name}", check_backward, kw, gpu_only))
+
+    for dtype in (torch.float16, torch.bfloat16):
+        dt = dtype_name(dtype)
+        for causal in (False, True):
+            c = "causal" if causal else "full"
+            add(f"B1 H2 T77 D64 {c} {dt}", b=1, h=2, hkv=2, tq=77, tk=77, d=64, dtype=dtype, causal=causal)
+            add(f"GQA 4/2 T50 D128 {c} {dt}", b=1, h=4, hkv=2, tq=50, tk=50, d=128, dtype=dtype, causal=causal)
+            add(f"Tq17 Tk77 D96 {c} {dt}", b=1, h=2, hkv=2, tq=17, tk=77, d=96, dtype=dtype, causal=causal)
+            add(f"(B,T,H,D) view T40 D64 {c} {dt}", b=2, h=2, hkv=1, tq=40, tk=40, d=64, dtype=dtype,
+                causal=causal, layout="bthd")
+            for d in (32, 64, 96, 128, 256):
+                add(f"B2 H8 T1000 D{d} {c} {dt}", gpu_only=True, b=2, h=8, hkv=8, tq=1000, tk=1000, d=d,
+                    dtype=dtype, causal=causal)
+            add(f"GQA 32/8 T4097 D128 {c} {dt}", gpu_only=True, b=1, h=32, hkv=8, tq=4097, tk=4097, d=128,
+                dtype=dtype, causal=causal)
+            add(f"MQA 8/1 T4097 D64 {c} {dt}", gpu_only=True, b=1, h=8, hkv=1, tq=4097, tk=4097, d=64,
+                dtype=dtype, causal=causal)
+        add(f"Tq1000 Tk4097 D128 causal {dt}", gpu_only=True, b=1, h=8, hkv=2, tq=1000, tk=4097, d=128,
+            dtype=dtype, causal=True)
+        add(f"(B,T,H,D) view T2048 D128 full {dt}", gpu_only=True, b=2, h=16, hkv=4, tq=2048, tk=2048, d=128,
+            dtype=dtype, causal=False, layout="bthd")
+    bf16 = torch.bfloat16
+    for causal in (False, True):
+        c = "causal" if causal else "full"
+        add(f"MQA 4/1 T33 D32 {c} bf16", b=1, h=4, hkv=1, tq=33, tk=33, d=32, dtype=bf16, causal=causal)
+        add(f"Tq77 Tk17 D64 {c} bf16", b=1, h=2, hkv=1, tq=77, tk=17, d=64, dtype=bf16, causal=causal)
+        add(f"T1 D64 {c} bf16", b=3, h=2, hkv=2, tq=1, tk=1, d=64, dtype=bf16, causal=causal)
+        add(f"D256 T40 {c} bf16", b=1, h=2, hkv=1, tq=40, tk=40, d=256, dtype=bf16, causal=causal)
+        add(f"padded view Tq30 Tk45 D80 {c} bf16", b=1, h=2, hkv=1, tq=30, tk=45, d=80, dtype=bf16,
+            causal=causal, layout="padded")
+    add("sm_scale 0.3 T48 D64 fp16", b=1, h=2, hkv=2, tq=48, tk=48, d=64, dtype=torch.float16, causal=True,
+        sm_scale=0.3)
+    add("peaked: q x 30 T64 D64 bf16", b=1, h=2, hkv=2, tq=64, tk=64, d=64, dtype=bf16, causal=False, scale=30.0)
+    cases += [Case(f"LSE gradient {dtype_name(dt)}", check_lse_grad, dict(dtype=dt)) for dt in (torch.float16, bf16)]
+    for max_dim, dkdv, dq in BACKWARD_TABLE:
+        for causal in (False, True):
+            cases.append(Case(f"backward forced {dkdv} {dq} T150 D{max_dim} {'causal' if causal else 'full'} bf16",
+                              check_backward_forced, dict(config=(dkdv, dq), b=1, h=2, hkv=1, tq=150, tk=150,
+                                                          d=max_dim, dtype=bf16, causal=causal)))
+    cases.append(Case("backward memory O(T): T16384 causal", check_backward_memory, gpu_only=True))
+    return cases
+
+
+def check_backward_table():
+    """Every BACKWARD_TABLE row is forced by a case, and backward_table_config routes each row's
+    head dim to it."""
+    forced = {c.kwargs["config"] for c in CASES if c.fn is check_backward_forced}
+    missing = [row for row in BACKWARD_TABLE if tuple(row[1:]) not in forced]
+    routed = all(backward_table_config(max_dim) == (dkdv, dq) for max_dim, dkdv, dq in BACKWARD_TABLE)
+    return [Outcome("every BACKWARD_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
+            Outcome("backward_table_config picks each row", routed)]
+
+
+def varlen_cases():
+    """Packed batches: ragged lengths with 0 and 1, Tq != Tk per sequence, GQA/MQA, a packed qkv
+    tensor's slices; long mixed lengths on the GPU."""
+    cases = []
+    for dtype in (torch.float16, torch.bfloat16):
+        dt = dtype_name(dtype)
+        for causal in (False, True):
+            c = "causal" if causal else "full"
+            cases += [
+                Case(f"varlen [5,0,1,37,20] GQA 4/2 D64 {c} {dt}", check_varlen,
+                     dict(lengths_q=[5, 0, 1, 37, 20], lengths_k=[5, 0, 1, 37, 20], h=4, hkv=2, d=64, dtype=dtype,
+                          causal=causal), gpu_only=dtype == torch.float16),
+                Case(f"varlen Tq != Tk [3,20,1,0] vs [9,4,0,7] MQA D32 {c} {dt}", check_varlen,
+                     dict(lengths_q=[3, 20, 1, 0], lengths_k=[9, 4, 0, 7], h=2, hkv=1, d=32, dtype=dtype,
+                          causal=causal)),
+                Case(f"varlen packed qkv [17,33] D80 {c} {dt}", check_varlen,
+                     dict(lengths_q=[17, 33], lengths_k=[17, 33], h=2, hkv=2, d=80, dtype=dtype, causal=causal,
+                          packed_qkv=True), gpu_only=dtype == torch.float16),
+                Case(f"varlen 16 mixed 1..3000 GQA 32/8 D128 {c} {dt}", check_varlen,
+                     dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=dtype,
+                          causal=causal), gpu_only=True),
+            ]
+    return cases + [Case("varlen bad input", check_varlen_errors), Case("varlen empty", check_varlen_empty)]
+
+
+LONG_LENGTHS = [1, 3000, 77, 0, 1024, 513, 2048, 5, 1500, 128, 999, 2, 4096, 64, 700, 1]
+
+CASES += backward_cases()
+CASES += [Case("every backward-table row forced", check_backward_table)] + varlen_cases()
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -9,6 +9,20 @@ H 16 at hd 128), full and causal, fp16 and bf16. Providers: `triton` (attention/
 flash_attention_triton.py), `sdpa-flash` (FlashAttention-2 inside PyTorch), `sdpa-cudnn`,
 `sdpa-efficient`, `naive` (scores materialized in fp32) and `blocked` (online softmax over key
 blocks in PyTorch, up to T = 4096). max_err is against SDPA in fp32 on the same inputs.
+
+Training rows (bf16, hd 64 and 128; mode "fwd+bwd" and "bwd", peak_MB): dq, dk, dv on one set of
+upstream gradients dO for every provider, against SDPA's memory-efficient backend in fp32 (no T x T
+buffer). FLOPs, flash-attention's convention: bwd 2.5x the forward's (its four products and the
+recomputed q k^T), fwd+bwd 3.5x. Providers: triton, sdpa-flash, sdpa-cudnn, and naive where its
+fp32 scores take at most 2 GiB (the interpreter's baseline for the max_err gate). Shapes: B4 H32 T4096
+full and causal, B16 H32 T1024 causal, B1 H32 T16384 causal at hd 128; B8 H32 T2048 full and
+causal at hd 64.
+
+Packed sequences (op "attention-varlen", bf16 hd128, H 32, causal, fwd and fwd+bwd): 64 sequences
+of 128..8192 tokens (VARLEN_TOKENS in all) through flash_attention_varlen, against the same batch
+padded to its longest sequence through sdpa-cudnn and through our dense kernel. FLOPs are the
+packed batch's own (4 * H * D * sum of T(T+1)/2), for every provider: the padded calls do more
+work for the same result, which is the point of the comparison.
     python benchmarks/attention_bench.py            (GPU; benchmarks/results/attention.json and PNGs)
     python benchmarks/attention_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/attention_bench.py --only causal,sdpa-flash --dtype bf16   (a subset)
@@ -22,9 +36,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from attention.blocked_attention import blocked_attention  # noqa: E402
-from attention.flash_attention_triton import flash_attention  # noqa: E402
+from attention.flash_attention_triton import flash_attention, flash_attention_varlen  # noqa: E402
 from attention.naive_attention import naive_attention  # noqa: E402
 from common.device import DEVICE  # noqa: E402
+from common.bench import train_call  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
 
@@ -94,11 +109,150 @@ def cases(panels):
                            skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))  # a backend that refuses the shape
 
 
+TRAIN_DTYPE = torch.bfloat16
+WRT = (0, 1, 2)  # q, k, v get gradients
+# (B, H, T, D, causal) of the training rows
+TRAIN_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (16, 32, 1024, 128, True),
+                (1, 32, 16384, 128, True), (8, 32, 2048, 64, False), (8, 32, 2048, 64, True)]
+SMOKE_TRAIN_SHAPES = [(1, 2, 33, 32, False), (1, 2, 33, 32, True)]
+
+
+NAIVE_TRAIN_MAX_BYTES = 2 ** 31  # the naive backward keeps a few fp32 score matrices of this size
+
+
+def train_providers(b, h, t):
+    from torch.nn.attention import SDPBackend
+    found = {"triton": flash_attention}
+    if DEVICE == "cuda":
+        found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    scores = b * h * t * t * 4
+    found["naive"] = naive_attention if scores <= NAIVE_TRAIN_MAX_BYTES else \
+        f"scores of {scores / 2 ** 30:.0f} GiB in fp32: past NAIVE_TRAIN_MAX_BYTES"
+    return found
+
+
+def reference_grads(inputs, causal, dys):
+    """dq, dk, dv in fp32: SDPA's memory-efficient backend on a GPU (no T x T buffer), the naive
+    attention in the interpreter."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    leaves = [t.detach().float().requires_grad_() for t in inputs]
+    if DEVICE == "cuda":
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    else:
+        out = naive_attention(*leaves, causal)
+    return torch.autograd.grad(out, leaves, [d.float() for d in dys])
+
+
+def train_setup(shape, causal):
+    q, k, v = (torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(3))
+    dys = [torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE)]
+    return (q, k, v, causal, dys), reference_grads((q, k, v), causal, dys)
+
+
+def bind_train(providers, mode):
+    def bind(name, inputs):
+        *tensors, dys = inputs
+        return train_call(providers[name], tensors, WRT, mode, dys)
+    return bind
+
+
+def train_cases(shapes):
+    for b, h, t, d, causal in shapes:
+        providers = train_providers(b, h, t)
+        for mode, factor in (("fwd+bwd", 3.5), ("bwd", 2.5)):
+            yield Case("attention-causal" if causal else "attention", (b, h, t, d), TRAIN_DTYPE, providers,
+                       lambda shape=(b, h, t, d), causal=causal: train_setup(shape, causal),
+                       flops=int(factor * attention_flops(b, h, t, d, causal)), mode=mode, peak=True,
+                       bind=bind_train(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+
+
+VARLEN_TOKENS = 131072
+VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX = 64, 128, 8192
+VARLEN_HEADS, VARLEN_DIM = 32, 128
+
+
+def varlen_lengths(n, low, high, total):
+    """n lengths in [low, high] summing to `total` (a fixed draw: the same batch every run)."""
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.rand(n, generator=gen) ** 2  # more short sequences than long, as packed data has
+    lengths = (low + raw / raw.sum() * (total - n * low)).floor().long().clamp(max=high)
+    lengths[torch.argmin(lengths)] += total - int(lengths.sum())
+    return lengths.tolist()
+
+
+def pad(x, lengths):
+    """(total, H, D) packed -> (B, H, max T, D) zero-padded, and the padded positions' mask."""
+    t_max = max(lengths)
+    out = x.new_zeros((len(lengths), t_max) + tuple(x.shape[1:]))
+    start = 0
+    for i, n in enumerate(lengths):
+        out[i, :n] = x[start:start + n]
+        start += n
+    return out.transpose(1, 2)
+
+
+def unpad(y, lengths):
+    return torch.cat([y[i, :, :n].transpose(0, 1) for i, n in enumerate(lengths)])
+
+
+def varlen_setup(lengths, heads, dim, mode):
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, heads, dim, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(3))
+    cu = torch.tensor([0] + lengths, device=DEVICE).cumsum(0).to(torch.int32)
+    dys = [torch.randn_like(q)]
+    outs = []
+    for i in range(len(lengths)):  # the fp32 reference, one sequence at a time
+        s = slice(int(cu[i]), int(cu[i + 1]))
+        one = [t[s].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+        outs.append((one, [dys[0][s].transpose(0, 1).unsqueeze(0)]))
+    if mode == "fwd":
+        with torch.no_grad():
+            want = torch.cat([F.scaled_dot_product_attention(*[t.float() for t in one], is_causal=True)[0]
+                              .transpose(0, 1) for one, _ in outs])
+    else:
+        grads = [reference_grads(one, True, dy) for one, dy in outs]
+        want = tuple(torch.cat([g[j][0].transpose(0, 1) for g in grads]) for j in range(3))
+    return (q, k, v, cu, max(lengths), dys), want
+
+
+def varlen_providers(lengths):
+    from torch.nn.attention import SDPBackend
+
+    def packed(q, k, v, cu, t_max):
+        return flash_attention_varlen(q, k, v, cu, cu, t_max, t_max, causal=True)
+
+    def padded(attend):
+        # each sequence's keys are its own tokens, at the start of its padded row: the causal mask
+        # hides the padding from every real query (top-left and bottom-right alignment agree at Tq = Tk)
+        return lambda q, k, v, cu, t_max: unpad(attend(pad(q, lengths), pad(k, lengths), pad(v, lengths), True),
+                                                lengths)
+
+    found = {"triton": packed, "triton-padded": padded(flash_attention)}
+    if DEVICE == "cuda":
+        found["sdpa-cudnn-padded"] = padded(sdpa(SDPBackend.CUDNN_ATTENTION))
+    return found
+
+
+def varlen_cases(lengths, heads, dim):
+    providers = varlen_providers(lengths)
+    flops = sum(attention_flops(1, heads, n, dim, True) for n in lengths)
+    for mode in ("fwd", "fwd+bwd"):
+        def bind(name, inputs, mode=mode):
+            *tensors, dys = inputs
+            if mode == "fwd":
+                return lambda: providers[name](*tensors)
+            return train_call(providers[name], tensors, WRT, mode, dys)
+        yield Case("attention-varlen", (len(lengths), heads, sum(lengths), dim), TRAIN_DTYPE,
+                   providers, lambda mode=mode: varlen_setup(lengths, heads, dim, mode), flops=flops, mode=mode,
+                   peak=mode != "fwd", bind=bind, skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+
+
 def charts(args, panels):
     def draw(meta, rows):
         for op in ("attention", "attention-causal"):
             for dtype in ("fp16", "bf16"):
-                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
+                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r.get("mode", "fwd") == "fwd"]
                 plot_sweeps(args.out / f"{op}_{dtype}.png", f"{op} forward {dtype}", sel, panels, meta,
                             metric="TFLOPs")
     return draw
@@ -107,7 +261,13 @@ def charts(args, panels):
 def main():
     args = parse_args(__doc__)
     panels = sweeps((32, 64), (16, 33), 33, 64) if args.smoke else sweeps((64, 128), FULL_T, TOKENS, 2048)
-    run(args, "attention", charts(args, panels), cases=lambda: cases(panels))
+    train_shapes = SMOKE_TRAIN_SHAPES if args.smoke else TRAIN_SHAPES
+    if args.smoke:
+        varlen = ([5, 1, 30, 12], 2, 32)
+    else:
+        varlen = (varlen_lengths(VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX, VARLEN_TOKENS), VARLEN_HEADS, VARLEN_DIM)
+    run(args, "attention", charts(args, panels),
+        cases=lambda: [*cases(panels), *train_cases(train_shapes), *varlen_cases(*varlen)])
 
 
 if __name__ == "__main__":

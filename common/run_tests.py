@@ -1,7 +1,7 @@
 """`make test`: run every */test_*.py as its own process, stream its table, and end with one line
 counting cases over all scripts: `N passed, M failed`, then `, K skipped (reason)` when some script
 could not run its cases here (no CUDA toolchain, an optional package missing), one reason per kind
-of skip. Exit 1 if any case failed, or a script died or ran nothing without saying why."""
+of skip. Just above it, the rows that failed, by script, so the tail of a long log names them. Exit 1 if any case failed, or a script died or ran nothing without saying why."""
 import argparse
 import concurrent.futures
 import pathlib
@@ -13,14 +13,17 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # common.testing.count_line writes it
 COUNT = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped \((.*)\))?$")
+# a table row whose verdict column reads FAIL (common.testing.print_table)
+FAILED_ROW = re.compile(r"\sFAIL(\s|$)")
 
 
 def run_script(rel, stream):
     """Run one test script; (passed, failed, skipped, skip reason) or None if it printed no count
-    line, its exit code, and its output (streamed as it comes when `stream`, else returned whole)."""
+    line, its exit code, its output (streamed as it comes when `stream`, else returned whole), and
+    its failed rows, each table's title line (with its seed) first."""
     proc = subprocess.Popen([sys.executable, "-u", str(rel)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    counts, lines = None, []
+    counts, lines, failures, seed_line = None, [], [], None
     for line in proc.stdout:
         if stream:
             print(line, end="", flush=True)
@@ -28,8 +31,15 @@ def run_script(rel, stream):
             lines.append(line)
         m = COUNT.match(line.strip())
         counts = (int(m[1]), int(m[2]), int(m[3] or 0), m[4]) if m else counts
+        if "TEST_SEED=" in line:  # a table's title: its seed reproduces a failure in it
+            seed_line = line.rstrip()[:240]
+        elif FAILED_ROW.search(line):
+            if seed_line:
+                failures.append(seed_line)
+                seed_line = None
+            failures.append(line.rstrip()[:240])
     proc.wait()
-    return counts, proc.returncode, "".join(lines)
+    return counts, proc.returncode, "".join(lines), failures
 
 
 def timed_run(rel, stream):
@@ -43,7 +53,7 @@ def main(patterns, jobs=1):
     scripts = sorted(p.relative_to(ROOT) for pat in patterns for p in ROOT.glob(pat))
     passed = failed = 0
     skipped = {}  # reason -> cases
-    broken = []
+    broken, failures = [], {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         if jobs == 1:
             for rel in scripts:
@@ -51,7 +61,9 @@ def main(patterns, jobs=1):
         futures = {pool.submit(timed_run, rel, jobs == 1): rel for rel in scripts}
         for future in concurrent.futures.as_completed(futures):
             rel = futures[future]
-            counts, code, output, seconds = future.result()
+            counts, code, output, rows, seconds = future.result()
+            if rows:
+                failures[str(rel)] = rows
             if jobs > 1:
                 print(f"\n=== {rel}\n{output}", end="", flush=True)
             print(f"=== {rel}: exit {code} in {seconds:.0f}s", flush=True)
@@ -64,6 +76,10 @@ def main(patterns, jobs=1):
             passed, failed = passed + counts[0], failed + counts[1]
             if counts[2]:
                 skipped[counts[3]] = skipped.get(counts[3], 0) + counts[2]
+    for rel, rows in sorted(failures.items()):
+        print(f"\nfailed in {rel}:")
+        for row in rows[:20]:
+            print(f"  {row}")
     if broken:
         print(f"\nscripts that did not finish cleanly: {', '.join(sorted(broken))}")
     line = f"{passed} passed, {failed} failed"

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch._dynamo.testing  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from attention.flash_attention_triton import flash_attention  # noqa: E402
+from attention.flash_attention_triton import flash_attention, flash_attention_varlen  # noqa: E402
 from attention.rope import rope_cos_sin  # noqa: E402
 from attention.triton_rope import apply_rope  # noqa: E402
 from attention.triton_softmax import softmax  # noqa: E402
@@ -108,6 +108,15 @@ def attention_inputs():
     return dict(q=rand((1, 4, 16, 64), f16), k=rand((1, 2, 24, 64), f16), v=rand((1, 2, 24, 64), f16))
 
 
+VARLEN_Q, VARLEN_K = (5, 0, 11), (7, 3, 11)  # lengths of a packed batch's three sequences
+
+
+def varlen_inputs():
+    cu = lambda lengths: torch.tensor((0,) + lengths, device=DEVICE).cumsum(0).to(torch.int32)  # noqa: E731
+    return dict(q=rand((sum(VARLEN_Q), 4, 32), bf16), k=rand((sum(VARLEN_K), 2, 32), bf16),
+                v=rand((sum(VARLEN_K), 2, 32), bf16), cu_q=cu(VARLEN_Q), cu_k=cu(VARLEN_K))
+
+
 def linear_inputs(m, n, k, dtype, bias=False):
     """a (M, K) and an nn.Linear weight w (N, K); the matmul reads w.T in place."""
     t = dict(a=rand((m, k), dtype), w=rand((n, k), dtype))
@@ -162,7 +171,12 @@ SPECS = [
     OpSpec("flash_attention causal", "flash_attention", attention_inputs,
            lambda t: flash_attention(t["q"], t["k"], t["v"], causal=True),
            lambda t: (t["q"], t["k"], t["v"], True, None, None),
-           lambda t: (t["q"], t["k"], t["v"], True, None, None, like(t["q"])), "v"),
+           lambda t: (t["q"], t["k"], t["v"], True, None, None, like(t["q"])), "v", ("q", "k", "v")),
+    OpSpec("flash_attention_varlen causal", "flash_attention_varlen", varlen_inputs,
+           lambda t: flash_attention_varlen(t["q"], t["k"], t["v"], t["cu_q"], t["cu_k"], max(VARLEN_Q),
+                                            max(VARLEN_K), causal=True),
+           lambda t: (t["q"], t["k"], t["v"], t["cu_q"], t["cu_k"], max(VARLEN_Q), max(VARLEN_K), True, None, None),
+           None, "q", ("q", "k", "v")),
     OpSpec("bias_gelu tanh", "bias_gelu", lambda: dict(x=rand((5, 96), f16), bias=rand((96,), f16)),
            lambda t: bias_gelu(t["x"], t["bias"], "tanh"),
            lambda t: (t["x"], t["bias"], "tanh"),

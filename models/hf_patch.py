@@ -32,7 +32,8 @@ function, o_proj) -> RMSNorm -> MLP. What is replaced, and through which hook:
 
 The original code runs instead of a kernel whenever the kernel does not cover the call, so a
 patched model is never wrong, only sometimes not faster:
-  - autograd: the patch is for inference (flash_attention has no backward). With grad enabled, a
+  - autograd: the patch is for inference (its hooks write into preallocated outputs, forward-only
+    calls, and the decode kernels have no backward). With grad enabled, a
     parameter (they require grad by default) or input that requires grad sends every hook to the
     original code: run under torch.no_grad() or torch.inference_mode(), as generate() does.
   - a tensor off the kernels' device (common.device.DEVICE) or of a dtype a kernel lacks (the flash

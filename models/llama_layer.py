@@ -23,8 +23,8 @@ torch as Hugging Face computes it, SDPA):
   tensor indexing, never .item()), so a step can be captured in a CUDA graph and replayed with new
   lengths, and torch.compile(fullgraph=True) traces it whole.
 
-For inference: flash_attention and the decode kernels are forward-only, so call both passes under
-torch.no_grad() or torch.inference_mode().
+For inference: the decode kernels and the out= calls the layer makes are forward-only, so call
+both passes under torch.no_grad() or torch.inference_mode().
 """
 from dataclasses import dataclass, fields, replace
 from typing import Optional

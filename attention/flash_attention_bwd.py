@@ -1,0 +1,343 @@
+"""FlashAttention backward kernels: dq, dk, dv of O = softmax(q k^T * sm_scale) v, by the
+FlashAttention-2 algorithm, without the T x T matrix.
+
+With S = q k^T * sm_scale, P = softmax(S) (row-wise), O = P v and dO the upstream gradient:
+
+    dv = P^T dO            dP = dO v^T            dS = P * (dP - delta),  delta = rowsum(dO * O) - dLSE
+    dq = dS k * sm_scale   dk = dS^T q * sm_scale
+
+P is never stored: each kernel recomputes a block of it from q, k and the forward's per-query
+log-sum-exp, P = exp(S - LSE) (exp2 with log2(e) folded into the scale, as in the forward).
+delta is rowsum(dP * P) written as rowsum(dO * O), one number a query computed once up front
+(`_preprocess_kernel`). dLSE, the gradient of the LSE output when a caller used it, enters there.
+
+Three launches, no atomics, so the result is deterministic:
+1. preprocess: delta (fp32, laid out like LSE) from O and dO.
+2. dk, dv: one program per BLOCK_N keys of one (batch, kv head). It keeps its k and v blocks and
+   the fp32 dk, dv accumulators in registers and streams q, dO, LSE and delta in blocks of BLOCK_M
+   queries, over every query head of its GQA group in turn (dk, dv of a shared kv head are the sums
+   over the group: summed in registers, written once). Causal: the query blocks before the
+   diagonal see none of the block's keys and are skipped; those the diagonal cuts run masked.
+3. dq: one program per BLOCK_M queries of one (batch, head), streaming k and v blocks as the
+   forward does; the same unmasked/masked split of the key loop.
+Splitting dq from dk/dv recomputes P and dP once more (5 matmuls of 2 * T^2 * D per head
+instead of 4: dq's pass redoes q k^T and dO v^T) but needs no atomic adds of fp32 dq across key
+blocks, which would make the result depend on scheduling order.
+
+FLOPs, counted as the forward's 2.5x (the convention of FlashAttention's benchmarks): the
+backward's four products of 2 * Tq * Tk * D each plus the recomputed q k^T. Memory: q, k, v, O,
+dO read, dq, dk, dv written, LSE and delta: O(T * D) per head.
+
+Rows past the end of the queries load LSE = -inf, which the kernels treat like a query that sees
+no key: LSE is replaced by +inf so its recomputed probabilities are exp2(-inf) = 0. Keys past the
+end are masked in the dq pass; in the dk/dv pass their rows are computed and never stored.
+Packed sequences (VARLEN) are read as in the forward (attention/flash_attention_fwd.py).
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+from attention.flash_attention_fwd import sequence_bounds
+from common.device import INTERPRET
+from common.ints import cdiv, next_power_of_2
+from common.triton_utils import LOG2E
+
+# (largest head dim, dk/dv launch (BLOCK_M, BLOCK_N, num_warps, num_stages), dq launch (same));
+# the first row whose head dim fits wins. The dk/dv program holds two fp32 accumulators of
+# BLOCK_N x BLOCK_D, the dq program one of BLOCK_M x BLOCK_D: each row keeps them near 128 fp32
+# registers a thread (the ratio of the Triton tutorial's 128-key, 4-warp, head-dim-64 kernel),
+# with 8 warps from head dim 128 on, and fewer stages where a stage's q and dO blocks grow.
+# Provisional: set from that register budget, not yet swept on a GPU; the sweep that sets them is
+# scripts/tune/attention_backward_sweep.py.
+BACKWARD_TABLE = [
+    (64, (64, 128, 8, 3), (128, 64, 8, 3)),
+    (128, (32, 128, 8, 2), (128, 64, 8, 2)),
+    (256, (32, 64, 8, 1), (64, 32, 8, 1)),
+]
+# The interpreter: small blocks, so the short test sequences span several of them
+INTERPRET_BACKWARD = ((16, 16, 1, 1), (16, 16, 1, 1))
+PREPROCESS_BLOCK_M = 64  # queries a preprocess program reduces (16 in the interpreter)
+
+
+def backward_table_config(head_dim):
+    """BACKWARD_TABLE's (dk/dv config, dq config) for a head dim of at most MAX_HEAD_DIM."""
+    for max_dim, dkdv, dq in BACKWARD_TABLE:
+        if head_dim <= max_dim:
+            return dkdv, dq
+    raise ValueError(f"head dim {head_dim} has no backward config")  # unreachable past the checks
+
+
+def backward_config(head_dim):
+    return INTERPRET_BACKWARD if INTERPRET else backward_table_config(head_dim)
+
+
+@triton.jit
+def _preprocess_kernel(
+    o_ptr, do_ptr, dlse_ptr, delta_ptr,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_lb, stride_lh,  # of delta and dlse, unit token stride
+    n_heads, n_queries,
+    HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head)."""
+    bh = tl.program_id(1)
+    batch = (bh // n_heads).to(tl.int64)
+    head = (bh % n_heads).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < n_queries)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o = tl.load(o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om
+                + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row = batch * stride_lb + head * stride_lh + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(dlse_ptr + row, mask=offs_m < n_queries, other=0.0)
+    tl.store(delta_ptr + row, delta, mask=offs_m < n_queries)
+
+
+@triton.jit
+def _row_stats(lse_base, delta_base, offs_m, n_queries):
+    """(LSE in scaled log2 units, +inf where no key is seen or past the end; delta) of rows offs_m."""
+    m_ok = offs_m < n_queries
+    lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    return lse2, tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
+
+
+@triton.jit
+def _dkdv_query_blocks(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+    stride_qm, stride_qd, stride_dom, stride_dod,
+    offs_n, offs_d, lo, hi, n_queries, causal_shift, qk_scale,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Add queries [lo, hi) of one head to the dk, dv accumulators of keys offs_n (transposed
+    products: pT = P^T is (BLOCK_N, BLOCK_M)). MASKED blocks apply the causal diagonal."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    d_ok = (offs_d < HEAD_DIM)[None, :]
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + offs_m0
+        row_mask = (offs_m < n_queries)[:, None] & d_ok
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_mask, other=0.0)
+        lse2, delta = _row_stats(lse_base, delta_base, offs_m, n_queries)
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+        if MASKED:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, pT, 0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_mask, other=0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_seqlens_q, cu_seqlens_k,
+    # strides (batch, head, token, dim); dO has q's, dk has k's and dv has v's shape; lse and
+    # delta share (batch, head) strides and a unit token stride; packed batches pass batch strides 0
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_lb, stride_lh,
+    n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    batch = bh // n_kv_heads
+    q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
+    k_start, n_keys = sequence_bounds(cu_seqlens_k, batch, n_keys, VARLEN)
+    if VARLEN:
+        if start_n * BLOCK_N >= n_keys:
+            return
+    batch = batch.to(tl.int64)
+    kv_head = (bh % n_kv_heads).to(tl.int64)
+    q_start = q_start.to(tl.int64)
+    k_start = k_start.to(tl.int64)
+
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n < n_keys)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    k = tl.load(k_ptr + batch * stride_kb + kv_head * stride_kh + (k_start + offs_n[:, None]) * stride_kn
+                + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + batch * stride_vb + kv_head * stride_vh + (k_start + offs_n[:, None]) * stride_vn
+                + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
+    if CAUSAL:
+        # queries before lo see none of these keys; from full_start on they see all of them
+        lo = tl.maximum(start_n * BLOCK_N - causal_shift, 0) // BLOCK_M * BLOCK_M
+        full_start = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - causal_shift, 0)
+        full_start = tl.maximum(tl.cdiv(full_start, BLOCK_M) * BLOCK_M, lo)
+    else:
+        lo = 0
+        full_start = 0
+    for g in range(kv_group):  # the query heads that share this kv head
+        head = kv_head * kv_group + g
+        q_base = q_ptr + batch * stride_qb + head * stride_qh + q_start * stride_qm
+        do_base = do_ptr + batch * stride_dob + head * stride_doh + q_start * stride_dom
+        lse_base = lse_ptr + batch * stride_lb + head * stride_lh + q_start
+        delta_base = delta_ptr + batch * stride_lb + head * stride_lh + q_start
+        if CAUSAL:
+            dk, dv = _dkdv_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, offs_d, lo, tl.minimum(full_start, n_queries), n_queries, causal_shift, qk_scale,
+                True, HEAD_DIM, BLOCK_M)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+            offs_n, offs_d, full_start, n_queries, n_queries, causal_shift, qk_scale,
+            False, HEAD_DIM, BLOCK_M)
+
+    dk *= sm_scale
+    tl.store(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + batch * stride_dvb + kv_head * stride_dvh + (k_start + offs_n[:, None]) * stride_dvn
+             + offs_d[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_key_blocks(
+    dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Add keys [lo, hi) to the dq accumulator of queries offs_m. MASKED blocks check the causal
+    diagonal and the end of the keys."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = (offs_d < HEAD_DIM)[None, :]
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        keys = start_n + offs_n
+        if MASKED:
+            kv_mask = (keys < n_keys)[:, None] & d_ok
+        else:
+            kv_mask = d_ok
+        k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if MASKED:
+            visible = (keys < n_keys)[None, :]
+            if CAUSAL:
+                visible = visible & (keys[None, :] <= offs_m[:, None] + causal_shift)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def _dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_seqlens_q, cu_seqlens_k,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_lb, stride_lh,
+    n_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    if CAUSAL:  # the last query blocks see the most keys: start them first
+        start_m = tl.num_programs(0) - 1 - start_m
+    bh = tl.program_id(1)
+    batch = bh // n_heads
+    q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
+    if VARLEN:
+        if start_m * BLOCK_M >= n_queries:
+            return
+    k_start, n_keys = sequence_bounds(cu_seqlens_k, batch, n_keys, VARLEN)
+    batch = batch.to(tl.int64)
+    head = (bh % n_heads).to(tl.int64)
+    kv_head = head // kv_group
+    q_start = q_start.to(tl.int64)
+    k_start = k_start.to(tl.int64)
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_mask = (offs_m < n_queries)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + offs_m[:, None]) * stride_qm
+                + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + (q_start + offs_m[:, None]) * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=q_mask, other=0.0)
+    row = batch * stride_lb + head * stride_lh + q_start
+    lse2, delta = _row_stats(lse_ptr + row, delta_ptr + row, offs_m, n_queries)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    k_base = k_ptr + batch * stride_kb + kv_head * stride_kh + k_start * stride_kn
+    v_base = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start * stride_vn
+
+    causal_shift = n_keys - n_queries
+    if CAUSAL:  # the key ranges of the forward
+        first_row_end = tl.minimum(start_m * BLOCK_M + causal_shift + 1, n_keys)
+        unmasked_end = tl.maximum(first_row_end, 0) // BLOCK_N * BLOCK_N
+        hi = tl.maximum(tl.minimum((start_m + 1) * BLOCK_M + causal_shift, n_keys), 0)
+    else:
+        unmasked_end = n_keys // BLOCK_N * BLOCK_N
+        hi = n_keys
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale,
+                        False, CAUSAL, HEAD_DIM, BLOCK_N)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale,
+                        True, CAUSAL, HEAD_DIM, BLOCK_N)
+    dq *= sm_scale
+    tl.store(dq_ptr + batch * stride_dqb + head * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
+             + offs_d[None, :] * stride_dqd, dq.to(dq_ptr.dtype.element_ty), mask=q_mask)
+
+
+def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
+                                    cu_seqlens=None, config=None):
+    """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
+    do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
+    as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
+    cu_seqlens: None, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a packed
+    batch of (1, H, total, D) views (attention/flash_attention_fwd.launch_flash_attention).
+    config: ((BLOCK_M, BLOCK_N, num_warps, num_stages) of dk/dv, the same of dq) to launch instead
+    of backward_config's choice."""
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    block_d = max(16, next_power_of_2(d))
+    delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    pre_block = 16 if INTERPRET else PREPROCESS_BLOCK_M
+    _preprocess_kernel[(cdiv(tq, pre_block), b * h)](
+        o, do, dlse, delta, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), h, tq,
+        HAS_DLSE=dlse is not None, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
+
+    cu_q = cu_k = None
+    max_q, max_k = tq, tk
+    if cu_seqlens is not None:
+        cu_q, cu_k, max_q, max_k = cu_seqlens
+        b = cu_q.shape[0] - 1
+    batch = (lambda t: 0) if cu_q is not None else (lambda t: t.stride(0))
+    strides = [(batch(t), *t.stride()[1:]) for t in (q, k, v, do)]
+    lse_strides = (batch(lse), lse.stride(1))
+    (dkdv_m, dkdv_n, dkdv_warps, dkdv_stages), (dq_m, dq_n, dq_warps, dq_stages) = config or backward_config(d)
+    _dkdv_kernel[(cdiv(max_k, dkdv_n), b * hkv)](
+        q, k, v, do, lse, delta, dk, dv, cu_q, cu_k,
+        *strides[0], *strides[1], *strides[2], *strides[3], batch(dk), *dk.stride()[1:],
+        batch(dv), *dv.stride()[1:], *lse_strides,
+        hkv, h // hkv, tq, tk, scale * LOG2E.value, scale,
+        CAUSAL=bool(causal), VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, num_warps=dkdv_warps, num_stages=dkdv_stages)
+    _dq_kernel[(cdiv(max_q, dq_m), b * h)](
+        q, k, v, do, lse, delta, dq, cu_q, cu_k,
+        *strides[0], *strides[1], *strides[2], *strides[3], batch(dq), *dq.stride()[1:], *lse_strides,
+        h, h // hkv, tq, tk, scale * LOG2E.value, scale,
+        CAUSAL=bool(causal), VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_M=dq_m, BLOCK_N=dq_n, num_warps=dq_warps, num_stages=dq_stages)

@@ -1,0 +1,226 @@
+"""FlashAttention forward kernel: softmax(q k^T * sm_scale) v without the T x T matrix.
+
+One program owns BLOCK_M query rows of one (batch, head). It keeps those rows of q in registers
+and streams the head's keys and values in blocks of BLOCK_N, with the online softmax of
+attention/blocked_attention.py: a running max m and sum l per row, and the output accumulator
+rescaled by exp(m_old - m_new) whenever the max grows. Scores live in registers only, so memory
+holds O(T * D) per head instead of O(T^2), and q k^T and p v run on the tensor cores with fp32
+accumulation (p is rounded to the input dtype for the second product, as FlashAttention does).
+
+FLOPs: 4 * B * H * Tq * Tk * D for full attention (two matmuls of 2 * Tq * Tk * D each); causal
+does the visible pairs only. Per program the key loop runs in two parts: key blocks every row of
+the block sees run with no mask; the blocks cut by the causal diagonal or by the end of the keys
+run masked. exp2 replaces exp with log2(e) folded into the scale (one multiply saved per score).
+
+Conventions are those of attention/naive_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
+the bottom right when Tq != Tk, zeros for a query that sees no key.
+
+For training the kernel also writes each query's log-sum-exp of its scaled scores,
+LSE = m + log(l) (fp32; -inf for a query that sees no key), from which the backward recomputes the
+probabilities (attention/flash_attention_bwd.py): 4 bytes a query, next to the 2 * D bytes of O.
+
+Packed sequences (VARLEN): q (total_q, H, D), k and v (total_k, Hkv, D) are passed as the views
+(1, H, total, D); sequence b owns tokens cu_seqlens[b] .. cu_seqlens[b + 1] - 1, and the grid's
+second axis runs over (sequence, head) instead of (batch, head). Each program reads its
+sequence's bounds on the device, so the host never waits for them; a program whose query block
+lies past its sequence's end returns at once. The public functions and their checks are in
+attention/flash_attention_triton.py.
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import triton
+import triton.language as tl
+
+from common.device import INTERPRET
+from common.ints import cdiv, next_power_of_2
+from common.triton_utils import LOG2E
+
+MAX_HEAD_DIM = 256
+
+# (largest head dim, longest Tq, BLOCK_M, BLOCK_N, num_warps, num_stages): the first row that
+# fits wins. BLOCK_M rows of q and an fp32 accumulator of the same size live in registers; each
+# pipeline stage holds a K and a V block in shared memory (2 * BLOCK_N * BLOCK_D * 2 bytes).
+# Measured by scripts/tune/attention_sweep.py on an H200 (fp16, full and causal); the figures and
+# the configs that lost are in docs/tuning/attention.md.
+CONFIG_TABLE = [
+    (64, None, 128, 64, 8, 3),    # small heads: a tall q block; 8 warps beat 4
+    (128, 1024, 64, 64, 4, 3),    # short sequences: half-height q blocks make twice the programs
+    (128, None, 128, 64, 8, 3),   # long sequences: 8 warps (4 lost 40%); 4 stages no better
+    (256, None, 128, 64, 8, 2),   # wide heads: a stage is 64 KB of K and V, two fit; 64 x 32 lost
+]
+# The interpreter runs tl.dot in numpy: small blocks keep CPU tests quick and give short sequences
+# several blocks, so the masked and unmasked loops and the causal diagonal are all exercised.
+# The tests force every CONFIG_TABLE row as well (attention/test_flash_attention.py).
+INTERPRET_CONFIG = (16, 16, 1, 1)
+
+
+def table_config(head_dim, n_queries):
+    """CONFIG_TABLE's (BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim of at most
+    MAX_HEAD_DIM and n_queries queries: the GPU's choice, in either lane."""
+    for max_dim, max_tq, *config in CONFIG_TABLE:
+        if head_dim <= max_dim and (max_tq is None or n_queries <= max_tq):
+            return tuple(config)
+    raise ValueError(f"head dim {head_dim} has no config")  # unreachable past check_attention_args
+
+
+def attention_config(head_dim, n_queries):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) to launch: INTERPRET_CONFIG in the interpreter."""
+    return INTERPRET_CONFIG if INTERPRET else table_config(head_dim, n_queries)
+
+
+@triton.jit
+def _attend_key_blocks(
+    acc, l_i, m_i, q,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED blocks check the causal diagonal and the
+    end of the keys; the others are wholly visible to every row of the block."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM  # all True, and folded away, when BLOCK_D == HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        keys = start_n + offs_n
+        if MASKED:
+            kv_mask = (keys < n_keys)[:, None] & d_ok[None, :]
+        else:
+            kv_mask = d_ok[None, :]
+        k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            visible = (keys < n_keys)[None, :]
+            if CAUSAL:
+                visible = visible & (keys[None, :] <= offs_m[:, None] + causal_shift)
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # a row that has seen no key yet keeps m = -inf: subtract 0 so -inf - -inf is not NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk - m_safe[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max commutes
+            m_safe = m_new
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def sequence_bounds(cu_seqlens_ptr, batch, n_dense, VARLEN: tl.constexpr):
+    """(first token, length) of sequence `batch`: (0, n_dense) for a dense batch, else read from
+    the cumulative lengths (int32, B + 1 of them) on the device."""
+    if VARLEN:
+        start = tl.load(cu_seqlens_ptr + batch)
+        return start, tl.load(cu_seqlens_ptr + batch + 1) - start
+    else:
+        return tl.full([], 0, tl.int32), n_dense
+
+
+@triton.jit
+def _flash_attention_fwd_kernel(
+    # pointers: lse (STORE_LSE, else None); cu_seqlens_q/k (VARLEN, else None)
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
+    # strides (in elements) of q, k, v, o as (batch, head, token, dim), and of lse as (batch, head)
+    # with unit token stride; a packed (VARLEN) batch passes 0 for the batch strides
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh,
+    # sizes: n_queries, n_keys are the dense lengths (unused when VARLEN)
+    n_heads, kv_group, n_queries, n_keys, qk_scale,
+    # meta-parameters
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    if CAUSAL:  # the last query blocks see the most keys: start them first, the short ones fill the tail
+        start_m = tl.num_programs(0) - 1 - start_m
+    bh = tl.program_id(1)
+    batch = bh // n_heads
+    q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
+    if VARLEN:
+        if start_m * BLOCK_M >= n_queries:  # a packed sequence shorter than the grid's longest
+            return
+    k_start, n_keys = sequence_bounds(cu_seqlens_k, batch, n_keys, VARLEN)
+    batch = batch.to(tl.int64)  # 64-bit: batch * stride can pass 2^31
+    head = (bh % n_heads).to(tl.int64)
+    kv_head = head // kv_group
+    q_base = q_ptr + batch * stride_qb + head * stride_qh + q_start.to(tl.int64) * stride_qm
+    k_base = k_ptr + batch * stride_kb + kv_head * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start.to(tl.int64) * stride_vn
+    o_base = o_ptr + batch * stride_ob + head * stride_oh + q_start.to(tl.int64) * stride_om
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_mask = (offs_m < n_queries)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
+    if CAUSAL:
+        # keys before the first row's diagonal are visible to every row of the block; keys past
+        # the last row's diagonal to none
+        first_row_end = tl.minimum(start_m * BLOCK_M + causal_shift + 1, n_keys)
+        unmasked_end = tl.maximum(first_row_end, 0) // BLOCK_N * BLOCK_N
+        hi = tl.maximum(tl.minimum((start_m + 1) * BLOCK_M + causal_shift, n_keys), 0)
+    else:
+        unmasked_end = n_keys // BLOCK_N * BLOCK_N
+        hi = n_keys
+    acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale,
+        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N)
+    acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale,
+        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N)
+
+    # a row with no visible key has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    if STORE_LSE:
+        # m and log2(l) are in units of scaled log2: LSE = (m + log2(l)) * ln(2); -inf where l = 0
+        seen = l_i > 0.0
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse_base = lse_ptr + batch * stride_lb + head * stride_lh + q_start.to(tl.int64)
+        tl.store(lse_base + offs_m, lse, mask=offs_m < n_queries)
+
+
+def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None):
+    """Launch on validated arguments; writes out and, when given, lse.
+    q, out (B, H, Tq, D); k, v (B, Hkv, Tk, D), any strides, Tq >= 1. lse: None or fp32 (B, H, Tq)
+    with unit token stride. scale: sm_scale as a float.
+    cu_seqlens: None, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a packed batch: then B = 1,
+    the tensors are the (1, H, total, D) views of (total, H, D) ones, lse is (1, H, total_q), and
+    the grid covers len(cu_seqlens_q) - 1 sequences of at most max_seqlen_q queries.
+    config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of attention_config's
+    choice (tests force each CONFIG_TABLE row; tuning sweeps)."""
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    cu_q = cu_k = None
+    batch_strides = [q.stride(0), k.stride(0), v.stride(0), out.stride(0)]
+    if cu_seqlens is not None:
+        cu_q, cu_k, tq = cu_seqlens
+        b = cu_q.shape[0] - 1
+        batch_strides = [0, 0, 0, 0]
+    block_m, block_n, num_warps, num_stages = config or attention_config(d, tq)
+    lse_strides = (0 if cu_q is not None else lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    grid = (cdiv(tq, block_m), b * h)
+    _flash_attention_fwd_kernel[grid](
+        q, k, v, out, lse, cu_q, cu_k,
+        batch_strides[0], *q.stride()[1:], batch_strides[1], *k.stride()[1:],
+        batch_strides[2], *v.stride()[1:], batch_strides[3], *out.stride()[1:], *lse_strides,
+        h, h // hkv, tq, tk, scale * LOG2E.value,
+        CAUSAL=bool(causal), VARLEN=cu_q is not None, STORE_LSE=lse is not None,
+        HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+    )
