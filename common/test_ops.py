@@ -45,6 +45,8 @@ import torch._dynamo.testing  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from attention.flash_attention_triton import flash_attention, flash_attention_varlen  # noqa: E402
+from losses.cross_entropy import cross_entropy_op  # noqa: E402
+from losses.fused_linear_cross_entropy import fused_linear_cross_entropy_none_op  # noqa: E402
 from attention.rope import rope_cos_sin  # noqa: E402
 from attention.triton_rope import apply_rope  # noqa: E402
 from attention.triton_softmax import softmax  # noqa: E402
@@ -117,6 +119,11 @@ def varlen_inputs():
                 v=rand((sum(VARLEN_K), 2, 32), bf16), cu_q=cu(VARLEN_Q), cu_k=cu(VARLEN_K))
 
 
+def loss_inputs():
+    return dict(logits=rand((6, 100), bf16), target=torch.tensor([3, -100, 0, 99, 7, 50], device=DEVICE),
+                hidden=rand((6, 32), bf16), weight=rand((100, 32), bf16), bias=rand((100,), bf16))
+
+
 def linear_inputs(m, n, k, dtype, bias=False):
     """a (M, K) and an nn.Linear weight w (N, K); the matmul reads w.T in place."""
     t = dict(a=rand((m, k), dtype), w=rand((n, k), dtype))
@@ -177,6 +184,18 @@ SPECS = [
                                             max(VARLEN_K), causal=True),
            lambda t: (t["q"], t["k"], t["v"], t["cu_q"], t["cu_k"], max(VARLEN_Q), max(VARLEN_K), True, None, None),
            None, "q", ("q", "k", "v")),
+    # the losses' public functions reduce the operators' rows in PyTorch: these rows call the
+    # operators' Op wrappers (eager: their autograd.Function) against the dispatcher. The mean/sum
+    # fused linear cross-entropy (it returns its gradients too) has its own rows in
+    # losses/test_fused_linear_cross_entropy.py
+    OpSpec("cross_entropy", "cross_entropy", loss_inputs,
+           lambda t: cross_entropy_op(t["logits"], t["target"], -100, 0.1),
+           lambda t: (t["logits"], t["target"], -100, 0.1), None, "logits", ("logits",)),
+    OpSpec("fused_linear_cross_entropy_none", "fused_linear_cross_entropy_none", loss_inputs,
+           lambda t: fused_linear_cross_entropy_none_op(t["hidden"], t["weight"], t["target"], t["bias"], -100, 0.0,
+                                                        None),
+           lambda t: (t["hidden"], t["weight"], t["target"], t["bias"], -100, 0.0, None), None, "hidden",
+           ("hidden", "weight", "bias")),
     OpSpec("bias_gelu tanh", "bias_gelu", lambda: dict(x=rand((5, 96), f16), bias=rand((96,), f16)),
            lambda t: bias_gelu(t["x"], t["bias"], "tanh"),
            lambda t: (t["x"], t["bias"], "tanh"),

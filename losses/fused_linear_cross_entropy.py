@@ -1,0 +1,280 @@
+"""The LM head and its loss in one op: cross_entropy(hidden @ weight.T + bias, target) without
+the (tokens x vocab) logits.
+
+    loss = fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100,
+                                      reduction="mean", label_smoothing=0.0, softcap=None)
+
+At a 128k-152k vocabulary the logits of a training batch and their gradient are the largest
+tensors of the step (BT x V, 4 GB in fp32 at 8192 x 128256). Here the tokens go in chunks of
+C rows (chunk_rows: C x V about the size of hidden itself):
+
+    logits_c = hidden_c @ weight.T + bias           one GEMM into a (C, V) buffer in hidden's dtype
+    loss_c, dlogits_c                               losses/cross_entropy.py's row kernel, one launch:
+                                                    the rows' losses, and their gradient written
+                                                    over logits_c in place (softcap applied in fp32)
+    grad_hidden_c = dlogits_c @ weight              a GEMM into grad_hidden's rows
+    grad_weight  += dlogits_c.T @ hidden_c          an accumulating GEMM (beta = 1)
+    grad_bias    += column sums of dlogits_c        in fp32
+
+so the gradients are done when the forward is: three GEMMs of 2 * BT * V * H FLOPs in all, the
+minimum, and the only memory beyond the gradients is one (C, V) buffer. The backward then scales
+them by the loss's gradient (a scalar for "mean" and "sum"), in place. "mean" divides by the
+number of targets that are not ignored, counted on the device (no host sync).
+
+reduction="none" cannot fold the upstream gradient in ahead of time (each row's differs): its
+forward computes the losses only, and its backward recomputes each chunk's logits (a fourth GEMM)
+and writes dlogits with each row's gradient (the cross-entropy backward kernel).
+
+GEMMs: cuBLAS through torch.mm / addmm, which accumulate into grad_weight in place (beta = 1);
+gemm/triton_matmul.py's kernels write a fresh output. grad_weight accumulates in weight's dtype,
+so in bf16 it is rounded once a chunk (BT / C roundings, as Liger-Kernel's does); fp32 weights
+accumulate in fp32.
+
+Operators: llmk::fused_linear_cross_entropy (the loss and, under grad, the gradients) and
+llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none").
+"""
+import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
+
+from common.device import INTERPRET
+from common.ops import define_op
+from common.validation import check_same_device, check_tensor
+from losses.cross_entropy import NUM_WARPS, _cross_entropy_bwd_kernel, block_v, check_loss_args, launch_rows
+
+# The interpreter's chunk: a few rows, so the tests' batches run several chunks and a ragged last one
+INTERPRET_CHUNK = 8
+CHUNK_ALIGN = 64  # a GEMM-friendly row count
+
+
+def chunk_rows(n, h, v):
+    """Rows a chunk: C x V about n x h elements (the chunk's logits the size of hidden), a multiple
+    of CHUNK_ALIGN, at least one and at most n."""
+    if INTERPRET:
+        return max(1, min(n, INTERPRET_CHUNK))
+    c = max(CHUNK_ALIGN, (n * h // max(v, 1)) // CHUNK_ALIGN * CHUNK_ALIGN)
+    return max(1, min(n, c))
+
+
+def _chunk_logits(hidden_c, weight, bias, out):
+    if bias is not None:
+        torch.addmm(bias, hidden_c, weight.T, out=out)
+    else:
+        torch.mm(hidden_c, weight.T, out=out)
+    return out
+
+
+def _accumulate(dlogits, hidden_c, weight, grad_hidden_c, grad_weight, grad_bias, first):
+    """The three gradient products of one chunk, from its dlogits."""
+    if grad_hidden_c is not None:
+        torch.mm(dlogits, weight, out=grad_hidden_c)
+    if grad_weight is not None:
+        if first:
+            torch.mm(dlogits.T, hidden_c, out=grad_weight)
+        else:
+            grad_weight.addmm_(dlogits.T, hidden_c)
+    if grad_bias is not None:
+        grad_bias += dlogits.sum(0, dtype=torch.float32)
+
+
+def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads):
+    """(loss, grad_hidden, grad_weight, grad_bias): loss fp32, a scalar for "mean"/"sum" or (N,)
+    rows for "none"; the gradients of the loss (for grad_output 1) when `grads` (three bools: of
+    hidden, weight, bias), else empty tensors."""
+    n, h = hidden.shape
+    v = weight.shape[0]
+    rows = hidden.new_empty((n,), dtype=torch.float32)
+    lse = hidden.new_empty((n,), dtype=torch.float32)
+    want_h, want_w, want_b = grads if reduction != "none" else (False, False, False)
+    grad_hidden = torch.empty_like(hidden) if want_h else hidden.new_empty((0,))
+    grad_weight = torch.empty_like(weight) if want_w else hidden.new_empty((0,))
+    grad_bias = torch.zeros(v, device=hidden.device, dtype=torch.float32) if want_b else hidden.new_empty((0,))
+    any_grad = want_h or want_w or want_b
+    n_valid = (target != ignore_index).sum()
+    scale = (1.0 / n_valid.float() if reduction == "mean" else torch.ones((), device=hidden.device)).reshape(1)
+    c = chunk_rows(n, h, v)
+    buffer = hidden.new_empty((c, v))
+    if n and v:
+        for i, start in enumerate(range(0, n, c)):
+            end = min(start + c, n)
+            hidden_c, logits = hidden[start:end], _chunk_logits(hidden[start:end], weight, bias, buffer[:end - start])
+            launch_rows(logits, target[start:end], rows[start:end], lse[start:end], ignore_index, label_smoothing,
+                        softcap, grad_out=logits if any_grad else None, grad_scale=scale)
+            if any_grad:
+                _accumulate(logits, hidden_c, weight, grad_hidden[start:end] if want_h else None,
+                            grad_weight if want_w else None, grad_bias if want_b else None, i == 0)
+    elif any_grad:
+        for g in (grad_hidden, grad_weight, grad_bias):
+            g.zero_()
+    if reduction == "none":
+        loss = rows
+    else:
+        loss = rows.sum() / n_valid if reduction == "mean" else rows.sum()
+    return loss, grad_hidden, grad_weight, grad_bias.to(bias.dtype) if want_b else grad_bias
+
+
+def _fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads):
+    n = hidden.shape[0]
+    want_h, want_w, want_b = grads if reduction != "none" else (False, False, False)
+    return (hidden.new_empty((n,) if reduction == "none" else (), dtype=torch.float32),
+            torch.empty_like(hidden) if want_h else hidden.new_empty((0,)),
+            torch.empty_like(weight) if want_w else hidden.new_empty((0,)),
+            bias.new_empty(bias.shape) if want_b else hidden.new_empty((0,)))
+
+
+def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap):
+    """(grad_hidden, grad_weight, grad_bias) of reduction "none" for the rows' gradients
+    grad_rows (N,): each chunk's logits again, dlogits with each row's gradient, the products."""
+    n, h = hidden.shape
+    v = weight.shape[0]
+    grad_hidden, grad_weight = torch.empty_like(hidden), torch.empty_like(weight)
+    grad_bias = torch.zeros(v, device=hidden.device, dtype=torch.float32)
+    c = chunk_rows(n, h, v)
+    buffer = hidden.new_empty((c, v))
+    if not (n and v):
+        return grad_hidden.zero_(), grad_weight.zero_(), (grad_bias if bias is None else grad_bias.to(bias.dtype))
+    for i, start in enumerate(range(0, n, c)):
+        end = min(start + c, n)
+        logits = _chunk_logits(hidden[start:end], weight, bias, buffer[:end - start])
+        _cross_entropy_bwd_kernel[(end - start,)](
+            logits, target[start:end], lse[start:end], grad_rows[start:end], lse, logits,
+            logits.stride(0), logits.stride(1), logits.stride(0), logits.stride(1), grad_rows.stride(0), 0,
+            v, ignore_index, float(label_smoothing), float(softcap or 1.0),
+            HAS_GRAD_LSE=False, HAS_SOFTCAP=softcap is not None, BLOCK=block_v(v), num_warps=NUM_WARPS)
+        _accumulate(logits, hidden[start:end], weight, grad_hidden[start:end], grad_weight, grad_bias, i == 0)
+    return grad_hidden, grad_weight, grad_bias if bias is None else grad_bias.to(bias.dtype)
+
+
+fused_linear_cross_entropy_backward_op = define_op(
+    "fused_linear_cross_entropy_backward(Tensor grad_rows, Tensor hidden, Tensor weight, Tensor target, "
+    "Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, float? softcap) -> (Tensor, Tensor, Tensor)",
+    _backward_none,
+    lambda grad_rows, hidden, weight, target, bias, *rest: (
+        torch.empty_like(hidden), torch.empty_like(weight),
+        weight.new_empty((weight.shape[0],), dtype=torch.float32) if bias is None else torch.empty_like(bias)))
+
+
+def _setup(ctx, inputs, output):
+    """Keep the gradients the forward computed (reductions "mean" and "sum"); as outputs of the
+    operator they are results, not functions of the inputs to differentiate."""
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(*output[1:])
+    ctx.used = False
+
+
+def _backward(ctx, grad_loss, *unused):
+    if ctx.used:
+        raise RuntimeError("llmk::fused_linear_cross_entropy scales the gradients it computed in the forward "
+                           "in place: backward through the same graph twice (retain_graph=True) is not supported")
+    ctx.used = True
+    grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+    out = []
+    for g, need in zip((grad_hidden, grad_weight, grad_bias), ctx.needs_input_grad[:2] + ctx.needs_input_grad[3:4]):
+        out.append(_scaled(g, grad_loss) if need else None)
+    return out[0], out[1], None, out[2], None, None, None, None, None
+
+
+def _scaled(grad, grad_loss):
+    """grad * grad_loss: in place on the plain tensors of an eager backward (grad_weight is V x H:
+    a copy would double the peak), out of place under tracing (torch.compile's AOTAutograd, whose
+    graph may not mutate a saved forward output; Inductor reuses the dead buffer by itself)."""
+    if type(grad) is torch.Tensor and type(grad_loss) is torch.Tensor:
+        return grad.mul_(grad_loss)
+    return grad * grad_loss
+
+
+fused_linear_cross_entropy_op = define_op(
+    "fused_linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
+    "float label_smoothing, float? softcap, str reduction, bool[] grads) -> (Tensor, Tensor, Tensor, Tensor)",
+    _forward, _fake, backward=_backward, setup_context=_setup)
+
+
+def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap):
+    """reduction "none": (loss rows, LSE), both fp32 (N,)."""
+    n, h = hidden.shape
+    v = weight.shape[0]
+    rows = hidden.new_empty((n,), dtype=torch.float32)
+    lse = hidden.new_empty((n,), dtype=torch.float32)
+    c = chunk_rows(n, h, v)
+    buffer = hidden.new_empty((c, v))
+    for start in range(0, n if v else 0, c):
+        end = min(start + c, n)
+        logits = _chunk_logits(hidden[start:end], weight, bias, buffer[:end - start])
+        launch_rows(logits, target[start:end], rows[start:end], lse[start:end], ignore_index, label_smoothing, softcap)
+    return rows, lse
+
+
+def _setup_none(ctx, inputs, output):
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap = inputs
+    ctx.options = (ignore_index, label_smoothing, softcap)
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(hidden, weight, target, bias, output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _backward_none_formula(ctx, grad_rows, grad_lse):
+    hidden, weight, target, bias, lse = ctx.saved_tensors
+    if grad_rows is None:
+        return (None,) * 7
+    gh, gw, gb = fused_linear_cross_entropy_backward_op(grad_rows, hidden, weight, target, bias, lse, *ctx.options)
+    need = ctx.needs_input_grad
+    return gh if need[0] else None, gw if need[1] else None, None, gb if need[3] else None, None, None, None
+
+
+fused_linear_cross_entropy_none_op = define_op(
+    "fused_linear_cross_entropy_none(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
+    "float label_smoothing, float? softcap) -> (Tensor, Tensor)",
+    _none_forward,
+    lambda hidden, *rest: (hidden.new_empty((hidden.shape[0],), dtype=torch.float32),
+                           hidden.new_empty((hidden.shape[0],), dtype=torch.float32)),
+    backward=_backward_none_formula, setup_context=_setup_none)
+
+
+def _requires_grad(t):
+    return t is not None and t.requires_grad and torch.is_grad_enabled()
+
+
+def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                               label_smoothing=0.0, softcap=None):
+    """cross_entropy(hidden @ weight.T + bias, target) without the logits in memory (module
+    docstring; operators llmk::fused_linear_cross_entropy and llmk::fused_linear_cross_entropy_none).
+
+    hidden: (..., H) fp16, bf16 or fp32; weight: (V, H) (an nn.Linear's), hidden's dtype;
+    bias: optional (V,), hidden's dtype. target: (...) int64 or int32.
+    ignore_index, reduction ("mean", "sum", "none"), label_smoothing: as losses/cross_entropy.py.
+    softcap: optional positive float c: logits -> c * tanh(logits / c) before the softmax.
+    Returns the loss in hidden's dtype (a scalar, or shaped like target for "none").
+    Differentiable in hidden, weight and bias. With "mean" or "sum" the gradients are computed by
+    the forward (under grad) and the backward only scales them, in place; such a graph supports one
+    backward.
+    """
+    check_tensor("hidden", hidden)
+    check_tensor("weight", weight, min_dim=2)
+    check_same_device("weight", weight, "hidden", hidden)
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight must be (V, H={hidden.shape[-1]}) to match hidden {tuple(hidden.shape)}, "
+                         f"got {tuple(weight.shape)}")
+    if weight.shape[0] < 1:
+        raise ValueError("weight must have at least one row (V >= 1 classes)")
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight must have hidden's dtype {hidden.dtype}, got {weight.dtype}")
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_same_device("bias", bias, "hidden", hidden)
+        if tuple(bias.shape) != (weight.shape[0],) or bias.dtype != hidden.dtype:
+            raise ValueError(f"bias must be ({weight.shape[0]},) of dtype {hidden.dtype}, got "
+                             f"{tuple(bias.shape)} {bias.dtype}")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                    and softcap > 0 and softcap != float("inf")):
+        raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
+    check_loss_args(target, hidden.shape[:-1], ignore_index, reduction, label_smoothing, hidden.device)
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    t1 = target.reshape(-1)
+    softcap = None if softcap is None else float(softcap)
+    if reduction == "none":
+        rows, _ = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap)
+        return rows.reshape(target.shape).to(hidden.dtype)
+    grads = [_requires_grad(hidden), _requires_grad(weight), _requires_grad(bias)]
+    loss = fused_linear_cross_entropy_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap,
+                                         reduction, grads)[0]
+    return loss.to(hidden.dtype)
+

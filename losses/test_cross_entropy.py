@@ -1,0 +1,181 @@
+"""Tests for losses/cross_entropy.py against the fp64 reference (losses/reference.py) and against
+PyTorch's own F.cross_entropy on the same-dtype logits.
+
+    python losses/test_cross_entropy.py        (or: pytest losses/test_cross_entropy.py)
+
+Error model. The kernel's math is fp32: a row's LSE carries an absolute error of a few fp32 ulps of
+its size (|LSE| <= max|x| + log V), which moves the row's loss by as much and every probability
+p = exp(x - LSE) by that much relatively. Then one rounding to the logits' dtype. So:
+- loss (a row's, or the mean): atol LSE_ULPS * u32 * (max|x| + log V + 1), plus n * that for "sum";
+  rtol: one rounding of the dtype (u);
+- dlogits = g * (p - targets): atol |g| * LSE_ULPS * u32 * (max|x| + log V + 1), rtol u.
+Beside these, the 2x rule: our error at most twice PyTorch's same-dtype error plus the atol.
+"""
+import math
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
+                            expect_raises, grads_of, main, rand)
+from losses.cross_entropy import cross_entropy, cross_entropy_op  # noqa: E402
+from losses.reference import cross_entropy_ref  # noqa: E402
+
+LSE_ULPS = 8  # the online max/sum over BLOCK_V chunks and exp2's error: a few fp32 ulps of |LSE|
+IGNORE = -100
+
+
+def torch_ce(logits, target, ignore_index=IGNORE, reduction="mean", label_smoothing=0.0):
+    """PyTorch's F.cross_entropy on the same-dtype logits (class dimension last)."""
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1).long(), ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=label_smoothing)
+    return loss.reshape(target.shape) if reduction == "none" else loss
+
+
+def make_target(shape, v, ignored=0.25, all_ignored=False):
+    """Class indices in [0, V), a share of them ignore_index (fresh each call)."""
+    t = torch.randint(0, v, shape, device=DEVICE)
+    if all_ignored:
+        return torch.full_like(t, IGNORE)
+    return torch.where(torch.rand(shape, device=DEVICE) < ignored, torch.full_like(t, IGNORE), t)
+
+
+def lse_error(x):
+    """The absolute error of an fp32 LSE of rows of x (module docstring)."""
+    top = x.detach().abs().max().item() if x.numel() else 0.0
+    return LSE_ULPS * UNIT_ROUNDOFF[torch.float32] * (top + math.log(x.shape[-1]) + 1)
+
+
+def loss_tol(x, target, reduction):
+    atol = lse_error(x) * (max(1, target.numel()) if reduction == "sum" else 1)
+    return Tol(atol, UNIT_ROUNDOFF[x.dtype], "fp32 LSE error (a few ulps of |LSE|), one rounding")
+
+
+def check(shape, dtype, reduction="mean", label_smoothing=0.0, pad=0, scale=3.0, ignored=0.25, all_ignored=False,
+          target_dtype=torch.int64):
+    """Loss and dlogits of cross_entropy against the fp64 reference."""
+    v = shape[-1]
+    logits = rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (pad,), scale=scale)
+    target = make_target(shape[:-1], v, ignored, all_ignored).to(target_dtype)
+    loss = cross_entropy(logits, target, IGNORE, reduction, label_smoothing)
+    ref = cross_entropy_ref(logits.double(), target, IGNORE, reduction, label_smoothing)
+    outcomes = [compare("loss", loss, ref, loss_tol(logits, target, reduction),
+                        torch_out=torch_ce(logits, target, IGNORE, reduction, label_smoothing))]
+    if all_ignored and reduction == "mean":
+        return outcomes + [Outcome("all ignored: NaN loss, as PyTorch", bool(loss.isnan()))] + grads_zero(
+            logits, target, label_smoothing)
+    g_max = 1.0 if reduction != "mean" else 1.0 / max(1, int((target != IGNORE).sum()))
+    tol = Tol(3 * g_max * lse_error(logits), UNIT_ROUNDOFF[dtype],
+              "fp32 probabilities from an LSE a few ulps off, one rounding")
+    return outcomes + check_grads(
+        "", lambda x: cross_entropy(x, target, IGNORE, reduction, label_smoothing),
+        lambda x: cross_entropy_ref(x, target, IGNORE, reduction, label_smoothing), [logits], [0], ("logits",), tol,
+        torch_fn=lambda x: torch_ce(x, target, IGNORE, reduction, label_smoothing))
+
+
+def grads_zero(logits, target, label_smoothing):
+    """Every target ignored: the gradient is zero, as PyTorch's."""
+    x = logits.detach().requires_grad_()
+    g, = torch.autograd.grad(cross_entropy(x, target, IGNORE, "mean", label_smoothing), x)
+    return [Outcome("all ignored: zero gradient", bool((g == 0).all()))]
+
+
+def check_bad_target():
+    """A target outside [0, V) that is not ignore_index gives a NaN loss for its row (the device
+    cannot raise without the host waiting for it)."""
+    logits = rand((3, 10), torch.float32)
+    rows = cross_entropy(logits, torch.tensor([1, 10, -1], device=DEVICE), reduction="none")
+    return [Outcome("rows with targets 10 and -1 are NaN, the valid one finite",
+                    bool(rows[1:].isnan().all() and rows[0].isfinite()), note=str(rows.tolist()))]
+
+
+def check_lse_grad():
+    """llmk::cross_entropy's LSE output is differentiable: dLSE adds dLSE * p to dlogits."""
+    logits = rand((6, 300), torch.float32, scale=3.0)
+    target = make_target((6,), 300)
+
+    def ours(x):
+        rows, lse = cross_entropy_op(x, target, IGNORE, 0.0)
+        return rows, lse
+
+    def ref(x):
+        rows = cross_entropy_ref(x, target, IGNORE, "none")
+        return rows, torch.logsumexp(x, -1)
+    tol = Tol(3 * lse_error(logits), UNIT_ROUNDOFF[torch.float32], "as the loss rows")
+    return check_grads("rows and LSE", ours, ref, [logits], [0], ("logits",), tol)
+
+
+def check_errors():
+    x = rand((4, 10), torch.float16)
+    t = make_target((4,), 10)
+    other = "cpu" if DEVICE == "cuda" else "meta"
+    return [
+        expect_raises("int logits", lambda: cross_entropy(t.reshape(4, 1), t), TypeError, "logits"),
+        expect_raises("float target", lambda: cross_entropy(x, t.float()), TypeError, "target"),
+        expect_raises("target shape", lambda: cross_entropy(x, t[:3]), ValueError, "target"),
+        expect_raises("V = 0", lambda: cross_entropy(x[:, :0], t), ValueError, "logits"),
+        expect_raises("reduction 'avg'", lambda: cross_entropy(x, t, reduction="avg"), ValueError, "reduction"),
+        expect_raises("label_smoothing 1.5", lambda: cross_entropy(x, t, label_smoothing=1.5), ValueError,
+                      "label_smoothing"),
+        expect_raises("ignore_index 1.0", lambda: cross_entropy(x, t, ignore_index=1.0), TypeError, "ignore_index"),
+        expect_raises(f"target on {other}", lambda: cross_entropy(x, t.to(other)), ValueError, "target"),
+        expect_raises("not a tensor", lambda: cross_entropy([1.0], t), TypeError, "logits"),
+    ]
+
+
+def check_empty():
+    outcomes = []
+    for reduction in ("mean", "sum", "none"):
+        x = rand((0, 7), torch.bfloat16).requires_grad_()
+        loss = cross_entropy(x, torch.zeros(0, dtype=torch.long, device=DEVICE), reduction=reduction)
+        want = torch_ce(x.detach().float(), torch.zeros(0, dtype=torch.long, device=DEVICE), reduction=reduction)
+        same = loss.shape == want.shape and (bool(loss.isnan()) == bool(want.isnan()) if loss.dim() == 0 else True)
+        outcomes.append(Outcome(f"empty, {reduction}: as PyTorch ({want.tolist()})", same))
+    return outcomes
+
+
+def _cases():
+    cases = []
+
+    def add(name, gpu_only=False, **kw):
+        cases.append(Case(name, check, kw, gpu_only))
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        dt = dtype_name(dtype)
+        for reduction in ("mean", "sum", "none"):
+            add(f"(7, 300) {dt} {reduction}", shape=(7, 300), dtype=dtype, reduction=reduction)
+        add(f"(5, 1000) {dt} label smoothing 0.1", shape=(5, 1000), dtype=dtype, label_smoothing=0.1)
+        add(f"(2, 3, 200) {dt} 3-D, none", shape=(2, 3, 200), dtype=dtype, reduction="none")
+        # full sizes: vocabularies of real models, rows to 262144, a 16384-token batch
+        add(f"(64, 128256) {dt}", gpu_only=True, shape=(64, 128256), dtype=dtype)
+        add(f"(16, 262144) {dt} sum", gpu_only=True, shape=(16, 262144), dtype=dtype, reduction="sum")
+        add(f"(16384, 4096) {dt} smoothing 0.1", gpu_only=True, shape=(16384, 4096), dtype=dtype, label_smoothing=0.1)
+    bf16, fp32 = torch.bfloat16, torch.float32
+    add("(1, 700) one row bf16", shape=(1, 700), dtype=bf16, ignored=0.0)
+    add("(33, 1) V = 1 fp32", shape=(33, 1), dtype=fp32)
+    add("(5, 4097) V not a multiple of the block bf16", shape=(5, 4097), dtype=bf16)
+    add("(6, 250) padded rows (strided) fp16", shape=(6, 250), dtype=torch.float16, pad=6)
+    add("(9, 300) every target ignored, mean fp32", shape=(9, 300), dtype=fp32, all_ignored=True)
+    add("(9, 300) every target ignored, sum bf16", shape=(9, 300), dtype=bf16, reduction="sum", all_ignored=True)
+    add("(6, 300) huge logits x 1e4 fp32", shape=(6, 300), dtype=fp32, scale=1e4)
+    add("(6, 300) huge logits x 1e4 bf16 none", shape=(6, 300), dtype=bf16, scale=1e4, reduction="none")
+    add("(8, 300) int32 target bf16", shape=(8, 300), dtype=bf16, target_dtype=torch.int32)
+    add("(8, 300) smoothing 1.0 fp32", shape=(8, 300), dtype=fp32, label_smoothing=1.0)
+    return cases + [Case("target out of range", check_bad_target), Case("LSE gradient", check_lse_grad),
+                    Case("bad input", check_errors), Case("empty input", check_empty)]
+
+
+CASES = _cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("cross_entropy", CASES)

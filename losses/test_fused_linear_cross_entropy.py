@@ -1,0 +1,215 @@
+"""Tests for losses/fused_linear_cross_entropy.py against the fp64 reference (losses/reference.py)
+and against PyTorch's own same-dtype computation (logits = hidden @ weight.T in the input dtype,
+then F.cross_entropy).
+
+    python losses/test_fused_linear_cross_entropy.py    (or: pytest losses/test_fused_linear_cross_entropy.py)
+
+Tolerance: flash-attention's rule, for the loss and each gradient: the error against the fp64
+reference at most twice PyTorch's same-dtype error, plus one rounding of the largest value
+(u * max|ref|), plus a floor of FLOOR_ULPS fp32 ulps of it (where PyTorch's fp32 error is ~0).
+The kernel rounds the logits and dlogits to the input dtype, as PyTorch's path rounds its logits
+and gradients; in bf16, grad_weight also takes one rounding a chunk of tokens (module docstring).
+The interpreter runs chunks of INTERPRET_CHUNK rows, so every test batch spans several chunks and
+a ragged last one; the kernel's vocabulary chunks are 128 there (V = 300: a ragged last one too).
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+
+from common.device import DEVICE  # noqa: E402
+from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
+                            expect_raises, grads_of, main, rand)
+from losses.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from losses.reference import linear_cross_entropy_ref, linear_cross_entropy_same_dtype  # noqa: E402
+
+IGNORE = -100
+FLOOR_ULPS = 64
+
+
+def rule_tol(dtype, want, theirs):
+    """flash-attention's rule (module docstring) as a per-element Tol."""
+    if not want.numel():
+        return Tol(0.0, 0.0, "empty", rounding_check=False)
+    top = want.abs().max().item()
+    err = (theirs.double() - want).abs().nan_to_num(nan=0.0).max().item()
+    atol = 2 * err + (UNIT_ROUNDOFF[dtype] + FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32]) * top + 1e-12
+    return Tol(atol, 0.0, "2x PyTorch's same-dtype error + u * max|ref|", rounding_check=False)
+
+
+def make_target(shape, v, ignored=0.25, all_ignored=False):
+    t = torch.randint(0, v, shape, device=DEVICE)
+    if all_ignored:
+        return torch.full_like(t, IGNORE)
+    return torch.where(torch.rand(shape, device=DEVICE) < ignored, torch.full_like(t, IGNORE), t)
+
+
+def check(n, h, v, dtype, reduction="mean", label_smoothing=0.0, softcap=None, bias=False, weight_scale=None,
+          lead=None, all_ignored=False):
+    """Loss and the gradients of hidden, weight (and bias) against the fp64 reference."""
+    shape = (lead, n // lead, h) if lead else (n, h)
+    hidden = rand(shape, dtype)
+    weight = rand((v, h), dtype, scale=weight_scale or h ** -0.5 * 3)
+    inputs = [hidden, weight] + ([rand((v,), dtype)] if bias else [])
+    target = make_target(shape[:-1], v, all_ignored=all_ignored)
+    options = dict(ignore_index=IGNORE, reduction=reduction, label_smoothing=label_smoothing, softcap=softcap)
+
+    def call(fn):
+        return lambda hd, w, *b: fn(hd, w, target, b[0] if b else None, **options)
+
+    ours, ref, theirs = call(fused_linear_cross_entropy), call(linear_cross_entropy_ref), \
+        call(linear_cross_entropy_same_dtype)
+    wrt = list(range(len(inputs)))
+    dy = torch.randn(target.shape if reduction == "none" else (), device=DEVICE).to(dtype)
+    outs, want = grads_of(ref, inputs, wrt, [dy], dtype=torch.float64)
+    _, their_grads = grads_of(theirs, inputs, wrt, [dy])
+    with torch.no_grad():
+        loss, ref_loss, torch_loss = ours(*inputs), ref(*[t.double() for t in inputs]), theirs(*inputs)
+    nan_loss = all_ignored and reduction == "mean"  # 0 / 0: compared below, as NaN
+    outcomes = [] if nan_loss else [compare("loss", loss, ref_loss, rule_tol(dtype, ref_loss, torch_loss),
+                                            torch_out=torch_loss)]
+    if all_ignored:
+        outcomes.append(Outcome("every target ignored: loss as PyTorch's",
+                                bool(loss.isnan()) == bool(torch_loss.isnan()), note=f"{loss.item()}"))
+    tols = {name: rule_tol(dtype, w, t) for name, w, t in zip(("hidden", "weight", "bias"), want, their_grads)}
+    return outcomes + check_grads("", ours, ref, inputs, wrt, ("hidden", "weight", "bias"),
+                                  lambda name, w: tols[name], torch_fn=theirs, grad_outputs=[dy])
+
+
+def check_huge():
+    """Logits of +-1e4 (hidden scaled up): a finite loss and finite gradients, as the reference."""
+    hidden, weight = rand((12, 32), torch.float32, scale=300.0), rand((300, 32), torch.float32)
+    target = make_target((12,), 300)
+    h, w = hidden.requires_grad_(), weight.requires_grad_()
+    loss = fused_linear_cross_entropy(h, w, target)
+    grads = torch.autograd.grad(loss, (h, w))
+    ref = linear_cross_entropy_ref(hidden.double(), weight.double(), target)
+    return [Outcome("finite loss and gradients", bool(loss.isfinite()) and all(bool(g.isfinite().all()) for g in grads),
+                    note=f"max |logit| {(hidden @ weight.T).abs().max().item():.3g}"),
+            compare("loss", loss.detach(), ref, Tol(1e-4 * abs(ref.item()), 1e-5, "fp32 at logits of 1e4"))]
+
+
+def check_one_backward():
+    """The gradients are scaled in place: a second backward through the same graph raises."""
+    hidden = rand((10, 16), torch.float32).requires_grad_()
+    weight = rand((50, 16), torch.float32)
+    loss = fused_linear_cross_entropy(hidden, weight, make_target((10,), 50))
+    torch.autograd.grad(loss, hidden, retain_graph=True)
+    return [expect_raises("second backward", lambda: torch.autograd.grad(loss, hidden), RuntimeError, "retain_graph")]
+
+
+def check_no_grad():
+    """Under torch.no_grad() (and with nothing requiring grad) the same loss, no gradient work."""
+    hidden, weight = rand((10, 16), torch.bfloat16), rand((50, 16), torch.bfloat16)
+    target = make_target((10,), 50)
+    with torch.no_grad():
+        a = fused_linear_cross_entropy(hidden.requires_grad_(), weight, target)
+    b = fused_linear_cross_entropy(hidden.detach(), weight, target)
+    return [Outcome("no_grad = plain inputs, bit for bit", torch.equal(a, b) and not a.requires_grad)]
+
+
+def operator_inputs():
+    return (rand((12, 32), torch.bfloat16), rand((100, 32), torch.bfloat16), make_target((12,), 100),
+            rand((100,), torch.bfloat16))
+
+
+def check_operator():
+    """torch.library.opcheck of llmk::fused_linear_cross_entropy, without and with gradients (its
+    schema's `grads`), and of the recomputing path's two operators."""
+    from common.ops import OPS
+    outcomes = []
+    for grads in ([False, False, False], [True, True, True]):
+        hidden, weight, target, bias = operator_inputs()
+        if any(grads):
+            hidden, weight, bias = (t.requires_grad_() for t in (hidden, weight, bias))
+        args = (hidden, weight, target, bias, IGNORE, 0.1, 30.0, "mean", grads)
+        try:
+            torch.library.opcheck(OPS["fused_linear_cross_entropy"].overload, args)
+            outcomes.append(Outcome(f"opcheck, grads {grads}", True))
+        except Exception as e:
+            outcomes.append(Outcome(f"opcheck, grads {grads}", False, note=str(e).split(" (scroll")[0][:150]))
+    return outcomes
+
+
+def check_compile():
+    """A fullgraph-compiled training call (aot_eager in the interpreter, inductor on a GPU): one
+    frame over two calls on fresh inputs, gradients equal to eager's bit for bit."""
+    from common.device import INTERPRET
+    backend = "aot_eager" if INTERPRET else "inductor"
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+
+    def step(hidden, weight, target, bias):
+        return fused_linear_cross_entropy(hidden, weight, target, bias, label_smoothing=0.1, softcap=30.0) * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    outcomes = []
+    for call in (1, 2):
+        hidden, weight, target, bias = operator_inputs()
+        runs = []
+        for fn in (compiled, step):
+            leaves = [t.detach().requires_grad_() for t in (hidden, weight, bias)]
+            loss = fn(leaves[0], leaves[1], target, leaves[2])
+            runs.append((loss.detach(), torch.autograd.grad(loss, leaves)))
+        (loss_c, grads_c), (loss_e, grads_e) = runs
+        same = torch.equal(loss_c, loss_e) and all(torch.equal(a, b) for a, b in zip(grads_c, grads_e))
+        outcomes.append(Outcome(f"{backend} call {call}: loss and grads = eager", same))
+    outcomes.append(Outcome(f"frames compiled: {counter.frame_count}, expected 1", counter.frame_count == 1))
+    return outcomes
+
+
+def check_errors():
+    hidden, weight, target = rand((4, 8), torch.float16), rand((20, 8), torch.float16), make_target((4,), 20)
+    f = fused_linear_cross_entropy
+    return [
+        expect_raises("weight dtype", lambda: f(hidden, weight.float(), target), TypeError, "weight"),
+        expect_raises("weight (20, 9)", lambda: f(hidden, rand((20, 9), torch.float16), target), ValueError, "weight"),
+        expect_raises("1-D weight", lambda: f(hidden, weight[0], target), ValueError, "weight"),
+        expect_raises("bias shape", lambda: f(hidden, weight, target, bias=rand((19,), torch.float16)), ValueError,
+                      "bias"),
+        expect_raises("target shape", lambda: f(hidden, weight, target[:3]), ValueError, "target"),
+        expect_raises("float target", lambda: f(hidden, weight, target.float()), TypeError, "target"),
+        expect_raises("softcap 0", lambda: f(hidden, weight, target, softcap=0.0), ValueError, "softcap"),
+        expect_raises("reduction", lambda: f(hidden, weight, target, reduction="max"), ValueError, "reduction"),
+        expect_raises("int hidden", lambda: f(target[:, None], weight, target), TypeError, "hidden"),
+    ]
+
+
+def _cases():
+    cases = []
+
+    def add(name, gpu_only=False, **kw):
+        cases.append(Case(name, check, kw, gpu_only))
+
+    for dtype in (torch.float32, torch.bfloat16):
+        dt = dtype_name(dtype)
+        add(f"N37 H32 V300 {dt} mean", n=37, h=32, v=300, dtype=dtype)
+        add(f"N20 H64 V129 {dt} sum, smoothing 0.1, softcap 30, bias", n=20, h=64, v=129, dtype=dtype,
+            reduction="sum", label_smoothing=0.1, softcap=30.0, bias=True)
+        add(f"N19 H32 V77 {dt} none, softcap 5, bias", n=19, h=32, v=77, dtype=dtype, reduction="none",
+            softcap=5.0, bias=True)
+        add(f"B3 T8 H32 V200 {dt} 3-D hidden", n=24, h=32, v=200, dtype=dtype, lead=3)
+        add(f"N1024 H2048 V32000 {dt}", gpu_only=True, n=1024, h=2048, v=32000, dtype=dtype)
+        add(f"N512 H4096 V128256 {dt} smoothing 0.1", gpu_only=True, n=512, h=4096, v=128256, dtype=dtype,
+            label_smoothing=0.1)
+    add("N9 H16 V1 fp32", n=9, h=16, v=1, dtype=torch.float32)
+    add("N12 H16 V50 every target ignored fp32", n=12, h=16, v=50, dtype=torch.float32, all_ignored=True)
+    add("N12 H16 V50 every target ignored, sum bf16", n=12, h=16, v=50, dtype=torch.bfloat16, reduction="sum",
+        all_ignored=True)
+    add("N10 H16 V300 fp16 mean", n=10, h=16, v=300, dtype=torch.float16)
+    return cases + [Case("logits of 1e4", check_huge), Case("one backward", check_one_backward),
+                    Case("no grad", check_no_grad), Case("operator", check_operator),
+                    Case("torch.compile training", check_compile), Case("bad input", check_errors)]
+
+
+CASES = _cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("fused_linear_cross_entropy", CASES)
