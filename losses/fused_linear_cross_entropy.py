@@ -234,7 +234,7 @@ def _requires_grad(t):
 
 
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-                               label_smoothing=0.0, softcap=None):
+                               label_smoothing=0.0, softcap=None, loss_dtype=None):
     """cross_entropy(hidden @ weight.T + bias, target) without the logits in memory (module
     docstring; operators llmk::fused_linear_cross_entropy and llmk::fused_linear_cross_entropy_none).
 
@@ -242,7 +242,9 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     bias: optional (V,), hidden's dtype. target: (...) int64 or int32.
     ignore_index, reduction ("mean", "sum", "none"), label_smoothing: as losses/cross_entropy.py.
     softcap: optional positive float c: logits -> c * tanh(logits / c) before the softmax.
-    Returns the loss in hidden's dtype (a scalar, or shaped like target for "none").
+    loss_dtype: the loss's dtype; default hidden's, as F.cross_entropy gives on logits of that
+    dtype (torch.float32 keeps the kernel's fp32 loss, as HF's causal-LM loss upcasts).
+    Returns the loss (a scalar, or shaped like target for "none").
     Differentiable in hidden, weight and bias. With "mean" or "sum" the gradients are computed by
     the forward (under grad) and the backward only scales them, in place; such a graph supports one
     backward.
@@ -267,14 +269,16 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
                                     and softcap > 0 and softcap != float("inf")):
         raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
     check_loss_args(target, hidden.shape[:-1], ignore_index, reduction, label_smoothing, hidden.device)
+    if loss_dtype is not None and loss_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"loss_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {loss_dtype!r}")
     h2 = hidden.reshape(-1, hidden.shape[-1])
     t1 = target.reshape(-1)
     softcap = None if softcap is None else float(softcap)
     if reduction == "none":
         rows, _ = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap)
-        return rows.reshape(target.shape).to(hidden.dtype)
+        return rows.reshape(target.shape).to(loss_dtype or hidden.dtype)
     grads = [_requires_grad(hidden), _requires_grad(weight), _requires_grad(bias)]
     loss = fused_linear_cross_entropy_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap,
                                          reduction, grads)[0]
-    return loss.to(hidden.dtype)
+    return loss.to(loss_dtype or hidden.dtype)
 

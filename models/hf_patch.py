@@ -1,6 +1,6 @@
 """This repository's Triton kernels swapped into a Hugging Face Llama or Qwen2 model, in place.
 
-    patch_model(model, kernels=("rmsnorm", "swiglu", "rope", "attention"))  -> model
+    patch_model(model, kernels=("rmsnorm", "swiglu", "rope", "attention", "cross_entropy"))  -> model
     unpatch_model(model)                                                    -> model, as it was
     kernel_calls(model)                                                     -> {"rmsnorm": 9, ...}
 
@@ -29,13 +29,24 @@ function, o_proj) -> RMSNorm -> MLP. What is replaced, and through which hook:
              instance forward wrapper marks it in a thread-local). Every other caller, e.g. an
              unpatched model in the same process, gets the original function. A patched model that
              is dropped without unpatch_model leaves the dispatcher installed, still inert for others.
+  cross_entropy  a *ForCausalLM gets an instance `forward`: in training (grad enabled, labels given,
+             all logits kept) it runs the base model and then
+             losses/fused_linear_cross_entropy.py on the final hidden states and lm_head's weight,
+             with HF's causal-LM shift (labels shifted left, -100 ignored; "mean", or "sum" over
+             num_items_in_batch when the Trainer passes it; an fp32 loss, as HF's). The (tokens x
+             vocab) logits are never made, and the output's `logits` is None. Without labels or without grad it is the
+             original forward.
+
+Training: rmsnorm, swiglu, rope and attention (flash_attention, prefill) have a backward, so a
+patched model trains on them: with grad enabled the hooks call the functional kernels (no out=
+buffers), and loss.backward() runs the kernels' backward. A decode step (one query against a
+cache) takes the decode kernel only without grad. The residual adds stay PyTorch's (residual
+RMSNorm would need the decoder layer's forward replaced).
 
 The original code runs instead of a kernel whenever the kernel does not cover the call, so a
 patched model is never wrong, only sometimes not faster:
-  - autograd: the patch is for inference (its hooks write into preallocated outputs, forward-only
-    calls, and the decode kernels have no backward). With grad enabled, a
-    parameter (they require grad by default) or input that requires grad sends every hook to the
-    original code: run under torch.no_grad() or torch.inference_mode(), as generate() does.
+  - autograd where a kernel has none: the decode kernel (one query against a cache) runs without
+    grad only; with grad the flash kernel takes that step.
   - a tensor off the kernels' device (common.device.DEVICE) or of a dtype a kernel lacks (the flash
     kernel takes fp16 and bf16 only, so an fp32 model keeps its original attention), or an RMSNorm
     weight whose dtype differs from its input's (HF then returns the promoted dtype).
@@ -64,10 +75,11 @@ from attention.flash_attention_triton import MAX_HEAD_DIM, flash_attention
 from attention.triton_rope import apply_rope
 from common.device import DEVICE
 from common.validation import FLOAT_DTYPES
+from losses.fused_linear_cross_entropy import fused_linear_cross_entropy
 from mlp.triton_swiglu import swiglu
 from normalization.triton_rmsnorm import rmsnorm
 
-KERNELS = ("rmsnorm", "swiglu", "rope", "attention")
+KERNELS = ("rmsnorm", "swiglu", "rope", "attention", "cross_entropy")
 ATTENTION_NAME = "triton_attention"  # no "flash" in it: transformers treats such names as flash-attn builds
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16)  # what flash_attention takes
 # config.model_type -> (modeling module, prefix of its RMSNorm / MLP / Attention class names)
@@ -76,6 +88,7 @@ SUPPORTED = {
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
 }
 _STATE_ATTR = "_triton_patch"  # the model's _PatchState; each patched attention module holds it too
+IGNORE_INDEX = -100  # HF's causal-LM loss ignores these labels
 
 # the patched attention module whose forward is running in this thread (read by the RoPE dispatcher)
 _running = threading.local()
@@ -102,10 +115,12 @@ class _PatchState:
 
 
 def _kernel_ready(*tensors, dtypes=FLOAT_DTYPES):
-    """The kernels are forward-only and run on DEVICE: anything else takes the original path."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
+    """The kernels run on DEVICE, in `dtypes`: anything else takes the original path."""
     return all(t.device.type == DEVICE and t.dtype in dtypes for t in tensors)
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +158,41 @@ def _attention_module_forward(module, original, state, *args, **kwargs):
 def _replace_forward(state, module, fn):
     state.forwards.append((module, module.__dict__.get("forward")))
     module.forward = functools.partial(fn, module, module.forward, state)
+
+
+def _causal_lm_forward(model, original, state, input_ids=None, attention_mask=None, position_ids=None,
+                       past_key_values=None, inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0,
+                       **kwargs):
+    """*ForCausalLM.forward: with labels under grad (training), the base model, then the fused
+    linear cross-entropy with HF's shift; the original forward otherwise (module docstring)."""
+    head = model.lm_head
+    if labels is None or logits_to_keep != 0 or not torch.is_grad_enabled():  # not a training step
+        return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
+                        use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    num_items = kwargs.pop("num_items_in_batch", None)
+    outputs = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                          **kwargs)
+    hidden = outputs.last_hidden_state
+    if not (_kernel_ready(hidden, head.weight) and head.weight.dtype == hidden.dtype and labels.shape == hidden.shape[:2]):
+        state.calls["cross_entropy fallback"] += 1
+        logits = head(hidden)
+        loss = model.loss_function(logits=logits, labels=labels, vocab_size=model.config.vocab_size,
+                                   num_items_in_batch=num_items)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+    state.calls["cross_entropy"] += 1
+    # HF's ForCausalLMLoss: token t predicts label t + 1; the last position has none
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
+    loss = fused_linear_cross_entropy(hidden, head.weight, shifted, head.bias, IGNORE_INDEX,
+                                      "mean" if num_items is None else "sum", loss_dtype=torch.float32)
+    if num_items is not None:
+        loss = loss / num_items
+    return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +269,8 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         return state.attention_fallback(module, query, key, value, attention_mask, **kwargs)
     batch, heads, n_queries, head_dim = query.shape
     scaling = kwargs.get("scaling") or head_dim ** -0.5
-    if n_queries == 1 and head_dim in state.decode_head_dims:
+    training = _needs_grad(query, key, value)
+    if n_queries == 1 and head_dim in state.decode_head_dims and not training:  # the decode kernel: no backward
         state.calls["decode_attention"] += 1
         lengths = _decode_lengths(state, batch, key.shape[2], query.device)
         # (B, Hkv, T, D) cache -> (B, T, Hkv, D) view, no copy
@@ -232,6 +283,8 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         # where the keys past the queries are unwritten slots: HF's SDPA path cuts them off too.
         key, value = key[:, :, :n_queries], value[:, :, :n_queries]
     state.calls["flash_attention"] += 1
+    if training:  # the functional op (out= is forward-only); O comes back laid out like query
+        return flash_attention(query, key, value, causal=causal, sm_scale=scaling).transpose(1, 2), None
     # written as (B, Tq, H, D), the layout attention functions return: o_proj then reads it in place
     out = torch.empty(batch, n_queries, heads, head_dim, dtype=query.dtype, device=query.device)
     flash_attention(query, key, value, causal=causal, sm_scale=scaling, out=out.transpose(1, 2))
@@ -325,7 +378,8 @@ def patch_model(model, kernels=KERNELS):
 
     model: a transformers LlamaForCausalLM or Qwen2ForCausalLM (or their base models), on any
        device and dtype: the kernels run where they can, the original code elsewhere (see the
-       module docstring). kernels: any of "rmsnorm", "swiglu", "rope", "attention".
+       module docstring). kernels: any of "rmsnorm", "swiglu", "rope", "attention", "cross_entropy"
+       (the last acts on a *ForCausalLM only, in training).
     Raises TypeError / ValueError, with the model untouched, for another model type, an unknown
     kernel name, a model that is already patched, a model whose MLP activation is not SiLU when
     "swiglu" is asked for, or an attention implementation with no mask function when "attention" is.
@@ -357,6 +411,8 @@ def patch_model(model, kernels=KERNELS):
                 setattr(module, _STATE_ATTR, state)
                 if "rope" in kernels:
                     _replace_forward(state, module, _attention_module_forward)
+        if "cross_entropy" in kernels and hasattr(model, "lm_head") and hasattr(model, "model"):
+            _replace_forward(state, model, _causal_lm_forward)
         if "rope" in kernels:
             _install_rope(modeling)
             state.rope_module = modeling.__name__

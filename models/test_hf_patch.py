@@ -267,19 +267,55 @@ def check_cache(cache_kind):
     return outcomes
 
 
-def check_grad_enabled():
-    """Outside no_grad the parameters require grad: every hook takes the original path, exactly."""
-    from models.hf_patch import kernel_calls, patch_model
+def training_step(model, ids, labels):
+    """(loss, {name: grad}) of one forward and backward with labels, in fp32 copies."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    return out.loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
 
-    model, _ = make_model("llama", "tiny", torch.bfloat16)
-    ids = prompt("tiny", 1)
-    before = model(ids).logits
+
+def check_training(kind):
+    """One training step of the patched model: the loss and every parameter's gradient within
+    the 2x rule of the unpatched bf16 model's own error against the fp32 reference, plus one bf16
+    rounding of the largest value; every kernel ran (rmsnorm, rope, flash_attention with its
+    backward, swiglu, the fused linear cross-entropy); unpatched again, the model's step is the
+    original's bit for bit."""
+    from models.hf_patch import kernel_calls, patch_model, unpatch_model
+
+    model, ref = make_model(kind, "tiny", torch.bfloat16)
+    plain = copy.deepcopy(model)
+    for m in (model, ref, plain):
+        m.train()
+    ids = prompt("tiny", 2)
+    labels = ids.clone()
+    labels[0, :3] = -100  # ignored positions, as padding or a prompt gets
+    ref_loss, ref_grads = training_step(ref, ids, labels)
+    plain_loss, plain_grads = training_step(plain, ids, labels)
     patch_model(model)
-    after = model(ids).logits
+    loss, grads = training_step(model, ids, labels)
     calls = kernel_calls(model)
-    kernels_ran = {k: v for k, v in calls.items() if "fallback" not in k}
-    return [Outcome("bit-identical with grad enabled", torch.equal(before, after)),
-            Outcome("no kernel ran", not kernels_ran and after.requires_grad, note=f"{calls}"[:120])]
+    unpatch_model(model)
+    again_loss, again_grads = training_step(model, ids, labels)
+    u = UNIT_ROUNDOFF[torch.bfloat16]
+
+    def rule(name, got, want, theirs):
+        err = (theirs - want).abs().max().item()
+        return compare(name, got, want, Tol(2 * err + u * want.abs().max().item() + 1e-9, 0.0,
+                                            "2x the unpatched bf16 model's error + u * max|ref|", rounding_check=False))
+
+    outcomes = [rule("loss", loss, ref_loss, plain_loss)]
+    worst = max(((grads[n] - ref_grads[n]).abs().max().item()
+                 / (2 * (plain_grads[n] - ref_grads[n]).abs().max().item() + u * ref_grads[n].abs().max().item() + 1e-9),
+                 n) for n in ref_grads)
+    outcomes.append(Outcome(f"{len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
+                            note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound"))
+    ran = {k for k, v in calls.items() if v and "fallback" not in k}
+    fallbacks = {k: v for k, v in calls.items() if "fallback" in k}
+    outcomes.append(Outcome("every kernel ran, no fallback", ran >= {"rmsnorm", "rope", "flash_attention", "swiglu",
+                                                                    "cross_entropy"} and not fallbacks, note=f"{calls}"[:120]))
+    same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
+    return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
 
 def check_other_model_untouched():
@@ -347,7 +383,8 @@ def model_cases():
         Case("llama bf16 DynamicCache, second prefill chunk", check_cache, dict(cache_kind="dynamic")),
         Case("llama bf16 StaticCache prefill + decode step", check_cache, dict(cache_kind="static")),
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
-        Case("grad enabled: original path", check_grad_enabled),
+        Case("llama bf16 training step", check_training, dict(kind="llama")),
+        Case("qwen2 bf16 training step", check_training, dict(kind="qwen2")),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
     ]
