@@ -57,7 +57,9 @@ BACKWARD_TABLE = [
 ]
 # The interpreter: small blocks, so the short test sequences span several of them
 INTERPRET_BACKWARD = ((16, 16, 1, 1), (16, 16, 1, 1))
-PREPROCESS_BLOCK_M = 64  # queries a preprocess program reduces (16 in the interpreter)
+# Values (queries x padded head dim) a preprocess program reduces: O and dO in fp32 are then 128
+# registers a thread over its 4 warps. 16 queries a program in the interpreter.
+PREPROCESS_VALUES = 8192
 
 
 def backward_table_config(head_dim):
@@ -314,7 +316,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
     if dlse is not None:
         dlse = dlse.contiguous()
-    pre_block = 16 if INTERPRET else PREPROCESS_BLOCK_M
+    pre_block = 16 if INTERPRET else PREPROCESS_VALUES // block_d
     _preprocess_kernel[(cdiv(tq, pre_block), b * h)](
         o, do, dlse, delta, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), h, tq,
         HAS_DLSE=dlse is not None, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
