@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attention.flash_attention_fwd import sequence_bounds
+from attention.flash_attention_fwd import key_range, sequence_bounds
 from common.device import INTERPRET
 from common.ints import cdiv, next_power_of_2
 from common.triton_utils import LOG2E
@@ -283,13 +283,7 @@ def _dq_kernel(
     v_base = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start * stride_vn
 
     causal_shift = n_keys - n_queries
-    if CAUSAL:  # the key ranges of the forward
-        first_row_end = tl.minimum(start_m * BLOCK_M + causal_shift + 1, n_keys)
-        unmasked_end = tl.maximum(first_row_end, 0) // BLOCK_N * BLOCK_N
-        hi = tl.maximum(tl.minimum((start_m + 1) * BLOCK_M + causal_shift, n_keys), 0)
-    else:
-        unmasked_end = n_keys // BLOCK_N * BLOCK_N
-        hi = n_keys
+    unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)  # the forward's
     dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                         offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale,
                         False, CAUSAL, HEAD_DIM, BLOCK_N)

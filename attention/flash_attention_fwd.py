@@ -121,6 +121,23 @@ def sequence_bounds(cu_seqlens_ptr, batch, n_dense, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def key_range(start_m, n_keys, causal_shift, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(unmasked_end, hi) of query block start_m: keys [0, unmasked_end) are whole blocks every row
+    of the block sees (no mask); [unmasked_end, hi) are cut by the causal diagonal or the end of
+    the keys (masked); keys past hi are seen by no row."""
+    if CAUSAL:
+        # keys before the first row's diagonal are visible to every row of the block; keys past
+        # the last row's diagonal to none
+        first_row_end = tl.minimum(start_m * BLOCK_M + causal_shift + 1, n_keys)
+        unmasked_end = tl.maximum(first_row_end, 0) // BLOCK_N * BLOCK_N
+        hi = tl.maximum(tl.minimum((start_m + 1) * BLOCK_M + causal_shift, n_keys), 0)
+    else:
+        unmasked_end = n_keys // BLOCK_N * BLOCK_N
+        hi = n_keys
+    return unmasked_end, hi
+
+
+@triton.jit
 def _flash_attention_fwd_kernel(
     # pointers: lse (STORE_LSE, else None); cu_seqlens_q/k (VARLEN, else None)
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
@@ -165,15 +182,7 @@ def _flash_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    if CAUSAL:
-        # keys before the first row's diagonal are visible to every row of the block; keys past
-        # the last row's diagonal to none
-        first_row_end = tl.minimum(start_m * BLOCK_M + causal_shift + 1, n_keys)
-        unmasked_end = tl.maximum(first_row_end, 0) // BLOCK_N * BLOCK_N
-        hi = tl.maximum(tl.minimum((start_m + 1) * BLOCK_M + causal_shift, n_keys), 0)
-    else:
-        unmasked_end = n_keys // BLOCK_N * BLOCK_N
-        hi = n_keys
+    unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _attend_key_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale,

@@ -37,21 +37,20 @@ from common.validation import check_same_device, check_tensor
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
 
-def check_attention_args(q, k, v, sm_scale):
-    """Validate before launch; returns (B, H, Hkv, Tq, Tk, D)."""
-    dtypes = (torch.float16, torch.bfloat16)
+def _check_qkv(q, k, v, n_dims, layout):
+    """q, k, v: tensors on the kernel device, fp16 or bf16, one dtype and device, `n_dims`-D."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, dtypes, min_dim=4)
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, tokens, head_dim), got shape {tuple(t.shape)}")
+        check_tensor(name, t, (torch.float16, torch.bfloat16), min_dim=n_dims)
+        if t.dim() != n_dims:
+            raise ValueError(f"{name} must be {n_dims}-D ({layout}), got shape {tuple(t.shape)}")
     for name, t in (("k", k), ("v", v)):
         check_same_device(name, t, "q", q)
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-    b, h, tq, d = q.shape
-    hkv, tk = k.shape[1], k.shape[2]
-    if k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"k must be (B={b}, Hkv, Tk, D={d}) to match q {tuple(q.shape)}, got {tuple(k.shape)}")
+
+
+def _check_heads(q, k, v, h, hkv, d, sm_scale):
+    """v shaped like k, a head dim the kernels take, H a multiple of Hkv, a valid sm_scale."""
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if d > MAX_HEAD_DIM or d < 1:
@@ -60,6 +59,16 @@ def check_attention_args(q, k, v, sm_scale):
         raise ValueError(f"q's head count {h} must be a multiple of k's head count {hkv} (MHA, GQA or MQA)")
     if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0 and math.isfinite(sm_scale)):
         raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
+
+
+def check_attention_args(q, k, v, sm_scale):
+    """Validate before launch; returns (B, H, Hkv, Tq, Tk, D)."""
+    _check_qkv(q, k, v, 4, "batch, heads, tokens, head_dim")
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k must be (B={b}, Hkv, Tk, D={d}) to match q {tuple(q.shape)}, got {tuple(k.shape)}")
+    _check_heads(q, k, v, h, hkv, d, sm_scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
         # batch and head offsets are 64-bit in the kernel; offsets inside one head are 32-bit
         span = sum((s - 1) * abs(st) for s, st in zip(t.shape[2:], t.stride()[2:]))
@@ -69,30 +78,15 @@ def check_attention_args(q, k, v, sm_scale):
     return b, h, hkv, tq, tk, d
 
 
-
-
 def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale):
     """Validate a packed batch before launch (shapes and types only: the lengths live on the
     device and are not read); returns (number of sequences, H, Hkv, D)."""
-    dtypes = (torch.float16, torch.bfloat16)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, dtypes, min_dim=3)
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (total tokens, heads, head_dim), got shape {tuple(t.shape)}")
-    for name, t in (("k", k), ("v", v)):
-        check_same_device(name, t, "q", q)
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    _check_qkv(q, k, v, 3, "total tokens, heads, head_dim")
     _, h, d = q.shape
     hkv = k.shape[1]
     if k.shape[2] != d:
         raise ValueError(f"k must be (total_k, Hkv, D={d}) to match q {tuple(q.shape)}, got {tuple(k.shape)}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    if d > MAX_HEAD_DIM or d < 1:
-        raise ValueError(f"head_dim (last dim of q) must be 1..{MAX_HEAD_DIM}, got {d}")
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"q's head count {h} must be a multiple of k's head count {hkv} (MHA, GQA or MQA)")
+    _check_heads(q, k, v, h, hkv, d, sm_scale)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_tensor(name, cu, (torch.int32,))
         check_same_device(name, cu, "q", q)
@@ -104,8 +98,6 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise TypeError(f"{name} must be an int >= 0, got {n!r}")
-    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0 and math.isfinite(sm_scale)):
-        raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
     for name, t, n in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         span = max(n - 1, 0) * abs(t.stride(0)) + (d - 1) * abs(t.stride(2))
         if span >= 2 ** 31:  # offsets inside one sequence and head are 32-bit
