@@ -263,6 +263,17 @@ flash_attention_varlen_train_op = define_op(
     backward=_train_backward, setup_context=_setup)
 
 
+def _options(causal, sm_scale, config):
+    """The public functions' options checked and in the operators' types: (causal, sm_scale as a
+    float or None, config as a list or None)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if config is not None:
+        check_config(config)
+        config = list(config)
+    return causal, None if sm_scale is None else float(sm_scale), config
+
+
 def _needs_grad(*tensors):
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -287,13 +298,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     Differentiable in q, k and v; the gradients come back shaped like them.
     """
     check_attention_args(q, k, v, sm_scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if config is not None:
-        check_config(config)
-        config = list(config)
-    if sm_scale is not None:
-        sm_scale = float(sm_scale)
+    causal, sm_scale, config = _options(causal, sm_scale, config)
     if out is None:
         if _needs_grad(q, k, v):
             return flash_attention_train_op(q, k, v, causal, sm_scale, config)[0]
@@ -324,13 +329,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Returns O (total_q, H, D) in q's dtype, contiguous. Differentiable in q, k and v.
     """
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if config is not None:
-        check_config(config)
-        config = list(config)
-    if sm_scale is not None:
-        sm_scale = float(sm_scale)
+    causal, sm_scale, config = _options(causal, sm_scale, config)
     args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal,
             sm_scale, config)
     if _needs_grad(q, k, v):
