@@ -148,12 +148,23 @@ AREAS = {
                mode="bwd")],
         [TRAIN_NOTE, "At T < 2048 a call moves a few MB in a few microseconds: launch-bound for every provider."], {}),
     "attention": Area(
-        "FlashAttention forward (prefill)",
-        "Kernel in `attention/flash_attention_triton.py`: online softmax over key blocks, GQA, "
-        "causal, any T, head dims up to 256. `naive` and `blocked` are the references in "
+        "FlashAttention (prefill): forward, backward, packed sequences",
+        "Kernels in `attention/flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
+        "any T, head dims up to 256, packed sequences) and `attention/flash_attention_bwd.py` "
+        "(FlashAttention-2's backward: dk/dv and dq passes, no atomics); the public functions in "
+        "`attention/flash_attention_triton.py`. `naive` and `blocked` are the references in "
         "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
-        [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes")],
-        ["Figures are TFLOP/s (compute-bound): no share of copy bandwidth applies."],
+        [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),
+         Group(("attention",), "T >= 1024, GPU time", lambda s: dims(s)[2] >= 1024, graph=True, mode="fwd+bwd"),
+         Group(("attention-causal",), "T >= 1024, GPU time", lambda s: dims(s)[2] >= 1024, graph=True,
+               mode="fwd+bwd"),
+         Group(("attention", "attention-causal"), "T >= 1024 (do_bench)", lambda s: dims(s)[2] >= 1024, mode="bwd"),
+         Group(("attention-varlen",), "packed batch, forward"),
+         Group(("attention-varlen",), "packed batch, GPU time", graph=True, mode="fwd+bwd")],
+        ["Figures are TFLOP/s (compute-bound): no share of copy bandwidth applies. Training rows count "
+         "the backward as 2.5x the forward's FLOPs, fwd+bwd as 3.5x (flash-attention's convention).",
+         "Packed rows count the packed batch's own FLOPs for every provider: the padded providers do "
+         "more work for the same result."],
         {"sdpa-cudnn": "cuDNN's kernel loads tiles with TMA and specializes warps into producers "
                        "and consumers; this kernel uses pointer loads and one warp role."}),
     "mlp": Area(
@@ -230,6 +241,27 @@ AREAS = {
                                     "where SDPA's one C++ launch is cheaper than our Triton launches.",
          ("triton", True): "The paged kernel's first K/V load of a block waits on one more "
                            "dependent load, the page id, than the contiguous kernel's."}),
+    "losses": Area(
+        "Losses: cross-entropy, and the LM head fused with it",
+        "Kernels in `losses/`: `cross_entropy.py` (one program a row, an online max and sum; the "
+        "backward from the saved log-sum-exp) and `fused_linear_cross_entropy.py` (chunks of "
+        "tokens through cuBLAS GEMMs and the row kernel, gradients computed in the forward, no "
+        "(tokens x vocab) logits in memory). `eager` computes the logits in bf16 and calls "
+        "`F.cross_entropy`; `torch.compile` compiles that; `liger` is Liger-Kernel's.",
+        [Group(("cross_entropy",), "BT 8192, GPU time", graph=True, mode="fwd+bwd"),
+         Group(("cross_entropy",), "BT 8192, forward"),
+         Group(("linear_cross_entropy",), "Llama 3 and Qwen2 heads, GPU time", graph=True, mode="fwd+bwd")],
+        [TRAIN_NOTE], {}),
+    "train": Area(
+        "Training step of a ~1.5B-parameter model",
+        "`benchmarks/train_bench.py`: a Llama-shaped model (hidden 2048, 16 layers, GQA 32/8) with "
+        "vocabularies of 128256 and 151936, batch 2 x 4096 tokens, bf16 parameters: transformers "
+        "as it ships (`eager`), patched with `models/hf_patch.py` and trained with TritonAdamW "
+        "(`triton`), compiled per decoder layer, and Liger-Kernel's patch. Figures in ms a step; "
+        "`tokens_per_s` and `peak_MB` in the tables.",
+        [Group(("train_step",), "B2 x 4096")],
+        ["`peak_MB` here is the whole process's peak over the timed steps (weights, gradients, "
+         "optimizer state, activations), not a call's extra."], {}, lower_is_better=True),
     "optimizer": Area(
         "AdamW step",
         "`TritonAdamW` in `optimizers/triton_adam.py`: one launch a step updates every param of "
