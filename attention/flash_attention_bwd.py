@@ -20,9 +20,10 @@ Three launches, no atomics, so the result is deterministic:
    diagonal see none of the block's keys and are skipped; those the diagonal cuts run masked.
 3. dq: one program per BLOCK_M queries of one (batch, head), streaming k and v blocks as the
    forward does; the same unmasked/masked split of the key loop.
-Splitting dq from dk/dv recomputes P and dP once more (5 matmuls of 2 * T^2 * D per head
-instead of 4: dq's pass redoes q k^T and dO v^T) but needs no atomic adds of fp32 dq across key
-blocks, which would make the result depend on scheduling order.
+Splitting dq from dk/dv recomputes P and dP in both passes (7 products of 2 * T^2 * D per head:
+k q^T, P^T dO, v dO^T and dS^T q for dk/dv; q k^T, dO v^T and dS k for dq; a fused backward
+does 5) but needs no atomic adds of fp32 dq across key blocks, which would make the result
+depend on scheduling order.
 
 FLOPs, counted as the forward's 2.5x (the convention of FlashAttention's benchmarks): the
 backward's four products of 2 * Tq * Tk * D each plus the recomputed q k^T. Memory: q, k, v, O,
@@ -38,22 +39,22 @@ import torch
 import triton
 import triton.language as tl
 
-from attention.flash_attention_fwd import key_range, sequence_bounds
+from attention.flash_attention_fwd import MAX_GRID_Y, attention_grid, key_range, program_pair, sequence_bounds
 from common.device import INTERPRET
 from common.ints import cdiv, next_power_of_2
 from common.triton_utils import LOG2E
 
 # (largest head dim, dk/dv launch (BLOCK_M, BLOCK_N, num_warps, num_stages), dq launch (same));
-# the first row whose head dim fits wins. The dk/dv program holds two fp32 accumulators of
-# BLOCK_N x BLOCK_D, the dq program one of BLOCK_M x BLOCK_D: each row keeps them near 128 fp32
-# registers a thread (the ratio of the Triton tutorial's 128-key, 4-warp, head-dim-64 kernel),
-# with 8 warps from head dim 128 on, and fewer stages where a stage's q and dO blocks grow.
-# Provisional: set from that register budget, not yet swept on a GPU; the sweep that sets them is
-# scripts/tune/attention_backward_sweep.py.
+# the first row whose head dim fits wins. The dk/dv program holds k and v as dot operands and two
+# fp32 accumulators of BLOCK_N x BLOCK_D; the dq program q and dO and one accumulator of
+# BLOCK_M x BLOCK_D. Provisional, not yet timed on a GPU: rows that Triton 3.9 compiles for sm_90
+# within 255 registers a thread (ptxas's report; at head dim 128, 128 keys a dk/dv program spilled,
+# at 256 so did 64 keys and one stage; the head-dim-64 dk/dv row spills 56 bytes in its packed-batch
+# build only). scripts/tune/attention_backward_sweep.py times them.
 BACKWARD_TABLE = [
     (64, (64, 128, 8, 3), (128, 64, 8, 3)),
-    (128, (32, 128, 8, 2), (128, 64, 8, 2)),
-    (256, (32, 64, 8, 1), (64, 32, 8, 1)),
+    (128, (32, 64, 8, 2), (128, 64, 8, 2)),
+    (256, (32, 32, 8, 2), (64, 32, 8, 2)),
 ]
 # The interpreter: small blocks, so the short test sequences span several of them
 INTERPRET_BACKWARD = ((16, 16, 1, 1), (16, 16, 1, 1))
@@ -80,19 +81,24 @@ def _preprocess_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_lb, stride_lh,  # of delta and dlse, unit token stride
-    n_heads, n_queries,
+    n_heads, n_queries, n_bh,
     HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    GRID_Y: tl.constexpr,
 ):
-    """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head)."""
-    bh = tl.program_id(1)
+    """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head). A packed batch is
+    one sequence of all its tokens here: 64-bit token offsets."""
+    bh = program_pair(GRID_Y)
+    if bh >= n_bh:
+        return
     batch = (bh // n_heads).to(tl.int64)
     head = (bh % n_heads).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = offs_m.to(tl.int64)[:, None]
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < n_queries)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om
+    o = tl.load(o_ptr + batch * stride_ob + head * stride_oh + rows * stride_om
                 + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom
+    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + rows * stride_dom
                  + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row = batch * stride_lb + head * stride_lh + offs_m
@@ -106,8 +112,11 @@ def _row_stats(lse_base, delta_base, offs_m, n_queries):
     """(LSE in scaled log2 units, +inf where no key is seen or past the end; delta) of rows offs_m."""
     m_ok = offs_m < n_queries
     lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    return lse2, tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
+    unseen = lse == float("-inf")
+    lse2 = tl.where(unseen, float("inf"), lse * LOG2E)
+    # P = 0 on such a row; a zero delta keeps a non-finite dLSE there (a merge of two -inf LSEs)
+    # from making 0 * NaN in dS
+    return lse2, tl.where(unseen, 0.0, tl.load(delta_base + offs_m, mask=m_ok, other=0.0))
 
 
 @triton.jit
@@ -150,12 +159,14 @@ def _dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_lb, stride_lh,
-    n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale,
+    n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, n_bh,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr,
 ):
     start_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = program_pair(GRID_Y)
+    if bh >= n_bh:
+        return
     batch = bh // n_kv_heads
     q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
     k_start, n_keys = sequence_bounds(cu_seqlens_k, batch, n_keys, VARLEN)
@@ -249,14 +260,16 @@ def _dq_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_lb, stride_lh,
-    n_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale,
+    n_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, n_bh,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
         start_m = tl.num_programs(0) - 1 - start_m
-    bh = tl.program_id(1)
+    bh = program_pair(GRID_Y)
+    if bh >= n_bh:
+        return
     batch = bh // n_heads
     q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
     if VARLEN:
@@ -296,14 +309,14 @@ def _dq_kernel(
 
 
 def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
-                                    cu_seqlens=None, config=None):
+                                    cu_seqlens=None, config=None, grid_y=MAX_GRID_Y):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
     cu_seqlens: None, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a packed
     batch of (1, H, total, D) views (attention/flash_attention_fwd.launch_flash_attention).
     config: ((BLOCK_M, BLOCK_N, num_warps, num_stages) of dk/dv, the same of dq) to launch instead
-    of backward_config's choice."""
+    of backward_config's choice. grid_y: as for the forward's launcher."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     block_d = max(16, next_power_of_2(d))
@@ -311,9 +324,9 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     if dlse is not None:
         dlse = dlse.contiguous()
     pre_block = 16 if INTERPRET else PREPROCESS_VALUES // block_d
-    _preprocess_kernel[(cdiv(tq, pre_block), b * h)](
-        o, do, dlse, delta, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), h, tq,
-        HAS_DLSE=dlse is not None, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
+    _preprocess_kernel[attention_grid(cdiv(tq, pre_block), b * h, grid_y)](
+        o, do, dlse, delta, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), h, tq, b * h,
+        HAS_DLSE=dlse is not None, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block, GRID_Y=grid_y)
 
     cu_q = cu_k = None
     max_q, max_k = tq, tk
@@ -324,16 +337,16 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     strides = [(batch(t), *t.stride()[1:]) for t in (q, k, v, do)]
     lse_strides = (batch(lse), lse.stride(1))
     (dkdv_m, dkdv_n, dkdv_warps, dkdv_stages), (dq_m, dq_n, dq_warps, dq_stages) = config or backward_config(d)
-    _dkdv_kernel[(cdiv(max_k, dkdv_n), b * hkv)](
+    _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
         q, k, v, do, lse, delta, dk, dv, cu_q, cu_k,
         *strides[0], *strides[1], *strides[2], *strides[3], batch(dk), *dk.stride()[1:],
         batch(dv), *dv.stride()[1:], *lse_strides,
-        hkv, h // hkv, tq, tk, scale * LOG2E.value, scale,
+        hkv, h // hkv, tq, tk, scale * LOG2E.value, scale, b * hkv,
         CAUSAL=bool(causal), VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, num_warps=dkdv_warps, num_stages=dkdv_stages)
-    _dq_kernel[(cdiv(max_q, dq_m), b * h)](
+        BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, GRID_Y=grid_y, num_warps=dkdv_warps, num_stages=dkdv_stages)
+    _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](
         q, k, v, do, lse, delta, dq, cu_q, cu_k,
         *strides[0], *strides[1], *strides[2], *strides[3], batch(dq), *dq.stride()[1:], *lse_strides,
-        h, h // hkv, tq, tk, scale * LOG2E.value, scale,
+        h, h // hkv, tq, tk, scale * LOG2E.value, scale, b * h,
         CAUSAL=bool(causal), VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_M=dq_m, BLOCK_N=dq_n, num_warps=dq_warps, num_stages=dq_stages)
+        BLOCK_M=dq_m, BLOCK_N=dq_n, GRID_Y=grid_y, num_warps=dq_warps, num_stages=dq_stages)

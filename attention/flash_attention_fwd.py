@@ -109,6 +109,23 @@ def _attend_key_blocks(
     return acc, l_i, m_i
 
 
+# CUDA caps a grid's y and z extents at 65535: the (batch, head) pairs, on axis 1, spill onto axis 2
+# past it (a packed batch of 2048 sequences x 32 heads has 65536)
+MAX_GRID_Y = 65535
+
+
+def attention_grid(n_blocks, n_bh, grid_y=MAX_GRID_Y):
+    """(n_blocks, pairs on axis 1, axis 2) for n_bh (batch, head) pairs; the kernels read their pair
+    with program_pair and skip the pairs past n_bh that the last axis-2 slice adds."""
+    return (n_blocks, min(n_bh, grid_y), cdiv(n_bh, grid_y))
+
+
+@triton.jit
+def program_pair(GRID_Y: tl.constexpr):
+    """This program's (batch, head) pair index: axis 1, plus GRID_Y per step of axis 2."""
+    return tl.program_id(1) + tl.program_id(2) * GRID_Y
+
+
 @triton.jit
 def sequence_bounds(cu_seqlens_ptr, batch, n_dense, VARLEN: tl.constexpr):
     """(first token, length) of sequence `batch`: (0, n_dense) for a dense batch, else read from
@@ -148,16 +165,19 @@ def _flash_attention_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh,
-    # sizes: n_queries, n_keys are the dense lengths (unused when VARLEN)
-    n_heads, kv_group, n_queries, n_keys, qk_scale,
+    # sizes: n_queries, n_keys are the dense lengths (unused when VARLEN); n_bh (batch, head) pairs
+    n_heads, kv_group, n_queries, n_keys, qk_scale, n_bh,
     # meta-parameters
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GRID_Y: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first, the short ones fill the tail
         start_m = tl.num_programs(0) - 1 - start_m
-    bh = tl.program_id(1)
+    bh = program_pair(GRID_Y)
+    if bh >= n_bh:
+        return
     batch = bh // n_heads
     q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
     if VARLEN:
@@ -204,7 +224,8 @@ def _flash_attention_fwd_kernel(
         tl.store(lse_base + offs_m, lse, mask=offs_m < n_queries)
 
 
-def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None):
+def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None,
+                           grid_y=MAX_GRID_Y):
     """Launch on validated arguments; writes out and, when given, lse.
     q, out (B, H, Tq, D); k, v (B, Hkv, Tk, D), any strides, Tq >= 1. lse: None or fp32 (B, H, Tq)
     with unit token stride. scale: sm_scale as a float.
@@ -212,7 +233,8 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
     the tensors are the (1, H, total, D) views of (total, H, D) ones, lse is (1, H, total_q), and
     the grid covers len(cu_seqlens_q) - 1 sequences of at most max_seqlen_q queries.
     config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of attention_config's
-    choice (tests force each CONFIG_TABLE row; tuning sweeps)."""
+    choice (tests force each CONFIG_TABLE row; tuning sweeps). grid_y: the grid's y extent
+    (MAX_GRID_Y; a test passes a small one to run the axis-2 spill on small shapes)."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     cu_q = cu_k = None
@@ -223,13 +245,12 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
         batch_strides = [0, 0, 0, 0]
     block_m, block_n, num_warps, num_stages = config or attention_config(d, tq)
     lse_strides = (0 if cu_q is not None else lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    grid = (cdiv(tq, block_m), b * h)
-    _flash_attention_fwd_kernel[grid](
+    _flash_attention_fwd_kernel[attention_grid(cdiv(tq, block_m), b * h, grid_y)](
         q, k, v, out, lse, cu_q, cu_k,
         batch_strides[0], *q.stride()[1:], batch_strides[1], *k.stride()[1:],
         batch_strides[2], *v.stride()[1:], batch_strides[3], *out.stride()[1:], *lse_strides,
-        h, h // hkv, tq, tk, scale * LOG2E.value,
+        h, h // hkv, tq, tk, scale * LOG2E.value, b * h,
         CAUSAL=bool(causal), VARLEN=cu_q is not None, STORE_LSE=lse is not None,
-        HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+        HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, GRID_Y=grid_y,
+        num_warps=num_warps, num_stages=num_stages,
     )

@@ -11,9 +11,10 @@ bytes a query), and the backward recomputes the probabilities from it. Memory st
 in both passes.
 
 Operators (common/ops.py), all in torch.ops.llmk:
-- flash_attention, flash_attention_varlen -> O. What a call without grad runs. Their autograd
-  formula recomputes O and LSE first (a second forward), for a caller that calls the operator
-  itself under grad; the public functions take the _train operators then.
+- flash_attention, flash_attention_varlen -> O. What a call without grad runs (the packed one
+  writes LSE too, into scratch). Their autograd formula recomputes O and LSE first (a second
+  forward), for a caller that calls the operator itself under grad; the public functions take
+  the _train operators then.
 - flash_attention_train, flash_attention_varlen_train -> (O, LSE): the forward under grad; the
   backward reads the saved LSE. LSE is differentiable too (its gradient enters the backward's
   delta), for callers of the operator that use it.
@@ -70,7 +71,8 @@ def check_attention_args(q, k, v, sm_scale):
         raise ValueError(f"k must be (B={b}, Hkv, Tk, D={d}) to match q {tuple(q.shape)}, got {tuple(k.shape)}")
     _check_heads(q, k, v, h, hkv, d, sm_scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        # batch and head offsets are 64-bit in the kernel; offsets inside one head are 32-bit
+        # batch, head and sequence-start offsets are 64-bit in the kernels; offsets inside one head are
+        # 32-bit (the backward's preprocess, which sees a packed batch as one sequence, uses 64)
         span = sum((s - 1) * abs(st) for s, st in zip(t.shape[2:], t.stride()[2:]))
         if span >= 2 ** 31:
             raise ValueError(f"{name}: one head spans {span} elements; the kernel indexes within a head "
@@ -118,7 +120,16 @@ def check_config(config):
 
 
 def _scale(q, sm_scale):
+    """sm_scale as the kernels take it; checked here too, for direct calls of the operators (the
+    unmasked key loop relies on a positive scale: the row max commutes with it)."""
+    if sm_scale is not None and not (sm_scale > 0 and math.isfinite(sm_scale)):
+        raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
     return 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+
+
+def _within_32_bits(t, n_dims):
+    """Whether the offsets inside one (batch, head) of t, the last n_dims dims, fit in 32 bits."""
+    return sum((s - 1) * abs(st) for s, st in zip(t.shape[-n_dims:], t.stride()[-n_dims:])) < 2 ** 31
 
 
 def packed(t):
@@ -172,6 +183,9 @@ def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, c
     """(dq, dk, dv) shaped like q, k, v: the kernels on (B, H, T, D) views, zeros where a side is
     empty (no keys: dq = 0; no queries: dk = dv = 0)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    lse = lse.contiguous()  # the kernels index delta, made contiguous, with LSE's strides
+    if not _within_32_bits(grad_out, 2 if cu_q is None else 3):  # dO's strides are the caller's
+        grad_out = grad_out.contiguous()
     if cu_q is not None:
         views = [packed(t) for t in (grad_out, q, k, v, out, lse, dq, dk, dv)]
         grad_lse = None if grad_lse is None else packed(grad_lse)
@@ -306,6 +320,9 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
                          f"{q.device}; got {out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}")
+    if not _within_32_bits(out, 2):
+        raise ValueError("out: one head spans 2^31 elements or more; the kernel indexes within a head with "
+                         "32-bit offsets")
     flash_attention_out_op(q, k, v, causal, sm_scale, config, out)
     return out
 
@@ -322,8 +339,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     is q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] against k, v[cu_seqlens_k[b]:cu_seqlens_k[b + 1]].
     Lengths may be 0. They are read on the device only: nothing waits for them, and nothing checks
     them; they must be nondecreasing and end at total_q / total_k.
-    max_seqlen_q, max_seqlen_k: ints at least the longest sequence's lengths. They size the grid
-    only; a smaller one leaves queries or keys past it out.
+    max_seqlen_q, max_seqlen_k: ints at least the longest sequence's lengths. They size the grids
+    only; with a smaller one the results are undefined.
     causal: per sequence, aligned to its bottom right. sm_scale defaults to 1/sqrt(D).
     config: as for flash_attention.
     Returns O (total_q, H, D) in q's dtype, contiguous. Differentiable in q, k and v.

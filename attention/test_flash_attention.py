@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from attention.flash_attention_fwd import attention_config  # noqa: E402
+from attention.flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention  # noqa: E402
 from attention.flash_attention_bwd import BACKWARD_TABLE, backward_table_config, launch_flash_attention_backward  # noqa: E402
 from attention.flash_attention_triton import (CONFIG_TABLE, flash_attention, flash_attention_train_op,  # noqa: E402
                                               flash_attention_varlen, table_config)
@@ -278,6 +278,24 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
 EXACT = Tol(0.0, 0.0, "the same kernels on the same numbers", rounding_check=False)
 
 
+def check_grid_spill():
+    """More (batch, head) pairs than a grid's y extent: the pairs past it go to axis 2. Forced with
+    grid_y = 3 on 2 x 4 pairs (3 x 3 programs, one empty): O, LSE and the gradients equal a launch
+    that fits, bit for bit."""
+    q, k, v = make_qkv(2, 4, 2, 40, 40, 64, torch.bfloat16)
+    do = rand(q.shape, torch.bfloat16)
+    scale = 0.125
+    outcomes = []
+    for grid_y in (MAX_GRID_Y, 3):
+        out, lse = poisoned(q.shape, q.dtype), poisoned(q.shape[:3], torch.float32)
+        launch_flash_attention(q, k, v, out, True, scale, lse, grid_y=grid_y)
+        grads = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
+        launch_flash_attention_backward(do, q, k, v, out, lse, *grads, True, scale, grid_y=grid_y)
+        outcomes.append([out, lse, *grads])
+    return [compare(f"{name}, grid_y 3", got, want, EXACT)
+            for name, got, want in zip(("O", "LSE", "dq", "dk", "dv"), outcomes[1], outcomes[0])]
+
+
 def check_varlen_errors():
     q, k, v = rand((10, 4, 64), torch.float16), rand((12, 2, 64), torch.float16), rand((12, 2, 64), torch.float16)
     cq, ck = cumulative([4, 6]), cumulative([5, 7])
@@ -476,7 +494,8 @@ def varlen_cases():
                      dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=dtype,
                           causal=causal), gpu_only=True),
             ]
-    return cases + [Case("varlen bad input", check_varlen_errors), Case("varlen empty", check_varlen_empty)]
+    return cases + [Case("varlen bad input", check_varlen_errors), Case("varlen empty", check_varlen_empty),
+                    Case("(batch, head) pairs past the grid's y extent", check_grid_spill)]
 
 
 LONG_LENGTHS = [1, 3000, 77, 0, 1024, 513, 2048, 5, 1500, 128, 999, 2, 4096, 64, 700, 1]

@@ -259,7 +259,8 @@ AREAS = {
         "as it ships (`eager`), patched with `models/hf_patch.py` and trained with TritonAdamW "
         "(`triton`), compiled per decoder layer, and Liger-Kernel's patch. Figures in ms a step; "
         "`tokens_per_s` and `peak_MB` in the tables.",
-        [Group(("train_step",), "B2 x 4096")],
+        [Group(("train_step",), "B2 x 4096"),
+         Group(("train_step",), "B2 x 4096, torch's AdamW for ours too", ours="triton+torch-adamw")],
         ["`peak_MB` here is the whole process's peak over the timed steps (weights, gradients, "
          "optimizer state, activations), not a call's extra."], {}, lower_is_better=True),
     "optimizer": Area(

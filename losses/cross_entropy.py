@@ -58,8 +58,9 @@ def _capped(x, softcap, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _row_loss(row_ptr, stride_col, target, n_cols, ignore_index, smoothing, softcap,
-              HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
-    """(loss, LSE) of one row, fp32: one pass with an online max and sum."""
+              HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr):
+    """(loss, LSE) of one row, fp32: one pass with an online max and sum. -inf logits (a masked
+    vocabulary) are classes of probability 0, as in F.cross_entropy."""
     offs = tl.arange(0, BLOCK)
     m = tl.full([], float("-inf"), tl.float32)
     s = tl.zeros([], tl.float32)
@@ -69,16 +70,21 @@ def _row_loss(row_ptr, stride_col, target, n_cols, ignore_index, smoothing, soft
         mask = cols < n_cols
         x = tl.load(row_ptr + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
         x, _ = _capped(x, softcap, HAS_SOFTCAP)
-        row_sum += tl.sum(tl.where(mask, x, 0.0))
+        if HAS_SMOOTHING:  # only smoothing reads the row's sum (-inf in it makes the loss inf, as torch's)
+            row_sum += tl.sum(tl.where(mask, x, 0.0))
         x = tl.where(mask, x, float("-inf"))
         m_new = tl.maximum(m, tl.max(x, 0))
-        s = s * tl.math.exp2((m - m_new) * LOG2E) + tl.sum(tl.math.exp2((x - m_new) * LOG2E))
+        # while every logit so far is -inf, subtract 0: -inf - -inf would be NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.math.exp2((m - m_safe) * LOG2E) + tl.sum(tl.math.exp2((x - m_safe) * LOG2E))
         m = m_new
     lse = m + tl.math.log2(s) * LN2
     valid = (target >= 0) & (target < n_cols)
     x_t = tl.load(row_ptr + tl.where(valid, target, 0).to(tl.int64) * stride_col).to(tl.float32)
     x_t, _ = _capped(x_t, softcap, HAS_SOFTCAP)
-    loss = (1.0 - smoothing) * (lse - x_t) + smoothing * (lse - row_sum / n_cols)
+    loss = lse - x_t
+    if HAS_SMOOTHING:
+        loss = (1.0 - smoothing) * loss + smoothing * (lse - row_sum / n_cols)
     loss = tl.where(valid, loss, float("nan"))
     return tl.where(target == ignore_index, 0.0, loss), lse
 
@@ -108,14 +114,15 @@ def _row_grad(row_ptr, stride_col, grad_ptr, grad_stride_col, target, lse, scale
 def _cross_entropy_fwd_kernel(
     logits_ptr, target_ptr, loss_ptr, lse_ptr, grad_ptr, grad_scale_ptr,
     stride_row, stride_col, grad_stride_row, grad_stride_col, n_cols, ignore_index, smoothing, softcap,
-    HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Loss and LSE of row program_id(0); with WRITE_GRAD also its gradient, scaled by the one
     fp32 value at grad_scale_ptr (fused linear cross-entropy: 1 / n_valid for "mean", 1 for "sum")."""
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
     target = tl.load(target_ptr + row).to(tl.int64)
-    loss, lse = _row_loss(row_ptr, stride_col, target, n_cols, ignore_index, smoothing, softcap, HAS_SOFTCAP, BLOCK)
+    loss, lse = _row_loss(row_ptr, stride_col, target, n_cols, ignore_index, smoothing, softcap, HAS_SOFTCAP,
+                          HAS_SMOOTHING, BLOCK)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, lse)
     if WRITE_GRAD:
@@ -144,7 +151,8 @@ def _cross_entropy_bwd_kernel(
 
 
 def launch_rows(logits, target, loss, lse, ignore_index, smoothing, softcap=None, grad_out=None, grad_scale=None):
-    """Forward over the rows of logits (N, V), any strides: loss and lse (fp32 (N,)). grad_out:
+    """Forward over the rows of logits (N, V), any strides, and target (N,), contiguous: loss and
+    lse (fp32 (N,)). grad_out:
     None, or an (N, V) buffer (logits itself is allowed) for the gradient, scaled by grad_scale
     (a one-element fp32 tensor)."""
     n, v = logits.shape
@@ -153,7 +161,8 @@ def launch_rows(logits, target, loss, lse, ignore_index, smoothing, softcap=None
         logits, target, loss, lse, grad_out if write else logits, grad_scale if write else lse,
         logits.stride(0), logits.stride(1), grad_out.stride(0) if write else 0, grad_out.stride(1) if write else 0,
         v, ignore_index, float(smoothing), float(softcap or 1.0),
-        HAS_SOFTCAP=softcap is not None, WRITE_GRAD=write, BLOCK=block_v(v), num_warps=NUM_WARPS)
+        HAS_SOFTCAP=softcap is not None, HAS_SMOOTHING=smoothing > 0, WRITE_GRAD=write, BLOCK=block_v(v),
+        num_warps=NUM_WARPS)
 
 
 def _rows(logits, target, ignore_index, label_smoothing):
@@ -243,7 +252,7 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
     llmk::cross_entropy_backward), as F.cross_entropy with the class dimension last.
 
     logits: (..., V) fp16, bf16 or fp32, any strides; V >= 1 (tested to 262144).
-    target: (...) int64 or int32, class indices in [0, V) or ignore_index.
+    target: (...) int64 or int32, class indices in [0, V) or ignore_index; any strides.
     reduction: "mean" (over targets not ignored; NaN when all are), "sum" or "none" (a loss a row,
     shaped like target). label_smoothing: eps in [0, 1].
     Returns the loss in logits' dtype, computed in fp32. Differentiable in logits; the gradient is
@@ -254,6 +263,6 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
     if logits.shape[-1] < 1:
         raise ValueError(f"logits must have at least one class (last dim), got shape {tuple(logits.shape)}")
     check_loss_args(target, logits.shape[:-1], ignore_index, reduction, label_smoothing, logits.device)
-    rows, _ = cross_entropy_op(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index,
+    rows, _ = cross_entropy_op(logits.reshape(-1, logits.shape[-1]), target.reshape(-1).contiguous(), ignore_index,
                                float(label_smoothing))
     return reduce_rows(rows, target, ignore_index, reduction, logits.dtype)

@@ -6,7 +6,7 @@ the (tokens x vocab) logits.
 
 At a 128k-152k vocabulary the logits of a training batch and their gradient are the largest
 tensors of the step (BT x V, 4 GB in fp32 at 8192 x 128256). Here the tokens go in chunks of
-C rows (chunk_rows: C x V about the size of hidden itself):
+C rows (chunk_rows: a (C, V) buffer of CHUNK_BYTES):
 
     logits_c = hidden_c @ weight.T + bias           one GEMM into a (C, V) buffer in hidden's dtype
     loss_c, dlogits_c                               losses/cross_entropy.py's row kernel, one launch:
@@ -16,7 +16,7 @@ C rows (chunk_rows: C x V about the size of hidden itself):
     grad_weight  += dlogits_c.T @ hidden_c          an accumulating GEMM (beta = 1)
     grad_bias    += column sums of dlogits_c        in fp32
 
-so the gradients are done when the forward is: three GEMMs of 2 * BT * V * H FLOPs in all, the
+so the gradients are done when the forward is: three GEMMs of 2 * BT * V * H FLOPs each, the
 minimum, and the only memory beyond the gradients is one (C, V) buffer. The backward then scales
 them by the loss's gradient (a scalar for "mean" and "sum"), in place. "mean" divides by the
 number of targets that are not ignored, counted on the device (no host sync).
@@ -41,17 +41,23 @@ from common.ops import define_op
 from common.validation import check_same_device, check_tensor
 from losses.cross_entropy import NUM_WARPS, _cross_entropy_bwd_kernel, block_v, check_loss_args, launch_rows
 
+# Bytes of the (C, V) logits buffer. Every chunk's grad_weight += dlogits_c.T @ hidden_c reads and
+# writes all of grad_weight (V x H), so small chunks make that accumulation memory-bound: its
+# traffic over its FLOPs is about 470 / C on an H100 (4VH bytes at 3 TB/s against 2CVH FLOPs at
+# 700 TFLOP/s), a quarter at C ~ 1900. 256 MB is C = 1024 at V = 128256 in bf16. Not yet swept
+# on a GPU: the trade is this buffer against that traffic.
+CHUNK_BYTES = 256 * 2 ** 20
+CHUNK_ALIGN = 64  # a GEMM-friendly row count
 # The interpreter's chunk: a few rows, so the tests' batches run several chunks and a ragged last one
 INTERPRET_CHUNK = 8
-CHUNK_ALIGN = 64  # a GEMM-friendly row count
 
 
-def chunk_rows(n, h, v):
-    """Rows a chunk: C x V about n x h elements (the chunk's logits the size of hidden), a multiple
-    of CHUNK_ALIGN, at least one and at most n."""
+def chunk_rows(n, v, element_size):
+    """Rows a chunk: a (C, V) buffer of CHUNK_BYTES, C a multiple of CHUNK_ALIGN, at least one
+    and at most n."""
     if INTERPRET:
         return max(1, min(n, INTERPRET_CHUNK))
-    c = max(CHUNK_ALIGN, (n * h // max(v, 1)) // CHUNK_ALIGN * CHUNK_ALIGN)
+    c = max(CHUNK_ALIGN, CHUNK_BYTES // max(v * element_size, 1) // CHUNK_ALIGN * CHUNK_ALIGN)
     return max(1, min(n, c))
 
 
@@ -91,7 +97,7 @@ def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softca
     any_grad = want_h or want_w or want_b
     n_valid = (target != ignore_index).sum()
     scale = (1.0 / n_valid.float() if reduction == "mean" else torch.ones((), device=hidden.device)).reshape(1)
-    c = chunk_rows(n, h, v)
+    c = chunk_rows(n, v, hidden.element_size())
     buffer = hidden.new_empty((c, v))
     if n and v:
         for i, start in enumerate(range(0, n, c)):
@@ -128,7 +134,7 @@ def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, l
     v = weight.shape[0]
     grad_hidden, grad_weight = torch.empty_like(hidden), torch.empty_like(weight)
     grad_bias = torch.zeros(v, device=hidden.device, dtype=torch.float32)
-    c = chunk_rows(n, h, v)
+    c = chunk_rows(n, v, hidden.element_size())
     buffer = hidden.new_empty((c, v))
     if not (n and v):
         return grad_hidden.zero_(), grad_weight.zero_(), (grad_bias if bias is None else grad_bias.to(bias.dtype))
@@ -162,6 +168,9 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, grad_loss, *unused):
+    if type(grad_loss) is torch.Tensor and torch.is_grad_enabled():
+        raise RuntimeError("llmk::fused_linear_cross_entropy has no double backward (its gradients were "
+                           "computed in the forward): call backward without create_graph=True")
     if ctx.used:
         raise RuntimeError("llmk::fused_linear_cross_entropy scales the gradients it computed in the forward "
                            "in place: backward through the same graph twice (retain_graph=True) is not supported")
@@ -194,7 +203,7 @@ def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, s
     v = weight.shape[0]
     rows = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
-    c = chunk_rows(n, h, v)
+    c = chunk_rows(n, v, hidden.element_size())
     buffer = hidden.new_empty((c, v))
     for start in range(0, n if v else 0, c):
         end = min(start + c, n)
@@ -272,7 +281,7 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     if loss_dtype is not None and loss_dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"loss_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {loss_dtype!r}")
     h2 = hidden.reshape(-1, hidden.shape[-1])
-    t1 = target.reshape(-1)
+    t1 = target.reshape(-1).contiguous()  # the row kernel reads one index a row at unit stride
     softcap = None if softcap is None else float(softcap)
     if reduction == "none":
         rows, _ = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap)

@@ -94,6 +94,32 @@ def check_bad_target():
                     bool(rows[1:].isnan().all() and rows[0].isfinite()), note=str(rows.tolist()))]
 
 
+def check_strided_target():
+    """A target that is a strided view (every other entry of a longer one) reads the right entries."""
+    logits = rand((6, 300), torch.bfloat16)
+    target = make_target((12,), 300)[::2]
+    return [compare("loss, target[::2]", cross_entropy(logits, target), cross_entropy_ref(logits.double(), target),
+                    loss_tol(logits, target, "mean"), torch_out=torch_ce(logits, target))]
+
+
+def check_masked_vocabulary():
+    """-inf logits (a masked vocabulary): classes of probability 0, finite loss and gradient, as
+    F.cross_entropy; a whole chunk of them (the interpreter's chunks are 128 wide) too."""
+    logits = rand((5, 300), torch.float32, scale=3.0)
+    logits[:, 10:20] = float("-inf")
+    logits[1, :130] = float("-inf")
+    target = torch.tensor([3, 200, 50, IGNORE, 299], device=DEVICE)
+    x = logits.clone().requires_grad_()
+    loss = cross_entropy(x, target, reduction="none")
+    g, = torch.autograd.grad(loss.sum(), x)
+    xr = logits.double().requires_grad_()
+    ref = cross_entropy_ref(xr, target, reduction="none")
+    gr, = torch.autograd.grad(ref.sum(), xr)
+    tol = Tol(3 * LSE_ULPS * UNIT_ROUNDOFF[torch.float32] * 20, 1e-5, "fp32, |logits| <= ~15")
+    return [compare("loss rows", loss, ref, tol), compare("dlogits", g, gr, tol),
+            Outcome("finite", bool(loss.isfinite().all() and g.isfinite().all()))]
+
+
 def check_lse_grad():
     """llmk::cross_entropy's LSE output is differentiable: dLSE adds dLSE * p to dlogits."""
     logits = rand((6, 300), torch.float32, scale=3.0)
@@ -167,6 +193,7 @@ def _cases():
     add("(8, 300) int32 target bf16", shape=(8, 300), dtype=bf16, target_dtype=torch.int32)
     add("(8, 300) smoothing 1.0 fp32", shape=(8, 300), dtype=fp32, label_smoothing=1.0)
     return cases + [Case("target out of range", check_bad_target), Case("LSE gradient", check_lse_grad),
+                    Case("strided target", check_strided_target), Case("-inf logits", check_masked_vocabulary),
                     Case("bad input", check_errors), Case("empty input", check_empty)]
 
 

@@ -91,6 +91,15 @@ def check_huge():
             compare("loss", loss.detach(), ref, Tol(1e-4 * abs(ref.item()), 1e-5, "fp32 at logits of 1e4"))]
 
 
+def check_strided_target():
+    """A target that is a strided view reads the right entries (the op takes a contiguous copy)."""
+    hidden, weight = rand((10, 16), torch.float32), rand((50, 16), torch.float32)
+    target = make_target((20,), 50)[::2]
+    loss = fused_linear_cross_entropy(hidden, weight, target)
+    ref = linear_cross_entropy_ref(hidden.double(), weight.double(), target)
+    return [compare("loss, target[::2]", loss, ref, Tol(1e-5 * abs(ref.item()) + 1e-6, 1e-5, "fp32"))]
+
+
 def check_one_backward():
     """The gradients are scaled in place: a second backward through the same graph raises."""
     hidden = rand((10, 16), torch.float32).requires_grad_()
@@ -200,6 +209,7 @@ def _cases():
         all_ignored=True)
     add("N10 H16 V300 fp16 mean", n=10, h=16, v=300, dtype=torch.float16)
     return cases + [Case("logits of 1e4", check_huge), Case("one backward", check_one_backward),
+                    Case("strided target", check_strided_target),
                     Case("no grad", check_no_grad), Case("operator", check_operator),
                     Case("torch.compile training", check_compile), Case("bad input", check_errors)]
 

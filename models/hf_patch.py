@@ -29,13 +29,15 @@ function, o_proj) -> RMSNorm -> MLP. What is replaced, and through which hook:
              instance forward wrapper marks it in a thread-local). Every other caller, e.g. an
              unpatched model in the same process, gets the original function. A patched model that
              is dropped without unpatch_model leaves the dispatcher installed, still inert for others.
-  cross_entropy  a *ForCausalLM gets an instance `forward`: in training (grad enabled, labels given,
-             all logits kept) it runs the base model and then
-             losses/fused_linear_cross_entropy.py on the final hidden states and lm_head's weight,
-             with HF's causal-LM shift (labels shifted left, -100 ignored; "mean", or "sum" over
-             num_items_in_batch when the Trainer passes it; an fp32 loss, as HF's). The (tokens x
-             vocab) logits are never made, and the output's `logits` is None. Without labels or without grad it is the
-             original forward.
+  cross_entropy  a *ForCausalLM gets an instance `forward`: in a training step (model.train(),
+             grad enabled, labels given, every position's logits) it runs the base
+             model and then losses/fused_linear_cross_entropy.py on the final hidden states and
+             lm_head's weight, with HF's ForCausalLMLoss semantics (labels shifted left unless
+             shift_labels are given, ignore_index -100 or the one passed, "mean", or "sum" over
+             num_items_in_batch when the Trainer passes it; an fp32 loss). The (tokens x vocab)
+             logits are never made, and the output's `logits` is None. An lm_head that is not a
+             plain nn.Linear without hooks (LoRA, ZeRO-3, FSDP wrap it), or autocast, keeps the
+             original forward, as does every call that is not a training step.
 
 Training: rmsnorm, swiglu, rope and attention (flash_attention, prefill) have a backward, so a
 patched model trains on them: with grad enabled the hooks call the functional kernels (no out=
@@ -43,8 +45,7 @@ buffers), and loss.backward() runs the kernels' backward. A decode step (one que
 cache) takes the decode kernel only without grad. The residual adds stay PyTorch's (residual
 RMSNorm would need the decoder layer's forward replaced).
 
-The original code runs instead of a kernel whenever the kernel does not cover the call, so a
-patched model is never wrong, only sometimes not faster:
+The original code runs instead of a kernel whenever the kernel does not cover the call:
   - autograd where a kernel has none: the decode kernel (one query against a cache) runs without
     grad only; with grad the flash kernel takes that step.
   - a tensor off the kernels' device (common.device.DEVICE) or of a dtype a kernel lacks (the flash
@@ -160,39 +161,66 @@ def _replace_forward(state, module, fn):
     module.forward = functools.partial(fn, module, module.forward, state)
 
 
+def _fused_head(head):
+    """Whether the LM head is a plain nn.Linear without hooks, so that its .weight is what its
+    forward would use (PEFT's LoRA, DeepSpeed ZeRO-3's gathers and FSDP act through wrappers or
+    hooks, which the fused loss would bypass)."""
+    return type(head) is torch.nn.Linear and not (head._forward_hooks or head._forward_pre_hooks)
+
+
 def _causal_lm_forward(model, original, state, input_ids=None, attention_mask=None, position_ids=None,
                        past_key_values=None, inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0,
                        **kwargs):
-    """*ForCausalLM.forward: with labels under grad (training), the base model, then the fused
-    linear cross-entropy with HF's shift; the original forward otherwise (module docstring)."""
-    head = model.lm_head
-    if labels is None or logits_to_keep != 0 or not torch.is_grad_enabled():  # not a training step
+    """*ForCausalLM.forward: a training step (model.train(), grad enabled, labels, every position's
+    logits) runs the base model, then the fused linear cross-entropy with HF's
+    ForCausalLMLoss semantics; anything else, the original forward (module docstring)."""
+    def run_original():
         return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
                         use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+
+    every_position = isinstance(logits_to_keep, int) and logits_to_keep == 0
+    # HF computes a loss only with labels (shift_labels then replace their shifted copy)
+    if not (labels is not None and every_position and model.training and torch.is_grad_enabled()):
+        return run_original()  # not a training step
+    head = model.lm_head
+    if not _fused_head(head) or torch.is_autocast_enabled(head.weight.device.type):
+        # autocast would run the head's GEMM in its dtype, which the fused op's GEMMs do not follow
+        state.calls["cross_entropy fallback"] += 1
+        return run_original()
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    num_items = kwargs.pop("num_items_in_batch", None)
+    options = dict(kwargs)
+    num_items = options.pop("num_items_in_batch", None)
+    ignore_index = options.pop("ignore_index", IGNORE_INDEX)
+    shift_labels = options.pop("shift_labels", None)
+    return_dict = options.pop("return_dict", None)
+    as_dict = getattr(model.config, "return_dict", True) if return_dict is None else return_dict
     outputs = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                          **kwargs)
+                          return_dict=True, **options)
     hidden = outputs.last_hidden_state
-    if not (_kernel_ready(hidden, head.weight) and head.weight.dtype == hidden.dtype and labels.shape == hidden.shape[:2]):
+    # HF's ForCausalLMLoss: token t predicts label t + 1 (the last position none), unless the
+    # caller shifted them already (sequence parallelism, packed batches)
+    target = shift_labels if shift_labels is not None else \
+        torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    target = target.to(hidden.device)
+    if _kernel_ready(hidden, head.weight) and head.weight.dtype == hidden.dtype and target.shape == hidden.shape[:2]:
+        state.calls["cross_entropy"] += 1
+        loss, logits = fused_linear_cross_entropy(hidden, head.weight, target, head.bias, ignore_index,
+                                                  "mean" if num_items is None else "sum",
+                                                  loss_dtype=torch.float32), None
+        if num_items is not None:
+            loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+    else:
         state.calls["cross_entropy fallback"] += 1
         logits = head(hidden)
         loss = model.loss_function(logits=logits, labels=labels, vocab_size=model.config.vocab_size,
-                                   num_items_in_batch=num_items)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-    state.calls["cross_entropy"] += 1
-    # HF's ForCausalLMLoss: token t predicts label t + 1; the last position has none
-    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
-    loss = fused_linear_cross_entropy(hidden, head.weight, shifted, head.bias, IGNORE_INDEX,
-                                      "mean" if num_items is None else "sum", loss_dtype=torch.float32)
-    if num_items is not None:
-        loss = loss / num_items
-    return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
-                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+                                   num_items_in_batch=num_items, ignore_index=ignore_index,
+                                   shift_labels=shift_labels)
+    out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+    return out if as_dict else out.to_tuple()
 
 
 # ---------------------------------------------------------------------------------------------

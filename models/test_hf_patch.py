@@ -268,7 +268,7 @@ def check_cache(cache_kind):
 
 
 def training_step(model, ids, labels):
-    """(loss, {name: grad}) of one forward and backward with labels, in fp32 copies."""
+    """(loss, {name: grad}) of one forward and backward with labels, as fp64 copies."""
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=labels)
     out.loss.backward()
@@ -316,6 +316,43 @@ def check_training(kind):
                                                                     "cross_entropy"} and not fallbacks, note=f"{calls}"[:120]))
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
+
+
+def check_training_options():
+    """HF's loss options through the patched forward: shift_labels (labels shifted by the caller),
+    num_items_in_batch (a sum over that count) and return_dict=False (a tuple, loss first), each
+    against the unpatched model's loss by the rule of check_training; eval mode keeps the logits."""
+    from models.hf_patch import kernel_calls, patch_model
+
+    model, ref = make_model("llama", "tiny", torch.bfloat16)
+    plain = copy.deepcopy(model)
+    for m in (model, ref, plain):
+        m.train()
+    patch_model(model)
+    ids = prompt("tiny", 2)
+    # three targets of the caller's choosing: the loss over them differs from the shifted labels'
+    # by ~0.5 (random weights), far past the rule's tolerance (~0.03), so a shift the patch made
+    # itself would fail
+    shift = torch.full_like(ids, -100)
+    shift[0, 2], shift[1, 7], shift[1, 3] = ids[0, 5], ids[1, 1], ids[1, 9]
+    u = UNIT_ROUNDOFF[torch.bfloat16]
+    outcomes = []
+    for name, kwargs in (("shift_labels", dict(labels=ids, shift_labels=shift)),
+                         ("num_items_in_batch", dict(labels=ids, num_items_in_batch=torch.tensor(20)))):
+        losses = [m(input_ids=ids, **kwargs).loss.double() for m in (ref, plain, model)]
+        err = (losses[1] - losses[0]).abs().item()
+        outcomes.append(compare(name, losses[2], losses[0], Tol(2 * err + u * losses[0].abs().item(), 0.0,
+                                                               "as check_training", rounding_check=False)))
+    as_tuple = model(input_ids=ids, labels=ids, return_dict=False)
+    as_dict = model(input_ids=ids, labels=ids)
+    outcomes.append(Outcome("return_dict=False: a tuple, loss first",
+                            isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], as_dict.loss)))
+    model.eval()
+    outcomes.append(Outcome("eval with labels: logits kept", model(input_ids=ids, labels=ids).logits is not None))
+    calls = kernel_calls(model)
+    outcomes.append(Outcome("the fused loss ran, no fallback", calls.get("cross_entropy", 0) >= 4
+                            and not calls.get("cross_entropy fallback"), note=f"{calls}"[:100]))
+    return outcomes
 
 
 def check_other_model_untouched():
@@ -385,6 +422,7 @@ def model_cases():
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
         Case("llama bf16 training step", check_training, dict(kind="llama")),
         Case("qwen2 bf16 training step", check_training, dict(kind="qwen2")),
+        Case("training step: shift_labels, num_items_in_batch, return_dict", check_training_options),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
     ]
