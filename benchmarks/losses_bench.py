@@ -8,8 +8,9 @@ eager, torch.compile and Liger-Kernel, with the peak memory of each call.
 Providers: triton (losses/cross_entropy.py, losses/fused_linear_cross_entropy.py); eager (logits in
 bf16, then F.cross_entropy on them: what a model's loss does); torch.compile of eager; liger
 (LigerCrossEntropyFunction, LigerFusedLinearCrossEntropyFunction; skipped where not installed).
-peak_MB: the memory a call adds beyond its inputs (logits, gradients, scratch). max_err: the
-gradients against an fp32 reference computed in chunks of tokens (no (BT, V) matrix in fp32).
+peak_MB: the memory a call adds beyond its inputs (logits, gradients, scratch); Liger's
+cross-entropy writes dlogits into its input and allocates none. max_err: the gradients against an
+fp32 reference (for linear_cross_entropy computed in chunks of tokens, no (BT, V) matrix in fp32).
 
 Shapes: BT 8192 with V 32000, 128256 and 151936 for cross_entropy; (8192, 4096, 128256) and
 (16384, 4096, 151936) for linear_cross_entropy (Llama 3 and Qwen2 heads).
@@ -96,6 +97,8 @@ def lce_setup(n, h, v):
 def bind_train(providers, wrt, mode):
     def bind(name, inputs):
         *tensors, dys = inputs
+        if name == LIGER:  # Liger's cross-entropy writes dlogits into its input: its own copy
+            tensors = [t.clone() for t in tensors]
         if mode == "fwd":
             return lambda: providers[name](*tensors)
         return train_call(providers[name], tensors, wrt, mode, dys)
