@@ -174,15 +174,21 @@ def _rows(logits, target, ignore_index, label_smoothing):
     return loss, lse
 
 
+def launch_backward_rows(logits, target, lse, grad_loss, grad_lse, grad, ignore_index, smoothing, softcap=None):
+    """dlogits of the rows of logits (N >= 1, V) into grad (logits itself is allowed), from the
+    saved lse, each row's loss gradient grad_loss (N,) and, when not None, LSE's grad_lse (N,)."""
+    n, v = logits.shape
+    _cross_entropy_bwd_kernel[(n,)](
+        logits, target, lse, grad_loss, grad_lse if grad_lse is not None else lse, grad,
+        logits.stride(0), logits.stride(1), grad.stride(0), grad.stride(1), grad_loss.stride(0),
+        grad_lse.stride(0) if grad_lse is not None else 0, v, ignore_index, float(smoothing), float(softcap or 1.0),
+        HAS_GRAD_LSE=grad_lse is not None, HAS_SOFTCAP=softcap is not None, BLOCK=block_v(v), num_warps=NUM_WARPS)
+
+
 def _backward_rows(grad_loss, grad_lse, logits, target, lse, ignore_index, label_smoothing):
     grad = torch.empty_like(logits)
-    n, v = logits.shape
-    if n:
-        _cross_entropy_bwd_kernel[(n,)](
-            logits, target, lse, grad_loss, grad_lse if grad_lse is not None else lse, grad,
-            logits.stride(0), logits.stride(1), grad.stride(0), grad.stride(1), grad_loss.stride(0),
-            grad_lse.stride(0) if grad_lse is not None else 0, v, ignore_index, float(label_smoothing), 1.0,
-            HAS_GRAD_LSE=grad_lse is not None, HAS_SOFTCAP=False, BLOCK=block_v(v), num_warps=NUM_WARPS)
+    if logits.shape[0]:
+        launch_backward_rows(logits, target, lse, grad_loss, grad_lse, grad, ignore_index, label_smoothing)
     return grad
 
 

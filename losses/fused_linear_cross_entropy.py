@@ -39,7 +39,7 @@ import torch
 from common.device import INTERPRET
 from common.ops import define_op
 from common.validation import check_same_device, check_tensor
-from losses.cross_entropy import NUM_WARPS, _cross_entropy_bwd_kernel, block_v, check_loss_args, launch_rows
+from losses.cross_entropy import check_loss_args, launch_backward_rows, launch_rows
 
 # Bytes of the (C, V) logits buffer. Every chunk's grad_weight += dlogits_c.T @ hidden_c reads and
 # writes all of grad_weight (V x H), so small chunks make that accumulation memory-bound: its
@@ -61,12 +61,20 @@ def chunk_rows(n, v, element_size):
     return max(1, min(n, c))
 
 
-def _chunk_logits(hidden_c, weight, bias, out):
-    if bias is not None:
-        torch.addmm(bias, hidden_c, weight.T, out=out)
-    else:
-        torch.mm(hidden_c, weight.T, out=out)
-    return out
+def _chunks(hidden, weight, bias):
+    """(index, rows slice, the chunk's logits) for each chunk of hidden's rows in turn, the logits
+    (C, V) = hidden_c @ weight.T + bias written into one buffer that every chunk reuses."""
+    n, v = hidden.shape[0], weight.shape[0]
+    c = chunk_rows(n, v, hidden.element_size())
+    buffer = hidden.new_empty((c, v))
+    for i, start in enumerate(range(0, n, c)):
+        rows = slice(start, min(start + c, n))
+        out = buffer[:rows.stop - start]
+        if bias is not None:
+            torch.addmm(bias, hidden[rows], weight.T, out=out)
+        else:
+            torch.mm(hidden[rows], weight.T, out=out)
+        yield i, rows, out
 
 
 def _accumulate(dlogits, hidden_c, weight, grad_hidden_c, grad_weight, grad_bias, first):
@@ -86,8 +94,7 @@ def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softca
     """(loss, grad_hidden, grad_weight, grad_bias): loss fp32, a scalar for "mean"/"sum" or (N,)
     rows for "none"; the gradients of the loss (for grad_output 1) when `grads` (three bools: of
     hidden, weight, bias), else empty tensors."""
-    n, h = hidden.shape
-    v = weight.shape[0]
+    n, v = hidden.shape[0], weight.shape[0]
     rows = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     want_h, want_w, want_b = grads if reduction != "none" else (False, False, False)
@@ -97,16 +104,12 @@ def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softca
     any_grad = want_h or want_w or want_b
     n_valid = (target != ignore_index).sum()
     scale = (1.0 / n_valid.float() if reduction == "mean" else torch.ones((), device=hidden.device)).reshape(1)
-    c = chunk_rows(n, v, hidden.element_size())
-    buffer = hidden.new_empty((c, v))
-    if n and v:
-        for i, start in enumerate(range(0, n, c)):
-            end = min(start + c, n)
-            hidden_c, logits = hidden[start:end], _chunk_logits(hidden[start:end], weight, bias, buffer[:end - start])
-            launch_rows(logits, target[start:end], rows[start:end], lse[start:end], ignore_index, label_smoothing,
+    if n:
+        for i, r, logits in _chunks(hidden, weight, bias):
+            launch_rows(logits, target[r], rows[r], lse[r], ignore_index, label_smoothing,
                         softcap, grad_out=logits if any_grad else None, grad_scale=scale)
             if any_grad:
-                _accumulate(logits, hidden_c, weight, grad_hidden[start:end] if want_h else None,
+                _accumulate(logits, hidden[r], weight, grad_hidden[r] if want_h else None,
                             grad_weight if want_w else None, grad_bias if want_b else None, i == 0)
     elif any_grad:
         for g in (grad_hidden, grad_weight, grad_bias):
@@ -130,23 +133,16 @@ def _fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, 
 def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap):
     """(grad_hidden, grad_weight, grad_bias) of reduction "none" for the rows' gradients
     grad_rows (N,): each chunk's logits again, dlogits with each row's gradient, the products."""
-    n, h = hidden.shape
-    v = weight.shape[0]
+    n, v = hidden.shape[0], weight.shape[0]
     grad_hidden, grad_weight = torch.empty_like(hidden), torch.empty_like(weight)
     grad_bias = torch.zeros(v, device=hidden.device, dtype=torch.float32)
-    c = chunk_rows(n, v, hidden.element_size())
-    buffer = hidden.new_empty((c, v))
-    if not (n and v):
+    if not n:
         return grad_hidden.zero_(), grad_weight.zero_(), (grad_bias if bias is None else grad_bias.to(bias.dtype))
-    for i, start in enumerate(range(0, n, c)):
-        end = min(start + c, n)
-        logits = _chunk_logits(hidden[start:end], weight, bias, buffer[:end - start])
-        _cross_entropy_bwd_kernel[(end - start,)](
-            logits, target[start:end], lse[start:end], grad_rows[start:end], lse, logits,
-            logits.stride(0), logits.stride(1), logits.stride(0), logits.stride(1), grad_rows.stride(0), 0,
-            v, ignore_index, float(label_smoothing), float(softcap or 1.0),
-            HAS_GRAD_LSE=False, HAS_SOFTCAP=softcap is not None, BLOCK=block_v(v), num_warps=NUM_WARPS)
-        _accumulate(logits, hidden[start:end], weight, grad_hidden[start:end], grad_weight, grad_bias, i == 0)
+    for i, r, logits in _chunks(hidden, weight, bias):
+        # dlogits with each row's gradient, over the chunk's logits in place
+        launch_backward_rows(logits, target[r], lse[r], grad_rows[r], None, logits, ignore_index, label_smoothing,
+                             softcap)
+        _accumulate(logits, hidden[r], weight, grad_hidden[r], grad_weight, grad_bias, i == 0)
     return grad_hidden, grad_weight, grad_bias if bias is None else grad_bias.to(bias.dtype)
 
 
@@ -199,16 +195,11 @@ fused_linear_cross_entropy_op = define_op(
 
 def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap):
     """reduction "none": (loss rows, LSE), both fp32 (N,)."""
-    n, h = hidden.shape
-    v = weight.shape[0]
+    n = hidden.shape[0]
     rows = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
-    c = chunk_rows(n, v, hidden.element_size())
-    buffer = hidden.new_empty((c, v))
-    for start in range(0, n if v else 0, c):
-        end = min(start + c, n)
-        logits = _chunk_logits(hidden[start:end], weight, bias, buffer[:end - start])
-        launch_rows(logits, target[start:end], rows[start:end], lse[start:end], ignore_index, label_smoothing, softcap)
+    for _, r, logits in _chunks(hidden, weight, bias):
+        launch_rows(logits, target[r], rows[r], lse[r], ignore_index, label_smoothing, softcap)
     return rows, lse
 
 

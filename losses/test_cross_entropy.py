@@ -20,6 +20,7 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from common.checks.losses import IGNORE, make_target  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
                             expect_raises, grads_of, main, rand)
@@ -27,7 +28,6 @@ from losses.cross_entropy import cross_entropy, cross_entropy_op  # noqa: E402
 from losses.reference import cross_entropy_ref  # noqa: E402
 
 LSE_ULPS = 8  # the online max/sum over BLOCK_V chunks and exp2's error: a few fp32 ulps of |LSE|
-IGNORE = -100
 
 
 def torch_ce(logits, target, ignore_index=IGNORE, reduction="mean", label_smoothing=0.0):
@@ -35,14 +35,6 @@ def torch_ce(logits, target, ignore_index=IGNORE, reduction="mean", label_smooth
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1).long(), ignore_index=ignore_index,
                            reduction=reduction, label_smoothing=label_smoothing)
     return loss.reshape(target.shape) if reduction == "none" else loss
-
-
-def make_target(shape, v, ignored=0.25, all_ignored=False):
-    """Class indices in [0, V), a share of them ignore_index (fresh each call)."""
-    t = torch.randint(0, v, shape, device=DEVICE)
-    if all_ignored:
-        return torch.full_like(t, IGNORE)
-    return torch.where(torch.rand(shape, device=DEVICE) < ignored, torch.full_like(t, IGNORE), t)
 
 
 def lse_error(x):

@@ -19,13 +19,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
+from common.checks.losses import IGNORE, make_target  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
                             expect_raises, grads_of, main, rand)
 from losses.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from losses.reference import linear_cross_entropy_ref, linear_cross_entropy_same_dtype  # noqa: E402
 
-IGNORE = -100
 FLOOR_ULPS = 64
 
 
@@ -37,13 +37,6 @@ def rule_tol(dtype, want, theirs):
     err = (theirs.double() - want).abs().nan_to_num(nan=0.0).max().item()
     atol = 2 * err + (UNIT_ROUNDOFF[dtype] + FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32]) * top + 1e-12
     return Tol(atol, 0.0, "2x PyTorch's same-dtype error + u * max|ref|", rounding_check=False)
-
-
-def make_target(shape, v, ignored=0.25, all_ignored=False):
-    t = torch.randint(0, v, shape, device=DEVICE)
-    if all_ignored:
-        return torch.full_like(t, IGNORE)
-    return torch.where(torch.rand(shape, device=DEVICE) < ignored, torch.full_like(t, IGNORE), t)
 
 
 def check(n, h, v, dtype, reduction="mean", label_smoothing=0.0, softcap=None, bias=False, weight_scale=None,
