@@ -50,19 +50,38 @@ def torch_same_dtype(a, b, bias, activation):
     return TORCH_ACTIVATIONS[activation](y)
 
 
+def sum_scale(ref, min_count=16):
+    """The typical size of each element of `ref`, a matrix of sums (a gradient), as a tensor of its
+    shape: the root-sum-square of an element's terms, which the element itself is on average.
+    Its rows and columns carry the scales of the operands (a norm weight scales a column of h, so
+    dweight = dy^T @ h has columns that much larger than the rest), so the estimate is
+    rms(row) * rms(column) / rms(all), floored at rms(all). A row or column of fewer than
+    `min_count` values is too few to estimate from; that side uses rms(all). 1-D: rms(all)."""
+    r = ref.detach().double()
+    overall = r.pow(2).mean().sqrt()
+    if r.dim() < 2 or overall == 0:
+        return overall.expand(r.shape)
+    m = r.reshape(-1, r.shape[-1])
+    rows = m.pow(2).mean(1, keepdim=True).sqrt() if m.shape[1] >= min_count else overall.expand(m.shape[0], 1)
+    cols = m.pow(2).mean(0, keepdim=True).sqrt() if m.shape[0] >= min_count else overall.expand(1, m.shape[1])
+    return torch.maximum(rows * cols / overall, overall).reshape(r.shape)
+
+
 def grad_tolerance(dtype):
     """Tol of a gradient of `dtype` against its fp64 reference (check_grads calls it per gradient).
     da = dz @ b^T and db = a^T @ dz are products whose K-long inputs each carry a rounding or two
     of relative size u (2^-11 fp16, 2^-8 bf16): dz's own, and z's in the forward, which moves
     act'(z) by about as much. With random signs these add up to about u / sqrt(3) times the
-    root-sum-square of the terms, the size of a typical output, T (the rms of the reference):
+    root-sum-square of an element's terms, T (sum_scale: the element's row and column scale):
     sqrt(2/3) u T for two roundings, whose largest of a million is near 5.5 standard deviations,
-    4.5 u T. atol = 8 u T; rtol the final rounding (one ulp, common.testing.TOLERANCES). dbias is
-    such a sum over the rows; so are rmsnorm_linear's gradients (dweight = dy^T @ h, dh = dy @ weight,
-    then the RMSNorm backward's sums over dh * x). fp32 accumulation (sqrt(K) 2^-24 T, tolerance()
-    above) is below 2^-8 u T for any K up to 2^32. The 2x-PyTorch rule is the tighter guard."""
+    4.5 u T. atol = 8 u T per element; rtol the final rounding (one ulp, common.testing.TOLERANCES).
+    dbias is such a sum over the rows; so are rmsnorm_linear's gradients (dweight = dy^T @ h, whose
+    columns norm_weight scales; dh = dy @ weight, then the RMSNorm backward's sums over dh * x).
+    fp32 accumulation (sqrt(K) 2^-24 T, tolerance() above) is below 2^-8 u T for any K up to 2^32.
+    The 2x-PyTorch rule is the tighter guard."""
     def tol(name, ref):
-        typical = ref.double().pow(2).mean().sqrt().item() if ref.numel() else 0.0
-        return Tol(max(1e-5, 8 * UNIT_ROUNDOFF[dtype] * typical), TOLERANCES[dtype].rtol,
-                   "one or two roundings of each input of the sums, one of the output")
+        if not ref.numel():
+            return Tol(1e-5, TOLERANCES[dtype].rtol, "empty")
+        atol = (8 * UNIT_ROUNDOFF[dtype] * sum_scale(ref)).clamp_min(1e-5)
+        return Tol(atol, TOLERANCES[dtype].rtol, "one or two roundings of each input of the sums, one of the output")
     return tol
