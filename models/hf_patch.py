@@ -1,17 +1,24 @@
 """This repository's Triton kernels swapped into a Hugging Face Llama or Qwen2 model, in place.
 
-    patch_model(model, kernels=("rmsnorm", "swiglu", "rope", "attention", "cross_entropy"))  -> model
+    patch_model(model, kernels=("rmsnorm", "residual_rmsnorm", "swiglu", "rope", "attention",
+                                "cross_entropy"))                           -> model
     unpatch_model(model)                                                    -> model, as it was
     kernel_calls(model)                                                     -> {"rmsnorm": 9, ...}
 
 transformers stays an optional dependency: it is imported inside patch_model, never on import.
 Written against transformers 5.17 (models/llama/modeling_llama.py, models/qwen2/modeling_qwen2.py),
 whose decoder layer runs RMSNorm -> attention (q/k/v projections, RoPE, KV cache update, attention
-function, o_proj) -> RMSNorm -> MLP. What is replaced, and through which hook:
+function, o_proj) -> residual add -> RMSNorm -> MLP -> residual add. What is replaced, and through
+which hook:
 
   rmsnorm    each LlamaRMSNorm / Qwen2RMSNorm gets an instance `forward` that calls
              normalization/triton_rmsnorm.py. HF rounds x * rstd to x's dtype before the weight
              multiply; the kernel rounds once, after it.
+  residual_rmsnorm  each decoder layer gets an instance `forward`, the layer's own steps in its
+             order, with the add after attention and post_attention_layernorm in one pass
+             (normalization/triton_residual_rmsnorm.py: u = attention output + residual, rounded as
+             HF's add rounds it, and rmsnorm(u)). The add after the MLP feeds the next layer's
+             input_layernorm, across the decoder loop, so it stays PyTorch's.
   swiglu     each MLP gets an instance `forward`, down_proj(swiglu(gate_proj(x), up_proj(x))):
              silu(gate) * up in one pass (mlp/triton_swiglu.py). Needs hidden_act "silu".
   attention  registered as "triton_attention" in transformers' AttentionInterface and
@@ -39,18 +46,18 @@ function, o_proj) -> RMSNorm -> MLP. What is replaced, and through which hook:
              plain nn.Linear without hooks (LoRA, ZeRO-3, FSDP wrap it), or autocast, keeps the
              original forward, as does every call that is not a training step.
 
-Training: rmsnorm, swiglu, rope and attention (flash_attention, prefill) have a backward, so a
-patched model trains on them: with grad enabled the hooks call the functional kernels (no out=
-buffers), and loss.backward() runs the kernels' backward. A decode step (one query against a
-cache) takes the decode kernel only without grad. The residual adds stay PyTorch's (residual
-RMSNorm would need the decoder layer's forward replaced).
+Training: rmsnorm, residual_rmsnorm, swiglu, rope and attention (flash_attention, prefill) have a
+backward, so a patched model trains on them: with grad enabled the hooks call the functional
+kernels (no out= buffers), and loss.backward() runs the kernels' backward. A decode step (one query
+against a cache) takes the decode kernel only without grad.
 
 The original code runs instead of a kernel whenever the kernel does not cover the call:
   - autograd where a kernel has none: the decode kernel (one query against a cache) runs without
     grad only; with grad the flash kernel takes that step.
   - a tensor off the kernels' device (common.device.DEVICE) or of a dtype a kernel lacks (the flash
     kernel takes fp16 and bf16 only, so an fp32 model keeps its original attention), or an RMSNorm
-    weight whose dtype differs from its input's (HF then returns the promoted dtype).
+    weight whose dtype differs from its input's (HF then returns the promoted dtype); a
+    post_attention_layernorm with hooks of its own (the fused pass would skip them).
   - any attention mask. The mask function is transformers' SDPA one, which returns None for a plain
     causal mask: a prefill with no padding (attention_mask absent or all ones; also into an empty
     StaticCache, whose unwritten slots are cut off as HF's SDPA path does) and an unpadded decode
@@ -78,12 +85,13 @@ from common.device import DEVICE
 from common.validation import FLOAT_DTYPES
 from losses.fused_linear_cross_entropy import fused_linear_cross_entropy
 from mlp.triton_swiglu import swiglu
+from normalization.triton_residual_rmsnorm import residual_rmsnorm
 from normalization.triton_rmsnorm import rmsnorm
 
-KERNELS = ("rmsnorm", "swiglu", "rope", "attention", "cross_entropy")
+KERNELS = ("rmsnorm", "residual_rmsnorm", "swiglu", "rope", "attention", "cross_entropy")
 ATTENTION_NAME = "triton_attention"  # no "flash" in it: transformers treats such names as flash-attn builds
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16)  # what flash_attention takes
-# config.model_type -> (modeling module, prefix of its RMSNorm / MLP / Attention class names)
+# config.model_type -> (modeling module, prefix of its RMSNorm / MLP / Attention / DecoderLayer class names)
 SUPPORTED = {
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
@@ -135,6 +143,28 @@ def _rmsnorm_forward(norm, original, state, hidden_states):
         return rmsnorm(hidden_states, norm.weight, norm.variance_epsilon)
     state.calls["rmsnorm fallback"] += 1
     return original(hidden_states)
+
+
+def _decoder_layer_forward(layer, original, state, hidden_states, attention_mask=None, position_ids=None,
+                           past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
+    """LlamaDecoderLayer / Qwen2DecoderLayer (transformers 5.17): hidden_states (B, T, N) ->
+    (B, T, N), the layer's steps with the add after attention fused into post_attention_layernorm."""
+    residual = hidden_states
+    hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states),
+                                       attention_mask=attention_mask, position_ids=position_ids,
+                                       past_key_values=past_key_values, use_cache=use_cache,
+                                       position_embeddings=position_embeddings, **kwargs)
+    norm = layer.post_attention_layernorm
+    if (hidden_states.shape == residual.shape and hidden_states.dtype == residual.dtype == norm.weight.dtype
+            and not (norm._forward_hooks or norm._forward_pre_hooks)
+            and _kernel_ready(hidden_states, residual, norm.weight)):
+        state.calls["residual_rmsnorm"] += 1
+        hidden_states, residual = residual_rmsnorm(hidden_states, residual, norm.weight, norm.variance_epsilon)
+    else:
+        state.calls["residual_rmsnorm fallback"] += 1
+        residual = residual + hidden_states
+        hidden_states = norm(residual)
+    return residual + layer.mlp(hidden_states)
 
 
 def _mlp_forward(mlp, original, state, x):
@@ -406,8 +436,8 @@ def patch_model(model, kernels=KERNELS):
 
     model: a transformers LlamaForCausalLM or Qwen2ForCausalLM (or their base models), on any
        device and dtype: the kernels run where they can, the original code elsewhere (see the
-       module docstring). kernels: any of "rmsnorm", "swiglu", "rope", "attention", "cross_entropy"
-       (the last acts on a *ForCausalLM only, in training).
+       module docstring). kernels: any of "rmsnorm", "residual_rmsnorm", "swiglu", "rope",
+       "attention", "cross_entropy" (the last acts on a *ForCausalLM only, in training).
     Raises TypeError / ValueError, with the model untouched, for another model type, an unknown
     kernel name, a model that is already patched, a model whose MLP activation is not SiLU when
     "swiglu" is asked for, or an attention implementation with no mask function when "attention" is.
@@ -421,7 +451,8 @@ def patch_model(model, kernels=KERNELS):
                          f"{model.config.hidden_act!r}; leave 'swiglu' out")
     if "attention" in kernels:
         _check_attention_implementation(model.config._attn_implementation)
-    norm_cls, mlp_cls, attention_cls = (getattr(modeling, prefix + name) for name in ("RMSNorm", "MLP", "Attention"))
+    norm_cls, mlp_cls, attention_cls, layer_cls = (getattr(modeling, prefix + name)
+                                                   for name in ("RMSNorm", "MLP", "Attention", "DecoderLayer"))
     modules = list(model.modules())
     if not any(isinstance(m, attention_cls) for m in modules):
         raise ValueError(f"model: found no {attention_cls.__name__} modules in {type(model).__name__}")
@@ -432,6 +463,8 @@ def patch_model(model, kernels=KERNELS):
         for module in modules:
             if isinstance(module, norm_cls) and "rmsnorm" in kernels:
                 _replace_forward(state, module, _rmsnorm_forward)
+            elif isinstance(module, layer_cls) and "residual_rmsnorm" in kernels:
+                _replace_forward(state, module, _decoder_layer_forward)
             elif isinstance(module, mlp_cls) and "swiglu" in kernels:
                 _replace_forward(state, module, _mlp_forward)
             elif isinstance(module, attention_cls):
@@ -475,8 +508,9 @@ def unpatch_model(model):
 
 
 def kernel_calls(model):
-    """{name: count} of kernel calls ("rmsnorm", "swiglu", "rope", "flash_attention",
-    "decode_attention") and of fallbacks ("rmsnorm fallback", ...) since patch_model."""
+    """{name: count} of kernel calls ("rmsnorm", "residual_rmsnorm", "swiglu", "rope",
+    "flash_attention", "decode_attention", "cross_entropy") and of fallbacks ("rmsnorm fallback",
+    ...) since patch_model."""
     state = model.__dict__.get(_STATE_ATTR) if isinstance(model, torch.nn.Module) else None
     if state is None:
         raise ValueError("model is not patched")

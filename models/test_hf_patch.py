@@ -185,8 +185,9 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=False):
 
     # every module of the model went through a kernel, on every forward
     n_forwards = n_steps + 1
-    expected = {"rmsnorm": (2 * n_layers + 1) * n_forwards, "swiglu": n_layers * n_forwards,
-                "rope": n_layers * n_forwards}
+    # post_attention_layernorm runs fused with the residual add before it, in residual_rmsnorm
+    expected = {"rmsnorm": (n_layers + 1) * n_forwards, "residual_rmsnorm": n_layers * n_forwards,
+                "swiglu": n_layers * n_forwards, "rope": n_layers * n_forwards}
     if dtype == torch.float32 or padded:  # flash_attention takes fp16 / bf16; a mask goes to the original
         expected["attention fallback"] = n_layers * n_forwards
     else:
@@ -278,8 +279,8 @@ def training_step(model, ids, labels):
 def check_training(kind):
     """One training step of the patched model: the loss and every parameter's gradient within
     the 2x rule of the unpatched bf16 model's own error against the fp32 reference, plus one bf16
-    rounding of the largest value; every kernel ran (rmsnorm, rope, flash_attention with its
-    backward, swiglu, the fused linear cross-entropy); unpatched again, the model's step is the
+    rounding of the largest value; every kernel ran (rmsnorm, residual_rmsnorm, rope,
+    flash_attention with its backward, swiglu, the fused linear cross-entropy); unpatched again, the model's step is the
     original's bit for bit."""
     from models.hf_patch import kernel_calls, patch_model, unpatch_model
 
@@ -312,8 +313,8 @@ def check_training(kind):
                             note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound"))
     ran = {k for k, v in calls.items() if v and "fallback" not in k}
     fallbacks = {k: v for k, v in calls.items() if "fallback" in k}
-    outcomes.append(Outcome("every kernel ran, no fallback", ran >= {"rmsnorm", "rope", "flash_attention", "swiglu",
-                                                                    "cross_entropy"} and not fallbacks, note=f"{calls}"[:120]))
+    outcomes.append(Outcome("every kernel ran, no fallback", ran >= {"rmsnorm", "residual_rmsnorm", "rope",
+                                                                    "flash_attention", "swiglu", "cross_entropy"} and not fallbacks, note=f"{calls}"[:120]))
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
