@@ -276,18 +276,22 @@ def training_step(model, ids, labels):
     return out.loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
 
 
-def check_training(kind):
+def check_training(kind, checkpointing=False):
     """One training step of the patched model: the loss and every parameter's gradient within
     the 2x rule of the unpatched bf16 model's own error against the fp32 reference, plus one bf16
     rounding of the largest value; every kernel ran (rmsnorm, residual_rmsnorm, rope,
     flash_attention with its backward, swiglu, the fused linear cross-entropy); unpatched again, the model's step is the
-    original's bit for bit."""
+    original's bit for bit. checkpointing: HF's gradient checkpointing on all three models (the
+    patched decoder layers' forward runs again in the backward, under HF's checkpoint call)."""
     from models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     model, ref = make_model(kind, "tiny", torch.bfloat16)
     plain = copy.deepcopy(model)
     for m in (model, ref, plain):
         m.train()
+        if checkpointing:
+            m.config.use_cache = False  # as HF would set it, with a warning, under checkpointing
+            m.gradient_checkpointing_enable()
     ids = prompt("tiny", 2)
     labels = ids.clone()
     labels[0, :3] = -100  # ignored positions, as padding or a prompt gets
@@ -315,6 +319,10 @@ def check_training(kind):
     fallbacks = {k: v for k, v in calls.items() if "fallback" in k}
     outcomes.append(Outcome("every kernel ran, no fallback", ran >= {"rmsnorm", "residual_rmsnorm", "rope",
                                                                     "flash_attention", "swiglu", "cross_entropy"} and not fallbacks, note=f"{calls}"[:120]))
+    if checkpointing:  # each layer's kernels ran twice: the forward, and its recomputation
+        n_layers = model.config.num_hidden_layers
+        outcomes.append(Outcome("layers recomputed in the backward", calls.get("residual_rmsnorm") == 2 * n_layers
+                                and calls.get("swiglu") == 2 * n_layers, note=f"{calls}"[:120]))
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
@@ -423,6 +431,7 @@ def model_cases():
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
         Case("llama bf16 training step", check_training, dict(kind="llama")),
         Case("qwen2 bf16 training step", check_training, dict(kind="qwen2")),
+        Case("llama bf16 training step, gradient checkpointing", check_training, dict(kind="llama", checkpointing=True)),
         Case("training step: shift_labels, num_items_in_batch, return_dict", check_training_options),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
