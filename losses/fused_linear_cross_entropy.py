@@ -130,29 +130,37 @@ def _fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, 
             bias.new_empty(bias.shape) if want_b else hidden.new_empty((0,)))
 
 
-def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap):
+def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, grads):
     """(grad_hidden, grad_weight, grad_bias) of reduction "none" for the rows' gradients
-    grad_rows (N,): each chunk's logits again, dlogits with each row's gradient, the products."""
-    n, v = hidden.shape[0], weight.shape[0]
-    grad_hidden, grad_weight = torch.empty_like(hidden), torch.empty_like(weight)
-    grad_bias = torch.zeros(v, device=hidden.device, dtype=torch.float32)
-    if not n:
-        return grad_hidden.zero_(), grad_weight.zero_(), (grad_bias if bias is None else grad_bias.to(bias.dtype))
-    for i, r, logits in _chunks(hidden, weight, bias):
-        # dlogits with each row's gradient, over the chunk's logits in place
-        launch_backward_rows(logits, target[r], lse[r], grad_rows[r], None, logits, ignore_index, label_smoothing,
-                             softcap)
-        _accumulate(logits, hidden[r], weight, grad_hidden[r], grad_weight, grad_bias, i == 0)
-    return grad_hidden, grad_weight, grad_bias if bias is None else grad_bias.to(bias.dtype)
+    grad_rows (N,): each chunk's logits again, dlogits with each row's gradient, the products.
+    grads: three bools (hidden, weight, bias); a gradient not asked for is an empty tensor, and
+    its product is skipped (a frozen head's V x H grad_weight is never made)."""
+    want_h, want_w, want_b = grads
+    grad_hidden = torch.empty_like(hidden) if want_h else hidden.new_empty((0,))
+    grad_weight = torch.empty_like(weight) if want_w else hidden.new_empty((0,))
+    grad_bias = torch.zeros(weight.shape[0], device=hidden.device, dtype=torch.float32) if want_b \
+        else hidden.new_empty((0,))
+    if not hidden.shape[0]:
+        grad_hidden.zero_(), grad_weight.zero_()
+    elif want_h or want_w or want_b:
+        for i, r, logits in _chunks(hidden, weight, bias):
+            # dlogits with each row's gradient, over the chunk's logits in place
+            launch_backward_rows(logits, target[r], lse[r], grad_rows[r], None, logits, ignore_index,
+                                 label_smoothing, softcap)
+            _accumulate(logits, hidden[r], weight, grad_hidden[r] if want_h else None,
+                        grad_weight if want_w else None, grad_bias if want_b else None, i == 0)
+    return grad_hidden, grad_weight, grad_bias.to(bias.dtype) if want_b else grad_bias
 
 
 fused_linear_cross_entropy_backward_op = define_op(
     "fused_linear_cross_entropy_backward(Tensor grad_rows, Tensor hidden, Tensor weight, Tensor target, "
-    "Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, float? softcap) -> (Tensor, Tensor, Tensor)",
+    "Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, float? softcap, bool[] grads) "
+    "-> (Tensor, Tensor, Tensor)",
     _backward_none,
-    lambda grad_rows, hidden, weight, target, bias, *rest: (
-        torch.empty_like(hidden), torch.empty_like(weight),
-        weight.new_empty((weight.shape[0],), dtype=torch.float32) if bias is None else torch.empty_like(bias)))
+    lambda grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, grads: (
+        torch.empty_like(hidden) if grads[0] else hidden.new_empty((0,)),
+        torch.empty_like(weight) if grads[1] else hidden.new_empty((0,)),
+        bias.new_empty(bias.shape) if grads[2] else hidden.new_empty((0,))))
 
 
 def _setup(ctx, inputs, output):
@@ -215,9 +223,11 @@ def _backward_none_formula(ctx, grad_rows, grad_lse):
     hidden, weight, target, bias, lse = ctx.saved_tensors
     if grad_rows is None:
         return (None,) * 7
-    gh, gw, gb = fused_linear_cross_entropy_backward_op(grad_rows, hidden, weight, target, bias, lse, *ctx.options)
     need = ctx.needs_input_grad
-    return gh if need[0] else None, gw if need[1] else None, None, gb if need[3] else None, None, None, None
+    grads = [need[0], need[1], bias is not None and need[3]]
+    gh, gw, gb = fused_linear_cross_entropy_backward_op(grad_rows, hidden, weight, target, bias, lse, *ctx.options,
+                                                         grads)
+    return gh if grads[0] else None, gw if grads[1] else None, None, gb if grads[2] else None, None, None, None
 
 
 fused_linear_cross_entropy_none_op = define_op(

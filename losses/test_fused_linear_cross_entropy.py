@@ -40,8 +40,9 @@ def rule_tol(dtype, want, theirs):
 
 
 def check(n, h, v, dtype, reduction="mean", label_smoothing=0.0, softcap=None, bias=False, weight_scale=None,
-          lead=None, all_ignored=False):
-    """Loss and the gradients of hidden, weight (and bias) against the fp64 reference."""
+          lead=None, all_ignored=False, wrt=None):
+    """Loss and the gradients of hidden, weight (and bias) against the fp64 reference. wrt: the
+    positions (0 hidden, 1 weight, 2 bias) that require grad, default all; the others get None."""
     shape = (lead, n // lead, h) if lead else (n, h)
     hidden = rand(shape, dtype)
     weight = rand((v, h), dtype, scale=weight_scale or h ** -0.5 * 3)
@@ -54,7 +55,7 @@ def check(n, h, v, dtype, reduction="mean", label_smoothing=0.0, softcap=None, b
 
     ours, ref, theirs = call(fused_linear_cross_entropy), call(linear_cross_entropy_ref), \
         call(linear_cross_entropy_same_dtype)
-    wrt = list(range(len(inputs)))
+    wrt = list(range(len(inputs))) if wrt is None else list(wrt)
     dy = torch.randn(target.shape if reduction == "none" else (), device=DEVICE).to(dtype)
     outs, want = grads_of(ref, inputs, wrt, [dy], dtype=torch.float64)
     _, their_grads = grads_of(theirs, inputs, wrt, [dy])
@@ -66,7 +67,7 @@ def check(n, h, v, dtype, reduction="mean", label_smoothing=0.0, softcap=None, b
     if all_ignored:
         outcomes.append(Outcome("every target ignored: loss as PyTorch's",
                                 bool(loss.isnan()) == bool(torch_loss.isnan()), note=f"{loss.item()}"))
-    tols = {name: rule_tol(dtype, w, t) for name, w, t in zip(("hidden", "weight", "bias"), want, their_grads)}
+    tols = {("hidden", "weight", "bias")[i]: rule_tol(dtype, w, t) for i, w, t in zip(wrt, want, their_grads)}
     return outcomes + check_grads("", ours, ref, inputs, wrt, ("hidden", "weight", "bias"),
                                   lambda name, w: tols[name], torch_fn=theirs, grad_outputs=[dy])
 
@@ -196,6 +197,12 @@ def _cases():
         add(f"N1024 H2048 V32000 {dt}", gpu_only=True, n=1024, h=2048, v=32000, dtype=dtype)
         add(f"N512 H4096 V128256 {dt} smoothing 0.1", gpu_only=True, n=512, h=4096, v=128256, dtype=dtype,
             label_smoothing=0.1)
+    # a subset requiring grad: the others' products skipped, None for them (a frozen head: hidden only)
+    add("N19 H32 V77 bf16 none, bias, hidden only", n=19, h=32, v=77, dtype=torch.bfloat16, reduction="none",
+        bias=True, wrt=(0,))
+    add("N19 H32 V77 fp32 none, bias, weight and bias only", n=19, h=32, v=77, dtype=torch.float32,
+        reduction="none", bias=True, wrt=(1, 2))
+    add("N20 H64 V129 bf16 mean, bias, weight only", n=20, h=64, v=129, dtype=torch.bfloat16, bias=True, wrt=(1,))
     add("N9 H16 V1 fp32", n=9, h=16, v=1, dtype=torch.float32)
     add("N12 H16 V50 every target ignored fp32", n=12, h=16, v=50, dtype=torch.float32, all_ignored=True)
     add("N12 H16 V50 every target ignored, sum bf16", n=12, h=16, v=50, dtype=torch.bfloat16, reduction="sum",
