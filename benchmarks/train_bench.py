@@ -3,8 +3,9 @@ transformers models (random weights, nothing downloaded), in tokens/s and peak m
 
 Providers, each on a fresh model from the same seed:
   eager          transformers as it ships (SDPA attention, PyTorch ops), torch.optim.AdamW(fused=True)
-  triton         the same model patched with models/hf_patch.py (RMSNorm, RoPE, FlashAttention with its
-                 backward, SwiGLU, the fused linear cross-entropy for the loss), TritonAdamW
+  triton         the same model patched with models/hf_patch.py (RMSNorm, residual RMSNorm, RoPE,
+                 FlashAttention with its backward, SwiGLU, the fused linear cross-entropy for the
+                 loss), TritonAdamW
   triton+torch-adamw  the patched model with torch's fused AdamW: the kernels' share alone, with the
                  peers' optimizer (TritonAdamW keeps m and v in fp32 for bf16 parameters, 8 bytes a
                  parameter more than torch's bf16 state)
