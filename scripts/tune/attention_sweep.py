@@ -3,6 +3,7 @@ num_warps, num_stages) at each of CONFIG_TABLE's head dims, full and causal, aga
 to set CONFIG_TABLE from measurement.
 
     python scripts/tune/attention_sweep.py           (GPU, fp16: ~10 min, compiles included)
+    python scripts/tune/attention_sweep.py --cudnn   (SDPA held to its cuDNN backend, the fastest on Hopper)
     python scripts/tune/attention_sweep.py --smoke   (interpreter, tiny shapes: proves the script runs)
 
 Shapes: B4 H32 T4096 D64, B16 H16 T1024 D128, B4 H16 T4096 D128, B4 H16 T4096 D256. FLOPs a call:
@@ -11,6 +12,7 @@ BAD, one that does not fit the GPU prints REFUSED; neither is timed), then timed
 common.bench.time_ms. One line a config: TFLOP/s and its ratio to SDPA's; '*' marks the config the
 table picks. Read off: the best config per shape and mask.
 """
+import contextlib
 import pathlib
 import sys
 
@@ -41,9 +43,20 @@ def candidates(head_dim, smoke):
             for stages in (2, 3, 4) if stages * 2 * bn * block_d * 2 <= SMEM_BYTES]
 
 
+def sdpa_backend(cudnn):
+    """SDPA held to its cuDNN backend, or left to choose."""
+    if not cudnn:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+
+
 def main():
-    args = parse_sweep_args(__doc__, "attention_sweep", DTYPES)
+    args = parse_sweep_args(__doc__, "attention_sweep", DTYPES, flags={
+        "--cudnn": "time SDPA on its cuDNN backend instead of its default pick (not in the interpreter)"})
     dtype = DTYPES[args.dtype]
+    cudnn = args.cudnn and not args.smoke  # the interpreter has no cuDNN backend
+    versus = "sdpa-cudnn" if cudnn else "SDPA"
     print(f"{describe()}, {args.dtype}", flush=True)
     for b, h, t, d in SMOKE_SHAPES if args.smoke else SHAPES:
         q, k, v = (torch.randn(b, h, t, d, device=DEVICE).to(dtype) for _ in range(3))
@@ -51,13 +64,15 @@ def main():
         picked = table_config(d, t)
         for causal in (False, True):
             flops = 4 * b * h * t * t * d // (2 if causal else 1)
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            sdpa = tflops(flops, time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
-            print(f"B{b} H{h} T{t} D{d} {'causal' if causal else 'full'}: SDPA {sdpa:.0f} TFLOP/s", flush=True)
+            with sdpa_backend(cudnn):
+                ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                sdpa = tflops(flops, time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
+            print(f"B{b} H{h} T{t} D{d} {'causal' if causal else 'full'}: {versus} {sdpa:.0f} TFLOP/s", flush=True)
             for config in dict.fromkeys(candidates(d, args.smoke) + [picked]):
                 call = lambda: flash_attention(q, k, v, causal=causal, out=out, config=config)  # noqa: E731
                 name = "{} x {}, {} warps, {} stages".format(*config)
-                report_config(name, call, out, ref, config == picked, flops=flops, sdpa_TFLOPs=sdpa, may_refuse=True)
+                report_config(name, call, out, ref, config == picked, flops=flops, sdpa_TFLOPs=sdpa, may_refuse=True,
+                              versus=versus)
 
 
 if __name__ == "__main__":

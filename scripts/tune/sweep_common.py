@@ -45,10 +45,10 @@ def measure_copy(args, *details):
 
 
 def report_config(name, call, out, ref, picked, n_bytes=None, copy_GBps=None, flops=None, sdpa_TFLOPs=None,
-                  may_refuse=False):
+                  may_refuse=False, versus="SDPA"):
     """Runs call() once, checks `out` against `ref` (tensors, or tuples of them), then times it and
     prints one line: GB/s and % of copy_GBps for `n_bytes` a call, or TFLOP/s and the ratio to
-    sdpa_TFLOPs for `flops`. A wrong result prints BAD; where may_refuse, a call that raises (out of
+    sdpa_TFLOPs (the baseline named `versus`) for `flops`. A wrong result prints BAD; where may_refuse, a call that raises (out of
     shared memory or registers) prints REFUSED; neither is timed. '*' marks the config the tables pick."""
     if (n_bytes is None) == (flops is None):
         raise ValueError("report_config: give exactly one of n_bytes and flops")
@@ -74,4 +74,4 @@ def report_config(name, call, out, ref, picked, n_bytes=None, copy_GBps=None, fl
         print(f"  {mark} {name}  {rate:7.0f} GB/s  {100 * rate / copy_GBps:5.1f}% copy", flush=True)
     else:
         rate = tflops(flops, ms)
-        print(f"  {mark} {name}  {rate:6.0f} TFLOP/s  {rate / sdpa_TFLOPs:5.2f}x SDPA", flush=True)
+        print(f"  {mark} {name}  {rate:6.0f} TFLOP/s  {rate / sdpa_TFLOPs:5.2f}x {versus}", flush=True)
