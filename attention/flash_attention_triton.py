@@ -33,7 +33,7 @@ import torch
 
 from attention.flash_attention_bwd import launch_flash_attention_backward
 from attention.flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
-from common.ops import define_op, define_ops
+from common.ops import define_op, define_ops, needs_grad
 from common.validation import check_same_device, check_tensor
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
@@ -288,10 +288,6 @@ def _options(causal, sm_scale, config):
     return causal, None if sm_scale is None else float(sm_scale), config
 
 
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
 # ---------------------------------------------------------------------------------------------
 # public functions
 
@@ -314,7 +310,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     check_attention_args(q, k, v, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config)
     if out is None:
-        if _needs_grad(q, k, v):
+        if needs_grad(q, k, v):
             return flash_attention_train_op(q, k, v, causal, sm_scale, config)[0]
         return flash_attention_op(q, k, v, causal, sm_scale, config)
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
@@ -349,6 +345,6 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     causal, sm_scale, config = _options(causal, sm_scale, config)
     args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal,
             sm_scale, config)
-    if _needs_grad(q, k, v):
+    if needs_grad(q, k, v):
         return flash_attention_varlen_train_op(*args)[0]
     return flash_attention_varlen_op(*args)

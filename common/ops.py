@@ -53,6 +53,12 @@ def _tensors(args):
             yield from (t for t in a if isinstance(t, torch.Tensor))
 
 
+def needs_grad(*tensors):
+    """Whether autograd would record a call on `tensors` (None entries allowed): grad mode is on and
+    one of them requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def forward_only_error(name, remedy=None):
     """The error of a forward-only op called under grad. remedy: how else to get gradients (an
     `_out` twin of a differentiable op: its functional form), said first."""
@@ -67,7 +73,7 @@ def _forward_only_kernel(name, op, remedy=None):
     after_autograd = torch._C._after_autograd_keyset
 
     def autograd_kernel(keyset, *args):
-        if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(args)):
+        if needs_grad(*_tensors(args)):
             raise forward_only_error(name, remedy)
         return op.redispatch(keyset & after_autograd, *args)
 

@@ -33,7 +33,7 @@ import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
 from common.device import INTERPRET, sm_count
-from common.ops import define_op, define_ops
+from common.ops import define_op, define_ops, needs_grad
 from common.validation import check_out
 from gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
 from gemm.matmul_common import check_matmul_args, picked_config
@@ -196,10 +196,6 @@ matmul_train_op = define_op(
     backward=_matmul_train_backward, setup_context=_setup_matmul_train)
 
 
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def matmul(a, b, bias=None, activation=None, out=None):
     """c = activation(a @ b + bias), accumulated in fp32 and rounded once to a's dtype (operators
     llmk::matmul and llmk::matmul_out).
@@ -216,7 +212,7 @@ def matmul(a, b, bias=None, activation=None, out=None):
     """
     m, n, _ = check_matmul_args(a, b, bias, activation)
     if out is None:
-        if activation is not None and _needs_grad(a, b, bias):
+        if activation is not None and needs_grad(a, b, bias):
             return matmul_train_op(a, b, bias, activation)[0]
         return matmul_op(a, b, bias, activation)
     check_out("out", out, (m, n), a.dtype, a.device)

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from common.device import INTERPRET, sm_count
 from common.ints import cdiv, next_power_of_2
-from common.ops import define_ops, forward_only_error
+from common.ops import define_ops, forward_only_error, needs_grad
 from common.triton_utils import LOG2E
 from common.validation import check_out, check_same_device, check_tensor
 from common.workspace import split_k_buffers
@@ -461,7 +461,7 @@ paged_decode_attention_op, paged_decode_attention_out_op = define_ops(
 
 def _check_forced_grad(name, *tensors):
     """The forward-only check of operator `name`, for a forced config, which launches past the operator."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if needs_grad(*tensors):
         raise forward_only_error(name)
 
 

@@ -37,7 +37,7 @@ import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
 from common.device import INTERPRET
-from common.ops import define_op
+from common.ops import define_op, needs_grad
 from common.validation import check_same_device, check_tensor
 from losses.cross_entropy import check_loss_args, launch_backward_rows, launch_rows
 
@@ -239,10 +239,6 @@ fused_linear_cross_entropy_none_op = define_op(
     backward=_backward_none_formula, setup_context=_setup_none)
 
 
-def _requires_grad(t):
-    return t is not None and t.requires_grad and torch.is_grad_enabled()
-
-
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
                                label_smoothing=0.0, softcap=None, loss_dtype=None):
     """cross_entropy(hidden @ weight.T + bias, target) without the logits in memory (module
@@ -287,7 +283,7 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     if reduction == "none":
         rows, _ = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap)
         return rows.reshape(target.shape).to(loss_dtype or hidden.dtype)
-    grads = [_requires_grad(hidden), _requires_grad(weight), _requires_grad(bias)]
+    grads = [needs_grad(hidden), needs_grad(weight), needs_grad(bias)]
     loss = fused_linear_cross_entropy_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap,
                                          reduction, grads)[0]
     return loss.to(loss_dtype or hidden.dtype)

@@ -82,6 +82,7 @@ import torch
 from attention.flash_attention_triton import MAX_HEAD_DIM, flash_attention
 from attention.triton_rope import apply_rope
 from common.device import DEVICE
+from common.ops import needs_grad
 from common.validation import FLOAT_DTYPES
 from losses.fused_linear_cross_entropy import fused_linear_cross_entropy
 from mlp.triton_swiglu import swiglu
@@ -126,10 +127,6 @@ class _PatchState:
 def _kernel_ready(*tensors, dtypes=FLOAT_DTYPES):
     """The kernels run on DEVICE, in `dtypes`: anything else takes the original path."""
     return all(t.device.type == DEVICE and t.dtype in dtypes for t in tensors)
-
-
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +324,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         return state.attention_fallback(module, query, key, value, attention_mask, **kwargs)
     batch, heads, n_queries, head_dim = query.shape
     scaling = kwargs.get("scaling") or head_dim ** -0.5
-    training = _needs_grad(query, key, value)
+    training = needs_grad(query, key, value)
     if n_queries == 1 and head_dim in state.decode_head_dims and not training:  # the decode kernel: no backward
         state.calls["decode_attention"] += 1
         lengths = _decode_lengths(state, batch, key.shape[2], query.device)

@@ -65,7 +65,8 @@ def sweep_backward(b, h, t, d, dtype, smoke):
         # the interpreter has no cuDNN or flash backend: its math backend stands in (numbers mean nothing)
         backends = {"math": SDPBackend.MATH} if smoke else \
             {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
-        rates = {name: tflops(flops, sdpa_backward_ms(q, k, v, do, causal, backend)) for name, backend in backends.items()}
+        rates = {name: tflops(flops, sdpa_backward_ms(q, k, v, do, causal, backend))
+                 for name, backend in backends.items()}
         print(f"B{b} H{h} T{t} D{d} {'causal' if causal else 'full'} backward: "
               + ", ".join(f"sdpa-{name} {rate:.0f}" for name, rate in rates.items()) + " TFLOP/s", flush=True)
         baseline = next(iter(rates))  # cuDNN on the GPU
