@@ -47,10 +47,11 @@ from common.triton_utils import LOG2E
 # (largest head dim, dk/dv launch (BLOCK_M, BLOCK_N, num_warps, num_stages), dq launch (same));
 # the first row whose head dim fits wins. The dk/dv program holds k and v as dot operands and two
 # fp32 accumulators of BLOCK_N x BLOCK_D; the dq program q and dO and one accumulator of
-# BLOCK_M x BLOCK_D. Provisional, not yet timed on a GPU: rows that Triton 3.9 compiles for sm_90
-# within 255 registers a thread (ptxas's report; at head dim 128, 128 keys a dk/dv program spilled,
-# at 256 so did 64 keys and one stage; the head-dim-64 dk/dv row spills 56 bytes in its packed-batch
-# build only). scripts/tune/attention_backward_sweep.py times them.
+# BLOCK_M x BLOCK_D. Provisional, not yet timed on a GPU: rows chosen to hold spills down when
+# Triton 3.9 compiles them for sm_90 (ptxas's report; at head dim 128, 128 keys a dk/dv program
+# spilled far more, at 256 so did 64 keys and one stage). Even so the dense builds spill up to 52
+# bytes a thread (dk/dv d128 causal, dq d256) and the packed-batch (VARLEN) builds 68-790 bytes
+# (dq d256 the most). scripts/tune/attention_backward_sweep.py times them.
 BACKWARD_TABLE = [
     (64, (64, 128, 8, 3), (128, 64, 8, 3)),
     (128, (32, 64, 8, 2), (128, 64, 8, 2)),

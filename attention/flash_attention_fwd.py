@@ -32,7 +32,7 @@ import triton.language as tl
 
 from common.device import INTERPRET
 from common.ints import cdiv, next_power_of_2
-from common.triton_utils import LOG2E
+from common.triton_utils import LN2, LOG2E
 
 MAX_HEAD_DIM = 256
 
@@ -219,7 +219,7 @@ def _flash_attention_fwd_kernel(
     if STORE_LSE:
         # m and log2(l) are in units of scaled log2: LSE = (m + log2(l)) * ln(2); -inf where l = 0
         seen = l_i > 0.0
-        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
         lse_base = lse_ptr + batch * stride_lb + head * stride_lh + q_start.to(tl.int64)
         tl.store(lse_base + offs_m, lse, mask=offs_m < n_queries)
 

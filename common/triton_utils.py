@@ -2,12 +2,14 @@
 activations (GELU, SiLU) a fused epilogue applies. One definition each, so every kernel rounds the
 same way. The SM count the launch heuristics take is host code: common.device.sm_count.
 
-LOG2E is a tl.constexpr so a kernel can use it as a global; host code takes LOG2E.value.
+LOG2E and LN2 are tl.constexpr so a kernel can use them as globals (Triton compiles no other
+global); host code takes .value.
 """
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(t) = exp2(t * log2(e)): exp2 is one instruction
+LN2 = tl.constexpr(0.6931471805599453)     # log(t) = log2(t) * ln(2)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton.language as tl
 from common.device import INTERPRET
 from common.ints import next_power_of_2
 from common.ops import define_op
-from common.triton_utils import LOG2E
+from common.triton_utils import LN2, LOG2E
 from common.validation import check_tensor
 from losses.reference import REDUCTIONS
 
@@ -38,7 +38,6 @@ from losses.reference import REDUCTIONS
 # run several chunks and a ragged last one.
 BLOCK_V, NUM_WARPS = 4096, 8
 INTERPRET_BLOCK_V = 128
-LN2 = 0.6931471805599453
 
 
 def block_v(n_cols):
