@@ -1,7 +1,8 @@
 """`make test`: run every */test_*.py as its own process, stream its table, and end with one line
 counting cases over all scripts: `N passed, M failed`, then `, K skipped (reason)` when some script
 could not run its cases here (no CUDA toolchain, an optional package missing), one reason per kind
-of skip. Just above it, the rows that failed, by script, so the tail of a long log names them. Exit 1 if any case failed, or a script died or ran nothing without saying why."""
+of skip. Just above it, the rows that failed, by script, so the tail of a long log names them.
+Exit 1 if any case failed, or a script died or ran nothing without saying why."""
 import argparse
 import concurrent.futures
 import pathlib
