@@ -11,29 +11,39 @@ log-sum-exp, P = exp(S - LSE) (exp2 with log2(e) folded into the scale, as in th
 delta is rowsum(dP * P) written as rowsum(dO * O), one number a query computed once up front
 (`_preprocess_kernel`). dLSE, the gradient of the LSE output when a caller used it, enters there.
 
-Three launches, no atomics, so the result is deterministic:
-1. preprocess: delta (fp32, laid out like LSE) from O and dO.
-2. dk, dv: one program per BLOCK_N keys of one (batch, kv head). It keeps its k and v blocks and
+Two schedules. Both start with the preprocess launch, delta (fp32, laid out like LSE) from O and dO.
+
+The two-pass schedule (`deterministic=True`, and the default wherever the other does not win):
+1. dk, dv: one program per BLOCK_N keys of one (batch, kv head). It keeps its k and v blocks and
    the fp32 dk, dv accumulators in registers and streams q, dO, LSE and delta in blocks of BLOCK_M
    queries, over every query head of its GQA group in turn (dk, dv of a shared kv head are the sums
-   over the group: summed in registers, written once). Causal: the query blocks before the
-   diagonal see none of the block's keys and are skipped; those the diagonal cuts run masked.
-3. dq: one program per BLOCK_M queries of one (batch, head), streaming k and v blocks as the
-   forward does; the same unmasked/masked split of the key loop.
-Splitting dq from dk/dv recomputes P and dP in both passes (7 products of 2 * T^2 * D per head:
-k q^T, P^T dO, v dO^T and dS^T q for dk/dv; q k^T, dO v^T and dS k for dq; a fused backward
-does 5) but needs no atomic adds of fp32 dq across key blocks, which would make the result
-depend on scheduling order.
+   over the group: summed in registers, written once). Causal: the query blocks before the diagonal
+   see none of the block's keys and are skipped; those the diagonal cuts run masked.
+2. dq: one program per BLOCK_M queries of one (batch, head), streaming k and v blocks as the
+   forward does, with the same unmasked/masked split of the key loop.
+P and dP are recomputed in both passes (7 products of 2 * T^2 * D per head: k q^T, P^T dO, v dO^T
+and dS^T q for dk/dv; q k^T, dO v^T and dS k for dq), and nothing is added atomically: the same
+gradients, bit for bit, on every run.
+
+The one-pass schedule (FlashAttention-2's; `deterministic=False` where one_pass_when says): the dk,
+dv launch alone, each program also adding its key block's share of each query block's dq, dS k,
+into an fp32 buffer the preprocess zeroed (4 bytes a value of q), rounded into dq at the end. Five
+products instead of seven, but the adds' order follows the scheduler, so dq's last bits can differ
+between runs. On Hopper a share leaves as one TMA bulk reduction of the (BLOCK_M, BLOCK_D) tile;
+elsewhere (and in the interpreter) as one fp32 atomic a value, which measured no faster than the
+two-pass schedule on an H100 and so is not the default there (docs/tuning/attention.md).
 
 FLOPs, counted as the forward's 2.5x (the convention of FlashAttention's benchmarks): the
 backward's four products of 2 * Tq * Tk * D each plus the recomputed q k^T. Memory: q, k, v, O,
-dO read, dq, dk, dv written, LSE and delta: O(T * D) per head.
+dO read, dq, dk, dv written, LSE and delta, and the one-pass schedule's fp32 dq: O(T * D) per head.
 
 Rows past the end of the queries load LSE = -inf, which the kernels treat like a query that sees
 no key: LSE is replaced by +inf so its recomputed probabilities are exp2(-inf) = 0. Keys past the
 end are masked in the dq pass; in the dk/dv pass their rows are computed and never stored.
 Packed sequences (VARLEN) are read as in the forward (attention/flash_attention_fwd.py).
 """
+import functools
+
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
@@ -44,50 +54,94 @@ from common.device import INTERPRET
 from common.ints import cdiv, next_power_of_2
 from common.triton_utils import LOG2E
 
-# (largest head dim, dk/dv launch (BLOCK_M, BLOCK_N, num_warps, num_stages), dq launch (same));
-# the first row whose head dim fits wins. The dk/dv program holds k and v as dot operands and two
-# fp32 accumulators of BLOCK_N x BLOCK_D; the dq program q and dO and one accumulator of
-# BLOCK_M x BLOCK_D. Provisional, not yet timed on a GPU: rows chosen to hold spills down when
-# Triton 3.9 compiles them for sm_90 (ptxas's report; at head dim 128, 128 keys a dk/dv program
-# spilled far more, at 256 so did 64 keys and one stage). Even so the dense builds spill up to 52
-# bytes a thread (dk/dv d128 causal, dq d256) and the packed-batch (VARLEN) builds 68-790 bytes
-# (dq d256 the most). scripts/tune/attention_backward_sweep.py times them.
+try:  # host-side TMA descriptors: Triton 3.4 and later
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # older Triton: the one-pass schedule adds dq with atomics
+    TensorDescriptor = None
+
+# (largest head dim, two-pass dk/dv config, two-pass dq config, one-pass config or None), each
+# config (BLOCK_M, BLOCK_N, num_warps, num_stages); the first row whose head dim fits wins. A
+# dk/dv program holds two fp32 accumulators of BLOCK_N x BLOCK_D (the one-pass program also a
+# BLOCK_M x BLOCK_D share of dq); the dq program one of BLOCK_M x BLOCK_D. Measured by
+# scripts/tune/attention_backward_sweep.py on an H100 (docs/tuning/attention.md has the figures
+# and the configs that lost).
 BACKWARD_TABLE = [
-    (64, (64, 128, 8, 3), (128, 64, 8, 3)),
-    (128, (32, 64, 8, 2), (128, 64, 8, 2)),
-    (256, (32, 32, 8, 2), (64, 32, 8, 2)),
+    # 32-query steps of 128-key blocks, one warpgroup: 0.81x / 0.89x sdpa-cudnn full / causal, where
+    # 64 x 128 blocks over 8 warps reached 0.71x / 0.81x; the one-pass schedule tied full and lost
+    # 17% causal
+    (64, (32, 128, 4, 3), (128, 64, 8, 3), None),
+    # 128-key blocks over two warpgroups (255 registers, no spill); the one-pass schedule with TMA
+    # adds: 2-12% ahead where no query heads share a kv head, 3-7% behind under GQA (one_pass_when)
+    (128, (64, 128, 8, 3), (128, 64, 8, 2), (64, 128, 8, 3)),
+    # 32 x 64 blocks, stages as the 256-wide rows fit (32 x 32 blocks reached 0.27x); the one-pass
+    # schedule 1.0x / 1.4x the two-pass one's 0.46x / 0.36x sdpa-cudnn full / causal
+    (256, (32, 64, 8, 1), (64, 32, 4, 2), (32, 64, 8, 2)),
 ]
-# The interpreter: small blocks, so the short test sequences span several of them
-INTERPRET_BACKWARD = ((16, 16, 1, 1), (16, 16, 1, 1))
+# The interpreter: small blocks, so the short test sequences span several of them; its default
+# takes the one-pass schedule (pointer atomics) at every head dim, and deterministic=True the other
+INTERPRET_BACKWARD = ((16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1))
 # Values (queries x padded head dim) a preprocess program reduces: O and dO in fp32 are then 128
 # registers a thread over its 4 warps. 16 queries a program in the interpreter.
 PREPROCESS_VALUES = 8192
 
+# How the dk/dv launch adds a key block's share of dq into the fp32 buffer (its DQ_ADD); constexprs,
+# so the kernels may read them
+DQ_TWO_PASS = tl.constexpr(0)  # none: the two-pass schedule's dq launch makes dq
+DQ_ATOMICS = tl.constexpr(1)   # fp32 atomic adds, one a value (every GPU, and the interpreter)
+DQ_TMA = tl.constexpr(2)       # one TMA bulk reduction a (BLOCK_M, BLOCK_D) tile (Hopper and later)
+
+
+@functools.lru_cache(maxsize=None)
+def tma_reduce_available(device):
+    """Whether the one-pass schedule can add dq with TMA reductions on `device`: compute capability
+    9.0 and later, a Triton with host-side descriptors. The interpreter emulates TMA loads and
+    stores but not reductions."""
+    return TensorDescriptor is not None and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def one_pass_when(kv_group, tma_reduce):
+    """Where the default takes the one-pass schedule (a row that has one): with TMA reductions, and
+    no query heads sharing a kv head. Under GQA a dk/dv program walks its whole group's queries, a
+    grid of 1/group as many programs, and the two-pass dq launch's parallelism won (Llama's 32/8
+    causal: 292 against 273 TFLOP/s); with one fp32 atomic a value, the two schedules tied."""
+    return tma_reduce and kv_group == 1
+
 
 def backward_table_config(head_dim):
-    """BACKWARD_TABLE's (dk/dv config, dq config) for a head dim of at most MAX_HEAD_DIM."""
-    for max_dim, dkdv, dq in BACKWARD_TABLE:
+    """BACKWARD_TABLE's (two-pass dk/dv config, two-pass dq config, one-pass config or None) for a
+    head dim of at most MAX_HEAD_DIM."""
+    for max_dim, *configs in BACKWARD_TABLE:
         if head_dim <= max_dim:
-            return dkdv, dq
+            return tuple(configs)
     raise ValueError(f"head dim {head_dim} has no backward config")  # unreachable past the checks
 
 
-def backward_config(head_dim):
-    return INTERPRET_BACKWARD if INTERPRET else backward_table_config(head_dim)
+def backward_config(head_dim, deterministic, kv_group=1, tma_reduce=True):
+    """The launch the backward takes: (dk/dv config, dq config), the dq config None for the
+    one-pass schedule (dq added into fp32 in the dk/dv launch). deterministic: two-pass always."""
+    if INTERPRET:
+        dkdv, dq, one_pass = INTERPRET_BACKWARD
+        return (dkdv, dq) if deterministic else (one_pass, None)
+    dkdv, dq, one_pass = backward_table_config(head_dim)
+    if deterministic or one_pass is None or not one_pass_when(kv_group, tma_reduce):
+        return dkdv, dq
+    return one_pass, None
 
 
 @triton.jit
 def _preprocess_kernel(
-    o_ptr, do_ptr, dlse_ptr, delta_ptr,
+    o_ptr, do_ptr, dlse_ptr, delta_ptr, dq_acc_ptr,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_lb, stride_lh,  # of delta and dlse, unit token stride
+    stride_ab, stride_ah, stride_am,  # of the one-pass schedule's fp32 dq (unit dim stride)
     n_heads, n_queries, n_bh,
-    HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    GRID_Y: tl.constexpr,
+    HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, GRID_Y: tl.constexpr,
 ):
-    """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head). A packed batch is
-    one sequence of all its tokens here: 64-bit token offsets."""
+    """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head), and (ZERO_DQ) zeros
+    into their rows of the fp32 dq the one-pass schedule adds into. A packed batch is one sequence
+    of all its tokens here: 64-bit token offsets."""
     bh = program_pair(GRID_Y)
     if bh >= n_bh:
         return
@@ -106,6 +160,9 @@ def _preprocess_kernel(
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + row, mask=offs_m < n_queries, other=0.0)
     tl.store(delta_ptr + row, delta, mask=offs_m < n_queries)
+    if ZERO_DQ:
+        tl.store(dq_acc_ptr + batch * stride_ab + head * stride_ah + rows * stride_am + offs_d[None, :],
+                 tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=mask)
 
 
 @triton.jit
@@ -122,13 +179,15 @@ def _row_stats(lse_base, delta_base, offs_m, n_queries):
 
 @triton.jit
 def _dkdv_query_blocks(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-    stride_qm, stride_qd, stride_dom, stride_dod,
-    offs_n, offs_d, lo, hi, n_queries, causal_shift, qk_scale,
-    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+    stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+    offs_n, offs_d, lo, hi, n_queries, causal_shift, qk_scale, sm_scale,
+    MASKED: tl.constexpr, DQ_ADD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """Add queries [lo, hi) of one head to the dk, dv accumulators of keys offs_n (transposed
-    products: pT = P^T is (BLOCK_N, BLOCK_M)). MASKED blocks apply the causal diagonal."""
+    products: pT = P^T is (BLOCK_N, BLOCK_M)). MASKED blocks apply the causal diagonal.
+    DQ_ADD (one-pass): also add these keys' share of the queries' dq, dS k * sm_scale, into the
+    fp32 dq: at dq_acc_base by atomics, or through dq_desc (rows from dq_row0) by TMA."""
     offs_m0 = tl.arange(0, BLOCK_M)
     d_ok = (offs_d < HEAD_DIM)[None, :]
     for start_m in range(lo, hi, BLOCK_M):
@@ -143,16 +202,31 @@ def _dkdv_query_blocks(
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_mask, other=0.0)
         dv = tl.dot(pT.to(do.dtype), do, dv)
         dpT = tl.dot(v, tl.trans(do))
-        dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(q.dtype), q, dk)
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk = tl.dot(dsT, q, dk)
+        if DQ_ADD != DQ_TWO_PASS:
+            if BLOCK_M >= 64:
+                dq = tl.dot(tl.trans(dsT), k) * sm_scale
+            else:  # a product of fewer than 64 rows misses Hopper's wgmma: make dq^T (D rows)
+                dq = tl.trans(tl.dot(tl.trans(k), dsT) * sm_scale)
+            if DQ_ADD == DQ_TMA:
+                # rows past the queries' end hold zeros (P = 0 there): adding them to the next
+                # head's rows changes nothing, and the copy clips at the buffer's end
+                dq_desc.atomic_add([dq_row0 + start_m, 0], dq)
+            else:
+                # relaxed: nothing in this launch reads dq, so no ordering is needed, only the sum
+                tl.atomic_add(dq_acc_base + offs_m[:, None] * stride_am + offs_d[None, :], dq, mask=row_mask,
+                              sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_seqlens_q, cu_seqlens_k,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_acc_ptr, dq_desc, cu_seqlens_q, cu_seqlens_k,
     # strides (batch, head, token, dim); dO has q's, dk has k's and dv has v's shape; lse and
-    # delta share (batch, head) strides and a unit token stride; packed batches pass batch strides 0
+    # delta share (batch, head) strides and a unit token stride; the fp32 dq (one-pass, else None)
+    # has q's shape and a unit dim stride, and dq_desc (DQ_TMA, else None) covers its rows;
+    # packed batches pass batch strides 0
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -160,9 +234,10 @@ def _dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_lb, stride_lh,
+    stride_ab, stride_ah, stride_am,
     n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, n_bh,
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DQ_ADD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr,
 ):
     start_n = tl.program_id(0)
     bh = program_pair(GRID_Y)
@@ -204,15 +279,24 @@ def _dkdv_kernel(
         do_base = do_ptr + batch * stride_dob + head * stride_doh + q_start * stride_dom
         lse_base = lse_ptr + batch * stride_lb + head * stride_lh + q_start
         delta_base = delta_ptr + batch * stride_lb + head * stride_lh + q_start
+        if DQ_ADD != DQ_TWO_PASS:
+            dq_acc_base = dq_acc_ptr + batch * stride_ab + head * stride_ah + q_start * stride_am
+            # the row of the buffer's (rows, D) view where this head's token q_start sits
+            dq_row0 = ((batch * stride_ab + head * stride_ah) // stride_am + q_start).to(tl.int32)
+        else:
+            dq_acc_base = dq_acc_ptr  # None: the dq launch makes dq
+            dq_row0 = 0
         if CAUSAL:
             dk, dv = _dkdv_query_blocks(
-                dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                offs_n, offs_d, lo, tl.minimum(full_start, n_queries), n_queries, causal_shift, qk_scale,
-                True, HEAD_DIM, BLOCK_M)
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+                offs_n, offs_d, lo, tl.minimum(full_start, n_queries), n_queries, causal_shift, qk_scale, sm_scale,
+                True, DQ_ADD, HEAD_DIM, BLOCK_M)
         dk, dv = _dkdv_query_blocks(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-            offs_n, offs_d, full_start, n_queries, n_queries, causal_shift, qk_scale,
-            False, HEAD_DIM, BLOCK_M)
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+            stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+            offs_n, offs_d, full_start, n_queries, n_queries, causal_shift, qk_scale, sm_scale,
+            False, DQ_ADD, HEAD_DIM, BLOCK_M)
 
     dk *= sm_scale
     tl.store(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
@@ -310,24 +394,42 @@ def _dq_kernel(
 
 
 def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
-                                    cu_seqlens=None, config=None, grid_y=MAX_GRID_Y):
+                                    cu_seqlens=None, config=None, deterministic=False, dq_add=None,
+                                    grid_y=MAX_GRID_Y):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
     cu_seqlens: None, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a packed
     batch of (1, H, total, D) views (attention/flash_attention_fwd.launch_flash_attention).
-    config: ((BLOCK_M, BLOCK_N, num_warps, num_stages) of dk/dv, the same of dq) to launch instead
-    of backward_config's choice. grid_y: as for the forward's launcher."""
+    deterministic: the two-pass schedule (bit-identical gradients on every run); else
+    backward_config's choice for the head dim and GQA group.
+    config: (dk/dv (BLOCK_M, BLOCK_N, num_warps, num_stages), dq's or None) to launch instead of
+    backward_config's choice; a dq config of None is the one-pass schedule.
+    dq_add: how the one-pass schedule adds dq, "atomics" or "tma" (tests and sweeps); None: "tma"
+    where tma_reduce_available and the head dim's fp32 rows are 16-byte aligned.
+    grid_y: as for the forward's launcher.
+    Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
+    tuning sweep's), None in the interpreter."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     block_d = max(16, next_power_of_2(d))
+    tma = d % 4 == 0 and tma_reduce_available(q.device)  # TMA wants 16-byte rows: D fp32 values
+    (dkdv_m, dkdv_n, dkdv_warps, dkdv_stages), dq_config = config or backward_config(d, deterministic, h // hkv, tma)
+    one_pass = dq_config is None
+    if dq_add is None:
+        dq_add = "tma" if tma else "atomics"
+    dq_add = DQ_TWO_PASS.value if not one_pass else {"atomics": DQ_ATOMICS, "tma": DQ_TMA}[dq_add].value
     delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
+    # the one-pass schedule's fp32 dq sums, zeroed by the preprocess: 4 bytes a value of q
+    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if one_pass else None
+    acc_strides = dq_acc.stride()[:3] if one_pass else (0, 0, 0)
     if dlse is not None:
         dlse = dlse.contiguous()
     pre_block = 16 if INTERPRET else PREPROCESS_VALUES // block_d
     _preprocess_kernel[attention_grid(cdiv(tq, pre_block), b * h, grid_y)](
-        o, do, dlse, delta, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), h, tq, b * h,
-        HAS_DLSE=dlse is not None, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block, GRID_Y=grid_y)
+        o, do, dlse, delta, dq_acc, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), *acc_strides,
+        h, tq, b * h, HAS_DLSE=dlse is not None, ZERO_DQ=one_pass, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_M=pre_block, GRID_Y=grid_y)
 
     cu_q = cu_k = None
     max_q, max_k = tq, tk
@@ -337,17 +439,27 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     batch = (lambda t: 0) if cu_q is not None else (lambda t: t.stride(0))
     strides = [(batch(t), *t.stride()[1:]) for t in (q, k, v, do)]
     lse_strides = (batch(lse), lse.stride(1))
-    (dkdv_m, dkdv_n, dkdv_warps, dkdv_stages), (dq_m, dq_n, dq_warps, dq_stages) = config or backward_config(d)
-    _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
-        q, k, v, do, lse, delta, dk, dv, cu_q, cu_k,
+    dq_desc = None
+    if one_pass:
+        acc_strides = (batch(dq_acc), *acc_strides[1:])
+        if dq_add == DQ_TMA.value:  # over the buffer's (B * H * Tq, D) rows, a (BLOCK_M, BLOCK_D) tile a copy
+            rows = dq_acc.view(-1, d)
+            dq_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [dkdv_m, block_d])
+    dkdv_kernel = _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
+        q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k,
         *strides[0], *strides[1], *strides[2], *strides[3], batch(dk), *dk.stride()[1:],
-        batch(dv), *dv.stride()[1:], *lse_strides,
+        batch(dv), *dv.stride()[1:], *lse_strides, *acc_strides,
         hkv, h // hkv, tq, tk, scale * LOG2E.value, scale, b * hkv,
-        CAUSAL=bool(causal), VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
+        CAUSAL=bool(causal), VARLEN=cu_q is not None, DQ_ADD=dq_add, HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, GRID_Y=grid_y, num_warps=dkdv_warps, num_stages=dkdv_stages)
-    _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](
+    if one_pass:
+        dq.copy_(dq_acc)  # one rounding of the fp32 sums
+        return None if INTERPRET else (dkdv_kernel,)
+    dq_m, dq_n, dq_warps, dq_stages = dq_config
+    dq_kernel = _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](
         q, k, v, do, lse, delta, dq, cu_q, cu_k,
         *strides[0], *strides[1], *strides[2], *strides[3], batch(dq), *dq.stride()[1:], *lse_strides,
         h, h // hkv, tq, tk, scale * LOG2E.value, scale, b * h,
         CAUSAL=bool(causal), VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_M=dq_m, BLOCK_N=dq_n, GRID_Y=grid_y, num_warps=dq_warps, num_stages=dq_stages)
+    return None if INTERPRET else (dkdv_kernel, dq_kernel)

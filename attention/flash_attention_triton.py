@@ -22,6 +22,10 @@ Operators (common/ops.py), all in torch.ops.llmk:
   torch.compile'd training step holds both passes (traced through the fake implementations).
 - flash_attention_out: the forward into a caller's buffer; forward-only.
 
+The backward's schedule: by default the one BACKWARD_TABLE picks for the head dim, which may add
+dq's parts with fp32 atomics (its last bits then vary between runs, as flash_attn_func's do);
+`deterministic=True` takes the two-pass schedule, bit-identical on every run.
+
 Conventions are those of attention/naive_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
 the bottom right when Tq != Tk (per sequence in a packed batch), zeros for a query that sees no
 key; such a query's LSE is -inf and its gradients are zero.
@@ -159,17 +163,18 @@ def _empty_lse(q):
     return q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def _attention_train(q, k, v, causal, sm_scale, config):
+def _attention_train(q, k, v, causal, sm_scale, config, deterministic=False):
+    """(O, LSE): the forward under grad; `deterministic` is for its backward."""
     out, lse = torch.empty_like(q), _empty_lse(q)
     _attend_into(q, k, v, causal, sm_scale, config, out, lse)
     return out, lse
 
 
-def _varlen_empty(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config):
+def _varlen_empty(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic=False):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config):
+def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic=False):
     out, lse = _varlen_empty(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config)
     _attend_into(packed(q), packed(k), packed(v), causal, sm_scale, config, packed(out), packed(lse),
                  (cu_q, cu_k, max_q))
@@ -179,7 +184,7 @@ def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config):
 # ---------------------------------------------------------------------------------------------
 # backward
 
-def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, sm_scale):
+def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, sm_scale, deterministic):
     """(dq, dk, dv) shaped like q, k, v: the kernels on (B, H, T, D) views, zeros where a side is
     empty (no keys: dq = 0; no queries: dk = dv = 0)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -196,14 +201,15 @@ def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, c
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv
-    launch_flash_attention_backward(*views, causal, _scale(q, sm_scale), grad_lse, cu_seqlens)
+    launch_flash_attention_backward(*views, causal, _scale(q, sm_scale), grad_lse, cu_seqlens,
+                                    deterministic=deterministic)
     return dq, dk, dv
 
 
 flash_attention_backward_op = define_op(
     "flash_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
     "Tensor? grad_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-    "bool causal, float? sm_scale) -> (Tensor, Tensor, Tensor)",
+    "bool causal, float? sm_scale, bool deterministic) -> (Tensor, Tensor, Tensor)",
     _backward, lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
 
 
@@ -211,21 +217,43 @@ def _grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu=(None, None, 0, 0)):
     """The (dq, dk, dv) an autograd formula returns: None for an input that needs none."""
     if grad_out is None:  # only LSE was used
         grad_out = torch.zeros_like(out)
-    grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *cu, ctx.causal, ctx.sm_scale)
+    grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *cu, ctx.causal, ctx.sm_scale,
+                                        ctx.deterministic)
     return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3]))
 
 
-def _setup(ctx, inputs, output):
-    """Save q, k, v (and O, LSE for the _train ops: their output is a pair) and the scalars."""
-    q, k, v = inputs[:3]
-    ctx.causal, ctx.sm_scale = inputs[-3], inputs[-2]
-    ctx.varlen = len(inputs) == 10
+def _save(ctx, q, k, v, output, causal, sm_scale, deterministic=False, cu_seqlens=None):
+    """What the formulas read: q, k, v (and O, LSE for the _train ops, whose output is a pair), a
+    packed batch's (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), and the options."""
     saved = (q, k, v, *output) if isinstance(output, tuple) else (q, k, v)
+    ctx.causal, ctx.sm_scale, ctx.deterministic = causal, sm_scale, deterministic
+    ctx.varlen = cu_seqlens is not None
     if ctx.varlen:
-        ctx.max_seqlens = tuple(inputs[5:7])
-        saved += tuple(inputs[3:5])
+        ctx.max_seqlens = tuple(cu_seqlens[2:])
+        saved += tuple(cu_seqlens[:2])
     ctx.save_for_backward(*saved)
     ctx.set_materialize_grads(False)
+
+
+def _setup_dense(ctx, inputs, output):
+    q, k, v, causal, sm_scale, config = inputs
+    _save(ctx, q, k, v, output, causal, sm_scale)
+
+
+def _setup_dense_train(ctx, inputs, output):
+    # (inputs + the schema's default)[:7]: a direct call of the Op may leave `deterministic` out
+    q, k, v, causal, sm_scale, config, deterministic = (*inputs, False)[:7]
+    _save(ctx, q, k, v, output, causal, sm_scale, deterministic)
+
+
+def _setup_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config = inputs
+    _save(ctx, q, k, v, output, causal, sm_scale, cu_seqlens=(cu_q, cu_k, max_q, max_k))
+
+
+def _setup_varlen_train(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic = (*inputs, False)[:11]
+    _save(ctx, q, k, v, output, causal, sm_scale, deterministic, (cu_q, cu_k, max_q, max_k))
 
 
 def _saved(ctx):
@@ -244,9 +272,9 @@ def _recompute_backward(ctx, grad_out):
     if grad_out is None:
         return (None,) * len(ctx.needs_input_grad)
     if cu[0] is not None:
-        out, lse = flash_attention_varlen_train_op(q, k, v, *cu, ctx.causal, ctx.sm_scale, None)
+        out, lse = flash_attention_varlen_train_op(q, k, v, *cu, ctx.causal, ctx.sm_scale, None, ctx.deterministic)
     else:
-        out, lse = flash_attention_train_op(q, k, v, ctx.causal, ctx.sm_scale, None)
+        out, lse = flash_attention_train_op(q, k, v, ctx.causal, ctx.sm_scale, None, ctx.deterministic)
     return (*_grads(ctx, grad_out, None, q, k, v, out, lse, cu), *[None] * (len(ctx.needs_input_grad) - 3))
 
 
@@ -260,28 +288,35 @@ def _train_backward(ctx, grad_out, grad_lse):
 DENSE_ARGS = "Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config"
 VARLEN_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
                "int max_seqlen_k, bool causal, float? sm_scale, int[]? config")
+# The _train ops' backward also takes `deterministic` (the two-pass schedule, see
+# attention/flash_attention_bwd.py); the others' formulas run the default schedule.
+TRAIN_OPTION = "bool deterministic=False"
 
 flash_attention_op, flash_attention_out_op = define_ops(
     "flash_attention", DENSE_ARGS,
     lambda q, k, v, causal, sm_scale, config: torch.empty_like(q),  # laid out like a dense q
-    _attend_into, backward=_recompute_backward, setup_context=_setup)
+    _attend_into, backward=_recompute_backward, setup_context=_setup_dense)
 flash_attention_train_op = define_op(
-    f"flash_attention_train({DENSE_ARGS}) -> (Tensor, Tensor)", _attention_train,
+    f"flash_attention_train({DENSE_ARGS}, {TRAIN_OPTION}) -> (Tensor, Tensor)",
+    _attention_train,
     lambda q, k, v, *rest: (torch.empty_like(q), _empty_lse(q)),
-    backward=_train_backward, setup_context=_setup)
+    backward=_train_backward, setup_context=_setup_dense_train)
 flash_attention_varlen_op = define_op(
     f"flash_attention_varlen({VARLEN_ARGS}) -> Tensor", lambda *a: _varlen_train(*a)[0],
-    lambda *a: _varlen_empty(*a)[0], backward=_recompute_backward, setup_context=_setup)
+    lambda *a: _varlen_empty(*a)[0], backward=_recompute_backward, setup_context=_setup_varlen)
 flash_attention_varlen_train_op = define_op(
-    f"flash_attention_varlen_train({VARLEN_ARGS}) -> (Tensor, Tensor)", _varlen_train, _varlen_empty,
-    backward=_train_backward, setup_context=_setup)
+    f"flash_attention_varlen_train({VARLEN_ARGS}, {TRAIN_OPTION}) -> (Tensor, Tensor)",
+    _varlen_train, _varlen_empty,
+    backward=_train_backward, setup_context=_setup_varlen_train)
 
 
-def _options(causal, sm_scale, config):
+def _options(causal, sm_scale, config, deterministic):
     """The public functions' options checked and in the operators' types: (causal, sm_scale as a
     float or None, config as a list or None)."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if config is not None:
         check_config(config)
         config = list(config)
@@ -291,7 +326,7 @@ def _options(causal, sm_scale, config):
 # ---------------------------------------------------------------------------------------------
 # public functions
 
-def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None):
+def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None, deterministic=False):
     """Attention, fused (operators llmk::flash_attention, llmk::flash_attention_train and
     llmk::flash_attention_out; the module docstring has the backward).
 
@@ -303,15 +338,18 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     input that requires grad, llmk::flash_attention_out raises).
     config: optional forward (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of the
     table's choice (tests and tuning sweeps); it travels to the operator as its `int[]? config`.
+    deterministic: the backward's two-pass schedule, bit-identical gradients on every run; the
+    default (False, as flash_attn_func's) may add dq's parts with atomics in a run-dependent order,
+    where that is faster (attention/flash_attention_bwd.py's BACKWARD_TABLE).
     Returns O (B, H, Tq, D) in q's dtype (out itself when given), laid out like q when q is dense
     (so a transposed (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way).
     Differentiable in q, k and v; the gradients come back shaped like them.
     """
     check_attention_args(q, k, v, sm_scale)
-    causal, sm_scale, config = _options(causal, sm_scale, config)
+    causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
     if out is None:
         if needs_grad(q, k, v):
-            return flash_attention_train_op(q, k, v, causal, sm_scale, config)[0]
+            return flash_attention_train_op(q, k, v, causal, sm_scale, config, deterministic)[0]
         return flash_attention_op(q, k, v, causal, sm_scale, config)
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
@@ -324,7 +362,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                           sm_scale=None, *, config=None):
+                           sm_scale=None, *, config=None, deterministic=False):
     """Attention over a packed batch of sequences of different lengths, no padding (operators
     llmk::flash_attention_varlen and llmk::flash_attention_varlen_train), as flash-attn's
     `flash_attn_varlen_func` takes it.
@@ -338,13 +376,13 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_seqlen_q, max_seqlen_k: ints at least the longest sequence's lengths. They size the grids
     only; with a smaller one the results are undefined.
     causal: per sequence, aligned to its bottom right. sm_scale defaults to 1/sqrt(D).
-    config: as for flash_attention.
+    config, deterministic: as for flash_attention.
     Returns O (total_q, H, D) in q's dtype, contiguous. Differentiable in q, k and v.
     """
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
-    causal, sm_scale, config = _options(causal, sm_scale, config)
+    causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
     args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal,
             sm_scale, config)
     if needs_grad(q, k, v):
-        return flash_attention_varlen_train_op(*args)[0]
+        return flash_attention_varlen_train_op(*args, deterministic)[0]
     return flash_attention_varlen_op(*args)

@@ -26,7 +26,8 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
 from attention.flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention  # noqa: E402
-from attention.flash_attention_bwd import BACKWARD_TABLE, backward_table_config, launch_flash_attention_backward  # noqa: E402
+from attention.flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,  # noqa: E402
+                                           backward_table_config, launch_flash_attention_backward, one_pass_when)
 from attention.flash_attention_triton import (CONFIG_TABLE, flash_attention, flash_attention_train_op,  # noqa: E402
                                               flash_attention_varlen, table_config)
 from attention.naive_attention import causal_mask, expand_kv, naive_attention  # noqa: E402
@@ -133,6 +134,8 @@ def check_errors():
         expect_raises("out shape", lambda: flash_attention(q, k, v, out=q[:, :2].clone()), ValueError, "out"),
         expect_raises("causal='no'", lambda: flash_attention(q, k, v, causal="no"), TypeError, "causal"),
         expect_raises("causal=1", lambda: flash_attention(q, k, v, causal=1), TypeError, "causal"),
+        expect_raises("deterministic=None", lambda: flash_attention(q, k, v, deterministic=None), TypeError,
+                      "deterministic"),
     ]
 
 
@@ -177,12 +180,14 @@ def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype):
                        grad_outputs=grad_outputs)
 
 
-def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0):
-    """dq, dk, dv of flash_attention against autograd through naive_attention in fp64."""
+def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0,
+                   deterministic=False):
+    """dq, dk, dv of flash_attention against autograd through naive_attention in fp64, by the
+    default schedule or (deterministic) the two-pass one."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     return attention_grads(
-        "", lambda q, k, v: flash_attention(q, k, v, causal=causal, sm_scale=sm_scale),
+        "", lambda q, k, v: flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, deterministic=deterministic),
         lambda q, k, v: naive_attention(q, k, v, causal, scale_used),
         lambda q, k, v: same_dtype_attention(q, k, v, causal, scale_used),
         [q, k, v], [rand((b, h, tq, d), dtype)], dtype)
@@ -209,20 +214,31 @@ def check_lse_grad(dtype):
         [q, k, v], [rand((1, 4, 40, 64), dtype), rand((1, 4, 40), torch.float32)], dtype)
 
 
-def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal):
-    """The backward launched with `config` (a BACKWARD_TABLE row) into poisoned buffers."""
+def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=None):
+    """The backward launched with `config` (a BACKWARD_TABLE row's two-pass (dk/dv, dq) pair, or
+    its one-pass (config, None), adding dq by dq_add) into poisoned buffers."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
     do = rand((b, h, tq, d), dtype)
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
         o, lse = flash_attention_train_op(q, k, v, causal, None, None)
     got = [poisoned(t.shape, dtype) for t in (q, k, v)]
-    launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, scale, config=config)
+    launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, scale, config=config, dq_add=dq_add)
     _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do],
                        dtype=torch.float64)
     _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do])
     return [compare(f"d{name}", g, w, grad_rule_tol(dtype, w, t), torch_out=t)
             for name, g, w, t in zip("qkv", got, want, theirs)]
+
+
+def check_deterministic_repeats():
+    """deterministic=True: two backward calls on the same inputs give the same bits, on a shape
+    where the one-pass schedule's dq would see thousands of atomic adds per row block (GQA, Tk 4097)."""
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 32, 8, 4097, 4097, 128, torch.bfloat16))
+    do = rand(q.shape, torch.bfloat16)
+    runs = [torch.autograd.grad(flash_attention(q, k, v, causal=True, deterministic=True), (q, k, v), do)
+            for _ in range(2)]
+    return [Outcome(f"d{name}", torch.equal(a, b)) for name, a, b in zip("qkv", *runs)]
 
 
 def check_backward_memory():
@@ -250,8 +266,9 @@ def cumulative(lengths):
 
 def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=False):
     """flash_attention_varlen's O, dq, dk, dv equal a loop of flash_attention over the sequences,
-    bit for bit (config forced to one for both). packed_qkv: q, k, v slices of one (total, 3, H, D)
-    tensor (self-attention, lengths_q == lengths_k)."""
+    bit for bit (config forced to one for both; the deterministic backward). packed_qkv: q, k, v
+    slices of one (total, 3, H, D) tensor (self-attention, lengths_q == lengths_k). The default
+    backward's gradients then equal those up to its dq's order of fp32 adds (DQ_ORDER)."""
     total_q, total_k = sum(lengths_q), sum(lengths_k)
     if packed_qkv:
         q, k, v = rand((total_q, 3, h, d), dtype).unbind(1)
@@ -260,28 +277,42 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
     do = rand((total_q, h, d), dtype)
     config = attention_config(d, max(lengths_q, default=0))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    o = flash_attention_varlen(q, k, v, cumulative(lengths_q), cumulative(lengths_k), max(lengths_q, default=0),
-                               max(lengths_k, default=0), causal, config=config)
+    varlen_args = (cumulative(lengths_q), cumulative(lengths_k), max(lengths_q, default=0), max(lengths_k, default=0))
+    o = flash_attention_varlen(q, k, v, *varlen_args, causal, config=config, deterministic=True)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    default_grads = torch.autograd.grad(flash_attention_varlen(q, k, v, *varlen_args, causal, config=config),
+                                        (q, k, v), do)
     want = [torch.zeros_like(t) for t in (o, q, k, v)]
     cq, ck = cumulative(lengths_q).tolist(), cumulative(lengths_k).tolist()
     for i in range(len(lengths_q)):
         sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
         one = [t.detach()[s].transpose(0, 1).unsqueeze(0).requires_grad_() for t, s in ((q, sq), (k, sk), (v, sk))]
-        o_i = flash_attention(*one, causal=causal, config=config)
+        o_i = flash_attention(*one, causal=causal, config=config, deterministic=True)
         grads = torch.autograd.grad(o_i, one, do[sq].transpose(0, 1).unsqueeze(0))
         for w, got, s in zip(want, (o_i, *grads), (sq, sq, sk, sk)):
             w[s] = got[0].transpose(0, 1)
-    return [compare(name, got, w, EXACT) for name, got, w in zip(("O", "dq", "dk", "dv"), (o, dq, dk, dv), want)]
+    return [compare(name, got, w, EXACT) for name, got, w in zip(("O", "dq", "dk", "dv"), (o, dq, dk, dv), want)] + \
+        [compare(f"{name}, default backward", got, w, dq_order_tol(w))
+         for name, got, w in zip(("dq", "dk", "dv"), default_grads, (dq, dk, dv))]
 
 
 EXACT = Tol(0.0, 0.0, "the same kernels on the same numbers", rounding_check=False)
 
 
+def dq_order_tol(want):
+    """The one-pass backward against the two-pass one: dk and dv are the same sums in the same
+    order; dq is each key block's share summed in fp32 in a scheduler's order, rounded once to the
+    dtype, where the two-pass kernel sums in registers: one rounding (u * |dq|) apart, with an
+    fp32 residue of the order (a few fp32 units of the largest share) where dq is near 0."""
+    u = UNIT_ROUNDOFF[want.dtype]
+    return Tol(1e-5 * (want.abs().max().item() if want.numel() else 0.0), 2 * u,
+               "dq's fp32 adds in a scheduler's order, one rounding", rounding_check=False)
+
+
 def check_grid_spill():
     """More (batch, head) pairs than a grid's y extent: the pairs past it go to axis 2. Forced with
     grid_y = 3 on 2 x 4 pairs (3 x 3 programs, one empty): O, LSE and the gradients equal a launch
-    that fits, bit for bit."""
+    that fits, bit for bit by the two-pass backward, up to dq's order of adds by the one-pass one."""
     q, k, v = make_qkv(2, 4, 2, 40, 40, 64, torch.bfloat16)
     do = rand(q.shape, torch.bfloat16)
     scale = 0.125
@@ -290,10 +321,15 @@ def check_grid_spill():
         out, lse = poisoned(q.shape, q.dtype), poisoned(q.shape[:3], torch.float32)
         launch_flash_attention(q, k, v, out, True, scale, lse, grid_y=grid_y)
         grads = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
-        launch_flash_attention_backward(do, q, k, v, out, lse, *grads, True, scale, grid_y=grid_y)
-        outcomes.append([out, lse, *grads])
-    return [compare(f"{name}, grid_y 3", got, want, EXACT)
-            for name, got, want in zip(("O", "LSE", "dq", "dk", "dv"), outcomes[1], outcomes[0])]
+        launch_flash_attention_backward(do, q, k, v, out, lse, *grads, True, scale, deterministic=True,
+                                        grid_y=grid_y)
+        one_pass = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
+        launch_flash_attention_backward(do, q, k, v, out, lse, *one_pass, True, scale, grid_y=grid_y,
+                                        config=(INTERPRET_BACKWARD[2], None))
+        outcomes.append([out, lse, *grads, *one_pass])
+    names = ("O", "LSE", "dq", "dk", "dv", "dq one-pass", "dk one-pass", "dv one-pass")
+    return [compare(f"{name}, grid_y 3", got, want, EXACT if i < 5 else dq_order_tol(want))
+            for i, (name, got, want) in enumerate(zip(names, outcomes[1], outcomes[0]))]
 
 
 def check_varlen_errors():
@@ -452,24 +488,61 @@ def backward_cases():
     add("sm_scale 0.3 T48 D64 fp16", b=1, h=2, hkv=2, tq=48, tk=48, d=64, dtype=torch.float16, causal=True,
         sm_scale=0.3)
     add("peaked: q x 30 T64 D64 bf16", b=1, h=2, hkv=2, tq=64, tk=64, d=64, dtype=bf16, causal=False, scale=30.0)
+    # the two-pass schedule (deterministic=True): the default runs the one-pass one wherever
+    # BACKWARD_TABLE has it, and always in the interpreter
+    for causal in (False, True):
+        c = "causal" if causal else "full"
+        for dtype in (torch.float16, bf16):
+            add(f"deterministic GQA 4/2 Tq50 Tk77 D128 {c} {dtype_name(dtype)}", b=1, h=4, hkv=2, tq=50, tk=77,
+                d=128, dtype=dtype, causal=causal, deterministic=True)
+        add(f"deterministic (B,T,H,D) view T40 D64 {c} bf16", b=2, h=2, hkv=1, tq=40, tk=40, d=64, dtype=bf16,
+            causal=causal, layout="bthd", deterministic=True)
+        add(f"deterministic Tq77 Tk17 D96 {c} bf16", b=1, h=2, hkv=1, tq=77, tk=17, d=96, dtype=bf16,
+            causal=causal, deterministic=True)
+        for d in (64, 128, 256):
+            add(f"deterministic GQA 32/8 T1000 D{d} {c} bf16", gpu_only=True, b=1, h=32, hkv=8, tq=1000, tk=1000,
+                d=d, dtype=bf16, causal=causal, deterministic=True)
     cases += [Case(f"LSE gradient {dtype_name(dt)}", check_lse_grad, dict(dtype=dt)) for dt in (torch.float16, bf16)]
-    for max_dim, dkdv, dq in BACKWARD_TABLE:
+    for config, max_dim in forced_backward_configs():
+        # the one-pass schedule by both adds: TMA reductions on the GPU only (the interpreter has none)
+        adds = [None] if config[1] is not None else [("atomics", False), ("tma", True)]
         for causal in (False, True):
-            cases.append(Case(f"backward forced {dkdv} {dq} T150 D{max_dim} {'causal' if causal else 'full'} bf16",
-                              check_backward_forced, dict(config=(dkdv, dq), b=1, h=2, hkv=1, tq=150, tk=150,
-                                                          d=max_dim, dtype=bf16, causal=causal)))
+            for add in adds:
+                name = f"two-pass {config[0]} {config[1]}" if add is None else f"one-pass {config[0]} {add[0]}"
+                cases.append(Case(f"backward forced {name} T150 D{max_dim} {'causal' if causal else 'full'} bf16",
+                                  check_backward_forced, dict(config=config, b=1, h=2, hkv=1, tq=150, tk=150,
+                                                              d=max_dim, dtype=bf16, causal=causal,
+                                                              dq_add=None if add is None else add[0]),
+                                  gpu_only=add is not None and add[1]))
+    cases.append(Case("deterministic backward: the same bits twice", check_deterministic_repeats,
+                      gpu_only=True))
     cases.append(Case("backward memory O(T): T16384 causal", check_backward_memory, gpu_only=True))
     return cases
 
 
+def forced_backward_configs():
+    """(config, head dim) of each launch BACKWARD_TABLE holds: every row's two-pass (dk/dv, dq)
+    pair and, where it has one, its one-pass (config, None)."""
+    for max_dim, dkdv, dq, one_pass in BACKWARD_TABLE:
+        yield (dkdv, dq), max_dim
+        if one_pass is not None:
+            yield (one_pass, None), max_dim
+
+
 def check_backward_table():
-    """Every BACKWARD_TABLE row is forced by a case, and backward_table_config routes each row's
-    head dim to it."""
+    """Every BACKWARD_TABLE launch is forced by a case, backward_table_config routes each row's
+    head dim to it, deterministic=True always takes the two-pass schedule, and the default the
+    one-pass one only with TMA reductions and no GQA."""
     forced = {c.kwargs["config"] for c in CASES if c.fn is check_backward_forced}
-    missing = [row for row in BACKWARD_TABLE if tuple(row[1:]) not in forced]
-    routed = all(backward_table_config(max_dim) == (dkdv, dq) for max_dim, dkdv, dq in BACKWARD_TABLE)
+    missing = [config for config, _ in forced_backward_configs() if config not in forced]
+    routed = all(backward_table_config(max_dim) == tuple(configs) for max_dim, *configs in BACKWARD_TABLE)
+    two_pass = all(backward_config(d, True, group, tma)[1] is not None
+                   for d in (32, 64, 128, 256) for group in (1, 4) for tma in (False, True))
+    rule = one_pass_when(1, True) and not one_pass_when(4, True) and not one_pass_when(1, False)
     return [Outcome("every BACKWARD_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
-            Outcome("backward_table_config picks each row", routed)]
+            Outcome("backward_table_config picks each row", routed),
+            Outcome("deterministic: two-pass at every head dim", two_pass),
+            Outcome("one-pass only with TMA and no GQA", rule)]
 
 
 def varlen_cases():
@@ -492,6 +565,10 @@ def varlen_cases():
                           packed_qkv=True), gpu_only=dtype == torch.float16),
                 Case(f"varlen 16 mixed 1..3000 GQA 32/8 D128 {c} {dt}", check_varlen,
                      dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=dtype,
+                          causal=causal), gpu_only=True),
+                # no GQA: the default backward takes the one-pass schedule on Hopper
+                Case(f"varlen 16 mixed 1..3000 MHA 8/8 D128 {c} {dt}", check_varlen,
+                     dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=8, hkv=8, d=128, dtype=dtype,
                           causal=causal), gpu_only=True),
             ]
     return cases + [Case("varlen bad input", check_varlen_errors), Case("varlen empty", check_varlen_empty),

@@ -36,6 +36,21 @@ def parse_sweep_args(doc, name, dtypes, kernels=None, flags=None):
     return args
 
 
+def precompile(warm, tasks, jobs):
+    """Runs warm(task) for every task in `jobs` processes at once, each launching a config's
+    kernels on small inputs that share the timed shapes' specializations (the same constexprs, ints
+    of the same divisibility), so Triton's on-disk cache holds them before the sweep's own first
+    call. Compiling, not timing, is most of a sweep's time, and it needs only host cores. warm must
+    be a module-level function (the workers are spawned) that swallows a config's refusal. Nothing
+    to do in the interpreter or with jobs <= 1."""
+    if INTERPRET or jobs <= 1 or not tasks:
+        return
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(warm, tasks))
+
+
 def measure_copy(args, *details):
     """Measures the device-to-device copy bandwidth (GB/s) and returns it, after printing the header
     line: the device, the dtype, `details`, and that bandwidth."""
@@ -49,7 +64,8 @@ def report_config(name, call, out, ref, picked, n_bytes=None, copy_GBps=None, fl
     """Runs call() once, checks `out` against `ref` (tensors, or tuples of them), then times it and
     prints one line: GB/s and % of copy_GBps for `n_bytes` a call, or TFLOP/s and the ratio to
     sdpa_TFLOPs (the baseline named `versus`) for `flops`. A wrong result prints BAD; where may_refuse, a call that raises (out of
-    shared memory or registers) prints REFUSED; neither is timed. '*' marks the config the tables pick."""
+    shared memory or registers) prints REFUSED; neither is timed. '*' marks the config the tables pick.
+    Returns the rate printed, None for BAD or REFUSED."""
     if (n_bytes is None) == (flops is None):
         raise ValueError("report_config: give exactly one of n_bytes and flops")
     if (n_bytes is not None and copy_GBps is None) or (flops is not None and sdpa_TFLOPs is None):
@@ -61,13 +77,13 @@ def report_config(name, call, out, ref, picked, n_bytes=None, copy_GBps=None, fl
         if not may_refuse:
             raise
         print(f"  {mark} {name}  REFUSED ({type(e).__name__})", flush=True)
-        return
+        return None
     outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
     err = max((o.float() - r.float()).abs().max().item() for o, r in zip(outs, refs))
     scale = max(r.float().abs().max().item() for r in refs)
     if not err <= MAX_REL_ERR * scale:  # far off, or NaN
         print(f"  {mark} {name}  BAD (max |err| {err:.3g})", flush=True)
-        return
+        return None
     ms = time_ms(call)
     if n_bytes is not None:
         rate = gbps(n_bytes, ms)
@@ -75,3 +91,4 @@ def report_config(name, call, out, ref, picked, n_bytes=None, copy_GBps=None, fl
     else:
         rate = tflops(flops, ms)
         print(f"  {mark} {name}  {rate:6.0f} TFLOP/s  {rate / sdpa_TFLOPs:5.2f}x {versus}", flush=True)
+    return rate
