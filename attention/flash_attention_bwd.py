@@ -89,6 +89,7 @@ PREPROCESS_VALUES = 8192
 DQ_TWO_PASS = tl.constexpr(0)  # none: the two-pass schedule's dq launch makes dq
 DQ_ATOMICS = tl.constexpr(1)   # fp32 atomic adds, one a value (every GPU, and the interpreter)
 DQ_TMA = tl.constexpr(2)       # one TMA bulk reduction a (BLOCK_M, BLOCK_D) tile (Hopper and later)
+DQ_ADDS = {"atomics": DQ_ATOMICS.value, "tma": DQ_TMA.value}  # the launcher's dq_add names
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,9 +117,10 @@ def backward_table_config(head_dim):
     raise ValueError(f"head dim {head_dim} has no backward config")  # unreachable past the checks
 
 
-def backward_config(head_dim, deterministic, kv_group=1, tma_reduce=True):
+def backward_config(head_dim, deterministic, kv_group, tma_reduce):
     """The launch the backward takes: (dk/dv config, dq config), the dq config None for the
-    one-pass schedule (dq added into fp32 in the dk/dv launch). deterministic: two-pass always."""
+    one-pass schedule (dq added into fp32 in the dk/dv launch). deterministic: two-pass always;
+    kv_group: query heads a kv head serves; tma_reduce: whether dq may be added by TMA."""
     if INTERPRET:
         dkdv, dq, one_pass = INTERPRET_BACKWARD
         return (dkdv, dq) if deterministic else (one_pass, None)
@@ -406,19 +408,21 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     config: (dk/dv (BLOCK_M, BLOCK_N, num_warps, num_stages), dq's or None) to launch instead of
     backward_config's choice; a dq config of None is the one-pass schedule.
     dq_add: how the one-pass schedule adds dq, "atomics" or "tma" (tests and sweeps); None: "tma"
-    where tma_reduce_available and the head dim's fp32 rows are 16-byte aligned.
+    where tma_reduce_available, the head dim's fp32 rows are 16-byte aligned and the buffer's rows
+    have 32-bit coordinates.
     grid_y: as for the forward's launcher.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
     tuning sweep's), None in the interpreter."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     block_d = max(16, next_power_of_2(d))
-    tma = d % 4 == 0 and tma_reduce_available(q.device)  # TMA wants 16-byte rows: D fp32 values
+    # TMA wants 16-byte rows (D fp32 values) and 32-bit row coordinates
+    tma = d % 4 == 0 and q.numel() // d < 2 ** 31 and tma_reduce_available(q.device)
     (dkdv_m, dkdv_n, dkdv_warps, dkdv_stages), dq_config = config or backward_config(d, deterministic, h // hkv, tma)
     one_pass = dq_config is None
     if dq_add is None:
         dq_add = "tma" if tma else "atomics"
-    dq_add = DQ_TWO_PASS.value if not one_pass else {"atomics": DQ_ATOMICS, "tma": DQ_TMA}[dq_add].value
+    dq_add = DQ_ADDS[dq_add] if one_pass else DQ_TWO_PASS.value
     delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
     # the one-pass schedule's fp32 dq sums, zeroed by the preprocess: 4 bytes a value of q
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if one_pass else None

@@ -268,7 +268,7 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
     """flash_attention_varlen's O, dq, dk, dv equal a loop of flash_attention over the sequences,
     bit for bit (config forced to one for both; the deterministic backward). packed_qkv: q, k, v
     slices of one (total, 3, H, D) tensor (self-attention, lengths_q == lengths_k). The default
-    backward's gradients then equal those up to its dq's order of fp32 adds (DQ_ORDER)."""
+    backward's gradients then equal those within dq_order_tol."""
     total_q, total_k = sum(lengths_q), sum(lengths_k)
     if packed_qkv:
         q, k, v = rand((total_q, 3, h, d), dtype).unbind(1)
@@ -300,10 +300,11 @@ EXACT = Tol(0.0, 0.0, "the same kernels on the same numbers", rounding_check=Fal
 
 
 def dq_order_tol(want):
-    """The one-pass backward against the two-pass one: dk and dv are the same sums in the same
-    order; dq is each key block's share summed in fp32 in a scheduler's order, rounded once to the
-    dtype, where the two-pass kernel sums in registers: one rounding (u * |dq|) apart, with an
-    fp32 residue of the order (a few fp32 units of the largest share) where dq is near 0."""
+    """The one-pass backward against the two-pass one: dk and dv may come from other blocks (other
+    fp32 summation orders), and dq is each key block's share summed in fp32 in a scheduler's order,
+    where the two-pass kernel sums in registers; each value is rounded once to the dtype from fp32
+    sums that differ by fp32 residues: one rounding (u * |x|, twice for a tie) apart, plus those
+    residues (a few fp32 units of the largest share) where a value is near 0."""
     u = UNIT_ROUNDOFF[want.dtype]
     return Tol(1e-5 * (want.abs().max().item() if want.numel() else 0.0), 2 * u,
                "dq's fp32 adds in a scheduler's order, one rounding", rounding_check=False)
