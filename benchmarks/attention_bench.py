@@ -181,19 +181,25 @@ def varlen_lengths(n, low, high, total):
     return lengths.tolist()
 
 
-def pad(x, lengths):
-    """(total, H, D) packed -> (B, H, max T, D) zero-padded, and the padded positions' mask."""
+def padded_rows(lengths):
+    """Row of each packed token in the padded batch's (B * max T) rows: sequence i's tokens start
+    row i * max T. One gather each way (index_copy, index_select): padding as a model's collator
+    would, without a Python loop of copies whose backward clones the whole padded gradient per
+    sequence."""
     t_max = max(lengths)
-    out = x.new_zeros((len(lengths), t_max) + tuple(x.shape[1:]))
-    start = 0
-    for i, n in enumerate(lengths):
-        out[i, :n] = x[start:start + n]
-        start += n
-    return out.transpose(1, 2)
+    return torch.cat([i * t_max + torch.arange(n) for i, n in enumerate(lengths)]).to(DEVICE)
 
 
-def unpad(y, lengths):
-    return torch.cat([y[i, :, :n].transpose(0, 1) for i, n in enumerate(lengths)])
+def pad(x, rows, lengths):
+    """(total, H, D) packed -> (B, H, max T, D) view of a zero-padded (B, max T, H, D) tensor."""
+    b, t_max = len(lengths), max(lengths)
+    out = x.new_zeros((b * t_max,) + tuple(x.shape[1:])).index_copy(0, rows, x)
+    return out.view(b, t_max, *x.shape[1:]).transpose(1, 2)
+
+
+def unpad(y, rows):
+    """(B, H, max T, D) -> (total, H, D): the packed tokens' rows."""
+    return y.transpose(1, 2).reshape(-1, *y.shape[1:2], y.shape[3]).index_select(0, rows)
 
 
 def varlen_setup(lengths, heads, dim, mode):
@@ -222,11 +228,12 @@ def varlen_providers(lengths):
     def packed(q, k, v, cu, t_max):
         return flash_attention_varlen(q, k, v, cu, cu, t_max, t_max, causal=True)
 
+    rows = padded_rows(lengths)
+
     def padded(attend):
         # each sequence's keys are its own tokens, at the start of its padded row: the causal mask
         # hides the padding from every real query (top-left and bottom-right alignment agree at Tq = Tk)
-        return lambda q, k, v, cu, t_max: unpad(attend(pad(q, lengths), pad(k, lengths), pad(v, lengths), True),
-                                                lengths)
+        return lambda q, k, v, cu, t_max: unpad(attend(*(pad(t, rows, lengths) for t in (q, k, v)), True), rows)
 
     found = {"triton": packed, "triton-padded": padded(flash_attention)}
     if DEVICE == "cuda":

@@ -28,12 +28,17 @@ def time_ms(fn, warmup_ms=25, rep_ms=100):
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+GRAPH_MS = 50  # a graph_time_ms graph holds about this much work: fewer calls when each is long
+
+
 def graph_time_ms(fn, reps=20, warmup_ms=25, rep_ms=100):
-    """GPU milliseconds of one call of `fn` with the host out of the loop: `reps` calls, each after an
-    L2 flush, captured in one CUDA graph, minus a graph of the flushes alone. For calls whose GPU
-    time is below their launch cost (decode at small batch), where time_ms measures the host; serving
-    engines replay decode steps from CUDA graphs for the same reason. fn must be capturable (no host
-    syncs). The interpreter has no graphs: time_ms stands in.
+    """GPU milliseconds of one call of `fn` with the host out of the loop: up to `reps` calls, each
+    after an L2 flush, captured in one CUDA graph, minus a graph of the flushes alone. Calls longer
+    than GRAPH_MS / reps go fewer to a graph (one, past GRAPH_MS): a 20-call graph of a 0.5 s call
+    would take do_bench minutes to warm up and estimate. For calls whose GPU time is below their
+    launch cost (decode at small batch), where time_ms measures the host; serving engines replay
+    decode steps from CUDA graphs for the same reason. fn must be capturable (no host syncs). The
+    interpreter has no graphs: time_ms stands in.
 
     The flush reads a 256 MB buffer rather than writing it (do_bench zeroes one): a written flush
     leaves L2 full of dirty lines, and writing them back costs the next kernel ~12 us of traffic on
@@ -47,6 +52,12 @@ def graph_time_ms(fn, reps=20, warmup_ms=25, rep_ms=100):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as capture asks
         fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+    end.synchronize()
+    reps = max(1, min(reps, int(GRAPH_MS / max(start.elapsed_time(end), 1e-3))))
     torch.cuda.current_stream().wait_stream(side)
     totals = []
     for with_fn in (True, False):

@@ -20,9 +20,10 @@ For each operator torch.ops.llmk.<name>, on small shapes with fresh inputs:
   op with a backward, also a compiled training call (forward, then the gradients of `wrt`): one
   frame, gradients equal to eager's bit for bit;
 - CUDA graphs (GPU only; these rows run first, so each captures the op's first call in the process
-  with no warm-up): replay after copying fresh inputs into the captured ones equals an eager call
-  on them; and torch.compile(mode="reduce-overhead") of a decode step (rmsnorm, matmul at M = 1,
-  split-KV decode attention) called three times on new data equals eager.
+  with no warm-up; only cuBLAS's handle is made first, see warm_cublas): replay after copying fresh
+  inputs into the captured ones equals an eager call on them; and
+  torch.compile(mode="reduce-overhead") of a decode step (rmsnorm, matmul at M = 1, split-KV decode
+  attention) called three times on new data equals eager.
 TritonAdamW's step() updates its params in place through llmk::adamw_step: its rows are opcheck
 of the op calls one step() makes, step() on params that require grad (its normal use), and the op in
 a compiled function (functionalized: it writes its lists in place). step() itself does not compile
@@ -443,12 +444,24 @@ def matmul_graph_tolerance(a, w):
                rounding_check=False)
 
 
+def warm_cublas(inputs):
+    """One torch.mm in each floating dtype of `inputs`: cuBLAS makes its handle on its first call
+    in a process, which a capture cannot hold (torch.mm alone fails the same way). The ops that
+    call cuBLAS (the fused linear cross-entropy's chunk products) need it made, not their own
+    first call warmed: Triton's compiles and launches are still captured cold."""
+    for dtype in {t.dtype for t in inputs.values() if isinstance(t, torch.Tensor) and t.is_floating_point()}:
+        a = torch.ones(16, 16, device=DEVICE, dtype=dtype)
+        torch.mm(a, a), torch.addmm(a[0], a, a)  # the cuBLAS and cuBLASLt handles
+    torch.cuda.synchronize()
+
+
 def check_cuda_graph(spec, tolerance=None):
     """Capture the op's first call (no warm-up), copy fresh inputs (lengths, block tables too) into
     the captured tensors, replay, compare with an eager call on those inputs."""
     if registered(spec.name) is None:
         return missing("CUDA graph", spec.name)
     static = spec.inputs()
+    warm_cublas(static)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = spec.call(static)

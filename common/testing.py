@@ -45,6 +45,12 @@ class Tol:
 # Unit roundoff u of each dtype: the largest relative error of one rounding to nearest (half an ulp at 1).
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
 
+# Half the spacing of each dtype's subnormals (its smallest numbers): a correctly rounded result
+# that lands there can be this far from the exact value, whatever its relative bound says (an
+# fp16 gradient of 1.23e-7 rounds to 1.19e-7, two steps of 2^-24). compare() bounds the rounding's
+# share of the error by at least this: below the smallest normal number, never above it.
+SUBNORMAL_HALF_SPACING = {torch.float16: 2.0 ** -25, torch.bfloat16: 2.0 ** -134, torch.float32: 2.0 ** -150}
+
 # One table for every kernel whose output is computed in fp32 and rounded once to the output dtype.
 # A kernel with a different error model (long fp32 dot products, ...) passes its own Tol to compare().
 TOLERANCES = {
@@ -105,6 +111,8 @@ def compare(check, out, ref, tol=None, torch_out=None):
 
     out, ref: same shape. tol: a Tol, by default TOLERANCES[out.dtype]. torch_out: PyTorch's own
     result in out's dtype, if there is one; its error against `ref` bounds ours (2x plus atol).
+    The rounding's share, rtol |ref|, is at least SUBNORMAL_HALF_SPACING[out.dtype] (one rounding
+    of a subnormal result), which changes the bound below the dtype's smallest normal number only.
     NaN where the reference is finite, or a different NaN/inf pattern, always fails. An fp16 or
     bf16 output of 512+ values must not be biased by more than ROUNDING_BIAS_LIMIT ulp (a kernel
     that truncates instead of rounding to nearest fails, though each value is within an ulp).
@@ -114,10 +122,12 @@ def compare(check, out, ref, tol=None, torch_out=None):
         return Outcome(check, False, note=f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
     o, r = out.detach().double(), ref.detach().double()
     atol = tol.atol.detach().double() if torch.is_tensor(tol.atol) else tol.atol
-    atol_max = (atol.max().item() if atol.numel() else 0.0) if torch.is_tensor(atol) else atol
+    floor = SUBNORMAL_HALF_SPACING.get(out.dtype, 0.0)
+    atol_max = ((atol.max().item() if atol.numel() else 0.0) if torch.is_tensor(atol) else atol) + floor
     diff = (o - r).abs()
     same_special = (o.isnan() & r.isnan()) | (o.isinf() & (o == r))
-    ok = (diff <= atol + tol.rtol * r.abs()) | same_special
+    # the rounding's share is rtol |ref| for normal values, at least half a subnormal step below them
+    ok = (diff <= atol + (tol.rtol * r.abs()).clamp_min(floor)) | same_special
     finite = ~same_special
     max_abs = diff[finite].max().item() if finite.any() else 0.0
     rel = diff / r.abs().clamp_min(1e-30)

@@ -20,8 +20,10 @@ count has 5).
    value prints BAD; one that does not fit prints REFUSED (sweep_common.report_config). '*' marks
    the table's pick.
 2. Schedules: the table's two-pass pair against its one-pass config (the first ONE_PASS config
-   where the row has none) by both adds, in ROUNDS interleaved rounds (medians), on MHA and GQA
-   shapes and the attention benchmark's packed batch.
+   where the row has none) by both adds, each in the dk/dv loop order dp_first_when picks and in
+   the other one ("dP first": v dO^T issued beside k q^T; "dP last": after the dv product), in
+   ROUNDS interleaved rounds (medians), on MHA and GQA shapes and the attention benchmark's packed
+   batch.
 
 Kernels compile first in SWEEP_JOBS processes at once (default: the host's cores less one) on small
 inputs of the same specializations (sweep_common.precompile).
@@ -36,7 +38,7 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from attention.flash_attention_bwd import backward_table_config, launch_flash_attention_backward  # noqa: E402
+from attention.flash_attention_bwd import backward_table_config, dp_first_when, launch_flash_attention_backward  # noqa: E402
 from attention.flash_attention_triton import flash_attention_train_op, flash_attention_varlen_train_op, packed  # noqa: E402
 from common.bench import tflops, time_ms  # noqa: E402
 from common.device import DEVICE, describe  # noqa: E402
@@ -152,16 +154,16 @@ class Problem:
         self.launch(None, None, deterministic=True)
         self.want = tuple(g.clone() for g in self.grads)
 
-    def launch(self, config, dq_add, deterministic=False):
+    def launch(self, config, dq_add, deterministic=False, dp_first=None):
         return launch_flash_attention_backward(*self.tensors, *self.views, self.causal, self.scale,
                                                cu_seqlens=self.cu, config=config, dq_add=dq_add,
-                                               deterministic=deterministic)
+                                               deterministic=deterministic, dp_first=dp_first)
 
 
 def warm(task):
     """Compile one launch on small random inputs (precompile's worker): O and LSE random too, since
     only the specializations matter here."""
-    d, h, hkv, causal, varlen, config, dq_add, dtype_name = task
+    d, h, hkv, causal, varlen, config, dq_add, dp_first, dtype_name = task
     dtype = DTYPES[dtype_name]
     t = WARM_T
     q, do, o = (torch.randn(1, h, t, d, device=DEVICE, dtype=dtype) for _ in range(3))
@@ -176,7 +178,7 @@ def warm(task):
     grads = [torch.empty_like(x) for x in (q, k, v)]
     try:
         launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, d ** -0.5, cu_seqlens=cu, config=config,
-                                        dq_add=dq_add)
+                                        dq_add=dq_add, dp_first=dp_first)
     except Exception:  # noqa: BLE001  (a config that does not fit: the sweep reports it)
         pass
 
@@ -191,24 +193,30 @@ def launches(d, smoke):
 
 
 def schedule_launches(d, smoke):
+    """(label, config, dq_add, dp_first) of each schedule in the dk/dv loop's order for d
+    (dp_first_when) and in the other one."""
     two, one = table_launches(d, smoke)
-    return [("two-pass", two, None)] + [(f"one-pass {add}", (one, None), add) for add in adds(smoke)]
+    order = dp_first_when(d)
+    return [(name if first == order else f"{name} dP {'first' if first else 'last'}", config, add, first)
+            for name, config, add in [("two-pass", two, None)] + [(f"one-pass {add}", (one, None), add)
+                                                                  for add in adds(smoke)]
+            for first in (order, not order)]
 
 
 def warm_tasks(dims, dtype_name, smoke):
     tasks = []
     for d in dims:
         _, h, hkv, _ = (SMOKE_SHAPES if smoke else SHAPES)[d]
-        tasks += [(d, h, hkv, causal, False, config, add, dtype_name)
+        tasks += [(d, h, hkv, causal, False, config, add, None, dtype_name)
                   for causal in (False, True) for config, add in launches(d, smoke)]
     if not smoke:
         for b, h, hkv, t, d in SCHEDULE_SHAPES:
             if d in dims:
-                tasks += [(d, h, hkv, causal, False, config, add, dtype_name)
-                          for causal in (False, True) for _, config, add in schedule_launches(d, smoke)]
+                tasks += [(d, h, hkv, causal, False, config, add, first, dtype_name)
+                          for causal in (False, True) for _, config, add, first in schedule_launches(d, smoke)]
         if VARLEN[5] in dims:
-            tasks += [(VARLEN[5], VARLEN[4], VARLEN[4], True, True, config, add, dtype_name)
-                      for _, config, add in schedule_launches(VARLEN[5], smoke)]
+            tasks += [(VARLEN[5], VARLEN[4], VARLEN[4], True, True, config, add, first, dtype_name)
+                      for _, config, add, first in schedule_launches(VARLEN[5], smoke)]
     return list(dict.fromkeys(tasks))
 
 
@@ -263,12 +271,13 @@ def sweep_configs(d, dtype, smoke, best):
 
 
 def compare_schedules(problem, label, d, smoke):
-    """The table's two-pass pair against its one-pass config by each add, ROUNDS interleaved rounds."""
-    times = {name: [] for name, _, _ in schedule_launches(d, smoke)}
+    """The table's two-pass pair against its one-pass config by each add, each in both dk/dv loop
+    orders, ROUNDS interleaved rounds."""
+    times = {name: [] for name, *_ in schedule_launches(d, smoke)}
     for _ in range(ROUNDS):
-        for name, config, add in schedule_launches(d, smoke):
-            problem.launch(config, add)
-            times[name].append(time_ms(lambda: problem.launch(config, add)))
+        for name, config, add, first in schedule_launches(d, smoke):
+            problem.launch(config, add, dp_first=first)
+            times[name].append(time_ms(lambda: problem.launch(config, add, dp_first=first)))
     print(f"  {label}: " + "; ".join(f"{name} {tflops(problem.flops, statistics.median(ts)):.0f}"
                                       for name, ts in times.items()), flush=True)
 
