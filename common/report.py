@@ -151,7 +151,7 @@ AREAS = {
         "FlashAttention (prefill): forward, backward, packed sequences",
         "Kernels in `attention/flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
         "any T, head dims up to 256, packed sequences) and `attention/flash_attention_bwd.py` "
-        "(FlashAttention-2's backward: dk/dv and dq passes, no atomics); the public functions in "
+        "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); the public functions in "
         "`attention/flash_attention_triton.py`. `naive` and `blocked` are the references in "
         "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
         [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),
