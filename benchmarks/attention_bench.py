@@ -199,7 +199,7 @@ def pad(x, rows, lengths):
 
 def unpad(y, rows):
     """(B, H, max T, D) -> (total, H, D): the packed tokens' rows."""
-    return y.transpose(1, 2).reshape(-1, *y.shape[1:2], y.shape[3]).index_select(0, rows)
+    return y.transpose(1, 2).reshape(-1, y.shape[1], y.shape[3]).index_select(0, rows)
 
 
 def varlen_setup(lengths, heads, dim, mode):

@@ -445,10 +445,10 @@ def matmul_graph_tolerance(a, w):
 
 
 def warm_cublas(inputs):
-    """One torch.mm in each floating dtype of `inputs`: cuBLAS makes its handle on its first call
-    in a process, which a capture cannot hold (torch.mm alone fails the same way). The ops that
-    call cuBLAS (the fused linear cross-entropy's chunk products) need it made, not their own
-    first call warmed: Triton's compiles and launches are still captured cold."""
+    """A torch.mm and torch.addmm in each floating dtype of `inputs`: cuBLAS makes its handles on
+    its first calls in a process, which a capture cannot hold (torch.mm alone fails the same way).
+    The ops that call cuBLAS (the fused linear cross-entropy's chunk products) need them made, not
+    their own first call warmed: Triton's compiles and launches are still captured cold."""
     for dtype in {t.dtype for t in inputs.values() if isinstance(t, torch.Tensor) and t.is_floating_point()}:
         a = torch.ones(16, 16, device=DEVICE, dtype=dtype)
         torch.mm(a, a), torch.addmm(a[0], a, a)  # the cuBLAS and cuBLASLt handles
