@@ -163,9 +163,18 @@ def _empty_lse(q):
     return q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
+def _train_out(q):
+    """O under grad, (B, H, Tq, D) stored as (B, Tq, H, D), as SDPA returns it: the projection
+    after attention then reads O.transpose(1, 2) as a (B * Tq, H * D) matrix in place, and the O
+    kept for the backward is the only copy (laid out like a (B, H, Tq, D) q, the reshape before
+    that projection would copy it, a second tensor of O's size a layer until the backward)."""
+    b, h, t, d = q.shape
+    return q.new_empty((b, t, h, d)).transpose(1, 2)
+
+
 def _attention_train(q, k, v, causal, sm_scale, config, deterministic=False):
     """(O, LSE): the forward under grad; `deterministic` is for its backward."""
-    out, lse = torch.empty_like(q), _empty_lse(q)
+    out, lse = _train_out(q), _empty_lse(q)
     _attend_into(q, k, v, causal, sm_scale, config, out, lse)
     return out, lse
 
@@ -299,7 +308,7 @@ flash_attention_op, flash_attention_out_op = define_ops(
 flash_attention_train_op = define_op(
     f"flash_attention_train({DENSE_ARGS}, {TRAIN_OPTION}) -> (Tensor, Tensor)",
     _attention_train,
-    lambda q, k, v, *rest: (torch.empty_like(q), _empty_lse(q)),
+    lambda q, k, v, *rest: (_train_out(q), _empty_lse(q)),
     backward=_train_backward, setup_context=_setup_dense_train)
 flash_attention_varlen_op = define_op(
     f"flash_attention_varlen({VARLEN_ARGS}) -> Tensor", lambda *a: _varlen_train(*a)[0],
@@ -342,7 +351,9 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     default (False, as flash_attn_func's) may add dq's parts with atomics in a run-dependent order,
     where that is faster (attention/flash_attention_bwd.py's BACKWARD_TABLE).
     Returns O (B, H, Tq, D) in q's dtype (out itself when given), laid out like q when q is dense
-    (so a transposed (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way).
+    (so a transposed (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way);
+    under grad (an input that requires grad) stored as (B, Tq, H, D) whatever q's layout, as SDPA
+    returns it, so that O.transpose(1, 2).reshape(B, Tq, H * D) is a view, not a second copy.
     Differentiable in q, k and v; the gradients come back shaped like them.
     """
     check_attention_args(q, k, v, sm_scale)

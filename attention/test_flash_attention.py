@@ -186,11 +186,19 @@ def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=
     default schedule or (deterministic) the two-pass one."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    return attention_grads(
-        "", lambda q, k, v: flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, deterministic=deterministic),
-        lambda q, k, v: naive_attention(q, k, v, causal, scale_used),
+    layouts = []
+
+    def ours(q, k, v):
+        o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, deterministic=deterministic)
+        if o.requires_grad:
+            layouts.append(o.transpose(1, 2).is_contiguous())
+        return o
+    out = attention_grads(
+        "", ours, lambda q, k, v: naive_attention(q, k, v, causal, scale_used),
         lambda q, k, v: same_dtype_attention(q, k, v, causal, scale_used),
         [q, k, v], [rand((b, h, tq, d), dtype)], dtype)
+    # under grad O is stored (B, Tq, H, D), whatever q's layout: the projection reads it in place
+    return out + [Outcome("O under grad stored (B, Tq, H, D)", bool(layouts) and all(layouts))]
 
 
 def attention_and_lse(q, k, v, causal, sm_scale):

@@ -3,7 +3,7 @@ dispatcher, its launcher alone, and the PyTorch call it stands in for, at decode
 
 At decode sizes a kernel runs on the GPU for 5-20 us, about what its call costs the CPU, so the
 host's cost per call bounds a step that is not replayed from a CUDA graph. For every op, CPU us a
-call (common.bench.host_time_us: 200 calls without a sync, best of 5, after a warm-up call), under
+call (common.bench.host_time_us: 200 calls without a sync, best of 9, after a warm-up call), under
 torch.no_grad() and again under torch.inference_mode(), of
     public     (a) the public function (rmsnorm(x, w), ...): argument checks, then its operator
     op         (b) the operator's eager entry, the common.ops.Op objects the public function called,
@@ -38,9 +38,38 @@ M = 1 and 8 against the fused QKV weight 6144x4096; decode_attention and paged_d
 one token against T = 4096 (16-token pages); TritonAdamW.step() on one 1M-param tensor.
 A row that fails (an operator not registered, a launcher's signature changed) is kept with its
 error; the run then exits 1 after writing the results.
+
+Training, rows of mode "fwd+bwd": CPU us of one forward + backward call, grad mode on, for every op
+with a backward, at micro-batch sizes where the GPU waits on the host. The timed call, the same for
+every provider, is common.bench.train_call's: the forward on leaves that require grad, then
+torch.autograd.grad(its outputs, those leaves, upstream gradients). The gradients are returned,
+never accumulated into .grad, so each call does the same work. Each provider has its own copy of
+the inputs and of one set of upstream gradients (Liger writes gradients over its inputs, and its
+RoPE over the upstream ones). Ours is called once first and its gradients compared with PyTorch's
+(a difference past 2% of the largest is a wrong call, an error row). Timed in turns as above, of
+    public         ours, the public function
+    liger          Liger-Kernel's autograd.Function, called as the norm, mlp, rope and losses
+                   benchmarks call it: LigerRMSNormFunction, LigerLayerNormFunction,
+                   LigerFusedAddRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction,
+                   LigerCrossEntropyFunction, LigerFusedLinearCrossEntropyFunction; skipped, with
+                   the reason, where it is not installed or has no such op, and in the interpreter
+    torch.compile  the PyTorch counterpart compiled (common.bench.compile_train_fn: static shapes)
+    pytorch        the PyTorch counterpart, as (f) above; cross_entropy: F.cross_entropy;
+                   fused_linear_cross_entropy: F.linear, then F.cross_entropy
+Shapes (bf16) and the inputs that get gradients: rmsnorm (x, weight), layernorm (x, weight, bias),
+residual_rmsnorm (x, residual, weight) 1x4096; apply_rope (q, k) q 1x32x128x128 and k 1x8x128x128
+stored (B, T, H, D) as projections give them; flash_attention (q, k, v) causal, 1x32/8x128x128, a
+128-token micro-batch; bias_gelu (x, bias) 1x16384; swiglu (gate, up) 1x14336; matmul (a, W)
+8x4096 against W.T, W 4096x4096; rmsnorm_linear (x, norm weight, W) 8 rows, W 6144x4096;
+cross_entropy (logits) 8x32000; fused_linear_cross_entropy (hidden, weight) 8 tokens, hidden 4096,
+vocabulary 4096: a 32 MB weight, as matmul's (at a 32000 vocabulary the forward's and backward's
+passes over the weight and its gradient, about 1 GB, keep the GPU busy longer than the host, and
+the row would time the GPU). A peer that fails (Liger, torch.compile) is reported as skipped, with
+the reason; a failure of ours or of eager PyTorch is an error row.
     python benchmarks/host_bench.py            (GPU; writes benchmarks/results/host.json)
     python benchmarks/host_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/host_bench.py --only rmsnorm   (a subset)
+    python benchmarks/host_bench.py --mode fwd+bwd   (the training rows only; --mode fwd: the others)
 """
 import math
 import pathlib
@@ -54,20 +83,27 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from common.bench import host_time_us  # noqa: E402
+from common.bench import compile_train_fn, host_time_us, train_call  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.harness import parse_args, run  # noqa: E402
 from common.ops import Op  # noqa: E402
+from common.peers import LIGER  # noqa: E402
 from common.testing import rand  # noqa: E402
 
 DTYPE = torch.bfloat16
 PROVIDERS = ("public", "op", "impl", "torch.ops", "launcher", "pytorch")
 MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+TRAIN_MODE = "fwd+bwd"
+TRAIN_PROVIDERS = ("public", LIGER, "torch.compile", "pytorch")
+# rows: M of the training rows' matmul, rmsnorm_linear and losses; micro_batch: tokens of their
+# rope and flash_attention; head_vocab: fused_linear_cross_entropy's (module docstring)
 FULL = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, gelu=16384, qkv=6144, scores=32,
-            chunk=256, cache=4096, params=1_000_000, calls=200, rounds=9)
+            chunk=256, cache=4096, params=1_000_000, rows=8, micro_batch=128, vocab=32000, head_vocab=4096,
+            calls=200, rounds=9)
 # the interpreter runs a launch in milliseconds: few calls of tiny shapes, numbers meaningless
 SMOKE = dict(hidden=64, heads=4, kv_heads=2, head_dim=64, mlp=96, gelu=64, qkv=48, scores=4,
-             chunk=16, cache=32, params=1000, calls=2, rounds=1)
+             chunk=16, cache=32, params=1000, rows=4, micro_batch=16, vocab=300, head_vocab=300,
+             calls=2, rounds=1)
 PAGE = 16
 EPS = 1e-6
 
@@ -408,6 +444,128 @@ def cases(s):
 
 
 # ---------------------------------------------------------------------------------------------
+# the training cases: one forward + backward call
+
+
+@dataclass
+class TrainCase:
+    """One fwd+bwd row: build() returns (inputs, wrt: the positions of the inputs that get
+    gradients, {provider: fn(*inputs), or why it is not timed}); "torch.compile", where build()
+    leaves it out, is its "pytorch" compiled. pytorch_name: the counterpart."""
+    op: str
+    shape: str
+    pytorch_name: str
+    build: Callable
+
+
+NO_LIGER = "Liger-Kernel has no such op"
+
+
+def liger_call(make):
+    """Liger's call from a benchmark's helper (make: () -> fn, or why it is unavailable)."""
+    return "liger: its kernels do not run in Triton's interpreter" if INTERPRET else make()
+
+
+def train_cases(s):
+    n, h, hkv, d, t, m = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["micro_batch"], s["rows"]
+
+    def build_rmsnorm():
+        from benchmarks.norm_bench import liger_rmsnorm
+        from normalization.triton_rmsnorm import rmsnorm
+        return ((rand((1, n), DTYPE), rand((n,), DTYPE)), (0, 1),
+                {"public": lambda x, w: rmsnorm(x, w, EPS), LIGER: liger_call(liger_rmsnorm),
+                 "pytorch": lambda x, w: F.rms_norm(x, (n,), w, EPS)})
+
+    def build_layernorm():
+        from benchmarks.norm_bench import liger_layernorm
+        from normalization.triton_layernorm import layernorm
+        return ((rand((1, n), DTYPE), rand((n,), DTYPE), rand((n,), DTYPE)), (0, 1, 2),
+                {"public": lambda x, w, b: layernorm(x, w, b, 1e-5), LIGER: liger_call(liger_layernorm),
+                 "pytorch": lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)})
+
+    def build_residual():
+        from benchmarks.norm_bench import liger_residual_rmsnorm
+        from normalization.triton_residual_rmsnorm import residual_rmsnorm
+
+        def pytorch(x, r, w):
+            u = x + r
+            return F.rms_norm(u, (n,), w, EPS), u
+        return ((rand((1, n), DTYPE), rand((1, n), DTYPE), rand((n,), DTYPE)), (0, 1, 2),
+                {"public": lambda x, r, w: residual_rmsnorm(x, r, w, EPS),
+                 LIGER: liger_call(liger_residual_rmsnorm), "pytorch": pytorch})
+
+    def build_rope():
+        from attention.rope import apply_rope_ref, rope_cos_sin
+        from attention.triton_rope import apply_rope
+        from benchmarks.rope_bench import liger_rope
+        q, k = (rand((1, t, heads, d), DTYPE).transpose(1, 2) for heads in (h, hkv))  # (B, T, H, D) storage
+        cos, sin = (c[None] for c in rope_cos_sin(torch.arange(t, device=DEVICE), d, dtype=DTYPE))
+        return ((q, k, cos, sin), (0, 1),
+                {"public": apply_rope, LIGER: liger_call(liger_rope), "pytorch": apply_rope_ref})
+
+    def build_flash():
+        from attention.flash_attention_triton import flash_attention
+        q, k, v = rand((1, h, t, d), DTYPE), rand((1, hkv, t, d), DTYPE), rand((1, hkv, t, d), DTYPE)
+        return ((q, k, v), (0, 1, 2),
+                {"public": lambda q, k, v: flash_attention(q, k, v, causal=True), LIGER: NO_LIGER,
+                 "pytorch": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)})
+
+    def build_bias_gelu():
+        from mlp.triton_bias_gelu import bias_gelu
+        return ((rand((1, s["gelu"]), DTYPE), rand((s["gelu"],), DTYPE)), (0, 1),
+                {"public": bias_gelu, LIGER: NO_LIGER, "pytorch": lambda x, b: F.gelu(x + b)})
+
+    def build_swiglu():
+        from benchmarks.mlp_bench import liger_swiglu
+        from mlp.triton_swiglu import swiglu
+        gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
+        return ((gate, up), (0, 1),
+                {"public": swiglu, LIGER: liger_call(liger_swiglu), "pytorch": lambda g, u: F.silu(g) * u})
+
+    def build_matmul():
+        from gemm.triton_matmul import matmul
+        return ((rand((m, n), DTYPE), rand((n, n), DTYPE)), (0, 1),  # w: an nn.Linear weight (N, K)
+                {"public": lambda a, w: matmul(a, w.T), LIGER: NO_LIGER, "pytorch": F.linear})
+
+    def build_rmsnorm_linear():
+        from gemm.triton_rmsnorm_linear import rmsnorm_linear
+        return ((rand((m, n), DTYPE), rand((n,), DTYPE), rand((s["qkv"], n), DTYPE)), (0, 1, 2),
+                {"public": lambda x, nw, w: rmsnorm_linear(x, nw, w, EPS), LIGER: NO_LIGER,
+                 "pytorch": lambda x, nw, w: F.linear(F.rms_norm(x, (n,), nw, EPS), w)})
+
+    def build_cross_entropy():
+        from benchmarks.losses_bench import liger_ce
+        from losses.cross_entropy import cross_entropy
+        target = torch.randint(0, s["vocab"], (m,), device=DEVICE)
+        return ((rand((m, s["vocab"]), DTYPE), target), (0,),
+                {"public": cross_entropy, LIGER: liger_call(liger_ce), "pytorch": F.cross_entropy})
+
+    def build_linear_cross_entropy():
+        from benchmarks.losses_bench import liger_lce
+        from losses.fused_linear_cross_entropy import fused_linear_cross_entropy
+        v = s["head_vocab"]
+        target = torch.randint(0, v, (m,), device=DEVICE)
+        return ((rand((m, n), DTYPE), rand((v, n), DTYPE, scale=n ** -0.5), target), (0, 1),
+                {"public": fused_linear_cross_entropy, LIGER: liger_call(liger_lce),
+                 "pytorch": lambda x, w, y: F.cross_entropy(F.linear(x, w), y)})
+
+    norm = f"1x{n}"
+    attention = f"1x{h}/{hkv}x{t}x{d}"
+    return [TrainCase("rmsnorm", norm, "F.rms_norm", build_rmsnorm),
+            TrainCase("layernorm", norm, "F.layer_norm", build_layernorm),
+            TrainCase("residual_rmsnorm", norm, "x + r, F.rms_norm", build_residual),
+            TrainCase("apply_rope", attention, "rotate_half (attention/rope.py)", build_rope),
+            TrainCase("flash_attention", attention + " causal", "SDPA", build_flash),
+            TrainCase("bias_gelu", f"1x{s['gelu']}", "F.gelu(x + b)", build_bias_gelu),
+            TrainCase("swiglu", f"1x{s['mlp']}", "F.silu(g) * u", build_swiglu),
+            TrainCase("matmul", f"{m}x{n}x{n} (W.T)", "F.linear", build_matmul),
+            TrainCase("rmsnorm_linear", f"{m}x{s['qkv']}x{n}", "F.rms_norm, F.linear", build_rmsnorm_linear),
+            TrainCase("cross_entropy", f"{m}x{s['vocab']}", "F.cross_entropy", build_cross_entropy),
+            TrainCase("fused_linear_cross_entropy", f"{m}x{n}x{s['head_vocab']}", "F.linear, F.cross_entropy",
+                      build_linear_cross_entropy)]
+
+
+# ---------------------------------------------------------------------------------------------
 # the loop
 
 
@@ -486,6 +644,64 @@ def measure_case(bench, case, s):
             print(f"{case.op:24s} {case.shape:>28s} {mode:14s} {provider:9s} {shown}", flush=True)
 
 
+def train_calls(case):
+    """({provider: the timed call}, {provider: why it is not timed}, {provider: error}). Every
+    provider's call takes its own copy of the inputs and of one set of upstream gradients; ours is
+    called once and its gradients checked against PyTorch's."""
+    inputs, wrt, fns = case.build()
+    fns.setdefault("torch.compile", compile_train_fn(fns["pytorch"], TRAIN_MODE))
+    with torch.no_grad():
+        outs = fns["pytorch"](*inputs)
+    grad_outputs = [torch.randn(o.shape, device=o.device).to(o.dtype)
+                    for o in (outs if isinstance(outs, (tuple, list)) else (outs,))]
+    calls, skipped, errors = {}, {}, {}
+    for provider in TRAIN_PROVIDERS:
+        fn = fns.get(provider)
+        if isinstance(fn, str):
+            skipped[provider] = fn
+        else:
+            calls[provider] = train_call(fn, [a.clone() for a in inputs], wrt, TRAIN_MODE,
+                                         [g.clone() for g in grad_outputs])
+    grads = {}
+    for provider in ("public", "pytorch"):
+        try:
+            with torch.enable_grad():
+                grads[provider] = calls[provider]()
+        except Exception as e:  # noqa: BLE001  (a failure is the row's result)
+            errors[provider] = error_text(e)
+            del calls[provider]
+    if len(grads) == 2:  # the same inputs and upstream gradients: a different result is a wrong call
+        diff = max_diff(grads["public"], grads["pytorch"])
+        if not diff <= 0.02 * (1 + largest(grads["pytorch"])):
+            errors["public"] = f"its gradients differ from PyTorch's by {diff:.3g}: a wrong call"
+            del calls["public"]
+    return calls, skipped, errors
+
+
+def measure_train_case(bench, case, s):
+    wanted = [p for p in TRAIN_PROVIDERS if bench.selected(case.op, case.shape, p)]
+    if not wanted:
+        return
+    try:
+        calls, skipped, errors = train_calls(case)
+    except Exception as e:  # noqa: BLE001  (any failure is the row's result)
+        calls, skipped, errors = {}, {}, dict.fromkeys(TRAIN_PROVIDERS, f"setup: {error_text(e)}")
+    us, timing_errors = interleaved_us({p: calls[p] for p in wanted if p in calls}, torch.enable_grad, s)
+    errors.update(timing_errors)
+    for provider in wanted:
+        error = errors.get(provider)
+        if error and provider in (LIGER, "torch.compile"):  # a peer that fails is skipped, with the reason
+            skipped[provider], error = error, None
+        extra = {"pytorch_call": case.pytorch_name} if provider in ("pytorch", "torch.compile") else {}
+        if provider in skipped:
+            extra["skipped"] = skipped[provider]
+        timed = provider in us and not error and provider not in skipped
+        row = make_row(case.op, case.shape, provider, TRAIN_MODE, us[provider] if timed else None, error, **extra)
+        bench.rows.append(row)
+        shown = (f"{row['us']:9.2f} us" if timed else f"ERROR {error}" if error else f"skipped ({skipped[provider]})")
+        print(f"{case.op:26s} {case.shape:>24s} {TRAIN_MODE:8s} {provider:13s} {shown}", flush=True)
+
+
 def interleaved_us(calls, context, s):
     """({provider: CPU us a call}, {provider: error}): every call timed in turn for s["rounds"]
     rounds of s["calls"] calls (common.bench.host_time_us's count), each keeping its best round."""
@@ -508,17 +724,24 @@ def measure(s):
             return
         bench.meta["timer"] = (f"common.bench.host_time_us: {s['calls']} calls without a sync, best of "
                                f"{s['rounds']}, CPU us a call")
-        if bench.selected("empty kernel", "1", "launcher"):
+        forward = bench.wants_mode("fwd")  # the no_grad and inference_mode rows
+        if forward and bench.selected("empty kernel", "1", "launcher"):
             x = torch.empty(1, dtype=DTYPE, device=DEVICE)
             for mode, context in MODES.items():
                 with context():
                     us = host_time_us(lambda: _empty_kernel[(1,)](x), calls=s["calls"], rounds=s["rounds"])
                 bench.rows.append(make_row("empty kernel", "1", "launcher", mode, us))
                 print(f"{'empty kernel':24s} {'1':>28s} {mode:14s} launcher  {us:9.2f} us", flush=True)
-        for case in cases(s):
-            measure_case(bench, case, s)
-            if not INTERPRET:
-                torch.cuda.empty_cache()
+        if forward:
+            for case in cases(s):
+                measure_case(bench, case, s)
+                if not INTERPRET:
+                    torch.cuda.empty_cache()
+        if bench.wants_mode(TRAIN_MODE):
+            for case in train_cases(s):
+                measure_train_case(bench, case, s)
+                if not INTERPRET:
+                    torch.cuda.empty_cache()
     return fill
 
 

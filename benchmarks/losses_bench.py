@@ -9,7 +9,10 @@ Providers: triton (losses/cross_entropy.py, losses/fused_linear_cross_entropy.py
 bf16, then F.cross_entropy on them: what a model's loss does); torch.compile of eager; liger
 (LigerCrossEntropyFunction, LigerFusedLinearCrossEntropyFunction; skipped where not installed).
 peak_MB: the memory a call adds beyond its inputs (logits, gradients, scratch); Liger's
-cross-entropy writes dlogits into its input and allocates none. max_err: the gradients against an
+cross-entropy writes dlogits into its input and allocates none. fwd+bwd rows also give graph_ms
+(GPU time, common.bench.graph_time_ms) for every provider but Liger's: its losses read the count of
+targets on the host (.item()), which a CUDA graph cannot capture (a failed capture leaves the
+process's CUDA state unusable). max_err: the gradients against an
 fp32 reference (for linear_cross_entropy computed in chunks of tokens, no (BT, V) matrix in fp32).
 
 Shapes: BT 8192 with V 32000, 128256 and 151936 for cross_entropy; (8192, 4096, 128256) and
@@ -105,6 +108,9 @@ def bind_train(providers, wrt, mode):
     return bind
 
 
+GRAPHED = ("triton", "eager", "torch.compile")  # fwd+bwd rows: the providers a CUDA graph can capture
+
+
 def ce_cases(shapes):
     for mode in ("fwd", "fwd+bwd"):
         compiled = compile_fn(eager_ce) if mode == "fwd" else compile_train_fn(eager_ce, mode)
@@ -113,7 +119,8 @@ def ce_cases(shapes):
         for n, v in shapes:
             yield Case("cross_entropy", (n, v), DTYPE, providers, lambda n=n, v=v, mode=mode: ce_setup(n, v, mode),
                        n_bytes=(1 if mode == "fwd" else 3) * n * v * DTYPE.itemsize, mode=mode,
-                       peak=mode != "fwd", bind=bind_train(providers, (0,), mode))
+                       peak=mode != "fwd", bind=bind_train(providers, (0,), mode),
+                       graph=GRAPHED if mode != "fwd" else ())
 
 
 def lce_cases(shapes):
@@ -123,7 +130,7 @@ def lce_cases(shapes):
     for n, h, v in shapes:
         yield Case("linear_cross_entropy", (n, h, v), DTYPE, providers, lambda n=n, h=h, v=v: lce_setup(n, h, v),
                    flops=6 * n * h * v, mode="fwd+bwd", peak=True, bind=bind_train(providers, (0, 1), "fwd+bwd"),
-                   skip_on=(torch.cuda.OutOfMemoryError,))
+                   skip_on=(torch.cuda.OutOfMemoryError,), graph=GRAPHED)
 
 
 def charts(args, ce_shapes, lce_shapes):

@@ -8,6 +8,10 @@ per case, then a tabulate table, then `N passed, M failed`, exit code 1 on any f
 A script whose cases cannot run on this machine at all (no CUDA toolchain, an optional package
 missing) passes `skip_reason`: its cases count as skipped, with the reason, in the closing line
 `N passed, M failed, K skipped (reason)`. A script that runs no case and gives no reason fails.
+On a GPU each case runs in a turn that other test scripts share (common/gpu_turns.py: `make test
+JOBS=4`); one that declares most of the card (`gpu_gb`) or runs out of memory beside them runs
+alone, and one larger than the card is skipped with its need as the reason. Each progress line
+gives the case's peak GPU memory.
 
 Tolerance rule (from flash-attention's tests): an output passes when every element is within
 `atol + rtol * |ref|` of a reference computed in fp32/fp64 from the same inputs, and, when the test
@@ -85,25 +89,29 @@ ROUNDING_MIN_VALUES = 512
 
 
 def rounding_bias(out, ref, dtype):
-    """Mean of (|out| - |ref|) / ulp(ref), each clipped to [-1, 1], over the distinct reference
-    values that are normal numbers in `dtype` (fp16 or bf16), or None with fewer than
-    ROUNDING_MIN_VALUES of them. out, ref: fp64 copies. The clip keeps the errors of other origin (a
+    """Mean of (|out| - |ref|) / ulp(ref), each clipped to [-1, 1], over the reference values that
+    are normal numbers in `dtype` (fp16 or bf16), or None with fewer than ROUNDING_MIN_VALUES
+    distinct values of `dtype` among them. out, ref: fp64 copies. The clip keeps the errors of other origin (a
     kernel's own rounding of intermediates, larger than an ulp of a small output, and of either
-    sign) from drowning the rounding's half ulp. A value repeated over the output (softmax rows of
-    tied maxima, a row of equal values) is one rounding, counted once: repeated, its error of up to
-    half an ulp would pass for a bias."""
+    sign) from drowning the rounding's half ulp. References that round to one value of `dtype`
+    count once, by their mean error: a value repeated over the output (softmax rows of tied maxima, a row of equal
+    values), or a cluster of nearby ones (the target entries of a cross-entropy gradient, all
+    near -(1 - smoothing) / n), is one rounding whose error of up to half an ulp would otherwise
+    pass for a bias."""
     tiny, eps = torch.finfo(dtype).tiny, torch.finfo(dtype).eps
     keep = out.isfinite() & ref.isfinite() & (ref.abs() >= tiny)
     r, order = ref[keep].sort()
     o = out[keep][order]
-    first = torch.ones_like(r, dtype=torch.bool)
-    first[1:] = r[1:] != r[:-1]
-    o, r = o[first], r[first]
-    if r.numel() < ROUNDING_MIN_VALUES:
-        return None
     _, exponent = torch.frexp(r)  # |r| = m * 2^exponent, m in [0.5, 1): the ulp is eps * 2^(exponent - 1)
     ulp = torch.ldexp(torch.full_like(r, eps), exponent - 1)
-    return ((o.abs() - r.abs()) / ulp).clamp(-1.0, 1.0).mean().item()
+    err = ((o.abs() - r.abs()) / ulp).clamp(-1.0, 1.0)
+    # one mean error per value of `dtype` the references round to (rounding is monotonic: the
+    # references of one cell are adjacent in the sorted order)
+    _, cell, counts = torch.unique_consecutive(r.to(dtype), return_inverse=True, return_counts=True)
+    if counts.numel() < ROUNDING_MIN_VALUES:
+        return None
+    per_cell = torch.zeros(counts.numel(), dtype=err.dtype, device=err.device).index_add_(0, cell, err)
+    return (per_cell / counts).mean().item()
 
 
 def compare(check, out, ref, tol=None, torch_out=None):
@@ -262,13 +270,42 @@ class Case:
     fn: Callable[..., list]
     kwargs: dict = field(default_factory=dict)
     gpu_only: bool = False
+    gpu_gb: float = None  # GPU memory it needs, where that is most of a card (common/gpu_turns.py)
 
-    def run(self, base_seed):
+    def run(self, base_seed, out_of_memory=None):
+        """Outcomes of one run. out_of_memory: a list that gets the error, instead of a crashed
+        outcome, when the case runs out of GPU memory (the caller may run it again, alone)."""
         torch.manual_seed(base_seed ^ zlib.crc32(self.name.encode()))
         try:
             return self.fn(**self.kwargs)
         except Exception as e:  # a crash is one failed case, and the script goes on
+            if out_of_memory is not None and DEVICE == "cuda":
+                from common.gpu_turns import is_out_of_memory
+                if is_out_of_memory(e):
+                    out_of_memory.append(e)
+                    return []
             return [Outcome("(crashed)", False, note=f"{type(e).__name__}: {e}"[:120])]
+
+    def run_on_shared_gpu(self, base_seed):
+        """(outcomes, skip reason or None) on a GPU that other test scripts may be using: in a turn
+        (common/gpu_turns.py), alone if it declares most of the card or ran out of memory beside
+        other scripts' cases."""
+        from common import gpu_turns
+
+        if self.gpu_gb is not None and gpu_turns.too_big(self.gpu_gb):
+            return [], gpu_turns.too_big(self.gpu_gb)
+        alone = gpu_turns.needs_the_card(self.gpu_gb)
+        oom = []
+        with gpu_turns.turn(alone) as skip:
+            if skip:
+                return [], skip
+            outcomes = self.run(base_seed, None if alone else oom)
+        if oom:
+            with gpu_turns.turn(True) as skip:
+                if skip:
+                    return [], skip
+                outcomes = self.run(base_seed)
+        return outcomes, None
 
     def check(self):
         """pytest entry point: raise AssertionError naming every failed output."""
@@ -329,14 +366,22 @@ def run_cases(title, cases, skip_reason=None):
     seed = base_seed()
     chosen = select_cases(cases)
     print(f"{title}: {len(chosen)} of {len(cases)} cases on {describe()}, TEST_SEED={seed}", flush=True)
-    rows, n_pass, n_fail = [], 0, 0
+    rows, n_pass, n_fail, skips = [], 0, 0, {}
     for i, case in enumerate(chosen, 1):
         t0 = time.perf_counter()
-        outcomes = case.run(seed)
+        if DEVICE == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        outcomes, skip = case.run_on_shared_gpu(seed) if DEVICE == "cuda" else (case.run(seed), None)
+        # the case's peak: what its gpu_gb should say, where that is a large share of the card
+        peak = f", {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if DEVICE == "cuda" else ""
+        if skip:
+            skips[skip] = skips.get(skip, 0) + 1
+            print(f"  [{i}/{len(chosen)}] {case.name} ... skipped: {skip}", flush=True)
+            continue
         ok = all(o.passed for o in outcomes) and bool(outcomes)
         n_pass, n_fail = n_pass + ok, n_fail + (not ok)
         print(f"  [{i}/{len(chosen)}] {case.name} ... {'PASS' if ok else 'FAIL'} "
-              f"({time.perf_counter() - t0:.1f}s)", flush=True)
+              f"({time.perf_counter() - t0:.1f}s{peak})", flush=True)
         for o in outcomes:
             rows.append([case.name, o.check, _fmt(o.max_abs), _fmt(o.max_rel), o.bad, o.first_bad,
                          o.limit, _fmt(o.torch_err), "PASS" if o.passed else "FAIL", o.note])
@@ -344,7 +389,7 @@ def run_cases(title, cases, skip_reason=None):
                                   "tolerance", "torch err", "result", "note"]))
     if not chosen:
         print(f"{title}: no case ran, and no reason to skip was given")
-    print(count_line(n_pass, n_fail), flush=True)
+    print(count_line(n_pass, n_fail, sum(skips.values()), "; ".join(skips)), flush=True)
     return 1 if n_fail or not chosen else 0
 
 

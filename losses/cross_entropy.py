@@ -13,8 +13,24 @@ One program a row, two kernels:
   gradient, from the reduction (1/n_valid for "mean"), so the kernel never waits for the host.
 The reduction runs in PyTorch on the fp32 rows (sum, or sum over the count of targets that are
 not ignored), so torch.compile sees it and autograd hands each row its share. Rows whose target is
-ignore_index get loss 0 and zero gradient; a target outside [0, V) that is not ignore_index gives
-a NaN loss (checking it on the host would wait for the GPU).
+ignore_index get loss 0 and zero gradient.
+
+Targets outside [0, V) that are not ignore_index raise IndexError, as F.cross_entropy on the CPU
+does. The check (start_target_check) runs in the operators' implementations, not in the public
+function: every entry that takes a target reaches one (this file's and fused_linear_cross_entropy's
+public functions, torch.ops.llmk.* called directly), torch.compile never traces it (the fake
+implementations stand in, so a fullgraph compile has no graph break), and a compiled graph calls it
+on real tensors, so it raises there too. It costs one read of 16 bytes by the host: ignore_index
+entries replaced by 0, torch.aminmax over the N targets, a copy to pinned memory, all enqueued
+before the row kernels; the host waits for that copy after launching them, so the GPU has the loss
+kernels queued while the host waits, and the op raises before it returns (its outputs are fresh
+tensors no caller has seen). The backward operator checks when called on its own; autograd calls it
+with check_target=False, on the target its forward checked.
+The check cannot run under CUDA-graph capture (a host read is not capturable), so neither in the
+captured call nor in the graph's replays. There (and with the measurement switch _CHECK_TARGETS
+off) a bad target's row gets a NaN loss ("mean" and "sum" are NaN; "mean" counts the row among the
+targets not ignored) and a finite gradient without its one-hot term,
+g * (softmax(x) - eps / V) + dLSE * softmax(x): as if no class were the target.
 
 The shared row code also serves losses/fused_linear_cross_entropy.py: `launch_rows` with
 `grad_out` writes the gradient in the same launch as the loss, reading the row twice (softcap too).
@@ -150,8 +166,8 @@ def _cross_entropy_bwd_kernel(
 
 
 def launch_rows(logits, target, loss, lse, ignore_index, smoothing, softcap=None, grad_out=None, grad_scale=None):
-    """Forward over the rows of logits (N, V), any strides, and target (N,), contiguous: loss and
-    lse (fp32 (N,)). grad_out:
+    """Forward over the rows of logits (N, V), any strides, and target (N,), contiguous, not range
+    checked here (start_target_check): loss and lse (fp32 (N,)). grad_out:
     None, or an (N, V) buffer (logits itself is allowed) for the gradient, scaled by grad_scale
     (a one-element fp32 tensor)."""
     n, v = logits.shape
@@ -164,18 +180,61 @@ def launch_rows(logits, target, loss, lse, ignore_index, smoothing, softcap=None
         num_warps=NUM_WARPS)
 
 
+# Measurement switch, for scripts/target_check_cost.py only (it times the ops without the check):
+# with it off a bad target gives a NaN loss silently, as under CUDA-graph capture.
+_CHECK_TARGETS = True
+
+
+def _unchecked():
+    pass
+
+
+def start_target_check(target, n_classes, ignore_index, enabled=True):
+    """Start the range check of target (N,) against [0, n_classes): its smallest and largest entry
+    that is not ignore_index (torch.aminmax with those entries set to 0: four small kernels),
+    copied to pinned host memory, all enqueued now. Returns a function that waits for that copy
+    (not for later work) and raises IndexError naming the bad value; call it once the loss kernels
+    are launched. Where the check cannot run (CUDA-graph capture), is not wanted (not `enabled`,
+    _CHECK_TARGETS off) or has nothing to read (an empty target), the function does nothing."""
+    if not (enabled and _CHECK_TARGETS and target.numel()) or (target.is_cuda and
+                                                               torch.cuda.is_current_stream_capturing()):
+        return _unchecked
+    kept = target.masked_fill(target == ignore_index, 0)  # class 0 exists (V >= 1): ignored entries pass
+    bounds = torch.stack(torch.aminmax(kept))
+    copied = None
+    if bounds.is_cuda:
+        host = torch.empty(2, dtype=bounds.dtype, pin_memory=True)
+        host.copy_(bounds, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(bounds.device))
+        bounds = host
+
+    def raise_if_out_of_range():
+        if copied is not None:
+            copied.synchronize()
+        low, high = bounds.tolist()
+        bad = high if high >= n_classes else low if low < 0 else None
+        if bad is not None:
+            raise IndexError(f"target holds {bad}, outside [0, V={n_classes}) (and not ignore_index={ignore_index})")
+
+    return raise_if_out_of_range
+
+
 def _rows(logits, target, ignore_index, label_smoothing):
     n = logits.shape[0]
+    check = start_target_check(target, logits.shape[1], ignore_index)
     loss = logits.new_empty((n,), dtype=torch.float32)
     lse = logits.new_empty((n,), dtype=torch.float32)
     if n:
         launch_rows(logits, target, loss, lse, ignore_index, label_smoothing)
+    check()
     return loss, lse
 
 
 def launch_backward_rows(logits, target, lse, grad_loss, grad_lse, grad, ignore_index, smoothing, softcap=None):
     """dlogits of the rows of logits (N >= 1, V) into grad (logits itself is allowed), from the
-    saved lse, each row's loss gradient grad_loss (N,) and, when not None, LSE's grad_lse (N,)."""
+    saved lse, each row's loss gradient grad_loss (N,) and, when not None, LSE's grad_lse (N,).
+    target is not range checked here (start_target_check)."""
     n, v = logits.shape
     _cross_entropy_bwd_kernel[(n,)](
         logits, target, lse, grad_loss, grad_lse if grad_lse is not None else lse, grad,
@@ -184,16 +243,19 @@ def launch_backward_rows(logits, target, lse, grad_loss, grad_lse, grad, ignore_
         HAS_GRAD_LSE=grad_lse is not None, HAS_SOFTCAP=softcap is not None, BLOCK=block_v(v), num_warps=NUM_WARPS)
 
 
-def _backward_rows(grad_loss, grad_lse, logits, target, lse, ignore_index, label_smoothing):
+def _backward_rows(grad_loss, grad_lse, logits, target, lse, ignore_index, label_smoothing, check_target=True):
+    check = start_target_check(target, logits.shape[1], ignore_index, check_target)
     grad = torch.empty_like(logits)
     if logits.shape[0]:
         launch_backward_rows(logits, target, lse, grad_loss, grad_lse, grad, ignore_index, label_smoothing)
+    check()
     return grad
 
 
+# check_target: False from the autograd formula, whose forward checked the same target
 cross_entropy_backward_op = define_op(
     "cross_entropy_backward(Tensor grad_loss, Tensor? grad_lse, Tensor logits, Tensor target, Tensor lse, "
-    "int ignore_index, float label_smoothing) -> Tensor",
+    "int ignore_index, float label_smoothing, bool check_target=True) -> Tensor",
     _backward_rows, lambda grad_loss, grad_lse, logits, *rest: torch.empty_like(logits))
 
 
@@ -211,7 +273,7 @@ def _backward(ctx, grad_loss, grad_lse):
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
     grad = cross_entropy_backward_op(grad_loss, grad_lse, logits, target, lse, ctx.ignore_index,
-                                     ctx.label_smoothing)
+                                     ctx.label_smoothing, False)
     return grad, None, None, None
 
 
@@ -263,6 +325,11 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
     Returns the loss in logits' dtype, computed in fp32. Differentiable in logits; the gradient is
     computed from the saved logits and the per-row LSE (4 bytes a row), none of it stored in the
     forward.
+    Raises IndexError for a target outside [0, V) that is not ignore_index, checked by the operator
+    after its kernels are launched and before it returns (one 16-byte read by the host; module
+    docstring), in eager calls and in compiled graphs alike. Under CUDA-graph capture there is no
+    check: such a row's loss is NaN (so is a "mean" or "sum" loss) and its gradient finite, missing
+    the target's one-hot term.
     """
     check_tensor("logits", logits)
     if logits.shape[-1] < 1:

@@ -6,7 +6,7 @@ the (tokens x vocab) logits.
 
 At a 128k-152k vocabulary the logits of a training batch and their gradient are the largest
 tensors of the step (BT x V, 4 GB in fp32 at 8192 x 128256). Here the tokens go in chunks of
-C rows (chunk_rows: a (C, V) buffer of CHUNK_BYTES):
+C rows (chunk_rows: CHUNK_ROWS, a (C, V) buffer):
 
     logits_c = hidden_c @ weight.T + bias           one GEMM into a (C, V) buffer in hidden's dtype
     loss_c, dlogits_c                               losses/cross_entropy.py's row kernel, one launch:
@@ -30,7 +30,17 @@ gemm/triton_matmul.py's kernels write a fresh output. grad_weight accumulates in
 so in bf16 it is rounded once a chunk (BT / C roundings, as Liger-Kernel's does); fp32 weights
 accumulate in fp32.
 
-Operators: llmk::fused_linear_cross_entropy (the loss and, under grad, the gradients) and
+Targets outside [0, V) that are not ignore_index raise IndexError, checked in the operators'
+implementations as losses/cross_entropy.py's (start_target_check, its module docstring says why
+there): the check is enqueued ahead of the first chunk's GEMM and read once every chunk is launched,
+so the host waits for the GPU to reach it while the chunks are queued, and the op raises before it
+returns. The recomputing backward operator checks when called on its own; autograd calls it with
+check_target=False, on the target its forward checked. Under CUDA-graph capture there is no check:
+a bad target's row gets a NaN loss ("mean" and "sum" are NaN) and finite gradients, its dlogits
+g * (softmax(logits) - eps / V) (times the softcap's derivative), without the target's one-hot term.
+
+Operators: llmk::fused_linear_cross_entropy (the loss and, under grad, the gradients),
+llmk::fused_linear_cross_entropy_none (the loss rows of reduction "none") and
 llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none").
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
@@ -39,26 +49,29 @@ import torch
 from common.device import INTERPRET
 from common.ops import define_op, needs_grad
 from common.validation import check_same_device, check_tensor
-from losses.cross_entropy import check_loss_args, launch_backward_rows, launch_rows
+from losses.cross_entropy import check_loss_args, launch_backward_rows, launch_rows, start_target_check
 
-# Bytes of the (C, V) logits buffer. Every chunk's grad_weight += dlogits_c.T @ hidden_c reads and
-# writes all of grad_weight (V x H), so small chunks make that accumulation memory-bound: its
-# traffic over its FLOPs is about 470 / C on an H100 (4VH bytes at 3 TB/s against 2CVH FLOPs at
-# 700 TFLOP/s), a quarter at C ~ 1900. 256 MB is C = 1024 at V = 128256 in bf16. Not yet swept
-# on a GPU: the trade is this buffer against that traffic.
-CHUNK_BYTES = 256 * 2 ** 20
+# Rows C of a chunk. Every chunk's grad_weight += dlogits_c.T @ hidden_c reads and writes all of
+# grad_weight (V x H, 4VH bytes) for 2CVH FLOPs: C / 2 FLOPs a byte, whatever V and H. An H100 does
+# ~700 TFLOP/s against 3 TB/s, ~230 FLOPs a byte, so from C ~ 460 the accumulation runs at the
+# tensor cores' pace and below it at memory's: 512 rows. The (C, V) buffer is then the op's only
+# scratch: 131 MB at V = 128256 in bf16. Measured on an H100 (docs/tuning/losses.md): 256 rows
+# cost 34% more time, 1024 rows saved 10% for twice the buffer.
+CHUNK_ROWS = 512
+# The buffer's bytes at most: fewer rows for fp32 logits of a very large vocabulary
+MAX_CHUNK_BYTES = 256 * 2 ** 20
 CHUNK_ALIGN = 64  # a GEMM-friendly row count
 # The interpreter's chunk: a few rows, so the tests' batches run several chunks and a ragged last one
 INTERPRET_CHUNK = 8
 
 
 def chunk_rows(n, v, element_size):
-    """Rows a chunk: a (C, V) buffer of CHUNK_BYTES, C a multiple of CHUNK_ALIGN, at least one
-    and at most n."""
+    """Rows a chunk: CHUNK_ROWS, fewer where the (C, V) buffer would pass MAX_CHUNK_BYTES (a
+    multiple of CHUNK_ALIGN, at least CHUNK_ALIGN), at least one and at most n."""
     if INTERPRET:
         return max(1, min(n, INTERPRET_CHUNK))
-    c = max(CHUNK_ALIGN, CHUNK_BYTES // max(v * element_size, 1) // CHUNK_ALIGN * CHUNK_ALIGN)
-    return max(1, min(n, c))
+    fit = MAX_CHUNK_BYTES // max(v * element_size, 1) // CHUNK_ALIGN * CHUNK_ALIGN
+    return max(1, min(n, CHUNK_ROWS, max(CHUNK_ALIGN, fit)))
 
 
 def _chunks(hidden, weight, bias):
@@ -102,6 +115,7 @@ def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softca
     grad_weight = torch.empty_like(weight) if want_w else hidden.new_empty((0,))
     grad_bias = torch.zeros(v, device=hidden.device, dtype=torch.float32) if want_b else hidden.new_empty((0,))
     any_grad = want_h or want_w or want_b
+    check = start_target_check(target, v, ignore_index)
     n_valid = (target != ignore_index).sum()
     scale = (1.0 / n_valid.float() if reduction == "mean" else torch.ones((), device=hidden.device)).reshape(1)
     if n:
@@ -114,6 +128,7 @@ def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softca
     elif any_grad:
         for g in (grad_hidden, grad_weight, grad_bias):
             g.zero_()
+    check()
     if reduction == "none":
         loss = rows
     else:
@@ -130,11 +145,14 @@ def _fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, 
             bias.new_empty(bias.shape) if want_b else hidden.new_empty((0,)))
 
 
-def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, grads):
+def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, grads,
+                   check_target=True):
     """(grad_hidden, grad_weight, grad_bias) of reduction "none" for the rows' gradients
     grad_rows (N,): each chunk's logits again, dlogits with each row's gradient, the products.
     grads: three bools (hidden, weight, bias); a gradient not asked for is an empty tensor, and
-    its product is skipped (a frozen head's V x H grad_weight is never made)."""
+    its product is skipped (a frozen head's V x H grad_weight is never made). check_target: False
+    from the autograd formula, whose forward checked the same target."""
+    check = start_target_check(target, weight.shape[0], ignore_index, check_target)
     want_h, want_w, want_b = grads
     grad_hidden = torch.empty_like(hidden) if want_h else hidden.new_empty((0,))
     grad_weight = torch.empty_like(weight) if want_w else hidden.new_empty((0,))
@@ -149,29 +167,38 @@ def _backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, l
                                  label_smoothing, softcap)
             _accumulate(logits, hidden[r], weight, grad_hidden[r] if want_h else None,
                         grad_weight if want_w else None, grad_bias if want_b else None, i == 0)
+    check()
     return grad_hidden, grad_weight, grad_bias.to(bias.dtype) if want_b else grad_bias
+
+
+def _fake_backward_none(grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, grads,
+                        check_target=True):
+    return (torch.empty_like(hidden) if grads[0] else hidden.new_empty((0,)),
+            torch.empty_like(weight) if grads[1] else hidden.new_empty((0,)),
+            bias.new_empty(bias.shape) if grads[2] else hidden.new_empty((0,)))
 
 
 fused_linear_cross_entropy_backward_op = define_op(
     "fused_linear_cross_entropy_backward(Tensor grad_rows, Tensor hidden, Tensor weight, Tensor target, "
-    "Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, float? softcap, bool[] grads) "
-    "-> (Tensor, Tensor, Tensor)",
-    _backward_none,
-    lambda grad_rows, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap, grads: (
-        torch.empty_like(hidden) if grads[0] else hidden.new_empty((0,)),
-        torch.empty_like(weight) if grads[1] else hidden.new_empty((0,)),
-        bias.new_empty(bias.shape) if grads[2] else hidden.new_empty((0,))))
+    "Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, float? softcap, bool[] grads, "
+    "bool check_target=True) -> (Tensor, Tensor, Tensor)",
+    _backward_none, _fake_backward_none)
 
 
 def _setup(ctx, inputs, output):
     """Keep the gradients the forward computed (reductions "mean" and "sum"); as outputs of the
-    operator they are results, not functions of the inputs to differentiate."""
+    operator they are results, not functions of the inputs to differentiate. Gradients are not
+    materialized: autograd would otherwise hand the backward a zero tensor for each of those
+    outputs, as large as the gradients themselves (a V x H one for grad_weight), at the peak."""
     ctx.mark_non_differentiable(*output[1:])
     ctx.save_for_backward(*output[1:])
+    ctx.set_materialize_grads(False)
     ctx.used = False
 
 
 def _backward(ctx, grad_loss, *unused):
+    if grad_loss is None:  # the loss is not what was differentiated
+        return (None,) * 9
     if type(grad_loss) is torch.Tensor and torch.is_grad_enabled():
         raise RuntimeError("llmk::fused_linear_cross_entropy has no double backward (its gradients were "
                            "computed in the forward): call backward without create_graph=True")
@@ -204,10 +231,12 @@ fused_linear_cross_entropy_op = define_op(
 def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap):
     """reduction "none": (loss rows, LSE), both fp32 (N,)."""
     n = hidden.shape[0]
+    check = start_target_check(target, weight.shape[0], ignore_index)
     rows = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     for _, r, logits in _chunks(hidden, weight, bias):
         launch_rows(logits, target[r], rows[r], lse[r], ignore_index, label_smoothing, softcap)
+    check()
     return rows, lse
 
 
@@ -226,7 +255,7 @@ def _backward_none_formula(ctx, grad_rows, grad_lse):
     need = ctx.needs_input_grad
     grads = [need[0], need[1], bias is not None and need[3]]
     gh, gw, gb = fused_linear_cross_entropy_backward_op(grad_rows, hidden, weight, target, bias, lse, *ctx.options,
-                                                         grads)
+                                                         grads, False)
     return gh if grads[0] else None, gw if grads[1] else None, None, gb if grads[2] else None, None, None, None
 
 
@@ -254,6 +283,11 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     Differentiable in hidden, weight and bias. With "mean" or "sum" the gradients are computed by
     the forward (under grad) and the backward only scales them, in place; such a graph supports one
     backward.
+    Raises IndexError for a target outside [0, V) that is not ignore_index, checked by the operator
+    after its chunks are launched and before it returns (one 16-byte read by the host; module
+    docstring), in eager calls and in compiled graphs alike. Under CUDA-graph capture there is no
+    check: such a row's loss is NaN (so is a "mean" or "sum" loss) and the gradients finite, the
+    row's dlogits missing the target's one-hot term.
     """
     check_tensor("hidden", hidden)
     check_tensor("weight", weight, min_dim=2)

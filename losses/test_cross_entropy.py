@@ -21,10 +21,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.checks.losses import IGNORE, make_target  # noqa: E402
-from common.device import DEVICE  # noqa: E402
+from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
                             expect_raises, grads_of, main, rand)
-from losses.cross_entropy import cross_entropy, cross_entropy_op  # noqa: E402
+from losses.cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op  # noqa: E402
 from losses.reference import cross_entropy_ref  # noqa: E402
 
 LSE_ULPS = 8  # the online max/sum over BLOCK_V chunks and exp2's error: a few fp32 ulps of |LSE|
@@ -77,12 +77,101 @@ def grads_zero(logits, target, label_smoothing):
     return [Outcome("all ignored: zero gradient", bool((g == 0).all()))]
 
 
+def target_of(*values, dtype=torch.int64):
+    return torch.tensor(values, device=DEVICE, dtype=dtype)
+
+
+def bad_target_message(value, v, ignore_index=IGNORE):
+    """The IndexError's message: the argument, the value, V and ignore_index."""
+    return f"target holds {value}, outside [0, V={v}) (and not ignore_index={ignore_index})"
+
+
+def compiled_call():
+    """cross_entropy compiled with fullgraph=True (the check is in the operator, not traced)."""
+    torch._dynamo.reset()
+    return torch.compile(lambda x, t: cross_entropy(x, t), fullgraph=True,
+                         backend="aot_eager" if INTERPRET else "inductor")
+
+
 def check_bad_target():
-    """A target outside [0, V) that is not ignore_index gives a NaN loss for its row (the device
-    cannot raise without the host waiting for it)."""
+    """A target outside [0, V) that is not ignore_index raises IndexError naming the value and V,
+    through every entry: each reduction, under grad, int32 targets, a custom ignore_index, the
+    backward operator called on its own, a compiled call."""
     logits = rand((3, 10), torch.float32)
-    rows = cross_entropy(logits, torch.tensor([1, 10, -1], device=DEVICE), reduction="none")
-    return [Outcome("rows with targets 10 and -1 are NaN, the valid one finite",
+    outcomes = [expect_raises(f"target 10, {reduction}", lambda r=reduction: cross_entropy(
+        logits, target_of(1, 10, IGNORE), reduction=r), IndexError, bad_target_message(10, 10))
+        for reduction in ("mean", "sum", "none")]
+    calls = [
+        ("target -5", lambda: cross_entropy(logits, target_of(-5, 2, 3)), -5, IGNORE),
+        ("target 10 under grad", lambda: cross_entropy(logits.clone().requires_grad_(), target_of(1, 10, 3)), 10,
+         IGNORE),
+        ("int32 target 12", lambda: cross_entropy(logits, target_of(1, 12, 3, dtype=torch.int32)), 12, IGNORE),
+        ("int32 target -1", lambda: cross_entropy(logits, target_of(-1, 2, 3, dtype=torch.int32)), -1, IGNORE),
+        ("-100 with ignore_index 9", lambda: cross_entropy(logits, target_of(9, IGNORE, 3), ignore_index=9), IGNORE,
+         9),
+        ("backward operator, target 10", lambda: cross_entropy_backward_op(
+            torch.ones(3, device=DEVICE), None, logits, target_of(1, 10, 3), torch.zeros(3, device=DEVICE), IGNORE,
+            0.0), 10, IGNORE),
+    ]
+    outcomes += [expect_raises(name, fn, IndexError, bad_target_message(value, 10, ignore_index))
+                 for name, fn, value, ignore_index in calls]
+    compiled = compiled_call()
+    valid = compiled(logits, target_of(1, 9, 0))
+    outcomes.append(Outcome("compiled, valid target: finite loss", bool(valid.isfinite())))
+    outcomes.append(expect_raises("compiled, target 10", lambda: compiled(logits, target_of(1, 10, 0)), IndexError,
+                                  bad_target_message(10, 10)))
+    return outcomes
+
+
+def check_edge_targets():
+    """Targets 0 and V - 1 and ignore_index entries pass the check, whether ignore_index is the
+    default, a class inside [0, V) or a value past V: losses as the reference's, in int64 and int32."""
+    logits = rand((4, 10), torch.float32)
+    outcomes = []
+    for ignore_index, values in ((IGNORE, (0, 9, IGNORE, 5)), (9, (0, 9, 9, 3)), (-1, (-1, 0, 9, 4)),
+                                 (10, (10, 0, 9, 2))):
+        for dtype in (torch.int64, torch.int32):
+            target = target_of(*values, dtype=dtype)
+            loss = cross_entropy(logits, target, ignore_index, "none")
+            ref = cross_entropy_ref(logits.double(), target, ignore_index, "none")
+            outcomes.append(compare(f"ignore_index {ignore_index}, targets {values}, {dtype_name(dtype)}", loss, ref,
+                                    loss_tol(logits, target, "none")))
+    lse = torch.zeros(4, device=DEVICE)
+    grad = cross_entropy_backward_op(torch.ones(4, device=DEVICE), None, logits, target_of(0, 9, 9, 3), lse, 9, 0.0)
+    outcomes.append(Outcome("backward operator, ignore_index 9: no error", grad.shape == logits.shape))
+    return outcomes
+
+
+def check_backward_operator():
+    """torch.library.opcheck of llmk::cross_entropy_backward called on its own, with the target
+    check (its default) and without (autograd's call)."""
+    logits = rand((6, 300), torch.float32)
+    target, lse = make_target((6,), 300), torch.logsumexp(logits, -1)
+    outcomes = []
+    for extra in ((), (False,)):
+        check = f"opcheck, check_target {extra == ()}"
+        args = (torch.randn(6, device=DEVICE), None, logits, target, lse, IGNORE, 0.1) + extra
+        try:
+            torch.library.opcheck(cross_entropy_backward_op.overload, args)
+            outcomes.append(Outcome(check, True))
+        except Exception as e:
+            outcomes.append(Outcome(check, False, note=str(e).split(" (scroll")[0][:150]))
+    return outcomes
+
+
+def check_graph_capture():
+    """Under CUDA-graph capture the check cannot run (a host read): the capture succeeds, and a
+    replay on targets 10 and -5 gives their rows a NaN loss, the valid row its loss."""
+    logits = rand((3, 10), torch.float32)
+    target = target_of(1, 2, 3)
+    cross_entropy(logits, target, reduction="none")  # compiles the kernel outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rows = cross_entropy(logits, target, reduction="none")
+    target.copy_(target_of(1, 10, -5))
+    graph.replay()
+    torch.cuda.synchronize()
+    return [Outcome("replay, targets 10 and -5: NaN rows, the valid one finite",
                     bool(rows[1:].isnan().all() and rows[0].isfinite()), note=str(rows.tolist()))]
 
 
@@ -184,7 +273,10 @@ def _cases():
     add("(6, 300) huge logits x 1e4 bf16 none", shape=(6, 300), dtype=bf16, scale=1e4, reduction="none")
     add("(8, 300) int32 target bf16", shape=(8, 300), dtype=bf16, target_dtype=torch.int32)
     add("(8, 300) smoothing 1.0 fp32", shape=(8, 300), dtype=fp32, label_smoothing=1.0)
-    return cases + [Case("target out of range", check_bad_target), Case("LSE gradient", check_lse_grad),
+    return cases + [Case("target out of range: IndexError", check_bad_target),
+                    Case("targets 0, V - 1 and ignore_index pass", check_edge_targets),
+                    Case("CUDA-graph capture: no check, NaN rows", check_graph_capture, gpu_only=True),
+                    Case("backward operator", check_backward_operator), Case("LSE gradient", check_lse_grad),
                     Case("strided target", check_strided_target), Case("-inf logits", check_masked_vocabulary),
                     Case("bad input", check_errors), Case("empty input", check_empty)]
 

@@ -23,7 +23,8 @@ from common.checks.losses import IGNORE, make_target  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
                             expect_raises, grads_of, main, rand)
-from losses.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from losses.fused_linear_cross_entropy import (fused_linear_cross_entropy,  # noqa: E402
+                                               fused_linear_cross_entropy_backward_op)
 from losses.reference import linear_cross_entropy_ref, linear_cross_entropy_same_dtype  # noqa: E402
 
 FLOOR_ULPS = 64
@@ -94,6 +95,89 @@ def check_strided_target():
     return [compare("loss, target[::2]", loss, ref, Tol(1e-5 * abs(ref.item()) + 1e-6, 1e-5, "fp32"))]
 
 
+def target_of(*values, dtype=torch.int64):
+    return torch.tensor(values, device=DEVICE, dtype=dtype)
+
+
+def bad_target_message(value, v, ignore_index=IGNORE):
+    """The IndexError's message: the argument, the value, V and ignore_index."""
+    return f"target holds {value}, outside [0, V={v}) (and not ignore_index={ignore_index})"
+
+
+def check_bad_target():
+    """A target outside [0, V) that is not ignore_index raises IndexError naming the value and V,
+    through every entry: each reduction (with and without gradients), int32 targets, a custom
+    ignore_index, the recomputing backward operator called on its own, a compiled call."""
+    from common.device import INTERPRET
+    hidden, weight = rand((5, 16), torch.float32), rand((10, 16), torch.float32)
+    f = fused_linear_cross_entropy
+    grad = lambda: hidden.clone().requires_grad_()  # noqa: E731
+    calls = [
+        ("target 10, mean", lambda: f(hidden, weight, target_of(1, 10, IGNORE, 0, 9)), 10, IGNORE),
+        ("target 10, mean under grad", lambda: f(grad(), weight, target_of(1, 10, IGNORE, 0, 9)), 10, IGNORE),
+        ("target 10, sum under grad", lambda: f(grad(), weight, target_of(1, 10, 2, 0, 9), reduction="sum"), 10,
+         IGNORE),
+        ("target 10, none under grad", lambda: f(grad(), weight, target_of(1, 10, 2, 0, 9), reduction="none"), 10,
+         IGNORE),
+        ("target -5, none", lambda: f(hidden, weight, target_of(1, 2, -5, 0, 9), reduction="none"), -5, IGNORE),
+        ("int32 target 11", lambda: f(hidden, weight, target_of(1, 2, 11, 0, 9, dtype=torch.int32)), 11, IGNORE),
+        ("int32 target -2", lambda: f(hidden, weight, target_of(-2, 2, 3, 0, 9, dtype=torch.int32)), -2, IGNORE),
+        ("-100 with ignore_index 9", lambda: f(hidden, weight, target_of(9, IGNORE, 3, 0, 1), ignore_index=9), IGNORE,
+         9),
+        ("backward operator, target 10", lambda: fused_linear_cross_entropy_backward_op(
+            torch.ones(5, device=DEVICE), hidden, weight, target_of(1, 10, 3, 0, 9), None,
+            torch.zeros(5, device=DEVICE), IGNORE, 0.0, None, [True, True, False]), 10, IGNORE),
+    ]
+    outcomes = [expect_raises(name, fn, IndexError, bad_target_message(value, 10, ignore_index))
+                for name, fn, value, ignore_index in calls]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda hd, w, t: f(hd, w, t), fullgraph=True,
+                             backend="aot_eager" if INTERPRET else "inductor")
+    valid = compiled(grad(), weight, target_of(1, 9, 0, IGNORE, 3))
+    outcomes.append(Outcome("compiled, valid target: finite loss", bool(valid.isfinite())))
+    outcomes.append(expect_raises("compiled, target 10", lambda: compiled(grad(), weight, target_of(1, 10, 0, 2, 3)),
+                                  IndexError, bad_target_message(10, 10)))
+    return outcomes
+
+
+def check_edge_targets():
+    """Targets 0 and V - 1 and ignore_index entries pass the check, whether ignore_index is the
+    default, a class inside [0, V) or a value past V: losses as the reference's, in int64 and int32,
+    and gradients that are finite."""
+    hidden, weight = rand((4, 16), torch.float32), rand((10, 16), torch.float32)
+    outcomes = []
+    for ignore_index, values in ((IGNORE, (0, 9, IGNORE, 5)), (9, (0, 9, 9, 3)), (-1, (-1, 0, 9, 4)),
+                                 (10, (10, 0, 9, 2))):
+        for dtype in (torch.int64, torch.int32):
+            target = target_of(*values, dtype=dtype)
+            label = f"ignore_index {ignore_index}, targets {values}, {dtype_name(dtype)}"
+            h = hidden.clone().requires_grad_()
+            loss = fused_linear_cross_entropy(h, weight, target, ignore_index=ignore_index, reduction="none")
+            g, = torch.autograd.grad(loss.sum(), h)
+            ref = linear_cross_entropy_ref(hidden.double(), weight.double(), target, ignore_index=ignore_index,
+                                           reduction="none")
+            tol = Tol(1e-5 * ref.abs().max().item() + 1e-6, 1e-5, "fp32")
+            outcomes += [compare(label, loss.detach(), ref, tol), Outcome(f"{label}: finite gradient",
+                                                                           bool(g.isfinite().all()))]
+    return outcomes
+
+
+def check_graph_capture():
+    """Under CUDA-graph capture the check cannot run (a host read): the capture succeeds, and a
+    replay on targets 10 and -5 gives their rows a NaN loss, the valid rows finite ones."""
+    hidden, weight = rand((5, 16), torch.float32), rand((10, 16), torch.float32)
+    target = target_of(1, 2, 3, 4, 5)
+    fused_linear_cross_entropy(hidden, weight, target, reduction="none")  # kernels and cuBLAS made outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rows = fused_linear_cross_entropy(hidden, weight, target, reduction="none")
+    target.copy_(target_of(1, 10, -5, 4, IGNORE))
+    graph.replay()
+    torch.cuda.synchronize()
+    return [Outcome("replay, targets 10 and -5: NaN rows, the others finite",
+                    bool(rows[1:3].isnan().all() and rows[[0, 3, 4]].isfinite().all()), note=str(rows.tolist()))]
+
+
 def check_one_backward():
     """The gradients are scaled in place: a second backward through the same graph raises."""
     hidden = rand((10, 16), torch.float32).requires_grad_()
@@ -120,19 +204,30 @@ def operator_inputs():
 
 def check_operator():
     """torch.library.opcheck of llmk::fused_linear_cross_entropy, without and with gradients (its
-    schema's `grads`), and of the recomputing path's two operators."""
+    schema's `grads`), and of the recomputing backward called on its own, with the target check
+    (its default) and without (autograd's call)."""
     from common.ops import OPS
-    outcomes = []
+    calls = []
     for grads in ([False, False, False], [True, True, True]):
         hidden, weight, target, bias = operator_inputs()
         if any(grads):
             hidden, weight, bias = (t.requires_grad_() for t in (hidden, weight, bias))
-        args = (hidden, weight, target, bias, IGNORE, 0.1, 30.0, "mean", grads)
+        calls.append((f"opcheck, grads {grads}", "fused_linear_cross_entropy",
+                      (hidden, weight, target, bias, IGNORE, 0.1, 30.0, "mean", grads)))
+    for extra in ((), (False,)):
+        hidden, weight, target, bias = operator_inputs()
+        lse = torch.logsumexp(hidden.float() @ weight.float().T + bias.float(), -1)
+        args = (torch.randn(12, device=DEVICE), hidden, weight, target, bias, lse, IGNORE, 0.1, 30.0,
+                [True, True, True]) + extra
+        calls.append((f"opcheck, recomputing backward, check_target {extra == ()}",
+                      "fused_linear_cross_entropy_backward", args))
+    outcomes = []
+    for check, name, args in calls:
         try:
-            torch.library.opcheck(OPS["fused_linear_cross_entropy"].overload, args)
-            outcomes.append(Outcome(f"opcheck, grads {grads}", True))
+            torch.library.opcheck(OPS[name].overload, args)
+            outcomes.append(Outcome(check, True))
         except Exception as e:
-            outcomes.append(Outcome(f"opcheck, grads {grads}", False, note=str(e).split(" (scroll")[0][:150]))
+            outcomes.append(Outcome(check, False, note=str(e).split(" (scroll")[0][:150]))
     return outcomes
 
 
@@ -210,6 +305,9 @@ def _cases():
     add("N10 H16 V300 fp16 mean", n=10, h=16, v=300, dtype=torch.float16)
     return cases + [Case("logits of 1e4", check_huge), Case("one backward", check_one_backward),
                     Case("strided target", check_strided_target),
+                    Case("target out of range: IndexError", check_bad_target),
+                    Case("targets 0, V - 1 and ignore_index pass", check_edge_targets),
+                    Case("CUDA-graph capture: no check, NaN rows", check_graph_capture, gpu_only=True),
                     Case("no grad", check_no_grad), Case("operator", check_operator),
                     Case("torch.compile training", check_compile), Case("bad input", check_errors)]
 

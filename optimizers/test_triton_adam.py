@@ -4,7 +4,9 @@ optimizers/adam.py, STEPS steps with fresh random grads each step.
 fp32 params: the reference runs in float64 on the same start values and grads; our error against
 it must be within FP32 and at most twice torch.optim.AdamW's own error (plus atol), and we must
 be within FP32 of torch.optim.AdamW itself. bf16 params: the reference keeps m and v in fp32 and
-rounds w to bf16 once a step, which is the kernel's bf16 mode (torch's AdamW keeps bf16 state).
+rounds w to bf16 once a step, which is the kernel's bf16 mode. A bf16 state (state_dtype bf16, or
+None for bf16 params, as torch's AdamW keeps it): the reference runs the same fp32 math and rounds
+m and v to bf16 once a step.
 
     python optimizers/test_triton_adam.py        (or: pytest optimizers)
 """
@@ -48,20 +50,25 @@ class Trio:
     """The same start values in TritonAdamW, torch.optim.AdamW (compared on fp32 params only) and
     the reference, stepped with identical grads. groups: [{"shapes": [...], "dtype": ..., **hyper}]."""
 
-    def __init__(self, groups, scheduler=None):
+    def __init__(self, groups, scheduler=None, state_dtype=torch.float32):
         self.dtypes = [g.get("dtype", torch.float32) for g in groups]
+        self.state_dtype = state_dtype
         hyper = [{k: v for k, v in g.items() if k not in ("shapes", "dtype")} for g in groups]
         start = [[rand(s, torch.float32).to(dt) for s in g["shapes"]] for g, dt in zip(groups, self.dtypes)]
         self.start = [[x.clone() for x in xs] for xs in start]
         self.ours = [[x.clone().requires_grad_() for x in xs] for xs in start]
         self.theirs = [[x.clone().requires_grad_() for x in xs] for xs in start]
-        # fp32 params: a float64 reference; bf16 params: bf16 w with fp32 m and v
-        self.ref = [[x.double() if x.dtype == torch.float32 else x.clone() for x in xs] for xs in start]
-        state_dtype = [torch.float64 if dt == torch.float32 else torch.float32 for dt in self.dtypes]
+        # fp32 params and state: a float64 reference; bf16 params or a bf16 state: the kernel's
+        # roundings (w to its dtype, m and v to theirs, once a step) on fp32 math
+        self.exact_ref = state_dtype == torch.float32
+        self.ref = [[x.double() if x.dtype == torch.float32 and self.exact_ref else x.clone() for x in xs]
+                    for xs in start]
+        state_dtype = [torch.float64 if dt == torch.float32 and self.exact_ref else (state_dtype or dt)
+                       for dt in self.dtypes]
         self.ref_m = [[torch.zeros(x.shape, dtype=sd, device=DEVICE) for x in xs] for xs, sd in zip(start, state_dtype)]
         self.ref_v = [[m.clone() for m in ms] for ms in self.ref_m]
         self.ref_step = [[0] * len(xs) for xs in start]
-        self.opt = TritonAdamW([{"params": ps, **h} for ps, h in zip(self.ours, hyper)])
+        self.opt = TritonAdamW([{"params": ps, **h} for ps, h in zip(self.ours, hyper)], state_dtype=self.state_dtype)
         self.torch_opt = torch.optim.AdamW([{"params": ps, **h} for ps, h in zip(self.theirs, hyper)])
         self.schedulers = [scheduler(o) for o in (self.opt, self.torch_opt)] if scheduler else []
 
@@ -106,7 +113,7 @@ class Trio:
 
             w = flat(self.ours)
             refs = {"w": flat(self.ref), "exp_avg": flat(self.ref_m), "exp_avg_sq": flat(self.ref_v)}
-            if dtype == torch.float32:
+            if dtype == torch.float32 and self.exact_ref:
                 theirs = {"w": flat(self.theirs), **{k: flat_state(self.torch_opt, self.theirs, k)
                                                       for k in ("exp_avg", "exp_avg_sq")}}
                 for key in refs:
@@ -115,8 +122,12 @@ class Trio:
                     out.append(compare(f"{name} {key} vs torch", ours, theirs[key], FP32))
             else:
                 out.append(compare(f"{name} w vs ref", w, refs["w"], BF16))
+                state_tol = FP32 if refs["exp_avg"].dtype == torch.float32 else BF16
                 for key in ("exp_avg", "exp_avg_sq"):
-                    out.append(compare(f"{name} {key} vs ref", flat_state(self.opt, self.ours, key), refs[key], FP32))
+                    ours = flat_state(self.opt, self.ours, key)
+                    out.append(compare(f"{name} {key} vs ref", ours, refs[key], state_tol))
+                    if ours.dtype != refs[key].dtype:
+                        out.append(Outcome(f"{name} {key} dtype", False, note=f"{ours.dtype}, expected {refs[key].dtype}"))
         steps = [[self.opt.state[p]["step"].item() if p in self.opt.state else 0 for p in ps] for ps in self.ours]
         out.append(Outcome("step counts", steps == self.ref_step, note=str(steps)[:70]))
         untouched = [torch.equal(p.detach(), x) and p not in self.opt.state
@@ -147,6 +158,49 @@ def check_groups():
 
 def check_bf16(shapes, weight_decay):
     return Trio([{"shapes": shapes, "dtype": torch.bfloat16, "weight_decay": weight_decay}]).run()
+
+
+def check_state_dtype(state_dtype, dtypes):
+    """m and v in bf16 (state_dtype bf16, or None: each param's dtype), against the reference with
+    the same roundings; one launch a step still."""
+    trio = Trio([{"shapes": MLP_SHAPES[:4], "dtype": dtypes[0]}, {"shapes": MLP_SHAPES[4:], "dtype": dtypes[1]}],
+                state_dtype=state_dtype)
+    return trio.run() + [launches_per_step(trio, expected=len(set(dtypes)))]
+
+
+def check_dtensor():
+    """DTensor params, as FSDP2's fully_shard makes them, on a one-rank mesh: each is stepped by its
+    local shard, its m and v made as DTensors placed like it; against the same values as plain
+    tensors. A grad placed unlike its param raises, naming the param."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh(DEVICE, (1,))
+        start = [rand(s, torch.float32) for s in MLP_SHAPES[:4]]
+        grads = [[rand(s, torch.float32) for s in MLP_SHAPES[:4]] for _ in range(3)]
+        sharded = [torch.nn.Parameter(distribute_tensor(x.clone(), mesh, [Shard(0)])) for x in start]
+        plain = [torch.nn.Parameter(x.clone()) for x in start]
+        ours, theirs = TritonAdamW(sharded), TritonAdamW(plain)
+        for step_grads in grads:
+            for p, q, g in zip(sharded, plain, step_grads):
+                p.grad, q.grad = distribute_tensor(g.clone(), mesh, [Shard(0)]), g.clone()
+            ours.step()
+            theirs.step()
+        w = torch.cat([p.detach().full_tensor().flatten() for p in sharded])
+        out = [compare("w", w, torch.cat([q.detach().flatten() for q in plain]), EXACT),
+               Outcome("m, v kept as DTensors", all(isinstance(ours.state[p][k], DTensor)
+                                                    for p in sharded for k in ("exp_avg", "exp_avg_sq")))]
+        sharded[0].grad = distribute_tensor(grads[0][0].clone(), mesh, [Replicate()])
+        out.append(expect_raises("grad placed unlike its param", ours.step, ValueError, "param 0"))
+        return out
+    finally:
+        if started:
+            dist.destroy_process_group()
 
 
 def check_mixed_dtypes():
@@ -240,7 +294,17 @@ def check_bf16_state_dict():
     back.load_state_dict(copy.deepcopy(torch_opt.state_dict()))
     upcast = all(back.state[p][k].dtype == torch.float32 and torch.equal(back.state[p][k], torch_opt.state[q][k].float())
                  for p, q in zip(params, theirs) for k in keys)
-    return [Outcome("ours -> ours: fp32 m, v unrounded", kept), Outcome("torch bf16 -> ours: fp32 m, v", upcast)]
+    same = TritonAdamW(params, state_dtype=None)  # torch's bf16 state kept as it is
+    same.load_state_dict(copy.deepcopy(torch_opt.state_dict()))
+    kept_bf16 = all(same.state[p][k].dtype == torch.bfloat16 and torch.equal(same.state[p][k], torch_opt.state[q][k])
+                    for p, q in zip(params, theirs) for k in keys)
+    rounded = TritonAdamW(params, state_dtype=None)  # our fp32 state rounded once, to bf16
+    rounded.load_state_dict(copy.deepcopy(opt.state_dict()))
+    rounded.step()
+    converted = all(rounded.state[p][k].dtype == torch.bfloat16 for p in params for k in keys)
+    return [Outcome("ours -> ours: fp32 m, v unrounded", kept), Outcome("torch bf16 -> ours: fp32 m, v", upcast),
+            Outcome("torch bf16 -> ours, state_dtype=None: bf16 kept", kept_bf16),
+            Outcome("ours fp32 -> ours, state_dtype=None: bf16 after a step", converted)]
 
 
 def check_layouts():
@@ -353,6 +417,7 @@ def check_errors():
         expect_raises("group lr < 0", lambda: TritonAdamW([{"params": [p], "lr": -1.0}]), ValueError, "param_groups[0]"),
         expect_raises("amsgrad", lambda: TritonAdamW([p], amsgrad=True), ValueError, "amsgrad"),
         expect_raises("maximize", lambda: TritonAdamW([p], maximize=True), ValueError, "maximize"),
+        expect_raises("state_dtype fp16", lambda: TritonAdamW([p], state_dtype=torch.float16), TypeError, "state_dtype"),
         expect_raises("fp16 param", lambda: TritonAdamW([rand((3,), torch.float16)]), TypeError, "fp32 or bf16"),
         expect_raises("int param", lambda: TritonAdamW([torch.zeros(3, dtype=torch.int32, device=DEVICE)]),
                       TypeError, "fp32 or bf16"),
@@ -454,6 +519,11 @@ CASES = (
        Case("bf16 MLP params", check_bf16, dict(shapes=MLP_SHAPES, weight_decay=1e-2)),
        Case("bf16 10^6+3 params", check_bf16, dict(shapes=[(10 ** 6 + 3,)], weight_decay=1e-2), gpu_only=True),
        Case("fp32 + bf16 params", check_mixed_dtypes),
+       Case("DTensor params (FSDP2), one rank", check_dtensor),
+       Case("bf16 params, state_dtype=None (bf16 m, v)", check_state_dtype,
+            dict(state_dtype=None, dtypes=(torch.bfloat16, torch.bfloat16))),
+       Case("fp32 + bf16 params, state_dtype=bf16", check_state_dtype,
+            dict(state_dtype=torch.bfloat16, dtypes=(torch.float32, torch.bfloat16))),
        Case("one launch for a model's list", check_one_launch),
        Case("state_dict torch -> triton", check_state_dict, dict(first_name="torch")),
        Case("state_dict triton -> torch", check_state_dict, dict(first_name="triton")),

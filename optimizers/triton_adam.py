@@ -11,8 +11,15 @@ The per-param scalars are computed on the host in float64 and rounded to fp32, a
 with its Python-number arguments; sqrt and the divisions round to nearest (sqrt_rn, div_rn) like
 PyTorch's kernels, so the result agrees with torch.optim.AdamW to an ulp or two per step.
 
+m and v are kept in fp32 by default (state_dtype=torch.float32), also for bf16 params; with
+state_dtype=None they take each param's dtype, as torch.optim.AdamW keeps them (bf16 m and v for
+bf16 params, 4 bytes a param less), and the math still runs in fp32 between a load and a store.
+fp32 is the default because of beta2: v moves by (1 - beta2) = 0.1% of itself a step, below half
+a bf16 ulp (2^-9 = 0.2%), so a bf16 v rounds back to where it was: it never decays, and it grows
+only when g^2 exceeds it about 3x. m (1 - beta1 = 10% a step) rounds well enough.
+
 Bytes moved per element: read w, g, m, v, write w, m, v: 28 for fp32 params; 22 for bf16 params
-(w and g bf16, m and v fp32).
+with fp32 m and v; 14 for bf16 params and state.
 
 Launch: the params are cut into blocks of BLOCK elements and program i updates block i, so a list
 of hundreds of small tensors costs one launch. Tables on the device say where a program works:
@@ -34,7 +41,11 @@ the compiled kernel launched without JITFunction.run's argument binding (_launch
 profiler label around step() opened only while a profiler runs (profile_hook_step).
 docs/tuning/optimizers.md has the figures.
 
-Limits: params fp32 or bf16 (m and v in fp32 either way), dense (contiguous or a permutation of
+DTensor params (FSDP2's fully_shard): each rank updates its own shards, with m and v made and
+kept as DTensors placed like their params (as torch.optim.AdamW keeps them, for distributed
+checkpoints).
+
+Limits: params fp32 or bf16, m and v fp32 or bf16, dense (contiguous or a permutation of
 contiguous), on the kernel device; dense grads only; amsgrad, maximize, capturable and
 differentiable are refused; foreach and fused are accepted and ignored (this is the fused path).
 step() does not compile under torch.compile: Dynamo sets capturable=True in the param groups, and
@@ -63,7 +74,7 @@ ADDR_COLS = 6    # tensor table, int64: w, g, m, v addresses, numel, 1 if all fo
 SCALAR_COLS = 8  # tensor table, fp32: see _scalars()
 HYPER_COLS = 6   # llmk::adamw_step's hyper, per param or shared: lr, beta1, beta2, eps, weight_decay, step
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
-_PARAM_DTYPE_SET = frozenset(PARAM_DTYPES)
+_PARAM_DTYPE_SET = _STATE_DTYPE_SET = frozenset(PARAM_DTYPES)  # m and v: the same two dtypes
 # torch.optim.AdamW options this kernel does not implement, with the one value it takes; they stay
 # in the param groups so that state dicts load into either optimizer
 FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False,
@@ -74,15 +85,17 @@ _PLAIN_NUMBERS = frozenset((float, int))  # not bool, which _number refuses
 
 @triton.jit
 def _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
-                 neg_step_size, PARAM_BF16: tl.constexpr, SIZE: tl.constexpr, FAST: tl.constexpr):
+                 neg_step_size, PARAM_BF16: tl.constexpr, STATE_BF16: tl.constexpr, SIZE: tl.constexpr,
+                 FAST: tl.constexpr):
     """Elements [start, start + SIZE) of one tensor; row is its row of the address table, the
     scalars are its columns of _scalars(). FAST: all SIZE elements exist and w, g, m, v are
     16-byte aligned."""
     param_ty = tl.bfloat16 if PARAM_BF16 else tl.float32
+    state_ty = tl.bfloat16 if STATE_BF16 else tl.float32
     w_ptr = tl.load(row + 0).to(tl.pointer_type(param_ty))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(param_ty))
-    m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
-    v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    m_ptr = tl.load(row + 2).to(tl.pointer_type(state_ty))
+    v_ptr = tl.load(row + 3).to(tl.pointer_type(state_ty))
     offs = start + tl.arange(0, SIZE)
     if FAST:
         # the host checked the alignment; an address loaded from memory carries no such fact,
@@ -99,8 +112,8 @@ def _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, 
     # every value is read once and written once: keep them from evicting the tables from L2
     w = tl.load(w_ptr + offs, mask=mask, other=other, eviction_policy="evict_first").to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=other, eviction_policy="evict_first").to(tl.float32)
-    m = tl.load(m_ptr + offs, mask=mask, other=other, eviction_policy="evict_first")
-    v = tl.load(v_ptr + offs, mask=mask, other=other, eviction_policy="evict_first")
+    m = tl.load(m_ptr + offs, mask=mask, other=other, eviction_policy="evict_first").to(tl.float32)
+    v = tl.load(v_ptr + offs, mask=mask, other=other, eviction_policy="evict_first").to(tl.float32)
     w = w * decay
     # torch.lerp's two formulas, picked by the weight, so m rounds as PyTorch's does
     m = tl.where(lerp_weight < 0.5, m + lerp_weight * (g - m), g - (g - m) * (1.0 - lerp_weight))
@@ -108,8 +121,8 @@ def _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, 
     denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
     w = w + neg_step_size * tl.div_rn(m, denom)
     tl.store(w_ptr + offs, w.to(param_ty), mask=mask)
-    tl.store(m_ptr + offs, m, mask=mask)
-    tl.store(v_ptr + offs, v, mask=mask)
+    tl.store(m_ptr + offs, m.to(state_ty), mask=mask)
+    tl.store(v_ptr + offs, v.to(state_ty), mask=mask)
 
 
 @triton.jit
@@ -121,7 +134,7 @@ def _adamw_kernel(
     # the scalars of every tensor when they are all the same (UNIFORM), by value
     decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size,
     # meta-parameters
-    PARAM_BF16: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
+    PARAM_BF16: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
     ADDR_COLS: tl.constexpr, SCALAR_COLS: tl.constexpr, UNIFORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -141,13 +154,13 @@ def _adamw_kernel(
         neg_step_size = tl.load(s + 6)
     if (aligned != 0) & (start + BLOCK <= numel):
         _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
-                     neg_step_size, PARAM_BF16, BLOCK, FAST=True)
+                     neg_step_size, PARAM_BF16, STATE_BF16, BLOCK, FAST=True)
     else:
         # a tensor's last block, or an unaligned view: masked 4-byte accesses, each holding a
         # 64-bit address, so in TAIL pieces that need no more registers than the fast path
         for sub in range(start, tl.minimum(start + BLOCK, numel), TAIL):
             _adamw_block(row, sub, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
-                         neg_step_size, PARAM_BF16, TAIL, FAST=False)
+                         neg_step_size, PARAM_BF16, STATE_BF16, TAIL, FAST=False)
 
 
 # Device tables, cached by content on the host and shared by every optimizer, so a table is right
@@ -157,7 +170,7 @@ def _adamw_kernel(
 CACHE_SIZE = 16
 _BLOCK_TABLES, _LAUNCH_TABLES = {}, {}
 _COMPILED = {}  # (device, num_warps, constexpr values) -> _adamw_kernel compiled for them, see _launch
-CONSTEXPR_NAMES = ("PARAM_BF16", "BLOCK", "TAIL", "ADDR_COLS", "SCALAR_COLS", "UNIFORM")
+CONSTEXPR_NAMES = ("PARAM_BF16", "STATE_BF16", "BLOCK", "TAIL", "ADDR_COLS", "SCALAR_COLS", "UNIFORM")
 
 
 def _remember(cache, key, value):
@@ -196,11 +209,12 @@ def _launch_tables(device, block, rows):
     return tables
 
 
-def _tensors_error(i, p, g, m, v, device, dtype):
+def _tensors_error(i, p, g, m, v, device, dtype, state_dtype):
     """The error for tensor i of an llmk::adamw_step call that failed its fast check, or None."""
-    if p.dtype != dtype or g.dtype != dtype or m.dtype != torch.float32 or v.dtype != torch.float32:
-        return TypeError(f"adamw_step: tensor {i}: expected params and grads of {dtype} (the first "
-                         f"param's), m and v fp32; got {p.dtype}, {g.dtype}, {m.dtype}, {v.dtype}")
+    if p.dtype != dtype or g.dtype != dtype or m.dtype != state_dtype or v.dtype != state_dtype:
+        return TypeError(f"adamw_step: tensor {i}: expected params and grads of {dtype}, m and v of "
+                         f"{state_dtype} (the first param's and state's); got {p.dtype}, {g.dtype}, "
+                         f"{m.dtype}, {v.dtype}")
     if not p.device == g.device == m.device == v.device == device:
         return ValueError(f"adamw_step: tensor {i}: every tensor must be on {device} (the first param's)")
     if not p.shape == g.shape == m.shape == v.shape:
@@ -217,7 +231,8 @@ def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
 
     params: fp32 or bf16 tensors on one device, all of one dtype, dense. grads: shaped like their
     param, same dtype, any strides (one in another layout is copied first). exp_avgs, exp_avg_sqs:
-    fp32, shaped and laid out like their param. hyper: (lr, beta1, beta2, eps, weight_decay,
+    all fp32 or all bf16 (the math is fp32 either way), shaped and laid out like their param.
+    hyper: (lr, beta1, beta2, eps, weight_decay,
     step) of every param, or those HYPER_COLS values for each param in turn; step counts this step
     (1 for the first).
 
@@ -238,15 +253,18 @@ def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
     if dtype not in CONFIGS:
         raise TypeError(f"adamw_step: params must be fp32 or bf16, got {dtype}")
     block, num_warps = CONFIGS[dtype]
-    fp32 = torch.float32
+    state_dtype = exp_avgs[0].dtype
+    if state_dtype not in _STATE_DTYPE_SET:
+        raise TypeError(f"adamw_step: exp_avgs and exp_avg_sqs must be fp32 or bf16, got {state_dtype}")
     rows, keep = [], []
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
         # the usual case in one test: contiguous tensors of the expected dtypes, shapes and device
         if not checked and not (
-                p.dtype == g.dtype == dtype and m.dtype == v.dtype == fp32 and p.shape == g.shape == m.shape == v.shape
+                p.dtype == g.dtype == dtype and m.dtype == v.dtype == state_dtype
+                and p.shape == g.shape == m.shape == v.shape
                 and p.device == g.device == m.device == v.device == device
                 and p.is_contiguous() and m.is_contiguous() and v.is_contiguous()):
-            error = _tensors_error(i, p, g, m, v, device, dtype)
+            error = _tensors_error(i, p, g, m, v, device, dtype, state_dtype)
             if error is not None:
                 raise error
         if not _same_layout(g, p):  # an expanded or transposed grad: one copy in p's layout
@@ -271,7 +289,8 @@ def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
             distinct[key] = _scalars(*key)
         host = torch.tensor([x for key in keys for x in distinct[key]], dtype=torch.float32)
         scalars, scalar_table = (0.0,) * 7, _to_device(host, device)
-    constexprs = (dtype == torch.bfloat16, block, block // 4, ADDR_COLS, SCALAR_COLS, keys is None)
+    constexprs = (dtype == torch.bfloat16, state_dtype == torch.bfloat16, block, block // 4, ADDR_COLS, SCALAR_COLS,
+                  keys is None)
     _launch(device, n_blocks, (blocks, addr_table, scalar_table, *scalars), constexprs, num_warps)
     del keep  # grad copies are freed after the launch is queued (stream-ordered reuse)
 
@@ -317,14 +336,21 @@ class TritonAdamW(torch.optim.Optimizer):
 
     Same arguments, param groups, state layout (state[p] = {"step": CPU fp32 scalar tensor,
     "exp_avg", "exp_avg_sq"}) and state dicts as torch.optim.AdamW, so a run can move between the
-    two mid-training. Params without a grad are skipped and keep their step count. bf16 params
-    keep m and v in fp32 (torch's AdamW keeps them in bf16; a state dict carries either).
+    two mid-training. Params without a grad are skipped and keep their step count.
+
+    state_dtype: the dtype of m and v: torch.float32 (the default, for every param: module
+    docstring), torch.bfloat16, or None for each param's own dtype, as torch.optim.AdamW keeps them
+    (bf16 params then keep bf16 m and v). A state dict carries either; a loaded state is converted.
     A step checks every param, grad and group first, and raises before it writes anything.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
-                 differentiable=False, fused=None):
+                 differentiable=False, fused=None, state_dtype=torch.float32):
+        if state_dtype is not None and state_dtype not in _STATE_DTYPE_SET:
+            raise TypeError(f"state_dtype must be torch.float32, torch.bfloat16 or None (each param's dtype), "
+                            f"got {state_dtype!r}")
+        self.state_dtype = state_dtype
         defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas, eps=eps,
                         weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                         foreach=foreach, capturable=capturable, differentiable=differentiable,
@@ -366,6 +392,7 @@ class TritonAdamW(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self.__dict__.setdefault("state_dtype", torch.float32)  # pickled before the option existed
         for group in self.param_groups:  # as torch.optim.AdamW does for older state dicts
             for key, value in FIXED_OPTIONS.items():
                 group.setdefault(key, value)
@@ -374,9 +401,10 @@ class TritonAdamW(torch.optim.Optimizer):
             group["decoupled_weight_decay"] = True
 
     def load_state_dict(self, state_dict):
-        """torch.optim.Optimizer's load, which casts m and v to each param's dtype; then m and v of
-        bf16 params are taken again from the saved tensors, in fp32, and step counts moved to the
-        CPU (a fused torch.optim.AdamW keeps them on the GPU)."""
+        """torch.optim.Optimizer's load, which casts m and v to each param's dtype; then m and v
+        that this optimizer keeps in another dtype are taken again from the saved tensors (fp32 m
+        and v of bf16 params come back unrounded), and step counts moved to the CPU (a fused
+        torch.optim.AdamW keeps them on the GPU)."""
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         super().load_state_dict(state_dict)
         params = [p for group in self.param_groups for p in group["params"]]
@@ -385,9 +413,10 @@ class TritonAdamW(torch.optim.Optimizer):
             if not state:
                 continue
             saved = state_dict["state"].get(saved_id, {})
+            wanted = self.state_dtype or p.dtype
             for key in ("exp_avg", "exp_avg_sq"):
-                if p.dtype != torch.float32 and isinstance(saved.get(key), torch.Tensor):
-                    state[key] = saved[key].to(device=p.device, dtype=torch.float32)
+                if p.dtype != wanted and isinstance(saved.get(key), torch.Tensor):
+                    state[key] = saved[key].to(device=p.device, dtype=wanted)
             step = state.get("step")
             if step is not None and not (isinstance(step, torch.Tensor) and step.device.type == "cpu"):
                 state["step"] = torch.tensor(float(step), dtype=_step_dtype(), device="cpu")
@@ -417,7 +446,7 @@ class TritonAdamW(torch.optim.Optimizer):
                 if g is None:
                     continue
                 p_state = state.get(p)  # not state[p]: a defaultdict's lookup makes an entry
-                if not _fits(p, g, p_state):  # then the checks that name the param
+                if not _fits(p, g, p_state, self.state_dtype):  # then the checks that name the param
                     name = (index, gi, j)
                     _check_param(name, p)
                     _check_grad(name, p, g)
@@ -434,17 +463,19 @@ class TritonAdamW(torch.optim.Optimizer):
         return batches
 
     def _state(self, p):
-        """p's state, created at its first step, with m and v in fp32 and in p's memory layout."""
+        """p's state, created at its first step, with m and v of state_dtype (p's dtype for None)
+        and in p's memory layout."""
         state = self.state[p]
+        wanted = self.state_dtype or p.dtype
         if not state:
             state["step"] = torch.tensor(0.0, dtype=_step_dtype(), device="cpu")
-            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            state["exp_avg"] = torch.zeros_like(p, dtype=wanted, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=wanted, memory_format=torch.preserve_format)
             return state
         for key in ("exp_avg", "exp_avg_sq"):
             t = state[key]
-            if t.dtype != torch.float32 or not _same_layout(t, p):
-                state[key] = torch.empty_like(p, dtype=torch.float32).copy_(t)
+            if t.dtype != wanted or not _same_layout(t, p):
+                state[key] = torch.empty_like(p, dtype=wanted).copy_(t)
         step = state["step"]
         if not isinstance(step, torch.Tensor) or step.device.type != "cpu":
             state["step"] = torch.tensor(float(step), dtype=_step_dtype(), device="cpu")
@@ -463,8 +494,43 @@ class TritonAdamW(torch.optim.Optimizer):
             hyper = [*first, counts[0]]  # one group, one step count: the usual case
         else:
             hyper = [x for h, c in zip(hypers, counts) for x in (*h, c)]
-        _checked_adamw_step_op(params, grads, [state["exp_avg"] for state in states],
-                               [state["exp_avg_sq"] for state in states], hyper)
+        tensors = params, grads, [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states]
+        if any(type(p) is not torch.Tensor and type(p) is not torch.nn.Parameter for p in params):
+            tensors = _local_shards(*tensors)
+        _checked_adamw_step_op(*tensors, hyper)
+
+
+_DTENSOR = []  # torch.distributed.tensor.DTensor once a step has met a tensor subclass, or None
+
+
+def _dtensor_type():
+    if not _DTENSOR:
+        available = torch.distributed.is_available()
+        if available:
+            from torch.distributed.tensor import DTensor
+        _DTENSOR.append(DTensor if available else None)
+    return _DTENSOR[0]
+
+
+def _local_shards(params, grads, exp_avgs, exp_avg_sqs):
+    """The four lists with every DTensor (FSDP2's sharded params, their grads and the state made
+    like them) replaced by this rank's shard. AdamW is elementwise, so each rank updating its
+    shard in place is the whole step, whatever the placement, as long as the four tensors of a
+    param are placed alike; a param placed otherwise raises ValueError, naming it."""
+    dtensor = _dtensor_type()
+    lists = [list(x) for x in (params, grads, exp_avgs, exp_avg_sqs)]
+    for i, four in enumerate(zip(*lists)):
+        kinds = [dtensor is not None and isinstance(t, dtensor) for t in four]
+        if not any(kinds):
+            continue
+        p = four[0]
+        if not all(kinds) or any(t.placements != p.placements or t.device_mesh != p.device_mesh for t in four[1:]):
+            raise ValueError(f"TritonAdamW: param {i} of this step is a DTensor whose grad, exp_avg and exp_avg_sq "
+                             f"must be DTensors placed like it ({getattr(p, 'placements', None)}); got "
+                             f"{[getattr(t, 'placements', type(t).__name__) for t in four[1:]]}")
+        for values, t in zip(lists, four):
+            values[i] = t._local_tensor  # the shard itself, not to_local()'s autograd view of it
+    return lists
 
 
 def _global_step_hooks():
@@ -554,11 +620,11 @@ def _name(where):
     return f"param {index} (param_groups[{gi}]['params'][{j}])"
 
 
-def _fits(p, g, state):
+def _fits(p, g, state, state_dtype):
     """The usual case of a step's param in one test, for the hot loop: p and g contiguous, of one
     supported dtype, on the kernel device, same shape; no state, or one ready for the kernel
-    (fp32 m and v like p, a CPU step tensor). False sends the param through the checks that name
-    it, and its state through _state()."""
+    (m and v of state_dtype, or p's dtype for None, contiguous like p; a CPU step tensor). False
+    sends the param through the checks that name it, and its state through _state()."""
     dtype, device = p.dtype, p.device
     if not (dtype in _PARAM_DTYPE_SET and device.type == DEVICE and g.layout == torch.strided
             and g.dtype == dtype and g.device == device and g.shape == p.shape and p.is_contiguous()):
@@ -567,7 +633,7 @@ def _fits(p, g, state):
         return True
     m, v, step = state.get("exp_avg"), state.get("exp_avg_sq"), state.get("step")
     return (type(m) is torch.Tensor and type(v) is torch.Tensor and type(step) is torch.Tensor
-            and m.dtype == v.dtype == torch.float32 and m.shape == p.shape == v.shape
+            and m.dtype == v.dtype == (state_dtype or dtype) and m.shape == p.shape == v.shape
             and m.device == device == v.device and m.is_contiguous() and v.is_contiguous() and step.is_cpu)
 
 

@@ -1,0 +1,333 @@
+"""FSDP2 over a model patched with models/hf_patch.py: small random Llama and Qwen2 models sharded
+with torch.distributed.fsdp.fully_shard (each decoder layer, then the root) over two GPUs and
+trained a few AdamW steps, patched against the same model unpatched.
+
+    python models/test_fsdp2.py        (or: pytest models/test_fsdp2.py)
+        The launcher: with two or more CUDA GPUs it starts the two workers below under torchrun
+        (NCCL_NVLS_ENABLE=0, TEST_SEED shared) and passes on their exit code; with fewer, or
+        without transformers, every case counts as skipped, with the reason, and it exits 0.
+    NCCL_NVLS_ENABLE=0 python -m torch.distributed.run --standalone --nproc_per_node 2 \\
+        models/test_fsdp2.py --worker
+        The workers by hand: NCCL, one GPU a rank; rank 0 prints the table and the count line.
+    python models/test_fsdp2.py --cpu-gloo
+        The same workers on the CPU (gloo, two processes, a smaller model, our kernels in Triton's
+        interpreter): the worker code checked where there is no GPU.
+
+Each case trains three models with one set of initial weights, each sharded the same way, with
+torch.optim.AdamW(fused=True) (the patched model: TritonAdamW too, in a third case), on the same
+batch (each rank its own, every step): the bf16 model patched, the bf16 model unpatched, and the fp32 reference (the bf16 weights widened, exact). The error
+rule is the repository's (models/test_hf_patch.py check_training, models/test_train_step.py):
+  - loss, every step, all-reduced over the ranks: |patched - fp32| <= 2x the largest deviation of
+    the unpatched bf16 model from fp32 so far, plus one bf16 rounding (2^-8) of the loss;
+  - every parameter's gradient after the first backward, gathered from its shards (full_tensor):
+    max |patched - fp32| <= 2x max |unpatched - fp32| + 2^-8 max |fp32|.
+The gradients are the ranks' mean (FSDP2's reduce-scatter averages), each rank's loss a mean over
+its own tokens, so the comparison covers the reduce-scatter of the patched model's gradients as
+well as its kernels. Also: every parameter is a DTensor sharded over the ranks, and kernel_calls
+counts every kernel in every layer of every step and no fallback (the fused loss included: the
+root's all-gather leaves lm_head a plain nn.Linear without hooks during the forward).
+"""
+import argparse
+import dataclasses
+import datetime
+import functools
+import importlib.util
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import zlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # repo root, for `common`
+import common  # noqa: E402,F401  (interpreter switch before triton is imported)
+import torch  # noqa: E402
+
+from common.device import DEVICE, INTERPRET  # noqa: E402
+from common.run_tests import COUNT  # noqa: E402
+from common.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, \
+    select_cases  # noqa: E402
+from models.fsdp2 import rank_device, shard  # noqa: E402
+
+TITLE = "FSDP2 (fully_shard) over a patched HF model"
+N_RANKS = 2
+STEPS = 4
+LR = 1e-3
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+LAUNCH_TIMEOUT_S = 600  # the first step compiles every kernel (fwd and bwd) on both ranks at once
+COLLECTIVE_TIMEOUT_S = 300  # a rank that crashed alone in a case leaves the others waiting this long at most
+CONTROL_TIMEOUT_S = 3600  # between cases: the launcher's timeout ends a run stuck there
+
+# Model and batch per rank: head dim 64 (4 heads over 256), GQA (2 KV heads), 4 layers so that
+# sharded layers sit between the root's embedding and head. The interpreter runs the kernels on the
+# CPU at a shorter sequence and 2 layers, which keeps a --cpu-gloo run to minutes.
+CONFIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+              vocab_size=1024, tie_word_embeddings=False, use_cache=False, rms_norm_eps=1e-6,
+              # N(0, 0.05^2) weights rather than HF's 0.02: attention scores of O(1), so attention
+              # is far from uniform and a wrong mask or rotation shows in the loss (test_hf_patch.py)
+              initializer_range=0.05)
+SIZE = dict(layers=2, batch=2, seq=32) if INTERPRET else dict(layers=4, batch=2, seq=256)
+
+
+def build(kind, dtype, seed):
+    """A fresh model of `kind` ("llama", "qwen2") from `seed`, in train mode on this rank's device."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**CONFIG, num_hidden_layers=SIZE["layers"]))
+    return model.to(device=rank_device(), dtype=dtype).train()
+
+
+def batches(vocab, seed):
+    """STEPS token batches (batch, seq) of this rank, the same for every model: one batch, repeated,
+    which the model memorizes (lr 1e-3, GPU size: the loss falls from ~7.2 to ~4.4 in 4 steps), so that
+    each step's loss shows the last update and a lost update stalls it."""
+    rank = torch.distributed.get_rank()
+    gen = torch.Generator(device="cpu").manual_seed(seed ^ zlib.crc32(f"rank {rank}".encode()))
+    ids = torch.randint(0, vocab, (SIZE["batch"], SIZE["seq"]), generator=gen).to(rank_device())
+    return [ids] * STEPS
+
+
+def train(model, data, optimizer="torch"):
+    """(losses, {name: gradient after the first backward}) of STEPS steps: each loss the mean over
+    the ranks, in fp64; each gradient the full tensor gathered from the shards, in fp64.
+    optimizer: "torch" (AdamW(fused=True)) or "triton" (TritonAdamW, stepping each rank's shards)."""
+    if optimizer == "triton":
+        from optimizers.triton_adam import TritonAdamW
+        opt = TritonAdamW(model.parameters(), lr=LR)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+    world = torch.distributed.get_world_size()
+    losses, grads = [], None
+    for ids in data:
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        mean = loss.detach().double()
+        torch.distributed.all_reduce(mean)  # a sum: gloo has no AVG
+        losses.append(mean.item() / world)
+        if grads is None:  # full_tensor() is a collective: every rank gathers every gradient, in order
+            grads = {n: p.grad.full_tensor().double() for n, p in model.named_parameters()}
+        opt.step()
+    return losses, grads
+
+
+def sharded_over_ranks(model):
+    """Names of the parameters that are not DTensors sharded on dim 0 over every rank."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    world = torch.distributed.get_world_size()
+    return [n for n, p in model.named_parameters()
+            if not (isinstance(p, DTensor) and p.placements == (Shard(0),) and p.device_mesh.size() == world)]
+
+
+def check_fsdp2(kind, optimizer="torch"):
+    from models.hf_patch import kernel_calls, patch_model
+
+    seed = int(torch.randint(0, 2 ** 31, (1,)).item())  # the case seed, the same on every rank
+    ref = shard(build(kind, torch.bfloat16, seed).float())  # the bf16 weights, widened: exact
+    plain = shard(build(kind, torch.bfloat16, seed))
+    patched = shard(patch_model(build(kind, torch.bfloat16, seed)))  # patch first, then shard
+    data = batches(CONFIG["vocab_size"], seed)
+    ref_losses, ref_grads = train(ref, data)
+    plain_losses, plain_grads = train(plain, data)
+    losses, grads = train(patched, data, optimizer)
+    u = UNIT_ROUNDOFF[torch.bfloat16]
+
+    unsharded = sharded_over_ranks(patched)
+    outcomes = [Outcome(f"parameters sharded over {torch.distributed.get_world_size()} ranks", not unsharded,
+                        note=", ".join(unsharded)[:100])]
+    noise, worst = 0.0, (-1.0, 0, 0.0, 0.0)  # (share of the bound, step, our deviation, bound)
+    for step, (r, t, o) in enumerate(zip(ref_losses, plain_losses, losses)):
+        noise = max(noise, abs(t - r))
+        bound = 2 * noise + u * abs(r)
+        worst = max(worst, (abs(o - r) / bound, step, abs(o - r), bound))
+    outcomes.append(Outcome(f"{STEPS} steps: losses within 2x the unpatched model's bf16 noise + 2^-8 |loss|",
+                            worst[0] <= 1.0, worst[2], limit=f"{worst[3]:.3g}", torch_err=noise,
+                            note=f"worst step {worst[1]}; final: patched {losses[-1]:.5g}, "
+                                 f"unpatched {plain_losses[-1]:.5g}, fp32 {ref_losses[-1]:.5g}"))
+    outcomes.append(Outcome("the loss fell (updates reach every shard)", losses[-1] < 0.8 * losses[0],
+                            note=f"{losses[0]:.4g} -> {losses[-1]:.4g}"))
+    shares = {}
+    for name, want in ref_grads.items():
+        theirs = (plain_grads[name] - want).abs().max().item()
+        bound = 2 * theirs + u * want.abs().max().item() + 1e-12
+        shares[name] = ((grads[name] - want).abs().max().item() / bound, theirs, bound)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight", "model.embed_tokens.weight"):
+        err = (grads[name] - ref_grads[name]).abs().max().item()
+        outcomes.append(Outcome(f"first backward: grad {name}", shares[name][0] <= 1.0, err,
+                                limit=f"{shares[name][2]:.3g}", torch_err=shares[name][1]))
+    worst_name = max(shares, key=lambda n: shares[n][0])
+    outcomes.append(Outcome(f"first backward: all {len(shares)} parameter gradients within the rule",
+                            shares[worst_name][0] <= 1.0,
+                            note=f"worst: {worst_name} at {shares[worst_name][0]:.2f} of its bound"))
+    calls = kernel_calls(patched)
+    n_layers = SIZE["layers"]
+    per_forward = dict(rmsnorm=n_layers + 1, residual_rmsnorm=n_layers, swiglu=n_layers, rope=n_layers,
+                       flash_attention=n_layers, cross_entropy=1)  # rmsnorm: each input_layernorm, the final norm
+    expected = {k: STEPS * v for k, v in per_forward.items()}
+    outcomes.append(Outcome("kernel_calls: every kernel, every layer and step, no fallback", calls == expected,
+                            note=f"{calls}"[:120]))
+    return outcomes
+
+
+CASES = [Case(f"{kind} bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} AdamW steps",
+              check_fsdp2, dict(kind=kind)) for kind in ("llama", "qwen2")] + [
+    Case(f"llama bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} TritonAdamW steps (patched)",
+         check_fsdp2, dict(kind="llama", optimizer="triton"))]
+
+
+# ---------------------------------------------------------------------------------------------
+# workers (under torchrun) and the launcher
+
+
+
+def _ranks_follow(cases, control):
+    """Rank 0's copies of `cases`: each first tells the other ranks, over `control`, which case to
+    run, so that every rank enters a case's collectives together even where run_cases makes rank 0
+    wait for its turn on a shared GPU, skips a case, or runs one again (common/testing.py)."""
+    def announce_and_check(index, case):
+        torch.distributed.broadcast_object_list([index], src=0, group=control)
+        return case.fn(**case.kwargs)
+
+    return [dataclasses.replace(case, fn=functools.partial(announce_and_check, i, case), kwargs={})
+            for i, case in enumerate(cases)]
+
+
+def worker():
+    """One rank under torchrun: rank 0 runs the cases through run_cases (the table, the count line)
+    and names each case to the other ranks as it starts it; they run the same case. Returns the
+    exit code."""
+    import torch.distributed as dist
+
+    if DEVICE == "cuda":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # read when NCCL makes its communicator
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    # the case announcements: a rank waits there while rank 0 waits for a GPU turn, up to the launcher's timeout
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
+    try:
+        # one seed for every rank (launched by hand, TEST_SEED may be unset): the same weights
+        seed = [base_seed()]
+        dist.broadcast_object_list(seed, src=0, group=control)
+        os.environ["TEST_SEED"] = str(seed[0])
+        cases = select_cases(CASES)
+        if dist.get_rank() == 0:
+            try:
+                title = f"{TITLE} ({dist.get_backend()}, {dist.get_world_size()} ranks)"
+                return run_cases(title, _ranks_follow(cases, control))
+            finally:
+                dist.broadcast_object_list([None], src=0, group=control)  # no more cases
+        while True:
+            index = [None]
+            dist.broadcast_object_list(index, src=0, group=control)
+            if index[0] is None:
+                return 0
+            cases[index[0]].run(seed[0])
+    finally:
+        dist.destroy_process_group()
+
+
+def skip_reason():
+    """Why the workers cannot run here, or None."""
+    if not HAVE_TRANSFORMERS:
+        return "transformers not installed"
+    if not torch.distributed.is_available():
+        return "torch built without torch.distributed"
+    found = torch.cuda.device_count()
+    if found < N_RANKS:
+        return f"needs {N_RANKS} CUDA GPUs, found {found}"
+    if INTERPRET:
+        return "TRITON_INTERPRET=1 (the kernels would run on the CPU)"
+    return None
+
+
+def _stop(proc):
+    """SIGTERM to torchrun (it stops its workers), then SIGKILL if it is still there."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def launch(cpu_gloo=False, timeout_s=LAUNCH_TIMEOUT_S):
+    """Run N_RANKS workers under torchrun, streaming their output; returns the exit code, nonzero
+    when a case failed, a worker crashed, or the run passed `timeout_s`. cpu_gloo: the workers run
+    on the CPU, with gloo and Triton's interpreter, whatever GPUs there are."""
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1", TEST_SEED=str(base_seed()))
+    if cpu_gloo:
+        env["TRITON_INTERPRET"] = "1"  # common.device then puts every tensor on the CPU
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // N_RANKS)))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(N_RANKS),
+               str(pathlib.Path(__file__).resolve().relative_to(ROOT)), "--worker"]
+    print(f"{TITLE}: {' '.join(command[1:])} (TEST_SEED={env['TEST_SEED']}, timeout {timeout_s}s)", flush=True)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timed_out = threading.Event()
+
+    def on_timeout():
+        timed_out.set()
+        _stop(proc)
+
+    timer = threading.Timer(timeout_s, on_timeout)
+    timer.start()
+    counts = None
+    try:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            m = COUNT.match(line.strip())
+            counts = (int(m[1]), int(m[2])) if m else counts
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:  # interrupted while streaming
+            _stop(proc)
+    if timed_out.is_set():
+        print(f"{TITLE}: torchrun ran past {timeout_s}s and was stopped (a rank stuck in a collective?)", flush=True)
+    elif code != 0 and counts is None:
+        print(f"{TITLE}: torchrun exited {code} before rank 0 printed its results (a worker crashed or could "
+              "not start; its traceback is above)", flush=True)
+    elif code != 0 and counts[1] == 0:
+        print(f"{TITLE}: every case passed, but torchrun exited {code} (a worker failed after the cases)", flush=True)
+    if counts is None:  # the cases never reported: each counts as failed
+        print(count_line(0, len(select_cases(CASES))), flush=True)
+    return 1 if timed_out.is_set() else code or int(counts is None)
+
+
+def test_fsdp2():  # pytest: one test, the launcher as `make test` runs it
+    import pytest
+
+    reason = skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    assert launch() == 0, "FSDP2 workers failed: see the output above"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.strip().splitlines()[1:]))
+    parser.add_argument("--worker", action="store_true", help="run as one rank under torchrun")
+    parser.add_argument("--cpu-gloo", action="store_true",
+                        help="launch the workers on the CPU (gloo, Triton's interpreter), for a machine without GPUs")
+    parser.add_argument("--timeout", type=int, default=LAUNCH_TIMEOUT_S, metavar="S",
+                        help=f"stop torchrun after S seconds (default {LAUNCH_TIMEOUT_S})")
+    args = parser.parse_args()
+    if args.worker:
+        return worker()
+    if args.cpu_gloo:
+        if not HAVE_TRANSFORMERS:
+            parser.error("--cpu-gloo needs transformers (pip install transformers==5.17.0)")
+        return launch(cpu_gloo=True, timeout_s=args.timeout)
+    reason = skip_reason()
+    if reason is not None:
+        return run_cases(TITLE, CASES, skip_reason=reason)
+    return launch(timeout_s=args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
