@@ -167,9 +167,14 @@ def _train_out(q):
     """O under grad, (B, H, Tq, D) stored as (B, Tq, H, D), as SDPA returns it: the projection
     after attention then reads O.transpose(1, 2) as a (B * Tq, H * D) matrix in place, and the O
     kept for the backward is the only copy (laid out like a (B, H, Tq, D) q, the reshape before
-    that projection would copy it, a second tensor of O's size a layer until the backward)."""
+    that projection would copy it, a second tensor of O's size a layer until the backward).
+    Made with those strides, not as a transposed view: a view returned by an autograd function
+    could not be modified in place. Laid out like q where a head's offsets in that layout would
+    pass 32 bits (the kernels index within a head in 32 bits)."""
     b, h, t, d = q.shape
-    return q.new_empty((b, t, h, d)).transpose(1, 2)
+    if (t - 1) * h * d + d >= 2 ** 31:
+        return torch.empty_like(q)
+    return q.new_empty_strided((b, h, t, d), (t * h * d, d, h * d, 1))
 
 
 def _attention_train(q, k, v, causal, sm_scale, config, deterministic=False):

@@ -6,8 +6,7 @@ Providers, each on a fresh model from the same seed (train_bench.build / prepare
 process a GPU, all in step:
   eager               transformers as it ships, torch.optim.AdamW(fused=True)
   triton              patched with models/hf_patch.py (before sharding), TritonAdamW (fp32 m and v,
-                      each rank stepping its own shards); skipped, with the error as the reason,
-                      where the optimizer refuses the sharded parameters
+                      each rank stepping its own shards)
   triton+torch-adamw  the patched model with torch's fused AdamW
   liger               Liger-Kernel's apply_liger_kernel_to_llama (before sharding); skipped where
                       liger_kernel does not import
@@ -58,9 +57,9 @@ N_GPUS = 2  # ranks started when not already under torchrun
 FSDP2_MODELS = {"llama-1.5b": MODELS["llama-1.5b"]}
 PROVIDERS = ("eager", "triton", "triton+torch-adamw", LIGER)
 OURS = ("triton", "triton+torch-adamw")
-# a provider that may be refused on sharded parameters, and what refuses it: its row is skipped with
-# the error, where the other providers' errors stop the run
-REFUSABLE = {"triton": "TritonAdamW on DTensor parameters", LIGER: "liger-kernel under FSDP2"}
+# a peer that may refuse sharded parameters: its row is skipped with the error, where an error of
+# ours or of eager stops the run
+REFUSABLE = {LIGER: "liger-kernel under FSDP2"}
 
 
 def under_torchrun():

@@ -14,7 +14,7 @@ is not starved by the others' stream of small ones: new cases wait behind it, th
 and it starts. Before and after each case a script returns its cached blocks to the driver
 (torch.cuda.empty_cache), so a turn's memory is free for whoever runs next. A case that needs more
 than the card has is skipped, with its need and the card's size as the reason; one that waits past
-WAIT_S for its turn is skipped too, saying so.
+WAIT_S for its turn fails, saying so.
 """
 import contextlib
 import fcntl
@@ -63,7 +63,7 @@ def is_out_of_memory(error):
 @contextlib.contextmanager
 def turn(exclusive):
     """Hold a turn on the current CUDA device for one case: shared, or the only one. Yields None,
-    or the reason the case must be skipped (the wait ran out)."""
+    or why there is no turn (the wait ran out)."""
     device = torch.cuda.current_device()
     deadline = time.monotonic() + WAIT_S
     torch.cuda.empty_cache()
@@ -81,9 +81,11 @@ def turn(exclusive):
     try:
         yield None
     finally:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        _release(held, gate)
+        try:  # a sticky CUDA error raises here: the locks go back all the same
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        finally:
+            _release(held, gate)
 
 
 def too_big(gpu_gb):

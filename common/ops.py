@@ -105,15 +105,16 @@ class Op:
     def __init__(self, name, impl, overload, function=None, remedy=None):
         self.name, self.impl, self.overload, self.function = name, impl, overload, function
         self.differentiable, self.remedy = function is not None, remedy
-        # autograd.Function.apply below its Python layer: that layer binds the arguments to
-        # forward's signature (inspect.signature, 30-40 us of host time a call on an H100's host)
-        # to fill in defaults, where every call here passes the schema's arguments in full
+        # autograd.Function.apply below its Python layer, for calls that pass every argument of
+        # the schema: that layer binds them to forward's signature (inspect.signature, 30-40 us
+        # of host time a call on an H100's host) only to fill in defaults
         self._apply = None if function is None else super(torch.autograd.Function, function).apply
+        self._n_args = len(overload._schema.arguments)
 
     def _recorded(self, *args):
         if not self.differentiable:
             raise forward_only_error(self.name, self.remedy)
-        if torch._C._are_functorch_transforms_active():  # vmap, grad, ...: the Python layer's path
+        if len(args) != self._n_args or torch._C._are_functorch_transforms_active():  # defaults; vmap, grad, ...
             return self.function.apply(*args)
         return self._apply(*torch._functorch.utils.unwrap_dead_wrappers(args))
 

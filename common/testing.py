@@ -273,8 +273,9 @@ class Case:
     gpu_gb: float = None  # GPU memory it needs, where that is most of a card (common/gpu_turns.py)
 
     def run(self, base_seed, out_of_memory=None):
-        """Outcomes of one run. out_of_memory: a list that gets the error, instead of a crashed
-        outcome, when the case runs out of GPU memory (the caller may run it again, alone)."""
+        """Outcomes of one run. out_of_memory: a list that gets the error's message, instead of a
+        crashed outcome, when the case runs out of GPU memory (the caller may run it again, alone;
+        the error itself is not kept, as its traceback would keep the case's tensors alive)."""
         torch.manual_seed(base_seed ^ zlib.crc32(self.name.encode()))
         try:
             return self.fn(**self.kwargs)
@@ -282,28 +283,29 @@ class Case:
             if out_of_memory is not None and DEVICE == "cuda":
                 from common.gpu_turns import is_out_of_memory
                 if is_out_of_memory(e):
-                    out_of_memory.append(e)
+                    out_of_memory.append(str(e))
                     return []
             return [Outcome("(crashed)", False, note=f"{type(e).__name__}: {e}"[:120])]
 
     def run_on_shared_gpu(self, base_seed):
         """(outcomes, skip reason or None) on a GPU that other test scripts may be using: in a turn
         (common/gpu_turns.py), alone if it declares most of the card or ran out of memory beside
-        other scripts' cases."""
+        other scripts' cases. A case larger than the card is skipped; one whose turn never came
+        fails."""
         from common import gpu_turns
 
         if self.gpu_gb is not None and gpu_turns.too_big(self.gpu_gb):
             return [], gpu_turns.too_big(self.gpu_gb)
         alone = gpu_turns.needs_the_card(self.gpu_gb)
         oom = []
-        with gpu_turns.turn(alone) as skip:
-            if skip:
-                return [], skip
+        with gpu_turns.turn(alone) as waited:
+            if waited:
+                return [Outcome("(no turn on the GPU)", False, note=waited)], None
             outcomes = self.run(base_seed, None if alone else oom)
         if oom:
-            with gpu_turns.turn(True) as skip:
-                if skip:
-                    return [], skip
+            with gpu_turns.turn(True) as waited:
+                if waited:
+                    return [Outcome("(no turn on the GPU)", False, note=f"{waited}, after: {oom[0]}"[:120])], None
                 outcomes = self.run(base_seed)
         return outcomes, None
 

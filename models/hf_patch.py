@@ -338,7 +338,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         # where the keys past the queries are unwritten slots: HF's SDPA path cuts them off too.
         key, value = key[:, :, :n_queries], value[:, :, :n_queries]
     state.calls["flash_attention"] += 1
-    if training:  # the functional op (out= is forward-only); O comes back laid out like query
+    if training:  # the functional op (out= is forward-only); O comes back stored (B, Tq, H, D)
         return flash_attention(query, key, value, causal=causal, sm_scale=scaling).transpose(1, 2), None
     # written as (B, Tq, H, D), the layout attention functions return: o_proj then reads it in place
     out = torch.empty(batch, n_queries, heads, head_dim, dtype=query.dtype, device=query.device)

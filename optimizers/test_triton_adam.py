@@ -196,7 +196,12 @@ def check_dtensor():
                Outcome("m, v kept as DTensors", all(isinstance(ours.state[p][k], DTensor)
                                                     for p in sharded for k in ("exp_avg", "exp_avg_sq")))]
         sharded[0].grad = distribute_tensor(grads[0][0].clone(), mesh, [Replicate()])
+        before = snapshot(ours)
         out.append(expect_raises("grad placed unlike its param", ours.step, ValueError, "param 0"))
+        after = snapshot(ours)
+        out.append(Outcome("grad placed unlike its param: untouched, step counts too",
+                           all(torch.equal(p, q) and all(torch.equal(s[k], t[k]) for k in s)
+                               for (p, s), (q, t) in zip(before, after))))
         return out
     finally:
         if started:

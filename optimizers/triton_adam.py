@@ -452,6 +452,8 @@ class TritonAdamW(torch.optim.Optimizer):
                     _check_grad(name, p, g)
                     if p_state:
                         _check_state(name, p, p_state)
+                    if type(g) is not torch.Tensor:  # a DTensor (FSDP2) or another subclass
+                        _check_placements(name, p, g, p_state)
                     p_state = None  # made ready by _state()
                 batch = batches.get((p.device, p.dtype))
                 if batch is None:
@@ -516,21 +518,31 @@ def _local_shards(params, grads, exp_avgs, exp_avg_sqs):
     """The four lists with every DTensor (FSDP2's sharded params, their grads and the state made
     like them) replaced by this rank's shard. AdamW is elementwise, so each rank updating its
     shard in place is the whole step, whatever the placement, as long as the four tensors of a
-    param are placed alike; a param placed otherwise raises ValueError, naming it."""
+    param are placed alike (_check_placements made sure of it)."""
     dtensor = _dtensor_type()
     lists = [list(x) for x in (params, grads, exp_avgs, exp_avg_sqs)]
-    for i, four in enumerate(zip(*lists)):
-        kinds = [dtensor is not None and isinstance(t, dtensor) for t in four]
-        if not any(kinds):
-            continue
-        p = four[0]
-        if not all(kinds) or any(t.placements != p.placements or t.device_mesh != p.device_mesh for t in four[1:]):
-            raise ValueError(f"TritonAdamW: param {i} of this step is a DTensor whose grad, exp_avg and exp_avg_sq "
-                             f"must be DTensors placed like it ({getattr(p, 'placements', None)}); got "
-                             f"{[getattr(t, 'placements', type(t).__name__) for t in four[1:]]}")
-        for values, t in zip(lists, four):
-            values[i] = t._local_tensor  # the shard itself, not to_local()'s autograd view of it
+    for values in lists:
+        for i, t in enumerate(values):
+            if dtensor is not None and isinstance(t, dtensor):
+                values[i] = t._local_tensor  # the shard itself, not to_local()'s autograd view of it
     return lists
+
+
+def _check_placements(name, p, g, state):
+    """A DTensor param's grad, and its state where it has one, must be DTensors placed like it;
+    a plain param takes plain tensors. Raises ValueError naming the param."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return
+    others = [g] + [state[k] for k in ("exp_avg", "exp_avg_sq") if state and isinstance(state.get(k), torch.Tensor)]
+    if not isinstance(p, dtensor):
+        if any(isinstance(t, dtensor) for t in others):
+            raise ValueError(f"{_name(name)} is a plain tensor, but its grad or state is a DTensor")
+        return
+    if any(not isinstance(t, dtensor) or t.placements != p.placements or t.device_mesh != p.device_mesh
+           for t in others):
+        raise ValueError(f"{_name(name)} is a DTensor placed {p.placements}: its grad, exp_avg and exp_avg_sq must "
+                         f"be DTensors placed alike; got {[getattr(t, 'placements', type(t).__name__) for t in others]}")
 
 
 def _global_step_hooks():
@@ -621,13 +633,15 @@ def _name(where):
 
 
 def _fits(p, g, state, state_dtype):
-    """The usual case of a step's param in one test, for the hot loop: p and g contiguous, of one
+    """The usual case of a step's param in one test, for the hot loop: g a plain tensor (not a
+    DTensor's shard-and-placement pair), p and g contiguous, of one
     supported dtype, on the kernel device, same shape; no state, or one ready for the kernel
     (m and v of state_dtype, or p's dtype for None, contiguous like p; a CPU step tensor). False
     sends the param through the checks that name it, and its state through _state()."""
     dtype, device = p.dtype, p.device
-    if not (dtype in _PARAM_DTYPE_SET and device.type == DEVICE and g.layout == torch.strided
-            and g.dtype == dtype and g.device == device and g.shape == p.shape and p.is_contiguous()):
+    if not (type(g) is torch.Tensor and dtype in _PARAM_DTYPE_SET and device.type == DEVICE
+            and g.layout == torch.strided and g.dtype == dtype and g.device == device and g.shape == p.shape
+            and p.is_contiguous()):
         return False
     if not state:
         return True
