@@ -85,9 +85,10 @@ import triton  # noqa: E402
 
 from common.bench import compile_train_fn, host_time_us, train_call  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import parse_args, run  # noqa: E402
+from common.harness import max_err, parse_args, run  # noqa: E402
 from common.ops import Op  # noqa: E402
-from common.peers import LIGER  # noqa: E402
+from common.peers import (LIGER, liger_ce, liger_layernorm, liger_lce, liger_residual_rmsnorm, liger_rmsnorm,  # noqa: E402
+                          liger_rope, liger_swiglu)
 from common.testing import rand  # noqa: E402
 
 DTYPE = torch.bfloat16
@@ -153,12 +154,6 @@ def through(calls, attribute):
         fn, args = bound[0]
         return lambda: fn(*args)
     return lambda: [fn(*args) for fn, args in bound]
-
-
-def max_diff(a, b):
-    if isinstance(a, (tuple, list)):
-        return max(max_diff(x, y) for x, y in zip(a, b))
-    return (a.float() - b.float()).abs().max().item()
 
 
 def largest(a):
@@ -470,21 +465,18 @@ def train_cases(s):
     n, h, hkv, d, t, m = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["micro_batch"], s["rows"]
 
     def build_rmsnorm():
-        from benchmarks.norm_bench import liger_rmsnorm
         from normalization.triton_rmsnorm import rmsnorm
         return ((rand((1, n), DTYPE), rand((n,), DTYPE)), (0, 1),
                 {"public": lambda x, w: rmsnorm(x, w, EPS), LIGER: liger_call(liger_rmsnorm),
                  "pytorch": lambda x, w: F.rms_norm(x, (n,), w, EPS)})
 
     def build_layernorm():
-        from benchmarks.norm_bench import liger_layernorm
         from normalization.triton_layernorm import layernorm
         return ((rand((1, n), DTYPE), rand((n,), DTYPE), rand((n,), DTYPE)), (0, 1, 2),
                 {"public": lambda x, w, b: layernorm(x, w, b, 1e-5), LIGER: liger_call(liger_layernorm),
                  "pytorch": lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)})
 
     def build_residual():
-        from benchmarks.norm_bench import liger_residual_rmsnorm
         from normalization.triton_residual_rmsnorm import residual_rmsnorm
 
         def pytorch(x, r, w):
@@ -497,7 +489,6 @@ def train_cases(s):
     def build_rope():
         from attention.rope import apply_rope_ref, rope_cos_sin
         from attention.triton_rope import apply_rope
-        from benchmarks.rope_bench import liger_rope
         q, k = (rand((1, t, heads, d), DTYPE).transpose(1, 2) for heads in (h, hkv))  # (B, T, H, D) storage
         cos, sin = (c[None] for c in rope_cos_sin(torch.arange(t, device=DEVICE), d, dtype=DTYPE))
         return ((q, k, cos, sin), (0, 1),
@@ -516,7 +507,6 @@ def train_cases(s):
                 {"public": bias_gelu, LIGER: NO_LIGER, "pytorch": lambda x, b: F.gelu(x + b)})
 
     def build_swiglu():
-        from benchmarks.mlp_bench import liger_swiglu
         from mlp.triton_swiglu import swiglu
         gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
         return ((gate, up), (0, 1),
@@ -534,14 +524,12 @@ def train_cases(s):
                  "pytorch": lambda x, nw, w: F.linear(F.rms_norm(x, (n,), nw, EPS), w)})
 
     def build_cross_entropy():
-        from benchmarks.losses_bench import liger_ce
         from losses.cross_entropy import cross_entropy
         target = torch.randint(0, s["vocab"], (m,), device=DEVICE)
         return ((rand((m, s["vocab"]), DTYPE), target), (0,),
                 {"public": cross_entropy, LIGER: liger_call(liger_ce), "pytorch": F.cross_entropy})
 
     def build_linear_cross_entropy():
-        from benchmarks.losses_bench import liger_lce
         from losses.fused_linear_cross_entropy import fused_linear_cross_entropy
         v = s["head_vocab"]
         target = torch.randint(0, v, (m,), device=DEVICE)
@@ -611,7 +599,7 @@ def prepare(case):
     elif result is not None:  # the same kernel on the same inputs: a different output is a wrong launcher call
         try:
             with torch.no_grad():
-                diff = max_diff(calls["launcher"](), result)
+                diff = max_err(calls["launcher"](), result)
             if not diff <= 0.02 * (1 + largest(result)):
                 calls["launcher"] = f"its output differs from the public function's by {diff:.3g}: a wrong call"
         except Exception as e:  # noqa: BLE001  (a launcher whose signature changed, say)
@@ -671,7 +659,7 @@ def train_calls(case):
             errors[provider] = error_text(e)
             del calls[provider]
     if len(grads) == 2:  # the same inputs and upstream gradients: a different result is a wrong call
-        diff = max_diff(grads["public"], grads["pytorch"])
+        diff = max_err(grads["public"], grads["pytorch"])
         if not diff <= 0.02 * (1 + largest(grads["pytorch"])):
             errors["public"] = f"its gradients differ from PyTorch's by {diff:.3g}: a wrong call"
             del calls["public"]

@@ -31,7 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger  # noqa: E402
+from common.peers import LIGER, liger_ce, liger_lce  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
 from losses.cross_entropy import cross_entropy  # noqa: E402
 from losses.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
@@ -50,16 +50,6 @@ def eager_ce(logits, target):
 
 def eager_lce(hidden, weight, target):
     return F.cross_entropy(hidden @ weight.T, target)
-
-
-def liger_ce():
-    fn = liger("cross_entropy", "LigerCrossEntropyFunction")
-    return fn if isinstance(fn, str) else lambda logits, target: fn.apply(logits, target, None)[0]
-
-
-def liger_lce():
-    fn = liger("fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction")
-    return fn if isinstance(fn, str) else lambda hidden, weight, target: fn.apply(hidden, weight, target)[0]
 
 
 def targets(n, v):

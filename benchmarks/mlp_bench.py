@@ -43,7 +43,7 @@ from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, MLP_TRAIN_SMOKE_SWE
 from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
 from common.device import INTERPRET  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger  # noqa: E402
+from common.peers import LIGER, liger_swiglu  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
 from common.testing import grads_of, rand  # noqa: E402
 from mlp.gelu import bias_gelu_ref, swiglu_ref  # noqa: E402
@@ -94,11 +94,6 @@ def cases(sweeps, smoke):
                 yield Case(op, (m, n), dtype, providers,
                            lambda make=make_inputs, ref=ref, m=m, n=n, dtype=dtype: setup(make, ref, m, n, dtype),
                            n_bytes=n_bytes(m, n, dtype.itemsize))
-
-
-def liger_swiglu():
-    fn = liger("swiglu", "LigerSiLUMulFunction")
-    return fn if isinstance(fn, str) else lambda gate, up: fn.apply(gate, up)
 
 
 TRAIN_DTYPE = torch.bfloat16

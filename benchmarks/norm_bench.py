@@ -37,7 +37,7 @@ from benchmarks.sweeps import (NORM_SMOKE_SWEEPS, NORM_SWEEPS, NORM_TRAIN_SMOKE_
 from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
 from common.device import INTERPRET  # noqa: E402
 from common.harness import Case, max_err, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger  # noqa: E402
+from common.peers import LIGER, liger_layernorm, liger_residual_rmsnorm, liger_rmsnorm  # noqa: E402
 from common.results import plot_sweeps  # noqa: E402
 from common.testing import grads_of, rand  # noqa: E402
 from normalization.layernorm import layernorm_ref  # noqa: E402
@@ -78,22 +78,6 @@ def cases(sweeps):
                 yield Case(op, (m, n), dtype, providers, lambda pick=pick, ref=ref, m=m, n=n, dtype=dtype:
                            setup(pick, ref, m, n, dtype), n_bytes=n_bytes(m, n, dtype.itemsize),
                            compare=lambda out, expected: max_err(first(out), expected))
-
-
-def liger_rmsnorm():
-    fn = liger("rms_norm", "LigerRMSNormFunction")
-    # offset 0, Llama's casting, in_place=False (module docstring), row_mode chosen by Liger
-    return fn if isinstance(fn, str) else lambda x, w: fn.apply(x, w, 1e-6, 0.0, "llama", False, None)
-
-
-def liger_layernorm():
-    fn = liger("layer_norm", "LigerLayerNormFunction")
-    return fn if isinstance(fn, str) else lambda x, w, b: fn.apply(x, w, b, 1e-5)
-
-
-def liger_residual_rmsnorm():
-    fn = liger("fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
-    return fn if isinstance(fn, str) else lambda x, r, w: fn.apply(x, r, w, 1e-6, 0.0, "llama", False)
 
 
 TRAIN_DTYPE = torch.bfloat16

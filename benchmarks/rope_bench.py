@@ -36,7 +36,7 @@ from benchmarks.sweeps import (ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, ROPE_TRAIN_SMOKE_
                                rope_bytes, rope_inputs, rope_train_bytes, shapes_of)
 from common.bench import compile_fn, train_call  # noqa: E402
 from common.harness import Case, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger  # noqa: E402
+from common.peers import LIGER, liger_rope  # noqa: E402
 
 TRAIN_DTYPE = torch.bfloat16
 TRAIN_MODES = ("fwd+bwd", "bwd")
@@ -62,11 +62,6 @@ def train_setup(shape, dtype):
     grads = torch.autograd.grad(apply_rope_ref(q32, k32, cos.float(), sin.float()), (q32, k32),
                                 (dq_out.float(), dk_out.float()))
     return (q, k, cos, sin, dq_out, dk_out), grads
-
-
-def liger_rope():
-    fn = liger("rope", "LigerRopeFunction")
-    return fn if isinstance(fn, str) else (lambda q, k, cos, sin: fn.apply(q, k, cos, sin))
 
 
 def cases(sweeps, dtypes, train_sweeps):

@@ -108,6 +108,16 @@ def prepare(model, kind, provider, smoke):
     return None
 
 
+def release(undo):
+    """After a provider's model is dropped: undo its changes and hand its memory back, so the next
+    provider starts from the same free memory."""
+    if undo is not None:
+        undo()
+    gc.collect()
+    if not INTERPRET:
+        torch.cuda.empty_cache()
+
+
 def step(model, opt, ids):
     opt.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -196,12 +206,8 @@ def measure_model(run, name, kind, config, plan):
                 undo = prepare(model, kind, provider, run.args.smoke)
             ms, peak, first, phases = timed_steps(model, optimizer(model, provider, plan["lr"]), data, plan)
         finally:
-            if undo is not None:
-                undo()
             del model
-            gc.collect()
-            if not INTERPRET:
-                torch.cuda.empty_cache()
+            release(undo)
         if provider == "eager":
             eager_first = first
         err = abs(first - eager_first) if eager_first is not None else None

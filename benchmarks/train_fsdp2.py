@@ -29,7 +29,6 @@ meta adds world_size, gpus (each rank's torch.cuda.get_device_name), skipped (pr
 train_bench.py calls main_fsdp2(args) with its own parsed options; --only filters the providers.
 Needs transformers (optional for the repository): without it the script says so and exits 0.
 """
-import gc
 import importlib.util
 import os
 import pathlib
@@ -44,7 +43,7 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
 from benchmarks.train_bench import FULL_PLAN, LOSS_ATOL, MODELS, SMOKE_MODELS, SMOKE_PLAN, batches, build, \
-    optimizer, prepare, run_steps  # noqa: E402
+    optimizer, prepare, release, run_steps  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.harness import Run, parse_args, run  # noqa: E402
 from common.peers import LIGER  # noqa: E402
@@ -86,8 +85,7 @@ def timed_steps(model, opt, data, plan):
 
 def measure_provider(bench, kind, config, provider, data, plan):
     """(ms, peak MB, first loss) of one provider on a fresh sharded model, or the reason it was refused."""
-    model = build(kind, config)
-    model.config.use_cache = False
+    model = build(kind, config)  # use_cache=False
     undo = prepare(model, kind, provider, bench.args.smoke)
     try:
         shard(model)
@@ -99,12 +97,8 @@ def measure_provider(bench, kind, config, provider, data, plan):
                 raise
             return f"{REFUSABLE[provider]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
     finally:
-        if undo is not None:
-            undo()
         del model
-        gc.collect()
-        if not INTERPRET:
-            torch.cuda.empty_cache()
+        release(undo)
 
 
 def measure(bench, models, plan):

@@ -55,8 +55,7 @@ from losses.cross_entropy import check_loss_args, launch_backward_rows, launch_r
 # grad_weight (V x H, 4VH bytes) for 2CVH FLOPs: C / 2 FLOPs a byte, whatever V and H. An H100 does
 # ~700 TFLOP/s against 3 TB/s, ~230 FLOPs a byte, so from C ~ 460 the accumulation runs at the
 # tensor cores' pace and below it at memory's: 512 rows. The (C, V) buffer is then the op's only
-# scratch: 131 MB at V = 128256 in bf16. Measured on an H100 (docs/tuning/losses.md): 256 rows
-# cost 34% more time, 1024 rows saved 10% for twice the buffer.
+# scratch: 131 MB at V = 128256 in bf16. The sweep on an H100: docs/tuning/losses.md.
 CHUNK_ROWS = 512
 # The buffer's bytes at most: fewer rows for fp32 logits of a very large vocabulary
 MAX_CHUNK_BYTES = 256 * 2 ** 20

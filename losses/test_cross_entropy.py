@@ -20,7 +20,7 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.checks.losses import IGNORE, make_target  # noqa: E402
+from common.checks.losses import IGNORE, bad_target_message, make_target, target_of  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
                             expect_raises, grads_of, main, rand)
@@ -75,15 +75,6 @@ def grads_zero(logits, target, label_smoothing):
     x = logits.detach().requires_grad_()
     g, = torch.autograd.grad(cross_entropy(x, target, IGNORE, "mean", label_smoothing), x)
     return [Outcome("all ignored: zero gradient", bool((g == 0).all()))]
-
-
-def target_of(*values, dtype=torch.int64):
-    return torch.tensor(values, device=DEVICE, dtype=dtype)
-
-
-def bad_target_message(value, v, ignore_index=IGNORE):
-    """The IndexError's message: the argument, the value, V and ignore_index."""
-    return f"target holds {value}, outside [0, V={v}) (and not ignore_index={ignore_index})"
 
 
 def compiled_call():

@@ -19,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo roo
 import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
-from common.checks.losses import IGNORE, make_target  # noqa: E402
+from common.checks.losses import IGNORE, bad_target_message, make_target, target_of  # noqa: E402
 from common.device import DEVICE  # noqa: E402
 from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
                             expect_raises, grads_of, main, rand)
@@ -93,15 +93,6 @@ def check_strided_target():
     loss = fused_linear_cross_entropy(hidden, weight, target)
     ref = linear_cross_entropy_ref(hidden.double(), weight.double(), target)
     return [compare("loss, target[::2]", loss, ref, Tol(1e-5 * abs(ref.item()) + 1e-6, 1e-5, "fp32"))]
-
-
-def target_of(*values, dtype=torch.int64):
-    return torch.tensor(values, device=DEVICE, dtype=dtype)
-
-
-def bad_target_message(value, v, ignore_index=IGNORE):
-    """The IndexError's message: the argument, the value, V and ignore_index."""
-    return f"target holds {value}, outside [0, V={v}) (and not ignore_index={ignore_index})"
 
 
 def check_bad_target():

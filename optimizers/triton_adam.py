@@ -81,6 +81,7 @@ FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False, "diff
                  "decoupled_weight_decay": True}
 _FIXED_VALUES = tuple(FIXED_OPTIONS.values())
 _PLAIN_NUMBERS = frozenset((float, int))  # not bool, which _number refuses
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not a DTensor (FSDP2's params) or another subclass
 
 
 @triton.jit
@@ -427,14 +428,15 @@ class TritonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for batch in self._collect().values():  # every check first: a bad input writes nothing
-            self._update(*batch)
+        for (_, _, sharded), batch in self._collect().items():  # every check first: a bad input writes nothing
+            self._update(*batch, sharded)
         return loss
 
     def _collect(self):
-        """{(device, dtype): (params, grads, hyperparameters, states)} over the params with a grad,
-        after checking every group, param, grad and existing state; a state is None where
-        _state() has to make it (first step) or make it ready (a loaded one)."""
+        """{(device, dtype, sharded): (params, grads, hyperparameters, states)} over the params
+        with a grad, after checking every group, param, grad and existing state; a state is None
+        where _state() has to make it (first step) or make it ready (a loaded one). sharded: the
+        params are DTensors (their grads are; _check_placements made sure the rest are alike)."""
         batches = {}
         index = -1
         state = self.state
@@ -446,18 +448,20 @@ class TritonAdamW(torch.optim.Optimizer):
                 if g is None:
                     continue
                 p_state = state.get(p)  # not state[p]: a defaultdict's lookup makes an entry
+                sharded = False
                 if not _fits(p, g, p_state, self.state_dtype):  # then the checks that name the param
                     name = (index, gi, j)
                     _check_param(name, p)
                     _check_grad(name, p, g)
                     if p_state:
                         _check_state(name, p, p_state)
-                    if type(g) is not torch.Tensor:  # a DTensor (FSDP2) or another subclass
-                        _check_placements(name, p, g, p_state)
+                    if type(g) is not torch.Tensor or type(p) not in _PLAIN_TENSORS:
+                        sharded = _check_placements(name, p, g, p_state)
                     p_state = None  # made ready by _state()
-                batch = batches.get((p.device, p.dtype))
+                key = (p.device, p.dtype, sharded)
+                batch = batches.get(key)
                 if batch is None:
-                    batch = batches[(p.device, p.dtype)] = ([], [], [], [])
+                    batch = batches[key] = ([], [], [], [])
                 batch[0].append(p)
                 batch[1].append(g)
                 batch[2].append(hyper)
@@ -483,7 +487,7 @@ class TritonAdamW(torch.optim.Optimizer):
             state["step"] = torch.tensor(float(step), dtype=_step_dtype(), device="cpu")
         return state
 
-    def _update(self, params, grads, hypers, states):
+    def _update(self, params, grads, hypers, states, sharded=False):
         """One llmk::adamw_step for checked params of one device and dtype, with their grads,
         (lr, beta1, beta2, eps, weight_decay) tuples and states (None: not ready yet)."""
         states = [state or self._state(p) for p, state in zip(params, states)]
@@ -497,7 +501,7 @@ class TritonAdamW(torch.optim.Optimizer):
         else:
             hyper = [x for h, c in zip(hypers, counts) for x in (*h, c)]
         tensors = params, grads, [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states]
-        if any(type(p) is not torch.Tensor and type(p) is not torch.nn.Parameter for p in params):
+        if sharded:
             tensors = _local_shards(*tensors)
         _checked_adamw_step_op(*tensors, hyper)
 
@@ -530,19 +534,22 @@ def _local_shards(params, grads, exp_avgs, exp_avg_sqs):
 
 def _check_placements(name, p, g, state):
     """A DTensor param's grad, and its state where it has one, must be DTensors placed like it;
-    a plain param takes plain tensors. Raises ValueError naming the param."""
+    a plain param takes plain tensors. Raises ValueError naming the param; returns whether p is
+    a DTensor."""
     dtensor = _dtensor_type()
     if dtensor is None:
-        return
+        return False
     others = [g] + [state[k] for k in ("exp_avg", "exp_avg_sq") if state and isinstance(state.get(k), torch.Tensor)]
     if not isinstance(p, dtensor):
         if any(isinstance(t, dtensor) for t in others):
             raise ValueError(f"{_name(name)} is a plain tensor, but its grad or state is a DTensor")
-        return
+        return False
     if any(not isinstance(t, dtensor) or t.placements != p.placements or t.device_mesh != p.device_mesh
            for t in others):
+        got = [getattr(t, "placements", type(t).__name__) for t in others]
         raise ValueError(f"{_name(name)} is a DTensor placed {p.placements}: its grad, exp_avg and exp_avg_sq must "
-                         f"be DTensors placed alike; got {[getattr(t, 'placements', type(t).__name__) for t in others]}")
+                         f"be DTensors placed alike; got {got}")
+    return True
 
 
 def _global_step_hooks():
@@ -633,15 +640,15 @@ def _name(where):
 
 
 def _fits(p, g, state, state_dtype):
-    """The usual case of a step's param in one test, for the hot loop: g a plain tensor (not a
-    DTensor's shard-and-placement pair), p and g contiguous, of one
-    supported dtype, on the kernel device, same shape; no state, or one ready for the kernel
+    """The usual case of a step's param in one test, for the hot loop: p and g plain tensors (not
+    DTensors), contiguous, of one supported dtype, on the kernel device, same shape; no state, or
+    one ready for the kernel
     (m and v of state_dtype, or p's dtype for None, contiguous like p; a CPU step tensor). False
     sends the param through the checks that name it, and its state through _state()."""
     dtype, device = p.dtype, p.device
-    if not (type(g) is torch.Tensor and dtype in _PARAM_DTYPE_SET and device.type == DEVICE
-            and g.layout == torch.strided and g.dtype == dtype and g.device == device and g.shape == p.shape
-            and p.is_contiguous()):
+    if not (type(g) is torch.Tensor and type(p) in _PLAIN_TENSORS and dtype in _PARAM_DTYPE_SET
+            and device.type == DEVICE and g.layout == torch.strided and g.dtype == dtype and g.device == device
+            and g.shape == p.shape and p.is_contiguous()):
         return False
     if not state:
         return True

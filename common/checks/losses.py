@@ -12,3 +12,13 @@ def make_target(shape, v, ignored=0.25, all_ignored=False):
     if all_ignored:
         return torch.full_like(t, IGNORE)
     return torch.where(torch.rand(shape, device=DEVICE) < ignored, torch.full_like(t, IGNORE), t)
+
+
+def target_of(*values, dtype=torch.int64):
+    """A target of these class indices, on the device."""
+    return torch.tensor(values, device=DEVICE, dtype=dtype)
+
+
+def bad_target_message(value, v, ignore_index=IGNORE):
+    """The losses' IndexError for an out-of-range target: the argument, the value, V and ignore_index."""
+    return f"target holds {value}, outside [0, V={v}) (and not ignore_index={ignore_index})"
