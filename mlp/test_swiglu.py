@@ -18,8 +18,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.checks.swiglu import inputs  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
+from common.device import DEVICE, INTERPRET  # noqa: E402
+from common.testing import (Case, Outcome, Tol, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
                             grads_of, main, poisoned, rand, shape_case)
 from mlp.gelu import swiglu_ref  # noqa: E402
 from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
@@ -28,6 +28,7 @@ from mlp.tiling import BACKWARD_TILE_TABLE, tile_config_for  # noqa: E402
 from mlp.triton_swiglu import launch_swiglu, launch_swiglu_backward, swiglu  # noqa: E402
 
 NAMES = ("gate", "up")
+EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
 
 
 def eager_swiglu(gate, up):
@@ -51,6 +52,86 @@ def check_grad(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_sca
     with overflow_expected() if gate_scale > 100 else contextlib.nullcontext():
         return check_grads("swiglu", swiglu, swiglu_ref, (gate, up), wrt, NAMES, ONE_ROUNDING[dtype],
                            torch_fn=eager_swiglu, grad_outputs=[dy])
+
+
+def in_place(gate, up):
+    """swiglu with grad_in_place=True on copies made in the graph (non-leaves, as a model's
+    projections are): the backward writes over those copies, the leaves stay as they were."""
+    return swiglu(gate * 1, up * 1, grad_in_place=True)
+
+
+def check_grad_in_place(shape, dtype, layout="separate"):
+    """grad_in_place=True: the gradients against the fp64 reference (as check_grad), and bit for bit
+    those of the plain op on the same inputs and upstream gradient."""
+    gate, up = inputs(shape, dtype, layout, None, 1.0, 1.0)
+    dy = upstream(shape, dtype, "packed", 1.0)
+    outcomes = check_grads("swiglu grad_in_place", in_place, swiglu_ref, (gate, up), (0, 1), NAMES,
+                           ONE_ROUNDING[dtype], torch_fn=eager_swiglu, grad_outputs=[dy])
+    _, plain = grads_of(lambda g, u: swiglu(g * 1, u * 1), (gate, up), (0, 1), [dy])
+    _, got = grads_of(in_place, (gate, up), (0, 1), [dy])
+    return outcomes + [compare(f"d{name} = plain op's", g, w, EXACT) for name, g, w in zip(NAMES, got, plain)]
+
+
+def check_in_place_rules():
+    """Where grad_in_place writes over gate and up, and where it must not (mlp/triton_swiglu.py)."""
+    shape, dtype = (37, 96), torch.bfloat16
+    dy = rand(shape, dtype)
+    leaf_gate, leaf_up = rand(shape, dtype).requires_grad_(), rand(shape, dtype).requires_grad_()
+    want = torch.autograd.grad(swiglu(leaf_gate, leaf_up), (leaf_gate, leaf_up), dy)
+    outcomes = []
+
+    gate, up = leaf_gate * 1, leaf_up * 1
+    y = swiglu(gate, up, grad_in_place=True)
+    dgate, dup = torch.autograd.grad(y, (gate, up), dy, retain_graph=True)
+    outcomes.append(Outcome("non-leaf contiguous gate, up: gradients written over them",
+                            dgate.data_ptr() == gate.data_ptr() and dup.data_ptr() == up.data_ptr()
+                            and torch.equal(dgate, want[0]) and torch.equal(dup, want[1])))
+    outcomes.append(expect_raises("a second backward (retain_graph) raises",
+                                  lambda: torch.autograd.grad(y, (gate, up), dy), RuntimeError,
+                                  "modified by an inplace operation"))
+
+    kept = (leaf_gate.detach().clone(), leaf_up.detach().clone())
+    got = torch.autograd.grad(swiglu(leaf_gate, leaf_up, grad_in_place=True), (leaf_gate, leaf_up), dy)
+    outcomes.append(Outcome("leaves: new gradients, the leaves unchanged",
+                            torch.equal(leaf_gate, kept[0]) and torch.equal(leaf_up, kept[1])
+                            and all(torch.equal(g, w) for g, w in zip(got, want))))
+
+    fused = torch.cat([leaf_gate, leaf_up], -1)  # a fused projection's output: its halves are strided
+    before = fused.detach().clone()
+    got = torch.autograd.grad(swiglu(*fused.chunk(2, -1), grad_in_place=True), (leaf_gate, leaf_up), dy)
+    outcomes.append(Outcome("halves of one buffer: new gradients, the buffer unchanged",
+                            torch.equal(fused, before) and all(torch.equal(g, w) for g, w in zip(got, want))))
+
+    same = leaf_gate * 1  # swiglu(x, x): one tensor, two gradients
+    got = torch.autograd.grad(swiglu(same, same, grad_in_place=True), (leaf_gate,), dy)[0]
+    ref = torch.autograd.grad(swiglu(leaf_gate, leaf_gate), (leaf_gate,), dy)[0]
+    outcomes.append(Outcome("gate is up: the plain gradients", torch.equal(got, ref)))
+
+    gate, up = leaf_gate * 1, leaf_up.detach() * 1  # dup not wanted
+    before = gate.detach().clone()
+    got = torch.autograd.grad(swiglu(gate, up, grad_in_place=True), (gate,), dy)[0]
+    outcomes.append(Outcome("one gradient wanted: a new tensor, gate unchanged",
+                            torch.equal(got, want[0]) and got.data_ptr() != gate.data_ptr()
+                            and torch.equal(gate, before)))
+
+    gate, up = leaf_gate * 1, leaf_up * 1
+    outcomes.append(opcheck_outcome("opcheck llmk::swiglu_backward_in_place",
+                                    torch.ops.llmk.swiglu_backward_in_place.default,
+                                    (dy, gate.detach().clone(), up.detach().clone())))
+    compiled = torch.compile(lambda g, u: swiglu(g * 1, u * 1, grad_in_place=True), fullgraph=True,
+                             backend="aot_eager" if INTERPRET else "inductor")
+    got = torch.autograd.grad(compiled(leaf_gate, leaf_up), (leaf_gate, leaf_up), dy)
+    outcomes.append(Outcome("torch.compile(fullgraph=True): the plain gradients",
+                            all(torch.equal(g, w) for g, w in zip(got, want))))
+    return outcomes
+
+
+def opcheck_outcome(check, overload, args):
+    try:
+        torch.library.opcheck(overload, args)
+    except Exception as e:  # OpCheckError, or the op raising: the row fails with the reason
+        return Outcome(check, False, note=f"{type(e).__name__}: {str(e)[:160]}")
+    return Outcome(check, True)
 
 
 def check_grad_every_value(dtype):
@@ -213,6 +294,12 @@ def cases():
         out.append(Case(f"grad every value {dtype_name(dtype)}", check_grad_every_value, dict(dtype=dtype)))
     for dtype in (torch.float16, torch.float32):
         grad((3, 5120), dtype, gate_scale=1e4, up_scale=0.1, dy_scale=0.1)
+    for dtype in DTYPES:  # grad_in_place=True (the model patch's MLP)
+        out.append(Case(f"grad in place (257, 123) {dtype_name(dtype)}", check_grad_in_place,
+                        dict(shape=(257, 123), dtype=dtype)))
+    out.append(Case("grad in place (8192, 14336) bf16", check_grad_in_place,
+                    dict(shape=(8192, 14336), dtype=torch.bfloat16), gpu_only=True))
+    out.append(Case("grad in place: where it writes over gate and up", check_in_place_rules))
     grad((5, 1), torch.float16)                                   # one column
     grad((37, 64), torch.bfloat16, dy_layout="expanded")          # dy with row stride 0 (a broadcast)
     grad((7, 1000), torch.float16, wrt=(0,))                      # dgate only

@@ -15,15 +15,25 @@ recomputed in fp32, each gradient rounded once:
     dup   = dy * silu(gate)
 read gate, up and dy, write dgate and dup: 5*M*I*e (fwd+bwd 8*M*I*e); only dup: read gate and dy,
 write dup (3*M*I*e); only dgate: 4*M*I*e. The gradients are new tensors (2*M*I*e of memory while
-the backward runs). Liger-Kernel writes them into the saved gate and up instead (no new memory),
-which overwrites tensors the caller may still hold: not done here.
+the backward runs): gate and up may still be read by the caller, or saved by another node.
+`swiglu(gate, up, grad_in_place=True)` (llmk::swiglu_grad_in_place) is for a caller whose gate and
+up are temporaries read by nothing else, as a gated MLP's two projections are (the model patch): its
+backward writes dgate and dup over the saved gate and up (llmk::swiglu_backward_in_place), as
+Liger-Kernel's does always, and the backward's peak holds 2*M*I*e less (268 MB a layer at Llama's
+B2 x T4096 x I8192). Where that cannot be safe it makes new tensors as the plain op does: a gate or
+up that is a leaf (the caller's own tensor), not contiguous (a half of a fused projection: its rows
+are not one block), sharing memory with the other or with dy, one gradient not wanted, or under
+torch.compile (whose graph owns its buffers). After an in-place backward their version counters move,
+so a second backward through the same graph (retain_graph=True), or any other node that saved them,
+raises PyTorch's "modified by an inplace operation" error instead of reading gradients as inputs.
 Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/tiling.py.
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
+import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, define_ops
+from common.ops import define_op, define_ops, no_outputs
 from common.triton_utils import silu, silu_grad
 from common.validation import as_rows, check_out, check_swiglu_args
 from mlp.tiling import tile_config, tile_offsets
@@ -138,7 +148,42 @@ swiglu_op, swiglu_out_op = define_ops("swiglu", "Tensor gate, Tensor up", lambda
                                       launch_swiglu, backward=_backward, setup_context=_setup_context)
 
 
-def swiglu(gate, up, out=None):
+def _backward_in_place_impl(dy, gate, up):
+    launch_swiglu_backward(dy, gate, up, gate, up)  # each element's loads come before its stores
+
+
+swiglu_backward_in_place_op = define_op(
+    "swiglu_backward_in_place(Tensor dy, Tensor(a!) gate, Tensor(b!) up) -> ()", _backward_in_place_impl, no_outputs)
+
+
+def _in_place_safe(ctx, dy, gate, up):
+    """Whether the backward may write dgate and dup over the saved gate and up (module docstring)."""
+    if not all(ctx.needs_input_grad[:2]) or torch.compiler.is_compiling():
+        return False
+    if any(type(t) is not torch.Tensor for t in (dy, gate, up)):  # fake, functional or DTensor: traced
+        return False
+    if gate.is_leaf or up.is_leaf or not (gate.is_contiguous() and up.is_contiguous()):
+        return False
+    storages = {t.untyped_storage().data_ptr() for t in (dy, gate, up)}
+    return len(storages) == 3
+
+
+def _backward_grad_in_place(ctx, dy):
+    gate, up = ctx.saved_tensors
+    if not _in_place_safe(ctx, dy, gate, up):
+        return _backward(ctx, dy)
+    swiglu_backward_in_place_op(dy, gate, up)
+    for t in (gate, up):  # a later reader of the saved tensors raises rather than reads gradients
+        torch.autograd.graph.increment_version(t)
+    return gate, up
+
+
+swiglu_grad_in_place_op = define_op(
+    "swiglu_grad_in_place(Tensor gate, Tensor up) -> Tensor", lambda gate, up: swiglu_op.impl(gate, up),
+    lambda gate, up: gate.new_empty(gate.shape), backward=_backward_grad_in_place, setup_context=_setup_context)
+
+
+def swiglu(gate, up, out=None, *, grad_in_place=False):
     """silu(gate) * up in one pass, as F.silu(gate) * up but with no rounding of silu(gate)
     (operators llmk::swiglu and llmk::swiglu_out).
 
@@ -146,12 +191,15 @@ def swiglu(gate, up, out=None):
        whose leading dims cannot merge, or whose last dim is strided, is copied once).
     out: optional contiguous buffer shaped like gate, gate's dtype (forward-only: with out= an
        input that requires grad raises).
+    grad_in_place: the backward writes dgate and dup over gate and up where it safely can
+       (llmk::swiglu_grad_in_place, module docstring): only for a gate and up that nothing else
+       reads after this call.
     Returns y: (..., I), gate's dtype, contiguous (out itself when given). Differentiable in gate
-    and up (llmk::swiglu_backward).
+    and up (llmk::swiglu_backward, or llmk::swiglu_backward_in_place).
     """
     check_swiglu_args(gate, up)
     if out is None:
-        return swiglu_op(gate, up)
+        return swiglu_grad_in_place_op(gate, up) if grad_in_place else swiglu_op(gate, up)
     check_out("out", out, gate.shape, gate.dtype, gate.device)
     swiglu_out_op(gate, up, out)
     return out

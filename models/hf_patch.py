@@ -20,7 +20,10 @@ which hook:
              HF's add rounds it, and rmsnorm(u)). The add after the MLP feeds the next layer's
              input_layernorm, across the decoder loop, so it stays PyTorch's.
   swiglu     each MLP gets an instance `forward`, down_proj(swiglu(gate_proj(x), up_proj(x))):
-             silu(gate) * up in one pass (mlp/triton_swiglu.py). Needs hidden_act "silu".
+             silu(gate) * up in one pass (mlp/triton_swiglu.py). Needs hidden_act "silu". Its
+             backward writes dgate and dup over gate_proj's and up_proj's outputs (grad_in_place:
+             2 x (B, T, I) less at the backward's peak); a forward hook that keeps those outputs
+             sees gradients there after the backward.
   attention  registered as "triton_attention" in transformers' AttentionInterface and
              AttentionMaskInterface, and selected with model.set_attn_implementation. A prefill runs
              attention/flash_attention_triton.py (causal, GQA); a decode step (one query) runs
@@ -168,7 +171,8 @@ def _mlp_forward(mlp, original, state, x):
     """Gated MLP: x (B, T, N) -> down_proj(silu(gate_proj(x)) * up_proj(x)), (B, T, N)."""
     if _kernel_ready(x, mlp.gate_proj.weight, mlp.up_proj.weight):
         state.calls["swiglu"] += 1
-        return mlp.down_proj(swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+        # the projections are this call's own temporaries: the backward may write over them
+        return mlp.down_proj(swiglu(mlp.gate_proj(x), mlp.up_proj(x), grad_in_place=True))
     state.calls["swiglu fallback"] += 1
     return original(x)
 

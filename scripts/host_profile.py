@@ -1,5 +1,5 @@
 """Where the host time of one forward + backward call of ours goes: cProfile over rmsnorm, swiglu,
-matmul and flash_attention, each called as benchmarks/host_bench.py's fwd+bwd rows call it (the same
+matmul, flash_attention, apply_rope and the two losses, each called as benchmarks/host_bench.py's fwd+bwd rows call it (the same
 shapes and inputs, and the same call, common.bench.train_call: the forward on leaves that require
 grad, then torch.autograd.grad of its outputs).
 
@@ -43,7 +43,7 @@ from common.device import DEVICE, INTERPRET  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STDLIB = pathlib.Path(sysconfig.get_paths()["stdlib"]).resolve()
-OPS = ("rmsnorm", "swiglu", "matmul", "flash_attention")
+OPS = ("rmsnorm", "swiglu", "matmul", "flash_attention", "apply_rope", "cross_entropy", "fused_linear_cross_entropy")
 
 
 def where(key):
