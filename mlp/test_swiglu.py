@@ -307,8 +307,9 @@ def cases():
     return out + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
                   Case("empty input", check_empty), Case("grad mode", check_grad_mode),
                   Case("grad of empty input", check_grad_empty),
-                  Case("2^31+ elements", check_huge, dict(n_cols=14336), gpu_only=True),
-                  Case("grad 2^31+ elements", check_grad_huge, dict(n_cols=14336), gpu_only=True)]
+                  # the GPU memory each needs: its peak printed on a GPU, rounded up
+                  Case("2^31+ elements", check_huge, dict(n_cols=14336), gpu_only=True, gpu_gb=23),
+                  Case("grad 2^31+ elements", check_grad_huge, dict(n_cols=14336), gpu_only=True, gpu_gb=28)]
 
 
 CASES = cases()

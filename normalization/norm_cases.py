@@ -68,14 +68,15 @@ def check_table_rows():
     return outcomes
 
 
-def norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge):
+def norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge, huge_gb=None):
     """A norm test's cases from its check functions: every input of norm_inputs(), its own output
-    allocation, bad input, empty input, tensors past 2^31 elements through each kernel, and that
-    the inputs reach every row of the launch tables."""
+    allocation, bad input, empty input, tensors past 2^31 elements through each kernel (huge_gb:
+    the GPU memory each of those needs, where it is a large share of a card), and that the inputs
+    reach every row of the launch tables."""
     return ([Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_inputs()]
             + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
                Case("empty input", check_empty), Case("every launch-table row reached", check_table_rows)]
-            + [Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True)
+            + [Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True, gpu_gb=huge_gb)
                for kernel, n in (("fused", 1000), ("looped", 4096), ("wide rows", 65537))])
 
 
@@ -141,14 +142,15 @@ def check_backward_table_rows():
                     note=f"no input reaches {missing}" if missing else f"{rows} rows")]
 
 
-def grad_cases(check_grad, check_grad_empty, check_grad_huge):
+def grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb):
     """A norm test's backward cases: every input of grad_inputs(), empty input under grad, the
-    backward table rows reached, and 2^31+ elements through the fused and the looped backward."""
+    backward table rows reached, and 2^31+ elements through the fused and the looped backward
+    (huge_gb: the GPU memory each of those needs, as its peak printed on a GPU)."""
     return ([Case(name, check_grad, kwargs, gpu_only) for name, kwargs, gpu_only in grad_inputs()]
             + [Case("grad of empty input", check_grad_empty),
                Case("every backward-table row reached", check_backward_table_rows)]
-            + [Case(f"grad 2^31+ elements, {kernel}", check_grad_huge, dict(n_cols=n), gpu_only=True)
-               for kernel, n in (("fused", 1000), ("looped", 65537))])
+            + [Case(f"grad 2^31+ elements, {kernel}", check_grad_huge, dict(n_cols=n), gpu_only=True,
+                    gpu_gb=huge_gb) for kernel, n in (("fused", 1000), ("looped", 65537))])
 
 
 # Rounding-error model of the gradients, fp32 math on inputs of any dtype. A sum of n fp32 terms
