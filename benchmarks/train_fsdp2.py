@@ -17,7 +17,9 @@ STEPS timed steps after WARMUP of the slowest rank's time: every rank synchroniz
 each step), tokens_per_s = N*B*T / step over all GPUs, peak_MB = the largest
 torch.cuda.max_memory_allocated of any rank over the timed steps, first_loss = the first step's
 loss (mean over the ranks) and max_err = |first_loss - eager's|, gated as train_bench gates it;
-world_size = N.
+world_size = N; state_MB = the optimizer state's bytes on the fullest rank (each param's exp_avg and
+exp_avg_sq, a DTensor's local shard) and steady_MB = its torch.cuda.memory_allocated after the
+timed steps (parameters, gradients, state), which split peak_MB into what stays and what a step adds.
 meta adds world_size, gpus (each rank's torch.cuda.get_device_name), skipped (provider: reason).
 
     NCCL_NVLS_ENABLE=0 python -m torch.distributed.run --standalone --nproc_per_node 2 \\
@@ -72,19 +74,35 @@ def _over_ranks(values, op):
     return t.tolist()
 
 
+def state_bytes(opt):
+    """Bytes of the optimizer's tensors on this rank (a DTensor's: its local shard's)."""
+    total = 0
+    for state in opt.state.values():
+        for t in state.values():
+            if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+                local = getattr(t, "_local_tensor", t)
+                total += local.numel() * local.element_size()
+    return total
+
+
 def timed_steps(model, opt, data, plan):
-    """(median ms a step of the slowest rank, peak MB of the fullest rank, first loss averaged over
-    the ranks): the first step (its loss), WARMUP - 1 more, then STEPS timed ones."""
+    """(median ms a step of the slowest rank, {peak_MB, steady_MB, state_MB} of the fullest rank,
+    first loss averaged over the ranks): the first step (its loss), WARMUP - 1 more, then STEPS
+    timed ones."""
     dist = torch.distributed
     first, samples = run_steps(model, opt, data, plan, before_timing=dist.barrier)  # timed steps start together
     first = _over_ranks([first], dist.ReduceOp.SUM)[0] / dist.get_world_size()
     slowest = _over_ranks(samples, dist.ReduceOp.MAX)
-    peak = None if INTERPRET else _over_ranks([torch.cuda.max_memory_allocated() / 1e6], dist.ReduceOp.MAX)[0]
-    return statistics.median(slowest), None if peak is None else round(peak, 1), first
+    memory = {}
+    if not INTERPRET:
+        figures = [torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated(), state_bytes(opt)]
+        peak, steady, state = _over_ranks([x / 1e6 for x in figures], dist.ReduceOp.MAX)
+        memory = dict(peak_MB=round(peak, 1), steady_MB=round(steady, 1), state_MB=round(state, 1))
+    return statistics.median(slowest), memory, first
 
 
 def measure_provider(bench, kind, config, provider, data, plan):
-    """(ms, peak MB, first loss) of one provider on a fresh sharded model, or the reason it was refused."""
+    """(ms, memory figures, first loss) of one provider on a fresh sharded model, or the reason it was refused."""
     model = build(kind, config)  # use_cache=False
     undo = prepare(model, kind, provider, bench.args.smoke)
     try:
@@ -134,13 +152,14 @@ def measure(bench, models, plan):
                 bench.skip((OP, shape, "bf16"), provider, result)
                 bench.meta["skipped"][provider] = result
                 continue
-            ms, peak, first = result
+            ms, memory, first = result
             if provider == "eager":
                 eager_first = first
             err = abs(first - eager_first) if eager_first is not None else None
             row = make_row(OP, shape, "bf16", provider, ms, bench.meta["copy_GBps"], max_err=err)
-            row.update(tokens_per_s=round(world * plan["batch"] * plan["seq"] * 1e3 / ms, 1), peak_MB=peak,
-                       first_loss=first, world_size=world)
+            row.update(tokens_per_s=round(world * plan["batch"] * plan["seq"] * 1e3 / ms, 1),
+                       peak_MB=memory.get("peak_MB"), first_loss=first, world_size=world,
+                       steady_MB=memory.get("steady_MB"), state_MB=memory.get("state_MB"))
             bench.add(row)
     if rank == 0:
         bench.meta["run_s"] = round(time.perf_counter() - t0, 1)

@@ -870,6 +870,11 @@ def page(area_name, results=RESULTS):
                     "MB above what was allocated before the call (`peak_MB`: outputs, saved tensors, "
                     "gradients, scratch); lower is better.", ""]
             out += table(sel, op, "peak_MB", lower_is_better=True) + [""]
+        for field_name, caption in MEMORY_SPLIT:
+            if any(r.get(field_name) is not None for r in sel):
+                out += [f"### {op}, {mode}: {field_name}", "", caption, ""]
+                out += table([r for r in sel if r.get(field_name) is not None], op, field_name,
+                             lower_is_better=True) + [""]
         graph = [graph_row(r) for r in sel if r.get("graph_ms")]
         if graph:
             out += [f"### {op}, GPU time", "",
@@ -880,6 +885,14 @@ def page(area_name, results=RESULTS):
     if pictures:
         out += ["## Charts", ""] + [p + "\n" for p in pictures]
     return "\n".join(out).rstrip() + "\n"
+
+
+# What peak_MB is made of, where a benchmark records it (train_fsdp2): (field, the table's caption)
+MEMORY_SPLIT = (
+    ("steady_MB", "MB allocated after the timed steps, on the fullest GPU (`steady_MB`: parameters, "
+                  "gradients, optimizer state): what stays between steps."),
+    ("state_MB", "MB of optimizer state on the fullest GPU (`state_MB`: m and v, each rank's shards)."),
+)
 
 
 def summary(results=RESULTS):
