@@ -53,7 +53,8 @@ from attention.triton_rope import apply_rope  # noqa: E402
 from attention.triton_softmax import softmax  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
 from common.ops import NAMESPACE, OPS  # noqa: E402
-from common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main, poisoned, rand  # noqa: E402
+from common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main,  # noqa: E402
+                            opcheck, poisoned, rand)
 from gemm.triton_matmul import matmul  # noqa: E402
 from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
 from inference.triton_inference_attention import decode_attention, paged_decode_attention  # noqa: E402
@@ -64,8 +65,6 @@ from normalization.triton_residual_rmsnorm import residual_rmsnorm  # noqa: E402
 from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
 from optimizers.triton_adam import TritonAdamW  # noqa: E402
 
-# The same kernel on the same inputs: equal bit for bit
-EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
 COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
 f16, bf16 = torch.float16, torch.bfloat16
 
@@ -258,19 +257,6 @@ def outputs_equal(check, got, want):
         return [Outcome(check, False, note=f"{len(got)} outputs, expected {len(want)}")]
     return [compare(check if len(got) == 1 else f"{check} [{i}]", g, w, EXACT)
             for i, (g, w) in enumerate(zip(got, want))]
-
-
-def opcheck(check, overload, args):
-    """torch.library.opcheck's four tests (schema, autograd registration, fake tensor, AOT dispatch)."""
-    try:
-        torch.library.opcheck(overload, args)
-    except Exception as e:  # OpCheckError, or the op itself raising: the row fails with the reason
-        # "opcheck(op, ...): test_faketensor failed with When comparing ...: Shapes ... are not equal!"
-        msg = str(e).split(" (scroll up")[0].replace("opcheck(op, ...): ", "")
-        test, _, why = msg.partition(" failed with ")
-        note = f"{test} failed: {why.rsplit('metadata: ', 1)[-1]}" if why else f"{type(e).__name__}: {msg}"
-        return Outcome(check, False, note=note[:200])
-    return Outcome(check, True)
 
 
 def check_opcheck(spec):

@@ -46,6 +46,9 @@ class Tol:
     rounding_check: bool = True
 
 
+# Bit for bit: two calls of one kernel (or of one kernel through two paths) on the same inputs
+EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
+
 # Unit roundoff u of each dtype: the largest relative error of one rounding to nearest (half an ulp at 1).
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
 
@@ -235,6 +238,19 @@ def check_grads(label, fn, reference, inputs, wrt, names, tol, torch_fn=None, gr
             continue
         outcomes.append(compare(check, g, w, tol(name, w) if callable(tol) else tol, torch_out=t))
     return outcomes
+
+
+def opcheck(check, overload, args):
+    """torch.library.opcheck's four tests (schema, autograd registration, fake tensor, AOT dispatch)."""
+    try:
+        torch.library.opcheck(overload, args)
+    except Exception as e:  # OpCheckError, or the op itself raising: the row fails with the reason
+        # "opcheck(op, ...): test_faketensor failed with When comparing ...: Shapes ... are not equal!"
+        msg = str(e).split(" (scroll up")[0].replace("opcheck(op, ...): ", "")
+        test, _, why = msg.partition(" failed with ")
+        note = f"{test} failed: {why.rsplit('metadata: ', 1)[-1]}" if why else f"{type(e).__name__}: {msg}"
+        return Outcome(check, False, note=note[:200])
+    return Outcome(check, True)
 
 
 def expect_raises(check, fn, exc_types=(ValueError, TypeError), match=""):

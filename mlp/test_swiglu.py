@@ -19,8 +19,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from common.checks.swiglu import inputs  # noqa: E402
 from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.testing import (Case, Outcome, Tol, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
-                            grads_of, main, poisoned, rand, shape_case)
+from common.testing import (EXACT, Case, Outcome, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
+                            grads_of, main, opcheck, poisoned, rand, shape_case)
 from mlp.gelu import swiglu_ref  # noqa: E402
 from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
                            overflow_expected, upstream)
@@ -28,7 +28,6 @@ from mlp.tiling import BACKWARD_TILE_TABLE, tile_config_for  # noqa: E402
 from mlp.triton_swiglu import launch_swiglu, launch_swiglu_backward, swiglu  # noqa: E402
 
 NAMES = ("gate", "up")
-EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
 
 
 def eager_swiglu(gate, up):
@@ -115,23 +114,14 @@ def check_in_place_rules():
                             and torch.equal(gate, before)))
 
     gate, up = leaf_gate * 1, leaf_up * 1
-    outcomes.append(opcheck_outcome("opcheck llmk::swiglu_backward_in_place",
-                                    torch.ops.llmk.swiglu_backward_in_place.default,
-                                    (dy, gate.detach().clone(), up.detach().clone())))
+    outcomes.append(opcheck("opcheck llmk::swiglu_backward_in_place", torch.ops.llmk.swiglu_backward_in_place.default,
+                            (dy, gate.detach().clone(), up.detach().clone())))
     compiled = torch.compile(lambda g, u: swiglu(g * 1, u * 1, grad_in_place=True), fullgraph=True,
                              backend="aot_eager" if INTERPRET else "inductor")
     got = torch.autograd.grad(compiled(leaf_gate, leaf_up), (leaf_gate, leaf_up), dy)
     outcomes.append(Outcome("torch.compile(fullgraph=True): the plain gradients",
                             all(torch.equal(g, w) for g, w in zip(got, want))))
     return outcomes
-
-
-def opcheck_outcome(check, overload, args):
-    try:
-        torch.library.opcheck(overload, args)
-    except Exception as e:  # OpCheckError, or the op raising: the row fails with the reason
-        return Outcome(check, False, note=f"{type(e).__name__}: {str(e)[:160]}")
-    return Outcome(check, True)
 
 
 def check_grad_every_value(dtype):

@@ -144,8 +144,12 @@ def _backward(ctx, dy):
     return dgate if gate_grad else None, dup if up_grad else None
 
 
-swiglu_op, swiglu_out_op = define_ops("swiglu", "Tensor gate, Tensor up", lambda gate, up: gate.new_empty(gate.shape),
-                                      launch_swiglu, backward=_backward, setup_context=_setup_context)
+def _empty(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+swiglu_op, swiglu_out_op = define_ops("swiglu", "Tensor gate, Tensor up", _empty, launch_swiglu, backward=_backward,
+                                      setup_context=_setup_context)
 
 
 def _backward_in_place_impl(dy, gate, up):
@@ -179,8 +183,8 @@ def _backward_grad_in_place(ctx, dy):
 
 
 swiglu_grad_in_place_op = define_op(
-    "swiglu_grad_in_place(Tensor gate, Tensor up) -> Tensor", lambda gate, up: swiglu_op.impl(gate, up),
-    lambda gate, up: gate.new_empty(gate.shape), backward=_backward_grad_in_place, setup_context=_setup_context)
+    "swiglu_grad_in_place(Tensor gate, Tensor up) -> Tensor", swiglu_op.impl, _empty,
+    backward=_backward_grad_in_place, setup_context=_setup_context)
 
 
 def swiglu(gate, up, out=None, *, grad_in_place=False):

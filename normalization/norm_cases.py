@@ -142,7 +142,7 @@ def check_backward_table_rows():
                     note=f"no input reaches {missing}" if missing else f"{rows} rows")]
 
 
-def grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb):
+def grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb=None):
     """A norm test's backward cases: every input of grad_inputs(), empty input under grad, the
     backward table rows reached, and 2^31+ elements through the fused and the looped backward
     (huge_gb: the GPU memory each of those needs, as its peak printed on a GPU)."""

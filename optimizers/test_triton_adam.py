@@ -19,13 +19,12 @@ import common  # noqa: E402,F401  (interpreter switch before triton is imported)
 import torch  # noqa: E402
 
 from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, Tol, compare, expect_raises, main, rand  # noqa: E402
+from common.testing import EXACT, Case, Outcome, Tol, compare, expect_raises, main, opcheck, rand  # noqa: E402
 from optimizers import triton_adam  # noqa: E402
 from optimizers.adam import adamw_step_ref  # noqa: E402
 from optimizers.triton_adam import TritonAdamW  # noqa: E402
 
 STEPS = 20
-EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
 FP32 = Tol(1e-6, 5e-6, "elementwise fp32 math, no sums: a step rounds w, m, v an ulp or two (2^-24 "
                        "relative each); 20 steps: 40 * 2^-24 = 2.4e-6, twice that; m cancels near 0: atol")
 BF16 = Tol(1e-5, 2 ** -6, "w rounded to bf16 once a step, as the reference does; an fp32 ulp of "
@@ -447,11 +446,7 @@ def check_op():
         return params, grads, exp_avgs, exp_avg_sqs, hyper
 
     out = []
-    try:
-        torch.library.opcheck(torch.ops.llmk.adamw_step.default, inputs())
-        out.append(Outcome("opcheck llmk::adamw_step", True))
-    except Exception as e:  # OpCheckError names the failed test
-        out.append(Outcome("opcheck llmk::adamw_step", False, note=str(e)[:200]))
+    out.append(opcheck("opcheck llmk::adamw_step", torch.ops.llmk.adamw_step.default, inputs()))
     direct = inputs()
     through = tuple([t.clone() for t in ts] if isinstance(ts[0], torch.Tensor) else ts for ts in direct)
     triton_adam.adamw_step_op(*direct)

@@ -54,7 +54,7 @@ def peak_blocks(trace, start):
     return best
 
 
-def measure(name, kind, config, provider, ids):
+def measure(kind, config, provider, ids):
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
                                              max_entries=4_000_000)
     model = build(kind, config)
@@ -101,7 +101,7 @@ def main():
     ids = batches(config["vocab_size"], dict(batch=2, seq=4096), 1)[0]
     results = {}
     for provider in args.providers.split(","):
-        peak, phase, by_place = measure(args.model, kind, config, provider, ids)
+        peak, phase, by_place = measure(kind, config, provider, ids)
         results[provider] = by_place
         print(f"\n{args.model} {provider}: peak {peak / MB:.1f} MB, in the {phase}")
         for where, size in by_place.most_common(args.top):
