@@ -39,9 +39,17 @@ check_target=False, on the target its forward checked. Under CUDA-graph capture 
 a bad target's row gets a NaN loss ("mean" and "sum" are NaN) and finite gradients, its dlogits
 g * (softmax(logits) - eps / V) (times the softcap's derivative), without the target's one-hot term.
 
+grad_in_place=True writes grad_hidden over hidden itself, chunk by chunk, each chunk's rows once
+its grad_weight product has read them (llmk::fused_linear_cross_entropy_in_place): the (BT, H)
+grad_hidden is then not a tensor of its own, 34 MB at a 1.5B Llama's 8192 x 2048, at the moment
+of the training step's peak (the end of the forward, with every layer's saved activations live).
+It is for a hidden nothing reads afterwards (an LM head's input), and only where that can be told
+safely (fused_linear_cross_entropy's docstring): otherwise the call is the functional operator's.
+
 Operators: llmk::fused_linear_cross_entropy (the loss and, under grad, the gradients),
 llmk::fused_linear_cross_entropy_none (the loss rows of reduction "none") and
-llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none").
+llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none"),
+llmk::fused_linear_cross_entropy_in_place (grad_in_place's forward).
 """
 import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
@@ -90,27 +98,30 @@ def _chunks(hidden, weight, bias):
 
 
 def _accumulate(dlogits, hidden_c, weight, grad_hidden_c, grad_weight, grad_bias, first):
-    """The three gradient products of one chunk, from its dlogits."""
-    if grad_hidden_c is not None:
-        torch.mm(dlogits, weight, out=grad_hidden_c)
+    """The three gradient products of one chunk, from its dlogits. grad_weight's reads hidden_c
+    before grad_hidden_c is written, so grad_hidden_c may be hidden_c itself (grad_in_place)."""
     if grad_weight is not None:
         if first:
             torch.mm(dlogits.T, hidden_c, out=grad_weight)
         else:
             grad_weight.addmm_(dlogits.T, hidden_c)
+    if grad_hidden_c is not None:
+        torch.mm(dlogits, weight, out=grad_hidden_c)
     if grad_bias is not None:
         grad_bias += dlogits.sum(0, dtype=torch.float32)
 
 
-def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads):
+def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads,
+             over_hidden=False):
     """(loss, grad_hidden, grad_weight, grad_bias): loss fp32, a scalar for "mean"/"sum" or (N,)
     rows for "none"; the gradients of the loss (for grad_output 1) when `grads` (three bools: of
-    hidden, weight, bias), else empty tensors."""
+    hidden, weight, bias), else empty tensors. over_hidden: grad_hidden is written over hidden
+    itself, a chunk's rows once its products have read them (llmk::fused_linear_cross_entropy_in_place)."""
     n, v = hidden.shape[0], weight.shape[0]
     rows = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     want_h, want_w, want_b = grads if reduction != "none" else (False, False, False)
-    grad_hidden = torch.empty_like(hidden) if want_h else hidden.new_empty((0,))
+    grad_hidden = (hidden if over_hidden else torch.empty_like(hidden)) if want_h else hidden.new_empty((0,))
     grad_weight = torch.empty_like(weight) if want_w else hidden.new_empty((0,))
     grad_bias = torch.zeros(v, device=hidden.device, dtype=torch.float32) if want_b else hidden.new_empty((0,))
     any_grad = want_h or want_w or want_b
@@ -227,6 +238,64 @@ fused_linear_cross_entropy_op = define_op(
     _forward, _fake, backward=_backward, setup_context=_setup)
 
 
+def _in_place_forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads):
+    loss, _, grad_weight, grad_bias = _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap,
+                                               reduction, grads, over_hidden=True)
+    return loss, grad_weight, grad_bias
+
+
+def _fake_in_place(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads):
+    loss, _, grad_weight, grad_bias = _fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap,
+                                            reduction, grads)
+    return loss, grad_weight, grad_bias
+
+
+# grad_in_place's operator: hidden holds grad_hidden when it returns (loss, grad_weight, grad_bias).
+# It mutates an input, so it has no registered autograd formula (register_autograd takes functional
+# schemas only): fused_linear_cross_entropy calls it from _GradInPlace, in eager mode only.
+fused_linear_cross_entropy_in_place_op = define_op(
+    "fused_linear_cross_entropy_in_place(Tensor(a!) hidden, Tensor weight, Tensor target, Tensor? bias, "
+    "int ignore_index, float label_smoothing, float? softcap, str reduction, bool[] grads) -> (Tensor, Tensor, Tensor)",
+    _in_place_forward, _fake_in_place)
+
+
+def _in_place_safe(hidden, weight, target, bias, reduction, grads):
+    """Whether grad_hidden may be written over hidden (grad_in_place): an eager call on plain
+    tensors that computes grad_hidden in its forward ("mean", "sum"), a hidden that is contiguous,
+    fills its storage and is not a leaf or a view of one (no parameter or user input is written),
+    and shares no memory with weight, target or bias."""
+    if reduction == "none" or not grads[0] or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    tensors = [t for t in (hidden, weight, target, bias) if t is not None]
+    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors) or type(hidden) is not torch.Tensor:
+        return False  # fake, functional or DTensor: traced or dispatched
+    if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack():
+        return False
+    base = hidden if hidden._base is None else hidden._base
+    if base.is_leaf or not hidden.is_contiguous() or hidden.storage_offset() \
+            or hidden.untyped_storage().nbytes() != hidden.numel() * hidden.element_size():
+        return False
+    return all(t.untyped_storage().data_ptr() != hidden.untyped_storage().data_ptr() for t in tensors[1:])
+
+
+class _GradInPlace(torch.autograd.Function):
+    """llmk::fused_linear_cross_entropy's autograd formula (_setup, _backward) with grad_hidden
+    kept in hidden's own memory: one (BT, H) tensor less at the loss, where the step's peak is."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads):
+        loss, grad_weight, grad_bias = fused_linear_cross_entropy_in_place_op(
+            hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads)
+        # hidden's version moves: a node that saved hidden raises in its backward rather than read gradients
+        torch.autograd.graph.increment_version(hidden)
+        _setup(ctx, None, (loss, hidden, grad_weight, grad_bias))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        return _backward(ctx, grad_loss)
+
+
 def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap):
     """reduction "none": (loss rows, LSE), both fp32 (N,)."""
     n = hidden.shape[0]
@@ -268,7 +337,7 @@ fused_linear_cross_entropy_none_op = define_op(
 
 
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-                               label_smoothing=0.0, softcap=None, loss_dtype=None):
+                               label_smoothing=0.0, softcap=None, loss_dtype=None, grad_in_place=False):
     """cross_entropy(hidden @ weight.T + bias, target) without the logits in memory (module
     docstring; operators llmk::fused_linear_cross_entropy and llmk::fused_linear_cross_entropy_none).
 
@@ -282,6 +351,10 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     Differentiable in hidden, weight and bias. With "mean" or "sum" the gradients are computed by
     the forward (under grad) and the backward only scales them, in place; such a graph supports one
     backward.
+    grad_in_place: write grad_hidden over hidden in the forward where it safely can (eager, "mean"
+       or "sum", a hidden that is not a leaf or a view of one and owns its memory: _in_place_safe),
+       saving one (BT, H) tensor at the loss; for a hidden that nothing reads after this call, as
+       an LM head's input in a training step. A node that saved hidden then raises in its backward.
     Raises IndexError for a target outside [0, V) that is not ignore_index, checked by the operator
     after its chunks are launched and before it returns (one 16-byte read by the host; module
     docstring), in eager calls and in compiled graphs alike. Under CUDA-graph capture there is no
@@ -317,6 +390,9 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
         rows, _ = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap)
         return rows.reshape(target.shape).to(loss_dtype or hidden.dtype)
     grads = [needs_grad(hidden), needs_grad(weight), needs_grad(bias)]
+    if grad_in_place and _in_place_safe(hidden, weight, t1, bias, reduction, grads):
+        loss = _GradInPlace.apply(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap, reduction, grads)
+        return loss.to(loss_dtype or hidden.dtype)
     loss = fused_linear_cross_entropy_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap,
                                          reduction, grads)[0]
     return loss.to(loss_dtype or hidden.dtype)

@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 from common.checks.losses import IGNORE, bad_target_message, make_target, target_of  # noqa: E402
 from common.device import DEVICE  # noqa: E402
-from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
-                            expect_raises, grads_of, main, rand)
+from common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,  # noqa: E402
+                            dtype_name, expect_raises, grads_of, main, opcheck, rand)
 from losses.fused_linear_cross_entropy import (fused_linear_cross_entropy,  # noqa: E402
                                                fused_linear_cross_entropy_backward_op)
 from losses.reference import linear_cross_entropy_ref, linear_cross_entropy_same_dtype  # noqa: E402
@@ -188,6 +188,86 @@ def check_no_grad():
     return [Outcome("no_grad = plain inputs, bit for bit", torch.equal(a, b) and not a.requires_grad)]
 
 
+def in_place_grads(x, weight, target, bias, grad_in_place, **options):
+    """(loss, gradient of hidden = x * 1, of weight, of bias, hidden): the loss taken on a non-leaf
+    copy of x, as an LM head's input is the final norm's output."""
+    hidden = x * 1
+    loss = fused_linear_cross_entropy(hidden, weight, target, bias, grad_in_place=grad_in_place, **options)
+    wrt = [hidden, weight] + ([bias] if bias is not None else [])
+    return (loss.detach(), *torch.autograd.grad(loss * 3, wrt), hidden)
+
+
+def check_grad_in_place(n, h, v, dtype, reduction="mean", bias=False, lead=None):
+    """grad_in_place=True: the loss and gradients bit for bit those of the plain op (tested against
+    the fp64 reference above), and grad_hidden is hidden's own memory."""
+    shape = (lead, n // lead, h) if lead else (n, h)
+    x = rand(shape, dtype).requires_grad_()
+    weight = rand((v, h), dtype, scale=h ** -0.5 * 3).requires_grad_()
+    b = rand((v,), dtype).requires_grad_() if bias else None
+    target = make_target(shape[:-1], v)
+    options = dict(ignore_index=IGNORE, reduction=reduction, label_smoothing=0.1, softcap=30.0)
+    *plain, _ = in_place_grads(x, weight, target, b, False, **options)
+    *got, hidden = in_place_grads(x, weight, target, b, True, **options)
+    names = ("loss", "grad hidden", "grad weight", "grad bias")
+    return [compare(f"{name} = plain op's", g, w, EXACT) for name, g, w in zip(names, got, plain)] + \
+        [Outcome("grad_hidden written over hidden", got[1].data_ptr() == hidden.data_ptr())]
+
+
+def check_in_place_rules():
+    """Where grad_in_place writes over hidden, and where it must not (fused_linear_cross_entropy's
+    _in_place_safe): the gradients are the plain op's in every case, and a hidden that is not
+    written keeps its values."""
+    from common.device import INTERPRET
+    n, h, v, dtype = 21, 32, 150, torch.bfloat16
+    x, weight, target = rand((n, h), dtype).requires_grad_(), rand((v, h), dtype).requires_grad_(), \
+        make_target((n,), v)
+    f = fused_linear_cross_entropy
+    want = torch.autograd.grad(f(x, weight, target), (x, weight))
+
+    def untouched(label, hidden, wrt, loss_fn=lambda hd, **kw: f(hd, weight, target, **kw)):
+        before = hidden.detach().clone()
+        got = torch.autograd.grad(loss_fn(hidden, grad_in_place=True), wrt)
+        plain = torch.autograd.grad(loss_fn(x * 1), (x, weight))
+        same = all(torch.equal(g, w) for g, w in zip(got, plain if wrt[0] is x else plain[1:]))
+        return Outcome(f"{label}: the plain gradients, hidden unchanged", same and torch.equal(hidden, before))
+
+    outcomes = [untouched("a leaf", x, (x, weight)),
+                untouched("a view of a leaf", x.view(n, h), (x, weight)),
+                untouched("rows of a larger tensor", torch.cat([x, x]).mul(1)[:n], (x, weight)),
+                untouched("reduction none", x * 1, (x, weight),
+                          lambda hd, **kw: f(hd, weight, target, reduction="none", **kw).sum() / n),
+                untouched("hidden not requiring grad", x.detach() * 1, (weight,))]
+    with torch.no_grad():
+        hidden = x * 1
+        loss = f(hidden, weight, target, grad_in_place=True)
+    outcomes.append(Outcome("no_grad: the plain loss, hidden unchanged",
+                            torch.equal(loss, f(x.detach(), weight.detach(), target)) and torch.equal(hidden, x)))
+
+    hidden = x * 1
+    squares = (hidden * hidden).sum()  # mul saves hidden, before the loss writes over it
+    loss = f(hidden, weight, target, grad_in_place=True) + squares
+    outcomes.append(expect_raises("a node that saved hidden raises in its backward",
+                                  lambda: torch.autograd.grad(loss, x), RuntimeError,
+                                  "modified by an inplace operation"))
+    hidden = x * 1
+    loss = f(hidden, weight, target, grad_in_place=True)
+    torch.autograd.grad(loss, hidden, retain_graph=True)
+    outcomes.append(expect_raises("a second backward raises", lambda: torch.autograd.grad(loss, hidden),
+                                  RuntimeError, "retain_graph"))
+
+    hidden, weight_, target_, bias = operator_inputs()
+    outcomes.append(opcheck("opcheck llmk::fused_linear_cross_entropy_in_place",
+                            torch.ops.llmk.fused_linear_cross_entropy_in_place.default,
+                            (hidden, weight_, target_, bias, IGNORE, 0.1, 30.0, "mean", [True, True, True])))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda xx, w: f(xx * 1, w, target, grad_in_place=True), fullgraph=True,
+                             backend="aot_eager" if INTERPRET else "inductor")
+    got = torch.autograd.grad(compiled(x, weight), (x, weight))
+    outcomes.append(Outcome("torch.compile(fullgraph=True): the plain gradients",
+                            all(torch.equal(g, w) for g, w in zip(got, want))))
+    return outcomes
+
+
 def operator_inputs():
     return (rand((12, 32), torch.bfloat16), rand((100, 32), torch.bfloat16), make_target((12,), 100),
             rand((100,), torch.bfloat16))
@@ -294,6 +374,14 @@ def _cases():
     add("N12 H16 V50 every target ignored, sum bf16", n=12, h=16, v=50, dtype=torch.bfloat16, reduction="sum",
         all_ignored=True)
     add("N10 H16 V300 fp16 mean", n=10, h=16, v=300, dtype=torch.float16)
+    for dtype in (torch.float32, torch.bfloat16):
+        dt = dtype_name(dtype)
+        cases += [Case(f"grad_in_place N37 H32 V300 {dt} mean", check_grad_in_place, dict(n=37, h=32, v=300, dtype=dtype)),
+                  Case(f"grad_in_place B3 T8 H32 V200 {dt} sum, bias", check_grad_in_place,
+                       dict(n=24, h=32, v=200, dtype=dtype, reduction="sum", bias=True, lead=3))]
+    cases.append(Case("grad_in_place N1024 H2048 V32000 bf16", check_grad_in_place,
+                      dict(n=1024, h=2048, v=32000, dtype=torch.bfloat16), gpu_only=True))
+    cases.append(Case("grad_in_place: where, and where not", check_in_place_rules))
     return cases + [Case("logits of 1e4", check_huge), Case("one backward", check_one_backward),
                     Case("strided target", check_strided_target),
                     Case("target out of range: IndexError", check_bad_target),

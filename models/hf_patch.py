@@ -45,7 +45,10 @@ which hook:
              lm_head's weight, with HF's ForCausalLMLoss semantics (labels shifted left unless
              shift_labels are given, ignore_index -100 or the one passed, "mean", or "sum" over
              num_items_in_batch when the Trainer passes it; an fp32 loss). The (tokens x vocab)
-             logits are never made, and the output's `logits` is None. An lm_head that is not a
+             logits are never made, and the output's `logits` is None. The loss's gradient of the
+             final hidden states is written over them (grad_in_place), unless the output returns
+             them (output_hidden_states); a forward hook that keeps the final norm's output would
+             see it so overwritten. An lm_head that is not a
              plain nn.Linear without hooks (LoRA, ZeRO-3, FSDP wrap it), or autocast, keeps the
              original forward, as does every call that is not a training step.
 
@@ -238,9 +241,10 @@ def _causal_lm_forward(model, original, state, input_ids=None, attention_mask=No
     target = target.to(hidden.device)
     if _kernel_ready(hidden, head.weight) and head.weight.dtype == hidden.dtype and target.shape == hidden.shape[:2]:
         state.calls["cross_entropy"] += 1
+        # grad_hidden may take the final hidden states' memory unless the output returns them
         loss, logits = fused_linear_cross_entropy(hidden, head.weight, target, head.bias, ignore_index,
-                                                  "mean" if num_items is None else "sum",
-                                                  loss_dtype=torch.float32), None
+                                                  "mean" if num_items is None else "sum", loss_dtype=torch.float32,
+                                                  grad_in_place=outputs.hidden_states is None), None
         if num_items is not None:
             loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
     else:

@@ -329,8 +329,9 @@ def check_training(kind, checkpointing=False):
 
 def check_training_options():
     """HF's loss options through the patched forward: shift_labels (labels shifted by the caller),
-    num_items_in_batch (a sum over that count) and return_dict=False (a tuple, loss first), each
-    against the unpatched model's loss by the rule of check_training; eval mode keeps the logits."""
+    num_items_in_batch (a sum over that count), output_hidden_states (the last one as returned, not
+    the loss's gradient written over it) and return_dict=False (a tuple, loss first), each against
+    the unpatched model's by the rule of check_training; eval mode keeps the logits."""
     from models.hf_patch import kernel_calls, patch_model
 
     model, ref = make_model("llama", "tiny", torch.bfloat16)
@@ -352,6 +353,12 @@ def check_training_options():
         err = (losses[1] - losses[0]).abs().item()
         outcomes.append(compare(name, losses[2], losses[0], Tol(2 * err + u * losses[0].abs().item(), 0.0,
                                                                "as check_training", rounding_check=False)))
+    # the loss writes its gradient over the final hidden states unless the output returns them
+    hidden = [m(input_ids=ids, labels=ids, output_hidden_states=True).hidden_states[-1].double() for m in (ref, plain, model)]
+    err = (hidden[1] - hidden[0]).abs().max().item()
+    outcomes.append(compare("output_hidden_states: the last one", hidden[2], hidden[0],
+                            Tol(2 * err + u * hidden[0].abs().max().item(), 0.0, "as check_training",
+                                rounding_check=False)))
     as_tuple = model(input_ids=ids, labels=ids, return_dict=False)
     as_dict = model(input_ids=ids, labels=ids)
     outcomes.append(Outcome("return_dict=False: a tuple, loss first",
@@ -359,7 +366,7 @@ def check_training_options():
     model.eval()
     outcomes.append(Outcome("eval with labels: logits kept", model(input_ids=ids, labels=ids).logits is not None))
     calls = kernel_calls(model)
-    outcomes.append(Outcome("the fused loss ran, no fallback", calls.get("cross_entropy", 0) >= 4
+    outcomes.append(Outcome("the fused loss ran, no fallback", calls.get("cross_entropy", 0) >= 5
                             and not calls.get("cross_entropy fallback"), note=f"{calls}"[:100]))
     return outcomes
 
@@ -432,7 +439,7 @@ def model_cases():
         Case("llama bf16 training step", check_training, dict(kind="llama")),
         Case("qwen2 bf16 training step", check_training, dict(kind="qwen2")),
         Case("llama bf16 training step, gradient checkpointing", check_training, dict(kind="llama", checkpointing=True)),
-        Case("training step: shift_labels, num_items_in_batch, return_dict", check_training_options),
+        Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict", check_training_options),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
     ]
