@@ -11,13 +11,13 @@ deps:
 	@$(PYTHON) common/deps.py  # a plain script: it must not import what it is about to install
 
 test: deps
-	@$(PYTHON) -m common.run_tests $(if $(JOBS),--jobs $(JOBS))
+	@$(PYTHON) -m llmk.common.run_tests $(if $(JOBS),--jobs $(JOBS))
 
 bench: deps
-	@$(PYTHON) -m common.run_benchmarks $(if $(BENCH),--bench $(BENCH)) $(ARGS)
+	@$(PYTHON) -m llmk.common.run_benchmarks $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 bench-smoke: deps
-	@$(PYTHON) -m common.run_benchmarks --smoke $(if $(BENCH),--bench $(BENCH)) $(ARGS)
+	@$(PYTHON) -m llmk.common.run_benchmarks --smoke $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 report:
 	@$(PYTHON) common/report.py  # a plain script, standard library only: no torch, no GPU

@@ -1,6 +1,5 @@
 """pytest collects every test script's CASES, the same list the script runs on its own."""
-import common  # noqa: F401  (interpreter switch before triton is imported)
-from common.testing import quiet_interpreter, select_cases
+from llmk.common.testing import quiet_interpreter, select_cases
 
 
 def pytest_configure(config):

@@ -44,15 +44,14 @@ Packed sequences (VARLEN) are read as in the forward (attention/flash_attention_
 """
 import functools
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from attention.flash_attention_fwd import MAX_GRID_Y, attention_grid, key_range, program_pair, sequence_bounds
-from common.device import INTERPRET
-from common.ints import cdiv, next_power_of_2
-from common.triton_utils import LOG2E
+from llmk.attention.flash_attention_fwd import MAX_GRID_Y, attention_grid, key_range, program_pair, sequence_bounds
+from llmk.common.device import INTERPRET
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.triton_utils import LOG2E
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -26,13 +26,12 @@ sequence's bounds on the device, so the host never waits for them; a program who
 lies past its sequence's end returns at once. The public functions and their checks are in
 attention/flash_attention_triton.py.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET
-from common.ints import cdiv, next_power_of_2
-from common.triton_utils import LN2, LOG2E
+from llmk.common.device import INTERPRET
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.triton_utils import LN2, LOG2E
 
 MAX_HEAD_DIM = 256
 

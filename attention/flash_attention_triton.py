@@ -32,13 +32,12 @@ key; such a query's LSE is -inf and its gradients are zero.
 """
 import math
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from attention.flash_attention_bwd import launch_flash_attention_backward
-from attention.flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
-from common.ops import define_op, define_ops, needs_grad
-from common.validation import check_same_device, check_tensor
+from llmk.attention.flash_attention_bwd import launch_flash_attention_backward
+from llmk.attention.flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
+from llmk.common.ops import define_op, define_ops, needs_grad
+from llmk.common.validation import check_same_device, check_tensor
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
 

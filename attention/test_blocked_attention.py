@@ -7,17 +7,13 @@ Both references run in fp64 here, so they must agree to fp64 rounding: the onlin
 exact algebra, not an approximation. SDPA is the independent check of the conventions (GQA head
 mapping, bottom-right causal mask, scale): it runs in fp64 with an explicit boolean mask.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from attention.blocked_attention import blocked_attention  # noqa: E402
-from attention.naive_attention import causal_mask, expand_kv, naive_attention  # noqa: E402
-from common.testing import Case, Outcome, Tol, compare, expect_raises, main, rand  # noqa: E402
+from llmk.attention.blocked_attention import blocked_attention
+from llmk.attention.naive_attention import causal_mask, expand_kv, naive_attention
+from llmk.common.testing import Case, Outcome, Tol, compare, expect_raises, main, rand
 
 FP64 = Tol(1e-12, 1e-12, "fp64 throughout; only the order of the sums differs")
 

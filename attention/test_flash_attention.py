@@ -18,23 +18,19 @@ Packed batches (flash_attention_varlen) must equal a loop of the padded kernel o
 bit for bit, in both passes (the same kernels on the same numbers, the launch config forced to one).
 """
 import math
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from attention.flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention  # noqa: E402
-from attention.flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,  # noqa: E402
-                                           backward_table_config, launch_flash_attention_backward, one_pass_when)
-from attention.flash_attention_triton import (CONFIG_TABLE, flash_attention, flash_attention_train_op,  # noqa: E402
-                                              flash_attention_varlen, table_config)
-from attention.naive_attention import causal_mask, expand_kv, naive_attention  # noqa: E402
-from common.checks.attention import attention_tol as rounding_tol  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
-                            expect_raises, grads_of, main, poisoned, rand)
+from llmk.attention.flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
+from llmk.attention.flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
+                                                backward_table_config, launch_flash_attention_backward, one_pass_when)
+from llmk.attention.flash_attention_triton import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
+                                                   flash_attention_varlen, table_config)
+from llmk.attention.naive_attention import causal_mask, expand_kv, naive_attention
+from llmk.common.checks.attention import attention_tol as rounding_tol
+from llmk.common.device import DEVICE
+from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
+                                 expect_raises, grads_of, main, poisoned, rand)
 
 def attention_tol(q, k, v, causal, sm_scale):
     """The tolerance of O in q's dtype, from the fp64 probabilities of this problem."""
@@ -88,7 +84,7 @@ def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, sca
 
 def check_matches_blocked():
     """naive and blocked references agree to fp64 rounding on a GQA, Tq != Tk, causal problem."""
-    from attention.blocked_attention import blocked_attention
+    from llmk.attention.blocked_attention import blocked_attention
     q, k, v = make_qkv(2, 4, 2, 37, 70, 32, torch.float64)
     ref = naive_attention(q, k, v, True)
     return [compare("blocked vs naive", blocked_attention(q, k, v, True, block_size=16), ref,

@@ -6,19 +6,15 @@ Backward: dq, dk against autograd through the fp64 reference and the same-dtype 
 both layouts, GQA, tables whose halves differ, strided q, k and upstream gradients; `out=` stays
 forward-only, and a cos or sin that requires grad raises (no gradient for the table).
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.checks.rope import check_empty, check_huge, check_own_buffer, make_qk, make_table  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,  # noqa: E402
-                            expect_raises, main, poisoned, rand)
-from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
-from attention.triton_rope import ROPE_TABLE, apply_rope, table_row  # noqa: E402
+from llmk.common.checks.rope import check_empty, check_huge, check_own_buffer, make_qk, make_table
+from llmk.common.device import DEVICE
+from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
+                                 expect_raises, main, poisoned, rand, select_cases)
+from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.triton_rope import ROPE_TABLE, apply_rope, table_row
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -241,7 +237,7 @@ for interleaved in (False, True):  # D = 512: ROPE_TABLE's 512 row
 def check_table_rows():
     """Every ROPE_TABLE row is taken by a head dim of this tier: a row added to the table without
     a case that reaches it fails here."""
-    rows = {table_row(c.kwargs["head_dim"]) for c in common.testing.select_cases(CASES) if c.fn is check}
+    rows = {table_row(c.kwargs["head_dim"]) for c in select_cases(CASES) if c.fn is check}
     missing = [ROPE_TABLE[i] for i in range(len(ROPE_TABLE)) if i not in rows]
     return [Outcome("every ROPE_TABLE row", not missing, note=f"no head dim reaches {missing}" if missing else "")]
 

@@ -14,19 +14,15 @@ transposed and expanded upstream gradients; the launcher on a poisoned dx; prope
 sum to 0, dy + c per row gives the same dx). `out=` stays forward-only.
 """
 import math
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from attention.triton_softmax import (INTERPRET_SMS, SOFTMAX_BWD_TABLE, SOFTMAX_TABLE,  # noqa: E402
-                                      SPLIT_BELOW_ROWS_PER_SM, launch_softmax_backward, softmax,
-                                      softmax_backward_config, softmax_config, table_row)
-from common.device import DEVICE, sm_count  # noqa: E402
-from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,  # noqa: E402
-                            dtype_name, expect_raises, main, poisoned, rand, shape_case)
+from llmk.attention.triton_softmax import (INTERPRET_SMS, SOFTMAX_BWD_TABLE, SOFTMAX_TABLE,
+                                           SPLIT_BELOW_ROWS_PER_SM, launch_softmax_backward, softmax,
+                                           softmax_backward_config, softmax_config, table_row)
+from llmk.common.device import DEVICE, sm_count
+from llmk.common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
+                                 dtype_name, expect_raises, main, poisoned, rand, shape_case, select_cases)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 1000, 4096, 5120, 65537, 262144)
@@ -368,7 +364,7 @@ def check_table_rows():
     outcomes = []
     for fn, table, config, name in ((check, SOFTMAX_TABLE, softmax_config, "SOFTMAX_TABLE"),
                                     (check_grad, SOFTMAX_BWD_TABLE, softmax_backward_config, "SOFTMAX_BWD_TABLE")):
-        shapes = [c.kwargs["shape"] for c in common.testing.select_cases(CASES) if c.fn is fn]
+        shapes = [c.kwargs["shape"] for c in select_cases(CASES) if c.fn is fn]
         paths = {path_of(torch.empty(shape, device="meta"), config) for shape in shapes}
         outcomes.append(Outcome(f"every path of {name}", paths == set(PATHS), note=f"paths taken: {sorted(paths)}"))
         rows = {table_row(shape[-1], table) for shape in shapes}

@@ -28,14 +28,13 @@ Face table does not require grad): a table that requires grad under grad mode ra
 import functools
 from dataclasses import dataclass
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.ints import cdiv, next_power_of_2
-from common.ops import define_op, define_ops
-from common.validation import check_rope_args, rope_outputs
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.ops import define_op, define_ops
+from llmk.common.validation import check_rope_args, rope_outputs
 
 
 @triton.jit

@@ -33,16 +33,15 @@ kernel 2 sums its row's partials and writes its segment of dx).
 import functools
 from dataclasses import dataclass
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.device import sm_count
-from common.ints import cdiv, next_power_of_2
-from common.ops import define_op, define_ops
-from common.triton_utils import LOG2E, col_mask
-from common.validation import as_rows, check_out, check_tensor
+from llmk.common.device import sm_count
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.ops import define_op, define_ops
+from llmk.common.triton_utils import LOG2E, col_mask
+from llmk.common.validation import as_rows, check_out, check_tensor
 
 # A lane's running max starts at -FLT_MAX, not -inf, so a lane that has seen only -inf computes
 # x - m = -inf (exp 0) instead of -inf - (-inf) = NaN, and keeps s = 0.

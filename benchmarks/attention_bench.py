@@ -27,21 +27,17 @@ work for the same result, which is the point of the comparison.
     python benchmarks/attention_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/attention_bench.py --only causal,sdpa-flash --dtype bf16   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from attention.blocked_attention import blocked_attention  # noqa: E402
-from attention.flash_attention_triton import flash_attention, flash_attention_varlen  # noqa: E402
-from attention.naive_attention import naive_attention  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.bench import train_call  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
+from llmk.attention.blocked_attention import blocked_attention
+from llmk.attention.flash_attention_triton import flash_attention, flash_attention_varlen
+from llmk.attention.naive_attention import naive_attention
+from llmk.common.device import DEVICE
+from llmk.common.bench import train_call
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.results import plot_sweeps
 
 DTYPES = (torch.float16, torch.bfloat16)
 TOKENS = 16384

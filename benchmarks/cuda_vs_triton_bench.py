@@ -16,30 +16,26 @@ time is printed); the timings are do_bench medians of 50 ms.
                                                         interpreter only: the CUDA kernels need one)
     python benchmarks/cuda_vs_triton_bench.py --only swiglu --dtype bf16   (a subset)
 """
-import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from attention.rope import apply_rope_ref  # noqa: E402
-from attention.triton_rope import apply_rope as triton_rope  # noqa: E402
-from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, NORM_SMOKE_SWEEPS, NORM_SWEEPS,  # noqa: E402
-                               ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, rmsnorm_bytes, rope_bytes, rope_inputs,
-                               shapes_of, swiglu_bytes)
-from common.device import INTERPRET  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
-from common.testing import rand  # noqa: E402
-from cuda_cpp import ops as cuda_kernels  # noqa: E402
-from cuda_cpp.extension import extension, unavailable_reason  # noqa: E402
-from mlp.gelu import swiglu_ref  # noqa: E402
-from mlp.triton_swiglu import swiglu as triton_swiglu  # noqa: E402
-from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm  # noqa: E402
+from llmk.attention.rope import apply_rope_ref
+from llmk.attention.triton_rope import apply_rope as triton_rope
+from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, NORM_SMOKE_SWEEPS, NORM_SWEEPS,
+                                    ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, rmsnorm_bytes, rope_bytes, rope_inputs,
+                                    shapes_of, swiglu_bytes)
+from llmk.common.device import INTERPRET
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.results import plot_sweeps
+from llmk.common.testing import rand
+from llmk.cuda_cpp import ops as cuda_kernels
+from llmk.cuda_cpp.extension import extension, unavailable_reason
+from llmk.mlp.gelu import swiglu_ref
+from llmk.mlp.triton_swiglu import swiglu as triton_swiglu
+from llmk.normalization.rmsnorm import rmsnorm_ref
+from llmk.normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm
 
 OURS = ("triton", "cuda")
 # op -> (sweeps, smoke sweeps); both providers run every shape of every sweep

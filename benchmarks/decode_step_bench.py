@@ -35,18 +35,14 @@ max_err: against the PyTorch step in fp32 (weights and caches widened) on the
     python benchmarks/decode_step_bench.py --only llama3-8b,graph   (a subset)
 """
 import functools
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import Case, max_err, parse_args, run  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
-from models.llama_layer import (CONFIGS, decode_step, make_weights, mark_static, rope_tables,  # noqa: E402
-                                torch_decode_step)
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.harness import Case, max_err, parse_args, run
+from llmk.common.results import plot_sweeps
+from llmk.models.llama_layer import (CONFIGS, decode_step, make_weights, mark_static, rope_tables,
+                                     torch_decode_step)
 
 OURS = ("ours-eager", "ours-graph", "ours-reduce-overhead")
 # eager first: its first call autotunes and compiles, before a graph is captured

@@ -38,20 +38,16 @@ Needs transformers (optional for the repository): without it the script says so 
 """
 import gc
 import importlib.util
-import pathlib
 import re
 import statistics
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.bench import time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import parse_args, run  # noqa: E402
-from common.results import make_row, plot_sweeps, shape_str  # noqa: E402
+from llmk.common.bench import time_ms
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.harness import parse_args, run
+from llmk.common.results import make_row, plot_sweeps, shape_str
 
 # The shapes of the published configs (config.json of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B).
 MODELS = {
@@ -204,7 +200,7 @@ def decode_runner(model, prompt, tokens):
 
 def measure_model(run, name, kind, config, plan, t_run):
     """Every selected provider on one model: rows into run, meta["models"][name] filled."""
-    from models.hf_patch import kernel_calls, patch_model, unpatch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     meta, smoke, args = run.meta, run.args.smoke, run.args
     copy_GBps = meta["copy_GBps"]

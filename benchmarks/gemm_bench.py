@@ -42,23 +42,19 @@ against F.rms_norm + F.linear and its torch.compile. Work (no Liger row: Liger h
     python benchmarks/gemm_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/gemm_bench.py --only matmul_linear --dtype bf16   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from benchmarks.sweeps import shapes_of  # noqa: E402
-from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
-from common.testing import grads_of, rand  # noqa: E402
-from gemm.triton_matmul import kernel_choice, matmul  # noqa: E402
-from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
+from llmk.benchmarks.sweeps import shapes_of
+from llmk.common.bench import compile_fn, compile_train_fn, train_call
+from llmk.common.device import DEVICE
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.results import plot_sweeps
+from llmk.common.testing import grads_of, rand
+from llmk.gemm.triton_matmul import kernel_choice, matmul
+from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6
 BYTES_UP_TO_M = 128  # GB/s for the rows bound by reading b

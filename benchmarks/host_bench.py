@@ -72,24 +72,21 @@ the reason; a failure of ours or of eager PyTorch is an error row.
     python benchmarks/host_bench.py --mode fwd+bwd   (the training rows only; --mode fwd: the others)
 """
 import math
-import pathlib
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton  # noqa: E402
+import torch
+import torch.nn.functional as F
+import triton
 
-from common.bench import compile_train_fn, host_time_us, train_call  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import max_err, parse_args, run  # noqa: E402
-from common.ops import Op  # noqa: E402
-from common.peers import (LIGER, liger_ce, liger_layernorm, liger_lce, liger_residual_rmsnorm, liger_rmsnorm,  # noqa: E402
-                          liger_rope, liger_swiglu)
-from common.testing import rand  # noqa: E402
+from llmk.common.bench import compile_train_fn, host_time_us, train_call
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.harness import max_err, parse_args, run
+from llmk.common.ops import Op
+from llmk.common.peers import (LIGER, liger_ce, liger_layernorm, liger_lce, liger_residual_rmsnorm, liger_rmsnorm,
+                               liger_rope, liger_swiglu)
+from llmk.common.testing import rand
 
 DTYPE = torch.bfloat16
 PROVIDERS = ("public", "op", "impl", "torch.ops", "launcher", "pytorch")
@@ -170,7 +167,7 @@ def norm_cases(s):
     n = s["hidden"]
 
     def build_rmsnorm():
-        from normalization.triton_rmsnorm import launch_rmsnorm, rmsnorm
+        from llmk.normalization.triton_rmsnorm import launch_rmsnorm, rmsnorm
         x, w, y = rand((1, n), DTYPE), rand((n,), DTYPE), torch.empty(1, n, dtype=DTYPE, device=DEVICE)
 
         def launcher():
@@ -180,7 +177,7 @@ def norm_cases(s):
                 "pytorch": lambda: F.rms_norm(x, (n,), w, EPS)}
 
     def build_layernorm():
-        from normalization.triton_layernorm import launch_layernorm, layernorm
+        from llmk.normalization.triton_layernorm import launch_layernorm, layernorm
         x, w, b = rand((1, n), DTYPE), rand((n,), DTYPE), rand((n,), DTYPE)
         y = torch.empty(1, n, dtype=DTYPE, device=DEVICE)
 
@@ -191,8 +188,8 @@ def norm_cases(s):
                 "pytorch": lambda: F.layer_norm(x, (n,), w, b, 1e-5)}
 
     def build_residual():
-        from normalization.triton_residual_rmsnorm import residual_rmsnorm
-        from normalization.triton_rmsnorm import launch_rmsnorm
+        from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+        from llmk.normalization.triton_rmsnorm import launch_rmsnorm
         x, r, w = rand((1, n), DTYPE), rand((1, n), DTYPE), rand((n,), DTYPE)
         y, u = (torch.empty(1, n, dtype=DTYPE, device=DEVICE) for _ in range(2))
 
@@ -218,7 +215,7 @@ def rmsnorm_registered_cases(s):
     registered = {}  # kind -> (op, torch.ops overload): each name can be defined once a process
 
     def register_custom():
-        from normalization.triton_rmsnorm import launch_rmsnorm
+        from llmk.normalization.triton_rmsnorm import launch_rmsnorm
 
         @torch.library.custom_op("host_bench::rmsnorm_custom", mutates_args=())
         def rmsnorm_custom(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -233,8 +230,8 @@ def rmsnorm_registered_cases(s):
         return rmsnorm_custom, torch.ops.host_bench.rmsnorm_custom.default
 
     def register_triton():
-        import normalization.triton_rmsnorm as module
-        from normalization.triton_rmsnorm import launch_rmsnorm
+        import llmk.normalization.triton_rmsnorm as module
+        from llmk.normalization.triton_rmsnorm import launch_rmsnorm
 
         kernels = {name: getattr(module, name) for name in ("_rmsnorm_fused_kernel", "_rmsnorm_looped_kernel")}
         wrapped = {name: torch.library.wrap_triton(kernel) for name, kernel in kernels.items()}
@@ -256,8 +253,8 @@ def rmsnorm_registered_cases(s):
 
     def builder(kind):
         def build():
-            from common.validation import check_norm_args
-            from normalization.triton_rmsnorm import launch_rmsnorm
+            from llmk.common.validation import check_norm_args
+            from llmk.normalization.triton_rmsnorm import launch_rmsnorm
             if kind not in registered:
                 registered[kind] = (register_custom if kind == "custom" else register_triton)()
             op, overload = registered[kind]
@@ -283,7 +280,7 @@ def attention_cases(s):
     h, hkv, d, t, chunk = s["heads"], s["kv_heads"], s["head_dim"], s["cache"], s["chunk"]
 
     def build_softmax():
-        from attention.triton_softmax import launch_softmax, softmax
+        from llmk.attention.triton_softmax import launch_softmax, softmax
         x = rand((s["scores"], t), DTYPE)
         y = torch.empty_like(x)
 
@@ -293,8 +290,8 @@ def attention_cases(s):
         return {"public": lambda: softmax(x), "launcher": launcher, "pytorch": lambda: torch.softmax(x, -1)}
 
     def build_rope():
-        from attention.rope import apply_rope_ref, rope_cos_sin
-        from attention.triton_rope import apply_rope, launch_rope
+        from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+        from llmk.attention.triton_rope import apply_rope, launch_rope
         q, k = rand((1, h, 1, d), DTYPE), rand((1, hkv, 1, d), DTYPE)
         cos, sin = rope_cos_sin(torch.tensor([t - 1], device=DEVICE), d)  # the next token's position
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
@@ -306,7 +303,7 @@ def attention_cases(s):
                 "pytorch": lambda: apply_rope_ref(q, k, cos, sin)}
 
     def build_flash():
-        from attention.flash_attention_triton import flash_attention, launch_flash_attention
+        from llmk.attention.flash_attention_triton import flash_attention, launch_flash_attention
         q, k, v = rand((1, h, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE)
         out = torch.empty_like(q)
 
@@ -323,7 +320,7 @@ def attention_cases(s):
 
 def mlp_cases(s):
     def build_bias_gelu():
-        from mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu
+        from llmk.mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu
         x, b = rand((1, s["gelu"]), DTYPE), rand((s["gelu"],), DTYPE)
         y = torch.empty_like(x)
 
@@ -333,7 +330,7 @@ def mlp_cases(s):
         return {"public": lambda: bias_gelu(x, b), "launcher": launcher, "pytorch": lambda: F.gelu(x + b)}
 
     def build_swiglu():
-        from mlp.triton_swiglu import launch_swiglu, swiglu
+        from llmk.mlp.triton_swiglu import launch_swiglu, swiglu
         gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
         y = torch.empty(gate.shape, dtype=DTYPE, device=DEVICE)
 
@@ -351,7 +348,7 @@ def gemm_cases(s):
 
     def build_matmul(m):
         def build():
-            from gemm.triton_matmul import launch_matmul, matmul
+            from llmk.gemm.triton_matmul import launch_matmul, matmul
             a, w = rand((m, k), DTYPE), rand((k, k), DTYPE)  # w: an nn.Linear weight (N, K)
             c = torch.empty(m, k, dtype=DTYPE, device=DEVICE)
 
@@ -363,7 +360,7 @@ def gemm_cases(s):
 
     def build_rmsnorm_linear(m):
         def build():
-            from gemm.triton_rmsnorm_linear import launch_decode, rmsnorm_linear
+            from llmk.gemm.triton_rmsnorm_linear import launch_decode, rmsnorm_linear
             x, norm_w, w = rand((m, k), DTYPE), rand((k,), DTYPE), rand((s["qkv"], k), DTYPE)
             y = torch.empty(m, s["qkv"], dtype=DTYPE, device=DEVICE)
 
@@ -393,7 +390,7 @@ def decode_cases(s):
         return q, k_cache, v_cache, lengths, out, sdpa
 
     def build_decode():
-        from inference.triton_inference_attention import _launch, decode_attention
+        from llmk.inference.triton_inference_attention import _launch, decode_attention
         q, k_cache, v_cache, lengths, out, sdpa = inputs()
 
         def launcher():
@@ -402,7 +399,7 @@ def decode_cases(s):
                 "pytorch": sdpa}
 
     def build_paged():
-        from inference.triton_inference_attention import _launch, paged_decode_attention
+        from llmk.inference.triton_inference_attention import _launch, paged_decode_attention
         q, k_cache, v_cache, lengths, out, sdpa = inputs()
         pages = t // PAGE
         k_pages, v_pages = k_cache.view(pages, PAGE, hkv, d), v_cache.view(pages, PAGE, hkv, d)
@@ -420,7 +417,7 @@ def decode_cases(s):
 
 def optimizer_cases(s):
     def build():
-        from optimizers.triton_adam import TritonAdamW
+        from llmk.optimizers.triton_adam import TritonAdamW
 
         def param():
             p = torch.nn.Parameter(rand((s["params"],), DTYPE))
@@ -465,19 +462,19 @@ def train_cases(s):
     n, h, hkv, d, t, m = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["micro_batch"], s["rows"]
 
     def build_rmsnorm():
-        from normalization.triton_rmsnorm import rmsnorm
+        from llmk.normalization.triton_rmsnorm import rmsnorm
         return ((rand((1, n), DTYPE), rand((n,), DTYPE)), (0, 1),
                 {"public": lambda x, w: rmsnorm(x, w, EPS), LIGER: liger_call(liger_rmsnorm),
                  "pytorch": lambda x, w: F.rms_norm(x, (n,), w, EPS)})
 
     def build_layernorm():
-        from normalization.triton_layernorm import layernorm
+        from llmk.normalization.triton_layernorm import layernorm
         return ((rand((1, n), DTYPE), rand((n,), DTYPE), rand((n,), DTYPE)), (0, 1, 2),
                 {"public": lambda x, w, b: layernorm(x, w, b, 1e-5), LIGER: liger_call(liger_layernorm),
                  "pytorch": lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)})
 
     def build_residual():
-        from normalization.triton_residual_rmsnorm import residual_rmsnorm
+        from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 
         def pytorch(x, r, w):
             u = x + r
@@ -487,50 +484,50 @@ def train_cases(s):
                  LIGER: liger_call(liger_residual_rmsnorm), "pytorch": pytorch})
 
     def build_rope():
-        from attention.rope import apply_rope_ref, rope_cos_sin
-        from attention.triton_rope import apply_rope
+        from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+        from llmk.attention.triton_rope import apply_rope
         q, k = (rand((1, t, heads, d), DTYPE).transpose(1, 2) for heads in (h, hkv))  # (B, T, H, D) storage
         cos, sin = (c[None] for c in rope_cos_sin(torch.arange(t, device=DEVICE), d, dtype=DTYPE))
         return ((q, k, cos, sin), (0, 1),
                 {"public": apply_rope, LIGER: liger_call(liger_rope), "pytorch": apply_rope_ref})
 
     def build_flash():
-        from attention.flash_attention_triton import flash_attention
+        from llmk.attention.flash_attention_triton import flash_attention
         q, k, v = rand((1, h, t, d), DTYPE), rand((1, hkv, t, d), DTYPE), rand((1, hkv, t, d), DTYPE)
         return ((q, k, v), (0, 1, 2),
                 {"public": lambda q, k, v: flash_attention(q, k, v, causal=True), LIGER: NO_LIGER,
                  "pytorch": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)})
 
     def build_bias_gelu():
-        from mlp.triton_bias_gelu import bias_gelu
+        from llmk.mlp.triton_bias_gelu import bias_gelu
         return ((rand((1, s["gelu"]), DTYPE), rand((s["gelu"],), DTYPE)), (0, 1),
                 {"public": bias_gelu, LIGER: NO_LIGER, "pytorch": lambda x, b: F.gelu(x + b)})
 
     def build_swiglu():
-        from mlp.triton_swiglu import swiglu
+        from llmk.mlp.triton_swiglu import swiglu
         gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
         return ((gate, up), (0, 1),
                 {"public": swiglu, LIGER: liger_call(liger_swiglu), "pytorch": lambda g, u: F.silu(g) * u})
 
     def build_matmul():
-        from gemm.triton_matmul import matmul
+        from llmk.gemm.triton_matmul import matmul
         return ((rand((m, n), DTYPE), rand((n, n), DTYPE)), (0, 1),  # w: an nn.Linear weight (N, K)
                 {"public": lambda a, w: matmul(a, w.T), LIGER: NO_LIGER, "pytorch": F.linear})
 
     def build_rmsnorm_linear():
-        from gemm.triton_rmsnorm_linear import rmsnorm_linear
+        from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
         return ((rand((m, n), DTYPE), rand((n,), DTYPE), rand((s["qkv"], n), DTYPE)), (0, 1, 2),
                 {"public": lambda x, nw, w: rmsnorm_linear(x, nw, w, EPS), LIGER: NO_LIGER,
                  "pytorch": lambda x, nw, w: F.linear(F.rms_norm(x, (n,), nw, EPS), w)})
 
     def build_cross_entropy():
-        from losses.cross_entropy import cross_entropy
+        from llmk.losses.cross_entropy import cross_entropy
         target = torch.randint(0, s["vocab"], (m,), device=DEVICE)
         return ((rand((m, s["vocab"]), DTYPE), target), (0,),
                 {"public": cross_entropy, LIGER: liger_call(liger_ce), "pytorch": F.cross_entropy})
 
     def build_linear_cross_entropy():
-        from losses.fused_linear_cross_entropy import fused_linear_cross_entropy
+        from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy
         v = s["head_vocab"]
         target = torch.randint(0, v, (m,), device=DEVICE)
         return ((rand((m, n), DTYPE), rand((v, n), DTYPE, scale=n ** -0.5), target), (0, 1),

@@ -29,21 +29,17 @@ graph_ms, graph_pct_copy: the same call's GPU time with the host out of the loop
     python benchmarks/inference_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/inference_bench.py --only decode-gqa,triton   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.device import DEVICE, sm_count  # noqa: E402
-from common.harness import Case, max_err, parse_args, run  # noqa: E402
-from common.results import plot_sweeps, shape_str  # noqa: E402
-from inference.attention_inference import decode_attention_reference  # noqa: E402
-from inference.paged_kv_cache import to_pages  # noqa: E402
-from inference.triton_inference_attention import (INTERPRET_SMS, decode_attention, decode_config,  # noqa: E402
-                                                  paged_decode_attention)
+from llmk.common.device import DEVICE, sm_count
+from llmk.common.harness import Case, max_err, parse_args, run
+from llmk.common.results import plot_sweeps, shape_str
+from llmk.inference.attention_inference import decode_attention_reference
+from llmk.inference.paged_kv_cache import to_pages
+from llmk.inference.triton_inference_attention import (INTERPRET_SMS, decode_attention, decode_config,
+                                                       paged_decode_attention)
 
 OURS = ("triton", "triton-paged")
 N_HEADS, HEAD_DIM, DTYPE, PAGE_SIZE = 32, 128, torch.float16, 16

@@ -20,21 +20,17 @@ Shapes: BT 8192 with V 32000, 128256 and 151936 for cross_entropy; (8192, 4096, 
     python benchmarks/losses_bench.py            (GPU; benchmarks/results/losses.json and PNGs)
     python benchmarks/losses_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger_ce, liger_lce  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
-from losses.cross_entropy import cross_entropy  # noqa: E402
-from losses.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from llmk.common.bench import compile_fn, compile_train_fn, train_call
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.peers import LIGER, liger_ce, liger_lce
+from llmk.common.results import plot_sweeps
+from llmk.losses.cross_entropy import cross_entropy
+from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy
 
 DTYPE = torch.bfloat16
 CE_SHAPES = [(8192, 32000), (8192, 128256), (8192, 151936)]

@@ -30,25 +30,21 @@ gradients, scratch); Liger's in-place gradients add none, ours 2*M*I*e (mlp/trit
     python benchmarks/mlp_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/mlp_bench.py --only swiglu --dtype bf16   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, MLP_TRAIN_SMOKE_SWEEPS, MLP_TRAIN_SWEEPS,  # noqa: E402
-                               bias_gelu_bytes, shapes_of, swiglu_bytes)
-from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
-from common.device import INTERPRET  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger_swiglu  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
-from common.testing import grads_of, rand  # noqa: E402
-from mlp.gelu import bias_gelu_ref, swiglu_ref  # noqa: E402
-from mlp.triton_bias_gelu import bias_gelu  # noqa: E402
-from mlp.triton_swiglu import swiglu  # noqa: E402
+from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, MLP_TRAIN_SMOKE_SWEEPS, MLP_TRAIN_SWEEPS,
+                                    bias_gelu_bytes, shapes_of, swiglu_bytes)
+from llmk.common.bench import compile_fn, compile_train_fn, train_call
+from llmk.common.device import INTERPRET
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.peers import LIGER, liger_swiglu
+from llmk.common.results import plot_sweeps
+from llmk.common.testing import grads_of, rand
+from llmk.mlp.gelu import bias_gelu_ref, swiglu_ref
+from llmk.mlp.triton_bias_gelu import bias_gelu
+from llmk.mlp.triton_swiglu import swiglu
 
 
 def eager_bias_gelu(x, bias):

@@ -24,27 +24,23 @@ training: NORM_TRAIN_SWEEPS (16384 rows at N = 1024..8192, 4096 rows at N = 3276
     python benchmarks/norm_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/norm_bench.py --only rmsnorm --dtype bf16 --csv norm.csv   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from benchmarks.sweeps import (NORM_SMOKE_SWEEPS, NORM_SWEEPS, NORM_TRAIN_SMOKE_SWEEPS, NORM_TRAIN_SWEEPS,  # noqa: E402
-                               layernorm_bytes, residual_rmsnorm_bytes, rmsnorm_bytes, shapes_of)
-from common.bench import compile_fn, compile_train_fn, train_call  # noqa: E402
-from common.device import INTERPRET  # noqa: E402
-from common.harness import Case, max_err, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger_layernorm, liger_residual_rmsnorm, liger_rmsnorm  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
-from common.testing import grads_of, rand  # noqa: E402
-from normalization.layernorm import layernorm_ref  # noqa: E402
-from normalization.rmsnorm import residual_rmsnorm_ref, rmsnorm_ref  # noqa: E402
-from normalization.triton_layernorm import layernorm  # noqa: E402
-from normalization.triton_residual_rmsnorm import residual_rmsnorm  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
+from llmk.benchmarks.sweeps import (NORM_SMOKE_SWEEPS, NORM_SWEEPS, NORM_TRAIN_SMOKE_SWEEPS, NORM_TRAIN_SWEEPS,
+                                    layernorm_bytes, residual_rmsnorm_bytes, rmsnorm_bytes, shapes_of)
+from llmk.common.bench import compile_fn, compile_train_fn, train_call
+from llmk.common.device import INTERPRET
+from llmk.common.harness import Case, max_err, parse_args, run
+from llmk.common.peers import LIGER, liger_layernorm, liger_residual_rmsnorm, liger_rmsnorm
+from llmk.common.results import plot_sweeps
+from llmk.common.testing import grads_of, rand
+from llmk.normalization.layernorm import layernorm_ref
+from llmk.normalization.rmsnorm import residual_rmsnorm_ref, rmsnorm_ref
+from llmk.normalization.triton_layernorm import layernorm
+from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 DTYPES = (torch.float16, torch.bfloat16)
 # op -> (inputs from (x, weight, bias, residual), kernel, reference, vendor name, vendor call, bytes(M, N, e))

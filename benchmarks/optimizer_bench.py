@@ -20,19 +20,15 @@ optimizers/adam.py in fp32.
     python benchmarks/optimizer_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/optimizer_bench.py --only llama --dtype fp32   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.bench import host_time_us  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.results import plot_sweeps, shape_str  # noqa: E402
-from optimizers.adam import adamw_step_ref  # noqa: E402
-from optimizers.triton_adam import TritonAdamW  # noqa: E402
+from llmk.common.bench import host_time_us
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.results import plot_sweeps, shape_str
+from llmk.optimizers.adam import adamw_step_ref
+from llmk.optimizers.triton_adam import TritonAdamW
 
 BYTES_PER_PARAM = {torch.float32: 28, torch.bfloat16: 22}
 PROVIDERS = {

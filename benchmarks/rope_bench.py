@@ -23,26 +23,22 @@ liger_kernel is not installed). max_err: the larger of dq's and dk's against aut
     python benchmarks/rope_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/rope_bench.py --only rope_interleaved --dtype bf16   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
-from attention.triton_rope import apply_rope  # noqa: E402
-from benchmarks.sweeps import (ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, ROPE_TRAIN_SMOKE_SWEEPS, ROPE_TRAIN_SWEEPS,  # noqa: E402
-                               rope_bytes, rope_inputs, rope_train_bytes, shapes_of)
-from common.bench import compile_fn, train_call  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger_rope  # noqa: E402
+from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.triton_rope import apply_rope
+from llmk.benchmarks.sweeps import (ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, ROPE_TRAIN_SMOKE_SWEEPS, ROPE_TRAIN_SWEEPS,
+                                    rope_bytes, rope_inputs, rope_train_bytes, shapes_of)
+from llmk.common.bench import compile_fn, train_call
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.peers import LIGER, liger_rope
+from llmk.common.results import plot_sweeps
+from llmk.common.validation import DTYPE_NAMES
 
 TRAIN_DTYPE = torch.bfloat16
 TRAIN_MODES = ("fwd+bwd", "bwd")
 WRT = (0, 1)  # q and k
-from common.results import plot_sweeps  # noqa: E402
-from common.validation import DTYPE_NAMES  # noqa: E402
 
 
 def setup(shape, dtype, interleaved):

@@ -18,21 +18,17 @@ N = 4096..262144 at 64M-256M elements, and 64 rows of 262144 (the split path).
     python benchmarks/softmax_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/softmax_bench.py --only 4096 --dtype bf16 --csv softmax.csv   (a subset)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from attention.triton_softmax import softmax  # noqa: E402
-from benchmarks.sweeps import shapes_of  # noqa: E402
-from common.bench import compile_fn, train_call  # noqa: E402
-from common.harness import Case, parse_args, run  # noqa: E402
-from common.peers import LIGER, liger  # noqa: E402
-from common.results import plot_sweeps  # noqa: E402
-from common.testing import rand  # noqa: E402
-from common.validation import DTYPE_NAMES  # noqa: E402
+from llmk.attention.triton_softmax import softmax
+from llmk.benchmarks.sweeps import shapes_of
+from llmk.common.bench import compile_fn, train_call
+from llmk.common.harness import Case, parse_args, run
+from llmk.common.peers import LIGER, liger
+from llmk.common.results import plot_sweeps
+from llmk.common.testing import rand
+from llmk.common.validation import DTYPE_NAMES
 
 DTYPES = (torch.float16, torch.bfloat16)
 ELEMENTS = 16 * 2 ** 20

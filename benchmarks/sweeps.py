@@ -15,7 +15,7 @@ Bytes moved (e = element size, M rows of N):
 """
 import torch
 
-from common.device import DEVICE
+from llmk.common.device import DEVICE
 
 
 def rmsnorm_bytes(m, n, e):

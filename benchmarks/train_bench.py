@@ -35,19 +35,16 @@ Needs transformers (optional for the repository): without it the script says so 
 """
 import gc
 import importlib.util
-import pathlib
 import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import parse_args, run  # noqa: E402
-from common.peers import LIGER  # noqa: E402
-from common.results import make_row  # noqa: E402
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.harness import parse_args, run
+from llmk.common.peers import LIGER
+from llmk.common.results import make_row
 
 _LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                  num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,
@@ -86,7 +83,7 @@ def batches(vocab, plan, n):
 
 def optimizer(model, provider, lr):
     if provider in ("triton", "triton+bf16-state"):  # ours: the patched model's own optimizer
-        from optimizers.triton_adam import TritonAdamW
+        from llmk.optimizers.triton_adam import TritonAdamW
         return TritonAdamW(model.parameters(), lr=lr,
                            state_dtype=None if provider == "triton+bf16-state" else torch.float32)
     return torch.optim.AdamW(model.parameters(), lr=lr, fused=not INTERPRET)
@@ -95,7 +92,7 @@ def optimizer(model, provider, lr):
 def prepare(model, kind, provider, smoke):
     """The provider's changes to a fresh model; returns a function that undoes them (or None)."""
     if provider.startswith("triton"):
-        from models.hf_patch import patch_model, unpatch_model
+        from llmk.models.hf_patch import patch_model, unpatch_model
         patch_model(model)
         return lambda: unpatch_model(model)
     if provider == "torch.compile":
@@ -250,7 +247,7 @@ def charts(args):
 def main():
     if "--fsdp2" in sys.argv:  # the same step sharded over two GPUs: benchmarks/train_fsdp2.py
         sys.argv.remove("--fsdp2")
-        from benchmarks.train_fsdp2 import main_fsdp2
+        from llmk.benchmarks.train_fsdp2 import main_fsdp2
         sys.exit(main_fsdp2(parse_args(__doc__), sys.argv[1:]))
     args = parse_args(__doc__)
     if not args.replot and importlib.util.find_spec("transformers") is None:

@@ -39,18 +39,17 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from benchmarks.train_bench import FULL_PLAN, LOSS_ATOL, MODELS, SMOKE_MODELS, SMOKE_PLAN, batches, build, \
-    optimizer, prepare, release, run_steps  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.harness import Run, parse_args, run  # noqa: E402
-from common.peers import LIGER  # noqa: E402
-from common.results import make_row  # noqa: E402
-from models.fsdp2 import rank_device, shard  # noqa: E402
+from llmk.benchmarks.train_bench import FULL_PLAN, LOSS_ATOL, MODELS, SMOKE_MODELS, SMOKE_PLAN, batches, build, \
+    optimizer, prepare, release, run_steps
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.harness import Run, parse_args, run
+from llmk.common.peers import LIGER
+from llmk.common.results import make_row
+from llmk.models.fsdp2 import rank_device, shard
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 NAME = "train_fsdp2"  # benchmarks/results/train_fsdp2.json
 OP = "train_step_fsdp2"

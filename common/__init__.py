@@ -6,4 +6,4 @@ Importing the package switches Triton's interpreter on when no CUDA device is pr
 module pulls in only `common.device`, `common.validation`, `common.ints` and (for an autotuner's
 timer) `common.bench`, never tabulate or matplotlib.
 """
-from common import device  # noqa: F401  (must run before anything imports triton)
+from llmk.common import device  # noqa: F401  (must run before anything imports triton)

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from common.device import DEVICE, INTERPRET
+from llmk.common.device import DEVICE, INTERPRET
 
 
 def time_ms(fn, warmup_ms=25, rep_ms=100):

@@ -1,13 +1,17 @@
-"""`make` runs this first, as a plain script (stdlib only, not through the `common` package, whose
+"""`make` runs this first, as a plain script (stdlib only, not through the `llmk` package, whose
 imports it may be about to install): install whatever requirements.txt names that is missing or
-too old, and nothing when all is there (so it also works on a machine without network access)."""
+too old, then this checkout as the package `llmk` if it is not installed (`pip install -e .`, the
+README's set-up), and nothing when all is there (so it also works on a machine without network
+access). An `llmk` installed from another checkout stops it: the tests would run that one's code."""
+import importlib.util
 import pathlib
 import re
 import subprocess
 import sys
 from importlib import metadata
 
-REQUIREMENTS = pathlib.Path(__file__).resolve().parents[1] / "requirements.txt"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REQUIREMENTS = ROOT / "requirements.txt"
 
 
 def _version_tuple(version):
@@ -32,8 +36,34 @@ def missing():
     return out
 
 
+def installed_root():
+    """The folder `llmk` imports from, or None when it is not installed."""
+    spec = importlib.util.find_spec("llmk")
+    return None if spec is None or spec.origin is None else pathlib.Path(spec.origin).resolve().parent
+
+
+def install_checkout():
+    """pip install -e <this checkout> --no-deps; offline (the setuptools at hand) when it is recent
+    enough, as on a machine without network access."""
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)]
+    try:
+        if _version_tuple(metadata.version("setuptools")) >= (70, 1):
+            command.append("--no-build-isolation")
+    except metadata.PackageNotFoundError:
+        pass
+    print(f"installing this checkout as llmk: {' '.join(command[2:])}", flush=True)
+    return subprocess.call(command)
+
+
 if __name__ == "__main__":
     todo = missing()
     if todo:
         print(f"installing missing requirements: {' '.join(todo)}", flush=True)
-        sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", "-q", *todo]))
+        if subprocess.call([sys.executable, "-m", "pip", "install", "-q", *todo]):
+            sys.exit(1)
+    where = installed_root()
+    if where is None:
+        sys.exit(install_checkout())
+    if where != ROOT:
+        sys.exit(f"llmk is installed from {where}, not from this checkout ({ROOT}): "
+                 f"pip install -e {ROOT}")

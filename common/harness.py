@@ -22,10 +22,10 @@ from typing import Callable, Optional
 
 import torch
 
-from common.device import DEVICE, INTERPRET
-from common.results import PARTIAL_DIR, RESULTS_DIR, SMOKE_DIR, make_row, read_json, shape_str, start_run, \
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.results import PARTIAL_DIR, RESULTS_DIR, SMOKE_DIR, make_row, read_json, shape_str, start_run, \
     write_csv, write_json
-from common.validation import DTYPE_NAMES
+from llmk.common.validation import DTYPE_NAMES
 
 GATE_FACTOR = 2
 OURS = ("triton",)
@@ -252,7 +252,7 @@ def _call_provider(run, case, name, inputs, expected, compare, timed):
             return None
         ms = _time(call, run.args)
         if case.peak:
-            from common.bench import peak_extra_MB
+            from llmk.common.bench import peak_extra_MB
             fields = {**fields, "peak_MB": peak_extra_MB(call)}
         fields = {**fields, **(case.extra(name, inputs, call) if case.extra else {})}
     except Exception as e:
@@ -282,13 +282,13 @@ def _bind(fn, inputs):
 
 
 def _time(call, args):
-    from common.bench import time_ms
+    from llmk.common.bench import time_ms
     return time_ms(call, warmup_ms=args.warmup, rep_ms=args.rep)
 
 
 def _add_graph(row, call, n_bytes, run):
     """graph_ms, and graph_pct_copy where the row counts bytes (GB/s is given)."""
-    from common.bench import gbps, graph_time_ms
+    from llmk.common.bench import gbps, graph_time_ms
     try:
         row["graph_ms"] = round(graph_time_ms(call, warmup_ms=run.args.warmup, rep_ms=run.args.rep), 5)
     except Exception as e:  # a provider that cannot be captured keeps its do_bench row, with the reason

@@ -5,12 +5,11 @@ of matmul's epilogue) write one fp32 row of partial sums per program (or band of
 adding into one vector with atomics; this kernel then adds the P rows of each column in a fixed
 order, in fp32, and rounds once to out's dtype: the same bits every run.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
-from common.device import sm_count
-from common.ints import cdiv, next_power_of_2
+from llmk.common.device import sm_count
+from llmk.common.ints import cdiv, next_power_of_2
 
 # The interpreter's SM count: 3, so the small test shapes split N into several strips
 INTERPRETER_SMS = 3

@@ -2,9 +2,9 @@
 committed benchmark JSON (benchmarks/results/<area>.json) so that every figure in the docs comes
 from a file. Standard library only: it runs without a GPU, in about a second.
 
-    python -m common.report            write docs/results/*.md and the README table (`make report`)
-    python -m common.report --check    exit 1 if any of them differs from what the JSON gives
-    python -m common.report --table benchmarks/results/norm.json [--min-elements N] [--graph]
+    python common/report.py            write docs/results/*.md and the README table (`make report`)
+    python common/report.py --check    exit 1 if any of them differs from what the JSON gives
+    python common/report.py --table benchmarks/results/norm.json [--min-elements N] [--graph]
                                        print one file's tables
 
 A page holds what was measured (the benchmark's docstring), the run (GPU, date, versions, copy
@@ -897,7 +897,7 @@ MEMORY_SPLIT = (
 
 def summary(results=RESULTS):
     """The README's table: one row per kernel against its strongest peer."""
-    out = ["| kernel | shapes | strongest peer | ours / peer, median (range) | ahead at | ours | GPU | details |",
+    out = ["| kernel | shapes | strongest peer | speedup (peer time / ours), median (range) | ahead at | ours | GPU | details |",
            "|---|---|---|---|---|---|---|---|"]
     for kernel, area_name, index in SUMMARY:
         if not (results / f"{area_name}.json").exists():

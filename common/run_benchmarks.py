@@ -5,6 +5,7 @@ import argparse
 import pathlib
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -17,7 +18,7 @@ def benchmarks():
 def parse_args(argv):
     names = benchmarks()
     parser = argparse.ArgumentParser(
-        prog="python -m common.run_benchmarks", description=" ".join(__doc__.split()),
+        prog="python -m llmk.common.run_benchmarks", description=" ".join(__doc__.split()),
         epilog="Any other option goes to every benchmark (--only, --dtype, --warmup, --rep, --out, --replot; "
                "see python benchmarks/norm_bench.py --help). "
                "make bench BENCH=norm,attention and make bench-smoke BENCH=norm ARGS='--dtype bf16' pass the same.")
@@ -34,20 +35,23 @@ def parse_args(argv):
 
 def main(argv):
     args, scripts, rest = parse_args(argv)
-    import common  # noqa: F401  (interpreter switch before triton is imported)
-    from common.device import INTERPRET
+    from llmk.common.device import INTERPRET
     if INTERPRET and not args.smoke and "--replot" not in rest:
         print("make bench: no CUDA GPU on this machine; benchmarks need one "
               "(`make bench-smoke` runs their code on tiny shapes in the interpreter)", file=sys.stderr)
         return 2
     forwarded = (["--smoke"] if args.smoke else []) + rest
     failed = []
+    start = time.perf_counter()
     for rel in scripts:
         print(f"\n=== {rel} {' '.join(forwarded)}", flush=True)
         if subprocess.call([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT) != 0:
             failed.append(str(rel))
+    out = "build/bench-smoke" if args.smoke else "benchmarks/results"
+    print(f"\n{len(scripts) - len(failed)} of {len(scripts)} benchmarks ran, {len(failed)} failed, "
+          f"in {time.perf_counter() - start:.0f}s; JSON and charts in {out}", flush=True)
     if failed:
-        print(f"\nbenchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -4,7 +4,7 @@
 
 Each case is a fresh Python process, because the order only matters at the first import: Triton
 decides at decoration time whether a @triton.jit function is compiled or interpreted, so a triton
-imported before `common` (by transformers, say) would leave triton.language's own helpers built for
+imported before `llmk.common` (by transformers, say) would leave triton.language's own helpers built for
 a GPU on a CPU-only machine. The process imports the given modules, then ours, runs a few kernels
 on small inputs in whichever lane this machine has, and prints their errors against PyTorch.
 """
@@ -14,24 +14,20 @@ import pathlib
 import subprocess
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.testing import Case, Outcome, main  # noqa: E402
+from llmk.common.testing import Case, Outcome, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Runs in the child after its first imports: every kernel family once, each against PyTorch.
 PROBE = """
-import sys
-sys.path.insert(0, {root!r})
 import torch
-from common.device import DEVICE
-from normalization.triton_rmsnorm import rmsnorm
-from attention.triton_softmax import softmax
-from attention.flash_attention_triton import flash_attention
-from gemm.triton_matmul import matmul
+from llmk.common.device import DEVICE
+from llmk.normalization.triton_rmsnorm import rmsnorm
+from llmk.attention.triton_softmax import softmax
+from llmk.attention.flash_attention_triton import flash_attention
+from llmk.gemm.triton_matmul import matmul
 torch.manual_seed(0)
 x = torch.randn(4, 96, device=DEVICE)
 w = torch.randn(96, device=DEVICE)
@@ -57,10 +53,10 @@ LIMITS = (1e-5, 1e-6, 1e-2, 1e-1)  # fp32 rmsnorm and softmax; fp16 attention an
 def check(first):
     if first[0].startswith("transformers") and importlib.util.find_spec("transformers") is None:
         return [Outcome("transformers not installed: nothing to check", True)]
-    code = "".join(f"import {m}\n" for m in first) + PROBE.format(root=str(ROOT))
+    code = "".join(f"import {m}\n" for m in first) + PROBE
     env = dict(os.environ)
     if not torch.cuda.is_available():
-        env.pop("TRITON_INTERPRET", None)  # set by this process's `import common`: the child must find it unset
+        env.pop("TRITON_INTERPRET", None)  # set by this process's `llmk.common`: the child must find it unset
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     if proc.returncode:

@@ -34,36 +34,32 @@ An operator that is not registered fails its rows with that message, it is never
 GPU-only rows are left out in the interpreter (they need CUDA), as every test script's gpu_only
 cases are: the header line counts them.
 """
-import pathlib
-import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch._dynamo.testing  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+import torch
+import torch._dynamo.testing
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from attention.flash_attention_triton import flash_attention, flash_attention_varlen  # noqa: E402
-from losses.cross_entropy import cross_entropy_op  # noqa: E402
-from losses.fused_linear_cross_entropy import fused_linear_cross_entropy_none_op  # noqa: E402
-from attention.rope import rope_cos_sin  # noqa: E402
-from attention.triton_rope import apply_rope  # noqa: E402
-from attention.triton_softmax import softmax  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.ops import NAMESPACE, OPS  # noqa: E402
-from common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main,  # noqa: E402
-                            opcheck, poisoned, rand)
-from gemm.triton_matmul import matmul  # noqa: E402
-from gemm.triton_rmsnorm_linear import rmsnorm_linear  # noqa: E402
-from inference.triton_inference_attention import decode_attention, paged_decode_attention  # noqa: E402
-from mlp.triton_bias_gelu import bias_gelu  # noqa: E402
-from mlp.triton_swiglu import swiglu  # noqa: E402
-from normalization.triton_layernorm import layernorm  # noqa: E402
-from normalization.triton_residual_rmsnorm import residual_rmsnorm  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
-from optimizers.triton_adam import TritonAdamW  # noqa: E402
+from llmk.attention.flash_attention_triton import flash_attention, flash_attention_varlen
+from llmk.losses.cross_entropy import cross_entropy_op
+from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy_none_op
+from llmk.attention.rope import rope_cos_sin
+from llmk.attention.triton_rope import apply_rope
+from llmk.attention.triton_softmax import softmax
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.ops import NAMESPACE, OPS
+from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main,
+                                 opcheck, poisoned, rand)
+from llmk.gemm.triton_matmul import matmul
+from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
+from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
+from llmk.mlp.triton_bias_gelu import bias_gelu
+from llmk.mlp.triton_swiglu import swiglu
+from llmk.normalization.triton_layernorm import layernorm
+from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+from llmk.normalization.triton_rmsnorm import rmsnorm
+from llmk.optimizers.triton_adam import TritonAdamW
 
 COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
 f16, bf16 = torch.float16, torch.bfloat16

@@ -13,14 +13,11 @@ import ast
 import importlib
 import inspect
 import pathlib
-import sys
 import textwrap
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import triton.language as tl  # noqa: E402
+import triton.language as tl
 
-from common.testing import Case, Outcome, main  # noqa: E402
+from llmk.common.testing import Case, Outcome, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("attention", "common", "cuda_cpp", "gemm", "inference", "losses", "mlp", "models", "normalization",
@@ -32,7 +29,7 @@ def kernel_modules(package):
     """The package's modules other than tests, as import names."""
     for path in sorted((ROOT / package).glob("*.py")):
         if not path.name.startswith("test_") and path.name != "__init__.py":
-            yield f"{package}.{path.stem}"
+            yield f"llmk.{package}.{path.stem}"
 
 
 def jit_functions(module):

@@ -30,8 +30,8 @@ from typing import Callable
 
 import torch
 
-from common.device import DEVICE, INTERPRET, describe
-from common.validation import DTYPE_NAMES
+from llmk.common.device import DEVICE, INTERPRET, describe
+from llmk.common.validation import DTYPE_NAMES
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,7 @@ class Case:
             return self.fn(**self.kwargs)
         except Exception as e:  # a crash is one failed case, and the script goes on
             if out_of_memory is not None and DEVICE == "cuda":
-                from common.gpu_turns import is_out_of_memory
+                from llmk.common.gpu_turns import is_out_of_memory
                 if is_out_of_memory(e):
                     out_of_memory.append(str(e))
                     return []
@@ -314,7 +314,7 @@ class Case:
         (common/gpu_turns.py), alone if it declares most of the card or ran out of memory beside
         other scripts' cases. A case larger than the card is skipped; one whose turn never came
         fails."""
-        from common import gpu_turns
+        from llmk.common import gpu_turns
 
         if self.gpu_gb is not None and gpu_turns.too_big(self.gpu_gb):
             return [], gpu_turns.too_big(self.gpu_gb)

@@ -2,7 +2,7 @@
 message that names the argument and says what was expected."""
 import torch
 
-from common.device import DEVICE
+from llmk.common.device import DEVICE
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}

@@ -17,9 +17,9 @@ last dim is strided, or whose leading dims cannot merge into one row index, are 
 """
 import torch
 
-from common.validation import as_rows, check_norm_args, check_out, check_rope_args, check_swiglu_args, rope_outputs
-from cuda_cpp.extension import extension
-from cuda_cpp.launch_config import PACK_BYTES, pack_size, rmsnorm_config, rope_config, swiglu_config
+from llmk.common.validation import as_rows, check_norm_args, check_out, check_rope_args, check_swiglu_args, rope_outputs
+from llmk.cuda_cpp.extension import extension
+from llmk.cuda_cpp.launch_config import PACK_BYTES, pack_size, rmsnorm_config, rope_config, swiglu_config
 
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # csrc/common.cuh DType
 

@@ -10,30 +10,26 @@ The checks shared with the Triton kernels' tests are in common/checks/.
 
     python cuda_cpp/test_cuda_kernels.py        (or: pytest cuda_cpp/test_cuda_kernels.py)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from attention.rope import apply_rope_ref  # noqa: E402
-from common.checks import rmsnorm as norm_checks  # noqa: E402
-from common.checks import rope as rope_checks  # noqa: E402
-from common.checks.swiglu import inputs as swiglu_inputs  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
-from cuda_cpp.extension import unavailable_reason  # noqa: E402
-from cuda_cpp.launch_config import (CACHED_ROW_PACKS, CACHED_SMALL_PACKS, CACHED_THREADS, WARP_ROW_PACKS,  # noqa: E402
-                                    RmsnormConfig, SwigluConfig, pack_size)
-from cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu  # noqa: E402
-from mlp.gelu import swiglu_ref  # noqa: E402
-from mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected  # noqa: E402
-from mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS  # noqa: E402
-from mlp.mlp_cases import huge_rows as swiglu_huge_rows  # noqa: E402
-from normalization.norm_cases import norm_inputs  # noqa: E402
-from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
+from llmk.attention.rope import apply_rope_ref
+from llmk.common.checks import rmsnorm as norm_checks
+from llmk.common.checks import rope as rope_checks
+from llmk.common.checks.swiglu import inputs as swiglu_inputs
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
+from llmk.cuda_cpp.extension import unavailable_reason
+from llmk.cuda_cpp.launch_config import (CACHED_ROW_PACKS, CACHED_SMALL_PACKS, CACHED_THREADS, WARP_ROW_PACKS,
+                                         RmsnormConfig, SwigluConfig, pack_size)
+from llmk.cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu
+from llmk.mlp.gelu import swiglu_ref
+from llmk.mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected
+from llmk.mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS
+from llmk.mlp.mlp_cases import huge_rows as swiglu_huge_rows
+from llmk.normalization.norm_cases import norm_inputs
+from llmk.normalization.rmsnorm import rmsnorm_ref
 
 EPS = 1e-6
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

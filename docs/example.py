@@ -1,39 +1,28 @@
-"""The README's example, runnable as is: a few kernels, then a patched transformers model.
+"""The README's example as a script: a few kernels, a training step through two of them, then a
+patched transformers model. The README's block is this file's code, line for line
+(docs/test_docs.py checks it, and runs both: this file as a script, the block a line at a time at
+an interactive prompt).
 
-    python docs/example.py    (from the repository root; on a CPU it runs in Triton's interpreter)
-
-Small shapes so that the interpreter finishes in seconds; on a GPU use real ones. The transformers
-part is skipped, saying so, when transformers is not installed.
+    python docs/example.py    (needs transformers: pip install -e ".[dev]"; on a CPU it runs in
+                               Triton's interpreter, in seconds)
 """
-import pathlib
-import sys
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the checkout's root
-
 import torch
-
-from attention.flash_attention_triton import flash_attention
-from common.device import DEVICE
-from gemm.triton_matmul import matmul
-from mlp.triton_swiglu import swiglu
-from normalization.triton_rmsnorm import rmsnorm
-
+from llmk.attention.flash_attention_triton import flash_attention
+from llmk.common.device import DEVICE
+from llmk.gemm.triton_matmul import matmul
+from llmk.mlp.triton_swiglu import swiglu
+from llmk.normalization.triton_rmsnorm import rmsnorm
 dtype = torch.float16
 with torch.inference_mode():  # inference: no autograd graph
     x = torch.randn(4, 64, device=DEVICE, dtype=dtype)
     y = rmsnorm(x, torch.ones(64, device=DEVICE, dtype=dtype), eps=1e-6)
-
     q = torch.randn(1, 4, 32, 64, device=DEVICE, dtype=dtype)   # (B, H, T, D)
     k = torch.randn(1, 2, 32, 64, device=DEVICE, dtype=dtype)   # (B, Hkv, T, D): GQA 4/2
     o = flash_attention(q, k, k.clone(), causal=True)
-
     gate, up = torch.randn(2, 4, 96, device=DEVICE, dtype=dtype).unbind(0)
     h = swiglu(gate, up)                                          # silu(gate) * up
-
     w = torch.randn(64, 48, device=DEVICE, dtype=dtype)
     z = matmul(x, w, bias=torch.zeros(48, device=DEVICE, dtype=dtype), activation="gelu")
-    print("rmsnorm", tuple(y.shape), "flash_attention", tuple(o.shape),
-          "swiglu", tuple(h.shape), "matmul", tuple(z.shape))
 
 # training: the norms, softmax, RoPE, SwiGLU, bias+GELU and the GEMM have a backward on our kernels
 x = torch.randn(4, 64, device=DEVICE, dtype=dtype)
@@ -41,22 +30,16 @@ g = torch.ones(64, device=DEVICE, dtype=dtype, requires_grad=True)
 w = torch.randn(64, 48, device=DEVICE, dtype=dtype, requires_grad=True)
 loss = matmul(rmsnorm(x, g, eps=1e-6), w, activation="silu").float().square().mean()
 loss.backward()                                                    # g.grad, w.grad
-print("loss", loss.item(), "grads", tuple(g.grad.shape), tuple(w.grad.shape))
-
-try:
-    from transformers import LlamaConfig, LlamaForCausalLM
-except ImportError:
-    print("transformers is not installed: skipped the model patch (pip install transformers)")
-    sys.exit(0)
-
-from models.hf_patch import kernel_calls, patch_model, unpatch_model
-
+# a transformers model with our kernels in place
+from transformers import LlamaConfig, LlamaForCausalLM
+from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                      num_key_value_heads=1, vocab_size=256)  # head dim 64
 model = LlamaForCausalLM(config).to(DEVICE, dtype).eval()          # random weights, nothing downloaded
-patch_model(model)                                                 # rmsnorm, swiglu, rope, attention
+patch_model(model)                                                 # every kernel it has
 with torch.inference_mode():
     tokens = model.generate(torch.randint(0, 256, (1, 8), device=DEVICE), max_new_tokens=4,
                             do_sample=False)
+
 print("generated", tokens.tolist(), "kernel calls", kernel_calls(model))
 unpatch_model(model)                                               # the model as it was

@@ -13,13 +13,12 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
+
+from llmk.common import report
+from llmk.common.testing import Case, Outcome, run_cases
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-
-from common import report  # noqa: E402
-from common.testing import Case, Outcome, run_cases  # noqa: E402
 
 README_MAX_LINES = 300
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -95,27 +94,57 @@ def check_report_robust():
                     and pages["README.md"].endswith("end\n"))]
 
 
-def run_python(args, label, env=None):
-    """Run python with args in a fresh process from the repository root, as a reader would."""
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ, **(env or {})),
+def run_python(args, label, env=None, cwd=ROOT):
+    """Run python with args in a fresh process (from the repository root unless cwd), as a reader would."""
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=dict(os.environ, **(env or {})),
                           capture_output=True, text=True, timeout=600)
     ok = proc.returncode == 0
     tail = ((proc.stdout if ok else proc.stderr).strip().splitlines() or [""])[-1]
     return [Outcome(label, ok, note=tail[:120])]
 
 
-def check_readme_example():
+# Feeds a file's lines one at a time to an interactive console, as a reader pasting them at the
+# `>>>` prompt would, and exits 1 on the first error the console reports (it prints and goes on).
+CONSOLE = """
+import code, sys
+class Console(code.InteractiveConsole):
+    failed = False
+    def write(self, data):
+        Console.failed = True
+        sys.stderr.write(data)
+console = Console()
+for line in open(sys.argv[1]).read().splitlines() + [""]:
+    console.push(line)
+    if Console.failed:
+        sys.exit(1)
+"""
+
+
+def readme_example():
     blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
     example = [b for b in blocks if "patch_model" in b]
-    if not example:
+    return example[0] if example else None
+
+
+def check_readme_example():
+    """The README's block, a line at a time at an interactive prompt, from a folder outside the
+    checkout; and docs/example.py's code is that block."""
+    example = readme_example()
+    if example is None:
         return [Outcome("README example", False, note="no ```python block that calls patch_model")]
+    script = (ROOT / "docs" / "example.py").read_text()
+    body = script.split('"""\n', 2)[-1]  # after the module docstring
+    outcomes = [Outcome("docs/example.py's code = the README's block", body == example)]
     if importlib.util.find_spec("transformers") is None:
-        return [Outcome("README example", True, note="skipped: transformers is not installed")]
-    return run_python(["-c", example[0]], "README example", env={"PYTHONPATH": str(ROOT)})
+        return outcomes + [Outcome("README example", True, note="skipped: transformers is not installed")]
+    with tempfile.TemporaryDirectory() as tmp:
+        pasted = pathlib.Path(tmp) / "pasted.py"
+        pasted.write_text(example)
+        return outcomes + run_python(["-c", CONSOLE, str(pasted)], "README example, pasted line by line", cwd=tmp)
 
 
 def check_example_file():
-    return run_python(["docs/example.py"], "docs/example.py")
+    return run_python([str(ROOT / "docs" / "example.py")], "docs/example.py")
 
 
 CASES = [

@@ -2,14 +2,13 @@
 share: the argument checks, the grouped program order, the epilogue, the split-K slice count and
 the cache of the autotuner's picks. Imports no kernel file, so each of them can import it.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.ints import cdiv, next_power_of_2
-from common.triton_utils import activate
-from common.validation import check_same_device, check_tensor
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.triton_utils import activate
+from llmk.common.validation import check_same_device, check_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)
 ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")

@@ -12,20 +12,16 @@ without a bias; strided a, b, c and bias; a NaN-filled c (an unwritten column fa
 a row (the arrival counters must be back at zero). A slice lost, counted twice or given the
 epilogue on its own is off by a whole partial sum, far past the tolerance.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.checks.matmul import reference, tolerance, torch_same_dtype  # noqa: E402
-from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
-from common.ints import cdiv  # noqa: E402
-from common.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand  # noqa: E402
-from common.workspace import split_k_buffers  # noqa: E402
-from gemm.triton_gemv import (GEMV_CONFIGS, INTERPRET_SMS, MIN_SLICE_STEPS, gemv_plan, is_row_major,  # noqa: E402
-                              launch_gemv, plan_for)
+from llmk.common.checks.matmul import reference, tolerance, torch_same_dtype
+from llmk.common.device import DEVICE, INTERPRET, sm_count
+from llmk.common.ints import cdiv
+from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand
+from llmk.common.workspace import split_k_buffers
+from llmk.gemm.triton_gemv import (GEMV_CONFIGS, INTERPRET_SMS, MIN_SLICE_STEPS, gemv_plan, is_row_major,
+                                   launch_gemv, plan_for)
 
 DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("row-major", "W.T")

@@ -13,24 +13,20 @@ products carry roundings, so the model is that of gemm/test_rmsnorm_linear.py, n
 GEMM's), and again at most 2x PyTorch's error plus atol. A lost band of dbias, a skipped row of
 dz or a gradient in the wrong layout is off by whole terms, far past it.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.checks.matmul import grad_tolerance, reference, tolerance, torch_same_dtype  # noqa: E402
-from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
-from common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises, main,  # noqa: E402
-                            poisoned, rand)
-from gemm.matmul_common import m_bucket  # noqa: E402
-from gemm.triton_matmul import (TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul,  # noqa: E402
-                                matmul_op, matmul_train_op)
-from gemm.triton_matmul_tiled import (CONFIGS, INTERPRET_SMS, SPLIT_TABLE, autotune_configs, plan,  # noqa: E402
-                                      prune_configs, split_plan)
-from gemm import triton_matmul_tma  # noqa: E402
+from llmk.common.checks.matmul import grad_tolerance, reference, tolerance, torch_same_dtype
+from llmk.common.device import DEVICE, INTERPRET, sm_count
+from llmk.common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises, main,
+                                 poisoned, rand)
+from llmk.gemm.matmul_common import m_bucket
+from llmk.gemm.triton_matmul import (TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul,
+                                     matmul_op, matmul_train_op)
+from llmk.gemm.triton_matmul_tiled import (CONFIGS, INTERPRET_SMS, SPLIT_TABLE, autotune_configs, plan,
+                                           prune_configs, split_plan)
+from llmk.gemm import triton_matmul_tma
 
 DTYPES = (torch.float16, torch.bfloat16)
 def outcome(check, a, b, bias=None, activation=None, config=None, split_k=None, kernel=None):

@@ -17,22 +17,18 @@ Backward: gradients of x, norm_weight and weight (common.testing.check_grads) ag
 through the fp64 reference and PyTorch's F.rms_norm and matmul in the same dtype; the same error
 model with up to two roundings per term (common.checks.matmul.grad_tolerance).
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.checks.matmul import grad_tolerance  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,  # noqa: E402
-                            compare, dtype_name, expect_raises, main, poisoned, rand)
-from common.device import INTERPRET  # noqa: E402
-from gemm.triton_rmsnorm_linear import (DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode,  # noqa: E402
-                                        rmsnorm_linear)
-from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
+from llmk.common.checks.matmul import grad_tolerance
+from llmk.common.device import DEVICE
+from llmk.common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,
+                                 compare, dtype_name, expect_raises, main, poisoned, rand)
+from llmk.common.device import INTERPRET
+from llmk.gemm.triton_rmsnorm_linear import (DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode,
+                                             rmsnorm_linear)
+from llmk.normalization.rmsnorm import rmsnorm_ref
 
 EPS = 1e-6
 DTYPES = (torch.float16, torch.bfloat16)

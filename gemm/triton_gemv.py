@@ -38,15 +38,14 @@ bias is passed; offsets are 64-bit, since K * N (and a column view's K * stride)
 """
 import functools
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET, sm_count
-from common.ints import cdiv, next_power_of_2
-from common.triton_utils import activate
-from common.workspace import split_k_buffers
-from gemm.matmul_common import fit_split
+from llmk.common.device import INTERPRET, sm_count
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.triton_utils import activate
+from llmk.common.workspace import split_k_buffers
+from llmk.gemm.matmul_common import fit_split
 
 # b's layout -> (BLOCK_N, BLOCK_K, num_warps, NUM_STAGES, programs per SM). The split brings the
 # strips (cdiv(N, BLOCK_N)) up to at most `programs per SM` x SMs programs, all resident at once,

@@ -29,15 +29,14 @@ function's: the backward's GEMMs take matmul's own choice.
 """
 import functools
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from common.device import INTERPRET, sm_count
-from common.ops import define_op, define_ops, needs_grad
-from common.validation import check_out
-from gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
-from gemm.matmul_common import check_matmul_args, picked_config
-from gemm.triton_matmul_backward import epilogue_backward
+from llmk.common.device import INTERPRET, sm_count
+from llmk.common.ops import define_op, define_ops, needs_grad
+from llmk.common.validation import check_out
+from llmk.gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
+from llmk.gemm.matmul_common import check_matmul_args, picked_config
+from llmk.gemm.triton_matmul_backward import epilogue_backward
 
 # From TMA_MIN_M rows the persistent TMA kernel runs: from 2048 rows it beats the tiled kernel by
 # up to a tenth, at 1024 it ties or leads, below that both tie and the TMA kernel's three

@@ -20,16 +20,15 @@ Numerics: dc and z are read in their dtype and the derivative and product run in
 rounded once. dbias sums the fp32 dz (not the rounded one), in fp32. z itself is the forward's
 rounded pre-activation, as PyTorch's eager autograd keeps it.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET, sm_count
-from common.ints import cdiv
-from common.ops import define_op
-from common.reduce import sum_partials
-from common.triton_utils import gelu_grad, silu_grad
+from llmk.common.device import INTERPRET, sm_count
+from llmk.common.ints import cdiv
+from llmk.common.ops import define_op
+from llmk.common.reduce import sum_partials
+from llmk.common.triton_utils import gelu_grad, silu_grad
 
 # (BLOCK_M, BLOCK_N, num_warps): 8 rows of 256 columns a step, so each of 128 threads loads two
 # 16-byte vectors of dc and two of z a step (16 bf16 elements of each), and every row segment is

@@ -38,15 +38,14 @@ programs, so that each program walks several tiles.
 """
 import functools
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
-from common.bench import autotune_bench
-from common.device import INTERPRET
-from common.ints import cdiv
-from common.triton_utils import activate
-from gemm.matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config, untuned_config
+from llmk.common.bench import autotune_bench
+from llmk.common.device import INTERPRET
+from llmk.common.ints import cdiv
+from llmk.common.triton_utils import activate
+from llmk.gemm.matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config, untuned_config
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor

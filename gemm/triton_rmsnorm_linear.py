@@ -49,19 +49,18 @@ gradient needs it (h only for dweight, dh only for dx or dnorm_weight).
 
 import functools
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.device import sm_count
-from common.ints import cdiv
-from common.ops import define_op
-from common.validation import check_norm_args, check_same_device, check_tensor
-from common.workspace import split_k_buffers
-from gemm.matmul_common import DTYPES
-from gemm.triton_matmul import matmul_op, product_like
-from normalization.triton_rmsnorm import rmsnorm_backward, rmsnorm_op
+from llmk.common.device import sm_count
+from llmk.common.ints import cdiv
+from llmk.common.ops import define_op
+from llmk.common.validation import check_norm_args, check_same_device, check_tensor
+from llmk.common.workspace import split_k_buffers
+from llmk.gemm.matmul_common import DTYPES
+from llmk.gemm.triton_matmul import matmul_op, product_like
+from llmk.normalization.triton_rmsnorm import rmsnorm_backward, rmsnorm_op
 
 PATHS = ("decode", "unfused")
 

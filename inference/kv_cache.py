@@ -11,9 +11,9 @@ each sequence at its own current length, with one indexed copy per tensor for th
 """
 import torch
 
-from common.device import DEVICE
-from common.validation import check_same_device, check_tensor
-from inference.triton_inference_attention import decode_attention
+from llmk.common.device import DEVICE
+from llmk.common.validation import check_same_device, check_tensor
+from llmk.inference.triton_inference_attention import decode_attention
 
 
 def check_int_at_least(name, value, minimum=1):

@@ -9,10 +9,10 @@ taken before anything is written. Unused block table entries are 0 and never rea
 """
 import torch
 
-from common.device import DEVICE
-from common.ints import cdiv
-from inference.kv_cache import check_int_at_least, check_kv_chunk, check_past_max_len, sequence_indices
-from inference.triton_inference_attention import paged_decode_attention
+from llmk.common.device import DEVICE
+from llmk.common.ints import cdiv
+from llmk.inference.kv_cache import check_int_at_least, check_kv_chunk, check_past_max_len, sequence_indices
+from llmk.inference.triton_inference_attention import paged_decode_attention
 
 
 def to_pages(cache, perm, page_size=16):

@@ -7,19 +7,15 @@ page accounting, bad input, and attention through each cache against the fp64 re
 Every run replays one script of appends and resets on a Python model (a list of tokens per
 sequence) and checks each cache against it after every step.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.checks.attention import decode_tol  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, compare, expect_raises, main, rand  # noqa: E402
-from inference.attention_inference import decode_attention_reference  # noqa: E402
-from inference.kv_cache import KVCache  # noqa: E402
-from inference.paged_kv_cache import PagedKVCache, gather_pages  # noqa: E402
+from llmk.common.checks.attention import decode_tol
+from llmk.common.device import DEVICE
+from llmk.common.testing import Case, Outcome, compare, expect_raises, main, rand
+from llmk.inference.attention_inference import decode_attention_reference
+from llmk.inference.kv_cache import KVCache
+from llmk.inference.paged_kv_cache import PagedKVCache, gather_pages
 
 B, MAX_LEN, HKV, D = 3, 40, 2, 64
 # appends of t tokens (a prefill chunk, decode steps) and resets of some sequences

@@ -13,21 +13,17 @@ Every batch is ragged where it can be: lengths 0, 1 and T_max side by side, the 
 are filled everywhere (also past each length) so a kernel that reads past a length fails.
 """
 import math
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.checks.attention import decode_tol  # noqa: E402
-from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
-from common.ints import cdiv  # noqa: E402
-from common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand  # noqa: E402
-from inference.attention_inference import decode_attention_reference  # noqa: E402
-from inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,  # noqa: E402
-                                                  PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,
-                                                  decode_config, paged_blocks, paged_decode_attention, split_count)
+from llmk.common.checks.attention import decode_tol
+from llmk.common.device import DEVICE, INTERPRET, sm_count
+from llmk.common.ints import cdiv
+from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
+from llmk.inference.attention_inference import decode_attention_reference
+from llmk.inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,
+                                                       PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,
+                                                       decode_config, paged_blocks, paged_decode_attention, split_count)
 
 H100_SMS = 132
 

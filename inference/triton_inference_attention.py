@@ -40,17 +40,16 @@ import functools
 import math
 from dataclasses import dataclass
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET, sm_count
-from common.ints import cdiv, next_power_of_2
-from common.ops import define_ops, forward_only_error, needs_grad
-from common.triton_utils import LOG2E
-from common.validation import check_out, check_same_device, check_tensor
-from common.workspace import split_k_buffers
+from llmk.common.device import INTERPRET, sm_count
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.ops import define_ops, forward_only_error, needs_grad
+from llmk.common.triton_utils import LOG2E
+from llmk.common.validation import check_out, check_same_device, check_tensor
+from llmk.common.workspace import split_k_buffers
 
 HEAD_DIMS = (64, 128, 256)
 

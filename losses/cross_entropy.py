@@ -37,17 +37,16 @@ The shared row code also serves losses/fused_linear_cross_entropy.py: `launch_ro
 
 Operators: llmk::cross_entropy -> (loss rows, LSE) and llmk::cross_entropy_backward.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.device import INTERPRET
-from common.ints import next_power_of_2
-from common.ops import define_op
-from common.triton_utils import LN2, LOG2E
-from common.validation import check_tensor
-from losses.reference import REDUCTIONS
+from llmk.common.device import INTERPRET
+from llmk.common.ints import next_power_of_2
+from llmk.common.ops import define_op
+from llmk.common.triton_utils import LN2, LOG2E
+from llmk.common.validation import check_tensor
+from llmk.losses.reference import REDUCTIONS
 
 # Chunk of a row a program holds at once, and its warps: 4096 fp32 values over 8 warps is 16 a
 # thread. Not yet swept on a GPU. The interpreter takes 128, so test rows of a few hundred classes

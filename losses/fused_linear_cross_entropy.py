@@ -51,13 +51,12 @@ llmk::fused_linear_cross_entropy_none (the loss rows of reduction "none") and
 llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none"),
 llmk::fused_linear_cross_entropy_in_place (grad_in_place's forward).
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from common.device import INTERPRET
-from common.ops import define_op, needs_grad
-from common.validation import check_same_device, check_tensor
-from losses.cross_entropy import check_loss_args, launch_backward_rows, launch_rows, start_target_check
+from llmk.common.device import INTERPRET
+from llmk.common.ops import define_op, needs_grad
+from llmk.common.validation import check_same_device, check_tensor
+from llmk.losses.cross_entropy import check_loss_args, launch_backward_rows, launch_rows, start_target_check
 
 # Rows C of a chunk. Every chunk's grad_weight += dlogits_c.T @ hidden_c reads and writes all of
 # grad_weight (V x H, 4VH bytes) for 2CVH FLOPs: C / 2 FLOPs a byte, whatever V and H. An H100 does

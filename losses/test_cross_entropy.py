@@ -12,20 +12,16 @@ p = exp(x - LSE) by that much relatively. Then one rounding to the logits' dtype
 Beside these, the 2x rule: our error at most twice PyTorch's same-dtype error plus the atol.
 """
 import math
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.checks.losses import IGNORE, bad_target_message, make_target, target_of  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
-                            expect_raises, grads_of, main, rand)
-from losses.cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op  # noqa: E402
-from losses.reference import cross_entropy_ref  # noqa: E402
+from llmk.common.checks.losses import IGNORE, bad_target_message, make_target, target_of
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
+                                 expect_raises, main, rand)
+from llmk.losses.cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op
+from llmk.losses.reference import cross_entropy_ref
 
 LSE_ULPS = 8  # the online max/sum over BLOCK_V chunks and exp2's error: a few fp32 ulps of |LSE|
 

@@ -12,20 +12,16 @@ and gradients; in bf16, grad_weight also takes one rounding a chunk of tokens (m
 The interpreter runs chunks of INTERPRET_CHUNK rows, so every test batch spans several chunks and
 a ragged last one; the kernel's vocabulary chunks are 128 there (V = 300: a ragged last one too).
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.checks.losses import IGNORE, bad_target_message, make_target, target_of  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,  # noqa: E402
-                            dtype_name, expect_raises, grads_of, main, opcheck, rand)
-from losses.fused_linear_cross_entropy import (fused_linear_cross_entropy,  # noqa: E402
-                                               fused_linear_cross_entropy_backward_op)
-from losses.reference import linear_cross_entropy_ref, linear_cross_entropy_same_dtype  # noqa: E402
+from llmk.common.checks.losses import IGNORE, bad_target_message, make_target, target_of
+from llmk.common.device import DEVICE
+from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
+                                 dtype_name, expect_raises, grads_of, main, opcheck, rand)
+from llmk.losses.fused_linear_cross_entropy import (fused_linear_cross_entropy,
+                                                    fused_linear_cross_entropy_backward_op)
+from llmk.losses.reference import linear_cross_entropy_ref, linear_cross_entropy_same_dtype
 
 FLOOR_ULPS = 64
 
@@ -99,7 +95,7 @@ def check_bad_target():
     """A target outside [0, V) that is not ignore_index raises IndexError naming the value and V,
     through every entry: each reduction (with and without gradients), int32 targets, a custom
     ignore_index, the recomputing backward operator called on its own, a compiled call."""
-    from common.device import INTERPRET
+    from llmk.common.device import INTERPRET
     hidden, weight = rand((5, 16), torch.float32), rand((10, 16), torch.float32)
     f = fused_linear_cross_entropy
     grad = lambda: hidden.clone().requires_grad_()  # noqa: E731
@@ -217,7 +213,7 @@ def check_in_place_rules():
     """Where grad_in_place writes over hidden, and where it must not (fused_linear_cross_entropy's
     _in_place_safe): the gradients are the plain op's in every case, and a hidden that is not
     written keeps its values."""
-    from common.device import INTERPRET
+    from llmk.common.device import INTERPRET
     n, h, v, dtype = 21, 32, 150, torch.bfloat16
     x, weight, target = rand((n, h), dtype).requires_grad_(), rand((v, h), dtype).requires_grad_(), \
         make_target((n,), v)
@@ -277,7 +273,7 @@ def check_operator():
     """torch.library.opcheck of llmk::fused_linear_cross_entropy, without and with gradients (its
     schema's `grads`), and of the recomputing backward called on its own, with the target check
     (its default) and without (autograd's call)."""
-    from common.ops import OPS
+    from llmk.common.ops import OPS
     calls = []
     for grads in ([False, False, False], [True, True, True]):
         hidden, weight, target, bias = operator_inputs()
@@ -305,7 +301,7 @@ def check_operator():
 def check_compile():
     """A fullgraph-compiled training call (aot_eager in the interpreter, inductor on a GPU): one
     frame over two calls on fresh inputs, gradients equal to eager's bit for bit."""
-    from common.device import INTERPRET
+    from llmk.common.device import INTERPRET
     backend = "aot_eager" if INTERPRET else "inductor"
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)

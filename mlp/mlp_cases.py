@@ -7,9 +7,9 @@ import warnings
 
 import torch
 
-from common.device import DEVICE
-from common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
-from mlp.tiling import TILE_TABLE
+from llmk.common.device import DEVICE
+from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
+from llmk.mlp.tiling import TILE_TABLE
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 1000, 4096, 5120)  # tiny, odd, unaligned, and model widths

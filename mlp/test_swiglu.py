@@ -9,23 +9,19 @@ through the fp64 reference, and against PyTorch's own same-dtype gradients of F.
 """
 import contextlib
 import dataclasses
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.checks.swiglu import inputs  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.testing import (EXACT, Case, Outcome, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
-                            grads_of, main, opcheck, poisoned, rand, shape_case)
-from mlp.gelu import swiglu_ref  # noqa: E402
-from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
-                           overflow_expected, upstream)
-from mlp.tiling import BACKWARD_TILE_TABLE, tile_config_for  # noqa: E402
-from mlp.triton_swiglu import launch_swiglu, launch_swiglu_backward, swiglu  # noqa: E402
+from llmk.common.checks.swiglu import inputs
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.testing import (EXACT, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
+                                 grads_of, main, opcheck, poisoned, rand, shape_case)
+from llmk.mlp.gelu import swiglu_ref
+from llmk.mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,
+                                overflow_expected, upstream)
+from llmk.mlp.tiling import BACKWARD_TILE_TABLE, tile_config_for
+from llmk.mlp.triton_swiglu import launch_swiglu, launch_swiglu_backward, swiglu
 
 NAMES = ("gate", "up")
 

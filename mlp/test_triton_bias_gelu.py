@@ -10,23 +10,19 @@ rounded once, within the error bound of its order of summation (dbias_tol).
 """
 import contextlib
 import dataclasses
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.device import DEVICE, sm_count  # noqa: E402
-from common.reduce import INTERPRETER_SMS, sum_config  # noqa: E402
-from common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,  # noqa: E402
-                            expect_raises, grads_of, main, poisoned, rand, shape_case)
-from mlp.gelu import APPROXIMATIONS, bias_gelu_ref  # noqa: E402
-from mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,  # noqa: E402
-                           overflow_expected, upstream)
-from mlp.tiling import BAND_TABLE, band_config, band_config_for, tile_config_for  # noqa: E402
-from mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu, launch_bias_gelu_backward  # noqa: E402
+from llmk.common.device import DEVICE, sm_count
+from llmk.common.reduce import INTERPRETER_SMS, sum_config
+from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
+                                 expect_raises, grads_of, main, poisoned, rand, shape_case)
+from llmk.mlp.gelu import APPROXIMATIONS, bias_gelu_ref
+from llmk.mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,
+                                overflow_expected, upstream)
+from llmk.mlp.tiling import BAND_TABLE, band_config, band_config_for, tile_config_for
+from llmk.mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu, launch_bias_gelu_backward
 
 NAMES = ("x", "bias")
 GELU_SLOPE_MAX = 1.13  # max |gelu'(z)| (1.129 at z = 1.41, either form): |dx| <= 1.13 |dy|

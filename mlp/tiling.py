@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from common.ints import cdiv, next_power_of_2
+from llmk.common.ints import cdiv, next_power_of_2
 
 # By kernel, then element size in bytes: (widest BLOCK_N, elements a program, num_warps).
 # Measured by scripts/tune/mlp_sweep.py on an H200 (the mlp bench's shapes of 16M+ elements, fp16

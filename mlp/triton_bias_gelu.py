@@ -23,17 +23,16 @@ band of 128 rows (~1% at e = 2); without dx (only bias requires grad) 2*M*O*e.
 Tiling (2D tiles over rows and columns, 64-bit offsets; bands of rows for dbias) and its tables:
 mlp/tiling.py.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, define_ops
-from common.reduce import sum_partials
-from common.triton_utils import gelu, gelu_grad
-from common.validation import as_rows, check_out, check_same_device, check_tensor
-from mlp.gelu import check_approximate
-from mlp.tiling import band_config, tile_config, tile_offsets
+from llmk.common.ops import define_op, define_ops
+from llmk.common.reduce import sum_partials
+from llmk.common.triton_utils import gelu, gelu_grad
+from llmk.common.validation import as_rows, check_out, check_same_device, check_tensor
+from llmk.mlp.gelu import check_approximate
+from llmk.mlp.tiling import band_config, tile_config, tile_offsets
 
 
 @triton.jit

@@ -28,15 +28,14 @@ so a second backward through the same graph (retain_graph=True), or any other no
 raises PyTorch's "modified by an inplace operation" error instead of reading gradients as inputs.
 Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/tiling.py.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, define_ops, no_outputs
-from common.triton_utils import silu, silu_grad
-from common.validation import as_rows, check_out, check_swiglu_args
-from mlp.tiling import tile_config, tile_offsets
+from llmk.common.ops import define_op, define_ops, no_outputs
+from llmk.common.triton_utils import silu, silu_grad
+from llmk.common.validation import as_rows, check_out, check_swiglu_args
+from llmk.mlp.tiling import tile_config, tile_offsets
 
 
 @triton.jit

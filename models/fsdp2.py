@@ -2,7 +2,7 @@
 (models/hf_patch.py), then shard; run one process a GPU under torchrun."""
 import torch
 
-from common.device import DEVICE
+from llmk.common.device import DEVICE
 
 
 def rank_device():

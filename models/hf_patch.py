@@ -82,18 +82,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from attention.flash_attention_triton import MAX_HEAD_DIM, flash_attention
-from attention.triton_rope import apply_rope
-from common.device import DEVICE
-from common.ops import needs_grad
-from common.validation import FLOAT_DTYPES
-from losses.fused_linear_cross_entropy import fused_linear_cross_entropy
-from mlp.triton_swiglu import swiglu
-from normalization.triton_residual_rmsnorm import residual_rmsnorm
-from normalization.triton_rmsnorm import rmsnorm
+from llmk.attention.flash_attention_triton import MAX_HEAD_DIM, flash_attention
+from llmk.attention.triton_rope import apply_rope
+from llmk.common.device import DEVICE
+from llmk.common.ops import needs_grad
+from llmk.common.validation import FLOAT_DTYPES
+from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy
+from llmk.mlp.triton_swiglu import swiglu
+from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 KERNELS = ("rmsnorm", "residual_rmsnorm", "swiglu", "rope", "attention", "cross_entropy")
 ATTENTION_NAME = "triton_attention"  # no "flash" in it: transformers treats such names as flash-attn builds
@@ -370,7 +369,7 @@ def _load_decode_attention():
     """(decode_attention, the head dims it takes), or (None, ()) without it: flash_attention with
     Tq = 1 is correct too, just not built for one query."""
     try:
-        from inference.triton_inference_attention import HEAD_DIMS, decode_attention
+        from llmk.inference.triton_inference_attention import HEAD_DIMS, decode_attention
     except ImportError:
         return None, ()
     return decode_attention, tuple(HEAD_DIMS)

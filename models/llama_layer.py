@@ -29,20 +29,19 @@ both passes under torch.no_grad() or torch.inference_mode().
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import torch.nn.functional as F
 
-from attention.flash_attention_triton import flash_attention
-from attention.rope import apply_rope_ref, rope_cos_sin
-from attention.triton_rope import apply_rope
-from gemm.triton_matmul import matmul
-from gemm.triton_rmsnorm_linear import rmsnorm_linear
-from inference.paged_kv_cache import gather_pages
-from inference.triton_inference_attention import decode_attention, paged_decode_attention
-from mlp.triton_swiglu import swiglu
-from normalization.triton_residual_rmsnorm import residual_rmsnorm
-from normalization.triton_rmsnorm import rmsnorm
+from llmk.attention.flash_attention_triton import flash_attention
+from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.triton_rope import apply_rope
+from llmk.gemm.triton_matmul import matmul
+from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
+from llmk.inference.paged_kv_cache import gather_pages
+from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
+from llmk.mlp.triton_swiglu import swiglu
+from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,12 @@ compute dtype (bf16), as mixed-precision training does, so the gradients reach t
 through the casts. `forward(params, x, ops)` runs on ours ("llmk": rmsnorm, matmul, swiglu) or on
 PyTorch's ("torch": F.rms_norm, F.linear = cuBLAS, F.silu(g) * u) with the same parameters.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import torch.nn.functional as F
 
-from gemm.triton_matmul import matmul
-from mlp.triton_swiglu import swiglu
-from normalization.triton_rmsnorm import rmsnorm
+from llmk.gemm.triton_matmul import matmul
+from llmk.mlp.triton_swiglu import swiglu
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6
 

@@ -40,16 +40,15 @@ import sys
 import threading
 import zlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.run_tests import COUNT  # noqa: E402
-from common.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, \
-    select_cases  # noqa: E402
-from models.fsdp2 import rank_device, shard  # noqa: E402
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.run_tests import COUNT
+from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, \
+    select_cases
+from llmk.models.fsdp2 import rank_device, shard
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 TITLE = "FSDP2 (fully_shard) over a patched HF model"
 N_RANKS = 2
@@ -96,7 +95,7 @@ def train(model, data, optimizer="torch"):
     the ranks, in fp64; each gradient the full tensor gathered from the shards, in fp64.
     optimizer: "torch" (AdamW(fused=True)) or "triton" (TritonAdamW, stepping each rank's shards)."""
     if optimizer == "triton":
-        from optimizers.triton_adam import TritonAdamW
+        from llmk.optimizers.triton_adam import TritonAdamW
         opt = TritonAdamW(model.parameters(), lr=LR)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
@@ -125,7 +124,7 @@ def sharded_over_ranks(model):
 
 
 def check_fsdp2(kind, optimizer="torch"):
-    from models.hf_patch import kernel_calls, patch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model
 
     seed = int(torch.randint(0, 2 ** 31, (1,)).item())  # the case seed, the same on every rank
     ref = shard(build(kind, torch.bfloat16, seed).float())  # the bf16 weights, widened: exact

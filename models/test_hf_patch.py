@@ -21,15 +21,12 @@ errors, so the two come out close.
 """
 import copy
 import importlib.util
-import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.device import DEVICE  # noqa: E402
-from common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, run_cases  # noqa: E402
+from llmk.common.device import DEVICE
+from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, run_cases
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 SKIP_REASON = "transformers not installed"
@@ -159,7 +156,7 @@ def restored(model, modeling, original_rope, original_attention, before, after, 
 
 def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=False):
     """Prefill + decode steps, patched vs unpatched vs fp32; the kernel call counts; unpatch."""
-    from models.hf_patch import kernel_calls, patch_model, unpatch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     model, ref_model = make_model(kind, size, dtype)
     modeling = sys.modules[type(model.model.layers[0].self_attn).__module__]
@@ -202,7 +199,7 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=False):
 def _decode_head_dims():
     """The head dims the decode kernel takes; none where it is not in the checkout."""
     try:
-        from inference.triton_inference_attention import HEAD_DIMS
+        from llmk.inference.triton_inference_attention import HEAD_DIMS
     except ImportError:
         return ()
     return HEAD_DIMS
@@ -212,7 +209,7 @@ def check_generate(kind, dtype):
     """generate() on the patched model: every token it picks is a greedy choice of the fp32
     reference up to the logits tolerance (a near tie may go either way), and its decode steps ran
     our attention."""
-    from models.hf_patch import kernel_calls, patch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model
 
     model, ref_model = make_model(kind, "tiny", dtype)
     ids = prompt("tiny", 2)
@@ -240,7 +237,7 @@ def check_cache(cache_kind):
     keys only."""
     from transformers import DynamicCache, StaticCache
 
-    from models.hf_patch import kernel_calls, patch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model
 
     dtype = torch.bfloat16
     model, ref_model = make_model("llama", "tiny", dtype)
@@ -283,7 +280,7 @@ def check_training(kind, checkpointing=False):
     flash_attention with its backward, swiglu, the fused linear cross-entropy); unpatched again, the model's step is the
     original's bit for bit. checkpointing: HF's gradient checkpointing on all three models (the
     patched decoder layers' forward runs again in the backward, under HF's checkpoint call)."""
-    from models.hf_patch import kernel_calls, patch_model, unpatch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     model, ref = make_model(kind, "tiny", torch.bfloat16)
     plain = copy.deepcopy(model)
@@ -332,7 +329,7 @@ def check_training_options():
     num_items_in_batch (a sum over that count), output_hidden_states (the last one as returned, not
     the loss's gradient written over it) and return_dict=False (a tuple, loss first), each against
     the unpatched model's by the rule of check_training; eval mode keeps the logits."""
-    from models.hf_patch import kernel_calls, patch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model
 
     model, ref = make_model("llama", "tiny", torch.bfloat16)
     plain = copy.deepcopy(model)
@@ -374,7 +371,7 @@ def check_training_options():
 def check_other_model_untouched():
     """A second model of the same modeling file, unpatched, gets the original RoPE function and
     implementation while the first is patched; a subset of kernels patches only those."""
-    from models.hf_patch import kernel_calls, patch_model, unpatch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     first, _ = make_model("llama", "tiny", torch.bfloat16)
     second, _ = make_model("llama", "tiny", torch.bfloat16)
@@ -398,7 +395,7 @@ def check_other_model_untouched():
 def check_errors():
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-    from models.hf_patch import patch_model, unpatch_model
+    from llmk.models.hf_patch import patch_model, unpatch_model
 
     small = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
                  num_hidden_layers=1, vocab_size=64)

@@ -34,16 +34,14 @@ import pathlib
 import subprocess
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch._dynamo.testing  # noqa: E402
+import torch
+import torch._dynamo.testing
 
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, run_cases  # noqa: E402
-from inference.paged_kv_cache import to_pages  # noqa: E402
-from models.llama_layer import (CONFIGS, LayerConfig, decode_step, make_weights, mark_static, prefill,  # noqa: E402
-                                rope_tables, torch_decode_step, torch_prefill)
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, run_cases
+from llmk.inference.paged_kv_cache import to_pages
+from llmk.models.llama_layer import (CONFIGS, LayerConfig, decode_step, make_weights, mark_static, prefill,
+                                     rope_tables, torch_decode_step, torch_prefill)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DTYPE = torch.bfloat16

@@ -11,17 +11,13 @@ one; ours passes when, at every step, its loss is within 2x the largest such dev
 2^-8 of the loss (one bf16 rounding), and when the loss fell (a dropped gradient stalls it).
 Eagerly, and under torch.compile(fullgraph=True) (aot_eager in the interpreter, inductor on a GPU).
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.testing import UNIT_ROUNDOFF, Case, Outcome, main  # noqa: E402
-from models.mlp_block import forward, make_params  # noqa: E402
-from optimizers.triton_adam import TritonAdamW  # noqa: E402
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, main
+from llmk.models.mlp_block import forward, make_params
+from llmk.optimizers.triton_adam import TritonAdamW
 
 STEPS = 20
 BATCHES = 2  # cycled: a small data set the block can fit within STEPS, so the loss falls clearly

@@ -13,8 +13,8 @@ was tried and lost, are in docs/tuning/normalization.md.
 import functools
 from dataclasses import dataclass
 
-from common.device import sm_count
-from common.ints import cdiv, next_power_of_2
+from llmk.common.device import sm_count
+from llmk.common.ints import cdiv, next_power_of_2
 
 # Fused kernel, by padded row bytes (next_power_of_2(N) * element size):
 #   (max row bytes, BLOCK_M rows per program, num_warps)

@@ -3,23 +3,19 @@ output, and the gradients (dx, dweight, dbias) against autograd through the fp64
 
     python normalization/test_layernorm.py        (or: pytest normalization/test_layernorm.py)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.device import DEVICE  # noqa: E402
-from dataclasses import replace  # noqa: E402
+from llmk.common.device import DEVICE
+from dataclasses import replace
 
-from common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,  # noqa: E402
-                            expect_raises, main, poisoned, rand)
-from normalization.layernorm import layernorm_ref  # noqa: E402
-from normalization.norm_cases import (chunked_param_grad, dx_atol, grad_cases, grad_tol, huge_rows,  # noqa: E402
-                                      norm_cases, param_grad_atol, x_hat_error)
-from normalization.triton_layernorm import layernorm  # noqa: E402
+from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
+                                 expect_raises, main, poisoned, rand)
+from llmk.normalization.layernorm import layernorm_ref
+from llmk.normalization.norm_cases import (chunked_param_grad, dx_atol, grad_cases, grad_tol, huge_rows,
+                                           norm_cases, param_grad_atol, x_hat_error)
+from llmk.normalization.triton_layernorm import layernorm
 
 EPS = 1e-5
 

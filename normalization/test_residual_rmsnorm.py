@@ -4,22 +4,18 @@ the gradients (dx, dresidual, dweight) through both outputs, or y alone (du = No
 
     python normalization/test_residual_rmsnorm.py   (or: pytest normalization/test_residual_rmsnorm.py)
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.checks.rmsnorm import rms_grad_atol  # noqa: E402
+from llmk.common.checks.rmsnorm import rms_grad_atol
 
-from common.device import DEVICE  # noqa: E402
-from common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,  # noqa: E402
-                            main, poisoned, rand)
-from normalization.norm_cases import chunked_param_grad, grad_cases, grad_tol, huge_rows, norm_cases  # noqa: E402
-from normalization.rmsnorm import rmsnorm_ref  # noqa: E402
-from normalization.triton_residual_rmsnorm import residual_rmsnorm  # noqa: E402
+from llmk.common.device import DEVICE
+from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
+                                 main, poisoned, rand)
+from llmk.normalization.norm_cases import chunked_param_grad, grad_cases, grad_tol, huge_rows, norm_cases
+from llmk.normalization.rmsnorm import rmsnorm_ref
+from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 
 EPS = 1e-6
 

@@ -4,18 +4,14 @@ output, and the gradients (dx, dweight) against autograd through the fp64 refere
     python normalization/test_rmsnorm.py        (or: pytest normalization/test_rmsnorm.py)
 """
 import functools
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.checks import rmsnorm as checks  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.testing import Case, Outcome, expect_raises, grads_of, main, rand  # noqa: E402
-from normalization.norm_cases import grad_cases, norm_cases  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm, rmsnorm_backward  # noqa: E402
+from llmk.common.checks import rmsnorm as checks
+from llmk.common.device import DEVICE
+from llmk.common.testing import Case, Outcome, expect_raises, grads_of, main, rand
+from llmk.normalization.norm_cases import grad_cases, norm_cases
+from llmk.normalization.triton_rmsnorm import rmsnorm, rmsnorm_backward
 
 
 def check_errors():

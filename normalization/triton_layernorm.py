@@ -11,17 +11,16 @@ normalization/launch_config.py picks the kernel and its launch.
 Backward (normalization/triton_norm_backward.py, operator llmk::layernorm_backward): the forward
 saves x and weight; mean and rstd are recomputed (read x, dy, write dx: 3*N*e a row).
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import triton
 import triton.language as tl
 
 import torch
 
-from common.ops import define_op, define_ops
-from common.triton_utils import col_mask
-from common.validation import as_rows, check_norm_args, check_out
-from normalization.launch_config import row_config
-from normalization.triton_norm_backward import launch_layernorm_backward
+from llmk.common.ops import define_op, define_ops
+from llmk.common.triton_utils import col_mask
+from llmk.common.validation import as_rows, check_norm_args, check_out
+from llmk.normalization.launch_config import row_config
+from llmk.normalization.triton_norm_backward import launch_layernorm_backward
 
 
 @triton.jit

@@ -23,15 +23,14 @@ fixed order and rounds once to the weight's dtype. Two kernels per norm, as in t
   the dw partial chunk is read, added to and written back in the program's own row of the buffer
   (L2-resident) once a step, or kept in registers when the row is one chunk.
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.triton_utils import col_mask
-from common.validation import as_rows
-from common.reduce import sum_partials
-from normalization.launch_config import backward_config
+from llmk.common.triton_utils import col_mask
+from llmk.common.validation import as_rows
+from llmk.common.reduce import sum_partials
+from llmk.normalization.launch_config import backward_config
 
 
 @triton.jit

@@ -12,13 +12,12 @@ returned for both, as autograd's own add does). Saved: u (an output, alive anywa
 block's skip) and weight. Traffic: read u, dy, du, write dx: 4*N*e a row (3*N*e when u's gradient
 is undefined, du = None).
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 
-from common.ops import define_op, define_ops
-from common.validation import check_norm_args, check_out, check_same_device, check_tensor
-from normalization.triton_norm_backward import launch_rmsnorm_backward
-from normalization.triton_rmsnorm import launch_rmsnorm
+from llmk.common.ops import define_op, define_ops
+from llmk.common.validation import check_norm_args, check_out, check_same_device, check_tensor
+from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
+from llmk.normalization.triton_rmsnorm import launch_rmsnorm
 
 
 def _backward_impl(dy, du, u, weight, eps, weight_grad):

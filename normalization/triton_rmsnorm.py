@@ -13,16 +13,15 @@ Backward (normalization/triton_norm_backward.py): the operator llmk::rmsnorm_bac
 autograd calls and `rmsnorm_backward` exposes; the forward saves x and weight only (rstd is
 recomputed from x: read x, dy, write dx, 3*N*e a row).
 """
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
 
-from common.ops import define_op, define_ops
-from common.triton_utils import col_mask
-from common.validation import as_rows, check_norm_args, check_out, check_same_device, check_tensor
-from normalization.launch_config import row_config
-from normalization.triton_norm_backward import launch_rmsnorm_backward
+from llmk.common.ops import define_op, define_ops
+from llmk.common.triton_utils import col_mask
+from llmk.common.validation import as_rows, check_norm_args, check_out, check_same_device, check_tensor
+from llmk.normalization.launch_config import row_config
+from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
 
 
 @triton.jit

@@ -11,18 +11,15 @@ m and v to bf16 once a step.
     python optimizers/test_triton_adam.py        (or: pytest optimizers)
 """
 import copy
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.device import DEVICE  # noqa: E402
-from common.testing import EXACT, Case, Outcome, Tol, compare, expect_raises, main, opcheck, rand  # noqa: E402
-from optimizers import triton_adam  # noqa: E402
-from optimizers.adam import adamw_step_ref  # noqa: E402
-from optimizers.triton_adam import TritonAdamW  # noqa: E402
+from llmk.common.device import DEVICE
+from llmk.common.testing import (EXACT, Case, Outcome, Tol, compare, expect_raises, main, opcheck, rand,
+                                 select_cases)
+from llmk.optimizers import triton_adam
+from llmk.optimizers.adam import adamw_step_ref
+from llmk.optimizers.triton_adam import TritonAdamW
 
 STEPS = 20
 FP32 = Tol(1e-6, 5e-6, "elementwise fp32 math, no sums: a step rounds w, m, v an ulp or two (2^-24 "
@@ -542,7 +539,7 @@ CONFIG_CASES = {torch.float32: "MLP params wd=0.01", torch.bfloat16: "bf16 MLP p
 def check_table_rows():
     """Every CONFIGS entry has a case of this tier that runs it: a dtype added to CONFIGS without
     one fails here."""
-    names = {c.name for c in common.testing.select_cases(CASES)}
+    names = {c.name for c in select_cases(CASES)}
     missing = [dtype for dtype in triton_adam.CONFIGS if CONFIG_CASES.get(dtype) not in names]
     return [Outcome("every CONFIGS entry run", not missing, note=f"no case runs {missing}" if missing else "")]
 

@@ -54,7 +54,6 @@ the step counts are read on the host (the operator itself compiles, functionaliz
 
 import functools
 
-import common  # noqa: F401  (interpreter switch before triton is imported)
 import torch
 import triton
 import triton.language as tl
@@ -62,8 +61,8 @@ from torch.optim import optimizer as torch_optimizer
 from triton import knobs
 from triton.runtime import driver
 
-from common.device import DEVICE, INTERPRET
-from common.ops import Op, define_op, no_outputs
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.ops import Op, define_op, no_outputs
 
 # (BLOCK elements a program, num_warps) per param dtype. fp32: 8 values a thread per array (two
 # 16-byte loads each of w, g, m, v); 2048 would need enough registers to nearly halve the programs

@@ -10,17 +10,13 @@ and the gradients themselves (grad_hidden + grad_weight); peak - grads is the sc
     python scripts/flce_chunk_sweep.py --smoke    (interpreter, a tiny shape: the code runs)
 """
 import argparse
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-import losses.fused_linear_cross_entropy as flce  # noqa: E402
-from common.bench import time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
-from common.peers import liger  # noqa: E402
+import llmk.losses.fused_linear_cross_entropy as flce
+from llmk.common.bench import time_ms
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.peers import liger
 
 SHAPES = [(8192, 4096, 128256), (16384, 4096, 151936)]
 CHUNKS = (128, 192, 256, 320, 384, 512, 640, 768, 1024, 1536, 2048)  # rows

@@ -33,13 +33,11 @@ import sys
 import sysconfig
 import threading
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from benchmarks.host_bench import FULL, SMOKE, TRAIN_MODE, train_cases  # noqa: E402
-from common.bench import host_time_us, train_call  # noqa: E402
-from common.device import DEVICE, INTERPRET  # noqa: E402
+from llmk.benchmarks.host_bench import FULL, SMOKE, TRAIN_MODE, train_cases
+from llmk.common.bench import host_time_us, train_call
+from llmk.common.device import DEVICE, INTERPRET
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STDLIB = pathlib.Path(sysconfig.get_paths()["stdlib"]).resolve()

@@ -14,7 +14,7 @@ kernel=${1:?usage: scripts/profile_ncu.sh KERNEL [OUT_DIR]}
 out=${2:-build/profile}
 cd "$(dirname "$0")/.."
 command -v ncu >/dev/null || { echo "ncu (Nsight Compute) not found on PATH" >&2; exit 1; }
-regex=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import profile_target as p; \
+regex=$(python3 -c "import llmk.scripts.profile_target as p; \
 t = p.TARGETS.get('$kernel'); print(t[1] if t else '')")
 [ -n "$regex" ] || { python3 scripts/profile_target.py "$kernel"; exit 1; }   # prints the usage
 mkdir -p "$out"

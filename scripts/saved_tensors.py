@@ -8,15 +8,11 @@ saved it, summed per node; the models are benchmarks/train_bench.py's with fewer
 import argparse
 import collections
 import importlib.util
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from benchmarks.train_bench import MODELS, SMOKE_MODELS, build, prepare  # noqa: E402
-from common.device import DEVICE  # noqa: E402
+from llmk.benchmarks.train_bench import MODELS, SMOKE_MODELS, build, prepare
+from llmk.common.device import DEVICE
 
 MB = 1e6
 

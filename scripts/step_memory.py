@@ -11,14 +11,10 @@ holding the most at that moment; then each place's difference between the first 
 """
 import argparse
 import collections
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from benchmarks.train_bench import MODELS, batches, build, optimizer, prepare, release  # noqa: E402
+from llmk.benchmarks.train_bench import MODELS, batches, build, optimizer, prepare, release
 
 MB = 1e6
 OWN = ("/torch/", "/contextlib.py", "/functools.py")  # frames that say nothing about who allocated

@@ -14,19 +14,16 @@ host ahead of the loss kernels, and the host waits for that copy once they are l
 GPU keeps the loss kernels queued meanwhile: a few to tens of us against calls of milliseconds.
 """
 import argparse
-import pathlib
 import statistics
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # repo root, for `common`
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-import losses.cross_entropy as cross_entropy_module  # noqa: E402
-from common.bench import time_ms, train_call  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe  # noqa: E402
-from losses.cross_entropy import cross_entropy  # noqa: E402
-from losses.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+import llmk.losses.cross_entropy as cross_entropy_module
+from llmk.common.bench import time_ms, train_call
+from llmk.common.device import DEVICE, INTERPRET, describe
+from llmk.losses.cross_entropy import cross_entropy
+from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy
 
 DTYPE = torch.bfloat16
 ROUNDS = 3  # on/off alternations: clock or thermal drift moves both settings alike

@@ -18,7 +18,7 @@ A bound tied to max|v| instead (u * max|v|) sits 4-11x above the real error of a
 """
 import torch
 
-from common.testing import UNIT_ROUNDOFF, Tol
+from llmk.common.testing import UNIT_ROUNDOFF, Tol
 
 P_ROUNDING_BOUND = 4.0
 ATOL_FLOOR = 1e-6

@@ -1,7 +1,7 @@
 """Targets shared by losses/test_cross_entropy.py and losses/test_fused_linear_cross_entropy.py."""
 import torch
 
-from common.device import DEVICE
+from llmk.common.device import DEVICE
 
 IGNORE = -100  # the losses' default ignore_index, as F.cross_entropy's
 

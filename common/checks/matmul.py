@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from common.testing import TOLERANCES, UNIT_ROUNDOFF, Tol
+from llmk.common.testing import TOLERANCES, UNIT_ROUNDOFF, Tol
 
 TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
                      "silu": F.silu}

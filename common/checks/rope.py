@@ -2,9 +2,9 @@
 out=None)`: the Triton kernel (attention/test_rope.py) and the CUDA one (cuda_cpp/test_cuda_kernels.py)."""
 import torch
 
-from attention.rope import apply_rope_ref, rope_cos_sin
-from common.device import DEVICE
-from common.testing import Outcome, compare, rand
+from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.common.device import DEVICE
+from llmk.common.testing import Outcome, compare, rand
 
 
 def make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided=None):

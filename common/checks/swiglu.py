@@ -1,5 +1,5 @@
 """SwiGLU inputs shared by mlp/test_swiglu.py and cuda_cpp/test_cuda_kernels.py."""
-from common.testing import rand
+from llmk.common.testing import rand
 
 
 def inputs(shape, dtype, layout, pad, gate_scale, up_scale):

@@ -29,20 +29,16 @@ Kernels compile first in SWEEP_JOBS processes at once (default: the host's cores
 inputs of the same specializations (sweep_common.precompile).
 """
 import os
-import pathlib
 import statistics
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from attention.flash_attention_bwd import backward_table_config, dp_first_when, launch_flash_attention_backward  # noqa: E402
-from attention.flash_attention_triton import flash_attention_train_op, flash_attention_varlen_train_op, packed  # noqa: E402
-from common.bench import tflops, time_ms  # noqa: E402
-from common.device import DEVICE, describe  # noqa: E402
-from sweep_common import parse_sweep_args, precompile, report_config  # noqa: E402
+from llmk.attention.flash_attention_bwd import backward_table_config, dp_first_when, launch_flash_attention_backward
+from llmk.attention.flash_attention_triton import flash_attention_train_op, flash_attention_varlen_train_op, packed
+from llmk.common.bench import tflops, time_ms
+from llmk.common.device import DEVICE, describe
+from sweep_common import parse_sweep_args, precompile, report_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # (B, H, Hkv, T) per head dim for the config sweep: the attention benchmark's training shapes (hd 64, 128)
@@ -306,7 +302,7 @@ def main():
                 compare_schedules(Problem(dtype, causal, (b, h, hkv, t, d)),
                                   f"B{b} H{h}/{hkv} T{t} D{d} {'causal' if causal else 'full'}", d, args.smoke)
     if not args.smoke and VARLEN[5] in dims:
-        from benchmarks.attention_bench import varlen_lengths
+        from llmk.benchmarks.attention_bench import varlen_lengths
         n, low, high, total, h, d = VARLEN
         compare_schedules(Problem(dtype, True, lengths=varlen_lengths(n, low, high, total), heads=h, dim=d),
                           f"packed {n} sequences {low}..{high}, {total} tokens, H{h} D{d} causal", d, args.smoke)

@@ -17,19 +17,15 @@ processes at once (default: the host's cores less one; sweep_common.precompile).
 """
 import contextlib
 import os
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from attention.flash_attention_triton import flash_attention, table_config  # noqa: E402
-from common.bench import tflops, time_ms  # noqa: E402
-from common.device import DEVICE, describe  # noqa: E402
-from common.ints import next_power_of_2  # noqa: E402
-from sweep_common import parse_sweep_args, precompile, report_config  # noqa: E402
+from llmk.attention.flash_attention_triton import flash_attention, table_config
+from llmk.common.bench import tflops, time_ms
+from llmk.common.device import DEVICE, describe
+from llmk.common.ints import next_power_of_2
+from sweep_common import parse_sweep_args, precompile, report_config
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SHAPES = ((4, 32, 4096, 64), (16, 16, 1024, 128), (4, 16, 4096, 128), (1, 16, 16384, 128), (4, 16, 4096, 256))

@@ -9,19 +9,18 @@ a (M, K), W (N, K) as nn.Linear holds it, dz (M, N); bf16; times in us (do_bench
 flushed). Every TMA config is checked against cuBLAS before it is timed. The figures behind the
 backward's choices are in docs/tuning/gemm.md.
 """
-import pathlib, sys
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton.testing  # noqa: E402
+import sys
 
-import gemm.triton_matmul as tm  # noqa: E402
-import gemm.triton_matmul_tma as tma  # noqa: E402
-from common.bench import graph_time_ms, host_time_us, train_call  # noqa: E402
-from common.device import sm_count  # noqa: E402
-from gemm import matmul_common  # noqa: E402
-from gemm.triton_matmul_backward import epilogue_backward  # noqa: E402
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+import llmk.gemm.triton_matmul as tm
+import llmk.gemm.triton_matmul_tma as tma
+from llmk.common.bench import graph_time_ms, host_time_us, train_call
+from llmk.common.device import sm_count
+from llmk.gemm import matmul_common
+from llmk.gemm.triton_matmul_backward import epilogue_backward
 
 SHAPES = ((4096, 4096, 4096), (8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336))
 # TMA_CONFIGS and a few more: 256 x 128 tiles (the transposed operand's long side along M), 128 x 256

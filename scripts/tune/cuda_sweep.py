@@ -7,21 +7,18 @@ copy bandwidth, sorted best first; `*` marks the launch cuda_cpp/launch_config.p
 kernel's figure is printed for reference. Read off: whether the default is within ~2% of the best
 everywhere; where it is not, which constant to change (names in brackets).
 """
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
+import torch
 
-from attention.triton_rope import apply_rope as triton_rope  # noqa: E402
-from common.bench import copy_bandwidth_GBps, gbps, time_ms  # noqa: E402
-from cuda_cpp import launch_config as lc  # noqa: E402
-from cuda_cpp import ops  # noqa: E402
-from cuda_cpp.extension import extension, unavailable_reason  # noqa: E402
-from mlp.triton_swiglu import swiglu as triton_swiglu  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm  # noqa: E402
+from llmk.attention.triton_rope import apply_rope as triton_rope
+from llmk.common.bench import copy_bandwidth_GBps, gbps, time_ms
+from llmk.cuda_cpp import launch_config as lc
+from llmk.cuda_cpp import ops
+from llmk.cuda_cpp.extension import extension, unavailable_reason
+from llmk.mlp.triton_swiglu import swiglu as triton_swiglu
+from llmk.normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm
 
 reason = unavailable_reason()
 if reason:

@@ -11,19 +11,16 @@ figures behind them are in docs/tuning/inference.md.
 Each line: a shape, the shipped heuristics' pick and time for both kernels, then the five fastest
 configs of each, "BLOCK_N/warps/stages/splits us".
 """
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from common.bench import graph_time_ms  # noqa: E402
-from common.device import sm_count  # noqa: E402
-import inference.triton_inference_attention as ia  # noqa: E402
-from inference.paged_kv_cache import to_pages  # noqa: E402
+from llmk.common.bench import graph_time_ms
+from llmk.common.device import sm_count
+import llmk.inference.triton_inference_attention as ia
+from llmk.inference.paged_kv_cache import to_pages
 
 H, D, PS = 32, 128, 16  # PS: tokens a page
 SHAPES = [(1, 32, 512), (1, 32, 1024), (1, 8, 512), (16, 8, 512), (16, 8, 1024), (16, 8, 2048),  # (B, Hkv, T)

@@ -21,20 +21,17 @@ all shapes and dtypes of its layout, relative to the best at each: the GEMV_CONF
 candidate with the smallest, unless one shape loses badly with it.
 """
 import math
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from common.bench import copy_bandwidth_GBps, gbps, graph_time_ms, time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, describe, sm_count  # noqa: E402
-from common.testing import dtype_name  # noqa: E402
-from gemm.triton_gemv import GEMV_CONFIGS, INTERPRET_SMS, gemv_plan, launch_gemv  # noqa: E402
-from gemm.triton_matmul import launch_matmul  # noqa: E402
+from llmk.common.bench import copy_bandwidth_GBps, gbps, graph_time_ms, time_ms
+from llmk.common.device import DEVICE, INTERPRET, describe, sm_count
+from llmk.common.testing import dtype_name
+from llmk.gemm.triton_gemv import GEMV_CONFIGS, INTERPRET_SMS, gemv_plan, launch_gemv
+from llmk.gemm.triton_matmul import launch_matmul
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE and not INTERPRET:

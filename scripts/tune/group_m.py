@@ -3,15 +3,12 @@ turn (do_bench, us, cuBLAS / ours), then matmul() as shipped and the config the 
 
     python scripts/tune/group_m.py      (~45 s on an H100)
 """
-import pathlib, sys
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import triton.testing  # noqa: E402
+import torch
+import triton.testing
 
-import gemm.triton_matmul as tm  # noqa: E402
-import gemm.triton_matmul_tiled as tiled  # noqa: E402
-from gemm.matmul_common import picked_config  # noqa: E402
+import llmk.gemm.triton_matmul as tm
+import llmk.gemm.triton_matmul_tiled as tiled
+from llmk.gemm.matmul_common import picked_config
 
 SHIPPED = tiled.GROUP_M  # launch_tiled reads the tiled module's name, so that is the one swapped
 

@@ -13,25 +13,22 @@ fused:   rmsnorm + matmul in one big-tile kernel (defined here), the squares sum
          rmsnorm_linear has no big-tile fused path.
 tma1024: 1024^3 and neighbours on each TMA config and a few more (TMA_CONFIGS).
 """
-import pathlib
 import sys
 import time
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-import triton.testing  # noqa: E402
+import torch
+import triton
+import triton.language as tl
+import triton.testing
 
-from common.bench import graph_time_ms, host_time_us  # noqa: E402
-from common.device import sm_count  # noqa: E402
-import gemm.triton_matmul as tm  # noqa: E402
-import gemm.triton_matmul_tiled as tiled  # noqa: E402
-import gemm.triton_matmul_tma as tma  # noqa: E402
-import gemm.triton_rmsnorm_linear as trl  # noqa: E402
-from gemm.matmul_common import grouped_tile, picked_config  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
-import inference.triton_inference_attention as ia  # noqa: E402
+from llmk.common.bench import graph_time_ms, host_time_us
+from llmk.common.device import sm_count
+import llmk.gemm.triton_matmul as tm
+import llmk.gemm.triton_matmul_tiled as tiled
+import llmk.gemm.triton_matmul_tma as tma
+import llmk.gemm.triton_rmsnorm_linear as trl
+from llmk.gemm.matmul_common import grouped_tile, picked_config
+from llmk.normalization.triton_rmsnorm import rmsnorm
+import llmk.inference.triton_inference_attention as ia
 
 PARTS = sys.argv[1:] or ["host", "auto", "m1", "small", "fused", "tma1024"]
 dev = torch.device("cuda", 0)

@@ -24,20 +24,17 @@ Read off:
     joins the table (prune_configs must let it through for that M); "matmul()" shows whether the
     autotuner then finds it.
 """
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.testing  # noqa: E402
+import torch
+import triton
+import triton.testing
 
-from common.bench import host_time_us  # noqa: E402
-from common.device import sm_count  # noqa: E402
-from gemm.triton_matmul import launch_matmul, matmul  # noqa: E402
-from gemm.triton_matmul_tiled import INTERPRET_SMS, plan, tuned  # noqa: E402
+from llmk.common.bench import host_time_us
+from llmk.common.device import sm_count
+from llmk.gemm.triton_matmul import launch_matmul, matmul
+from llmk.gemm.triton_matmul_tiled import INTERPRET_SMS, plan, tuned
 
 DTYPE = torch.float16 if "--fp16" in sys.argv else torch.bfloat16
 QUICK = "--quick" in sys.argv

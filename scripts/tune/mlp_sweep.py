@@ -13,19 +13,15 @@ against PyTorch in fp32 first (a wrong one prints BAD and is not timed), then ti
 common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
 start; '*' marks the table's entry. Read off: the candidate best or within 1% at the most shapes.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.device import DEVICE  # noqa: E402
-from mlp.tiling import TILE_TABLE, tile_config_for  # noqa: E402
-from mlp.triton_bias_gelu import launch_bias_gelu  # noqa: E402
-from mlp.triton_swiglu import launch_swiglu  # noqa: E402
-from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
+from llmk.common.device import DEVICE
+from llmk.mlp.tiling import TILE_TABLE, tile_config_for
+from llmk.mlp.triton_bias_gelu import launch_bias_gelu
+from llmk.mlp.triton_swiglu import launch_swiglu
+from sweep_common import measure_copy, parse_sweep_args, report_config
 
 KERNELS = tuple(TILE_TABLE)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

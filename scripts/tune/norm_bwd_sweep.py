@@ -17,22 +17,18 @@ A config: "fused BLOCK_M rows" or "looped BLOCK_M x chunk", then warps, programs
 (-; the looped LayerNorm kernel has none); '*' marks the tables' pick. --wide: the looped
 kernel's widths alone.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from common.bench import gbps, graph_time_ms  # noqa: E402
-from common.device import DEVICE, INTERPRET, sm_count  # noqa: E402
-from common.ints import next_power_of_2  # noqa: E402
-from common.reduce import INTERPRETER_SMS, sum_config, sum_partials  # noqa: E402
-from normalization.launch_config import RowConfig, backward_config, row_config  # noqa: E402
-from normalization.triton_layernorm import launch_layernorm  # noqa: E402
-from normalization.triton_norm_backward import launch_layernorm_backward, launch_rmsnorm_backward  # noqa: E402
-from normalization.triton_rmsnorm import launch_rmsnorm  # noqa: E402
-from sweep_common import MAX_REL_ERR, measure_copy, parse_sweep_args  # noqa: E402
+from llmk.common.bench import gbps, graph_time_ms
+from llmk.common.device import DEVICE, INTERPRET, sm_count
+from llmk.common.ints import next_power_of_2
+from llmk.common.reduce import INTERPRETER_SMS, sum_config, sum_partials
+from llmk.normalization.launch_config import RowConfig, backward_config, row_config
+from llmk.normalization.triton_layernorm import launch_layernorm
+from llmk.normalization.triton_norm_backward import launch_layernorm_backward, launch_rmsnorm_backward
+from llmk.normalization.triton_rmsnorm import launch_rmsnorm
+from sweep_common import MAX_REL_ERR, measure_copy, parse_sweep_args
 
 KERNELS = ("rmsnorm", "layernorm", "residual_rmsnorm")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -13,20 +13,16 @@ one prints BAD and is not timed), then timed
 with common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at
 the start; '*' marks the config the tables pick. Read off: the best config per width.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from common.device import DEVICE  # noqa: E402
-from common.ints import cdiv, next_power_of_2  # noqa: E402
-from normalization.launch_config import LOOP_CHUNK_TABLE, RowConfig, looped_config, row_config  # noqa: E402
-from normalization.triton_layernorm import launch_layernorm  # noqa: E402
-from normalization.triton_rmsnorm import launch_rmsnorm  # noqa: E402
-from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
+from llmk.common.device import DEVICE
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.normalization.launch_config import LOOP_CHUNK_TABLE, RowConfig, looped_config, row_config
+from llmk.normalization.triton_layernorm import launch_layernorm
+from llmk.normalization.triton_rmsnorm import launch_rmsnorm
+from sweep_common import measure_copy, parse_sweep_args, report_config
 
 KERNELS = ("rmsnorm", "residual_rmsnorm", "layernorm")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

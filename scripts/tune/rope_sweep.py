@@ -10,18 +10,14 @@ config is checked against attention/rope.py's reference in fp32 first (a wrong o
 is not timed), then timed with common.bench.time_ms. One line a config: GB/s and its share of the
 copy bandwidth measured at the start; '*' marks rope_config's choice. Read off: the best per D.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from attention.rope import apply_rope_ref, rope_cos_sin  # noqa: E402
-from attention.triton_rope import RopeConfig, launch_rope, rope_config  # noqa: E402
-from common.device import DEVICE  # noqa: E402
-from common.ints import next_power_of_2  # noqa: E402
-from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
+from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.triton_rope import RopeConfig, launch_rope, rope_config
+from llmk.common.device import DEVICE
+from llmk.common.ints import next_power_of_2
+from sweep_common import measure_copy, parse_sweep_args, report_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HEAD_DIMS = (64, 128, 256, 512, 1024)

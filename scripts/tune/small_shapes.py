@@ -12,23 +12,20 @@ rl:    rmsnorm_linear's decode kernel over (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, wa
 split: decode attention, contiguous | paged, GPU us at each split count.
 1024:  1024^3 one-kernel configs and split-K, GPU us / do_bench us, against cuBLAS.
 """
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton  # noqa: E402
-import triton.testing  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common.bench import graph_time_ms, host_time_us  # noqa: E402
-import gemm.triton_matmul as tm  # noqa: E402
-import gemm.triton_rmsnorm_linear as trl  # noqa: E402
-import inference.triton_inference_attention as ia  # noqa: E402
-from normalization.triton_rmsnorm import rmsnorm  # noqa: E402
+from llmk.common.bench import graph_time_ms, host_time_us
+import llmk.gemm.triton_matmul as tm
+import llmk.gemm.triton_rmsnorm_linear as trl
+import llmk.inference.triton_inference_attention as ia
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 PARTS = sys.argv[1:] or ["host", "rl", "split", "1024"]
 
@@ -123,7 +120,7 @@ if "rl" in PARTS:
 
 if "split" in PARTS:
     print("== decode splits, H32 hd128 fp16, GPU us (graph): contiguous | paged (16-token pages, shuffled)")
-    from scripts.tune.decode_configs import D, H, decode_inputs
+    from llmk.scripts.tune.decode_configs import D, H, decode_inputs
     for b, hkv, t in ((1, 8, 512), (1, 8, 1024), (1, 8, 2048), (1, 8, 4096), (1, 8, 8192), (1, 8, 16384),
                       (1, 32, 512), (1, 32, 1024), (1, 32, 2048), (1, 32, 8192), (2, 8, 8192), (4, 8, 8192),
                       (4, 32, 8192), (16, 8, 512), (16, 8, 2048), (16, 32, 512)):

@@ -11,18 +11,14 @@ against torch.softmax in fp32 first (a wrong one prints BAD and is not timed), t
 common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
 start; '*' marks softmax_config's choice. Read off: the best config per shape.
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401  (interpreter switch before triton is imported)
-import torch  # noqa: E402
+import torch
 
-from attention.triton_softmax import (INTERPRET_SMS, MAX_SPLITS, SoftmaxConfig, launch_softmax,  # noqa: E402
-                                      softmax_config)
-from common.device import DEVICE, sm_count  # noqa: E402
-from common.ints import cdiv, next_power_of_2  # noqa: E402
-from sweep_common import measure_copy, parse_sweep_args, report_config  # noqa: E402
+from llmk.attention.triton_softmax import (INTERPRET_SMS, MAX_SPLITS, SoftmaxConfig, launch_softmax,
+                                           softmax_config)
+from llmk.common.device import DEVICE, sm_count
+from llmk.common.ints import cdiv, next_power_of_2
+from sweep_common import measure_copy, parse_sweep_args, report_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WIDTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)

@@ -7,8 +7,8 @@ Import it after `common`, whose import sets the interpreter switch before triton
 import argparse
 import sys
 
-from common.bench import copy_bandwidth_GBps, gbps, tflops, time_ms
-from common.device import INTERPRET, describe
+from llmk.common.bench import copy_bandwidth_GBps, gbps, tflops, time_ms
+from llmk.common.device import INTERPRET, describe
 
 # A wrong config is off by about the values' own size; a right one's rounding stays well under 2%.
 MAX_REL_ERR = 0.02

@@ -7,16 +7,15 @@ of the two per provider, and its ratio to cuBLAS.
 
 Sets TMA_CONFIGS and TMA_MIN_M; the figures behind them are in docs/tuning/gemm.md.
 """
-import pathlib, sys
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import common  # noqa: E402,F401
-import torch  # noqa: E402
-import triton.testing  # noqa: E402
+import sys
 
-import gemm.triton_matmul as tm  # noqa: E402
-import gemm.triton_matmul_tma as tma  # noqa: E402
-from common.bench import host_time_us  # noqa: E402
-from common.device import sm_count  # noqa: E402
+import torch
+import triton.testing
+
+import llmk.gemm.triton_matmul as tm
+import llmk.gemm.triton_matmul_tma as tma
+from llmk.common.bench import host_time_us
+from llmk.common.device import sm_count
 
 SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (512, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
           (8192, 8192, 8192), (2048, 4096, 4096), (2048, 14336, 4096), (8192, 14336, 4096), (2048, 4096, 14336),

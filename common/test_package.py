@@ -1,0 +1,127 @@
+"""The repository as the package `llmk` (pyproject.toml): what it declares, and its wheel installed
+into a fresh virtual environment outside the checkout, running a kernel and its backward there.
+
+    python common/test_package.py        (or: pytest common/test_package.py)
+
+The environment shares this interpreter's site-packages (torch and triton: installing them again
+would take minutes and the network), and the check fails unless `llmk` imports from the wheel's
+copy in that environment, not from this checkout.
+"""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+from llmk.common.testing import Case, Outcome, main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Runs in the environment, from a folder outside the checkout: RMSNorm forward and backward
+# against PyTorch's, and where llmk came from.
+PROBE = """
+import llmk, torch
+from llmk.common.device import DEVICE
+from llmk.normalization.triton_rmsnorm import rmsnorm
+x = torch.randn(5, 96, device=DEVICE, requires_grad=True)
+w = torch.randn(96, device=DEVICE, requires_grad=True)
+y = rmsnorm(x, w, 1e-6)
+ref = torch.nn.functional.rms_norm(x, (96,), w, 1e-6)
+dy = torch.randn_like(y)
+got, want = torch.autograd.grad(y, (x, w), dy), torch.autograd.grad(ref, (x, w), dy)
+errs = [(y - ref).abs().max().item()] + [(g - r).abs().max().item() for g, r in zip(got, want)]
+print("from", llmk.__file__)
+print("errors", *errs)
+"""
+
+
+def pyproject():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return None
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def requirement_names(lines):
+    """{name: spec} of requirement strings ("torch>=2.4", "numpy")."""
+    out = {}
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if line:
+            name = re.split(r"[<>=!~ ]", line, maxsplit=1)[0]
+            out[name.lower()] = line[len(name):].strip()
+    return out
+
+
+def check_declared():
+    """requirements.txt lists pyproject's dependencies and its dev extras but transformers (an
+    optional line there) with the same bounds, and pyproject lists every folder that is a package."""
+    project = pyproject()
+    if project is None:
+        return [Outcome("tomllib needs Python 3.11: not checked", True)]
+    deps = requirement_names(project["project"]["dependencies"])
+    dev = requirement_names(project["project"]["optional-dependencies"]["dev"])
+    dev.pop("transformers")
+    listed = requirement_names((ROOT / "requirements.txt").read_text().splitlines())
+    packages = set(project["tool"]["setuptools"]["packages"])
+    folders = {"llmk." + ".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.rglob("__init__.py")
+               if p.parent != ROOT and not {"build", ".venv"} & set(p.relative_to(ROOT).parts)} | {"llmk"}
+    return [Outcome("requirements.txt = dependencies + dev extras", listed == {**deps, **dev},
+                    note=f"requirements {listed} pyproject {deps} dev {dev}"[:200]),
+            Outcome("every package folder in pyproject's packages", packages == folders,
+                    note=f"missing {sorted(folders - packages)}, extra {sorted(packages - folders)}")]
+
+
+def run(command, cwd, label):
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+        raise RuntimeError(f"{label} failed: {tail[0][:150]}")
+    return proc.stdout
+
+
+def check_wheel():
+    """Build the wheel, install it (without dependencies) into a new environment, and run the
+    probe there from an empty folder."""
+    from importlib import metadata
+    try:
+        offline = tuple(int(x) for x in metadata.version("setuptools").split(".")[:2]) >= (70, 1)
+    except (metadata.PackageNotFoundError, ValueError):
+        offline = False
+    if not offline:  # pip would fetch a newer one for the build: a machine without network fails there
+        return [Outcome("not checked: building the wheel offline needs setuptools >= 70.1 here", True)]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                 str(tmp / "dist"), str(ROOT)]
+        run(build, tmp, "pip wheel")
+        wheel, = (tmp / "dist").glob("llmk-*.whl")
+        names = zipfile.ZipFile(wheel).namelist()
+        run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp / "env")], tmp, "venv")
+        python = tmp / "env" / ("Scripts" if os.name == "nt" else "bin") / "python"
+        run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], tmp, "pip install")
+        (tmp / "work").mkdir()
+        out = run([str(python), "-W", "ignore", "-c", PROBE], tmp / "work", "the probe")
+        where = out.split("from ", 1)[1].split()[0]
+        errors = [float(e) for e in out.split("errors", 1)[1].split()]
+    return [Outcome("the wheel holds the kernels and the CUDA sources",
+                    "llmk/normalization/triton_rmsnorm.py" in names and "llmk/cuda_cpp/csrc/rmsnorm.cu" in names
+                    and not any(n.startswith("llmk/build/") for n in names), note=wheel.name),
+            Outcome("llmk imported from the environment, not the checkout",
+                    where.startswith(str(tmp / "env")) and not where.startswith(str(ROOT)), note=where[-80:]),
+            Outcome("rmsnorm forward and backward there, against PyTorch", max(errors) < 1e-4,
+                    max_abs=max(errors), limit="1e-04")]
+
+
+CASES = [Case("pyproject and requirements.txt", check_declared), Case("wheel in a fresh environment", check_wheel)]
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("the llmk package", CASES)

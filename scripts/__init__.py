@@ -1,0 +1,1 @@
+"""Tools for developing the kernels: tuning sweeps, profiles, memory replays (not used by the kernels)."""

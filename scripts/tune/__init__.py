@@ -1,0 +1,1 @@
+"""The sweeps behind the launch tables; their figures are in docs/tuning/."""
