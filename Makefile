@@ -8,16 +8,16 @@ PYTHON ?= python3
 
 .PHONY: test bench bench-smoke deps report
 deps:
-	@$(PYTHON) common/deps.py  # a plain script: it must not import what it is about to install
+	@$(PYTHON) scripts/deps.py  # a plain script: it must not import what it is about to install
 
 test: deps
-	@$(PYTHON) -m llmk.common.run_tests $(if $(JOBS),--jobs $(JOBS))
+	@$(PYTHON) -m llmk.scripts.run_tests $(if $(JOBS),--jobs $(JOBS))
 
 bench: deps
-	@$(PYTHON) -m llmk.common.run_benchmarks $(if $(BENCH),--bench $(BENCH)) $(ARGS)
+	@$(PYTHON) -m llmk.scripts.run_benchmarks $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 bench-smoke: deps
-	@$(PYTHON) -m llmk.common.run_benchmarks --smoke $(if $(BENCH),--bench $(BENCH)) $(ARGS)
+	@$(PYTHON) -m llmk.scripts.run_benchmarks --smoke $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 report:
-	@$(PYTHON) common/report.py  # a plain script, standard library only: no torch, no GPU
+	@$(PYTHON) scripts/report.py  # a plain script, standard library only: no torch, no GPU

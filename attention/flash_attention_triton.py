@@ -254,8 +254,7 @@ def _setup_dense(ctx, inputs, output):
 
 
 def _setup_dense_train(ctx, inputs, output):
-    # (inputs + the schema's default)[:7]: a direct call of the Op may leave `deterministic` out
-    q, k, v, causal, sm_scale, config, deterministic = (*inputs, False)[:7]
+    q, k, v, causal, sm_scale, config, deterministic = inputs
     _save(ctx, q, k, v, output, causal, sm_scale, deterministic)
 
 
@@ -265,7 +264,7 @@ def _setup_varlen(ctx, inputs, output):
 
 
 def _setup_varlen_train(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic = (*inputs, False)[:11]
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic = inputs
     _save(ctx, q, k, v, output, causal, sm_scale, deterministic, (cu_q, cu_k, max_q, max_k))
 
 

@@ -3,7 +3,7 @@ the forward, the backward (dq, dk, dv) and packed variable-length batches.
 
     python attention/test_flash_attention.py        (or: pytest attention/test_flash_attention.py)
 
-Error model and tolerance of O: common/checks/attention.py (p rounded once to the input dtype
+Error model and tolerance of O: attention/attention_cases.py (p rounded once to the input dtype
 before p @ v, O rounded once: a bound for each element from the fp64 probabilities). Beside that
 bound, the 2x rule: our error must be at most twice that of PyTorch's same-dtype attention
 (scores, softmax and p @ v each in the input dtype, as flash-attention's own tests build their
@@ -27,7 +27,7 @@ from llmk.attention.flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWA
 from llmk.attention.flash_attention_triton import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
                                                    flash_attention_varlen, table_config)
 from llmk.attention.naive_attention import causal_mask, expand_kv, naive_attention
-from llmk.common.checks.attention import attention_tol as rounding_tol
+from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.common.device import DEVICE
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, grads_of, main, poisoned, rand)

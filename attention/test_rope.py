@@ -9,7 +9,7 @@ forward-only, and a cos or sin that requires grad raises (no gradient for the ta
 
 import torch
 
-from llmk.common.checks.rope import check_empty, check_huge, check_own_buffer, make_qk, make_table
+from llmk.attention.rope_cases import check_empty, check_huge, check_own_buffer, make_qk, make_table
 from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
                                  expect_raises, main, poisoned, rand, select_cases)

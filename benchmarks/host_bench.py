@@ -735,7 +735,7 @@ def main():
     s = SMOKE if args.smoke else FULL
     failed = []
 
-    def charts(meta, rows):  # no charts: the docs page is a table (common/report.py, area "host")
+    def charts(meta, rows):  # no charts: the docs page is a table (scripts/report.py, area "host")
         failed.extend(r for r in rows if r.get("error"))
 
     run(args, "host", charts, measure=measure(s), ours=())

@@ -110,11 +110,16 @@ class Op:
         # of host time a call on an H100's host) only to fill in defaults
         self._apply = None if function is None else super(torch.autograd.Function, function).apply
         self._n_args = len(overload._schema.arguments)
+        # the schema's trailing defaults, so that an autograd formula's setup_context gets every
+        # argument by position whichever way the op was called (the dispatcher fills them in too)
+        self._defaults = [a.default_value if a.has_default_value() else None for a in overload._schema.arguments]
 
     def _recorded(self, *args):
         if not self.differentiable:
             raise forward_only_error(self.name, self.remedy)
-        if len(args) != self._n_args or torch._C._are_functorch_transforms_active():  # defaults; vmap, grad, ...
+        if len(args) < self._n_args:
+            args = (*args, *self._defaults[len(args):])
+        if torch._C._are_functorch_transforms_active():  # vmap, grad, ...
             return self.function.apply(*args)
         return self._apply(*torch._functorch.utils.unwrap_dead_wrappers(args))
 

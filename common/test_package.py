@@ -1,5 +1,6 @@
-"""The repository as the package `llmk` (pyproject.toml): what it declares, and its wheel installed
-into a fresh virtual environment outside the checkout, running a kernel and its backward there.
+"""The repository as the package `llmk` (pyproject.toml): what it declares, which way its imports
+run (common/ is the ground floor), and its wheel installed into a fresh virtual environment outside
+the checkout, running a kernel and its backward there.
 
     python common/test_package.py        (or: pytest common/test_package.py)
 
@@ -75,8 +76,27 @@ def check_declared():
                     note=f"missing {sorted(folders - packages)}, extra {sorted(packages - folders)}")]
 
 
+KERNEL_FOLDERS = ("attention", "cuda_cpp", "gemm", "inference", "losses", "mlp", "models", "normalization",
+                  "optimizers", "benchmarks", "scripts")
+
+
+def check_floors():
+    """common/, the ground floor, imports no kernel folder, benchmark or tool (its tests may)."""
+    import ast
+    bad = []
+    for path in sorted((ROOT / "common").glob("*.py")):
+        if path.name.startswith("test_"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.name}: {n}" for n in names if n.split(".")[:2] in [["llmk", f] for f in KERNEL_FOLDERS]]
+    return [Outcome("common/ imports only common/ of llmk", not bad, note=", ".join(bad)[:200])]
+
+
 def run(command, cwd, label):
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the environment's own paths only
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
         raise RuntimeError(f"{label} failed: {tail[0][:150]}")
@@ -116,7 +136,8 @@ def check_wheel():
                     max_abs=max(errors), limit="1e-04")]
 
 
-CASES = [Case("pyproject and requirements.txt", check_declared), Case("wheel in a fresh environment", check_wheel)]
+CASES = [Case("pyproject and requirements.txt", check_declared), Case("floors", check_floors),
+         Case("wheel in a fresh environment", check_wheel)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -6,7 +6,8 @@ scalar tail, and the scalar variant for misaligned or strided data).
 
 Every case needs a CUDA device and nvcc (the kernels are compiled at first use, in well under a
 minute): all are `gpu_only`, and without them every case counts as skipped ("no CUDA toolchain").
-The checks shared with the Triton kernels' tests are in common/checks/.
+The checks shared with the Triton kernels' tests are beside those tests (normalization/rmsnorm_cases.py,
+attention/rope_cases.py, mlp/swiglu_cases.py).
 
     python cuda_cpp/test_cuda_kernels.py        (or: pytest cuda_cpp/test_cuda_kernels.py)
 """
@@ -15,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from llmk.attention.rope import apply_rope_ref
-from llmk.common.checks import rmsnorm as norm_checks
-from llmk.common.checks import rope as rope_checks
-from llmk.common.checks.swiglu import inputs as swiglu_inputs
+import llmk.normalization.rmsnorm_cases as norm_checks
+import llmk.attention.rope_cases as rope_checks
+from llmk.mlp.swiglu_cases import inputs as swiglu_inputs
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.cuda_cpp.extension import unavailable_reason
@@ -120,7 +121,7 @@ def rmsnorm_cases():
 # ---- RoPE ----
 
 def rope_table(batch, seq_len, head_dim, layout, kind, dtype, sin_dtype=None):
-    """common/checks/rope.py's tables, plus "T,D misaligned": columns 1.. of a (T, D + 1) buffer
+    """attention/rope_cases.py's tables, plus "T,D misaligned": columns 1.. of a (T, D + 1) buffer
     (odd row stride, base off 16 bytes), which the packed kernel cannot read; sin_dtype: a sin
     table in another dtype than cos."""
     if layout == "T,D misaligned":

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from llmk.common import report
+from llmk.scripts import report
 from llmk.common.testing import Case, Outcome, run_cases
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """Tests for gemm/triton_gemv.py (M = 1) against the fp64 product of the same fp16/bf16 inputs and
-PyTorch's same-dtype torch.matmul with its bias and activation ops, with common/checks/matmul.py's
+PyTorch's same-dtype torch.matmul with its bias and activation ops, with gemm/matmul_cases.py's
 reference and tolerance (fp32 accumulation over K, one rounding; at most 2x PyTorch's own error
 plus atol).
 
@@ -15,7 +15,7 @@ epilogue on its own is off by a whole partial sum, far past the tolerance.
 
 import torch
 
-from llmk.common.checks.matmul import reference, tolerance, torch_same_dtype
+from llmk.gemm.matmul_cases import reference, tolerance, torch_same_dtype
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand

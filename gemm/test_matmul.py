@@ -3,7 +3,7 @@ PyTorch's same-dtype torch.matmul (plus its bias and activation ops for the epil
 
     python gemm/test_matmul.py        (or: pytest gemm/test_matmul.py)
 
-Tolerance: common/checks/matmul.py (fp32 accumulation over K and one rounding per element; at
+Tolerance: gemm/matmul_cases.py (fp32 accumulation over K and one rounding per element; at
 most 2x torch.matmul's own error plus atol).
 Split-K adds fp32 slice sums in a different order, the same error model; a slice lost, counted
 twice or given the epilogue on its own is off by a whole partial sum, far past the tolerance.
@@ -17,7 +17,7 @@ dz or a gradient in the wrong layout is off by whole terms, far past it.
 import torch
 import torch.nn.functional as F
 
-from llmk.common.checks.matmul import grad_tolerance, reference, tolerance, torch_same_dtype
+from llmk.gemm.matmul_cases import grad_tolerance, reference, tolerance, torch_same_dtype
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises, main,
                                  poisoned, rand)

@@ -15,13 +15,13 @@ u / sqrt(3) times the root-sum-square of its terms, which is the size of a typic
 accumulation adds nothing visible at this scale. The 2x-PyTorch rule is the tighter guard.
 Backward: gradients of x, norm_weight and weight (common.testing.check_grads) against autograd
 through the fp64 reference and PyTorch's F.rms_norm and matmul in the same dtype; the same error
-model with up to two roundings per term (common.checks.matmul.grad_tolerance).
+model with up to two roundings per term (gemm.matmul_cases.grad_tolerance).
 """
 
 import torch
 import torch.nn.functional as F
 
-from llmk.common.checks.matmul import grad_tolerance
+from llmk.gemm.matmul_cases import grad_tolerance
 from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,
                                  compare, dtype_name, expect_raises, main, poisoned, rand)

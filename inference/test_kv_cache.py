@@ -10,7 +10,7 @@ sequence) and checks each cache against it after every step.
 
 import torch
 
-from llmk.common.checks.attention import decode_tol
+from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE
 from llmk.common.testing import Case, Outcome, compare, expect_raises, main, rand
 from llmk.inference.attention_inference import decode_attention_reference

@@ -3,7 +3,7 @@ inference/attention_inference.py computed in fp64.
 
     python inference/test_triton_inference_attention.py   (or: pytest inference/test_triton_inference_attention.py)
 
-Error model and tolerance: common/checks/attention.py, as for attention/test_flash_attention.py
+Error model and tolerance: attention/attention_cases.py, as for attention/test_flash_attention.py
 (the split path merges fp32 partials, the same model): p rounded once to the input dtype before
 p @ v, O rounded once, a bound for each element from the fp64 probabilities. Beside that bound, the
 2x rule: our error must be at most twice that of PyTorch's same-dtype decode (scores, softmax and
@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from llmk.common.checks.attention import decode_tol
+from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from llmk.common.checks.losses import IGNORE, bad_target_message, make_target, target_of
+from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, main, rand)

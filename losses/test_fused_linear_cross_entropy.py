@@ -15,7 +15,7 @@ a ragged last one; the kernel's vocabulary chunks are 128 there (V = 300: a ragg
 
 import torch
 
-from llmk.common.checks.losses import IGNORE, bad_target_message, make_target, target_of
+from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
 from llmk.common.device import DEVICE
 from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
                                  dtype_name, expect_raises, grads_of, main, opcheck, rand)

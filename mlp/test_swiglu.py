@@ -13,7 +13,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from llmk.common.checks.swiglu import inputs
+from llmk.mlp.swiglu_cases import inputs
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (EXACT, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
                                  grads_of, main, opcheck, poisoned, rand, shape_case)

@@ -43,7 +43,7 @@ import zlib
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.run_tests import COUNT
+from llmk.scripts.run_tests import COUNT
 from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, \
     select_cases
 from llmk.models.fsdp2 import rank_device, shard

@@ -8,7 +8,7 @@ the gradients (dx, dresidual, dweight) through both outputs, or y alone (du = No
 import torch
 import torch.nn.functional as F
 
-from llmk.common.checks.rmsnorm import rms_grad_atol
+from llmk.normalization.rmsnorm_cases import rms_grad_atol
 
 from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from llmk.common.checks import rmsnorm as checks
+import llmk.normalization.rmsnorm_cases as checks
 from llmk.common.device import DEVICE
 from llmk.common.testing import Case, Outcome, expect_raises, grads_of, main, rand
 from llmk.normalization.norm_cases import grad_cases, norm_cases
@@ -53,7 +53,7 @@ def check_empty():
     return [Outcome("empty in, empty out", y.shape == x.shape and y.dtype == x.dtype)]
 
 
-# the checks of outputs are shared with cuda_cpp's RMSNorm: common/checks/rmsnorm.py
+# the checks of outputs are shared with cuda_cpp's RMSNorm: normalization/rmsnorm_cases.py
 CASES = norm_cases(functools.partial(checks.check, impl=rmsnorm),
                    functools.partial(checks.check_own_buffer, impl=rmsnorm), check_errors, check_empty,
                    functools.partial(checks.check_huge, impl=rmsnorm))

@@ -18,7 +18,7 @@ def benchmarks():
 def parse_args(argv):
     names = benchmarks()
     parser = argparse.ArgumentParser(
-        prog="python -m llmk.common.run_benchmarks", description=" ".join(__doc__.split()),
+        prog="python -m llmk.scripts.run_benchmarks", description=" ".join(__doc__.split()),
         epilog="Any other option goes to every benchmark (--only, --dtype, --warmup, --rep, --out, --replot; "
                "see python benchmarks/norm_bench.py --help). "
                "make bench BENCH=norm,attention and make bench-smoke BENCH=norm ARGS='--dtype bf16' pass the same.")
