@@ -2,7 +2,7 @@
 out=None)`: the Triton kernel (attention/test_rope.py) and the CUDA one (cuda_cpp/test_cuda_kernels.py)."""
 import torch
 
-from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.common.device import DEVICE
 from llmk.common.testing import Outcome, compare, rand
 

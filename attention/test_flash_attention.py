@@ -1,4 +1,4 @@
-"""Tests for attention/flash_attention_triton.py against naive_attention computed in fp64:
+"""Tests for attention/triton_flash_attention.py against naive_attention computed in fp64:
 the forward, the backward (dq, dk, dv) and packed variable-length batches.
 
     python attention/test_flash_attention.py        (or: pytest attention/test_flash_attention.py)
@@ -21,12 +21,12 @@ import math
 
 import torch
 
-from llmk.attention.flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
-from llmk.attention.flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
+from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
+from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
                                                 backward_table_config, launch_flash_attention_backward, one_pass_when)
-from llmk.attention.flash_attention_triton import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
+from llmk.attention.triton_flash_attention import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
                                                    flash_attention_varlen, table_config)
-from llmk.attention.naive_attention import causal_mask, expand_kv, naive_attention
+from llmk.attention.reference_attention import causal_mask, expand_kv, naive_attention
 from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.common.device import DEVICE
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
@@ -84,7 +84,7 @@ def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, sca
 
 def check_matches_blocked():
     """naive and blocked references agree to fp64 rounding on a GQA, Tq != Tk, causal problem."""
-    from llmk.attention.blocked_attention import blocked_attention
+    from llmk.attention.reference_blocked_attention import blocked_attention
     q, k, v = make_qkv(2, 4, 2, 37, 70, 32, torch.float64)
     ref = naive_attention(q, k, v, True)
     return [compare("blocked vs naive", blocked_attention(q, k, v, True, block_size=16), ref,

@@ -13,7 +13,7 @@ from llmk.attention.rope_cases import check_empty, check_huge, check_own_buffer,
 from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
                                  expect_raises, main, poisoned, rand, select_cases)
-from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.attention.triton_rope import ROPE_TABLE, apply_rope, table_row
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

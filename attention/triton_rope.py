@@ -1,6 +1,6 @@
 """Rotary position embeddings (RoPE) on q and k in Triton, both in one launch.
 
-Math as in attention/rope.py (fp32 inside, one rounding to the input dtype). Pair i of a head is
+Math as in attention/reference_rope.py (fp32 inside, one rounding to the input dtype). Pair i of a head is
 rotated by the table's column i (and, in the half layout, the second element of the pair by column
 i + D/2):
     half:         (x[i], x[i + D/2])  ->  (x[i] cos[i] - x[i + D/2] sin[i],
@@ -248,7 +248,7 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
     q: (B, H, T, D), k: (B, Hkv, T, D), fp16, bf16 or fp32, one dtype, any strides (a (B, T, H, D)
        tensor's .transpose(1, 2) is read in place). H and Hkv are independent; D even, <= 1024.
     cos, sin: (T, D), (1, T, D) or (B, T, D), fp32 or q's dtype, any strides; the HF table of
-       attention/rope.py (rope_cos_sin). interleaved=False pairs (x[i], x[i + D/2]) and uses every
+       attention/reference_rope.py (rope_cos_sin). interleaved=False pairs (x[i], x[i + D/2]) and uses every
        column; interleaved=True pairs (x[2i], x[2i + 1]) and uses columns 0 .. D/2-1 only.
     out: optional (q_out, k_out), contiguous buffers shaped and typed like q and k. Forward-only:
        with out given, a q or k that requires grad raises under grad mode.

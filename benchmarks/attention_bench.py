@@ -31,9 +31,9 @@ work for the same result, which is the point of the comparison.
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.blocked_attention import blocked_attention
-from llmk.attention.flash_attention_triton import flash_attention, flash_attention_varlen
-from llmk.attention.naive_attention import naive_attention
+from llmk.attention.reference_blocked_attention import blocked_attention
+from llmk.attention.triton_flash_attention import flash_attention, flash_attention_varlen
+from llmk.attention.reference_attention import naive_attention
 from llmk.common.device import DEVICE
 from llmk.common.bench import train_call
 from llmk.common.harness import Case, parse_args, run

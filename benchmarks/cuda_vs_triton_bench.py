@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.rope import apply_rope_ref
+from llmk.attention.reference_rope import apply_rope_ref
 from llmk.attention.triton_rope import apply_rope as triton_rope
 from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, NORM_SMOKE_SWEEPS, NORM_SWEEPS,
                                     ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, rmsnorm_bytes, rope_bytes, rope_inputs,
@@ -32,9 +32,9 @@ from llmk.common.results import plot_sweeps
 from llmk.common.testing import rand
 from llmk.cuda_cpp import ops as cuda_kernels
 from llmk.cuda_cpp.extension import extension, unavailable_reason
-from llmk.mlp.gelu import swiglu_ref
+from llmk.mlp.reference_mlp import swiglu_ref
 from llmk.mlp.triton_swiglu import swiglu as triton_swiglu
-from llmk.normalization.rmsnorm import rmsnorm_ref
+from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 from llmk.normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm
 
 OURS = ("triton", "cuda")

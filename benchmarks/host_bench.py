@@ -18,7 +18,7 @@ torch.no_grad() and again under torch.inference_mode(), of
     launcher   (e) the launcher (launch_rmsnorm, ...) on prepared arguments and output: the launch
                alone. TritonAdamW has no launcher of its own: the operator's implementation stands in
     pytorch    (f) the PyTorch counterpart: F.rms_norm, F.layer_norm, x + r then F.rms_norm,
-               torch.softmax, rotate_half RoPE (attention/rope.py), SDPA, F.gelu(x + b),
+               torch.softmax, rotate_half RoPE (attention/reference_rope.py), SDPA, F.gelu(x + b),
                F.silu(g) * u, F.linear, F.rms_norm then F.linear, SDPA with one query,
                torch.optim.AdamW(fused=True).step()
 The operator layer's cost is (b) - (c); (a) - (b) is the argument checks; (c) - (e) the output
@@ -290,7 +290,7 @@ def attention_cases(s):
         return {"public": lambda: softmax(x), "launcher": launcher, "pytorch": lambda: torch.softmax(x, -1)}
 
     def build_rope():
-        from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+        from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
         from llmk.attention.triton_rope import apply_rope, launch_rope
         q, k = rand((1, h, 1, d), DTYPE), rand((1, hkv, 1, d), DTYPE)
         cos, sin = rope_cos_sin(torch.tensor([t - 1], device=DEVICE), d)  # the next token's position
@@ -303,7 +303,7 @@ def attention_cases(s):
                 "pytorch": lambda: apply_rope_ref(q, k, cos, sin)}
 
     def build_flash():
-        from llmk.attention.flash_attention_triton import flash_attention, launch_flash_attention
+        from llmk.attention.triton_flash_attention import flash_attention, launch_flash_attention
         q, k, v = rand((1, h, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE)
         out = torch.empty_like(q)
 
@@ -314,7 +314,7 @@ def attention_cases(s):
                 "pytorch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)}
 
     return [HostCase("softmax", f"{s['scores']}x{t}", "torch.softmax", build_softmax),
-            HostCase("apply_rope", f"1x{h}/{hkv}x1x{d}", "rotate_half (attention/rope.py)", build_rope),
+            HostCase("apply_rope", f"1x{h}/{hkv}x1x{d}", "rotate_half (attention/reference_rope.py)", build_rope),
             HostCase("flash_attention", f"1x{h}/{hkv}x{chunk}x{d} causal", "SDPA", build_flash)]
 
 
@@ -484,7 +484,7 @@ def train_cases(s):
                  LIGER: liger_call(liger_residual_rmsnorm), "pytorch": pytorch})
 
     def build_rope():
-        from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+        from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
         from llmk.attention.triton_rope import apply_rope
         q, k = (rand((1, t, heads, d), DTYPE).transpose(1, 2) for heads in (h, hkv))  # (B, T, H, D) storage
         cos, sin = (c[None] for c in rope_cos_sin(torch.arange(t, device=DEVICE), d, dtype=DTYPE))
@@ -492,7 +492,7 @@ def train_cases(s):
                 {"public": apply_rope, LIGER: liger_call(liger_rope), "pytorch": apply_rope_ref})
 
     def build_flash():
-        from llmk.attention.flash_attention_triton import flash_attention
+        from llmk.attention.triton_flash_attention import flash_attention
         q, k, v = rand((1, h, t, d), DTYPE), rand((1, hkv, t, d), DTYPE), rand((1, hkv, t, d), DTYPE)
         return ((q, k, v), (0, 1, 2),
                 {"public": lambda q, k, v: flash_attention(q, k, v, causal=True), LIGER: NO_LIGER,
@@ -521,13 +521,13 @@ def train_cases(s):
                  "pytorch": lambda x, nw, w: F.linear(F.rms_norm(x, (n,), nw, EPS), w)})
 
     def build_cross_entropy():
-        from llmk.losses.cross_entropy import cross_entropy
+        from llmk.losses.triton_cross_entropy import cross_entropy
         target = torch.randint(0, s["vocab"], (m,), device=DEVICE)
         return ((rand((m, s["vocab"]), DTYPE), target), (0,),
                 {"public": cross_entropy, LIGER: liger_call(liger_ce), "pytorch": F.cross_entropy})
 
     def build_linear_cross_entropy():
-        from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy
+        from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
         v = s["head_vocab"]
         target = torch.randint(0, v, (m,), device=DEVICE)
         return ((rand((m, n), DTYPE), rand((v, n), DTYPE, scale=n ** -0.5), target), (0, 1),
@@ -539,7 +539,7 @@ def train_cases(s):
     return [TrainCase("rmsnorm", norm, "F.rms_norm", build_rmsnorm),
             TrainCase("layernorm", norm, "F.layer_norm", build_layernorm),
             TrainCase("residual_rmsnorm", norm, "x + r, F.rms_norm", build_residual),
-            TrainCase("apply_rope", attention, "rotate_half (attention/rope.py)", build_rope),
+            TrainCase("apply_rope", attention, "rotate_half (attention/reference_rope.py)", build_rope),
             TrainCase("flash_attention", attention + " causal", "SDPA", build_flash),
             TrainCase("bias_gelu", f"1x{s['gelu']}", "F.gelu(x + b)", build_bias_gelu),
             TrainCase("swiglu", f"1x{s['mlp']}", "F.silu(g) * u", build_swiglu),

@@ -17,7 +17,7 @@ B = 16, and B = 1..64 at T = 8192. Caches past CACHE_MAX_BYTES are skipped. Prov
                     enable_gqa=True, or, for a backend that refuses it, K and V expanded to H heads
                     once outside the timing (the row then has "kv_expanded": true); a backend that
                     refuses the shape is reported as skipped
-    naive           inference/attention_inference.py (fp32 math), caches up to NAIVE_MAX_BYTES
+    naive           inference/reference_decode_attention.py (fp32 math), caches up to NAIVE_MAX_BYTES
 max_err: against the fp32 reference on the first (up to) two sequences. The max_err gate holds
     triton and triton-paged to the SDPA backends' and naive's error (common/harness.py).
 graph_ms, graph_pct_copy: the same call's GPU time with the host out of the loop (common.bench.
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from llmk.common.device import DEVICE, sm_count
 from llmk.common.harness import Case, max_err, parse_args, run
 from llmk.common.results import plot_sweeps, shape_str
-from llmk.inference.attention_inference import decode_attention_reference
+from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.inference.triton_inference_attention import (INTERPRET_SMS, decode_attention, decode_config,
                                                        paged_decode_attention)

@@ -42,7 +42,7 @@ from llmk.common.harness import Case, parse_args, run
 from llmk.common.peers import LIGER, liger_swiglu
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import grads_of, rand
-from llmk.mlp.gelu import bias_gelu_ref, swiglu_ref
+from llmk.mlp.reference_mlp import bias_gelu_ref, swiglu_ref
 from llmk.mlp.triton_bias_gelu import bias_gelu
 from llmk.mlp.triton_swiglu import swiglu
 

@@ -36,8 +36,8 @@ from llmk.common.harness import Case, max_err, parse_args, run
 from llmk.common.peers import LIGER, liger_layernorm, liger_residual_rmsnorm, liger_rmsnorm
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import grads_of, rand
-from llmk.normalization.layernorm import layernorm_ref
-from llmk.normalization.rmsnorm import residual_rmsnorm_ref, rmsnorm_ref
+from llmk.normalization.reference_layernorm import layernorm_ref
+from llmk.normalization.reference_rmsnorm import residual_rmsnorm_ref, rmsnorm_ref
 from llmk.normalization.triton_layernorm import layernorm
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm

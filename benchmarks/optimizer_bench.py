@@ -15,7 +15,7 @@ embeddings: 201 tensors), built from shapes. One optimizer.step() is timed, its 
 step changes the params, which does not change its cost). host_us: the CPU time of one step
 (common.bench.host_time_us, steps queued without a sync), which do_bench's figure shows instead of
 the GPU's wherever it is the larger. max_err: the first step from the same start against
-optimizers/adam.py in fp32.
+optimizers/reference_adam.py in fp32.
     python benchmarks/optimizer_bench.py            (GPU; writes benchmarks/results/optimizer.json and PNGs)
     python benchmarks/optimizer_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/optimizer_bench.py --only llama --dtype fp32   (a subset)
@@ -27,7 +27,7 @@ from llmk.common.bench import host_time_us
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.harness import Case, parse_args, run
 from llmk.common.results import plot_sweeps, shape_str
-from llmk.optimizers.adam import adamw_step_ref
+from llmk.optimizers.reference_adam import adamw_step_ref
 from llmk.optimizers.triton_adam import TritonAdamW
 
 BYTES_PER_PARAM = {torch.float32: 28, torch.bfloat16: 22}
@@ -66,7 +66,7 @@ def sweeps(config):
 
 
 def setup(shapes, dtype):
-    """(start params, grads) and one AdamW step of every tensor in fp32, from optimizers/adam.py."""
+    """(start params, grads) and one AdamW step of every tensor in fp32, from optimizers/reference_adam.py."""
     start = [torch.randn(s, device=DEVICE).to(dtype) for s in shapes]
     grads = [torch.randn(s, device=DEVICE).to(dtype) for s in shapes]
     expected = []

@@ -1,5 +1,5 @@
 """Rotary embeddings on q and k: apply_rope against the Hugging Face way in eager PyTorch and under
-torch.compile (attention/rope.py's apply_rope_ref on the same tensors), as GB/s and as a share of
+torch.compile (attention/reference_rope.py's apply_rope_ref on the same tensors), as GB/s and as a share of
 the copy bandwidth of the same run; in training (forward and backward), Liger-Kernel too.
 
 Bytes moved (q (B, H, T, D), k (B, Hkv, T, D) of e bytes; cos, sin (1, T, D) of e_c bytes, here the
@@ -26,7 +26,7 @@ liger_kernel is not installed). max_err: the larger of dq's and dk's against aut
 
 import torch
 
-from llmk.attention.rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.attention.triton_rope import apply_rope
 from llmk.benchmarks.sweeps import (ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, ROPE_TRAIN_SMOKE_SWEEPS, ROPE_TRAIN_SWEEPS,
                                     rope_bytes, rope_inputs, rope_train_bytes, shapes_of)

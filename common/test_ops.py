@@ -41,10 +41,10 @@ import torch
 import torch._dynamo.testing
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from llmk.attention.flash_attention_triton import flash_attention, flash_attention_varlen
-from llmk.losses.cross_entropy import cross_entropy_op
-from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy_none_op
-from llmk.attention.rope import rope_cos_sin
+from llmk.attention.triton_flash_attention import flash_attention, flash_attention_varlen
+from llmk.losses.triton_cross_entropy import cross_entropy_op
+from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy_none_op
+from llmk.attention.reference_rope import rope_cos_sin
 from llmk.attention.triton_rope import apply_rope
 from llmk.attention.triton_softmax import softmax
 from llmk.common.device import DEVICE, INTERPRET

@@ -179,7 +179,7 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
        D even, <= 1024.
     cos, sin: (T, D), (1, T, D) or (B, T, D), fp32 or q's dtype, any strides. interleaved=False pairs
        (x[i], x[i + D/2]) and uses every column; True pairs (x[2i], x[2i + 1]) and uses columns
-       0 .. D/2-1 only (attention/rope.py).
+       0 .. D/2-1 only (attention/reference_rope.py).
     out: optional (q_out, k_out), contiguous buffers shaped and typed like q and k.
     Returns (q_out, k_out): new contiguous (B, H, T, D) and (B, Hkv, T, D) tensors in q's dtype.
     """

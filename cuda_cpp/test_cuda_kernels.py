@@ -15,7 +15,7 @@ attention/rope_cases.py, mlp/swiglu_cases.py).
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.rope import apply_rope_ref
+from llmk.attention.reference_rope import apply_rope_ref
 import llmk.normalization.rmsnorm_cases as norm_checks
 import llmk.attention.rope_cases as rope_checks
 from llmk.mlp.swiglu_cases import inputs as swiglu_inputs
@@ -25,12 +25,12 @@ from llmk.cuda_cpp.extension import unavailable_reason
 from llmk.cuda_cpp.launch_config import (CACHED_ROW_PACKS, CACHED_SMALL_PACKS, CACHED_THREADS, WARP_ROW_PACKS,
                                          RmsnormConfig, SwigluConfig, pack_size)
 from llmk.cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu
-from llmk.mlp.gelu import swiglu_ref
+from llmk.mlp.reference_mlp import swiglu_ref
 from llmk.mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected
 from llmk.mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS
 from llmk.mlp.mlp_cases import huge_rows as swiglu_huge_rows
 from llmk.normalization.norm_cases import norm_inputs
-from llmk.normalization.rmsnorm import rmsnorm_ref
+from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 
 EPS = 1e-6
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -7,7 +7,7 @@ an interactive prompt).
                                Triton's interpreter, in seconds)
 """
 import torch
-from llmk.attention.flash_attention_triton import flash_attention
+from llmk.attention.triton_flash_attention import flash_attention
 from llmk.common.device import DEVICE
 from llmk.gemm.triton_matmul import matmul
 from llmk.mlp.triton_swiglu import swiglu

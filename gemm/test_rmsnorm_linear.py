@@ -28,7 +28,7 @@ from llmk.common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, 
 from llmk.common.device import INTERPRET
 from llmk.gemm.triton_rmsnorm_linear import (DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode,
                                              rmsnorm_linear)
-from llmk.normalization.rmsnorm import rmsnorm_ref
+from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 
 EPS = 1e-6
 DTYPES = (torch.float16, torch.bfloat16)

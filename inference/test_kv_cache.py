@@ -13,7 +13,7 @@ import torch
 from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE
 from llmk.common.testing import Case, Outcome, compare, expect_raises, main, rand
-from llmk.inference.attention_inference import decode_attention_reference
+from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.kv_cache import KVCache
 from llmk.inference.paged_kv_cache import PagedKVCache, gather_pages
 

@@ -1,5 +1,5 @@
 """Tests for inference/triton_inference_attention.py (contiguous and paged decode attention) against
-inference/attention_inference.py computed in fp64.
+inference/reference_decode_attention.py computed in fp64.
 
     python inference/test_triton_inference_attention.py   (or: pytest inference/test_triton_inference_attention.py)
 
@@ -20,7 +20,7 @@ from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
-from llmk.inference.attention_inference import decode_attention_reference
+from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,
                                                        PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,
                                                        decode_config, paged_blocks, paged_decode_attention, split_count)

@@ -1,4 +1,4 @@
-"""Tests for losses/cross_entropy.py against the fp64 reference (losses/reference.py) and against
+"""Tests for losses/triton_cross_entropy.py against the fp64 reference (losses/reference_losses.py) and against
 PyTorch's own F.cross_entropy on the same-dtype logits.
 
     python losses/test_cross_entropy.py        (or: pytest losses/test_cross_entropy.py)
@@ -20,8 +20,8 @@ from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, targ
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, main, rand)
-from llmk.losses.cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op
-from llmk.losses.reference import cross_entropy_ref
+from llmk.losses.triton_cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op
+from llmk.losses.reference_losses import cross_entropy_ref
 
 LSE_ULPS = 8  # the online max/sum over BLOCK_V chunks and exp2's error: a few fp32 ulps of |LSE|
 

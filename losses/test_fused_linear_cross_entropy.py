@@ -1,4 +1,4 @@
-"""Tests for losses/fused_linear_cross_entropy.py against the fp64 reference (losses/reference.py)
+"""Tests for losses/triton_fused_linear_cross_entropy.py against the fp64 reference (losses/reference_losses.py)
 and against PyTorch's own same-dtype computation (logits = hidden @ weight.T in the input dtype,
 then F.cross_entropy).
 
@@ -19,9 +19,9 @@ from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, targ
 from llmk.common.device import DEVICE
 from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
                                  dtype_name, expect_raises, grads_of, main, opcheck, rand)
-from llmk.losses.fused_linear_cross_entropy import (fused_linear_cross_entropy,
+from llmk.losses.triton_fused_linear_cross_entropy import (fused_linear_cross_entropy,
                                                     fused_linear_cross_entropy_backward_op)
-from llmk.losses.reference import linear_cross_entropy_ref, linear_cross_entropy_same_dtype
+from llmk.losses.reference_losses import linear_cross_entropy_ref, linear_cross_entropy_same_dtype
 
 FLOOR_ULPS = 64
 

@@ -1,7 +1,7 @@
 """What the bias + GELU and SwiGLU tests share: dtypes, widths, the one-rounding tolerance (of
 outputs and of gradients), every value of a 16-bit type as one input, upstream gradients of several
 layouts, the quiet context for inputs whose exp overflows on purpose, and the cases forcing each
-launch-table entry (mlp/tiling.py)."""
+launch-table entry (mlp/launch_config.py)."""
 import contextlib
 import warnings
 
@@ -9,7 +9,7 @@ import torch
 
 from llmk.common.device import DEVICE
 from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
-from llmk.mlp.tiling import TILE_TABLE
+from llmk.mlp.launch_config import TILE_TABLE
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 1000, 4096, 5120)  # tiny, odd, unaligned, and model widths

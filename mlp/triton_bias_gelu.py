@@ -21,7 +21,7 @@ then common.reduce.sum_partials adds the partial rows in a fixed order and round
 Traffic: read x and dy, write dx: 3*M*O*e (fwd+bwd 5*M*O*e), plus the partial sums, 8*O bytes a
 band of 128 rows (~1% at e = 2); without dx (only bias requires grad) 2*M*O*e.
 Tiling (2D tiles over rows and columns, 64-bit offsets; bands of rows for dbias) and its tables:
-mlp/tiling.py.
+mlp/launch_config.py.
 """
 import torch
 import triton
@@ -31,8 +31,8 @@ from llmk.common.ops import define_op, define_ops
 from llmk.common.reduce import sum_partials
 from llmk.common.triton_utils import gelu, gelu_grad
 from llmk.common.validation import as_rows, check_out, check_same_device, check_tensor
-from llmk.mlp.gelu import check_approximate
-from llmk.mlp.tiling import band_config, tile_config, tile_offsets
+from llmk.mlp.reference_mlp import check_approximate
+from llmk.mlp.launch_config import band_config, tile_config, tile_offsets
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def check_bias_gelu_args(x, bias, approximate):
 def launch_bias_gelu(x, bias, approximate, y, cfg=None):
     """Launch on validated arguments: x (..., O); bias (O,) or None; y a contiguous output shaped
     like x. Writes y in place. cfg: a TileConfig to launch instead of tile_config's choice
-    (tuning sweeps: mlp.tiling.tile_config_for)."""
+    (tuning sweeps: mlp.launch_config.tile_config_for)."""
     if x.numel() == 0:
         return
     x2 = as_rows(x)

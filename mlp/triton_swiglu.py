@@ -26,7 +26,7 @@ are not one block), sharing memory with the other or with dy, one gradient not w
 torch.compile (whose graph owns its buffers). After an in-place backward their version counters move,
 so a second backward through the same graph (retain_graph=True), or any other node that saved them,
 raises PyTorch's "modified by an inplace operation" error instead of reading gradients as inputs.
-Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/tiling.py.
+Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/launch_config.py.
 """
 import torch
 import triton
@@ -35,7 +35,7 @@ import triton.language as tl
 from llmk.common.ops import define_op, define_ops, no_outputs
 from llmk.common.triton_utils import silu, silu_grad
 from llmk.common.validation import as_rows, check_out, check_swiglu_args
-from llmk.mlp.tiling import tile_config, tile_offsets
+from llmk.mlp.launch_config import tile_config, tile_offsets
 
 
 @triton.jit
@@ -58,7 +58,7 @@ def _swiglu_kernel(
 def launch_swiglu(gate, up, y, cfg=None):
     """Launch on validated arguments: gate, up (..., I) of one dtype; y a contiguous output shaped
     like gate. Writes y in place. cfg: a TileConfig to launch instead of tile_config's choice
-    (tuning sweeps: mlp.tiling.tile_config_for)."""
+    (tuning sweeps: mlp.launch_config.tile_config_for)."""
     if gate.numel() == 0:
         return
     g2, u2 = as_rows(gate), as_rows(up)

@@ -26,7 +26,7 @@ which hook:
              sees gradients there after the backward.
   attention  registered as "triton_attention" in transformers' AttentionInterface and
              AttentionMaskInterface, and selected with model.set_attn_implementation. A prefill runs
-             attention/flash_attention_triton.py (causal, GQA); a decode step (one query) runs
+             attention/triton_flash_attention.py (causal, GQA); a decode step (one query) runs
              decode_attention from inference/triton_inference_attention.py (the (B, Hkv, T, D)
              cache read through .transpose(1, 2), no copy) when that module imports and takes the
              head dim, otherwise the same flash kernel with Tq = 1.
@@ -41,7 +41,7 @@ which hook:
              is dropped without unpatch_model leaves the dispatcher installed, still inert for others.
   cross_entropy  a *ForCausalLM gets an instance `forward`: in a training step (model.train(),
              grad enabled, labels given, every position's logits) it runs the base
-             model and then losses/fused_linear_cross_entropy.py on the final hidden states and
+             model and then losses/triton_fused_linear_cross_entropy.py on the final hidden states and
              lm_head's weight, with HF's ForCausalLMLoss semantics (labels shifted left unless
              shift_labels are given, ignore_index -100 or the one passed, "mean", or "sum" over
              num_items_in_batch when the Trainer passes it; an fp32 loss). The (tokens x vocab)
@@ -84,12 +84,12 @@ from typing import Callable
 
 import torch
 
-from llmk.attention.flash_attention_triton import MAX_HEAD_DIM, flash_attention
+from llmk.attention.triton_flash_attention import MAX_HEAD_DIM, flash_attention
 from llmk.attention.triton_rope import apply_rope
 from llmk.common.device import DEVICE
 from llmk.common.ops import needs_grad
 from llmk.common.validation import FLOAT_DTYPES
-from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy
+from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
 from llmk.mlp.triton_swiglu import swiglu
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
                                  expect_raises, main, poisoned, rand)
-from llmk.normalization.layernorm import layernorm_ref
+from llmk.normalization.reference_layernorm import layernorm_ref
 from llmk.normalization.norm_cases import (chunked_param_grad, dx_atol, grad_cases, grad_tol, huge_rows,
                                            norm_cases, param_grad_atol, x_hat_error)
 from llmk.normalization.triton_layernorm import layernorm

@@ -14,7 +14,7 @@ from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
                                  main, poisoned, rand)
 from llmk.normalization.norm_cases import chunked_param_grad, grad_cases, grad_tol, huge_rows, norm_cases
-from llmk.normalization.rmsnorm import rmsnorm_ref
+from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 
 EPS = 1e-6

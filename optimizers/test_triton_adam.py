@@ -1,5 +1,5 @@
 """Tests for optimizers/triton_adam.py: TritonAdamW against torch.optim.AdamW and the reference of
-optimizers/adam.py, STEPS steps with fresh random grads each step.
+optimizers/reference_adam.py, STEPS steps with fresh random grads each step.
 
 fp32 params: the reference runs in float64 on the same start values and grads; our error against
 it must be within FP32 and at most twice torch.optim.AdamW's own error (plus atol), and we must
@@ -18,7 +18,7 @@ from llmk.common.device import DEVICE
 from llmk.common.testing import (EXACT, Case, Outcome, Tol, compare, expect_raises, main, opcheck, rand,
                                  select_cases)
 from llmk.optimizers import triton_adam
-from llmk.optimizers.adam import adamw_step_ref
+from llmk.optimizers.reference_adam import adamw_step_ref
 from llmk.optimizers.triton_adam import TritonAdamW
 
 STEPS = 20

@@ -1,6 +1,6 @@
 """Fused AdamW in Triton: one kernel launch per step (and param dtype) over every param of every group.
 
-Per element, in fp32 and in torch.optim.AdamW's order of operations (see optimizers/adam.py):
+Per element, in fp32 and in torch.optim.AdamW's order of operations (see optimizers/reference_adam.py):
 
     w = w * (1 - lr * weight_decay)
     m = lerp(m, g, 1 - beta1)

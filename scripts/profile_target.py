@@ -44,7 +44,7 @@ def _rope():
 
 
 def _flash_attention():
-    from llmk.attention.flash_attention_triton import flash_attention
+    from llmk.attention.triton_flash_attention import flash_attention
     q, k, v = (torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     return lambda: flash_attention(q, k, v)
 

@@ -140,7 +140,7 @@ AREAS = {
         "Rotary embedding (RoPE)",
         "Kernel in `attention/triton_rope.py`: q and k in one launch, one program a position and 16 "
         "heads so each cos/sin row is loaded once for them; `rope_interleaved` is the GPT-J / Meta "
-        "pair layout. `eager` is `attention/rope.py`'s Hugging Face-style reference.",
+        "pair layout. `eager` is `attention/reference_rope.py`'s Hugging Face-style reference.",
         [Group(("rope", "rope_interleaved"), "T >= 2048", lambda s: len(dims(s)) == 5 and dims(s)[3] >= 2048),
          Group(("rope",), "T < 2048", lambda s: len(dims(s)) == 5 and dims(s)[3] < 2048),
          Group(("rope",), "T >= 4096, GPU time", lambda s: len(dims(s)) == 5 and dims(s)[3] >= 4096,
@@ -150,10 +150,10 @@ AREAS = {
         [TRAIN_NOTE, "At T < 2048 a call moves a few MB in a few microseconds: launch-bound for every provider."], {}),
     "attention": Area(
         "FlashAttention (prefill): forward, backward, packed sequences",
-        "Kernels in `attention/flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
-        "any T, head dims up to 256, packed sequences) and `attention/flash_attention_bwd.py` "
+        "Kernels in `attention/triton_flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
+        "any T, head dims up to 256, packed sequences) and `attention/triton_flash_attention_bwd.py` "
         "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); the public functions in "
-        "`attention/flash_attention_triton.py`. `naive` and `blocked` are the references in "
+        "`attention/triton_flash_attention.py`. `naive` and `blocked` are the references in "
         "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
         [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),
          Group(("attention",), "T >= 1024, GPU time", lambda s: dims(s)[2] >= 1024, graph=True, mode="fwd+bwd"),
@@ -244,8 +244,8 @@ AREAS = {
                            "dependent load, the page id, than the contiguous kernel's."}),
     "losses": Area(
         "Losses: cross-entropy, and the LM head fused with it",
-        "Kernels in `losses/`: `cross_entropy.py` (one program a row, an online max and sum; the "
-        "backward from the saved log-sum-exp) and `fused_linear_cross_entropy.py` (chunks of "
+        "Kernels in `losses/`: `triton_cross_entropy.py` (one program a row, an online max and sum; the "
+        "backward from the saved log-sum-exp) and `triton_fused_linear_cross_entropy.py` (chunks of "
         "tokens through cuBLAS GEMMs and the row kernel, gradients computed in the forward, no "
         "(tokens x vocab) logits in memory). `eager` computes the logits in bf16 and calls "
         "`F.cross_entropy`; `torch.compile` compiles that; `liger` is Liger-Kernel's.",

@@ -1,4 +1,4 @@
-"""The cost of the losses' target range check (losses/cross_entropy.py, start_target_check):
+"""The cost of the losses' target range check (losses/triton_cross_entropy.py, start_target_check):
 cross_entropy and fused_linear_cross_entropy, forward and backward, with the check on and off.
 
     python scripts/target_check_cost.py            (GPU: logits (8192, 128256) bf16; hidden (8192, 4096)
@@ -8,7 +8,7 @@ cross_entropy and fused_linear_cross_entropy, forward and backward, with the che
 
 Times: common/bench.py's time_ms, a triton.testing.do_bench median (L2 flushed before each call),
 on and off alternating over ROUNDS rounds, then the median of each setting's rounds. Off is the
-measurement switch losses.cross_entropy._CHECK_TARGETS, set here only and restored after each timing.
+measurement switch losses.triton_cross_entropy._CHECK_TARGETS, set here only and restored after each timing.
 What to expect: the check enqueues four small kernels over the N targets and a 16-byte copy to the
 host ahead of the loss kernels, and the host waits for that copy once they are launched, so the
 GPU keeps the loss kernels queued meanwhile: a few to tens of us against calls of milliseconds.
@@ -19,11 +19,11 @@ import sys
 
 import torch
 
-import llmk.losses.cross_entropy as cross_entropy_module
+import llmk.losses.triton_cross_entropy as cross_entropy_module
 from llmk.common.bench import time_ms, train_call
 from llmk.common.device import DEVICE, INTERPRET, describe
-from llmk.losses.cross_entropy import cross_entropy
-from llmk.losses.fused_linear_cross_entropy import fused_linear_cross_entropy
+from llmk.losses.triton_cross_entropy import cross_entropy
+from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
 
 DTYPE = torch.bfloat16
 ROUNDS = 3  # on/off alternations: clock or thermal drift moves both settings alike

@@ -1,4 +1,4 @@
-"""GPU sweep for the FlashAttention backward (attention/flash_attention_bwd.py): times both schedules'
+"""GPU sweep for the FlashAttention backward (attention/triton_flash_attention_bwd.py): times both schedules'
 launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) at each BACKWARD_TABLE head dim against
 SDPA's cuDNN and flash backends, then the two schedules against each other where the choice
 between them is made (ONE_PASS_WHEN), to set BACKWARD_TABLE from measurement.
@@ -34,8 +34,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.flash_attention_bwd import backward_table_config, dp_first_when, launch_flash_attention_backward
-from llmk.attention.flash_attention_triton import flash_attention_train_op, flash_attention_varlen_train_op, packed
+from llmk.attention.triton_flash_attention_bwd import backward_table_config, dp_first_when, launch_flash_attention_backward
+from llmk.attention.triton_flash_attention import flash_attention_train_op, flash_attention_varlen_train_op, packed
 from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
 from sweep_common import parse_sweep_args, precompile, report_config

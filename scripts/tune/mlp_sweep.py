@@ -1,4 +1,4 @@
-"""GPU sweep for mlp/tiling.py: times TILE_TABLE candidates (widest BLOCK_N, elements a program,
+"""GPU sweep for mlp/launch_config.py: times TILE_TABLE candidates (widest BLOCK_N, elements a program,
 num_warps) of the SwiGLU and bias + GELU kernels at model-sized matrices, to set TILE_TABLE from
 measurement.
 
@@ -6,7 +6,7 @@ measurement.
     python scripts/tune/mlp_sweep.py --kernel swiglu    (one kernel; --dtype fp16 for another dtype)
     python scripts/tune/mlp_sweep.py --smoke            (interpreter, tiny shapes: proves the script runs)
 
-Each candidate goes through mlp.tiling.tile_config_for, as the table's entry does (so small grids
+Each candidate goes through mlp.launch_config.tile_config_for, as the table's entry does (so small grids
 halve their tiles the same way). Bytes a call: SwiGLU reads gate and up and writes y (3*M*N*e);
 bias + GELU reads x and writes y (2*M*N*e, the bias from L2 not counted). Each config is checked
 against PyTorch in fp32 first (a wrong one prints BAD and is not timed), then timed with
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE
-from llmk.mlp.tiling import TILE_TABLE, tile_config_for
+from llmk.mlp.launch_config import TILE_TABLE, tile_config_for
 from llmk.mlp.triton_bias_gelu import launch_bias_gelu
 from llmk.mlp.triton_swiglu import launch_swiglu
 from sweep_common import measure_copy, parse_sweep_args, report_config

@@ -5,7 +5,7 @@
                            causal=False, sm_scale=None)           q (total_q, H, D), k, v (total_k, Hkv, D)
 
 Both compute softmax(q k^T * sm_scale) v without the T x T matrix (the kernels:
-attention/flash_attention_fwd.py and attention/flash_attention_bwd.py), and both are
+attention/triton_flash_attention_fwd.py and attention/triton_flash_attention_bwd.py), and both are
 differentiable in q, k and v: under grad the forward also writes each query's log-sum-exp (4
 bytes a query), and the backward recomputes the probabilities from it. Memory stays O(T) per head
 in both passes.
@@ -26,7 +26,7 @@ The backward's schedule: by default the one BACKWARD_TABLE picks for the head di
 dq's parts with fp32 atomics (its last bits then vary between runs, as flash_attn_func's do);
 `deterministic=True` takes the two-pass schedule, bit-identical on every run.
 
-Conventions are those of attention/naive_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
+Conventions are those of attention/reference_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
 the bottom right when Tq != Tk (per sequence in a packed batch), zeros for a query that sees no
 key; such a query's LSE is -inf and its gradients are zero.
 """
@@ -34,8 +34,8 @@ import math
 
 import torch
 
-from llmk.attention.flash_attention_bwd import launch_flash_attention_backward
-from llmk.attention.flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
+from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
+from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
 from llmk.common.ops import define_op, define_ops, needs_grad
 from llmk.common.validation import check_same_device, check_tensor
 
@@ -301,7 +301,7 @@ DENSE_ARGS = "Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]?
 VARLEN_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
                "int max_seqlen_k, bool causal, float? sm_scale, int[]? config")
 # The _train ops' backward also takes `deterministic` (the two-pass schedule, see
-# attention/flash_attention_bwd.py); the others' formulas run the default schedule.
+# attention/triton_flash_attention_bwd.py); the others' formulas run the default schedule.
 TRAIN_OPTION = "bool deterministic=False"
 
 flash_attention_op, flash_attention_out_op = define_ops(
@@ -352,7 +352,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     table's choice (tests and tuning sweeps); it travels to the operator as its `int[]? config`.
     deterministic: the backward's two-pass schedule, bit-identical gradients on every run; the
     default (False, as flash_attn_func's) may add dq's parts with atomics in a run-dependent order,
-    where that is faster (attention/flash_attention_bwd.py's BACKWARD_TABLE).
+    where that is faster (attention/triton_flash_attention_bwd.py's BACKWARD_TABLE).
     Returns O (B, H, Tq, D) in q's dtype (out itself when given), laid out like q when q is dense
     (so a transposed (B, T, H, D) q gives an O that is a (B, T, H, D) tensor viewed the same way);
     under grad (an input that requires grad) stored as (B, Tq, H, D) whatever q's layout, as SDPA

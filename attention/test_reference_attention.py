@@ -1,7 +1,7 @@
 """Tests for the two PyTorch references: blocked_attention (online softmax over key blocks) against
 naive_attention, and naive_attention itself against PyTorch's scaled_dot_product_attention.
 
-    python attention/test_blocked_attention.py      (or: pytest attention/test_blocked_attention.py)
+    python attention/test_reference_attention.py      (or: pytest attention/test_reference_attention.py)
 
 Both references run in fp64 here, so they must agree to fp64 rounding: the online rescaling is
 exact algebra, not an approximation. SDPA is the independent check of the conventions (GQA head
@@ -11,8 +11,8 @@ mapping, bottom-right causal mask, scale): it runs in fp64 with an explicit bool
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.blocked_attention import blocked_attention
-from llmk.attention.naive_attention import causal_mask, expand_kv, naive_attention
+from llmk.attention.reference_blocked_attention import blocked_attention
+from llmk.attention.reference_attention import causal_mask, expand_kv, naive_attention
 from llmk.common.testing import Case, Outcome, Tol, compare, expect_raises, main, rand
 
 FP64 = Tol(1e-12, 1e-12, "fp64 throughout; only the order of the sums differs")

@@ -7,7 +7,7 @@ One new query token per sequence attends to the first lengths[b] tokens of its K
 
 Scores, softmax and the weighted sum are computed in fp32 (fp64 for fp64 inputs) and the output is
 cast to q's dtype once. A sequence of length 0 sees no key: its output is zeros, as in
-attention/naive_attention.py. Slots past a sequence's length are never used, whatever they hold.
+attention/reference_attention.py. Slots past a sequence's length are never used, whatever they hold.
 Memory: the scores are B * H * T_max values; the cache is read in the compute dtype, so an fp16
 cache is copied once to fp32 (2x its size), and v once more for the masking.
 """

@@ -40,7 +40,7 @@ dO read, dq, dk, dv written, LSE and delta, and the one-pass schedule's fp32 dq:
 Rows past the end of the queries load LSE = -inf, which the kernels treat like a query that sees
 no key: LSE is replaced by +inf so its recomputed probabilities are exp2(-inf) = 0. Keys past the
 end are masked in the dq pass; in the dk/dv pass their rows are computed and never stored.
-Packed sequences (VARLEN) are read as in the forward (attention/flash_attention_fwd.py).
+Packed sequences (VARLEN) are read as in the forward (attention/triton_flash_attention_fwd.py).
 """
 import functools
 
@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llmk.attention.flash_attention_fwd import MAX_GRID_Y, attention_grid, key_range, program_pair, sequence_bounds
+from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_grid, key_range, program_pair, sequence_bounds
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.triton_utils import LOG2E
@@ -422,7 +422,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
     cu_seqlens: None, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a packed
-    batch of (1, H, total, D) views (attention/flash_attention_fwd.launch_flash_attention).
+    batch of (1, H, total, D) views (attention/triton_flash_attention_fwd.launch_flash_attention).
     deterministic: the two-pass schedule (bit-identical gradients on every run); else
     backward_config's choice for the head dim and GQA group.
     config: (dk/dv (BLOCK_M, BLOCK_N, num_warps, num_stages), dq's or None) to launch instead of

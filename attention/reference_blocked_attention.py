@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from llmk.attention.naive_attention import causal_mask, expand_kv
+from llmk.attention.reference_attention import causal_mask, expand_kv
 
 
 def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128):

@@ -2,7 +2,7 @@
 
     loss = cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0)
 
-Conventions: losses/reference.py (F.cross_entropy's, class dimension last).
+Conventions: losses/reference_losses.py (F.cross_entropy's, class dimension last).
 
 One program a row, two kernels:
 - forward: one pass over the row in BLOCK_V chunks with an online max and sum (the softmax's
@@ -32,7 +32,7 @@ off) a bad target's row gets a NaN loss ("mean" and "sum" are NaN; "mean" counts
 targets not ignored) and a finite gradient without its one-hot term,
 g * (softmax(x) - eps / V) + dLSE * softmax(x): as if no class were the target.
 
-The shared row code also serves losses/fused_linear_cross_entropy.py: `launch_rows` with
+The shared row code also serves losses/triton_fused_linear_cross_entropy.py: `launch_rows` with
 `grad_out` writes the gradient in the same launch as the loss, reading the row twice (softcap too).
 
 Operators: llmk::cross_entropy -> (loss rows, LSE) and llmk::cross_entropy_backward.
@@ -46,7 +46,7 @@ from llmk.common.ints import next_power_of_2
 from llmk.common.ops import define_op
 from llmk.common.triton_utils import LN2, LOG2E
 from llmk.common.validation import check_tensor
-from llmk.losses.reference import REDUCTIONS
+from llmk.losses.reference_losses import REDUCTIONS
 
 # Chunk of a row a program holds at once, and its warps: 4096 fp32 values over 8 warps is 16 a
 # thread. Not yet swept on a GPU. The interpreter takes 128, so test rows of a few hundred classes

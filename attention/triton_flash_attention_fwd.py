@@ -2,7 +2,7 @@
 
 One program owns BLOCK_M query rows of one (batch, head). It keeps those rows of q in registers
 and streams the head's keys and values in blocks of BLOCK_N, with the online softmax of
-attention/blocked_attention.py: a running max m and sum l per row, and the output accumulator
+attention/reference_blocked_attention.py: a running max m and sum l per row, and the output accumulator
 rescaled by exp(m_old - m_new) whenever the max grows. Scores live in registers only, so memory
 holds O(T * D) per head instead of O(T^2), and q k^T and p v run on the tensor cores with fp32
 accumulation (p is rounded to the input dtype for the second product, as FlashAttention does).
@@ -12,19 +12,19 @@ does the visible pairs only. Per program the key loop runs in two parts: key blo
 the block sees run with no mask; the blocks cut by the causal diagonal or by the end of the keys
 run masked. exp2 replaces exp with log2(e) folded into the scale (one multiply saved per score).
 
-Conventions are those of attention/naive_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
+Conventions are those of attention/reference_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
 the bottom right when Tq != Tk, zeros for a query that sees no key.
 
 For training the kernel also writes each query's log-sum-exp of its scaled scores,
 LSE = m + log(l) (fp32; -inf for a query that sees no key), from which the backward recomputes the
-probabilities (attention/flash_attention_bwd.py): 4 bytes a query, next to the 2 * D bytes of O.
+probabilities (attention/triton_flash_attention_bwd.py): 4 bytes a query, next to the 2 * D bytes of O.
 
 Packed sequences (VARLEN): q (total_q, H, D), k and v (total_k, Hkv, D) are passed as the views
 (1, H, total, D); sequence b owns tokens cu_seqlens[b] .. cu_seqlens[b + 1] - 1, and the grid's
 second axis runs over (sequence, head) instead of (batch, head). Each program reads its
 sequence's bounds on the device, so the host never waits for them; a program whose query block
 lies past its sequence's end returns at once. The public functions and their checks are in
-attention/flash_attention_triton.py.
+attention/triton_flash_attention.py.
 """
 import triton
 import triton.language as tl

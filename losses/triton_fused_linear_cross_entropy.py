@@ -9,7 +9,7 @@ tensors of the step (BT x V, 4 GB in fp32 at 8192 x 128256). Here the tokens go 
 C rows (chunk_rows: CHUNK_ROWS, a (C, V) buffer):
 
     logits_c = hidden_c @ weight.T + bias           one GEMM into a (C, V) buffer in hidden's dtype
-    loss_c, dlogits_c                               losses/cross_entropy.py's row kernel, one launch:
+    loss_c, dlogits_c                               losses/triton_cross_entropy.py's row kernel, one launch:
                                                     the rows' losses, and their gradient written
                                                     over logits_c in place (softcap applied in fp32)
     grad_hidden_c = dlogits_c @ weight              a GEMM into grad_hidden's rows
@@ -31,7 +31,7 @@ so in bf16 it is rounded once a chunk (BT / C roundings, as Liger-Kernel's does)
 accumulate in fp32.
 
 Targets outside [0, V) that are not ignore_index raise IndexError, checked in the operators'
-implementations as losses/cross_entropy.py's (start_target_check, its module docstring says why
+implementations as losses/triton_cross_entropy.py's (start_target_check, its module docstring says why
 there): the check is enqueued ahead of the first chunk's GEMM and read once every chunk is launched,
 so the host waits for the GPU to reach it while the chunks are queued, and the op raises before it
 returns. The recomputing backward operator checks when called on its own; autograd calls it with
@@ -56,7 +56,7 @@ import torch
 from llmk.common.device import INTERPRET
 from llmk.common.ops import define_op, needs_grad
 from llmk.common.validation import check_same_device, check_tensor
-from llmk.losses.cross_entropy import check_loss_args, launch_backward_rows, launch_rows, start_target_check
+from llmk.losses.triton_cross_entropy import check_loss_args, launch_backward_rows, launch_rows, start_target_check
 
 # Rows C of a chunk. Every chunk's grad_weight += dlogits_c.T @ hidden_c reads and writes all of
 # grad_weight (V x H, 4VH bytes) for 2CVH FLOPs: C / 2 FLOPs a byte, whatever V and H. An H100 does
@@ -342,7 +342,7 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
 
     hidden: (..., H) fp16, bf16 or fp32; weight: (V, H) (an nn.Linear's), hidden's dtype;
     bias: optional (V,), hidden's dtype. target: (...) int64 or int32.
-    ignore_index, reduction ("mean", "sum", "none"), label_smoothing: as losses/cross_entropy.py.
+    ignore_index, reduction ("mean", "sum", "none"), label_smoothing: as losses/triton_cross_entropy.py.
     softcap: optional positive float c: logits -> c * tanh(logits / c) before the softmax.
     loss_dtype: the loss's dtype; default hidden's, as F.cross_entropy gives on logits of that
     dtype (torch.float32 keeps the kernel's fp32 loss, as HF's causal-LM loss upcasts).
