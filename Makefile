@@ -20,4 +20,4 @@ bench-smoke: deps
 	@$(PYTHON) -m llmk.scripts.run_benchmarks --smoke $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 report:
-	@$(PYTHON) scripts/report.py  # a plain script, standard library only: no torch, no GPU
+	@$(PYTHON) scripts/report.py  # a plain script: no torch, no GPU

@@ -65,15 +65,12 @@ except ImportError:  # older Triton: the one-pass schedule adds dq with atomics
 # scripts/tune/attention_backward_sweep.py on an H100 (docs/tuning/attention.md has the figures
 # and the configs that lost).
 BACKWARD_TABLE = [
-    # 32-query steps of 128-key blocks, one warpgroup: 0.81x / 0.89x sdpa-cudnn full / causal, where
-    # 64 x 128 blocks over 8 warps reached 0.71x / 0.81x; the one-pass schedule tied full and lost
-    # 17% causal
+    # 32-query steps of 128-key blocks, one warpgroup, beat 64 x 128 over 8 warps; one pass lost causal
     (64, (32, 128, 4, 3), (128, 64, 8, 3), None),
-    # 128-key blocks over two warpgroups (255 registers, no spill); the one-pass schedule with TMA
-    # adds: 2-12% ahead where no query heads share a kv head, 3-7% behind under GQA (one_pass_when)
+    # 128-key blocks over two warpgroups (255 registers, no spill); one pass with TMA wins where no
+    # query heads share a kv head and loses under GQA (one_pass_when)
     (128, (64, 128, 8, 3), (128, 64, 8, 2), (64, 128, 8, 3)),
-    # 32 x 64 blocks, stages as the 256-wide rows fit (32 x 32 blocks reached 0.27x); the one-pass
-    # schedule 1.0x / 1.4x the two-pass one's 0.46x / 0.36x sdpa-cudnn full / causal
+    # 32 x 64 blocks, stages as the 256-wide rows fit; one pass beats two at this width
     (256, (32, 64, 8, 1), (64, 32, 4, 2), (32, 64, 8, 2)),
 ]
 # The interpreter: small blocks, so the short test sequences span several of them; its default

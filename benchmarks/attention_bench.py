@@ -36,7 +36,7 @@ from llmk.attention.triton_flash_attention import flash_attention, flash_attenti
 from llmk.attention.reference_attention import naive_attention
 from llmk.common.device import DEVICE
 from llmk.common.bench import train_call
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.results import plot_sweeps
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -98,7 +98,7 @@ def cases(panels):
         for b, h, t, d in [s for _, points in panels for _, s in points]:
             for causal in (False, True):
                 memory = DEVICE == "cuda" and t == MEMORY_T
-                yield Case("attention-causal" if causal else "attention", (b, h, t, d), dtype, providers(t),
+                yield BenchCase("attention-causal" if causal else "attention", (b, h, t, d), dtype, providers(t),
                            lambda shape=(b, h, t, d), dtype=dtype, causal=causal: setup(shape, dtype, causal),
                            flops=attention_flops(b, h, t, d, causal),
                            extra=(lambda name, inputs, call: {"peak_MiB": peak_mib(call)}) if memory else None,
@@ -157,7 +157,7 @@ def train_cases(shapes):
     for b, h, t, d, causal in shapes:
         providers = train_providers(b, h, t)
         for mode, factor in (("fwd+bwd", 3.5), ("bwd", 2.5)):
-            yield Case("attention-causal" if causal else "attention", (b, h, t, d), TRAIN_DTYPE, providers,
+            yield BenchCase("attention-causal" if causal else "attention", (b, h, t, d), TRAIN_DTYPE, providers,
                        lambda shape=(b, h, t, d), causal=causal: train_setup(shape, causal),
                        flops=int(factor * attention_flops(b, h, t, d, causal)), mode=mode, peak=True,
                        bind=bind_train(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
@@ -246,7 +246,7 @@ def varlen_cases(lengths, heads, dim):
             if mode == "fwd":
                 return lambda: providers[name](*tensors)
             return train_call(providers[name], tensors, WRT, mode, dys)
-        yield Case("attention-varlen", (len(lengths), heads, sum(lengths), dim), TRAIN_DTYPE,
+        yield BenchCase("attention-varlen", (len(lengths), heads, sum(lengths), dim), TRAIN_DTYPE,
                    providers, lambda mode=mode: varlen_setup(lengths, heads, dim, mode),
                    flops=int((3.5 if mode == "fwd+bwd" else 1) * flops), mode=mode,
                    peak=mode != "fwd", bind=bind, skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))

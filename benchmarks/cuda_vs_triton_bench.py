@@ -27,7 +27,7 @@ from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, NORM_SMOKE_SWE
                                     ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, rmsnorm_bytes, rope_bytes, rope_inputs,
                                     shapes_of, swiglu_bytes)
 from llmk.common.device import INTERPRET
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import rand
 from llmk.cuda_cpp import ops as cuda_kernels
@@ -83,7 +83,7 @@ def cases(smoke, dtypes, with_cuda):
             del providers["cuda"]
         for dtype in dtypes:
             for shape in shapes_of(small if smoke else full):
-                yield Case(op, shape, dtype, providers, lambda op=op, shape=shape, dtype=dtype: setup(op, shape, dtype),
+                yield BenchCase(op, shape, dtype, providers, lambda op=op, shape=shape, dtype=dtype: setup(op, shape, dtype),
                            n_bytes=BYTES[kind](shape, dtype.itemsize), untimed=("eager",))
 
 

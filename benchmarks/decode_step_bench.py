@@ -39,7 +39,7 @@ import functools
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import Case, max_err, parse_args, run
+from llmk.common.harness import BenchCase, max_err, parse_args, run
 from llmk.common.results import plot_sweeps
 from llmk.models.llama_layer import (CONFIGS, decode_step, make_weights, mark_static, rope_tables,
                                      torch_decode_step)
@@ -157,7 +157,7 @@ def cases(cfg, smoke):
                 providers = dict.fromkeys(PROVIDERS, bind)
                 if smoke:
                     providers.update({p: "CUDA graphs need a GPU" for p in PROVIDERS if p.endswith("graph")})
-                yield Case(model, (b, t), DTYPE, providers, functools.partial(setup, model, b, t),
+                yield BenchCase(model, (b, t), DTYPE, providers, functools.partial(setup, model, b, t),
                            n_bytes=step_bytes(config, b, t), bind=bind, compare=compare, skip_on=(RuntimeError,))
 
 

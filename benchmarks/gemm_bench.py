@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from llmk.benchmarks.sweeps import shapes_of
 from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import DEVICE
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import grads_of, rand
 from llmk.gemm.triton_matmul import kernel_choice, matmul
@@ -98,7 +98,7 @@ def gemm_case(op, shape, dtype, providers, setup, extra_bytes=0, config=True):
     kernel config (asked after the warm-up call has tuned it)."""
     m, n, k = shape
     n_bytes = (m * k + k * n + m * n + extra_bytes) * dtype.itemsize
-    return Case(op, shape, dtype, providers, setup, n_bytes=n_bytes if m <= BYTES_UP_TO_M else None,
+    return BenchCase(op, shape, dtype, providers, setup, n_bytes=n_bytes if m <= BYTES_UP_TO_M else None,
                 flops=2 * m * n * k,
                 graph=lambda rows: m <= GRAPH_UP_TO_M or min(r["ms"] for r in rows) < GRAPH_BELOW_MS,
                 extra=lambda name, inputs, call: {"config": kernel_choice(*inputs[:2])} if config and name == "triton"
@@ -155,7 +155,7 @@ def train_case(op, shape, mode, providers, wrt, setup):
     """One training row per provider: the gradients in `wrt` on the setup's upstream gradient
     (its inputs' last element), TFLOP/s with TRAIN_MODES' count, peak_MB."""
     m, n, k = shape
-    return Case(op, shape, TRAIN_DTYPE, providers, setup, flops=TRAIN_MODES[mode] * m * n * k, mode=mode, peak=True,
+    return BenchCase(op, shape, TRAIN_DTYPE, providers, setup, flops=TRAIN_MODES[mode] * m * n * k, mode=mode, peak=True,
                 bind=lambda name, inputs: train_call(providers[name], inputs[:-1], wrt, mode, [inputs[-1]]))
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, sm_count
-from llmk.common.harness import Case, max_err, parse_args, run
+from llmk.common.harness import BenchCase, max_err, parse_args, run
 from llmk.common.results import plot_sweeps, shape_str
 from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.paged_kv_cache import to_pages
@@ -160,7 +160,7 @@ def cases(cfg):
             if n_bytes > MATH_MAX_BYTES:
                 providers["sdpa-math"] = "cache past MATH_MAX_BYTES"
             too_big_why = f"cache {n_bytes / 2 ** 30:.1f} GiB > {CACHE_MAX_BYTES / 2 ** 30:.0f} GiB"
-            yield Case(op_name(h, hkv), shape, DTYPE, providers, lambda shape=shape: setup(shape), n_bytes=n_bytes,
+            yield BenchCase(op_name(h, hkv), shape, DTYPE, providers, lambda shape=shape: setup(shape), n_bytes=n_bytes,
                        graph=GRAPHED, extra=splits, bind=bind, compare=compare, skip_on=(RuntimeError,),
                        skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None)
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.peers import LIGER, liger_ce, liger_lce
 from llmk.common.results import plot_sweeps
 from llmk.losses.triton_cross_entropy import cross_entropy
@@ -103,7 +103,7 @@ def ce_cases(shapes):
         providers = {"triton": cross_entropy, "eager": eager_ce, "torch.compile": compiled,
                      LIGER: "liger: its kernels do not run in Triton's interpreter" if INTERPRET else liger_ce()}
         for n, v in shapes:
-            yield Case("cross_entropy", (n, v), DTYPE, providers, lambda n=n, v=v, mode=mode: ce_setup(n, v, mode),
+            yield BenchCase("cross_entropy", (n, v), DTYPE, providers, lambda n=n, v=v, mode=mode: ce_setup(n, v, mode),
                        n_bytes=(1 if mode == "fwd" else 3) * n * v * DTYPE.itemsize, mode=mode,
                        peak=mode != "fwd", bind=bind_train(providers, (0,), mode),
                        graph=GRAPHED if mode != "fwd" else ())
@@ -114,7 +114,7 @@ def lce_cases(shapes):
                  "torch.compile": compile_train_fn(eager_lce, "fwd+bwd"),
                  LIGER: "liger: its kernels do not run in Triton's interpreter" if INTERPRET else liger_lce()}
     for n, h, v in shapes:
-        yield Case("linear_cross_entropy", (n, h, v), DTYPE, providers, lambda n=n, h=h, v=v: lce_setup(n, h, v),
+        yield BenchCase("linear_cross_entropy", (n, h, v), DTYPE, providers, lambda n=n, h=h, v=v: lce_setup(n, h, v),
                    flops=6 * n * h * v, mode="fwd+bwd", peak=True, bind=bind_train(providers, (0, 1), "fwd+bwd"),
                    skip_on=(torch.cuda.OutOfMemoryError,), graph=GRAPHED)
 

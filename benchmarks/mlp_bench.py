@@ -38,7 +38,7 @@ from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, MLP_TRAIN_SMOK
                                     bias_gelu_bytes, shapes_of, swiglu_bytes)
 from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import INTERPRET
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.peers import LIGER, liger_swiglu
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import grads_of, rand
@@ -87,7 +87,7 @@ def cases(sweeps, smoke):
         providers = {"triton": kernel, "eager": eager, "torch.compile": compile_fn(eager)}
         for dtype in dtypes[:1] if smoke else dtypes:  # smoke: the code path once, compiles are slow on a CPU
             for m, n in shapes_of(sweeps):
-                yield Case(op, (m, n), dtype, providers,
+                yield BenchCase(op, (m, n), dtype, providers,
                            lambda make=make_inputs, ref=ref, m=m, n=n, dtype=dtype: setup(make, ref, m, n, dtype),
                            n_bytes=n_bytes(m, n, dtype.itemsize))
 
@@ -134,7 +134,7 @@ def train_cases(train_sweeps):
                 providers[LIGER] = liger_swiglu() if not INTERPRET else \
                     "liger: its kernels do not run in Triton's interpreter"
             for m, n in shapes_of(train_sweeps[sweep_key]):
-                yield Case(op, (m, n), TRAIN_DTYPE, providers,
+                yield BenchCase(op, (m, n), TRAIN_DTYPE, providers,
                            lambda make=make_inputs, ref=ref, m=m, n=n: train_setup(make, ref, m, n),
                            n_bytes=n_bytes(m, n, TRAIN_DTYPE.itemsize), mode=mode, peak=True,
                            bind=bind_train(providers, mode))

@@ -32,7 +32,7 @@ from llmk.benchmarks.sweeps import (NORM_SMOKE_SWEEPS, NORM_SWEEPS, NORM_TRAIN_S
                                     layernorm_bytes, residual_rmsnorm_bytes, rmsnorm_bytes, shapes_of)
 from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import INTERPRET
-from llmk.common.harness import Case, max_err, parse_args, run
+from llmk.common.harness import BenchCase, max_err, parse_args, run
 from llmk.common.peers import LIGER, liger_layernorm, liger_residual_rmsnorm, liger_rmsnorm
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import grads_of, rand
@@ -71,7 +71,7 @@ def cases(sweeps):
         providers = {"triton": kernel, "eager": ref, "torch.compile": compile_fn(ref), vendor_name: vendor}
         for dtype in DTYPES:
             for m, n in shapes_of(sweeps):
-                yield Case(op, (m, n), dtype, providers, lambda pick=pick, ref=ref, m=m, n=n, dtype=dtype:
+                yield BenchCase(op, (m, n), dtype, providers, lambda pick=pick, ref=ref, m=m, n=n, dtype=dtype:
                            setup(pick, ref, m, n, dtype), n_bytes=n_bytes(m, n, dtype.itemsize),
                            compare=lambda out, expected: max_err(first(out), expected))
 
@@ -109,7 +109,7 @@ def train_cases(sweeps):
             providers = {"triton": kernel, "eager": ref, "torch.compile": compiled, vendor_name: vendor,
                          LIGER: liger_fn() if not INTERPRET else "liger: its kernels do not run in Triton's interpreter"}
             for m, n in shapes_of(sweeps):
-                yield Case(op, (m, n), TRAIN_DTYPE, providers,
+                yield BenchCase(op, (m, n), TRAIN_DTYPE, providers,
                            lambda pick=pick, ref=ref, wrt=wrt, m=m, n=n: train_setup(pick, ref, wrt, m, n),
                            n_bytes=n_bytes(m, n, TRAIN_DTYPE.itemsize), mode=mode, peak=True,
                            bind=lambda name, inputs, providers=providers, wrt=wrt, mode=mode:

@@ -25,7 +25,7 @@ import torch
 
 from llmk.common.bench import host_time_us
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.results import plot_sweeps, shape_str
 from llmk.optimizers.reference_adam import adamw_step_ref
 from llmk.optimizers.triton_adam import TritonAdamW
@@ -106,7 +106,7 @@ def cases(config):
         rows = [((n,), [(n,)]) for n in config["sizes"]] + [(model_row_name(config["model"]), config["model"])]
         providers = PROVIDERS if dtype == torch.float32 else {p: PROVIDERS[p] for p in ("triton", "torch-foreach")}
         for name, shapes in rows:
-            yield Case("adamw", shape_str(name), dtype, providers,
+            yield BenchCase("adamw", shape_str(name), dtype, providers,
                        lambda shapes=shapes, dtype=dtype: setup(shapes, dtype),
                        n_bytes=BYTES_PER_PARAM[dtype] * sum(torch.Size(s).numel() for s in shapes), bind=bind,
                        extra=host_us,

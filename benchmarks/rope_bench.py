@@ -31,7 +31,7 @@ from llmk.attention.triton_rope import apply_rope
 from llmk.benchmarks.sweeps import (ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, ROPE_TRAIN_SMOKE_SWEEPS, ROPE_TRAIN_SWEEPS,
                                     rope_bytes, rope_inputs, rope_train_bytes, shapes_of)
 from llmk.common.bench import compile_fn, train_call
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.peers import LIGER, liger_rope
 from llmk.common.results import plot_sweeps
 from llmk.common.validation import DTYPE_NAMES
@@ -65,7 +65,7 @@ def cases(sweeps, dtypes, train_sweeps):
     for op, op_sweeps in sweeps.items():
         for dtype in dtypes:
             for shape in shapes_of(op_sweeps):
-                yield Case(op, shape, dtype, providers,
+                yield BenchCase(op, shape, dtype, providers,
                            lambda shape=shape, dtype=dtype, op=op: setup(shape, dtype, op == "rope_interleaved"),
                            n_bytes=rope_bytes(*shape, dtype.itemsize, dtype.itemsize))
     # liger last: it rotates the case's q, k and upstream gradients in place (module docstring)
@@ -73,7 +73,7 @@ def cases(sweeps, dtypes, train_sweeps):
     e = TRAIN_DTYPE.itemsize
     for mode in TRAIN_MODES:
         for shape in shapes_of(train_sweeps):
-            yield Case("rope", shape, TRAIN_DTYPE, train_providers, lambda shape=shape: train_setup(shape, TRAIN_DTYPE),
+            yield BenchCase("rope", shape, TRAIN_DTYPE, train_providers, lambda shape=shape: train_setup(shape, TRAIN_DTYPE),
                        n_bytes=rope_train_bytes(*shape, e, e, mode), mode=mode, peak=True,
                        bind=lambda name, inputs, mode=mode: train_call(train_providers[name], inputs[:4], WRT, mode,
                                                                        inputs[4:]))

@@ -24,7 +24,7 @@ import torch
 from llmk.attention.triton_softmax import softmax
 from llmk.benchmarks.sweeps import shapes_of
 from llmk.common.bench import compile_fn, train_call
-from llmk.common.harness import Case, parse_args, run
+from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.peers import LIGER, liger
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import rand
@@ -76,13 +76,13 @@ def cases(sweeps, train_sweeps):
     providers = {"triton": softmax, "eager": eager, "torch.compile": compile_fn(eager)}
     for dtype in DTYPES:
         for m, n in shapes_of(sweeps):
-            yield Case("softmax", (m, n), dtype, providers, lambda m=m, n=n, dtype=dtype: setup(m, n, dtype),
+            yield BenchCase("softmax", (m, n), dtype, providers, lambda m=m, n=n, dtype=dtype: setup(m, n, dtype),
                        n_bytes=2 * m * n * dtype.itemsize)
     train_providers = {**providers, LIGER: liger_softmax()}
     for mode, tensors in TRAIN_MODES.items():
         for m, n in shapes_of(train_sweeps):
             # inputs = (x, dy): every provider gets the same upstream gradient
-            yield Case("softmax", (m, n), TRAIN_DTYPE, train_providers,
+            yield BenchCase("softmax", (m, n), TRAIN_DTYPE, train_providers,
                        lambda m=m, n=n: train_setup(m, n, TRAIN_DTYPE), n_bytes=tensors * m * n * TRAIN_DTYPE.itemsize,
                        mode=mode, peak=True,
                        bind=lambda name, inputs, mode=mode: train_call(train_providers[name], inputs[:1], (0,), mode,

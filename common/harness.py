@@ -85,7 +85,7 @@ def parse_args(doc, warmup_ms=25, rep_ms=100):
 
 
 @dataclass
-class Case:
+class BenchCase:
     """The rows of one op, shape and dtype: one per provider.
 
     providers: {name: fn(*inputs) -> output, or a string: why the provider is skipped here}.
@@ -131,7 +131,7 @@ class Case:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"Case.mode: expected one of {MODES}, got {self.mode!r}")
+            raise ValueError(f"BenchCase.mode: expected one of {MODES}, got {self.mode!r}")
         if self.mode == "fwd+bwd" and not self.graph:
             self.graph = lambda rows: True
         self.key = (self.op, shape_str(self.shape), DTYPE_NAMES.get(self.dtype, str(self.dtype)))
@@ -199,7 +199,7 @@ def gate_key(row):
     return row["op"], row["shape"], row["dtype"], row.get("mode", "fwd")
 
 
-def run_cases(run, cases):
+def run_bench_cases(run, cases):
     """Every selected provider of every selected case, in order."""
     plan = []
     for case in cases:
@@ -324,7 +324,7 @@ def run(args, name, charts, cases=None, measure=None, ours=OURS, atol=None):
     meta = start_run(args.smoke, args.out)
     bench = Run(args, meta, ours)
     if cases is not None:
-        run_cases(bench, cases())
+        run_bench_cases(bench, cases())
     else:
         measure(bench)
     if not bench.rows:

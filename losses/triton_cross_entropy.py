@@ -49,7 +49,7 @@ from llmk.common.validation import check_tensor
 from llmk.losses.reference_losses import REDUCTIONS
 
 # Chunk of a row a program holds at once, and its warps: 4096 fp32 values over 8 warps is 16 a
-# thread. Not yet swept on a GPU. The interpreter takes 128, so test rows of a few hundred classes
+# thread (docs/tuning/losses.md). The interpreter takes 128, so test rows of a few hundred classes
 # run several chunks and a ragged last one.
 BLOCK_V, NUM_WARPS = 4096, 8
 INTERPRET_BLOCK_V = 128

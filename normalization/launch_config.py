@@ -92,54 +92,24 @@ def looped_config(n_rows, n_cols, elem_size, chunk_bytes):
     return RowConfig(True, 1, chunk, min(32, max(4, chunk * elem_size // 512)), n_rows)
 
 
-# Backward kernels (normalization/triton_norm_backward.py). The grid is persistent, a few programs
-# per SM: each program keeps an (N,) fp32 dweight partial, so P programs cost a (P, N) fp32 buffer
-# and a reduce over P (common.reduce.sum_partials). The fused kernel holds a tile of BLOCK_M = tile / padded N rows
-# and loads the next tile while it computes on this one (prefetch: ahead at every width, 1-4
-# programs an SM, e.g. 0.042 ms against 0.072 at N = 1024); the short rows also want small
-# programs, several an SM, whose steps overlap each other's waits.
-# Keyed by padded N, not bytes: the registers hold fp32 whatever the input dtype. Timed by
-# scripts/tune/norm_bwd_sweep.py on an H100 (bf16, 16384 rows; % of copy, backward bytes 3MNe,
-# 4MNe with du; docs/tuning/normalization.md). LayerNorm and residual RMSNorm (du) keep more values
-# live a row, hence their own rows.
+# Backward kernels (normalization/triton_norm_backward.py). The grid is persistent: each program
+# keeps an (N,) fp32 dweight partial, so P programs cost a (P, N) buffer and a reduce over P
+# (common.reduce.sum_partials). The fused kernel holds a tile of BLOCK_M = tile / padded N rows and
+# loads the next tile while it computes on this one; short rows want small programs, several an SM,
+# whose waits overlap. Keyed by padded N, not bytes: the registers hold fp32 whatever the dtype;
+# LayerNorm and residual RMSNorm (du) keep more values live a row, hence their own rows. The
+# sweep behind every entry: docs/tuning/normalization.md (scripts/tune/norm_bwd_sweep.py).
 #   kernel -> [(max padded N, tile values, num_warps, programs an SM)]
 BACKWARD_FUSED_TABLE = {
-    "rmsnorm": [
-        (512, 4096, 8, 1),    # short rows, 8 to 128 a step (not timed on the H100: kept from the first cut)
-        (1024, 4096, 4, 2),   # 4 rows of 4 warps, 2 an SM: 81%; 8 rows of 16 warps, one an SM: 29%
-        (4096, 4096, 8, 2),   # N = 2048..4096: 1 row of 8 warps, 2 an SM: 93%, ties 2 rows of 16 warps
-        (8192, 8192, 16, 1),  # 1 row of 16 warps, the next row prefetched: 94% though it spills; 32 warps
-                              # 85%, the looped kernel 79-83%
-    ],
-    "residual_rmsnorm": [
-        (512, 4096, 8, 1),
-        (1024, 4096, 4, 4),   # 78%; 4 rows of 8 warps, 2 an SM: 54%
-        (4096, 4096, 8, 2),   # 95%, as 2 rows of 16 warps
-        (8192, 8192, 32, 1),  # 93%; the looped kernel 80-85%
-    ],
-    "layernorm": [
-        (512, 4096, 8, 1),
-        (1024, 4096, 4, 4),   # 66%; 8 rows of 16 warps, one an SM: 15%
-        (4096, 4096, 8, 2),   # 89%; 2 rows of 16 warps 87%, the looped kernel 44-68%
-        (8192, 8192, 32, 1),  # 73%; the looped kernel 59-63%
-    ],
+    "rmsnorm": [(512, 4096, 8, 1), (1024, 4096, 4, 2), (4096, 4096, 8, 2), (8192, 8192, 16, 1)],
+    "residual_rmsnorm": [(512, 4096, 8, 1), (1024, 4096, 4, 4), (4096, 4096, 8, 2), (8192, 8192, 32, 1)],
+    "layernorm": [(512, 4096, 8, 1), (1024, 4096, 4, 4), (4096, 4096, 8, 2), (8192, 8192, 32, 1)],
 }
-# Wider rows: the looped backward, BLOCK_M rows a step in chunks of up to `chunk` values (of them,
-# their half and their quarter, the one that pads N least, as looped_config), one 16-byte load a
-# thread of x and of dy per chunk: num_warps = BLOCK_M * chunk bytes / 512, at most 32; one
-# program an SM. Each step reads, adds to and writes back the program's (N,) fp32 dw partial in L2
-# (8*N bytes against 3*N*e of HBM a row), and keeps its rows of x and dy in L2 for the second
-# pass. Timed at 4096 rows (bf16 backward, % of copy at 3MNe):
-#   N = 32768:  1 row, 16384, no prefetch 52%; 8192 49% (prefetch 44%); 2 rows of 8192 with
-#               prefetch 39%, of 4096 25%: the partials (17 MB) and one row a program (132 x
-#               128 KB of x and dy) fit in L2, two do not; the loads ahead cost registers.
-#   N = 131072: 2 rows of 8192 with prefetch 40%; 1 row of 16384 or 8192 32%: nothing fits in
-#               L2 any more (69 MB of partials), and two rows a step halve the partials' traffic.
-# N = 65536 (not timed) takes the 131072 row: 34 MB of partials and 34 MB of rows overflow L2.
-# Residual RMSNorm (du): 1 row of 8192 at N = 32768 (56%), the best of its sweep; its wider rows
-# follow RMSNorm's. LayerNorm's looped kernel (three passes, a dw and a db partial) takes one row a
-# step without prefetch: chunks of 8192, 23% at N = 32768, the best of 4096-8192 at 1-2 programs an
-# SM; the two partials (34 MB) crowd x and dy out of L2, the thing to rework next.
+# Wider rows: the looped backward, BLOCK_M rows a step in chunks of up to `chunk` values (that, its
+# half or its quarter, whichever pads N least), one program an SM. Each step reads, adds to and
+# writes back the program's dw partial in L2 and keeps its rows there for the second pass, so the
+# choice turns on what fits in L2: one row a step while the partials and rows fit (N = 32768), two
+# rows with the next chunk loaded ahead once they do not (131072), which halves the partials' traffic.
 #   kernel -> [(max padded N or None, BLOCK_M rows a step, chunk values, prefetch)]
 BACKWARD_LOOP_TABLE = {
     "rmsnorm": [(32768, 1, 16384, False), (None, 2, 8192, True)],

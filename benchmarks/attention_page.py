@@ -1,0 +1,24 @@
+"""The results page of the attention area (docs/results/attention.md): its title, intro, the groups of rows its
+sentences sum up, and its notes (benchmarks/pages.py; scripts/report.py renders it)."""
+from llmk.benchmarks.pages import Area, Group, dims
+
+PAGE = Area(
+    "FlashAttention (prefill): forward, backward, packed sequences",
+    "Kernels in `attention/triton_flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
+    "any T, head dims up to 256, packed sequences) and `attention/triton_flash_attention_bwd.py` "
+    "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); the public functions in "
+    "`attention/triton_flash_attention.py`. `naive` and `blocked` are the references in "
+    "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
+    [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),
+     Group(("attention",), "T >= 1024, GPU time", lambda s: dims(s)[2] >= 1024, graph=True, mode="fwd+bwd"),
+     Group(("attention-causal",), "T >= 1024, GPU time", lambda s: dims(s)[2] >= 1024, graph=True,
+           mode="fwd+bwd"),
+     Group(("attention", "attention-causal"), "T >= 1024 (do_bench)", lambda s: dims(s)[2] >= 1024, mode="bwd"),
+     Group(("attention-varlen",), "packed batch, forward"),
+     Group(("attention-varlen",), "packed batch, GPU time", graph=True, mode="fwd+bwd")],
+    ["Figures are TFLOP/s (compute-bound): no share of copy bandwidth applies. Training rows count "
+     "the backward as 2.5x the forward's FLOPs, fwd+bwd as 3.5x (flash-attention's convention).",
+     "Packed rows count the packed batch's own FLOPs for every provider: the padded providers do "
+     "more work for the same result."],
+    {"sdpa-cudnn": "cuDNN's kernel loads tiles with TMA and specializes warps into producers "
+                   "and consumers; this kernel uses pointer loads and one warp role."})
