@@ -80,6 +80,8 @@ def _forward_only_kernel(name, op, remedy=None):
     return autograd_kernel
 
 
+_REQUIRED = object()  # a schema argument without a default, in Op._defaults
+
 # Tensor types a direct call may take: plain tensors and parameters, no subclass that dispatches in
 # Python (FakeTensor, FunctionalTensor, ...), whose calls must go through the dispatcher
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -112,13 +114,17 @@ class Op:
         self._n_args = len(overload._schema.arguments)
         # the schema's trailing defaults, so that an autograd formula's setup_context gets every
         # argument by position whichever way the op was called (the dispatcher fills them in too)
-        self._defaults = [a.default_value if a.has_default_value() else None for a in overload._schema.arguments]
+        self._defaults = [a.default_value if a.has_default_value() else _REQUIRED
+                          for a in overload._schema.arguments]
 
     def _recorded(self, *args):
         if not self.differentiable:
             raise forward_only_error(self.name, self.remedy)
         if len(args) < self._n_args:
-            args = (*args, *self._defaults[len(args):])
+            missing = self._defaults[len(args):]
+            if _REQUIRED in missing:  # an argument without a default: the forward's own TypeError
+                return self.function.apply(*args)
+            args = (*args, *missing)
         if torch._C._are_functorch_transforms_active():  # vmap, grad, ...
             return self.function.apply(*args)
         return self._apply(*torch._functorch.utils.unwrap_dead_wrappers(args))

@@ -106,12 +106,8 @@ def run(command, cwd, label):
 def check_wheel():
     """Build the wheel, install it (without dependencies) into a new environment, and run the
     probe there from an empty folder."""
-    from importlib import metadata
-    try:
-        offline = tuple(int(x) for x in metadata.version("setuptools").split(".")[:2]) >= (70, 1)
-    except (metadata.PackageNotFoundError, ValueError):
-        offline = False
-    if not offline:  # pip would fetch a newer one for the build: a machine without network fails there
+    from llmk.scripts.deps import builds_offline
+    if not builds_offline():  # pip would fetch a newer setuptools: a machine without network fails there
         return [Outcome("not checked: building the wheel offline needs setuptools >= 70.1 here", True)]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)

@@ -86,7 +86,7 @@ def check_report_robust():
         out = report.outputs(results=tmp, pages=tmp / "pages", readme=readme)
     pages = {p.name: text for p, text in out.items()}
     n_pages = sum(name.endswith(".md") and name != "README.md" for name in pages)
-    with_json = sum((report.RESULTS / f"{a}.json").exists() for a in report.AREAS) - 1  # e2e.json removed
+    with_json = sum((report.RESULTS / f"{a}.json").exists() for a in report.AREA_NAMES) - 1  # e2e.json removed
     return [Outcome("every area with a JSON gets a page", n_pages == with_json, note=f"{n_pages} pages"),
             Outcome("commit shown", "`0123456789ab` (uncommitted changes)" in pages.get("norm.md", "")),
             Outcome("README table replaced between the markers",

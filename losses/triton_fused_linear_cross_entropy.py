@@ -47,8 +47,8 @@ It is for a hidden nothing reads afterwards (an LM head's input), and only where
 safely (fused_linear_cross_entropy's docstring): otherwise the call is the functional operator's.
 
 Operators: llmk::fused_linear_cross_entropy (the loss and, under grad, the gradients),
-llmk::fused_linear_cross_entropy_none (the loss rows of reduction "none") and
-llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none"),
+llmk::fused_linear_cross_entropy_none (the loss rows of reduction "none"),
+llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none") and
 llmk::fused_linear_cross_entropy_in_place (grad_in_place's forward).
 """
 import torch
@@ -278,7 +278,7 @@ def _in_place_safe(hidden, weight, target, bias, reduction, grads):
 
 
 class _GradInPlace(torch.autograd.Function):
-    """llmk::fused_linear_cross_entropy's autograd formula (_setup, _backward) with grad_hidden
+    """llmk::fused_linear_cross_entropy's autograd formula (its _backward) with grad_hidden
     kept in hidden's own memory: one (BT, H) tensor less at the loss, where the step's peak is."""
 
     @staticmethod
@@ -287,7 +287,9 @@ class _GradInPlace(torch.autograd.Function):
             hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads)
         # hidden's version moves: a node that saved hidden raises in its backward rather than read gradients
         torch.autograd.graph.increment_version(hidden)
-        _setup(ctx, None, (loss, hidden, grad_weight, grad_bias))
+        ctx.save_for_backward(hidden, grad_weight, grad_bias)  # hidden holds grad_hidden now
+        ctx.set_materialize_grads(False)
+        ctx.used = False
         return loss
 
     @staticmethod
@@ -390,7 +392,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
         return rows.reshape(target.shape).to(loss_dtype or hidden.dtype)
     grads = [needs_grad(hidden), needs_grad(weight), needs_grad(bias)]
     if grad_in_place and _in_place_safe(hidden, weight, t1, bias, reduction, grads):
-        loss = _GradInPlace.apply(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap, reduction, grads)
+        loss = _GradInPlace.apply(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap, reduction,
+                                  grads)
         return loss.to(loss_dtype or hidden.dtype)
     loss = fused_linear_cross_entropy_op(h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap,
                                          reduction, grads)[0]

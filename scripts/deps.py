@@ -42,15 +42,21 @@ def installed_root():
     return None if spec is None or spec.origin is None else pathlib.Path(spec.origin).resolve().parent
 
 
-def install_checkout():
-    """pip install -e <this checkout> --no-deps; offline (the setuptools at hand) when it is recent
-    enough, as on a machine without network access."""
-    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)]
+def builds_offline():
+    """Whether pip can build this checkout with the setuptools at hand (--no-build-isolation), so
+    without fetching one: pyproject.toml's build backend needs 70.1 or newer."""
     try:
-        if _version_tuple(metadata.version("setuptools")) >= (70, 1):
-            command.append("--no-build-isolation")
+        return _version_tuple(metadata.version("setuptools")) >= (70, 1)
     except metadata.PackageNotFoundError:
-        pass
+        return False
+
+
+def install_checkout():
+    """pip install -e <this checkout> --no-deps; offline when builds_offline(), as on a machine
+    without network access."""
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)]
+    if builds_offline():
+        command.append("--no-build-isolation")
     print(f"installing this checkout as llmk: {' '.join(command[2:])}", flush=True)
     return subprocess.call(command)
 

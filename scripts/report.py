@@ -17,6 +17,7 @@ graph_ms, and the charts. Rows or providers missing from a file leave gaps, not 
 """
 import argparse
 import ast
+import functools
 import importlib
 import json
 import pathlib
@@ -44,18 +45,10 @@ AREA_NAMES = ("norm", "softmax", "rope", "attention", "mlp", "gemm", "inference"
               "optimizer", "host", "e2e", "cuda_vs_triton", "decode_step")
 
 
-class _Areas(dict):
-    """{area: its PAGE}, each page module imported when first asked for."""
-
-    def __missing__(self, name):
-        self[name] = importlib.import_module(f"llmk.benchmarks.{name}_page").PAGE
-        return self[name]
-
-    def __iter__(self):
-        return iter(AREA_NAMES)
-
-
-AREAS = _Areas()
+@functools.cache
+def area_page(name):
+    """The area's PAGE (benchmarks/<name>_page.py), its module imported when first asked for."""
+    return importlib.import_module(f"llmk.benchmarks.{name}_page").PAGE
 
 # The README's table: (kernel, area, index of the area's group it sums up)
 SUMMARY = [
@@ -533,7 +526,7 @@ def host_figures(meta, rows):
 
 def decode_step_figures(meta, rows):
     """The decode_step page's figures: sentences, the graph speedup per shape, the ms tables, charts."""
-    area = AREAS["decode_step"]
+    area = area_page("decode_step")
     out = ["## What the figures say", "",
            "Each way of running ours against PyTorch's step run the same way, as a ratio of times: above "
            "1.00x ours is faster.", ""]
@@ -559,7 +552,7 @@ def decode_step_figures(meta, rows):
 
 
 def page(area_name, results=RESULTS):
-    area = AREAS[area_name]
+    area = area_page(area_name)
     meta, rows = load(area_name, results)
     src = f"benchmarks/results/{area_name}.json"
     out = [f"# {area.title}", "",
@@ -623,7 +616,7 @@ def summary(results=RESULTS):
     for kernel, area_name, index in SUMMARY:
         if not (results / f"{area_name}.json").exists():
             continue
-        group = AREAS[area_name].groups[index]
+        group = area_page(area_name).groups[index]
         meta, rows = load(area_name, results)
         ms = matches(rows, group)
         if not ms:
@@ -645,7 +638,7 @@ def with_summary(readme_text, table_text):
 
 def outputs(results=RESULTS, pages=PAGES, readme=README):
     """{path: text} of every file `make report` writes."""
-    out = {pages / f"{a}.md": page(a, results) for a in AREAS if (results / f"{a}.json").exists()}
+    out = {pages / f"{a}.md": page(a, results) for a in AREA_NAMES if (results / f"{a}.json").exists()}
     if readme.exists():
         out[readme] = with_summary(readme.read_text(), summary(results))
     return out
