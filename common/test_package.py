@@ -5,7 +5,9 @@ the checkout, running a kernel and its backward there.
     python common/test_package.py        (or: pytest common/test_package.py)
 
 The environment shares this interpreter's site-packages (torch and triton: installing them again
-would take minutes and the network), and the check fails unless `llmk` imports from the wheel's
+would take minutes and the network): the base interpreter's through --system-site-packages, and
+through a .pth file the folders this interpreter imports the dependencies from, which differ when
+it runs in a virtual environment itself. The check fails unless `llmk` imports from the wheel's
 copy in that environment, not from this checkout.
 """
 import os
@@ -103,6 +105,18 @@ def run(command, cwd, label):
     return proc.stdout
 
 
+def dependency_folders():
+    """The folders this interpreter imports the declared dependencies from. A .pth file's lines
+    only extend sys.path (the .pth files inside them do not run), so this checkout's editable
+    install, if there is one, stays out of the environment."""
+    import importlib.util
+    names = ["torch", "triton", "numpy", "tabulate", "matplotlib"]
+    specs = [importlib.util.find_spec(n) for n in names]
+    folders = [pathlib.Path(s.origin).parent.parent if s.submodule_search_locations else pathlib.Path(s.origin).parent
+               for s in specs]  # a package's folder's parent; a one-file module's folder
+    return list(dict.fromkeys(str(f) for f in folders if f != ROOT and ROOT not in f.parents))
+
+
 def check_wheel():
     """Build the wheel, install it (without dependencies) into a new environment, and run the
     probe there from an empty folder."""
@@ -119,6 +133,8 @@ def check_wheel():
         run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp / "env")], tmp, "venv")
         python = tmp / "env" / ("Scripts" if os.name == "nt" else "bin") / "python"
         run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], tmp, "pip install")
+        site = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp, "venv")
+        (pathlib.Path(site.strip()) / "llmk_test_deps.pth").write_text("\n".join(dependency_folders()) + "\n")
         (tmp / "work").mkdir()
         out = run([str(python), "-W", "ignore", "-c", PROBE], tmp / "work", "the probe")
         where = out.split("from ", 1)[1].split()[0]

@@ -28,6 +28,13 @@ BF16 = Tol(1e-5, 2 ** -6, "w rounded to bf16 once a step, as the reference does;
                           "difference (the GPU contracts w*decay + step into an FMA, the reference "
                           "does not) flips that rounding for ~1e-4 of the values a step, so over 20 "
                           "steps and 10^6 values some flip twice: two bf16 ulps (2^-6 relative)")
+# A flip next to a power of two can put our w and the reference's on either side of it. There they
+# part: above, a step smaller than half the larger ulp rounds back to where w was; below, the same
+# step moves w an ulp. One w then stalls while the other walks, by at most lr |m / sqrt(v)| (about
+# lr) a step. So 1 in 10^5 values may pass BF16, each by no more than BF16_STALL_STEPS steps of 2 lr
+# (H100: 1 of 10^6 values, 0.2520 against 0.2461, 6 ulps below 0.25, after 20 steps of lr 1e-3).
+BF16_OUTLIERS = 1e-5
+BF16_STALL_STEPS = STEPS
 MLP_SHAPES = [(64, 32), (64,), (64,), (64,), (64, 64), (64,), (10, 64), (10,)]  # Linear, LayerNorm, Linear, Linear
 GROUPS = [  # several groups with their own hyperparameters; betas[0] = 0.3 takes lerp's other formula
     {"shapes": [(33, 7), (5,)], "lr": 3e-3, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1},
@@ -117,7 +124,8 @@ class Trio:
                     out.append(compare(f"{name} {key} vs fp64 ref", ours, refs[key], FP32, torch_out=theirs[key]))
                     out.append(compare(f"{name} {key} vs torch", ours, theirs[key], FP32))
             else:
-                out.append(compare(f"{name} w vs ref", w, refs["w"], BF16))
+                lr = max(g["lr"] for g in self.opt.param_groups)
+                out.append(compare_bf16_w(f"{name} w vs ref", w, refs["w"], lr))
                 state_tol = FP32 if refs["exp_avg"].dtype == torch.float32 else BF16
                 for key in ("exp_avg", "exp_avg_sq"):
                     ours = flat_state(self.opt, self.ours, key)
@@ -132,6 +140,19 @@ class Trio:
         if untouched:
             out.append(Outcome("no-grad params untouched, no state", all(untouched)))
         return out
+
+
+def compare_bf16_w(check, w, ref, lr):
+    """compare(w, ref, BF16), with BF16_OUTLIERS of the values allowed past it by a stall at a
+    power of two: each within BF16_STALL_STEPS * 2 lr."""
+    out = compare(check, w, ref, BF16)
+    n_bad = int(out.bad.split("/")[0]) if out.bad else 0
+    if out.passed or out.note or not 0 < n_bad <= max(1, BF16_OUTLIERS * w.numel()):
+        return out
+    stall = compare(check, w, ref, Tol(BF16_STALL_STEPS * 2 * lr, 0.0, "a stall", rounding_check=False))
+    out.passed = stall.passed
+    out.note = f"{n_bad} past two ulps, each within {stall.limit} (a stall at a power of two)"
+    return out
 
 
 def check_tensor(numel, weight_decay):
