@@ -147,6 +147,21 @@ class Op:
         return self.impl(*args)
 
 
+def _autograd_function(name, impl, formula_setup_context, formula_backward):
+    """The op's eager autograd node (Op._recorded): forward is the op's impl, setup_context and
+    backward are the formula register_autograd got, so eager calls and the dispatcher's autograd
+    kernel compute the same gradients. One class per op: autograd.Function keeps its methods on
+    the class, and ctx.needs_input_grad follows the schema's arguments."""
+
+    class OpFunction(torch.autograd.Function):
+        forward = staticmethod(impl)
+        setup_context = staticmethod(formula_setup_context)
+        backward = staticmethod(formula_backward)
+
+    OpFunction.__name__ = OpFunction.__qualname__ = f"{name}_function"
+    return OpFunction
+
+
 def define_op(schema, impl, fake, backward=None, setup_context=None, remedy=None):
     """Register operator `schema` ("name(Tensor x, ...) -> Tensor") in our namespace and return it
     as an Op: torch.ops.llmk.name, which runs `impl` on real tensors and `fake` under
@@ -168,9 +183,7 @@ def define_op(schema, impl, fake, backward=None, setup_context=None, remedy=None
         lib.impl(name, _forward_only_kernel(name, overload, remedy), "Autograd", with_keyset=True)
     else:
         torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=lib)
-        function = type(f"{name}_function", (torch.autograd.Function,), {
-            "forward": staticmethod(impl), "setup_context": staticmethod(setup_context),
-            "backward": staticmethod(backward)})
+        function = _autograd_function(name, impl, setup_context, backward)
     OPS[name] = Op(name, impl, overload, function, remedy)
     return OPS[name]
 

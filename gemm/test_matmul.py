@@ -21,7 +21,7 @@ from llmk.gemm.matmul_cases import grad_tolerance, reference, tolerance, torch_s
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises, main,
                                  poisoned, rand)
-from llmk.gemm.matmul_common import m_bucket
+from llmk.gemm.triton_matmul_common import m_bucket
 from llmk.gemm.triton_matmul import (TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul,
                                      matmul_op, matmul_train_op)
 from llmk.gemm.triton_matmul_tiled import (CONFIGS, INTERPRET_SMS, SPLIT_TABLE, autotune_configs, plan,

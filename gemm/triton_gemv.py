@@ -45,7 +45,7 @@ from llmk.common.device import INTERPRET, sm_count
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.triton_utils import activate
 from llmk.common.workspace import split_k_buffers
-from llmk.gemm.matmul_common import fit_split
+from llmk.gemm.triton_matmul_common import fit_split
 
 # b's layout -> (BLOCK_N, BLOCK_K, num_warps, NUM_STAGES, programs per SM). The split brings the
 # strips (cdiv(N, BLOCK_N)) up to at most `programs per SM` x SMs programs, all resident at once,
@@ -54,7 +54,7 @@ from llmk.gemm.matmul_common import fit_split
 # scripts/tune/gemv_sweep.py on an H100; docs/tuning/gemm.md has the figures.
 GEMV_CONFIGS = {
     # W.T (an nn.Linear weight, what a model passes; what matmul() runs here): 4 rows of W x 1024
-    # values, 2 KB runs of each row a step; 81-97% of the copy bandwidth where b is 32 MB or more
+    # values, 2 KB runs of each row a step (its bandwidth: docs/tuning/gemm.md)
     "linear": (4, 1024, 4, 3, 4),
     # row-major (K, N): 128 columns (256 bytes a row) x 64 rows a step. The tiled kernel's split-K
     # beats it at every shape swept, so matmul() runs that; this row serves launch_gemv called directly.
@@ -197,7 +197,7 @@ def _gemv_kernel(
 
 
 def launch_gemv(a, b, bias, activation, c, config=None, split_k=None, z=None):
-    """c = activation(a @ b + bias) on validated arguments (gemm.matmul_common.check_matmul_args),
+    """c = activation(a @ b + bias) on validated arguments (gemm.triton_matmul_common.check_matmul_args),
     one launch.
 
     a: (1, K) fp16 or bf16, any strides (a row or a column view of a larger matrix). K >= 0.

@@ -35,15 +35,15 @@ from llmk.common.device import INTERPRET, sm_count
 from llmk.common.ops import define_op, define_ops, needs_grad
 from llmk.common.validation import check_out
 from llmk.gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
-from llmk.gemm.matmul_common import check_matmul_args, picked_config
+from llmk.gemm.triton_matmul_common import check_matmul_args, picked_config
 from llmk.gemm.triton_matmul_backward import epilogue_backward
 
 # From TMA_MIN_M rows the persistent TMA kernel runs: from 2048 rows it beats the tiled kernel by
 # up to a tenth, at 1024 it ties or leads, below that both tie and the TMA kernel's three
 # descriptors cost host time a short GEMM would feel (scripts/tune/tma_sweep.py, H100).
 TMA_MIN_M = 1024
-# Up to GEMV_MAX_M rows against b read along K (W.T), the GEMV kernel runs: 0.97-1.35x cuBLAS
-# where the tensor-core kernels reach 0.92-0.99x (scripts/tune/gemv_sweep.py, H100). Against a
+# Up to GEMV_MAX_M rows against b read along K (W.T), the GEMV kernel runs: one row wastes most of
+# a tensor-core tile, the GEMV reads W once, near the copy bandwidth (docs/tuning/gemm.md). Against a
 # row-major b the tiled kernel's split-K stays faster.
 GEMV_MAX_M = 1
 

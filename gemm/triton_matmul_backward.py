@@ -75,7 +75,7 @@ def _epilogue_backward_kernel(
     in_n = cols < N
     # fp32 sums of each (row lane, column) of the band, reduced over the rows once after the loop:
     # a column sum every step would be a cross-warp reduction through shared memory (a barrier a
-    # step), which stalled the loads of the pass at ~57% of the copy bandwidth on an H100
+    # step), which stalls the pass's loads (docs/tuning/gemm.md)
     sums = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = band.to(tl.int64) * BAND_STEPS * BLOCK_M  # 64-bit: rows * stride can pass 2^31
     for step in range(0, BAND_STEPS):

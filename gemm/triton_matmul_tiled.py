@@ -8,7 +8,7 @@ A tile (BLOCK_M x BLOCK_K) and a B tile (BLOCK_K x BLOCK_N) and feeding them to 
 tensor cores) with an fp32 accumulator; the bias and the activation are applied to that fp32
 accumulator, and the tile is rounded and stored once. Memory traffic with perfect reuse is
 (M*K + K*N + M*N) * e bytes; each A row-panel is really read once per column of tiles and each B
-column-panel once per row of tiles, which the grouped program order (gemm/matmul_common.py)
+column-panel once per row of tiles, which the grouped program order (gemm/triton_matmul_common.py)
 turns into L2 hits.
 
 Every stride is passed, so a transposed or padded view of a or b is read in place, with no copy.
@@ -36,7 +36,7 @@ from llmk.common.bench import autotune_bench
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
 from llmk.common.workspace import split_k_buffers
-from llmk.gemm.matmul_common import (GROUP_M, epilogue_store, fit_split, grouped_tile, m_bucket, pick_config,
+from llmk.gemm.triton_matmul_common import (GROUP_M, epilogue_store, fit_split, grouped_tile, m_bucket, pick_config,
                                      picked_config, untuned_config)
 
 # Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Shared memory is

@@ -45,7 +45,7 @@ from llmk.common.bench import autotune_bench
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import activate
-from llmk.gemm.matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config, untuned_config
+from llmk.gemm.triton_matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config, untuned_config
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -68,9 +68,8 @@ TMA_CONFIGS = [
     # and 128 x 128 tiles (scripts/tune/host_and_picks.py tma1024)
     (64, 128, 128, 4, 4, 1),
     # a read transposed (the backward's dW = dz^T @ a, A_TRANSPOSED) only: 128 x 256 with the c tile
-    # stored whole, and 256 x 128 (144 + 64 KB, 144 + 32 KB). At 8192 x 14336 x 4096 and
-    # 8192 x 4096 x 14336 they ran that GEMM at 0.97-1.04x cuBLAS where the rows above reached
-    # 0.88-1.00x (scripts/tune/backward_sweep.py, H100); other layouts gained nothing from them
+    # stored whole, and 256 x 128 (144 + 64 KB, 144 + 32 KB): the fastest there
+    # in the backward sweep; other layouts gained nothing from them (docs/tuning/gemm.md)
     (128, 256, 64, 8, 3, 1),
     (256, 128, 64, 8, 3, 2),
 ]
@@ -202,7 +201,7 @@ def autotune_configs():
 @functools.lru_cache(maxsize=None)
 def tuned():
     """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter). The
-    autotuner's pick is kept per key with matmul_common.pick_config: later calls launch it directly."""
+    autotuner's pick is kept per key with triton_matmul_common.pick_config: later calls launch it directly."""
     return triton.autotune(configs=autotune_configs(),
                            key=["M_BUCKET", "N", "K", "A_TRANSPOSED", "B_TRANSPOSED", "STORE_Z"],
                            prune_configs_by={"early_config_prune": prune_configs},

@@ -19,7 +19,7 @@ import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_matmul_tma as tma
 from llmk.common.bench import graph_time_ms, host_time_us, train_call
 from llmk.common.device import sm_count
-from llmk.gemm import matmul_common
+from llmk.gemm import triton_matmul_common
 from llmk.gemm.triton_matmul_backward import epilogue_backward
 
 SHAPES = ((4096, 4096, 4096), (8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336))
@@ -87,7 +87,7 @@ def main():
     for m, n, k in (SHAPES[:1] if "--quick" in sys.argv else SHAPES):
         print(f"M, N, K = {m}, {n}, {k}", flush=True)
         whole_calls(m, n, k)  # first: the autotuner picks inside autograd's backward, as in the benchmark
-        for key, meta in matmul_common._PICKED.items():
+        for key, meta in triton_matmul_common._PICKED.items():
             if key[0] is tma._matmul_tma_kernel:
                 print(f"    picked MNK {key[1:4]} a_rowmajor={key[4]} b_stride1={key[5]} z={key[8]}: "
                       f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{meta['num_warps']} "

@@ -8,7 +8,7 @@ import triton.testing
 
 import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_matmul_tiled as tiled
-from llmk.gemm.matmul_common import picked_config
+from llmk.gemm.triton_matmul_common import picked_config
 
 SHIPPED = tiled.GROUP_M  # launch_tiled reads the tiled module's name, so that is the one swapped
 

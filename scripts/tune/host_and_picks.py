@@ -26,7 +26,7 @@ import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_matmul_tiled as tiled
 import llmk.gemm.triton_matmul_tma as tma
 import llmk.gemm.triton_rmsnorm_linear as trl
-from llmk.gemm.matmul_common import grouped_tile, picked_config
+from llmk.gemm.triton_matmul_common import grouped_tile, picked_config
 from llmk.normalization.triton_rmsnorm import rmsnorm
 import llmk.inference.triton_inference_attention as ia
 
