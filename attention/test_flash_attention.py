@@ -21,13 +21,14 @@ import math
 
 import torch
 
-from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
-from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
-                                                backward_table_config, launch_flash_attention_backward, one_pass_when)
+from llmk.attention.attention_cases import attention_tol as rounding_tol
+from llmk.attention.reference_attention import causal_mask, expand_kv, naive_attention
 from llmk.attention.triton_flash_attention import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
                                                    flash_attention_varlen, table_config)
-from llmk.attention.reference_attention import causal_mask, expand_kv, naive_attention
-from llmk.attention.attention_cases import attention_tol as rounding_tol
+from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
+                                                       backward_table_config, launch_flash_attention_backward,
+                                                       one_pass_when)
+from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
 from llmk.common.device import DEVICE
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, grads_of, main, poisoned, rand)

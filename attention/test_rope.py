@@ -9,12 +9,12 @@ forward-only, and a cos or sin that requires grad raises (no gradient for the ta
 
 import torch
 
+from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.attention.rope_cases import check_empty, check_huge, check_own_buffer, make_qk, make_table
+from llmk.attention.triton_rope import ROPE_TABLE, apply_rope, table_row
 from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
                                  expect_raises, main, poisoned, rand, select_cases)
-from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
-from llmk.attention.triton_rope import ROPE_TABLE, apply_rope, table_row
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

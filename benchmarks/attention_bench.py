@@ -6,7 +6,7 @@ FLOPs: two matmuls of 2 * T * T * D per head, so 4 * B * H * T^2 * D for full at
 
 Shapes: 16384 tokens per batch (B = 16384 / T) at T = 512..16384, with H * D = 2048 (H 32 at hd 64,
 H 16 at hd 128), full and causal, fp16 and bf16. Providers: `triton` (attention/
-flash_attention_triton.py), `sdpa-flash` (FlashAttention-2 inside PyTorch), `sdpa-cudnn`,
+triton_flash_attention.py), `sdpa-flash` (FlashAttention-2 inside PyTorch), `sdpa-cudnn`,
 `sdpa-efficient`, `naive` (scores materialized in fp32) and `blocked` (online softmax over key
 blocks in PyTorch, up to T = 4096). max_err is against SDPA in fp32 on the same inputs.
 

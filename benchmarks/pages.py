@@ -64,9 +64,10 @@ class Area:
     # peer, or (peer, graph), -> why it can lead; shown under a group where it does
     leader_notes: dict = field(default_factory=dict)
     lower_is_better: bool = False    # tables in ms (end to end)
-    # (meta, rows) -> the page's lines after the run table, in place of the sentences and tables of
-    # kernels against peers (host: CPU time, not GPU time)
-    render: Callable = None
+    # the name of scripts/report.py's function (meta, rows) -> the page's lines after the run table,
+    # in place of the sentences and tables of kernels against peers (host: CPU time, not GPU time);
+    # a name, since this module must not import the report
+    render: str = ""
 
 
 DECODE_STEP_LAYERS = ("llama3-8b", "qwen2-7b")  # the decode_step area's ops

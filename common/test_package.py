@@ -10,15 +10,16 @@ through a .pth file the folders this interpreter imports the dependencies from, 
 it runs in a virtual environment itself. The check fails unless `llmk` imports from the wheel's
 copy in that environment, not from this checkout.
 """
+import importlib.util
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
 import zipfile
 
 from llmk.common.testing import Case, Outcome, main
+from llmk.scripts.deps import builds_offline, requirement_specs, requirements
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,27 +49,16 @@ def pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def requirement_names(lines):
-    """{name: spec} of requirement strings ("torch>=2.4", "numpy")."""
-    out = {}
-    for line in lines:
-        line = line.split("#")[0].strip()
-        if line:
-            name = re.split(r"[<>=!~ ]", line, maxsplit=1)[0]
-            out[name.lower()] = line[len(name):].strip()
-    return out
-
-
 def check_declared():
     """requirements.txt lists pyproject's dependencies and its dev extras but transformers (an
     optional line there) with the same bounds, and pyproject lists every folder that is a package."""
     project = pyproject()
     if project is None:
         return [Outcome("tomllib needs Python 3.11: not checked", True)]
-    deps = requirement_names(project["project"]["dependencies"])
-    dev = requirement_names(project["project"]["optional-dependencies"]["dev"])
+    deps = requirement_specs(project["project"]["dependencies"])
+    dev = requirement_specs(project["project"]["optional-dependencies"]["dev"])
     dev.pop("transformers")
-    listed = requirement_names((ROOT / "requirements.txt").read_text().splitlines())
+    listed = requirements()
     packages = set(project["tool"]["setuptools"]["packages"])
     folders = {"llmk." + ".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.rglob("__init__.py")
                if p.parent != ROOT and not {"build", ".venv"} & set(p.relative_to(ROOT).parts)} | {"llmk"}
@@ -109,9 +99,7 @@ def dependency_folders():
     """The folders this interpreter imports the declared dependencies from. A .pth file's lines
     only extend sys.path (the .pth files inside them do not run), so this checkout's editable
     install, if there is one, stays out of the environment."""
-    import importlib.util
-    names = ["torch", "triton", "numpy", "tabulate", "matplotlib"]
-    specs = [importlib.util.find_spec(n) for n in names]
+    specs = [s for s in map(importlib.util.find_spec, requirements()) if s is not None]
     folders = [pathlib.Path(s.origin).parent.parent if s.submodule_search_locations else pathlib.Path(s.origin).parent
                for s in specs]  # a package's folder's parent; a one-file module's folder
     return list(dict.fromkeys(str(f) for f in folders if f != ROOT and ROOT not in f.parents))
@@ -120,7 +108,6 @@ def dependency_folders():
 def check_wheel():
     """Build the wheel, install it (without dependencies) into a new environment, and run the
     probe there from an empty folder."""
-    from llmk.scripts.deps import builds_offline
     if not builds_offline():  # pip would fetch a newer setuptools: a machine without network fails there
         return [Outcome("not checked: building the wheel offline needs setuptools >= 70.1 here", True)]
     with tempfile.TemporaryDirectory() as tmp:

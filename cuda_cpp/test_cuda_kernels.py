@@ -15,20 +15,20 @@ attention/rope_cases.py, mlp/swiglu_cases.py).
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.reference_rope import apply_rope_ref
-import llmk.normalization.rmsnorm_cases as norm_checks
 import llmk.attention.rope_cases as rope_checks
-from llmk.mlp.swiglu_cases import inputs as swiglu_inputs
+import llmk.normalization.rmsnorm_cases as norm_checks
+from llmk.attention.reference_rope import apply_rope_ref
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.cuda_cpp.extension import unavailable_reason
 from llmk.cuda_cpp.launch_config import (CACHED_ROW_PACKS, CACHED_SMALL_PACKS, CACHED_THREADS, WARP_ROW_PACKS,
                                          RmsnormConfig, SwigluConfig, pack_size)
 from llmk.cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu
-from llmk.mlp.reference_mlp import swiglu_ref
 from llmk.mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected
 from llmk.mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS
 from llmk.mlp.mlp_cases import huge_rows as swiglu_huge_rows
+from llmk.mlp.reference_mlp import swiglu_ref
+from llmk.mlp.swiglu_cases import inputs as swiglu_inputs
 from llmk.normalization.norm_cases import norm_inputs
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 

@@ -13,9 +13,9 @@ import torch
 from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE
 from llmk.common.testing import Case, Outcome, compare, expect_raises, main, rand
-from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.kv_cache import KVCache
 from llmk.inference.paged_kv_cache import PagedKVCache, gather_pages
+from llmk.inference.reference_decode_attention import decode_attention_reference
 
 B, MAX_LEN, HKV, D = 3, 40, 2, 64
 # appends of t tokens (a prefill chunk, decode steps) and resets of some sequences

@@ -16,12 +16,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, main, rand)
-from llmk.losses.triton_cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op
+from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
 from llmk.losses.reference_losses import cross_entropy_ref
+from llmk.losses.triton_cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op
 
 LSE_ULPS = 8  # the online max/sum over BLOCK_V chunks and exp2's error: a few fp32 ulps of |LSE|
 

@@ -15,13 +15,13 @@ a ragged last one; the kernel's vocabulary chunks are 128 there (V = 300: a ragg
 
 import torch
 
-from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
-from llmk.common.device import DEVICE
+from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
                                  dtype_name, expect_raises, grads_of, main, opcheck, rand)
-from llmk.losses.triton_fused_linear_cross_entropy import (fused_linear_cross_entropy,
-                                                    fused_linear_cross_entropy_backward_op)
+from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
 from llmk.losses.reference_losses import linear_cross_entropy_ref, linear_cross_entropy_same_dtype
+from llmk.losses.triton_fused_linear_cross_entropy import (fused_linear_cross_entropy,
+                                                           fused_linear_cross_entropy_backward_op)
 
 FLOOR_ULPS = 64
 
@@ -95,7 +95,6 @@ def check_bad_target():
     """A target outside [0, V) that is not ignore_index raises IndexError naming the value and V,
     through every entry: each reduction (with and without gradients), int32 targets, a custom
     ignore_index, the recomputing backward operator called on its own, a compiled call."""
-    from llmk.common.device import INTERPRET
     hidden, weight = rand((5, 16), torch.float32), rand((10, 16), torch.float32)
     f = fused_linear_cross_entropy
     grad = lambda: hidden.clone().requires_grad_()  # noqa: E731
@@ -213,7 +212,6 @@ def check_in_place_rules():
     """Where grad_in_place writes over hidden, and where it must not (fused_linear_cross_entropy's
     _in_place_safe): the gradients are the plain op's in every case, and a hidden that is not
     written keeps its values."""
-    from llmk.common.device import INTERPRET
     n, h, v, dtype = 21, 32, 150, torch.bfloat16
     x, weight, target = rand((n, h), dtype).requires_grad_(), rand((v, h), dtype).requires_grad_(), \
         make_target((n,), v)
@@ -301,7 +299,6 @@ def check_operator():
 def check_compile():
     """A fullgraph-compiled training call (aot_eager in the interpreter, inductor on a GPU): one
     frame over two calls on fresh inputs, gradients equal to eager's bit for bit."""
-    from llmk.common.device import INTERPRET
     backend = "aot_eager" if INTERPRET else "inductor"
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)

@@ -13,14 +13,14 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from llmk.mlp.swiglu_cases import inputs
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (EXACT, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
                                  grads_of, main, opcheck, poisoned, rand, shape_case)
-from llmk.mlp.reference_mlp import swiglu_ref
+from llmk.mlp.launch_config import BACKWARD_TILE_TABLE, tile_config_for
 from llmk.mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,
                                 overflow_expected, upstream)
-from llmk.mlp.launch_config import BACKWARD_TILE_TABLE, tile_config_for
+from llmk.mlp.reference_mlp import swiglu_ref
+from llmk.mlp.swiglu_cases import inputs
 from llmk.mlp.triton_swiglu import launch_swiglu, launch_swiglu_backward, swiglu
 
 NAMES = ("gate", "up")

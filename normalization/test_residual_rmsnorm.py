@@ -8,13 +8,12 @@ the gradients (dx, dresidual, dweight) through both outputs, or y alone (du = No
 import torch
 import torch.nn.functional as F
 
-from llmk.normalization.rmsnorm_cases import rms_grad_atol
-
 from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
                                  main, poisoned, rand)
 from llmk.normalization.norm_cases import chunked_param_grad, grad_cases, grad_tol, huge_rows, norm_cases
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
+from llmk.normalization.rmsnorm_cases import rms_grad_atol
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 
 EPS = 1e-6

@@ -18,21 +18,35 @@ def _version_tuple(version):
     return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
+def requirement_specs(lines):
+    """{name: version spec} of requirement strings ("torch>=2.4" -> {"torch": ">=2.4"}, "numpy" ->
+    {"numpy": ""}); comments and blank lines skipped."""
+    out = {}
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if line:
+            name = re.split(r"[<>=!~ ]", line, maxsplit=1)[0]
+            out[name.lower()] = line[len(name):].strip()
+    return out
+
+
+def requirements():
+    """requirements.txt as requirement_specs."""
+    return requirement_specs(REQUIREMENTS.read_text().splitlines())
+
+
 def missing():
     """Requirement lines whose package is absent or below its `>=` bound."""
     out = []
-    for line in REQUIREMENTS.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if not line:
-            continue
-        name, _, minimum = line.partition(">=")
+    for name, spec in requirements().items():
         try:
-            have = metadata.version(name.strip())
+            have = metadata.version(name)
         except metadata.PackageNotFoundError:
-            out.append(line)
+            out.append(name + spec)
             continue
+        minimum = spec.partition(">=")[2]
         if minimum and _version_tuple(have) < _version_tuple(minimum):
-            out.append(line)
+            out.append(name + spec)
     return out
 
 
