@@ -29,14 +29,19 @@ def expand_kv(k, n_heads):
     return k.repeat_interleave(n_heads // k.shape[1], dim=1)
 
 
-def naive_attention(q, k, v, causal=False, sm_scale=None):
-    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) -> O (B, H, Tq, D) in q's dtype, math in fp32."""
+def attention_probs(q, k, causal=False, sm_scale=None):
+    """q (B, H, Tq, D), k (B, Hkv, Tk, D) -> P (B, H, Tq, Tk) in fp32 (fp64 for fp64 inputs)."""
     compute = torch.promote_types(q.dtype, torch.float32)
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+    k = expand_kv(k, q.shape[1])
     scores = torch.matmul(q.to(compute), k.to(compute).transpose(-1, -2)) * sm_scale
     if causal:
         scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     # a row with no visible key is all -inf: softmax would give NaN, the convention is zeros
-    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
-    return torch.matmul(p, v.to(compute)).to(q.dtype)
+    return torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
+
+
+def naive_attention(q, k, v, causal=False, sm_scale=None):
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) -> O (B, H, Tq, D) in q's dtype, math in fp32."""
+    p = attention_probs(q, k, causal, sm_scale)
+    return torch.matmul(p, expand_kv(v, q.shape[1]).to(p.dtype)).to(q.dtype)

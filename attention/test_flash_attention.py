@@ -22,7 +22,7 @@ import math
 import torch
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
-from llmk.attention.reference_attention import causal_mask, expand_kv, naive_attention
+from llmk.attention.reference_attention import attention_probs, causal_mask, expand_kv, naive_attention
 from llmk.attention.triton_flash_attention import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
                                                    flash_attention_varlen, table_config)
 from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
@@ -35,12 +35,8 @@ from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,
 
 def attention_tol(q, k, v, causal, sm_scale):
     """The tolerance of O in q's dtype, from the fp64 probabilities of this problem."""
-    k, v = expand_kv(k.double(), q.shape[1]), expand_kv(v.double(), q.shape[1])
-    scores = torch.matmul(q.double(), k.transpose(-1, -2)) * sm_scale
-    if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
-    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
-    return rounding_tol(q.dtype, p, v, q.shape)
+    p = attention_probs(q.double(), k.double(), causal, sm_scale)
+    return rounding_tol(q.dtype, p, expand_kv(v.double(), q.shape[1]), q.shape)
 
 
 def same_dtype_attention(q, k, v, causal, sm_scale):
@@ -323,14 +319,10 @@ def abs_ds_times_abs_k(q, k, v, do, causal):
     value of dq, the sum of the magnitudes of the terms dq adds up (dS = P * (dP - delta))."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     q, k, v, do = (t.detach().float() for t in (q, k, v, do))
+    p = attention_probs(q, k, causal, scale)
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
-    # in place where it can be: at 32 heads of 3000 tokens each (Tq, Tk) matrix is 1.2 GB
-    s = (q @ k.transpose(-1, -2)).mul_(scale)
-    if causal:
-        s.masked_fill_(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num_(nan=0.0)
-    del s
     delta = (do * (p @ v)).sum(-1, keepdim=True)
+    # in place: at 32 heads of 3000 tokens each (Tq, Tk) matrix is 1.2 GB
     ds = p.mul_((do @ v.transpose(-1, -2)).sub_(delta)).abs_()
     return (ds @ k.abs()).mul_(scale)
 
