@@ -1,5 +1,7 @@
 """Argument checks shared by every launcher: each raises before anything is launched, with a
 message that names the argument and says what was expected."""
+import math
+
 import torch
 
 from llmk.common.device import DEVICE
@@ -50,9 +52,9 @@ def as_rows(t):
         return t.reshape(-1, n_cols)
 
 
-def check_norm_args(x, weight, eps, x_name="x", weight_name="weight"):
+def check_norm_args(x, weight, eps, x_name="x", weight_name="weight", offset=0.0):
     """Argument checks of the row-wise norms (RMSNorm, LayerNorm; Triton and CUDA); returns N, the
-    normalized size. weight may be None (no affine weight)."""
+    normalized size. weight may be None (no affine weight). offset: RMSNorm's, added to the weight."""
     check_tensor(x_name, x)
     n_cols = x.shape[-1]
     if weight is not None:
@@ -65,6 +67,10 @@ def check_norm_args(x, weight, eps, x_name="x", weight_name="weight"):
         raise TypeError(f"eps must be a number, not a bool; got {eps!r}")
     if not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        raise TypeError(f"offset must be a number (1.0 for Gemma's RMSNorm), got {offset!r}")
+    if not math.isfinite(offset):
+        raise ValueError(f"offset must be finite, got {offset!r}")
     return n_cols
 
 

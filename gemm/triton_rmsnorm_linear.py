@@ -305,7 +305,7 @@ def rmsnorm_linear_decode(x, norm_weight, weight, eps):
 def rmsnorm_linear_unfused(x, norm_weight, weight, eps):
     """Two kernels: our rmsnorm writes normalized x, cuBLAS multiplies it by W^T. The rmsnorm
     operator's implementation is called directly: this runs inside llmk::rmsnorm_linear already."""
-    return torch.matmul(rmsnorm_op.impl(x, norm_weight, eps), weight.t())
+    return torch.matmul(rmsnorm_op.impl(x, norm_weight, eps, 0.0), weight.t())
 
 
 def _rmsnorm_linear(x, norm_weight, weight, eps, path):
@@ -341,7 +341,7 @@ def _rmsnorm_linear_backward(ctx, dy):
     x2, dy2 = x.reshape(-1, k), dy.reshape(-1, n)  # views unless the leading dims cannot merge
     dx = dnorm_weight = dweight = None
     if weight_grad:
-        dweight = product_like(weight, dy2.T, rmsnorm_op(x2, norm_weight, ctx.eps))
+        dweight = product_like(weight, dy2.T, rmsnorm_op(x2, norm_weight, ctx.eps, 0.0))
     if x_grad or norm_grad:
         dh = matmul_op(dy2, weight, None, None)
         dx, dnorm_weight = rmsnorm_backward(dh, x2, norm_weight, ctx.eps, weight_grad=norm_grad)

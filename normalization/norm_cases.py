@@ -153,6 +153,32 @@ def grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb=None):
                     gpu_gb=huge_gb) for kernel, n in (("fused", 1000), ("looped", 65537))])
 
 
+def gemma_cases(check, check_grad):
+    """RMSNorm's Gemma form, offset=1.0 (y = x * rstd * (1 + weight)), for check and check_grad
+    taking offset and weight_scale: weights near 0 as Gemma's are (its init is 0: weight_scale 0),
+    through the fused and the looped kernels, forward and backward."""
+    cases = []
+
+    def add(check_fn, prefix, shape, dtype, gpu_only=False, **extra):
+        label = " ".join(f"{k}={v if k != 'weight_dtype' else dtype_name(v)}" for k, v in extra.items())
+        cases.append(Case(f"{prefix}{tuple(shape)} {dtype_name(dtype)} offset=1 {label}".strip(), check_fn,
+                          dict(shape=shape, dtype=dtype, offset=1.0, **extra), gpu_only))
+
+    for dtype in DTYPES:
+        add(check, "", (3, 1000), dtype, weight_scale=0.1)
+        add(check, "", (3, 65537), dtype, weight_scale=0.1)           # the looped kernel
+        add(check, "", (2, 5, 256), dtype, weight_scale=0.1)          # q/k norms: one head's 256 values a row
+        add(check_grad, "grad ", (GRAD_ROWS, 1000), dtype, weight_scale=0.1)
+        add(check_grad, "grad ", (GRAD_ROWS, 123), dtype, weight_scale=0.0)
+        add(check, "", (4096, 4096), dtype, gpu_only=True, weight_scale=0.1)
+        add(check_grad, "grad ", (4096, 4096), dtype, gpu_only=True, weight_scale=0.1)
+    add(check, "", (3, 123), torch.bfloat16, weight_scale=0.0)        # Gemma's init: y = x * rstd
+    add(check, "", (2, 4096), torch.bfloat16, weight_dtype=torch.float32, weight_scale=0.1)
+    add(check_grad, "grad ", (7, 8300), torch.bfloat16, weight_scale=0.1)  # the looped backward
+    add(check_grad, "grad ", (4, 4500), torch.float32, weight_scale=0.1)
+    return cases
+
+
 # Rounding-error model of the gradients, fp32 math on inputs of any dtype. A sum of n fp32 terms
 # carries an error of about sqrt(n) roundings of the sum of their magnitudes (random signs; the
 # probabilistic bound of Higham and Mary, 2019, with lambda = 2); the tolerance adds that to the one

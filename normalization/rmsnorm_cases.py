@@ -12,13 +12,20 @@ from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 EPS = 1e-6
 
 
-def check(shape, dtype, impl, pad=None, scale=1.0, weight_dtype=None):
+def offset_kwargs(offset):
+    """impl's offset= argument, passed only where it is not 0: the CUDA kernel has none."""
+    return {"offset": offset} if offset else {}
+
+
+def check(shape, dtype, impl, pad=None, scale=1.0, weight_dtype=None, offset=0.0, weight_scale=1.0):
+    """offset, weight_scale: Gemma's form, y = x * rstd * (offset + weight), its weights near 0."""
     x = rand(shape, dtype, pad=pad, scale=scale)
-    w = rand((shape[-1],), weight_dtype or dtype)
-    y = impl(x, w, EPS, out=poisoned(shape, dtype))
-    ref = rmsnorm_ref(x.double(), w.double(), EPS)
-    # PyTorch's own same-dtype result bounds our error; it needs weight and x in one dtype
-    torch_out = F.rms_norm(x, (shape[-1],), w, EPS) if weight_dtype is None else None
+    w = rand((shape[-1],), weight_dtype or dtype, scale=weight_scale)
+    y = impl(x, w, EPS, out=poisoned(shape, dtype), **offset_kwargs(offset))
+    ref = rmsnorm_ref(x.double(), w.double(), EPS, offset)
+    # PyTorch's own same-dtype result bounds our error; it needs weight and x in one dtype (and
+    # rounds offset + weight to it)
+    torch_out = F.rms_norm(x, (shape[-1],), w + offset, EPS) if weight_dtype is None else None
     return [compare("y", y, ref, torch_out=torch_out)]  # inf/NaN where ref is finite fails too
 
 
@@ -41,27 +48,29 @@ def x_hat(x, eps=EPS):
     return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def rms_grad_atol(x, w, dy, du=None):
+def rms_grad_atol(x, w, dy, du=None, offset=0.0):
     """Per-element fp32 error bounds of RMSNorm's dx (plus du, one more rounding) and dweight
     (norm_cases' error model), in fp64."""
     xd, dyd = x.double(), dy.double()
     rstd = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS)
-    atol = dx_atol(xd * rstd, dyd * w.double(), rstd)
+    atol = dx_atol(xd * rstd, dyd * (offset + w.double()), rstd)
     if du is not None:
         atol = atol + 2 * U32 * du.double().abs()
     x_hat = xd * rstd
     return dict(x=atol, weight=param_grad_atol(dyd * x_hat, dyd.abs() * x_hat_error(xd, x_hat, rstd)))
 
 
-def check_grad(shape, dtype, impl, pad=None, wrt=None, weight_dtype=None):
+def check_grad(shape, dtype, impl, pad=None, wrt=None, weight_dtype=None, offset=0.0, weight_scale=1.0):
     """Gradients of impl(x, weight, EPS) against autograd through the fp64 reference, and against
     PyTorch's F.rms_norm in the same dtype (2x rule). x and dy are strided views when pad is given.
-    wrt: "x" or "weight" for that gradient alone (the other is not wanted), default both."""
+    wrt: "x" or "weight" for that gradient alone (the other is not wanted), default both.
+    offset, weight_scale: Gemma's form, as check takes them."""
     x, dy = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
-    w = rand((shape[-1],), weight_dtype or dtype)
-    atol = rms_grad_atol(x, w, dy)
-    torch_fn = (lambda x, w: F.rms_norm(x, (shape[-1],), w, EPS)) if weight_dtype is None else None
-    return check_grads("", lambda x, w: impl(x, w, EPS), lambda x, w: rmsnorm_ref(x, w, EPS), (x, w),
+    w = rand((shape[-1],), weight_dtype or dtype, scale=weight_scale)
+    atol = rms_grad_atol(x, w, dy, offset=offset)
+    torch_fn = (lambda x, w: F.rms_norm(x, (shape[-1],), w + offset, EPS)) if weight_dtype is None else None
+    return check_grads("", lambda x, w: impl(x, w, EPS, **offset_kwargs(offset)),
+                       lambda x, w: rmsnorm_ref(x, w, EPS, offset), (x, w),
                        {"x": (0,), "weight": (1,)}.get(wrt, (0, 1)), ("x", "weight"),
                        lambda name, _: grad_tol(x.dtype if name == "x" else w.dtype, atol[name]),
                        torch_fn=torch_fn, grad_outputs=[dy])

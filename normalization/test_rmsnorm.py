@@ -10,7 +10,7 @@ import torch
 import llmk.normalization.rmsnorm_cases as checks
 from llmk.common.device import DEVICE
 from llmk.common.testing import Case, Outcome, expect_raises, grads_of, main, rand
-from llmk.normalization.norm_cases import grad_cases, norm_cases
+from llmk.normalization.norm_cases import gemma_cases, grad_cases, norm_cases
 from llmk.normalization.triton_rmsnorm import rmsnorm, rmsnorm_backward
 
 
@@ -25,6 +25,9 @@ def check_errors():
         expect_raises("weight elsewhere", lambda: rmsnorm(x, w.to(other)), ValueError, "weight"),
         expect_raises("not a tensor", lambda: rmsnorm([1.0], w), TypeError, "x"),
         expect_raises("eps < 0", lambda: rmsnorm(x, w, -1.0), ValueError, "eps"),
+        expect_raises("offset a string", lambda: rmsnorm(x, w, offset="1"), TypeError, "offset"),
+        expect_raises("offset a bool", lambda: rmsnorm(x, w, offset=True), TypeError, "offset"),
+        expect_raises("offset inf", lambda: rmsnorm(x, w, offset=float("inf")), ValueError, "offset"),
         expect_raises("out shape", lambda: rmsnorm(x, w, out=x[:2].clone()), ValueError, "out"),
         expect_raises("out= under grad (forward-only)",
                       lambda: rmsnorm(x, w.clone().requires_grad_(), out=torch.empty_like(x)),
@@ -39,8 +42,12 @@ def check_backward_function():
     _, (dx, dw) = grads_of(lambda x, w: rmsnorm(x, w, 1e-6), (x, w), (0, 1), [dy])
     got_dx, got_dw = rmsnorm_backward(dy, x, w, 1e-6)
     only_dx, none = rmsnorm_backward(dy, x, w, 1e-6, weight_grad=False)
+    _, gemma = grads_of(lambda x, w: rmsnorm(x, w, 1e-6, offset=1.0), (x, w), (0, 1), [dy])
+    got_gemma = rmsnorm_backward(dy, x, w, 1e-6, offset=1.0)
     return [Outcome("dx = autograd's", torch.equal(got_dx, dx) and got_dx.is_contiguous()),
             Outcome("dweight = autograd's", torch.equal(got_dw, dw)),
+            Outcome("offset=1.0: autograd's dx and dweight", all(map(torch.equal, got_gemma, gemma))
+                    and not torch.equal(got_gemma[0], dx)),
             Outcome("weight_grad=False: dweight None, same dx", none is None and torch.equal(only_dx, dx)),
             expect_raises("dy shape", lambda: rmsnorm_backward(dy[:2], x, w), ValueError, "dy"),
             expect_raises("dy dtype", lambda: rmsnorm_backward(dy.float(), x, w), ValueError, "dy"),
@@ -61,6 +68,7 @@ CASES += grad_cases(functools.partial(checks.check_grad, impl=rmsnorm),
                     functools.partial(checks.check_grad_empty, impl=rmsnorm),
                     functools.partial(checks.check_grad_huge, impl=rmsnorm), huge_gb=23)  # 21.5 GB printed
 CASES.append(Case("grad: rmsnorm_backward", check_backward_function))
+CASES += gemma_cases(functools.partial(checks.check, impl=rmsnorm), functools.partial(checks.check_grad, impl=rmsnorm))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -1,6 +1,7 @@
 """Backward kernels of the row-wise norms (RMSNorm, residual RMSNorm, LayerNorm) in Triton.
 
-RMSNorm, per row of N values (x̂ = x * rstd, g = dy * w):
+RMSNorm, per row of N values (x̂ = x * rstd, g = dy * w; w is offset + weight, Gemma's form with
+offset 1, whose gradient is that of the weight):
     rstd = rsqrt(mean(x^2) + eps)                      recomputed from x: nothing saved but x
     dx   = rstd * (g - x̂ * mean(g * x̂))   (+ du, the gradient of u = x + residual, if given)
     dw   = sum over rows of dy * x̂
@@ -47,7 +48,7 @@ def _rmsnorm_bwd_fused_kernel(
     dy_ptr, x_ptr, w_ptr, du_ptr, dx_ptr, dw_ptr,
     # matrix dimensions and strides (in elements)
     n_rows, n_cols, stride_dym, stride_xm, stride_dum, stride_dxm,
-    eps,
+    eps, offset,
     # meta-parameters
     HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -61,7 +62,7 @@ def _rmsnorm_bwd_fused_kernel(
     step = tl.num_programs(0) * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
     in_row = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32) + offset
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
     if PREFETCH:
@@ -100,7 +101,7 @@ def _rmsnorm_bwd_looped_kernel(
     # matrix dimensions and strides (in elements); compile-time constants, as in the forward
     n_rows, n_cols: tl.constexpr, stride_dym: tl.constexpr, stride_xm: tl.constexpr,
     stride_dum: tl.constexpr, stride_dxm: tl.constexpr,
-    eps,
+    eps, offset,
     # meta-parameters
     HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN_N: tl.constexpr, ONE_CHUNK: tl.constexpr, PREFETCH: tl.constexpr,
@@ -150,7 +151,8 @@ def _rmsnorm_bwd_looped_kernel(
             else:
                 x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
                 dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
+            w = w.to(tl.float32) + offset
             sum_sq += x * x
             sum_xg += x * dy * w[None, :]
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / n_cols + eps)
@@ -161,7 +163,8 @@ def _rmsnorm_bwd_looped_kernel(
             mask = row_ok & col_mask(cols, n_cols, EVEN_N)[None, :]
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
+            w = w.to(tl.float32) + offset
             dx = (dy * w[None, :] - x * c[:, None]) * rstd[:, None]
             if HAS_DU:
                 dx += tl.load(du_ptr + rows[:, None] * stride_dum + cols[None, :], mask=mask, other=0.0,
@@ -329,9 +332,10 @@ def _partials(cfg, n_cols, device, wanted):
     return alloc((cfg.grid, n_cols), dtype=torch.float32, device=device)
 
 
-def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_blocks=None):
+def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_blocks=None, offset=0.0):
     """Launch on validated arguments: dy, x, du (or None) (..., N) any row strides; weight (N,);
-    dx a contiguous output shaped like x; dweight (N,) in weight's dtype, or None (no weight grad).
+    dx a contiguous output shaped like x; dweight (N,) in weight's dtype, or None (no weight grad);
+    offset added to the weight (the forward's: w stands for offset + weight in g = dy * w).
     Writes dx = the gradient of x (plus du), and dweight. cfg, sum_blocks: a RowConfig and a
     sum_partials blocks triple instead of the tables' choice (tuning sweeps)."""
     if x.numel() == 0:
@@ -347,7 +351,7 @@ def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_b
                               "rmsnorm" if du is None else "residual_rmsnorm")
     partial = _partials(cfg, n_cols, x.device, dweight is not None)
     args = (dy2, x2, weight.contiguous(), du2, dx2, partial, n_rows, n_cols,
-            dy2.stride(0), x2.stride(0), du2.stride(0), dx2.stride(0), eps)
+            dy2.stride(0), x2.stride(0), du2.stride(0), dx2.stride(0), eps, offset)
     flags = dict(HAS_DU=du is not None, WEIGHT_GRAD=dweight is not None)
     if cfg.looped:
         _rmsnorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,

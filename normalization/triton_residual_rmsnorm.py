@@ -1,7 +1,7 @@
 """Residual add + RMSNorm in one pass, as a pre-norm transformer block uses it:
 
     u = x + residual      (rounded to x's dtype: the skip stream the next block adds to)
-    y = rmsnorm(u) * weight
+    y = rmsnorm(u) * (offset + weight)      (offset 1: Gemma's form, triton_rmsnorm.py)
 
 Traffic: read x and residual, write u and y (4*N*e bytes a row) against 6*N*e for an add followed
 by an RMSNorm. The kernel is the RMSNorm kernel with HAS_RESIDUAL set (triton_rmsnorm.py).
@@ -20,65 +20,67 @@ from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
 from llmk.normalization.triton_rmsnorm import launch_rmsnorm
 
 
-def _backward_impl(dy, du, u, weight, eps, weight_grad):
+def _backward_impl(dy, du, u, weight, eps, weight_grad, offset):
     dx = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     dweight = torch.empty(weight.shape if weight_grad else (0,), dtype=weight.dtype, device=weight.device)
-    launch_rmsnorm_backward(dy, u, weight, du, eps, dx, dweight if weight_grad else None)
+    launch_rmsnorm_backward(dy, u, weight, du, eps, dx, dweight if weight_grad else None, offset=offset)
     return dx, dweight
 
 
 residual_rmsnorm_backward_op = define_op(
-    "residual_rmsnorm_backward(Tensor dy, Tensor? du, Tensor u, Tensor weight, float eps, bool weight_grad)"
-    " -> (Tensor, Tensor)", _backward_impl,
-    lambda dy, du, u, weight, eps, weight_grad: (u.new_empty(u.shape),
-                                                 weight.new_empty(weight.shape if weight_grad else (0,))))
+    "residual_rmsnorm_backward(Tensor dy, Tensor? du, Tensor u, Tensor weight, float eps, bool weight_grad,"
+    " float offset) -> (Tensor, Tensor)", _backward_impl,
+    lambda dy, du, u, weight, eps, weight_grad, offset: (u.new_empty(u.shape),
+                                                             weight.new_empty(weight.shape if weight_grad else (0,))))
 
 
 def _setup_context(ctx, inputs, output):
-    _, _, weight, eps = inputs
+    _, _, weight, eps, offset = inputs
     ctx.save_for_backward(output[1], weight)  # u: the rounded sum the forward normalized
-    ctx.eps = eps
+    ctx.eps, ctx.offset = eps, offset
     ctx.set_materialize_grads(False)  # an unused u gives du = None: not a tensor of zeros to read
 
 
 def _backward(ctx, dy, du):
     u, weight = ctx.saved_tensors
     if dy is None and du is None:
-        return None, None, None, None
+        return None, None, None, None, None
     if dy is None:  # only u is used: y's gradient is zero (rare; not worth a kernel variant)
         dy = torch.zeros_like(u)
     wants_x, wants_residual, wants_weight = ctx.needs_input_grad[:3]
-    dx, dweight = residual_rmsnorm_backward_op(dy, du, u, weight, ctx.eps, wants_weight)
-    return (dx if wants_x else None), (dx if wants_residual else None), (dweight if wants_weight else None), None
+    dx, dweight = residual_rmsnorm_backward_op(dy, du, u, weight, ctx.eps, wants_weight, ctx.offset)
+    return (dx if wants_x else None), (dx if wants_residual else None), (dweight if wants_weight else None), None, None
 
 
 residual_rmsnorm_op, residual_rmsnorm_out_op = define_ops(
-    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor weight, float eps",
-    lambda x, residual, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)), launch_rmsnorm,
+    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor weight, float eps, float offset",
+    lambda x, residual, weight, eps, offset: (x.new_empty(x.shape), x.new_empty(x.shape)),
+    lambda x, residual, weight, eps, offset, y, u: launch_rmsnorm(x, residual, weight, eps, y, u, offset=offset),
     outs=("out", "residual_out"), backward=_backward, setup_context=_setup_context)
 
 
-def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None):
+def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None, *, offset=0.0):
     """Operators llmk::residual_rmsnorm and llmk::residual_rmsnorm_out; differentiable in x,
     residual and weight through both outputs (llmk::residual_rmsnorm_backward); `out=` and
     `residual_out=` are forward-only.
 
     x, residual: (..., N), same shape and dtype (fp16, bf16, fp32), any row strides.
     weight: (N,). out, residual_out: optional contiguous buffers shaped like x.
+    offset: added to the weight in fp32: 1.0 is Gemma's RMSNorm.
     Returns (y, u), both (..., N) in x's dtype, contiguous.
     """
-    check_norm_args(x, weight, eps)
+    check_norm_args(x, weight, eps, offset=offset)
     check_tensor("residual", residual)
     check_same_device("residual", residual, "x", x)
     if residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"residual must match x: shape {tuple(x.shape)} dtype {x.dtype}; "
                          f"got {tuple(residual.shape)} {residual.dtype}")
     if out is None and residual_out is None:
-        return residual_rmsnorm_op(x, residual, weight, float(eps))
+        return residual_rmsnorm_op(x, residual, weight, float(eps), float(offset))
     for name, buf in (("out", out), ("residual_out", residual_out)):
         if buf is not None:
             check_out(name, buf, x.shape, x.dtype, x.device)
     y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     u = residual_out if residual_out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    residual_rmsnorm_out_op(x, residual, weight, float(eps), y, u)
+    residual_rmsnorm_out_op(x, residual, weight, float(eps), float(offset), y, u)
     return y, u

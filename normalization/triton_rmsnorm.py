@@ -1,7 +1,11 @@
 """RMSNorm (and residual-add + RMSNorm) in Triton.
 
-    y = x * rsqrt(mean(x^2) + eps) * weight            over the last dim, math in fp32, one cast
+    y = x * rsqrt(mean(x^2) + eps) * (offset + weight)  over the last dim, math in fp32, one cast
     u = x + residual;  y = rmsnorm(u)                   with HAS_RESIDUAL (u rounded to x's dtype)
+
+offset is 0 for Llama-style norms and 1 for Gemma's, whose weights are stored as the scale minus 1.
+Either way the math runs in fp32 and y is rounded once, in Gemma's order ((x * rstd) * (1 + w) in
+fp32, then the cast); Llama's module rounds x * rstd to x's dtype before the weight multiplies it.
 
 Memory traffic per row of N values of e bytes: read x (N*e), write y (N*e), plus weight (N*w_e,
 read once per program, L2-resident). With a residual: also read residual and write u: 4*N*e.
@@ -30,7 +34,7 @@ def _rmsnorm_fused_kernel(
     x_ptr, res_ptr, w_ptr, y_ptr, u_ptr,
     # matrix dimensions and strides (in elements)
     n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um,
-    eps,
+    eps, offset,
     # meta-parameters
     HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -48,7 +52,7 @@ def _rmsnorm_fused_kernel(
         tl.store(u_ptr + rows[:, None] * stride_um + cols[None, :], x, mask=mask)
     x = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
     y = x * rstd[:, None] * w[None, :]
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -60,7 +64,7 @@ def _rmsnorm_looped_kernel(
     # matrix dimensions and strides (in elements), compile-time constants: see the docstring
     n_rows, n_cols: tl.constexpr, stride_xm: tl.constexpr, stride_rm: tl.constexpr,
     stride_ym: tl.constexpr, stride_um: tl.constexpr,
-    eps,
+    eps, offset,
     # meta-parameters
     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
 ):
@@ -94,17 +98,17 @@ def _rmsnorm_looped_kernel(
             x = tl.load(u_ptr + row * stride_um + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         else:
             x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
         y = x.to(tl.float32) * rstd * w
         tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
-def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None):
+def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None, offset=0.0):
     """Launch on validated arguments: x, residual (or None) (..., N); weight (N,); y, u (or None)
-    contiguous outputs shaped like x. Writes y (and u) in place.
-    cfg: a RowConfig to launch instead of row_config's choice (tuning sweeps); a fused one must
-    hold the whole row (BLOCK_N >= N)."""
+    contiguous outputs shaped like x; offset added to the weight (module docstring). Writes y (and
+    u) in place. cfg: a RowConfig to launch instead of row_config's choice (tuning sweeps); a fused
+    one must hold the whole row (BLOCK_N >= N)."""
     if x.numel() == 0:
         return
     x2 = as_rows(x)
@@ -115,7 +119,7 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None):
     if cfg is None:
         cfg = row_config(n_rows, n_cols, x.element_size())
     args = (x2, r2, weight.contiguous(), y2, u2, n_rows, n_cols,
-            x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0), eps)
+            x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0), eps, offset)
     if cfg.looped:
         _rmsnorm_looped_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None, BLOCK_N=cfg.BLOCK_N,
                                             EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
@@ -125,67 +129,70 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None):
                                            num_warps=cfg.num_warps)
 
 
-def _rmsnorm_backward_impl(dy, x, weight, eps, weight_grad):
+def _rmsnorm_backward_impl(dy, x, weight, eps, weight_grad, offset):
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dweight = torch.empty(weight.shape if weight_grad else (0,), dtype=weight.dtype, device=weight.device)
-    launch_rmsnorm_backward(dy, x, weight, None, eps, dx, dweight if weight_grad else None)
+    launch_rmsnorm_backward(dy, x, weight, None, eps, dx, dweight if weight_grad else None, offset=offset)
     return dx, dweight
 
 
 rmsnorm_backward_op = define_op(
-    "rmsnorm_backward(Tensor dy, Tensor x, Tensor weight, float eps, bool weight_grad) -> (Tensor, Tensor)",
-    _rmsnorm_backward_impl,
-    lambda dy, x, weight, eps, weight_grad: (x.new_empty(x.shape),
-                                             weight.new_empty(weight.shape if weight_grad else (0,))))
+    "rmsnorm_backward(Tensor dy, Tensor x, Tensor weight, float eps, bool weight_grad, float offset)"
+    " -> (Tensor, Tensor)", _rmsnorm_backward_impl,
+    lambda dy, x, weight, eps, weight_grad, offset: (x.new_empty(x.shape),
+                                                         weight.new_empty(weight.shape if weight_grad else (0,))))
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, eps = inputs
+    x, weight, eps, offset = inputs
     ctx.save_for_backward(x, weight)
-    ctx.eps = eps
+    ctx.eps, ctx.offset = eps, offset
 
 
 def _backward(ctx, dy):
     x, weight = ctx.saved_tensors
-    dx, dweight = rmsnorm_backward_op(dy, x, weight, ctx.eps, ctx.needs_input_grad[1])
-    return (dx if ctx.needs_input_grad[0] else None), (dweight if ctx.needs_input_grad[1] else None), None
+    dx, dweight = rmsnorm_backward_op(dy, x, weight, ctx.eps, ctx.needs_input_grad[1], ctx.offset)
+    return (dx if ctx.needs_input_grad[0] else None), (dweight if ctx.needs_input_grad[1] else None), None, None
 
 
 rmsnorm_op, rmsnorm_out_op = define_ops(
-    "rmsnorm", "Tensor x, Tensor weight, float eps", lambda x, weight, eps: x.new_empty(x.shape),
-    lambda x, weight, eps, out: launch_rmsnorm(x, None, weight, eps, out, None),
+    "rmsnorm", "Tensor x, Tensor weight, float eps, float offset",
+    lambda x, weight, eps, offset: x.new_empty(x.shape),
+    lambda x, weight, eps, offset, out: launch_rmsnorm(x, None, weight, eps, out, None, offset=offset),
     backward=_backward, setup_context=_setup_context)
 
 
-def rmsnorm(x, weight, eps=1e-6, out=None):
+def rmsnorm(x, weight, eps=1e-6, out=None, *, offset=0.0):
     """RMSNorm over the last dim (operators llmk::rmsnorm and llmk::rmsnorm_out), differentiable
     in x and weight (llmk::rmsnorm_backward); `out=` is forward-only.
 
     x: (..., N) fp16, bf16 or fp32, any row stride (a view whose leading dims cannot merge is
        copied once). weight: (N,) any float dtype. out: optional contiguous buffer shaped like x.
+    offset: added to the weight in fp32, y = x * rstd * (offset + weight): 1.0 is Gemma's RMSNorm.
     Returns y: (..., N), x's dtype, contiguous.
     """
-    check_norm_args(x, weight, eps)
+    check_norm_args(x, weight, eps, offset=offset)
     if out is None:
-        return rmsnorm_op(x, weight, float(eps))
+        return rmsnorm_op(x, weight, float(eps), float(offset))
     check_out("out", out, x.shape, x.dtype, x.device)
-    rmsnorm_out_op(x, weight, float(eps), out)
+    rmsnorm_out_op(x, weight, float(eps), float(offset), out)
     return out
 
 
-def rmsnorm_backward(dy, x, weight, eps=1e-6, weight_grad=True):
-    """The gradients of y = rmsnorm(x, weight, eps) given dy (operator llmk::rmsnorm_backward; a
-    caller fusing RMSNorm into another op's autograd formula calls this, and torch.compile traces it).
+def rmsnorm_backward(dy, x, weight, eps=1e-6, weight_grad=True, *, offset=0.0):
+    """The gradients of y = rmsnorm(x, weight, eps, offset=offset) given dy (operator
+    llmk::rmsnorm_backward; a caller fusing RMSNorm into another op's autograd formula calls this,
+    and torch.compile traces it).
 
     dy, x: (..., N) of one dtype (fp16, bf16, fp32), any strides (a dy with a column stride, such
     as an expanded one, is copied once). weight: (N,) any float dtype.
     Returns (dx, dweight): dx (..., N) contiguous in x's dtype; dweight (N,) in weight's dtype,
     summed over rows in fp32 and rounded once, or None when weight_grad is False.
     """
-    check_norm_args(x, weight, eps)
+    check_norm_args(x, weight, eps, offset=offset)
     check_tensor("dy", dy)
     check_same_device("dy", dy, "x", x)
     if dy.shape != x.shape or dy.dtype != x.dtype:
         raise ValueError(f"dy must match x: shape {tuple(x.shape)} dtype {x.dtype}; got {tuple(dy.shape)} {dy.dtype}")
-    dx, dweight = rmsnorm_backward_op(dy, x, weight, float(eps), bool(weight_grad))
+    dx, dweight = rmsnorm_backward_op(dy, x, weight, float(eps), bool(weight_grad), float(offset))
     return dx, (dweight if weight_grad else None)
