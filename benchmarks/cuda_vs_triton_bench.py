@@ -6,7 +6,7 @@ Sweeps and byte formulas are the per-op benchmarks' own (benchmarks/sweeps.py; e
     rope,              read q, k, write q_out, k_out, read cos and sin once:
     rope_interleaved       2*(B*H*T*D + B*Hkv*T*D)*e + 2*T*D*e_c   (shapes B x H x Hkv x T x D)
     swiglu             read gate and up, write y:      3*M*I*e
-Providers: triton (normalization/triton_rmsnorm.py, attention/triton_rope.py, mlp/triton_swiglu.py)
+Providers: triton (normalization/triton_rmsnorm.py, attention/triton_rope.py, mlp/triton_glu.py)
 and cuda, on the same tensors; max_err is against the fp32 reference. Both are ours for the max_err
 gate; its baseline is PyTorch's op in the input dtype (F.rms_norm, apply_rope_ref, F.silu(gate) * up),
 run once untimed. The CUDA kernels are compiled first (well under a minute on a fresh machine; the
@@ -33,7 +33,7 @@ from llmk.common.testing import rand
 from llmk.cuda_cpp import ops as cuda_kernels
 from llmk.cuda_cpp.extension import extension, unavailable_reason
 from llmk.mlp.reference_mlp import swiglu_ref
-from llmk.mlp.triton_swiglu import swiglu as triton_swiglu
+from llmk.mlp.triton_glu import swiglu as triton_swiglu
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 from llmk.normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm
 

@@ -330,12 +330,12 @@ def mlp_cases(s):
         return {"public": lambda: bias_gelu(x, b), "launcher": launcher, "pytorch": lambda: F.gelu(x + b)}
 
     def build_swiglu():
-        from llmk.mlp.triton_swiglu import launch_swiglu, swiglu
+        from llmk.mlp.triton_glu import launch_glu, swiglu
         gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
         y = torch.empty(gate.shape, dtype=DTYPE, device=DEVICE)
 
         def launcher():
-            launch_swiglu(gate, up, y)
+            launch_glu(gate, up, y, "silu")
             return y
         return {"public": lambda: swiglu(gate, up), "launcher": launcher, "pytorch": lambda: F.silu(gate) * up}
 
@@ -504,7 +504,7 @@ def train_cases(s):
                 {"public": bias_gelu, LIGER: NO_LIGER, "pytorch": lambda x, b: F.gelu(x + b)})
 
     def build_swiglu():
-        from llmk.mlp.triton_swiglu import swiglu
+        from llmk.mlp.triton_glu import swiglu
         gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
         return ((gate, up), (0, 1),
                 {"public": swiglu, LIGER: liger_call(liger_swiglu), "pytorch": lambda g, u: F.silu(g) * u})

@@ -1,7 +1,7 @@
 """MLP activations: bias + GELU and SwiGLU against PyTorch eager and torch.compile, as GB/s and as
 a share of the copy bandwidth of the same run.
 
-Providers: triton (mlp/triton_bias_gelu.py, mlp/triton_swiglu.py); eager, the op as a user writes
+Providers: triton (mlp/triton_bias_gelu.py, mlp/triton_glu.py); eager, the op as a user writes
 it in the input dtype (`F.gelu(x + bias)`, `F.silu(gate) * up`: two kernels each); torch.compile
 of that same function.
 
@@ -25,7 +25,7 @@ Providers: triton, eager, torch.compile (as above), and for swiglu Liger-Kernel'
 LigerSiLUMulFunction (skipped where not installed; Liger has no bias + GELU). Liger writes dgate and
 dup into the saved gate and up, which are the benchmark's inputs: its rows run on copies of its own,
 so the providers after it see the inputs they were given. peak_MB: the memory a call adds (y, the
-gradients, scratch); Liger's in-place gradients add none, ours 2*M*I*e (mlp/triton_swiglu.py).
+gradients, scratch); Liger's in-place gradients add none, ours 2*M*I*e (mlp/triton_glu.py).
     python benchmarks/mlp_bench.py            (GPU; writes benchmarks/results/mlp.json and PNGs)
     python benchmarks/mlp_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/mlp_bench.py --only swiglu --dtype bf16   (a subset)
@@ -44,7 +44,7 @@ from llmk.common.results import plot_sweeps
 from llmk.common.testing import grads_of, rand
 from llmk.mlp.reference_mlp import bias_gelu_ref, swiglu_ref
 from llmk.mlp.triton_bias_gelu import bias_gelu
-from llmk.mlp.triton_swiglu import swiglu
+from llmk.mlp.triton_glu import swiglu
 
 
 def eager_bias_gelu(x, bias):

@@ -4,7 +4,7 @@ from llmk.benchmarks.pages import TRAIN, TRAIN_NOTE, Area, Group, big
 
 PAGE = Area(
     "MLP activations: bias + GELU, SwiGLU",
-    "Kernels in `mlp/` (`triton_bias_gelu.py`, `triton_swiglu.py`; tile table in `launch_config.py`). "
+    "Kernels in `mlp/` (`triton_bias_gelu.py`, `triton_glu.py`; tile table in `launch_config.py`). "
     "`eager` is the op as a user writes it in the input dtype (two kernels); `torch.compile` "
     "compiles that function.",
     [Group(("bias_gelu", "bias_gelu_tanh"), "16M+ elements", big), Group(("swiglu",), "16M+ elements", big),

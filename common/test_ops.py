@@ -55,7 +55,7 @@ from llmk.gemm.triton_matmul import matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
 from llmk.mlp.triton_bias_gelu import bias_gelu
-from llmk.mlp.triton_swiglu import swiglu
+from llmk.mlp.triton_glu import geglu, swiglu
 from llmk.normalization.triton_layernorm import layernorm
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
@@ -208,6 +208,14 @@ SPECS = [
            lambda: dict(gate=rand((3, 7, 96), bf16), up=rand((3, 7, 96), bf16)),
            lambda t: swiglu(t["gate"], t["up"], grad_in_place=True),
            lambda t: (t["gate"], t["up"]), None, "gate", ("gate", "up")),
+    OpSpec("geglu tanh", "geglu", lambda: dict(gate=rand((3, 7, 96), f16), up=rand((3, 7, 96), f16)),
+           lambda t: geglu(t["gate"], t["up"], "tanh"),
+           lambda t: (t["gate"], t["up"], "tanh"),
+           lambda t: (t["gate"], t["up"], "tanh", like(t["gate"])), "up", ("gate", "up")),
+    OpSpec("geglu grad_in_place", "geglu_grad_in_place",
+           lambda: dict(gate=rand((3, 7, 96), bf16), up=rand((3, 7, 96), bf16)),
+           lambda t: geglu(t["gate"], t["up"], "none", grad_in_place=True),
+           lambda t: (t["gate"], t["up"], "none"), None, "gate", ("gate", "up")),
     OpSpec("matmul", "matmul", lambda: linear_inputs(5, 48, 64, f16),
            lambda t: matmul(t["a"], t["w"].T),
            lambda t: (t["a"], t["w"].T, None, None),

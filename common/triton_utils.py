@@ -1,6 +1,7 @@
 """Triton device code that kernels of every folder share: column masks, math constants and the
-activations (GELU, SiLU) a fused epilogue applies. One definition each, so every kernel rounds the
-same way. The SM count the launch heuristics take is host code: common.device.sm_count.
+activations (GELU, SiLU) a fused epilogue or a gated unit applies, and their derivatives. One
+definition each, so every kernel rounds the same way. The SM count the launch heuristics take is
+host code: common.device.sm_count.
 
 LOG2E and LN2 are tl.constexpr so a kernel can use them as globals (Triton compiles no other
 global); host code takes .value.
@@ -106,3 +107,17 @@ def activate(x, ACTIVATION: tl.constexpr):
     elif ACTIVATION == "silu":
         x = silu(x)
     return x
+
+
+@triton.jit
+def activate_grad(x, ACTIVATION: tl.constexpr):
+    """d activate(x, ACTIVATION) / dx of an fp32 tile, for "gelu", "gelu_tanh" or "silu" (a gated
+    unit's backward); any other ACTIVATION fails to compile."""
+    if ACTIVATION == "gelu":
+        d = gelu_grad(x, False)
+    elif ACTIVATION == "gelu_tanh":
+        d = gelu_grad(x, True)
+    else:
+        tl.static_assert(ACTIVATION == "silu", "activate_grad: ACTIVATION must be 'gelu', 'gelu_tanh' or 'silu'")
+        d = silu_grad(x)
+    return d

@@ -2,7 +2,7 @@
 
     rmsnorm(x, weight, eps=1e-6, out=None)                     as normalization/triton_rmsnorm.py
     apply_rope(q, k, cos, sin, interleaved=False, out=None)    as attention/triton_rope.py
-    swiglu(gate, up, out=None)                                  as mlp/triton_swiglu.py
+    swiglu(gate, up, out=None)                                  as mlp/triton_glu.py
 
 Same math (fp32 inside, one rounding to the input dtype), the Triton launchers' argument checks and
 messages (common/validation.py), plus one: tensors must be on a CUDA device. The kernels are

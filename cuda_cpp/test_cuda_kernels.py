@@ -1,13 +1,13 @@
 """Tests for cuda_cpp/ops.py, the hand-written CUDA RMSNorm, RoPE and SwiGLU, against the same fp64
 references, PyTorch same-dtype results and tolerances as the Triton kernels' tests
-(normalization/test_rmsnorm.py, attention/test_rope.py, mlp/test_swiglu.py), on their inputs plus
+(normalization/test_rmsnorm.py, attention/test_rope.py, mlp/test_glu.py), on their inputs plus
 the switch points of cuda_cpp/launch_config.py and both paths of every kernel (16-byte packs with a
 scalar tail, and the scalar variant for misaligned or strided data).
 
 Every case needs a CUDA device and nvcc (the kernels are compiled at first use, in well under a
 minute): all are `gpu_only`, and without them every case counts as skipped ("no CUDA toolchain").
 The checks shared with the Triton kernels' tests are beside those tests (normalization/rmsnorm_cases.py,
-attention/rope_cases.py, mlp/swiglu_cases.py).
+attention/rope_cases.py, mlp/glu_cases.py).
 
     python cuda_cpp/test_cuda_kernels.py        (or: pytest cuda_cpp/test_cuda_kernels.py)
 """
@@ -16,19 +16,20 @@ import torch
 import torch.nn.functional as F
 
 import llmk.attention.rope_cases as rope_checks
+import llmk.mlp.glu_cases as glu_checks
 import llmk.normalization.rmsnorm_cases as norm_checks
 from llmk.attention.reference_rope import apply_rope_ref
-from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.device import INTERPRET
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.cuda_cpp.extension import unavailable_reason
 from llmk.cuda_cpp.launch_config import (CACHED_ROW_PACKS, CACHED_SMALL_PACKS, CACHED_THREADS, WARP_ROW_PACKS,
                                          RmsnormConfig, SwigluConfig, pack_size)
 from llmk.cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu
-from llmk.mlp.mlp_cases import ONE_ROUNDING, every_value, overflow_expected
+from llmk.mlp.glu_cases import Glu
+from llmk.mlp.glu_cases import inputs as glu_inputs
+from llmk.mlp.mlp_cases import ONE_ROUNDING
 from llmk.mlp.mlp_cases import WIDTHS as SWIGLU_WIDTHS
-from llmk.mlp.mlp_cases import huge_rows as swiglu_huge_rows
 from llmk.mlp.reference_mlp import swiglu_ref
-from llmk.mlp.swiglu_cases import inputs as swiglu_inputs
 from llmk.normalization.norm_cases import norm_inputs
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 
@@ -209,42 +210,13 @@ def rope_cases():
 
 # ---- SwiGLU ----
 
-def check_swiglu(shape, dtype, layout="separate", pad=None, gate_scale=1.0, up_scale=1.0, up_pad=None):
-    gate, up = swiglu_inputs(shape, dtype, layout, pad, gate_scale, up_scale)
-    if up_pad is not None:
-        up = rand(shape, dtype, pad=up_pad, scale=up_scale)
-    y = swiglu(gate, up, out=poisoned(shape, dtype))
-    ref = swiglu_ref(gate.double(), up.double())
-    with overflow_expected():
-        torch_out = F.silu(gate) * up
-    return [compare("y", y, ref, ONE_ROUNDING[dtype], torch_out=torch_out)]
-
-
-def check_swiglu_extremes(dtype):
-    """silu(-1e4) * up = 0 and silu(1e4) * up = 1e4 * up (rounded once); NaN in, NaN out."""
-    pick = torch.randint(0, 3, (7, 129), device=DEVICE)
-    gate = torch.tensor([-1e4, 1e4, float("nan")], device=DEVICE)[pick].to(dtype)
-    up = rand(gate.shape, dtype)
-    y = swiglu(gate, up, out=poisoned(gate.shape, dtype))
-    big = (gate.double() * up.double()).to(dtype)
-    return [Outcome("silu(-1e4) * up == 0", bool((y[pick == 0] == 0).all())),
-            Outcome("silu(1e4) * up == 1e4 * up", bool((y[pick == 1] == big[pick == 1]).all())),
-            Outcome("silu(NaN) * up is NaN", bool(y[pick == 2].isnan().all()))]
-
-
-def check_swiglu_every_value(dtype):
-    """Every fp16 / bf16 gate value (fp32: a grid over [-100, 100]) with up in [-1, 1]."""
-    gate = every_value(dtype, fp32_limit=100.0)
-    up = (torch.rand(gate.shape, device=DEVICE) * 2 - 1).to(dtype)
-    y = swiglu(gate, up, out=poisoned(gate.shape, dtype))
-    with overflow_expected():
-        torch_out = F.silu(gate) * up
-    return [compare("y", y, swiglu_ref(gate.double(), up.double()), ONE_ROUNDING[dtype], torch_out=torch_out)]
+# the Triton SwiGLU's forward checks (mlp/glu_cases.py), on the CUDA kernel
+SWIGLU = Glu("swiglu", swiglu, swiglu_ref, lambda gate, up: F.silu(gate) * up)
 
 
 def check_swiglu_variants(shape, layout):
     """The same input through every block size and packs-a-thread (the tuning sweep's choices)."""
-    gate, up = swiglu_inputs(shape, torch.bfloat16, layout, None, 1.0, 1.0)
+    gate, up = glu_inputs(shape, torch.bfloat16, layout, None, 1.0, 1.0)
     ref = swiglu_ref(gate.double(), up.double())
     outcomes = []
     for threads in (32, 128, 256, 512):
@@ -255,50 +227,13 @@ def check_swiglu_variants(shape, layout):
     return outcomes
 
 
-def check_swiglu_own_buffer():
-    gate, up = rand((9, 41), torch.bfloat16), rand((9, 41), torch.bfloat16)
-    return [compare("y", swiglu(gate, up), swiglu_ref(gate.double(), up.double()), ONE_ROUNDING[gate.dtype])]
-
-
-def check_swiglu_huge(n_cols):
-    """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
-    rows = swiglu_huge_rows(n_cols)
-    gate, up = rand((rows, n_cols), torch.float16), rand((rows, n_cols), torch.float16)
-    y = swiglu(gate, up, out=poisoned((rows, n_cols), torch.float16))
-    ref = swiglu_ref(gate[-4:].double(), up[-4:].double())
-    return [compare("last rows", y[-4:], ref, ONE_ROUNDING[torch.float16])]
-
-
-def check_swiglu_errors():
-    gate, up = rand((4, 64), torch.float16), rand((4, 64), torch.float16)
-    return [
-        expect_raises("up shape", lambda: swiglu(gate, up[:, :63]), ValueError, "up"),
-        expect_raises("up dtype", lambda: swiglu(gate, up.float()), TypeError, "up"),
-        expect_raises("int gate", lambda: swiglu(gate.to(torch.int32), up), TypeError, "gate"),
-        expect_raises(f"gate on {OTHER}", lambda: swiglu(gate.to(OTHER), up.to(OTHER)), ValueError, "gate"),
-        expect_raises("up elsewhere", lambda: swiglu(gate, up.to(OTHER)), ValueError, "up"),
-        expect_raises("not a tensor", lambda: swiglu(gate, [1.0]), TypeError, "up"),
-        expect_raises("0-dim gate", lambda: swiglu(gate[0, 0], up[0, 0]), ValueError, "gate"),
-        expect_raises("out shape", lambda: swiglu(gate, up, out=gate[:2].clone()), ValueError, "out"),
-    ]
-
-
-def check_swiglu_empty():
-    outcomes = []
-    for shape in ((0, 64), (2, 0, 64), (3, 0)):
-        gate, up = rand(shape, torch.float16), rand(shape, torch.float16)
-        y = swiglu(gate, up)
-        outcomes.append(Outcome(f"{shape}: empty in, empty out", y.shape == gate.shape and y.dtype == gate.dtype))
-    return outcomes
-
-
 def swiglu_cases():
     cases = []
 
     def add(shape, dtype, **extra):
         label = " ".join(f"{k}={v}" for k, v in extra.items())
-        cases.append(Case(f"swiglu {tuple(shape)} {dtype_name(dtype)} {label}".strip(), check_swiglu,
-                          dict(shape=shape, dtype=dtype, **extra), gpu_only=True))
+        cases.append(Case(f"swiglu {tuple(shape)} {dtype_name(dtype)} {label}".strip(), glu_checks.check,
+                          dict(shape=shape, dtype=dtype, glu=SWIGLU, **extra), gpu_only=True))
 
     for dtype in DTYPES:
         for n in SWIGLU_WIDTHS:
@@ -312,10 +247,10 @@ def swiglu_cases():
         add((2, 5, 1000), dtype, pad=(0, 3, 0))                   # leading dims that cannot merge
         add((33, 64), dtype, layout="transposed")                 # last dim strided: one copy
         add((3, 5120), dtype, gate_scale=1e4, up_scale=0.1)       # exp(-gate) overflows: no NaN
-        cases.append(Case(f"swiglu extremes {dtype_name(dtype)}", check_swiglu_extremes, dict(dtype=dtype),
-                          gpu_only=True))
-        cases.append(Case(f"swiglu every value {dtype_name(dtype)}", check_swiglu_every_value, dict(dtype=dtype),
-                          gpu_only=True))
+        cases.append(Case(f"swiglu extremes {dtype_name(dtype)}", glu_checks.check_extremes,
+                          dict(dtype=dtype, glu=SWIGLU), gpu_only=True))
+        cases.append(Case(f"swiglu every value {dtype_name(dtype)}", glu_checks.check_every_value,
+                          dict(dtype=dtype, glu=SWIGLU), gpu_only=True))
         add((8192, 14336), dtype)
         add((4096, 16384), dtype, layout="fused")
         add((2049, 11008), dtype, pad=(0, 64))
@@ -323,10 +258,10 @@ def swiglu_cases():
                    gpu_only=True),
               Case("swiglu every launch (5, 1000) fused", check_swiglu_variants, dict(shape=(5, 1000), layout="fused"),
                    gpu_only=True),
-              Case("swiglu allocates its output", check_swiglu_own_buffer, gpu_only=True),
-              Case("swiglu bad input", check_swiglu_errors, gpu_only=True),
-              Case("swiglu empty input", check_swiglu_empty, gpu_only=True),
-              Case("swiglu 2^31+ elements", check_swiglu_huge, dict(n_cols=14336), gpu_only=True,
+              Case("swiglu allocates its output", glu_checks.check_own_buffer, dict(glu=SWIGLU), gpu_only=True),
+              Case("swiglu bad input", glu_checks.check_errors, dict(glu=SWIGLU), gpu_only=True),
+              Case("swiglu empty input", glu_checks.check_empty, dict(glu=SWIGLU), gpu_only=True),
+              Case("swiglu 2^31+ elements", glu_checks.check_huge, dict(n_cols=14336, glu=SWIGLU), gpu_only=True,
                    gpu_gb=23)]  # 21.5 GB printed
     return cases
 

@@ -10,7 +10,7 @@ import torch
 from llmk.attention.triton_flash_attention import flash_attention
 from llmk.common.device import DEVICE
 from llmk.gemm.triton_matmul import matmul
-from llmk.mlp.triton_swiglu import swiglu
+from llmk.mlp.triton_glu import swiglu
 from llmk.normalization.triton_rmsnorm import rmsnorm
 dtype = torch.float16
 with torch.inference_mode():  # inference: no autograd graph

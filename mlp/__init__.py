@@ -1,1 +1,1 @@
-"""The transformer MLP's elementwise kernels: bias + GELU and SwiGLU."""
+"""The transformer MLP's elementwise kernels: bias + GELU and the gated units SwiGLU and GeGLU."""

@@ -1,5 +1,5 @@
-"""The 2D tiling shared by the MLP's elementwise kernels (bias + GELU, SwiGLU): the launch table and
-the map from a program to its tile.
+"""The 2D tiling shared by the MLP's elementwise kernels (bias + GELU, the gated units SwiGLU and
+GeGLU): the launch table and the map from a program to its tile.
 
 Both kernels stream (rows, n_cols) matrices: each value is read once and written once, and only
 the bias is reused (loaded once per tile, from L2). A program takes one tile of BLOCK_M rows by
@@ -32,7 +32,9 @@ from llmk.common.ints import cdiv, next_power_of_2
 # Measured by scripts/tune/mlp_sweep.py on an H200 (the mlp bench's shapes of 16M+ elements, fp16
 # and bf16); the figures are in docs/tuning/mlp.md.
 # - swiglu (two inputs): 2048 values a program, best or within 1% at most shapes; 8192 lost where
-#   its programs make a part-full last wave, 1024 lost at the largest matrices.
+#   its programs make a part-full last wave, 1024 lost at the largest matrices. GeGLU launches with
+#   this row too (mlp/triton_glu.py: one kernel for both): the same bytes a value, 3*M*I*e; its
+#   GELU's few more FLOPs leave it memory-bound. Untuned for GeGLU.
 # - bias_gelu (one input, more math a value): 4096 values, best or within 1% at most shapes.
 # fp32 keeps the same bytes a program (half the values), untuned.
 TILE_TABLE = {
@@ -41,7 +43,7 @@ TILE_TABLE = {
 }
 # The backward kernels' tiles, untuned (scripts/tune/mlp_sweep.py times TILE_TABLE's kernels):
 # - swiglu_backward (reads gate, up and dy, writes dgate and dup): swiglu's tile, 12 KB of loads a
-#   program in 16-bit.
+#   program in 16-bit. GeGLU's backward too (the same bytes, 5*M*I*e).
 BACKWARD_TILE_TABLE = {
     "swiglu_backward": {2: (1024, 2048, 4), 4: (512, 1024, 4)},
 }

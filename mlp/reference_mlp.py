@@ -1,8 +1,9 @@
-"""PyTorch references for bias + GELU (exact and tanh) and SwiGLU.
+"""PyTorch references for bias + GELU (exact and tanh), SwiGLU and GeGLU.
 
 The math runs in fp32 (or fp64 when given fp64 inputs, as the tests do) and is cast to the input
 dtype once, as the fused kernels do. PyTorch's own same-dtype calls round in between: eager
-`F.gelu(x + bias)` rounds x + bias first, `F.silu(gate) * up` rounds silu(gate) first.
+`F.gelu(x + bias)` rounds x + bias first, `F.silu(gate) * up` rounds silu(gate) first (and
+`F.gelu(gate) * up` gelu(gate)).
 """
 import math
 
@@ -46,3 +47,10 @@ def swiglu_ref(gate, up):
     compute = _compute_dtype(gate)
     g = gate.to(compute)
     return (g * torch.sigmoid(g) * up.to(compute)).to(gate.dtype)
+
+
+def geglu_ref(gate, up, approximate="tanh"):
+    """y = gelu(gate) * up, GELU's tanh form (Gemma's) or exact one ("none").
+    gate, up (..., I) -> y like gate."""
+    compute = _compute_dtype(gate)
+    return (_gelu(gate.to(compute), approximate) * up.to(compute)).to(gate.dtype)

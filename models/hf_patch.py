@@ -20,7 +20,7 @@ which hook:
              HF's add rounds it, and rmsnorm(u)). The add after the MLP feeds the next layer's
              input_layernorm, across the decoder loop, so it stays PyTorch's.
   swiglu     each MLP gets an instance `forward`, down_proj(swiglu(gate_proj(x), up_proj(x))):
-             silu(gate) * up in one pass (mlp/triton_swiglu.py). Needs hidden_act "silu". Its
+             silu(gate) * up in one pass (mlp/triton_glu.py). Needs hidden_act "silu". Its
              backward writes dgate and dup over gate_proj's and up_proj's outputs (grad_in_place:
              2 x (B, T, I) less at the backward's peak); a forward hook that keeps those outputs
              sees gradients there after the backward.
@@ -90,7 +90,7 @@ from llmk.common.device import DEVICE
 from llmk.common.ops import needs_grad
 from llmk.common.validation import FLOAT_DTYPES
 from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
-from llmk.mlp.triton_swiglu import swiglu
+from llmk.mlp.triton_glu import swiglu
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 

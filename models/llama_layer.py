@@ -39,7 +39,7 @@ from llmk.gemm.triton_matmul import matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.inference.paged_kv_cache import gather_pages
 from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
-from llmk.mlp.triton_swiglu import swiglu
+from llmk.mlp.triton_glu import swiglu
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 

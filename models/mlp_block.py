@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.gemm.triton_matmul import matmul
-from llmk.mlp.triton_swiglu import swiglu
+from llmk.mlp.triton_glu import swiglu
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6

@@ -28,7 +28,7 @@ def _softmax():
 
 
 def _swiglu():
-    from llmk.mlp.triton_swiglu import swiglu
+    from llmk.mlp.triton_glu import swiglu
     g = torch.randn(8192, 14336, device="cuda", dtype=torch.bfloat16)
     u = torch.randn_like(g)
     return lambda: swiglu(g, u)

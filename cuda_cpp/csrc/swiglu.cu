@@ -7,7 +7,7 @@
 // Blocks are numbered row-major: block / col_blocks is the row. With 16-byte packs, a row whose
 // length is not a multiple of the pack ends in a scalar tail, written by the row's last block.
 // No eviction hints: gate and up are read once, but evict-first loads cost the Triton kernel 4-6%
-// on an H200 (mlp/triton_swiglu.py).
+// on an H200 (mlp/triton_glu.py).
 #include "common.cuh"
 #include "launchers.h"
 

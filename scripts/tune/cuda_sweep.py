@@ -17,7 +17,7 @@ from llmk.common.bench import copy_bandwidth_GBps, gbps, time_ms
 from llmk.cuda_cpp import launch_config as lc
 from llmk.cuda_cpp import ops
 from llmk.cuda_cpp.extension import extension, unavailable_reason
-from llmk.mlp.triton_swiglu import swiglu as triton_swiglu
+from llmk.mlp.triton_glu import swiglu as triton_swiglu
 from llmk.normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm
 
 reason = unavailable_reason()

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from llmk.common.device import DEVICE
 from llmk.mlp.launch_config import TILE_TABLE, tile_config_for
 from llmk.mlp.triton_bias_gelu import launch_bias_gelu
-from llmk.mlp.triton_swiglu import launch_swiglu
+from llmk.mlp.triton_glu import launch_glu
 from sweep_common import measure_copy, parse_sweep_args, report_config
 
 KERNELS = tuple(TILE_TABLE)
@@ -41,7 +41,7 @@ def make_call(kernel, shape, dtype, cfg):
     y = torch.empty_like(x)
     if kernel == "swiglu":
         up = torch.randn(shape, device=DEVICE).to(dtype)
-        return (lambda: launch_swiglu(x, up, y, cfg)), y, F.silu(x.float()) * up.float()
+        return (lambda: launch_glu(x, up, y, "silu", cfg)), y, F.silu(x.float()) * up.float()
     bias = torch.randn(shape[-1], device=DEVICE).to(dtype)
     return (lambda: launch_bias_gelu(x, bias, "none", y, cfg)), y, F.gelu(x.float() + bias.float())
 
