@@ -35,12 +35,18 @@ def attention_tol(dtype, p, v, shape):
                "p rounded to the input dtype before p @ v (a bound per element), O rounded once")
 
 
-def decode_tol(q, k, v, lengths, sm_scale):
-    """attention_tol for decode: q (B, H, D), k and v caches (B, T_max, Hkv, D), lengths (B,)."""
+def decode_tol(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
+    """attention_tol for decode: q (B, H, D), k and v caches (B, T_max, Hkv, D), lengths (B,);
+    window_left and softcap as the decode kernels take them."""
     b, h, d = q.shape
     t_max, hkv = k.shape[1], k.shape[2]
     scores = torch.einsum("bkgd,btkd->bkgt", q.double().reshape(b, hkv, h // hkv, d), k.double()) * sm_scale
-    visible = torch.arange(t_max, device=q.device)[None, :] < lengths.to(q.device)[:, None]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    positions = torch.arange(t_max, device=q.device)[None, :]
+    visible = positions < lengths.to(q.device)[:, None]
+    if window_left >= 0:
+        visible &= positions >= lengths.to(q.device)[:, None] - 1 - window_left
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
     v = v.double().masked_fill(~visible[:, :, None, None], 0.0).permute(0, 2, 1, 3)  # (B, Hkv, T, D)

@@ -16,13 +16,19 @@ products, as PyTorch's same-dtype path rounds P, dP and dS: the errors are of on
 
 Packed batches (flash_attention_varlen) must equal a loop of the padded kernel over the sequences,
 bit for bit, in both passes (the same kernels on the same numbers, the launch config forced to one).
+
+Sliding windows and logit softcapping (mask_cases): the same rules against the reference with the
+window and the cap, for O, LSE and both backward schedules; block bounds swept where an off-by-one
+would show (SWEEP_WINDOWS); blocks outside every window filled with NaN, which a kernel that
+visited them would carry into its outputs.
 """
+import functools
 import math
 
 import torch
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
-from llmk.attention.reference_attention import attention_probs, causal_mask, expand_kv, naive_attention
+from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
 from llmk.attention.triton_flash_attention import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
                                                    flash_attention_varlen, table_config)
 from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
@@ -33,20 +39,17 @@ from llmk.common.device import DEVICE
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, grads_of, main, poisoned, rand)
 
-def attention_tol(q, k, v, causal, sm_scale):
+def attention_tol(q, k, v, causal, sm_scale, window=None, softcap=None):
     """The tolerance of O in q's dtype, from the fp64 probabilities of this problem."""
-    p = attention_probs(q.double(), k.double(), causal, sm_scale)
+    p = attention_probs(q.double(), k.double(), causal, sm_scale, window, softcap)
     return rounding_tol(q.dtype, p, expand_kv(v.double(), q.shape[1]), q.shape)
 
 
-def same_dtype_attention(q, k, v, causal, sm_scale):
+def same_dtype_attention(q, k, v, causal, sm_scale, window=None, softcap=None):
     """PyTorch's attention with every step in the input dtype: the error the 2x rule allows."""
-    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
-    scores = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
-    if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    scores = attention_scores(q, k, causal, sm_scale, window, softcap, dtype=q.dtype)
     p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
-    return torch.matmul(p, v)
+    return torch.matmul(p, expand_kv(v, q.shape[1]))
 
 
 def make_qkv(b, h, hkv, tq, tk, d, dtype, layout="bhtd", scale=1.0):
@@ -64,16 +67,17 @@ def make_qkv(b, h, hkv, tq, tk, d, dtype, layout="bhtd", scale=1.0):
     return q, k, v
 
 
-def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0):
+def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0, window=None, softcap=None):
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
     out = poisoned((b, h, tq, d), dtype)
-    o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out)
+    mask = dict(window=window, softcap=softcap)
+    o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **mask)
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    ref = naive_attention(q.double(), k.double(), v.double(), causal, scale_used)
-    torch_out = same_dtype_attention(q, k, v, causal, scale_used)
-    outcomes = [compare("O", o, ref, attention_tol(q, k, v, causal, scale_used), torch_out=torch_out)]
+    ref = naive_attention(q.double(), k.double(), v.double(), causal, scale_used, **mask)
+    torch_out = same_dtype_attention(q, k, v, causal, scale_used, **mask)
+    outcomes = [compare("O", o, ref, attention_tol(q, k, v, causal, scale_used, **mask), torch_out=torch_out)]
     if layout == "bthd":  # without out=, O comes back laid out like q
-        o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+        o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, **mask)
         outcomes.append(Outcome("O keeps q's layout", o2.stride() == q.stride() and torch.equal(o2, o),
                                 note=f"strides {o2.stride()} vs q {q.stride()}"))
     return outcomes
@@ -174,33 +178,31 @@ def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype):
 
 
 def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0,
-                   deterministic=False):
+                   deterministic=False, window=None, softcap=None):
     """dq, dk, dv of flash_attention against autograd through naive_attention in fp64, by the
     default schedule or (deterministic) the two-pass one."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    mask = dict(window=window, softcap=softcap)
     layouts = []
 
     def ours(q, k, v):
-        o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, deterministic=deterministic)
+        o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, deterministic=deterministic, **mask)
         if o.requires_grad:
             layouts.append(o.transpose(1, 2).is_contiguous())
         return o
     out = attention_grads(
-        "", ours, lambda q, k, v: naive_attention(q, k, v, causal, scale_used),
-        lambda q, k, v: same_dtype_attention(q, k, v, causal, scale_used),
+        "", ours, lambda q, k, v: naive_attention(q, k, v, causal, scale_used, **mask),
+        lambda q, k, v: same_dtype_attention(q, k, v, causal, scale_used, **mask),
         [q, k, v], [rand((b, h, tq, d), dtype)], dtype)
     # under grad O is stored (B, Tq, H, D), whatever q's layout: the projection reads it in place
     return out + [Outcome("O under grad stored (B, Tq, H, D)", bool(layouts) and all(layouts))]
 
 
-def attention_and_lse(q, k, v, causal, sm_scale):
+def attention_and_lse(q, k, v, causal, sm_scale, window=None, softcap=None):
     """(O, LSE) with every step in the inputs' dtype: fp64 inputs give the reference."""
-    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
-    scores = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
-    if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v), torch.logsumexp(scores, dim=-1)
+    scores = attention_scores(q, k, causal, sm_scale, window, softcap, dtype=q.dtype)
+    return torch.matmul(torch.softmax(scores, dim=-1), expand_kv(v, q.shape[1])), torch.logsumexp(scores, dim=-1)
 
 
 def check_lse_grad(dtype):
@@ -265,23 +267,26 @@ def cumulative(lengths):
     return torch.tensor([0] + lengths, device=DEVICE).cumsum(0).to(torch.int32)
 
 
-def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=False):
+def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=False, window=None, softcap=None,
+                 scale=1.0):
     """flash_attention_varlen's O, dq, dk, dv equal a loop of flash_attention over the sequences,
     bit for bit (config forced to one for both; the deterministic backward). packed_qkv: q, k, v
     slices of one (total, 3, H, D) tensor (self-attention, lengths_q == lengths_k). The default
-    backward's dk and dv then equal those within dq_order_tol, and its dq within one_pass_dq_tol."""
+    backward's dk and dv then equal those within dq_order_tol, and its dq within one_pass_dq_tol.
+    window, softcap: flash_attention's (per sequence); scale multiplies q, for scores softcap caps."""
     total_q, total_k = sum(lengths_q), sum(lengths_k)
     if packed_qkv:
         q, k, v = rand((total_q, 3, h, d), dtype).unbind(1)
     else:
-        q, k, v = rand((total_q, h, d), dtype), rand((total_k, hkv, d), dtype), rand((total_k, hkv, d), dtype)
+        q, k, v = rand((total_q, h, d), dtype, scale=scale), rand((total_k, hkv, d), dtype), rand((total_k, hkv, d), dtype)
+    mask = dict(window=window, softcap=softcap)
     do = rand((total_q, h, d), dtype)
     config = attention_config(d, max(lengths_q, default=0))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     varlen_args = (cumulative(lengths_q), cumulative(lengths_k), max(lengths_q, default=0), max(lengths_k, default=0))
-    o = flash_attention_varlen(q, k, v, *varlen_args, causal, config=config, deterministic=True)
+    o = flash_attention_varlen(q, k, v, *varlen_args, causal, config=config, deterministic=True, **mask)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
-    default_grads = torch.autograd.grad(flash_attention_varlen(q, k, v, *varlen_args, causal, config=config),
+    default_grads = torch.autograd.grad(flash_attention_varlen(q, k, v, *varlen_args, causal, config=config, **mask),
                                         (q, k, v), do)
     want = [torch.zeros_like(t) for t in (o, q, k, v)]
     ds_k = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -290,11 +295,11 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
         sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
         one = [t.detach()[s].transpose(0, 1).unsqueeze(0).requires_grad_() for t, s in ((q, sq), (k, sk), (v, sk))]
         do_i = do[sq].transpose(0, 1).unsqueeze(0)
-        o_i = flash_attention(*one, causal=causal, config=config, deterministic=True)
+        o_i = flash_attention(*one, causal=causal, config=config, deterministic=True, **mask)
         grads = torch.autograd.grad(o_i, one, do_i)
         for w, got, s in zip(want, (o_i, *grads), (sq, sq, sk, sk)):
             w[s] = got[0].transpose(0, 1)
-        ds_k[sq] = abs_ds_times_abs_k(*one, do_i, causal)[0].transpose(0, 1)
+        ds_k[sq] = abs_ds_times_abs_k(*one, do_i, causal, **mask)[0].transpose(0, 1)
     return [compare(name, got, w, EXACT) for name, got, w in zip(("O", "dq", "dk", "dv"), (o, dq, dk, dv), want)] + \
         [compare(f"{name}, default backward", got, w, one_pass_dq_tol(w, ds_k) if name == "dq" else dq_order_tol(w))
          for name, got, w in zip(("dq", "dk", "dv"), default_grads, (dq, dk, dv))]
@@ -314,12 +319,13 @@ def dq_order_tol(want):
                "dq's fp32 adds in a scheduler's order, one rounding", rounding_check=False)
 
 
-def abs_ds_times_abs_k(q, k, v, do, causal):
+def abs_ds_times_abs_k(q, k, v, do, causal, window=None, softcap=None):
     """sm_scale * |dS| @ |k| in fp32, q and do (B, H, Tq, D), k and v (B, Hkv, Tk, D): for each
-    value of dq, the sum of the magnitudes of the terms dq adds up (dS = P * (dP - delta))."""
+    value of dq, the sum of the magnitudes of the terms dq adds up (dS = P * (dP - delta)). Under
+    softcap the kernels' dS carries a factor 1 - tanh^2 <= 1 more: this bounds it still."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     q, k, v, do = (t.detach().float() for t in (q, k, v, do))
-    p = attention_probs(q, k, causal, scale)
+    p = attention_probs(q, k, causal, scale, window, softcap)
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
     delta = (do * (p @ v)).sum(-1, keepdim=True)
     # in place: at 32 heads of 3000 tokens each (Tq, Tk) matrix is 1.2 GB
@@ -609,6 +615,221 @@ LONG_LENGTHS = [1, 3000, 77, 0, 1024, 513, 2048, 5, 1500, 128, 999, 2, 4096, 64,
 
 CASES += backward_cases()
 CASES += [Case("every backward-table row forced", check_backward_table)] + varlen_cases()
+
+
+# ---------------------------------------------------------------------------------------------
+# sliding windows and logit softcapping
+
+# LSE in fp32 against the fp64 logsumexp of the same inputs' scores: each score is an fp32 dot
+# product (a few fp32 units of sum |q_d k_d| * sm_scale) and, capped, c * tanh by exp2 (an fp32
+# unit of 1, times c); then m + log2(l) in fp32. 1e-4 + 1e-5 |LSE| sits 10-20x above what the
+# interpreter shows for |s| up to ~100.
+LSE_TOL = Tol(1e-4, 1e-5, "fp32 scores (and tanh by exp2), fp32 log-sum-exp", rounding_check=False)
+
+
+def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, scale=1.0):
+    """The forward's LSE (llmk::flash_attention_train's second output) against the fp64
+    logsumexp of the capped, masked scores: -inf where a query sees no key."""
+    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, scale=scale)
+    left, right = window or (-1, -1)
+    with torch.no_grad():
+        _, lse = flash_attention_train_op(q, k, v, causal, None, None, False, left, right, softcap or 0.0)
+    ref = torch.logsumexp(attention_scores(q.double(), k.double(), causal, None, window, softcap), dim=-1)
+    return [compare("LSE", lse, ref, LSE_TOL)]
+
+
+def check_window_skips(causal, window, deterministic):
+    """Blocks outside every pair of the window are not visited: one query against 80 keys (its
+    window cuts keys 0..63, four whole 16-key blocks, NaN here) for the forward and dq, and one key
+    against 80 queries (queries 0..63 NaN, and their dO) for dk and dv. A kernel that read a NaN
+    block, masked or not, would carry the NaN into p @ v or dS^T q."""
+    dtype, d = torch.bfloat16, 32
+    outcomes = []
+    for tq, tk, poison in ((1, 80, "kv"), (80, 1, "q")):
+        q, k, v = make_qkv(1, 2, 1, tq, tk, d, dtype)
+        do = rand(q.shape, dtype)
+        if poison == "kv":
+            k[:, :, :64], v[:, :, :64] = float("nan"), float("nan")
+        else:
+            q[:, :, :64], do[:, :, :64] = float("nan"), float("nan")
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        o = flash_attention(q, k, v, causal=causal, window=window, deterministic=deterministic)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        if poison == "kv":  # what the query sees: keys 64.. (no NaN); dk, dv of keys it sees
+            seen = slice(64, None)
+            ref = naive_attention(*(t.detach().double()[:, :, seen] if i else t.detach().double()
+                                    for i, t in enumerate((q, k, v))), causal, None, window)
+            outcomes.append(compare("O, keys 0..63 NaN", o, ref, attention_tol(q.detach(), k.detach()[:, :, seen],
+                                                                              v.detach()[:, :, seen], causal, None,
+                                                                              window)))
+            outcomes.append(Outcome("dq, dk, dv of the seen keys finite",
+                                    bool(grads[0].isfinite().all() and grads[1][:, :, seen].isfinite().all()
+                                         and grads[2][:, :, seen].isfinite().all())))
+        else:
+            outcomes.append(Outcome("O of queries 64.. finite", bool(o[:, :, 64:].isfinite().all())))
+            outcomes.append(Outcome("dk, dv finite (queries 0..63 NaN), dq of 64.. finite",
+                                    bool(grads[1].isfinite().all() and grads[2].isfinite().all()
+                                         and grads[0][:, :, 64:].isfinite().all())))
+    return outcomes
+
+
+# Each block bound (window_key_range's lo, unmasked_lo, unmasked_hi, hi; window_query_range's) is an
+# i' -/+ left or right rounded to 16 (the interpreter's blocks): one off by one shows only where
+# that sum sits at a multiple of 16 or beside one. With Tq = Tk (i' = i), sides of 0, 1, 14, 15,
+# 16 and 17 put each bound there for some block.
+SWEEP_WINDOWS = ((0, 1), (1, 0), (14, 15), (15, 14), (16, 17), (17, 16))
+
+
+def check_window_sweep(windows, tq, tk, causal):
+    """O, dq, dk, dv of small problems (T 48: three blocks), by both backward schedules, for each
+    window against the fp64 reference: the block bounds' off-by-ones (SWEEP_WINDOWS)."""
+    dtype, outcomes = torch.bfloat16, []
+    for window in windows:
+        q, k, v = make_qkv(1, 1, 1, tq, tk, 16, dtype)
+        do = rand(q.shape, dtype)
+        with torch.no_grad():
+            o = flash_attention(q, k, v, causal=causal, sm_scale=0.25, window=window)
+        outcomes.append(compare(f"{window} O", o, naive_attention(q.double(), k.double(), v.double(), causal, 0.25,
+                                                                  window),
+                                attention_tol(q, k, v, causal, 0.25, window)))
+        for deterministic in (False, True):
+            outcomes += attention_grads(
+                f"{window}{' two-pass' if deterministic else ''}",
+                functools.partial(flash_attention, causal=causal, sm_scale=0.25, window=window,
+                                  deterministic=deterministic),
+                functools.partial(naive_attention, causal=causal, sm_scale=0.25, window=window),
+                functools.partial(same_dtype_attention, causal=causal, sm_scale=0.25, window=window),
+                [q, k, v], [do], dtype)
+    return outcomes
+
+
+def check_mask_errors():
+    """window and softcap checked before any launch, each error naming its argument."""
+    q, k, v = make_qkv(1, 2, 2, 8, 8, 32, torch.float16)
+    cu = cumulative([8])
+    dense, varlen = flash_attention, lambda **kw: flash_attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
+                                                                         v[0].transpose(0, 1), cu, cu, 8, 8, **kw)
+    bad = [("window 3", dict(window=3), TypeError, "window"),
+           ("window (1, 2, 3)", dict(window=(1, 2, 3)), TypeError, "window"),
+           ("window (-2, 0)", dict(window=(-2, 0)), ValueError, "window"),
+           ("window (1.0, 2)", dict(window=(1.0, 2)), TypeError, "window"),
+           ("window (True, 0)", dict(window=(True, 0)), TypeError, "window"),
+           ("softcap -1", dict(softcap=-1.0), ValueError, "softcap"),
+           ("softcap nan", dict(softcap=float("nan")), ValueError, "softcap"),
+           ("softcap inf", dict(softcap=float("inf")), ValueError, "softcap"),
+           ("softcap '5'", dict(softcap="5"), TypeError, "softcap")]
+    return [expect_raises(f"{name}", lambda kw=kw: dense(q, k, v, **kw), exc, arg) for name, kw, exc, arg in bad] + \
+        [expect_raises(f"varlen {name}", lambda kw=kw: varlen(**kw), exc, arg) for name, kw, exc, arg in bad[::3]] + \
+        [expect_raises("op window_left -3", lambda: flash_attention_train_op(q, k, v, False, None, None, False, -3),
+                       ValueError, "window_left")]
+
+
+def check_mask_defaults():
+    """window=(-1, -1), softcap=0.0 and None are today's attention, bit for bit; so is a window that
+    no key reaches past (left >= Tk, right >= Tq), and (-1, 0) is the causal mask."""
+    q, k, v = make_qkv(1, 2, 1, 40, 50, 64, torch.bfloat16)
+    full, causal = flash_attention(q, k, v), flash_attention(q, k, v, causal=True)
+    return [Outcome("window (-1, -1), softcap 0.0", torch.equal(flash_attention(q, k, v, window=(-1, -1), softcap=0.0),
+                                                               full)),
+            Outcome("window (50, 40)", torch.equal(flash_attention(q, k, v, window=(50, 40)), full)),
+            Outcome("window (-1, 0) = causal", torch.equal(flash_attention(q, k, v, window=(-1, 0)), causal)),
+            Outcome("causal, window (-1, 7)", torch.equal(flash_attention(q, k, v, causal=True, window=(-1, 7)),
+                                                         causal))]
+
+
+def check_mask_opcheck():
+    """The operators with a window and a softcap through torch.library.opcheck (schema, autograd
+    registration, fake tensors, AOT dispatch): the options travel by name to the backward."""
+    from llmk.common.testing import opcheck
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 2, 20, 30, 32, torch.float16, scale=5.0))
+    lengths = [7, 0, 13]
+    cu = cumulative(lengths)
+    qp, kp, vp = (rand((20, h, 32), torch.float16).requires_grad_() for h in (4, 2, 2))
+    mask = (5, 0, 5.0)
+    ops = torch.ops.llmk
+    return [opcheck("flash_attention", ops.flash_attention.default, (q, k, v, True, None, None, *mask)),
+            opcheck("flash_attention_train", ops.flash_attention_train.default,
+                    (q, k, v, False, 0.2, None, True, 3, 4, 5.0)),
+            opcheck("flash_attention_varlen", ops.flash_attention_varlen.default,
+                    (qp, kp, vp, cu, cu, 13, 13, True, None, None, *mask)),
+            opcheck("flash_attention_varlen_train", ops.flash_attention_varlen_train.default,
+                    (qp, kp, vp, cu, cu, 13, 13, False, None, None, False, 2, 3, 0.0))]
+
+
+def mask_cases():
+    """Windows (narrower than a block, spanning several, one-sided, queries that see no key, Tq != Tk)
+    and softcaps (scores scaled so that capping matters), and both: O and LSE, and the gradients
+    by both schedules (the interpreter's default is the one-pass one). Packed batches equal the
+    padded kernel's loop; a T4096 window and a 256-wide softcap on the GPU."""
+    cases = []
+    problems = [  # name, shape (b, h, hkv, tq, tk, d), causal, window, softcap, q scale, layout
+        ("window (4, 0) causal T77 D64", (1, 2, 2, 77, 77, 64), True, (4, 0), None, 1.0, "bhtd"),
+        ("window (3, 5) GQA 4/2 Tq50 Tk77 D32", (1, 4, 2, 50, 77, 32), False, (3, 5), None, 1.0, "bhtd"),
+        ("window (-1, 2) T64 D64", (1, 2, 2, 64, 64, 64), False, (-1, 2), None, 1.0, "bhtd"),
+        ("window (40, 0) causal T100 D32", (1, 2, 1, 100, 100, 32), True, (40, 0), None, 1.0, "bhtd"),
+        # i' = i - 30: queries 0..26 see no key
+        ("window (40, 3) Tq90 Tk60 D32 (no key for 27 queries)", (1, 2, 2, 90, 60, 32), False, (40, 3), None, 1.0,
+         "bhtd"),
+        ("softcap 5: q x 5 T64 D64", (1, 2, 2, 64, 64, 64), False, None, 5.0, 5.0, "bhtd"),
+        ("softcap 50: q x 30 causal T48 D128", (1, 2, 1, 48, 48, 128), True, None, 50.0, 30.0, "bhtd"),
+        ("window (24, 0) causal softcap 20: q x 10 GQA 4/2 Tq50 Tk77 D64", (1, 4, 2, 50, 77, 64), True, (24, 0),
+         20.0, 10.0, "bhtd"),
+        ("window (5, 7) softcap 5: q x 5 (B,T,H,D) view T40 D32", (2, 2, 1, 40, 40, 32), False, (5, 7), 5.0, 5.0,
+         "bthd"),
+    ]
+    for i, (name, (b, h, hkv, tq, tk, d), causal, window, softcap, scale, layout) in enumerate(problems):
+        dtype = (torch.float16, torch.bfloat16)[i % 2]
+        shape = dict(b=b, h=h, hkv=hkv, tq=tq, tk=tk, d=d, dtype=dtype, causal=causal, window=window, softcap=softcap,
+                     scale=scale)
+        dt = dtype_name(dtype)
+        cases.append(Case(f"{name} {dt}", check, dict(shape, layout=layout)))
+        cases.append(Case(f"LSE {name} {dt}", check_lse, shape))
+        for deterministic in (False, True):
+            cases.append(Case(f"backward{' deterministic' if deterministic else ''} {name} {dt}", check_backward,
+                              dict(shape, layout=layout, deterministic=deterministic)))
+    bf16 = torch.bfloat16
+    cases += [Case("window sweep: block bounds T48", check_window_sweep, dict(windows=SWEEP_WINDOWS, tq=48, tk=48,
+                                                                              causal=False)),
+              Case("window sweep: block bounds causal Tq45 Tk61", check_window_sweep,
+                   dict(windows=((0, 0), (1, 0), (14, 0), (15, 0), (17, 0)), tq=45, tk=61, causal=True))]
+    for causal, window in ((True, (10, 0)), (False, (4, 8))):
+        for deterministic in (False, True):
+            cases.append(Case(f"window {window}{' causal' if causal else ''}: blocks outside it not visited"
+                              f"{' (deterministic)' if deterministic else ''}", check_window_skips,
+                              dict(causal=causal, window=window, deterministic=deterministic)))
+    cases += [
+        Case("varlen window (4, 0) causal [5,0,1,37,20] GQA 4/2 D64 fp16", check_varlen,
+             dict(lengths_q=[5, 0, 1, 37, 20], lengths_k=[5, 0, 1, 37, 20], h=4, hkv=2, d=64, dtype=torch.float16,
+                  causal=True, window=(4, 0))),
+        Case("varlen Tq != Tk [3,20,1,0] vs [9,4,0,7] window (3, 2) softcap 5: q x 5 MQA D32 bf16", check_varlen,
+             dict(lengths_q=[3, 20, 1, 0], lengths_k=[9, 4, 0, 7], h=2, hkv=1, d=32, dtype=bf16, causal=False,
+                  window=(3, 2), softcap=5.0, scale=5.0)),
+        Case("varlen 16 mixed 1..3000 window (512, 0) causal softcap 50 GQA 32/8 D128 bf16", check_varlen,
+             dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=bf16, causal=True,
+                  window=(512, 0), softcap=50.0, scale=10.0), gpu_only=True),
+        Case("window and softcap: bad input", check_mask_errors),
+        Case("window and softcap off: today's bits", check_mask_defaults),
+        Case("window and softcap: operators' opcheck", check_mask_opcheck),
+    ]
+    # full sizes on the GPU: Mistral's window over a 4096 context, Gemma 2's softcap at head dim 256
+    for dtype in (torch.float16, bf16):
+        dt = dtype_name(dtype)
+        big = [("window (1024, 0) causal GQA 32/8 T4096 D128", dict(b=1, h=32, hkv=8, tq=4096, tk=4096, d=128,
+                                                                   causal=True, window=(1024, 0))),
+               ("softcap 50: q x 30 causal B2 H8 T1000 D256", dict(b=2, h=8, hkv=4, tq=1000, tk=1000, d=256,
+                                                                  causal=True, softcap=50.0, scale=30.0)),
+               ("window (255, 0) causal softcap 50: q x 30 Tq1000 Tk4097 D128",
+                dict(b=1, h=8, hkv=2, tq=1000, tk=4097, d=128, causal=True, window=(255, 0), softcap=50.0,
+                     scale=30.0))]
+        for name, kw in big:
+            cases.append(Case(f"{name} {dt}", check, dict(kw, dtype=dtype), gpu_only=True))
+            for deterministic in (False, True):
+                cases.append(Case(f"backward{' deterministic' if deterministic else ''} {name} {dt}", check_backward,
+                                  dict(kw, dtype=dtype, deterministic=deterministic), gpu_only=True))
+    return cases
+
+
+CASES += mask_cases()
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

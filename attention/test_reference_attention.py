@@ -5,7 +5,8 @@ naive_attention, and naive_attention itself against PyTorch's scaled_dot_product
 
 Both references run in fp64 here, so they must agree to fp64 rounding: the online rescaling is
 exact algebra, not an approximation. SDPA is the independent check of the conventions (GQA head
-mapping, bottom-right causal mask, scale): it runs in fp64 with an explicit boolean mask.
+mapping, bottom-right causal mask, scale): it runs in fp64 with an explicit boolean mask. Sliding
+windows and softcapping are checked against masks built key by key from their definition.
 """
 
 import torch
@@ -37,6 +38,32 @@ def check(b, h, hkv, tq, tk, d, causal, block_size):
     return outcomes
 
 
+def check_window_softcap(tq, tk, causal, window, softcap):
+    """naive_attention's window and softcap against SDPA given a mask built key by key from the
+    definition (query i sees key j when i' - left <= j <= i' + right, i' = i + Tk - Tq; causal:
+    j <= i'); with a softcap, which SDPA cannot apply, against the softmax of c * tanh(s / c) written
+    out here in fp64 under that mask."""
+    q, k, v = qkv(1, 4, 2, tq, tk, 16)
+    left, right = window
+    mask = torch.zeros(tq, tk, dtype=torch.bool)
+    for i in range(tq):
+        for j in range(tk):
+            ip = i + tk - tq
+            mask[i, j] = (left < 0 or j >= ip - left) and (right < 0 or j <= ip + right) and (not causal or j <= ip)
+    mask = mask.to(q.device)
+    ref = naive_attention(q, k, v, causal, 0.3, window, softcap)
+    seen = mask.any(-1)
+    if softcap:
+        s = torch.tanh(q @ expand_kv(k, 4).transpose(-1, -2) * 0.3 / softcap) * softcap
+        want = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(nan=0.0) @ expand_kv(v, 4)
+    else:
+        want = F.scaled_dot_product_attention(q, expand_kv(k, 4), expand_kv(v, 4), attn_mask=mask, scale=0.3)
+    outcomes = [compare("naive vs the definition", ref[:, :, seen], want[:, :, seen], FP64)]
+    if not seen.all():
+        outcomes.append(Outcome("no key: zeros", bool((ref[:, :, ~seen] == 0).all())))
+    return outcomes
+
+
 def check_low_precision():
     """bf16 in, bf16 out, fp32 math: within one bf16 rounding of the fp64 result."""
     q, k, v = qkv(1, 4, 2, 40, 40, 64, torch.bfloat16)
@@ -56,6 +83,12 @@ CASES = [
     for b, h, hkv, tq, tk, d, bs in [(2, 4, 4, 77, 77, 32, 16), (1, 8, 2, 50, 130, 64, 128),
                                      (1, 4, 1, 130, 50, 16, 7), (3, 2, 2, 1, 1, 8, 128), (1, 2, 1, 1, 60, 32, 8)]
     for causal in (False, True)
+] + [
+    Case(f"Tq{tq} Tk{tk} window {window}{' causal' if causal else ''}{f' softcap {c}' if c else ''}",
+         check_window_softcap, dict(tq=tq, tk=tk, causal=causal, window=window, softcap=c))
+    for tq, tk, causal, window, c in [(20, 20, False, (3, 2), None), (12, 30, True, (5, 4), None),
+                                      (30, 12, False, (2, -1), None), (30, 12, False, (-1, 1), 2.0),
+                                      (20, 20, True, (-1, -1), 0.5)]
 ] + [Case("bf16 inputs", check_low_precision), Case("bad input", check_errors)]
 
 

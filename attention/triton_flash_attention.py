@@ -1,8 +1,10 @@
 """FlashAttention in Triton, forward and backward, on padded batches and on packed sequences.
 
-    flash_attention(q, k, v, causal=False, sm_scale=None)          q (B, H, Tq, D), k, v (B, Hkv, Tk, D)
+    flash_attention(q, k, v, causal=False, sm_scale=None, *, window=None, softcap=None)
+                                                                   q (B, H, Tq, D), k, v (B, Hkv, Tk, D)
     flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           causal=False, sm_scale=None)           q (total_q, H, D), k, v (total_k, Hkv, D)
+                           causal=False, sm_scale=None, *, window=None, softcap=None)
+                                                                   q (total_q, H, D), k, v (total_k, Hkv, D)
 
 Both compute softmax(q k^T * sm_scale) v without the T x T matrix (the kernels:
 attention/triton_flash_attention_fwd.py and attention/triton_flash_attention_bwd.py), and both are
@@ -28,7 +30,11 @@ dq's parts with fp32 atomics (its last bits then vary between runs, as flash_att
 
 Conventions are those of attention/reference_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
 the bottom right when Tq != Tk (per sequence in a packed batch), zeros for a query that sees no
-key; such a query's LSE is -inf and its gradients are zero.
+key; such a query's LSE is -inf and its gradients are zero. Sliding windows (window=(left, right),
+flash-attn's convention) align the same way, and softcap=c caps the scaled scores at c * tanh(s / c)
+(Gemma 2) before the softmax; the operators take them as `int window_left, int window_right,
+float softcap`, their last arguments, -1, -1 and 0.0 (off) by default, so that every call written
+before them means what it did.
 """
 import math
 
@@ -36,8 +42,8 @@ import torch
 
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
-from llmk.common.ops import define_op, define_ops, needs_grad
-from llmk.common.validation import check_same_device, check_tensor
+from llmk.common.ops import define_op, needs_grad, no_outputs
+from llmk.common.validation import check_same_device, check_softcap, check_tensor, check_window
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
 
@@ -122,6 +128,17 @@ def check_config(config):
             raise ValueError(f"config's {name} must be a power of two >= 16, got {block}")
 
 
+def _mask_options(window_left, window_right, softcap):
+    """The operators' window and softcap, checked (direct calls of the operators come here too):
+    ((left, right), softcap) as the launchers take them."""
+    if window_left < -1 or window_right < -1:
+        raise ValueError(f"window_left and window_right must be >= -1 (-1: unbounded), got "
+                         f"{window_left}, {window_right}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    return (window_left, window_right), softcap
+
+
 def _scale(q, sm_scale):
     """sm_scale as the kernels take it; checked here too, for direct calls of the operators (the
     unmasked key loop relies on a positive scale: the row max commutes with it)."""
@@ -144,9 +161,11 @@ def packed(t):
 # ---------------------------------------------------------------------------------------------
 # forward
 
-def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=None):
+def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=None, window_left=-1, window_right=-1,
+                 softcap=0.0):
     """O into out (and LSE into lse) for checked (B, H, T, D) arguments: the empty cases here, the
     kernel for the rest."""
+    window, softcap = _mask_options(window_left, window_right, softcap)
     if out.numel() == 0:
         return
     if k.shape[2] == 0:  # no keys: every query sees nothing
@@ -155,7 +174,7 @@ def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=No
             lse.fill_(float("-inf"))
         return
     launch_flash_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, cu_seqlens,
-                           None if config is None else tuple(config))
+                           None if config is None else tuple(config), window=window, softcap=softcap)
 
 
 def _empty_lse(q):
@@ -176,30 +195,41 @@ def _train_out(q):
     return q.new_empty_strided((b, h, t, d), (t * h * d, d, h * d, 1))
 
 
-def _attention_train(q, k, v, causal, sm_scale, config, deterministic=False):
+def _attention_train(q, k, v, causal, sm_scale, config, deterministic=False, window_left=-1, window_right=-1,
+                     softcap=0.0):
     """(O, LSE): the forward under grad; `deterministic` is for its backward."""
     out, lse = _train_out(q), _empty_lse(q)
-    _attend_into(q, k, v, causal, sm_scale, config, out, lse)
+    _attend_into(q, k, v, causal, sm_scale, config, out, lse, None, window_left, window_right, softcap)
     return out, lse
 
 
-def _varlen_empty(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic=False):
+def _varlen_empty(q, k, v, *rest):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic=False):
-    out, lse = _varlen_empty(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config)
+def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic=False,
+                  window_left=-1, window_right=-1, softcap=0.0):
+    out, lse = _varlen_empty(q, k, v)
     _attend_into(packed(q), packed(k), packed(v), causal, sm_scale, config, packed(out), packed(lse),
-                 (cu_q, cu_k, max_q))
+                 (cu_q, cu_k, max_q), window_left, window_right, softcap)
     return out, lse
+
+
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, window_left=-1, window_right=-1,
+            softcap=0.0):
+    """llmk::flash_attention_varlen: O of _varlen_train (which takes `deterministic` before the mask)."""
+    return _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, False, window_left,
+                         window_right, softcap)[0]
 
 
 # ---------------------------------------------------------------------------------------------
 # backward
 
-def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, sm_scale, deterministic):
+def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, sm_scale, deterministic,
+              window_left=-1, window_right=-1, softcap=0.0):
     """(dq, dk, dv) shaped like q, k, v: the kernels on (B, H, T, D) views, zeros where a side is
     empty (no keys: dq = 0; no queries: dk = dv = 0)."""
+    window, softcap = _mask_options(window_left, window_right, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     lse = lse.contiguous()  # the kernels index delta, made contiguous, with LSE's strides
     if not _within_32_bits(grad_out, 2 if cu_q is None else 3):  # dO's strides are the caller's
@@ -215,14 +245,15 @@ def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, c
             t.zero_()
         return dq, dk, dv
     launch_flash_attention_backward(*views, causal, _scale(q, sm_scale), grad_lse, cu_seqlens,
-                                    deterministic=deterministic)
+                                    deterministic=deterministic, window=window, softcap=softcap)
     return dq, dk, dv
 
 
 flash_attention_backward_op = define_op(
     "flash_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
     "Tensor? grad_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-    "bool causal, float? sm_scale, bool deterministic) -> (Tensor, Tensor, Tensor)",
+    "bool causal, float? sm_scale, bool deterministic, int window_left=-1, int window_right=-1, "
+    "float softcap=0.0) -> (Tensor, Tensor, Tensor)",
     _backward, lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
 
 
@@ -231,15 +262,17 @@ def _grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu=(None, None, 0, 0)):
     if grad_out is None:  # only LSE was used
         grad_out = torch.zeros_like(out)
     grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *cu, ctx.causal, ctx.sm_scale,
-                                        ctx.deterministic)
+                                        ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap)
     return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3]))
 
 
-def _save(ctx, q, k, v, output, causal, sm_scale, deterministic=False, cu_seqlens=None):
+def _save(ctx, q, k, v, output, causal, sm_scale, deterministic=False, cu_seqlens=None, window_left=-1,
+          window_right=-1, softcap=0.0):
     """What the formulas read: q, k, v (and O, LSE for the _train ops, whose output is a pair), a
     packed batch's (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), and the options."""
     saved = (q, k, v, *output) if isinstance(output, tuple) else (q, k, v)
     ctx.causal, ctx.sm_scale, ctx.deterministic = causal, sm_scale, deterministic
+    ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
     ctx.varlen = cu_seqlens is not None
     if ctx.varlen:
         ctx.max_seqlens = tuple(cu_seqlens[2:])
@@ -249,23 +282,28 @@ def _save(ctx, q, k, v, output, causal, sm_scale, deterministic=False, cu_seqlen
 
 
 def _setup_dense(ctx, inputs, output):
-    q, k, v, causal, sm_scale, config = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale)
+    q, k, v, causal, sm_scale, config, window_left, window_right, softcap = inputs
+    _save(ctx, q, k, v, output, causal, sm_scale, window_left=window_left, window_right=window_right,
+          softcap=softcap)
 
 
 def _setup_dense_train(ctx, inputs, output):
-    q, k, v, causal, sm_scale, config, deterministic = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale, deterministic)
+    q, k, v, causal, sm_scale, config, deterministic, window_left, window_right, softcap = inputs
+    _save(ctx, q, k, v, output, causal, sm_scale, deterministic, window_left=window_left,
+          window_right=window_right, softcap=softcap)
 
 
 def _setup_varlen(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale, cu_seqlens=(cu_q, cu_k, max_q, max_k))
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, window_left, window_right, softcap = inputs
+    _save(ctx, q, k, v, output, causal, sm_scale, cu_seqlens=(cu_q, cu_k, max_q, max_k), window_left=window_left,
+          window_right=window_right, softcap=softcap)
 
 
 def _setup_varlen_train(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale, deterministic, (cu_q, cu_k, max_q, max_k))
+    (q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic,
+     window_left, window_right, softcap) = inputs
+    _save(ctx, q, k, v, output, causal, sm_scale, deterministic, (cu_q, cu_k, max_q, max_k), window_left,
+          window_right, softcap)
 
 
 def _saved(ctx):
@@ -283,10 +321,12 @@ def _recompute_backward(ctx, grad_out):
     (q, k, v), cu = _saved(ctx)
     if grad_out is None:
         return (None,) * len(ctx.needs_input_grad)
+    mask = (ctx.window_left, ctx.window_right, ctx.softcap)
     if cu[0] is not None:
-        out, lse = flash_attention_varlen_train_op(q, k, v, *cu, ctx.causal, ctx.sm_scale, None, ctx.deterministic)
+        out, lse = flash_attention_varlen_train_op(q, k, v, *cu, ctx.causal, ctx.sm_scale, None, ctx.deterministic,
+                                                   *mask)
     else:
-        out, lse = flash_attention_train_op(q, k, v, ctx.causal, ctx.sm_scale, None, ctx.deterministic)
+        out, lse = flash_attention_train_op(q, k, v, ctx.causal, ctx.sm_scale, None, ctx.deterministic, *mask)
     return (*_grads(ctx, grad_out, None, q, k, v, out, lse, cu), *[None] * (len(ctx.needs_input_grad) - 3))
 
 
@@ -303,21 +343,43 @@ VARLEN_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seq
 # The _train ops' backward also takes `deterministic` (the two-pass schedule, see
 # attention/triton_flash_attention_bwd.py); the others' formulas run the default schedule.
 TRAIN_OPTION = "bool deterministic=False"
+# Sliding window and logit softcap, last and defaulted to off: calls written before them, positional
+# ones included, keep their meaning. -1 is an unbounded side, 0.0 no softcap.
+MASK_OPTIONS = "int window_left=-1, int window_right=-1, float softcap=0.0"
 
-flash_attention_op, flash_attention_out_op = define_ops(
-    "flash_attention", DENSE_ARGS,
-    lambda q, k, v, causal, sm_scale, config: torch.empty_like(q),  # laid out like a dense q
-    _attend_into, backward=_recompute_backward, setup_context=_setup_dense)
+
+def _dense_empty(q, *rest):
+    return torch.empty_like(q)  # laid out like a dense q
+
+
+def _attend_out(q, k, v, causal, sm_scale, config, out, window_left=-1, window_right=-1, softcap=0.0):
+    """llmk::flash_attention_out: out comes before the mask options in its schema (the calls
+    written before them pass it seventh)."""
+    _attend_into(q, k, v, causal, sm_scale, config, out, None, None, window_left, window_right, softcap)
+
+
+def _dense(q, k, v, causal, sm_scale, config, window_left=-1, window_right=-1, softcap=0.0):
+    out = _dense_empty(q)
+    _attend_out(q, k, v, causal, sm_scale, config, out, window_left, window_right, softcap)
+    return out
+
+
+flash_attention_op = define_op(
+    f"flash_attention({DENSE_ARGS}, {MASK_OPTIONS}) -> Tensor", _dense, _dense_empty,
+    backward=_recompute_backward, setup_context=_setup_dense)
+flash_attention_out_op = define_op(
+    f"flash_attention_out({DENSE_ARGS}, Tensor(a!) out, {MASK_OPTIONS}) -> ()", _attend_out, no_outputs,
+    remedy="call flash_attention without out= to get gradients")
 flash_attention_train_op = define_op(
-    f"flash_attention_train({DENSE_ARGS}, {TRAIN_OPTION}) -> (Tensor, Tensor)",
+    f"flash_attention_train({DENSE_ARGS}, {TRAIN_OPTION}, {MASK_OPTIONS}) -> (Tensor, Tensor)",
     _attention_train,
     lambda q, k, v, *rest: (_train_out(q), _empty_lse(q)),
     backward=_train_backward, setup_context=_setup_dense_train)
 flash_attention_varlen_op = define_op(
-    f"flash_attention_varlen({VARLEN_ARGS}) -> Tensor", lambda *a: _varlen_train(*a)[0],
+    f"flash_attention_varlen({VARLEN_ARGS}, {MASK_OPTIONS}) -> Tensor", _varlen,
     lambda *a: _varlen_empty(*a)[0], backward=_recompute_backward, setup_context=_setup_varlen)
 flash_attention_varlen_train_op = define_op(
-    f"flash_attention_varlen_train({VARLEN_ARGS}, {TRAIN_OPTION}) -> (Tensor, Tensor)",
+    f"flash_attention_varlen_train({VARLEN_ARGS}, {TRAIN_OPTION}, {MASK_OPTIONS}) -> (Tensor, Tensor)",
     _varlen_train, _varlen_empty,
     backward=_train_backward, setup_context=_setup_varlen_train)
 
@@ -338,7 +400,8 @@ def _options(causal, sm_scale, config, deterministic):
 # ---------------------------------------------------------------------------------------------
 # public functions
 
-def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None, deterministic=False):
+def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None, deterministic=False,
+                    window=None, softcap=None):
     """Attention, fused (operators llmk::flash_attention, llmk::flash_attention_train and
     llmk::flash_attention_out; the module docstring has the backward).
 
@@ -346,6 +409,14 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     256 (not a power of two: padded to one in registers and masked). Any strides: a (B, T, H, D)
     tensor passed as `.transpose(1, 2)` is read in place. causal (a bool) aligns the mask to the
     bottom right. sm_scale defaults to 1/sqrt(D).
+    window: None (no window), or (left, right), ints >= -1, -1 an unbounded side (flash-attn's
+    window_size): query i sees keys j with i' - left <= j <= i' + right, i' = i + Tk - Tq (aligned
+    to the bottom right like the causal mask); with causal, right is 0 at most. Key blocks outside
+    every query's window are skipped: FLOPs are 4 * D * (visible (query, key) pairs) per (batch,
+    head), as for causal, where full attention's are 4 * B * H * Tq * Tk * D. A query that sees no
+    key gets zeros.
+    softcap: None or 0 (off), or c > 0: the scores s = q k^T * sm_scale become c * tanh(s / c)
+    before the softmax (Gemma 2's attention logit softcapping), in the backward too.
     out: optional (B, H, Tq, D) buffer of q's dtype, any strides; forward-only (under grad with an
     input that requires grad, llmk::flash_attention_out raises).
     config: optional forward (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of the
@@ -361,22 +432,23 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     """
     check_attention_args(q, k, v, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
+    mask = (*check_window(window), check_softcap(softcap))
     if out is None:
         if needs_grad(q, k, v):
-            return flash_attention_train_op(q, k, v, causal, sm_scale, config, deterministic)[0]
-        return flash_attention_op(q, k, v, causal, sm_scale, config)
+            return flash_attention_train_op(q, k, v, causal, sm_scale, config, deterministic, *mask)[0]
+        return flash_attention_op(q, k, v, causal, sm_scale, config, *mask)
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
                          f"{q.device}; got {out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}")
     if not _within_32_bits(out, 2):
         raise ValueError("out: one head spans 2^31 elements or more; the kernel indexes within a head with "
                          "32-bit offsets")
-    flash_attention_out_op(q, k, v, causal, sm_scale, config, out)
+    flash_attention_out_op(q, k, v, causal, sm_scale, config, out, *mask)
     return out
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                           sm_scale=None, *, config=None, deterministic=False):
+                           sm_scale=None, *, config=None, deterministic=False, window=None, softcap=None):
     """Attention over a packed batch of sequences of different lengths, no padding (operators
     llmk::flash_attention_varlen and llmk::flash_attention_varlen_train), as flash-attn's
     `flash_attn_varlen_func` takes it.
@@ -390,13 +462,16 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_seqlen_q, max_seqlen_k: ints at least the longest sequence's lengths. They size the grids
     only; with a smaller one the results are undefined.
     causal: per sequence, aligned to its bottom right. sm_scale defaults to 1/sqrt(D).
+    window, softcap: as for flash_attention, the window per sequence (i' = i + Tk_b - Tq_b): FLOPs
+    4 * D * (visible pairs) summed over the sequences and heads.
     config, deterministic: as for flash_attention.
     Returns O (total_q, H, D) in q's dtype, contiguous. Differentiable in q, k and v.
     """
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
+    mask = (*check_window(window), check_softcap(softcap))
     args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal,
             sm_scale, config)
     if needs_grad(q, k, v):
-        return flash_attention_varlen_train_op(*args, deterministic)[0]
-    return flash_attention_varlen_op(*args)
+        return flash_attention_varlen_train_op(*args, deterministic, *mask)[0]
+    return flash_attention_varlen_op(*args, *mask)

@@ -33,8 +33,16 @@ between runs. On Hopper a share leaves as one TMA bulk reduction of the (BLOCK_M
 elsewhere (and in the interpreter) as one fp32 atomic a value, which measured no faster than the
 two-pass schedule on an H100 and so is not the default there (docs/tuning/attention.md).
 
+Sliding windows and logit softcapping (attention/triton_flash_attention_fwd.py): WINDOW masks as the
+forward does, and each launch visits only the blocks some pair of the window falls in (the dk/dv
+kernel's queries by window_query_range, the dq kernel's keys by window_key_range), masked at both
+ends, unmasked in between. SOFTCAP recomputes t = tanh(S / c) and the capped score c * t; the
+gradient of the uncapped S is then dS * (1 - t^2) (the chain rule through c * tanh(S / c)), which
+dq and dk take in place of dS.
+
 FLOPs, counted as the forward's 2.5x (the convention of FlashAttention's benchmarks): the
-backward's four products of 2 * Tq * Tk * D each plus the recomputed q k^T. Memory: q, k, v, O,
+backward's four products of 2 * Tq * Tk * D each plus the recomputed q k^T, over the visible
+pairs only under a causal mask or a window. Memory: q, k, v, O,
 dO read, dq, dk, dv written, LSE and delta, and the one-pass schedule's fp32 dq: O(T * D) per head.
 
 Rows past the end of the queries load LSE = -inf, which the kernels treat like a query that sees
@@ -48,10 +56,12 @@ import torch
 import triton
 import triton.language as tl
 
-from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_grid, key_range, program_pair, sequence_bounds
+from llmk.attention.triton_flash_attention_fwd import (MAX_GRID_Y, attention_grid, kernel_mask, key_range,
+                                                      program_pair, sequence_bounds, softcap_scales, window_key_range,
+                                                      window_visible)
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
-from llmk.common.triton_utils import LOG2E
+from llmk.common.triton_utils import LOG2E, tanh
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -188,11 +198,13 @@ def _dkdv_query_blocks(
     dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
     stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
     offs_n, offs_d, lo, hi, n_queries, causal_shift, qk_scale, sm_scale,
+    window_left, window_right, softcap_log2,
     MASKED: tl.constexpr, DQ_ADD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    DP_FIRST: tl.constexpr,
+    DP_FIRST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Add queries [lo, hi) of one head to the dk, dv accumulators of keys offs_n (transposed
-    products: pT = P^T is (BLOCK_N, BLOCK_M)). MASKED blocks apply the causal diagonal.
+    products: pT = P^T is (BLOCK_N, BLOCK_M)). MASKED blocks apply the causal diagonal, or the
+    window (WINDOW). SOFTCAP: P from the capped scores, and dS times 1 - tanh^2.
     DQ_ADD (one-pass): also add these keys' share of the queries' dq, dS k * sm_scale, into the
     fp32 dq: at dq_acc_base by atomics, or through dq_desc (rows from dq_row0) by TMA.
     DP_FIRST: the products' order (dp_first_when)."""
@@ -211,16 +223,27 @@ def _dkdv_query_blocks(
             dpT = tl.dot(v, tl.trans(do))
         else:
             sT = tl.dot(k, tl.trans(q))
-        pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
+        if SOFTCAP:
+            tT = tanh(sT * qk_scale)
+            pT = tl.math.exp2(softcap_log2 * tT - lse2[None, :])
+        else:
+            pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
         if MASKED:
-            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, pT, 0.0)
+            if WINDOW:
+                rel = offs_n[:, None] - (offs_m[None, :] + causal_shift)  # window_visible, transposed
+                pT = tl.where((rel >= -window_left) & (rel <= window_right), pT, 0.0)
+            else:
+                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, pT, 0.0)
         if not DP_FIRST:
             do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_mask,
                          other=0.0)
         dv = tl.dot(pT.to(do.dtype), do, dv)
         if not DP_FIRST:
             dpT = tl.dot(v, tl.trans(do))
-        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        if SOFTCAP:  # the gradient of the uncapped score: through c * tanh(s / c)
+            dsT = (pT * (dpT - delta[None, :]) * (1.0 - tT * tT)).to(q.dtype)
+        else:
+            dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
         dk = tl.dot(dsT, q, dk)
         if DQ_ADD != DQ_TWO_PASS:
             if BLOCK_M >= 64:
@@ -239,6 +262,26 @@ def _dkdv_query_blocks(
 
 
 @triton.jit
+def window_query_range(start_n, n_queries, causal_shift, window_left, window_right,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dk/dv kernel's window_key_range: (lo, unmasked_lo, unmasked_hi, hi) of key block
+    start_n. Query i sees key j when j - right <= i' <= j + left (i' = i + causal_shift): queries
+    [unmasked_lo, unmasked_hi) see every key of the block (no mask; the last, ragged block of the
+    queries included, whose rows past the end the LSE zeroes), [lo, unmasked_lo) and
+    [unmasked_hi, hi) some (masked), the others none (skipped)."""
+    first = start_n * BLOCK_N - causal_shift  # key j - causal_shift of the block's first and last keys
+    last = first + BLOCK_N - 1
+    lo = tl.maximum(first - window_right, 0) // BLOCK_M * BLOCK_M
+    hi = tl.maximum(tl.minimum(last + window_left + 1, n_queries), 0)
+    unmasked_lo = tl.cdiv(tl.maximum(last - window_right, 0), BLOCK_M) * BLOCK_M
+    unmasked_end = first + window_left + 1  # queries before it see the block's first key
+    unmasked_hi = tl.where(unmasked_end >= n_queries, n_queries, tl.maximum(unmasked_end, 0) // BLOCK_M * BLOCK_M)
+    unmasked_lo = tl.minimum(tl.maximum(unmasked_lo, lo), hi)
+    unmasked_hi = tl.minimum(tl.maximum(unmasked_hi, unmasked_lo), hi)
+    return lo, unmasked_lo, unmasked_hi, hi
+
+
+@triton.jit
 def _dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_acc_ptr, dq_desc, cu_seqlens_q, cu_seqlens_k,
     # strides (batch, head, token, dim); dO has q's, dk has k's and dv has v's shape; lse and
@@ -254,9 +297,10 @@ def _dkdv_kernel(
     stride_lb, stride_lh,
     stride_ab, stride_ah, stride_am,
     n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, n_bh,
+    window_left, window_right, softcap_log2,  # as the forward takes them
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DQ_ADD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr,
-    DP_FIRST: tl.constexpr,
+    DP_FIRST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     start_n = tl.program_id(0)
     bh = program_pair(GRID_Y)
@@ -284,7 +328,10 @@ def _dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    if CAUSAL:
+    if WINDOW:
+        lo, full_start, full_end, hi = window_query_range(start_n, n_queries, causal_shift, window_left,
+                                                          window_right, BLOCK_M, BLOCK_N)
+    elif CAUSAL:
         # queries before lo see none of these keys; from full_start on they see all of them
         lo = tl.maximum(start_n * BLOCK_N - causal_shift, 0) // BLOCK_M * BLOCK_M
         full_start = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - causal_shift, 0)
@@ -305,17 +352,35 @@ def _dkdv_kernel(
         else:
             dq_acc_base = dq_acc_ptr  # None: the dq launch makes dq
             dq_row0 = 0
-        if CAUSAL:
+        if WINDOW:  # masked, unmasked, masked: the query blocks of no key's window are skipped
             dk, dv = _dkdv_query_blocks(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
-                offs_n, offs_d, lo, tl.minimum(full_start, n_queries), n_queries, causal_shift, qk_scale, sm_scale,
-                True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST)
-        dk, dv = _dkdv_query_blocks(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
-            stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
-            offs_n, offs_d, full_start, n_queries, n_queries, causal_shift, qk_scale, sm_scale,
-            False, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST)
+                offs_n, offs_d, lo, full_start, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, True, SOFTCAP)
+            dk, dv = _dkdv_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+                offs_n, offs_d, full_start, full_end, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, False, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, True, SOFTCAP)
+            dk, dv = _dkdv_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+                offs_n, offs_d, full_end, hi, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, True, SOFTCAP)
+        else:
+            if CAUSAL:
+                dk, dv = _dkdv_query_blocks(
+                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+                    stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+                    offs_n, offs_d, lo, tl.minimum(full_start, n_queries), n_queries, causal_shift, qk_scale,
+                    sm_scale, window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST,
+                    False, SOFTCAP)
+            dk, dv = _dkdv_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+                offs_n, offs_d, full_start, n_queries, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, False, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, False, SOFTCAP)
 
     dk *= sm_scale
     tl.store(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
@@ -327,11 +392,12 @@ def _dkdv_kernel(
 @triton.jit
 def _dq_key_blocks(
     dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale,
+    offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale, window_left, window_right, softcap_log2,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Add keys [lo, hi) to the dq accumulator of queries offs_m. MASKED blocks check the causal
-    diagonal and the end of the keys."""
+    diagonal (or the window) and the end of the keys. SOFTCAP as in _dkdv_query_blocks."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = (offs_d < HEAD_DIM)[None, :]
     for start_n in range(lo, hi, BLOCK_N):
@@ -343,14 +409,22 @@ def _dq_key_blocks(
             kv_mask = d_ok
         k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if SOFTCAP:
+            t = tanh(tl.dot(q, tl.trans(k)) * qk_scale)
+            p = tl.math.exp2(softcap_log2 * t - lse2[:, None])
+        else:
+            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
             visible = (keys < n_keys)[None, :]
             if CAUSAL:
                 visible = visible & (keys[None, :] <= offs_m[:, None] + causal_shift)
+            if WINDOW:
+                visible = visible & window_visible(keys, offs_m, causal_shift, window_left, window_right)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
 
@@ -365,8 +439,10 @@ def _dq_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_lb, stride_lh,
     n_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, n_bh,
+    window_left, window_right, softcap_log2,  # as the forward takes them
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first
@@ -400,13 +476,26 @@ def _dq_kernel(
     v_base = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start * stride_vn
 
     causal_shift = n_keys - n_queries
-    unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)  # the forward's
-    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                        offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale,
-                        False, CAUSAL, HEAD_DIM, BLOCK_N)
-    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                        offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale,
-                        True, CAUSAL, HEAD_DIM, BLOCK_N)
+    if WINDOW:  # the forward's three parts
+        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
+                                                            window_right, BLOCK_M, BLOCK_N)
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, lo, unmasked_lo, n_keys, causal_shift, qk_scale, window_left,
+                            window_right, softcap_log2, True, False, HEAD_DIM, BLOCK_N, True, SOFTCAP)
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left,
+                            window_right, softcap_log2, False, False, HEAD_DIM, BLOCK_N, True, SOFTCAP)
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left,
+                            window_right, softcap_log2, True, False, HEAD_DIM, BLOCK_N, True, SOFTCAP)
+    else:
+        unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)  # the forward's
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale, window_left,
+                            window_right, softcap_log2, False, CAUSAL, HEAD_DIM, BLOCK_N, False, SOFTCAP)
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale, window_left,
+                            window_right, softcap_log2, True, CAUSAL, HEAD_DIM, BLOCK_N, False, SOFTCAP)
     dq *= sm_scale
     tl.store(dq_ptr + batch * stride_dqb + head * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(dq_ptr.dtype.element_ty), mask=q_mask)
@@ -414,7 +503,7 @@ def _dq_kernel(
 
 def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
                                     cu_seqlens=None, config=None, deterministic=False, dq_add=None,
-                                    dp_first=None, grid_y=MAX_GRID_Y):
+                                    dp_first=None, grid_y=MAX_GRID_Y, window=(-1, -1), softcap=0.0):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
@@ -429,7 +518,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     have 32-bit coordinates.
     dp_first: the dk/dv loop's order, dP^T issued beside S^T or after the dv product (sweeps);
     None: dp_first_when's choice for the head dim.
-    grid_y: as for the forward's launcher.
+    grid_y, window, softcap: as for the forward's launcher.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
     tuning sweep's), None in the interpreter."""
     b, h, tq, d = q.shape
@@ -462,6 +551,8 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     batch = (lambda t: 0) if cu_q is not None else (lambda t: t.stride(0))
     strides = [(batch(t), *t.stride()[1:]) for t in (q, k, v, do)]
     lse_strides = (batch(lse), lse.stride(1))
+    causal, has_window, left, right = kernel_mask(causal, window, tq, tk)  # the forward's
+    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
     dq_desc = None
     if one_pass:
         acc_strides = (batch(dq_acc), *acc_strides[1:])
@@ -472,10 +563,10 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k,
         *strides[0], *strides[1], *strides[2], *strides[3], batch(dk), *dk.stride()[1:],
         batch(dv), *dv.stride()[1:], *lse_strides, *acc_strides,
-        hkv, h // hkv, tq, tk, scale * LOG2E.value, scale, b * hkv,
-        CAUSAL=bool(causal), VARLEN=cu_q is not None, DQ_ADD=dq_add, HEAD_DIM=d, BLOCK_D=block_d,
+        hkv, h // hkv, tq, tk, qk_scale, scale, b * hkv, left, right, softcap_log2,
+        CAUSAL=causal, VARLEN=cu_q is not None, DQ_ADD=dq_add, HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, GRID_Y=grid_y, DP_FIRST=dp_first_when(d) if dp_first is None else dp_first,
-        num_warps=dkdv_warps, num_stages=dkdv_stages)
+        WINDOW=has_window, SOFTCAP=has_softcap, num_warps=dkdv_warps, num_stages=dkdv_stages)
     if one_pass:
         dq.copy_(dq_acc)  # one rounding of the fp32 sums
         return None if INTERPRET else (dkdv_kernel,)
@@ -483,7 +574,8 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     dq_kernel = _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](
         q, k, v, do, lse, delta, dq, cu_q, cu_k,
         *strides[0], *strides[1], *strides[2], *strides[3], batch(dq), *dq.stride()[1:], *lse_strides,
-        h, h // hkv, tq, tk, scale * LOG2E.value, scale, b * h,
-        CAUSAL=bool(causal), VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_M=dq_m, BLOCK_N=dq_n, GRID_Y=grid_y, num_warps=dq_warps, num_stages=dq_stages)
+        h, h // hkv, tq, tk, qk_scale, scale, b * h, left, right, softcap_log2,
+        CAUSAL=causal, VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_M=dq_m, BLOCK_N=dq_n, GRID_Y=grid_y, WINDOW=has_window, SOFTCAP=has_softcap,
+        num_warps=dq_warps, num_stages=dq_stages)
     return None if INTERPRET else (dkdv_kernel, dq_kernel)

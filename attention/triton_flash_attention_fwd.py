@@ -8,9 +8,20 @@ holds O(T * D) per head instead of O(T^2), and q k^T and p v run on the tensor c
 accumulation (p is rounded to the input dtype for the second product, as FlashAttention does).
 
 FLOPs: 4 * B * H * Tq * Tk * D for full attention (two matmuls of 2 * Tq * Tk * D each); causal
-does the visible pairs only. Per program the key loop runs in two parts: key blocks every row of
-the block sees run with no mask; the blocks cut by the causal diagonal or by the end of the keys
-run masked. exp2 replaces exp with log2(e) folded into the scale (one multiply saved per score).
+and windowed attention count the visible pairs only, 4 * D * (number of (query, key) pairs a mask
+lets through) per (batch, head), and that is the work done up to the blocks the mask cuts. Per
+program the key loop runs in two parts: key blocks every row of the block sees run with no mask;
+the blocks cut by the causal diagonal or by the end of the keys run masked. exp2 replaces exp with
+log2(e) folded into the scale (one multiply saved per score).
+
+Sliding window (WINDOW): query i sees keys j with i' - left <= j <= i' + right, i' = i + Tk - Tq
+(aligned to the bottom right like the causal mask, which the host folds in as right <= 0; an
+unbounded side is passed as a bound no key reaches). Key blocks outside every row's window are not
+visited: the loop runs [lo, hi) (window_key_range), masked at both ends and unmasked in between.
+Logit softcapping (SOFTCAP, Gemma 2): scores s = q k^T * sm_scale become c * tanh(s / c) before the
+softmax; qk_scale is then sm_scale / c, the tanh's argument, and softcap_log2 = c * log2(e) takes
+the capped score to exp2's units; LSE is then that of the capped scores. tanh is common.triton_utils.tanh
+(one exp2: the same in every Triton version and in the interpreter).
 
 Conventions are those of attention/reference_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
 the bottom right when Tq != Tk, zeros for a query that sees no key.
@@ -31,7 +42,7 @@ import triton.language as tl
 
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
-from llmk.common.triton_utils import LN2, LOG2E
+from llmk.common.triton_utils import LN2, LOG2E, tanh
 
 MAX_HEAD_DIM = 256
 
@@ -67,15 +78,25 @@ def attention_config(head_dim, n_queries):
 
 
 @triton.jit
+def window_visible(keys, queries, causal_shift, window_left, window_right):
+    """(len(queries), len(keys)) mask: query i sees key j when i' - left <= j <= i' + right,
+    i' = i + causal_shift."""
+    rel = keys[None, :] - (queries[:, None] + causal_shift)
+    return (rel >= -window_left) & (rel <= window_right)
+
+
+@triton.jit
 def _attend_key_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale,
+    window_left, window_right, softcap_log2,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
-    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED blocks check the causal diagonal and the
-    end of the keys; the others are wholly visible to every row of the block."""
+    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED blocks check the causal diagonal (or the
+    window) and the end of the keys; the others are wholly visible to every row of the block.
+    SOFTCAP: scores softcap_log2 * tanh(qk * qk_scale), in exp2's units, instead of qk * qk_scale."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM  # all True, and folded away, when BLOCK_D == HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -87,15 +108,26 @@ def _attend_key_blocks(
             kv_mask = d_ok[None, :]
         k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k))
+        if SOFTCAP:
+            qk = softcap_log2 * tanh(qk * qk_scale)  # the capped score, in exp2's units
         if MASKED:
             visible = (keys < n_keys)[None, :]
             if CAUSAL:
                 visible = visible & (keys[None, :] <= offs_m[:, None] + causal_shift)
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            if WINDOW:
+                visible = visible & window_visible(keys, offs_m, causal_shift, window_left, window_right)
+            if SOFTCAP:
+                qk = tl.where(visible, qk, float("-inf"))
+            else:
+                qk = tl.where(visible, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             # a row that has seen no key yet keeps m = -inf: subtract 0 so -inf - -inf is not NaN
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_safe[:, None])
+        elif SOFTCAP:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = m_new
+            p = tl.math.exp2(qk - m_new[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max commutes
             m_safe = m_new
@@ -154,6 +186,26 @@ def key_range(start_m, n_keys, causal_shift, CAUSAL: tl.constexpr, BLOCK_M: tl.c
 
 
 @triton.jit
+def window_key_range(start_m, n_keys, causal_shift, window_left, window_right,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """key_range under a sliding window: (lo, unmasked_lo, unmasked_hi, hi) of query block
+    start_m. Keys [unmasked_lo, unmasked_hi) are whole blocks inside every row's window (no mask);
+    [lo, unmasked_lo) and [unmasked_hi, hi) are cut by some row's window or by the end of the keys
+    (masked); keys outside [lo, hi) are in no row's window and never visited. lo, unmasked_lo and
+    unmasked_hi are multiples of BLOCK_N, or hi (the masked loops step from them)."""
+    first = start_m * BLOCK_M + causal_shift  # i' of the block's first and last rows
+    last = first + BLOCK_M - 1
+    lo = tl.maximum(first - window_left, 0) // BLOCK_N * BLOCK_N
+    hi = tl.maximum(tl.minimum(last + window_right + 1, n_keys), 0)
+    # every row sees keys [last - left, first + right]
+    unmasked_lo = tl.cdiv(tl.maximum(last - window_left, 0), BLOCK_N) * BLOCK_N
+    unmasked_hi = tl.maximum(tl.minimum(first + window_right + 1, n_keys), 0) // BLOCK_N * BLOCK_N
+    unmasked_lo = tl.minimum(tl.maximum(unmasked_lo, lo), hi)
+    unmasked_hi = tl.minimum(tl.maximum(unmasked_hi, unmasked_lo), hi)
+    return lo, unmasked_lo, unmasked_hi, hi
+
+
+@triton.jit
 def _flash_attention_fwd_kernel(
     # pointers: lse (STORE_LSE, else None); cu_seqlens_q/k (VARLEN, else None)
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
@@ -166,10 +218,12 @@ def _flash_attention_fwd_kernel(
     stride_lb, stride_lh,
     # sizes: n_queries, n_keys are the dense lengths (unused when VARLEN); n_bh (batch, head) pairs
     n_heads, kv_group, n_queries, n_keys, qk_scale, n_bh,
+    # the window's bounds (WINDOW, else unused) and c * log2(e) (SOFTCAP, else unused)
+    window_left, window_right, softcap_log2,
     # meta-parameters
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GRID_Y: tl.constexpr,
+    GRID_Y: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first, the short ones fill the tail
@@ -201,15 +255,31 @@ def _flash_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _attend_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale,
-        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N)
-    acc, l_i, m_i = _attend_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale,
-        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N)
+    if WINDOW:  # masked, unmasked, masked: the blocks of no row's window are skipped
+        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
+                                                            window_right, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, lo, unmasked_lo, n_keys, causal_shift, qk_scale, window_left, window_right,
+            softcap_log2, True, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+            softcap_log2, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+            softcap_log2, True, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
+    else:
+        unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale, window_left, window_right,
+            softcap_log2, False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, False, SOFTCAP)
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+            softcap_log2, True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, False, SOFTCAP)
 
     # a row with no visible key has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -223,8 +293,36 @@ def _flash_attention_fwd_kernel(
         tl.store(lse_base + offs_m, lse, mask=offs_m < n_queries)
 
 
+def kernel_mask(causal, window, n_queries, n_keys):
+    """(CAUSAL, WINDOW, left, right) the kernels take for `causal` and window (left, right), -1 an
+    unbounded side, on sequences of at most n_queries queries and n_keys keys. causal caps right at
+    0. A side that reaches past every key is unbounded (left >= n_keys, right >= n_queries: i' runs
+    over [n_keys - n_queries, n_keys - 1]); a window bounded on neither side is no window, and one
+    bounded only by right = 0 is the causal mask, whose loop is today's. The bounds of a window
+    come back finite, at most n_keys and n_queries."""
+    left, right = window
+    if causal:
+        right = 0
+    left = n_keys if left < 0 or left >= n_keys else left
+    right = n_queries if right < 0 or right >= n_queries else right
+    if left == n_keys and right == n_queries:
+        return False, False, 0, 0
+    if left == n_keys and right == 0:
+        return True, False, 0, 0
+    return False, True, left, right
+
+
+def softcap_scales(scale, softcap):
+    """(qk_scale, softcap_log2, SOFTCAP) the kernels take: without softcap, qk_scale = sm_scale *
+    log2(e) (scores in exp2's units); with it, qk_scale = sm_scale / c (tanh's argument) and
+    softcap_log2 = c * log2(e)."""
+    if softcap:
+        return scale / softcap, softcap * LOG2E.value, True
+    return scale * LOG2E.value, 0.0, False
+
+
 def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None,
-                           grid_y=MAX_GRID_Y):
+                           grid_y=MAX_GRID_Y, window=(-1, -1), softcap=0.0):
     """Launch on validated arguments; writes out and, when given, lse.
     q, out (B, H, Tq, D); k, v (B, Hkv, Tk, D), any strides, Tq >= 1. lse: None or fp32 (B, H, Tq)
     with unit token stride. scale: sm_scale as a float.
@@ -233,7 +331,8 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
     the grid covers len(cu_seqlens_q) - 1 sequences of at most max_seqlen_q queries.
     config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of attention_config's
     choice (tests force each CONFIG_TABLE row; tuning sweeps). grid_y: the grid's y extent
-    (MAX_GRID_Y; a test passes a small one to run the axis-2 spill on small shapes)."""
+    (MAX_GRID_Y; a test passes a small one to run the axis-2 spill on small shapes).
+    window: (left, right) ints >= -1, -1 unbounded (kernel_mask); softcap: c > 0, or 0 for none."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     cu_q = cu_k = None
@@ -244,12 +343,15 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
         batch_strides = [0, 0, 0, 0]
     block_m, block_n, num_warps, num_stages = config or attention_config(d, tq)
     lse_strides = (0 if cu_q is not None else lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    # a packed batch's totals bound each of its sequences
+    causal, has_window, left, right = kernel_mask(causal, window, q.shape[2], k.shape[2])
+    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
     _flash_attention_fwd_kernel[attention_grid(cdiv(tq, block_m), b * h, grid_y)](
         q, k, v, out, lse, cu_q, cu_k,
         batch_strides[0], *q.stride()[1:], batch_strides[1], *k.stride()[1:],
         batch_strides[2], *v.stride()[1:], batch_strides[3], *out.stride()[1:], *lse_strides,
-        h, h // hkv, tq, tk, scale * LOG2E.value, b * h,
-        CAUSAL=bool(causal), VARLEN=cu_q is not None, STORE_LSE=lse is not None,
+        h, h // hkv, tq, tk, qk_scale, b * h, left, right, softcap_log2,
+        CAUSAL=causal, VARLEN=cu_q is not None, STORE_LSE=lse is not None,
         HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, GRID_Y=grid_y,
-        num_warps=num_warps, num_stages=num_stages,
+        WINDOW=has_window, SOFTCAP=has_softcap, num_warps=num_warps, num_stages=num_stages,
     )

@@ -121,3 +121,12 @@ def activate_grad(x, ACTIVATION: tl.constexpr):
         tl.static_assert(ACTIVATION == "silu", "activate_grad: ACTIVATION must be 'gelu', 'gelu_tanh' or 'silu'")
         d = silu_grad(x)
     return d
+
+
+@triton.jit
+def tanh(x):
+    """tanh of fp32 values by one exp2: 1 - 2 / (e^(2x) + 1). Past |x| ~ 44 e^(2x) is inf or 0 and
+    the result exactly 1 or -1, never NaN; near 0 the absolute error is an fp32 unit of 1 (~6e-8),
+    which c * tanh turns into c * 6e-8 of a score. (Triton's libdevice tanh moved between
+    versions, and the interpreter lacks it.)"""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)

@@ -128,3 +128,29 @@ def rope_outputs(q, k, out):
     check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
     check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
     return tuple(out)
+
+
+def check_window(window):
+    """window: None, or (left, right), two ints >= -1 (-1: no bound on that side). Returns the
+    operators' (window_left, window_right), (-1, -1) for None."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a (left, right) pair of ints, got {window!r}")
+    for side in window:
+        if not isinstance(side, int) or isinstance(side, bool):
+            raise TypeError(f"window must be None or a (left, right) pair of ints, got {window!r}")
+        if side < -1:
+            raise ValueError(f"window's sides must be ints >= -1 (-1: unbounded), got {window!r}")
+    return int(window[0]), int(window[1])
+
+
+def check_softcap(softcap):
+    """softcap: None or 0 (off), or a positive finite number. Returns the operators' float, 0.0 for off."""
+    if softcap is None:
+        return 0.0
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
+        raise TypeError(f"softcap must be None or a number >= 0, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 or None: off), got {softcap!r}")
+    return float(softcap)

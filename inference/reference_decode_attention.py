@@ -16,9 +16,11 @@ import math
 import torch
 
 
-def decode_attention_reference(q, k_cache, v_cache, lengths, sm_scale=None):
+def decode_attention_reference(q, k_cache, v_cache, lengths, sm_scale=None, window_left=-1, softcap=None):
     """q (B, H, D); k_cache, v_cache (B, T_max, Hkv, D), H a multiple of Hkv; lengths (B,) int,
-    0 <= lengths[b] <= T_max. Returns O (B, H, D) in q's dtype. sm_scale defaults to 1/sqrt(D)."""
+    0 <= lengths[b] <= T_max. Returns O (B, H, D) in q's dtype. sm_scale defaults to 1/sqrt(D).
+    window_left >= 0: the query (token lengths[b] - 1) sees tokens from lengths[b] - 1 - window_left
+    on; softcap c: the scores become c * tanh(s / c)."""
     compute = torch.promote_types(q.dtype, torch.float32)
     b, h, d = q.shape
     t_max, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -27,7 +29,12 @@ def decode_attention_reference(q, k_cache, v_cache, lengths, sm_scale=None):
     q_grouped = q.to(compute).reshape(b, hkv, h // hkv, d)
     k, v = k_cache.to(compute), v_cache.to(compute)
     scores = torch.einsum("bkgd,btkd->bkgt", q_grouped, k) * sm_scale
-    visible = torch.arange(t_max, device=q.device)[None, :] < lengths.to(q.device)[:, None]  # (B, T_max)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    positions = torch.arange(t_max, device=q.device)[None, :]
+    visible = positions < lengths.to(q.device)[:, None]  # (B, T_max)
+    if window_left >= 0:
+        visible &= positions >= lengths.to(q.device)[:, None] - 1 - window_left
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     # a sequence of length 0 is a row of -inf: softmax gives NaN, the convention is zeros
     p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)

@@ -28,12 +28,17 @@ from llmk.inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SM
 H100_SMS = 132
 
 
-def same_dtype_decode(q, k, v, lengths, sm_scale):
+def same_dtype_decode(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
     """PyTorch's decode with every step in the input dtype: the error the 2x rule allows."""
     b, h, d = q.shape
     t_max, hkv = k.shape[1], k.shape[2]
     scores = torch.einsum("bkgd,btkd->bkgt", q.reshape(b, hkv, h // hkv, d), k) * sm_scale
-    visible = torch.arange(t_max, device=q.device)[None, :] < lengths[:, None]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    positions = torch.arange(t_max, device=q.device)[None, :]
+    visible = positions < lengths[:, None]
+    if window_left >= 0:
+        visible &= positions >= lengths[:, None] - 1 - window_left
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
     return torch.einsum("bkgt,btkd->bkgd", p, v).reshape(b, h, d)
@@ -55,8 +60,8 @@ def make_cache(b, t_max, hkv, d, dtype, layout):
     return [rand((b, t_max, hkv, d), dtype, pad=pad) for _ in range(2)]
 
 
-def reference(q, k, v, lengths, sm_scale):
-    return decode_attention_reference(q.double(), k.double(), v.double(), lengths, sm_scale)
+def reference(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
+    return decode_attention_reference(q.double(), k.double(), v.double(), lengths, sm_scale, window_left, softcap)
 
 
 def check(b, h, hkv, t_max, d, dtype, num_splits=None, layout="bthd", sm_scale=None, scale=1.0, use_dot=None):
@@ -118,6 +123,35 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
     if num_splits is not None:  # both sides then take the same split count
         o_contiguous = decode_attention(q, k, v, lengths, num_splits=num_splits, config=config)
         outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_contiguous)))
+    return outcomes
+
+
+def check_window_softcap(b, h, hkv, t_max, d, dtype, window=None, softcap=None, num_splits=None, scale=1.0,
+                         page_size=16):
+    """A sliding window (only the last left + 1 tokens seen, the range cut before the splits) and
+    logit softcapping (q scaled so that scores reach the cap), contiguous and paged, against the
+    reference; the paged kernel equals the contiguous one bit for bit where both take the same
+    split count and blocks."""
+    q = rand((b, h, d), dtype, scale=scale)
+    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
+    lengths = ragged_lengths(b, t_max)
+    (k_pages, v_pages), table = to_pages((k, v), lengths, page_size)
+    sm = 1.0 / math.sqrt(d)
+    left = -1 if window is None else window[0]
+    want = reference(q, k, v, lengths, sm, left, softcap)
+    tol = decode_tol(q, k, v, lengths, sm, left, softcap)
+    theirs = same_dtype_decode(q, k, v, lengths, sm, left, softcap)
+    config = None
+    if num_splits is not None:  # the same blocks for both layouts
+        config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS),
+                               True, num_splits)
+    o = decode_attention(q, k, v, lengths, window=window, softcap=softcap, num_splits=num_splits, config=config,
+                         out=poisoned((b, h, d), dtype))
+    o_paged = paged_decode_attention(q, k_pages, v_pages, table, lengths, window=window, softcap=softcap,
+                                     num_splits=num_splits, config=config, out=poisoned((b, h, d), dtype))
+    outcomes = [compare("O", o, want, tol, torch_out=theirs), compare("O paged", o_paged, want, tol, torch_out=theirs)]
+    if num_splits is not None:
+        outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_paged)))
     return outcomes
 
 
@@ -223,6 +257,11 @@ def check_errors():
         expect_raises("batch", lambda: f(q, k[:1], v[:1], lengths), ValueError, "k_cache"),
         expect_raises("int64 lengths", lambda: f(q, k, v, lengths.long()), TypeError, "lengths"),
         expect_raises("lengths shape", lambda: f(q, k, v, lengths[:1]), ValueError, "lengths"),
+        expect_raises("window of one int", lambda: f(q, k, v, lengths, window=(3,)), TypeError, "window"),
+        expect_raises("window side -2", lambda: f(q, k, v, lengths, window=(-2, 0)), ValueError, "window"),
+        expect_raises("softcap -1", lambda: f(q, k, v, lengths, softcap=-1.0), ValueError, "softcap"),
+        expect_raises("paged softcap NaN", lambda: paged_decode_attention(q, pages, pages, table, lengths,
+                                                                          softcap=float("nan")), ValueError, "softcap"),
         expect_raises(f"lengths on {other}", lambda: f(q, k, v, lengths.to(other)), ValueError, "lengths"),
         expect_raises("sm_scale 0", lambda: f(q, k, v, lengths, 0.0), ValueError, "sm_scale"),
         expect_raises("num_splits 0", lambda: f(q, k, v, lengths, num_splits=0), ValueError, "num_splits"),
@@ -410,8 +449,19 @@ def _cases():
         add(f"paged 16 MHA broadcast 4/4 B3 T70 D64 {dt}", check_paged, b=3, h=4, hkv=4, t_max=70, d=64, dtype=dtype,
             num_splits=2, use_dot=False)
         add(f"paged 16 auto splits 8/2 B3 T64 D256 {dt}", check_paged, b=3, h=8, hkv=2, t_max=64, d=256, dtype=dtype)
+        # sliding window and softcap: a window of one token, one inside a block, one across several
+        # blocks and splits; softcap with scores past the cap
+        for window, softcap, splits in (((0, 0), None, None), ((5, 0), None, 3), ((37, -1), None, 1),
+                                        ((37, 0), None, 4), (None, 5.0, 2), ((20, 0), 5.0, None)):
+            add(f"window {window} softcap {softcap} 8/2 B5 T100 D64 splits {splits} {dt}", check_window_softcap,
+                b=5, h=8, hkv=2, t_max=100, d=64, dtype=dtype, window=window, softcap=softcap, num_splits=splits,
+                scale=4.0 if softcap else 1.0)
         # full sizes: real head counts, long caches
         add(f"B1 H32/8 T32768 D128 {dt}", gpu_only=True, b=1, h=32, hkv=8, t_max=32768, d=128, dtype=dtype)
+        add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D128 {dt}", check_window_softcap, gpu_only=True, b=4,
+            h=32, hkv=8, t_max=16384, d=128, dtype=dtype, window=(4095, 0), softcap=50.0, scale=4.0)
+        add(f"window (1023, 0) B2 H16/8 T8192 D256 splits 8 {dt}", check_window_softcap, gpu_only=True, b=2,
+            h=16, hkv=8, t_max=8192, d=256, dtype=dtype, window=(1023, 0), num_splits=8)
         for splits in (None, 1, 16):
             add(f"B4 H32/8 T16384 ragged D128 splits {splits} {dt}", gpu_only=True, b=4, h=32, hkv=8, t_max=16384,
                 d=128, dtype=dtype, num_splits=splits)

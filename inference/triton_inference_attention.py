@@ -33,6 +33,12 @@ slot = t % PAGE_SIZE; everything else is the same kernel (PAGED constexpr). The 
 block's page ids while it works on the current block, so a K/V load never waits on a table load
 (2-9% at B1 on an H100, docs/tuning/inference.md).
 
+Sliding window (WINDOW, Mistral's and Gemma's sliding layers): the query, the sequence's last token,
+sees its window's last left + 1 tokens only, so the range starts at max(length - 1 - left, 0) and the
+bytes read are the window's (the splits cut that range). Logit softcapping (SOFTCAP, Gemma 2): the
+scores s = q k^T * sm_scale become c * tanh(s / c); qk_scale is then sm_scale / c, tanh's argument,
+and softcap_log2 = c * log2(e) takes the capped score to exp2's units.
+
 Limits: head dim 64, 128 or 256; fp16 or bf16; lengths are read on the device (no host sync) and
 clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
 """
@@ -47,8 +53,8 @@ import triton.language as tl
 from llmk.common.device import INTERPRET, sm_count
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.ops import define_ops, forward_only_error, needs_grad
-from llmk.common.triton_utils import LOG2E
-from llmk.common.validation import check_out, check_same_device, check_tensor
+from llmk.common.triton_utils import LOG2E, tanh
+from llmk.common.validation import check_out, check_same_device, check_softcap, check_tensor, check_window
 from llmk.common.workspace import split_k_buffers
 
 HEAD_DIMS = (64, 128, 256)
@@ -164,16 +170,17 @@ def _attend_kv_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, table_base,
     stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd,
-    lo, hi, qk_scale,
+    lo, hi, qk_scale, softcap_log2,
     MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Fold tokens [lo, hi) of one sequence and kv head into the group's (acc, l_i, m_i).
 
     q: [GROUP_PAD, D] (the input dtype for tl.dot, fp32 for the broadcast product); acc [GROUP_PAD, D]
     and l_i, m_i [GROUP_PAD] fp32, m in log2 units (scores times qk_scale = sm_scale * log2(e)).
     Unmasked calls get whole blocks; a MASKED call gets the one partial block at the end of a range,
-    which holds at least one token, so m stays finite there and needs no -inf guard.
+    which holds at least one token, so m stays finite there and needs no -inf guard. SOFTCAP: the
+    scores are capped first (module docstring), and are then in exp2's units already.
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -204,13 +211,17 @@ def _attend_kv_blocks(
             qk = tl.dot(q, tl.trans(k))  # [GROUP_PAD, BLOCK_N], fp32 accumulation
         else:  # G == 1, q [1, D]: a [BLOCK_N, D] product summed over D, kept 2-D
             qk = tl.sum(q * k.to(tl.float32), 1)[None, :]
+        scale = qk_scale
+        if SOFTCAP:
+            qk = tanh(qk * qk_scale) * softcap_log2
+            scale = 1.0
         if MASKED:
-            qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
+            qk = tl.where(valid[None, :], qk * scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             p = tl.math.exp2(qk - m_new[:, None])
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max commutes with it
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)  # scale > 0: max commutes with it
+            p = tl.math.exp2(qk * scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
         l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
@@ -238,11 +249,12 @@ def _decode_attention_kernel(
     stride_vp, stride_vt, stride_vh, stride_vd,
     stride_table,
     stride_ob, stride_oh, stride_od,
-    # sizes
-    n_kv_heads, max_tokens, qk_scale,
+    # sizes; window_left (WINDOW): the keys before the query its window sees; softcap_log2 (SOFTCAP)
+    n_kv_heads, max_tokens, qk_scale, window_left, softcap_log2,
     # meta-parameters
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Program (sequence * Hkv + kv head, split): the G query heads of one kv head over one range."""
     pid = tl.program_id(0)
@@ -260,14 +272,17 @@ def _decode_attention_kernel(
         k_base = k_ptr + batch * stride_kp + kv_head * stride_kh
         v_base = v_ptr + batch * stride_vp + kv_head * stride_vh
         table_base = table_ptr
+    first = tl.zeros([], tl.int32)  # the first token the query sees
+    if WINDOW:
+        first = tl.maximum(length - 1 - window_left, 0)
     if SPLIT:
         # this sequence's own split length, whole blocks, so only the sequence's last block is masked
         num_splits = tl.num_programs(1)
-        split_len = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
-        lo = split * split_len
+        split_len = tl.cdiv(tl.cdiv(length - first, num_splits), BLOCK_N) * BLOCK_N
+        lo = first + split * split_len
         hi = tl.maximum(tl.minimum(lo + split_len, length), lo)  # lo past the end: an empty range
     else:
-        lo = 0
+        lo = first
         hi = length
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
 
@@ -285,12 +300,12 @@ def _decode_attention_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     acc, l_i, m_i = _attend_kv_blocks(
         acc, l_i, m_i, q, k_base, v_base, table_base,
-        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, lo, full_end, qk_scale,
-        False, PAGED, PAGE_SIZE, USE_DOT, HEAD_DIM, BLOCK_N)
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, lo, full_end, qk_scale, softcap_log2,
+        False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_N)
     acc, l_i, m_i = _attend_kv_blocks(
         acc, l_i, m_i, q, k_base, v_base, table_base,
-        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, full_end, hi, qk_scale,
-        True, PAGED, PAGE_SIZE, USE_DOT, HEAD_DIM, BLOCK_N)
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, full_end, hi, qk_scale, softcap_log2,
+        True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_N)
 
     if SPLIT:  # an empty range writes m = -inf, l = 0, acc = 0: weight 0 in the merge
         n_parts = tl.num_programs(0).to(tl.int64) * GROUP * tl.num_programs(1)  # B * H * splits
@@ -396,10 +411,12 @@ def _check_options(num_splits, max_length, out, config, q):
         check_out("out", out, q.shape, q.dtype, q.device)
 
 
-def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_splits, max_length, cfg=None):
+def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_splits, max_length, cfg=None,
+            window_left=-1, softcap=0.0):
     """Launch on validated arguments. k, v: (B, T_max, Hkv, D) (table None) or pages
     (P, PAGE_SIZE, Hkv, D) with table (B, max_pages) int32. max_tokens: the tokens a sequence can
-    hold. cfg: a DecodeConfig to use instead of decode_config's choice."""
+    hold. cfg: a DecodeConfig to use instead of decode_config's choice. window_left: the keys
+    before the query its window sees (-1: all); softcap: c of c * tanh(s / c) (0: none)."""
     b, h, d = q.shape
     hkv = k.shape[2]
     group = h // hkv
@@ -413,6 +430,8 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     paged = table is not None
     if cfg is None:
         longest = max_tokens if max_length is None else min(max_length, max_tokens)
+        if window_left >= 0:  # the split heuristic counts the tokens a program reads
+            longest = min(longest, window_left + 1)
         cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0, INTERPRET_SMS), paged, num_splits)
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
@@ -420,9 +439,10 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     _decode_attention_kernel[(b * hkv, splits)](
         q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
-        hkv, max_tokens, scale * LOG2E.value,
+        hkv, max_tokens, scale / softcap if softcap else scale * LOG2E.value, window_left, softcap * LOG2E.value,
         GROUP=group, GROUP_PAD=max(16 if use_dot else 1, next_power_of_2(group)), HEAD_DIM=d,
         BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
+        WINDOW=window_left >= 0, SOFTCAP=softcap > 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -434,22 +454,28 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     return out
 
 
-def _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out, cfg=None):
+def _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out, cfg=None,
+                  window_left=-1, softcap=0.0):
     page_size = k_pages.shape[1]
     max_tokens = block_table.shape[1] * page_size if k_pages.shape[0] else 0
     return _launch(q, k_pages, v_pages, lengths, block_table, page_size, max_tokens, out, sm_scale, num_splits,
-                   max_length, cfg)
+                   max_length, cfg, window_left, softcap)
 
 
-def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out):
-    _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length)
+def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, window_left, softcap,
+                           out):
+    _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length,
+            window_left=window_left, softcap=softcap)
 
 
-def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out):
-    _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out)
+def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length,
+                                 window_left, softcap, out):
+    _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
+                  window_left=window_left, softcap=softcap)
 
 
-_DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length"
+# window_left -1: no window; softcap 0: none (decode_attention's window and softcap)
+_DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length, int window_left, float softcap"
 decode_attention_op, decode_attention_out_op = define_ops(
     "decode_attention", f"Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}",
     lambda q, *_: q.new_empty(q.shape), _decode_attention_into)
@@ -464,8 +490,8 @@ def _check_forced_grad(name, *tensors):
         raise forward_only_error(name)
 
 
-def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, num_splits=None, max_length=None, out=None,
-                     config=None):
+def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None, softcap=None, num_splits=None,
+                     max_length=None, out=None, config=None):
     """Attention of one new token per sequence against a contiguous KV cache (operators
     llmk::decode_attention and llmk::decode_attention_out).
 
@@ -475,6 +501,10 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, num_splits=
     lengths: (B,) int32 on q's device, tokens of each sequence (0..T_max; clamped to it); a
        sequence of length 0 gets zeros.
     sm_scale: defaults to 1/sqrt(D).
+    window: None, or (left, right) as flash_attention takes it (ints >= -1, -1 unbounded): the
+       query, its sequence's last token, sees the last left + 1 tokens (right has no key to limit).
+       The kernel reads those tokens only.
+    softcap: None (off) or c > 0: the scores s = q k^T * sm_scale become c * tanh(s / c) (Gemma 2).
     num_splits: None picks from the heuristics table; 1 forces the unsplit path, 2..MAX_SPLITS the
        split path with that many programs a sequence.
     max_length: a hint for the split heuristic, the longest length if the caller knows it without
@@ -490,19 +520,21 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, num_splits=
         raise ValueError(f"k_cache must be (B={q.shape[0]}, T_max, Hkv, D) to match q {tuple(q.shape)}, "
                          f"got {tuple(k_cache.shape)}")
     _check_options(num_splits, max_length, out, config, q)
+    window_left, softcap = check_window(window)[0], check_softcap(softcap)
     if config is not None:
         _check_forced_grad("decode_attention", q, k_cache, v_cache)
         return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits,
-                       max_length, config)
+                       max_length, config, window_left, softcap)
     sm_scale = None if sm_scale is None else float(sm_scale)
+    args = (q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, window_left, softcap)
     if out is None:
-        return decode_attention_op(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length)
-    decode_attention_out_op(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out)
+        return decode_attention_op(*args)
+    decode_attention_out_op(*args, out)
     return out
 
 
-def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=None, *, num_splits=None,
-                           max_length=None, out=None, config=None):
+def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=None, *, window=None, softcap=None,
+                           num_splits=None, max_length=None, out=None, config=None):
     """Attention of one new token per sequence against a paged KV cache (same kernel as
     decode_attention; token t of sequence b is slot t % PAGE_SIZE of page block_table[b, t // PAGE_SIZE];
     operators llmk::paged_decode_attention and llmk::paged_decode_attention_out).
@@ -511,7 +543,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
        dtype, any strides. block_table: (B, max_pages) int32 page ids, any row stride; the entries
        that cover a sequence's tokens must be valid pages (not checked: that would need a sync),
        entries past its length are never read. lengths: (B,) int32, 0..max_pages * PAGE_SIZE.
-    sm_scale, num_splits, max_length, out, config: as in decode_attention.
+    sm_scale, window, softcap, num_splits, max_length, out, config: as in decode_attention.
     Returns O (B, H, D) in q's dtype, contiguous (out itself when given).
     """
     b, _, _ = _check_common(q, k_pages, v_pages, lengths, sm_scale, "k_pages", "v_pages")
@@ -524,12 +556,14 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
     if k_pages.shape[1] < 1:
         raise ValueError(f"k_pages must have a page size (dim 1) of at least 1, got shape {tuple(k_pages.shape)}")
     _check_options(num_splits, max_length, out, config, q)
+    window_left, softcap = check_window(window)[0], check_softcap(softcap)
     if config is not None:
         _check_forced_grad("paged_decode_attention", q, k_pages, v_pages)
         return _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
-                             config)
+                             config, window_left, softcap)
     sm_scale = None if sm_scale is None else float(sm_scale)
+    args = (q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, window_left, softcap)
     if out is None:
-        return paged_decode_attention_op(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length)
-    paged_decode_attention_out_op(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out)
+        return paged_decode_attention_op(*args)
+    paged_decode_attention_out_op(*args, out)
     return out

@@ -1,5 +1,5 @@
-"""Tests for models/hf_patch.py: small Llama and Qwen2 models with random weights, patched, against
-the same weights run unpatched.
+"""Tests for models/hf_patch.py: small Llama, Qwen2, Qwen3 and Mistral models with random weights,
+patched, against the same weights run unpatched.
 
     python models/test_hf_patch.py        (or: pytest models/test_hf_patch.py)
 
@@ -55,18 +55,39 @@ INIT_STD = 0.05
 NORM_WEIGHT_STD = 0.2
 
 
-def make_model(kind, size, dtype):
-    """(model in dtype on DEVICE, fp32 copy with the same, widened, weights), both in eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+# Gemma's caps, low enough that the random weights' scores and logits reach them (its own: 50, 30),
+# and its query_pre_attn_scalar apart from head_dim, so that a wrong scale shows
+GEMMA = dict(attn_logit_softcapping=5.0, final_logit_softcapping=3.0, query_pre_attn_scalar=48,
+             hidden_activation="gelu_pytorch_tanh")
+# the test's kinds -> (config class, model class) name in transformers, and config defaults
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+            "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+            "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA),
+            "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA, attn_logit_softcapping=None,
+                                                                      final_logit_softcapping=None))}
 
-    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+
+def make_model(kind, size, dtype, **config_extra):
+    """(model in dtype on DEVICE, fp32 copy with the same, widened, weights), both in eval mode.
+    kind: a FAMILIES key; qwen3 and gemma3 have RMSNorms of each head's q and k, gemma2 and gemma3
+    norm the attention's and the MLP's outputs too; mistral has no sliding window and gemma's
+    window is past the prompt unless config_extra sets one."""
+    import transformers
+
+    config_name, model_name, defaults = FAMILIES[kind]
     init_std = INIT_STD * (256 / SIZES[size]["hidden_size"]) ** 0.5
-    config = config_cls(**SIZES[size], initializer_range=init_std, rms_norm_eps=1e-6)
-    model = model_cls(config)
+    config = getattr(transformers, config_name)(**SIZES[size], initializer_range=init_std, rms_norm_eps=1e-6,
+                                                **(defaults | config_extra))
+    model = getattr(transformers, model_name)(config)
+    if kind == "gemma2" and config.attn_logit_softcapping:
+        model.set_attn_implementation("eager")  # transformers' SDPA path drops the cap; eager applies it
+    gemma = kind.startswith("gemma")  # its norms scale by 1 + weight
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.normal_(1.0, NORM_WEIGHT_STD)
+                param.normal_(0.0 if gemma else 1.0, NORM_WEIGHT_STD)
             elif name.endswith("bias"):
                 param.normal_(0.0, init_std)
     model = model.to(device=DEVICE, dtype=dtype).eval()
@@ -154,17 +175,35 @@ def restored(model, modeling, original_rope, original_attention, before, after, 
     ]
 
 
-def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=False):
-    """Prefill + decode steps, patched vs unpatched vs fp32; the kernel call counts; unpatch."""
+def norms_a_layer(model):
+    """RMSNorms a decoder layer runs on their own: input_layernorm, Qwen3's and Gemma 3's q_norm
+    and k_norm, Gemma's post_attention_layernorm and post_feedforward_layernorm (the norm after
+    the attention's residual add, post_attention_layernorm or Gemma's pre_feedforward_layernorm, is
+    fused with the add)."""
+    layer = model.model.layers[0]
+    return 1 + 2 * hasattr(layer.self_attn, "q_norm") + 2 * hasattr(layer, "pre_feedforward_layernorm")
+
+
+def mlp_kernel(model):
+    return "geglu" if hasattr(model.model.layers[0], "pre_feedforward_layernorm") else "swiglu"
+
+
+def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, window=None):
+    """Prefill + decode steps, patched vs unpatched vs fp32; the kernel call counts; unpatch.
+    padded: "left" or "right", the first row 4 tokens short (the prefill runs the packed kernel on
+    the real tokens, the decode steps the original attention, whose mask then has padding).
+    window: a sliding window shorter than the prompt (the flash and decode kernels take it)."""
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
-    model, ref_model = make_model(kind, size, dtype)
+    model, ref_model = make_model(kind, size, dtype, **({} if window is None else dict(sliding_window=window)))
     modeling = sys.modules[type(model.model.layers[0].self_attn).__module__]
     original_rope, original_attention = modeling.apply_rotary_pos_emb, model.config._attn_implementation
     ids = prompt(size, batch)
     mask = torch.ones_like(ids)
-    if padded:  # left padding: the attention kernel must hand the mask to the original implementation
+    if padded == "left":
         mask[0, :4] = 0
+    elif padded == "right":
+        mask[0, -4:] = 0
     next_tokens = greedy_tokens(ref_model, ids, mask, n_steps)
     ref = run_steps(ref_model, ids, mask, next_tokens)
     before = run_steps(model, ids, mask, next_tokens)
@@ -183,10 +222,14 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=False):
     # every module of the model went through a kernel, on every forward
     n_forwards = n_steps + 1
     # post_attention_layernorm runs fused with the residual add before it, in residual_rmsnorm
-    expected = {"rmsnorm": (n_layers + 1) * n_forwards, "residual_rmsnorm": n_layers * n_forwards,
-                "swiglu": n_layers * n_forwards, "rope": n_layers * n_forwards}
-    if dtype == torch.float32 or padded:  # flash_attention takes fp16 / bf16; a mask goes to the original
+    expected = {"rmsnorm": (norms_a_layer(model) * n_layers + 1) * n_forwards,
+                "residual_rmsnorm": n_layers * n_forwards, mlp_kernel(model): n_layers * n_forwards,
+                "rope": n_layers * n_forwards}
+    if dtype == torch.float32:  # flash_attention takes fp16 / bf16
         expected["attention fallback"] = n_layers * n_forwards
+    elif padded or window:  # the prefill packed; a decode step's mask (padding, window) goes to the original
+        expected["flash_attention_varlen"] = n_layers
+        expected["attention fallback"] = n_layers * n_steps
     else:
         decode = "decode_attention" if model.config.head_dim in _decode_head_dims() else "flash_attention"
         expected["flash_attention"] = n_layers * (1 if decode == "decode_attention" else n_forwards)
@@ -277,8 +320,8 @@ def check_training(kind, checkpointing=False):
     """One training step of the patched model: the loss and every parameter's gradient within
     the 2x rule of the unpatched bf16 model's own error against the fp32 reference, plus one bf16
     rounding of the largest value; every kernel ran (rmsnorm, residual_rmsnorm, rope,
-    flash_attention with its backward, swiglu, the fused linear cross-entropy); unpatched again, the model's step is the
-    original's bit for bit. checkpointing: HF's gradient checkpointing on all three models (the
+    flash_attention with its backward, swiglu or geglu, the fused linear cross-entropy); unpatched
+    again, the model's step is the original's bit for bit. checkpointing: HF's gradient checkpointing on all three models (the
     patched decoder layers' forward runs again in the backward, under HF's checkpoint call)."""
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
@@ -314,14 +357,91 @@ def check_training(kind, checkpointing=False):
                             note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound"))
     ran = {k for k, v in calls.items() if v and "fallback" not in k}
     fallbacks = {k: v for k, v in calls.items() if "fallback" in k}
-    outcomes.append(Outcome("every kernel ran, no fallback", ran >= {"rmsnorm", "residual_rmsnorm", "rope",
-                                                                    "flash_attention", "swiglu", "cross_entropy"} and not fallbacks, note=f"{calls}"[:120]))
+    every = {"rmsnorm", "residual_rmsnorm", "rope", "flash_attention", mlp_kernel(model), "cross_entropy"}
+    outcomes.append(Outcome("every kernel ran, no fallback", ran >= every and not fallbacks, note=f"{calls}"[:120]))
     if checkpointing:  # each layer's kernels ran twice: the forward, and its recomputation
         n_layers = model.config.num_hidden_layers
         outcomes.append(Outcome("layers recomputed in the backward", calls.get("residual_rmsnorm") == 2 * n_layers
-                                and calls.get("swiglu") == 2 * n_layers, note=f"{calls}"[:120]))
+                                and calls.get(mlp_kernel(model)) == 2 * n_layers, note=f"{calls}"[:120]))
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
+
+
+PACKED_LENGTHS = (5, 13, 1, 9)  # one single-token sequence: nothing to predict in it
+
+
+def packed_and_padded(lengths):
+    """The same sequences as one padding-free row, as DataCollatorWithFlattening builds it
+    (input_ids (1, sum), position_ids restarting at 0, labels -100 at each sequence's first token, so
+    that no token predicts the next sequence's), and as a right-padded batch (B, max) with its
+    attention mask and labels -100 at the padding."""
+    vocab = SIZES["tiny"]["vocab_size"]
+    seqs = [torch.randint(0, vocab, (n,), device=DEVICE) for n in lengths]
+    ids = torch.cat(seqs)[None]
+    position_ids = torch.cat([torch.arange(n, device=DEVICE) for n in lengths])[None]
+    labels = ids.clone()
+    labels[position_ids == 0] = -100
+    padded = torch.zeros(len(lengths), max(lengths), dtype=torch.long, device=DEVICE)
+    mask = torch.zeros_like(padded)
+    for row, seq in enumerate(seqs):
+        padded[row, :len(seq)], mask[row, :len(seq)] = seq, 1
+    padded_labels = padded.masked_fill(mask == 0, -100)
+    # use_cache=False: with a cache transformers builds no mask of the restarts (its SDPA path would
+    # attend across sequences); a Trainer's step has none either way
+    return (dict(input_ids=ids, position_ids=position_ids, labels=labels, use_cache=False),
+            dict(input_ids=padded, attention_mask=mask, labels=padded_labels))
+
+
+def check_packed_training(kind):
+    """A training step on a padding-free batch and on the same sequences padded: the patched model
+    runs the packed kernel (no attention fallback) and its loss and every parameter gradient keep
+    the rule of check_training against the fp32 reference on the same batch. The two batches hold
+    the same (context, target) pairs, so their losses agree too, within the same rule. With a
+    cache (use_cache=True, no mask made) the patched model finds the sequences from position_ids
+    itself: the same loss, bit for bit."""
+    from llmk.models.hf_patch import kernel_calls, patch_model
+
+    model, ref = make_model(kind, "tiny", torch.bfloat16)
+    plain = copy.deepcopy(model)
+    for m in (model, ref, plain):
+        m.train()
+    patch_model(model)
+    u = UNIT_ROUNDOFF[torch.bfloat16]
+    outcomes, losses = [], {}
+    for name, batch in zip(("padding-free", "padded"), packed_and_padded(PACKED_LENGTHS)):
+        results = []
+        for m in (ref, plain, model):
+            m.zero_grad(set_to_none=True)
+            loss = m(**batch).loss
+            loss.backward()
+            results.append((loss.detach().double(), {n: p.grad.double() for n, p in m.named_parameters()}))
+        (ref_loss, ref_grads), (plain_loss, plain_grads), (loss, grads) = results
+        losses[name] = (loss, ref_loss, plain_loss)
+        err = (plain_loss - ref_loss).abs().item()
+        outcomes.append(compare(f"{name}: loss", loss, ref_loss, Tol(2 * err + u * ref_loss.abs().item(), 0.0,
+                                                                     "as check_training", rounding_check=False)))
+        worst = max(((grads[n] - ref_grads[n]).abs().max().item()
+                     / (2 * (plain_grads[n] - ref_grads[n]).abs().max().item()
+                        + u * ref_grads[n].abs().max().item() + 1e-9), n) for n in ref_grads)
+        outcomes.append(Outcome(f"{name}: {len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
+                                note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound"))
+    packed_batch = packed_and_padded(PACKED_LENGTHS)[0]  # fresh tokens: the reference is the patched model itself
+    model.zero_grad(set_to_none=True)
+    without_cache = model(**packed_batch).loss
+    with_cache = model(**(packed_batch | dict(use_cache=True))).loss
+    outcomes.append(Outcome("padding-free, use_cache=True (no mask): the same loss",
+                            torch.equal(with_cache, without_cache)))
+    (packed, ref_packed, _), (padded, ref_padded, plain_padded) = losses["padding-free"], losses["padded"]
+    outcomes.append(compare("padding-free loss = padded loss", packed, padded,
+                            Tol(2 * (plain_padded - ref_padded).abs().item() + 2 * u * ref_padded.abs().item()
+                                + (ref_packed - ref_padded).abs().item(), 0.0,
+                                "the rule, both ways, + the reference's own difference", rounding_check=False)))
+    calls = kernel_calls(model)
+    n_layers = model.config.num_hidden_layers
+    outcomes.append(Outcome("the packed kernel ran in every layer, no attention fallback",
+                            calls.get("flash_attention_varlen") == 4 * n_layers and "attention fallback" not in calls,
+                            note=f"{calls}"[:120]))
+    return outcomes
 
 
 def check_training_options():
@@ -393,23 +513,26 @@ def check_other_model_untouched():
 
 
 def check_errors():
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from llmk.models.hf_patch import patch_model, unpatch_model
+    from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     small = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
                  num_hidden_layers=1, vocab_size=64)
-    mistral = MistralForCausalLM(MistralConfig(**small))
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=64))
     gelu_llama = LlamaForCausalLM(LlamaConfig(**small, hidden_act="gelu"))
+    relu_llama = LlamaForCausalLM(LlamaConfig(**small, hidden_act="relu"))
     llama = LlamaForCausalLM(LlamaConfig(**small))
     paged = LlamaForCausalLM(LlamaConfig(**small))
     paged.set_attn_implementation("paged|sdpa")  # no mask function to fall back with
     outcomes = [
-        expect_raises("unsupported model type", lambda: patch_model(mistral), ValueError, "model_type"),
+        expect_raises("unsupported model type", lambda: patch_model(gpt2), ValueError, "model_type"),
         expect_raises("not a model", lambda: patch_model(torch.nn.Linear(2, 2)), TypeError, "model"),
         expect_raises("unknown kernel", lambda: patch_model(llama, kernels=("rmsnorm", "gelu")), ValueError, "kernels"),
         expect_raises("kernels as one string", lambda: patch_model(llama, kernels="rmsnorm"), TypeError, "kernels"),
-        expect_raises("swiglu on a GELU MLP", lambda: patch_model(gelu_llama), ValueError, "hidden_act"),
+        expect_raises("swiglu alone on a GELU MLP", lambda: patch_model(gelu_llama, kernels=("swiglu",)), ValueError,
+                      "'gelu'"),
+        expect_raises("no MLP kernel for ReLU", lambda: patch_model(relu_llama), ValueError, "'relu'"),
         expect_raises("unpatch an unpatched model", lambda: unpatch_model(llama), ValueError, "not patched"),
         expect_raises("attention implementation without a mask", lambda: patch_model(paged), ValueError, "kernels"),
     ]
@@ -418,34 +541,54 @@ def check_errors():
     patch_model(llama)
     outcomes.append(expect_raises("patch twice", lambda: patch_model(llama), ValueError, "already patched"))
     unpatch_model(llama)
+    patch_model(gelu_llama.to(DEVICE))
+    with torch.no_grad():
+        gelu_llama(torch.randint(0, 64, (1, 5), device=DEVICE))
+    calls = kernel_calls(gelu_llama)
+    outcomes.append(Outcome("a GELU Llama's MLP runs geglu", calls.get("geglu") == 1, note=f"{calls}"[:100]))
+    unpatch_model(gelu_llama)
     return outcomes
+
+
+KINDS = tuple(FAMILIES)
 
 
 def model_cases():
     cases = []
-    for kind in ("llama", "qwen2"):
+    for kind in KINDS:
         cases.append(Case(f"{kind} bf16 prefill + 3 decode steps", check_model, dict(kind=kind, dtype=torch.bfloat16)))
     cases += [
         Case("llama fp16 prefill + 3 decode steps", check_model, dict(kind="llama", dtype=torch.float16)),
-        Case("qwen2 bf16 left-padded (attention falls back)", check_model,
-             dict(kind="qwen2", dtype=torch.bfloat16, padded=True)),
+        Case("qwen2 bf16 left-padded (packed prefill)", check_model,
+             dict(kind="qwen2", dtype=torch.bfloat16, padded="left")),
+        Case("qwen3 bf16 right-padded (packed prefill)", check_model,
+             dict(kind="qwen3", dtype=torch.bfloat16, padded="right")),
+        Case("mistral bf16 sliding window 8 < T", check_model, dict(kind="mistral", dtype=torch.bfloat16, window=8)),
+        Case("gemma2 bf16 sliding window 8 < T, right-padded", check_model,
+             dict(kind="gemma2", dtype=torch.bfloat16, window=8, padded="right")),
         Case("llama fp32 (attention falls back)", check_model, dict(kind="llama", dtype=torch.float32, n_steps=1)),
         Case("llama bf16 DynamicCache, second prefill chunk", check_cache, dict(cache_kind="dynamic")),
         Case("llama bf16 StaticCache prefill + decode step", check_cache, dict(cache_kind="static")),
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
         Case("llama bf16 training step", check_training, dict(kind="llama")),
         Case("qwen2 bf16 training step", check_training, dict(kind="qwen2")),
+        Case("qwen3 bf16 training step", check_training, dict(kind="qwen3")),
+        Case("mistral bf16 training step", check_training, dict(kind="mistral")),
+        Case("gemma2 bf16 training step", check_training, dict(kind="gemma2")),
+        Case("gemma3 bf16 training step", check_training, dict(kind="gemma3")),
+        Case("llama bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="llama")),
+        Case("qwen3 bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="qwen3")),
         Case("llama bf16 training step, gradient checkpointing", check_training, dict(kind="llama", checkpointing=True)),
         Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict", check_training_options),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
     ]
-    for kind in ("llama", "qwen2"):
+    for kind in KINDS:
         for dtype in (torch.bfloat16, torch.float16):
             name = f"{kind} {'bf16' if dtype == torch.bfloat16 else 'fp16'} hd128 T300 x2, 8 decode steps"
             cases.append(Case(name, check_model, dict(kind=kind, dtype=dtype, size="gpu", n_steps=8), gpu_only=True))
     cases.append(Case("llama bf16 hd128 T300 left-padded", check_model,
-                      dict(kind="llama", dtype=torch.bfloat16, size="gpu", padded=True), gpu_only=True))
+                      dict(kind="llama", dtype=torch.bfloat16, size="gpu", padded="left"), gpu_only=True))
     return cases
 
 
@@ -459,5 +602,5 @@ def test_case(case):
 if __name__ == "__main__":
     if not HAVE_TRANSFORMERS:
         print(f"models/test_hf_patch.py: {SKIP_REASON} ({INSTALL_HINT})")
-    sys.exit(run_cases("HF Llama / Qwen2 patched with our kernels", CASES,
+    sys.exit(run_cases("HF Llama / Qwen2 / Qwen3 / Mistral patched with our kernels", CASES,
                        skip_reason=None if HAVE_TRANSFORMERS else SKIP_REASON))
