@@ -23,6 +23,18 @@ of 128..8192 tokens (VARLEN_TOKENS in all) through flash_attention_varlen, again
 padded to its longest sequence through sdpa-cudnn and through our dense kernel. FLOPs are the
 packed batch's own (4 * H * D * sum of T(T+1)/2), for every provider: the padded calls do more
 work for the same result, which is the point of the comparison.
+
+Sliding window and logit softcap (ops "attention-window" and "attention-softcap", bf16 hd128 H 32,
+causal, fwd and fwd+bwd): a window of 4096 keys (window=(4095, 0)) at T 16384, and softcap 50 (Gemma
+2's) at B4 T4096. FLOPs count the visible pairs only, for every provider: 4 * B * H * D * pairs, pairs
+= L(L+1)/2 + (T - L)(L + 1) for a window of L + 1 keys. Providers: `triton` with the option,
+`flex` (torch.nn.attention.flex_attention compiled, a block mask for the
+window, a score_mod for the cap) and, for the window, `sdpa-efficient-mask` (an explicit boolean
+mask; SDPA's flash and cuDNN backends take no window). max_err is against the fp32 reference with the
+same mask and cap (SDPA's memory-efficient backend with the mask on a GPU). Beside them, ops
+"attention-window off" and "attention-softcap off": our kernel on the same shapes without the option
+(plain causal, its own causal pairs counted): the window's target is its TFLOP/s on visible pairs,
+the softcap's at most 10% more time.
     python benchmarks/attention_bench.py            (GPU; benchmarks/results/attention.json and PNGs)
     python benchmarks/attention_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/attention_bench.py --only causal,sdpa-flash --dtype bf16   (a subset)
@@ -252,6 +264,120 @@ def varlen_cases(lengths, heads, dim):
                    peak=mode != "fwd", bind=bind, skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
 
 
+WINDOW_SHAPE, WINDOW_LEFT = (1, 32, 16384, 128), 4095
+SOFTCAP_SHAPE, SOFTCAP = (4, 32, 4096, 128), 50.0
+SMOKE_WINDOW = ((1, 2, 40, 32), 9)
+SMOKE_SOFTCAP = ((1, 2, 33, 32), 5.0)
+
+
+def window_pairs(t, left):
+    """Query-key pairs a causal window of left + 1 keys sees at length t."""
+    left = min(left, t - 1)
+    return left * (left + 1) // 2 + (t - left) * (left + 1)
+
+
+def window_mask(t, left):
+    """(T, T) bool: query i sees key j when i - left <= j <= i."""
+    i = torch.arange(t, device=DEVICE)
+    rel = i[:, None] - i[None, :]
+    return (rel >= 0) & (rel <= left)
+
+
+def flex(block_mask=None, score_mod=None):
+    """torch.nn.attention.flex_attention, compiled, with a block mask and/or a score_mod."""
+    from torch.nn.attention.flex_attention import flex_attention
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask, score_mod=score_mod)
+
+
+def option_providers(shape, window_left, softcap):
+    """The window's (window_left not None) or the softcap's providers (module docstring)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    t = shape[2]
+    if window_left is not None:
+        def sliding(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (q_idx - kv_idx <= window_left)
+        block_mask = create_block_mask(sliding, B=None, H=None, Q_LEN=t, KV_LEN=t, device=DEVICE)
+        mask = window_mask(t, window_left)
+        found = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True, window=(window_left, 0)),
+                 "flex": flex(block_mask=block_mask)}
+        if DEVICE == "cuda":
+            from torch.nn.attention import SDPBackend
+            found["sdpa-efficient-mask"] = lambda q, k, v: sdpa_masked(SDPBackend.EFFICIENT_ATTENTION, q, k, v, mask)
+        return found
+
+    def cap(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / softcap) * softcap
+    return {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True, softcap=softcap),
+            "flex": flex(block_mask=_causal_block_mask(t), score_mod=cap)}
+
+
+def _causal_block_mask(t):
+    from torch.nn.attention.flex_attention import create_block_mask
+    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, B=None, H=None, Q_LEN=t, KV_LEN=t,
+                             device=DEVICE)
+
+
+def sdpa_masked(backend, q, k, v, mask):
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def option_reference(inputs, window_left, softcap, dys):
+    """The fp32 output (dys None) or dq, dk, dv: the naive attention with the window and cap in
+    the interpreter; on a GPU, SDPA's memory-efficient backend with the window's mask, and for the
+    cap the naive attention one batch at a time (its scores then take B times less memory)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    leaves = [t.detach().float().requires_grad_(dys is not None) for t in inputs]
+    window = None if window_left is None else (window_left, 0)
+    with torch.set_grad_enabled(dys is not None):
+        if DEVICE == "cuda" and window is not None:
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                out = F.scaled_dot_product_attention(*leaves, attn_mask=window_mask(inputs[0].shape[2], window_left))
+        else:
+            out = torch.cat([naive_attention(*(t[i:i + 1] for t in leaves), True, window=window, softcap=softcap)
+                             for i in range(inputs[0].shape[0])])
+    if dys is None:
+        return out.detach()
+    return torch.autograd.grad(out, leaves, [d.float() for d in dys])
+
+
+def option_cases(op, shape, window_left, softcap):
+    """The option's rows (op), and ours without it on the same shape (op + " off", plain causal:
+    the window's target compares TFLOP/s, the softcap's times)."""
+    b, h, t, d = shape
+    causal_pairs = t * (t + 1) // 2
+    scores = b * h * t * t * 4
+    window = None if window_left is None else (window_left, 0)
+
+    def naive(**options):  # the gate's same-dtype baseline, where its fp32 scores fit
+        if scores > NAIVE_TRAIN_MAX_BYTES:
+            return f"scores of {scores / 2 ** 30:.0f} GiB in fp32: past NAIVE_TRAIN_MAX_BYTES"
+        return lambda q, k, v: naive_attention(q, k, v, True, **options)
+
+    for name, window, cap, providers, pairs in (
+            (op, window_left, softcap,
+             option_providers(shape, window_left, softcap) | {"naive": naive(window=window, softcap=softcap)},
+             window_pairs(t, window_left) if window_left is not None else causal_pairs),
+            (f"{op} off", None, None, {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True),
+                                       "naive": naive()}, causal_pairs)):
+        def setup(mode, window=window, cap=cap):
+            q, k, v = (torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(3))
+            dys = [torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE)] if mode != "fwd" else None
+            return (q, k, v, dys), option_reference((q, k, v), window, cap, dys)
+
+        for mode in ("fwd", "fwd+bwd"):
+            def bind(provider, inputs, mode=mode, providers=providers):
+                *tensors, dys = inputs
+                if mode == "fwd":
+                    return lambda: providers[provider](*tensors)
+                return train_call(providers[provider], tensors, WRT, mode, dys)
+            yield BenchCase(name, shape, TRAIN_DTYPE, providers, lambda mode=mode, setup=setup: setup(mode),
+                            flops=int((3.5 if mode == "fwd+bwd" else 1) * 4 * b * h * d * pairs), mode=mode,
+                            peak=mode != "fwd", bind=bind, skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+
+
 def charts(args, panels):
     def draw(meta, rows):
         for op in ("attention", "attention-causal"):
@@ -270,8 +396,12 @@ def main():
         varlen = ([5, 1, 30, 12], 2, 32)
     else:
         varlen = (varlen_lengths(VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX, VARLEN_TOKENS), VARLEN_HEADS, VARLEN_DIM)
+    (window_shape, left), (softcap_shape, softcap) = ((SMOKE_WINDOW, SMOKE_SOFTCAP) if args.smoke else
+                                                      ((WINDOW_SHAPE, WINDOW_LEFT), (SOFTCAP_SHAPE, SOFTCAP)))
     run(args, "attention", charts(args, panels),
-        cases=lambda: [*cases(panels), *train_cases(train_shapes), *varlen_cases(*varlen)])
+        cases=lambda: [*cases(panels), *train_cases(train_shapes), *varlen_cases(*varlen),
+                       *option_cases("attention-window", window_shape, left, None),
+                       *option_cases("attention-softcap", softcap_shape, None, softcap)])
 
 
 if __name__ == "__main__":

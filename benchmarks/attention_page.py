@@ -15,10 +15,17 @@ PAGE = Area(
            mode="fwd+bwd"),
      Group(("attention", "attention-causal"), "T >= 1024 (do_bench)", lambda s: dims(s)[2] >= 1024, mode="bwd"),
      Group(("attention-varlen",), "packed batch, forward"),
-     Group(("attention-varlen",), "packed batch, GPU time", graph=True, mode="fwd+bwd")],
+     Group(("attention-varlen",), "packed batch, GPU time", graph=True, mode="fwd+bwd"),
+     Group(("attention-window", "attention-window off"), "sliding window, forward"),
+     Group(("attention-window", "attention-window off"), "sliding window, GPU time", graph=True, mode="fwd+bwd"),
+     Group(("attention-softcap", "attention-softcap off"), "logit softcap, forward"),
+     Group(("attention-softcap", "attention-softcap off"), "logit softcap, GPU time", graph=True,
+           mode="fwd+bwd")],
     ["Figures are TFLOP/s (compute-bound): no share of copy bandwidth applies. Training rows count "
      "the backward as 2.5x the forward's FLOPs, fwd+bwd as 3.5x (flash-attention's convention).",
      "Packed rows count the packed batch's own FLOPs for every provider: the padded providers do "
-     "more work for the same result."],
+     "more work for the same result.",
+     "Window rows count the visible pairs only, for every provider; the `off` rows are the same call "
+     "without the window or the cap (plain causal, its own pairs)."],
     {"sdpa-cudnn": "cuDNN's kernel loads tiles with TMA and specializes warps into producers "
                    "and consumers; this kernel uses pointer loads and one warp role."})
