@@ -1,5 +1,6 @@
-"""Training: a full step (forward, backward, optimizer) of ~1.5B-parameter Llama- and Qwen2-shaped
-transformers models (random weights, nothing downloaded), in tokens/s and peak memory.
+"""Training: a full step (forward, backward, optimizer) of ~1-1.5B-parameter Llama-, Qwen2-, Qwen3-
+and Gemma 2-shaped transformers models (random weights, nothing downloaded), in tokens/s and peak
+memory; and the Llama model on a batch of mixed-length sequences, padding-free against padded.
 
 Providers, each on a fresh model from the same seed:
   eager          transformers as it ships (SDPA attention, PyTorch ops), torch.optim.AdamW(fused=True)
@@ -12,9 +13,12 @@ Providers, each on a fresh model from the same seed:
   triton+torch-adamw  the patched model with torch's fused AdamW: the kernels' share alone, with the
                  peers' optimizer
   torch.compile  eager with each decoder layer compiled (regional compilation, as e2e_bench.py does)
-  liger          Liger-Kernel's apply_liger_kernel_to_llama / _qwen2 on the model (RoPE, RMSNorm,
-                 SwiGLU, fused linear cross-entropy); runs last, as it patches transformers' modules
-                 for the rest of the process; skipped where not installed
+  liger          Liger-Kernel's apply_liger_kernel_to_<family> on the model (RoPE, RMSNorm,
+                 SwiGLU or GeGLU, fused linear cross-entropy); runs last, as it patches transformers'
+                 modules for the rest of the process; skipped where not installed
+The Gemma 2 model runs transformers' default attention implementation (SDPA), which drops Gemma 2's
+attention logit softcap (only its eager implementation applies it); the patched model applies it
+(models/hf_patch.py), so the kernels do a little more work than eager's and Liger's attention.
 Parameters and gradients in bf16 for every provider. Every model runs with use_cache=False, as
 training does: no KV cache is built, and the compiled layers see no cache object to guard on.
 
@@ -26,6 +30,12 @@ phase's own maximum) and saved_MB (allocated after the forward minus before it: 
 autograd keeps, with the loss's gradients where the loss computes them in its forward).
 The loss curves of LOSS_STEPS steps of eager and triton from the same initial weights and the same
 batches go into meta["loss_curves"] and a PNG.
+
+Packed rows (op "train_step_packed", shape "<model> <layout> <n> seqs <tokens> tokens", providers
+eager, triton, liger): PACKED_SEQS sequences of mixed lengths (PACKED_MIN..PACKED_MAX, B*T tokens in
+all) as one padding-free row (position_ids restarting per sequence, labels -100 at each sequence's
+first token, as DataCollatorWithFlattening builds it) and as a right-padded batch with its
+attention_mask; tokens_per_s counts the real tokens only, so the two layouts compare directly.
 
     python benchmarks/train_bench.py            (GPU; benchmarks/results/train.json and PNGs)
     python benchmarks/train_bench.py --smoke    (a tiny model in the interpreter, build/bench-smoke)
@@ -52,7 +62,18 @@ _LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
 MODELS = {
     "llama-1.5b": ("llama", dict(_LLAMA_1B, vocab_size=128256)),
     "qwen2-1.5b": ("qwen2", dict(_LLAMA_1B, vocab_size=151936, rope_theta=1000000.0, use_sliding_window=False)),
+    # Qwen3-1.7B's widths (16 heads of 128, q/k norms) at 16 layers
+    "qwen3-1.2b": ("qwen3", dict(_LLAMA_1B, intermediate_size=6144, num_attention_heads=16, head_dim=128,
+                                  vocab_size=151936, rope_theta=1000000.0)),
+    # Gemma 2 2B's widths (8 heads of 256, GeGLU, softcaps, a 4096-token window every other layer) at 10 layers
+    "gemma2-1.2b": ("gemma2", dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=10,
+                                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
+                                   query_pre_attn_scalar=256, sliding_window=4096, max_position_embeddings=8192,
+                                   tie_word_embeddings=True)),
 }
+PACKED_MODEL = "llama-1.5b"
+PACKED_SEQS, PACKED_MIN, PACKED_MAX = 24, 64, 1024
+SMOKE_PACKED = (4, 2, 12)
 SMOKE_MODELS = {
     "llama-tiny": ("llama", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                                  num_key_value_heads=1, vocab_size=256, tie_word_embeddings=False)),
@@ -65,10 +86,14 @@ OURS = ("triton", "triton+bf16-state", "triton+torch-adamw")
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
 
 
-def build(kind, config):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM")}
 
-    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+
+def build(kind, config):
+    import transformers
+
+    config_cls, model_cls = (getattr(transformers, name) for name in FAMILIES[kind])
     torch.manual_seed(0)
     with torch.device(DEVICE):
         model = model_cls._from_config(config_cls(**config, use_cache=False), dtype=DTYPE)
@@ -100,8 +125,8 @@ def prepare(model, kind, provider, smoke):
             layer.compile(dynamic=False, backend="eager" if smoke else "inductor")
         return None
     if provider == LIGER:
-        from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen2
-        {"llama": apply_liger_kernel_to_llama, "qwen2": apply_liger_kernel_to_qwen2}[kind](model=model)
+        import liger_kernel.transformers as liger
+        getattr(liger, f"apply_liger_kernel_to_{kind}")(model=model)
     return None
 
 
@@ -116,8 +141,10 @@ def release(undo):
 
 
 def step(model, opt, ids):
+    """One step on ids (B, T) (labels the ids), or on a dict of model inputs (the packed rows')."""
     opt.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    inputs = ids if isinstance(ids, dict) else dict(input_ids=ids, labels=ids)
+    loss = model(**inputs, use_cache=False).loss
     loss.backward()
     opt.step()
     return loss.detach()
@@ -130,7 +157,7 @@ def phase_peaks(model, opt, ids):
     sync()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss = model(**(ids if isinstance(ids, dict) else dict(input_ids=ids, labels=ids)), use_cache=False).loss
     sync()
     out = dict(fwd_peak_MB=mb(torch.cuda.max_memory_allocated()), saved_MB=mb(torch.cuda.memory_allocated() - before))
     torch.cuda.reset_peak_memory_stats()
@@ -214,12 +241,73 @@ def measure_model(run, name, kind, config, plan):
         run.add(row)
 
 
-def measure(run, models, plan):
-    run.total = len(models) * len(PROVIDERS)
+def packed_lengths(n, low, high, total):
+    """n lengths in [low, high] summing to at most `total` (a fixed draw: the same batch every run)."""
+    gen = torch.Generator().manual_seed(2)
+    lengths = torch.randint(low, high + 1, (n,), generator=gen)
+    return (lengths * min(1.0, total / int(lengths.sum()))).long().clamp(min=1).tolist()
+
+
+def packed_batches(vocab, lengths, n):
+    """n pairs (padding-free inputs, padded inputs) of the same random sequences (module docstring)."""
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    out = []
+    for _ in range(n):
+        seqs = [torch.randint(0, vocab, (k,), generator=gen) for k in lengths]
+        ids = torch.cat(seqs)[None]
+        positions = torch.cat([torch.arange(k) for k in lengths])[None]
+        labels = ids.clone()
+        labels[positions == 0] = -100
+        padded = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+        mask = torch.zeros_like(padded)
+        for row, seq in enumerate(seqs):
+            padded[row, :len(seq)], mask[row, :len(seq)] = seq, 1
+        out.append((dict(input_ids=ids.to(DEVICE), position_ids=positions.to(DEVICE), labels=labels.to(DEVICE)),
+                    dict(input_ids=padded.to(DEVICE), attention_mask=mask.to(DEVICE),
+                         labels=padded.masked_fill(mask == 0, -100).to(DEVICE))))
+    return out
+
+
+def measure_packed(run, name, kind, config, plan, packed):
+    """The packed rows (module docstring): eager, triton and liger on each layout."""
+    n, low, high = packed
+    lengths = packed_lengths(n, low, high, plan["batch"] * plan["seq"])
+    data = packed_batches(config["vocab_size"], lengths, plan["warmup"] + plan["steps"])
+    tokens = sum(lengths)
+    for layout, pick in (("padding-free", 0), ("padded", 1)):
+        shape = f"{name} {layout} {len(lengths)} seqs {tokens} tokens"
+        first_eager = None
+        for provider in ("eager", "triton", LIGER):
+            if provider == LIGER and (INTERPRET or importlib.util.find_spec("liger_kernel") is None):
+                print(f"{shape} {provider}: skipped (liger-kernel unavailable here)", flush=True)
+                continue
+            if not run.selected("train_step_packed", shape, provider) and provider != "eager":
+                continue
+            model = build(kind, config)
+            undo = prepare(model, kind, provider, run.args.smoke)
+            try:
+                first, samples = run_steps(model, optimizer(model, provider, plan["lr"]),
+                                           [batch[pick] for batch in data], plan)
+                peak = None if INTERPRET else round(torch.cuda.max_memory_allocated() / 1e6, 1)
+            finally:
+                del model
+                release(undo)
+            first_eager = first if provider == "eager" else first_eager
+            ms = statistics.median(samples)
+            row = make_row("train_step_packed", shape, "bf16", provider, ms, run.meta["copy_GBps"],
+                           max_err=abs(first - first_eager))
+            row.update(tokens_per_s=round(tokens * 1e3 / ms, 1), peak_MB=peak, first_loss=first)
+            run.add(row)
+
+
+def measure(run, models, plan, packed):
+    run.total = len(models) * len(PROVIDERS) + 2 * 3
     run.meta.update(loss_curves={}, plan=plan)
     t0 = time.perf_counter()
     for name, (kind, config) in models.items():
         measure_model(run, name, kind, config, plan)
+    name = next(iter(models)) if run.args.smoke else PACKED_MODEL
+    measure_packed(run, name, *models[name], plan, packed)
     run.meta["run_s"] = round(time.perf_counter() - t0, 1)
 
 
@@ -253,8 +341,9 @@ def main():
     if not args.replot and importlib.util.find_spec("transformers") is None:
         print("train_bench.py: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")
         return
-    models, plan = (SMOKE_MODELS, SMOKE_PLAN) if args.smoke else (MODELS, FULL_PLAN)
-    run(args, "train", charts(args), measure=lambda bench: measure(bench, models, plan), ours=OURS,
+    models, plan, packed = ((SMOKE_MODELS, SMOKE_PLAN, SMOKE_PACKED) if args.smoke else
+                            (MODELS, FULL_PLAN, (PACKED_SEQS, PACKED_MIN, PACKED_MAX)))
+    run(args, "train", charts(args), measure=lambda bench: measure(bench, models, plan, packed), ours=OURS,
         atol={"bf16": LOSS_ATOL})
 
 
