@@ -1,28 +1,30 @@
-"""MLP activations: bias + GELU and SwiGLU against PyTorch eager and torch.compile, as GB/s and as
+"""MLP activations: bias + GELU, SwiGLU and GeGLU against PyTorch eager and torch.compile, as GB/s and as
 a share of the copy bandwidth of the same run.
 
 Providers: triton (mlp/triton_bias_gelu.py, mlp/triton_glu.py); eager, the op as a user writes
-it in the input dtype (`F.gelu(x + bias)`, `F.silu(gate) * up`: two kernels each); torch.compile
+it in the input dtype (`F.gelu(x + bias)`, `F.silu(gate) * up`, `F.gelu(gate, approximate="tanh") * up`:
+two kernels each); torch.compile
 of that same function.
 
 Bytes moved (e = element size, M tokens of hidden size O or I; only the bytes a fused kernel must
 move, so eager's extra round trip shows as a lower figure; benchmarks/sweeps.py):
     bias_gelu, bias_gelu_tanh   read x, write y, read bias:   2*M*O*e + O*e
-    swiglu                      read gate and up, write y:    3*M*I*e
+    swiglu, geglu               read gate and up, write y:    3*M*I*e
 
 Sweeps: hidden sizes of real MLPs (4096, 11008, 14336, 16384, 28672) at 4096 tokens; tokens 1..16384
 at hidden size 14336. fp16 and bf16 (the tanh form in fp16 only, to keep the run short; smoke: the
-first dtype of each op). max_err: against the reference in fp32.
+first dtype of each op; GeGLU, Gemma's tanh form, in bf16 only). max_err: against the reference in fp32.
 
 Training rows (bf16, mode "fwd+bwd" and "bwd", peak_MB; MLP_TRAIN_SWEEPS): the gradients of both
 inputs against autograd through the fp32 reference, on one set of upstream gradients dy for every
 provider. Bytes (the issue's counting; the bias and dbias's fp32 partial sums are not counted):
-    swiglu           fwd+bwd: read gate, up, write y; read gate, up, dy, write dgate, dup:  8*M*I*e
+    swiglu, geglu    fwd+bwd: read gate, up, write y; read gate, up, dy, write dgate, dup:  8*M*I*e
                      bwd:     read gate, up and dy, write dgate and dup:                    5*M*I*e
     bias_gelu(_tanh) fwd+bwd: read x, write y; read x and dy, write dx:                     5*M*O*e
                      bwd:     read x and dy, write dx:                                      3*M*O*e
-Providers: triton, eager, torch.compile (as above), and for swiglu Liger-Kernel's
-LigerSiLUMulFunction (skipped where not installed; Liger has no bias + GELU). Liger writes dgate and
+Providers: triton, eager, torch.compile (as above), and for swiglu and geglu Liger-Kernel's
+LigerSiLUMulFunction and LigerGELUMulFunction (skipped where not installed; Liger has no bias + GELU).
+Liger writes dgate and
 dup into the saved gate and up, which are the benchmark's inputs: its rows run on copies of its own,
 so the providers after it see the inputs they were given. peak_MB: the memory a call adds (y, the
 gradients, scratch); Liger's in-place gradients add none, ours 2*M*I*e (mlp/triton_glu.py).
@@ -39,12 +41,12 @@ from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, MLP_TRAIN_SMOK
 from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import INTERPRET
 from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.peers import LIGER, liger_swiglu
+from llmk.common.peers import LIGER, liger_geglu, liger_swiglu
 from llmk.common.results import plot_sweeps
 from llmk.common.testing import grads_of, rand
-from llmk.mlp.reference_mlp import bias_gelu_ref, swiglu_ref
+from llmk.mlp.reference_mlp import bias_gelu_ref, geglu_ref, swiglu_ref
 from llmk.mlp.triton_bias_gelu import bias_gelu
-from llmk.mlp.triton_glu import swiglu
+from llmk.mlp.triton_glu import geglu, swiglu
 
 
 def eager_bias_gelu(x, bias):
@@ -57,6 +59,10 @@ def eager_bias_gelu_tanh(x, bias):
 
 def eager_swiglu(gate, up):
     return F.silu(gate) * up
+
+
+def eager_geglu(gate, up):
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def x_and_bias(m, n, dtype):
@@ -74,6 +80,7 @@ OPS = {
     "bias_gelu_tanh": ((torch.float16,), x_and_bias, lambda x, b: bias_gelu(x, b, "tanh"), eager_bias_gelu_tanh,
                        lambda x, b: bias_gelu_ref(x, b, "tanh"), bias_gelu_bytes),
     "swiglu": ((torch.float16, torch.bfloat16), gate_and_up, swiglu, eager_swiglu, swiglu_ref, swiglu_bytes),
+    "geglu": ((torch.bfloat16,), gate_and_up, geglu, eager_geglu, geglu_ref, swiglu_bytes),
 }
 
 
@@ -97,6 +104,7 @@ WRT = (0, 1)  # both inputs get gradients
 # training op -> (its sweeps' key, bytes(M, N, e) of fwd+bwd, of bwd)
 TRAIN = {
     "swiglu": ("swiglu", lambda m, n, e: 8 * m * n * e, lambda m, n, e: 5 * m * n * e),
+    "geglu": ("swiglu", lambda m, n, e: 8 * m * n * e, lambda m, n, e: 5 * m * n * e),
     "bias_gelu": ("bias_gelu", lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
     "bias_gelu_tanh": ("bias_gelu", lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
 }
@@ -130,8 +138,8 @@ def train_cases(train_sweeps):
         for mode, n_bytes in (("fwd+bwd", fwd_bwd_bytes), ("bwd", bwd_bytes)):
             compiled = compile_train_fn(eager, mode)
             providers = {"triton": kernel, "eager": eager, "torch.compile": compiled}
-            if op == "swiglu":
-                providers[LIGER] = liger_swiglu() if not INTERPRET else \
+            if op in ("swiglu", "geglu"):
+                providers[LIGER] = {"swiglu": liger_swiglu, "geglu": liger_geglu}[op]() if not INTERPRET else \
                     "liger: its kernels do not run in Triton's interpreter"
             for m, n in shapes_of(train_sweeps[sweep_key]):
                 yield BenchCase(op, (m, n), TRAIN_DTYPE, providers,

@@ -47,6 +47,12 @@ def liger_swiglu():
     return fn if isinstance(fn, str) else lambda gate, up: fn.apply(gate, up)
 
 
+def liger_geglu():
+    """Liger's GeGLU: gelu(gate, approximate="tanh") * up, dgate and dup written over gate and up."""
+    fn = liger("geglu", "LigerGELUMulFunction")
+    return fn if isinstance(fn, str) else lambda gate, up: fn.apply(gate, up)
+
+
 def liger_ce():
     """The mean loss over logits (BT, V); Liger writes dlogits over them."""
     fn = liger("cross_entropy", "LigerCrossEntropyFunction")
