@@ -19,6 +19,7 @@ A bound tied to max|v| instead (u * max|v|) sits 4-11x above the real error of a
 import torch
 
 from llmk.common.testing import UNIT_ROUNDOFF, Tol
+from llmk.inference.reference_decode_attention import decode_probs
 
 P_ROUNDING_BOUND = 4.0
 ATOL_FLOOR = 1e-6
@@ -38,16 +39,6 @@ def attention_tol(dtype, p, v, shape):
 def decode_tol(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
     """attention_tol for decode: q (B, H, D), k and v caches (B, T_max, Hkv, D), lengths (B,);
     window_left and softcap as the decode kernels take them."""
-    b, h, d = q.shape
-    t_max, hkv = k.shape[1], k.shape[2]
-    scores = torch.einsum("bkgd,btkd->bkgt", q.double().reshape(b, hkv, h // hkv, d), k.double()) * sm_scale
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    positions = torch.arange(t_max, device=q.device)[None, :]
-    visible = positions < lengths.to(q.device)[:, None]
-    if window_left >= 0:
-        visible &= positions >= lengths.to(q.device)[:, None] - 1 - window_left
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
+    p, visible = decode_probs(q.double(), k.double(), lengths, sm_scale, window_left, softcap)
     v = v.double().masked_fill(~visible[:, :, None, None], 0.0).permute(0, 2, 1, 3)  # (B, Hkv, T, D)
     return attention_tol(q.dtype, p, v, q.shape)

@@ -42,7 +42,7 @@ import torch
 
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
-from llmk.common.ops import define_op, needs_grad, no_outputs
+from llmk.common.ops import define_op, define_ops, needs_grad, no_outputs
 from llmk.common.validation import check_same_device, check_softcap, check_tensor, check_window
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
@@ -131,12 +131,7 @@ def check_config(config):
 def _mask_options(window_left, window_right, softcap):
     """The operators' window and softcap, checked (direct calls of the operators come here too):
     ((left, right), softcap) as the launchers take them."""
-    if window_left < -1 or window_right < -1:
-        raise ValueError(f"window_left and window_right must be >= -1 (-1: unbounded), got "
-                         f"{window_left}, {window_right}")
-    if not (math.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
-    return (window_left, window_right), softcap
+    return check_window((window_left, window_right), "(window_left, window_right)"), check_softcap(softcap)
 
 
 def _scale(q, sm_scale):
@@ -358,18 +353,9 @@ def _attend_out(q, k, v, causal, sm_scale, config, out, window_left=-1, window_r
     _attend_into(q, k, v, causal, sm_scale, config, out, None, None, window_left, window_right, softcap)
 
 
-def _dense(q, k, v, causal, sm_scale, config, window_left=-1, window_right=-1, softcap=0.0):
-    out = _dense_empty(q)
-    _attend_out(q, k, v, causal, sm_scale, config, out, window_left, window_right, softcap)
-    return out
-
-
-flash_attention_op = define_op(
-    f"flash_attention({DENSE_ARGS}, {MASK_OPTIONS}) -> Tensor", _dense, _dense_empty,
-    backward=_recompute_backward, setup_context=_setup_dense)
-flash_attention_out_op = define_op(
-    f"flash_attention_out({DENSE_ARGS}, Tensor(a!) out, {MASK_OPTIONS}) -> ()", _attend_out, no_outputs,
-    remedy="call flash_attention without out= to get gradients")
+flash_attention_op, flash_attention_out_op = define_ops(
+    "flash_attention", DENSE_ARGS, _dense_empty, _attend_out, backward=_recompute_backward,
+    setup_context=_setup_dense, options=MASK_OPTIONS)
 flash_attention_train_op = define_op(
     f"flash_attention_train({DENSE_ARGS}, {TRAIN_OPTION}, {MASK_OPTIONS}) -> (Tensor, Tensor)",
     _attention_train,

@@ -108,30 +108,25 @@ def _attend_key_blocks(
             kv_mask = d_ok[None, :]
         k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k))
+        scale = qk_scale
         if SOFTCAP:
-            qk = softcap_log2 * tanh(qk * qk_scale)  # the capped score, in exp2's units
+            qk = softcap_log2 * tanh(qk * qk_scale)  # the capped score, in exp2's units already
+            scale = 1.0
         if MASKED:
             visible = (keys < n_keys)[None, :]
             if CAUSAL:
                 visible = visible & (keys[None, :] <= offs_m[:, None] + causal_shift)
             if WINDOW:
                 visible = visible & window_visible(keys, offs_m, causal_shift, window_left, window_right)
-            if SOFTCAP:
-                qk = tl.where(visible, qk, float("-inf"))
-            else:
-                qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            qk = tl.where(visible, qk * scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             # a row that has seen no key yet keeps m = -inf: subtract 0 so -inf - -inf is not NaN
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_safe[:, None])
-        elif SOFTCAP:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = m_new
-            p = tl.math.exp2(qk - m_new[:, None])
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max commutes
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)  # scale > 0: max commutes
             m_safe = m_new
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            p = tl.math.exp2(qk * scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)

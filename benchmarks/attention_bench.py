@@ -40,12 +40,14 @@ the softcap's at most 10% more time.
     python benchmarks/attention_bench.py --only causal,sdpa-flash --dtype bf16   (a subset)
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from llmk.attention.reference_blocked_attention import blocked_attention
 from llmk.attention.triton_flash_attention import flash_attention, flash_attention_varlen
-from llmk.attention.reference_attention import naive_attention
+from llmk.attention.reference_attention import naive_attention, visible_mask
 from llmk.common.device import DEVICE
 from llmk.common.bench import train_call
 from llmk.common.harness import BenchCase, parse_args, run
@@ -276,46 +278,47 @@ def window_pairs(t, left):
     return left * (left + 1) // 2 + (t - left) * (left + 1)
 
 
+@functools.cache
 def window_mask(t, left):
-    """(T, T) bool: query i sees key j when i - left <= j <= i."""
-    i = torch.arange(t, device=DEVICE)
-    rel = i[:, None] - i[None, :]
-    return (rel >= 0) & (rel <= left)
+    """(T, T) bool: query i sees key j when i - left <= j <= i. Made at the first row that needs
+    it (not while the cases are listed), once for its provider and its reference."""
+    return visible_mask(t, t, DEVICE, causal=True, window=(left, 0))
 
 
-def flex(block_mask=None, score_mod=None):
-    """torch.nn.attention.flex_attention, compiled, with a block mask and/or a score_mod."""
+@functools.cache
+def block_mask(t, left=None):
+    """FlexAttention's block mask, causal, within a window of left + 1 keys where left is given;
+    made at first use, as window_mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def visible(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) if left is None else (q_idx >= kv_idx) & (q_idx - kv_idx <= left)
+    return create_block_mask(visible, B=None, H=None, Q_LEN=t, KV_LEN=t, device=DEVICE)
+
+
+def flex(window_left=None, score_mod=None):
+    """torch.nn.attention.flex_attention, compiled, causal (within a window of window_left + 1 keys
+    where given), with a score_mod where given; compiled and its block mask made at the first call."""
     from torch.nn.attention.flex_attention import flex_attention
     compiled = torch.compile(flex_attention, dynamic=False)
-    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask, score_mod=score_mod)
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask(q.shape[2], window_left), score_mod=score_mod)
 
 
-def option_providers(shape, window_left, softcap):
+def option_providers(window_left, softcap):
     """The window's (window_left not None) or the softcap's providers (module docstring)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-    t = shape[2]
     if window_left is not None:
-        def sliding(b, h, q_idx, kv_idx):
-            return (q_idx >= kv_idx) & (q_idx - kv_idx <= window_left)
-        block_mask = create_block_mask(sliding, B=None, H=None, Q_LEN=t, KV_LEN=t, device=DEVICE)
-        mask = window_mask(t, window_left)
         found = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True, window=(window_left, 0)),
-                 "flex": flex(block_mask=block_mask)}
+                 "flex": flex(window_left)}
         if DEVICE == "cuda":
             from torch.nn.attention import SDPBackend
-            found["sdpa-efficient-mask"] = lambda q, k, v: sdpa_masked(SDPBackend.EFFICIENT_ATTENTION, q, k, v, mask)
+            found["sdpa-efficient-mask"] = lambda q, k, v: sdpa_masked(SDPBackend.EFFICIENT_ATTENTION, q, k, v,
+                                                                       window_mask(q.shape[2], window_left))
         return found
 
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / softcap) * softcap
     return {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True, softcap=softcap),
-            "flex": flex(block_mask=_causal_block_mask(t), score_mod=cap)}
-
-
-def _causal_block_mask(t):
-    from torch.nn.attention.flex_attention import create_block_mask
-    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, B=None, H=None, Q_LEN=t, KV_LEN=t,
-                             device=DEVICE)
+            "flex": flex(score_mod=cap)}
 
 
 def sdpa_masked(backend, q, k, v, mask):
@@ -358,7 +361,7 @@ def option_cases(op, shape, window_left, softcap):
 
     for name, window, cap, providers, pairs in (
             (op, window_left, softcap,
-             option_providers(shape, window_left, softcap) | {"naive": naive(window=window, softcap=softcap)},
+             option_providers(window_left, softcap) | {"naive": naive(window=window, softcap=softcap)},
              window_pairs(t, window_left) if window_left is not None else causal_pairs),
             (f"{op} off", None, None, {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True),
                                        "naive": naive()}, causal_pairs)):

@@ -101,12 +101,15 @@ def cases(sweeps, smoke):
 
 TRAIN_DTYPE = torch.bfloat16
 WRT = (0, 1)  # both inputs get gradients
-# training op -> (its sweeps' key, bytes(M, N, e) of fwd+bwd, of bwd)
+# bytes(M, N, e) of fwd+bwd and of bwd (module docstring)
+GATED_BYTES = (lambda m, n, e: 8 * m * n * e, lambda m, n, e: 5 * m * n * e)
+BIAS_GELU_BYTES = (lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e)
+# training op -> (its sweeps' key, bytes of fwd+bwd, of bwd, Liger's function or None)
 TRAIN = {
-    "swiglu": ("swiglu", lambda m, n, e: 8 * m * n * e, lambda m, n, e: 5 * m * n * e),
-    "geglu": ("swiglu", lambda m, n, e: 8 * m * n * e, lambda m, n, e: 5 * m * n * e),
-    "bias_gelu": ("bias_gelu", lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
-    "bias_gelu_tanh": ("bias_gelu", lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
+    "swiglu": ("swiglu", *GATED_BYTES, liger_swiglu),
+    "geglu": ("swiglu", *GATED_BYTES, liger_geglu),
+    "bias_gelu": ("bias_gelu", *BIAS_GELU_BYTES, None),
+    "bias_gelu_tanh": ("bias_gelu", *BIAS_GELU_BYTES, None),
 }
 
 
@@ -133,14 +136,14 @@ def bind_train(providers, mode):
 
 
 def train_cases(train_sweeps):
-    for op, (sweep_key, fwd_bwd_bytes, bwd_bytes) in TRAIN.items():
+    for op, (sweep_key, fwd_bwd_bytes, bwd_bytes, liger_fn) in TRAIN.items():
         _, make_inputs, kernel, eager, ref, _ = OPS[op]
         for mode, n_bytes in (("fwd+bwd", fwd_bwd_bytes), ("bwd", bwd_bytes)):
             compiled = compile_train_fn(eager, mode)
             providers = {"triton": kernel, "eager": eager, "torch.compile": compiled}
-            if op in ("swiglu", "geglu"):
-                providers[LIGER] = {"swiglu": liger_swiglu, "geglu": liger_geglu}[op]() if not INTERPRET else \
-                    "liger: its kernels do not run in Triton's interpreter"
+            if liger_fn is not None:
+                providers[LIGER] = (liger_fn() if not INTERPRET
+                                    else "liger: its kernels do not run in Triton's interpreter")
             for m, n in shapes_of(train_sweeps[sweep_key]):
                 yield BenchCase(op, (m, n), TRAIN_DTYPE, providers,
                            lambda make=make_inputs, ref=ref, m=m, n=n: train_setup(make, ref, m, n),
@@ -154,7 +157,7 @@ def charts(args, sweeps, train_sweeps):
         for op, dtype in dict.fromkeys((r["op"], r["dtype"]) for r in forward):
             sel = [r for r in forward if r["op"] == op and r["dtype"] == dtype]
             plot_sweeps(args.out / f"mlp_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta)
-        for op, (sweep_key, _, _) in TRAIN.items():
+        for op, (sweep_key, *_) in TRAIN.items():
             sel = [r for r in rows if r["op"] == op and r.get("mode") == "fwd+bwd"]
             plot_sweeps(args.out / f"mlp_{op}_bf16_train.png", f"{op} bf16 fwd+bwd", sel, train_sweeps[sweep_key],
                         meta)

@@ -140,11 +140,16 @@ def release(undo):
         torch.cuda.empty_cache()
 
 
+def model_inputs(ids):
+    """The model's inputs for a batch: ids (B, T) with themselves as labels, or a dict of inputs
+    as it is (the packed rows')."""
+    return ids if isinstance(ids, dict) else dict(input_ids=ids, labels=ids)
+
+
 def step(model, opt, ids):
     """One step on ids (B, T) (labels the ids), or on a dict of model inputs (the packed rows')."""
     opt.zero_grad(set_to_none=True)
-    inputs = ids if isinstance(ids, dict) else dict(input_ids=ids, labels=ids)
-    loss = model(**inputs, use_cache=False).loss
+    loss = model(**model_inputs(ids), use_cache=False).loss
     loss.backward()
     opt.step()
     return loss.detach()
@@ -157,7 +162,7 @@ def phase_peaks(model, opt, ids):
     sync()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    loss = model(**(ids if isinstance(ids, dict) else dict(input_ids=ids, labels=ids)), use_cache=False).loss
+    loss = model(**model_inputs(ids), use_cache=False).loss
     sync()
     out = dict(fwd_peak_MB=mb(torch.cuda.max_memory_allocated()), saved_MB=mb(torch.cuda.memory_allocated() - before))
     torch.cuda.reset_peak_memory_stats()
@@ -249,35 +254,29 @@ def packed_lengths(n, low, high, total):
 
 
 def packed_batches(vocab, lengths, n):
-    """n pairs (padding-free inputs, padded inputs) of the same random sequences (module docstring)."""
+    """n pairs (padding-free inputs, padded inputs) of the same random sequences (module docstring;
+    models/packing.py)."""
+    from llmk.models.packing import packed_and_padded
+
     gen = torch.Generator(device="cpu").manual_seed(3)
-    out = []
-    for _ in range(n):
-        seqs = [torch.randint(0, vocab, (k,), generator=gen) for k in lengths]
-        ids = torch.cat(seqs)[None]
-        positions = torch.cat([torch.arange(k) for k in lengths])[None]
-        labels = ids.clone()
-        labels[positions == 0] = -100
-        padded = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
-        mask = torch.zeros_like(padded)
-        for row, seq in enumerate(seqs):
-            padded[row, :len(seq)], mask[row, :len(seq)] = seq, 1
-        out.append((dict(input_ids=ids.to(DEVICE), position_ids=positions.to(DEVICE), labels=labels.to(DEVICE)),
-                    dict(input_ids=padded.to(DEVICE), attention_mask=mask.to(DEVICE),
-                         labels=padded.masked_fill(mask == 0, -100).to(DEVICE))))
-    return out
+    return [packed_and_padded([torch.randint(0, vocab, (k,), generator=gen).to(DEVICE) for k in lengths])
+            for _ in range(n)]
+
+
+PACKED_LAYOUTS = ("padding-free", "padded")  # the pairs packed_batches makes, in this order
+PACKED_PROVIDERS = ("eager", "triton", LIGER)
 
 
 def measure_packed(run, name, kind, config, plan, packed):
-    """The packed rows (module docstring): eager, triton and liger on each layout."""
+    """The packed rows (module docstring): PACKED_PROVIDERS on each layout."""
     n, low, high = packed
     lengths = packed_lengths(n, low, high, plan["batch"] * plan["seq"])
     data = packed_batches(config["vocab_size"], lengths, plan["warmup"] + plan["steps"])
     tokens = sum(lengths)
-    for layout, pick in (("padding-free", 0), ("padded", 1)):
+    for pick, layout in enumerate(PACKED_LAYOUTS):
         shape = f"{name} {layout} {len(lengths)} seqs {tokens} tokens"
         first_eager = None
-        for provider in ("eager", "triton", LIGER):
+        for provider in PACKED_PROVIDERS:
             if provider == LIGER and (INTERPRET or importlib.util.find_spec("liger_kernel") is None):
                 print(f"{shape} {provider}: skipped (liger-kernel unavailable here)", flush=True)
                 continue
@@ -286,22 +285,20 @@ def measure_packed(run, name, kind, config, plan, packed):
             model = build(kind, config)
             undo = prepare(model, kind, provider, run.args.smoke)
             try:
-                first, samples = run_steps(model, optimizer(model, provider, plan["lr"]),
-                                           [batch[pick] for batch in data], plan)
-                peak = None if INTERPRET else round(torch.cuda.max_memory_allocated() / 1e6, 1)
+                ms, peak, first, phases = timed_steps(model, optimizer(model, provider, plan["lr"]),
+                                                      [batch[pick] for batch in data], plan)
             finally:
                 del model
                 release(undo)
             first_eager = first if provider == "eager" else first_eager
-            ms = statistics.median(samples)
             row = make_row("train_step_packed", shape, "bf16", provider, ms, run.meta["copy_GBps"],
                            max_err=abs(first - first_eager))
-            row.update(tokens_per_s=round(tokens * 1e3 / ms, 1), peak_MB=peak, first_loss=first)
+            row.update(tokens_per_s=round(tokens * 1e3 / ms, 1), peak_MB=peak, first_loss=first, **phases)
             run.add(row)
 
 
 def measure(run, models, plan, packed):
-    run.total = len(models) * len(PROVIDERS) + 2 * 3
+    run.total = len(models) * len(PROVIDERS) + len(PACKED_LAYOUTS) * len(PACKED_PROVIDERS)
     run.meta.update(loss_curves={}, plan=plan)
     t0 = time.perf_counter()
     for name, (kind, config) in models.items():

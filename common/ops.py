@@ -193,23 +193,32 @@ def no_outputs(*args):
     return None
 
 
-def define_ops(name, args, empty, into, outs=("out",), backward=None, setup_context=None):
-    """The two operators of a kernel that writes outputs it is given: `name(args) -> Tensor` (a
-    tuple of Tensors for several outs) and `name_out(args, Tensor(a!) out, ...) -> ()`.
+def define_ops(name, args, empty, into, outs=("out",), backward=None, setup_context=None, options=""):
+    """The two operators of a kernel that writes outputs it is given: `name(args, options) -> Tensor`
+    (a tuple of Tensors for several outs) and `name_out(args, Tensor(a!) out, ..., options) -> ()`.
 
-    args: the schema's arguments ("Tensor x, Tensor weight, float eps"). empty(*args): the new
-    output(s) of the functional op. It is the fake implementation too (under torch.compile's
+    args: the schema's arguments ("Tensor x, Tensor weight, float eps"). empty(*args, *options):
+    the new output(s) of the functional op. It is the fake implementation too (under torch.compile's
     tracing its torch.empty makes fake tensors), so the fake's shapes, dtypes and strides are the
-    kernel's by construction. into(*args, *outs): the kernel writing them, the `_out` op's body.
-    outs: the names of the written buffers in the `_out` op's schema.
+    kernel's by construction. into(*args, *outs, *options): the kernel writing them, the `_out`
+    op's body. outs: the names of the written buffers in the `_out` op's schema.
+    options: arguments with defaults that come after the buffers in the `_out` op's schema (added
+    to an op after callers passed its buffers by position), "" for none.
     backward, setup_context: the functional op's autograd formula (define_op); the `_out` op is
     forward-only (it writes a caller's buffer), and its error then says to call `name` without
     the buffers.
     Returns (functional Op, _out Op)."""
     returns = "Tensor" if len(outs) == 1 else f"({', '.join(['Tensor'] * len(outs))})"
     written = ", ".join(f"Tensor({chr(ord('a') + i)}!) {out}" for i, out in enumerate(outs))
+    n_args = len(args.split(","))
+    tail = f", {options}" if options else ""
 
-    if len(outs) == 1:
+    if options:  # the buffers go between the arguments and the options
+        def impl(*a):
+            made = empty(*a)
+            into(*a[:n_args], *((made,) if len(outs) == 1 else made), *a[n_args:])
+            return made
+    elif len(outs) == 1:  # no slicing on the calls of every other op: this runs on each eager call
         def impl(*a):
             made = empty(*a)
             into(*a, made)
@@ -220,6 +229,6 @@ def define_ops(name, args, empty, into, outs=("out",), backward=None, setup_cont
             into(*a, *made)
             return made
 
-    return (define_op(f"{name}({args}) -> {returns}", impl, empty, backward, setup_context),
-            define_op(f"{name}_out({args}, {written}) -> ()", into, no_outputs,
+    return (define_op(f"{name}({args}{tail}) -> {returns}", impl, empty, backward, setup_context),
+            define_op(f"{name}_out({args}, {written}{tail}) -> ()", into, no_outputs,
                       remedy=f"call {name} without {'/'.join(outs)}= to get gradients" if backward else None))

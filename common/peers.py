@@ -42,15 +42,19 @@ def liger_rope():
     return fn if isinstance(fn, str) else (lambda q, k, cos, sin: fn.apply(q, k, cos, sin))
 
 
-def liger_swiglu():
-    fn = liger("swiglu", "LigerSiLUMulFunction")
+def _liger_gated(module, name):
+    """Liger's gated unit act(gate) * up; it writes dgate and dup over gate and up."""
+    fn = liger(module, name)
     return fn if isinstance(fn, str) else lambda gate, up: fn.apply(gate, up)
+
+
+def liger_swiglu():
+    return _liger_gated("swiglu", "LigerSiLUMulFunction")
 
 
 def liger_geglu():
-    """Liger's GeGLU: gelu(gate, approximate="tanh") * up, dgate and dup written over gate and up."""
-    fn = liger("geglu", "LigerGELUMulFunction")
-    return fn if isinstance(fn, str) else lambda gate, up: fn.apply(gate, up)
+    """gelu(gate, approximate="tanh") * up."""
+    return _liger_gated("geglu", "LigerGELUMulFunction")
 
 
 def liger_ce():

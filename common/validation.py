@@ -130,18 +130,18 @@ def rope_outputs(q, k, out):
     return tuple(out)
 
 
-def check_window(window):
+def check_window(window, name="window"):
     """window: None, or (left, right), two ints >= -1 (-1: no bound on that side). Returns the
-    operators' (window_left, window_right), (-1, -1) for None."""
+    operators' (window_left, window_right), (-1, -1) for None. name: the argument, for errors."""
     if window is None:
         return -1, -1
     if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be None or a (left, right) pair of ints, got {window!r}")
+        raise TypeError(f"{name} must be None or a (left, right) pair of ints, got {window!r}")
     for side in window:
         if not isinstance(side, int) or isinstance(side, bool):
-            raise TypeError(f"window must be None or a (left, right) pair of ints, got {window!r}")
+            raise TypeError(f"{name} must be None or a (left, right) pair of ints, got {window!r}")
         if side < -1:
-            raise ValueError(f"window's sides must be ints >= -1 (-1: unbounded), got {window!r}")
+            raise ValueError(f"{name}'s sides must be ints >= -1 (-1: unbounded), got {window!r}")
     return int(window[0]), int(window[1])
 
 

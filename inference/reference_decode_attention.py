@@ -16,28 +16,37 @@ import math
 import torch
 
 
+def decode_probs(q, k_cache, lengths, sm_scale, window_left=-1, softcap=None, dtype=None):
+    """(P, visible): the softmax probabilities (B, Hkv, G, T_max) of one query per sequence over its
+    first lengths[b] keys (the last window_left + 1 of them where window_left >= 0; scores capped at
+    softcap * tanh(s / softcap) where softcap is given), and the (B, T_max) bool of the keys each
+    sequence sees. In `dtype` (default: q's, at least fp32); a sequence that sees no key gets zeros."""
+    compute = dtype or torch.promote_types(q.dtype, torch.float32)
+    b, h, d = q.shape
+    t_max, hkv = k_cache.shape[1], k_cache.shape[2]
+    # query head h reads kv head h // G: group the query heads by kv head, no copy of the cache per head
+    q_grouped = q.to(compute).reshape(b, hkv, h // hkv, d)
+    scores = torch.einsum("bkgd,btkd->bkgt", q_grouped, k_cache.to(compute)) * sm_scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    positions = torch.arange(t_max, device=q.device)[None, :]
+    ends = lengths.to(q.device)[:, None]
+    visible = positions < ends  # (B, T_max)
+    if window_left >= 0:
+        visible &= positions >= ends - 1 - window_left
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    # a sequence of length 0 is a row of -inf: softmax gives NaN, the convention is zeros
+    return torch.softmax(scores, dim=-1).nan_to_num(nan=0.0), visible
+
+
 def decode_attention_reference(q, k_cache, v_cache, lengths, sm_scale=None, window_left=-1, softcap=None):
     """q (B, H, D); k_cache, v_cache (B, T_max, Hkv, D), H a multiple of Hkv; lengths (B,) int,
     0 <= lengths[b] <= T_max. Returns O (B, H, D) in q's dtype. sm_scale defaults to 1/sqrt(D).
     window_left >= 0: the query (token lengths[b] - 1) sees tokens from lengths[b] - 1 - window_left
     on; softcap c: the scores become c * tanh(s / c)."""
-    compute = torch.promote_types(q.dtype, torch.float32)
     b, h, d = q.shape
-    t_max, hkv = k_cache.shape[1], k_cache.shape[2]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    # query head h reads kv head h // G: group the query heads by kv head, no copy of the cache per head
-    q_grouped = q.to(compute).reshape(b, hkv, h // hkv, d)
-    k, v = k_cache.to(compute), v_cache.to(compute)
-    scores = torch.einsum("bkgd,btkd->bkgt", q_grouped, k) * sm_scale
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    positions = torch.arange(t_max, device=q.device)[None, :]
-    visible = positions < lengths.to(q.device)[:, None]  # (B, T_max)
-    if window_left >= 0:
-        visible &= positions >= lengths.to(q.device)[:, None] - 1 - window_left
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    # a sequence of length 0 is a row of -inf: softmax gives NaN, the convention is zeros
-    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
+    p, visible = decode_probs(q, k_cache, lengths, sm_scale, window_left, softcap)
     # slots past a length may hold anything (NaN included): 0 * NaN would leak into the sum
-    v = v.masked_fill(~visible[:, :, None, None], 0.0)
+    v = v_cache.to(p.dtype).masked_fill(~visible[:, :, None, None], 0.0)
     return torch.einsum("bkgt,btkd->bkgd", p, v).reshape(b, h, d).to(q.dtype)

@@ -20,7 +20,7 @@ from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
-from llmk.inference.reference_decode_attention import decode_attention_reference
+from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,
                                                        PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,
                                                        decode_config, paged_blocks, paged_decode_attention, split_count)
@@ -30,18 +30,8 @@ H100_SMS = 132
 
 def same_dtype_decode(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
     """PyTorch's decode with every step in the input dtype: the error the 2x rule allows."""
-    b, h, d = q.shape
-    t_max, hkv = k.shape[1], k.shape[2]
-    scores = torch.einsum("bkgd,btkd->bkgt", q.reshape(b, hkv, h // hkv, d), k) * sm_scale
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    positions = torch.arange(t_max, device=q.device)[None, :]
-    visible = positions < lengths[:, None]
-    if window_left >= 0:
-        visible &= positions >= lengths[:, None] - 1 - window_left
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
-    return torch.einsum("bkgt,btkd->bkgd", p, v).reshape(b, h, d)
+    p, _ = decode_probs(q, k, lengths, sm_scale, window_left, softcap, dtype=q.dtype)
+    return torch.einsum("bkgt,btkd->bkgd", p, v).reshape(q.shape)
 
 
 def ragged_lengths(b, t_max):

@@ -89,15 +89,16 @@ The original code runs instead of a kernel whenever the kernel does not cover th
     sequences, position_ids restarting at 0 for each, as DataCollatorWithFlattening builds it:
     cu_seqlens from where the positions restart, no copy). transformers masks the restarts only
     without a cache (use_cache=False); with one it makes no mask, and the restarts are found from
-    position_ids here (one host sync a forward for each prefill, none under torch.compile or CUDA
-    graph capture, where the call takes the plain kernel as transformers' own would). The
-    plan (the real tokens' indices, cu_seqlens) is made by the first layer and kept for the others.
+    position_ids here (one host sync a forward for each prefill, a second where sequences restart;
+    none under torch.compile or CUDA graph capture, where the call takes the plain kernel as
+    transformers' own would). The plan (the real tokens' indices, cu_seqlens) is made by the first
+    layer and kept for the others (two host syncs for a padded batch's).
     This reads the masks as transformers builds them for these model families, with no extra mask
     functions (or_mask_function / and_mask_function) in play. Anything else masked, a prefill chunk
-    appended to a non-empty cache, a decode step of a padded batch, a sliding window shorter than
-    the keys, dropout in training, or a StaticCache decode step (transformers always builds that
-    mask) runs the model's original attention implementation, with the mask built in that
-    implementation's own format.
+    appended to a non-empty cache, a decode step of a padded batch or of a sliding window's mask,
+    dropout in training, or a StaticCache decode step (transformers always builds that mask) runs
+    the model's original attention implementation, with the mask built in that implementation's
+    own format.
 kernel_calls(model) counts the kernel calls and the fallbacks, so a caller can see which path ran.
 The attention registry entry stays after unpatching: it is inert unless a config selects it.
 """
@@ -173,7 +174,7 @@ class _PatchState:
     """What patch_model changed on one model, so unpatch_model can put it back."""
     kernels: tuple
     norm_offset: float = 0.0                               # the family's RMSNorm offset
-    mlp: tuple = ("swiglu", None)                          # MLP_KERNELS' entry of the model's activation
+    mlp: tuple = ()                                        # MLP_KERNELS' entry of the model's activation
     calls: Counter = field(default_factory=Counter)
     forwards: list = field(default_factory=list)           # (module, instance forward it had, or None)
     attention_modules: list = field(default_factory=list)
@@ -439,14 +440,15 @@ def _padded_plan(padding):
     # a sliding window (counted in positions) cannot take this plan
     ends = padding.flip(1).int().argmax(1)
     gaps = ((padding.shape[1] - ends - padding.int().argmax(1)) != lengths) & (lengths > 0)
-    stats = torch.stack([lengths.max(), gaps.any().to(lengths.dtype)]).tolist()  # one host sync
+    stats = torch.stack([lengths.max(), gaps.any().to(lengths.dtype)]).tolist()  # a host sync, and nonzero's
     return padding.flatten().nonzero().flatten(), cu_seqlens, stats[0], not stats[1]
 
 
 def _packed_plan(position_ids, batch, n_tokens):
     """(None: every token is real, cu_seqlens (S + 1,) int32, max_seqlen) of a padding-free batch,
     position_ids (B or 1, T): a sequence starts wherever a position is not the one before plus 1,
-    as transformers finds them; None where no row holds more than one sequence. One host sync."""
+    as transformers finds them; None where no row holds more than one sequence. A host sync, and
+    two more where sequences restart (nonzero, max_seqlen)."""
     position_ids = position_ids.expand(batch, n_tokens)
     starts = torch.ones_like(position_ids, dtype=torch.bool)
     starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1

@@ -370,26 +370,15 @@ def check_training(kind, checkpointing=False):
 PACKED_LENGTHS = (5, 13, 1, 9)  # one single-token sequence: nothing to predict in it
 
 
-def packed_and_padded(lengths):
-    """The same sequences as one padding-free row, as DataCollatorWithFlattening builds it
-    (input_ids (1, sum), position_ids restarting at 0, labels -100 at each sequence's first token, so
-    that no token predicts the next sequence's), and as a right-padded batch (B, max) with its
-    attention mask and labels -100 at the padding."""
+def random_batches(lengths):
+    """packed_and_padded (models/packing.py) of fresh random sequences of these lengths, the
+    padding-free batch with use_cache=False: with a cache transformers builds no mask of the
+    restarts (its SDPA path would attend across sequences); a Trainer's step has none either way."""
+    from llmk.models.packing import packed_and_padded
+
     vocab = SIZES["tiny"]["vocab_size"]
-    seqs = [torch.randint(0, vocab, (n,), device=DEVICE) for n in lengths]
-    ids = torch.cat(seqs)[None]
-    position_ids = torch.cat([torch.arange(n, device=DEVICE) for n in lengths])[None]
-    labels = ids.clone()
-    labels[position_ids == 0] = -100
-    padded = torch.zeros(len(lengths), max(lengths), dtype=torch.long, device=DEVICE)
-    mask = torch.zeros_like(padded)
-    for row, seq in enumerate(seqs):
-        padded[row, :len(seq)], mask[row, :len(seq)] = seq, 1
-    padded_labels = padded.masked_fill(mask == 0, -100)
-    # use_cache=False: with a cache transformers builds no mask of the restarts (its SDPA path would
-    # attend across sequences); a Trainer's step has none either way
-    return (dict(input_ids=ids, position_ids=position_ids, labels=labels, use_cache=False),
-            dict(input_ids=padded, attention_mask=mask, labels=padded_labels))
+    packed, padded = packed_and_padded([torch.randint(0, vocab, (n,), device=DEVICE) for n in lengths])
+    return packed | dict(use_cache=False), padded
 
 
 def check_packed_training(kind):
@@ -408,7 +397,7 @@ def check_packed_training(kind):
     patch_model(model)
     u = UNIT_ROUNDOFF[torch.bfloat16]
     outcomes, losses = [], {}
-    for name, batch in zip(("padding-free", "padded"), packed_and_padded(PACKED_LENGTHS)):
+    for name, batch in zip(("padding-free", "padded"), random_batches(PACKED_LENGTHS)):
         results = []
         for m in (ref, plain, model):
             m.zero_grad(set_to_none=True)
@@ -425,7 +414,7 @@ def check_packed_training(kind):
                         + u * ref_grads[n].abs().max().item() + 1e-9), n) for n in ref_grads)
         outcomes.append(Outcome(f"{name}: {len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
                                 note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound"))
-    packed_batch = packed_and_padded(PACKED_LENGTHS)[0]  # fresh tokens: the reference is the patched model itself
+    packed_batch = random_batches(PACKED_LENGTHS)[0]  # fresh tokens: the reference is the patched model itself
     model.zero_grad(set_to_none=True)
     without_cache = model(**packed_batch).loss
     with_cache = model(**(packed_batch | dict(use_cache=True))).loss
