@@ -32,9 +32,9 @@ causal, fwd and fwd+bwd): a window of 4096 keys (window=(4095, 0)) at T 16384, a
 window, a score_mod for the cap) and, for the window, `sdpa-efficient-mask` (an explicit boolean
 mask; SDPA's flash and cuDNN backends take no window). max_err is against the fp32 reference with the
 same mask and cap (SDPA's memory-efficient backend with the mask on a GPU). Beside them, ops
-"attention-window off" and "attention-softcap off": our kernel on the same shapes without the option
-(plain causal, its own causal pairs counted): the window's target is its TFLOP/s on visible pairs,
-the softcap's at most 10% more time.
+"attention-window off" and "attention-softcap off": our kernel, sdpa-flash and sdpa-cudnn on the same
+shapes without the option (plain causal, its own causal pairs counted): the window's target is its
+TFLOP/s on visible pairs, the softcap's at most 10% more time.
     python benchmarks/attention_bench.py            (GPU; benchmarks/results/attention.json and PNGs)
     python benchmarks/attention_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/attention_bench.py --only causal,sdpa-flash --dtype bf16   (a subset)
@@ -321,6 +321,18 @@ def option_providers(window_left, softcap):
             "flex": flex(score_mod=cap)}
 
 
+def off_providers():
+    """The "off" twins' providers: our causal kernel, and SDPA's flash and cuDNN backends, which
+    run causal attention but take neither option (the gate's PyTorch baseline where the naive
+    scores do not fit)."""
+    found = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True)}
+    if DEVICE == "cuda":
+        from torch.nn.attention import SDPBackend
+        found |= {name: functools.partial(sdpa(backend), causal=True) for name, backend in
+                  (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION))}
+    return found
+
+
 def sdpa_masked(backend, q, k, v, mask):
     from torch.nn.attention import sdpa_kernel
     with sdpa_kernel(backend):
@@ -329,15 +341,17 @@ def sdpa_masked(backend, q, k, v, mask):
 
 def option_reference(inputs, window_left, softcap, dys):
     """The fp32 output (dys None) or dq, dk, dv: the naive attention with the window and cap in
-    the interpreter; on a GPU, SDPA's memory-efficient backend with the window's mask, and for the
-    cap the naive attention one batch at a time (its scores then take B times less memory)."""
+    the interpreter; on a GPU, SDPA's memory-efficient backend, causal or with the window's mask
+    (the naive scores of B1 H32 T16384 alone are 32 GiB in fp32), and for the cap the naive
+    attention one batch at a time (its scores then take B times less memory)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     leaves = [t.detach().float().requires_grad_(dys is not None) for t in inputs]
     window = None if window_left is None else (window_left, 0)
     with torch.set_grad_enabled(dys is not None):
-        if DEVICE == "cuda" and window is not None:
+        if DEVICE == "cuda" and softcap is None:
+            mask = None if window is None else window_mask(inputs[0].shape[2], window_left)
             with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-                out = F.scaled_dot_product_attention(*leaves, attn_mask=window_mask(inputs[0].shape[2], window_left))
+                out = F.scaled_dot_product_attention(*leaves, attn_mask=mask, is_causal=mask is None)
         else:
             out = torch.cat([naive_attention(*(t[i:i + 1] for t in leaves), True, window=window, softcap=softcap)
                              for i in range(inputs[0].shape[0])])
@@ -363,8 +377,7 @@ def option_cases(op, shape, window_left, softcap):
             (op, window_left, softcap,
              option_providers(window_left, softcap) | {"naive": naive(window=window, softcap=softcap)},
              window_pairs(t, window_left) if window_left is not None else causal_pairs),
-            (f"{op} off", None, None, {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True),
-                                       "naive": naive()}, causal_pairs)):
+            (f"{op} off", None, None, off_providers() | {"naive": naive()}, causal_pairs)):
         def setup(mode, window=window, cap=cap):
             q, k, v = (torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(3))
             dys = [torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE)] if mode != "fwd" else None
