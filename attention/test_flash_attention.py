@@ -26,6 +26,8 @@ import functools
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
@@ -35,14 +37,22 @@ from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET
                                                        backward_table_config, launch_flash_attention_backward,
                                                        one_pass_when)
 from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
-from llmk.common.device import DEVICE
+from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, grads_of, main, poisoned, rand)
+from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
 
 def attention_tol(q, k, v, causal, sm_scale, window=None, softcap=None):
-    """The tolerance of O in q's dtype, from the fp64 probabilities of this problem."""
+    """The tolerance of O in q's dtype, from the fp64 probabilities of this problem. With softcap c
+    on a GPU, tanh_approx moves each capped score s_ij by at most e = c * TANH_APPROX_REL, so O_i by
+    sum_j p_ij e (v_j - O_i) (the softmax's first-order change): at most e (p @ |v| + |O|) more."""
     p = attention_probs(q.double(), k.double(), causal, sm_scale, window, softcap)
-    return rounding_tol(q.dtype, p, expand_kv(v.double(), q.shape[1]), q.shape)
+    v = expand_kv(v.double(), q.shape[1])
+    tol = rounding_tol(q.dtype, p, v, q.shape)
+    if softcap and not INTERPRET:
+        bound = softcap * TANH_APPROX_REL * (p @ v.abs() + (p @ v).abs())
+        tol = Tol(tol.atol + bound.reshape(q.shape), tol.rtol, tol.why + "; tanh.approx's error in the capped scores")
+    return tol
 
 
 def same_dtype_attention(q, k, v, causal, sm_scale, window=None, softcap=None):
@@ -623,8 +633,40 @@ CASES += [Case("every backward-table row forced", check_backward_table)] + varle
 # LSE in fp32 against the fp64 logsumexp of the same inputs' scores: each score is an fp32 dot
 # product (a few fp32 units of sum |q_d k_d| * sm_scale) and, capped, c * tanh by exp2 (an fp32
 # unit of 1, times c); then m + log2(l) in fp32. 1e-4 + 1e-5 |LSE| sits 10-20x above what the
-# interpreter shows for |s| up to ~100.
+# interpreter shows for |s| up to ~100. On a GPU the cap's tanh is tanh.approx: each capped score,
+# and so the LSE, may be off by c * TANH_APPROX_REL more (lse_tol).
 LSE_TOL = Tol(1e-4, 1e-5, "fp32 scores (and tanh by exp2), fp32 log-sum-exp", rounding_check=False)
+
+
+def lse_tol(softcap):
+    if not softcap or INTERPRET:
+        return LSE_TOL
+    return Tol(LSE_TOL.atol + softcap * TANH_APPROX_REL, LSE_TOL.rtol, "fp32 scores capped by tanh.approx, fp32 "
+               "log-sum-exp", rounding_check=False)
+
+
+@triton.jit
+def _tanh_approx_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tanh_approx(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+
+def check_tanh_approx():
+    """The bounds above rest on tanh_approx's error: on a GPU (tanh.approx.f32) within
+    TANH_APPROX_REL of |tanh x|, in the interpreter (tanh by exp2) within 2^-22, over fp32 x from
+    1e-6 to 20 in magnitude, and 0."""
+    x = torch.cat([torch.linspace(-20.0, 20.0, 200001), torch.logspace(-6, 1, 20001), -torch.logspace(-6, 1, 20001),
+                   torch.zeros(1)]).to(DEVICE)
+    y = torch.full_like(x, float("nan"))
+    _tanh_approx_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    want = torch.tanh(x.double())
+    err = (y.double() - want).abs()
+    if INTERPRET:
+        return [Outcome("tanh by exp2: |error| <= 2^-22", bool((err <= 2.0 ** -22).all()),
+                        note=f"max {err.max().item():.3g}")]
+    rel = (err / want.abs().clamp_min(1e-30)).max().item()
+    return [Outcome("tanh.approx.f32: relative error <= TANH_APPROX_REL", bool((err <= TANH_APPROX_REL * want.abs()).all()),
+                    note=f"max {rel:.3g} vs {TANH_APPROX_REL:.3g}")]
 
 
 def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, scale=1.0):
@@ -635,7 +677,7 @@ def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, sc
     with torch.no_grad():
         _, lse = flash_attention_train_op(q, k, v, causal, None, None, False, left, right, softcap or 0.0)
     ref = torch.logsumexp(attention_scores(q.double(), k.double(), causal, None, window, softcap), dim=-1)
-    return [compare("LSE", lse, ref, LSE_TOL)]
+    return [compare("LSE", lse, ref, lse_tol(softcap))]
 
 
 def check_window_skips(causal, window, deterministic):
@@ -807,6 +849,7 @@ def mask_cases():
         Case("varlen 16 mixed 1..3000 window (512, 0) causal softcap 50 GQA 32/8 D128 bf16", check_varlen,
              dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=bf16, causal=True,
                   window=(512, 0), softcap=50.0, scale=10.0), gpu_only=True),
+        Case("tanh_approx: the softcap's tanh within its bound", check_tanh_approx),
         Case("window and softcap: bad input", check_mask_errors),
         Case("window and softcap off: today's bits", check_mask_defaults),
         Case("window and softcap: operators' opcheck", check_mask_opcheck),

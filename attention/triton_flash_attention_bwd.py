@@ -36,9 +36,9 @@ two-pass schedule on an H100 and so is not the default there (docs/tuning/attent
 Sliding windows and logit softcapping (attention/triton_flash_attention_fwd.py): WINDOW masks as the
 forward does, and each launch visits only the blocks some pair of the window falls in (the dk/dv
 kernel's queries by window_query_range, the dq kernel's keys by window_key_range), masked at both
-ends, unmasked in between. SOFTCAP recomputes t = tanh(S / c) and the capped score c * t; the
-gradient of the uncapped S is then dS * (1 - t^2) (the chain rule through c * tanh(S / c)), which
-dq and dk take in place of dS.
+ends, unmasked in between. SOFTCAP recomputes t = tanh(S / c) (by tanh_approx, as the forward) and
+the capped score c * t; the gradient of the uncapped S is then dS * (1 - t^2) (the chain rule
+through c * tanh(S / c)), which dq and dk take in place of dS.
 
 FLOPs, counted as the forward's 2.5x (the convention of FlashAttention's benchmarks): the
 backward's four products of 2 * Tq * Tk * D each plus the recomputed q k^T, over the visible
@@ -61,7 +61,7 @@ from llmk.attention.triton_flash_attention_fwd import (MAX_GRID_Y, attention_gri
                                                       window_visible)
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
-from llmk.common.triton_utils import LOG2E, tanh
+from llmk.common.triton_utils import LOG2E, tanh_approx
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -224,7 +224,7 @@ def _dkdv_query_blocks(
         else:
             sT = tl.dot(k, tl.trans(q))
         if SOFTCAP:
-            tT = tanh(sT * qk_scale)
+            tT = tanh_approx(sT * qk_scale)
             pT = tl.math.exp2(softcap_log2 * tT - lse2[None, :])
         else:
             pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
@@ -410,7 +410,7 @@ def _dq_key_blocks(
         k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         if SOFTCAP:
-            t = tanh(tl.dot(q, tl.trans(k)) * qk_scale)
+            t = tanh_approx(tl.dot(q, tl.trans(k)) * qk_scale)
             p = tl.math.exp2(softcap_log2 * t - lse2[:, None])
         else:
             p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])

@@ -20,8 +20,10 @@ unbounded side is passed as a bound no key reaches). Key blocks outside every ro
 visited: the loop runs [lo, hi) (window_key_range), masked at both ends and unmasked in between.
 Logit softcapping (SOFTCAP, Gemma 2): scores s = q k^T * sm_scale become c * tanh(s / c) before the
 softmax; qk_scale is then sm_scale / c, the tanh's argument, and softcap_log2 = c * log2(e) takes
-the capped score to exp2's units; LSE is then that of the capped scores. tanh is common.triton_utils.tanh
-(one exp2: the same in every Triton version and in the interpreter).
+the capped score to exp2's units; LSE is then that of the capped scores. tanh is
+common.triton_utils.tanh_approx: the GPU's tanh.approx.f32, one MUFU instruction beside the softmax's
+exp2 where tanh by an exp2 and a division takes two (docs/tuning/attention.md), relative error at
+most 2^-11: a capped score is off by at most c * 2^-11, as in FlashAttention's own softcap.
 
 Conventions are those of attention/reference_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
 the bottom right when Tq != Tk, zeros for a query that sees no key.
@@ -42,7 +44,7 @@ import triton.language as tl
 
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
-from llmk.common.triton_utils import LN2, LOG2E, tanh
+from llmk.common.triton_utils import LN2, LOG2E, tanh_approx
 
 MAX_HEAD_DIM = 256
 
@@ -110,7 +112,7 @@ def _attend_key_blocks(
         qk = tl.dot(q, tl.trans(k))
         scale = qk_scale
         if SOFTCAP:
-            qk = softcap_log2 * tanh(qk * qk_scale)  # the capped score, in exp2's units already
+            qk = softcap_log2 * tanh_approx(qk * qk_scale)  # the capped score, in exp2's units already
             scale = 1.0
         if MASKED:
             visible = (keys < n_keys)[None, :]

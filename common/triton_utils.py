@@ -9,6 +9,8 @@ global); host code takes .value.
 import triton
 import triton.language as tl
 
+from llmk.common.device import INTERPRET
+
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(t) = exp2(t * log2(e)): exp2 is one instruction
 LN2 = tl.constexpr(0.6931471805599453)     # log(t) = log2(t) * ln(2)
 
@@ -130,3 +132,23 @@ def tanh(x):
     which c * tanh turns into c * 6e-8 of a score. (Triton's libdevice tanh moved between
     versions, and the interpreter lacks it.)"""
     return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+# tanh.approx.f32 (PTX, sm_75 and later) is one MUFU instruction where tanh() spends two (an exp2
+# and the division's reciprocal) and a few ALU ones. Its largest relative error is 2^-10.987 (the
+# PTX ISA's figure): TANH_APPROX_REL, which the tests' bounds take. FlashAttention 2 and 3 cap
+# their scores with the same instruction (cutlass::fast_tanh). The interpreter runs no PTX.
+TANH_APPROX_REL = 2.0 ** -10.987
+FAST_TANH = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def tanh_approx(x):
+    """tanh of fp32 values for a kernel bound by its MUFU instructions (attention's softcap): the
+    hardware's tanh.approx.f32 on a GPU, relative error at most TANH_APPROX_REL; tanh() in the
+    interpreter. A bandwidth-bound kernel has the cycles for tanh() and keeps its accuracy."""
+    if FAST_TANH:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tanh(x)
