@@ -10,17 +10,20 @@ l of exp(s - m) and the unnormalized output acc, and rescales them when the max 
 
 It never holds more than Tq x block_size scores, which proves the algorithm is exact; it is not
 fast, because every block is its own round of PyTorch launches reading and writing memory. Same
-conventions as naive_attention (GQA, bottom-right causal, zeros for a query with no key).
+conventions as naive_attention (GQA, bottom-right causal, a sliding window, softcap, zeros for a
+query with no key). A key block that no query sees (past the causal diagonal or outside every
+window) is skipped, as the kernel skips it: the result is the same, since exp(-inf) adds nothing.
 """
 import math
 
 import torch
 
-from llmk.attention.reference_attention import causal_mask, expand_kv
+from llmk.attention.reference_attention import expand_kv, visible_mask
 
 
-def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128):
-    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) -> O (B, H, Tq, D) in q's dtype, math in fp32."""
+def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128, window=None, softcap=None):
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) -> O (B, H, Tq, D) in q's dtype, math in fp32.
+    window: None or (left, right), -1 unbounded; softcap: None/0 or c > 0 (naive_attention's)."""
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     compute = torch.promote_types(q.dtype, torch.float32)
@@ -31,12 +34,17 @@ def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128):
     m = torch.full(q.shape[:3], float("-inf"), dtype=compute, device=q.device)
     l = torch.zeros(q.shape[:3], dtype=compute, device=q.device)
     acc = torch.zeros(*q.shape[:3], v.shape[-1], dtype=compute, device=q.device)
-    visible = causal_mask(tq, tk, q.device) if causal else None
+    visible = visible_mask(tq, tk, q.device, causal, window)
     for start in range(0, tk, block_size):
-        kb, vb = k[:, :, start:start + block_size], v[:, :, start:start + block_size]
+        block = slice(start, start + block_size)
+        if visible is not None and not visible[:, block].any():
+            continue  # no query sees these keys
+        kb, vb = k[:, :, block], v[:, :, block]
         s = torch.matmul(qf, kb.transpose(-1, -2))
-        if causal:
-            s = s.masked_fill(~visible[:, start:start + block_size], float("-inf"))
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        if visible is not None:
+            s = s.masked_fill(~visible[:, block], float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))
         # rows that have seen no key yet keep m = -inf; subtracting 0 instead avoids inf - inf
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)

@@ -52,13 +52,15 @@ def check_window_softcap(tq, tk, causal, window, softcap):
             mask[i, j] = (left < 0 or j >= ip - left) and (right < 0 or j <= ip + right) and (not causal or j <= ip)
     mask = mask.to(q.device)
     ref = naive_attention(q, k, v, causal, 0.3, window, softcap)
+    blocked = blocked_attention(q, k, v, causal, 0.3, block_size=8, window=window, softcap=softcap)
     seen = mask.any(-1)
     if softcap:
         s = torch.tanh(q @ expand_kv(k, 4).transpose(-1, -2) * 0.3 / softcap) * softcap
         want = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(nan=0.0) @ expand_kv(v, 4)
     else:
         want = F.scaled_dot_product_attention(q, expand_kv(k, 4), expand_kv(v, 4), attn_mask=mask, scale=0.3)
-    outcomes = [compare("naive vs the definition", ref[:, :, seen], want[:, :, seen], FP64)]
+    outcomes = [compare("naive vs the definition", ref[:, :, seen], want[:, :, seen], FP64),
+                compare("blocked vs naive", blocked, ref, FP64)]
     if not seen.all():
         outcomes.append(Outcome("no key: zeros", bool((ref[:, :, ~seen] == 0).all())))
     return outcomes
