@@ -645,6 +645,18 @@ def lse_tol(softcap):
                "log-sum-exp", rounding_check=False)
 
 
+def check_window_one_loop(causal, window, d, dtype):
+    """launch_flash_attention(window_split=False), the sweeps' alternative (one loop, every block
+    masked), under the forward's rules: a sweep's figures must come from a correct kernel."""
+    q, k, v = make_qkv(1, 4, 2, 77, 77, d, dtype)
+    scale = 1.0 / math.sqrt(d)
+    out = poisoned(q.shape, dtype)
+    launch_flash_attention(q, k, v, out, causal, scale, window=window, window_split=False)
+    ref = naive_attention(q.double(), k.double(), v.double(), causal, scale, window=window)
+    return [compare("O", out, ref, attention_tol(q, k, v, causal, scale, window),
+                    torch_out=same_dtype_attention(q, k, v, causal, scale, window))]
+
+
 @triton.jit
 def _tanh_approx_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -850,6 +862,10 @@ def mask_cases():
              dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=bf16, causal=True,
                   window=(512, 0), softcap=50.0, scale=10.0), gpu_only=True),
         Case("tanh_approx: the softcap's tanh within its bound", check_tanh_approx),
+        Case("window (4, 0) causal, one masked loop D64 bf16", check_window_one_loop,
+             dict(causal=True, window=(4, 0), d=64, dtype=bf16)),
+        Case("window (20, 30), one masked loop D32 fp16", check_window_one_loop,
+             dict(causal=False, window=(20, 30), d=32, dtype=torch.float16)),
         Case("window and softcap: bad input", check_mask_errors),
         Case("window and softcap off: today's bits", check_mask_defaults),
         Case("window and softcap: operators' opcheck", check_mask_opcheck),

@@ -220,7 +220,7 @@ def _flash_attention_fwd_kernel(
     # meta-parameters
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GRID_Y: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    GRID_Y: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW_SPLIT: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: start them first, the short ones fill the tail
@@ -252,7 +252,14 @@ def _flash_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    if WINDOW:  # masked, unmasked, masked: the blocks of no row's window are skipped
+    if WINDOW and not WINDOW_SPLIT:  # one loop, every block masked (window_split's alternative)
+        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
+                                                            window_right, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+            softcap_log2, True, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
+    elif WINDOW:  # masked, unmasked, masked: the blocks of no row's window are skipped
         lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
                                                             window_right, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _attend_key_blocks(
@@ -319,7 +326,7 @@ def softcap_scales(scale, softcap):
 
 
 def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None,
-                           grid_y=MAX_GRID_Y, window=(-1, -1), softcap=0.0):
+                           grid_y=MAX_GRID_Y, window=(-1, -1), softcap=0.0, window_split=True):
     """Launch on validated arguments; writes out and, when given, lse.
     q, out (B, H, Tq, D); k, v (B, Hkv, Tk, D), any strides, Tq >= 1. lse: None or fp32 (B, H, Tq)
     with unit token stride. scale: sm_scale as a float.
@@ -329,7 +336,9 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
     config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of attention_config's
     choice (tests force each CONFIG_TABLE row; tuning sweeps). grid_y: the grid's y extent
     (MAX_GRID_Y; a test passes a small one to run the axis-2 spill on small shapes).
-    window: (left, right) ints >= -1, -1 unbounded (kernel_mask); softcap: c > 0, or 0 for none."""
+    window: (left, right) ints >= -1, -1 unbounded (kernel_mask); softcap: c > 0, or 0 for none.
+    window_split: a window's key loop split into masked edges and an unmasked middle (the default);
+    False runs one loop with every block masked (tests and scripts/tune/attention_options_sweep.py)."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     cu_q = cu_k = None
@@ -350,5 +359,6 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
         h, h // hkv, tq, tk, qk_scale, b * h, left, right, softcap_log2,
         CAUSAL=causal, VARLEN=cu_q is not None, STORE_LSE=lse is not None,
         HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, GRID_Y=grid_y,
-        WINDOW=has_window, SOFTCAP=has_softcap, num_warps=num_warps, num_stages=num_stages,
+        WINDOW=has_window, SOFTCAP=has_softcap, WINDOW_SPLIT=window_split, num_warps=num_warps,
+        num_stages=num_stages,
     )

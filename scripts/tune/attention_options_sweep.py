@@ -12,7 +12,10 @@ at B4 H32 T4096; softcap 50 at B4 H32 T4096 hd128 and at B2 H8 T4096 hd256 (Gemm
 FLOPs count visible pairs: 4 * B*H*D * pairs forward, 2.5x that backward. Each line: a config's
 TFLOP/s and its ratio to the "off" line of its problem, whose own pairs count: a window's target
 is a ratio of 1.00; a softcap's pairs are the same, so its ratio is off's time over the option's,
-at least 0.91 for at most 1.1x the time. A config whose
+at least 0.91 for at most 1.1x the time. A window's configs run twice: split into masked edges
+and an unmasked middle (the kernel's default), and as one loop of masked blocks; then the same
+number of key blocks unmasked (full attention of Tq queries against left + 1 + BLOCK_M keys) shows
+what the masks and edges cost beside the causal grid's shape. A config whose
 output differs from the table's by more than 2% of its largest value prints BAD, one that does
 not fit prints REFUSED; '*' marks the table's pick. Kernels compile first in SWEEP_JOBS processes.
 """
@@ -22,7 +25,7 @@ import torch
 
 from llmk.attention.triton_flash_attention import flash_attention, flash_attention_train_op
 from llmk.attention.triton_flash_attention_bwd import backward_config, launch_flash_attention_backward
-from llmk.attention.triton_flash_attention_fwd import table_config
+from llmk.attention.triton_flash_attention_fwd import launch_flash_attention, table_config
 from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
 from sweep_common import parse_sweep_args, precompile, report_config
@@ -77,8 +80,9 @@ def warm(task):
     opts = options(None if left is None else left % WARM_T, softcap)
     try:
         if fwd is not None:
-            flash_attention(q, k, v, causal=True, out=torch.empty_like(q), config=fwd, window=opts["window"],
-                            softcap=softcap)
+            for split in (True, False) if left is not None else (True,):
+                launch_flash_attention(q, k, v, torch.empty_like(q), True, d ** -0.5, config=fwd, window_split=split,
+                                       **opts)
         if bwd is not None:
             o, lse = flash_attention_train_op(q, k, v, True, None, None)
             grads = [torch.empty_like(x) for x in (q, k, v)]
@@ -101,11 +105,20 @@ def sweep_problem(name, shape, left, softcap, smoke):
     with torch.no_grad():
         want = flash_attention(q, k, v, causal=True, window=opts["window"], softcap=softcap)
     picked = SMOKE_CONFIG if smoke else table_config(d, t)
+    splits = (True, False) if left is not None else (True,)
     for config in dict.fromkeys(forward_configs(d, smoke) + [picked]):
-        call = lambda config=config: flash_attention(q, k, v, causal=True, out=out, config=config,  # noqa: E731
-                                                     window=opts["window"], softcap=softcap)
-        report_config("{} x {}, {} warps, {} stages".format(*config), call, out, want, config == picked,
-                      flops=fwd_flops, sdpa_TFLOPs=off_fwd, may_refuse=True, versus="off")
+        for split in splits:
+            call = lambda config=config, split=split: launch_flash_attention(  # noqa: E731
+                q, k, v, out, True, scale, config=config, window_split=split, **opts)
+            report_config("{} x {}, {} warps, {} stages".format(*config) + ("" if split else ", one masked loop"),
+                          call, out, want, config == picked and split, flops=fwd_flops, sdpa_TFLOPs=off_fwd,
+                          may_refuse=True, versus="off")
+    if left is not None:  # the window's work without its masks: each query block against as many keys, unmasked
+        keys = left + 1 + picked[0]
+        ms = time_ms(lambda: flash_attention(q, k[:, :, :keys], v[:, :, :keys], out=out))
+        rate = tflops(4 * b * h * d * t * keys, ms)
+        print(f"    unmasked, {keys} keys a query (the window's blocks, table config): {rate:.0f} TFLOP/s "
+              f"{rate / off_fwd:.2f}x off", flush=True)
     # the backward: off with the table's pick, then the option's configs
     with torch.no_grad():
         o_off, lse_off = flash_attention_train_op(q, k, v, True, None, None)
