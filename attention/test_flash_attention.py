@@ -44,13 +44,15 @@ from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
 
 def attention_tol(q, k, v, causal, sm_scale, window=None, softcap=None):
     """The tolerance of O in q's dtype, from the fp64 probabilities of this problem. With softcap c
-    on a GPU, tanh_approx moves each capped score s_ij by at most e = c * TANH_APPROX_REL, so O_i by
-    sum_j p_ij e (v_j - O_i) (the softmax's first-order change): at most e (p @ |v| + |O|) more."""
+    on a GPU, tanh_approx moves each capped score s_ij by at most e = c * TANH_APPROX_REL: each p_ij
+    then by a factor within [e^-2e, e^2e], and O_i = sum_j p_ij v_j by at most
+    (e^2e - 1) / 2 * (p @ |v| + |O|) more (e to first order). The gradients' rule, twice PyTorch's
+    same-dtype error, needs no such term: PyTorch's bf16 or fp16 capped scores are rounded coarser."""
     p = attention_probs(q.double(), k.double(), causal, sm_scale, window, softcap)
     v = expand_kv(v.double(), q.shape[1])
     tol = rounding_tol(q.dtype, p, v, q.shape)
     if softcap and not INTERPRET:
-        bound = softcap * TANH_APPROX_REL * (p @ v.abs() + (p @ v).abs())
+        bound = math.expm1(2 * softcap * TANH_APPROX_REL) / 2 * (p @ v.abs() + (p @ v).abs())
         tol = Tol(tol.atol + bound.reshape(q.shape), tol.rtol, tol.why + "; tanh.approx's error in the capped scores")
     return tol
 

@@ -23,7 +23,8 @@ softmax; qk_scale is then sm_scale / c, the tanh's argument, and softcap_log2 = 
 the capped score to exp2's units; LSE is then that of the capped scores. tanh is
 common.triton_utils.tanh_approx: the GPU's tanh.approx.f32, one MUFU instruction beside the softmax's
 exp2 where tanh by an exp2 and a division takes two (docs/tuning/attention.md), relative error at
-most 2^-11: a capped score is off by at most c * 2^-11, as in FlashAttention's own softcap.
+most TANH_APPROX_REL (2^-10.987): a capped score is off by at most c times that, as in
+FlashAttention's own softcap.
 
 Conventions are those of attention/reference_attention.py: GQA by `h // (H // Hkv)`, causal aligned to
 the bottom right when Tq != Tk, zeros for a query that sees no key.

@@ -31,7 +31,8 @@ causal, fwd and fwd+bwd): a window of 4096 keys (window=(4095, 0)) at T 16384, a
 `flex` (torch.nn.attention.flex_attention compiled, a block mask for the
 window, a score_mod for the cap) and, for the window, `sdpa-efficient-mask` (an explicit boolean
 mask; SDPA's flash and cuDNN backends take no window). max_err is against the fp32 reference with the
-same mask and cap (SDPA's memory-efficient backend with the mask on a GPU). Beside them, ops
+same mask and cap (on a GPU, SDPA's memory-efficient backend, causal or with the window's mask,
+where there is no cap; the naive attention a batch at a time where there is). Beside them, ops
 "attention-window off" and "attention-softcap off": our kernel, sdpa-flash and sdpa-cudnn on the same
 shapes without the option (plain causal, its own causal pairs counted): the window's target is its
 TFLOP/s on visible pairs, the softcap's at most 10% more time.
@@ -361,8 +362,8 @@ def option_reference(inputs, window_left, softcap, dys):
 
 
 def option_cases(op, shape, window_left, softcap):
-    """The option's rows (op), and ours without it on the same shape (op + " off", plain causal:
-    the window's target compares TFLOP/s, the softcap's times)."""
+    """The option's rows (op), and ours, sdpa-flash's and sdpa-cudnn's without it on the same shape
+    (op + " off", plain causal: the window's target compares TFLOP/s, the softcap's times)."""
     b, h, t, d = shape
     causal_pairs = t * (t + 1) // 2
     scores = b * h * t * t * 4

@@ -73,9 +73,11 @@ def table_backward(d, h_over_hkv=1):
 
 
 def warm(task):
-    """Compile one forward and one backward launch on small inputs (precompile's worker)."""
-    d, left, softcap, fwd, bwd = task
-    q, k, v, do = (torch.randn(1, 2, WARM_T, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
+    """Compile one forward and one backward launch on the problem's batch and heads at WARM_T tokens
+    (precompile's worker): Triton specializes int arguments on their divisibility by 16, and the
+    head and pair counts are such arguments."""
+    b, h, d, left, softcap, fwd, bwd = task
+    q, k, v, do = (torch.randn(b, h, WARM_T, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
     # a left bound below WARM_T, odd as the timed ones are (Triton specializes ints on divisibility)
     opts = options(None if left is None else left % WARM_T, softcap)
     try:
@@ -145,9 +147,11 @@ def main():
     jobs = int(os.environ.get("SWEEP_JOBS", max(1, (os.cpu_count() or 2) - 1)))
     print(f"{describe()}, bf16, compiling in {jobs} processes", flush=True)
     tasks = []
-    for _, (_, _, _, d), left, softcap in problems:
-        tasks += [(d, left, softcap, fwd, None) for fwd in forward_configs(d, args.smoke)]
-        tasks += [(d, left, softcap, None, bwd) for bwd in backward_configs(d, args.smoke)]
+    for _, (b, h, t, d), left, softcap in problems:
+        picks = ([SMOKE_CONFIG], [(SMOKE_CONFIG, SMOKE_CONFIG)]) if args.smoke else ([table_config(d, t)],
+                                                                                   [table_backward(d)])
+        tasks += [(b, h, d, left, softcap, fwd, None) for fwd in forward_configs(d, args.smoke) + picks[0]]
+        tasks += [(b, h, d, left, softcap, None, bwd) for bwd in backward_configs(d, args.smoke) + picks[1]]
     precompile(warm, list(dict.fromkeys(tasks)), jobs)
     for name, shape, left, softcap in problems:
         sweep_problem(name, shape, left, softcap, args.smoke)
