@@ -253,16 +253,12 @@ def _flash_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    if WINDOW and not WINDOW_SPLIT:  # one loop, every block masked (window_split's alternative)
+    if WINDOW:  # masked, unmasked, masked: the blocks of no row's window are skipped
         lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
                                                             window_right, BLOCK_M, BLOCK_N)
-        acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
-            softcap_log2, True, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
-    elif WINDOW:  # masked, unmasked, masked: the blocks of no row's window are skipped
-        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
-                                                            window_right, BLOCK_M, BLOCK_N)
+        if not WINDOW_SPLIT:  # window_split's alternative: every block in the first, masked, loop
+            unmasked_lo = hi
+            unmasked_hi = hi
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, lo, unmasked_lo, n_keys, causal_shift, qk_scale, window_left, window_right,
