@@ -474,11 +474,11 @@ def forced_cases():
     """Each CONFIG_TABLE row on a short sequence (several q and key blocks of the row's size, a
     ragged last one) at the row's largest head dim, full and causal, fp16 and bf16."""
     cases = []
-    for max_dim, max_tq, *config in CONFIG_TABLE:
+    for max_dim, config in dict.fromkeys((row[0], tuple(row[3:])) for row in CONFIG_TABLE):
         for dtype in (torch.float16, torch.bfloat16):
             for causal in (False, True):
-                name = f"forced {tuple(config)} T150 D{max_dim} {'causal' if causal else 'full'} {dtype_name(dtype)}"
-                cases.append(Case(name, check_forced, dict(config=tuple(config), b=1, h=2, hkv=1, tq=150, tk=150,
+                name = f"forced {config} T150 D{max_dim} {'causal' if causal else 'full'} {dtype_name(dtype)}"
+                cases.append(Case(name, check_forced, dict(config=config, b=1, h=2, hkv=1, tq=150, tk=150,
                                                            d=max_dim, dtype=dtype, causal=causal)))
     return cases
 
@@ -487,8 +487,9 @@ def check_table_rows():
     """Every CONFIG_TABLE row is forced by a case, and table_config routes each row's head dims
     and lengths to it: a row added to the table without a forced case fails here."""
     forced = {(c.kwargs["d"], c.kwargs["config"]) for c in CASES if c.fn is check_forced}
-    missing = [row for row in CONFIG_TABLE if (row[0], tuple(row[2:])) not in forced]
-    routed = all(table_config(max_dim, max_tq or 4096) == tuple(config) for max_dim, max_tq, *config in CONFIG_TABLE)
+    missing = [row for row in CONFIG_TABLE if (row[0], tuple(row[3:])) not in forced]
+    routed = all(table_config(max_dim, max_tq or 4096, windowed) == tuple(config)
+                 for max_dim, max_tq, windowed, *config in CONFIG_TABLE)
     return [Outcome("every CONFIG_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
             Outcome("table_config picks each row", routed)]
 

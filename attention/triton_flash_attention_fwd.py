@@ -55,10 +55,14 @@ MAX_HEAD_DIM = 256
 # Measured by scripts/tune/attention_sweep.py on an H200 (fp16, full and causal); the figures and
 # the configs that lost are in docs/tuning/attention.md.
 CONFIG_TABLE = [
-    (64, None, 128, 64, 8, 3),    # small heads: a tall q block; 8 warps beat 4
-    (128, 1024, 64, 64, 4, 3),    # short sequences: half-height q blocks make twice the programs
-    (128, None, 128, 64, 8, 3),   # long sequences: 8 warps (4 lost 40%); 4 stages no better
-    (256, None, 128, 64, 8, 2),   # wide heads: a stage is 64 KB of K and V, two fit; 64 x 32 lost
+    # (max head dim, max queries or None, windowed launches only, BLOCK_M, BLOCK_N, warps, stages)
+    (64, None, False, 128, 64, 8, 3),    # small heads: a tall q block; 8 warps beat 4
+    (128, 1024, False, 64, 64, 4, 3),    # short sequences: half-height q blocks make twice the programs
+    # a window's query block visits window + BLOCK_M keys for a window's worth of pairs: half-height
+    # blocks waste half as many (+5-7% at a window of 1024, even at 4096; docs/tuning/attention.md)
+    (128, None, True, 64, 64, 4, 3),
+    (128, None, False, 128, 64, 8, 3),   # long sequences: 8 warps (4 lost 40%); 4 stages no better
+    (256, None, False, 128, 64, 8, 2),   # wide heads: a stage is 64 KB of K and V, two fit; 64 x 32 lost
 ]
 # The interpreter runs tl.dot in numpy: small blocks keep CPU tests quick and give short sequences
 # several blocks, so the masked and unmasked loops and the causal diagonal are all exercised.
@@ -66,18 +70,19 @@ CONFIG_TABLE = [
 INTERPRET_CONFIG = (16, 16, 1, 1)
 
 
-def table_config(head_dim, n_queries):
+def table_config(head_dim, n_queries, windowed=False):
     """CONFIG_TABLE's (BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim of at most
-    MAX_HEAD_DIM and n_queries queries: the GPU's choice, in either lane."""
-    for max_dim, max_tq, *config in CONFIG_TABLE:
-        if head_dim <= max_dim and (max_tq is None or n_queries <= max_tq):
+    MAX_HEAD_DIM, n_queries queries and a launch with (windowed) or without a bounded window
+    (kernel_mask's has_window): the GPU's choice, in either lane."""
+    for max_dim, max_tq, window_only, *config in CONFIG_TABLE:
+        if head_dim <= max_dim and (max_tq is None or n_queries <= max_tq) and (windowed or not window_only):
             return tuple(config)
     raise ValueError(f"head dim {head_dim} has no config")  # unreachable past check_attention_args
 
 
-def attention_config(head_dim, n_queries):
+def attention_config(head_dim, n_queries, windowed=False):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) to launch: INTERPRET_CONFIG in the interpreter."""
-    return INTERPRET_CONFIG if INTERPRET else table_config(head_dim, n_queries)
+    return INTERPRET_CONFIG if INTERPRET else table_config(head_dim, n_queries, windowed)
 
 
 @triton.jit
@@ -224,7 +229,9 @@ def _flash_attention_fwd_kernel(
     GRID_Y: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW_SPLIT: tl.constexpr,
 ):
     start_m = tl.program_id(0)
-    if CAUSAL:  # the last query blocks see the most keys: start them first, the short ones fill the tail
+    # the last query blocks see the most keys (causal), or the first ones the fewest (a window cut at
+    # key 0): start the long ones first, the short ones fill the tail
+    if CAUSAL or WINDOW:
         start_m = tl.num_programs(0) - 1 - start_m
     bh = program_pair(GRID_Y)
     if bh >= n_bh:
@@ -344,10 +351,10 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
         cu_q, cu_k, tq = cu_seqlens
         b = cu_q.shape[0] - 1
         batch_strides = [0, 0, 0, 0]
-    block_m, block_n, num_warps, num_stages = config or attention_config(d, tq)
-    lse_strides = (0 if cu_q is not None else lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     # a packed batch's totals bound each of its sequences
     causal, has_window, left, right = kernel_mask(causal, window, q.shape[2], k.shape[2])
+    block_m, block_n, num_warps, num_stages = config or attention_config(d, tq, has_window)
+    lse_strides = (0 if cu_q is not None else lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
     _flash_attention_fwd_kernel[attention_grid(cdiv(tq, block_m), b * h, grid_y)](
         q, k, v, out, lse, cu_q, cu_k,

@@ -106,7 +106,7 @@ def sweep_problem(name, shape, left, softcap, smoke):
     print(f"{name} B{b} H{h} T{t} D{d} forward: off {off_fwd:.0f} TFLOP/s", flush=True)
     with torch.no_grad():
         want = flash_attention(q, k, v, causal=True, window=opts["window"], softcap=softcap)
-    picked = SMOKE_CONFIG if smoke else table_config(d, t)
+    picked = SMOKE_CONFIG if smoke else table_config(d, t, windowed=left is not None)
     splits = (True, False) if left is not None else (True,)
     for config in dict.fromkeys(forward_configs(d, smoke) + [picked]):
         for split in splits:
@@ -148,8 +148,10 @@ def main():
     print(f"{describe()}, bf16, compiling in {jobs} processes", flush=True)
     tasks = []
     for _, (b, h, t, d), left, softcap in problems:
-        picks = ([SMOKE_CONFIG], [(SMOKE_CONFIG, SMOKE_CONFIG)]) if args.smoke else ([table_config(d, t)],
-                                                                                   [table_backward(d)])
+        if args.smoke:
+            picks = [SMOKE_CONFIG], [(SMOKE_CONFIG, SMOKE_CONFIG)]
+        else:
+            picks = [table_config(d, t, left is not None)], [table_backward(d)]
         tasks += [(b, h, d, left, softcap, fwd, None) for fwd in forward_configs(d, args.smoke) + picks[0]]
         tasks += [(b, h, d, left, softcap, None, bwd) for bwd in backward_configs(d, args.smoke) + picks[1]]
     precompile(warm, list(dict.fromkeys(tasks)), jobs)
