@@ -41,13 +41,15 @@ def merge(parts, commit=None, note=None):
     meta["copy_GBps"] = min(m["copy_GBps"] for m in metas)
     meta["date"] = max(m["date"] for m in metas)
     notes = list(meta.get("notes") or [])
+    meta.pop("note", None)  # a part's own note speaks of that part: kept below, naming it
+    notes += [f"`{m['command']}`: {m['note']}" for m in metas if m.get("note")]
     notes.append(f"Merged from {len(parts)} runs on one {meta['gpu']}: " + "; ".join(
-        f"`{m['command']}` ({m['date']})" for m in metas) + ".")
+        f"`{m['command']}` ({m['date']}, {str(m.get('commit'))[:12]})" for m in metas) + ".")
     if commit:
         dirty = [m for m in metas if m.get("dirty")]
-        if dirty:
-            notes.append(f"Measured on a working tree of {metas[0]['commit'][:12]} with changes since committed "
-                         f"as {commit[:12]}.")
+        for m in dirty:  # the other parts' rows were measured at their own (clean) commits
+            notes.append(f"`{m['command']}` measured a working tree of {m['commit'][:12]} with changes since "
+                         f"committed as {commit[:12]}.")
         meta["commit"], meta["dirty"] = commit, False
     if note:
         notes.append(note)

@@ -327,9 +327,13 @@ def e2e_extra(meta):
             out.append(f"| {name} | {e.get('T', t.get('T', ''))} | {fmt(e.get('gemm_share'))} | "
                        f"{fmt(t.get('gemm_share'))} | {fmt(e.get('total_ms'))} | {fmt(t.get('total_ms'))} |")
         out.append("")
-    for note in meta.get("notes") or []:
-        out.append(f"- {note}")
-    return out + ([""] if meta.get("notes") else [])
+    return out
+
+
+def run_notes(meta):
+    """The run's notes (scripts/merge_results.py names the runs a merged file joins), a list."""
+    notes = meta.get("notes") or []
+    return [f"- {note}" for note in notes] + ([""] if notes else [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,7 +565,7 @@ def page(area_name, results=RESULTS):
     doc = docstring(area_name)
     if doc:
         out += [f"From the benchmark's docstring (`{bench_file(area_name)}`):", "", "```text", doc, "```", ""]
-    out += ["## The run", ""] + run_table(meta) + [""]
+    out += ["## The run", ""] + run_table(meta) + [""] + run_notes(meta)
     if area_name == "e2e":
         out += e2e_extra(meta)
     if area.render:  # the name of a function here that writes the page's figures
