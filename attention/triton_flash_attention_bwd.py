@@ -445,7 +445,7 @@ def _dq_kernel(
     SOFTCAP: tl.constexpr,
 ):
     start_m = tl.program_id(0)
-    if CAUSAL or WINDOW:  # the last query blocks see the most keys (or the first the fewest): start them first
+    if CAUSAL or WINDOW:  # the query blocks in the forward's order (its comment says why)
         start_m = tl.num_programs(0) - 1 - start_m
     bh = program_pair(GRID_Y)
     if bh >= n_bh:

@@ -49,17 +49,18 @@ from llmk.common.triton_utils import LN2, LOG2E, tanh_approx
 
 MAX_HEAD_DIM = 256
 
-# (largest head dim, longest Tq, BLOCK_M, BLOCK_N, num_warps, num_stages): the first row that
-# fits wins. BLOCK_M rows of q and an fp32 accumulator of the same size live in registers; each
-# pipeline stage holds a K and a V block in shared memory (2 * BLOCK_N * BLOCK_D * 2 bytes).
-# Measured by scripts/tune/attention_sweep.py on an H200 (fp16, full and causal); the figures and
-# the configs that lost are in docs/tuning/attention.md.
+# (largest head dim, longest Tq or None, windowed launches only, BLOCK_M, BLOCK_N, num_warps,
+# num_stages): the first row that fits wins. BLOCK_M rows of q and an fp32 accumulator of the same
+# size live in registers; each pipeline stage holds a K and a V block in shared memory
+# (2 * BLOCK_N * BLOCK_D * 2 bytes).
+# Measured by scripts/tune/attention_sweep.py on an H200 (fp16, full and causal), the windowed row
+# by scripts/tune/attention_options_sweep.py on an H100 (bf16); the figures and the configs that
+# lost are in docs/tuning/attention.md.
 CONFIG_TABLE = [
-    # (max head dim, max queries or None, windowed launches only, BLOCK_M, BLOCK_N, warps, stages)
     (64, None, False, 128, 64, 8, 3),    # small heads: a tall q block; 8 warps beat 4
     (128, 1024, False, 64, 64, 4, 3),    # short sequences: half-height q blocks make twice the programs
     # a window's query block visits window + BLOCK_M keys for a window's worth of pairs: half-height
-    # blocks waste half as many (+5-7% at a window of 1024, even at 4096; docs/tuning/attention.md)
+    # blocks waste half as many (+5-7% at a window of 1024, a tie at 4096)
     (128, None, True, 64, 64, 4, 3),
     (128, None, False, 128, 64, 8, 3),   # long sequences: 8 warps (4 lost 40%); 4 stages no better
     (256, None, False, 128, 64, 8, 2),   # wide heads: a stage is 64 KB of K and V, two fit; 64 x 32 lost
@@ -229,8 +230,10 @@ def _flash_attention_fwd_kernel(
     GRID_Y: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW_SPLIT: tl.constexpr,
 ):
     start_m = tl.program_id(0)
-    # the last query blocks see the most keys (causal), or the first ones the fewest (a window cut at
-    # key 0): start the long ones first, the short ones fill the tail
+    # the longest query blocks first, the short ones fill the tail: causal's last ones, and a
+    # window's when it reaches further left than right, as causal windows do (its first ones are cut
+    # at key 0). One reaching further right (non-causal, say (left, -1)) gets its short ones first:
+    # only its tail is slower, the result is the same.
     if CAUSAL or WINDOW:
         start_m = tl.num_programs(0) - 1 - start_m
     bh = program_pair(GRID_Y)
