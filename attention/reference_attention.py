@@ -23,9 +23,7 @@ import torch
 
 def causal_mask(tq, tk, device):
     """(Tq, Tk) bool, True where query i may see key j: j <= i + (Tk - Tq)."""
-    i = torch.arange(tq, device=device)[:, None]
-    j = torch.arange(tk, device=device)[None, :]
-    return j <= i + (tk - tq)
+    return visible_mask(tq, tk, device, causal=True)
 
 
 def visible_mask(tq, tk, device, causal=False, window=None):
@@ -45,6 +43,12 @@ def visible_mask(tq, tk, device, causal=False, window=None):
     return visible
 
 
+def softcapped(scores, softcap):
+    """Gemma 2's logit softcapping, c * tanh(s / c), of scores of any shape in their dtype;
+    unchanged for softcap None or 0."""
+    return torch.tanh(scores / softcap) * softcap if softcap else scores
+
+
 def expand_kv(k, n_heads):
     """(B, Hkv, T, D) -> (B, H, T, D): each kv head repeated for the H / Hkv query heads it serves."""
     return k.repeat_interleave(n_heads // k.shape[1], dim=1)
@@ -57,9 +61,7 @@ def attention_scores(q, k, causal=False, sm_scale=None, window=None, softcap=Non
     compute = torch.promote_types(q.dtype, torch.float32) if dtype is None else dtype
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     k = expand_kv(k, q.shape[1])
-    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-1, -2)) * sm_scale
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
+    scores = softcapped(torch.matmul(q.to(compute), k.to(compute).transpose(-1, -2)) * sm_scale, softcap)
     visible = visible_mask(q.shape[2], k.shape[2], q.device, causal, window)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))

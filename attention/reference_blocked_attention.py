@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from llmk.attention.reference_attention import expand_kv, visible_mask
+from llmk.attention.reference_attention import expand_kv, softcapped, visible_mask
 
 
 def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128, window=None, softcap=None):
@@ -35,14 +35,15 @@ def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128, wind
     l = torch.zeros(q.shape[:3], dtype=compute, device=q.device)
     acc = torch.zeros(*q.shape[:3], v.shape[-1], dtype=compute, device=q.device)
     visible = visible_mask(tq, tk, q.device, causal, window)
-    for start in range(0, tk, block_size):
+    starts = range(0, tk, block_size)
+    if visible is not None:
+        # the keys some query sees, in one host transfer: a test per block would sync a GPU per block
+        seen = visible.any(0).tolist()
+        starts = [start for start in starts if any(seen[start:start + block_size])]  # skip keys no query sees
+    for start in starts:
         block = slice(start, start + block_size)
-        if visible is not None and not visible[:, block].any():
-            continue  # no query sees these keys
         kb, vb = k[:, :, block], v[:, :, block]
-        s = torch.matmul(qf, kb.transpose(-1, -2))
-        if softcap:
-            s = torch.tanh(s / softcap) * softcap
+        s = softcapped(torch.matmul(qf, kb.transpose(-1, -2)), softcap)
         if visible is not None:
             s = s.masked_fill(~visible[:, block], float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))

@@ -22,7 +22,6 @@ window and the cap, for O, LSE and both backward schedules; block bounds swept w
 would show (SWEEP_WINDOWS); blocks outside every window filled with NaN, which a kernel that
 visited them would carry into its outputs.
 """
-import functools
 import math
 
 import torch
@@ -39,7 +38,7 @@ from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET
 from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
-                                 expect_raises, grads_of, main, poisoned, rand)
+                                 expect_raises, grads_of, main, opcheck, poisoned, rand)
 from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
 
 def attention_tol(q, k, v, causal, sm_scale, window=None, softcap=None):
@@ -212,7 +211,8 @@ def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=
 
 
 def attention_and_lse(q, k, v, causal, sm_scale, window=None, softcap=None):
-    """(O, LSE) with every step in the inputs' dtype: fp64 inputs give the reference."""
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) -> (O (B, H, Tq, D), LSE (B, H, Tq)) with every step in
+    the inputs' dtype: fp64 inputs give the reference. A query that sees no key gets LSE -inf (O NaN)."""
     scores = attention_scores(q, k, causal, sm_scale, window, softcap, dtype=q.dtype)
     return torch.matmul(torch.softmax(scores, dim=-1), expand_kv(v, q.shape[1])), torch.logsumexp(scores, dim=-1)
 
@@ -691,7 +691,7 @@ def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, sc
     left, right = window or (-1, -1)
     with torch.no_grad():
         _, lse = flash_attention_train_op(q, k, v, causal, None, None, False, left, right, softcap or 0.0)
-    ref = torch.logsumexp(attention_scores(q.double(), k.double(), causal, None, window, softcap), dim=-1)
+    _, ref = attention_and_lse(q.double(), k.double(), v.double(), causal, None, window, softcap)
     return [compare("LSE", lse, ref, lse_tol(softcap))]
 
 
@@ -733,31 +733,9 @@ def check_window_skips(causal, window, deterministic):
 # Each block bound (window_key_range's lo, unmasked_lo, unmasked_hi, hi; window_query_range's) is an
 # i' -/+ left or right rounded to 16 (the interpreter's blocks): one off by one shows only where
 # that sum sits at a multiple of 16 or beside one. With Tq = Tk (i' = i), sides of 0, 1, 14, 15,
-# 16 and 17 put each bound there for some block.
+# 16 and 17 put each bound there for some block. Causal, Tq45 Tk61 (i' = i + 16): left sides only.
 SWEEP_WINDOWS = ((0, 1), (1, 0), (14, 15), (15, 14), (16, 17), (17, 16))
-
-
-def check_window_sweep(windows, tq, tk, causal):
-    """O, dq, dk, dv of small problems (T 48: three blocks), by both backward schedules, for each
-    window against the fp64 reference: the block bounds' off-by-ones (SWEEP_WINDOWS)."""
-    dtype, outcomes = torch.bfloat16, []
-    for window in windows:
-        q, k, v = make_qkv(1, 1, 1, tq, tk, 16, dtype)
-        do = rand(q.shape, dtype)
-        with torch.no_grad():
-            o = flash_attention(q, k, v, causal=causal, sm_scale=0.25, window=window)
-        outcomes.append(compare(f"{window} O", o, naive_attention(q.double(), k.double(), v.double(), causal, 0.25,
-                                                                  window),
-                                attention_tol(q, k, v, causal, 0.25, window)))
-        for deterministic in (False, True):
-            outcomes += attention_grads(
-                f"{window}{' two-pass' if deterministic else ''}",
-                functools.partial(flash_attention, causal=causal, sm_scale=0.25, window=window,
-                                  deterministic=deterministic),
-                functools.partial(naive_attention, causal=causal, sm_scale=0.25, window=window),
-                functools.partial(same_dtype_attention, causal=causal, sm_scale=0.25, window=window),
-                [q, k, v], [do], dtype)
-    return outcomes
+SWEEP_CAUSAL_WINDOWS = ((0, 0), (1, 0), (14, 0), (15, 0), (17, 0))
 
 
 def check_mask_errors():
@@ -797,7 +775,6 @@ def check_mask_defaults():
 def check_mask_opcheck():
     """The operators with a window and a softcap through torch.library.opcheck (schema, autograd
     registration, fake tensors, AOT dispatch): the options travel by name to the backward."""
-    from llmk.common.testing import opcheck
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 2, 20, 30, 32, torch.float16, scale=5.0))
     lengths = [7, 0, 13]
     cu = cumulative(lengths)
@@ -845,10 +822,16 @@ def mask_cases():
             cases.append(Case(f"backward{' deterministic' if deterministic else ''} {name} {dt}", check_backward,
                               dict(shape, layout=layout, deterministic=deterministic)))
     bf16 = torch.bfloat16
-    cases += [Case("window sweep: block bounds T48", check_window_sweep, dict(windows=SWEEP_WINDOWS, tq=48, tk=48,
-                                                                              causal=False)),
-              Case("window sweep: block bounds causal Tq45 Tk61", check_window_sweep,
-                   dict(windows=((0, 0), (1, 0), (14, 0), (15, 0), (17, 0)), tq=45, tk=61, causal=True))]
+    # the block bounds' off-by-ones: one head of D16 over three blocks (T48), O and both backward schedules
+    sweep = [(window, 48, 48, False) for window in SWEEP_WINDOWS] + \
+        [(window, 45, 61, True) for window in SWEEP_CAUSAL_WINDOWS]
+    for window, tq, tk, causal in sweep:
+        name = f"window sweep {window}{' causal' if causal else ''} Tq{tq} Tk{tk} D16 bf16"
+        shape = dict(b=1, h=1, hkv=1, tq=tq, tk=tk, d=16, dtype=bf16, causal=causal, sm_scale=0.25, window=window)
+        cases.append(Case(name, check, shape))
+        for deterministic in (False, True):
+            cases.append(Case(f"backward{' deterministic' if deterministic else ''} {name}", check_backward,
+                              dict(shape, deterministic=deterministic)))
     for causal, window in ((True, (10, 0)), (False, (4, 8))):
         for deterministic in (False, True):
             cases.append(Case(f"window {window}{' causal' if causal else ''}: blocks outside it not visited"

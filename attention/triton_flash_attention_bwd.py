@@ -57,11 +57,10 @@ import triton
 import triton.language as tl
 
 from llmk.attention.triton_flash_attention_fwd import (MAX_GRID_Y, attention_grid, kernel_mask, key_range,
-                                                      program_pair, sequence_bounds, softcap_scales, window_key_range,
-                                                      window_visible)
+                                                      program_pair, sequence_bounds, window_key_range, window_visible)
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
-from llmk.common.triton_utils import LOG2E, tanh_approx
+from llmk.common.triton_utils import LOG2E, softcap_scales, tanh_approx
 
 try:  # host-side TMA descriptors: Triton 3.4 and later
     from triton.tools.tensor_descriptor import TensorDescriptor

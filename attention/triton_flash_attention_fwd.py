@@ -45,7 +45,7 @@ import triton.language as tl
 
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
-from llmk.common.triton_utils import LN2, LOG2E, tanh_approx
+from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
 MAX_HEAD_DIM = 256
 
@@ -321,15 +321,6 @@ def kernel_mask(causal, window, n_queries, n_keys):
     if left == n_keys and right == 0:
         return True, False, 0, 0
     return False, True, left, right
-
-
-def softcap_scales(scale, softcap):
-    """(qk_scale, softcap_log2, SOFTCAP) the kernels take: without softcap, qk_scale = sm_scale *
-    log2(e) (scores in exp2's units); with it, qk_scale = sm_scale / c (tanh's argument) and
-    softcap_log2 = c * log2(e)."""
-    if softcap:
-        return scale / softcap, softcap * LOG2E.value, True
-    return scale * LOG2E.value, 0.0, False
 
 
 def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None,

@@ -86,7 +86,11 @@ def providers(t):
                     "blocked": blocked_attention if t <= BLOCKED_MAX_T else f"T > BLOCKED_MAX_T ({BLOCKED_MAX_T})"}
 
 
-def attention_flops(b, h, t, d, causal):
+def attention_flops(b, h, t, d, causal, window_left=None):
+    """4 * B * H * D * the visible pairs: all T^2, the causal T(T+1)/2, or those of a causal window
+    of window_left + 1 keys."""
+    if window_left is not None:
+        return 4 * b * h * d * window_pairs(t, window_left)
     pairs = t * (t + 1) // 2 if causal else t * t
     return 4 * b * h * d * pairs
 
@@ -161,9 +165,12 @@ def train_setup(shape, causal):
     return (q, k, v, causal, dys), reference_grads((q, k, v), causal, dys)
 
 
-def bind_train(providers, mode):
+def bind_mode(providers, mode):
+    """BenchCase's bind: the provider's forward ("fwd") or its training call (train_call's modes)."""
     def bind(name, inputs):
         *tensors, dys = inputs
+        if mode == "fwd":
+            return lambda: providers[name](*tensors)
         return train_call(providers[name], tensors, WRT, mode, dys)
     return bind
 
@@ -175,7 +182,7 @@ def train_cases(shapes):
             yield BenchCase("attention-causal" if causal else "attention", (b, h, t, d), TRAIN_DTYPE, providers,
                        lambda shape=(b, h, t, d), causal=causal: train_setup(shape, causal),
                        flops=int(factor * attention_flops(b, h, t, d, causal)), mode=mode, peak=True,
-                       bind=bind_train(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+                       bind=bind_mode(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
 
 
 VARLEN_TOKENS = 131072
@@ -256,15 +263,11 @@ def varlen_cases(lengths, heads, dim):
     providers = varlen_providers(lengths)
     flops = sum(attention_flops(1, heads, n, dim, True) for n in lengths)
     for mode in ("fwd", "fwd+bwd"):
-        def bind(name, inputs, mode=mode):
-            *tensors, dys = inputs
-            if mode == "fwd":
-                return lambda: providers[name](*tensors)
-            return train_call(providers[name], tensors, WRT, mode, dys)
         yield BenchCase("attention-varlen", (len(lengths), heads, sum(lengths), dim), TRAIN_DTYPE,
                    providers, lambda mode=mode: varlen_setup(lengths, heads, dim, mode),
                    flops=int((3.5 if mode == "fwd+bwd" else 1) * flops), mode=mode,
-                   peak=mode != "fwd", bind=bind, skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+                   peak=mode != "fwd", bind=bind_mode(providers, mode),
+                   skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
 
 
 WINDOW_SHAPE, WINDOW_LEFT = (1, 32, 16384, 128), 4095
@@ -365,7 +368,6 @@ def option_cases(op, shape, window_left, softcap):
     """The option's rows (op), and ours, sdpa-flash's and sdpa-cudnn's without it on the same shape
     (op + " off", plain causal: the window's target compares TFLOP/s, the softcap's times)."""
     b, h, t, d = shape
-    causal_pairs = t * (t + 1) // 2
     scores = b * h * t * t * 4
     window = None if window_left is None else (window_left, 0)
 
@@ -374,25 +376,20 @@ def option_cases(op, shape, window_left, softcap):
             return f"scores of {scores / 2 ** 30:.0f} GiB in fp32: past NAIVE_TRAIN_MAX_BYTES"
         return lambda q, k, v: naive_attention(q, k, v, True, **options)
 
-    for name, window, cap, providers, pairs in (
+    for name, window, cap, providers in (
             (op, window_left, softcap,
-             option_providers(window_left, softcap) | {"naive": naive(window=window, softcap=softcap)},
-             window_pairs(t, window_left) if window_left is not None else causal_pairs),
-            (f"{op} off", None, None, off_providers() | {"naive": naive()}, causal_pairs)):
+             option_providers(window_left, softcap) | {"naive": naive(window=window, softcap=softcap)}),
+            (f"{op} off", None, None, off_providers() | {"naive": naive()})):
+        flops = attention_flops(b, h, t, d, True, window)
         def setup(mode, window=window, cap=cap):
             q, k, v = (torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(3))
             dys = [torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE)] if mode != "fwd" else None
             return (q, k, v, dys), option_reference((q, k, v), window, cap, dys)
 
         for mode in ("fwd", "fwd+bwd"):
-            def bind(provider, inputs, mode=mode, providers=providers):
-                *tensors, dys = inputs
-                if mode == "fwd":
-                    return lambda: providers[provider](*tensors)
-                return train_call(providers[provider], tensors, WRT, mode, dys)
             yield BenchCase(name, shape, TRAIN_DTYPE, providers, lambda mode=mode, setup=setup: setup(mode),
-                            flops=int((3.5 if mode == "fwd+bwd" else 1) * 4 * b * h * d * pairs), mode=mode,
-                            peak=mode != "fwd", bind=bind, skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+                            flops=int((3.5 if mode == "fwd+bwd" else 1) * flops), mode=mode,
+                            peak=mode != "fwd", bind=bind_mode(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
 
 
 def charts(args, panels):

@@ -4,7 +4,8 @@ definition each, so every kernel rounds the same way. The SM count the launch he
 host code: common.device.sm_count.
 
 LOG2E and LN2 are tl.constexpr so a kernel can use them as globals (Triton compiles no other
-global); host code takes .value.
+global); host code takes .value, as softcap_scales does (the softcap's launch arguments, one
+definition for the attention and decode launchers).
 """
 import triton
 import triton.language as tl
@@ -13,6 +14,15 @@ from llmk.common.device import INTERPRET
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(t) = exp2(t * log2(e)): exp2 is one instruction
 LN2 = tl.constexpr(0.6931471805599453)     # log(t) = log2(t) * ln(2)
+
+
+def softcap_scales(scale, softcap):
+    """(qk_scale, softcap_log2, SOFTCAP) the kernels take: without softcap, qk_scale = sm_scale *
+    log2(e) (scores in exp2's units); with it, qk_scale = sm_scale / c (tanh's argument) and
+    softcap_log2 = c * log2(e)."""
+    if softcap:
+        return scale / softcap, softcap * LOG2E.value, True
+    return scale * LOG2E.value, 0.0, False
 
 
 @triton.jit

@@ -28,7 +28,7 @@ from llmk.common.device import INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.common.ops import define_op
 from llmk.common.reduce import sum_partials
-from llmk.common.triton_utils import gelu_grad, silu_grad
+from llmk.common.triton_utils import activate_grad
 
 # (BLOCK_M, BLOCK_N, num_warps): 8 rows of 256 columns a step, so each of 128 threads loads two
 # 16-byte vectors of dc and two of z a step (16 bf16 elements of each), and every row segment is
@@ -43,18 +43,6 @@ BLOCKS = (4, 16, 4) if INTERPRET else (8, 256, 4)
 PROGRAMS_PER_SM = 6
 # SMs the interpreter counts: few, so its small shapes make bands of several BLOCK_M steps
 INTERPRET_SMS = 2
-
-
-@triton.jit
-def activation_grad(z, ACTIVATION: tl.constexpr):
-    """act'(z) on fp32 values for ACTIVATION "gelu" (erf), "gelu_tanh" or "silu": the derivatives
-    of common.triton_utils' forms of the same functions."""
-    if ACTIVATION == "gelu":
-        return gelu_grad(z, False)
-    elif ACTIVATION == "gelu_tanh":
-        return gelu_grad(z, True)
-    else:
-        return silu_grad(z)
 
 
 @triton.jit
@@ -86,7 +74,7 @@ def _epilogue_backward_kernel(
         if ACTIVATION is not None:
             offs = rows[:, None] * N + cols[None, :]
             z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            dz = dz * activation_grad(z, ACTIVATION)  # masked lanes: 0 * act'(0), finite
+            dz = dz * activate_grad(z, ACTIVATION)  # masked lanes: 0 * act'(0), finite
             tl.store(dz_ptr + offs, dz.to(dz_ptr.dtype.element_ty), mask=mask)
         if BIAS_GRAD:
             sums += dz  # masked rows and columns add 0

@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from llmk.attention.reference_attention import softcapped
+
 
 def decode_probs(q, k_cache, lengths, sm_scale, window_left=-1, softcap=None, dtype=None):
     """(P, visible): the softmax probabilities (B, Hkv, G, T_max) of one query per sequence over its
@@ -26,9 +28,7 @@ def decode_probs(q, k_cache, lengths, sm_scale, window_left=-1, softcap=None, dt
     t_max, hkv = k_cache.shape[1], k_cache.shape[2]
     # query head h reads kv head h // G: group the query heads by kv head, no copy of the cache per head
     q_grouped = q.to(compute).reshape(b, hkv, h // hkv, d)
-    scores = torch.einsum("bkgd,btkd->bkgt", q_grouped, k_cache.to(compute)) * sm_scale
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
+    scores = softcapped(torch.einsum("bkgd,btkd->bkgt", q_grouped, k_cache.to(compute)) * sm_scale, softcap)
     positions = torch.arange(t_max, device=q.device)[None, :]
     ends = lengths.to(q.device)[:, None]
     visible = positions < ends  # (B, T_max)

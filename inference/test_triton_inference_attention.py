@@ -23,7 +23,9 @@ from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raise
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,
                                                        PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,
-                                                       decode_config, paged_blocks, paged_decode_attention, split_count)
+                                                       decode_attention_op, decode_attention_out_op, decode_config,
+                                                       paged_blocks, paged_decode_attention,
+                                                       paged_decode_attention_op, split_count)
 
 H100_SMS = 132
 
@@ -91,10 +93,13 @@ def to_pages(caches, lengths, page_size, spare_pages=3):
     return paged, table.to(torch.int32)
 
 
-def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_dot=None):
-    """The paged kernel against the reference, and against the contiguous kernel on the same data:
-    the same blocks in the same order, so bit for bit the same output."""
-    q = rand((b, h, d), dtype)
+def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_dot=None, window=None, softcap=None,
+                scale=1.0):
+    """The paged and the contiguous kernel against the reference, and against each other on the same
+    data where both take the same split count and blocks: the same blocks in the same order, so bit
+    for bit the same output. window: a sliding window (only the last left + 1 tokens seen, the
+    range cut before the splits); softcap: logit softcapping (scale: q's, so that scores reach the cap)."""
+    q = rand((b, h, d), dtype, scale=scale)
     k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
     lengths = ragged_lengths(b, t_max)
     (k_pages, v_pages), table = to_pages((k, v), lengths, page_size)
@@ -105,43 +110,18 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
     elif num_splits is not None:  # the paged heuristics' blocks for this split, given to both sides
         config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS),
                                True, num_splits)
-    o = paged_decode_attention(q, k_pages, v_pages, table, lengths, num_splits=num_splits, config=config,
-                               out=poisoned((b, h, d), dtype))
-    scale = 1.0 / math.sqrt(d)
-    outcomes = [compare("O paged", o, reference(q, k, v, lengths, scale), decode_tol(q, k, v, lengths, scale),
-                        torch_out=same_dtype_decode(q, k, v, lengths, scale))]
-    if num_splits is not None:  # both sides then take the same split count
-        o_contiguous = decode_attention(q, k, v, lengths, num_splits=num_splits, config=config)
-        outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_contiguous)))
-    return outcomes
-
-
-def check_window_softcap(b, h, hkv, t_max, d, dtype, window=None, softcap=None, num_splits=None, scale=1.0,
-                         page_size=16):
-    """A sliding window (only the last left + 1 tokens seen, the range cut before the splits) and
-    logit softcapping (q scaled so that scores reach the cap), contiguous and paged, against the
-    reference; the paged kernel equals the contiguous one bit for bit where both take the same
-    split count and blocks."""
-    q = rand((b, h, d), dtype, scale=scale)
-    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
-    lengths = ragged_lengths(b, t_max)
-    (k_pages, v_pages), table = to_pages((k, v), lengths, page_size)
+    options = dict(window=window, softcap=softcap, num_splits=num_splits, config=config)
+    o = paged_decode_attention(q, k_pages, v_pages, table, lengths, **options, out=poisoned((b, h, d), dtype))
+    o_contiguous = decode_attention(q, k, v, lengths, **options, out=poisoned((b, h, d), dtype))
     sm = 1.0 / math.sqrt(d)
     left = -1 if window is None else window[0]
     want = reference(q, k, v, lengths, sm, left, softcap)
     tol = decode_tol(q, k, v, lengths, sm, left, softcap)
     theirs = same_dtype_decode(q, k, v, lengths, sm, left, softcap)
-    config = None
-    if num_splits is not None:  # the same blocks for both layouts
-        config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS),
-                               True, num_splits)
-    o = decode_attention(q, k, v, lengths, window=window, softcap=softcap, num_splits=num_splits, config=config,
-                         out=poisoned((b, h, d), dtype))
-    o_paged = paged_decode_attention(q, k_pages, v_pages, table, lengths, window=window, softcap=softcap,
-                                     num_splits=num_splits, config=config, out=poisoned((b, h, d), dtype))
-    outcomes = [compare("O", o, want, tol, torch_out=theirs), compare("O paged", o_paged, want, tol, torch_out=theirs)]
-    if num_splits is not None:
-        outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_paged)))
+    outcomes = [compare("O paged", o, want, tol, torch_out=theirs),
+                compare("O", o_contiguous, want, tol, torch_out=theirs)]
+    if num_splits is not None:  # both sides then take the same split count
+        outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_contiguous)))
     return outcomes
 
 
@@ -252,6 +232,15 @@ def check_errors():
         expect_raises("softcap -1", lambda: f(q, k, v, lengths, softcap=-1.0), ValueError, "softcap"),
         expect_raises("paged softcap NaN", lambda: paged_decode_attention(q, pages, pages, table, lengths,
                                                                           softcap=float("nan")), ValueError, "softcap"),
+        # the operators called directly, past the public functions' checks
+        expect_raises("op softcap NaN", lambda: decode_attention_op(q, k, v, lengths, None, None, None, -1,
+                                                                    float("nan")), ValueError, "softcap"),
+        expect_raises("op window_left -7", lambda: decode_attention_op(q, k, v, lengths, None, None, None, -7),
+                      ValueError, "window_left"),
+        expect_raises("_out op window_left -7", lambda: decode_attention_out_op(
+            q, k, v, lengths, None, None, None, torch.empty_like(q), -7), ValueError, "window_left"),
+        expect_raises("paged op softcap NaN", lambda: paged_decode_attention_op(
+            q, pages, pages, table, lengths, None, None, None, -1, float("nan")), ValueError, "softcap"),
         expect_raises(f"lengths on {other}", lambda: f(q, k, v, lengths.to(other)), ValueError, "lengths"),
         expect_raises("sm_scale 0", lambda: f(q, k, v, lengths, 0.0), ValueError, "sm_scale"),
         expect_raises("num_splits 0", lambda: f(q, k, v, lengths, num_splits=0), ValueError, "num_splits"),
@@ -443,14 +432,14 @@ def _cases():
         # blocks and splits; softcap with scores past the cap
         for window, softcap, splits in (((0, 0), None, None), ((5, 0), None, 3), ((37, -1), None, 1),
                                         ((37, 0), None, 4), (None, 5.0, 2), ((20, 0), 5.0, None)):
-            add(f"window {window} softcap {softcap} 8/2 B5 T100 D64 splits {splits} {dt}", check_window_softcap,
+            add(f"window {window} softcap {softcap} 8/2 B5 T100 D64 splits {splits} {dt}", check_paged,
                 b=5, h=8, hkv=2, t_max=100, d=64, dtype=dtype, window=window, softcap=softcap, num_splits=splits,
                 scale=4.0 if softcap else 1.0)
         # full sizes: real head counts, long caches
         add(f"B1 H32/8 T32768 D128 {dt}", gpu_only=True, b=1, h=32, hkv=8, t_max=32768, d=128, dtype=dtype)
-        add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D128 {dt}", check_window_softcap, gpu_only=True, b=4,
+        add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D128 {dt}", check_paged, gpu_only=True, b=4,
             h=32, hkv=8, t_max=16384, d=128, dtype=dtype, window=(4095, 0), softcap=50.0, scale=4.0)
-        add(f"window (1023, 0) B2 H16/8 T8192 D256 splits 8 {dt}", check_window_softcap, gpu_only=True, b=2,
+        add(f"window (1023, 0) B2 H16/8 T8192 D256 splits 8 {dt}", check_paged, gpu_only=True, b=2,
             h=16, hkv=8, t_max=8192, d=256, dtype=dtype, window=(1023, 0), num_splits=8)
         for splits in (None, 1, 16):
             add(f"B4 H32/8 T16384 ragged D128 splits {splits} {dt}", gpu_only=True, b=4, h=32, hkv=8, t_max=16384,

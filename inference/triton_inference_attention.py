@@ -53,7 +53,7 @@ import triton.language as tl
 from llmk.common.device import INTERPRET, sm_count
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.ops import define_ops, forward_only_error, needs_grad
-from llmk.common.triton_utils import LOG2E, tanh
+from llmk.common.triton_utils import softcap_scales, tanh
 from llmk.common.validation import check_out, check_same_device, check_softcap, check_tensor, check_window
 from llmk.common.workspace import split_k_buffers
 
@@ -436,13 +436,14 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
+    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
     _decode_attention_kernel[(b * hkv, splits)](
         q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
-        hkv, max_tokens, scale / softcap if softcap else scale * LOG2E.value, window_left, softcap * LOG2E.value,
+        hkv, max_tokens, qk_scale, window_left, softcap_log2,
         GROUP=group, GROUP_PAD=max(16 if use_dot else 1, next_power_of_2(group)), HEAD_DIM=d,
         BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
-        WINDOW=window_left >= 0, SOFTCAP=softcap > 0,
+        WINDOW=window_left >= 0, SOFTCAP=has_softcap,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -462,26 +463,39 @@ def _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_split
                    max_length, cfg, window_left, softcap)
 
 
-def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, window_left, softcap,
-                           out):
+def _decode_options(window_left, softcap):
+    """The operators' window_left and softcap, checked (direct calls of the operators come here too,
+    past decode_attention's checks): (window_left, softcap) as _launch takes them."""
+    return check_window((window_left, -1), "(window_left, -1)")[0], check_softcap(softcap)
+
+
+def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out, window_left=-1,
+                           softcap=0.0):
+    """llmk::decode_attention_out: out comes before the options in its schema (the calls written
+    before them pass it eighth)."""
+    window_left, softcap = _decode_options(window_left, softcap)
     _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length,
             window_left=window_left, softcap=softcap)
 
 
-def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length,
-                                 window_left, softcap, out):
+def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
+                                 window_left=-1, softcap=0.0):
+    """llmk::paged_decode_attention_out, out before the options as in decode_attention_out."""
+    window_left, softcap = _decode_options(window_left, softcap)
     _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
                   window_left=window_left, softcap=softcap)
 
 
-# window_left -1: no window; softcap 0: none (decode_attention's window and softcap)
-_DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length, int window_left, float softcap"
+_DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length"
+# decode_attention's window and softcap, last and defaulted to off: calls written before them,
+# positional ones included, keep their meaning. window_left -1: no window; softcap 0.0: none.
+_DECODE_OPTIONS = "int window_left=-1, float softcap=0.0"
 decode_attention_op, decode_attention_out_op = define_ops(
     "decode_attention", f"Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}",
-    lambda q, *_: q.new_empty(q.shape), _decode_attention_into)
+    lambda q, *_: q.new_empty(q.shape), _decode_attention_into, options=_DECODE_OPTIONS)
 paged_decode_attention_op, paged_decode_attention_out_op = define_ops(
     "paged_decode_attention", f"Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}",
-    lambda q, *_: q.new_empty(q.shape), _paged_decode_attention_into)
+    lambda q, *_: q.new_empty(q.shape), _paged_decode_attention_into, options=_DECODE_OPTIONS)
 
 
 def _check_forced_grad(name, *tensors):
@@ -526,10 +540,10 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
         return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits,
                        max_length, config, window_left, softcap)
     sm_scale = None if sm_scale is None else float(sm_scale)
-    args = (q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, window_left, softcap)
+    args = (q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length)
     if out is None:
-        return decode_attention_op(*args)
-    decode_attention_out_op(*args, out)
+        return decode_attention_op(*args, window_left, softcap)
+    decode_attention_out_op(*args, out, window_left, softcap)  # out before the options, as in the schema
     return out
 
 
@@ -562,8 +576,8 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
         return _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
                              config, window_left, softcap)
     sm_scale = None if sm_scale is None else float(sm_scale)
-    args = (q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, window_left, softcap)
+    args = (q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length)
     if out is None:
-        return paged_decode_attention_op(*args)
-    paged_decode_attention_out_op(*args, out)
+        return paged_decode_attention_op(*args, window_left, softcap)
+    paged_decode_attention_out_op(*args, out, window_left, softcap)  # out before the options, as in the schema
     return out

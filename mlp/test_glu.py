@@ -25,7 +25,7 @@ from llmk.mlp.launch_config import BACKWARD_TILE_TABLE, tile_config_for
 from llmk.mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,
                                 overflow_expected, upstream)
 from llmk.mlp.reference_mlp import geglu_ref, swiglu_ref
-from llmk.mlp.triton_glu import geglu, launch_glu, launch_glu_backward, swiglu
+from llmk.mlp.triton_glu import GELU_ACTIVATION, geglu, launch_glu, launch_glu_backward, swiglu
 
 NAMES = ("gate", "up")
 
@@ -43,7 +43,7 @@ def gelu_unit(name, approximate):
     return TritonGlu(name, functools.partial(geglu, approximate=approximate),
                      functools.partial(geglu_ref, approximate=approximate),
                      lambda gate, up: F.gelu(gate, approximate=approximate) * up,
-                     "gelu_tanh" if approximate == "tanh" else "gelu", "geglu", (approximate,))
+                     GELU_ACTIVATION[approximate], "geglu", (approximate,))
 
 
 SWIGLU = TritonGlu("swiglu", swiglu, swiglu_ref, lambda gate, up: F.silu(gate) * up, "silu", "swiglu")

@@ -92,7 +92,9 @@ The original code runs instead of a kernel whenever the kernel does not cover th
     position_ids here (one host sync a forward for each prefill, a second where sequences restart;
     none under torch.compile or CUDA graph capture, where the call takes the plain kernel as
     transformers' own would). The plan (the real tokens' indices, cu_seqlens) is made by the first
-    layer and kept for the others (two host syncs for a padded batch's).
+    layer and kept for the others (two host syncs for a padded batch's; one where every row is full,
+    as with a sliding window shorter than the prompt, whose mask transformers builds even then: that
+    call takes the plain kernel with the window).
     This reads the masks as transformers builds them for these model families, with no extra mask
     functions (or_mask_function / and_mask_function) in play. Anything else masked, a prefill chunk
     appended to a non-empty cache, a decode step of a padded batch or of a sliding window's mask,
@@ -431,17 +433,23 @@ def _decode_lengths(state, batch, n_keys, device):
 
 
 def _padded_plan(padding):
-    """(indices of the real tokens in the flattened (B * T) batch, cu_seqlens (B + 1,) int32,
-    max_seqlen) of a padded batch, padding (B, T) bool: each row's real tokens, in order, are one
-    sequence (causal among them is what the padded mask means, left, right or anywhere)."""
+    """((rows, columns) of the real tokens, cu_seqlens (B + 1,) int32, max_seqlen, whether no row's
+    real tokens have gaps) of a padded batch, padding (B, T) bool: each row's real tokens, in order,
+    are one sequence (causal among them is what the padded mask means, left, right or anywhere).
+    False where every token is real: the mask is then causal (and a sliding window's, where the
+    model has one), which the dense kernel computes without gathering the tokens. One host sync,
+    and nonzero's where some token is padding."""
     lengths = padding.sum(1, dtype=torch.int32)
-    cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
     # a row whose real tokens have gaps: positions in the packed sequence are not the mask's, so
     # a sliding window (counted in positions) cannot take this plan
     ends = padding.flip(1).int().argmax(1)
     gaps = ((padding.shape[1] - ends - padding.int().argmax(1)) != lengths) & (lengths > 0)
-    stats = torch.stack([lengths.max(), gaps.any().to(lengths.dtype)]).tolist()  # a host sync, and nonzero's
-    return padding.flatten().nonzero().flatten(), cu_seqlens, stats[0], not stats[1]
+    longest, has_gaps, shortest = torch.stack([lengths.max(), gaps.any().to(lengths.dtype), lengths.min()]).tolist()
+    if shortest == padding.shape[1]:  # no padding: transformers made the mask for a sliding window
+        return False
+    cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    # (N, 2) (row, column) pairs: the tokens gather straight from (B, T, H, D) views in one copy
+    return padding.nonzero().unbind(1), cu_seqlens, longest, not has_gaps
 
 
 def _packed_plan(position_ids, batch, n_tokens):
@@ -464,8 +472,9 @@ def _packed_call(module, query, key, attention_mask, kwargs):
     kernel's, for a causal prefill with no cache before it (as many keys as queries) of a padded
     batch (the mask our mask function made from a 2-D padding mask) or a padding-free one
     (position_ids restarting: transformers' mask of them, or no mask at all, as it makes none when
-    a cache is passed); None for the dense kernel (no mask, or a sliding window's alone). covered
-    False: the original implementation takes the call. The plan is made once a forward."""
+    a cache is passed); None for the dense kernel (no mask, or a sliding window's alone, with or
+    without an all-ones padding mask). covered False: the original implementation takes the call.
+    The plan is made once a forward."""
     batch, _, n_queries, _ = query.shape
     is_causal = kwargs.get("is_causal")
     prefill = (n_queries > 1 and key.shape[2] == n_queries
@@ -482,7 +491,7 @@ def _packed_call(module, query, key, attention_mask, kwargs):
     if not prefill or info is None or info.lengths != (n_queries, n_queries, 0, 0):
         return False, None
     if info.varlen is None:
-        if info.padding is not None:
+        if info.padding is not None:  # False where every row is full: the dense kernel, with the window
             info.varlen = _padded_plan(info.padding) if tuple(info.padding.shape) == (batch, n_queries) else ()
         else:  # packed, or else the mask is a sliding window's alone: the dense kernel with the window
             info.varlen = (position_ids is not None and _packed_plan(position_ids, batch, n_queries)) or False
@@ -496,15 +505,16 @@ def _varlen_attention(query, key, value, plan, scaling, options):
     query (B, H, T, D), key, value (B, Hkv, T, D) -> (B, T, H, D), zeros at padding."""
     indices, cu_seqlens, max_seqlen, _ = plan
     batch, heads, n_tokens, head_dim = query.shape
-    # (B, H, T, D) views of (B, T, H, D) projections: (B * T, H, D) without a copy
-    q, k, v = (t.transpose(1, 2).reshape(batch * n_tokens, t.shape[1], head_dim) for t in (query, key, value))
-    if indices is not None:  # the real tokens only
-        q, k, v = (t.index_select(0, indices) for t in (q, k, v))
+    if indices is None:  # every token: (B * T, H, D), a view for one row (RoPE's output is (B, H, T, D)
+        # contiguous, so rows > 1 copy once here; value, a view of (B, T, Hkv, D), never does)
+        q, k, v = (t.transpose(1, 2).reshape(batch * n_tokens, t.shape[1], head_dim) for t in (query, key, value))
+    else:  # the real tokens only, gathered by (row, column) from the (B, T, H, D) views: one copy each
+        q, k, v = (t.transpose(1, 2)[indices] for t in (query, key, value))
     out = flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True,
                                  sm_scale=scaling, **options)
-    if indices is not None:
-        out = out.new_zeros(batch * n_tokens, heads, head_dim).index_copy(0, indices, out)
-    return out.view(batch, n_tokens, heads, head_dim)
+    if indices is None:
+        return out.view(batch, n_tokens, heads, head_dim)
+    return out.new_zeros(batch, n_tokens, heads, head_dim).index_put_(indices, out)
 
 
 def _attention(module, query, key, value, attention_mask, **kwargs):
@@ -515,10 +525,14 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     if state is None:
         raise RuntimeError(f"attention implementation {ATTENTION_NAME!r} runs only in a model prepared "
                            "by models.hf_patch.patch_model")
-    covered, plan = _packed_call(module, query, key, attention_mask, kwargs)
-    options = _score_options(kwargs, key.shape[2])
-    if (not covered or (plan is not None and "window" in options and not plan[3])
-            or not _flash_covers(module, query, key, value, kwargs)):
+    # the kernels' own limits first: a call they cannot take anyway pays for no packed plan
+    covered, plan, options = _flash_covers(module, query, key, value, kwargs), None, {}
+    if covered:
+        covered, plan = _packed_call(module, query, key, attention_mask, kwargs)
+        options = _score_options(kwargs, key.shape[2])
+        # a window counts positions, which a row with gaps in its real tokens does not keep when packed
+        covered = covered and not (plan is not None and "window" in options and not plan[3])
+    if not covered:
         state.calls["attention fallback"] += 1
         return state.attention_fallback(module, query, key, value, attention_mask, **kwargs)
     batch, heads, n_queries, head_dim = query.shape

@@ -192,7 +192,8 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
     """Prefill + decode steps, patched vs unpatched vs fp32; the kernel call counts; unpatch.
     padded: "left" or "right", the first row 4 tokens short (the prefill runs the packed kernel on
     the real tokens, the decode steps the original attention, whose mask then has padding).
-    window: a sliding window shorter than the prompt (the flash and decode kernels take it)."""
+    window: a sliding window shorter than the prompt (the packed kernel takes it with padding, the
+    dense one without; transformers masks the decode steps, which go to the original)."""
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     model, ref_model = make_model(kind, size, dtype, **({} if window is None else dict(sliding_window=window)))
@@ -227,8 +228,10 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
                 "rope": n_layers * n_forwards}
     if dtype == torch.float32:  # flash_attention takes fp16 / bf16
         expected["attention fallback"] = n_layers * n_forwards
-    elif padded or window:  # the prefill packed; a decode step's mask (padding, window) goes to the original
-        expected["flash_attention_varlen"] = n_layers
+    elif padded or window:  # a decode step's mask (padding, window) goes to the original
+        # the prefill: packed where a row is padded; with every row full the window's mask alone, which
+        # the dense kernel takes with the window
+        expected["flash_attention_varlen" if padded else "flash_attention"] = n_layers
         expected["attention fallback"] = n_layers * n_steps
     else:
         decode = "decode_attention" if model.config.head_dim in _decode_head_dims() else "flash_attention"
@@ -308,12 +311,34 @@ def check_cache(cache_kind):
     return outcomes
 
 
-def training_step(model, ids, labels):
-    """(loss, {name: grad}) of one forward and backward with labels, as fp64 copies."""
+def training_step(model, batch):
+    """(loss, {name: grad}) of one forward and backward of model(**batch), batch the forward's
+    keyword arguments with labels, as fp64 copies."""
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=labels)
-    out.loss.backward()
-    return out.loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
+
+
+def training_rule(name, got, want, theirs, slack=0.0):
+    """The training tests' rule (bf16 models against the fp32 reference): got within 2x the
+    unpatched bf16 model's error, |theirs - want|, plus one rounding of max|want|, plus slack."""
+    err = (theirs - want).abs().max().item()
+    return compare(name, got, want, Tol(2 * err + UNIT_ROUNDOFF[torch.bfloat16] * want.abs().max().item() + slack,
+                                        0.0, "2x the unpatched bf16 model's error + u * max|ref|",
+                                        rounding_check=False))
+
+
+def gradients_rule(grads, ref_grads, plain_grads, prefix=""):
+    """training_rule for every parameter's gradient at once, {name: grad} of the patched model, the
+    fp32 reference and the unpatched bf16 model: one outcome, naming the parameter nearest its
+    bound (1e-9 keeps a gradient that is zero in all three models at ratio 0)."""
+    u = UNIT_ROUNDOFF[torch.bfloat16]
+    worst = max(((grads[n] - ref_grads[n]).abs().max().item()
+                 / (2 * (plain_grads[n] - ref_grads[n]).abs().max().item() + u * ref_grads[n].abs().max().item()
+                    + 1e-9), n) for n in ref_grads)
+    return Outcome(f"{prefix}{len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
+                   note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound")
 
 
 def check_training(kind, checkpointing=False):
@@ -321,8 +346,9 @@ def check_training(kind, checkpointing=False):
     the 2x rule of the unpatched bf16 model's own error against the fp32 reference, plus one bf16
     rounding of the largest value; every kernel ran (rmsnorm, residual_rmsnorm, rope,
     flash_attention with its backward, swiglu or geglu, the fused linear cross-entropy); unpatched
-    again, the model's step is the original's bit for bit. checkpointing: HF's gradient checkpointing on all three models (the
-    patched decoder layers' forward runs again in the backward, under HF's checkpoint call)."""
+    again, the model's step is the original's bit for bit. checkpointing: HF's gradient
+    checkpointing on all three models (the patched decoder layers' forward runs again in the
+    backward, under HF's checkpoint call)."""
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     model, ref = make_model(kind, "tiny", torch.bfloat16)
@@ -335,26 +361,16 @@ def check_training(kind, checkpointing=False):
     ids = prompt("tiny", 2)
     labels = ids.clone()
     labels[0, :3] = -100  # ignored positions, as padding or a prompt gets
-    ref_loss, ref_grads = training_step(ref, ids, labels)
-    plain_loss, plain_grads = training_step(plain, ids, labels)
+    batch = dict(input_ids=ids, labels=labels)
+    ref_loss, ref_grads = training_step(ref, batch)
+    plain_loss, plain_grads = training_step(plain, batch)
     patch_model(model)
-    loss, grads = training_step(model, ids, labels)
+    loss, grads = training_step(model, batch)
     calls = kernel_calls(model)
     unpatch_model(model)
-    again_loss, again_grads = training_step(model, ids, labels)
-    u = UNIT_ROUNDOFF[torch.bfloat16]
-
-    def rule(name, got, want, theirs):
-        err = (theirs - want).abs().max().item()
-        return compare(name, got, want, Tol(2 * err + u * want.abs().max().item() + 1e-9, 0.0,
-                                            "2x the unpatched bf16 model's error + u * max|ref|", rounding_check=False))
-
-    outcomes = [rule("loss", loss, ref_loss, plain_loss)]
-    worst = max(((grads[n] - ref_grads[n]).abs().max().item()
-                 / (2 * (plain_grads[n] - ref_grads[n]).abs().max().item() + u * ref_grads[n].abs().max().item() + 1e-9),
-                 n) for n in ref_grads)
-    outcomes.append(Outcome(f"{len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
-                            note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound"))
+    again_loss, again_grads = training_step(model, batch)
+    outcomes = [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9),
+                gradients_rule(grads, ref_grads, plain_grads)]
     ran = {k for k, v in calls.items() if v and "fallback" not in k}
     fallbacks = {k: v for k, v in calls.items() if "fallback" in k}
     every = {"rmsnorm", "residual_rmsnorm", "rope", "flash_attention", mlp_kernel(model), "cross_entropy"}
@@ -398,22 +414,11 @@ def check_packed_training(kind):
     u = UNIT_ROUNDOFF[torch.bfloat16]
     outcomes, losses = [], {}
     for name, batch in zip(("padding-free", "padded"), random_batches(PACKED_LENGTHS)):
-        results = []
-        for m in (ref, plain, model):
-            m.zero_grad(set_to_none=True)
-            loss = m(**batch).loss
-            loss.backward()
-            results.append((loss.detach().double(), {n: p.grad.double() for n, p in m.named_parameters()}))
-        (ref_loss, ref_grads), (plain_loss, plain_grads), (loss, grads) = results
+        (ref_loss, ref_grads), (plain_loss, plain_grads), (loss, grads) = (training_step(m, batch)
+                                                                           for m in (ref, plain, model))
         losses[name] = (loss, ref_loss, plain_loss)
-        err = (plain_loss - ref_loss).abs().item()
-        outcomes.append(compare(f"{name}: loss", loss, ref_loss, Tol(2 * err + u * ref_loss.abs().item(), 0.0,
-                                                                     "as check_training", rounding_check=False)))
-        worst = max(((grads[n] - ref_grads[n]).abs().max().item()
-                     / (2 * (plain_grads[n] - ref_grads[n]).abs().max().item()
-                        + u * ref_grads[n].abs().max().item() + 1e-9), n) for n in ref_grads)
-        outcomes.append(Outcome(f"{name}: {len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
-                                note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound"))
+        outcomes += [training_rule(f"{name}: loss", loss, ref_loss, plain_loss),
+                     gradients_rule(grads, ref_grads, plain_grads, prefix=f"{name}: ")]
     packed_batch = random_batches(PACKED_LENGTHS)[0]  # fresh tokens: the reference is the patched model itself
     model.zero_grad(set_to_none=True)
     without_cache = model(**packed_batch).loss
@@ -451,20 +456,15 @@ def check_training_options():
     # itself would fail
     shift = torch.full_like(ids, -100)
     shift[0, 2], shift[1, 7], shift[1, 3] = ids[0, 5], ids[1, 1], ids[1, 9]
-    u = UNIT_ROUNDOFF[torch.bfloat16]
     outcomes = []
     for name, kwargs in (("shift_labels", dict(labels=ids, shift_labels=shift)),
                          ("num_items_in_batch", dict(labels=ids, num_items_in_batch=torch.tensor(20)))):
-        losses = [m(input_ids=ids, **kwargs).loss.double() for m in (ref, plain, model)]
-        err = (losses[1] - losses[0]).abs().item()
-        outcomes.append(compare(name, losses[2], losses[0], Tol(2 * err + u * losses[0].abs().item(), 0.0,
-                                                               "as check_training", rounding_check=False)))
+        ref_loss, plain_loss, loss = (m(input_ids=ids, **kwargs).loss.double() for m in (ref, plain, model))
+        outcomes.append(training_rule(name, loss, ref_loss, plain_loss))
     # the loss writes its gradient over the final hidden states unless the output returns them
-    hidden = [m(input_ids=ids, labels=ids, output_hidden_states=True).hidden_states[-1].double() for m in (ref, plain, model)]
-    err = (hidden[1] - hidden[0]).abs().max().item()
-    outcomes.append(compare("output_hidden_states: the last one", hidden[2], hidden[0],
-                            Tol(2 * err + u * hidden[0].abs().max().item(), 0.0, "as check_training",
-                                rounding_check=False)))
+    hidden = [m(input_ids=ids, labels=ids, output_hidden_states=True).hidden_states[-1].double()
+              for m in (ref, plain, model)]
+    outcomes.append(training_rule("output_hidden_states: the last one", hidden[2], hidden[0], hidden[1]))
     as_tuple = model(input_ids=ids, labels=ids, return_dict=False)
     as_dict = model(input_ids=ids, labels=ids)
     outcomes.append(Outcome("return_dict=False: a tuple, loss first",
@@ -552,23 +552,27 @@ def model_cases():
              dict(kind="qwen2", dtype=torch.bfloat16, padded="left")),
         Case("qwen3 bf16 right-padded (packed prefill)", check_model,
              dict(kind="qwen3", dtype=torch.bfloat16, padded="right")),
+        # no padding: transformers still masks the window, and the dense kernel takes it
         Case("mistral bf16 sliding window 8 < T", check_model, dict(kind="mistral", dtype=torch.bfloat16, window=8)),
+        # padded: the packed kernel, with the window on every layer (Mistral) or every other one (Gemma 2)
+        Case("mistral bf16 sliding window 8 < T, left-padded", check_model,
+             dict(kind="mistral", dtype=torch.bfloat16, window=8, padded="left")),
         Case("gemma2 bf16 sliding window 8 < T, right-padded", check_model,
              dict(kind="gemma2", dtype=torch.bfloat16, window=8, padded="right")),
         Case("llama fp32 (attention falls back)", check_model, dict(kind="llama", dtype=torch.float32, n_steps=1)),
         Case("llama bf16 DynamicCache, second prefill chunk", check_cache, dict(cache_kind="dynamic")),
         Case("llama bf16 StaticCache prefill + decode step", check_cache, dict(cache_kind="static")),
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
-        Case("llama bf16 training step", check_training, dict(kind="llama")),
-        Case("qwen2 bf16 training step", check_training, dict(kind="qwen2")),
-        Case("qwen3 bf16 training step", check_training, dict(kind="qwen3")),
-        Case("mistral bf16 training step", check_training, dict(kind="mistral")),
-        Case("gemma2 bf16 training step", check_training, dict(kind="gemma2")),
-        Case("gemma3 bf16 training step", check_training, dict(kind="gemma3")),
+    ]
+    for kind in KINDS:
+        cases.append(Case(f"{kind} bf16 training step", check_training, dict(kind=kind)))
+    cases += [
         Case("llama bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="llama")),
         Case("qwen3 bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="qwen3")),
-        Case("llama bf16 training step, gradient checkpointing", check_training, dict(kind="llama", checkpointing=True)),
-        Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict", check_training_options),
+        Case("llama bf16 training step, gradient checkpointing", check_training,
+             dict(kind="llama", checkpointing=True)),
+        Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict",
+             check_training_options),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
     ]

@@ -26,6 +26,7 @@ import torch
 from llmk.attention.triton_flash_attention import flash_attention, flash_attention_train_op
 from llmk.attention.triton_flash_attention_bwd import backward_config, launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention, table_config
+from llmk.benchmarks.attention_bench import attention_flops
 from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
 from sweep_common import parse_sweep_args, precompile, report_config
@@ -49,13 +50,6 @@ SMOKE_CONFIG = (16, 16, 1, 1)
 WARM_T = 256
 
 
-def visible_pairs(t, left):
-    """Causal pairs within a window of left + 1 keys (all causal pairs for left None)."""
-    if left is None or left >= t:
-        return t * (t + 1) // 2
-    return (left + 1) * (left + 2) // 2 + (t - left - 1) * (left + 1)
-
-
 def options(left, softcap):
     return dict(window=(left, 0) if left is not None else (-1, -1), softcap=softcap or 0.0)
 
@@ -68,8 +62,8 @@ def backward_configs(d, smoke):
     return [(SMOKE_CONFIG, None), (SMOKE_CONFIG, SMOKE_CONFIG)] if smoke else BACKWARD[d]
 
 
-def table_backward(d, h_over_hkv=1):
-    return backward_config(d, False, h_over_hkv, True)
+def table_backward(d):
+    return backward_config(d, False, 1, True)
 
 
 def warm(task):
@@ -99,8 +93,8 @@ def sweep_problem(name, shape, left, softcap, smoke):
     scale = d ** -0.5
     out = torch.empty_like(q)
     opts = options(left, softcap)
-    fwd_flops = 4 * b * h * d * visible_pairs(t, left)
-    off_flops = 4 * b * h * d * visible_pairs(t, None)
+    fwd_flops = attention_flops(b, h, t, d, True, left)
+    off_flops = attention_flops(b, h, t, d, True)
     # the forward: off, then the option's configs
     off_fwd = tflops(off_flops, time_ms(lambda: flash_attention(q, k, v, causal=True, out=out)))
     print(f"{name} B{b} H{h} T{t} D{d} forward: off {off_fwd:.0f} TFLOP/s", flush=True)
