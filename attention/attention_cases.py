@@ -1,6 +1,5 @@
 """The tolerance of an attention output O = softmax(s) @ v computed as our kernels do, for
-attention/test_flash_attention.py, inference/test_triton_inference_attention.py and
-inference/test_kv_cache.py.
+attention/test_flash_attention.py and, through inference/decode_cases.py, the decode tests.
 
 Error model: scores and the softmax statistics are fp32, and p = exp(s - m) (m the running
 max) is rounded to the input dtype before p @ v: each p_j gains a relative error d_j, |d_j| <= u
@@ -16,10 +15,7 @@ case where one p carries the error (a row of two keys: |error| <= u * S). The fp
 A bound tied to max|v| instead (u * max|v|) sits 4-11x above the real error of a long row, where
 |O| ~ max|v| / sqrt(T): a 1% error in the softmax scale passed it in bf16. This one catches it.
 """
-import torch
-
 from llmk.common.testing import UNIT_ROUNDOFF, Tol
-from llmk.inference.reference_decode_attention import decode_probs
 
 P_ROUNDING_BOUND = 4.0
 ATOL_FLOOR = 1e-6
@@ -34,11 +30,3 @@ def attention_tol(dtype, p, v, shape):
     spread = (p.pow(2) @ v.double().pow(2)).sqrt()
     return Tol((P_ROUNDING_BOUND * u * spread + ATOL_FLOOR).reshape(shape), u,
                "p rounded to the input dtype before p @ v (a bound per element), O rounded once")
-
-
-def decode_tol(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
-    """attention_tol for decode: q (B, H, D), k and v caches (B, T_max, Hkv, D), lengths (B,);
-    window_left and softcap as the decode kernels take them."""
-    p, visible = decode_probs(q.double(), k.double(), lengths, sm_scale, window_left, softcap)
-    v = v.double().masked_fill(~visible[:, :, None, None], 0.0).permute(0, 2, 1, 3)  # (B, Hkv, T, D)
-    return attention_tol(q.dtype, p, v, q.shape)

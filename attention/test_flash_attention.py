@@ -78,15 +78,21 @@ def make_qkv(b, h, hkv, tq, tk, d, dtype, layout="bhtd", scale=1.0):
     return q, k, v
 
 
+def compare_o(o, q, k, v, causal, sm_scale, window=None, softcap=None):
+    """O of the kernel against the fp64 reference of the same problem, under attention_tol and the
+    2x rule of PyTorch's same-dtype attention."""
+    mask = dict(window=window, softcap=softcap)
+    ref = naive_attention(q.double(), k.double(), v.double(), causal, sm_scale, **mask)
+    return compare("O", o, ref, attention_tol(q, k, v, causal, sm_scale, **mask),
+                   torch_out=same_dtype_attention(q, k, v, causal, sm_scale, **mask))
+
+
 def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0, window=None, softcap=None):
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
     out = poisoned((b, h, tq, d), dtype)
     mask = dict(window=window, softcap=softcap)
     o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **mask)
-    scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    ref = naive_attention(q.double(), k.double(), v.double(), causal, scale_used, **mask)
-    torch_out = same_dtype_attention(q, k, v, causal, scale_used, **mask)
-    outcomes = [compare("O", o, ref, attention_tol(q, k, v, causal, scale_used, **mask), torch_out=torch_out)]
+    outcomes = [compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d) if sm_scale is None else sm_scale, **mask)]
     if layout == "bthd":  # without out=, O comes back laid out like q
         o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, **mask)
         outcomes.append(Outcome("O keeps q's layout", o2.stride() == q.stride() and torch.equal(o2, o),
@@ -464,10 +470,7 @@ def check_forced(config, b, h, hkv, tq, tk, d, dtype, causal):
     otherwise runs INTERPRET_CONFIG only."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
     o = flash_attention(q, k, v, causal=causal, out=poisoned((b, h, tq, d), dtype), config=config)
-    scale = 1.0 / math.sqrt(d)
-    ref = naive_attention(q.double(), k.double(), v.double(), causal, scale)
-    return [compare("O", o, ref, attention_tol(q, k, v, causal, scale),
-                    torch_out=same_dtype_attention(q, k, v, causal, scale))]
+    return [compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d))]
 
 
 def forced_cases():
@@ -655,9 +658,7 @@ def check_window_one_loop(causal, window, d, dtype):
     scale = 1.0 / math.sqrt(d)
     out = poisoned(q.shape, dtype)
     launch_flash_attention(q, k, v, out, causal, scale, window=window, window_split=False)
-    ref = naive_attention(q.double(), k.double(), v.double(), causal, scale, window=window)
-    return [compare("O", out, ref, attention_tol(q, k, v, causal, scale, window),
-                    torch_out=same_dtype_attention(q, k, v, causal, scale, window))]
+    return [compare_o(out, q, k, v, causal, scale, window)]
 
 
 @triton.jit
@@ -680,8 +681,8 @@ def check_tanh_approx():
         return [Outcome("tanh by exp2: |error| <= 2^-22", bool((err <= 2.0 ** -22).all()),
                         note=f"max {err.max().item():.3g}")]
     rel = (err / want.abs().clamp_min(1e-30)).max().item()
-    return [Outcome("tanh.approx.f32: relative error <= TANH_APPROX_REL", bool((err <= TANH_APPROX_REL * want.abs()).all()),
-                    note=f"max {rel:.3g} vs {TANH_APPROX_REL:.3g}")]
+    return [Outcome("tanh.approx.f32: relative error <= TANH_APPROX_REL",
+                    bool((err <= TANH_APPROX_REL * want.abs()).all()), note=f"max {rel:.3g} vs {TANH_APPROX_REL:.3g}")]
 
 
 def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, scale=1.0):

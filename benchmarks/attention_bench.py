@@ -389,7 +389,8 @@ def option_cases(op, shape, window_left, softcap):
         for mode in ("fwd", "fwd+bwd"):
             yield BenchCase(name, shape, TRAIN_DTYPE, providers, lambda mode=mode, setup=setup: setup(mode),
                             flops=int((3.5 if mode == "fwd+bwd" else 1) * flops), mode=mode,
-                            peak=mode != "fwd", bind=bind_mode(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+                            peak=mode != "fwd", bind=bind_mode(providers, mode),
+                            skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
 
 
 def charts(args, panels):

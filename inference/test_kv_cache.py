@@ -10,9 +10,9 @@ sequence) and checks each cache against it after every step.
 
 import torch
 
-from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE
 from llmk.common.testing import Case, Outcome, compare, expect_raises, main, rand
+from llmk.inference.decode_cases import decode_tol
 from llmk.inference.kv_cache import KVCache
 from llmk.inference.paged_kv_cache import PagedKVCache, gather_pages
 from llmk.inference.reference_decode_attention import decode_attention_reference

@@ -16,10 +16,10 @@ import math
 
 import torch
 
-from llmk.attention.attention_cases import decode_tol
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
+from llmk.inference.decode_cases import decode_tol
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,
                                                        PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,

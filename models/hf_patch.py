@@ -122,6 +122,7 @@ from llmk.common.ops import needs_grad
 from llmk.common.validation import FLOAT_DTYPES
 from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
 from llmk.mlp.triton_glu import geglu, swiglu
+from llmk.models.packing import IGNORE_INDEX
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
@@ -155,7 +156,6 @@ SUPPORTED = {
     "gemma3_text": _Family("transformers.models.gemma3.modeling_gemma3", "Gemma3", norm_offset=1.0, sandwich=True),
 }
 _STATE_ATTR = "_triton_patch"  # the model's _PatchState; each patched attention module holds it too
-IGNORE_INDEX = -100  # HF's causal-LM loss ignores these labels
 
 # the patched attention module whose forward is running in this thread (read by the RoPE dispatcher)
 _running = threading.local()
