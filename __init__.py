@@ -17,3 +17,5 @@ The subpackages are the repository's folders (pyproject.toml maps `llmk` to the 
 
 Importing `llmk` imports nothing else; a kernel module pulls in what it uses when it is imported.
 """
+
+__version__ = "0.2.0"  # CHANGELOG.md says what each release changed

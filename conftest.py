@@ -1,9 +1,11 @@
 """pytest collects every test script's CASES, the same list the script runs on its own."""
-from llmk.common.testing import quiet_interpreter, select_cases
+from llmk.common.device import INTERPRET, quiet_interpreter
+from llmk.common.testing import select_cases
 
 
 def pytest_configure(config):
-    quiet_interpreter()
+    if INTERPRET:  # pytest resets the warning filters per test: install ours among its own
+        quiet_interpreter()
 
 
 def pytest_generate_tests(metafunc):

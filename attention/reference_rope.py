@@ -14,8 +14,13 @@ and sine are cos[..., i] and sin[..., i] in a Hugging Face table:
   one table serves both layouts. A GPT-J duplicate-interleaved table t (t[2i] == t[2i + 1])
   becomes this one as torch.cat((t[..., ::2], t[..., ::2]), -1): column i holds pair i's angle.
 
-Tables: cos, sin (T, D), (1, T, D) or (B, T, D); a 3-dim table is broadcast over heads as HF's
-apply_rotary_pos_emb(unsqueeze_dim=1) does. The math runs in q's dtype after casting the table to it
+Partial rotary (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor, flash-attn's rotary_dim): a
+table of R < D columns rotates the first R features of a head, as above with R for D, and the other
+D - R pass through unchanged, as HF's models split the head (q_rot, q_pass = q[..., :R], q[..., R:]).
+That is also how a head of odd D takes RoPE (R even, at most D - 1).
+
+Tables: cos, sin (T, R), (1, T, R) or (B, T, R), R = D unless partial; a 3-dim table is broadcast
+over heads as HF's apply_rotary_pos_emb(unsqueeze_dim=1) does. The math runs in q's dtype after casting the table to it
 (LlamaRotaryEmbedding returns cos, sin in x's dtype), so these are the same-dtype `eager` baseline;
 pass fp64 tensors for an exact reference.
 """
@@ -51,12 +56,17 @@ def rotate_every_two(x):
 
 
 def apply_rope_ref(q, k, cos, sin, interleaved=False):
-    """Rotate q (B, H, T, D) and k (B, Hkv, T, D) by cos, sin ((T, D), (1, T, D) or (B, T, D)).
+    """Rotate q (B, H, T, D) and k (B, Hkv, T, D) by cos, sin ((T, R), (1, T, R) or (B, T, R),
+    R <= D: the first R features rotate, the rest pass through).
 
     Returns (q_out, k_out) shaped and typed like q and k. Layouts as in the module docstring: for
-    interleaved, columns 0 .. D/2-1 of the table are duplicated onto pairs (GPT-J's
+    interleaved, columns 0 .. R/2-1 of the table are duplicated onto pairs (GPT-J's
     duplicate_interleave) and the rest ignored.
     """
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < q.shape[-1]:
+        q_rot, k_rot = apply_rope_ref(q[..., :rotary_dim], k[..., :rotary_dim], cos, sin, interleaved)
+        return torch.cat((q_rot, q[..., rotary_dim:]), -1), torch.cat((k_rot, k[..., rotary_dim:]), -1)
     cos, sin = cos.to(q.dtype), sin.to(q.dtype)
     if cos.dim() == 3:  # (B, T, D) -> (B, 1, T, D): one table for every head
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

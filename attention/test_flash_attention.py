@@ -22,7 +22,9 @@ window and the cap, for O, LSE and both backward schedules; block bounds swept w
 would show (SWEEP_WINDOWS); blocks outside every window filled with NaN, which a kernel that
 visited them would carry into its outputs.
 """
+import contextlib
 import math
+import os
 
 import torch
 import triton
@@ -40,6 +42,7 @@ from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, grads_of, main, opcheck, poisoned, rand)
 from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
+from llmk.common.validation import CHECK_SEQLENS_ENV, seqlens_checked
 
 def attention_tol(q, k, v, causal, sm_scale, window=None, softcap=None):
     """The tolerance of O in q's dtype, from the fp64 probabilities of this problem. With softcap c
@@ -407,6 +410,93 @@ def check_varlen_errors():
     ]
 
 
+@contextlib.contextmanager
+def seqlens_switch(value):
+    """LLMK_CHECK_SEQLENS set to value ("1": check cu_seqlens on the GPU too, "0": not) for the
+    block, then restored."""
+    before = os.environ.get(CHECK_SEQLENS_ENV)
+    os.environ[CHECK_SEQLENS_ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[CHECK_SEQLENS_ENV]
+        else:
+            os.environ[CHECK_SEQLENS_ENV] = before
+
+
+def i32(*values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def bad_seqlens():
+    """(name, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), what the error names) for
+    q of 10 tokens and k, v of 12: bad values a launch must never read through."""
+    cq, ck = cumulative([4, 6]), cumulative([5, 7])
+    return [("cu_seqlens_q past the end", (i32(0, 4, 50), ck, 6, 7), "cu_seqlens_q[2] = 50"),
+            ("cu_seqlens_k past the end mid-way", (cq, i32(0, 40, 12), 6, 7), "cu_seqlens_k[1] = 40"),
+            ("cu_seqlens_q decreasing", (i32(0, 6, 4, 10), i32(0, 5, 5, 12), 6, 7), "cu_seqlens_q[2] = 4"),
+            ("cu_seqlens_k nonzero start", (cq, i32(2, 5, 12), 6, 7), "cu_seqlens_k[0] = 2"),
+            ("cu_seqlens_k negative start", (cq, i32(-3, 5, 12), 6, 7), "cu_seqlens_k[0] = -3"),
+            ("cu_seqlens_q ends short of q", (i32(0, 4, 9), ck, 6, 7), "cu_seqlens_q[2] = 9"),
+            ("max_seqlen_q too small", (cq, ck, 5, 7), "max_seqlen_q = 5"),
+            ("max_seqlen_k too small", (cq, ck, 6, 6), "max_seqlen_k = 6")]
+
+
+def check_varlen_value_errors():
+    """Bad cu_seqlens values raise ValueError naming the argument, position and value, before any
+    launch: through the public function, the operators called directly (forward and backward), and
+    a compiled call. Run with LLMK_CHECK_SEQLENS=1, which a GPU needs (the CPU checks always)."""
+    q, k, v = rand((10, 4, 64), torch.float16), rand((12, 2, 64), torch.float16), rand((12, 2, 64), torch.float16)
+    ops = torch.ops.llmk
+    out, lse = torch.empty_like(q), torch.zeros((4, 10), dtype=torch.float32, device=DEVICE)
+    outcomes = []
+    with seqlens_switch("1"):
+        for name, (cu_q, cu_k, max_q, max_k), names in bad_seqlens():
+            outcomes.append(expect_raises(name, lambda: flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k),
+                                          ValueError, names))
+        (name, (cu_q, cu_k, max_q, max_k), names), = bad_seqlens()[:1]
+        outcomes += [
+            expect_raises(f"{name}: torch.ops.llmk.flash_attention_varlen",
+                          lambda: ops.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, False, None, None),
+                          ValueError, names),
+            expect_raises(f"{name}: under grad", lambda: flash_attention_varlen(
+                q.clone().requires_grad_(), k, v, cu_q, cu_k, max_q, max_k, causal=True), ValueError, names),
+            expect_raises(f"{name}: torch.ops.llmk.flash_attention_backward", lambda: ops.flash_attention_backward(
+                out, q, k, v, out, lse, None, cu_q, cu_k, max_q, max_k, False, None, False), ValueError, names),
+            expect_raises(f"{name}: torch.compile'd call", lambda: torch.compile(
+                flash_attention_varlen, fullgraph=True, backend="aot_eager")(q, k, v, cu_q, cu_k, max_q, max_k),
+                ValueError, names)]
+    return outcomes
+
+
+def check_seqlens_switch():
+    """LLMK_CHECK_SEQLENS: on the CPU the values are always checked, the switch off too; on a GPU
+    only with it on (off: nothing waits for the device, a max_seqlen too small goes unnoticed),
+    and a CUDA graph captures a call with it on (the check stands aside during the capture)."""
+    q, k, v = rand((10, 4, 64), torch.float16), rand((12, 2, 64), torch.float16), rand((12, 2, 64), torch.float16)
+    cq, ck = cumulative([4, 6]), cumulative([5, 7])
+    small = lambda: flash_attention_varlen(q, k, v, cq, ck, 5, 7)  # noqa: E731 (max_seqlen_q 5 < 6)
+    outcomes = [Outcome("CPU tensors: always checked", seqlens_checked(cq.cpu()))]
+    with seqlens_switch("1"):
+        outcomes.append(expect_raises("switch on: max_seqlen_q too small", small, ValueError, "max_seqlen_q"))
+    with seqlens_switch("0"):
+        if DEVICE == "cpu":
+            outcomes.append(expect_raises("switch off, CPU: still checked", small, ValueError, "max_seqlen_q"))
+        else:
+            small()  # results undefined but in bounds: the grid is short, no read past a sequence
+            outcomes.append(Outcome("switch off, GPU: not checked (no sync)", not seqlens_checked(cq)))
+    if DEVICE == "cuda":
+        with seqlens_switch("1"):
+            want = flash_attention_varlen(q, k, v, cq, ck, 6, 7)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                got = flash_attention_varlen(q, k, v, cq, ck, 6, 7)
+            graph.replay()
+        outcomes.append(compare("switch on: a CUDA graph captures it", got, want.double(), EXACT))
+    return outcomes
+
+
 def check_varlen_empty():
     """No tokens at all (every length 0), and no sequences (cu_seqlens = [0]): empty O, zero grads."""
     outcomes = []
@@ -623,7 +713,10 @@ def varlen_cases():
                      dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=8, hkv=8, d=128, dtype=dtype,
                           causal=causal), gpu_only=True),
             ]
-    return cases + [Case("varlen bad input", check_varlen_errors), Case("varlen empty", check_varlen_empty),
+    return cases + [Case("varlen bad input", check_varlen_errors),
+                    Case("varlen bad cu_seqlens values", check_varlen_value_errors),
+                    Case("varlen LLMK_CHECK_SEQLENS switch", check_seqlens_switch),
+                    Case("varlen empty", check_varlen_empty),
                     Case("(batch, head) pairs past the grid's y extent", check_grid_spill)]
 
 

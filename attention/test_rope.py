@@ -5,6 +5,10 @@
 Backward: dq, dk against autograd through the fp64 reference and the same-dtype one (check_grads),
 both layouts, GQA, tables whose halves differ, strided q, k and upstream gradients; `out=` stays
 forward-only, and a cos or sin that requires grad raises (no gradient for the table).
+
+Partial rotary (a table of R < D columns; odd head dims): Liger's odd and uneven shapes (D 41, D 92
+with Hkv > H) and flash-attn's rotary_dim < headdim (R = D/2; D 59 with R 48), forward and
+backward, the D - R copied features bit for bit.
 """
 
 import torch
@@ -19,17 +23,27 @@ from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def passed_through(rotary_dim, inputs, outputs):
+    """Partial rotary: the features past the rotary dim are copied bit for bit (none if R = D)."""
+    if rotary_dim is None:
+        return []
+    same = all(torch.equal(o[..., rotary_dim:], x[..., rotary_dim:]) for x, o in zip(inputs, outputs))
+    return [Outcome(f"features {rotary_dim}.. copied", same)]
+
+
 def check(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
-          table_dtype=None, strided=None):
+          table_dtype=None, strided=None, rotary_dim=None):
+    """rotary_dim: a table of R < D columns (partial rotary), R = D by default."""
     q, k = make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
-    cos, sin = make_table(batch, seq_len, head_dim, layout, kind, table_dtype or dtype)
+    cos, sin = make_table(batch, seq_len, rotary_dim or head_dim, layout, kind, table_dtype or dtype)
     out = (poisoned(q.shape, dtype), poisoned(k.shape, dtype))
     q_out, k_out = apply_rope(q, k, cos, sin, interleaved, out=out)
     q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double(), interleaved)
     # the HF way in the input dtype (table cast to it, three roundings) bounds our error (2x rule);
     # tolerances: common.testing.TOLERANCES, the rule for fp32 math rounded once to the output dtype
     q_torch, k_torch = apply_rope_ref(q, k, cos, sin, interleaved)
-    return [compare("q", q_out, q_ref, torch_out=q_torch), compare("k", k_out, k_ref, torch_out=k_torch)]
+    return [compare("q", q_out, q_ref, torch_out=q_torch), compare("k", k_out, k_ref, torch_out=k_torch),
+            *passed_through(rotary_dim, (q, k), (q_out, k_out))]
 
 
 def check_properties(dtype=torch.float32):
@@ -60,8 +74,18 @@ def check_errors():
     other = "cpu" if DEVICE == "cuda" else "meta"
     odd_q, odd_k = rand((2, 4, 6, 63), torch.float16), rand((2, 2, 6, 63), torch.float16)
     odd_cos = rand((6, 63), torch.float32)
+    wide_cos = rand((6, 66), torch.float32)
     return [
-        expect_raises("odd D", lambda: apply_rope(odd_q, odd_k, odd_cos, odd_cos), ValueError, "even"),
+        expect_raises("odd rotary dim (R = D = 63)", lambda: apply_rope(odd_q, odd_k, odd_cos, odd_cos), ValueError,
+                      "even"),
+        expect_raises("odd rotary dim (R 33 < D)", lambda: apply_rope(q, k, cos[:, :33], sin[:, :33]), ValueError,
+                      "rotary dim"),
+        expect_raises("rotary dim past D (R 66 > D 64)", lambda: apply_rope(q, k, wide_cos, wide_cos), ValueError,
+                      "rotary dim"),
+        expect_raises("rotary dim 0", lambda: apply_rope(q, k, cos[:, :0], sin[:, :0]), ValueError, "rotary dim"),
+        expect_raises("sin's R != cos's", lambda: apply_rope(q, k, cos[:, :32], sin), ValueError, "sin"),
+        expect_raises("D 1025", lambda: apply_rope(rand((1, 1, 2, 1025), torch.float16), rand((1, 1, 2, 1025),
+                                                   torch.float16), cos[:2], sin[:2]), ValueError, "1024"),
         expect_raises("q 3 dims", lambda: apply_rope(q[0], k, cos, sin), ValueError, "q"),
         expect_raises("k batch", lambda: apply_rope(q, k[:1], cos, sin), ValueError, "k"),
         expect_raises("k length", lambda: apply_rope(q, k[:, :, :5], cos, sin), ValueError, "k"),
@@ -110,13 +134,14 @@ def check_grad_mode():
 
 
 def check_grad(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
-               strided=None, grads_strided=None, wrt=(0, 1)):
+               strided=None, grads_strided=None, wrt=(0, 1), rotary_dim=None):
     """dq, dk against autograd through the fp64 reference and the same-dtype HF-style reference (2x
     rule). The backward is the forward's math (two fp32 products and a sum, one rounding), so the
     forward's tolerances hold. grads_strided "BTHD": dq_out, dk_out as (B, T, H, D) tensors seen as
-    (B, H, T, D), the layout an attention backward may hand back. wrt=(0,): k gets no gradient."""
+    (B, H, T, D), the layout an attention backward may hand back. wrt=(0,): k gets no gradient.
+    rotary_dim: as check's; the copied features' gradient is the upstream one, bit for bit."""
     q, k = make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
-    cos, sin = make_table(batch, seq_len, head_dim, layout, kind, dtype)
+    cos, sin = make_table(batch, seq_len, rotary_dim or head_dim, layout, kind, dtype)
     dys = make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, grads_strided)
 
     def ours(q, k, cos, sin):
@@ -125,8 +150,13 @@ def check_grad(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=Fal
     def ref(q, k, cos, sin):
         return apply_rope_ref(q, k, cos, sin, interleaved)
 
-    return check_grads("rope", ours, ref, (q, k, cos, sin), wrt, ("q", "k", "cos", "sin"),
-                       TOLERANCES[dtype], torch_fn=ref, grad_outputs=dys)
+    outcomes = check_grads("rope", ours, ref, (q, k, cos, sin), wrt, ("q", "k", "cos", "sin"),
+                           TOLERANCES[dtype], torch_fn=ref, grad_outputs=dys)
+    if rotary_dim is not None:
+        leaves = [t.detach().requires_grad_() for t in (q, k)]
+        grads = torch.autograd.grad(ours(*leaves, cos, sin), leaves, dys)
+        outcomes += passed_through(rotary_dim, dys, grads)
+    return outcomes
 
 
 def check_grad_empty():
@@ -182,6 +212,17 @@ def rope_cases():
         add(1, 2, 1, 7, 256, torch.float16, interleaved=interleaved, kind="random", layout="B,T,D expanded")
         add(1, 32, 8, 77, 128, torch.bfloat16, interleaved=interleaved, layout="1,T,D", table_dtype=torch.float32)
         add(2, 4, 3, 9, 1024, torch.float16, interleaved=interleaved, kind="random")  # widest head
+    # partial rotary: the first R features rotate, D - R are copied; odd head dims
+    for dtype in DTYPES:
+        for interleaved in (False, True):
+            add(2, 4, 1, 7, 41, dtype, interleaved=interleaved, rotary_dim=40, kind="random")  # Liger's odd D
+            add(1, 4, 2, 9, 59, dtype, interleaved=interleaved, rotary_dim=48, strided="BTHD")  # flash-attn's d 59
+        add(2, 3, 2, 5, 128, dtype, rotary_dim=64, layout="T,D strided", kind="random", table_dtype=torch.float32)
+    add(9, 41, 41, 7, 41, torch.float32, rotary_dim=40, layout="B,T,D")  # Liger's functional shape
+    add(3, 7, 21, 5, 92, torch.bfloat16, layout="B,T,D")                # Liger's D 92, Hkv > H
+    add(2, 3, 2, 5, 80, torch.float16, interleaved=True, rotary_dim=32, strided="every other feature")
+    add(1, 2, 1, 3, 1023, torch.bfloat16, rotary_dim=1022, kind="random")  # widest odd head: ROPE_TABLE's last row
+    add(1, 2, 1, 3, 7, torch.float32, interleaved=True, rotary_dim=2)    # one rotated pair
     # full size on the GPU
     for dtype in (torch.bfloat16, torch.float16):
         for interleaved in (False, True):
@@ -189,6 +230,11 @@ def rope_cases():
             add(4, 32, 8, 2048, 128, dtype, True, interleaved=interleaved, strided="BTHD", layout="B,T,D")
         for head_dim in (80, 96, 256):
             add(2, 32, 8, 1000, head_dim, dtype, True, kind="random", layout="B,T,D")
+        for interleaved in (False, True):
+            add(1, 32, 8, 8192, 128, dtype, True, interleaved=interleaved, rotary_dim=64)
+        add(3, 73, 213, 423, 92, dtype, True, layout="B,T,D")           # Liger's uneven shape
+        add(3, 73, 155, 423, 41, dtype, True, rotary_dim=40, strided="BTHD")
+        add(4, 32, 8, 2048, 111, dtype, True, rotary_dim=96, kind="random", layout="B,T,D")
     add(1, 32, 8, 8192, 128, torch.float32, True, table_dtype=torch.float32, strided="BTHD")
     return cases + [Case("rotation properties", check_properties),
                     Case("allocates its output", check_own_buffer, dict(impl=apply_rope)),
@@ -224,6 +270,18 @@ def grad_cases():
             grads_strided="BTHD", layout="B,T,D")
     add(2, 32, 8, 1000, 80, torch.float16, True, kind="random")
     add(1, 32, 8, 4096, 128, torch.float32, True, strided="BTHD")
+    # partial rotary, odd head dims
+    for dtype in (torch.float32, torch.bfloat16):
+        for interleaved in (False, True):
+            add(2, 4, 1, 7, 41, dtype, interleaved=interleaved, rotary_dim=40, kind="random")
+    add(1, 4, 2, 9, 59, torch.float16, rotary_dim=48, strided="BTHD", grads_strided="BTHD", layout="B,T,D")
+    add(2, 3, 2, 5, 128, torch.bfloat16, interleaved=True, rotary_dim=64, layout="1,T,D", kind="random")
+    add(9, 41, 41, 7, 41, torch.float32, rotary_dim=40, layout="B,T,D")  # Liger's functional shape
+    add(3, 7, 21, 5, 92, torch.bfloat16, layout="B,T,D")
+    for interleaved in (False, True):
+        add(1, 32, 8, 8192, 128, torch.bfloat16, True, interleaved=interleaved, rotary_dim=64)
+    add(3, 73, 213, 423, 92, torch.bfloat16, True, layout="B,T,D")
+    add(3, 73, 155, 423, 41, torch.float16, True, rotary_dim=40, strided="BTHD", grads_strided="BTHD")
     return cases
 
 

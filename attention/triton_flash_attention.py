@@ -43,7 +43,8 @@ import torch
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
 from llmk.common.ops import define_op, define_ops, needs_grad
-from llmk.common.validation import check_same_device, check_softcap, check_tensor, check_window
+from llmk.common.validation import (check_cu_seqlens, check_cu_seqlens_values, check_same_device, check_softcap,
+                                    check_tensor, check_window, seqlens_checked)
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
 
@@ -91,21 +92,15 @@ def check_attention_args(q, k, v, sm_scale):
 
 def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale):
     """Validate a packed batch before launch (shapes and types only: the lengths live on the
-    device and are not read); returns (number of sequences, H, Hkv, D)."""
+    device; their values are checked in the operators, check_varlen_values); returns (number of
+    sequences, H, Hkv, D)."""
     _check_qkv(q, k, v, 3, "total tokens, heads, head_dim")
     _, h, d = q.shape
     hkv = k.shape[1]
     if k.shape[2] != d:
         raise ValueError(f"k must be (total_k, Hkv, D={d}) to match q {tuple(q.shape)}, got {tuple(k.shape)}")
     _check_heads(q, k, v, h, hkv, d, sm_scale)
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        check_tensor(name, cu, (torch.int32,))
-        check_same_device(name, cu, "q", q)
-        if cu.dim() != 1 or cu.shape[0] < 1:
-            raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
-    if cu_seqlens_k.shape != cu_seqlens_q.shape:
-        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length {cu_seqlens_q.shape[0]} "
-                         f"(B + 1), got {cu_seqlens_k.shape[0]}")
+    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q)
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise TypeError(f"{name} must be an int >= 0, got {n!r}")
@@ -115,6 +110,16 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             raise ValueError(f"{name}: one sequence spans {span} elements; the kernel indexes within a "
                              "sequence with 32-bit offsets (at most 2^31 - 1)")
     return cu_seqlens_q.shape[0] - 1, h, hkv, d
+
+
+def check_varlen_values(q, k, cu_q, cu_k, max_q, max_k):
+    """The operators' check of cu_seqlens' values before a launch reads through them: on the CPU
+    always, on a GPU under LLMK_CHECK_SEQLENS=1 (common/validation.py's seqlens_checked): a length
+    past the packed tensors would read and write out of bounds. The operators run it, not the
+    public function, so direct and compiled calls are checked too."""
+    if seqlens_checked(cu_q):
+        check_cu_seqlens(cu_q, cu_k, q)
+        check_cu_seqlens_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
 
 
 def check_config(config):
@@ -204,6 +209,7 @@ def _varlen_empty(q, k, v, *rest):
 
 def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic=False,
                   window_left=-1, window_right=-1, softcap=0.0):
+    check_varlen_values(q, k, cu_q, cu_k, max_q, max_k)
     out, lse = _varlen_empty(q, k, v)
     _attend_into(packed(q), packed(k), packed(v), causal, sm_scale, config, packed(out), packed(lse),
                  (cu_q, cu_k, max_q), window_left, window_right, softcap)
@@ -230,6 +236,7 @@ def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, c
     if not _within_32_bits(grad_out, 2 if cu_q is None else 3):  # dO's strides are the caller's
         grad_out = grad_out.contiguous()
     if cu_q is not None:
+        check_varlen_values(q, k, cu_q, cu_k, max_q, max_k)
         views = [packed(t) for t in (grad_out, q, k, v, out, lse, dq, dk, dv)]
         grad_lse = None if grad_lse is None else packed(grad_lse)
         cu_seqlens = (cu_q, cu_k, max_q, max_k)
@@ -443,10 +450,14 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     tensor is read in place); heads and head dims as for flash_attention.
     cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) on q's device, cumulative lengths from 0: sequence b
     is q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] against k, v[cu_seqlens_k[b]:cu_seqlens_k[b + 1]].
-    Lengths may be 0. They are read on the device only: nothing waits for them, and nothing checks
-    them; they must be nondecreasing and end at total_q / total_k.
-    max_seqlen_q, max_seqlen_k: ints at least the longest sequence's lengths. They size the grids
-    only; with a smaller one the results are undefined.
+    Lengths may be 0. They must start at 0, be non-decreasing and end at total_q / total_k.
+    max_seqlen_q, max_seqlen_k: ints at least the longest sequence's lengths; they size the grids.
+    Checks of the values (ValueError naming the argument, the position and the value): always on
+    the CPU (the interpreter); on a GPU the kernels read the lengths on the device, and nothing
+    waits for them, unless the environment sets LLMK_CHECK_SEQLENS=1, a debug switch that reads
+    them on the host before every launch (a device sync; skipped while a CUDA graph is captured).
+    Unchecked, a bad length reads and writes out of bounds, and a max_seqlen too small leaves
+    results undefined.
     causal: per sequence, aligned to its bottom right. sm_scale defaults to 1/sqrt(D).
     window, softcap: as for flash_attention, the window per sequence (i' = i + Tk_b - Tq_b): FLOPs
     4 * D * (visible pairs) summed over the sequences and heads.

@@ -1,29 +1,32 @@
 """Rotary position embeddings (RoPE) on q and k in Triton, both in one launch.
 
-Math as in attention/reference_rope.py (fp32 inside, one rounding to the input dtype). Pair i of a head is
-rotated by the table's column i (and, in the half layout, the second element of the pair by column
-i + D/2):
-    half:         (x[i], x[i + D/2])  ->  (x[i] cos[i] - x[i + D/2] sin[i],
-                                           x[i + D/2] cos[i + D/2] + x[i] sin[i + D/2])
+Math as in attention/reference_rope.py (fp32 inside, one rounding to the input dtype). The table's
+last dim is the rotary dim R (R = D, or R < D: partial rotary, as GPT-NeoX, Phi and GLM use it and
+flash-attn's rotary_dim < headdim; D may then be odd). Pair i of the first R features of a head is
+rotated by the table's column i (and, in the half layout, the second element of the pair by
+column i + R/2); features R .. D-1 are copied:
+    half:         (x[i], x[i + R/2])  ->  (x[i] cos[i] - x[i + R/2] sin[i],
+                                           x[i + R/2] cos[i + R/2] + x[i] sin[i + R/2])
     interleaved:  (x[2i], x[2i + 1])  ->  (x[2i] cos[i] - x[2i + 1] sin[i],
-                                           x[2i + 1] cos[i] + x[2i] sin[i])     (columns >= D/2 unread)
+                                           x[2i + 1] cos[i] + x[2i] sin[i])     (columns >= R/2 unread)
 
 One program takes BLOCK_T consecutive (b, t) positions and a block of heads of q or of k: it loads
 the positions' cos and sin once and applies them to every head of its block. Programs are numbered
 head block fastest, so the programs sharing a tile of positions run together and read the table
 from L2. Memory traffic (e = element size of q, k; e_c of the table):
     read q, k and write q_out, k_out:  2 * B*T*(H + Hkv)*D * e
-    read cos and sin:                  2 * (rows of the table)*D * e_c from HBM once (half of it
+    read cos and sin:                  2 * (rows of the table)*R * e_c from HBM once (half of it
                                        interleaved), and again from L2 for every head block.
-Limits: D even, D <= 1024 (a program holds a whole head).
+Limits: D <= 1024 (a program holds a whole head); R even, 2 <= R <= D.
 
 Backward (autograd of `apply_rope`): each pair's map is linear, [[c1, -s1], [s2, c2]] (c1 = c2 and
 s1 = s2 in a true rotation table), so the gradient is its transpose applied to (dq_out, dk_out):
-    (do[i], do[i + D/2])  ->  (do[i] c1 + do[i + D/2] s2,  do[i + D/2] c2 - do[i] s1)
+    (do[i], do[i + R/2])  ->  (do[i] c1 + do[i + R/2] s2,  do[i + R/2] c2 - do[i] s1)
 the forward's formula with the sines swapped and negated (the inverse rotation, by -sin, when the
-halves agree). The same kernel runs it under BACKWARD: read dq_out, dk_out, write dq, dk, read
-the table as the forward does, so the bytes are the forward's. No gradient for cos and sin (a Hugging
-Face table does not require grad): a table that requires grad under grad mode raises.
+halves agree); the copied features' gradient is copied. The same kernel runs it under BACKWARD:
+read dq_out, dk_out, write dq, dk, read the table as the forward does, so the bytes are the
+forward's. No gradient for cos and sin (a Hugging Face table does not require grad): a table that
+requires grad under grad mode raises.
 """
 import functools
 from dataclasses import dataclass
@@ -45,13 +48,14 @@ def _rope_heads(
     head0, n_heads, b, t, in_rows,
     # strides (in elements) of the source and of the contiguous output
     stride_xb, stride_xh, stride_xt, stride_xd, stride_ob, stride_oh, stride_ot,
-    # the positions' table, fp32 (BLOCK_T, BLOCK_HALF): columns 0..D/2-1 (c1, s1) and D/2.. (c2, s2)
+    # the positions' table, fp32 (BLOCK_T, BLOCK_HALF): columns 0..R/2-1 (c1, s1) and R/2.. (c2, s2)
     c1, s1, c2, s2,
     # meta-parameters
-    INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
 ):
-    """Rotate BLOCK_H heads x BLOCK_T positions x D of one tensor; tiles are (heads, positions, cols)."""
+    """Rotate BLOCK_H heads x BLOCK_T positions x R of one tensor and copy the PASS = D - R columns
+    after them; tiles are (heads, positions, cols)."""
     heads = head0 + tl.arange(0, BLOCK_H).to(tl.int64)
     rows_mask = (heads < n_heads)[:, None, None] & in_rows[None, :, None]
     x_rows = x_ptr + heads[:, None, None] * stride_xh + (b * stride_xb + t * stride_xt)[None, :, None]
@@ -80,6 +84,11 @@ def _rope_heads(
         o2 = x2 * c2[None, :, :] + x1 * s2[None, :, :]
         tl.store(o_rows + cols, o1.to(o_ptr.dtype.element_ty), mask=mask)
         tl.store(o_rows + cols + HALF, o2.to(o_ptr.dtype.element_ty), mask=mask)
+    if PASS > 0:  # partial rotary: features R .. D-1 are copied (their gradient too: the identity)
+        cols = 2 * HALF + tl.arange(0, BLOCK_PASS)[None, None, :]
+        mask = rows_mask & (cols < 2 * HALF + PASS)
+        x = tl.load(x_rows + cols * stride_xd, mask=mask, other=0.0, eviction_policy="evict_first")
+        tl.store(o_rows + cols, x, mask=mask)
 
 
 @triton.jit
@@ -95,12 +104,14 @@ def _rope_kernel(
     stride_sb, stride_st, stride_sd,
     stride_qob, stride_qoh, stride_qot,
     stride_kob, stride_koh, stride_kot,
-    # meta-parameters. HALF = D/2 is a compile-time constant (one compile per head dim): the column
-    # masks and x[D/2:]'s offset then have known divisibility (a runtime 40, D = 80, would carry
-    # none), so loads stay 16-byte vectors for D = 80 too. BACKWARD: q, k are dq_out, dk_out and
-    # the outputs dq, dk (the transposed map, module docstring)
-    INTERLEAVED: tl.constexpr, HALF: tl.constexpr, BACKWARD: tl.constexpr,
+    # meta-parameters. HALF = R/2 is a compile-time constant (one compile per rotary dim): the
+    # column masks and x[R/2:]'s offset then have known divisibility (a runtime 40, R = 80, would
+    # carry none), so loads stay 16-byte vectors for R = 80 too. PASS = D - R copied features (0:
+    # the whole head rotates). BACKWARD: q, k are dq_out, dk_out and the outputs dq, dk (the
+    # transposed map, module docstring)
+    INTERLEAVED: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr, BACKWARD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)  # 64-bit: head * stride_h and b * stride_b can pass 2^31
     head_block = pid % n_blocks
@@ -116,7 +127,7 @@ def _rope_kernel(
     c1 = tl.load(c_rows + cols[None, :] * stride_cd, mask=mask, other=0.0, eviction_policy="evict_last")
     s1 = tl.load(s_rows + cols[None, :] * stride_sd, mask=mask, other=0.0, eviction_policy="evict_last")
     c1, s1 = c1.to(tl.float32), s1.to(tl.float32)
-    if INTERLEAVED:  # columns D/2.. are not read
+    if INTERLEAVED:  # columns R/2.. are not read
         c2, s2 = c1, s1
     else:
         c2 = tl.load(c_rows + (cols[None, :] + HALF) * stride_cd, mask=mask, other=0.0,
@@ -128,14 +139,15 @@ def _rope_kernel(
     if head_block < n_q_blocks:
         _rope_heads(q_ptr, q_out_ptr, head_block * BLOCK_HQ, n_q_heads, b, t, in_rows,
                     stride_qb, stride_qh, stride_qt, stride_qd, stride_qob, stride_qoh, stride_qot,
-                    c1, s1, c2, s2, INTERLEAVED, HALF, BLOCK_HQ, BLOCK_T, BLOCK_HALF)
+                    c1, s1, c2, s2, INTERLEAVED, HALF, PASS, BLOCK_HQ, BLOCK_T, BLOCK_HALF, BLOCK_PASS)
     else:
         _rope_heads(k_ptr, k_out_ptr, (head_block - n_q_blocks) * BLOCK_HK, n_k_heads, b, t, in_rows,
                     stride_kb, stride_kh, stride_kt, stride_kd, stride_kob, stride_koh, stride_kot,
-                    c1, s1, c2, s2, INTERLEAVED, HALF, BLOCK_HK, BLOCK_T, BLOCK_HALF)
+                    c1, s1, c2, s2, INTERLEAVED, HALF, PASS, BLOCK_HK, BLOCK_T, BLOCK_HALF, BLOCK_PASS)
 
 
-# Tile of one program: BLOCK_T positions x BLOCK_H heads x BLOCK_D (= next_power_of_2(D)) values.
+# Tile of one program: BLOCK_T positions x BLOCK_H heads x BLOCK_D (= next_power_of_2(D)) values
+# (with partial rotary, R's and D - R's powers of two; the row is still keyed by D).
 # The cos/sin rows are loaded once per program and reused by its BLOCK_H heads, so the widest head
 # block, one position, wins: q's 16 heads (k's 8) of one position in a program. Heads per program
 # are capped by the tensor's own head count (k with Hkv = 1 gets 1-head blocks).
@@ -182,11 +194,11 @@ def _table_strides(table):
 
 
 def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None, backward=False):
-    """Launch on validated arguments (shapes as in apply_rope); writes q_out, k_out (contiguous).
-    cfg: a RopeConfig, by default rope_config's. backward: q, k are dq_out, dk_out (any strides),
-    q_out, k_out receive dq, dk."""
+    """Launch on validated arguments (shapes as in apply_rope; the rotary dim R is the tables' last
+    dim); writes q_out, k_out (contiguous). cfg: a RopeConfig, by default rope_config's. backward:
+    q, k are dq_out, dk_out (any strides), q_out, k_out receive dq, dk."""
     batch, n_q_heads, seq_len, head_dim = q.shape
-    n_k_heads = k.shape[1]
+    n_k_heads, rotary_dim = k.shape[1], cos.shape[-1]
     n_rows = batch * seq_len
     if n_rows == 0 or head_dim == 0 or n_q_heads + n_k_heads == 0:
         return
@@ -199,8 +211,9 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None, backward=Fa
         n_rows, seq_len, n_q_heads, n_k_heads, n_q_blocks, n_blocks,
         *q.stride(), *k.stride(), *_table_strides(cos), *_table_strides(sin),
         *q_out.stride()[:3], *k_out.stride()[:3],
-        INTERLEAVED=interleaved, HALF=head_dim // 2, BACKWARD=backward, BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ,
-        BLOCK_HK=cfg.BLOCK_HK, BLOCK_HALF=next_power_of_2(head_dim) // 2, num_warps=cfg.num_warps)
+        INTERLEAVED=interleaved, HALF=rotary_dim // 2, PASS=head_dim - rotary_dim, BACKWARD=backward,
+        BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ, BLOCK_HK=cfg.BLOCK_HK, BLOCK_HALF=next_power_of_2(rotary_dim) // 2,
+        BLOCK_PASS=next_power_of_2(max(head_dim - rotary_dim, 1)), num_warps=cfg.num_warps)
 
 
 def _rope_backward(dq_out, dk_out, cos, sin, interleaved):
@@ -246,10 +259,14 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
     """Rotary embeddings on q and k in one launch (operators llmk::apply_rope and llmk::apply_rope_out).
 
     q: (B, H, T, D), k: (B, Hkv, T, D), fp16, bf16 or fp32, one dtype, any strides (a (B, T, H, D)
-       tensor's .transpose(1, 2) is read in place). H and Hkv are independent; D even, <= 1024.
-    cos, sin: (T, D), (1, T, D) or (B, T, D), fp32 or q's dtype, any strides; the HF table of
-       attention/reference_rope.py (rope_cos_sin). interleaved=False pairs (x[i], x[i + D/2]) and uses every
-       column; interleaved=True pairs (x[2i], x[2i + 1]) and uses columns 0 .. D/2-1 only.
+       tensor's .transpose(1, 2) is read in place). H and Hkv are independent; D <= 1024.
+    cos, sin: (T, R), (1, T, R) or (B, T, R), fp32 or q's dtype, any strides; the HF table of
+       attention/reference_rope.py (rope_cos_sin(positions, R)). R, the rotary dim, is even,
+       2 <= R <= D: the first R features of each head rotate and the other D - R are copied
+       (partial rotary, HF's partial_rotary_factor; flash-attn's rotary_dim, whose half-width
+       table t becomes cat(t, t)). R < D is how an odd head dim takes RoPE. interleaved=False
+       pairs (x[i], x[i + R/2]) and uses every column; interleaved=True pairs (x[2i], x[2i + 1])
+       and uses columns 0 .. R/2-1 only.
     out: optional (q_out, k_out), contiguous buffers shaped and typed like q and k. Forward-only:
        with out given, a q or k that requires grad raises under grad mode.
     Returns (q_out, k_out): contiguous (B, H, T, D) and (B, Hkv, T, D) tensors in q's dtype, new
@@ -257,7 +274,7 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
     cos and sin and runs llmk::apply_rope_backward, whose dq, dk are contiguous. cos and sin get
     no gradient: one that requires grad under grad mode raises ValueError.
     """
-    check_rope_args(q, k, cos, sin, interleaved)
+    check_rope_args(q, k, cos, sin, interleaved, partial=True)
     if torch.is_grad_enabled():
         for name, table in (("cos", cos), ("sin", sin)):
             if table.requires_grad:

@@ -187,12 +187,15 @@ def decode_runner(model, prompt, tokens):
     the decode steps of `tokens` (B, S) and crops the cache back to the prompt, so it can repeat."""
     from transformers import DynamicCache
 
+    from llmk.models.hf_patch import cache_argument
+
     cache = DynamicCache(config=model.config)
-    model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache_kwarg = {cache_argument(model): cache}  # the name this transformers version gives it
+    model(prompt, use_cache=True, logits_to_keep=1, **cache_kwarg)
     n_steps = tokens.shape[1]
 
     def steps():
-        out = [model(tokens[:, s:s + 1], past_key_values=cache, use_cache=True).logits for s in range(n_steps)]
+        out = [model(tokens[:, s:s + 1], use_cache=True, **cache_kwarg).logits for s in range(n_steps)]
         cache.crop(-n_steps)
         return out
     return steps

@@ -7,7 +7,10 @@ each) are under 0.1% of that at every shape here and are left out.
 
 Shapes: H = 32 query heads, hd 128, fp16, every sequence at length T (= T_max); Hkv = 32 (op
 "decode-mha") and Hkv = 8 (op "decode-gqa", GQA 32/8). Panels: T = 512..32768 at B = 1 and at
-B = 16, and B = 1..64 at T = 8192. Caches past CACHE_MAX_BYTES are skipped. Providers:
+B = 16, and B = 1..64 at T = 8192. Head dims 80 and 96 (Phi-2's, Phi-3-mini's; the kernels pad
+them to 128-wide tiles and read D columns) beside 128 at three of those points, B1 T8192, B16 T4096
+and B64 T8192 (their own PNG, inference_<op>_head_dims_fp16.png): a row's bytes scale with D, its
+share of copy compares across head dims. Caches past CACHE_MAX_BYTES are skipped. Providers:
     triton          inference/triton_inference_attention.py decode_attention on a (B, T, Hkv, D)
                     cache (inference/kv_cache.py's layout); its split count is in the row
     triton-paged    paged_decode_attention on the same tokens in 16-token pages, shuffled
@@ -43,9 +46,12 @@ from llmk.inference.triton_inference_attention import (INTERPRET_SMS, decode_att
 
 OURS = ("triton", "triton-paged")
 N_HEADS, HEAD_DIM, DTYPE, PAGE_SIZE = 32, 128, torch.float16, 16
+# head_dims: the other head dims, at the (B, T) points of head_dim_points, beside d
 FULL = dict(heads=N_HEADS, kv_heads=(32, 8), d=HEAD_DIM, lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768),
-            t_batches=(1, 16), batches=(1, 2, 4, 8, 16, 32, 64), b_length=8192)
-SMOKE = dict(heads=4, kv_heads=(4, 2), d=64, lengths=(16, 48), t_batches=(1,), batches=(1, 2), b_length=16)
+            t_batches=(1, 16), batches=(1, 2, 4, 8, 16, 32, 64), b_length=8192,
+            head_dims=(80, 96), head_dim_points=((1, 8192), (16, 4096), (64, 8192)))
+SMOKE = dict(heads=4, kv_heads=(4, 2), d=64, lengths=(16, 48), t_batches=(1,), batches=(1, 2), b_length=16,
+             head_dims=(40,), head_dim_points=((2, 16),))
 CACHE_MAX_BYTES = 20 * 2 ** 30   # K + V; with a second copy (pages, SDPA's layout) the peak is twice this
 NAIVE_MAX_BYTES = 1 * 2 ** 30    # the reference copies the cache to fp32 (and v once more): 3x this
 MATH_MAX_BYTES = 2 * 2 ** 30     # SDPA's math backend materializes fp32 scores and, for GQA, expands K/V
@@ -65,6 +71,13 @@ def panels(cfg, hkv):
     t = cfg["b_length"]
     out.append((f"batch B (T {t}, H {h}/{hkv}, hd {d})", [(b, (b, h, hkv, t, d)) for b in cfg["batches"]]))
     return out
+
+
+def head_dim_panels(cfg, hkv):
+    """[(xlabel, [(D, (B, H, Hkv, T, D))])]: the head dims at each (B, T) of head_dim_points."""
+    h, dims = cfg["heads"], sorted((*cfg["head_dims"], cfg["d"]))
+    return [(f"head dim (B {b}, T {t}, H {h}/{hkv})", [(d, (b, h, hkv, t, d)) for d in dims])
+            for b, t in cfg["head_dim_points"]]
 
 
 def op_name(h, hkv):
@@ -151,7 +164,8 @@ def splits(name, inputs, call):
 
 def cases(cfg):
     for hkv in cfg["kv_heads"]:
-        for shape in list(dict.fromkeys(s for _, points in panels(cfg, hkv) for _, s in points)):
+        sweeps = panels(cfg, hkv) + head_dim_panels(cfg, hkv)
+        for shape in list(dict.fromkeys(s for _, points in sweeps for _, s in points)):
             b, h, hkv, t, d = shape
             n_bytes = kv_bytes(b, hkv, t, d)
             providers = dict.fromkeys(OURS + ("naive",) + tuple(sdpa_backends()), bind)
@@ -165,9 +179,11 @@ def cases(cfg):
                        skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None)
 
 
-def summarize(rows, h, kv_heads):
+def summarize(rows, cfg):
     """The figures the kernel is judged by, one line each: on do_bench time ("ms", "pct_copy"), then
     on GPU time ("graph_ms", "graph_pct_copy"), where the launch cost is out of the figure."""
+    h, kv_heads = cfg["heads"], cfg["kv_heads"]
+
     def pick(provider, shape):
         return next((r for r in rows if r["provider"] == provider and r["shape"] == shape), None) or {}
 
@@ -192,12 +208,20 @@ def summarize(rows, h, kv_heads):
             lines.append(f"{label}paged / contiguous speed: worst {ratios[0]:.2f}, "
                          f"median {ratios[len(ratios) // 2]:.2f} "
                          "(target >= 0.9)")
+        # padded head dims against hd 128 at the same (B, T): the same share of copy is the target
+        for hkv in kv_heads:
+            for xlabel, points in head_dim_panels(cfg, hkv):
+                for provider in OURS:
+                    share = {d: pick(provider, shape_str(shape)).get(pct) for d, shape in points}
+                    if all(v is not None for v in share.values()):
+                        lines.append(f"{label}{provider} {xlabel}: % of copy " + ", ".join(
+                            f"hd {d} {v}" for d, v in share.items()) + f" (target: hd {cfg['d']}'s)")
     return lines
 
 
 def charts(args, cfg):
     def draw(meta, rows):
-        for line in summarize(rows, cfg["heads"], cfg["kv_heads"]):
+        for line in summarize(rows, cfg):
             print(line)
         for hkv in cfg["kv_heads"]:
             op = op_name(cfg["heads"], hkv)
@@ -206,6 +230,8 @@ def charts(args, cfg):
             sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
                     for r in sel if r["provider"] in ("triton", "sdpa-flash") and r.get("graph_ms")]
             plot_sweeps(args.out / f"inference_{op}_fp16.png", f"{op} (q_len 1) fp16", sel, panels(cfg, hkv), meta)
+            plot_sweeps(args.out / f"inference_{op}_head_dims_fp16.png", f"{op} (q_len 1) fp16, head dims", sel,
+                        head_dim_panels(cfg, hkv), meta)
     return draw
 
 

@@ -14,7 +14,9 @@ PAGE = Area(
      Group(("decode-mha", "decode-gqa"), "paged, all shapes, GPU time", graph=True, ours="triton-paged"),
      Group(("decode-mha", "decode-gqa"), "paged against contiguous, GPU time", graph=True,
            ours="triton-paged", peers=("triton",)),
-     Group(("decode-mha", "decode-gqa"), "all shapes, eager (do_bench)")],
+     Group(("decode-mha", "decode-gqa"), "all shapes, eager (do_bench)"),
+     Group(("decode-mha", "decode-gqa"), "head dims 80 and 96 (tiles padded to 128), GPU time",
+           lambda s: len(dims(s)) == 5 and dims(s)[4] in (80, 96), graph=True)],
     ["Decode reads the cache and writes almost nothing, while the copy bandwidth counts bytes "
      "read and written: a share of copy above 100% is possible.",
      "At batch 1 an eager call (do_bench) measures the host as much as the GPU: the wrapper and "

@@ -5,7 +5,10 @@ Setting `TRITON_INTERPRET=1` by hand forces the interpreter even on a GPU machin
 """
 import functools
 import os
+import re
 import sys
+import warnings
+from importlib import metadata
 
 import torch
 
@@ -15,6 +18,28 @@ if not torch.cuda.is_available():
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
+
+# The oldest Triton whose interpreter runs these kernels: 3.8's and older mishandle loops whose
+# bounds are runtime values (every looped kernel here), which gives wrong results, not errors.
+MIN_INTERPRETER_TRITON = (3, 9)
+
+
+def interpreter_problem():
+    """Why Triton's interpreter here cannot run our kernels (a sentence naming what to install), or
+    None: the GPU path, or an interpreter new enough. torch's CUDA wheels pin their own Triton
+    (torch 2.14's pins 3.8), so a CPU machine can end up with one too old."""
+    if not INTERPRET:
+        return None
+    try:
+        have = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return None  # triton's own import error says more
+    if tuple(int(p) for p in re.findall(r"\d+", have)[:2]) >= MIN_INTERPRETER_TRITON:
+        return None
+    need = ".".join(map(str, MIN_INTERPRETER_TRITON))
+    return (f"Triton {have} is installed, and its interpreter (the CPU path: no CUDA device here) "
+            f"runs loops with runtime bounds wrongly; install Triton {need} or newer: "
+            f'pip install "triton>={need}"')
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,7 +140,18 @@ def _interpret_triton_builtins():
                 setattr(module, attr, rebuilt[id(value)])
 
 
+def quiet_interpreter():
+    """Numpy warns from inside interpreted kernels where fp32 math overflows or meets inf on purpose
+    (exp2 of a masked -inf score, GELU's 2^t past fp32's range, 0 * inf in a masked lane), where the
+    GPU computes the same IEEE results silently. Only warnings raised by the interpreter's own numpy
+    calls are silenced; every other warning still shows."""
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+
+
 if INTERPRET:
+    quiet_interpreter()
+    if interpreter_problem():  # a cheap metadata read: wrong results later would be worse than a warning now
+        warnings.warn(interpreter_problem(), RuntimeWarning, stacklevel=2)
     if _TRITON_CAME_FIRST:
         _interpret_triton_builtins()
     _match_gpu_bf16_rounding()

@@ -34,6 +34,7 @@ An operator that is not registered fails its rows with that message, it is never
 GPU-only rows are left out in the interpreter (they need CUDA), as every test script's gpu_only
 cases are: the header line counts them.
 """
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -96,9 +97,9 @@ def norm_inputs(shape, dtype, bias=False, residual=False):
     return t
 
 
-def rope_inputs():
-    b, h, hkv, seq, d = 2, 4, 2, 8, 64
-    cos, sin = rope_cos_sin(torch.arange(seq, device=DEVICE), d)
+def rope_inputs(d=64, rotary_dim=64):
+    b, h, hkv, seq = 2, 4, 2, 8
+    cos, sin = rope_cos_sin(torch.arange(seq, device=DEVICE), rotary_dim)
     return dict(q=rand((b, seq, h, d), bf16).transpose(1, 2), k=rand((b, hkv, seq, d), bf16), cos=cos, sin=sin)
 
 
@@ -117,7 +118,8 @@ def varlen_inputs():
 
 def loss_inputs():
     return dict(logits=rand((6, 100), bf16), target=torch.tensor([3, -100, 0, 99, 7, 50], device=DEVICE),
-                hidden=rand((6, 32), bf16), weight=rand((100, 32), bf16), bias=rand((100,), bf16))
+                hidden=rand((6, 32), bf16), weight=rand((100, 32), bf16), bias=rand((100,), bf16),
+                class_weight=torch.rand(100, device=DEVICE) + 0.5)
 
 
 def linear_inputs(m, n, k, dtype, bias=False):
@@ -158,6 +160,10 @@ SPECS = [
            lambda t: rmsnorm(t["x"], t["weight"], EPS, offset=1.0),
            lambda t: (t["x"], t["weight"], EPS, 1.0),
            lambda t: (t["x"], t["weight"], EPS, 1.0, like(t["x"])), "x", ("x", "weight")),
+    OpSpec("rmsnorm weight=None", "rmsnorm", lambda: norm_inputs((3, 5, 64), bf16),
+           lambda t: rmsnorm(t["x"], None, EPS, offset=1.0),
+           lambda t: (t["x"], None, EPS, 1.0),
+           lambda t: (t["x"], None, EPS, 1.0, like(t["x"])), "x", ("x",)),
     OpSpec("layernorm", "layernorm", lambda: norm_inputs((4, 96), bf16, bias=True),
            lambda t: layernorm(t["x"], t["weight"], t["bias"], EPS),
            lambda t: (t["x"], t["weight"], t["bias"], EPS),
@@ -167,6 +173,10 @@ SPECS = [
            lambda t: (t["x"], t["residual"], t["weight"], EPS, 0.0),
            lambda t: (t["x"], t["residual"], t["weight"], EPS, 0.0, like(t["x"]), like(t["x"])), "residual",
            ("x", "residual", "weight")),
+    OpSpec("residual_rmsnorm weight=None", "residual_rmsnorm", lambda: norm_inputs((6, 64), f16, residual=True),
+           lambda t: residual_rmsnorm(t["x"], t["residual"], None, EPS),
+           lambda t: (t["x"], t["residual"], None, EPS, 0.0),
+           lambda t: (t["x"], t["residual"], None, EPS, 0.0, like(t["x"]), like(t["x"])), "x", ("x", "residual")),
     OpSpec("softmax", "softmax", lambda: dict(x=rand((6, 100), f16, pad=(0, 4))),
            lambda t: softmax(t["x"]),
            lambda t: (t["x"],),
@@ -175,6 +185,10 @@ SPECS = [
            lambda t: apply_rope(t["q"], t["k"], t["cos"], t["sin"]),
            lambda t: (t["q"], t["k"], t["cos"], t["sin"], False),
            lambda t: (t["q"], t["k"], t["cos"], t["sin"], False, like(t["q"]), like(t["k"])), "k", ("q", "k")),
+    OpSpec("apply_rope partial rotary D 59 R 48", "apply_rope", lambda: rope_inputs(59, 48),
+           lambda t: apply_rope(t["q"], t["k"], t["cos"], t["sin"], True),
+           lambda t: (t["q"], t["k"], t["cos"], t["sin"], True),
+           lambda t: (t["q"], t["k"], t["cos"], t["sin"], True, like(t["q"]), like(t["k"])), "q", ("q", "k")),
     OpSpec("flash_attention causal", "flash_attention", attention_inputs,
            lambda t: flash_attention(t["q"], t["k"], t["v"], causal=True),
            lambda t: (t["q"], t["k"], t["v"], True, None, None),
@@ -200,6 +214,15 @@ SPECS = [
                                                         None),
            lambda t: (t["hidden"], t["weight"], t["target"], t["bias"], -100, 0.0, None), None, "hidden",
            ("hidden", "weight", "bias")),
+    OpSpec("cross_entropy weight softcap accuracy", "cross_entropy", loss_inputs,
+           lambda t: cross_entropy_op(t["logits"], t["target"], -100, 0.1, t["class_weight"], 5.0, True),
+           lambda t: (t["logits"], t["target"], -100, 0.1, t["class_weight"], 5.0, True), None, "logits",
+           ("logits",)),
+    OpSpec("fused_linear_cross_entropy_none class_weight accuracy", "fused_linear_cross_entropy_none", loss_inputs,
+           lambda t: fused_linear_cross_entropy_none_op(t["hidden"], t["weight"], t["target"], t["bias"], -100, 0.1,
+                                                        30.0, t["class_weight"], True),
+           lambda t: (t["hidden"], t["weight"], t["target"], t["bias"], -100, 0.1, 30.0, t["class_weight"], True),
+           None, "hidden", ("hidden", "weight", "bias")),
     OpSpec("bias_gelu tanh", "bias_gelu", lambda: dict(x=rand((5, 96), f16), bias=rand((96,), f16)),
            lambda t: bias_gelu(t["x"], t["bias"], "tanh"),
            lambda t: (t["x"], t["bias"], "tanh"),
@@ -238,11 +261,11 @@ SPECS = [
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None, like(t["q"])),
            "q"),
-    OpSpec("decode_attention window softcap", "decode_attention", decode_inputs,
+    OpSpec("decode_attention hd 96 window softcap", "decode_attention", lambda: decode_inputs(d=96),
            lambda t: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["lengths"], window=(9, 0), softcap=5.0),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, None, None, 9, 5.0),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, None, None, like(t["q"]), 9, 5.0), "q"),
-    OpSpec("paged_decode_attention", "paged_decode_attention", paged_inputs,
+    OpSpec("paged_decode_attention hd 80", "paged_decode_attention", lambda: paged_inputs(d=80),
            lambda t: paged_decode_attention(t["q"], t["k_pages"], t["v_pages"], t["block_table"], t["lengths"]),
            lambda t: (t["q"], t["k_pages"], t["v_pages"], t["block_table"], t["lengths"], None, None, None),
            lambda t: (t["q"], t["k_pages"], t["v_pages"], t["block_table"], t["lengths"], None, None, None,
@@ -333,9 +356,11 @@ def with_grads(spec, inputs):
 
 
 def grads(spec, t, result, grad_outputs):
-    """Gradients of result (the call's outputs on inputs t) for spec.wrt; None where undefined."""
-    outs = tensors_of(result)
-    return torch.autograd.grad(outs, [t[name] for name in spec.wrt], grad_outputs[:len(outs)], allow_unused=True)
+    """Gradients of result (the call's outputs on inputs t) for spec.wrt; None where undefined.
+    Outputs without a gradient (the losses' token hits) take no part."""
+    pairs = [(o, g) for o, g in zip(tensors_of(result), grad_outputs) if o.requires_grad]
+    return torch.autograd.grad([o for o, _ in pairs], [t[name] for name in spec.wrt], [g for _, g in pairs],
+                               allow_unused=True)
 
 
 def fresh_grad_outputs(spec, inputs):
@@ -641,6 +666,20 @@ def check_adamw_op_compile():
     return outcomes
 
 
+def check_forward_arity():
+    """Every differentiable op's eager autograd.Function binds exactly its schema's arguments:
+    torch 2.14's apply fills in forward's defaults, and an input beyond the schema would be one
+    the backward returns no gradient for (autograd raises)."""
+    outcomes = []
+    for name, op in sorted(OPS.items()):
+        if op.function is not None:
+            bound = inspect.signature(op.function.forward).bind(*range(op._n_args))
+            bound.apply_defaults()
+            outcomes.append(Outcome(f"{name}: {len(bound.args)} inputs, schema {op._n_args}",
+                                    len(bound.args) == op._n_args))
+    return outcomes
+
+
 def cases():
     gpu_rows = [Case(f"{spec.label}: CUDA graph, no warm-up", check_cuda_graph, dict(spec=spec), gpu_only=True)
                 for spec in SPECS if spec.name != "matmul"]
@@ -657,7 +696,8 @@ def cases():
     rows += [Case("TritonAdamW: opcheck", check_adamw_opcheck),
              Case("TritonAdamW: step() with params that require grad", check_adamw_grad),
              Case(f"TritonAdamW: {NAMESPACE}::{ADAMW_OP} in torch.compile", check_adamw_op_compile),
-             Case("decode step: torch.compile reduce-overhead", check_reduce_overhead, gpu_only=True)]
+             Case("decode step: torch.compile reduce-overhead", check_reduce_overhead, gpu_only=True),
+             Case("autograd.Function forward: the schema's arguments", check_forward_arity)]
     return gpu_rows + rows  # the CUDA graph rows first: they capture each op's first call
 
 

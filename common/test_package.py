@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 
 from llmk.common.testing import Case, Outcome, main
-from llmk.scripts.deps import builds_offline, requirement_specs, requirements
+from llmk.scripts.deps import build_backend_minimum, builds_offline, requirement_specs, requirements
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,6 +37,7 @@ dy = torch.randn_like(y)
 got, want = torch.autograd.grad(y, (x, w), dy), torch.autograd.grad(ref, (x, w), dy)
 errs = [(y - ref).abs().max().item()] + [(g - r).abs().max().item() for g, r in zip(got, want)]
 print("from", llmk.__file__)
+print("version", llmk.__version__)
 print("errors", *errs)
 """
 
@@ -98,18 +99,27 @@ def run(command, cwd, label):
 def dependency_folders():
     """The folders this interpreter imports the declared dependencies from. A .pth file's lines
     only extend sys.path (the .pth files inside them do not run), so this checkout's editable
-    install, if there is one, stays out of the environment."""
+    install, if there is one, stays out of the environment. A folder inside the checkout is kept (a
+    `.venv` there is where the README's set-up installs torch); the checkout itself, or a folder
+    from which `import llmk` would find it, is not."""
     specs = [s for s in map(importlib.util.find_spec, requirements()) if s is not None]
     folders = [pathlib.Path(s.origin).parent.parent if s.submodule_search_locations else pathlib.Path(s.origin).parent
                for s in specs]  # a package's folder's parent; a one-file module's folder
-    return list(dict.fromkeys(str(f) for f in folders if f != ROOT and ROOT not in f.parents))
+    return list(dict.fromkeys(str(f) for f in folders if not exposes_checkout(f)))
+
+
+def exposes_checkout(folder):
+    """Whether `folder` on sys.path would import this checkout: it is the checkout, or holds it
+    under the package's name."""
+    return folder.resolve() == ROOT or (folder / "llmk").resolve() == ROOT
 
 
 def check_wheel():
     """Build the wheel, install it (without dependencies) into a new environment, and run the
     probe there from an empty folder."""
     if not builds_offline():  # pip would fetch a newer setuptools: a machine without network fails there
-        return [Outcome("not checked: building the wheel offline needs setuptools >= 70.1 here", True)]
+        return [Outcome(f"not checked: building the wheel offline needs setuptools >= {build_backend_minimum()} here",
+                        True)]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
@@ -125,10 +135,16 @@ def check_wheel():
         (tmp / "work").mkdir()
         out = run([str(python), "-W", "ignore", "-c", PROBE], tmp / "work", "the probe")
         where = out.split("from ", 1)[1].split()[0]
+        version = out.split("version ", 1)[1].split()[0]
+        meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         errors = [float(e) for e in out.split("errors", 1)[1].split()]
     return [Outcome("the wheel holds the kernels and the CUDA sources",
                     "llmk/normalization/triton_rmsnorm.py" in names and "llmk/cuda_cpp/csrc/rmsnorm.cu" in names
                     and not any(n.startswith("llmk/build/") for n in names), note=wheel.name),
+            Outcome("the wheel's license is MIT, with its LICENSE file",
+                    "License-Expression: MIT" in meta and any(n.endswith("licenses/LICENSE") for n in names)),
+            Outcome("llmk.__version__ is the wheel's version", wheel.name.startswith(f"llmk-{version}-"),
+                    note=f"{version} {wheel.name}"),
             Outcome("llmk imported from the environment, not the checkout",
                     where.startswith(str(tmp / "env")) and not where.startswith(str(ROOT)), note=where[-80:]),
             Outcome("rmsnorm forward and backward there, against PyTorch", max(errors) < 1e-4,

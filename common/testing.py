@@ -23,14 +23,13 @@ import os
 import random
 import sys
 import time
-import warnings
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from llmk.common.device import DEVICE, INTERPRET, describe
+from llmk.common.device import DEVICE, INTERPRET, describe, interpreter_problem
 from llmk.common.validation import DTYPE_NAMES
 
 
@@ -360,15 +359,6 @@ def _fmt(x):
     return "" if isinstance(x, float) and math.isnan(x) else (f"{x:.3g}" if isinstance(x, float) else x)
 
 
-def quiet_interpreter():
-    """In the interpreter lane, numpy warns from inside interpreted kernels where fp32 math
-    overflows or meets inf on purpose (exp of a masked -inf score, 0 * inf in a masked lane): the
-    results are checked, so those warnings are noise. Only warnings raised by the interpreter's
-    own numpy calls are silenced; our Python code's warnings still show."""
-    if INTERPRET:
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
-
-
 def count_line(n_pass, n_fail, n_skip=0, skip_reason=None):
     """The closing line run_tests reads: `N passed, M failed[, K skipped (reason)]`."""
     return f"{n_pass} passed, {n_fail} failed" + (f", {n_skip} skipped ({skip_reason})" if n_skip else "")
@@ -386,7 +376,11 @@ def run_cases(title, cases, skip_reason=None):
         print(f"{title}: {len(cases)} cases skipped: {skip_reason}")
         print(count_line(0, 0, len(cases), skip_reason), flush=True)
         return 0
-    quiet_interpreter()
+    problem = interpreter_problem()
+    if problem:
+        print(f"{title}: not run: {problem}")
+        print(count_line(0, len(cases)), flush=True)
+        return 1
     seed = base_seed()
     chosen = select_cases(cases)
     print(f"{title}: {len(chosen)} of {len(cases)} cases on {describe()}, TEST_SEED={seed}", flush=True)
@@ -417,5 +411,44 @@ def run_cases(title, cases, skip_reason=None):
     return 1 if n_fail or not chosen else 0
 
 
-def main(title, cases, skip_reason=None):
-    sys.exit(run_cases(title, cases, skip_reason))
+USAGE_EPILOG = """environment:
+  TEST_SEED=<int>   replay a run's random inputs (each run prints the seed it drew)
+  TRITON_INTERPRET=1
+                    force Triton's interpreter (the default without a CUDA device)
+
+Without a CUDA device the interpreter runs the small-shape cases; cases marked gpu_only need a GPU.
+The same cases run under pytest: `pytest path/to/test_x.py -k WORD`."""
+
+
+def parse_args(title, argv):
+    """The command line of every test script: --help, -k (a case filter) and --list."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None,
+        description=f"Run the {title} test cases and print a PASS/FAIL table; the last line reads "
+                    "`N passed, M failed`, and the exit code is 1 if any case failed.",
+        epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-k", dest="keyword", action="append", default=[], metavar="WORD",
+                        help="run only the cases whose name contains WORD (repeat: a case matching any)")
+    parser.add_argument("--list", action="store_true", help="list the cases' names and exit")
+    return parser.parse_args(argv)
+
+
+def filter_cases(cases, keywords):
+    """The cases whose name contains one of `keywords` (all of them when there is none)."""
+    return [c for c in cases if not keywords or any(k in c.name for k in keywords)]
+
+
+def main(title, cases, skip_reason=None, argv=None):
+    """A test script's entry point: parse its command line (`--help` prints the usage), run the
+    chosen cases and exit with run_cases' code."""
+    args = parse_args(title, sys.argv[1:] if argv is None else argv)
+    chosen = filter_cases(cases, args.keyword)
+    if args.list:
+        print("\n".join(c.name + (" (gpu_only)" if c.gpu_only else "") for c in chosen))
+        sys.exit(0)
+    if args.keyword and not chosen:
+        print(f"{title}: no case name contains {' or '.join(map(repr, args.keyword))}; --list shows them")
+        sys.exit(1)
+    sys.exit(run_cases(title, chosen, skip_reason))

@@ -1,6 +1,7 @@
 """Argument checks shared by every launcher: each raises before anything is launched, with a
 message that names the argument and says what was expected."""
 import math
+import os
 
 import torch
 
@@ -88,9 +89,12 @@ def check_swiglu_args(gate, up):
 ROPE_MAX_HEAD_DIM = 1024  # the RoPE kernels (Triton and CUDA) hold half a head in one block
 
 
-def check_rope_args(q, k, cos, sin, interleaved):
+def check_rope_args(q, k, cos, sin, interleaved, partial=False):
     """Argument checks of RoPE (Triton and CUDA): q (B, H, T, D), k (B, Hkv, T, D) of one dtype,
-    cos/sin tables (T, D), (1, T, D) or (B, T, D); raises naming the first bad argument."""
+    cos/sin tables (T, R), (1, T, R) or (B, T, R); raises naming the first bad argument.
+    partial=False (the CUDA kernel): R = D, even. partial=True (the Triton kernel): R, the rotary
+    dim, is the tables' last dim, even and 2 <= R <= D (the first R features of a head rotate, the
+    other D - R pass through), and D may be odd. Returns R."""
     check_tensor("q", q)
     check_tensor("k", k)
     check_same_device("k", k, "q", q)
@@ -103,19 +107,25 @@ def check_rope_args(q, k, cos, sin, interleaved):
     if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq_len, head_dim):
         raise ValueError(f"k must be (B, Hkv, T, D) with q's B = {batch}, T = {seq_len}, D = {head_dim}; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if head_dim % 2 or head_dim > ROPE_MAX_HEAD_DIM:
-        raise ValueError(f"q and k need an even head dim D <= {ROPE_MAX_HEAD_DIM} (pairs of features "
-                         f"are rotated); got D = {head_dim}")
+    if head_dim > ROPE_MAX_HEAD_DIM or (head_dim % 2 and not partial):
+        raise ValueError(f"q and k need {'a' if partial else 'an even'} head dim D <= {ROPE_MAX_HEAD_DIM}"
+                         f"{'' if partial else ' (pairs of features are rotated)'}; got D = {head_dim}")
     for name, table in (("cos", cos), ("sin", sin)):
         check_tensor(name, table, dtypes=tuple(dict.fromkeys((torch.float32, q.dtype))))
         check_same_device(name, table, "q", q)
+    rotary_dim, r = (cos.shape[-1], "R") if partial else (head_dim, "D")
+    for name, table in (("cos", cos), ("sin", sin)):
         shape = tuple(table.shape)
-        if not (shape == (seq_len, head_dim) or (len(shape) == 3 and shape[0] in (1, batch)
-                                                  and shape[1:] == (seq_len, head_dim))):
-            raise ValueError(f"{name} must have shape (T, D) = {(seq_len, head_dim)}, (1, T, D) or "
-                             f"(B, T, D) = {(batch, seq_len, head_dim)}; got {shape}")
+        if not (shape == (seq_len, rotary_dim) or (len(shape) == 3 and shape[0] in (1, batch)
+                                                    and shape[1:] == (seq_len, rotary_dim))):
+            raise ValueError(f"{name} must have shape (T, {r}) = {(seq_len, rotary_dim)}, (1, T, {r}) or "
+                             f"(B, T, {r}) = {(batch, seq_len, rotary_dim)}; got {shape}")
+    if rotary_dim % 2 or rotary_dim > head_dim or (rotary_dim == 0 and head_dim > 0):
+        raise ValueError(f"cos and sin's last dim is the rotary dim R (the first R features of a head "
+                         f"rotate, in pairs): it must be even, 2 <= R <= D = {head_dim}; got R = {rotary_dim}")
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+    return rotary_dim
 
 
 def rope_outputs(q, k, out):
@@ -128,6 +138,64 @@ def rope_outputs(q, k, out):
     check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)
     check_out("out[1] (k_out)", out[1], k.shape, k.dtype, k.device)
     return tuple(out)
+
+
+def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q):
+    """The layout of a packed batch's cumulative lengths (no values read: no device sync): int32,
+    1-D with B + 1 >= 1 entries, on q's device, one length for q's and k's."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_tensor(name, cu, (torch.int32,))
+        check_same_device(name, cu, "q", q)
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length {cu_seqlens_q.shape[0]} "
+                         f"(B + 1), got {cu_seqlens_k.shape[0]}")
+
+
+# A debug switch: LLMK_CHECK_SEQLENS=1 has the packed-batch launchers read cu_seqlens on the host
+# before a launch on a GPU too (a device sync each call, so off by default)
+CHECK_SEQLENS_ENV = "LLMK_CHECK_SEQLENS"
+
+
+def seqlens_checked(cu_seqlens):
+    """Whether a launch on these cumulative lengths reads them on the host first
+    (check_cu_seqlens_values): always on the CPU (the interpreter, where a length past the end
+    would corrupt the heap; reading them costs nothing there); on a GPU only when the environment
+    sets LLMK_CHECK_SEQLENS=1 (the read waits for the device), and never while a CUDA graph is
+    being captured (which forbids a sync)."""
+    if cu_seqlens.device.type == "cpu":
+        return True
+    if os.environ.get(CHECK_SEQLENS_ENV, "0") != "1":
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):
+    """The values of a packed batch's cumulative lengths (layout checked by check_cu_seqlens), read
+    in one transfer: each starts at 0, stays within and ends at its packed length (total_q =
+    q.shape[0], total_k = k.shape[0]), never decreases, and no sequence is longer than
+    max_seqlen_q / max_seqlen_k. Raises ValueError naming the argument, the position and the value."""
+    values = torch.stack((cu_seqlens_q, cu_seqlens_k)).tolist()
+    for cu, name, total, max_name, max_len in zip(values, ("cu_seqlens_q", "cu_seqlens_k"), (total_q, total_k),
+                                                  ("max_seqlen_q", "max_seqlen_k"), (max_seqlen_q, max_seqlen_k)):
+        side = name[-1]
+        if cu[0] != 0:
+            raise ValueError(f"{name} must start at 0; got {name}[0] = {cu[0]}")
+        for i, (before, value) in enumerate(zip(cu, cu[1:]), start=1):
+            if value > total:
+                raise ValueError(f"{name}[{i}] = {value} is past the packed length {total} ({side}.shape[0])")
+            if value < before:
+                raise ValueError(f"{name} must be non-decreasing (cumulative lengths); got {name}[{i}] = {value} "
+                                 f"< {name}[{i - 1}] = {before}")
+        if cu[-1] != total:
+            raise ValueError(f"{name} must end at the packed length {total} ({side}.shape[0]); got "
+                             f"{name}[{len(cu) - 1}] = {cu[-1]}")
+        lengths = [after - before for before, after in zip(cu, cu[1:])]
+        if lengths and max(lengths) > max_len:
+            b = lengths.index(max(lengths))
+            raise ValueError(f"{max_name} = {max_len} is less than sequence {b}'s length {lengths[b]} "
+                             f"({name}[{b + 1}] - {name}[{b}])")
 
 
 def check_window(window, name="window"):

@@ -36,10 +36,10 @@ from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                      num_key_value_heads=1, vocab_size=256)  # head dim 64
 model = LlamaForCausalLM(config).to(DEVICE, dtype).eval()          # random weights, nothing downloaded
-patch_model(model)                                                 # every kernel it has
+model = patch_model(model)                                         # in place, every kernel it has
 with torch.inference_mode():
     tokens = model.generate(torch.randint(0, 256, (1, 8), device=DEVICE), max_new_tokens=4,
                             do_sample=False)
 
 print("generated", tokens.tolist(), "kernel calls", kernel_calls(model))
-unpatch_model(model)                                               # the model as it was
+model = unpatch_model(model)                                       # the model as it was

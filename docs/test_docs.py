@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from llmk.scripts import report
-from llmk.common.testing import Case, Outcome, run_cases
+from llmk.common.testing import Case, Outcome, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -95,12 +95,18 @@ def check_report_robust():
 
 
 def run_python(args, label, env=None, cwd=ROOT):
-    """Run python with args in a fresh process (from the repository root unless cwd), as a reader would."""
+    """Run python with args in a fresh process (from the repository root unless cwd), as a reader
+    would; it passes when it exits 0, prints only its one `generated ...` line (no object echoed at
+    the prompt) and writes nothing to stderr (no warning)."""
     proc = subprocess.run([sys.executable, *args], cwd=cwd, env=dict(os.environ, **(env or {})),
                           capture_output=True, text=True, timeout=600)
     ok = proc.returncode == 0
     tail = ((proc.stdout if ok else proc.stderr).strip().splitlines() or [""])[-1]
-    return [Outcome(label, ok, note=tail[:120])]
+    printed = proc.stdout.strip().splitlines()
+    quiet = len(printed) == 1 and printed[0].startswith("generated ") and not proc.stderr.strip()
+    extra = next((line for line in proc.stderr.strip().splitlines() + printed[:-1]), "")
+    return [Outcome(label, ok, note=tail[:120]),
+            Outcome(f"{label}: nothing printed but its result", quiet, note=extra[:120])]
 
 
 # Feeds a file's lines one at a time to an interactive console, as a reader pasting them at the
@@ -162,4 +168,4 @@ def test_case(case):
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases("user docs: README, docs/results, the example", CASES))
+    main("user docs: README, docs/results, the example", CASES)

@@ -11,7 +11,7 @@ sequence) and checks each cache against it after every step.
 import torch
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import Case, Outcome, compare, expect_raises, main, rand
+from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, rand
 from llmk.inference.decode_cases import decode_tol
 from llmk.inference.kv_cache import KVCache
 from llmk.inference.paged_kv_cache import PagedKVCache, gather_pages
@@ -70,17 +70,17 @@ def page_accounting(cache):
     return Outcome("page accounting", bool(ok), note="" if ok else f"pages {cache.seq_pages} free {cache.free_pages}")
 
 
-def run_script(make_cache, view, seed=None):
-    """Replay SCRIPT on the cache from make_cache() and on the model; view(cache) -> (k, v) as
-    (B, T, Hkv, D). seed: draw the tokens from it (the same tokens for two caches). Returns
-    (outcomes, cache, model)."""
+def run_script(make_cache, view, seed=None, d=D, dtype=torch.float16):
+    """Replay SCRIPT on the cache from make_cache() (head dim d, dtype) and on the model; view(cache)
+    -> (k, v) as (B, T, Hkv, D). seed: draw the tokens from it (the same tokens for two caches).
+    Returns (outcomes, cache, model)."""
     if seed is not None:
         torch.manual_seed(seed)
     cache, model = make_cache(), Model(B)
     outcomes = []
     for step, (op, arg) in enumerate(SCRIPT):
         if op == "append":
-            k, v = rand((B, arg, HKV, D), torch.float16), rand((B, arg, HKV, D), torch.float16)
+            k, v = rand((B, arg, HKV, d), dtype), rand((B, arg, HKV, d), dtype)
             cache.append(k, v)
             model.append(k, v)
         else:
@@ -115,15 +115,15 @@ def check_paged():
     return outcomes
 
 
-def check_attend():
-    """attend() of both caches after the script: the fp64 reference, and paged == contiguous bit for
-    bit (same kernel, same blocks, forced split count)."""
+def check_attend(d=D, dtype=torch.float16):
+    """attend() of both caches (head dim d) after the script: the fp64 reference, and paged ==
+    contiguous bit for bit (same kernel, same blocks, forced split count)."""
     seed = int(torch.randint(2 ** 31, ()).item())
-    _, contiguous, _ = run_script(lambda: KVCache(B, MAX_LEN, HKV, D, torch.float16), contiguous_view, seed)
-    _, paged, _ = run_script(lambda: PagedKVCache(B, MAX_LEN, HKV, D, torch.float16, page_size=16), paged_view, seed)
-    q = rand((B, 4, D), torch.float16)
+    _, contiguous, _ = run_script(lambda: KVCache(B, MAX_LEN, HKV, d, dtype), contiguous_view, seed, d, dtype)
+    _, paged, _ = run_script(lambda: PagedKVCache(B, MAX_LEN, HKV, d, dtype, page_size=16), paged_view, seed, d, dtype)
+    q = rand((B, 4, d), dtype)
     ref = decode_attention_reference(q.double(), contiguous.k.double(), contiguous.v.double(), contiguous.lengths)
-    tol = decode_tol(q, contiguous.k, contiguous.v, contiguous.lengths, D ** -0.5)
+    tol = decode_tol(q, contiguous.k, contiguous.v, contiguous.lengths, d ** -0.5)
     outcomes = []
     for splits in (1, 3):
         o = contiguous.attend(q, num_splits=splits)
@@ -216,6 +216,10 @@ CASES = [Case("contiguous: appends and resets", check_contiguous), Case("paged: 
          Case("attend through both caches", check_attend), Case("append past max_len", check_past_max_len),
          Case("paged: out of pages", check_out_of_pages), Case("empty", check_empty),
          Case("bad input", check_errors)]
+# head dims the kernels pad to BLOCK_D (80 and 96: Phi-2's and Phi-3-mini's; 72; 24, below 32) and 32,
+# in both dtypes
+CASES += [Case(f"attend through both caches hd {d} {dtype_name(dtype)}", check_attend, dict(d=d, dtype=dtype))
+          for d in (32, 80, 96, 72, 24) for dtype in (torch.float16, torch.bfloat16)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

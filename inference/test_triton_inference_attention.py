@@ -11,6 +11,11 @@ p @ v each in the input dtype).
 
 Every batch is ragged where it can be: lengths 0, 1 and T_max side by side, the rest random. Caches
 are filled everywhere (also past each length) so a kernel that reads past a length fails.
+
+Head dims other than 64, 128 and 256 (32, 80, 96, 72, 24, 8, 1) run with q, K and V as views of
+tensors holding NaN past D in every row (layout "nan_cols"): a kernel that reads a column of q or K
+past D, where BLOCK_D pads it, returns NaN; the output is the head of a longer NaN buffer whose tail
+must stay NaN, so a store past D of the last head shows.
 """
 import math
 
@@ -43,11 +48,36 @@ def ragged_lengths(b, t_max):
     return torch.tensor(fixed + rest, dtype=torch.int32, device=DEVICE)
 
 
+NAN_COLS = 16  # columns of NaN past D in layout "nan_cols": the first columns a read past D meets
+
+
+def nan_cols(shape, dtype, scale=1.0):
+    """A fresh normal tensor of `shape`, a view whose rows run on into NAN_COLS columns of NaN."""
+    full = rand((*shape[:-1], shape[-1] + NAN_COLS), dtype, scale=scale)
+    full[..., shape[-1]:] = float("nan")
+    return full[..., :shape[-1]]
+
+
+def guarded_out(shape, dtype, spare=256):
+    """(out, tail): a poisoned contiguous out at the head of a longer NaN buffer, and the spare tail
+    past it, which a store past the last head's D columns would write."""
+    n = math.prod(shape)
+    buffer = poisoned((n + spare,), dtype)
+    return buffer[:n].view(shape), buffer[n:]
+
+
+def tail_intact(tail, name="nothing written past out"):
+    return Outcome(name, bool(tail.isnan().all()))
+
+
 def make_cache(b, t_max, hkv, d, dtype, layout):
     """k, v (B, T_max, Hkv, D). layout "bthd": packed; "hf": (B, Hkv, T, D) tensors viewed with
-    .transpose(1, 2); "padded": views cut from larger tensors (every stride unpacked)."""
+    .transpose(1, 2); "padded": views cut from larger tensors (every stride unpacked); "nan_cols":
+    views whose rows run on into NaN past D."""
     if layout == "hf":
         return [rand((b, hkv, t_max, d), dtype).transpose(1, 2) for _ in range(2)]
+    if layout == "nan_cols":
+        return [nan_cols((b, t_max, hkv, d), dtype) for _ in range(2)]
     pad = (0, 3, 1, 8) if layout == "padded" else None
     return [rand((b, t_max, hkv, d), dtype, pad=pad) for _ in range(2)]
 
@@ -56,25 +86,32 @@ def reference(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
     return decode_attention_reference(q.double(), k.double(), v.double(), lengths, sm_scale, window_left, softcap)
 
 
+def make_q(b, h, d, dtype, layout, scale=1.0):
+    if layout == "nan_cols":
+        return nan_cols((b, h, d), dtype, scale)
+    return rand((b, h, d), dtype, pad=(0, 2, 8) if layout == "padded" else None, scale=scale)
+
+
 def check(b, h, hkv, t_max, d, dtype, num_splits=None, layout="bthd", sm_scale=None, scale=1.0, use_dot=None):
-    q = rand((b, h, d), dtype, pad=(0, 2, 8) if layout == "padded" else None, scale=scale)
+    q = make_q(b, h, d, dtype, layout, scale)
     k, v = make_cache(b, t_max, hkv, d, dtype, layout)
     lengths = ragged_lengths(b, t_max)
     config = None
     if use_dot is not None:  # force one product (and a split count) past the heuristics
         auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
         config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
-    o = decode_attention(q, k, v, lengths, sm_scale, num_splits=num_splits, config=config,
-                         out=poisoned((b, h, d), dtype))
+    out, tail = guarded_out((b, h, d), dtype)
+    o = decode_attention(q, k, v, lengths, sm_scale, num_splits=num_splits, config=config, out=out)
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     return [compare("O", o, reference(q, k, v, lengths, scale_used), decode_tol(q, k, v, lengths, scale_used),
-                    torch_out=same_dtype_decode(q, k, v, lengths, scale_used))]
+                    torch_out=same_dtype_decode(q, k, v, lengths, scale_used)), tail_intact(tail)]
 
 
-def to_pages(caches, lengths, page_size, spare_pages=3):
+def to_pages(caches, lengths, page_size, spare_pages=3, layout="bthd"):
     """Paged copies of contiguous caches (each (B, T_max, Hkv, D)), one page order for all: pages in
     a random order, spare pages of large values, and block table entries past each sequence's pages
-    pointing at a spare (a kernel that reads past a length fails). Returns ([pages...], block_table)."""
+    pointing at a spare (a kernel that reads past a length fails). layout "nan_cols": pages whose
+    rows run on into NaN past D. Returns ([pages...], block_table)."""
     b, t_max, hkv, d = caches[0].shape
     max_pages = cdiv(t_max, page_size)
     num_pages = b * max_pages + spare_pages
@@ -82,7 +119,7 @@ def to_pages(caches, lengths, page_size, spare_pages=3):
     table = order[:b * max_pages].reshape(b, max_pages)
     paged = []
     for cache in caches:
-        pages = rand((num_pages, page_size, hkv, d), cache.dtype, scale=100.0)
+        pages = (nan_cols if layout == "nan_cols" else rand)((num_pages, page_size, hkv, d), cache.dtype, scale=100.0)
         padded = torch.zeros((b, max_pages * page_size, hkv, d), dtype=cache.dtype, device=DEVICE)
         padded[:, :t_max] = cache
         pages[table] = padded.reshape(b, max_pages, page_size, hkv, d)
@@ -94,15 +131,16 @@ def to_pages(caches, lengths, page_size, spare_pages=3):
 
 
 def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_dot=None, window=None, softcap=None,
-                scale=1.0):
+                scale=1.0, layout="bthd"):
     """The paged and the contiguous kernel against the reference, and against each other on the same
     data where both take the same split count and blocks: the same blocks in the same order, so bit
     for bit the same output. window: a sliding window (only the last left + 1 tokens seen, the
-    range cut before the splits); softcap: logit softcapping (scale: q's, so that scores reach the cap)."""
-    q = rand((b, h, d), dtype, scale=scale)
-    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
+    range cut before the splits); softcap: logit softcapping (scale: q's, so that scores reach the cap);
+    layout: "bthd" or "nan_cols" (q, caches and pages, as in check)."""
+    q = make_q(b, h, d, dtype, layout, scale)
+    k, v = make_cache(b, t_max, hkv, d, dtype, layout)
     lengths = ragged_lengths(b, t_max)
-    (k_pages, v_pages), table = to_pages((k, v), lengths, page_size)
+    (k_pages, v_pages), table = to_pages((k, v), lengths, page_size, layout=layout)
     config = None
     if use_dot is not None:
         auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
@@ -111,15 +149,17 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
         config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS),
                                True, num_splits)
     options = dict(window=window, softcap=softcap, num_splits=num_splits, config=config)
-    o = paged_decode_attention(q, k_pages, v_pages, table, lengths, **options, out=poisoned((b, h, d), dtype))
-    o_contiguous = decode_attention(q, k, v, lengths, **options, out=poisoned((b, h, d), dtype))
+    (out, tail), (out_contiguous, tail_contiguous) = guarded_out((b, h, d), dtype), guarded_out((b, h, d), dtype)
+    o = paged_decode_attention(q, k_pages, v_pages, table, lengths, **options, out=out)
+    o_contiguous = decode_attention(q, k, v, lengths, **options, out=out_contiguous)
     sm = 1.0 / math.sqrt(d)
     left = -1 if window is None else window[0]
     want = reference(q, k, v, lengths, sm, left, softcap)
     tol = decode_tol(q, k, v, lengths, sm, left, softcap)
     theirs = same_dtype_decode(q, k, v, lengths, sm, left, softcap)
     outcomes = [compare("O paged", o, want, tol, torch_out=theirs),
-                compare("O", o_contiguous, want, tol, torch_out=theirs)]
+                compare("O", o_contiguous, want, tol, torch_out=theirs),
+                tail_intact(tail, "paged: nothing written past out"), tail_intact(tail_contiguous)]
     if num_splits is not None:  # both sides then take the same split count
         outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_contiguous)))
     return outcomes
@@ -212,13 +252,15 @@ def check_errors():
     k, v = make_cache(2, 20, 2, 64, torch.float16, "bthd")
     lengths = torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)
     (pages,), table = to_pages((k,), lengths, 16)
+    wide_q, wide_k = rand((2, 8, 257), torch.float16), rand((2, 20, 2, 257), torch.float16)
     other = "cpu" if DEVICE == "cuda" else "meta"
     f = decode_attention
     return [
         expect_raises("fp32 q", lambda: f(q.float(), k, v, lengths), TypeError, "q"),
         expect_raises("k dtype differs", lambda: f(q, k.bfloat16(), v, lengths), TypeError, "k_cache"),
         expect_raises("4-D q", lambda: f(q[:, None], k, v, lengths), ValueError, "q"),
-        expect_raises("head dim 96", lambda: f(q[..., :32].repeat(1, 1, 3), k, v, lengths), ValueError, "head_dim"),
+        expect_raises("head dim 257", lambda: f(wide_q, wide_k, wide_k, lengths), ValueError, "head_dim"),
+        expect_raises("head dim 0", lambda: f(q[..., :0], k[..., :0], v[..., :0], lengths), ValueError, "head_dim"),
         expect_raises("k head dim", lambda: f(q, k[..., :32], v[..., :32], lengths), ValueError, "k_cache"),
         expect_raises("3-D k", lambda: f(q, k[0], v[0], lengths), ValueError, "k_cache"),
         expect_raises("v shape", lambda: f(q, k, v[:, :10], lengths), ValueError, "v_cache"),
@@ -329,22 +371,24 @@ def paged_table_blocks(block_n, num_warps, num_stages):
 
 def check_block(d, block_n, num_warps, num_stages, dtype, paged=False, num_splits=1):
     """One launch-table block (BLOCK_N, num_warps, num_stages) forced at head dim d on about three
-    blocks of tokens (the last one partial), GQA 4/2 B3, ragged lengths; paged: 16-token pages."""
+    blocks of tokens (the last one partial), GQA 4/2 B3, ragged lengths; paged: 16-token pages. A
+    head dim its BLOCK_D pads reads NaN past D (layout "nan_cols")."""
     b, h, hkv, t_max = 3, 4, 2, 3 * block_n - 5
-    q = rand((b, h, d), dtype)
-    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
+    layout = "bthd" if d in (64, 128, 256) else "nan_cols"
+    q = make_q(b, h, d, dtype, layout)
+    k, v = make_cache(b, t_max, hkv, d, dtype, layout)
     lengths = ragged_lengths(b, t_max)
     config = DecodeConfig(block_n, num_warps, num_stages, True, num_splits)
-    out = poisoned((b, h, d), dtype)
+    out, tail = guarded_out((b, h, d), dtype)
     if paged:
-        (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
+        (k_pages, v_pages), table = to_pages((k, v), lengths, 16, layout=layout)
         o = paged_decode_attention(q, k_pages, v_pages, table, lengths, config=config, out=out)
     else:
         o = decode_attention(q, k, v, lengths, config=config, out=out)
     scale = 1.0 / math.sqrt(d)
     return [compare("O paged" if paged else "O", o, reference(q, k, v, lengths, scale),
                     decode_tol(q, k, v, lengths, scale),
-                    torch_out=same_dtype_decode(q, k, v, lengths, scale))]
+                    torch_out=same_dtype_decode(q, k, v, lengths, scale)), tail_intact(tail)]
 
 
 def split_row(n_programs, n_sms):
@@ -435,6 +479,19 @@ def _cases():
             add(f"window {window} softcap {softcap} 8/2 B5 T100 D64 splits {splits} {dt}", check_paged,
                 b=5, h=8, hkv=2, t_max=100, d=64, dtype=dtype, window=window, softcap=softcap, num_splits=splits,
                 scale=4.0 if softcap else 1.0)
+        # head dims BLOCK_D pads (and 32, a power of two below 64), reading NaN past D: contiguous
+        # unsplit and split, paged against contiguous, a window with softcap; MHA's broadcast product
+        for d in (32, 80, 96, 72, 24, 8, 1):
+            for splits in (1, 3):
+                add(f"hd {d} GQA 8/2 B4 T70 splits {splits} NaN past D {dt}", b=4, h=8, hkv=2, t_max=70, d=d,
+                    dtype=dtype, num_splits=splits, layout="nan_cols")
+            add(f"hd {d} paged 7 vs contiguous 4/2 B3 T50 splits 2 NaN past D {dt}", check_paged, b=3, h=4, hkv=2,
+                t_max=50, d=d, dtype=dtype, page_size=7, num_splits=2, layout="nan_cols")
+            add(f"hd {d} paged window (20, 0) softcap 5 8/2 B5 T60 NaN past D {dt}", check_paged, b=5, h=8, hkv=2,
+                t_max=60, d=d, dtype=dtype, window=(20, 0), softcap=5.0, scale=4.0, layout="nan_cols")
+        for d in (80, 96):
+            add(f"hd {d} MHA 4/4 B3 T60 broadcast splits 2 NaN past D {dt}", b=3, h=4, hkv=4, t_max=60, d=d,
+                dtype=dtype, num_splits=2, use_dot=False, layout="nan_cols")
         # full sizes: real head counts, long caches
         add(f"B1 H32/8 T32768 D128 {dt}", gpu_only=True, b=1, h=32, hkv=8, t_max=32768, d=128, dtype=dtype)
         add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D128 {dt}", check_paged, gpu_only=True, b=4,
@@ -468,15 +525,36 @@ def _cases():
         for d in (64, 128, 256):
             add(f"paged 16 auto B16 H32/8 T2100 D{d} {dt}", check_paged, gpu_only=True, b=16, h=32, hkv=8,
                 t_max=2100, d=d, dtype=dtype)
+        # full sizes at the padded head dims 80 and 96 (BLOCK_D 128, hd 128's blocks and splits), NaN
+        # past D; Phi-3-mini's is MHA 32/32 at hd 96
+        for d in (80, 96):
+            for splits in (None, 1):
+                add(f"B4 H32/8 T16384 ragged D{d} splits {splits} NaN past D {dt}", gpu_only=True, b=4, h=32, hkv=8,
+                    t_max=16384, d=d, dtype=dtype, num_splits=splits, layout="nan_cols")
+            add(f"B1 H32/8 T32768 D{d} {dt}", gpu_only=True, b=1, h=32, hkv=8, t_max=32768, d=d, dtype=dtype)
+            for use_dot in (True, False):
+                add(f"B2 H32/32 T8192 D{d} MHA {'dot' if use_dot else 'broadcast'} {dt}", gpu_only=True, b=2, h=32,
+                    hkv=32, t_max=8192, d=d, dtype=dtype, use_dot=use_dot, num_splits=8)
+            for splits in (None, 8):
+                add(f"paged 16 vs contiguous B4 H32/8 T8192 D{d} splits {splits} NaN past D {dt}", check_paged,
+                    gpu_only=True, b=4, h=32, hkv=8, t_max=8192, d=d, dtype=dtype, num_splits=splits,
+                    layout="nan_cols")
+            add(f"paged 16 auto B16 H32/8 T2100 D{d} {dt}", check_paged, gpu_only=True, b=16, h=32, hkv=8,
+                t_max=2100, d=d, dtype=dtype)
+            add(f"paged 16 auto splits B1 H32/8 T512 D{d} {dt}", check_paged, gpu_only=True, b=1, h=32, hkv=8,
+                t_max=512, d=d, dtype=dtype)
+            add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D{d} {dt}", check_paged, gpu_only=True, b=4,
+                h=32, hkv=8, t_max=16384, d=d, dtype=dtype, window=(4095, 0), softcap=50.0, scale=4.0)
     cases += [Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),
               Case("forward-only operators", check_forward_only),
               Case("2^31+ elements per cache (contiguous, paged)", check_huge, gpu_only=True)]
     # every launch-table row forced on small shapes (the interpreter's own choice is always
-    # INTERPRET_BLOCK): fp16 there, both dtypes on the GPU
+    # INTERPRET_BLOCK): fp16 there, both dtypes on the GPU; hd 128's row also at hd 80 and 96, which take it
+    padded_rows = [(d, *row[1:]) for d in (80, 96) for row in BLOCK_TABLE if row[0] == 128]
     for dtype in (torch.float16, torch.bfloat16):
         dt = dtype_name(dtype)
-        for d, block_n, warps, stages in BLOCK_TABLE:
+        for d, block_n, warps, stages in BLOCK_TABLE + padded_rows:
             add(f"BLOCK_TABLE hd{d} {block_n}/{warps}/{stages} {dt}", check_block, gpu_only=dtype != torch.float16,
                 d=d, block_n=block_n, num_warps=warps, num_stages=stages, dtype=dtype, paged=False)
             for bn, w, s in paged_table_blocks(block_n, warps, stages):

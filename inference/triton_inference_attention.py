@@ -39,7 +39,12 @@ bytes read are the window's (the splits cut that range). Logit softcapping (SOFT
 scores s = q k^T * sm_scale become c * tanh(s / c); qk_scale is then sm_scale / c, tanh's argument,
 and softcap_log2 = c * log2(e) takes the capped score to exp2's units.
 
-Limits: head dim 64, 128 or 256; fp16 or bf16; lengths are read on the device (no host sync) and
+Head dims: any D in 1..256. The tiles are BLOCK_D = max(16, next power of two >= D) wide (16: tl.dot's
+smallest K and N); a head dim below its BLOCK_D (80, 96: BLOCK_D 128) masks the head-dim columns of
+every load and store, so it reads D columns only: the same bytes a value as hd 64, 128 and 256,
+whose tiles are exactly D wide and compile without that mask (PAD_D constexpr), as before.
+
+Limits: head dim 1..256; fp16 or bf16; lengths are read on the device (no host sync) and
 clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
 """
 import functools
@@ -57,7 +62,8 @@ from llmk.common.triton_utils import softcap_scales, tanh
 from llmk.common.validation import check_out, check_same_device, check_softcap, check_tensor, check_window
 from llmk.common.workspace import split_k_buffers
 
-HEAD_DIMS = (64, 128, 256)
+MAX_HEAD_DIM = 256
+HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # every head dim the kernels take
 
 # ---------------------------------------------------------------------------------------------
 # Heuristics.
@@ -66,6 +72,10 @@ HEAD_DIMS = (64, 128, 256)
 # transactions and many loads in flight, small enough that the G == 1 broadcast product
 # (BLOCK_N x D fp32) stays at 64 values a thread with 4 warps. Three stages keep two K/V block
 # pairs in flight while one is computed on: 72 KB of shared memory, three programs an SM.
+# Any other head dim takes the row of its BLOCK_D (the first row with D <= its head dim: hd 32 the
+# 64 row, hd 80 and 96 the 128 row, hd 160-224 the 256 row): registers and shared memory hold
+# BLOCK_N * BLOCK_D values whatever D is, so the row keeps its footprint, while a block reads
+# BLOCK_N * D * e bytes (hd 80: 10 KB of K a block against hd 128's 16 KB).
 BLOCK_TABLE = [
     (64, 128, 4, 3),
     (128, 64, 4, 3),
@@ -101,6 +111,9 @@ MHA_USE_DOT = True
 # scripts/tune/decode_configs.py on an H100 (H32 hd128 fp16; the last row on an H200);
 # docs/tuning/inference.md has the figures. Contiguous, with fewer programs than SMs, one program
 # an SM is best; paged, whose K/V addresses wait on block-table loads, two where there are few.
+# The table counts programs and tokens, not bytes: every head dim splits (B, Hkv, T) as its
+# BLOCK_TABLE row's own dim does (hd 80 and 96 as hd 128), a program's share of the cache in bytes
+# scaling with D.
 SPLIT_TABLE = [
     (1 / 2, 1, 2, 64),  # under half a program an SM (B1..B8 at Hkv 8, B1..B2 at Hkv 32): one
                         # contiguous or two paged programs an SM, down to one block a program
@@ -166,24 +179,37 @@ def paged_blocks(block_n, num_warps, num_stages, num_splits, max_length, under_o
 
 
 @triton.jit
+def _tile_mask(rows_ok, cols_ok, PAD_D: tl.constexpr):
+    """The mask of a [rows, BLOCK_D] tile: rows_ok, and the head dim's columns (cols_ok) where BLOCK_D
+    pads it (PAD_D); an unpadded head dim keeps the row mask alone, the code it had before."""
+    mask = rows_ok[:, None]
+    if PAD_D:
+        mask = mask & cols_ok[None, :]
+    return mask
+
+
+@triton.jit
 def _attend_kv_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, table_base,
     stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd,
     lo, hi, qk_scale, softcap_log2,
     MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
-    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Fold tokens [lo, hi) of one sequence and kv head into the group's (acc, l_i, m_i).
 
-    q: [GROUP_PAD, D] (the input dtype for tl.dot, fp32 for the broadcast product); acc [GROUP_PAD, D]
-    and l_i, m_i [GROUP_PAD] fp32, m in log2 units (scores times qk_scale = sm_scale * log2(e)).
+    q: [GROUP_PAD, BLOCK_D] (the input dtype for tl.dot, fp32 for the broadcast product; zeros past
+    D); acc [GROUP_PAD, BLOCK_D] and l_i, m_i [GROUP_PAD] fp32, m in log2 units (scores times
+    qk_scale = sm_scale * log2(e)). K and V columns past D load as zeros, so they add nothing.
     Unmasked calls get whole blocks; a MASKED call gets the one partial block at the end of a range,
     which holds at least one token, so m stays finite there and needs no -inf guard. SOFTCAP: the
     scores are capped first (module docstring), and are then in exp2's units already.
     """
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     if PAGED:  # the first block's page ids (a token's page is block_table[b, t // PAGE_SIZE])
         first = lo + offs_n
         pages = tl.load(table_base + first // PAGE_SIZE, mask=first < hi, other=0)
@@ -204,7 +230,9 @@ def _attend_kv_blocks(
             v_rows = tokens.to(tl.int64) * stride_vt
         k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
         if MASKED:
-            k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+            k = tl.load(k_ptrs, mask=_tile_mask(valid, d_ok, PAD_D), other=0.0)
+        elif PAD_D:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
         else:
             k = tl.load(k_ptrs)
         if USE_DOT:
@@ -226,7 +254,9 @@ def _attend_kv_blocks(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
         if MASKED:
-            v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=_tile_mask(valid, d_ok, PAD_D), other=0.0)
+        elif PAD_D:
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         else:
             v = tl.load(v_ptrs)
         if USE_DOT:  # p rounded to the input dtype for the tensor cores, as FlashAttention does
@@ -252,8 +282,8 @@ def _decode_attention_kernel(
     # sizes; window_left (WINDOW): the keys before the query its window sees; softcap_log2 (SOFTCAP)
     n_kv_heads, max_tokens, qk_scale, window_left, softcap_log2,
     # meta-parameters
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Program (sequence * Hkv + kv head, split): the G query heads of one kv head over one range."""
@@ -287,37 +317,38 @@ def _decode_attention_kernel(
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
 
     offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     heads = kv_head * GROUP + offs_g
-    in_group = offs_g < GROUP  # padding rows load zeros and are never stored
+    in_group = offs_g < GROUP  # padding rows (and columns past D) load zeros and are never stored
+    tile_mask = _tile_mask(in_group, offs_d < HEAD_DIM, BLOCK_D != HEAD_DIM)  # [GROUP_PAD, BLOCK_D]
     q = tl.load(q_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=in_group[:, None], other=0.0)
+                mask=tile_mask, other=0.0)
     if not USE_DOT:
         q = q.to(tl.float32)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], dtype=tl.float32)
     acc, l_i, m_i = _attend_kv_blocks(
         acc, l_i, m_i, q, k_base, v_base, table_base,
         stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, lo, full_end, qk_scale, softcap_log2,
-        False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_N)
+        False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_N)
     acc, l_i, m_i = _attend_kv_blocks(
         acc, l_i, m_i, q, k_base, v_base, table_base,
         stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, full_end, hi, qk_scale, softcap_log2,
-        True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_N)
+        True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_N)
 
     if SPLIT:  # an empty range writes m = -inf, l = 0, acc = 0: weight 0 in the merge
         n_parts = tl.num_programs(0).to(tl.int64) * GROUP * tl.num_programs(1)  # B * H * splits
         part = (batch * n_kv_heads * GROUP + heads) * tl.num_programs(1) + split
         tl.store(part_ptr + part, m_i, mask=in_group)
         tl.store(part_ptr + n_parts + part, l_i, mask=in_group)
-        tl.store(part_ptr + 2 * n_parts + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=in_group[:, None])
+        tl.store(part_ptr + 2 * n_parts + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=tile_mask)
     else:
         # a sequence of length 0 has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + batch * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-                 out.to(o_ptr.dtype.element_ty), mask=in_group[:, None])
+                 out.to(o_ptr.dtype.element_ty), mask=tile_mask)
 
 
 @triton.jit
@@ -329,27 +360,33 @@ def _merge_splits_kernel(
     # sizes
     n_heads, num_splits,
     # meta-parameters
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     """Program (sequence * H + head): O = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max m)."""
     row = tl.program_id(0).to(tl.int64)
     batch = row // n_heads
     head = row % n_heads
     offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     in_range = offs_s < num_splits
     n_parts = tl.num_programs(0).to(tl.int64) * num_splits  # B * H * splits
     parts = row * num_splits + offs_s
     m = tl.load(part_ptr + parts, mask=in_range, other=float("-inf"))
     l_s = tl.load(part_ptr + n_parts + parts, mask=in_range, other=0.0)
-    acc = tl.load(part_ptr + 2 * n_parts + parts[:, None] * HEAD_DIM + offs_d[None, :], mask=in_range[:, None],
-                  other=0.0)
+    acc = tl.load(part_ptr + 2 * n_parts + parts[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=_tile_mask(in_range, d_ok, PAD_D), other=0.0)
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # length 0: every split empty, every weight 0
     w = tl.math.exp2(m - m_max)
     l_sum = tl.sum(l_s * w, axis=0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_sum == 0.0, 1.0, l_sum)
-    tl.store(o_ptr + batch * stride_ob + head * stride_oh + offs_d * stride_od, out.to(o_ptr.dtype.element_ty))
+    o_ptrs = o_ptr + batch * stride_ob + head * stride_oh + offs_d * stride_od
+    if PAD_D:
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+    else:
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty))
 
 
 def _check_common(q, k, v, lengths, sm_scale, k_name, v_name):
@@ -368,8 +405,8 @@ def _check_common(q, k, v, lengths, sm_scale, k_name, v_name):
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"{v_name} must have {k_name}'s shape {tuple(k.shape)}, got {tuple(v.shape)}")
     b, h, d = q.shape
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head_dim (last dim of q) must be one of {HEAD_DIMS}, got {d}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim (last dim of q) must be 1..{MAX_HEAD_DIM}, got {d}")
     if k.shape[3] != d:
         raise ValueError(f"{k_name}'s last dim must be q's head_dim {d}, got shape {tuple(k.shape)}")
     hkv = k.shape[2]
@@ -437,11 +474,12 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
+    block_d = max(16, next_power_of_2(d))  # 16: tl.dot's smallest K (q k^T) and N (p v)
     _decode_attention_kernel[(b * hkv, splits)](
         q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
         hkv, max_tokens, qk_scale, window_left, softcap_log2,
-        GROUP=group, GROUP_PAD=max(16 if use_dot else 1, next_power_of_2(group)), HEAD_DIM=d,
+        GROUP=group, GROUP_PAD=max(16 if use_dot else 1, next_power_of_2(group)), HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
         WINDOW=window_left >= 0, SOFTCAP=has_softcap,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -450,7 +488,7 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
         splits_pad = next_power_of_2(splits)
         _merge_splits_kernel[(b * h,)](
             part, out, *out.stride(), h, splits,
-            HEAD_DIM=d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * d <= 4096 else 8,
+            HEAD_DIM=d, BLOCK_D=block_d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * block_d <= 4096 else 8,
         )
     return out
 
@@ -511,7 +549,7 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
 
     q: (B, H, D) fp16 or bf16, any strides. k_cache, v_cache: (B, T_max, Hkv, D), q's dtype, any
        strides (a (B, Hkv, T, D) cache passed as `.transpose(1, 2)` is read in place). H a multiple
-       of Hkv; D in 64, 128, 256.
+       of Hkv; D in 1..256 (hd 64, 128 and 256 unpadded, any other masked to its BLOCK_D).
     lengths: (B,) int32 on q's device, tokens of each sequence (0..T_max; clamped to it); a
        sequence of length 0 gets zeros.
     sm_scale: defaults to 1/sqrt(D).

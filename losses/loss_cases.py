@@ -19,6 +19,13 @@ def target_of(*values, dtype=torch.int64):
     return torch.tensor(values, device=DEVICE, dtype=dtype)
 
 
+def make_class_weight(v, dtype=torch.float32):
+    """Class weights (V,) in [0.25, 2.0) (fresh each call): unequal, none zero (a weighted "mean"
+    divides by the targets' weight sum)."""
+    return (torch.rand(v, device=DEVICE) * 1.75 + 0.25).to(dtype)
+
+
 def bad_target_message(value, v, ignore_index=IGNORE):
-    """The losses' IndexError for an out-of-range target: the argument, the value, V and ignore_index."""
+    """The losses' TargetError (ValueError, IndexError) for an out-of-range target: the argument,
+    the value, V and ignore_index."""
     return f"target holds {value}, outside [0, V={v}) (and not ignore_index={ignore_index})"

@@ -17,19 +17,29 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
+from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
                                  expect_raises, main, rand)
-from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
-from llmk.losses.reference_losses import cross_entropy_ref
+from llmk.losses.loss_cases import IGNORE, bad_target_message, make_class_weight, make_target, target_of
+from llmk.losses.reference_losses import cross_entropy_ref, token_accuracy_ref, z_loss_ref
 from llmk.losses.triton_cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op
 
 LSE_ULPS = 8  # the online max/sum over BLOCK_V chunks and exp2's error: a few fp32 ulps of |LSE|
 
 
-def torch_ce(logits, target, ignore_index=IGNORE, reduction="mean", label_smoothing=0.0):
-    """PyTorch's F.cross_entropy on the same-dtype logits (class dimension last)."""
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1).long(), ignore_index=ignore_index,
-                           reduction=reduction, label_smoothing=label_smoothing)
+def torch_ce(logits, target, ignore_index=IGNORE, reduction="mean", label_smoothing=0.0, weight=None,
+             lse_square_scale=0.0, softcap=None):
+    """PyTorch on the same-dtype logits (class dimension last): F.cross_entropy of the capped
+    logits, plus the z-loss of their logsumexp, all in the logits' dtype."""
+    x = logits.reshape(-1, logits.shape[-1])
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    t = target.reshape(-1).long()
+    loss = F.cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+                           weight=None if weight is None else weight.to(x.dtype))
+    if lse_square_scale:
+        kept = t != ignore_index
+        z = lse_square_scale * torch.where(kept, torch.logsumexp(x, -1).square(), 0.0)
+        loss = loss + (z if reduction == "none" else z.sum() / kept.sum() if reduction == "mean" else z.sum())
     return loss.reshape(target.shape) if reduction == "none" else loss
 
 
@@ -39,31 +49,52 @@ def lse_error(x):
     return LSE_ULPS * UNIT_ROUNDOFF[torch.float32] * (top + math.log(x.shape[-1]) + 1)
 
 
-def loss_tol(x, target, reduction):
-    atol = lse_error(x) * (max(1, target.numel()) if reduction == "sum" else 1)
-    return Tol(atol, UNIT_ROUNDOFF[x.dtype], "fp32 LSE error (a few ulps of |LSE|), one rounding")
+def option_factor(x, weight=None, lse_square_scale=0.0):
+    """How much the options scale a row's LSE error: its largest class weight, plus the z-loss's
+    2 s |LSE| (d(s lse^2) = 2 s lse dlse)."""
+    top = (x.detach().abs().max().item() if x.numel() else 0.0) + math.log(x.shape[-1]) + 1
+    return (weight.abs().max().item() if weight is not None else 1.0) + 2 * lse_square_scale * top
+
+
+def loss_tol(x, target, reduction, weight=None, lse_square_scale=0.0):
+    atol = lse_error(x) * option_factor(x, weight, lse_square_scale) * (
+        max(1, target.numel()) if reduction == "sum" else 1)
+    return Tol(atol, UNIT_ROUNDOFF[x.dtype], "fp32 LSE error (a few ulps of |LSE|) x the options', one rounding")
 
 
 def check(shape, dtype, reduction="mean", label_smoothing=0.0, pad=0, scale=3.0, ignored=0.25, all_ignored=False,
-          target_dtype=torch.int64):
-    """Loss and dlogits of cross_entropy against the fp64 reference."""
+          target_dtype=torch.int64, weighted=False, lse_square_scale=0.0, softcap=None, extras=False):
+    """Loss and dlogits of cross_entropy against the fp64 reference; weighted: class weights;
+    extras: the z-loss and token accuracy outputs too."""
     v = shape[-1]
     logits = rand(shape, dtype, pad=(0,) * (len(shape) - 1) + (pad,), scale=scale)
     target = make_target(shape[:-1], v, ignored, all_ignored).to(target_dtype)
-    loss = cross_entropy(logits, target, IGNORE, reduction, label_smoothing)
-    ref = cross_entropy_ref(logits.double(), target, IGNORE, reduction, label_smoothing)
-    outcomes = [compare("loss", loss, ref, loss_tol(logits, target, reduction),
-                        torch_out=torch_ce(logits, target, IGNORE, reduction, label_smoothing))]
+    weight = make_class_weight(v) if weighted else None
+    options = dict(weight=weight, lse_square_scale=lse_square_scale, softcap=softcap)
+    args = (IGNORE, reduction, label_smoothing)
+    out = cross_entropy(logits, target, *args, **options, return_z_loss=extras, return_token_accuracy=extras)
+    loss = out.loss if extras else out
+    ref_options = dict(options, weight=None if weight is None else weight.double())
+    ref = cross_entropy_ref(logits.double(), target, *args, **ref_options)
+    tol = loss_tol(logits, target, reduction, weight, lse_square_scale)
+    outcomes = [compare("loss", loss, ref, tol, torch_out=torch_ce(logits, target, *args, **options))]
+    if extras:
+        z = z_loss_ref(logits.double(), target, IGNORE, reduction, lse_square_scale, softcap)
+        outcomes += [compare("z_loss", out.z_loss, z, loss_tol(logits, target, reduction, None, lse_square_scale)),
+                     compare("token_accuracy", out.token_accuracy,
+                             token_accuracy_ref(logits, target, IGNORE, reduction, softcap).float(), EXACT)]
     if all_ignored and reduction == "mean":
         return outcomes + [Outcome("all ignored: NaN loss, as PyTorch", bool(loss.isnan()))] + grads_zero(
             logits, target, label_smoothing)
-    g_max = 1.0 if reduction != "mean" else 1.0 / max(1, int((target != IGNORE).sum()))
+    kept = target != IGNORE
+    count = (weight[target[kept].long()].sum().item() if weighted else int(kept.sum())) or 1
+    g_max = option_factor(logits, weight, lse_square_scale) / (count if reduction == "mean" else 1)
     tol = Tol(3 * g_max * lse_error(logits), UNIT_ROUNDOFF[dtype],
               "fp32 probabilities from an LSE a few ulps off, one rounding")
     return outcomes + check_grads(
-        "", lambda x: cross_entropy(x, target, IGNORE, reduction, label_smoothing),
-        lambda x: cross_entropy_ref(x, target, IGNORE, reduction, label_smoothing), [logits], [0], ("logits",), tol,
-        torch_fn=lambda x: torch_ce(x, target, IGNORE, reduction, label_smoothing))
+        "", lambda x: cross_entropy(x, target, *args, **options),
+        lambda x: cross_entropy_ref(x, target, *args, **ref_options), [logits], [0], ("logits",), tol,
+        torch_fn=lambda x: torch_ce(x, target, *args, **options))
 
 
 def grads_zero(logits, target, label_smoothing):
@@ -81,17 +112,21 @@ def compiled_call():
 
 
 def check_bad_target():
-    """A target outside [0, V) that is not ignore_index raises IndexError naming the value and V,
-    through every entry: each reduction, under grad, int32 targets, a custom ignore_index, the
-    backward operator called on its own, a compiled call."""
+    """A target outside [0, V) that is not ignore_index raises a ValueError naming target, the value
+    and V, through every entry: each reduction, under grad, with the options, int32 targets, a custom
+    ignore_index, the backward operator called on its own, a compiled call; the error is an
+    IndexError too (F.cross_entropy's class on the CPU), so callers catching that keep working."""
     logits = rand((3, 10), torch.float32)
     outcomes = [expect_raises(f"target 10, {reduction}", lambda r=reduction: cross_entropy(
-        logits, target_of(1, 10, IGNORE), reduction=r), IndexError, bad_target_message(10, 10))
+        logits, target_of(1, 10, IGNORE), reduction=r), ValueError, bad_target_message(10, 10))
         for reduction in ("mean", "sum", "none")]
     calls = [
         ("target -5", lambda: cross_entropy(logits, target_of(-5, 2, 3)), -5, IGNORE),
         ("target 10 under grad", lambda: cross_entropy(logits.clone().requires_grad_(), target_of(1, 10, 3)), 10,
          IGNORE),
+        ("target 10, weight, z-loss, softcap, extras", lambda: cross_entropy(
+            logits, target_of(1, 10, 3), weight=make_class_weight(10), lse_square_scale=1e-3, softcap=5.0,
+            return_z_loss=True, return_token_accuracy=True), 10, IGNORE),
         ("int32 target 12", lambda: cross_entropy(logits, target_of(1, 12, 3, dtype=torch.int32)), 12, IGNORE),
         ("int32 target -1", lambda: cross_entropy(logits, target_of(-1, 2, 3, dtype=torch.int32)), -1, IGNORE),
         ("-100 with ignore_index 9", lambda: cross_entropy(logits, target_of(9, IGNORE, 3), ignore_index=9), IGNORE,
@@ -100,12 +135,14 @@ def check_bad_target():
             torch.ones(3, device=DEVICE), None, logits, target_of(1, 10, 3), torch.zeros(3, device=DEVICE), IGNORE,
             0.0), 10, IGNORE),
     ]
-    outcomes += [expect_raises(name, fn, IndexError, bad_target_message(value, 10, ignore_index))
+    outcomes += [expect_raises(name, fn, ValueError, bad_target_message(value, 10, ignore_index))
                  for name, fn, value, ignore_index in calls]
+    outcomes.append(expect_raises("caught as IndexError", lambda: cross_entropy(logits, target_of(1, 10, 3)),
+                                  IndexError, bad_target_message(10, 10)))
     compiled = compiled_call()
     valid = compiled(logits, target_of(1, 9, 0))
     outcomes.append(Outcome("compiled, valid target: finite loss", bool(valid.isfinite())))
-    outcomes.append(expect_raises("compiled, target 10", lambda: compiled(logits, target_of(1, 10, 0)), IndexError,
+    outcomes.append(expect_raises("compiled, target 10", lambda: compiled(logits, target_of(1, 10, 0)), ValueError,
                                   bad_target_message(10, 10)))
     return outcomes
 
@@ -194,7 +231,7 @@ def check_lse_grad():
     target = make_target((6,), 300)
 
     def ours(x):
-        rows, lse = cross_entropy_op(x, target, IGNORE, 0.0)
+        rows, lse, _ = cross_entropy_op(x, target, IGNORE, 0.0)
         return rows, lse
 
     def ref(x):
@@ -219,6 +256,16 @@ def check_errors():
         expect_raises("ignore_index 1.0", lambda: cross_entropy(x, t, ignore_index=1.0), TypeError, "ignore_index"),
         expect_raises(f"target on {other}", lambda: cross_entropy(x, t.to(other)), ValueError, "target"),
         expect_raises("not a tensor", lambda: cross_entropy([1.0], t), TypeError, "logits"),
+        expect_raises("weight (9,)", lambda: cross_entropy(x, t, weight=make_class_weight(9)), ValueError, "weight"),
+        expect_raises("int weight", lambda: cross_entropy(x, t, weight=t.new_ones(10)), TypeError, "weight"),
+        expect_raises("weight requiring grad", lambda: cross_entropy(
+            x, t, weight=make_class_weight(10).requires_grad_()), ValueError, "weight"),
+        expect_raises("lse_square_scale -1", lambda: cross_entropy(x, t, lse_square_scale=-1.0), ValueError,
+                      "lse_square_scale"),
+        expect_raises("softcap 0", lambda: cross_entropy(x, t, softcap=0.0), ValueError, "softcap"),
+        expect_raises("return_z_loss 1", lambda: cross_entropy(x, t, return_z_loss=1), TypeError, "return_z_loss"),
+        expect_raises("return_token_accuracy 'yes'", lambda: cross_entropy(x, t, return_token_accuracy="yes"),
+                      TypeError, "return_token_accuracy"),
     ]
 
 
@@ -260,7 +307,32 @@ def _cases():
     add("(6, 300) huge logits x 1e4 bf16 none", shape=(6, 300), dtype=bf16, scale=1e4, reduction="none")
     add("(8, 300) int32 target bf16", shape=(8, 300), dtype=bf16, target_dtype=torch.int32)
     add("(8, 300) smoothing 1.0 fp32", shape=(8, 300), dtype=fp32, label_smoothing=1.0)
-    return cases + [Case("target out of range: IndexError", check_bad_target),
+    # the options: class weights, z-loss, softcap, extra outputs; alone and together, each reduction
+    for dtype in (fp32, bf16):
+        dt = dtype_name(dtype)
+        for reduction in ("mean", "sum", "none"):
+            add(f"(7, 300) {dt} {reduction}, weight", shape=(7, 300), dtype=dtype, reduction=reduction, weighted=True)
+            add(f"(7, 300) {dt} {reduction}, z-loss 1e-2, extras", shape=(7, 300), dtype=dtype, reduction=reduction,
+                lse_square_scale=1e-2, extras=True)
+            add(f"(7, 300) {dt} {reduction}, weight, smoothing 0.1, z-loss, softcap 5, extras", shape=(7, 300),
+                dtype=dtype, reduction=reduction, weighted=True, label_smoothing=0.1, lse_square_scale=1e-2,
+                softcap=5.0, extras=True)
+        add(f"(5, 1000) {dt} softcap 30, smoothing 0.1", shape=(5, 1000), dtype=dtype, softcap=30.0,
+            label_smoothing=0.1)
+    add("(6, 250) padded rows fp16, weight, z-loss, extras", shape=(6, 250), dtype=torch.float16, pad=6,
+        weighted=True, lse_square_scale=1e-3, extras=True)
+    add("(1, 700) one row bf16, weight, smoothing 0.2, extras", shape=(1, 700), dtype=bf16, ignored=0.0, weighted=True,
+        label_smoothing=0.2, extras=True)
+    add("(9, 300) every target ignored, mean fp32, weight, z-loss, extras", shape=(9, 300), dtype=fp32,
+        all_ignored=True, weighted=True, lse_square_scale=1e-2, extras=True)
+    add("(2, 3, 200) 3-D bf16 none, weight, z-loss, extras", shape=(2, 3, 200), dtype=bf16, reduction="none",
+        weighted=True, lse_square_scale=1e-2, extras=True)
+    for dt, dtype in (("bf16", bf16), ("fp32", fp32)):  # full sizes: Llama 3's and Qwen2's vocabularies
+        add(f"(4096, 128256) {dt} weight, smoothing 0.1, z-loss 1e-4, extras", gpu_only=True, shape=(4096, 128256),
+            dtype=dtype, weighted=True, label_smoothing=0.1, lse_square_scale=1e-4, extras=True)
+        add(f"(4096, 151936) {dt} sum, z-loss 1e-4, softcap 30, extras", gpu_only=True, shape=(4096, 151936),
+            dtype=dtype, reduction="sum", lse_square_scale=1e-4, softcap=30.0, extras=True)
+    return cases + [Case("target out of range: ValueError", check_bad_target),
                     Case("targets 0, V - 1 and ignore_index pass", check_edge_targets),
                     Case("CUDA-graph capture: no check, NaN rows", check_graph_capture, gpu_only=True),
                     Case("backward operator", check_backward_operator), Case("LSE gradient", check_lse_grad),

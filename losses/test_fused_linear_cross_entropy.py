@@ -18,8 +18,9 @@ import torch
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
                                  dtype_name, expect_raises, grads_of, main, opcheck, rand)
-from llmk.losses.loss_cases import IGNORE, bad_target_message, make_target, target_of
-from llmk.losses.reference_losses import linear_cross_entropy_ref, linear_cross_entropy_same_dtype
+from llmk.losses.loss_cases import IGNORE, bad_target_message, make_class_weight, make_target, target_of
+from llmk.losses.reference_losses import (linear_cross_entropy_ref, linear_cross_entropy_same_dtype, token_accuracy_ref,
+                                          z_loss_ref)
 from llmk.losses.triton_fused_linear_cross_entropy import (fused_linear_cross_entropy,
                                                            fused_linear_cross_entropy_backward_op)
 
@@ -30,22 +31,24 @@ def rule_tol(dtype, want, theirs):
     """flash-attention's rule (module docstring) as a per-element Tol."""
     if not want.numel():
         return Tol(0.0, 0.0, "empty", rounding_check=False)
-    top = want.abs().max().item()
+    top = want.abs().nan_to_num(nan=0.0).max().item()  # NaN: every target ignored
     err = (theirs.double() - want).abs().nan_to_num(nan=0.0).max().item()
     atol = 2 * err + (UNIT_ROUNDOFF[dtype] + FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32]) * top + 1e-12
     return Tol(atol, 0.0, "2x PyTorch's same-dtype error + u * max|ref|", rounding_check=False)
 
 
 def check(n, h, v, dtype, reduction="mean", label_smoothing=0.0, softcap=None, bias=False, weight_scale=None,
-          lead=None, all_ignored=False, wrt=None):
+          lead=None, all_ignored=False, wrt=None, weighted=False, lse_square_scale=0.0, extras=False):
     """Loss and the gradients of hidden, weight (and bias) against the fp64 reference. wrt: the
-    positions (0 hidden, 1 weight, 2 bias) that require grad, default all; the others get None."""
+    positions (0 hidden, 1 weight, 2 bias) that require grad, default all; the others get None.
+    weighted: class weights; extras: the z-loss and token accuracy outputs too."""
     shape = (lead, n // lead, h) if lead else (n, h)
     hidden = rand(shape, dtype)
     weight = rand((v, h), dtype, scale=weight_scale or h ** -0.5 * 3)
     inputs = [hidden, weight] + ([rand((v,), dtype)] if bias else [])
     target = make_target(shape[:-1], v, all_ignored=all_ignored)
-    options = dict(ignore_index=IGNORE, reduction=reduction, label_smoothing=label_smoothing, softcap=softcap)
+    options = dict(ignore_index=IGNORE, reduction=reduction, label_smoothing=label_smoothing, softcap=softcap,
+                   class_weight=make_class_weight(v) if weighted else None, lse_square_scale=lse_square_scale)
 
     def call(fn):
         return lambda hd, w, *b: fn(hd, w, target, b[0] if b else None, **options)
@@ -63,10 +66,31 @@ def check(n, h, v, dtype, reduction="mean", label_smoothing=0.0, softcap=None, b
                                             torch_out=torch_loss)]
     if all_ignored:
         outcomes.append(Outcome("every target ignored: loss as PyTorch's",
-                                bool(loss.isnan()) == bool(torch_loss.isnan()), note=f"{loss.item()}"))
+                                bool(loss.isnan()) == bool(torch_loss.isnan()), note=f"{loss.flatten()[0].item()}"))
+    if extras:
+        outcomes += check_extras(inputs, target, options)
     tols = {("hidden", "weight", "bias")[i]: rule_tol(dtype, w, t) for i, w, t in zip(wrt, want, their_grads)}
     return outcomes + check_grads("", ours, ref, inputs, wrt, ("hidden", "weight", "bias"),
                                   lambda name, w: tols[name], torch_fn=theirs, grad_outputs=[dy])
+
+
+def check_extras(inputs, target, options):
+    """The z-loss and token accuracy outputs against the references on the fp64 logits, and the
+    loss beside them equal to the plain call's, bit for bit."""
+    hidden, weight, *bias = inputs
+    out = fused_linear_cross_entropy(hidden, weight, target, *bias, **options, return_z_loss=True,
+                                     return_token_accuracy=True)
+    logits = hidden.double() @ weight.double().T + (bias[0].double() if bias else 0.0)
+    reduction, softcap = options["reduction"], options["softcap"]
+    z = z_loss_ref(logits, target, IGNORE, reduction, options["lse_square_scale"], softcap)
+    # PyTorch's: the z-loss of the logits in hidden's dtype (their rounding moves the LSE, as the kernel's)
+    same_dtype = hidden @ weight.T + (bias[0] if bias else 0.0)
+    z_theirs = z_loss_ref(same_dtype, target, IGNORE, reduction, options["lse_square_scale"], softcap)
+    plain = fused_linear_cross_entropy(hidden, weight, target, *bias, **options)
+    return [compare("z_loss", out.z_loss, z, rule_tol(hidden.dtype, z, z_theirs), torch_out=z_theirs),
+            compare("token_accuracy", out.token_accuracy,
+                    token_accuracy_ref(logits.to(hidden.dtype), target, IGNORE, reduction, softcap).float(), EXACT),
+            compare("loss = the plain call's", out.loss, plain, EXACT)]
 
 
 def check_huge():
@@ -92,9 +116,10 @@ def check_strided_target():
 
 
 def check_bad_target():
-    """A target outside [0, V) that is not ignore_index raises IndexError naming the value and V,
-    through every entry: each reduction (with and without gradients), int32 targets, a custom
-    ignore_index, the recomputing backward operator called on its own, a compiled call."""
+    """A target outside [0, V) that is not ignore_index raises a ValueError naming target, the value
+    and V, through every entry: each reduction (with and without gradients), with the options, int32
+    targets, a custom ignore_index, the recomputing backward operator called on its own, a compiled
+    call; the error is an IndexError too, so callers catching that keep working."""
     hidden, weight = rand((5, 16), torch.float32), rand((10, 16), torch.float32)
     f = fused_linear_cross_entropy
     grad = lambda: hidden.clone().requires_grad_()  # noqa: E731
@@ -106,23 +131,28 @@ def check_bad_target():
         ("target 10, none under grad", lambda: f(grad(), weight, target_of(1, 10, 2, 0, 9), reduction="none"), 10,
          IGNORE),
         ("target -5, none", lambda: f(hidden, weight, target_of(1, 2, -5, 0, 9), reduction="none"), -5, IGNORE),
+        ("target 10, class_weight, z-loss, extras under grad", lambda: f(
+            grad(), weight, target_of(1, 10, 2, 0, 9), class_weight=make_class_weight(10), lse_square_scale=1e-3,
+            return_z_loss=True, return_token_accuracy=True), 10, IGNORE),
         ("int32 target 11", lambda: f(hidden, weight, target_of(1, 2, 11, 0, 9, dtype=torch.int32)), 11, IGNORE),
         ("int32 target -2", lambda: f(hidden, weight, target_of(-2, 2, 3, 0, 9, dtype=torch.int32)), -2, IGNORE),
         ("-100 with ignore_index 9", lambda: f(hidden, weight, target_of(9, IGNORE, 3, 0, 1), ignore_index=9), IGNORE,
          9),
         ("backward operator, target 10", lambda: fused_linear_cross_entropy_backward_op(
-            torch.ones(5, device=DEVICE), hidden, weight, target_of(1, 10, 3, 0, 9), None,
+            torch.ones(5, device=DEVICE), None, hidden, weight, target_of(1, 10, 3, 0, 9), None,
             torch.zeros(5, device=DEVICE), IGNORE, 0.0, None, [True, True, False]), 10, IGNORE),
     ]
-    outcomes = [expect_raises(name, fn, IndexError, bad_target_message(value, 10, ignore_index))
+    outcomes = [expect_raises(name, fn, ValueError, bad_target_message(value, 10, ignore_index))
                 for name, fn, value, ignore_index in calls]
+    outcomes.append(expect_raises("caught as IndexError", lambda: f(hidden, weight, target_of(1, 10, 3, 0, 9)),
+                                  IndexError, bad_target_message(10, 10)))
     torch._dynamo.reset()
     compiled = torch.compile(lambda hd, w, t: f(hd, w, t), fullgraph=True,
                              backend="aot_eager" if INTERPRET else "inductor")
     valid = compiled(grad(), weight, target_of(1, 9, 0, IGNORE, 3))
     outcomes.append(Outcome("compiled, valid target: finite loss", bool(valid.isfinite())))
     outcomes.append(expect_raises("compiled, target 10", lambda: compiled(grad(), weight, target_of(1, 10, 0, 2, 3)),
-                                  IndexError, bad_target_message(10, 10)))
+                                  ValueError, bad_target_message(10, 10)))
     return outcomes
 
 
@@ -192,7 +222,7 @@ def in_place_grads(x, weight, target, bias, grad_in_place, **options):
     return (loss.detach(), *torch.autograd.grad(loss * 3, wrt), hidden)
 
 
-def check_grad_in_place(n, h, v, dtype, reduction="mean", bias=False, lead=None):
+def check_grad_in_place(n, h, v, dtype, reduction="mean", bias=False, lead=None, weighted=False, lse_square_scale=0.0):
     """grad_in_place=True: the loss and gradients bit for bit those of the plain op (tested against
     the fp64 reference above), and grad_hidden is hidden's own memory."""
     shape = (lead, n // lead, h) if lead else (n, h)
@@ -200,7 +230,8 @@ def check_grad_in_place(n, h, v, dtype, reduction="mean", bias=False, lead=None)
     weight = rand((v, h), dtype, scale=h ** -0.5 * 3).requires_grad_()
     b = rand((v,), dtype).requires_grad_() if bias else None
     target = make_target(shape[:-1], v)
-    options = dict(ignore_index=IGNORE, reduction=reduction, label_smoothing=0.1, softcap=30.0)
+    options = dict(ignore_index=IGNORE, reduction=reduction, label_smoothing=0.1, softcap=30.0,
+                   class_weight=make_class_weight(v) if weighted else None, lse_square_scale=lse_square_scale)
     *plain, _ = in_place_grads(x, weight, target, b, False, **options)
     *got, hidden = in_place_grads(x, weight, target, b, True, **options)
     names = ("loss", "grad hidden", "grad weight", "grad bias")
@@ -279,11 +310,14 @@ def check_operator():
             hidden, weight, bias = (t.requires_grad_() for t in (hidden, weight, bias))
         calls.append((f"opcheck, grads {grads}", "fused_linear_cross_entropy",
                       (hidden, weight, target, bias, IGNORE, 0.1, 30.0, "mean", grads)))
+        calls.append((f"opcheck, grads {grads}, class_weight, z-loss, accuracy", "fused_linear_cross_entropy",
+                      (hidden, weight, target, bias, IGNORE, 0.1, 30.0, "sum", grads, make_class_weight(100), 1e-2,
+                       True)))
     for extra in ((), (False,)):
         hidden, weight, target, bias = operator_inputs()
         lse = torch.logsumexp(hidden.float() @ weight.float().T + bias.float(), -1)
-        args = (torch.randn(12, device=DEVICE), hidden, weight, target, bias, lse, IGNORE, 0.1, 30.0,
-                [True, True, True]) + extra
+        args = (torch.randn(12, device=DEVICE), torch.randn(12, device=DEVICE), hidden, weight, target, bias, lse,
+                IGNORE, 0.1, 30.0, [True, True, True]) + extra + (make_class_weight(100),) * bool(extra)
         calls.append((f"opcheck, recomputing backward, check_target {extra == ()}",
                       "fused_linear_cross_entropy_backward", args))
     outcomes = []
@@ -336,6 +370,14 @@ def check_errors():
         expect_raises("softcap 0", lambda: f(hidden, weight, target, softcap=0.0), ValueError, "softcap"),
         expect_raises("reduction", lambda: f(hidden, weight, target, reduction="max"), ValueError, "reduction"),
         expect_raises("int hidden", lambda: f(target[:, None], weight, target), TypeError, "hidden"),
+        expect_raises("class_weight (19,)", lambda: f(hidden, weight, target, class_weight=make_class_weight(19)),
+                      ValueError, "class_weight"),
+        expect_raises("class_weight requiring grad", lambda: f(
+            hidden, weight, target, class_weight=make_class_weight(20).requires_grad_()), ValueError, "class_weight"),
+        expect_raises("lse_square_scale nan", lambda: f(hidden, weight, target, lse_square_scale=float("nan")),
+                      ValueError, "lse_square_scale"),
+        expect_raises("return_token_accuracy None", lambda: f(hidden, weight, target, return_token_accuracy=None),
+                      TypeError, "return_token_accuracy"),
     ]
 
 
@@ -356,6 +398,26 @@ def _cases():
         add(f"N1024 H2048 V32000 {dt}", gpu_only=True, n=1024, h=2048, v=32000, dtype=dtype)
         add(f"N512 H4096 V128256 {dt} smoothing 0.1", gpu_only=True, n=512, h=4096, v=128256, dtype=dtype,
             label_smoothing=0.1, gpu_gb=45 if dtype == torch.float32 else 38)  # 42.8 / 35.8 GB printed
+    # the options: class weights, z-loss, extra outputs, with smoothing and softcap; each reduction
+    for dtype in (torch.float32, torch.bfloat16):
+        dt = dtype_name(dtype)
+        for reduction in ("mean", "sum", "none"):
+            add(f"N37 H32 V300 {dt} {reduction}, class_weight", n=37, h=32, v=300, dtype=dtype, reduction=reduction,
+                weighted=True)
+            add(f"N37 H32 V300 {dt} {reduction}, z-loss 1e-2, extras", n=37, h=32, v=300, dtype=dtype,
+                reduction=reduction, lse_square_scale=1e-2, extras=True)
+            add(f"N20 H64 V129 {dt} {reduction}, class_weight, smoothing 0.1, z-loss, softcap 30, bias, extras", n=20,
+                h=64, v=129, dtype=dtype, reduction=reduction, weighted=True, label_smoothing=0.1,
+                lse_square_scale=1e-2, softcap=30.0, bias=True, extras=True)
+        add(f"N512 H4096 V128256 {dt} class_weight, smoothing 0.1, z-loss 1e-4, extras", gpu_only=True, n=512, h=4096,
+            v=128256, dtype=dtype, weighted=True, label_smoothing=0.1, lse_square_scale=1e-4, extras=True,
+            gpu_gb=45 if dtype == torch.float32 else 38)
+        add(f"N512 H3584 V151936 {dt} none, z-loss 1e-4, extras", gpu_only=True, n=512, h=3584, v=151936, dtype=dtype,
+            reduction="none", lse_square_scale=1e-4, extras=True, gpu_gb=45 if dtype == torch.float32 else 38)
+    add("N12 H16 V50 every target ignored fp32, class_weight, z-loss, extras", n=12, h=16, v=50,
+        dtype=torch.float32, all_ignored=True, weighted=True, lse_square_scale=1e-2, extras=True)
+    add("B3 T8 H32 V200 bf16 3-D none, class_weight, z-loss, extras, hidden only", n=24, h=32, v=200,
+        dtype=torch.bfloat16, lead=3, reduction="none", weighted=True, lse_square_scale=1e-2, extras=True, wrt=(0,))
     # a subset requiring grad: the others' products skipped, None for them (a frozen head: hidden only)
     add("N19 H32 V77 bf16 none, bias, hidden only", n=19, h=32, v=77, dtype=torch.bfloat16, reduction="none",
         bias=True, wrt=(0,))
@@ -372,12 +434,14 @@ def _cases():
         cases += [Case(f"grad_in_place N37 H32 V300 {dt} mean", check_grad_in_place, dict(n=37, h=32, v=300, dtype=dtype)),
                   Case(f"grad_in_place B3 T8 H32 V200 {dt} sum, bias", check_grad_in_place,
                        dict(n=24, h=32, v=200, dtype=dtype, reduction="sum", bias=True, lead=3))]
+    cases.append(Case("grad_in_place N37 H32 V300 bf16 mean, class_weight, z-loss", check_grad_in_place,
+                      dict(n=37, h=32, v=300, dtype=torch.bfloat16, weighted=True, lse_square_scale=1e-2)))
     cases.append(Case("grad_in_place N1024 H2048 V32000 bf16", check_grad_in_place,
                       dict(n=1024, h=2048, v=32000, dtype=torch.bfloat16), gpu_only=True))
     cases.append(Case("grad_in_place: where, and where not", check_in_place_rules))
     return cases + [Case("logits of 1e4", check_huge), Case("one backward", check_one_backward),
                     Case("strided target", check_strided_target),
-                    Case("target out of range: IndexError", check_bad_target),
+                    Case("target out of range: ValueError", check_bad_target),
                     Case("targets 0, V - 1 and ignore_index pass", check_edge_targets),
                     Case("CUDA-graph capture: no check, NaN rows", check_graph_capture, gpu_only=True),
                     Case("no grad", check_no_grad), Case("operator", check_operator),

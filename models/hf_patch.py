@@ -7,7 +7,10 @@ Gemma 3 (text) model, in place.
     kernel_calls(model)                                                     -> {"rmsnorm": 9, ...}
 
 transformers stays an optional dependency: it is imported inside patch_model, never on import.
-Written against transformers 5.17 (models/{llama,qwen2,qwen3,mistral,gemma2,gemma3}/modeling_*.py),
+Tested with transformers 5.17 and the newest release (CI's two lanes; 5.24 at this writing): later
+releases call the KV cache argument `cache` where 5.17 says `past_key_values`, and the patched
+forwards pass it on under the caller's name (cache_argument() says which a model takes). Written
+against 5.17 (models/{llama,qwen2,qwen3,mistral,gemma2,gemma3}/modeling_*.py),
 whose decoder layer runs RMSNorm -> attention (q/k/v projections, Qwen3's and Gemma 3's RMSNorm of
 each head's q and k, RoPE, KV cache update, attention function, o_proj) -> residual add -> RMSNorm ->
 MLP -> residual add; Gemma's also norms the attention's and the MLP's outputs (post_attention_layernorm,
@@ -104,8 +107,10 @@ The original code runs instead of a kernel whenever the kernel does not cover th
 kernel_calls(model) counts the kernel calls and the fallbacks, so a caller can see which path ran.
 The attention registry entry stays after unpatching: it is inert unless a config selects it.
 """
+import dataclasses
 import functools
 import importlib
+import inspect
 import sys
 import threading
 from collections import Counter
@@ -238,30 +243,62 @@ def _add_and_norm(state, hidden_states, residual, norm):
 
 
 def _decoder_layer_forward(layer, original, state, hidden_states, attention_mask=None, position_ids=None,
-                           past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
-    """The decoder layer (transformers 5.17, every supported family): hidden_states (B, T, N) ->
-    (B, T, N), the layer's steps with the add after attention fused into post_attention_layernorm."""
+                           use_cache=False, position_embeddings=None, **kwargs):
+    """The decoder layer (transformers 5.17 and newer, every supported family): hidden_states
+    (B, T, N) -> (B, T, N), the layer's steps with the add after attention fused into
+    post_attention_layernorm. The KV cache stays in kwargs under the name the caller gave it
+    (`cache`, or `past_key_values` before transformers renamed it), so no version warns."""
     residual = hidden_states
     hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states),
                                        attention_mask=attention_mask, position_ids=position_ids,
-                                       past_key_values=past_key_values, use_cache=use_cache,
-                                       position_embeddings=position_embeddings, **kwargs)
+                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     hidden_states, residual = _add_and_norm(state, hidden_states, residual, layer.post_attention_layernorm)
     return residual + layer.mlp(hidden_states)
 
 
 def _sandwich_layer_forward(layer, original, state, hidden_states, position_embeddings=None, attention_mask=None,
-                            position_ids=None, past_key_values=None, **kwargs):
-    """Gemma 2 / Gemma 3's decoder layer (transformers 5.17), whose attention and MLP outputs are
-    normed too: hidden_states (B, T, N) -> (B, T, N), the add after post_attention_layernorm fused
-    into pre_feedforward_layernorm."""
+                            position_ids=None, **kwargs):
+    """Gemma 2 / Gemma 3's decoder layer (transformers 5.17 and newer), whose attention and MLP
+    outputs are normed too: hidden_states (B, T, N) -> (B, T, N), the add after
+    post_attention_layernorm fused into pre_feedforward_layernorm. The cache travels in kwargs, as
+    in _decoder_layer_forward."""
     residual = hidden_states
     hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states),
                                        position_embeddings=position_embeddings, attention_mask=attention_mask,
-                                       position_ids=position_ids, past_key_values=past_key_values, **kwargs)
+                                       position_ids=position_ids, **kwargs)
     hidden_states, residual = _add_and_norm(state, layer.post_attention_layernorm(hidden_states), residual,
                                             layer.pre_feedforward_layernorm)
     return residual + layer.post_feedforward_layernorm(layer.mlp(hidden_states))
+
+
+def _checkpointed(layer_forward):
+    """layer_forward, run through the layer's activation checkpointing when the model turned it on.
+
+    transformers 5.17 checkpoints a GradientCheckpointingLayer in its __call__, around whatever
+    forward the instance has, ours included. Later versions checkpoint inside the class's forward,
+    which an instance forward replaces: there this wrapper does what that class forward would (the
+    cache left out, use_cache off, the layer's checkpoint function around the call)."""
+    @functools.wraps(layer_forward)
+    def forward(layer, original, state, *args, **kwargs):
+        if (getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled()
+                and _checkpoints_in_forward()):
+            if kwargs.get("use_cache"):
+                kwargs["use_cache"] = False
+            if not getattr(layer, "_can_checkpoint_with_cache", False):
+                kwargs.update({name: None for name in ("cache", "past_key_values") if kwargs.get(name) is not None})
+            return layer._gradient_checkpointing_func(
+                functools.partial(layer_forward, layer, original, state, **kwargs), *args)
+        return layer_forward(layer, original, state, *args, **kwargs)
+    return forward
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpoints_in_forward():
+    """Whether this transformers checkpoints its layers inside their class's forward (no __call__ of
+    its own on GradientCheckpointingLayer) rather than around it."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return "__call__" not in vars(GradientCheckpointingLayer)
 
 
 def _mlp_forward(mlp, original, state, x):
@@ -289,6 +326,22 @@ def _attention_module_forward(module, original, state, *args, **kwargs):
         _running.state = outer
 
 
+def cache_argument(model):
+    """The name of the KV cache argument of `model`'s forward, for callers that pass one: `cache`
+    where transformers has renamed it (`past_key_values` then warns, and goes at 5.40),
+    `past_key_values` in the versions before the rename (5.17 among them)."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def output_cache(outputs):
+    """The KV cache a transformers model's outputs carry, under either version's name."""
+    return getattr(outputs, _cache_field(outputs))
+
+
+def _cache_field(outputs):
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(outputs)} else "past_key_values"
+
+
 def _replace_forward(state, module, fn):
     state.forwards.append((module, module.__dict__.get("forward")))
     module.forward = functools.partial(fn, module, module.forward, state)
@@ -302,15 +355,15 @@ def _fused_head(head):
 
 
 def _causal_lm_forward(model, original, state, input_ids=None, attention_mask=None, position_ids=None,
-                       past_key_values=None, inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0,
-                       **kwargs):
+                       inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
     """*ForCausalLM.forward: a training step (model.train(), grad enabled, labels, every position's
     logits) runs the base model, then the fused linear cross-entropy with HF's
-    ForCausalLMLoss semantics; anything else, the original forward (module docstring)."""
+    ForCausalLMLoss semantics; anything else, the original forward (module docstring). The KV
+    cache, if any, stays in kwargs under the caller's name for it (cache_argument)."""
     def run_original():
         return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
-                        use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+                        inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                        logits_to_keep=logits_to_keep, **kwargs)
 
     every_position = isinstance(logits_to_keep, int) and logits_to_keep == 0
     # HF computes a loss only with labels (shift_labels then replace their shifted copy)
@@ -330,8 +383,7 @@ def _causal_lm_forward(model, original, state, input_ids=None, attention_mask=No
     return_dict = options.pop("return_dict", None)
     as_dict = getattr(model.config, "return_dict", True) if return_dict is None else return_dict
     outputs = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                          return_dict=True, **options)
+                          inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True, **options)
     hidden = outputs.last_hidden_state
     # HF's ForCausalLMLoss: token t predicts label t + 1 (the last position none), unless the
     # caller shifted them already (sequence parallelism, packed batches)
@@ -356,8 +408,9 @@ def _causal_lm_forward(model, original, state, input_ids=None, attention_mask=No
         loss = model.loss_function(logits=logits, labels=labels, vocab_size=model.config.vocab_size,
                                    num_items_in_batch=num_items, ignore_index=ignore_index,
                                    shift_labels=shift_labels)
-    out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+    cache_field = _cache_field(outputs)
+    out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                 attentions=outputs.attentions, **{cache_field: getattr(outputs, cache_field)})
     return out if as_dict else out.to_tuple()
 
 
@@ -700,7 +753,8 @@ def patch_model(model, kernels=KERNELS):
             if isinstance(module, norm_cls) and "rmsnorm" in kernels:
                 _replace_forward(state, module, _rmsnorm_forward)
             elif isinstance(module, layer_cls) and "residual_rmsnorm" in kernels:
-                _replace_forward(state, module, _sandwich_layer_forward if family.sandwich else _decoder_layer_forward)
+                _replace_forward(state, module, _checkpointed(_sandwich_layer_forward if family.sandwich
+                                                              else _decoder_layer_forward))
             elif isinstance(module, mlp_cls) and mlp is not None:
                 _replace_forward(state, module, _mlp_forward)
             elif isinstance(module, attention_cls):

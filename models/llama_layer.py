@@ -50,7 +50,7 @@ class LayerConfig:
     hidden: int        # model width
     heads: int         # query heads H
     kv_heads: int      # key/value heads Hkv (H a multiple of it: GQA)
-    head_dim: int      # D (64, 128 or 256: the decode kernel's head dims)
+    head_dim: int      # D (1 to 256: the decode kernel's head dims)
     intermediate: int  # MLP width I
     eps: float         # RMSNorm epsilon
     rope_theta: float

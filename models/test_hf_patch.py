@@ -26,7 +26,7 @@ import sys
 import torch
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, run_cases
+from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 SKIP_REASON = "transformers not installed"
@@ -103,11 +103,14 @@ def prompt(size, batch):
 def run_steps(model, ids, attention_mask, next_tokens):
     """Prefill ids (B, T), then one decode step per column of next_tokens (B, S) on the cache.
     Returns [prefill logits (B, T, V), step logits (B, 1, V), ...] in fp32."""
+    from llmk.models.hf_patch import cache_argument, output_cache
+
     out = model(ids, attention_mask=attention_mask, use_cache=True)
-    logits, cache, mask = [out.logits.float()], out.past_key_values, attention_mask
+    logits, cache, mask = [out.logits.float()], output_cache(out), attention_mask
+    name = cache_argument(model)
     for step in range(next_tokens.shape[1]):
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = model(next_tokens[:, step:step + 1], attention_mask=mask, past_key_values=cache, use_cache=True)
+        out = model(next_tokens[:, step:step + 1], attention_mask=mask, use_cache=True, **{name: cache})
         logits.append(out.logits.float())
     return logits
 
@@ -115,12 +118,15 @@ def run_steps(model, ids, attention_mask, next_tokens):
 @torch.no_grad()
 def greedy_tokens(model, ids, attention_mask, n_steps):
     """The decode tokens: the model's greedy choices, (B, n_steps)."""
+    from llmk.models.hf_patch import cache_argument, output_cache
+
     out = model(ids, attention_mask=attention_mask, use_cache=True)
-    tokens, cache, mask = [], out.past_key_values, attention_mask
+    tokens, cache, mask = [], output_cache(out), attention_mask
+    name = cache_argument(model)
     for _ in range(n_steps):
         tokens.append(out.logits[:, -1].argmax(-1))
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = model(tokens[-1][:, None], attention_mask=mask, past_key_values=cache, use_cache=True)
+        out = model(tokens[-1][:, None], attention_mask=mask, use_cache=True, **{name: cache})
     return torch.stack(tokens, dim=1)
 
 
@@ -283,7 +289,7 @@ def check_cache(cache_kind):
     keys only."""
     from transformers import DynamicCache, StaticCache
 
-    from llmk.models.hf_patch import kernel_calls, patch_model
+    from llmk.models.hf_patch import cache_argument, kernel_calls, patch_model
 
     dtype = torch.bfloat16
     model, ref_model = make_model("llama", "tiny", dtype)
@@ -294,8 +300,9 @@ def check_cache(cache_kind):
     def run(m):
         cache = (DynamicCache(config=m.config) if cache_kind == "dynamic"
                  else StaticCache(config=m.config, max_cache_len=32))
-        first = m(ids, past_key_values=cache, use_cache=True).logits.float()
-        second = m(chunk if cache_kind == "dynamic" else chunk[:, :1], past_key_values=cache, use_cache=True)
+        name = cache_argument(m)
+        first = m(ids, use_cache=True, **{name: cache}).logits.float()
+        second = m(chunk if cache_kind == "dynamic" else chunk[:, :1], use_cache=True, **{name: cache})
         return [first, second.logits.float()]
 
     ref, before = run(ref_model), run(model)
@@ -357,7 +364,8 @@ def check_training(kind, checkpointing=False):
         m.train()
         if checkpointing:
             m.config.use_cache = False  # as HF would set it, with a warning, under checkpointing
-            m.gradient_checkpointing_enable()
+            # the newer name where transformers has it (the old one warns there)
+            (getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable)()
     ids = prompt("tiny", 2)
     labels = ids.clone()
     labels[0, :3] = -100  # ignored positions, as padding or a prompt gets
@@ -502,7 +510,8 @@ def check_other_model_untouched():
 
 
 def check_errors():
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import AttentionInterface, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
@@ -513,7 +522,10 @@ def check_errors():
     relu_llama = LlamaForCausalLM(LlamaConfig(**small, hidden_act="relu"))
     llama = LlamaForCausalLM(LlamaConfig(**small))
     paged = LlamaForCausalLM(LlamaConfig(**small))
-    paged.set_attn_implementation("paged|sdpa")  # no mask function to fall back with
+    # an attention implementation registered without a mask function (as paged ones were), under
+    # any transformers version
+    AttentionInterface.register("unmasked_sdpa", sdpa_attention_forward)
+    paged.set_attn_implementation("unmasked_sdpa")
     outcomes = [
         expect_raises("unsupported model type", lambda: patch_model(gpt2), ValueError, "model_type"),
         expect_raises("not a model", lambda: patch_model(torch.nn.Linear(2, 2)), TypeError, "model"),
@@ -540,6 +552,56 @@ def check_errors():
 
 
 KINDS = tuple(FAMILIES)
+
+
+def check_silent(kind):
+    """A patched model warns no more than the unpatched one: prefill and decode steps on a cache,
+    generate(), and a training step, with every Python warning and every transformers log record
+    (its deprecations go through logging, once each: the once-only cache is cleared before each
+    run) collected."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    from llmk.models.hf_patch import patch_model, unpatch_model
+
+    model, _ = make_model(kind, "tiny", torch.bfloat16)
+    ids = prompt("tiny", 2)
+
+    def messages():
+        records = []
+
+        class Collect(logging.Handler):
+            def emit(self, record):
+                records.append(record.getMessage())
+
+        handler, hf_root = Collect(level=logging.WARNING), hf_logging.get_logger()
+        if hasattr(hf_logging.warning_once, "cache_clear"):  # each run may give the once-only ones again
+            hf_logging.warning_once.cache_clear()
+        hf_root.addHandler(handler)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                run_steps(model, ids, torch.ones_like(ids), prompt("tiny", 2)[:, :2])
+                with torch.no_grad():
+                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
+                                   pad_token_id=0)
+                model.train()
+                model(input_ids=ids, labels=ids).loss.backward()
+                model.eval()
+                model.zero_grad(set_to_none=True)
+        finally:
+            hf_root.removeHandler(handler)
+        return [str(w.message) for w in caught] + records
+
+    patch_model(model)
+    patched = messages()
+    unpatch_model(model)
+    unpatched = messages()
+    extra = [m for m in patched if m not in unpatched]
+    return [Outcome("patched: no warning the unpatched model does not give", not extra,
+                    note="; ".join(extra)[:110] or f"{len(patched)} patched, {len(unpatched)} unpatched")]
 
 
 def model_cases():
@@ -575,6 +637,8 @@ def model_cases():
              check_training_options),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
+        Case("llama: no warning the unpatched model does not give", check_silent, dict(kind="llama")),
+        Case("gemma2: no warning the unpatched model does not give", check_silent, dict(kind="gemma2")),
     ]
     for kind in KINDS:
         for dtype in (torch.bfloat16, torch.float16):
@@ -595,5 +659,5 @@ def test_case(case):
 if __name__ == "__main__":
     if not HAVE_TRANSFORMERS:
         print(f"models/test_hf_patch.py: {SKIP_REASON} ({INSTALL_HINT})")
-    sys.exit(run_cases("HF Llama / Qwen2 / Qwen3 / Mistral patched with our kernels", CASES,
-                       skip_reason=None if HAVE_TRANSFORMERS else SKIP_REASON))
+    main("HF Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 patched with our kernels", CASES,
+         skip_reason=None if HAVE_TRANSFORMERS else SKIP_REASON)

@@ -38,7 +38,7 @@ import torch
 import torch._dynamo.testing
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, run_cases
+from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.models.llama_layer import (CONFIGS, LayerConfig, decode_step, make_weights, mark_static, prefill,
                                      rope_tables, torch_decode_step, torch_prefill)
@@ -384,4 +384,4 @@ if __name__ == "__main__":
     if INTERPRET:
         print("GPU-only rows left out here (they need CUDA): "
               + "; ".join(c.name for c in CASES if c.gpu_only))
-    sys.exit(run_cases("decoder layer (models/llama_layer.py): ours against PyTorch, compiled, in CUDA graphs", CASES))
+    main("decoder layer (models/llama_layer.py): ours against PyTorch, compiled, in CUDA graphs", CASES)

@@ -179,6 +179,35 @@ def gemma_cases(check, check_grad):
     return cases
 
 
+def no_weight_cases(check, check_grad):
+    """RMSNorm without an affine weight (weight None, y = x * rstd: torch.nn.RMSNorm with
+    elementwise_affine=False), for check and check_grad taking affine (and offset, which a norm
+    without a weight ignores): the fused and the looped kernels, forward and backward, strided
+    rows, one row; Llama-sized rows on the GPU."""
+    cases = []
+
+    def add(check_fn, prefix, shape, dtype, gpu_only=False, **extra):
+        label = " ".join(f"{k}={v}" for k, v in extra.items())
+        cases.append(Case(f"{prefix}{tuple(shape)} {dtype_name(dtype)} weight=None {label}".strip(), check_fn,
+                          dict(shape=shape, dtype=dtype, affine=False, **extra), gpu_only))
+
+    for dtype in DTYPES:
+        add(check, "", (3, 123), dtype)
+        add(check, "", (3, 65537), dtype)                            # the looped kernel
+        add(check_grad, "grad ", (GRAD_ROWS, 1000), dtype)
+        add(check, "", (4096, 4096), dtype, gpu_only=True)
+        add(check_grad, "grad ", (4096, 4096), dtype, gpu_only=True)
+        add(check_grad, "grad ", (300, 131072), dtype, gpu_only=True)  # the looped backward, wide rows
+    add(check, "", (5, 760), torch.float16, pad=(0, 8))              # row stride 768, a view
+    add(check, "", (1, 4096), torch.bfloat16, offset=1.0)            # one row; offset ignored
+    add(check, "", (2, 5, 1000), torch.bfloat16, pad=(0, 3, 0))      # leading dims that cannot merge
+    add(check_grad, "grad ", (5, 760), torch.bfloat16, pad=(0, 8))
+    add(check_grad, "grad ", (1, 4096), torch.float16, offset=1.0)
+    add(check_grad, "grad ", (7, 8300), torch.bfloat16)             # the looped backward
+    add(check_grad, "grad ", (4, 4500), torch.float32)
+    return cases
+
+
 # Rounding-error model of the gradients, fp32 math on inputs of any dtype. A sum of n fp32 terms
 # carries an error of about sqrt(n) roundings of the sum of their magnitudes (random signs; the
 # probabilistic bound of Higham and Mary, 2019, with lambda = 2); the tolerance adds that to the one

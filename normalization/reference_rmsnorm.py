@@ -8,11 +8,13 @@ import torch
 
 
 def rmsnorm_ref(x, weight, eps=1e-6, offset=0.0):
-    """y = x * rsqrt(mean(x^2, last dim) + eps) * (offset + weight), offset 1 being Gemma's form.
-    x (..., N), weight (N,) -> y like x."""
+    """y = x * rsqrt(mean(x^2, last dim) + eps) * (offset + weight), offset 1 being Gemma's form;
+    y = x * rsqrt(...) when weight is None (offset ignored). x (..., N), weight (N,) -> y like x."""
     compute = torch.promote_types(x.dtype, torch.float32)
     xf = x.to(compute)
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (offset + weight.to(compute))
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * (offset + weight.to(compute))
     return y.to(x.dtype)
 
 

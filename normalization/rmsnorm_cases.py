@@ -17,15 +17,30 @@ def offset_kwargs(offset):
     return {"offset": offset} if offset else {}
 
 
-def check(shape, dtype, impl, pad=None, scale=1.0, weight_dtype=None, offset=0.0, weight_scale=1.0):
-    """offset, weight_scale: Gemma's form, y = x * rstd * (offset + weight), its weights near 0."""
+def weight_or_none(shape, dtype, affine, scale=1.0):
+    """A fresh (N,) weight, or None for a norm without an affine weight (affine=False)."""
+    return rand((shape[-1],), dtype, scale=scale) if affine else None
+
+
+def as_double(t):
+    return None if t is None else t.double()
+
+
+def torch_weight(w, offset):
+    """The weight F.rms_norm takes for ours: offset + weight, or None (no weight: offset ignored)."""
+    return None if w is None else w + offset
+
+
+def check(shape, dtype, impl, pad=None, scale=1.0, weight_dtype=None, offset=0.0, weight_scale=1.0, affine=True):
+    """offset, weight_scale: Gemma's form, y = x * rstd * (offset + weight), its weights near 0.
+    affine=False: weight None, y = x * rstd whatever the offset."""
     x = rand(shape, dtype, pad=pad, scale=scale)
-    w = rand((shape[-1],), weight_dtype or dtype, scale=weight_scale)
+    w = weight_or_none(shape, weight_dtype or dtype, affine, weight_scale)
     y = impl(x, w, EPS, out=poisoned(shape, dtype), **offset_kwargs(offset))
-    ref = rmsnorm_ref(x.double(), w.double(), EPS, offset)
+    ref = rmsnorm_ref(x.double(), as_double(w), EPS, offset)
     # PyTorch's own same-dtype result bounds our error; it needs weight and x in one dtype (and
     # rounds offset + weight to it)
-    torch_out = F.rms_norm(x, (shape[-1],), w + offset, EPS) if weight_dtype is None else None
+    torch_out = F.rms_norm(x, (shape[-1],), torch_weight(w, offset), EPS) if weight_dtype is None else None
     return [compare("y", y, ref, torch_out=torch_out)]  # inf/NaN where ref is finite fails too
 
 
@@ -50,22 +65,27 @@ def x_hat(x, eps=EPS):
 
 def rms_grad_atol(x, w, dy, du=None, offset=0.0):
     """Per-element fp32 error bounds of RMSNorm's dx (plus du, one more rounding) and dweight
-    (norm_cases' error model), in fp64."""
+    (norm_cases' error model), in fp64. w None: no weight (g = dy)."""
     xd, dyd = x.double(), dy.double()
     rstd = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS)
-    atol = dx_atol(xd * rstd, dyd * (offset + w.double()), rstd)
+    atol = dx_atol(xd * rstd, dyd * (offset + w.double()) if w is not None else dyd, rstd)
     if du is not None:
         atol = atol + 2 * U32 * du.double().abs()
     x_hat = xd * rstd
     return dict(x=atol, weight=param_grad_atol(dyd * x_hat, dyd.abs() * x_hat_error(xd, x_hat, rstd)))
 
 
-def check_grad(shape, dtype, impl, pad=None, wrt=None, weight_dtype=None, offset=0.0, weight_scale=1.0):
+def check_grad(shape, dtype, impl, pad=None, wrt=None, weight_dtype=None, offset=0.0, weight_scale=1.0, affine=True):
     """Gradients of impl(x, weight, EPS) against autograd through the fp64 reference, and against
     PyTorch's F.rms_norm in the same dtype (2x rule). x and dy are strided views when pad is given.
     wrt: "x" or "weight" for that gradient alone (the other is not wanted), default both.
-    offset, weight_scale: Gemma's form, as check takes them."""
+    offset, weight_scale: Gemma's form, as check takes them. affine=False: weight None, dx only."""
     x, dy = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
+    if not affine:
+        atol = rms_grad_atol(x, None, dy)["x"]
+        return check_grads("", lambda x: impl(x, None, EPS, **offset_kwargs(offset)),
+                           lambda x: rmsnorm_ref(x, None, EPS, offset), (x,), (0,), ("x",), grad_tol(dtype, atol),
+                           torch_fn=lambda x: F.rms_norm(x, (shape[-1],), None, EPS), grad_outputs=[dy])
     w = rand((shape[-1],), weight_dtype or dtype, scale=weight_scale)
     atol = rms_grad_atol(x, w, dy, offset=offset)
     torch_fn = (lambda x, w: F.rms_norm(x, (shape[-1],), w + offset, EPS)) if weight_dtype is None else None

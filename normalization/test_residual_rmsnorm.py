@@ -1,6 +1,7 @@
 """Tests for normalization/triton_residual_rmsnorm.py: u against x + residual, y against the fp64
 RMSNorm of u as stored (rounded to the input dtype), and both against PyTorch's add + F.rms_norm;
-the gradients (dx, dresidual, dweight) through both outputs, or y alone (du = None).
+the gradients (dx, dresidual, dweight) through both outputs, or y alone (du = None); with a weight
+and without one (weight None).
 
     python normalization/test_residual_rmsnorm.py   (or: pytest normalization/test_residual_rmsnorm.py)
 """
@@ -11,9 +12,10 @@ import torch.nn.functional as F
 from llmk.common.device import DEVICE
 from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
                                  main, poisoned, rand)
-from llmk.normalization.norm_cases import chunked_param_grad, gemma_cases, grad_cases, grad_tol, huge_rows, norm_cases
+from llmk.normalization.norm_cases import (chunked_param_grad, gemma_cases, grad_cases, grad_tol, huge_rows,
+                                           no_weight_cases, norm_cases)
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
-from llmk.normalization.rmsnorm_cases import rms_grad_atol
+from llmk.normalization.rmsnorm_cases import as_double, rms_grad_atol, torch_weight, weight_or_none
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 
 EPS = 1e-6
@@ -21,21 +23,22 @@ EPS = 1e-6
 
 def outcomes(x, r, w, y, u, with_torch=True, offset=0.0):
     u_ref = x.double() + r.double()
-    y_ref = rmsnorm_ref(u.double(), w.double(), EPS, offset)  # normalize u as it was stored
+    y_ref = rmsnorm_ref(u.double(), as_double(w), EPS, offset)  # normalize u as it was stored
     torch_u = x + r
-    torch_y = F.rms_norm(torch_u, (x.shape[-1],), w + offset, EPS) if with_torch else None
+    torch_y = F.rms_norm(torch_u, (x.shape[-1],), torch_weight(w, offset), EPS) if with_torch else None
     return [compare("u", u, u_ref, torch_out=torch_u),
             compare("y", y, y_ref, torch_out=torch_y)]
 
 
-def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None, offset=0.0, weight_scale=1.0):
-    """offset, weight_scale: Gemma's form, y = rmsnorm(u) * (offset + weight), its weights near 0."""
+def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None, offset=0.0, weight_scale=1.0, affine=True):
+    """offset, weight_scale: Gemma's form, y = rmsnorm(u) * (offset + weight), its weights near 0.
+    affine=False: weight None, y = rmsnorm(u) whatever the offset."""
     # Large-value cases halve each input so x + residual stays inside fp16's range (65504; past it
     # u = inf is the right answer, as in PyTorch) while the squares still overflow fp16.
     scale = scale / 2 if scale > 1 else scale
     x = rand(shape, dtype, pad=pad, scale=scale)
     r = rand(shape, dtype, pad=pad, scale=scale)
-    w = rand((shape[-1],), weight_dtype or dtype, scale=weight_scale)
+    w = weight_or_none(shape, weight_dtype or dtype, affine, weight_scale)
     y, u = residual_rmsnorm(x, r, w, EPS, out=poisoned(shape, dtype), residual_out=poisoned(shape, dtype),
                             offset=offset)
     return outcomes(x, r, w, y, u, with_torch=weight_dtype is None, offset=offset)
@@ -92,24 +95,33 @@ def reference(dtype, outputs, offset=0.0):
     return ref
 
 
-def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, outputs="both", offset=0.0, weight_scale=1.0):
+def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, outputs="both", offset=0.0, weight_scale=1.0,
+               affine=True):
     """Gradients through y and u (outputs="both") or y alone (u's gradient undefined: du = None),
-    against the fp64 reference and PyTorch's add + F.rms_norm (2x rule). offset, weight_scale: as
-    check takes them."""
+    against the fp64 reference and PyTorch's add + F.rms_norm (2x rule). offset, weight_scale,
+    affine: as check takes them (affine=False: dx and dresidual only)."""
     x, r = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
     dy, du = rand(shape, dtype, pad=pad), rand(shape, dtype)
-    w = rand((shape[-1],), weight_dtype or dtype, scale=weight_scale)
+    w = weight_or_none(shape, weight_dtype or dtype, affine, weight_scale)
     u = (x.double() + r.double()).to(dtype)
     atol = rms_grad_atol(u, w, dy, du if outputs == "both" else None, offset)
     atol["residual"] = atol["x"]
     pick = (lambda y, u: (y, u)) if outputs == "both" else (lambda y, u: y)
+    grad_outputs = [dy, du] if outputs == "both" else [dy]
+    if not affine:
+        ref = reference(dtype, outputs, offset)
+        return check_grads(outputs, lambda x, r: pick(*residual_rmsnorm(x, r, None, EPS, offset=offset)),
+                           lambda x, r: ref(x, r, None), (x, r), (0, 1), ("x", "residual"),
+                           lambda name, _: grad_tol(dtype, atol[name]),
+                           torch_fn=lambda x, r: pick(F.rms_norm(x + r, (shape[-1],), None, EPS), x + r),
+                           grad_outputs=grad_outputs)
     torch_fn = ((lambda x, r, w: pick(F.rms_norm(x + r, (shape[-1],), w + offset, EPS), x + r))
                 if weight_dtype is None else None)
     return check_grads(outputs, lambda x, r, w: pick(*residual_rmsnorm(x, r, w, EPS, offset=offset)),
                        reference(dtype, outputs, offset),
                        (x, r, w), {"x": (0,), "weight": (2,)}.get(wrt, (0, 1, 2)), ("x", "residual", "weight"),
                        lambda name, _: grad_tol(dtype if name != "weight" else w.dtype, atol[name]),
-                       torch_fn=torch_fn, grad_outputs=[dy, du] if outputs == "both" else [dy])
+                       torch_fn=torch_fn, grad_outputs=grad_outputs)
 
 
 def check_grad_empty():
@@ -147,6 +159,9 @@ CASES += grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb=32)  
 CASES += [Case(f"grad {shape} {dtype_name(dtype)} y only", check_grad, dict(shape=shape, dtype=dtype, outputs="y"))
           for shape, dtype in (((7, 123), torch.bfloat16), ((4, 4500), torch.float32))]
 CASES += gemma_cases(check, check_grad)
+CASES += no_weight_cases(check, check_grad)
+CASES.append(Case("grad (7, 123) bf16 weight=None y only", check_grad,
+                  dict(shape=(7, 123), dtype=torch.bfloat16, outputs="y", affine=False)))
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

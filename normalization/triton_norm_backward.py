@@ -1,7 +1,7 @@
 """Backward kernels of the row-wise norms (RMSNorm, residual RMSNorm, LayerNorm) in Triton.
 
 RMSNorm, per row of N values (x̂ = x * rstd, g = dy * w; w is offset + weight, Gemma's form with
-offset 1, whose gradient is that of the weight):
+offset 1, whose gradient is that of the weight; g = dy without a weight, and no dw):
     rstd = rsqrt(mean(x^2) + eps)                      recomputed from x: nothing saved but x
     dx   = rstd * (g - x̂ * mean(g * x̂))   (+ du, the gradient of u = x + residual, if given)
     dw   = sum over rows of dy * x̂
@@ -50,8 +50,8 @@ def _rmsnorm_bwd_fused_kernel(
     n_rows, n_cols, stride_dym, stride_xm, stride_dum, stride_dxm,
     eps, offset,
     # meta-parameters
-    HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    HAS_DU: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Persistent: program p takes row blocks p, p + P, p + 2P, ...; dw partial -> dw_ptr[p, :].
     PREFETCH: each step loads the next block's x and dy (raw, BLOCK_M * BLOCK_N values of each in
@@ -62,7 +62,8 @@ def _rmsnorm_bwd_fused_kernel(
     step = tl.num_programs(0) * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
     in_row = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32) + offset
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32) + offset
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
     if PREFETCH:
@@ -81,7 +82,9 @@ def _rmsnorm_bwd_fused_kernel(
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         # rows past the end: 0, not 0 * rsqrt(eps = 0) = NaN, in the dw sum
         x_hat = tl.where(mask, x * rstd[:, None], 0.0)
-        g = dy * w[None, :]
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
         c = tl.sum(g * x_hat, axis=1) / n_cols
         dx = (g - x_hat * c[:, None]) * rstd[:, None]
         if HAS_DU:
@@ -103,8 +106,8 @@ def _rmsnorm_bwd_looped_kernel(
     stride_dum: tl.constexpr, stride_dxm: tl.constexpr,
     eps, offset,
     # meta-parameters
-    HAS_DU: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EVEN_N: tl.constexpr, ONE_CHUNK: tl.constexpr, PREFETCH: tl.constexpr,
+    HAS_DU: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, ONE_CHUNK: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Persistent, BLOCK_M rows at a time in (BLOCK_M, BLOCK_N) chunks: pass 1 sums x^2 and x * g,
     pass 2 re-reads x and dy (from L1/L2), writes dx and adds the chunk's dy * x̂, summed over the
@@ -151,10 +154,14 @@ def _rmsnorm_bwd_looped_kernel(
             else:
                 x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
                 dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
-            w = w.to(tl.float32) + offset
-            sum_sq += x * x
-            sum_xg += x * dy * w[None, :]
+            if HAS_WEIGHT:  # the weight's load before the sums: the order the register allocator was tuned on
+                w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
+                w = w.to(tl.float32) + offset
+                sum_sq += x * x
+                sum_xg += x * dy * w[None, :]
+            else:
+                sum_sq += x * x
+                sum_xg += x * dy
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / n_cols + eps)
         c = tl.sum(sum_xg, axis=1) * rstd * rstd / n_cols  # mean(g * x̂) / rstd
         # pass 2: the last read of x and dy
@@ -163,9 +170,12 @@ def _rmsnorm_bwd_looped_kernel(
             mask = row_ok & col_mask(cols, n_cols, EVEN_N)[None, :]
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
-            w = w.to(tl.float32) + offset
-            dx = (dy * w[None, :] - x * c[:, None]) * rstd[:, None]
+            if HAS_WEIGHT:
+                w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
+                w = w.to(tl.float32) + offset
+                dx = (dy * w[None, :] - x * c[:, None]) * rstd[:, None]
+            else:
+                dx = (dy - x * c[:, None]) * rstd[:, None]
             if HAS_DU:
                 dx += tl.load(du_ptr + rows[:, None] * stride_dum + cols[None, :], mask=mask, other=0.0,
                               eviction_policy="evict_first").to(tl.float32)
@@ -333,8 +343,9 @@ def _partials(cfg, n_cols, device, wanted):
 
 
 def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_blocks=None, offset=0.0):
-    """Launch on validated arguments: dy, x, du (or None) (..., N) any row strides; weight (N,);
-    dx a contiguous output shaped like x; dweight (N,) in weight's dtype, or None (no weight grad);
+    """Launch on validated arguments: dy, x, du (or None) (..., N) any row strides; weight (N,) or
+    None (no affine weight: g = dy); dx a contiguous output shaped like x; dweight (N,) in weight's
+    dtype, or None (no weight grad; always None without a weight);
     offset added to the weight (the forward's: w stands for offset + weight in g = dy * w).
     Writes dx = the gradient of x (plus du), and dweight. cfg, sum_blocks: a RowConfig and a
     sum_partials blocks triple instead of the tables' choice (tuning sweeps)."""
@@ -350,9 +361,9 @@ def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_b
         cfg = backward_config(n_rows, n_cols, x.element_size(), x.device,
                               "rmsnorm" if du is None else "residual_rmsnorm")
     partial = _partials(cfg, n_cols, x.device, dweight is not None)
-    args = (dy2, x2, weight.contiguous(), du2, dx2, partial, n_rows, n_cols,
+    args = (dy2, x2, weight.contiguous() if weight is not None else x2, du2, dx2, partial, n_rows, n_cols,
             dy2.stride(0), x2.stride(0), du2.stride(0), dx2.stride(0), eps, offset)
-    flags = dict(HAS_DU=du is not None, WEIGHT_GRAD=dweight is not None)
+    flags = dict(HAS_DU=du is not None, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=dweight is not None)
     if cfg.looped:
         _rmsnorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                                                 EVEN_N=n_cols % cfg.BLOCK_N == 0,

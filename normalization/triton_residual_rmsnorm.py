@@ -2,6 +2,7 @@
 
     u = x + residual      (rounded to x's dtype: the skip stream the next block adds to)
     y = rmsnorm(u) * (offset + weight)      (offset 1: Gemma's form, triton_rmsnorm.py)
+    y = rmsnorm(u)                          weight None (offset ignored, as in triton_rmsnorm.py)
 
 Traffic: read x and residual, write u and y (4*N*e bytes a row) against 6*N*e for an add followed
 by an RMSNorm. The kernel is the RMSNorm kernel with HAS_RESIDUAL set (triton_rmsnorm.py).
@@ -17,21 +18,22 @@ import torch
 from llmk.common.ops import define_op, define_ops
 from llmk.common.validation import check_norm_args, check_out, check_same_device, check_tensor
 from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
-from llmk.normalization.triton_rmsnorm import launch_rmsnorm
+from llmk.normalization.triton_rmsnorm import launch_rmsnorm, weight_grad_buffer
 
 
 def _backward_impl(dy, du, u, weight, eps, weight_grad, offset):
     dx = torch.empty(u.shape, dtype=u.dtype, device=u.device)
-    dweight = torch.empty(weight.shape if weight_grad else (0,), dtype=weight.dtype, device=weight.device)
-    launch_rmsnorm_backward(dy, u, weight, du, eps, dx, dweight if weight_grad else None, offset=offset)
+    dweight = weight_grad_buffer(u, weight, weight_grad)
+    wanted = weight_grad and weight is not None
+    launch_rmsnorm_backward(dy, u, weight, du, eps, dx, dweight if wanted else None, offset=offset)
     return dx, dweight
 
 
 residual_rmsnorm_backward_op = define_op(
-    "residual_rmsnorm_backward(Tensor dy, Tensor? du, Tensor u, Tensor weight, float eps, bool weight_grad,"
+    "residual_rmsnorm_backward(Tensor dy, Tensor? du, Tensor u, Tensor? weight, float eps, bool weight_grad,"
     " float offset) -> (Tensor, Tensor)", _backward_impl,
     lambda dy, du, u, weight, eps, weight_grad, offset: (u.new_empty(u.shape),
-                                                             weight.new_empty(weight.shape if weight_grad else (0,))))
+                                                             weight_grad_buffer(u, weight, weight_grad)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -53,7 +55,7 @@ def _backward(ctx, dy, du):
 
 
 residual_rmsnorm_op, residual_rmsnorm_out_op = define_ops(
-    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor weight, float eps, float offset",
+    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor? weight, float eps, float offset",
     lambda x, residual, weight, eps, offset: (x.new_empty(x.shape), x.new_empty(x.shape)),
     lambda x, residual, weight, eps, offset, y, u: launch_rmsnorm(x, residual, weight, eps, y, u, offset=offset),
     outs=("out", "residual_out"), backward=_backward, setup_context=_setup_context)
@@ -65,7 +67,8 @@ def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None,
     `residual_out=` are forward-only.
 
     x, residual: (..., N), same shape and dtype (fp16, bf16, fp32), any row strides.
-    weight: (N,). out, residual_out: optional contiguous buffers shaped like x.
+    weight: (N,), or None: no affine weight, y = rmsnorm(u) = u * rstd (offset then ignored).
+    out, residual_out: optional contiguous buffers shaped like x.
     offset: added to the weight in fp32: 1.0 is Gemma's RMSNorm.
     Returns (y, u), both (..., N) in x's dtype, contiguous.
     """

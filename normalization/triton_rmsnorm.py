@@ -1,11 +1,15 @@
 """RMSNorm (and residual-add + RMSNorm) in Triton.
 
     y = x * rsqrt(mean(x^2) + eps) * (offset + weight)  over the last dim, math in fp32, one cast
+    y = x * rsqrt(mean(x^2) + eps)                      weight None (HAS_WEIGHT off)
     u = x + residual;  y = rmsnorm(u)                   with HAS_RESIDUAL (u rounded to x's dtype)
 
 offset is 0 for Llama-style norms and 1 for Gemma's, whose weights are stored as the scale minus 1.
 Either way the math runs in fp32 and y is rounded once, in Gemma's order ((x * rstd) * (1 + w) in
 fp32, then the cast); Llama's module rounds x * rstd to x's dtype before the weight multiplies it.
+Without a weight (torch.nn.RMSNorm(elementwise_affine=False), F.rms_norm(x, shape, None)) y is
+x * rstd and offset, which shifts a weight, is ignored, as Liger's RMSNorm without an affine
+weight ignores it: a Gemma norm built without a weight still means x * rstd.
 
 Memory traffic per row of N values of e bytes: read x (N*e), write y (N*e), plus weight (N*w_e,
 read once per program, L2-resident). With a residual: also read residual and write u: 4*N*e.
@@ -15,7 +19,7 @@ from L1/L2, which needs fewer registers and so keeps more loads in flight.
 
 Backward (normalization/triton_norm_backward.py): the operator llmk::rmsnorm_backward, which
 autograd calls and `rmsnorm_backward` exposes; the forward saves x and weight only (rstd is
-recomputed from x: read x, dy, write dx, 3*N*e a row).
+recomputed from x: read x, dy, write dx, 3*N*e a row). Without a weight there is no dweight.
 """
 import torch
 import triton
@@ -36,7 +40,7 @@ def _rmsnorm_fused_kernel(
     n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um,
     eps, offset,
     # meta-parameters
-    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
     cols = tl.arange(0, BLOCK_N)
@@ -52,8 +56,11 @@ def _rmsnorm_fused_kernel(
         tl.store(u_ptr + rows[:, None] * stride_um + cols[None, :], x, mask=mask)
     x = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
-    y = x * rstd[:, None] * w[None, :]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=in_row, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
+        y = x * rstd[:, None] * w[None, :]
+    else:
+        y = x * rstd[:, None]
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -66,7 +73,7 @@ def _rmsnorm_looped_kernel(
     stride_ym: tl.constexpr, stride_um: tl.constexpr,
     eps, offset,
     # meta-parameters
-    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     """One row per program in BLOCK_N chunks: pass 1 sums squares, pass 2 re-reads (from L1/L2).
 
@@ -98,15 +105,19 @@ def _rmsnorm_looped_kernel(
             x = tl.load(u_ptr + row * stride_um + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         else:
             x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
-        y = x.to(tl.float32) * rstd * w
+        if HAS_WEIGHT:  # statements in the order of the weighted kernel as tuned (same PTX)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
+            y = x.to(tl.float32) * rstd * w
+        else:
+            y = x.to(tl.float32) * rstd
         tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
 def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None, offset=0.0):
-    """Launch on validated arguments: x, residual (or None) (..., N); weight (N,); y, u (or None)
-    contiguous outputs shaped like x; offset added to the weight (module docstring). Writes y (and
+    """Launch on validated arguments: x, residual (or None) (..., N); weight (N,) or None (no
+    weight: y = x * rstd, offset ignored); y, u (or None) contiguous outputs shaped like x; offset
+    added to the weight (module docstring). Writes y (and
     u) in place. cfg: a RowConfig to launch instead of row_config's choice (tuning sweeps); a fused
     one must hold the whole row (BLOCK_N >= N)."""
     if x.numel() == 0:
@@ -118,29 +129,38 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None, offset=0.0):
     u2 = u.view(-1, n_cols) if u is not None else y2
     if cfg is None:
         cfg = row_config(n_rows, n_cols, x.element_size())
-    args = (x2, r2, weight.contiguous(), y2, u2, n_rows, n_cols,
+    # no weight: x stands in as a pointer the kernel never reads
+    args = (x2, r2, weight.contiguous() if weight is not None else x2, y2, u2, n_rows, n_cols,
             x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0), eps, offset)
+    flags = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None)
     if cfg.looped:
-        _rmsnorm_looped_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None, BLOCK_N=cfg.BLOCK_N,
+        _rmsnorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
                                             EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
     else:
-        _rmsnorm_fused_kernel[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None,
-                                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+        _rmsnorm_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                                            num_warps=cfg.num_warps)
+
+
+def weight_grad_buffer(x, weight, weight_grad):
+    """dweight of the backward operators: (N,) in weight's dtype, or a 0-size placeholder when it
+    is not wanted or there is no weight (the operators return a Tensor either way)."""
+    if weight is None or not weight_grad:
+        return x.new_empty((0,))
+    return weight.new_empty(weight.shape)
 
 
 def _rmsnorm_backward_impl(dy, x, weight, eps, weight_grad, offset):
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dweight = torch.empty(weight.shape if weight_grad else (0,), dtype=weight.dtype, device=weight.device)
-    launch_rmsnorm_backward(dy, x, weight, None, eps, dx, dweight if weight_grad else None, offset=offset)
+    dweight = weight_grad_buffer(x, weight, weight_grad)
+    wanted = weight_grad and weight is not None
+    launch_rmsnorm_backward(dy, x, weight, None, eps, dx, dweight if wanted else None, offset=offset)
     return dx, dweight
 
 
 rmsnorm_backward_op = define_op(
-    "rmsnorm_backward(Tensor dy, Tensor x, Tensor weight, float eps, bool weight_grad, float offset)"
+    "rmsnorm_backward(Tensor dy, Tensor x, Tensor? weight, float eps, bool weight_grad, float offset)"
     " -> (Tensor, Tensor)", _rmsnorm_backward_impl,
-    lambda dy, x, weight, eps, weight_grad, offset: (x.new_empty(x.shape),
-                                                         weight.new_empty(weight.shape if weight_grad else (0,))))
+    lambda dy, x, weight, eps, weight_grad, offset: (x.new_empty(x.shape), weight_grad_buffer(x, weight, weight_grad)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -156,7 +176,7 @@ def _backward(ctx, dy):
 
 
 rmsnorm_op, rmsnorm_out_op = define_ops(
-    "rmsnorm", "Tensor x, Tensor weight, float eps, float offset",
+    "rmsnorm", "Tensor x, Tensor? weight, float eps, float offset",
     lambda x, weight, eps, offset: x.new_empty(x.shape),
     lambda x, weight, eps, offset, out: launch_rmsnorm(x, None, weight, eps, out, None, offset=offset),
     backward=_backward, setup_context=_setup_context)
@@ -167,8 +187,11 @@ def rmsnorm(x, weight, eps=1e-6, out=None, *, offset=0.0):
     in x and weight (llmk::rmsnorm_backward); `out=` is forward-only.
 
     x: (..., N) fp16, bf16 or fp32, any row stride (a view whose leading dims cannot merge is
-       copied once). weight: (N,) any float dtype. out: optional contiguous buffer shaped like x.
+       copied once). weight: (N,) any float dtype, or None: no affine weight, y = x * rstd, as
+       torch.nn.RMSNorm(elementwise_affine=False) and F.rms_norm(x, (N,), None) compute it.
+    out: optional contiguous buffer shaped like x.
     offset: added to the weight in fp32, y = x * rstd * (offset + weight): 1.0 is Gemma's RMSNorm.
+       Ignored when weight is None (it shifts a weight; Liger's RMSNorm without a weight does the same).
     Returns y: (..., N), x's dtype, contiguous.
     """
     check_norm_args(x, weight, eps, offset=offset)
@@ -185,14 +208,15 @@ def rmsnorm_backward(dy, x, weight, eps=1e-6, weight_grad=True, *, offset=0.0):
     and torch.compile traces it).
 
     dy, x: (..., N) of one dtype (fp16, bf16, fp32), any strides (a dy with a column stride, such
-    as an expanded one, is copied once). weight: (N,) any float dtype.
+    as an expanded one, is copied once). weight: (N,) any float dtype, or None (no affine weight).
     Returns (dx, dweight): dx (..., N) contiguous in x's dtype; dweight (N,) in weight's dtype,
-    summed over rows in fp32 and rounded once, or None when weight_grad is False.
+    summed over rows in fp32 and rounded once, or None when weight_grad is False or weight is None.
     """
     check_norm_args(x, weight, eps, offset=offset)
     check_tensor("dy", dy)
     check_same_device("dy", dy, "x", x)
     if dy.shape != x.shape or dy.dtype != x.dtype:
         raise ValueError(f"dy must match x: shape {tuple(x.shape)} dtype {x.dtype}; got {tuple(dy.shape)} {dy.dtype}")
-    dx, dweight = rmsnorm_backward_op(dy, x, weight, float(eps), bool(weight_grad), float(offset))
+    weight_grad = bool(weight_grad) and weight is not None
+    dx, dweight = rmsnorm_backward_op(dy, x, weight, float(eps), weight_grad, float(offset))
     return dx, (dweight if weight_grad else None)

@@ -56,11 +56,17 @@ def installed_root():
     return None if spec is None or spec.origin is None else pathlib.Path(spec.origin).resolve().parent
 
 
+def build_backend_minimum():
+    """The setuptools version pyproject.toml's [build-system] requires, as a string."""
+    found = re.search(r'requires\s*=\s*\["setuptools>=([\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    return found[1]
+
+
 def builds_offline():
     """Whether pip can build this checkout with the setuptools at hand (--no-build-isolation), so
-    without fetching one: pyproject.toml's build backend needs 70.1 or newer."""
+    without fetching one: at least the version pyproject.toml's build backend requires."""
     try:
-        return _version_tuple(metadata.version("setuptools")) >= (70, 1)
+        return _version_tuple(metadata.version("setuptools")) >= _version_tuple(build_backend_minimum())
     except metadata.PackageNotFoundError:
         return False
 

@@ -651,7 +651,7 @@ def outputs(results=RESULTS, pages=PAGES, readme=README):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[3:8]))
+                                     epilog="examples:\n" + __doc__.split("\n\n")[1])
     parser.add_argument("--check", action="store_true", help="exit 1 if a page or the README table is out of date")
     parser.add_argument("--table", metavar="JSON", help="print the tables of one results file and exit")
     parser.add_argument("--min-elements", type=int, default=0, help="with --table: skip smaller shapes")

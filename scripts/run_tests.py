@@ -51,7 +51,14 @@ def timed_run(rel, stream):
 def main(patterns, jobs=1):
     """Run the scripts matching `patterns`, `jobs` at a time (each script's output is then printed
     whole when it ends, in the order they end: compiling dominates on a GPU, and uses CPU cores)."""
+    from llmk.common.device import interpreter_problem
+
+    problem = interpreter_problem()
+    if problem:  # every script would fail, many with wrong numbers rather than errors: say why once
+        print(f"make test: not run: {problem}")
+        return 1
     scripts = sorted(p.relative_to(ROOT) for pat in patterns for p in ROOT.glob(pat))
+    started = time.perf_counter()
     passed = failed = 0
     skipped = {}  # reason -> cases
     broken, failures = [], {}
@@ -87,6 +94,7 @@ def main(patterns, jobs=1):
     if skipped:
         reasons = "; ".join(reason if len(skipped) == 1 else f"{n} {reason}" for reason, n in skipped.items())
         line += f", {sum(skipped.values())} skipped ({reasons})"
+    print(f"\n{len(scripts)} test scripts, {jobs} at a time, in {time.perf_counter() - started:.0f} s")
     print(f"\n{line}")
     return 1 if failed or not scripts else 0
 

@@ -7,6 +7,11 @@ figures behind them are in docs/tuning/inference.md.
     python scripts/tune/decode_configs.py          (~4 min on an H100)
     python scripts/tune/decode_configs.py waves    (one to four programs an SM, B * Hkv 256-512:
                                                     the shipped split count and its neighbours)
+    python scripts/tune/decode_configs.py hd=96    (either sweep at another head dim; a padded one,
+                                                    80 or 96, runs 128-wide tiles)
+    python scripts/tune/decode_configs.py bench hd=80
+                                                   (inference_bench's head-dim shapes, deeper
+                                                    pipelines; the shipped split and its neighbours)
 
 Each line: a shape, the shipped heuristics' pick and time for both kernels, then the five fastest
 configs of each, "BLOCK_N/warps/stages/splits us".
@@ -22,14 +27,18 @@ from llmk.common.device import sm_count
 import llmk.inference.triton_inference_attention as ia
 from llmk.inference.paged_kv_cache import to_pages
 
-H, D, PS = 32, 128, 16  # PS: tokens a page
+H, PS = 32, 16  # PS: tokens a page
+D = int(next((arg[3:] for arg in sys.argv[1:] if arg.startswith("hd=")), 128))
 SHAPES = [(1, 32, 512), (1, 32, 1024), (1, 8, 512), (16, 8, 512), (16, 8, 1024), (16, 8, 2048),  # (B, Hkv, T)
           (1, 32, 8192), (1, 8, 8192), (16, 8, 8192), (16, 32, 2048), (4, 8, 8192)]
 BLOCKS = [(32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]
-WAVES = "waves" in sys.argv[1:]
-if WAVES:
+WAVES = "waves" in sys.argv[1:] or "bench" in sys.argv[1:]
+if "waves" in sys.argv[1:]:
     SHAPES = [(16, 32, 1024), (16, 32, 4096), (8, 32, 8192), (32, 8, 8192), (64, 8, 8192), (16, 32, 16384)]
     BLOCKS = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 8, 3)]
+if "bench" in sys.argv[1:]:  # inference_bench's head-dim rows, deeper pipelines for the padded dims' smaller blocks
+    SHAPES = [(1, 32, 8192), (16, 32, 4096), (16, 8, 4096), (64, 8, 8192)]
+    BLOCKS = [(64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4), (32, 4, 6)]
 MAX_PROGRAMS = 8 * 132
 
 
@@ -49,7 +58,8 @@ def decode_inputs(b, hkv, t):
 
 def main():
     t00 = time.perf_counter()
-    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, flush=True)
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, f"hd {D}",
+          flush=True)
     n_sms = sm_count(0, ia.INTERPRET_SMS)
     for b, hkv, t in SHAPES:
         q, k, v, lengths, table, kp, vp = decode_inputs(b, hkv, t)
