@@ -115,18 +115,26 @@ def plot_sweeps(path, title, rows, sweeps, meta, metric="GBps"):
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     fig, axes = plt.subplots(1, len(sweeps), figsize=(6 * len(sweeps), 4.2), squeeze=False)
     for ax, (xlabel, points) in zip(axes[0], sweeps):
-        for provider in providers:
+        for i, provider in enumerate(providers):
             by_shape = {r["shape"]: r[metric] for r in rows if r["provider"] == provider}
             xy = [(x, by_shape[shape_str(s)]) for x, s in points if by_shape.get(shape_str(s)) is not None]
-            if xy:
-                ax.plot(*zip(*xy), marker="o", label=provider)
+            if xy:  # a provider's color fixed by its place, so a panel it has no rows in shifts no other
+                ax.plot(*zip(*xy), marker="o", label=provider, color=f"C{i % 10}")
         if metric == "GBps":
             ax.axhline(meta["copy_GBps"], color="gray", linestyle="--", label="copy bandwidth")
         ax.set_xscale("log", base=2)
+        xs = sorted({x for x, _ in points})
+        if any(x & (x - 1) for x in xs if isinstance(x, int)):  # not all powers of two: name each point
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.minorticks_off()
         ax.set_xlabel(xlabel)
         ax.set_ylabel({"GBps": "GB/s (bytes read + written)", "TFLOPs": "TFLOP/s"}[metric])
         ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    handles = {}  # every provider once, whichever panel has it
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    axes[0][0].legend(handles.values(), handles.keys(), fontsize=8)
     fig.suptitle(f"{title} on {meta['gpu']} ({meta['date']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
