@@ -149,6 +149,8 @@ def quiet_interpreter():
 
 
 if INTERPRET:
+    # at import, not in each entry point: a user's first kernel call in the interpreter (the README's
+    # example) would print numpy's warnings otherwise; the filter names the interpreter's module only
     quiet_interpreter()
     if interpreter_problem():  # a cheap metadata read: wrong results later would be worse than a warning now
         warnings.warn(interpreter_problem(), RuntimeWarning, stacklevel=2)

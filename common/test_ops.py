@@ -669,7 +669,9 @@ def check_adamw_op_compile():
 def check_forward_arity():
     """Every differentiable op's eager autograd.Function binds exactly its schema's arguments:
     torch 2.14's apply fills in forward's defaults, and an input beyond the schema would be one
-    the backward returns no gradient for (autograd raises)."""
+    the backward returns no gradient for (autograd raises). It guards the construction in
+    common/ops.py (a forward of the schema's arguments, not the impl itself) on any torch; the
+    failure itself shows only on torch 2.14 and newer, which CI's newest lane runs."""
     outcomes = []
     for name, op in sorted(OPS.items()):
         if op.function is not None:

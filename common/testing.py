@@ -451,4 +451,8 @@ def main(title, cases, skip_reason=None, argv=None):
     if args.keyword and not chosen:
         print(f"{title}: no case name contains {' or '.join(map(repr, args.keyword))}; --list shows them")
         sys.exit(1)
+    if args.keyword and INTERPRET and all(c.gpu_only for c in chosen):  # chosen, but none runs here
+        print(f"{title}: the {len(chosen)} chosen cases are gpu_only: a CUDA GPU runs them")
+        print(count_line(0, 0, len(chosen), "gpu_only: needs a CUDA GPU"), flush=True)
+        sys.exit(0)
     sys.exit(run_cases(title, chosen, skip_reason))

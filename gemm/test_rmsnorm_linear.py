@@ -103,6 +103,7 @@ def check_errors():
         expect_raises("weight (K, N)", lambda: rmsnorm_linear(x, nw, w.t().contiguous()), ValueError, "weight"),
         expect_raises("1-D weight", lambda: rmsnorm_linear(x, nw, w[0]), ValueError, "weight"),
         expect_raises("norm_weight size", lambda: rmsnorm_linear(x, nw[:63], w), ValueError, "norm_weight"),
+        expect_raises("norm_weight None", lambda: rmsnorm_linear(x, None, w), TypeError, "norm_weight"),
         expect_raises("int norm_weight", lambda: rmsnorm_linear(x, nw.to(torch.int32), w), TypeError, "norm_weight"),
         expect_raises("eps < 0", lambda: rmsnorm_linear(x, nw, w, -1.0), ValueError, "eps"),
         expect_raises("eps True", lambda: rmsnorm_linear(x, nw, w, True), TypeError, "eps"),

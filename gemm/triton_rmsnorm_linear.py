@@ -252,6 +252,8 @@ def _rmsnorm_gemv_kernel(
 def check_rmsnorm_linear_args(x, norm_weight, weight, eps, path):
     """Argument checks of rmsnorm_linear; returns (K, N)."""
     check_tensor("x", x, DTYPES)
+    if norm_weight is None:  # the decode kernel always scales by it
+        raise TypeError("norm_weight must be a tensor (K,); for a norm without a weight, pass ones")
     k = check_norm_args(x, norm_weight, eps, "x", "norm_weight")
     check_tensor("weight", weight, DTYPES, min_dim=2)
     check_same_device("weight", weight, "x", x)

@@ -549,7 +549,7 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
 
     q: (B, H, D) fp16 or bf16, any strides. k_cache, v_cache: (B, T_max, Hkv, D), q's dtype, any
        strides (a (B, Hkv, T, D) cache passed as `.transpose(1, 2)` is read in place). H a multiple
-       of Hkv; D in 1..256 (hd 64, 128 and 256 unpadded, any other masked to its BLOCK_D).
+       of Hkv; D in 1..256 (powers of two from 16 unpadded, any other masked to its BLOCK_D).
     lengths: (B,) int32 on q's device, tokens of each sequence (0..T_max; clamped to it); a
        sequence of length 0 gets zeros.
     sm_scale: defaults to 1/sqrt(D).

@@ -14,6 +14,13 @@ def make_target(shape, v, ignored=0.25, all_ignored=False):
     return torch.where(torch.rand(shape, device=DEVICE) < ignored, torch.full_like(t, IGNORE), t)
 
 
+def with_hits(target, logits, share=0.5):
+    """target with a random share of its rows not ignored set to the argmax of logits (..., V):
+    a token accuracy near `share`, so that a kernel whose hits are all 0 or all 1 fails."""
+    chosen = (torch.rand(target.shape, device=target.device) < share) & (target != IGNORE)
+    return torch.where(chosen, logits.argmax(-1).to(target.dtype), target)
+
+
 def target_of(*values, dtype=torch.int64):
     """A target of these class indices, on the device."""
     return torch.tensor(values, device=DEVICE, dtype=dtype)

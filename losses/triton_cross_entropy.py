@@ -476,16 +476,25 @@ def reduce_rows(rows, target, ignore_index, reduction, dtype, weight=None, lse=N
     z-loss (z_rows), whose "mean" divides by the count of targets not ignored (Liger-Kernel's), and
     whose gradient reaches the logits through lse. target: the caller's shape."""
     flat = target.reshape(-1)
-    z = None if lse is None or not lse_square_scale else z_rows(lse, flat, ignore_index, lse_square_scale)
     if reduction == "none":
-        return (rows if z is None else rows + z).reshape(target.shape).to(dtype)
-    if reduction == "sum":
-        return (rows.sum() if z is None else rows.sum() + z.sum()).to(dtype)
-    count = (flat != ignore_index).sum()
-    if weight is None:
-        return ((rows.sum() if z is None else rows.sum() + z.sum()) / count).to(dtype)
-    loss = rows.sum() / target_weights(weight, flat, ignore_index).sum()
-    return (loss if z is None else loss + z.sum() / count).to(dtype)
+        loss = rows
+    elif reduction == "sum":
+        loss = rows.sum()
+    elif weight is None:
+        loss = rows.sum() / (flat != ignore_index).sum()
+    else:
+        loss = rows.sum() / target_weights(weight, flat, ignore_index).sum()
+    if lse is not None and lse_square_scale:
+        loss = loss + _reduce_z(z_rows(lse, flat, ignore_index, lse_square_scale), flat, ignore_index, reduction)
+    return (loss.reshape(target.shape) if reduction == "none" else loss).to(dtype)
+
+
+def _reduce_z(z, flat, ignore_index, reduction):
+    """The z-loss rows (N,) fp32 reduced: kept as rows ("none"), summed, or their mean over the
+    targets not ignored (unweighted, as Liger-Kernel's, class weights or not)."""
+    if reduction == "none":
+        return z
+    return z.sum() / (flat != ignore_index).sum() if reduction == "mean" else z.sum()
 
 
 class LossOutput(NamedTuple):
@@ -503,14 +512,13 @@ def reduce_extras(target, ignore_index, reduction, dtype, lse=None, lse_square_s
     "mean" and "sum" the z-loss's mean over the targets not ignored (unweighted, as Liger-Kernel's)
     or sum, and the accuracy's share of those targets (NaN when every target is ignored)."""
     flat = target.reshape(-1)
-    z = None if lse is None else z_rows(lse.detach(), flat, ignore_index, lse_square_scale)
-    if reduction == "none":
-        return (None if z is None else z.reshape(target.shape).to(dtype),
-                None if hits is None else hits.reshape(target.shape))
-    count = (flat != ignore_index).sum()
-    if z is not None:
-        z = (z.sum() / count if reduction == "mean" else z.sum()).to(dtype)
-    return z, None if hits is None else hits.sum() / count
+    z = None
+    if lse is not None:
+        z = _reduce_z(z_rows(lse.detach(), flat, ignore_index, lse_square_scale), flat, ignore_index, reduction)
+        z = (z.reshape(target.shape) if reduction == "none" else z).to(dtype)
+    if hits is not None:
+        hits = hits.reshape(target.shape) if reduction == "none" else hits.sum() / (flat != ignore_index).sum()
+    return z, hits
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, weight=None,

@@ -295,7 +295,7 @@ def _checkpointed(layer_forward):
 @functools.lru_cache(maxsize=None)
 def _checkpoints_in_forward():
     """Whether this transformers checkpoints its layers inside their class's forward (no __call__ of
-    its own on GradientCheckpointingLayer) rather than around it."""
+    its own on GradientCheckpointingLayer: 5.24 does, 5.17 does not) rather than around it."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     return "__call__" not in vars(GradientCheckpointingLayer)
