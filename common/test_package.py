@@ -151,8 +151,29 @@ def check_wheel():
                     max_abs=max(errors), limit="1e-04")]
 
 
+def check_old_triton():
+    """A Triton too old for the interpreter lane is named, with the version to install, by
+    interpreter_problem (which `make test` and every test script stop on), and a new enough one,
+    or the GPU path, passes."""
+    from unittest import mock
+
+    from llmk.common import device
+
+    def problem(version, interpret=True):
+        with mock.patch.object(device.metadata, "version", lambda name: version), \
+                mock.patch.object(device, "INTERPRET", interpret):
+            return device.interpreter_problem()
+
+    old = problem("3.8.0")
+    return [Outcome("Triton 3.8 in the interpreter: named, with what to install",
+                    old is not None and "3.8.0" in old and 'pip install "triton>=3.9"' in old, note=(old or "")[:100]),
+            Outcome("Triton 3.9 and 3.10: no problem", problem("3.9.0") is None and problem("3.10.1") is None),
+            Outcome("the GPU path: no problem whatever the version", problem("3.6.0", interpret=False) is None)]
+
+
 CASES = [Case("pyproject and requirements.txt", check_declared), Case("floors", check_floors),
-         Case("wheel in a fresh environment", check_wheel)]
+         Case("wheel in a fresh environment", check_wheel),
+         Case("a Triton too old for the interpreter", check_old_triton)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

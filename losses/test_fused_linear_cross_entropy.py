@@ -118,7 +118,8 @@ def check_accuracy(got, logits, target, dtype, reduction, softcap):
     slack = UNIT_ROUNDOFF[torch.float32]
     low = (hits[~near].sum() / kept.sum()).item() * (1 - slack)
     high = ((hits[~near].sum() + near.sum()) / kept.sum()).item() * (1 + slack)
-    return Outcome("token_accuracy", low <= value <= high, limit=f"[{low:.6g}, {high:.6g}]", note=f"{value:.6g}; {note}")
+    return Outcome("token_accuracy", low <= value <= high, limit=f"[{low:.6g}, {high:.6g}]",
+                   note=f"{value:.6g}; {note}")
 
 
 def check_huge():
