@@ -152,8 +152,9 @@ if INTERPRET:
     # at import, not in each entry point: a user's first kernel call in the interpreter (the README's
     # example) would print numpy's warnings otherwise; the filter names the interpreter's module only
     quiet_interpreter()
-    if interpreter_problem():  # a cheap metadata read: wrong results later would be worse than a warning now
-        warnings.warn(interpreter_problem(), RuntimeWarning, stacklevel=2)
+    _problem = interpreter_problem()  # one metadata read: wrong results later would be worse than a warning now
+    if _problem:
+        warnings.warn(_problem, RuntimeWarning, stacklevel=2)
     if _TRITON_CAME_FIRST:
         _interpret_triton_builtins()
     _match_gpu_bf16_rounding()
