@@ -12,11 +12,12 @@ p @ v each in the input dtype).
 Every batch is ragged where it can be: lengths 0, 1 and T_max side by side, the rest random. Caches
 are filled everywhere (also past each length) so a kernel that reads past a length fails.
 
-Head dims other than 64, 128 and 256 (32, 80, 96, 72, 24, 8, 1) run with q, K and V as views of
-tensors holding NaN past D in every row (layout "nan_cols"): a kernel that reads a column of q or K
-past D, where BLOCK_D pads it, returns NaN; the output is the head of a longer NaN buffer whose tail
-must stay NaN, so a store past D of the last head shows.
+Head dims other than 64, 128 and 256 (32, 80, 96, 72, 160, 40, 24, 8, 1: two parts, exact or with
+a padded second, and one padded tile) run with q, K and V as views of tensors holding NaN past D in
+every row (layout "nan_cols"): a kernel that reads a column of q or K past D returns NaN; the output
+is the head of a longer NaN buffer whose tail must stay NaN, so a store past D of the last head shows.
 """
+import dataclasses
 import math
 
 import torch
@@ -26,10 +27,10 @@ from llmk.common.ints import cdiv
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.inference.decode_cases import decode_tol
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
-from llmk.inference.triton_inference_attention import (BLOCK_TABLE, INTERPRET_SMS, MAX_SPLITS,
-                                                       PAGED_LONG_TOKENS, SPLIT_TABLE, DecodeConfig, decode_attention,
+from llmk.inference.triton_inference_attention import (BLOCK_TABLE, HEAD_DIMS, INTERPRET_SMS, MAX_SPLITS,
+                                                       PAGED_LONG_TOKENS, PARTS_MAX_WAVES, SPLIT_TABLE, DecodeConfig, decode_attention,
                                                        decode_attention_op, decode_attention_out_op, decode_config,
-                                                       paged_blocks, paged_decode_attention,
+                                                       head_dim_parts, paged_blocks, paged_decode_attention,
                                                        paged_decode_attention_op, split_count)
 
 H100_SMS = 132
@@ -92,14 +93,22 @@ def make_q(b, h, d, dtype, layout, scale=1.0):
     return rand((b, h, d), dtype, pad=(0, 2, 8) if layout == "padded" else None, scale=scale)
 
 
-def check(b, h, hkv, t_max, d, dtype, num_splits=None, layout="bthd", sm_scale=None, scale=1.0, use_dot=None):
+def forced_config(b, h, hkv, t_max, d, num_splits, use_dot, head_parts):
+    """The heuristics' blocks with one product (use_dot), a split count (None: 1) and the head dim in
+    parts or one tile (head_parts) forced; None where neither use_dot nor head_parts is given."""
+    if use_dot is None and head_parts is None:
+        return None
+    auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
+    return DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, auto.use_dot if use_dot is None else use_dot,
+                        num_splits or 1, True if head_parts is None else head_parts)
+
+
+def check(b, h, hkv, t_max, d, dtype, num_splits=None, layout="bthd", sm_scale=None, scale=1.0, use_dot=None,
+          head_parts=None):
     q = make_q(b, h, d, dtype, layout, scale)
     k, v = make_cache(b, t_max, hkv, d, dtype, layout)
     lengths = ragged_lengths(b, t_max)
-    config = None
-    if use_dot is not None:  # force one product (and a split count) past the heuristics
-        auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
-        config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
+    config = forced_config(b, h, hkv, t_max, d, num_splits, use_dot, head_parts)  # None: the heuristics
     out, tail = guarded_out((b, h, d), dtype)
     o = decode_attention(q, k, v, lengths, sm_scale, num_splits=num_splits, config=config, out=out)
     scale_used = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
@@ -131,23 +140,25 @@ def to_pages(caches, lengths, page_size, spare_pages=3, layout="bthd"):
 
 
 def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_dot=None, window=None, softcap=None,
-                scale=1.0, layout="bthd"):
+                scale=1.0, layout="bthd", head_parts=None):
     """The paged and the contiguous kernel against the reference, and against each other on the same
     data where both take the same split count and blocks: the same blocks in the same order, so bit
     for bit the same output. window: a sliding window (only the last left + 1 tokens seen, the
     range cut before the splits); softcap: logit softcapping (scale: q's, so that scores reach the cap);
-    layout: "bthd" or "nan_cols" (q, caches and pages, as in check)."""
+    layout: "bthd" or "nan_cols" (q, caches and pages, as in check); head_parts: forces the head dim
+    in parts (True) or one tile (False) on both sides."""
     q = make_q(b, h, d, dtype, layout, scale)
     k, v = make_cache(b, t_max, hkv, d, dtype, layout)
     lengths = ragged_lengths(b, t_max)
     (k_pages, v_pages), table = to_pages((k, v), lengths, page_size, layout=layout)
     config = None
     if use_dot is not None:
-        auto = decode_config(b, hkv, h // hkv, d, t_max, 2)
-        config = DecodeConfig(auto.BLOCK_N, auto.num_warps, auto.num_stages, use_dot, num_splits or 1)
-    elif num_splits is not None:  # the paged heuristics' blocks for this split, given to both sides
+        config = forced_config(b, h, hkv, t_max, d, num_splits, use_dot, head_parts)
+    elif num_splits is not None or head_parts is not None:  # the paged heuristics' blocks, given to both sides
         config = decode_config(b, hkv, h // hkv, d, t_max, sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS),
                                True, num_splits)
+        if head_parts is not None:
+            config = dataclasses.replace(config, head_parts=head_parts)
     options = dict(window=window, softcap=softcap, num_splits=num_splits, config=config)
     (out, tail), (out_contiguous, tail_contiguous) = guarded_out((b, h, d), dtype), guarded_out((b, h, d), dtype)
     o = paged_decode_attention(q, k_pages, v_pages, table, lengths, **options, out=out)
@@ -215,6 +226,36 @@ def check_empty():
         o = paged_decode_attention(q, k[:0].reshape(0, 16, hkv, 64), k[:0].reshape(0, 16, hkv, 64), table, lengths)
         outcomes.append(Outcome(f"paged q {tuple(q.shape)}", o.shape == q.shape and o.dtype == q.dtype))
     return outcomes
+
+
+def check_head_dim_parts():
+    """head_dim_parts: the documented splits, and at every head dim parts of tl.dot's sizes (powers of
+    two >= 16) that cover D, no wider than the one padded tile, the second narrower than the first."""
+    named = {(80, 16): (64, 32), (96, 16): (64, 32), (72, 16): (64, 32), (160, 16): (128, 32),
+             (192, 16): (128, 64), (112, 16): (128, 0), (64, 16): (64, 0), (128, 16): (128, 0),
+             (256, 16): (256, 0), (8, 16): (16, 0), (80, 32): (128, 0), (192, 32): (128, 64), (80, 1): (64, 32)}
+    out = [Outcome(f"hd {d} group_pad {g} -> {want}", head_dim_parts(d, g) == want, note=str(head_dim_parts(d, g)))
+           for (d, g), want in named.items()]
+    bad = []
+    for g in (1, 16, 32, 64):
+        for d in HEAD_DIMS:
+            first, second = head_dim_parts(d, g)
+            pow2 = [w for w in (first, second) if w]
+            if not (all(w >= 16 and w & (w - 1) == 0 for w in pow2) and first + second >= d
+                    and first + second <= max(16, 1 << (d - 1).bit_length()) and second < first
+                    and (second == 0 or second > g)):
+                bad.append((d, g))
+    out.append(Outcome("every head dim 1..256: parts tl.dot takes, covering D, wider than the group", not bad,
+                       note=f"bad: {bad[:8]}" if bad else ""))
+    # decode_config: parts on grids of at most PARTS_MAX_WAVES programs an SM, one tile past them
+    for b, hkv, t, paged, want in ((1, 32, 8192, False, True), (16, 8, 4096, False, True), (1, 8, 8192, True, True),
+                                   (16, 32, 4096, False, False), (64, 8, 8192, False, False)):
+        cfg = decode_config(b, hkv, 4, 80, t, H100_SMS, paged)
+        programs = b * hkv * cfg.num_splits
+        out.append(Outcome(f"B{b} Hkv{hkv} T{t}{' paged' if paged else ''} at 132 SMs: "
+                           f"{'parts' if want else 'one tile'}", cfg.head_parts == want
+                           and (programs <= PARTS_MAX_WAVES * H100_SMS) == want, note=f"{programs} programs"))
+    return out
 
 
 def check_split_heuristic():
@@ -369,7 +410,7 @@ def paged_table_blocks(block_n, num_warps, num_stages):
                    paged_blocks(block_n, num_warps, num_stages, 1, PAGED_LONG_TOKENS, True)})
 
 
-def check_block(d, block_n, num_warps, num_stages, dtype, paged=False, num_splits=1):
+def check_block(d, block_n, num_warps, num_stages, dtype, paged=False, num_splits=1, head_parts=True):
     """One launch-table block (BLOCK_N, num_warps, num_stages) forced at head dim d on about three
     blocks of tokens (the last one partial), GQA 4/2 B3, ragged lengths; paged: 16-token pages. A
     head dim its BLOCK_D pads reads NaN past D (layout "nan_cols")."""
@@ -378,7 +419,7 @@ def check_block(d, block_n, num_warps, num_stages, dtype, paged=False, num_split
     q = make_q(b, h, d, dtype, layout)
     k, v = make_cache(b, t_max, hkv, d, dtype, layout)
     lengths = ragged_lengths(b, t_max)
-    config = DecodeConfig(block_n, num_warps, num_stages, True, num_splits)
+    config = DecodeConfig(block_n, num_warps, num_stages, True, num_splits, head_parts)
     out, tail = guarded_out((b, h, d), dtype)
     if paged:
         (k_pages, v_pages), table = to_pages((k, v), lengths, 16, layout=layout)
@@ -479,19 +520,34 @@ def _cases():
             add(f"window {window} softcap {softcap} 8/2 B5 T100 D64 splits {splits} {dt}", check_paged,
                 b=5, h=8, hkv=2, t_max=100, d=64, dtype=dtype, window=window, softcap=softcap, num_splits=splits,
                 scale=4.0 if softcap else 1.0)
-        # head dims BLOCK_D pads (and 32, a power of two below 64), reading NaN past D: contiguous
-        # unsplit and split, paged against contiguous, a window with softcap; MHA's broadcast product
-        for d in (32, 80, 96, 72, 24, 8, 1):
+        # head dims in two parts (96 = 64 + 32, 160 = 128 + 32; 80, 72 and 40 with a padded second
+        # part), in one padded tile (24, 8, 1) and 32, a power of two below 64, reading NaN past
+        # D: contiguous unsplit and split, paged against contiguous, a window with softcap; MHA's
+        # broadcast product
+        # (head_parts: in parts where head_dim_parts splits the dim, or one padded tile: both forced
+        # past decode_config, which on the interpreter's 2 SMs takes one tile from 5 programs on)
+        for d in (32, 80, 96, 72, 160, 40, 24, 8, 1):
+            split_dim = head_dim_parts(d)[1] > 0
             for splits in (1, 3):
-                add(f"hd {d} GQA 8/2 B4 T70 splits {splits} NaN past D {dt}", b=4, h=8, hkv=2, t_max=70, d=d,
-                    dtype=dtype, num_splits=splits, layout="nan_cols")
-            add(f"hd {d} paged 7 vs contiguous 4/2 B3 T50 splits 2 NaN past D {dt}", check_paged, b=3, h=4, hkv=2,
-                t_max=50, d=d, dtype=dtype, page_size=7, num_splits=2, layout="nan_cols")
-            add(f"hd {d} paged window (20, 0) softcap 5 8/2 B5 T60 NaN past D {dt}", check_paged, b=5, h=8, hkv=2,
-                t_max=60, d=d, dtype=dtype, window=(20, 0), softcap=5.0, scale=4.0, layout="nan_cols")
+                for parts in (True, False) if split_dim else (None,):
+                    add(f"hd {d} GQA 8/2 B4 T70 splits {splits}{' parts' if parts else ''} NaN past D {dt}", b=4,
+                        h=8, hkv=2, t_max=70, d=d, dtype=dtype, num_splits=splits, layout="nan_cols",
+                        head_parts=parts)
+            parts = True if split_dim else None
+            add(f"hd {d} paged 7 vs contiguous 4/2 B3 T50 splits 2{' parts' if parts else ''} NaN past D {dt}",
+                check_paged, b=3, h=4, hkv=2, t_max=50, d=d, dtype=dtype, page_size=7, num_splits=2,
+                layout="nan_cols", head_parts=parts)
+            add(f"hd {d} paged window (20, 0) softcap 5 8/2 B5 T60{' parts' if parts else ''} NaN past D {dt}",
+                check_paged, b=5, h=8, hkv=2, t_max=60, d=d, dtype=dtype, window=(20, 0), softcap=5.0, scale=4.0,
+                layout="nan_cols", head_parts=parts)
+        # a group of 32 heads pads to 32 rows, which no 32-wide second part exceeds: one 128-wide tile
+        add(f"hd 96 MQA 32/1 B2 T40 one tile NaN past D {dt}", b=2, h=32, hkv=1, t_max=40, d=96, dtype=dtype,
+            layout="nan_cols")
         for d in (80, 96):
-            add(f"hd {d} MHA 4/4 B3 T60 broadcast splits 2 NaN past D {dt}", b=3, h=4, hkv=4, t_max=60, d=d,
-                dtype=dtype, num_splits=2, use_dot=False, layout="nan_cols")
+            for parts in (True, False):
+                add(f"hd {d} MHA 4/4 B3 T60 broadcast splits 2{' parts' if parts else ''} NaN past D {dt}", b=3,
+                    h=4, hkv=4, t_max=60, d=d, dtype=dtype, num_splits=2, use_dot=False, layout="nan_cols",
+                    head_parts=parts)
         # full sizes: real head counts, long caches
         add(f"B1 H32/8 T32768 D128 {dt}", gpu_only=True, b=1, h=32, hkv=8, t_max=32768, d=128, dtype=dtype)
         add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D128 {dt}", check_paged, gpu_only=True, b=4,
@@ -509,8 +565,9 @@ def _cases():
         add(f"B3 H32/1 T8192 D128 MQA {dt}", gpu_only=True, b=3, h=32, hkv=1, t_max=8192, d=128, dtype=dtype)
         add(f"HF view B3 H32/8 T8192 D128 {dt}", gpu_only=True, b=3, h=32, hkv=8, t_max=8192, d=128, dtype=dtype,
             layout="hf")
-        for d in (64, 256):
-            add(f"B3 H16/4 T4096 D{d} {dt}", gpu_only=True, b=3, h=16, hkv=4, t_max=4096, d=d, dtype=dtype)
+        for d in (64, 256, 160, 192):
+            add(f"B3 H16/4 T4096 D{d} {dt}", gpu_only=True, b=3, h=16, hkv=4, t_max=4096, d=d, dtype=dtype,
+                layout="bthd" if d in (64, 256) else "nan_cols")
         for splits in (None, 1, 8):
             add(f"paged 16 vs contiguous B4 H32/8 T8192 D128 splits {splits} {dt}", check_paged, gpu_only=True, b=4,
                 h=32, hkv=8, t_max=8192, d=128, dtype=dtype, num_splits=splits)
@@ -525,13 +582,16 @@ def _cases():
         for d in (64, 128, 256):
             add(f"paged 16 auto B16 H32/8 T2100 D{d} {dt}", check_paged, gpu_only=True, b=16, h=32, hkv=8,
                 t_max=2100, d=d, dtype=dtype)
-        # full sizes at the padded head dims 80 and 96 (BLOCK_D 128, hd 128's blocks and splits), NaN
-        # past D; Phi-3-mini's is MHA 32/32 at hd 96
+        # full sizes at head dims 80 and 96 (two parts, hd 128's blocks and splits), NaN past D;
+        # Phi-3-mini's is MHA 32/32 at hd 96
         for d in (80, 96):
             for splits in (None, 1):
                 add(f"B4 H32/8 T16384 ragged D{d} splits {splits} NaN past D {dt}", gpu_only=True, b=4, h=32, hkv=8,
                     t_max=16384, d=d, dtype=dtype, num_splits=splits, layout="nan_cols")
             add(f"B1 H32/8 T32768 D{d} {dt}", gpu_only=True, b=1, h=32, hkv=8, t_max=32768, d=d, dtype=dtype)
+            # 512 programs, past PARTS_MAX_WAVES on an H100 or H200: the heuristics' one padded tile
+            add(f"B16 H32/32 T4096 D{d} one tile NaN past D {dt}", gpu_only=True, b=16, h=32, hkv=32, t_max=4096,
+                d=d, dtype=dtype, layout="nan_cols")
             for use_dot in (True, False):
                 add(f"B2 H32/32 T8192 D{d} MHA {'dot' if use_dot else 'broadcast'} {dt}", gpu_only=True, b=2, h=32,
                     hkv=32, t_max=8192, d=d, dtype=dtype, use_dot=use_dot, num_splits=8)
@@ -545,7 +605,7 @@ def _cases():
                 t_max=512, d=d, dtype=dtype)
             add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D{d} {dt}", check_paged, gpu_only=True, b=4,
                 h=32, hkv=8, t_max=16384, d=d, dtype=dtype, window=(4095, 0), softcap=50.0, scale=4.0)
-    cases += [Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
+    cases += [Case("head-dim parts", check_head_dim_parts), Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),
               Case("forward-only operators", check_forward_only),
               Case("2^31+ elements per cache (contiguous, paged)", check_huge, gpu_only=True)]
@@ -557,6 +617,10 @@ def _cases():
         for d, block_n, warps, stages in BLOCK_TABLE + padded_rows:
             add(f"BLOCK_TABLE hd{d} {block_n}/{warps}/{stages} {dt}", check_block, gpu_only=dtype != torch.float16,
                 d=d, block_n=block_n, num_warps=warps, num_stages=stages, dtype=dtype, paged=False)
+            if head_dim_parts(d)[1]:  # the same row with one padded tile
+                add(f"BLOCK_TABLE hd{d} {block_n}/{warps}/{stages} one tile {dt}", check_block,
+                    gpu_only=dtype != torch.float16, d=d, block_n=block_n, num_warps=warps, num_stages=stages,
+                    dtype=dtype, paged=False, head_parts=False)
             for bn, w, s in paged_table_blocks(block_n, warps, stages):
                 # a split of one block where the stages drop, else two splits of a block and a half
                 splits = 2 if s != stages or bn < block_n else 1

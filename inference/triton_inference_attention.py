@@ -39,10 +39,17 @@ bytes read are the window's (the splits cut that range). Logit softcapping (SOFT
 scores s = q k^T * sm_scale become c * tanh(s / c); qk_scale is then sm_scale / c, tanh's argument,
 and softcap_log2 = c * log2(e) takes the capped score to exp2's units.
 
-Head dims: any D in 1..256. The tiles are BLOCK_D = max(16, next power of two >= D) wide (16: tl.dot's
-smallest K and N); a head dim below its BLOCK_D (80, 96: BLOCK_D 128) masks the head-dim columns of
-every load and store, so it reads D columns only: the same bytes a value as hd 64, 128 and 256,
-whose tiles are exactly D wide and compile without that mask (PAD_D constexpr), as before.
+Head dims: any D in 1..256, in one or two power-of-two parts (head_dim_parts). hd 64, 128 and 256
+are one tile exactly D wide. A dim between two powers of two runs as the lower one and a second,
+narrower part where the two are narrower than one padded tile: hd 80 and 96 = 64 + 32, hd 160 =
+128 + 32, hd 192 = 128 + 64; the scores sum two dots and the output keeps two accumulators. A
+block then does about the work of its D columns, where one 128-wide tile ran hd 128's instructions
+for 5/8 (hd 80) or 3/4 (hd 96) of its bytes. That pays on grids of one wave or less, where each
+program's chain of blocks is the time; on larger grids the padded tile is as fast or faster, and
+decode_config keeps it (DecodeConfig.head_parts, docs/tuning/inference.md). Any other dim runs one
+tile BLOCK_D = max(16, next power of two >= D) wide (112: 128). Columns past D (hd 80's last 16 of
+64 + 32, 112's last 16) are masked on every load and store (a constexpr per part), so every head dim
+reads D columns only.
 
 Limits: head dim 1..256; fp16 or bf16; lengths are read on the device (no host sync) and
 clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
@@ -72,10 +79,10 @@ HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # every head dim the kernels take
 # transactions and many loads in flight, small enough that the G == 1 broadcast product
 # (BLOCK_N x D fp32) stays at 64 values a thread with 4 warps. Three stages keep two K/V block
 # pairs in flight while one is computed on: 72 KB of shared memory, three programs an SM.
-# Any other head dim takes the row of its BLOCK_D (the first row with D <= its head dim: hd 32 the
-# 64 row, hd 80 and 96 the 128 row, hd 160-224 the 256 row): registers and shared memory hold
-# BLOCK_N * BLOCK_D values whatever D is, so the row keeps its footprint, while a block reads
-# BLOCK_N * D * e bytes (hd 80: 10 KB of K a block against hd 128's 16 KB).
+# Any other head dim takes the first row with D <= its head dim (hd 32 the 64 row, hd 80 and 96 the
+# 128 row, hd 160-224 the 256 row): its tiles are at most that wide, so the row's footprint is an
+# upper bound, while a block reads BLOCK_N * D * e bytes (hd 80: 10 KB of K a block against hd 128's
+# 16 KB).
 BLOCK_TABLE = [
     (64, 128, 4, 3),
     (128, 64, 4, 3),
@@ -121,6 +128,22 @@ SPLIT_TABLE = [
                         # n_sms / 2 programs, where a target of one rounds down to 1)
     (4, 16, 16, 512),   # one to four programs an SM: finer splits even out the last wave
 ]
+# Head dims in parts (head_dim_parts): a D between two powers of two runs as the lower power and a
+# second part, its remainder rounded up to a power of two of at least MIN_PART, where the two together
+# are narrower than the one padded tile (hd 80 and 96: 64 + 32 against 128). The second part is a
+# second dot into the scores and a second accumulator: fewer columns loaded, multiplied and stored a
+# block. MIN_PART is 32, not tl.dot's 16, and the second part must be wider than the padded group:
+# Triton lays out a chain of dots (q k^T, then p v) with the warps of one dot's shape, and a p v whose
+# N is no more than its M (the group's rows) puts the warps along M, where 16 or 32 rows give each of
+# 4 warps the same rows: hd 80 as 64 + 16 ran 2.5x hd 128's mma instructions and 194 registers
+# (ptxas for sm_90 on Triton 3.9), 64 + 32 runs 0.75x and 107.
+# Where: grids of at most PARTS_MAX_WAVES programs an SM (B * Hkv * splits; the small-batch split
+# rows give one, or two paged). There each program's chain of blocks is the time, and the shorter
+# steps gain 3-12% at hd 80 and 96 (B1, B16 at Hkv 8 on an H200). On larger grids the reads' pattern
+# is the limit and two parts cost 4-7% (B64), so one padded tile stays there.
+# scripts/tune/decode_head_dims.py measures both; docs/tuning/inference.md has the figures.
+PARTS_MAX_WAVES = 2
+MIN_PART = 32
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
 INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +156,19 @@ class DecodeConfig:
     num_stages: int
     use_dot: bool     # tl.dot on the padded group (True) or broadcast multiply-sum (False: G == 1 only)
     num_splits: int   # programs a (sequence, kv head); 1 is the unsplit path
+    head_parts: bool = True  # the head dim in two parts where head_dim_parts splits it (else one tile)
+
+
+def head_dim_parts(head_dim, group_pad=16):
+    """(BLOCK_D, BLOCK_D2): the widths of the head dim's first tile and of its second (0: none), for a
+    group padded to group_pad rows. hd 80 and 96 -> (64, 32), 160 -> (128, 32), 72 -> (64, 32) with 24
+    columns masked, 112 -> (128, 0); at group_pad 32, hd 80 -> (128, 0), 192 -> (128, 64)."""
+    whole = max(16, next_power_of_2(head_dim))  # 16: tl.dot's smallest K (q k^T) and N (p v)
+    low = whole // 2
+    if head_dim <= low:
+        return whole, 0
+    rest = max(MIN_PART, next_power_of_2(head_dim - low))
+    return (low, rest) if low + rest < whole and rest > group_pad else (whole, 0)
 
 
 def split_count(n_programs, max_length, n_sms, block_n, paged=False):
@@ -158,7 +194,8 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
     if paged:
         block_n, num_warps, num_stages = paged_blocks(block_n, num_warps, num_stages, splits, max_length,
                                                       batch * n_kv_heads < n_sms)
-    return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT, splits)
+    return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT, splits,
+                        batch * n_kv_heads * splits <= PARTS_MAX_WAVES * n_sms)
 
 
 def paged_blocks(block_n, num_warps, num_stages, num_splits, max_length, under_one_per_sm):
@@ -180,8 +217,8 @@ def paged_blocks(block_n, num_warps, num_stages, num_splits, max_length, under_o
 
 @triton.jit
 def _tile_mask(rows_ok, cols_ok, PAD_D: tl.constexpr):
-    """The mask of a [rows, BLOCK_D] tile: rows_ok, and the head dim's columns (cols_ok) where BLOCK_D
-    pads it (PAD_D); an unpadded head dim keeps the row mask alone, the code it had before."""
+    """The mask of a [rows, width] tile: rows_ok, and the head dim's columns (cols_ok) where the tile
+    runs past D (PAD_D); a tile within D keeps the row mask alone."""
     mask = rows_ok[:, None]
     if PAD_D:
         mask = mask & cols_ok[None, :]
@@ -189,27 +226,79 @@ def _tile_mask(rows_ok, cols_ok, PAD_D: tl.constexpr):
 
 
 @triton.jit
+def _load_part(base, rows, rows_ok, stride_d, COL0: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MASK_ROWS: tl.constexpr):
+    """Columns COL0 .. COL0 + WIDTH of the rows at offsets `rows` [R] (elements) from base: [R, WIDTH],
+    zeros in the rows not rows_ok (MASK_ROWS) and in the columns past HEAD_DIM; a whole tile within D
+    loads with no mask at all."""
+    cols = COL0 + tl.arange(0, WIDTH)
+    ptrs = base + rows[:, None] + cols[None, :] * stride_d
+    PAD_D: tl.constexpr = COL0 + WIDTH > HEAD_DIM
+    if MASK_ROWS:
+        tile = tl.load(ptrs, mask=_tile_mask(rows_ok, cols < HEAD_DIM, PAD_D), other=0.0)
+    elif PAD_D:
+        tile = tl.load(ptrs, mask=(cols < HEAD_DIM)[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_part(base, rows, rows_ok, stride_d, tile, COL0: tl.constexpr, WIDTH: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    """Store tile [R, WIDTH] to columns COL0 .. COL0 + WIDTH of the rows at offsets `rows` [R] from base,
+    in the rows rows_ok and the columns within HEAD_DIM."""
+    cols = COL0 + tl.arange(0, WIDTH)
+    mask = _tile_mask(rows_ok, cols < HEAD_DIM, COL0 + WIDTH > HEAD_DIM)
+    tl.store(base + rows[:, None] + cols[None, :] * stride_d, tile.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scores(q, k, qk, USE_DOT: tl.constexpr):
+    """qk + q k^T for one head-dim part: q [GROUP_PAD, W], k [BLOCK_N, W] -> [GROUP_PAD, BLOCK_N] fp32
+    (USE_DOT: tl.dot on the padded group; else G == 1, q [1, W] fp32, a [BLOCK_N, W] product summed
+    over W, kept 2-D)."""
+    if USE_DOT:
+        qk = tl.dot(q, tl.trans(k), qk)
+    else:
+        qk += tl.sum(q * k.to(tl.float32), 1)[None, :]
+    return qk
+
+
+@triton.jit
+def _accumulate(acc, p, v, alpha, USE_DOT: tl.constexpr):
+    """acc * alpha + p v for one head-dim part: acc [GROUP_PAD, W] fp32, p [GROUP_PAD, BLOCK_N] fp32,
+    v [BLOCK_N, W]. p is rounded to the input dtype for the tensor cores, as FlashAttention does; the
+    broadcast product (G == 1) sums p's one row, then [BLOCK_N, W] over the tokens."""
+    if USE_DOT:
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    else:
+        acc = acc * alpha[:, None] + tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]
+    return acc
+
+
+@triton.jit
 def _attend_kv_blocks(
-    acc, l_i, m_i, q,
+    acc, acc2, l_i, m_i, q, q2,
     k_base, v_base, table_base,
     stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd,
     lo, hi, qk_scale, softcap_log2,
     MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
-    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """Fold tokens [lo, hi) of one sequence and kv head into the group's (acc, l_i, m_i).
+    """Fold tokens [lo, hi) of one sequence and kv head into the group's (acc, acc2, l_i, m_i).
 
-    q: [GROUP_PAD, BLOCK_D] (the input dtype for tl.dot, fp32 for the broadcast product; zeros past
-    D); acc [GROUP_PAD, BLOCK_D] and l_i, m_i [GROUP_PAD] fp32, m in log2 units (scores times
+    The head dim runs in two parts where BLOCK_D2 > 0: columns [0, BLOCK_D) in q, acc and
+    [BLOCK_D, BLOCK_D + BLOCK_D2) in q2, acc2 (which are unused otherwise).
+    q, q2: [GROUP_PAD, width] (the input dtype for tl.dot, fp32 for the broadcast product; zeros past
+    D); acc, acc2 [GROUP_PAD, width] and l_i, m_i [GROUP_PAD] fp32, m in log2 units (scores times
     qk_scale = sm_scale * log2(e)). K and V columns past D load as zeros, so they add nothing.
     Unmasked calls get whole blocks; a MASKED call gets the one partial block at the end of a range,
     which holds at least one token, so m stays finite there and needs no -inf guard. SOFTCAP: the
     scores are capped first (module docstring), and are then in exp2's units already.
     """
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     if PAGED:  # the first block's page ids (a token's page is block_table[b, t // PAGE_SIZE])
         first = lo + offs_n
         pages = tl.load(table_base + first // PAGE_SIZE, mask=first < hi, other=0)
@@ -228,17 +317,11 @@ def _attend_kv_blocks(
         else:
             k_rows = tokens.to(tl.int64) * stride_kt
             v_rows = tokens.to(tl.int64) * stride_vt
-        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
-        if MASKED:
-            k = tl.load(k_ptrs, mask=_tile_mask(valid, d_ok, PAD_D), other=0.0)
-        elif PAD_D:
-            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-        if USE_DOT:
-            qk = tl.dot(q, tl.trans(k))  # [GROUP_PAD, BLOCK_N], fp32 accumulation
-        else:  # G == 1, q [1, D]: a [BLOCK_N, D] product summed over D, kept 2-D
-            qk = tl.sum(q * k.to(tl.float32), 1)[None, :]
+        qk = tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32)
+        qk = _scores(q, _load_part(k_base, k_rows, valid, stride_kd, 0, BLOCK_D, HEAD_DIM, MASKED), qk, USE_DOT)
+        if BLOCK_D2 > 0:
+            k2 = _load_part(k_base, k_rows, valid, stride_kd, BLOCK_D, BLOCK_D2, HEAD_DIM, MASKED)
+            qk = _scores(q2, k2, qk, USE_DOT)
         scale = qk_scale
         if SOFTCAP:
             qk = tanh(qk * qk_scale) * softcap_log2
@@ -252,19 +335,13 @@ def _attend_kv_blocks(
             p = tl.math.exp2(qk * scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
-        if MASKED:
-            v = tl.load(v_ptrs, mask=_tile_mask(valid, d_ok, PAD_D), other=0.0)
-        elif PAD_D:
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            v = tl.load(v_ptrs)
-        if USE_DOT:  # p rounded to the input dtype for the tensor cores, as FlashAttention does
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        else:  # p [1, BLOCK_N] -> [BLOCK_N] (a sum over its one row), then [BLOCK_N, D] summed over tokens
-            acc = acc * alpha[:, None] + tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]
+        acc = _accumulate(acc, p, _load_part(v_base, v_rows, valid, stride_vd, 0, BLOCK_D, HEAD_DIM, MASKED),
+                          alpha, USE_DOT)
+        if BLOCK_D2 > 0:
+            v2 = _load_part(v_base, v_rows, valid, stride_vd, BLOCK_D, BLOCK_D2, HEAD_DIM, MASKED)
+            acc2 = _accumulate(acc2, p, v2, alpha, USE_DOT)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @triton.jit
@@ -281,10 +358,10 @@ def _decode_attention_kernel(
     stride_ob, stride_oh, stride_od,
     # sizes; window_left (WINDOW): the keys before the query its window sees; softcap_log2 (SOFTCAP)
     n_kv_heads, max_tokens, qk_scale, window_left, softcap_log2,
-    # meta-parameters
+    # meta-parameters; BLOCK_D, BLOCK_D2: the head dim's parts (head_dim_parts; BLOCK_D2 0: one part)
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Program (sequence * Hkv + kv head, split): the G query heads of one kv head over one range."""
     pid = tl.program_id(0)
@@ -317,38 +394,48 @@ def _decode_attention_kernel(
     full_end = lo + (hi - lo) // BLOCK_N * BLOCK_N
 
     offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, BLOCK_D)
     heads = kv_head * GROUP + offs_g
     in_group = offs_g < GROUP  # padding rows (and columns past D) load zeros and are never stored
-    tile_mask = _tile_mask(in_group, offs_d < HEAD_DIM, BLOCK_D != HEAD_DIM)  # [GROUP_PAD, BLOCK_D]
-    q = tl.load(q_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=tile_mask, other=0.0)
+    q_rows = batch * stride_qb + heads * stride_qh
+    q = _load_part(q_ptr, q_rows, in_group, stride_qd, 0, BLOCK_D, HEAD_DIM, True)
+    q2 = q  # unused with one part
+    if BLOCK_D2 > 0:
+        q2 = _load_part(q_ptr, q_rows, in_group, stride_qd, BLOCK_D, BLOCK_D2, HEAD_DIM, True)
     if not USE_DOT:
         q = q.to(tl.float32)
+        q2 = q2.to(tl.float32)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], dtype=tl.float32)
-    acc, l_i, m_i = _attend_kv_blocks(
-        acc, l_i, m_i, q, k_base, v_base, table_base,
+    acc2 = acc  # unused with one part
+    if BLOCK_D2 > 0:
+        acc2 = tl.zeros([GROUP_PAD, BLOCK_D2], dtype=tl.float32)
+    acc, acc2, l_i, m_i = _attend_kv_blocks(
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base,
         stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, lo, full_end, qk_scale, softcap_log2,
-        False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_N)
-    acc, l_i, m_i = _attend_kv_blocks(
-        acc, l_i, m_i, q, k_base, v_base, table_base,
+        False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N)
+    acc, acc2, l_i, m_i = _attend_kv_blocks(
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base,
         stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, full_end, hi, qk_scale, softcap_log2,
-        True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_N)
+        True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N)
 
     if SPLIT:  # an empty range writes m = -inf, l = 0, acc = 0: weight 0 in the merge
         n_parts = tl.num_programs(0).to(tl.int64) * GROUP * tl.num_programs(1)  # B * H * splits
         part = (batch * n_kv_heads * GROUP + heads) * tl.num_programs(1) + split
         tl.store(part_ptr + part, m_i, mask=in_group)
         tl.store(part_ptr + n_parts + part, l_i, mask=in_group)
-        tl.store(part_ptr + 2 * n_parts + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=tile_mask)
+        acc_base = part_ptr + 2 * n_parts
+        _store_part(acc_base, part * HEAD_DIM, in_group, 1, acc, 0, BLOCK_D, HEAD_DIM)
+        if BLOCK_D2 > 0:
+            _store_part(acc_base, part * HEAD_DIM, in_group, 1, acc2, BLOCK_D, BLOCK_D2, HEAD_DIM)
     else:
         # a sequence of length 0 has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + batch * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-                 out.to(o_ptr.dtype.element_ty), mask=tile_mask)
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_rows = batch * stride_ob + heads * stride_oh
+        _store_part(o_ptr, o_rows, in_group, stride_od, acc / l_safe, 0, BLOCK_D, HEAD_DIM)
+        if BLOCK_D2 > 0:
+            _store_part(o_ptr, o_rows, in_group, stride_od, acc2 / l_safe, BLOCK_D, BLOCK_D2, HEAD_DIM)
 
 
 @triton.jit
@@ -433,9 +520,9 @@ def _check_options(num_splits, max_length, out, config, q):
         raise TypeError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
     if config is not None and not (all(_is_int(v) for v in (config.BLOCK_N, config.num_warps, config.num_stages,
                                                                 config.num_splits))
-                                   and isinstance(config.use_dot, bool)):
-        raise TypeError(f"config must have int BLOCK_N, num_warps, num_stages, num_splits and a bool use_dot, "
-                        f"got {config}")
+                                   and isinstance(config.use_dot, bool) and isinstance(config.head_parts, bool)):
+        raise TypeError(f"config must have int BLOCK_N, num_warps, num_stages, num_splits and bool use_dot and "
+                        f"head_parts, got {config}")
     if config is not None and not (config.BLOCK_N >= 16 and config.BLOCK_N & (config.BLOCK_N - 1) == 0
                                    and 1 <= config.num_splits <= MAX_SPLITS):
         raise ValueError(f"config must have a power-of-two BLOCK_N >= 16 (tl.dot's smallest) and num_splits in "
@@ -474,18 +561,20 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
-    block_d = max(16, next_power_of_2(d))  # 16: tl.dot's smallest K (q k^T) and N (p v)
+    group_pad = max(16 if use_dot else 1, next_power_of_2(group))  # 16: the MMA's smallest M
+    block_d, block_d2 = head_dim_parts(d, group_pad) if cfg.head_parts else (max(16, next_power_of_2(d)), 0)
     _decode_attention_kernel[(b * hkv, splits)](
         q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
         hkv, max_tokens, qk_scale, window_left, softcap_log2,
-        GROUP=group, GROUP_PAD=max(16 if use_dot else 1, next_power_of_2(group)), HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_D2=block_d2, BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
         WINDOW=window_left >= 0, SOFTCAP=has_softcap,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         splits_pad = next_power_of_2(splits)
+        block_d = max(16, next_power_of_2(d))  # one tile: the merge moves (D + 2) * 4 bytes a split
         _merge_splits_kernel[(b * h,)](
             part, out, *out.stride(), h, splits,
             HEAD_DIM=d, BLOCK_D=block_d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * block_d <= 4096 else 8,
@@ -549,7 +638,7 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
 
     q: (B, H, D) fp16 or bf16, any strides. k_cache, v_cache: (B, T_max, Hkv, D), q's dtype, any
        strides (a (B, Hkv, T, D) cache passed as `.transpose(1, 2)` is read in place). H a multiple
-       of Hkv; D in 1..256 (powers of two from 16 unpadded, any other masked to its BLOCK_D).
+       of Hkv; D in 1..256 (head_dim_parts: one or two power-of-two tiles, masked past D).
     lengths: (B,) int32 on q's device, tokens of each sequence (0..T_max; clamped to it); a
        sequence of length 0 gets zeros.
     sm_scale: defaults to 1/sqrt(D).
