@@ -55,17 +55,13 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from llmk.attention.triton_flash_attention_fwd import (MAX_GRID_Y, attention_grid, kernel_mask, key_range,
                                                       program_pair, sequence_bounds, window_key_range, window_visible)
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.triton_utils import LOG2E, softcap_scales, tanh_approx
-
-try:  # host-side TMA descriptors: Triton 3.4 and later
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # older Triton: the one-pass schedule adds dq with atomics
-    TensorDescriptor = None
 
 # (largest head dim, two-pass dk/dv config, two-pass dq config, one-pass config or None), each
 # config (BLOCK_M, BLOCK_N, num_warps, num_stages); the first row whose head dim fits wins. A
@@ -100,9 +96,8 @@ DQ_ADDS = {"atomics": DQ_ATOMICS.value, "tma": DQ_TMA.value}  # the launcher's d
 @functools.lru_cache(maxsize=None)
 def tma_reduce_available(device):
     """Whether the one-pass schedule can add dq with TMA reductions on `device`: compute capability
-    9.0 and later, a Triton with host-side descriptors. The interpreter emulates TMA loads and
-    stores but not reductions."""
-    return TensorDescriptor is not None and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9
+    9.0 and later. The interpreter emulates TMA loads and stores but not reductions."""
+    return not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def one_pass_when(kv_group, tma_reduce):

@@ -39,14 +39,13 @@ attention_mask; tokens_per_s counts the real tokens only, so the two layouts com
 
     python benchmarks/train_bench.py            (GPU; benchmarks/results/train.json and PNGs)
     python benchmarks/train_bench.py --smoke    (a tiny model in the interpreter, build/bench-smoke)
-    python benchmarks/train_bench.py --fsdp2    (llama-1.5b under FSDP2 on two GPUs, one process each:
-                                                 benchmarks/train_fsdp2.py, results/train_fsdp2.json)
+    python benchmarks/train_fsdp2.py            (llama-1.5b under FSDP2 on two GPUs, one process each:
+                                                 results/train_fsdp2.json)
 Needs transformers (optional for the repository): without it the script says so and exits 0.
 """
 import gc
 import importlib.util
 import statistics
-import sys
 import time
 
 import torch
@@ -330,10 +329,6 @@ def charts(args):
 
 
 def main():
-    if "--fsdp2" in sys.argv:  # the same step sharded over two GPUs: benchmarks/train_fsdp2.py
-        sys.argv.remove("--fsdp2")
-        from llmk.benchmarks.train_fsdp2 import main_fsdp2
-        sys.exit(main_fsdp2(parse_args(__doc__), sys.argv[1:]))
     args = parse_args(__doc__)
     if not args.replot and importlib.util.find_spec("transformers") is None:
         print("train_bench.py: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")

@@ -211,8 +211,7 @@ def _launch(argv):
 def main_fsdp2(args, argv=None):
     """The FSDP2 rows. args: common.harness.parse_args's options (--smoke, --only, --out, ...).
     Under torchrun this process is one rank; otherwise it starts N_GPUS ranks of this file under
-    torchrun with `argv` (default: this command's options less --fsdp2, the flag train_bench.py
-    selects this with) and returns their exit code."""
+    torchrun with `argv` (default: this command's options) and returns their exit code."""
     if importlib.util.find_spec("transformers") is None:
         print(f"{NAME}: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")
         return 0
@@ -225,7 +224,7 @@ def main_fsdp2(args, argv=None):
         print(f"{NAME}: needs {N_GPUS} CUDA GPUs, found {torch.cuda.device_count()} "
               "(--smoke runs the code on CPU ranks)", file=sys.stderr)
         return 2
-    return _launch([a for a in (sys.argv[1:] if argv is None else argv) if a != "--fsdp2"])
+    return _launch(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from llmk.benchmarks.pages import Area, Group
 
 PAGE = Area(
     "Training step under FSDP2 on two GPUs",
-    "`benchmarks/train_fsdp2.py` (`python benchmarks/train_bench.py --fsdp2`): the llama-1.5b model "
+    "`benchmarks/train_fsdp2.py`: the llama-1.5b model "
     "of the training page sharded with `fully_shard` (each decoder layer, then the root) over two GPUs "
     "of one host, one process each, B2 x 4096 tokens a GPU: transformers as it ships, patched with "
     "`models/hf_patch.py` (with TritonAdamW, and with torch's fused AdamW), and Liger-Kernel's patch. "

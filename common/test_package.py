@@ -18,7 +18,7 @@ import sys
 import tempfile
 import zipfile
 
-from llmk.common.testing import Case, Outcome, main
+from llmk.common.testing import Case, Outcome, Skip, main
 from llmk.scripts.deps import build_backend_minimum, builds_offline, requirement_specs, requirements
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def check_declared():
     optional line there) with the same bounds, and pyproject lists every folder that is a package."""
     project = pyproject()
     if project is None:
-        return [Outcome("tomllib needs Python 3.11: not checked", True)]
+        raise Skip("tomllib needs Python 3.11")
     deps = requirement_specs(project["project"]["dependencies"])
     dev = requirement_specs(project["project"]["optional-dependencies"]["dev"])
     dev.pop("transformers")
@@ -118,8 +118,7 @@ def check_wheel():
     """Build the wheel, install it (without dependencies) into a new environment, and run the
     probe there from an empty folder."""
     if not builds_offline():  # pip would fetch a newer setuptools: a machine without network fails there
-        return [Outcome(f"not checked: building the wheel offline needs setuptools >= {build_backend_minimum()} here",
-                        True)]
+        raise Skip(f"building the wheel offline needs setuptools >= {build_backend_minimum()} here")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",

@@ -8,6 +8,8 @@ per case, then a tabulate table, then `N passed, M failed`, exit code 1 on any f
 A script whose cases cannot run on this machine at all (no CUDA toolchain, an optional package
 missing) passes `skip_reason`: its cases count as skipped, with the reason, in the closing line
 `N passed, M failed, K skipped (reason)`. A script that runs no case and gives no reason fails.
+One case that finds nothing it can check here raises `Skip(reason)`, and counts the same way:
+a case never passes without checking something.
 On a GPU each case runs in a turn that other test scripts share (common/gpu_turns.py: `make test
 JOBS=4`); one that declares most of the card (`gpu_gb`) or runs out of memory beside them runs
 alone, and one larger than the card is skipped with its need as the reason. Each progress line
@@ -66,6 +68,11 @@ TOLERANCES = {
                                        "relative); summation order can flip a rounding: one ulp"),
     torch.bfloat16: Tol(1e-5, 2 ** -7, "the same rule for bf16's 8-bit significand: one ulp, 2^-7"),
 }
+
+
+class Skip(Exception):
+    """Raised by a case's function that cannot check anything on this machine (an optional package
+    missing, an older Python): the case counts as skipped, with the message as its reason."""
 
 
 @dataclass
@@ -300,6 +307,8 @@ class Case:
         torch.manual_seed(base_seed ^ zlib.crc32(self.name.encode()))
         try:
             return self.fn(**self.kwargs)
+        except Skip:
+            raise
         except Exception as e:  # a crash is one failed case, and the script goes on
             if out_of_memory is not None and DEVICE == "cuda":
                 from llmk.common.gpu_turns import is_out_of_memory
@@ -330,9 +339,23 @@ class Case:
                 outcomes = self.run(base_seed)
         return outcomes, None
 
+    def run_or_skip(self, base_seed):
+        """(outcomes, skip reason or None): on a GPU in a turn (run_on_shared_gpu), else run."""
+        try:
+            return self.run_on_shared_gpu(base_seed) if DEVICE == "cuda" else (self.run(base_seed), None)
+        except Skip as skip:
+            return [], str(skip)
+
     def check(self):
-        """pytest entry point: raise AssertionError naming every failed output."""
-        failed = [o for o in self.run(base_seed()) if not o.passed]
+        """pytest entry point: raise AssertionError naming every failed output (pytest's skip for
+        a case that raises Skip)."""
+        try:
+            outcomes = self.run(base_seed())
+        except Skip as skip:
+            import pytest
+
+            pytest.skip(str(skip))
+        failed = [o for o in outcomes if not o.passed]
         assert not failed, "; ".join(f"{o.check}: bad {o.bad} first {o.first_bad} {o.note}" for o in failed)
 
 
@@ -389,7 +412,7 @@ def run_cases(title, cases, skip_reason=None):
         t0 = time.perf_counter()
         if DEVICE == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        outcomes, skip = case.run_on_shared_gpu(seed) if DEVICE == "cuda" else (case.run(seed), None)
+        outcomes, skip = case.run_or_skip(seed)
         # the case's peak: what its gpu_gb should say, where that is a large share of the card
         peak = f", {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if DEVICE == "cuda" else ""
         if skip:

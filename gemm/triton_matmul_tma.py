@@ -40,17 +40,13 @@ import functools
 
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from llmk.common.bench import autotune_bench
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import activate
 from llmk.gemm.triton_matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config, untuned_config
-
-try:  # host-side TMA descriptors: Triton 3.4 and later
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # older Triton: the pointer kernel serves every call
-    TensorDescriptor = None
 
 # Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SPLIT).
 # Shared memory: (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes a stage, plus the c tile staged for the TMA
@@ -87,8 +83,6 @@ def fits(a, b, c):
     """Whether a TMA descriptor can cover a (as (M, K) row-major or a (K, M) transpose), b (as
     (K, N) row-major or an (N, K) transpose) and c (row-major): 16-byte-aligned bases and row
     strides, a contiguous last dimension."""
-    if TensorDescriptor is None:
-        return False
     e = a.element_size()
 
     def aligned(t, row_stride):

@@ -187,7 +187,7 @@ class _PatchState:
     attention_modules: list = field(default_factory=list)
     original_attention: str | None = None                  # config._attn_implementation before
     attention_fallback: Callable | None = None             # that implementation's attention function
-    decode_attention: Callable | None = None               # inference/'s kernel, if it imports
+    decode_attention: Callable | None = None               # inference/'s kernel, set by the patch
     decode_head_dims: tuple = ()                           # the head dims it takes
     decode_lengths: tuple | None = None                    # ((B, T, device), lengths) of the last step
     rope_module: str | None = None                         # modeling module whose global is patched
@@ -636,12 +636,10 @@ def _mask_function(sdpa_mask, mask_functions):
 
 
 def _load_decode_attention():
-    """(decode_attention, the head dims it takes), or (None, ()) without it: flash_attention with
-    Tq = 1 is correct too, just not built for one query."""
-    try:
-        from llmk.inference.triton_inference_attention import HEAD_DIMS, decode_attention
-    except ImportError:
-        return None, ()
+    """(decode_attention, the head dims it takes), imported when a model is patched, not with this
+    module."""
+    from llmk.inference.triton_inference_attention import HEAD_DIMS, decode_attention
+
     return decode_attention, tuple(HEAD_DIMS)
 
 
