@@ -32,17 +32,41 @@ import triton.language as tl
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
-from llmk.attention.triton_flash_attention import (CONFIG_TABLE, flash_attention, flash_attention_train_op,
-                                                   flash_attention_varlen, table_config)
-from llmk.attention.triton_flash_attention_bwd import (BACKWARD_TABLE, INTERPRET_BACKWARD, backward_config,
-                                                       backward_table_config, launch_flash_attention_backward,
-                                                       one_pass_when)
+from llmk.attention.triton_flash_attention import (
+    CONFIG_TABLE,
+    flash_attention,
+    flash_attention_train_op,
+    flash_attention_varlen,
+    table_config,
+)
+from llmk.attention.triton_flash_attention_bwd import (
+    BACKWARD_TABLE,
+    INTERPRET_BACKWARD,
+    backward_config,
+    backward_table_config,
+    launch_flash_attention_backward,
+    one_pass_when,
+)
 from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
-                                 expect_raises, grads_of, main, opcheck, poisoned, rand)
+from llmk.common.testing import (
+    UNIT_ROUNDOFF,
+    Case,
+    Outcome,
+    Tol,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    grads_of,
+    main,
+    opcheck,
+    poisoned,
+    rand,
+)
 from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
 from llmk.common.validation import CHECK_SEQLENS_ENV, seqlens_checked
+
 
 def attention_tol(q, k, v, causal, sm_scale, window=None, softcap=None):
     """The tolerance of O in q's dtype, from the fp64 probabilities of this problem. With softcap c

@@ -12,8 +12,8 @@ windows and softcapping are checked against masks built key by key from their de
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.reference_blocked_attention import blocked_attention
 from llmk.attention.reference_attention import causal_mask, expand_kv, naive_attention
+from llmk.attention.reference_blocked_attention import blocked_attention
 from llmk.common.testing import Case, Outcome, Tol, compare, expect_raises, main, rand
 
 FP64 = Tol(1e-12, 1e-12, "fp64 throughout; only the order of the sums differs")

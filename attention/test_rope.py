@@ -17,8 +17,19 @@ from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.attention.rope_cases import check_empty, check_huge, check_own_buffer, make_qk, make_table
 from llmk.attention.triton_rope import ROPE_TABLE, apply_rope, table_row
 from llmk.common.device import DEVICE
-from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
-                                 expect_raises, main, poisoned, rand, select_cases)
+from llmk.common.testing import (
+    TOLERANCES,
+    Case,
+    Outcome,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    poisoned,
+    rand,
+    select_cases,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -17,12 +17,34 @@ import math
 
 import torch
 
-from llmk.attention.triton_softmax import (INTERPRET_SMS, SOFTMAX_BWD_TABLE, SOFTMAX_TABLE,
-                                           SPLIT_BELOW_ROWS_PER_SM, launch_softmax_backward, softmax,
-                                           softmax_backward_config, softmax_config, table_row)
+from llmk.attention.triton_softmax import (
+    INTERPRET_SMS,
+    SOFTMAX_BWD_TABLE,
+    SOFTMAX_TABLE,
+    SPLIT_BELOW_ROWS_PER_SM,
+    launch_softmax_backward,
+    softmax,
+    softmax_backward_config,
+    softmax_config,
+    table_row,
+)
 from llmk.common.device import DEVICE, sm_count
-from llmk.common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
-                                 dtype_name, expect_raises, main, poisoned, rand, shape_case, select_cases)
+from llmk.common.testing import (
+    TOLERANCES,
+    UNIT_ROUNDOFF,
+    Case,
+    Outcome,
+    Tol,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    poisoned,
+    rand,
+    select_cases,
+    shape_case,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 1000, 4096, 5120, 65537, 262144)

@@ -43,8 +43,15 @@ import torch
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
 from llmk.common.ops import define_op, define_ops, needs_grad
-from llmk.common.validation import (check_cu_seqlens, check_cu_seqlens_values, check_same_device, check_softcap,
-                                    check_tensor, check_window, seqlens_checked)
+from llmk.common.validation import (
+    check_cu_seqlens,
+    check_cu_seqlens_values,
+    check_same_device,
+    check_softcap,
+    check_tensor,
+    check_window,
+    seqlens_checked,
+)
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
 

@@ -57,8 +57,16 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from llmk.attention.triton_flash_attention_fwd import (MAX_GRID_Y, attention_grid, kernel_mask, key_range,
-                                                      program_pair, sequence_bounds, window_key_range, window_visible)
+from llmk.attention.triton_flash_attention_fwd import (
+    MAX_GRID_Y,
+    attention_grid,
+    kernel_mask,
+    key_range,
+    program_pair,
+    sequence_bounds,
+    window_key_range,
+    window_visible,
+)
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.triton_utils import LOG2E, softcap_scales, tanh_approx

@@ -46,11 +46,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from llmk.attention.reference_attention import naive_attention, visible_mask
 from llmk.attention.reference_blocked_attention import blocked_attention
 from llmk.attention.triton_flash_attention import flash_attention, flash_attention_varlen
-from llmk.attention.reference_attention import naive_attention, visible_mask
-from llmk.common.device import DEVICE
 from llmk.common.bench import train_call
+from llmk.common.device import DEVICE
 from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.results import plot_sweeps
 

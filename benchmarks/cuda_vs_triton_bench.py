@@ -23,9 +23,19 @@ import torch.nn.functional as F
 
 from llmk.attention.reference_rope import apply_rope_ref
 from llmk.attention.triton_rope import apply_rope as triton_rope
-from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, NORM_SMOKE_SWEEPS, NORM_SWEEPS,
-                                    ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, rmsnorm_bytes, rope_bytes, rope_inputs,
-                                    shapes_of, swiglu_bytes)
+from llmk.benchmarks.sweeps import (
+    MLP_SMOKE_SWEEPS,
+    MLP_SWEEPS,
+    NORM_SMOKE_SWEEPS,
+    NORM_SWEEPS,
+    ROPE_SMOKE_SWEEPS,
+    ROPE_SWEEPS,
+    rmsnorm_bytes,
+    rope_bytes,
+    rope_inputs,
+    shapes_of,
+    swiglu_bytes,
+)
 from llmk.common.device import INTERPRET
 from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.results import plot_sweeps

@@ -41,8 +41,7 @@ import torch
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.harness import BenchCase, max_err, parse_args, run
 from llmk.common.results import plot_sweeps
-from llmk.models.llama_layer import (CONFIGS, decode_step, make_weights, mark_static, rope_tables,
-                                     torch_decode_step)
+from llmk.models.llama_layer import CONFIGS, decode_step, make_weights, mark_static, rope_tables, torch_decode_step
 
 OURS = ("ours-eager", "ours-graph", "ours-reduce-overhead")
 # eager first: its first call autotunes and compiles, before a graph is captured

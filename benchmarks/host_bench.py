@@ -84,8 +84,16 @@ from llmk.common.bench import compile_train_fn, host_time_us, train_call
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.harness import max_err, parse_args, run
 from llmk.common.ops import Op
-from llmk.common.peers import (LIGER, liger_ce, liger_layernorm, liger_lce, liger_residual_rmsnorm, liger_rmsnorm,
-                               liger_rope, liger_swiglu)
+from llmk.common.peers import (
+    LIGER,
+    liger_ce,
+    liger_layernorm,
+    liger_lce,
+    liger_residual_rmsnorm,
+    liger_rmsnorm,
+    liger_rope,
+    liger_swiglu,
+)
 from llmk.common.testing import rand
 
 DTYPE = torch.bfloat16

@@ -39,10 +39,14 @@ import torch.nn.functional as F
 from llmk.common.device import DEVICE, sm_count
 from llmk.common.harness import BenchCase, max_err, parse_args, run
 from llmk.common.results import plot_sweeps, shape_str
-from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.paged_kv_cache import to_pages
-from llmk.inference.triton_inference_attention import (INTERPRET_SMS, decode_attention, decode_config,
-                                                       paged_decode_attention)
+from llmk.inference.reference_decode_attention import decode_attention_reference
+from llmk.inference.triton_inference_attention import (
+    INTERPRET_SMS,
+    decode_attention,
+    decode_config,
+    paged_decode_attention,
+)
 
 OURS = ("triton", "triton-paged")
 N_HEADS, HEAD_DIM, DTYPE, PAGE_SIZE = 32, 128, torch.float16, 16

@@ -36,8 +36,15 @@ gradients, scratch); Liger's in-place gradients add none, ours 2*M*I*e (mlp/trit
 import torch
 import torch.nn.functional as F
 
-from llmk.benchmarks.sweeps import (MLP_SMOKE_SWEEPS, MLP_SWEEPS, MLP_TRAIN_SMOKE_SWEEPS, MLP_TRAIN_SWEEPS,
-                                    bias_gelu_bytes, shapes_of, swiglu_bytes)
+from llmk.benchmarks.sweeps import (
+    MLP_SMOKE_SWEEPS,
+    MLP_SWEEPS,
+    MLP_TRAIN_SMOKE_SWEEPS,
+    MLP_TRAIN_SWEEPS,
+    bias_gelu_bytes,
+    shapes_of,
+    swiglu_bytes,
+)
 from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import INTERPRET
 from llmk.common.harness import BenchCase, parse_args, run

@@ -28,8 +28,16 @@ training: NORM_TRAIN_SWEEPS (16384 rows at N = 1024..8192, 4096 rows at N = 3276
 import torch
 import torch.nn.functional as F
 
-from llmk.benchmarks.sweeps import (NORM_SMOKE_SWEEPS, NORM_SWEEPS, NORM_TRAIN_SMOKE_SWEEPS, NORM_TRAIN_SWEEPS,
-                                    layernorm_bytes, residual_rmsnorm_bytes, rmsnorm_bytes, shapes_of)
+from llmk.benchmarks.sweeps import (
+    NORM_SMOKE_SWEEPS,
+    NORM_SWEEPS,
+    NORM_TRAIN_SMOKE_SWEEPS,
+    NORM_TRAIN_SWEEPS,
+    layernorm_bytes,
+    residual_rmsnorm_bytes,
+    rmsnorm_bytes,
+    shapes_of,
+)
 from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import INTERPRET
 from llmk.common.harness import BenchCase, max_err, parse_args, run

@@ -28,8 +28,16 @@ import torch
 
 from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.attention.triton_rope import apply_rope
-from llmk.benchmarks.sweeps import (ROPE_SMOKE_SWEEPS, ROPE_SWEEPS, ROPE_TRAIN_SMOKE_SWEEPS, ROPE_TRAIN_SWEEPS,
-                                    rope_bytes, rope_inputs, rope_train_bytes, shapes_of)
+from llmk.benchmarks.sweeps import (
+    ROPE_SMOKE_SWEEPS,
+    ROPE_SWEEPS,
+    ROPE_TRAIN_SMOKE_SWEEPS,
+    ROPE_TRAIN_SWEEPS,
+    rope_bytes,
+    rope_inputs,
+    rope_train_bytes,
+    shapes_of,
+)
 from llmk.common.bench import compile_fn, train_call
 from llmk.common.harness import BenchCase, parse_args, run
 from llmk.common.peers import LIGER, liger_rope

@@ -41,8 +41,19 @@ import time
 
 import torch
 
-from llmk.benchmarks.train_bench import FULL_PLAN, LOSS_ATOL, MODELS, SMOKE_MODELS, SMOKE_PLAN, batches, build, \
-    optimizer, prepare, release, run_steps
+from llmk.benchmarks.train_bench import (
+    FULL_PLAN,
+    LOSS_ATOL,
+    MODELS,
+    SMOKE_MODELS,
+    SMOKE_PLAN,
+    batches,
+    build,
+    optimizer,
+    prepare,
+    release,
+    run_steps,
+)
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.harness import Run, parse_args, run
 from llmk.common.peers import LIGER

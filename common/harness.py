@@ -23,8 +23,17 @@ from typing import Callable, Optional
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.results import PARTIAL_DIR, RESULTS_DIR, SMOKE_DIR, make_row, read_json, shape_str, start_run, \
-    write_csv, write_json
+from llmk.common.results import (
+    PARTIAL_DIR,
+    RESULTS_DIR,
+    SMOKE_DIR,
+    make_row,
+    read_json,
+    shape_str,
+    start_run,
+    write_csv,
+    write_json,
+)
 from llmk.common.validation import DTYPE_NAMES
 
 GATE_FACTOR = 2

@@ -22,8 +22,15 @@ from llmk.attention.reference_rope import apply_rope_ref
 from llmk.common.device import INTERPRET
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.cuda_cpp.extension import unavailable_reason
-from llmk.cuda_cpp.launch_config import (CACHED_ROW_PACKS, CACHED_SMALL_PACKS, CACHED_THREADS, WARP_ROW_PACKS,
-                                         RmsnormConfig, SwigluConfig, pack_size)
+from llmk.cuda_cpp.launch_config import (
+    CACHED_ROW_PACKS,
+    CACHED_SMALL_PACKS,
+    CACHED_THREADS,
+    WARP_ROW_PACKS,
+    RmsnormConfig,
+    SwigluConfig,
+    pack_size,
+)
 from llmk.cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu
 from llmk.mlp.glu_cases import Glu
 from llmk.mlp.glu_cases import inputs as glu_inputs

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tempfile
 
-from llmk.scripts import report
 from llmk.common.testing import Case, Outcome, Skip, main
+from llmk.scripts import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,15 @@ from llmk.common.ints import cdiv
 from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand
 from llmk.common.workspace import split_k_buffers
 from llmk.gemm.matmul_cases import reference, tolerance, torch_same_dtype
-from llmk.gemm.triton_gemv import (GEMV_CONFIGS, INTERPRET_SMS, MIN_SLICE_STEPS, gemv_plan, is_row_major,
-                                   launch_gemv, plan_for)
+from llmk.gemm.triton_gemv import (
+    GEMV_CONFIGS,
+    INTERPRET_SMS,
+    MIN_SLICE_STEPS,
+    gemv_plan,
+    is_row_major,
+    launch_gemv,
+    plan_for,
+)
 
 DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("row-major", "W.T")

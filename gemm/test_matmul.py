@@ -18,15 +18,28 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET, sm_count
-from llmk.common.testing import (Case, Outcome, check_grads, compare, dtype_name, expect_raises, main,
-                                 poisoned, rand)
+from llmk.common.testing import Case, Outcome, check_grads, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.gemm import triton_matmul_tma
 from llmk.gemm.matmul_cases import grad_tolerance, reference, tolerance, torch_same_dtype
-from llmk.gemm.triton_matmul import (TMA_MIN_M, choose_kernel, kernel_choice, launch_matmul, matmul,
-                                     matmul_op, matmul_train_op)
+from llmk.gemm.triton_matmul import (
+    TMA_MIN_M,
+    choose_kernel,
+    kernel_choice,
+    launch_matmul,
+    matmul,
+    matmul_op,
+    matmul_train_op,
+)
 from llmk.gemm.triton_matmul_common import m_bucket
-from llmk.gemm.triton_matmul_tiled import (CONFIGS, INTERPRET_SMS, SPLIT_TABLE, autotune_configs, plan,
-                                           prune_configs, split_plan)
+from llmk.gemm.triton_matmul_tiled import (
+    CONFIGS,
+    INTERPRET_SMS,
+    SPLIT_TABLE,
+    autotune_configs,
+    plan,
+    prune_configs,
+    split_plan,
+)
 
 DTYPES = (torch.float16, torch.bfloat16)
 def outcome(check, a, b, bias=None, activation=None, config=None, split_k=None, kernel=None):

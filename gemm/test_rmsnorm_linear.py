@@ -21,13 +21,23 @@ model with up to two roundings per term (gemm.matmul_cases.grad_tolerance).
 import torch
 import torch.nn.functional as F
 
-from llmk.common.device import DEVICE
-from llmk.common.device import INTERPRET
-from llmk.common.testing import (TOLERANCES, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads,
-                                 compare, dtype_name, expect_raises, main, poisoned, rand)
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.testing import (
+    TOLERANCES,
+    UNIT_ROUNDOFF,
+    Case,
+    Outcome,
+    Tol,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    poisoned,
+    rand,
+)
 from llmk.gemm.matmul_cases import grad_tolerance
-from llmk.gemm.triton_rmsnorm_linear import (DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode,
-                                             rmsnorm_linear)
+from llmk.gemm.triton_rmsnorm_linear import DECODE_TABLE, PATH_TABLE, PATHS, choose_path, launch_decode, rmsnorm_linear
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 
 EPS = 1e-6

@@ -35,8 +35,8 @@ from llmk.common.device import INTERPRET, sm_count
 from llmk.common.ops import define_op, define_ops, needs_grad
 from llmk.common.validation import check_out
 from llmk.gemm import triton_gemv, triton_matmul_tiled, triton_matmul_tma
-from llmk.gemm.triton_matmul_common import check_matmul_args, picked_config
 from llmk.gemm.triton_matmul_backward import epilogue_backward
+from llmk.gemm.triton_matmul_common import check_matmul_args, picked_config
 
 # From TMA_MIN_M rows the persistent TMA kernel runs: from 2048 rows it beats the tiled kernel by
 # up to a tenth, at 1024 it ties or leads, below that both tie and the TMA kernel's three

@@ -36,8 +36,16 @@ from llmk.common.bench import autotune_bench
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
 from llmk.common.workspace import split_k_buffers
-from llmk.gemm.triton_matmul_common import (GROUP_M, epilogue_store, fit_split, grouped_tile, m_bucket,
-                                            pick_config, picked_config, untuned_config)
+from llmk.gemm.triton_matmul_common import (
+    GROUP_M,
+    epilogue_store,
+    fit_split,
+    grouped_tile,
+    m_bucket,
+    pick_config,
+    picked_config,
+    untuned_config,
+)
 
 # Autotuned configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Shared memory is
 # (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes a stage; all fit the 227 KB an H100/H200 block may take.

@@ -27,11 +27,25 @@ from llmk.common.ints import cdiv
 from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.inference.decode_cases import decode_tol
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
-from llmk.inference.triton_inference_attention import (BLOCK_TABLE, HEAD_DIMS, INTERPRET_SMS, MAX_SPLITS,
-                                                       PAGED_LONG_TOKENS, PARTS_MAX_WAVES, SPLIT_TABLE, DecodeConfig, decode_attention,
-                                                       decode_attention_op, decode_attention_out_op, decode_config,
-                                                       head_dim_parts, paged_blocks, paged_decode_attention,
-                                                       paged_decode_attention_op, split_count)
+from llmk.inference.triton_inference_attention import (
+    BLOCK_TABLE,
+    HEAD_DIMS,
+    INTERPRET_SMS,
+    MAX_SPLITS,
+    PAGED_LONG_TOKENS,
+    PARTS_MAX_WAVES,
+    SPLIT_TABLE,
+    DecodeConfig,
+    decode_attention,
+    decode_attention_op,
+    decode_attention_out_op,
+    decode_config,
+    head_dim_parts,
+    paged_blocks,
+    paged_decode_attention,
+    paged_decode_attention_op,
+    split_count,
+)
 
 H100_SMS = 132
 

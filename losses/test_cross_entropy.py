@@ -17,8 +17,19 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
-                                 expect_raises, main, rand)
+from llmk.common.testing import (
+    EXACT,
+    UNIT_ROUNDOFF,
+    Case,
+    Outcome,
+    Tol,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    rand,
+)
 from llmk.losses.loss_cases import IGNORE, bad_target_message, make_class_weight, make_target, target_of, with_hits
 from llmk.losses.reference_losses import cross_entropy_ref, token_accuracy_ref, z_loss_ref
 from llmk.losses.triton_cross_entropy import cross_entropy, cross_entropy_backward_op, cross_entropy_op

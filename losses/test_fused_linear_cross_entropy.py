@@ -18,14 +18,32 @@ import math
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (EXACT, UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare,
-                                 dtype_name, expect_raises, grads_of, main, opcheck, rand)
-from llmk.losses.loss_cases import (IGNORE, bad_target_message, make_class_weight, make_target, target_of,
-                                    with_hits)
-from llmk.losses.reference_losses import (linear_cross_entropy_ref, linear_cross_entropy_same_dtype, token_accuracy_ref,
-                                          z_loss_ref)
-from llmk.losses.triton_fused_linear_cross_entropy import (fused_linear_cross_entropy,
-                                                           fused_linear_cross_entropy_backward_op)
+from llmk.common.testing import (
+    EXACT,
+    UNIT_ROUNDOFF,
+    Case,
+    Outcome,
+    Tol,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    grads_of,
+    main,
+    opcheck,
+    rand,
+)
+from llmk.losses.loss_cases import IGNORE, bad_target_message, make_class_weight, make_target, target_of, with_hits
+from llmk.losses.reference_losses import (
+    linear_cross_entropy_ref,
+    linear_cross_entropy_same_dtype,
+    token_accuracy_ref,
+    z_loss_ref,
+)
+from llmk.losses.triton_fused_linear_cross_entropy import (
+    fused_linear_cross_entropy,
+    fused_linear_cross_entropy_backward_op,
+)
 
 FLOOR_ULPS = 64
 

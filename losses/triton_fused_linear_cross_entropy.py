@@ -61,9 +61,18 @@ import torch
 from llmk.common.device import INTERPRET
 from llmk.common.ops import define_op, needs_grad
 from llmk.common.validation import check_same_device, check_tensor
-from llmk.losses.triton_cross_entropy import (LossOutput, check_loss_args, check_loss_options, launch_backward_rows,
-                                              launch_rows, reduce_extras, reduce_rows, row_options, start_target_check,
-                                              target_weights)
+from llmk.losses.triton_cross_entropy import (
+    LossOutput,
+    check_loss_args,
+    check_loss_options,
+    launch_backward_rows,
+    launch_rows,
+    reduce_extras,
+    reduce_rows,
+    row_options,
+    start_target_check,
+    target_weights,
+)
 
 # Rows C of a chunk. Every chunk's grad_weight += dlogits_c.T @ hidden_c reads and writes all of
 # grad_weight (V x H, 4VH bytes) for 2CVH FLOPs: C / 2 FLOPs a byte, whatever V and H. An H100 does

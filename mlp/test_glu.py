@@ -17,13 +17,34 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (EXACT, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
-                                 grads_of, main, opcheck, poisoned, rand, shape_case)
+from llmk.common.testing import (
+    EXACT,
+    Case,
+    Outcome,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    grads_of,
+    main,
+    opcheck,
+    poisoned,
+    rand,
+    shape_case,
+)
 from llmk.mlp import glu_cases
 from llmk.mlp.glu_cases import Glu, inputs
 from llmk.mlp.launch_config import BACKWARD_TILE_TABLE, tile_config_for
-from llmk.mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,
-                                overflow_expected, upstream)
+from llmk.mlp.mlp_cases import (
+    DTYPES,
+    ONE_ROUNDING,
+    WIDTHS,
+    every_value,
+    forced_tile_cases,
+    huge_rows,
+    overflow_expected,
+    upstream,
+)
 from llmk.mlp.reference_mlp import geglu_ref, swiglu_ref
 from llmk.mlp.triton_glu import GELU_ACTIVATION, geglu, launch_glu, launch_glu_backward, swiglu
 

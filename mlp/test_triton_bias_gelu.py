@@ -16,12 +16,33 @@ import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, sm_count
 from llmk.common.reduce import INTERPRETER_SMS, sum_config
-from llmk.common.testing import (UNIT_ROUNDOFF, Case, Outcome, Tol, check_grads, compare, dtype_name,
-                                 expect_raises, grads_of, main, poisoned, rand, shape_case)
-from llmk.mlp.reference_mlp import APPROXIMATIONS, bias_gelu_ref
-from llmk.mlp.mlp_cases import (DTYPES, ONE_ROUNDING, WIDTHS, every_value, forced_tile_cases, huge_rows,
-                                overflow_expected, upstream)
+from llmk.common.testing import (
+    UNIT_ROUNDOFF,
+    Case,
+    Outcome,
+    Tol,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    grads_of,
+    main,
+    poisoned,
+    rand,
+    shape_case,
+)
 from llmk.mlp.launch_config import BAND_TABLE, band_config, band_config_for, tile_config_for
+from llmk.mlp.mlp_cases import (
+    DTYPES,
+    ONE_ROUNDING,
+    WIDTHS,
+    every_value,
+    forced_tile_cases,
+    huge_rows,
+    overflow_expected,
+    upstream,
+)
+from llmk.mlp.reference_mlp import APPROXIMATIONS, bias_gelu_ref
 from llmk.mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu, launch_bias_gelu_backward
 
 NAMES = ("x", "bias")

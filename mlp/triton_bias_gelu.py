@@ -31,8 +31,8 @@ from llmk.common.ops import define_op, define_ops
 from llmk.common.reduce import sum_partials
 from llmk.common.triton_utils import gelu, gelu_grad
 from llmk.common.validation import as_rows, check_out, check_same_device, check_tensor
-from llmk.mlp.reference_mlp import check_approximate
 from llmk.mlp.launch_config import band_config, tile_config, tile_offsets
+from llmk.mlp.reference_mlp import check_approximate
 
 
 @triton.jit

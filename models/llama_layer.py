@@ -32,8 +32,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.triton_flash_attention import flash_attention
 from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
+from llmk.attention.triton_flash_attention import flash_attention
 from llmk.attention.triton_rope import apply_rope
 from llmk.gemm.triton_matmul import matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear

@@ -43,10 +43,9 @@ import zlib
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.scripts.run_tests import COUNT
-from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, \
-    select_cases
+from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, select_cases
 from llmk.models.fsdp2 import rank_device, shard
+from llmk.scripts.run_tests import COUNT
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -40,8 +40,17 @@ import torch._dynamo.testing
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
 from llmk.inference.paged_kv_cache import to_pages
-from llmk.models.llama_layer import (CONFIGS, LayerConfig, decode_step, make_weights, mark_static, prefill,
-                                     rope_tables, torch_decode_step, torch_prefill)
+from llmk.models.llama_layer import (
+    CONFIGS,
+    LayerConfig,
+    decode_step,
+    make_weights,
+    mark_static,
+    prefill,
+    rope_tables,
+    torch_decode_step,
+    torch_prefill,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DTYPE = torch.bfloat16

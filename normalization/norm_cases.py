@@ -6,8 +6,15 @@ One list for RMSNorm, residual RMSNorm and LayerNorm so the three cannot drift a
 import torch
 
 from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
-from llmk.normalization.launch_config import (BACKWARD_FUSED_TABLE, BACKWARD_LOOP_TABLE, FUSED_TABLE,
-                                              LAYERNORM_FUSED_TABLE, LOOP_CHUNK_TABLE, backward_table_row, table_row)
+from llmk.normalization.launch_config import (
+    BACKWARD_FUSED_TABLE,
+    BACKWARD_LOOP_TABLE,
+    FUSED_TABLE,
+    LAYERNORM_FUSED_TABLE,
+    LOOP_CHUNK_TABLE,
+    backward_table_row,
+    table_row,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDTHS = (1, 7, 123, 760, 1000, 4096, 5120, 65537)

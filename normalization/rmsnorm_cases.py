@@ -5,8 +5,15 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.testing import TOLERANCES, check_grads, compare, grads_of, poisoned, rand
-from llmk.normalization.norm_cases import (U32, chunked_param_grad, dx_atol, grad_tol, huge_rows, param_grad_atol,
-                                           x_hat_error)
+from llmk.normalization.norm_cases import (
+    U32,
+    chunked_param_grad,
+    dx_atol,
+    grad_tol,
+    huge_rows,
+    param_grad_atol,
+    x_hat_error,
+)
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 
 EPS = 1e-6

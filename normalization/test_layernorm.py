@@ -4,17 +4,35 @@ output, and the gradients (dx, dweight, dbias) against autograd through the fp64
     python normalization/test_layernorm.py        (or: pytest normalization/test_layernorm.py)
 """
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE
-from dataclasses import replace
-
-from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name,
-                                 expect_raises, main, poisoned, rand)
+from llmk.common.testing import (
+    TOLERANCES,
+    Case,
+    Outcome,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    poisoned,
+    rand,
+)
+from llmk.normalization.norm_cases import (
+    chunked_param_grad,
+    dx_atol,
+    grad_cases,
+    grad_tol,
+    huge_rows,
+    norm_cases,
+    param_grad_atol,
+    x_hat_error,
+)
 from llmk.normalization.reference_layernorm import layernorm_ref
-from llmk.normalization.norm_cases import (chunked_param_grad, dx_atol, grad_cases, grad_tol, huge_rows,
-                                           norm_cases, param_grad_atol, x_hat_error)
 from llmk.normalization.triton_layernorm import layernorm
 
 EPS = 1e-5

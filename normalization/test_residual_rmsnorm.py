@@ -10,10 +10,27 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import (TOLERANCES, Case, Outcome, check_grads, compare, dtype_name, expect_raises,
-                                 main, poisoned, rand)
-from llmk.normalization.norm_cases import (chunked_param_grad, gemma_cases, grad_cases, grad_tol, huge_rows,
-                                           no_weight_cases, norm_cases)
+from llmk.common.testing import (
+    TOLERANCES,
+    Case,
+    Outcome,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    poisoned,
+    rand,
+)
+from llmk.normalization.norm_cases import (
+    chunked_param_grad,
+    gemma_cases,
+    grad_cases,
+    grad_tol,
+    huge_rows,
+    no_weight_cases,
+    norm_cases,
+)
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 from llmk.normalization.rmsnorm_cases import as_double, rms_grad_atol, torch_weight, weight_or_none
 from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm

@@ -11,10 +11,9 @@ normalization/launch_config.py picks the kernel and its launch.
 Backward (normalization/triton_norm_backward.py, operator llmk::layernorm_backward): the forward
 saves x and weight; mean and rstd are recomputed (read x, dy, write dx: 3*N*e a row).
 """
+import torch
 import triton
 import triton.language as tl
-
-import torch
 
 from llmk.common.ops import define_op, define_ops
 from llmk.common.triton_utils import col_mask

@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from llmk.common.reduce import sum_partials
 from llmk.common.triton_utils import col_mask
 from llmk.common.validation import as_rows
-from llmk.common.reduce import sum_partials
 from llmk.normalization.launch_config import backward_config
 
 

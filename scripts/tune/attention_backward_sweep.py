@@ -34,10 +34,15 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.triton_flash_attention_bwd import backward_table_config, dp_first_when, launch_flash_attention_backward
 from llmk.attention.triton_flash_attention import flash_attention_train_op, flash_attention_varlen_train_op, packed
+from llmk.attention.triton_flash_attention_bwd import (
+    backward_table_config,
+    dp_first_when,
+    launch_flash_attention_backward,
+)
 from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
+
 from sweep_common import parse_sweep_args, precompile, report_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

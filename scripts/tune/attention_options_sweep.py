@@ -29,6 +29,7 @@ from llmk.attention.triton_flash_attention_fwd import launch_flash_attention, ta
 from llmk.benchmarks.attention_bench import attention_flops
 from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
+
 from sweep_common import parse_sweep_args, precompile, report_config
 
 DTYPES = {"bf16": torch.bfloat16}

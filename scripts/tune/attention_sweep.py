@@ -25,6 +25,7 @@ from llmk.attention.triton_flash_attention import flash_attention, table_config
 from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
 from llmk.common.ints import next_power_of_2
+
 from sweep_common import parse_sweep_args, precompile, report_config
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -22,9 +22,9 @@ import time
 import torch
 import triton
 
+import llmk.inference.triton_inference_attention as ia
 from llmk.common.bench import graph_time_ms
 from llmk.common.device import sm_count
-import llmk.inference.triton_inference_attention as ia
 from llmk.inference.paged_kv_cache import to_pages
 
 H, PS = 32, 16  # PS: tokens a page

@@ -19,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+import llmk.inference.triton_inference_attention as ia
 from llmk.common.bench import copy_bandwidth_GBps, graph_time_ms
 from llmk.common.ints import next_power_of_2
-import llmk.inference.triton_inference_attention as ia
 
 H = 32
 SHAPES = [(1, 32, 8192), (16, 32, 4096), (64, 32, 8192), (1, 8, 8192), (16, 8, 4096), (64, 8, 8192)]  # (B, Hkv, T)

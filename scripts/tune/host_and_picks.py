@@ -15,20 +15,21 @@ tma1024: 1024^3 and neighbours on each TMA config and a few more (TMA_CONFIGS).
 """
 import sys
 import time
+
 import torch
 import triton
 import triton.language as tl
 import triton.testing
 
-from llmk.common.bench import graph_time_ms, host_time_us
-from llmk.common.device import sm_count
 import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_matmul_tiled as tiled
 import llmk.gemm.triton_matmul_tma as tma
 import llmk.gemm.triton_rmsnorm_linear as trl
+import llmk.inference.triton_inference_attention as ia
+from llmk.common.bench import graph_time_ms, host_time_us
+from llmk.common.device import sm_count
 from llmk.gemm.triton_matmul_common import grouped_tile, picked_config
 from llmk.normalization.triton_rmsnorm import rmsnorm
-import llmk.inference.triton_inference_attention as ia
 
 PARTS = sys.argv[1:] or ["host", "auto", "m1", "small", "fused", "tma1024"]
 dev = torch.device("cuda", 0)

@@ -21,6 +21,7 @@ from llmk.common.device import DEVICE
 from llmk.mlp.launch_config import TILE_TABLE, tile_config_for
 from llmk.mlp.triton_bias_gelu import launch_bias_gelu
 from llmk.mlp.triton_glu import launch_glu
+
 from sweep_common import measure_copy, parse_sweep_args, report_config
 
 KERNELS = tuple(TILE_TABLE)

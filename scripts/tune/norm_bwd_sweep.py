@@ -28,6 +28,7 @@ from llmk.normalization.launch_config import RowConfig, backward_config, row_con
 from llmk.normalization.triton_layernorm import launch_layernorm
 from llmk.normalization.triton_norm_backward import launch_layernorm_backward, launch_rmsnorm_backward
 from llmk.normalization.triton_rmsnorm import launch_rmsnorm
+
 from sweep_common import MAX_REL_ERR, measure_copy, parse_sweep_args
 
 KERNELS = ("rmsnorm", "layernorm", "residual_rmsnorm")

@@ -22,6 +22,7 @@ from llmk.common.ints import cdiv, next_power_of_2
 from llmk.normalization.launch_config import LOOP_CHUNK_TABLE, RowConfig, looped_config, row_config
 from llmk.normalization.triton_layernorm import launch_layernorm
 from llmk.normalization.triton_rmsnorm import launch_rmsnorm
+
 from sweep_common import measure_copy, parse_sweep_args, report_config
 
 KERNELS = ("rmsnorm", "residual_rmsnorm", "layernorm")

@@ -17,6 +17,7 @@ from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.attention.triton_rope import RopeConfig, launch_rope, rope_config
 from llmk.common.device import DEVICE
 from llmk.common.ints import next_power_of_2
+
 from sweep_common import measure_copy, parse_sweep_args, report_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -21,10 +21,10 @@ import triton
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from llmk.common.bench import graph_time_ms, host_time_us
 import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_rmsnorm_linear as trl
 import llmk.inference.triton_inference_attention as ia
+from llmk.common.bench import graph_time_ms, host_time_us
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 PARTS = sys.argv[1:] or ["host", "rl", "split", "1024"]

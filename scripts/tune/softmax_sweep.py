@@ -14,10 +14,10 @@ start; '*' marks softmax_config's choice. Read off: the best config per shape.
 
 import torch
 
-from llmk.attention.triton_softmax import (INTERPRET_SMS, MAX_SPLITS, SoftmaxConfig, launch_softmax,
-                                           softmax_config)
+from llmk.attention.triton_softmax import INTERPRET_SMS, MAX_SPLITS, SoftmaxConfig, launch_softmax, softmax_config
 from llmk.common.device import DEVICE, sm_count
 from llmk.common.ints import cdiv, next_power_of_2
+
 from sweep_common import measure_copy, parse_sweep_args, report_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
