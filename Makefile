@@ -4,9 +4,10 @@
 #                  (BENCH=norm,attention: those only; ARGS='--dtype bf16 --only rmsnorm': to each benchmark)
 # make bench-smoke the same benchmark code on tiny shapes in the interpreter, into build/bench-smoke
 # make report      docs/results/*.md and the README's summary table from benchmarks/results/*.json
+# make lint        ruff check (pyproject.toml's rules); ruff comes with the [dev] extras
 PYTHON ?= python3
 
-.PHONY: test bench bench-smoke deps report
+.PHONY: test bench bench-smoke deps report lint
 deps:
 	@$(PYTHON) scripts/deps.py  # a plain script: it must not import what it is about to install
 
@@ -21,3 +22,7 @@ bench-smoke: deps
 
 report:
 	@$(PYTHON) scripts/report.py  # a plain script: no torch, no GPU
+
+lint:
+	@$(PYTHON) -m ruff --version > /dev/null 2>&1 || { echo "make lint: ruff is not installed (pip install -e \".[dev]\")"; exit 2; }
+	@$(PYTHON) -m ruff check .

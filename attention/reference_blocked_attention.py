@@ -32,7 +32,7 @@ def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128, wind
     qf = q.to(compute) * sm_scale
     k, v = expand_kv(k, q.shape[1]).to(compute), expand_kv(v, q.shape[1]).to(compute)
     m = torch.full(q.shape[:3], float("-inf"), dtype=compute, device=q.device)
-    l = torch.zeros(q.shape[:3], dtype=compute, device=q.device)
+    row_sum = torch.zeros(q.shape[:3], dtype=compute, device=q.device)
     acc = torch.zeros(*q.shape[:3], v.shape[-1], dtype=compute, device=q.device)
     visible = visible_mask(tq, tk, q.device, causal, window)
     starts = range(0, tk, block_size)
@@ -51,8 +51,8 @@ def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128, wind
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - m_safe[..., None])
         alpha = torch.exp(m - m_safe)
-        l = l * alpha + p.sum(-1)
+        row_sum = row_sum * alpha + p.sum(-1)
         acc = acc * alpha[..., None] + torch.matmul(p, vb)
         m = m_new
-    out = acc / torch.where(l == 0, torch.ones_like(l), l)[..., None]
+    out = acc / torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)[..., None]
     return out.to(q.dtype)

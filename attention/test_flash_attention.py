@@ -190,7 +190,8 @@ def check_out_under_grad():
         o_out = flash_attention(q_grad, k, v, True, out=poisoned(q.shape, q.dtype))
     return [expect_raises("q requires grad, out=", lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
                           RuntimeError, "llmk::flash_attention_out is forward-only"),
-            expect_raises("q requires grad, out=: the remedy", lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
+            expect_raises("q requires grad, out=: the remedy",
+                          lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
                           RuntimeError, "call flash_attention without out="),
             Outcome("under no_grad: as on a plain q, no grad",
                     torch.equal(o, flash_attention(q, k, v, True)) and torch.equal(o_out, o) and not o.requires_grad)]
@@ -302,7 +303,8 @@ def check_backward_memory():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     budget = 4 * 8 * q.numel() * q.element_size()
-    return [Outcome("peak extra memory", extra <= budget, note=f"{extra / 2 ** 20:.0f} MiB, budget {budget / 2 ** 20:.0f}")]
+    return [Outcome("peak extra memory", extra <= budget,
+                    note=f"{extra / 2 ** 20:.0f} MiB, budget {budget / 2 ** 20:.0f}")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,7 +325,8 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
     if packed_qkv:
         q, k, v = rand((total_q, 3, h, d), dtype).unbind(1)
     else:
-        q, k, v = rand((total_q, h, d), dtype, scale=scale), rand((total_k, hkv, d), dtype), rand((total_k, hkv, d), dtype)
+        q, k, v = (rand((total_q, h, d), dtype, scale=scale), rand((total_k, hkv, d), dtype),
+                   rand((total_k, hkv, d), dtype))
     mask = dict(window=window, softcap=softcap)
     do = rand((total_q, h, d), dtype)
     config = attention_config(d, max(lengths_q, default=0))

@@ -439,7 +439,8 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
         return flash_attention_op(q, k, v, causal, sm_scale, config, *mask)
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
-                         f"{q.device}; got {out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}")
+                         f"{q.device}; got "
+                         f"{out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}")
     if not _within_32_bits(out, 2):
         raise ValueError("out: one head spans 2^31 elements or more; the kernel indexes within a head with "
                          "32-bit offsets")

@@ -6,7 +6,8 @@ PAGE = Area(
     "FlashAttention (prefill): forward, backward, packed sequences",
     "Kernels in `attention/triton_flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
     "any T, head dims up to 256, packed sequences) and `attention/triton_flash_attention_bwd.py` "
-    "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); the public functions in "
+    "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); "
+    "the public functions in "
     "`attention/triton_flash_attention.py`. `naive` and `blocked` are the references in "
     "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
     [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),

@@ -93,7 +93,8 @@ def cases(smoke, dtypes, with_cuda):
             del providers["cuda"]
         for dtype in dtypes:
             for shape in shapes_of(small if smoke else full):
-                yield BenchCase(op, shape, dtype, providers, lambda op=op, shape=shape, dtype=dtype: setup(op, shape, dtype),
+                yield BenchCase(op, shape, dtype, providers,
+                           lambda op=op, shape=shape, dtype=dtype: setup(op, shape, dtype),
                            n_bytes=BYTES[kind](shape, dtype.itemsize), untimed=("eager",))
 
 

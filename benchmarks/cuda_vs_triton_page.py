@@ -1,5 +1,5 @@
-"""The results page of the cuda_vs_triton area (docs/results/cuda_vs_triton.md): its title, intro, the groups of rows its
-sentences sum up, and its notes (benchmarks/pages.py; scripts/report.py renders it)."""
+"""The results page of the cuda_vs_triton area (docs/results/cuda_vs_triton.md): its title, intro, the groups of rows
+its sentences sum up, and its notes (benchmarks/pages.py; scripts/report.py renders it)."""
 from llmk.benchmarks.pages import Area, Group, big
 
 PAGE = Area(

@@ -155,7 +155,8 @@ def train_case(op, shape, mode, providers, wrt, setup):
     """One training row per provider: the gradients in `wrt` on the setup's upstream gradient
     (its inputs' last element), TFLOP/s with TRAIN_MODES' count, peak_MB."""
     m, n, k = shape
-    return BenchCase(op, shape, TRAIN_DTYPE, providers, setup, flops=TRAIN_MODES[mode] * m * n * k, mode=mode, peak=True,
+    return BenchCase(op, shape, TRAIN_DTYPE, providers, setup, flops=TRAIN_MODES[mode] * m * n * k,
+                mode=mode, peak=True,
                 bind=lambda name, inputs: train_call(providers[name], inputs[:-1], wrt, mode, [inputs[-1]]))
 
 

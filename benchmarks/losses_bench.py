@@ -201,7 +201,8 @@ def option_cases(ce_shape, lce_shape):
 
 def charts(args, ce_shapes, lce_shapes):
     panels = {"cross_entropy": ("GBps", [("vocabulary V (BT x V logits)", [(s[-1], s) for s in ce_shapes])]),
-              "linear_cross_entropy": ("TFLOPs", [("vocabulary V ((BT, H) x (V, H))", [(s[-1], s) for s in lce_shapes])])}
+              "linear_cross_entropy": ("TFLOPs", [("vocabulary V ((BT, H) x (V, H))",
+                                                   [(s[-1], s) for s in lce_shapes])])}
 
     def draw(meta, rows):
         for op, (metric, sweeps) in panels.items():

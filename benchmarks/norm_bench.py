@@ -115,7 +115,8 @@ def train_cases(sweeps):
         for mode, n_bytes in (("fwd+bwd", fwd_bwd_bytes), ("bwd", bwd_bytes)):
             compiled = compile_train_fn(ref, mode)
             providers = {"triton": kernel, "eager": ref, "torch.compile": compiled, vendor_name: vendor,
-                         LIGER: liger_fn() if not INTERPRET else "liger: its kernels do not run in Triton's interpreter"}
+                         LIGER: (liger_fn() if not INTERPRET
+                                 else "liger: its kernels do not run in Triton's interpreter")}
             for m, n in shapes_of(sweeps):
                 yield BenchCase(op, (m, n), TRAIN_DTYPE, providers,
                            lambda pick=pick, ref=ref, wrt=wrt, m=m, n=n: train_setup(pick, ref, wrt, m, n),

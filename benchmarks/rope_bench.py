@@ -81,7 +81,8 @@ def cases(sweeps, dtypes, train_sweeps):
     e = TRAIN_DTYPE.itemsize
     for mode in TRAIN_MODES:
         for shape in shapes_of(train_sweeps):
-            yield BenchCase("rope", shape, TRAIN_DTYPE, train_providers, lambda shape=shape: train_setup(shape, TRAIN_DTYPE),
+            yield BenchCase("rope", shape, TRAIN_DTYPE, train_providers,
+                       lambda shape=shape: train_setup(shape, TRAIN_DTYPE),
                        n_bytes=rope_train_bytes(*shape, e, e, mode), mode=mode, peak=True,
                        bind=lambda name, inputs, mode=mode: train_call(train_providers[name], inputs[:4], WRT, mode,
                                                                        inputs[4:]))

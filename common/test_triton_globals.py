@@ -70,7 +70,8 @@ def check_detects():
     scope = {"PLAIN_VALUE": 0.5, "CONST_VALUE": tl.constexpr(0.5)}
     return [Outcome("a float global is found", plain_globals("def f(x):\n    return x * PLAIN_VALUE\n", scope)
                     == ["PLAIN_VALUE"]),
-            Outcome("a tl.constexpr global is not", plain_globals("def f(x):\n    return x * CONST_VALUE\n", scope) == []),
+            Outcome("a tl.constexpr global is not",
+                    plain_globals("def f(x):\n    return x * CONST_VALUE\n", scope) == []),
             Outcome("a parameter named like a global is not",
                     plain_globals("def f(x, PLAIN_VALUE):\n    return x * PLAIN_VALUE\n", scope) == [])]
 

@@ -121,7 +121,8 @@ def rmsnorm_cases():
               Case("rmsnorm allocates its output", norm_checks.check_own_buffer, dict(impl=rmsnorm), gpu_only=True),
               Case("rmsnorm bad input", check_rmsnorm_errors, gpu_only=True),
               Case("rmsnorm empty input", check_rmsnorm_empty, gpu_only=True)]
-    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", norm_checks.check_huge, dict(n_cols=n, impl=rmsnorm), gpu_only=True)
+    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", norm_checks.check_huge, dict(n_cols=n, impl=rmsnorm),
+                   gpu_only=True)
               for kernel, n in (("warp a row", 1000), ("row in registers", 4096), ("looped", 65536))]
     return cases
 
@@ -209,7 +210,8 @@ def rope_cases():
         for head_dim in (80, 96, 256):
             add(2, 32, 8, 1000, head_dim, dtype, kind="random", layout="B,T,D")
     add(1, 32, 8, 8192, 128, torch.float32, table_dtype=torch.float32, strided="BTHD")
-    return cases + [Case("rope allocates its output", rope_checks.check_own_buffer, dict(impl=apply_rope), gpu_only=True),
+    return cases + [Case("rope allocates its output", rope_checks.check_own_buffer, dict(impl=apply_rope),
+                         gpu_only=True),
                     Case("rope bad input", check_rope_errors, gpu_only=True),
                     Case("rope empty input", rope_checks.check_empty, dict(impl=apply_rope), gpu_only=True),
                     Case("rope 2^31+ elements", rope_checks.check_huge, dict(impl=apply_rope), gpu_only=True)]

@@ -619,8 +619,8 @@ def _cases():
                 t_max=512, d=d, dtype=dtype)
             add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D{d} {dt}", check_paged, gpu_only=True, b=4,
                 h=32, hkv=8, t_max=16384, d=d, dtype=dtype, window=(4095, 0), softcap=50.0, scale=4.0)
-    cases += [Case("head-dim parts", check_head_dim_parts), Case("split heuristic", check_split_heuristic), Case("no keys", check_no_keys),
-              Case("empty input", check_empty), Case("bad input", check_errors),
+    cases += [Case("head-dim parts", check_head_dim_parts), Case("split heuristic", check_split_heuristic),
+              Case("no keys", check_no_keys), Case("empty input", check_empty), Case("bad input", check_errors),
               Case("forward-only operators", check_forward_only),
               Case("2^31+ elements per cache (contiguous, paged)", check_huge, gpu_only=True)]
     # every launch-table row forced on small shapes (the interpreter's own choice is always

@@ -478,7 +478,8 @@ def _cases():
     add("N10 H16 V300 fp16 mean", n=10, h=16, v=300, dtype=torch.float16)
     for dtype in (torch.float32, torch.bfloat16):
         dt = dtype_name(dtype)
-        cases += [Case(f"grad_in_place N37 H32 V300 {dt} mean", check_grad_in_place, dict(n=37, h=32, v=300, dtype=dtype)),
+        cases += [Case(f"grad_in_place N37 H32 V300 {dt} mean", check_grad_in_place,
+                       dict(n=37, h=32, v=300, dtype=dtype)),
                   Case(f"grad_in_place B3 T8 H32 V200 {dt} sum, bias", check_grad_in_place,
                        dict(n=24, h=32, v=200, dtype=dtype, reduction="sum", bias=True, lead=3))]
     cases.append(Case("grad_in_place N37 H32 V300 bf16 mean, class_weight, z-loss", check_grad_in_place,

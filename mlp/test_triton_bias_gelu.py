@@ -306,8 +306,9 @@ def cases():
     grad((5, 1000), torch.float16, has_bias=False)                # plain GELU
     grad((7, 1000), torch.float16, wrt=(0,))                      # dx only: no partial sums
     grad((7, 1000), torch.bfloat16, "tanh", wrt=(1,))             # dbias only: dx is not written
-    return out + [Case("dbias over more bands than one reduce step", check_many_bands), Case("allocates its output", check_own_buffer),
-                  Case("bad input", check_errors), Case("empty input", check_empty), Case("grad mode", check_grad_mode),
+    return out + [Case("dbias over more bands than one reduce step", check_many_bands),
+                  Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
+                  Case("empty input", check_empty), Case("grad mode", check_grad_mode),
                   Case("grad of empty input", check_grad_empty),
                   Case("2^31+ elements", check_huge, dict(n_cols=4096), gpu_only=True),
                   Case("grad 2^31+ elements", check_grad_huge, dict(n_cols=4096), gpu_only=True,

@@ -15,8 +15,9 @@ trained a few AdamW steps, patched against the same model unpatched.
 
 Each case trains three models with one set of initial weights, each sharded the same way, with
 torch.optim.AdamW(fused=True) (the patched model: TritonAdamW too, in a third case), on the same
-batch (each rank its own, every step): the bf16 model patched, the bf16 model unpatched, and the fp32 reference (the bf16 weights widened, exact). The error
-rule is the repository's (models/test_hf_patch.py check_training, models/test_train_step.py):
+batch (each rank its own, every step): the bf16 model patched, the bf16 model unpatched, and the fp32
+reference (the bf16 weights widened, exact). The error rule is the repository's (models/test_hf_patch.py
+check_training, models/test_train_step.py):
   - loss, every step, all-reduced over the ranks: |patched - fp32| <= 2x the largest deviation of
     the unpatched bf16 model from fp32 so far, plus one bf16 rounding (2^-8) of the loss;
   - every parameter's gradient after the first backward, gathered from its shards (full_tensor):

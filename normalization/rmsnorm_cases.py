@@ -113,11 +113,13 @@ def check_grad_huge(n_cols, impl):
     """Past 2^31 elements (bf16): dx of the last rows, where a 32-bit offset would wrap, and
     dweight over every row."""
     rows = huge_rows(n_cols)
-    x, dy, w = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16), rand((n_cols,), torch.bfloat16)
+    x, dy, w = (rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16),
+                rand((n_cols,), torch.bfloat16))
     xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
     dx, dw = torch.autograd.grad(impl(xg, wg, EPS), (xg, wg), dy)
     _, (dx_ref,) = grads_of(lambda x, w: rmsnorm_ref(x, w, EPS), (x[-4:], w), (0,), [dy[-4:]], dtype=torch.float64)
     dw_ref, dw_atol = chunked_param_grad(rows, lambda start, stop: dy[start:stop].double() * x_hat(x[start:stop]),
                                          2 ** 26 // n_cols)  # 64M fp64 values a chunk
-    return [compare("dx, last rows", dx[-4:], dx_ref, tol=grad_tol(torch.bfloat16, rms_grad_atol(x[-4:], w, dy[-4:])["x"])),
+    return [compare("dx, last rows", dx[-4:], dx_ref,
+                    tol=grad_tol(torch.bfloat16, rms_grad_atol(x[-4:], w, dy[-4:])["x"])),
             compare("dweight", dw, dw_ref, tol=grad_tol(torch.bfloat16, dw_atol))]

@@ -157,7 +157,8 @@ CASES += grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb=23)  
 # without weight or bias: the fused kernel in fp32 and bf16, the looped one in fp32 (8300: five
 # chunks of 2048, the last partial)
 AFFINE = {"no bias": (True, False), "bias only": (False, True), "no affine": (False, False)}
-CASES += [Case(f"grad {shape} {dtype_name(dtype)} {name}", check_grad, dict(shape=shape, dtype=dtype, affine=AFFINE[name]))
+CASES += [Case(f"grad {shape} {dtype_name(dtype)} {name}", check_grad,
+               dict(shape=shape, dtype=dtype, affine=AFFINE[name]))
           for shape, dtype, names in (((7, 123), torch.float32, AFFINE), ((7, 123), torch.bfloat16, AFFINE),
                                       ((2, 8300), torch.float32, ("bias only", "no affine")))
           for name in names]
@@ -173,7 +174,8 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for n in (123, 4096, 20000, 65537):
         CASES += [Case(f"(3, {n}) {dtype_name(dtype)} {name} offset=1000", check,
                        dict(shape=(3, n), dtype=dtype, offset=1000.0, affine=affine))
-                  for name, affine in (("w+b", (True, True)), ("no bias", (True, False)), ("no affine", (False, False)))]
+                  for name, affine in (("w+b", (True, True)), ("no bias", (True, False)),
+                                       ("no affine", (False, False)))]
         CASES.append(Case(f"(3, {n}) {dtype_name(dtype)} first eighth offset=1000", check,
                           dict(shape=(3, n), dtype=dtype, offset=1000.0, lead=True)))
 

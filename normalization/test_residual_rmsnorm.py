@@ -152,7 +152,8 @@ def check_grad_huge(n_cols):
     dweight over every row (fp64, a chunk of rows at a time)."""
     rows = huge_rows(n_cols)
     x, r = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16)
-    dy, du, w = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16), rand((n_cols,), torch.bfloat16)
+    dy, du, w = (rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16),
+                 rand((n_cols,), torch.bfloat16))
     leaves = [t.detach().requires_grad_() for t in (x, r, w)]
     y, u = residual_rmsnorm(*leaves, EPS)
     dx, dw = torch.autograd.grad((y, u), (leaves[0], leaves[2]), (dy, du))

@@ -73,7 +73,8 @@ def _layernorm_looped_kernel(
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = col_mask(cols, n_cols, EVEN_N)
-        acc += tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        acc += tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
+                       eviction_policy="evict_last").to(tl.float32)
     mean = tl.sum(acc, axis=0) / n_cols
     # pass 2: squared deviations from the mean
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)

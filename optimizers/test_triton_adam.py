@@ -130,7 +130,8 @@ class Trio:
                     ours = flat_state(self.opt, self.ours, key)
                     out.append(compare(f"{name} {key} vs ref", ours, refs[key], state_tol))
                     if ours.dtype != refs[key].dtype:
-                        out.append(Outcome(f"{name} {key} dtype", False, note=f"{ours.dtype}, expected {refs[key].dtype}"))
+                        out.append(Outcome(f"{name} {key} dtype", False,
+                                           note=f"{ours.dtype}, expected {refs[key].dtype}"))
         steps = [[self.opt.state[p]["step"].item() if p in self.opt.state else 0 for p in ps] for ps in self.ours]
         out.append(Outcome("step counts", steps == self.ref_step, note=str(steps)[:70]))
         untouched = [torch.equal(p.detach(), x) and p not in self.opt.state
@@ -313,7 +314,8 @@ def check_bf16_state_dict():
     torch_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # rounds m and v to bf16
     back = TritonAdamW(params)
     back.load_state_dict(copy.deepcopy(torch_opt.state_dict()))
-    upcast = all(back.state[p][k].dtype == torch.float32 and torch.equal(back.state[p][k], torch_opt.state[q][k].float())
+    upcast = all(back.state[p][k].dtype == torch.float32
+                 and torch.equal(back.state[p][k], torch_opt.state[q][k].float())
                  for p, q in zip(params, theirs) for k in keys)
     same = TritonAdamW(params, state_dtype=None)  # torch's bf16 state kept as it is
     same.load_state_dict(copy.deepcopy(torch_opt.state_dict()))
@@ -435,10 +437,12 @@ def check_errors():
         expect_raises("beta2 < 0", lambda: TritonAdamW([p], betas=(0.9, -0.5)), ValueError, "betas[1]"),
         expect_raises("eps < 0", lambda: TritonAdamW([p], eps=-1e-8), ValueError, "eps"),
         expect_raises("weight_decay < 0", lambda: TritonAdamW([p], weight_decay=-1.0), ValueError, "weight_decay"),
-        expect_raises("group lr < 0", lambda: TritonAdamW([{"params": [p], "lr": -1.0}]), ValueError, "param_groups[0]"),
+        expect_raises("group lr < 0", lambda: TritonAdamW([{"params": [p], "lr": -1.0}]),
+                      ValueError, "param_groups[0]"),
         expect_raises("amsgrad", lambda: TritonAdamW([p], amsgrad=True), ValueError, "amsgrad"),
         expect_raises("maximize", lambda: TritonAdamW([p], maximize=True), ValueError, "maximize"),
-        expect_raises("state_dtype fp16", lambda: TritonAdamW([p], state_dtype=torch.float16), TypeError, "state_dtype"),
+        expect_raises("state_dtype fp16", lambda: TritonAdamW([p], state_dtype=torch.float16),
+                      TypeError, "state_dtype"),
         expect_raises("fp16 param", lambda: TritonAdamW([rand((3,), torch.float16)]), TypeError, "fp32 or bf16"),
         expect_raises("int param", lambda: TritonAdamW([torch.zeros(3, dtype=torch.int32, device=DEVICE)]),
                       TypeError, "fp32 or bf16"),

@@ -1,7 +1,7 @@
 """Where the host time of one forward + backward call of ours goes: cProfile over rmsnorm, swiglu,
-matmul, flash_attention, apply_rope and the two losses, each called as benchmarks/host_bench.py's fwd+bwd rows call it (the same
-shapes and inputs, and the same call, common.bench.train_call: the forward on leaves that require
-grad, then torch.autograd.grad of its outputs).
+matmul, flash_attention, apply_rope and the two losses, each called as benchmarks/host_bench.py's
+fwd+bwd rows call it (the same shapes and inputs, and the same call, common.bench.train_call: the
+forward on leaves that require grad, then torch.autograd.grad of its outputs).
 
     python scripts/host_profile.py                       (GPU: 500 profiled calls an op)
     python scripts/host_profile.py --smoke               (interpreter, tiny shapes, 3 calls: the code runs)

@@ -4,8 +4,8 @@
 
 scripts/profile_ncu.sh wraps this under Nsight Compute. Each target builds its inputs, runs the
 kernel WARMUP times (the first call compiles and autotunes), then PROFILED times inside an NVTX
-range named "profile", the only launches the profiler looks at. Shapes are the benchmarks' headline shapes, large enough to be past L2 (50 MB) where the
-kernel streams memory.
+range named "profile", the only launches the profiler looks at. Shapes are the benchmarks' headline
+shapes, large enough to be past L2 (50 MB) where the kernel streams memory.
 """
 import sys
 

@@ -169,7 +169,8 @@ def peak_sentence(rows, group, ms, peer="liger"):
     if not pairs:
         return ""
     at_most = sum(o <= p for o, p in pairs)
-    return (f"; peak memory at most {peer}'s at {at_most} of {len(pairs)} (ours {span([o for o, _ in pairs], ' MB', fmt)}, "
+    return (f"; peak memory at most {peer}'s at {at_most} of {len(pairs)} "
+            f"(ours {span([o for o, _ in pairs], ' MB', fmt)}, "
             f"{peer}'s {span([p for _, p in pairs], ' MB', fmt)})")
 
 
@@ -183,8 +184,9 @@ def group_sentences(area, rows):
         s = standing(ms)
         who = "ours" if g.ours == "triton" else f"`{g.ours}`"
         peer = "the strongest peer" if not g.peers else " / ".join(f"`{p}`" for p in g.peers)
-        line = (f"**{', '.join(g.ops)}**{'' if g.mode == 'fwd' else ' ' + g.mode}, {g.label} ({s['n']} rows): {who} at or above {peer} "
-                f"at {s['ahead']} of {s['n']}; {who} / {peer.removeprefix('the ')} {s['median']}x median ({s['range']})")
+        line = (f"**{', '.join(g.ops)}**{'' if g.mode == 'fwd' else ' ' + g.mode}, {g.label} ({s['n']} rows): "
+                f"{who} at or above {peer} at {s['ahead']} of {s['n']}; "
+                f"{who} / {peer.removeprefix('the ')} {s['median']}x median ({s['range']})")
         if s["pct"]:
             line += f"; {who} at {s['pct']} of copy bandwidth"
         elif s["tflops"]:
@@ -197,7 +199,8 @@ def group_sentences(area, rows):
             more = f" and {len(behind) - 6} more" if len(behind) > 6 else ""
             line += f". Behind at {shown}{more}"
             notes = area.leader_notes
-            why = [g.why] if g.why else [notes.get((p, g.graph), notes.get(p)) for p in dict.fromkeys(m.peer for m in behind)]
+            why = [g.why] if g.why else [notes.get((p, g.graph), notes.get(p))
+                                         for p in dict.fromkeys(m.peer for m in behind)]
             why = [w for w in dict.fromkeys(why) if w and w not in said]  # each reason once a page
             said.update(why)
             if why:
@@ -319,7 +322,8 @@ def e2e_extra(meta):
     if models:
         out += ["### Where the time goes", "",
                 "One prefill under torch.profiler: time in GEMM kernels over all CUDA kernel time.", "",
-                "| model | T | eager GEMM share | patched GEMM share | eager kernel time (ms) | patched kernel time (ms) |",
+                "| model | T | eager GEMM share | patched GEMM share | eager kernel time (ms) "
+                "| patched kernel time (ms) |",
                 "|---|---|---|---|---|---|"]
         for name, m in models.items():
             prof = m.get("profile") or {}
@@ -390,7 +394,8 @@ def host_sentences(rows):
             over = [f"{op} {shape} ({fmt(v)} us)" for (op, shape), v in costs.items() if v > HOST_BOUND_US]
             layer.append(f"under {words}, {host_span(costs.values())} over {len(costs)} rows, median "
                          f"{fmt(statistics.median(costs.values()))} us, within ~{HOST_BOUND_US} us at "
-                         f"{len(costs) - len(over)} of {len(costs)}" + (f" (over it: {', '.join(over)})" if over else ""))
+                         f"{len(costs) - len(over)} of {len(costs)}"
+                         + (f" (over it: {', '.join(over)})" if over else ""))
         extra = [host_us(by, "torch.ops") - host_us(by, "impl") for by in ours.values()
                  if host_us(by, "torch.ops") is not None and host_us(by, "impl") is not None]
         if extra:
@@ -436,7 +441,8 @@ def host_table(rows, mode):
         layer = host_layer(by)
         line.append(fmt(layer) if layer is not None else "")
         r = by.get("pytorch") or {}
-        line += ["error" if r.get("error") else fmt(r.get("us")), f"`{r['pytorch_call']}`" if r.get("pytorch_call") else ""]
+        line += ["error" if r.get("error") else fmt(r.get("us")),
+                 f"`{r['pytorch_call']}`" if r.get("pytorch_call") else ""]
         out.append("| " + " | ".join(line) + " |")
     return out
 
@@ -579,7 +585,8 @@ def page(area_name, results=RESULTS):
         sel = [r for r in rows if r["op"] == op and mode_of(r) == mode]
         metric = metric_of(sel, area.lower_is_better)
         unit = {"ms": "ms (lower is better)", "GBps": "GB/s", "TFLOPs": "TFLOP/s"}[metric]
-        share = "; ours also as a share of the copy bandwidth" if any(r.get("pct_copy") is not None for r in sel) else ""
+        share = ("; ours also as a share of the copy bandwidth"
+                 if any(r.get("pct_copy") is not None for r in sel) else "")
         out += [f"## {op}" + ("" if mode == "fwd" else f", {mode}"), "",
                 f"{unit}, timed as the docstring above says{share}.", ""]
         out += table(sel, op, metric, area.lower_is_better, extras=extras) + [""]
@@ -615,7 +622,8 @@ MEMORY_SPLIT = (
 
 def summary(results=RESULTS):
     """The README's table: one row per kernel against its strongest peer."""
-    out = ["| kernel | shapes | strongest peer | speedup (peer time / ours), median (range) | ahead at | ours | GPU | details |",
+    out = ["| kernel | shapes | strongest peer | speedup (peer time / ours), median (range) | ahead at | ours "
+           "| GPU | details |",
            "|---|---|---|---|---|---|---|---|"]
     for kernel, area_name, index in SUMMARY:
         if not (results / f"{area_name}.json").exists():
@@ -669,7 +677,8 @@ def main(argv=None):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if args.check:
-        print(f"out of date (run `make report`): {', '.join(map(str, stale))}" if stale else "docs/results and README table up to date")
+        print(f"out of date (run `make report`): {', '.join(map(str, stale))}" if stale
+              else "docs/results and README table up to date")
         return 1 if stale else 0
     print(f"wrote {len(stale)} file(s): {', '.join(map(str, stale))}" if stale else "nothing to update")
     return 0

@@ -101,7 +101,8 @@ if "rope" in WHICH:  # [ROPE_THREADS]
                 k = torch.randn(batch, kv, seq, dim, device="cuda").to(dtype)
             angles = torch.rand(1, seq, dim, device="cuda") * 100
             cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-            q_out, k_out = torch.empty(q.shape, dtype=dtype, device="cuda"), torch.empty(k.shape, dtype=dtype, device="cuda")
+            q_out, k_out = (torch.empty(q.shape, dtype=dtype, device="cuda"),
+                            torch.empty(k.shape, dtype=dtype, device="cuda"))
             results = {}
             for most in (64, 128, 256, 512):
                 cfg = lc.rope_config(dim, heads + kv, 2, True, max_threads=most)
@@ -109,7 +110,8 @@ if "rope" in WHICH:  # [ROPE_THREADS]
                 results[label] = bench(lambda: ops.launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg))
             d = lc.rope_config(dim, heads + kv, 2, True)
             n_bytes = 2 * batch * (heads + kv) * seq * dim * 2 + 2 * seq * dim * 2
-            name = f"rope B{batch} H{heads}/{kv} T{seq} D{dim}{' interleaved' if interleaved else ''}{' BTHD' if strided else ''}"
+            name = (f"rope B{batch} H{heads}/{kv} T{seq} D{dim}"
+                    f"{' interleaved' if interleaved else ''}{' BTHD' if strided else ''}")
             report(f"{name} {str(dtype)[6:]}", n_bytes, results, f"{d.threads_pairs}x{d.threads_heads} threads",
                    bench(lambda: triton_rope(q, k, cos, sin, interleaved)))
             del q, k, q_out, k_out

@@ -1,5 +1,5 @@
-"""GPU sweep for gemm/triton_gemv.py: one-token decode (M = 1) against cuBLAS and the tiled tensor-core kernel (split-K),
-over a few GEMV configs, to set GEMV_CONFIGS from measurement.
+"""GPU sweep for gemm/triton_gemv.py: one-token decode (M = 1) against cuBLAS and the tiled tensor-core kernel
+(split-K), over a few GEMV configs, to set GEMV_CONFIGS from measurement.
 
     python scripts/tune/gemv_sweep.py           (GPU: fp16 and bf16, both layouts; ~3 min on an H100, compiles included)
     python scripts/tune/gemv_sweep.py --bf16    (one dtype, about half the time; --fp16 likewise)
@@ -104,7 +104,7 @@ def sweep(dtype, layout, n, k, n_sms, copy, rel_times):
             return c
         return fn
 
-    providers = {"cuBLAS": (lambda: torch.matmul(a, b), None, None), 
+    providers = {"cuBLAS": (lambda: torch.matmul(a, b), None, None),
                  # the tiled tensor-core kernel with its split-K (what M = 1 ran before the GEMV)
                  "tiled": (lambda: launch_matmul(a, b, None, None, c, kernel="tiled"), "tiled", None)}
     for config in CANDIDATES[layout]:

@@ -16,7 +16,8 @@ def us(fn):
     return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 for dtype in (torch.bfloat16, torch.float16):
-    for m, n, k in ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 14336, 4096), (8192, 14336, 4096), (4096, 4096, 14336)):
+    for m, n, k in ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 14336, 4096), (8192, 14336, 4096),
+                    (4096, 4096, 14336)):
         a, b = torch.randn(m, k, device="cuda").to(dtype), torch.randn(k, n, device="cuda").to(dtype)
         c = torch.empty(m, n, device="cuda", dtype=dtype)
         res = {}
@@ -25,7 +26,8 @@ for dtype in (torch.bfloat16, torch.float16):
             for g in (8, 16):
                 tiled.GROUP_M = g
                 for cfg in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4)):
-                    fn = lambda: tm.launch_matmul(a, b, None, None, c, config=cfg)
+                    def fn():
+                        return tm.launch_matmul(a, b, None, None, c, config=cfg)
                     fn()
                     res.setdefault(f"G{g} s{cfg[4]}", []).append(us(fn))
         tiled.GROUP_M = SHIPPED
@@ -33,5 +35,7 @@ for dtype in (torch.bfloat16, torch.float16):
         pick = picked_config(tiled._matmul_kernel, a, b, m, n, k)
         res["auto"] = [us(lambda: tm.matmul(a, b))]
         cub = min(res["cuBLAS"])
-        print(f"{str(dtype)[6:]} {m}x{n}x{k}: " + " | ".join(f"{kk} {min(v):.1f} ({cub / min(v):.3f})" for kk, v in res.items())
-              + f" pick {pick['BLOCK_M']}x{pick['BLOCK_N']}x{pick['BLOCK_K']} s{pick['num_stages']} G{pick['GROUP_M']}", flush=True)
+        print(f"{str(dtype)[6:]} {m}x{n}x{k}: "
+              + " | ".join(f"{kk} {min(v):.1f} ({cub / min(v):.3f})" for kk, v in res.items())
+              + f" pick {pick['BLOCK_M']}x{pick['BLOCK_N']}x{pick['BLOCK_K']}"
+                f" s{pick['num_stages']} G{pick['GROUP_M']}", flush=True)

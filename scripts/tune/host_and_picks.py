@@ -79,7 +79,8 @@ if "host" in PARTS:
     a1024 = torch.randn(1024, 256, device=dev, dtype=dt)
     x4 = torch.randn(4, 4096, device=dev, dtype=dt)
     nw = torch.randn(4096, device=dev, dtype=dt)
-    x4s, nws, ws = torch.randn(4, 512, device=dev, dtype=dt), torch.randn(512, device=dev, dtype=dt), torch.randn(512, 512, device=dev, dtype=dt)
+    x4s, nws, ws = (torch.randn(4, 512, device=dev, dtype=dt), torch.randn(512, device=dev, dtype=dt),
+                    torch.randn(512, 512, device=dev, dtype=dt))
     q = torch.randn(1, 32, 128, device=dev, dtype=torch.float16)
     kc, vc = (torch.randn(1, 512, 8, 128, device=dev, dtype=torch.float16) for _ in range(2))
     lens = torch.full((1,), 512, dtype=torch.int32, device=dev)
@@ -112,7 +113,8 @@ if "auto" in PARTS:
             err = ((c.float() - a.float() @ b.float()).abs().max()).item()
             kern = tm.choose_kernel(a, b, c, m)
             pick = picked_config(tiled._matmul_kernel if kern == "tiled" else tma._matmul_tma_kernel, a, b, m, n, k)
-            pick = {kk: v for kk, v in (pick or {}).items() if kk in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps")}
+            pick = {kk: v for kk, v in (pick or {}).items()
+                    if kk in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps")}
             f_ours, f_cub = (lambda: tm.matmul(a, b, out=c)), (lambda: torch.matmul(a, b))
             print(f"{str(dtype)[6:]} {m}x{n}x{k} [{kern}] tuned in {tune_s:.1f}s pick {pick} err {err:.3g}: "
                   f"GPU ours {gpu_us(f_ours):.1f} cuBLAS {gpu_us(f_cub):.1f} | do_bench ours "
@@ -126,7 +128,8 @@ if "m1" in PARTS:
             a = torch.randn(1, k, device=dev).to(dtype)
             b = torch.randn(k, n, device=dev).to(dtype)
             c = torch.empty(1, n, device=dev, dtype=dtype)
-            cells = [f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}", f"auto {gpu_us(lambda: tm.matmul(a, b, out=c)):.1f}"]
+            cells = [f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}",
+                     f"auto {gpu_us(lambda: tm.matmul(a, b, out=c)):.1f}"]
             for cfg in ((16, 128, 128, 4, 4), (16, 256, 64, 8, 4), (16, 256, 64, 4, 4), (16, 256, 128, 8, 3)):
                 for sk in (1, 2, 4, 8):
                     fn = lambda: tm.launch_matmul(a, b, None, None, c, config=cfg, split_k=sk)  # noqa
@@ -160,7 +163,9 @@ if "fused" in PARTS:
                                      y.stride(0), y.stride(1), 1e-6, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=16,
                                      num_warps=wp, num_stages=st)
                 try:
-                    y.fill_(float("nan")); fn(); torch.cuda.synchronize()
+                    y.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
                     bad = "" if ((y.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2 else " BAD"
                     plain = gpu_us(lambda: tm.launch_matmul(x, w.t(), None, None, y, config=cfg))
                     cells.append(f"{cfg} {gpu_us(fn):.1f}{bad} (mm {plain:.1f})")
@@ -178,7 +183,8 @@ if "small" in PARTS:
                 b = w.T if lin else w.T.contiguous()
                 c = torch.empty(m, n, device=dev, dtype=dtype)
                 cells = [f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}"]
-                for cfg in [cf for cf in tiled.CONFIGS if cf[0] <= max(16, m) and cf[0] < 128] + [(16, 64, 256, 4, 4), (32, 128, 128, 4, 4), (64, 128, 128, 4, 3), (16, 256, 64, 4, 4)]:
+                for cfg in ([cf for cf in tiled.CONFIGS if cf[0] <= max(16, m) and cf[0] < 128]
+                            + [(16, 64, 256, 4, 4), (32, 128, 128, 4, 4), (64, 128, 128, 4, 3), (16, 256, 64, 4, 4)]):
                     fn = lambda: tm.launch_matmul(a, b, None, None, c, config=cfg)  # noqa: E731
                     try:
                         cells.append(f"{cfg} {gpu_us(fn):.1f}")
@@ -211,7 +217,9 @@ if "tma1024" in PARTS:
             for cfg in tma.TMA_CONFIGS + [e for e in extra if e not in tma.TMA_CONFIGS]:
                 fn = lambda: tma.launch_matmul_tma(a, b, None, None, c, sm_count(dev, tma.INTERPRET_SMS), cfg)  # noqa: E731
                 try:
-                    c.fill_(float("nan")); fn(); torch.cuda.synchronize()
+                    c.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
                     bad = "" if ((c.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2 else " BAD"
                     cells.append(f"{cfg} {gpu_us(fn):.1f}{bad}")
                 except Exception as e:  # noqa: BLE001  (out of shared memory: report and go on)

@@ -118,7 +118,8 @@ def sweep_shape(m, n, k, num_sms):
     ours = lambda: matmul(a, b)  # noqa: E731
     head = (f"{f'{m}x{n}x{k}':>16s} cuBLAS {cublas:7.1f}  matmul() {cell(shipped, cublas)} [{path}]\n"
             f"    graphs: cuBLAS {graph_us(lambda: torch.matmul(a, b)):6.1f} matmul() {graph_us(ours):6.1f}; "
-            f"host: cuBLAS {host_time_us(lambda: torch.matmul(a, b), calls=100):5.1f} matmul() {host_time_us(ours, calls=100):5.1f}")
+            f"host: cuBLAS {host_time_us(lambda: torch.matmul(a, b), calls=100):5.1f} "
+            f"matmul() {host_time_us(ours, calls=100):5.1f}")
     if QUICK:
         print(head, flush=True)
         return

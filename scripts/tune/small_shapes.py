@@ -44,7 +44,8 @@ def line(label, fns, ref=None):
         err = ""
         if ref is not None:
             err = f" e{((fn().float() - ref).abs().max() / ref.abs().max()).item():.1e}"
-        fn(); torch.cuda.synchronize()
+        fn()
+        torch.cuda.synchronize()
         cells.append(f"{name}: host {host_time_us(fn):5.1f} eager {bench_us(fn):6.1f} gpu {gpu_us(fn):6.1f}{err}")
     print(f"{label:24s} " + " | ".join(cells), flush=True)
 
@@ -109,7 +110,9 @@ if "rl" in PARTS:
                 cfg = (bm, bn, bk, sp, wp, st)
                 fn = lambda: trl.launch_decode(x, nw, w, 1e-6, y, config=cfg)  # noqa: E731
                 try:
-                    y.fill_(float("nan")); fn(); torch.cuda.synchronize()
+                    y.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
                 except Exception as e:
                     cells.append(f"{cfg} {type(e).__name__}")
                     continue
@@ -143,7 +146,8 @@ if "1024" in PARTS:
         for cfg in tm.CONFIGS + [(64, 128, 64, 4, 3), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4), (128, 128, 64, 8, 3)]:
             fn = lambda: tm.launch_matmul(a, b, None, None, c, config=cfg)  # noqa: E731
             try:
-                fn(); torch.cuda.synchronize()
+                fn()
+                torch.cuda.synchronize()
             except Exception as e:  # out of shared memory or registers
                 cells.append(f"{cfg} {type(e).__name__}")
                 continue

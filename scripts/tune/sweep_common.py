@@ -63,8 +63,9 @@ def report_config(name, call, out, ref, picked, n_bytes=None, copy_GBps=None, fl
                   may_refuse=False, versus="SDPA"):
     """Runs call() once, checks `out` against `ref` (tensors, or tuples of them), then times it and
     prints one line: GB/s and % of copy_GBps for `n_bytes` a call, or TFLOP/s and the ratio to
-    sdpa_TFLOPs (the baseline named `versus`) for `flops`. A wrong result prints BAD; where may_refuse, a call that raises (out of
-    shared memory or registers) prints REFUSED; neither is timed. '*' marks the config the tables pick.
+    sdpa_TFLOPs (the baseline named `versus`) for `flops`. A wrong result prints BAD; where may_refuse, a
+    call that raises (out of shared memory or registers) prints REFUSED; neither is timed. '*' marks the
+    config the tables pick.
     Returns the rate printed, None for BAD or REFUSED."""
     if (n_bytes is None) == (flops is None):
         raise ValueError("report_config: give exactly one of n_bytes and flops")

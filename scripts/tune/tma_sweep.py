@@ -41,7 +41,8 @@ def main():
                 fns["ptr %dx%dx%d s%d" % (cfg[0], cfg[1], cfg[2], cfg[4])] = \
                     lambda cfg=cfg: tm.launch_matmul(a, b, None, None, c, config=cfg)
             for cfg in tma.TMA_CONFIGS:
-                fns["tma %dx%dx%d w%d s%d e%d" % cfg] = lambda cfg=cfg: tma.launch_matmul_tma(a, b, None, None, c, sms, cfg)
+                fns["tma %dx%dx%d w%d s%d e%d" % cfg] = \
+                    lambda cfg=cfg: tma.launch_matmul_tma(a, b, None, None, c, sms, cfg)
             fns["tma auto"] = lambda: tma.launch_matmul_tma(a, b, None, None, c, sms)
             res = {}
             for name, fn in list(fns.items()):
@@ -64,7 +65,9 @@ def main():
                             if name in fns}
                 print("  host us a call: " + ", ".join(f"{kk} {v:.1f}" for kk, v in res_host.items()), flush=True)
             cub = min(res["cuBLAS"])
-            tf = lambda t: 2 * m * n * k / t / 1e6
+
+            def tf(t):
+                return 2 * m * n * k / t / 1e6
             print(f"{str(dtype)[6:]} {m}x{n}x{k}: cuBLAS {cub:.1f} us {tf(cub):.0f} TF | "
                   + " | ".join(f"{kk} {min(v):.1f} ({cub / min(v):.3f})" for kk, v in res.items() if kk != "cuBLAS"),
                   flush=True)
@@ -77,7 +80,8 @@ def main():
     tma.launch_matmul_tma(a, w.T, None, None, c, sms)
     err = (c.float() - (a @ w.T).float()).abs().max().item()
     print(f"  host us a call: matmul() {host_time_us(lambda: tm.matmul(a, w.T, out=c)):.1f}")
-    print(f"bf16 4096^3 b = W.T: cuBLAS {us(lambda: a @ w.T):.1f} us, tma auto {us(lambda: tma.launch_matmul_tma(a, w.T, None, None, c, sms)):.1f} us, err {err:.3g}")
+    print(f"bf16 4096^3 b = W.T: cuBLAS {us(lambda: a @ w.T):.1f} us, "
+          f"tma auto {us(lambda: tma.launch_matmul_tma(a, w.T, None, None, c, sms)):.1f} us, err {err:.3g}")
 
 
 if __name__ == "__main__":

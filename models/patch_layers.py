@@ -1,0 +1,112 @@
+"""The model patch's instance forwards of RMSNorm modules, decoder layers and MLPs (models/hf_patch.py
+describes the patch): functools.partial(fn, module, original_forward, state) is set as the
+module's forward (patch_state.replace_forward)."""
+import functools
+
+import torch
+
+from llmk.mlp.triton_glu import geglu, swiglu
+from llmk.models.patch_state import kernel_ready
+from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+from llmk.normalization.triton_rmsnorm import rmsnorm
+
+
+def _norm_eps(norm):
+    """The RMSNorm's epsilon: Llama-style modules call it variance_epsilon, Gemma's eps."""
+    return norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+
+
+def rmsnorm_forward(norm, original, state, hidden_states):
+    """The model's RMSNorm: hidden_states (..., N) -> (..., N), same dtype."""
+    if hidden_states.dtype == norm.weight.dtype and kernel_ready(hidden_states, norm.weight):
+        state.calls["rmsnorm"] += 1
+        return rmsnorm(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset)
+    state.calls["rmsnorm fallback"] += 1
+    return original(hidden_states)
+
+
+def _add_and_norm(state, hidden_states, residual, norm):
+    """(norm(residual + hidden_states), residual + hidden_states): one residual_rmsnorm pass where
+    it covers the call, else the add and the module."""
+    if (hidden_states.shape == residual.shape and hidden_states.dtype == residual.dtype == norm.weight.dtype
+            and not (norm._forward_hooks or norm._forward_pre_hooks)
+            and kernel_ready(hidden_states, residual, norm.weight)):
+        state.calls["residual_rmsnorm"] += 1
+        return residual_rmsnorm(hidden_states, residual, norm.weight, _norm_eps(norm), offset=state.norm_offset)
+    state.calls["residual_rmsnorm fallback"] += 1
+    residual = residual + hidden_states
+    return norm(residual), residual
+
+
+def decoder_layer_forward(layer, original, state, hidden_states, attention_mask=None, position_ids=None,
+                           use_cache=False, position_embeddings=None, **kwargs):
+    """The decoder layer (transformers 5.17 and newer, every supported family): hidden_states
+    (B, T, N) -> (B, T, N), the layer's steps with the add after attention fused into
+    post_attention_layernorm. The KV cache stays in kwargs under the name the caller gave it
+    (`cache`, or `past_key_values` before transformers renamed it), so no version warns."""
+    residual = hidden_states
+    hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states),
+                                       attention_mask=attention_mask, position_ids=position_ids,
+                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    hidden_states, residual = _add_and_norm(state, hidden_states, residual, layer.post_attention_layernorm)
+    return residual + layer.mlp(hidden_states)
+
+
+def sandwich_layer_forward(layer, original, state, hidden_states, position_embeddings=None, attention_mask=None,
+                            position_ids=None, **kwargs):
+    """Gemma 2 / Gemma 3's decoder layer (transformers 5.17 and newer), whose attention and MLP
+    outputs are normed too: hidden_states (B, T, N) -> (B, T, N), the add after
+    post_attention_layernorm fused into pre_feedforward_layernorm. The cache travels in kwargs, as
+    in decoder_layer_forward."""
+    residual = hidden_states
+    hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states),
+                                       position_embeddings=position_embeddings, attention_mask=attention_mask,
+                                       position_ids=position_ids, **kwargs)
+    hidden_states, residual = _add_and_norm(state, layer.post_attention_layernorm(hidden_states), residual,
+                                            layer.pre_feedforward_layernorm)
+    return residual + layer.post_feedforward_layernorm(layer.mlp(hidden_states))
+
+
+def checkpointed(layer_forward):
+    """layer_forward, run through the layer's activation checkpointing when the model turned it on.
+
+    transformers 5.17 checkpoints a GradientCheckpointingLayer in its __call__, around whatever
+    forward the instance has, ours included. Later versions checkpoint inside the class's forward,
+    which an instance forward replaces: there this wrapper does what that class forward would (the
+    cache left out, use_cache off, the layer's checkpoint function around the call)."""
+    @functools.wraps(layer_forward)
+    def forward(layer, original, state, *args, **kwargs):
+        if (getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled()
+                and _checkpoints_in_forward()):
+            if kwargs.get("use_cache"):
+                kwargs["use_cache"] = False
+            if not getattr(layer, "_can_checkpoint_with_cache", False):
+                kwargs.update({name: None for name in ("cache", "past_key_values") if kwargs.get(name) is not None})
+            return layer._gradient_checkpointing_func(
+                functools.partial(layer_forward, layer, original, state, **kwargs), *args)
+        return layer_forward(layer, original, state, *args, **kwargs)
+    return forward
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpoints_in_forward():
+    """Whether this transformers checkpoints its layers inside their class's forward (no __call__ of
+    its own on GradientCheckpointingLayer: 5.24 does, 5.17 does not) rather than around it."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return "__call__" not in vars(GradientCheckpointingLayer)
+
+
+def mlp_forward(mlp, original, state, x):
+    """Gated MLP: x (B, T, N) -> down_proj(act(gate_proj(x)) * up_proj(x)), (B, T, N), act SiLU
+    (swiglu) or GELU (geglu, Gemma's tanh form)."""
+    kernel, approximate = state.mlp
+    if kernel_ready(x, mlp.gate_proj.weight, mlp.up_proj.weight):
+        state.calls[kernel] += 1
+        # the projections are this call's own temporaries: the backward may write over them
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        if kernel == "swiglu":
+            return mlp.down_proj(swiglu(gate, up, grad_in_place=True))
+        return mlp.down_proj(geglu(gate, up, approximate, grad_in_place=True))
+    state.calls[f"{kernel} fallback"] += 1
+    return original(x)
