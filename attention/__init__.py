@@ -1,1 +1,12 @@
-"""Attention: references, row softmax, rotary embeddings and the fused FlashAttention forward."""
+"""Attention: FlashAttention (dense, packed and padded), row softmax and rotary embeddings.
+
+`from llmk.attention import flash_attention` imports the module that defines the name when it is first
+asked for (common/exports.py): importing the folder imports no kernel."""
+from llmk.common.exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "flash_attention": "triton_flash_attention",
+    "flash_attention_varlen": "triton_flash_attention",
+    "softmax": "triton_softmax",
+    "apply_rope": "triton_rope",
+})

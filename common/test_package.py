@@ -173,7 +173,49 @@ def check_old_triton():
             Outcome("the GPU path: no problem whatever the version", problem("3.6.0", interpret=False) is None)]
 
 
+FACADE_PROBE = """
+import importlib, json, sys
+out = {}
+for folder in %r:
+    package = importlib.import_module("llmk." + folder)
+    loaded = sorted(m for m in sys.modules if m.startswith("llmk." + folder + "."))
+    names = {}
+    for name in package.__all__:
+        value = getattr(package, name)
+        names[name] = getattr(value, "__module__", "")
+    try:
+        getattr(package, "no_such_name")
+        missing = "no error"
+    except AttributeError as e:
+        missing = str(e)
+    out[folder] = dict(loaded_on_import=loaded, names=names, missing=missing,
+                       in_dir=all(n in dir(package) for n in package.__all__))
+print(json.dumps(out))
+"""
+FACADES = ("normalization", "attention", "mlp", "gemm", "losses", "inference", "optimizers", "models")
+
+
+def check_facades():
+    """Each folder's facade (common/exports.py), in a fresh interpreter: importing the folder loads
+    none of its modules; every name of its __all__ resolves to an object defined in that folder and
+    is in dir(); an unknown name raises AttributeError naming it."""
+    import json
+    found = json.loads(run([sys.executable, "-c", FACADE_PROBE % (FACADES,)], ROOT, "facade probe").splitlines()[-1])
+    outcomes = []
+    for folder in FACADES:
+        got = found[folder]
+        outside = {n: m for n, m in got["names"].items() if not m.startswith(f"llmk.{folder}.")}
+        outcomes += [Outcome(f"{folder}: importing it loads no module of it", not got["loaded_on_import"],
+                             note=", ".join(got["loaded_on_import"])[:150]),
+                     Outcome(f"{folder}: {len(got['names'])} names from its own modules, in dir()",
+                             bool(got["names"]) and not outside and got["in_dir"], note=str(outside)[:150]),
+                     Outcome(f"{folder}: an unknown name raises AttributeError", "no_such_name" in got["missing"],
+                             note=got["missing"][:100])]
+    return outcomes
+
+
 CASES = [Case("pyproject and requirements.txt", check_declared), Case("floors", check_floors),
+         Case("folder facades", check_facades),
          Case("wheel in a fresh environment", check_wheel),
          Case("a Triton too old for the interpreter", check_old_triton)]
 

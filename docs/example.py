@@ -7,11 +7,11 @@ an interactive prompt).
                                Triton's interpreter, in seconds)
 """
 import torch
-from llmk.attention.triton_flash_attention import flash_attention
+from llmk.attention import flash_attention
 from llmk.common.device import DEVICE
-from llmk.gemm.triton_matmul import matmul
-from llmk.mlp.triton_glu import swiglu
-from llmk.normalization.triton_rmsnorm import rmsnorm
+from llmk.gemm import matmul
+from llmk.mlp import swiglu
+from llmk.normalization import rmsnorm
 dtype = torch.float16
 with torch.inference_mode():  # inference: no autograd graph
     x = torch.randn(4, 64, device=DEVICE, dtype=dtype)
@@ -32,7 +32,7 @@ loss = matmul(rmsnorm(x, g, eps=1e-6), w, activation="silu").float().square().me
 loss.backward()                                                    # g.grad, w.grad
 # a transformers model with our kernels in place
 from transformers import LlamaConfig, LlamaForCausalLM
-from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
+from llmk.models import kernel_calls, patch_model, unpatch_model
 config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                      num_key_value_heads=1, vocab_size=256)  # head dim 64
 model = LlamaForCausalLM(config).to(DEVICE, dtype).eval()          # random weights, nothing downloaded

@@ -1,1 +1,10 @@
-"""Tiled FP16/BF16 GEMM with a fused epilogue, and RMSNorm fused into a linear layer."""
+"""GEMM: matmul with fused epilogues (tiled, persistent TMA, GEMV) and RMSNorm + linear.
+
+`from llmk.gemm import matmul` imports the module that defines the name when it is first
+asked for (common/exports.py): importing the folder imports no kernel."""
+from llmk.common.exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "matmul": "triton_matmul",
+    "rmsnorm_linear": "triton_rmsnorm_linear",
+})
