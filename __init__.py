@@ -12,7 +12,8 @@ The subpackages are the repository's folders (pyproject.toml maps `llmk` to the 
     llmk.optimizers      AdamW
     llmk.models          the Hugging Face model patch, FSDP2 helpers
     llmk.cuda_cpp        CUDA C++ versions of three kernels, for comparison
-    llmk.common          what the folders share: device choice, checks, testing, timing, results
+    llmk.common          the runtime the folders share: device choice, operators, checks, timing
+    llmk.devtools        the tests' and benchmarks' tooling: PASS/FAIL tables, timing, results
     llmk.benchmarks      the benchmarks behind docs/results
 
 Importing `llmk` imports nothing else; a kernel module pulls in what it uses when it is imported.

@@ -1,6 +1,6 @@
 """pytest collects every test script's CASES, the same list the script runs on its own."""
 from llmk.common.device import INTERPRET, quiet_interpreter
-from llmk.common.testing import select_cases
+from llmk.devtools.testing import select_cases
 
 
 def pytest_configure(config):

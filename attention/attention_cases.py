@@ -15,7 +15,7 @@ case where one p carries the error (a row of two keys: |error| <= u * S). The fp
 A bound tied to max|v| instead (u * max|v|) sits 4-11x above the real error of a long row, where
 |O| ~ max|v| / sqrt(T): a 1% error in the softmax scale passed it in bf16. This one catches it.
 """
-from llmk.common.testing import UNIT_ROUNDOFF, Tol
+from llmk.devtools.testing import UNIT_ROUNDOFF, Tol
 
 P_ROUNDING_BOUND = 4.0
 ATOL_FLOOR = 1e-6

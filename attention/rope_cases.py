@@ -4,7 +4,7 @@ import torch
 
 from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.common.device import DEVICE
-from llmk.common.testing import Outcome, compare, rand
+from llmk.devtools.testing import Outcome, compare, rand
 
 
 def make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided=None):

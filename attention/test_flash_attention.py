@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
+from llmk.attention.attention_checks import CHECK_SEQLENS_ENV, seqlens_checked
 from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
 from llmk.attention.triton_flash_attention import (
     CONFIG_TABLE,
@@ -49,7 +50,8 @@ from llmk.attention.triton_flash_attention_bwd import (
 )
 from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (
+from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
+from llmk.devtools.testing import (
     UNIT_ROUNDOFF,
     Case,
     Outcome,
@@ -64,8 +66,6 @@ from llmk.common.testing import (
     poisoned,
     rand,
 )
-from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
-from llmk.common.validation import CHECK_SEQLENS_ENV, seqlens_checked
 
 
 def attention_tol(q, k, v, causal, sm_scale, window=None, softcap=None):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from llmk.attention.reference_attention import causal_mask, expand_kv, naive_attention
 from llmk.attention.reference_blocked_attention import blocked_attention
-from llmk.common.testing import Case, Outcome, Tol, compare, expect_raises, main, rand
+from llmk.devtools.testing import Case, Outcome, Tol, compare, expect_raises, main, rand
 
 FP64 = Tol(1e-12, 1e-12, "fp64 throughout; only the order of the sums differs")
 

@@ -17,7 +17,7 @@ from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
 from llmk.attention.rope_cases import check_empty, check_huge, check_own_buffer, make_qk, make_table
 from llmk.attention.triton_rope import ROPE_TABLE, apply_rope, table_row
 from llmk.common.device import DEVICE
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     TOLERANCES,
     Case,
     Outcome,
@@ -51,7 +51,7 @@ def check(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, l
     q_out, k_out = apply_rope(q, k, cos, sin, interleaved, out=out)
     q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double(), interleaved)
     # the HF way in the input dtype (table cast to it, three roundings) bounds our error (2x rule);
-    # tolerances: common.testing.TOLERANCES, the rule for fp32 math rounded once to the output dtype
+    # tolerances: devtools.testing.TOLERANCES, the rule for fp32 math rounded once to the output dtype
     q_torch, k_torch = apply_rope_ref(q, k, cos, sin, interleaved)
     return [compare("q", q_out, q_ref, torch_out=q_torch), compare("k", k_out, k_ref, torch_out=k_torch),
             *passed_through(rotary_dim, (q, k), (q_out, k_out))]

@@ -29,7 +29,7 @@ from llmk.attention.triton_softmax import (
     table_row,
 )
 from llmk.common.device import DEVICE, sm_count
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     TOLERANCES,
     UNIT_ROUNDOFF,
     Case,

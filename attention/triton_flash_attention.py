@@ -40,18 +40,17 @@ import math
 
 import torch
 
-from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
-from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
-from llmk.common.ops import define_op, define_ops, needs_grad
-from llmk.common.validation import (
+from llmk.attention.attention_checks import (
     check_cu_seqlens,
     check_cu_seqlens_values,
-    check_same_device,
     check_softcap,
-    check_tensor,
     check_window,
     seqlens_checked,
 )
+from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
+from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
+from llmk.common.ops import define_op, define_ops, needs_grad
+from llmk.common.validation import check_same_device, check_tensor
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
 
@@ -121,7 +120,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 def check_varlen_values(q, k, cu_q, cu_k, max_q, max_k):
     """The operators' check of cu_seqlens' values before a launch reads through them: on the CPU
-    always, on a GPU under LLMK_CHECK_SEQLENS=1 (common/validation.py's seqlens_checked): a length
+    always, on a GPU under LLMK_CHECK_SEQLENS=1 (attention/attention_checks.py's seqlens_checked): a length
     past the packed tensors would read and write out of bounds. The operators run it, not the
     public function, so direct and compiled calls are checked too."""
     if seqlens_checked(cu_q):

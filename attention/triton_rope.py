@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from llmk.attention.rope_checks import check_rope_args, rope_outputs
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.ops import define_op, define_ops
-from llmk.common.validation import check_rope_args, rope_outputs
 
 
 @triton.jit

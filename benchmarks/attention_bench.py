@@ -49,10 +49,10 @@ import torch.nn.functional as F
 from llmk.attention.reference_attention import naive_attention, visible_mask
 from llmk.attention.reference_blocked_attention import blocked_attention
 from llmk.attention.triton_flash_attention import flash_attention, flash_attention_varlen
-from llmk.common.bench import train_call
 from llmk.common.device import DEVICE
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.results import plot_sweeps
+from llmk.devtools.bench import train_call
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.results import plot_sweeps
 
 DTYPES = (torch.float16, torch.bfloat16)
 TOKENS = 16384

@@ -37,11 +37,11 @@ from llmk.benchmarks.sweeps import (
     swiglu_bytes,
 )
 from llmk.common.device import INTERPRET
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.results import plot_sweeps
-from llmk.common.testing import rand
 from llmk.cuda_cpp import ops as cuda_kernels
 from llmk.cuda_cpp.extension import extension, unavailable_reason
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.results import plot_sweeps
+from llmk.devtools.testing import rand
 from llmk.mlp.reference_mlp import swiglu_ref
 from llmk.mlp.triton_glu import swiglu as triton_swiglu
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref

@@ -25,10 +25,10 @@ Bytes a step (GB/s, share of copy): every weight once, 2 * P_layer (P_layer: lla
 LayerConfig.n_params, 218M for Llama, 233M for Qwen2), + the KV cache read, B * 2 * T * Hkv * D * 2,
 + the new k and v written, B * 2 * Hkv * D * 2, + x read and y written, 2 * B * hidden * 2.
 Activations between the kernels (a few MB at B = 32, against 436-466 MB of weights) are left out.
-ms: do_bench medians (common.bench.time_ms; 10 ms warm-up, 50 ms of repetitions, --warmup and
+ms: do_bench medians (common.timing.time_ms; 10 ms warm-up, 50 ms of repetitions, --warmup and
     --rep change them); for a graph, of g.replay() alone.
 max_err: against the PyTorch step in fp32 (weights and caches widened) on the
-    first (up to) two sequences. The max_err gate (common/harness.py) holds our three providers to
+    first (up to) two sequences. The max_err gate (devtools/harness.py) holds our three providers to
     the PyTorch providers' error.
     python benchmarks/decode_step_bench.py            (GPU; benchmarks/results/decode_step.json and PNGs)
     python benchmarks/decode_step_bench.py --smoke    (interpreter, tiny layers; no CUDA graphs there)
@@ -39,8 +39,8 @@ import functools
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import BenchCase, max_err, parse_args, run
-from llmk.common.results import plot_sweeps
+from llmk.devtools.harness import BenchCase, max_err, parse_args, run
+from llmk.devtools.results import plot_sweeps
 from llmk.models.llama_layer import CONFIGS, decode_step, make_weights, mark_static, rope_tables, torch_decode_step
 
 OURS = ("ours-eager", "ours-graph", "ours-reduce-overhead")

@@ -13,10 +13,10 @@ decode   32 steps on a DynamicCache after a 512-token prompt at batch 1 and 16, 
          2 * (L * P_layer + H * V) (the embedding reads B rows only), plus the K and V cache read
          at the mean context, B * 2 * L * Hkv * D * 2 * (512 + 33/2). GB/s from those.
          Decode runs are the median of 3 after a warm-up (CUDA events; do_bench's 5 estimate runs
-         would triple the time of these second-long runs). Prefill uses common.bench.time_ms.
+         would triple the time of these second-long runs). Prefill uses common.timing.time_ms.
 max_err  largest |logits - eager logits| in fp32 over the compared positions (prefill: the last
          position; decode: every step), so each timing sits beside its numerical cost. The max_err
-         gate (common/harness.py) holds triton to 2 x torch.compile's error at the same row, where
+         gate (devtools/harness.py) holds triton to 2 x torch.compile's error at the same row, where
          compile ran, plus LOGITS_ATOL: the logits of 28-32 bf16 layers drift from eager's by about
          0.3-0.5 whatever runs them, and decode has no second implementation to compare with. Eager
          always runs (it is the reference), even where --only leaves its rows out.
@@ -44,10 +44,10 @@ import time
 
 import torch
 
-from llmk.common.bench import time_ms
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import parse_args, run
-from llmk.common.results import make_row, plot_sweeps, shape_str
+from llmk.common.timing import time_ms
+from llmk.devtools.harness import parse_args, run
+from llmk.devtools.results import make_row, plot_sweeps, shape_str
 
 # The shapes of the published configs (config.json of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B).
 MODELS = {

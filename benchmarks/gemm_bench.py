@@ -9,7 +9,7 @@ Work and bytes (M, N, K; e = element size):
     epilogue rows add the bias (N*e); rmsnorm_linear rows add the norm weight (K*e) and count the
     RMSNorm's own FLOPs as nothing.
 graph_ms (rows with M <= 64, and every provider of a shape where one takes under 50 us): the
-    same call's GPU time with the host out of the loop (common.bench.graph_time_ms: CUDA-graph
+    same call's GPU time with the host out of the loop (common.timing.graph_time_ms: CUDA-graph
     replays after an L2 flush). A decode-size GEMM (or 1024^3) runs for 10-50 us, about what one
     launch costs the host (Triton's more than cuBLAS's), so do_bench's "ms" there partly measures
     the host; serving engines replay decode steps from CUDA graphs, where only graph_ms counts.
@@ -47,11 +47,11 @@ import torch
 import torch.nn.functional as F
 
 from llmk.benchmarks.sweeps import shapes_of
-from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import DEVICE
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.results import plot_sweeps
-from llmk.common.testing import grads_of, rand
+from llmk.devtools.bench import compile_fn, compile_train_fn, train_call
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.results import plot_sweeps
+from llmk.devtools.testing import grads_of, rand
 from llmk.gemm.triton_matmul import kernel_choice, matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.normalization.triton_rmsnorm import rmsnorm

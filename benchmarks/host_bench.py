@@ -3,7 +3,7 @@ dispatcher, its launcher alone, and the PyTorch call it stands in for, at decode
 
 At decode sizes a kernel runs on the GPU for 5-20 us, about what its call costs the CPU, so the
 host's cost per call bounds a step that is not replayed from a CUDA graph. For every op, CPU us a
-call (common.bench.host_time_us: 200 calls without a sync, best of 9, after a warm-up call), under
+call (devtools.bench.host_time_us: 200 calls without a sync, best of 9, after a warm-up call), under
 torch.no_grad() and again under torch.inference_mode(), of
     public     (a) the public function (rmsnorm(x, w), ...): argument checks, then its operator
     op         (b) the operator's eager entry, the common.ops.Op objects the public function called,
@@ -41,7 +41,7 @@ error; the run then exits 1 after writing the results.
 
 Training, rows of mode "fwd+bwd": CPU us of one forward + backward call, grad mode on, for every op
 with a backward, at micro-batch sizes where the GPU waits on the host. The timed call, the same for
-every provider, is common.bench.train_call's: the forward on leaves that require grad, then
+every provider, is devtools.bench.train_call's: the forward on leaves that require grad, then
 torch.autograd.grad(its outputs, those leaves, upstream gradients). The gradients are returned,
 never accumulated into .grad, so each call does the same work. Each provider has its own copy of
 the inputs and of one set of upstream gradients (Liger writes gradients over its inputs, and its
@@ -53,7 +53,7 @@ RoPE over the upstream ones). Ours is called once first and its gradients compar
                    LigerFusedAddRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction,
                    LigerCrossEntropyFunction, LigerFusedLinearCrossEntropyFunction; skipped, with
                    the reason, where it is not installed or has no such op, and in the interpreter
-    torch.compile  the PyTorch counterpart compiled (common.bench.compile_train_fn: static shapes)
+    torch.compile  the PyTorch counterpart compiled (devtools.bench.compile_train_fn: static shapes)
     pytorch        the PyTorch counterpart, as (f) above; cross_entropy: F.cross_entropy;
                    fused_linear_cross_entropy: F.linear, then F.cross_entropy
 Shapes (bf16) and the inputs that get gradients: rmsnorm (x, weight), layernorm (x, weight, bias),
@@ -80,11 +80,11 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from llmk.common.bench import compile_train_fn, host_time_us, train_call
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import max_err, parse_args, run
 from llmk.common.ops import Op
-from llmk.common.peers import (
+from llmk.devtools.bench import compile_train_fn, host_time_us, train_call
+from llmk.devtools.harness import max_err, parse_args, run
+from llmk.devtools.peers import (
     LIGER,
     liger_ce,
     liger_layernorm,
@@ -94,7 +94,7 @@ from llmk.common.peers import (
     liger_rope,
     liger_swiglu,
 )
-from llmk.common.testing import rand
+from llmk.devtools.testing import rand
 
 DTYPE = torch.bfloat16
 PROVIDERS = ("public", "op", "impl", "torch.ops", "launcher", "pytorch")
@@ -261,7 +261,7 @@ def rmsnorm_registered_cases(s):
 
     def builder(kind):
         def build():
-            from llmk.common.validation import check_norm_args
+            from llmk.normalization.checks import check_norm_args
             from llmk.normalization.triton_rmsnorm import launch_rmsnorm
             if kind not in registered:
                 registered[kind] = (register_custom if kind == "custom" else register_triton)()
@@ -697,7 +697,7 @@ def measure_train_case(bench, case, s):
 
 def interleaved_us(calls, context, s):
     """({provider: CPU us a call}, {provider: error}): every call timed in turn for s["rounds"]
-    rounds of s["calls"] calls (common.bench.host_time_us's count), each keeping its best round."""
+    rounds of s["calls"] calls (devtools.bench.host_time_us's count), each keeping its best round."""
     us, errors = {p: float("inf") for p in calls}, {}
     with context():
         for _ in range(s["rounds"]):
@@ -715,7 +715,7 @@ def measure(s):
     def fill(bench):
         if not bench.wants_dtype("bf16"):  # every row is bf16
             return
-        bench.meta["timer"] = (f"common.bench.host_time_us: {s['calls']} calls without a sync, best of "
+        bench.meta["timer"] = (f"devtools.bench.host_time_us: {s['calls']} calls without a sync, best of "
                                f"{s['rounds']}, CPU us a call")
         forward = bench.wants_mode("fwd")  # the no_grad and inference_mode rows
         if forward and bench.selected("empty kernel", "1", "launcher"):

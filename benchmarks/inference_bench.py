@@ -22,8 +22,8 @@ share of copy compares across head dims. Caches past CACHE_MAX_BYTES are skipped
                     refuses the shape is reported as skipped
     naive           inference/reference_decode_attention.py (fp32 math), caches up to NAIVE_MAX_BYTES
 max_err: against the fp32 reference on the first (up to) two sequences. The max_err gate holds
-    triton and triton-paged to the SDPA backends' and naive's error (common/harness.py).
-graph_ms, graph_pct_copy: the same call's GPU time with the host out of the loop (common.bench.
+    triton and triton-paged to the SDPA backends' and naive's error (devtools/harness.py).
+graph_ms, graph_pct_copy: the same call's GPU time with the host out of the loop (devtools.bench.
     graph_time_ms: CUDA-graph replays after an L2 flush), for triton, triton-paged, sdpa-flash and
     sdpa-efficient. ms (do_bench) includes what the GPU waits for the host: at B1 a Triton launch
     costs more host time (~30 us a kernel with triton 3.6) than the kernel's GPU time, while serving
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, sm_count
-from llmk.common.harness import BenchCase, max_err, parse_args, run
-from llmk.common.results import plot_sweeps, shape_str
+from llmk.devtools.harness import BenchCase, max_err, parse_args, run
+from llmk.devtools.results import plot_sweeps, shape_str
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.triton_inference_attention import (

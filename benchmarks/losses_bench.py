@@ -10,7 +10,7 @@ bf16, then F.cross_entropy on them: what a model's loss does); torch.compile of 
 (LigerCrossEntropyFunction, LigerFusedLinearCrossEntropyFunction; skipped where not installed).
 peak_MB: the memory a call adds beyond its inputs (logits, gradients, scratch); Liger's
 cross-entropy writes dlogits into its input and allocates none. fwd+bwd rows also give graph_ms
-(GPU time, common.bench.graph_time_ms) for every provider but Liger's: its losses read the count of
+(GPU time, common.timing.graph_time_ms) for every provider but Liger's: its losses read the count of
 targets on the host (.item()), which a CUDA graph cannot capture (a failed capture leaves the
 process's CUDA state unusable). max_err: the gradients against an
 fp32 reference (for linear_cross_entropy computed in chunks of tokens, no (BT, V) matrix in fp32).
@@ -32,11 +32,11 @@ Shapes: BT 8192 with V 32000, 128256 and 151936 for cross_entropy; (8192, 4096, 
 import torch
 import torch.nn.functional as F
 
-from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.peers import LIGER, liger, liger_ce, liger_lce
-from llmk.common.results import plot_sweeps
+from llmk.devtools.bench import compile_fn, compile_train_fn, train_call
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.peers import LIGER, liger, liger_ce, liger_lce
+from llmk.devtools.results import plot_sweeps
 from llmk.losses.triton_cross_entropy import cross_entropy
 from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
 

@@ -45,12 +45,12 @@ from llmk.benchmarks.sweeps import (
     shapes_of,
     swiglu_bytes,
 )
-from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import INTERPRET
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.peers import LIGER, liger_geglu, liger_swiglu
-from llmk.common.results import plot_sweeps
-from llmk.common.testing import grads_of, rand
+from llmk.devtools.bench import compile_fn, compile_train_fn, train_call
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.peers import LIGER, liger_geglu, liger_swiglu
+from llmk.devtools.results import plot_sweeps
+from llmk.devtools.testing import grads_of, rand
 from llmk.mlp.reference_mlp import bias_gelu_ref, geglu_ref, swiglu_ref
 from llmk.mlp.triton_bias_gelu import bias_gelu
 from llmk.mlp.triton_glu import geglu, swiglu

@@ -38,12 +38,12 @@ from llmk.benchmarks.sweeps import (
     rmsnorm_bytes,
     shapes_of,
 )
-from llmk.common.bench import compile_fn, compile_train_fn, train_call
 from llmk.common.device import INTERPRET
-from llmk.common.harness import BenchCase, max_err, parse_args, run
-from llmk.common.peers import LIGER, liger_layernorm, liger_residual_rmsnorm, liger_rmsnorm
-from llmk.common.results import plot_sweeps
-from llmk.common.testing import grads_of, rand
+from llmk.devtools.bench import compile_fn, compile_train_fn, train_call
+from llmk.devtools.harness import BenchCase, max_err, parse_args, run
+from llmk.devtools.peers import LIGER, liger_layernorm, liger_residual_rmsnorm, liger_rmsnorm
+from llmk.devtools.results import plot_sweeps
+from llmk.devtools.testing import grads_of, rand
 from llmk.normalization.reference_layernorm import layernorm_ref
 from llmk.normalization.reference_rmsnorm import residual_rmsnorm_ref, rmsnorm_ref
 from llmk.normalization.triton_layernorm import layernorm

@@ -13,7 +13,7 @@ its GPU work), and the parameter list of a Llama-style model of about 1.1B param
 shapes: vocab 32000, hidden 2048, intermediate 5632, 22 layers, 4 KV heads of 64, untied
 embeddings: 201 tensors), built from shapes. One optimizer.step() is timed, its grads set once (the
 step changes the params, which does not change its cost). host_us: the CPU time of one step
-(common.bench.host_time_us, steps queued without a sync), which do_bench's figure shows instead of
+(devtools.bench.host_time_us, steps queued without a sync), which do_bench's figure shows instead of
 the GPU's wherever it is the larger. max_err: the first step from the same start against
 optimizers/reference_adam.py in fp32.
     python benchmarks/optimizer_bench.py            (GPU; writes benchmarks/results/optimizer.json and PNGs)
@@ -23,10 +23,10 @@ optimizers/reference_adam.py in fp32.
 
 import torch
 
-from llmk.common.bench import host_time_us
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.results import plot_sweeps, shape_str
+from llmk.devtools.bench import host_time_us
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.results import plot_sweeps, shape_str
 from llmk.optimizers.reference_adam import adamw_step_ref
 from llmk.optimizers.triton_adam import TritonAdamW
 

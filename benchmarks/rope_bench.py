@@ -38,11 +38,11 @@ from llmk.benchmarks.sweeps import (
     rope_train_bytes,
     shapes_of,
 )
-from llmk.common.bench import compile_fn, train_call
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.peers import LIGER, liger_rope
-from llmk.common.results import plot_sweeps
 from llmk.common.validation import DTYPE_NAMES
+from llmk.devtools.bench import compile_fn, train_call
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.peers import LIGER, liger_rope
+from llmk.devtools.results import plot_sweeps
 
 TRAIN_DTYPE = torch.bfloat16
 TRAIN_MODES = ("fwd+bwd", "bwd")

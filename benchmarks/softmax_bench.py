@@ -23,12 +23,12 @@ import torch
 
 from llmk.attention.triton_softmax import softmax
 from llmk.benchmarks.sweeps import shapes_of
-from llmk.common.bench import compile_fn, train_call
-from llmk.common.harness import BenchCase, parse_args, run
-from llmk.common.peers import LIGER, liger
-from llmk.common.results import plot_sweeps
-from llmk.common.testing import rand
 from llmk.common.validation import DTYPE_NAMES
+from llmk.devtools.bench import compile_fn, train_call
+from llmk.devtools.harness import BenchCase, parse_args, run
+from llmk.devtools.peers import LIGER, liger
+from llmk.devtools.results import plot_sweeps
+from llmk.devtools.testing import rand
 
 DTYPES = (torch.float16, torch.bfloat16)
 ELEMENTS = 16 * 2 ** 20

@@ -51,9 +51,9 @@ import time
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import parse_args, run
-from llmk.common.peers import LIGER
-from llmk.common.results import make_row
+from llmk.devtools.harness import parse_args, run
+from llmk.devtools.peers import LIGER
+from llmk.devtools.results import make_row
 
 _LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                  num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,

@@ -55,9 +55,9 @@ from llmk.benchmarks.train_bench import (
     run_steps,
 )
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.harness import Run, parse_args, run
-from llmk.common.peers import LIGER
-from llmk.common.results import make_row
+from llmk.devtools.harness import Run, parse_args, run
+from llmk.devtools.peers import LIGER
+from llmk.devtools.results import make_row
 from llmk.models.fsdp2 import rank_device, shard
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -220,7 +220,7 @@ def _launch(argv):
 
 
 def main_fsdp2(args, argv=None):
-    """The FSDP2 rows. args: common.harness.parse_args's options (--smoke, --only, --out, ...).
+    """The FSDP2 rows. args: devtools.harness.parse_args's options (--smoke, --only, --out, ...).
     Under torchrun this process is one rank; otherwise it starts N_GPUS ranks of this file under
     torchrun with `argv` (default: this command's options) and returns their exit code."""
     if importlib.util.find_spec("transformers") is None:

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from llmk.common.testing import Case, Outcome, Skip, main
+from llmk.devtools.testing import Case, Outcome, Skip, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

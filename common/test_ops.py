@@ -48,7 +48,7 @@ from llmk.attention.triton_rope import apply_rope
 from llmk.attention.triton_softmax import softmax
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.ops import NAMESPACE, OPS
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     EXACT,
     UNIT_ROUNDOFF,
     Case,

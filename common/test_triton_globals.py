@@ -17,7 +17,7 @@ import textwrap
 
 import triton.language as tl
 
-from llmk.common.testing import Case, Outcome, main
+from llmk.devtools.testing import Case, Outcome, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("attention", "common", "cuda_cpp", "gemm", "inference", "losses", "mlp", "models", "normalization",

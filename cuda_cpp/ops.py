@@ -5,8 +5,9 @@
     swiglu(gate, up, out=None)                                  as mlp/triton_glu.py
 
 Same math (fp32 inside, one rounding to the input dtype), the Triton launchers' argument checks and
-messages (common/validation.py), plus one: tensors must be on a CUDA device. The kernels are
-compiled at the first call (cuda_cpp/extension.py); bad input raises before that.
+messages (normalization/checks.py, attention/rope_checks.py, mlp/checks.py), plus one: tensors must
+be on a CUDA device. The kernels are compiled at the first call (cuda_cpp/extension.py); bad input
+raises before that.
 
 Layouts: the last dim must be unit-stride for 16-byte packs; any other stride is taken as it is
 (RMSNorm and SwiGLU rows, every RoPE stride). Inputs that cannot be read in 16-byte packs
@@ -17,9 +18,12 @@ last dim is strided, or whose leading dims cannot merge into one row index, are 
 """
 import torch
 
-from llmk.common.validation import as_rows, check_norm_args, check_out, check_rope_args, check_swiglu_args, rope_outputs
+from llmk.attention.rope_checks import check_rope_args, rope_outputs
+from llmk.common.validation import as_rows, check_out
 from llmk.cuda_cpp.extension import extension
 from llmk.cuda_cpp.launch_config import PACK_BYTES, pack_size, rmsnorm_config, rope_config, swiglu_config
+from llmk.mlp.checks import check_swiglu_args
+from llmk.normalization.checks import check_norm_args
 
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # csrc/common.cuh DType
 

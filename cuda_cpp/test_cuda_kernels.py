@@ -20,7 +20,6 @@ import llmk.mlp.glu_cases as glu_checks
 import llmk.normalization.rmsnorm_cases as norm_checks
 from llmk.attention.reference_rope import apply_rope_ref
 from llmk.common.device import INTERPRET
-from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.cuda_cpp.extension import unavailable_reason
 from llmk.cuda_cpp.launch_config import (
     CACHED_ROW_PACKS,
@@ -32,6 +31,7 @@ from llmk.cuda_cpp.launch_config import (
     pack_size,
 )
 from llmk.cuda_cpp.ops import apply_rope, launch_rmsnorm, launch_swiglu, rmsnorm, swiglu
+from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.mlp.glu_cases import Glu
 from llmk.mlp.glu_cases import inputs as glu_inputs
 from llmk.mlp.mlp_cases import ONE_ROUNDING

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from llmk.common.testing import Case, Outcome, Skip, main
+from llmk.devtools.testing import Case, Outcome, Skip, main
 from llmk.scripts import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ Tolerance (per element, against the fp64 reference): the inputs are exact, and a
 fp16 or bf16 values is exact in fp32, so the only errors are the fp32 accumulation over K and the
 one final rounding to the output dtype.
 - rtol: that final rounding, half an ulp, and an ulp where summation order flips it: 2^-10
-  (fp16), 2^-7 (bf16), as in common.testing.TOLERANCES.
+  (fp16), 2^-7 (bf16), as in devtools.testing.TOLERANCES.
 - atol: for outputs near zero, where the relative bound means nothing. K fp32 additions each
   round by at most 2^-24 of a partial sum, and partial sums are of the size of a typical output,
   T = sqrt(K) * rms(a) * rms(b) for independent inputs; as a random walk they add up to about
@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from llmk.common.testing import TOLERANCES, UNIT_ROUNDOFF, Tol
+from llmk.devtools.testing import TOLERANCES, UNIT_ROUNDOFF, Tol
 
 TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
                      "silu": F.silu}
@@ -74,7 +74,7 @@ def grad_tolerance(dtype):
     act'(z) by about as much. With random signs these add up to about u / sqrt(3) times the
     root-sum-square of an element's terms, T (sum_scale: the element's row and column scale):
     sqrt(2/3) u T for two roundings, whose largest of a million is near 5.5 standard deviations,
-    4.5 u T. atol = 8 u T per element; rtol the final rounding (one ulp, common.testing.TOLERANCES).
+    4.5 u T. atol = 8 u T per element; rtol the final rounding (one ulp, devtools.testing.TOLERANCES).
     dbias is such a sum over the rows; so are rmsnorm_linear's gradients (dweight = dy^T @ h, whose
     columns norm_weight scales; dh = dy @ weight, then the RMSNorm backward's sums over dh * x).
     fp32 accumulation (sqrt(K) 2^-24 T, tolerance() above) is below 2^-8 u T for any K up to 2^32.

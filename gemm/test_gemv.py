@@ -17,8 +17,8 @@ import torch
 
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
-from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand
 from llmk.common.workspace import split_k_buffers
+from llmk.devtools.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand
 from llmk.gemm.matmul_cases import reference, tolerance, torch_same_dtype
 from llmk.gemm.triton_gemv import (
     GEMV_CONFIGS,

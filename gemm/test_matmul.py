@@ -7,7 +7,7 @@ Tolerance: gemm/matmul_cases.py (fp32 accumulation over K and one rounding per e
 most 2x torch.matmul's own error plus atol).
 Split-K adds fp32 slice sums in a different order, the same error model; a slice lost, counted
 twice or given the epilogue on its own is off by a whole partial sum, far past the tolerance.
-Backward: gradients of a, b and bias (common.testing.check_grads) against autograd through the
+Backward: gradients of a, b and bias (devtools.testing.check_grads) against autograd through the
 fp64 reference and PyTorch's same-dtype ops; tolerance in grad_tolerance (inputs of the backward's
 products carry roundings, so the model is that of gemm/test_rmsnorm_linear.py, not an exact-input
 GEMM's), and again at most 2x PyTorch's error plus atol. A lost band of dbias, a skipped row of
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET, sm_count
-from llmk.common.testing import Case, Outcome, check_grads, compare, dtype_name, expect_raises, main, poisoned, rand
+from llmk.devtools.testing import Case, Outcome, check_grads, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.gemm import triton_matmul_tma
 from llmk.gemm.matmul_cases import grad_tolerance, reference, tolerance, torch_same_dtype
 from llmk.gemm.triton_matmul import (

@@ -11,9 +11,9 @@ norm_weight), which PyTorch does as well. Each rounding is a relative error of a
 fp16, 2^-8 bf16), with random sign, on one of K terms, so the error of an output is about
 u / sqrt(3) times the root-sum-square of its terms, which is the size of a typical output, T
 (the rms of the reference). The largest of a million such errors is near 5.5 standard deviations,
-3.2u T: atol = 8u T, and rtol the final rounding (one ulp, common.testing.TOLERANCES). fp32
+3.2u T: atol = 8u T, and rtol the final rounding (one ulp, devtools.testing.TOLERANCES). fp32
 accumulation adds nothing visible at this scale. The 2x-PyTorch rule is the tighter guard.
-Backward: gradients of x, norm_weight and weight (common.testing.check_grads) against autograd
+Backward: gradients of x, norm_weight and weight (devtools.testing.check_grads) against autograd
 through the fp64 reference and PyTorch's F.rms_norm and matmul in the same dtype; the same error
 model with up to two roundings per term (gemm.matmul_cases.grad_tolerance).
 """
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     TOLERANCES,
     UNIT_ROUNDOFF,
     Case,

@@ -32,9 +32,9 @@ import functools
 import triton
 import triton.language as tl
 
-from llmk.common.bench import autotune_bench
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
+from llmk.common.timing import autotune_bench
 from llmk.common.workspace import split_k_buffers
 from llmk.gemm.triton_matmul_common import (
     GROUP_M,

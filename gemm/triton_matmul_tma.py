@@ -42,9 +42,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from llmk.common.bench import autotune_bench
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
+from llmk.common.timing import autotune_bench
 from llmk.common.triton_utils import activate
 from llmk.gemm.triton_matmul_common import GROUP_M, grouped_tile, m_bucket, pick_config, picked_config, untuned_config
 

@@ -56,10 +56,11 @@ import triton.language as tl
 from llmk.common.device import sm_count
 from llmk.common.ints import cdiv
 from llmk.common.ops import define_op
-from llmk.common.validation import check_norm_args, check_same_device, check_tensor
+from llmk.common.validation import check_same_device, check_tensor
 from llmk.common.workspace import split_k_buffers
 from llmk.gemm.triton_matmul import matmul_op, product_like
 from llmk.gemm.triton_matmul_common import DTYPES
+from llmk.normalization.checks import check_norm_args
 from llmk.normalization.triton_rmsnorm import rmsnorm_backward, rmsnorm_op
 
 PATHS = ("decode", "unfused")

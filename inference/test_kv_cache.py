@@ -11,7 +11,7 @@ sequence) and checks each cache against it after every step.
 import torch
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, rand
+from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, rand
 from llmk.inference.decode_cases import decode_tol
 from llmk.inference.kv_cache import KVCache
 from llmk.inference.paged_kv_cache import PagedKVCache, gather_pages

@@ -24,7 +24,7 @@ import torch
 
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
-from llmk.common.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
+from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.inference.decode_cases import decode_tol
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (

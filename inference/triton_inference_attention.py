@@ -62,11 +62,12 @@ import torch
 import triton
 import triton.language as tl
 
+from llmk.attention.attention_checks import check_softcap, check_window
 from llmk.common.device import INTERPRET, sm_count
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.ops import define_ops, forward_only_error, needs_grad
 from llmk.common.triton_utils import softcap_scales, tanh
-from llmk.common.validation import check_out, check_same_device, check_softcap, check_tensor, check_window
+from llmk.common.validation import check_out, check_same_device, check_tensor
 from llmk.common.workspace import split_k_buffers
 
 MAX_HEAD_DIM = 256

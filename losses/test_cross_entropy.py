@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     EXACT,
     UNIT_ROUNDOFF,
     Case,

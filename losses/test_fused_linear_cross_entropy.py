@@ -18,7 +18,7 @@ import math
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     EXACT,
     UNIT_ROUNDOFF,
     Case,

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import Outcome, compare, expect_raises, poisoned, rand
+from llmk.devtools.testing import Outcome, compare, expect_raises, poisoned, rand
 from llmk.mlp.mlp_cases import ONE_ROUNDING, every_value, huge_rows, overflow_expected
 
 
@@ -87,7 +87,7 @@ def check_huge(n_cols, glu):
 
 
 def check_errors(glu):
-    """The argument checks every gated unit shares (common.validation.check_swiglu_args, check_out)."""
+    """The argument checks every gated unit shares (mlp/checks.py's check_swiglu_args, common.validation.check_out)."""
     gate, up = rand((4, 64), torch.float16), rand((4, 64), torch.float16)
     other = "cpu" if DEVICE == "cuda" else "meta"
     fn = glu.fn

@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
+from llmk.devtools.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
 from llmk.mlp.launch_config import TILE_TABLE
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -19,7 +19,7 @@ WIDTHS = (1, 7, 123, 1000, 4096, 5120)  # tiny, odd, unaligned, and model widths
 # plus the fp32 math's own (up to 2e-6 relative for the exact GELU's polynomial, a few 2^-24 for
 # exp and the division), for which 2^-16 leaves 7x room. A second rounding (of x + bias, or of
 # silu(gate), as eager PyTorch does) reaches up to a whole ulp, and over a few thousand values some
-# exceed that: it fails here, where common.testing's one-ulp rtol would let it pass. fp32 keeps
+# exceed that: it fails here, where devtools.testing's one-ulp rtol would let it pass. fp32 keeps
 # its table row.
 ONE_ROUNDING = {
     torch.float16: Tol(1e-5, 2 ** -11 + 2 ** -16, "one rounding of an fp32 result: half an fp16 ulp "

@@ -1,7 +1,7 @@
 """Tests for mlp/triton_glu.py (SwiGLU, GeGLU in both GELU forms) against the fp64 reference and
 PyTorch's F.silu(gate) * up, F.gelu(gate, approximate=...) * up.
 
-The tolerance is one rounding (mlp/mlp_cases.py: half an ulp, not common.testing's whole ulp), and
+The tolerance is one rounding (mlp/mlp_cases.py: half an ulp, not devtools.testing's whole ulp), and
 PyTorch's same-dtype result bounds the error too (the 2x rule); it rounds twice (act(gate), then
 the product), the kernel once. The gradients (dgate, dup) are checked the same way: against autograd
 through the fp64 reference, and against PyTorch's own same-dtype gradients. Every shape runs for each
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     EXACT,
     Case,
     Outcome,

@@ -1,6 +1,6 @@
 """Tests for mlp/triton_bias_gelu.py against the fp64 reference and F.gelu(x + bias).
 
-The tolerance is one rounding (mlp/mlp_cases.py: half an ulp, not common.testing's whole ulp), and
+The tolerance is one rounding (mlp/mlp_cases.py: half an ulp, not devtools.testing's whole ulp), and
 PyTorch's same-dtype result bounds the error too (the 2x rule); it rounds x + bias before the GELU,
 the kernel does not. The gradients: dx the same way (one rounding), against autograd through the
 fp64 reference and PyTorch's own same-dtype gradients of F.gelu(x + bias); dbias, an fp32 sum
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, sm_count
 from llmk.common.reduce import INTERPRETER_SMS, sum_config
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     UNIT_ROUNDOFF,
     Case,
     Outcome,

@@ -53,7 +53,8 @@ import triton.language as tl
 
 from llmk.common.ops import Op, define_op, define_ops, no_outputs
 from llmk.common.triton_utils import activate, activate_grad
-from llmk.common.validation import as_rows, check_out, check_swiglu_args
+from llmk.common.validation import as_rows, check_out
+from llmk.mlp.checks import check_swiglu_args
 from llmk.mlp.launch_config import tile_config, tile_offsets
 from llmk.mlp.reference_mlp import check_approximate
 

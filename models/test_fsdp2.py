@@ -44,7 +44,7 @@ import zlib
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, select_cases
+from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, base_seed, count_line, run_cases, select_cases
 from llmk.models.fsdp2 import rank_device, shard
 from llmk.scripts.run_tests import COUNT
 
@@ -187,7 +187,7 @@ CASES = [Case(f"{kind} bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a 
 def _ranks_follow(cases, control):
     """Rank 0's copies of `cases`: each first tells the other ranks, over `control`, which case to
     run, so that every rank enters a case's collectives together even where run_cases makes rank 0
-    wait for its turn on a shared GPU, skips a case, or runs one again (common/testing.py)."""
+    wait for its turn on a shared GPU, skips a case, or runs one again (devtools/testing.py)."""
     def announce_and_check(index, case):
         torch.distributed.broadcast_object_list([index], src=0, group=control)
         return case.fn(**case.kwargs)

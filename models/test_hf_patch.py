@@ -26,7 +26,7 @@ import sys
 import torch
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
+from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 SKIP_REASON = "transformers not installed"

@@ -38,7 +38,7 @@ import torch
 import torch._dynamo.testing
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
+from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.models.llama_layer import (
     CONFIGS,

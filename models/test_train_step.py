@@ -15,7 +15,7 @@ Eagerly, and under torch.compile(fullgraph=True) (aot_eager in the interpreter, 
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.testing import UNIT_ROUNDOFF, Case, Outcome, main
+from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, main
 from llmk.models.mlp_block import forward, make_params
 from llmk.optimizers.triton_adam import TritonAdamW
 

@@ -5,7 +5,7 @@ One list for RMSNorm, residual RMSNorm and LayerNorm so the three cannot drift a
 """
 import torch
 
-from llmk.common.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
+from llmk.devtools.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
 from llmk.normalization.launch_config import (
     BACKWARD_FUSED_TABLE,
     BACKWARD_LOOP_TABLE,

@@ -4,7 +4,7 @@ checks (check_grad*) for an implementation with a backward."""
 import torch
 import torch.nn.functional as F
 
-from llmk.common.testing import TOLERANCES, check_grads, compare, grads_of, poisoned, rand
+from llmk.devtools.testing import TOLERANCES, check_grads, compare, grads_of, poisoned, rand
 from llmk.normalization.norm_cases import (
     U32,
     chunked_param_grad,

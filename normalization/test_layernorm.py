@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import (
+from llmk.devtools.testing import (
     TOLERANCES,
     Case,
     Outcome,

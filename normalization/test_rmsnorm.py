@@ -10,7 +10,7 @@ import torch
 
 import llmk.normalization.rmsnorm_cases as checks
 from llmk.common.device import DEVICE
-from llmk.common.testing import Case, Outcome, expect_raises, grads_of, main, rand
+from llmk.devtools.testing import Case, Outcome, expect_raises, grads_of, main, rand
 from llmk.normalization.norm_cases import gemma_cases, grad_cases, no_weight_cases, norm_cases
 from llmk.normalization.triton_rmsnorm import rmsnorm, rmsnorm_backward
 

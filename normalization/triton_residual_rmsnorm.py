@@ -16,7 +16,8 @@ is undefined, du = None).
 import torch
 
 from llmk.common.ops import define_op, define_ops
-from llmk.common.validation import check_norm_args, check_out, check_same_device, check_tensor
+from llmk.common.validation import check_out, check_same_device, check_tensor
+from llmk.normalization.checks import check_norm_args
 from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
 from llmk.normalization.triton_rmsnorm import launch_rmsnorm, weight_grad_buffer
 

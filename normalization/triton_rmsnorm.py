@@ -27,7 +27,8 @@ import triton.language as tl
 
 from llmk.common.ops import define_op, define_ops
 from llmk.common.triton_utils import col_mask
-from llmk.common.validation import as_rows, check_norm_args, check_out, check_same_device, check_tensor
+from llmk.common.validation import as_rows, check_out, check_same_device, check_tensor
+from llmk.normalization.checks import check_norm_args
 from llmk.normalization.launch_config import row_config
 from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
 

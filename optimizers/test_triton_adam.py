@@ -15,7 +15,7 @@ import copy
 import torch
 
 from llmk.common.device import DEVICE
-from llmk.common.testing import EXACT, Case, Outcome, Tol, compare, expect_raises, main, opcheck, rand, select_cases
+from llmk.devtools.testing import EXACT, Case, Outcome, Tol, compare, expect_raises, main, opcheck, rand, select_cases
 from llmk.optimizers import triton_adam
 from llmk.optimizers.reference_adam import adamw_step_ref
 from llmk.optimizers.triton_adam import TritonAdamW

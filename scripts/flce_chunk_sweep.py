@@ -14,9 +14,9 @@ import argparse
 import torch
 
 import llmk.losses.triton_fused_linear_cross_entropy as flce
-from llmk.common.bench import time_ms
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.peers import liger
+from llmk.common.timing import time_ms
+from llmk.devtools.peers import liger
 
 SHAPES = [(8192, 4096, 128256), (16384, 4096, 151936)]
 CHUNKS = (128, 192, 256, 320, 384, 512, 640, 768, 1024, 1536, 2048)  # rows

@@ -1,6 +1,6 @@
 """Where the host time of one forward + backward call of ours goes: cProfile over rmsnorm, swiglu,
 matmul, flash_attention, apply_rope and the two losses, each called as benchmarks/host_bench.py's
-fwd+bwd rows call it (the same shapes and inputs, and the same call, common.bench.train_call: the
+fwd+bwd rows call it (the same shapes and inputs, and the same call, devtools.bench.train_call: the
 forward on leaves that require grad, then torch.autograd.grad of its outputs).
 
     python scripts/host_profile.py                       (GPU: 500 profiled calls an op)
@@ -36,8 +36,8 @@ import threading
 import torch
 
 from llmk.benchmarks.host_bench import FULL, SMOKE, TRAIN_MODE, train_cases
-from llmk.common.bench import host_time_us, train_call
 from llmk.common.device import DEVICE, INTERPRET
+from llmk.devtools.bench import host_time_us, train_call
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STDLIB = pathlib.Path(sysconfig.get_paths()["stdlib"]).resolve()

@@ -12,9 +12,9 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# common.testing.count_line writes it
+# devtools.testing.count_line writes it
 COUNT = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped \((.*)\))?$")
-# a table row whose verdict column reads FAIL (common.testing.print_table)
+# a table row whose verdict column reads FAIL (devtools.testing.print_table)
 FAILED_ROW = re.compile(r"\sFAIL(\s|$)")
 
 

@@ -6,7 +6,7 @@ cross_entropy and fused_linear_cross_entropy, forward and backward, with the che
     python scripts/target_check_cost.py --smoke    (any device, tiny shapes: proves the script runs;
                                                     the interpreter's host-clock times mean nothing)
 
-Times: common/bench.py's time_ms, a triton.testing.do_bench median (L2 flushed before each call),
+Times: devtools/bench.py's time_ms, a triton.testing.do_bench median (L2 flushed before each call),
 on and off alternating over ROUNDS rounds, then the median of each setting's rounds. Off is the
 measurement switch losses.triton_cross_entropy._CHECK_TARGETS, set here only and restored after each timing.
 What to expect: the check enqueues four small kernels over the N targets and a 16-byte copy to the
@@ -20,8 +20,9 @@ import sys
 import torch
 
 import llmk.losses.triton_cross_entropy as cross_entropy_module
-from llmk.common.bench import time_ms, train_call
 from llmk.common.device import DEVICE, INTERPRET, describe
+from llmk.common.timing import time_ms
+from llmk.devtools.bench import train_call
 from llmk.losses.triton_cross_entropy import cross_entropy
 from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
 

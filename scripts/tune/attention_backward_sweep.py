@@ -40,8 +40,9 @@ from llmk.attention.triton_flash_attention_bwd import (
     dp_first_when,
     launch_flash_attention_backward,
 )
-from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
+from llmk.common.timing import time_ms
+from llmk.devtools.bench import tflops
 
 from sweep_common import parse_sweep_args, precompile, report_config
 

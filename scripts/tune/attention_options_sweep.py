@@ -27,8 +27,9 @@ from llmk.attention.triton_flash_attention import flash_attention, flash_attenti
 from llmk.attention.triton_flash_attention_bwd import backward_config, launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention, table_config
 from llmk.benchmarks.attention_bench import attention_flops
-from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
+from llmk.common.timing import time_ms
+from llmk.devtools.bench import tflops
 
 from sweep_common import parse_sweep_args, precompile, report_config
 

@@ -11,7 +11,7 @@ Shapes: B4 H32 T4096 D64, B16 H16 T1024 D128, B4 H16 T4096 D128, B1 H16 T16384 D
 (the attention benchmark's hd-128 forward rows are H16 at 16384 tokens). FLOPs a call:
 4 * B*H*T*T*D full, half of that causal. Each config is checked against SDPA first (a wrong one prints
 BAD, one that does not fit the GPU prints REFUSED; neither is timed), then timed with
-common.bench.time_ms. One line a config: TFLOP/s and its ratio to SDPA's; '*' marks the config the
+common.timing.time_ms. One line a config: TFLOP/s and its ratio to SDPA's; '*' marks the config the
 table picks. Read off: the best config per shape and mask. Kernels compile first in SWEEP_JOBS
 processes at once (default: the host's cores less one; sweep_common.precompile).
 """
@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from llmk.attention.triton_flash_attention import flash_attention, table_config
-from llmk.common.bench import tflops, time_ms
 from llmk.common.device import DEVICE, describe
 from llmk.common.ints import next_power_of_2
+from llmk.common.timing import time_ms
+from llmk.devtools.bench import tflops
 
 from sweep_common import parse_sweep_args, precompile, report_config
 

@@ -17,8 +17,9 @@ import triton.testing
 
 import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_matmul_tma as tma
-from llmk.common.bench import graph_time_ms, host_time_us, train_call
 from llmk.common.device import sm_count
+from llmk.common.timing import graph_time_ms
+from llmk.devtools.bench import host_time_us, train_call
 from llmk.gemm import triton_matmul_common
 from llmk.gemm.triton_matmul_backward import epilogue_backward
 

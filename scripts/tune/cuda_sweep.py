@@ -13,10 +13,11 @@ import time
 import torch
 
 from llmk.attention.triton_rope import apply_rope as triton_rope
-from llmk.common.bench import copy_bandwidth_GBps, gbps, time_ms
+from llmk.common.timing import time_ms
 from llmk.cuda_cpp import launch_config as lc
 from llmk.cuda_cpp import ops
 from llmk.cuda_cpp.extension import extension, unavailable_reason
+from llmk.devtools.bench import copy_bandwidth_GBps, gbps
 from llmk.mlp.triton_glu import swiglu as triton_swiglu
 from llmk.normalization.triton_rmsnorm import rmsnorm as triton_rmsnorm
 

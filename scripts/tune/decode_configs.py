@@ -1,6 +1,6 @@
 """GPU sweep of decode attention's launch configs, contiguous and paged, at the shapes where the paged
 kernel trailed the contiguous one: (BLOCK_N, num_warps, num_stages) x split count, GPU us (CUDA
-graphs, common.bench.graph_time_ms). Sets PAGED_SPLIT_MIN_BLOCK_N, PAGED_ONE_BLOCK_STAGES,
+graphs, common.timing.graph_time_ms). Sets PAGED_SPLIT_MIN_BLOCK_N, PAGED_ONE_BLOCK_STAGES,
 PAGED_LONG_TOKENS and SPLIT_TABLE's paged column in inference/triton_inference_attention.py; the
 figures behind them are in docs/tuning/inference.md.
 
@@ -23,8 +23,8 @@ import torch
 import triton
 
 import llmk.inference.triton_inference_attention as ia
-from llmk.common.bench import graph_time_ms
 from llmk.common.device import sm_count
+from llmk.common.timing import graph_time_ms
 from llmk.inference.paged_kv_cache import to_pages
 
 H, PS = 32, 16  # PS: tokens a page

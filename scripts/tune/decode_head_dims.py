@@ -7,8 +7,8 @@ with the same reads can reach:
                       summed instead of attended: no dots, no softmax
     contiguous stream the same bytes read as one flat range a program (whole token rows)
 
-GPU us (CUDA graphs, common.bench.graph_time_ms) and K+V bytes per second as a share of the copy
-bandwidth measured in the same run (common.bench.copy_bandwidth_GBps, as inference_bench measures it).
+GPU us (CUDA graphs, common.timing.graph_time_ms) and K+V bytes per second as a share of the copy
+bandwidth measured in the same run (devtools.bench.copy_bandwidth_GBps, as inference_bench measures it).
 docs/tuning/inference.md has the figures.
 
     python scripts/tune/decode_head_dims.py        (~2 min on an H200)
@@ -20,8 +20,9 @@ import triton
 import triton.language as tl
 
 import llmk.inference.triton_inference_attention as ia
-from llmk.common.bench import copy_bandwidth_GBps, graph_time_ms
 from llmk.common.ints import next_power_of_2
+from llmk.common.timing import graph_time_ms
+from llmk.devtools.bench import copy_bandwidth_GBps
 
 H = 32
 SHAPES = [(1, 32, 8192), (16, 32, 4096), (64, 32, 8192), (1, 8, 8192), (16, 8, 4096), (64, 8, 8192)]  # (B, Hkv, T)

@@ -7,11 +7,11 @@
 
 Bytes a call (e = element size): K*N*e (b) + K*e (a) + N*e (c), the same for every provider; the
 split partials (SPLIT_K*N*4*2) are overhead and not counted. "% copy" is those bytes over the GPU
-time, against the device-to-device copy bandwidth measured at the start (common.bench).
+time, against the device-to-device copy bandwidth measured at the start (devtools.bench).
 Per dtype, layout of b (row-major (K, N), or W.T of an nn.Linear weight (N, K)) and (N, K), one row
 per provider, printed as measured (a run cut short keeps what it printed):
-    GPU us   common.bench.graph_time_ms: CUDA-graph replays after an L2 flush, the host out of the loop
-    eager us common.bench.time_ms: do_bench, so for calls this short partly the host's launch cost
+    GPU us   common.timing.graph_time_ms: CUDA-graph replays after an L2 flush, the host out of the loop
+    eager us common.timing.time_ms: do_bench, so for calls this short partly the host's launch cost
     x cuBLAS cuBLAS's GPU time over the provider's (>= 0.90 is the target; > 1 is faster)
 GEMV rows are (BLOCK_N, BLOCK_K, num_warps, NUM_STAGES, programs per SM) with the planned SPLIT_K;
 '*' marks GEMV_CONFIGS' row. Every provider's result is checked against an fp32 product first
@@ -27,9 +27,10 @@ import time
 import torch
 import triton
 
-from llmk.common.bench import copy_bandwidth_GBps, gbps, graph_time_ms, time_ms
 from llmk.common.device import DEVICE, INTERPRET, describe, sm_count
-from llmk.common.testing import dtype_name
+from llmk.common.timing import graph_time_ms, time_ms
+from llmk.devtools.bench import copy_bandwidth_GBps, gbps
+from llmk.devtools.testing import dtype_name
 from llmk.gemm.triton_gemv import GEMV_CONFIGS, INTERPRET_SMS, gemv_plan, launch_gemv
 from llmk.gemm.triton_matmul import launch_matmul
 

@@ -26,8 +26,9 @@ import llmk.gemm.triton_matmul_tiled as tiled
 import llmk.gemm.triton_matmul_tma as tma
 import llmk.gemm.triton_rmsnorm_linear as trl
 import llmk.inference.triton_inference_attention as ia
-from llmk.common.bench import graph_time_ms, host_time_us
 from llmk.common.device import sm_count
+from llmk.common.timing import graph_time_ms
+from llmk.devtools.bench import host_time_us
 from llmk.gemm.triton_matmul_common import grouped_tile, picked_config
 from llmk.normalization.triton_rmsnorm import rmsnorm
 

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.testing
 
-from llmk.common.bench import host_time_us
 from llmk.common.device import sm_count
+from llmk.devtools.bench import host_time_us
 from llmk.gemm.triton_matmul import launch_matmul, matmul
 from llmk.gemm.triton_matmul_tiled import INTERPRET_SMS, plan, tuned
 

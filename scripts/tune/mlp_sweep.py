@@ -10,7 +10,7 @@ Each candidate goes through mlp.launch_config.tile_config_for, as the table's en
 halve their tiles the same way). Bytes a call: SwiGLU reads gate and up and writes y (3*M*N*e);
 bias + GELU reads x and writes y (2*M*N*e, the bias from L2 not counted). Each config is checked
 against PyTorch in fp32 first (a wrong one prints BAD and is not timed), then timed with
-common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
+common.timing.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
 start; '*' marks the table's entry. Read off: the candidate best or within 1% at the most shapes.
 """
 

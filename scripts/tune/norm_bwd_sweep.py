@@ -10,7 +10,7 @@ the forward, to set the tables from measurement.
 
 Bytes a backward call (e = element size): read x and dy, write dx (3*M*N*e); residual RMSNorm also
 reads du (4*M*N*e); the weight and the fp32 partials are L2-sized and not counted. Forward: 2*M*N*e.
-Times are GPU time (common.bench.graph_time_ms: a CUDA graph of L2-flushed calls, the host out),
+Times are GPU time (common.timing.graph_time_ms: a CUDA graph of L2-flushed calls, the host out),
 allocations of the partial buffer included. Each config is first checked against the backward in
 fp32 PyTorch (dx and dweight within 2% of the reference's largest value; BAD lines are not timed).
 A config: "fused BLOCK_M rows" or "looped BLOCK_M x chunk", then warps, programs an SM, prefetch (P) or not
@@ -20,10 +20,11 @@ kernel's widths alone.
 
 import torch
 
-from llmk.common.bench import gbps, graph_time_ms
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import next_power_of_2
 from llmk.common.reduce import INTERPRETER_SMS, sum_config, sum_partials
+from llmk.common.timing import graph_time_ms
+from llmk.devtools.bench import gbps
 from llmk.normalization.launch_config import RowConfig, backward_config, row_config
 from llmk.normalization.triton_layernorm import launch_layernorm
 from llmk.normalization.triton_norm_backward import launch_layernorm_backward, launch_rmsnorm_backward

@@ -10,7 +10,7 @@ Shapes: 16384 rows for N <= 16384, 4096 rows above. Bytes a call: read x, write 
 RMSNorm also reads the residual and writes u: 4*M*N*e); the weight is L2-resident and not counted.
 Each config is checked against PyTorch in fp32 first (max |err| within 2% of max |ref|; a wrong
 one prints BAD and is not timed), then timed
-with common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at
+with common.timing.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at
 the start; '*' marks the config the tables pick. Read off: the best config per width.
 """
 

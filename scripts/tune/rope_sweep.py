@@ -7,7 +7,7 @@ dim, to set ROPE_TABLE from measurement.
 Shape: B1, 32 q heads and 8 k heads, T8192 (T2048 for D >= 512), a (T, D) fp32 table. Bytes a call:
 read q and k, write q_out and k_out (2 * B*T*(H + Hkv)*D*e) plus the table once (2 * T*D*4). Each
 config is checked against attention/reference_rope.py's reference in fp32 first (a wrong one prints BAD and
-is not timed), then timed with common.bench.time_ms. One line a config: GB/s and its share of the
+is not timed), then timed with common.timing.time_ms. One line a config: GB/s and its share of the
 copy bandwidth measured at the start; '*' marks rope_config's choice. Read off: the best per D.
 """
 

@@ -1,5 +1,5 @@
 """GPU sweeps of the small, launch-bound shapes: where the host's time goes and which configs win in
-GPU time (CUDA graphs, common.bench.graph_time_ms). Sets SPLIT_TABLE (inference), PATH_TABLE and
+GPU time (CUDA graphs, common.timing.graph_time_ms). Sets SPLIT_TABLE (inference), PATH_TABLE and
 DECODE_TABLE (gemm/triton_rmsnorm_linear.py) and the 1024^3 row of CONFIGS (gemm/triton_matmul_tiled.py);
 the figures behind them are in docs/tuning/gemm.md and docs/tuning/inference.md.
 
@@ -24,7 +24,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_rmsnorm_linear as trl
 import llmk.inference.triton_inference_attention as ia
-from llmk.common.bench import graph_time_ms, host_time_us
+from llmk.common.timing import graph_time_ms
+from llmk.devtools.bench import host_time_us
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 PARTS = sys.argv[1:] or ["host", "rl", "split", "1024"]

@@ -8,7 +8,7 @@ SOFTMAX_TABLE and the split path's constants from measurement.
 Shapes: 16M elements (M = 16M / N rows) at each N, plus few wide rows (128 x 131072, 64 x 262144)
 where the split path competes. Bytes a call: read x, write y (2*M*N*e). Each config is checked
 against torch.softmax in fp32 first (a wrong one prints BAD and is not timed), then timed with
-common.bench.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
+common.timing.time_ms. One line a config: GB/s and its share of the copy bandwidth measured at the
 start; '*' marks softmax_config's choice. Read off: the best config per shape.
 """
 

@@ -7,8 +7,9 @@ Import it after `common`, whose import sets the interpreter switch before triton
 import argparse
 import sys
 
-from llmk.common.bench import copy_bandwidth_GBps, gbps, tflops, time_ms
 from llmk.common.device import INTERPRET, describe
+from llmk.common.timing import time_ms
+from llmk.devtools.bench import copy_bandwidth_GBps, gbps, tflops
 
 # A wrong config is off by about the values' own size; a right one's rounding stays well under 2%.
 MAX_REL_ERR = 0.02

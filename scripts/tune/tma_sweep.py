@@ -14,8 +14,8 @@ import triton.testing
 
 import llmk.gemm.triton_matmul as tm
 import llmk.gemm.triton_matmul_tma as tma
-from llmk.common.bench import host_time_us
 from llmk.common.device import sm_count
+from llmk.devtools.bench import host_time_us
 
 SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (512, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
           (8192, 8192, 8192), (2048, 4096, 4096), (2048, 14336, 4096), (8192, 14336, 4096), (2048, 4096, 14336),

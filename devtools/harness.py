@@ -2,7 +2,7 @@
 
 A benchmark lists its rows as Cases (op, shape, dtype, providers, inputs, bytes or FLOPs). For each
 provider of a case the harness makes a warm-up call, takes its max_err against the case's fp32
-reference, times it (common.bench.time_ms, do_bench's median; graph_time_ms where the case asks),
+reference, times it (common.timing.time_ms, do_bench's median; graph_time_ms where the case asks),
 makes the row and prints a progress line; then it writes <name>.json (and --csv), draws the charts
 and applies the max_err gate.
 
@@ -23,7 +23,8 @@ from typing import Callable, Optional
 import torch
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.results import (
+from llmk.common.validation import DTYPE_NAMES
+from llmk.devtools.results import (
     PARTIAL_DIR,
     RESULTS_DIR,
     SMOKE_DIR,
@@ -34,7 +35,6 @@ from llmk.common.results import (
     write_csv,
     write_json,
 )
-from llmk.common.validation import DTYPE_NAMES
 
 GATE_FACTOR = 2
 OURS = ("triton",)
@@ -50,7 +50,7 @@ def parse_args(doc, warmup_ms=25, rep_ms=100):
         epilog="\n".join(doc.strip().splitlines()[1:]) + "\n\nA run filtered by --only, --dtype or --mode writes into "
                f"{PARTIAL_DIR.relative_to(PARTIAL_DIR.parents[1])}/ unless --out is given, so the committed "
                "results stay whole.\nExit status 1: a row of ours failed the max_err gate "
-               f"(max_err > {GATE_FACTOR} x the PyTorch baseline's + one ulp at 1.0; common/harness.py).")
+               f"(max_err > {GATE_FACTOR} x the PyTorch baseline's + one ulp at 1.0; devtools/harness.py).")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes, any device, results into build/bench-smoke (numbers meaningless)")
     parser.add_argument("--replot", action="store_true", help="redraw the charts from the results JSON")
@@ -104,14 +104,14 @@ class BenchCase:
         case's rows -> bool, asked after every provider is timed (their calls are kept until then).
     extra: (provider, inputs, call) -> dict of row fields (config, splits, peak_MiB...), asked after
         the warm-up call.
-    mode: "fwd" (the default), "bwd" or "fwd+bwd": what a call times (common.bench.train_call makes
+    mode: "fwd" (the default), "bwd" or "fwd+bwd": what a call times (devtools.bench.train_call makes
         the calls of the training modes); a row field, and part of the key the max_err gate compares.
         A fwd+bwd case times every provider in GPU time too (graph_ms), unless it says otherwise
         in `graph`: autograd's host work (a Python backward, the engine's hand-off between threads)
         can outlast kernels of a few hundred microseconds, and do_bench then times the host, where
         a training step queues its kernels ahead of the GPU. A bwd row cannot be captured (its
         backward runs on the stream of a forward made outside the capture): do_bench only.
-    peak: also measure each provider's peak_MB (common.bench.peak_extra_MB) on one more call.
+    peak: also measure each provider's peak_MB (devtools.bench.peak_extra_MB) on one more call.
     bind: (provider, inputs) -> call, or (call, dict of row fields), for a provider that must build
         state first (an optimizer, a copy of the inputs); default: lambda: providers[name](*inputs).
     compare: (output, reference) -> max_err; default: largest |out - ref| over tensors or pairs.
@@ -261,7 +261,7 @@ def _call_provider(run, case, name, inputs, expected, compare, timed):
             return None
         ms = _time(call, run.args)
         if case.peak:
-            from llmk.common.bench import peak_extra_MB
+            from llmk.devtools.bench import peak_extra_MB
             fields = {**fields, "peak_MB": peak_extra_MB(call)}
         fields = {**fields, **(case.extra(name, inputs, call) if case.extra else {})}
     except Exception as e:
@@ -291,13 +291,14 @@ def _bind(fn, inputs):
 
 
 def _time(call, args):
-    from llmk.common.bench import time_ms
+    from llmk.common.timing import time_ms
     return time_ms(call, warmup_ms=args.warmup, rep_ms=args.rep)
 
 
 def _add_graph(row, call, n_bytes, run):
     """graph_ms, and graph_pct_copy where the row counts bytes (GB/s is given)."""
-    from llmk.common.bench import gbps, graph_time_ms
+    from llmk.common.timing import graph_time_ms
+    from llmk.devtools.bench import gbps
     try:
         row["graph_ms"] = round(graph_time_ms(call, warmup_ms=run.args.warmup, rep_ms=run.args.rep), 5)
     except Exception as e:  # a provider that cannot be captured keeps its do_bench row, with the reason

@@ -30,7 +30,7 @@ def shape_str(shape):
 
 def start_run(smoke, out_dir):
     """Measure the copy bandwidth (1 GB, far past L2; 1 MB in smoke mode) and return the run's meta."""
-    from llmk.common.bench import copy_bandwidth_GBps
+    from llmk.devtools.bench import copy_bandwidth_GBps
     meta = make_meta(copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30), out_dir)
     print(f"copy bandwidth {meta['copy_GBps']:.0f} GB/s on {meta['gpu']}, commit {meta['commit']}"
           + (" (dirty)" if meta["dirty"] else ""), flush=True)
@@ -67,7 +67,7 @@ def make_meta(copy_GBps, out_dir=RESULTS_DIR):
 
 def make_row(op, shape, dtype, provider, ms, copy_GBps, n_bytes=None, flops=None, max_err=None):
     """One result row; bytes give GB/s and the share of the copy bandwidth, flops give TFLOP/s."""
-    from llmk.common.bench import gbps, tflops
+    from llmk.devtools.bench import gbps, tflops
     bw = gbps(n_bytes, ms) if n_bytes is not None else None
     return {"op": op, "shape": shape, "dtype": dtype, "provider": provider, "ms": round(ms, 5),
             "GBps": round(bw, 1) if bw is not None else None,

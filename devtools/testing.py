@@ -10,7 +10,7 @@ missing) passes `skip_reason`: its cases count as skipped, with the reason, in t
 `N passed, M failed, K skipped (reason)`. A script that runs no case and gives no reason fails.
 One case that finds nothing it can check here raises `Skip(reason)`, and counts the same way:
 a case never passes without checking something.
-On a GPU each case runs in a turn that other test scripts share (common/gpu_turns.py: `make test
+On a GPU each case runs in a turn that other test scripts share (devtools/gpu_turns.py: `make test
 JOBS=4`); one that declares most of the card (`gpu_gb`) or runs out of memory beside them runs
 alone, and one larger than the card is skipped with its need as the reason. Each progress line
 gives the case's peak GPU memory.
@@ -298,7 +298,7 @@ class Case:
     fn: Callable[..., list]
     kwargs: dict = field(default_factory=dict)
     gpu_only: bool = False
-    gpu_gb: float = None  # GPU memory it needs, where that is most of a card (common/gpu_turns.py)
+    gpu_gb: float = None  # GPU memory it needs, where that is most of a card (devtools/gpu_turns.py)
 
     def run(self, base_seed, out_of_memory=None):
         """Outcomes of one run. out_of_memory: a list that gets the error's message, instead of a
@@ -311,7 +311,7 @@ class Case:
             raise
         except Exception as e:  # a crash is one failed case, and the script goes on
             if out_of_memory is not None and DEVICE == "cuda":
-                from llmk.common.gpu_turns import is_out_of_memory
+                from llmk.devtools.gpu_turns import is_out_of_memory
                 if is_out_of_memory(e):
                     out_of_memory.append(str(e))
                     return []
@@ -319,10 +319,10 @@ class Case:
 
     def run_on_shared_gpu(self, base_seed):
         """(outcomes, skip reason or None) on a GPU that other test scripts may be using: in a turn
-        (common/gpu_turns.py), alone if it declares most of the card or ran out of memory beside
+        (devtools/gpu_turns.py), alone if it declares most of the card or ran out of memory beside
         other scripts' cases. A case larger than the card is skipped; one whose turn never came
         fails."""
-        from llmk.common import gpu_turns
+        from llmk.devtools import gpu_turns
 
         if self.gpu_gb is not None and gpu_turns.too_big(self.gpu_gb):
             return [], gpu_turns.too_big(self.gpu_gb)
