@@ -61,10 +61,9 @@ from llmk.attention.triton_flash_attention_fwd import (
     MAX_GRID_Y,
     attention_grid,
     kernel_mask,
-    key_range,
+    key_blocks,
     program_pair,
     sequence_bounds,
-    window_key_range,
     window_visible,
 )
 from llmk.common.device import INTERPRET
@@ -284,6 +283,35 @@ def window_query_range(start_n, n_queries, causal_shift, window_left, window_rig
 
 
 @triton.jit
+def query_blocks(start_n, n_queries, causal_shift, window_left, window_right, CAUSAL: tl.constexpr,
+                 WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(lo, lead_hi, unmasked_lo, unmasked_hi, hi) of key block start_n, for the dk/dv kernel:
+    queries [unmasked_lo, unmasked_hi) see every key of the block (no mask), [lo, lead_hi) and,
+    under a window, [unmasked_hi, hi) some of them (masked), the others none (skipped). A
+    window's (window_query_range; lead_hi = unmasked_lo); causal's, whose lead runs from the first
+    query that sees the block's first key to where every query sees all of it (lead_hi: that, or
+    the queries' end) and whose middle runs to the end; without either, every query unmasked."""
+    if WINDOW:
+        lo, unmasked_lo, unmasked_hi, hi = window_query_range(start_n, n_queries, causal_shift, window_left,
+                                                              window_right, BLOCK_M, BLOCK_N)
+        lead_hi = unmasked_lo
+    elif CAUSAL:
+        lo = tl.maximum(start_n * BLOCK_N - causal_shift, 0) // BLOCK_M * BLOCK_M
+        unmasked_lo = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - causal_shift, 0)
+        unmasked_lo = tl.maximum(tl.cdiv(unmasked_lo, BLOCK_M) * BLOCK_M, lo)
+        lead_hi = tl.minimum(unmasked_lo, n_queries)
+        unmasked_hi = n_queries
+        hi = n_queries
+    else:
+        lo = 0
+        lead_hi = 0
+        unmasked_lo = 0
+        unmasked_hi = n_queries
+        hi = n_queries
+    return lo, lead_hi, unmasked_lo, unmasked_hi, hi
+
+
+@triton.jit
 def _dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_acc_ptr, dq_desc, cu_seqlens_q, cu_seqlens_k,
     # strides (batch, head, token, dim); dO has q's, dk has k's and dv has v's shape; lse and
@@ -330,17 +358,9 @@ def _dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    if WINDOW:
-        lo, full_start, full_end, hi = window_query_range(start_n, n_queries, causal_shift, window_left,
-                                                          window_right, BLOCK_M, BLOCK_N)
-    elif CAUSAL:
-        # queries before lo see none of these keys; from full_start on they see all of them
-        lo = tl.maximum(start_n * BLOCK_N - causal_shift, 0) // BLOCK_M * BLOCK_M
-        full_start = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - causal_shift, 0)
-        full_start = tl.maximum(tl.cdiv(full_start, BLOCK_M) * BLOCK_M, lo)
-    else:
-        lo = 0
-        full_start = 0
+    # masked lead (causal's diagonal, a window's edge), unmasked middle, masked tail (a window's)
+    lo, lead_hi, unmasked_lo, unmasked_hi, hi = query_blocks(start_n, n_queries, causal_shift, window_left,
+                                                             window_right, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     for g in range(kv_group):  # the query heads that share this kv head
         head = kv_head * kv_group + g
         q_base = q_ptr + batch * stride_qb + head * stride_qh + q_start * stride_qm
@@ -354,35 +374,23 @@ def _dkdv_kernel(
         else:
             dq_acc_base = dq_acc_ptr  # None: the dq launch makes dq
             dq_row0 = 0
-        if WINDOW:  # masked, unmasked, masked: the query blocks of no key's window are skipped
+        if CAUSAL or WINDOW:
             dk, dv = _dkdv_query_blocks(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
-                offs_n, offs_d, lo, full_start, n_queries, causal_shift, qk_scale, sm_scale,
-                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, True, SOFTCAP)
+                offs_n, offs_d, lo, lead_hi, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, WINDOW, SOFTCAP)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+            stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+            offs_n, offs_d, unmasked_lo, unmasked_hi, n_queries, causal_shift, qk_scale, sm_scale,
+            window_left, window_right, softcap_log2, False, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, WINDOW, SOFTCAP)
+        if WINDOW:
             dk, dv = _dkdv_query_blocks(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
-                offs_n, offs_d, full_start, full_end, n_queries, causal_shift, qk_scale, sm_scale,
-                window_left, window_right, softcap_log2, False, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, True, SOFTCAP)
-            dk, dv = _dkdv_query_blocks(
-                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
-                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
-                offs_n, offs_d, full_end, hi, n_queries, causal_shift, qk_scale, sm_scale,
-                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, True, SOFTCAP)
-        else:
-            if CAUSAL:
-                dk, dv = _dkdv_query_blocks(
-                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
-                    stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
-                    offs_n, offs_d, lo, tl.minimum(full_start, n_queries), n_queries, causal_shift, qk_scale,
-                    sm_scale, window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST,
-                    False, SOFTCAP)
-            dk, dv = _dkdv_query_blocks(
-                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
-                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
-                offs_n, offs_d, full_start, n_queries, n_queries, causal_shift, qk_scale, sm_scale,
-                window_left, window_right, softcap_log2, False, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, False, SOFTCAP)
+                offs_n, offs_d, unmasked_hi, hi, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, WINDOW, SOFTCAP)
 
     dk *= sm_scale
     tl.store(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
@@ -478,26 +486,20 @@ def _dq_kernel(
     v_base = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start * stride_vn
 
     causal_shift = n_keys - n_queries
-    if WINDOW:  # the forward's three parts
-        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
-                                                            window_right, BLOCK_M, BLOCK_N)
+    # the forward's blocks: masked lead (a window's left edge), unmasked middle, masked tail
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right,
+                                                  CAUSAL, WINDOW, True, BLOCK_M, BLOCK_N)
+    DIAGONAL: tl.constexpr = CAUSAL and not WINDOW  # a window's mask holds the causal bound itself
+    if WINDOW:
         dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                             offs_m, offs_d, lo, unmasked_lo, n_keys, causal_shift, qk_scale, window_left,
-                            window_right, softcap_log2, True, False, HEAD_DIM, BLOCK_N, True, SOFTCAP)
-        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                            offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left,
-                            window_right, softcap_log2, False, False, HEAD_DIM, BLOCK_N, True, SOFTCAP)
-        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                            offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left,
-                            window_right, softcap_log2, True, False, HEAD_DIM, BLOCK_N, True, SOFTCAP)
-    else:
-        unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)  # the forward's
-        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                            offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale, window_left,
-                            window_right, softcap_log2, False, CAUSAL, HEAD_DIM, BLOCK_N, False, SOFTCAP)
-        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                            offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale, window_left,
-                            window_right, softcap_log2, True, CAUSAL, HEAD_DIM, BLOCK_N, False, SOFTCAP)
+                            window_right, softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_N, WINDOW, SOFTCAP)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left,
+                        window_right, softcap_log2, False, DIAGONAL, HEAD_DIM, BLOCK_N, WINDOW, SOFTCAP)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left,
+                        window_right, softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_N, WINDOW, SOFTCAP)
     dq *= sm_scale
     tl.store(dq_ptr + batch * stride_dqb + head * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(dq_ptr.dtype.element_ty), mask=q_mask)

@@ -210,6 +210,27 @@ def window_key_range(start_m, n_keys, causal_shift, window_left, window_right,
 
 
 @triton.jit
+def key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL: tl.constexpr,
+               WINDOW: tl.constexpr, WINDOW_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(lo, unmasked_lo, unmasked_hi, hi) of query block start_m, for the forward and the dq kernel:
+    keys [unmasked_lo, unmasked_hi) are whole blocks every row sees (no mask), [lo, unmasked_lo) and
+    [unmasked_hi, hi) are masked, keys outside [lo, hi) are seen by no row. A window's
+    (window_key_range; without WINDOW_SPLIT every block masked, in the lead); else key_range's,
+    with no lead (lo = unmasked_lo = 0)."""
+    if WINDOW:
+        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
+                                                            window_right, BLOCK_M, BLOCK_N)
+        if not WINDOW_SPLIT:  # window_split's alternative: every block in the lead
+            unmasked_lo = hi
+            unmasked_hi = hi
+    else:
+        unmasked_hi, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)
+        lo = 0
+        unmasked_lo = 0
+    return lo, unmasked_lo, unmasked_hi, hi
+
+
+@triton.jit
 def _flash_attention_fwd_kernel(
     # pointers: lse (STORE_LSE, else None); cu_seqlens_q/k (VARLEN, else None)
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
@@ -263,34 +284,23 @@ def _flash_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    if WINDOW:  # masked, unmasked, masked: the blocks of no row's window are skipped
-        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
-                                                            window_right, BLOCK_M, BLOCK_N)
-        if not WINDOW_SPLIT:  # window_split's alternative: every block in the first, masked, loop
-            unmasked_lo = hi
-            unmasked_hi = hi
+    # masked lead (a window's left edge), unmasked middle, masked tail: keys outside [lo, hi) skipped
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right,
+                                                  CAUSAL, WINDOW, WINDOW_SPLIT, BLOCK_M, BLOCK_N)
+    DIAGONAL: tl.constexpr = CAUSAL and not WINDOW  # a window's mask holds the causal bound itself
+    if WINDOW:
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, lo, unmasked_lo, n_keys, causal_shift, qk_scale, window_left, window_right,
-            softcap_log2, True, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
-        acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left, window_right,
-            softcap_log2, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
-        acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
-            softcap_log2, True, False, HEAD_DIM, BLOCK_D, BLOCK_N, True, SOFTCAP)
-    else:
-        unmasked_end, hi = key_range(start_m, n_keys, causal_shift, CAUSAL, BLOCK_M, BLOCK_N)
-        acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, 0, unmasked_end, n_keys, causal_shift, qk_scale, window_left, window_right,
-            softcap_log2, False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, False, SOFTCAP)
-        acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, unmasked_end, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
-            softcap_log2, True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, False, SOFTCAP)
+            softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_D, BLOCK_N, WINDOW, SOFTCAP)
+    acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+        softcap_log2, False, DIAGONAL, HEAD_DIM, BLOCK_D, BLOCK_N, WINDOW, SOFTCAP)
+    acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+        softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_D, BLOCK_N, WINDOW, SOFTCAP)
 
     # a row with no visible key has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
