@@ -34,6 +34,8 @@ import inspect
 
 import torch
 
+from llmk.common.torch_private import after_autograd_keyset, dispatch_mode_depth, functorch_active, unwrap_dead_wrappers
+
 NAMESPACE = "llmk"
 
 _LIBRARY = []  # the torch.library.Library that owns our definitions, made on first use
@@ -72,7 +74,7 @@ def forward_only_error(name, remedy=None):
 
 def _forward_only_kernel(name, op, remedy=None):
     """Autograd kernel of an op without a backward: raise under grad, else run the op below autograd."""
-    after_autograd = torch._C._after_autograd_keyset
+    after_autograd = after_autograd_keyset
 
     def autograd_kernel(keyset, *args):
         if needs_grad(*_tensors(args)):
@@ -87,7 +89,6 @@ _REQUIRED = object()  # a schema argument without a default, in Op._defaults
 # Tensor types a direct call may take: plain tensors and parameters, no subclass that dispatches in
 # Python (FakeTensor, FunctionalTensor, ...), whose calls must go through the dispatcher
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 class Op:
@@ -127,12 +128,12 @@ class Op:
             if _REQUIRED in missing:  # an argument without a default: the forward's own TypeError
                 return self.function.apply(*args)
             args = (*args, *missing)
-        if torch._C._are_functorch_transforms_active():  # vmap, grad, ...
+        if functorch_active():  # vmap, grad, ...
             return self.function.apply(*args)
-        return self._apply(*torch._functorch.utils.unwrap_dead_wrappers(args))
+        return self._apply(*unwrap_dead_wrappers(args))
 
     def __call__(self, *args):
-        if torch.compiler.is_compiling() or _dispatch_modes():
+        if torch.compiler.is_compiling() or dispatch_mode_depth():
             return self.overload(*args)
         grad = torch.is_grad_enabled()
         for a in args:  # one pass, no generator: this runs on every eager call

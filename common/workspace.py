@@ -25,6 +25,8 @@ import threading
 
 import torch
 
+from llmk.common.torch_private import raw_cuda_stream
+
 MIN_COUNTERS = 1024   # int32 counters (4 KB)
 MIN_SCRATCH = 1 << 18  # fp32 values (1 MB): every decode-size split of this repo fits
 
@@ -35,7 +37,7 @@ _OUTGROWN = []
 def _stream_key(device):
     # the raw handle of the current stream, as Triton's launcher and Inductor's generated code read
     # it: building a torch.cuda.Stream object (torch.cuda.current_stream) costs ~5 us of host time
-    return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+    return raw_cuda_stream(device.index) if device.type == "cuda" else 0
 
 
 def _outside_graph_pools(make):

@@ -60,6 +60,7 @@ import torch
 
 from llmk.common.device import INTERPRET
 from llmk.common.ops import define_op, needs_grad
+from llmk.common.torch_private import dispatch_mode_depth, functorch_active
 from llmk.common.validation import check_same_device, check_tensor
 from llmk.losses.triton_cross_entropy import (
     LossOutput,
@@ -308,7 +309,7 @@ def _in_place_safe(hidden, weight, target, bias, reduction, grads):
     tensors = [t for t in (hidden, weight, target, bias) if t is not None]
     if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors) or type(hidden) is not torch.Tensor:
         return False  # fake, functional or DTensor: traced or dispatched
-    if torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack():
+    if functorch_active() or dispatch_mode_depth():
         return False
     base = hidden if hidden._base is None else hidden._base
     if base.is_leaf or not hidden.is_contiguous() or hidden.storage_offset() \
