@@ -28,7 +28,7 @@ meta adds world_size, gpus (each rank's torch.cuda.get_device_name), skipped (pr
     python benchmarks/train_fsdp2.py --smoke      (train_bench's tiny model into build/bench-smoke; with
                                                    fewer than 2 GPUs, two CPU ranks over gloo, our
                                                    kernels in Triton's interpreter)
-train_bench.py calls main_fsdp2(args) with its own parsed options; --only filters the providers.
+--only filters the providers.
 Needs transformers (optional for the repository): without it the script says so and exits 0.
 """
 import importlib.util
@@ -219,10 +219,10 @@ def _launch(argv):
     return code
 
 
-def main_fsdp2(args, argv=None):
+def main_fsdp2(args):
     """The FSDP2 rows. args: devtools.harness.parse_args's options (--smoke, --only, --out, ...).
     Under torchrun this process is one rank; otherwise it starts N_GPUS ranks of this file under
-    torchrun with `argv` (default: this command's options) and returns their exit code."""
+    torchrun with this command's options and returns their exit code."""
     if importlib.util.find_spec("transformers") is None:
         print(f"{NAME}: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")
         return 0
@@ -235,7 +235,7 @@ def main_fsdp2(args, argv=None):
         print(f"{NAME}: needs {N_GPUS} CUDA GPUs, found {torch.cuda.device_count()} "
               "(--smoke runs the code on CPU ranks)", file=sys.stderr)
         return 2
-    return _launch(sys.argv[1:] if argv is None else argv)
+    return _launch(sys.argv[1:])
 
 
 if __name__ == "__main__":

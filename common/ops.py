@@ -74,12 +74,11 @@ def forward_only_error(name, remedy=None):
 
 def _forward_only_kernel(name, op, remedy=None):
     """Autograd kernel of an op without a backward: raise under grad, else run the op below autograd."""
-    after_autograd = after_autograd_keyset
 
     def autograd_kernel(keyset, *args):
         if needs_grad(*_tensors(args)):
             raise forward_only_error(name, remedy)
-        return op.redispatch(keyset & after_autograd, *args)
+        return op.redispatch(keyset & after_autograd_keyset, *args)
 
     return autograd_kernel
 

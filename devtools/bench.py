@@ -1,10 +1,9 @@
-"""Timing and roofline math shared by every benchmark.
-
-Times are `triton.testing.do_bench` medians (CUDA events, L2 flushed before each repetition, warm-up
-first). Every kernel is reported against the device-to-device copy bandwidth measured in the same
-run, counting bytes read plus bytes written, because absolute figures move between machines.
-In smoke mode (the interpreter on CPU) a host clock stands in: the numbers then mean nothing and
-only prove the benchmark code runs.
+"""The benchmarks' measuring beyond common/timing.py's clocks (time_ms: `triton.testing.do_bench`
+medians; graph_time_ms: GPU time with the host out of the loop): host time a call, the training
+call and its peak memory, torch.compile baselines, and the roofline math. Every kernel is reported
+against the device-to-device copy bandwidth measured in the same run, counting bytes read plus
+bytes written, because absolute figures move between machines. In smoke mode (the interpreter on
+CPU) a host clock stands in: the numbers then mean nothing and only prove the benchmark code runs.
 """
 import time
 

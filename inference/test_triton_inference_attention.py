@@ -12,8 +12,8 @@ p @ v each in the input dtype).
 Every batch is ragged where it can be: lengths 0, 1 and T_max side by side, the rest random. Caches
 are filled everywhere (also past each length) so a kernel that reads past a length fails.
 
-Head dims other than 64, 128 and 256 (32, 80, 96, 72, 160, 40, 24, 8, 1: two parts, exact or with
-a padded second, and one padded tile) run with q, K and V as views of tensors holding NaN past D in
+Head dims other than 64, 128 and 256 (two parts: 96 and 160 exact, 80 and 72 with a padded second;
+one padded tile: 40, 24, 8, 1; and 32) run with q, K and V as views of tensors holding NaN past D in
 every row (layout "nan_cols"): a kernel that reads a column of q or K past D returns NaN; the output
 is the head of a longer NaN buffer whose tail must stay NaN, so a store past D of the last head shows.
 """
@@ -534,8 +534,8 @@ def _cases():
             add(f"window {window} softcap {softcap} 8/2 B5 T100 D64 splits {splits} {dt}", check_paged,
                 b=5, h=8, hkv=2, t_max=100, d=64, dtype=dtype, window=window, softcap=softcap, num_splits=splits,
                 scale=4.0 if softcap else 1.0)
-        # head dims in two parts (96 = 64 + 32, 160 = 128 + 32; 80, 72 and 40 with a padded second
-        # part), in one padded tile (24, 8, 1) and 32, a power of two below 64, reading NaN past
+        # head dims in two parts (96 = 64 + 32, 160 = 128 + 32; 80 and 72 with a padded second
+        # part), in one padded tile (40, 24, 8, 1) and 32, a power of two below 64, reading NaN past
         # D: contiguous unsplit and split, paged against contiguous, a window with softcap; MHA's
         # broadcast product
         # (head_parts: in parts where head_dim_parts splits the dim, or one padded tile: both forced

@@ -44,12 +44,12 @@ are one tile exactly D wide. A dim between two powers of two runs as the lower o
 narrower part where the two are narrower than one padded tile: hd 80 and 96 = 64 + 32, hd 160 =
 128 + 32, hd 192 = 128 + 64; the scores sum two dots and the output keeps two accumulators. A
 block then does about the work of its D columns, where one 128-wide tile ran hd 128's instructions
-for 5/8 (hd 80) or 3/4 (hd 96) of its bytes. That pays on grids of one wave or less, where each
-program's chain of blocks is the time; on larger grids the padded tile is as fast or faster, and
-decode_config keeps it (DecodeConfig.head_parts, docs/tuning/inference.md). Any other dim runs one
-tile BLOCK_D = max(16, next power of two >= D) wide (112: 128). Columns past D (hd 80's last 16 of
-64 + 32, 112's last 16) are masked on every load and store (a constexpr per part), so every head dim
-reads D columns only.
+for 5/8 (hd 80) or 3/4 (hd 96) of its bytes. That pays on grids of at most PARTS_MAX_WAVES (2)
+programs an SM, where each program's chain of blocks is the time; on larger grids the padded tile
+is as fast or faster, and decode_config keeps it (DecodeConfig.head_parts, docs/tuning/inference.md).
+Any other dim runs one tile BLOCK_D = max(16, next power of two >= D) wide (one_tile; 112: 128).
+Columns past D (hd 80's last 16 of 64 + 32, 112's last 16) are masked on every load and store (a
+constexpr per part), so every head dim reads D columns only.
 
 Limits: head dim 1..256; fp16 or bf16; lengths are read on the device (no host sync) and
 clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
@@ -80,8 +80,8 @@ HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # every head dim the kernels take
 # transactions and many loads in flight, small enough that the G == 1 broadcast product
 # (BLOCK_N x D fp32) stays at 64 values a thread with 4 warps. Three stages keep two K/V block
 # pairs in flight while one is computed on: 72 KB of shared memory, three programs an SM.
-# Any other head dim takes the first row with D <= its head dim (hd 32 the 64 row, hd 80 and 96 the
-# 128 row, hd 160-224 the 256 row): its tiles are at most that wide, so the row's footprint is an
+# Any other head dim takes the first row whose head dim is at least D (hd 32 the 64 row, hd 80 and 96
+# the 128 row, hd 129-255 the 256 row): its tiles are at most that wide, so the row's footprint is an
 # upper bound, while a block reads BLOCK_N * D * e bytes (hd 80: 10 KB of K a block against hd 128's
 # 16 KB).
 BLOCK_TABLE = [
@@ -145,7 +145,7 @@ SPLIT_TABLE = [
 # scripts/tune/decode_head_dims.py measures both; docs/tuning/inference.md has the figures.
 PARTS_MAX_WAVES = 2
 MIN_PART = 32
-MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, D] tile
+MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, one_tile(D)] tile
 INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
 # ---------------------------------------------------------------------------------------------
 
@@ -160,11 +160,17 @@ class DecodeConfig:
     head_parts: bool = True  # the head dim in two parts where head_dim_parts splits it (else one tile)
 
 
+def one_tile(head_dim):
+    """The width of one tile over the head dim: max(16, next power of two >= D), 16 being tl.dot's
+    smallest K (q k^T) and N (p v)."""
+    return max(16, next_power_of_2(head_dim))
+
+
 def head_dim_parts(head_dim, group_pad=16):
     """(BLOCK_D, BLOCK_D2): the widths of the head dim's first tile and of its second (0: none), for a
     group padded to group_pad rows. hd 80 and 96 -> (64, 32), 160 -> (128, 32), 72 -> (64, 32) with 24
     columns masked, 112 -> (128, 0); at group_pad 32, hd 80 -> (128, 0), 192 -> (128, 64)."""
-    whole = max(16, next_power_of_2(head_dim))  # 16: tl.dot's smallest K (q k^T) and N (p v)
+    whole = one_tile(head_dim)
     low = whole // 2
     if head_dim <= low:
         return whole, 0
@@ -563,7 +569,7 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
     group_pad = max(16 if use_dot else 1, next_power_of_2(group))  # 16: the MMA's smallest M
-    block_d, block_d2 = head_dim_parts(d, group_pad) if cfg.head_parts else (max(16, next_power_of_2(d)), 0)
+    block_d, block_d2 = head_dim_parts(d, group_pad) if cfg.head_parts else (one_tile(d), 0)
     _decode_attention_kernel[(b * hkv, splits)](
         q, k, v, lengths, table if paged else lengths, out, part,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
@@ -575,7 +581,7 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     )
     if splits > 1:
         splits_pad = next_power_of_2(splits)
-        block_d = max(16, next_power_of_2(d))  # one tile: the merge moves (D + 2) * 4 bytes a split
+        block_d = one_tile(d)  # the merge moves (D + 2) * 4 bytes a split: one tile serves
         _merge_splits_kernel[(b * h,)](
             part, out, *out.stride(), h, splits,
             HEAD_DIM=d, BLOCK_D=block_d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * block_d <= 4096 else 8,

@@ -39,8 +39,8 @@ kernels' offset=1.0). What is replaced, and through which hook:
              attention/triton_flash_attention.py (causal, GQA); a padded or padding-free batch's
              prefill runs its packed form, flash_attention_varlen (below); a decode step (one query) runs
              decode_attention from inference/triton_inference_attention.py (the (B, Hkv, T, D)
-             cache read through .transpose(1, 2), no copy) when that module imports and takes the
-             head dim, otherwise the same flash kernel with Tq = 1. A sliding window shorter than
+             cache read through .transpose(1, 2), no copy) where it takes the head dim, otherwise
+             the same flash kernel with Tq = 1. A sliding window shorter than
              the keys (Mistral's, Gemma's and Qwen's sliding layers; transformers' convention,
              query i sees key j when i - W < j <= i) and Gemma 2's attention logit softcap,
              c * tanh(s / c), go to the kernels as window=(W - 1, 0) and softcap=c. transformers'
@@ -231,7 +231,7 @@ def patch_model(model, kernels=KERNELS):
                 replace_forward(state, module, rmsnorm_forward)
             elif isinstance(module, layer_cls) and "residual_rmsnorm" in kernels:
                 replace_forward(state, module, checkpointed(sandwich_layer_forward if family.sandwich
-                                                              else decoder_layer_forward))
+                                                             else decoder_layer_forward))
             elif isinstance(module, mlp_cls) and mlp is not None:
                 replace_forward(state, module, mlp_forward)
             elif isinstance(module, attention_cls):

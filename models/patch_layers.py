@@ -39,7 +39,7 @@ def _add_and_norm(state, hidden_states, residual, norm):
 
 
 def decoder_layer_forward(layer, original, state, hidden_states, attention_mask=None, position_ids=None,
-                           use_cache=False, position_embeddings=None, **kwargs):
+                          use_cache=False, position_embeddings=None, **kwargs):
     """The decoder layer (transformers 5.17 and newer, every supported family): hidden_states
     (B, T, N) -> (B, T, N), the layer's steps with the add after attention fused into
     post_attention_layernorm. The KV cache stays in kwargs under the name the caller gave it
@@ -53,7 +53,7 @@ def decoder_layer_forward(layer, original, state, hidden_states, attention_mask=
 
 
 def sandwich_layer_forward(layer, original, state, hidden_states, position_embeddings=None, attention_mask=None,
-                            position_ids=None, **kwargs):
+                           position_ids=None, **kwargs):
     """Gemma 2 / Gemma 3's decoder layer (transformers 5.17 and newer), whose attention and MLP
     outputs are normed too: hidden_states (B, T, N) -> (B, T, N), the add after
     post_attention_layernorm fused into pre_feedforward_layernorm. The cache travels in kwargs, as

@@ -16,7 +16,7 @@ def _fused_head(head):
 
 
 def causal_lm_forward(model, original, state, input_ids=None, attention_mask=None, position_ids=None,
-                       inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+                      inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
     """*ForCausalLM.forward: a training step (model.train(), grad enabled, labels, every position's
     logits) runs the base model, then the fused linear cross-entropy with HF's
     ForCausalLMLoss semantics; anything else, the original forward (module docstring). The KV

@@ -27,6 +27,7 @@ import torch
 
 from llmk.common.device import DEVICE
 from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
+from llmk.inference.triton_inference_attention import HEAD_DIMS as DECODE_HEAD_DIMS
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 SKIP_REASON = "transformers not installed"
@@ -240,21 +241,12 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
         expected["flash_attention_varlen" if padded else "flash_attention"] = n_layers
         expected["attention fallback"] = n_layers * n_steps
     else:
-        decode = "decode_attention" if model.config.head_dim in _decode_head_dims() else "flash_attention"
+        decode = "decode_attention" if model.config.head_dim in DECODE_HEAD_DIMS else "flash_attention"
         expected["flash_attention"] = n_layers * (1 if decode == "decode_attention" else n_forwards)
         if decode == "decode_attention":
             expected["decode_attention"] = n_layers * n_steps
     outcomes.append(Outcome("kernel calls", calls == expected, note=f"{calls}"[:120]))
     return outcomes + restored(model, modeling, original_rope, original_attention, before, after, ref, dtype)
-
-
-def _decode_head_dims():
-    """The head dims the decode kernel takes; none where it is not in the checkout."""
-    try:
-        from llmk.inference.triton_inference_attention import HEAD_DIMS
-    except ImportError:
-        return ()
-    return HEAD_DIMS
 
 
 def check_generate(kind, dtype):

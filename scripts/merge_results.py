@@ -3,7 +3,7 @@ into one file, for a benchmark whose whole run does not fit one device call.
 
     python scripts/merge_results.py OUT.json PART.json [PART.json ...] [--commit SHA] [--note TEXT]
 
-Each part is {"meta", "rows"} as common/results.write_json writes it. The parts must come from the
+Each part is {"meta", "rows"} as devtools/results.write_json writes it. The parts must come from the
 same GPU, torch and Triton, and no (op, shape, dtype, mode, provider) row may appear twice. OUT's
 meta is the first part's, with every part's command, the lowest copy bandwidth, and `notes` (the
 report prints them) naming the parts. --commit: the commit that holds the measured tree, for runs of

@@ -13,6 +13,7 @@ docs/tuning/inference.md has the figures.
 
     python scripts/tune/decode_head_dims.py        (~2 min on an H200)
 """
+import dataclasses
 import time
 
 import torch
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 import llmk.inference.triton_inference_attention as ia
-from llmk.common.ints import next_power_of_2
+from llmk.common.device import sm_count
 from llmk.common.timing import graph_time_ms
 from llmk.devtools.bench import copy_bandwidth_GBps
 
@@ -63,17 +64,12 @@ def _contiguous_stream(k_ptr, v_ptr, out_ptr, n_per_program, BLOCK: tl.constexpr
     tl.store(out_ptr + pid * BLOCK + offs, acc)
 
 
-def one_tile(head_dim, group_pad=16):
-    return max(16, next_power_of_2(head_dim)), 0
-
-
 def main():
     t0 = time.perf_counter()
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, flush=True)
     copy_gbs = copy_bandwidth_GBps()  # as benchmarks/inference_bench.py measures it
     print(f"copy {copy_gbs:.0f} GB/s (read + written)", flush=True)
-    two_parts = ia.head_dim_parts
-    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n_sms = sm_count(0, ia.INTERPRET_SMS)
     for b, hkv, t in SHAPES:
         cells = []
         for d in HEAD_DIMS:
@@ -82,16 +78,15 @@ def main():
             lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
             nbytes = 2 * k.numel() * 2
             share = lambda us: f"{nbytes / us / 1e3 / copy_gbs:.0%}"  # noqa: E731
-            row = {}
-            ia.head_dim_parts = two_parts
-            ref = ia.decode_attention(q, k, v, lengths, max_length=t)
-            row["two parts"] = graph_time_ms(lambda: ia.decode_attention(q, k, v, lengths, max_length=t)) * 1e3
-            ia.head_dim_parts = one_tile
-            diff = (ia.decode_attention(q, k, v, lengths, max_length=t).float() - ref.float()).abs().max().item()
-            row["one tile"] = graph_time_ms(lambda: ia.decode_attention(q, k, v, lengths, max_length=t)) * 1e3
-            ia.head_dim_parts = two_parts
-            splits = ia.decode_config(b, hkv, H // hkv, d, t, n_sms).num_splits
-            block_d = max(16, next_power_of_2(d))
+            shipped = ia.decode_config(b, hkv, H // hkv, d, t, n_sms)
+            splits = shipped.num_splits
+            row, outs = {}, {}
+            for name, parts in (("two parts", True), ("one tile", False)):  # the shipped blocks and splits
+                cfg = dataclasses.replace(shipped, head_parts=parts)
+                outs[name] = ia.decode_attention(q, k, v, lengths, max_length=t, config=cfg).float()
+                row[name] = graph_time_ms(lambda: ia.decode_attention(q, k, v, lengths, max_length=t, config=cfg)) * 1e3
+            diff = (outs["one tile"] - outs["two parts"]).abs().max().item()
+            block_d = ia.one_tile(d)
             out = torch.empty(b * hkv * splits * block_d, device="cuda")
             row["per-head stream"] = graph_time_ms(lambda: _per_head_stream[(b * hkv, splits)](
                 k, v, out, k.stride(0), k.stride(1), k.stride(2), hkv, t, HEAD_DIM=d, BLOCK_D=block_d,
