@@ -32,6 +32,7 @@ import triton.language as tl
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.attention.attention_checks import CHECK_SEQLENS_ENV, seqlens_checked
+from llmk.attention.attention_paths import GLUON_TRITON_VERSIONS, PATH_ENV, gluon_forward
 from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
 from llmk.attention.triton_flash_attention import (
     CONFIG_TABLE,
@@ -55,6 +56,7 @@ from llmk.devtools.testing import (
     UNIT_ROUNDOFF,
     Case,
     Outcome,
+    Skip,
     Tol,
     check_grads,
     compare,
@@ -114,16 +116,42 @@ def compare_o(o, q, k, v, causal, sm_scale, window=None, softcap=None):
                    torch_out=same_dtype_attention(q, k, v, causal, sm_scale, **mask))
 
 
-def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0, window=None, softcap=None):
+@contextlib.contextmanager
+def forward_path(path):
+    """LLMK_ATTENTION_PATH set to `path` ("tl", "gluon" or "auto") inside the block, restored after it."""
+    before = os.environ.get(PATH_ENV)
+    os.environ[PATH_ENV] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[PATH_ENV]
+        else:
+            os.environ[PATH_ENV] = before
+
+
+def kernel_note(outcome, q, k, v, out, lse=None):
+    """outcome with the forward kernel that ran (attention/attention_paths.py) added to its note."""
+    ran = "gluon" if gluon_forward(q, k, v, out, lse, False, None) else "tl"
+    outcome.note = f"{outcome.note}; {ran} forward".lstrip("; ")
+    return outcome
+
+
+def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0, window=None, softcap=None,
+          path="tl"):
+    """O against the reference; path "gluon" runs the Gluon forward where it applies
+    (attention/attention_paths.py)."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
     out = poisoned((b, h, tq, d), dtype)
     mask = dict(window=window, softcap=softcap)
-    o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **mask)
-    outcomes = [compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d) if sm_scale is None else sm_scale, **mask)]
-    if layout == "bthd":  # without out=, O comes back laid out like q
-        o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, **mask)
-        outcomes.append(Outcome("O keeps q's layout", o2.stride() == q.stride() and torch.equal(o2, o),
-                                note=f"strides {o2.stride()} vs q {q.stride()}"))
+    with forward_path(path):
+        o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **mask)
+        outcomes = [kernel_note(compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d) if sm_scale is None else sm_scale,
+                                          **mask), q, k, v, out)]
+        if layout == "bthd":  # without out=, O comes back laid out like q
+            o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, **mask)
+            outcomes.append(Outcome("O keeps q's layout", o2.stride() == q.stride() and torch.equal(o2, o),
+                                    note=f"strides {o2.stride()} vs q {q.stride()}"))
     return outcomes
 
 
@@ -805,15 +833,15 @@ def check_tanh_approx():
                     bool((err <= TANH_APPROX_REL * want.abs()).all()), note=f"max {rel:.3g} vs {TANH_APPROX_REL:.3g}")]
 
 
-def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, scale=1.0):
+def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, scale=1.0, path="tl"):
     """The forward's LSE (llmk::flash_attention_train's second output) against the fp64
     logsumexp of the capped, masked scores: -inf where a query sees no key."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, scale=scale)
     left, right = window or (-1, -1)
-    with torch.no_grad():
-        _, lse = flash_attention_train_op(q, k, v, causal, None, None, False, left, right, softcap or 0.0)
-    _, ref = attention_and_lse(q.double(), k.double(), v.double(), causal, None, window, softcap)
-    return [compare("LSE", lse, ref, lse_tol(softcap))]
+    with forward_path(path), torch.no_grad():
+        out, lse = flash_attention_train_op(q, k, v, causal, None, None, False, left, right, softcap or 0.0)
+        _, ref = attention_and_lse(q.double(), k.double(), v.double(), causal, None, window, softcap)
+        return [kernel_note(compare("LSE", lse, ref, lse_tol(softcap)), q, k, v, out, lse)]
 
 
 def check_window_skips(causal, window, deterministic):
@@ -996,6 +1024,49 @@ def mask_cases():
 
 
 CASES += mask_cases()
+
+
+def check_gluon_dispatch():
+    """With LLMK_ATTENTION_PATH=gluon on an sm_90 GPU with a tested Triton, dense calls of the
+    Gluon head dims take the Gluon forward; packed batches, other head dims, a forced config, a
+    TMA-illegal layout and LLMK_ATTENTION_PATH=tl take the tl one; a bad value raises."""
+    outcomes = []
+    q, k, v = make_qkv(1, 2, 2, 8, 8, 64, torch.bfloat16)
+    with forward_path("bogus"):
+        outcomes.append(expect_raises("LLMK_ATTENTION_PATH=bogus", lambda: flash_attention(q, k, v), ValueError,
+                                      PATH_ENV))
+    if INTERPRET:
+        with forward_path("gluon"):
+            outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, q, None, False, None)))
+        return outcomes
+    if triton.__version__ not in GLUON_TRITON_VERSIONS or torch.cuda.get_device_capability() != (9, 0):
+        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}; here "
+                   f"{torch.cuda.get_device_capability()} and Triton {triton.__version__}")
+    def gluon(q, k, v, packed_batch=False, config=None, path="gluon"):
+        with forward_path(path):
+            return gluon_forward(q, k, v, q, None, packed_batch, config)
+
+    for d in (64, 128):
+        q, k, v = make_qkv(2, 4, 2, 100, 100, d, torch.bfloat16)
+        outcomes += [Outcome(f"D{d} dense: gluon", gluon(q, k, v)),
+                     Outcome(f"D{d} LLMK_ATTENTION_PATH=tl: tl", not gluon(q, k, v, path="tl")),
+                     Outcome(f"D{d} packed: tl", not gluon(q, k, v, packed_batch=True)),
+                     Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3]))]
+    q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
+    odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal
+    return outcomes + [Outcome("D96: tl", not gluon(q, k, v)),
+                       Outcome("token stride not 16-byte aligned: tl", not gluon(odd, odd, odd))]
+
+
+def gluon_forward_cases():
+    """Every forward case (O and LSE) again with LLMK_ATTENTION_PATH=gluon: on an sm_90 GPU the
+    Gluon forward passes the same cases as the tl kernel with the same tolerances (the row's note
+    names the kernel that ran)."""
+    return [Case(f"{c.name} [gluon forward]", c.fn, dict(c.kwargs, path="gluon"), gpu_only=True)
+            for c in CASES if c.fn in (check, check_lse)]
+
+
+CASES += gluon_forward_cases() + [Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

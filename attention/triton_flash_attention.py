@@ -47,6 +47,7 @@ from llmk.attention.attention_checks import (
     check_window,
     seqlens_checked,
 )
+from llmk.attention.attention_paths import gluon_forward
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import CONFIG_TABLE, MAX_HEAD_DIM, launch_flash_attention, table_config
 from llmk.common.ops import define_op, define_ops, needs_grad
@@ -170,7 +171,7 @@ def packed(t):
 def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=None, window_left=-1, window_right=-1,
                  softcap=0.0):
     """O into out (and LSE into lse) for checked (B, H, T, D) arguments: the empty cases here, the
-    kernel for the rest."""
+    kernel for the rest, Gluon's where attention/attention_paths.py's gluon_forward says so."""
     window, softcap = _mask_options(window_left, window_right, softcap)
     if out.numel() == 0:
         return
@@ -178,6 +179,11 @@ def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=No
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
+        return
+    if gluon_forward(q, k, v, out, lse, cu_seqlens is not None, config):
+        from llmk.attention.gluon_flash_attention_fwd import launch_gluon_attention
+
+        launch_gluon_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, window=window, softcap=softcap)
         return
     launch_flash_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, cu_seqlens,
                            None if config is None else tuple(config), window=window, softcap=softcap)

@@ -91,8 +91,11 @@ def check_floors():
     return [Outcome("common/ imports only common/ of llmk", not bad, note=", ".join(bad)[:200])]
 
 
-def run(command, cwd, label):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the environment's own paths only
+def run(command, cwd, label, pythonpath=None):
+    """command's stdout; its environment's own import paths only, plus `pythonpath` when given."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
@@ -201,7 +204,12 @@ def check_facades():
     none of its modules; every name of its __all__ resolves to an object defined in that folder and
     is in dir(); an unknown name raises AttributeError naming it."""
     import json
-    found = json.loads(run([sys.executable, "-c", FACADE_PROBE % (FACADES,)], ROOT, "facade probe").splitlines()[-1])
+
+    import llmk
+    # the folder this process imports llmk from (an install, or a PYTHONPATH entry holding it)
+    where = os.pathsep.join([str(pathlib.Path(llmk.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])
+    found = json.loads(run([sys.executable, "-c", FACADE_PROBE % (FACADES,)], ROOT, "facade probe",
+                           where.rstrip(os.pathsep)).splitlines()[-1])
     outcomes = []
     for folder in FACADES:
         got = found[folder]

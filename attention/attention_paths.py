@@ -1,0 +1,66 @@
+"""Which forward kernel a flash-attention call runs: the Gluon kernel for Hopper
+(attention/gluon_flash_attention_fwd.py) or the portable tl kernel (triton_flash_attention_fwd.py).
+
+LLMK_ATTENTION_PATH picks: "tl" (the default) always runs the tl kernel; "gluon" runs the Gluon
+kernel where all of the following hold, the tl kernel elsewhere; "auto" is "gluon" where the Gluon
+kernel is measured faster (GLUON_BY_DEFAULT: not yet, docs/tuning/attention.md) and "tl" until
+then. The Gluon kernel's conditions:
+- a GPU of compute capability 9.0 (H100, H200), not the interpreter;
+- a Triton whose Gluon the kernel was written and tested against (GLUON_TRITON_VERSIONS: Gluon's
+  API changes between releases, so a newer Triton takes the tl path until the kernel is ported);
+- a dense call (packed batches run the tl kernel), no forced tl config, a head dim of
+  GLUON_HEAD_DIMS, layouts TMA can read in place, and at most 65535 (batch, head) pairs (the
+  grid's y extent).
+The choice happens per call on the host and needs no device sync, so it is safe under CUDA graph
+capture and inside torch.compile'd graphs (the operators are opaque to the compiler).
+"""
+import functools
+import os
+
+import torch
+
+from llmk.common.device import INTERPRET
+
+GLUON_TRITON_VERSIONS = ("3.6.0",)
+GLUON_HEAD_DIMS = (64, 128)  # gluon_flash_attention_fwd.GLUON_CONFIG_TABLE's; read there, kept here import-free
+PATH_ENV = "LLMK_ATTENTION_PATH"
+PATHS = ("tl", "gluon", "auto")
+# Whether "auto" takes the Gluon kernel: not until it beats the tl kernel on the attention
+# benchmark's shapes (on the H200 it trails it: docs/tuning/attention.md)
+GLUON_BY_DEFAULT = False
+MAX_GLUON_PAIRS = 65535
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_device(index):
+    """Whether device `index` and this Triton run the Gluon kernel (read once a device)."""
+    if INTERPRET:
+        return False
+    import triton
+
+    return triton.__version__ in GLUON_TRITON_VERSIONS and torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def path_setting():
+    """LLMK_ATTENTION_PATH, checked, "auto" resolved: "tl" (the default) or "gluon"."""
+    value = os.environ.get(PATH_ENV, "tl")
+    if value not in PATHS:
+        raise ValueError(f"{PATH_ENV} must be one of {PATHS}, got {value!r}")
+    if value == "auto":
+        return "gluon" if GLUON_BY_DEFAULT else "tl"
+    return value
+
+
+def gluon_forward(q, k, v, out, lse, packed_batch, config):
+    """Whether this forward runs the Gluon kernel: q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D),
+    checked and non-empty; lse None or fp32 (B, H, Tq); packed_batch whether the call is a packed
+    one; config a forced tl config or None."""
+    if path_setting() == "tl" or packed_batch or config is not None or q.device.type != "cuda":
+        return False
+    if q.shape[3] not in GLUON_HEAD_DIMS or q.shape[0] * q.shape[1] > MAX_GLUON_PAIRS:
+        return False
+    if not _gluon_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):
+        return False
+    from llmk.attention.gluon_flash_attention_fwd import gluon_layout_ok
+
+    return gluon_layout_ok(q, k, v, out) and (lse is None or lse.stride(-1) == 1)

@@ -1,0 +1,398 @@
+"""FlashAttention forward for Hopper (sm_90) in Gluon: TMA loads, warp specialization, async wgmma.
+
+The same computation as attention/triton_flash_attention_fwd.py (read that first: the online
+softmax, the masks, the conventions and LSE are the same), laid out as FlashAttention-3 lays it out:
+
+- A producer warp (24 registers) issues the TMA copies: this program's q tile once, then the key
+  and value blocks into a ring of STAGES shared-memory stages. Each stage has a barrier a copy
+  completes (k_ready, v_ready, so the scores can start before V lands) and one the consumers arrive
+  on when both products that read it are done (kv_empty).
+- The consumer warpgroups (the default partition, 240 registers a thread) run S = q k^T and
+  O += P v as asynchronous wgmma, q and k from shared memory, P from registers. Within an
+  iteration the next block's S is issued before this block's P v, so the softmax of one block runs
+  while the tensor cores work on the other (FlashAttention-3's intra-warpgroup overlap).
+- Only the blocks a mask cuts (the causal diagonal, a window's edges, the end of the keys) run the
+  masked softmax; the test is one uniform branch an iteration.
+- O leaves through q's shared tile (free once the last S is done) and a TMA store; the copy
+  clips the rows past the sequence's end. LSE is stored from registers.
+
+The descriptors are 4-D, (batch, head, token, dim) with the tensors' own strides, so a tile that
+runs past a head's last token reads zeros and writes nothing instead of touching the next head,
+and a (B, T, H, D) tensor viewed as (B, H, T, D) is read in place. TMA needs the last stride 1,
+the others and the base 16-byte aligned (gluon_layout_ok); the dispatch sends anything else to
+the tl kernel.
+
+Written against Triton 3.6's Gluon (triton.experimental.gluon), whose spelling changes between
+releases: attention/attention_paths.py imports this module only on an sm_90 GPU with a Triton
+version in GLUON_TRITON_VERSIONS. It does not run in the interpreter.
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from llmk.common.ints import cdiv
+from llmk.common.triton_utils import LN2, softcap_scales
+
+# (head dim, BLOCK_M, BLOCK_N, STAGES, PINGPONG): the first row whose head dim matches wins.
+# Shared memory: q (BLOCK_M x D) + STAGES x (K and V blocks, BLOCK_N x D each), 2 bytes a value;
+# hd 128 at 128 x 128 holds 32 KB + 2 x 64 KB (three stages would leave no room for the barriers
+# under 227 KB). BLOCK_M / 64 consumer warpgroups split the block's rows, 64 each (wgmma's M):
+# in lockstep (one partition of BLOCK_M / 16 warps) or, PINGPONG, two partitions of one
+# warpgroup each that take turns on the tensor cores.
+GLUON_CONFIG_TABLE = [
+    (64, 128, 128, 3, True),
+    (128, 128, 64, 3, True),    # 64-key blocks, three stages: +10-17% over 128-key blocks, two stages
+]
+GLUON_HEAD_DIMS = tuple(row[0] for row in GLUON_CONFIG_TABLE)
+# Register budget: the producer warp is rounded up to a warpgroup, so 8 + 4 warps share the SM's
+# 65536 registers: maxnreg 168 = 65536 / (12 x 32), rounded down to a multiple of 8. The producer
+# drops to PRODUCER_REGS with setmaxnreg, and the consumers take what it gives up (240).
+MAXNREG = 168
+PRODUCER_REGS = gl.constexpr(24)
+CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
+
+
+def gluon_config(head_dim):
+    """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG) for head_dim (one of GLUON_HEAD_DIMS)."""
+    for dim, *config in GLUON_CONFIG_TABLE:
+        if dim == head_dim:
+            return tuple(config)
+    raise ValueError(f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, got {head_dim}")
+
+
+@gluon.constexpr_function
+def wgmma_layout(block_m, block_n, num_warps):
+    """The accumulator layout of a (block_m, block_n) wgmma product on num_warps warps: warpgroups
+    stacked along M (64 rows each for 8 warps and 128 rows), one instruction as wide as N allows."""
+    warps = [4, 1]
+    while warps[0] * warps[1] != num_warps:
+        if block_m > 16 * warps[0]:
+            warps[0] *= 2
+        else:
+            warps[1] *= 2
+    n = 256
+    while n > block_n or block_n % n:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _tanh_approx(x):
+    """The GPU's tanh.approx.f32 (one MUFU instruction; common.triton_utils.tanh_approx's error)."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
+              batch, head, kv_head, off_m, lo, n_iter):
+    """One warp: the q tiles once (one a consumer warpgroup group), then key and value blocks lo,
+    lo + BLOCK_N, ... into the ring. A stage is refilled once every consumer released it; the
+    wait's parity starts at 1 so the first lap passes."""
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
+    N_Q: gl.constexpr = q_smem.type.shape[0]
+    TILE_M: gl.constexpr = q_smem.type.shape[3]
+    mbarrier.expect(q_bar, N_Q * q_desc.block_type.nbytes)
+    for i in gl.static_range(N_Q):
+        tma.async_copy_global_to_shared(q_desc, [batch, head, off_m + i * TILE_M, 0], q_bar, q_smem.index(i))
+    for it in range(n_iter):
+        s = it % STAGES
+        mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
+        start_n = lo + it * BLOCK_N
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], k_ready.index(s), k_bufs.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left, window_right, softcap_log2,
+                 MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr):
+    """(p, m_new, alpha) of one block of raw scores qk (BLOCK_M, BLOCK_N), in exp2's units: the
+    same arithmetic as the tl kernel's _attend_key_blocks."""
+    scale = qk_scale
+    if SOFTCAP:
+        qk = softcap_log2 * _tanh_approx(qk * qk_scale)
+        scale = 1.0
+    if MASKED:
+        keys = start_n + gl.arange(0, qk.shape[1], layout=gl.SliceLayout(0, qk.type.layout))
+        visible = gl.expand_dims(keys < n_keys, 0)
+        rel = gl.expand_dims(keys, 0) - gl.expand_dims(rows + causal_shift, 1)
+        if CAUSAL:
+            visible = visible & (rel <= 0)
+        if WINDOW:
+            visible = visible & (rel >= -window_left) & (rel <= window_right)
+        qk = gl.where(visible, qk * scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+        # a row that has seen no key yet keeps m = -inf: subtract 0 so -inf - -inf is not NaN
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(qk - gl.expand_dims(m_safe, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(qk, axis=1) * scale)  # scale > 0: the max commutes with it
+        m_safe = m_new
+        p = gl.exp2(qk * scale - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    return p, m_new, alpha
+
+
+@gluon.jit
+def _softmax_block(qk, m_i, it, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift, qk_scale, window_left,
+                   window_right, softcap_log2, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   SOFTCAP: gl.constexpr):
+    """_scores_to_p of iteration it's block, masked only when a mask cuts it (outside
+    [unmasked_lo, unmasked_hi))."""
+    start_n = lo + it * BLOCK_N
+    if (start_n < unmasked_lo) | (start_n >= unmasked_hi):
+        p, m_new, alpha = _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left,
+                                       window_right, softcap_log2, True, CAUSAL, WINDOW, SOFTCAP)
+    else:
+        p, m_new, alpha = _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left,
+                                       window_right, softcap_log2, False, CAUSAL, WINDOW, SOFTCAP)
+    return p, m_new, alpha
+
+
+@gluon.jit
+def _take_turn(turn, k, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until the other consumer warpgroup has issued its k-th products (warpgroup
+    0 goes first: its wait's parity starts at 1)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (k & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: this warpgroup's products are issued; the other's turn."""
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG))
+
+
+@gluon.jit
+def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
+              stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter,
+              qk_scale, window_left, window_right, softcap_log2,
+              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
+              WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Consumer WG's q tile (rows off_m + WG * BLOCK_M ...): S and O by wgmma, the online softmax,
+    then O and LSE out. PINGPONG: two consumers take turns issuing their products (_take_turn), so
+    one's softmax runs while the other's products hold the tensor cores."""
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    HEAD_D: gl.constexpr = q_smem.type.shape[4]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, NUM_WARPS)
+    o_layout: gl.constexpr = wgmma_layout(BLOCK_M, HEAD_D, NUM_WARPS)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    q_tile4 = q_smem.index(WG)
+    q_tile = q_tile4.reshape([BLOCK_M, HEAD_D])
+    off_m = off_m + WG * BLOCK_M
+    rows = off_m + gl.arange(0, BLOCK_M, layout=row_s)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    mbarrier.wait(q_bar, 0)
+    if n_iter > 0:
+        # block 0's scores and probabilities: the loop below starts with a P ready for its P v
+        _take_turn(turn, 0, WG, PINGPONG)
+        mbarrier.wait(k_ready.index(0), 0)
+        qk = warpgroup_mma(q_tile, k_bufs.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                           use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+        p, m_i, alpha = _softmax_block(qk, m_i, 0, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift,
+                                       qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL, WINDOW,
+                                       SOFTCAP)
+        l_i = gl.sum(p, axis=1)
+        for it in range(1, n_iter):
+            s = it % STAGES
+            prev = (it - 1) % STAGES
+            # issue this block's S, then the previous block's P v behind it on the tensor cores
+            _take_turn(turn, it, WG, PINGPONG)
+            mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+            qk = warpgroup_mma(q_tile, k_bufs.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = warpgroup_mma(p_op, v_bufs.index(prev).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+            _pass_turn(turn, WG, PINGPONG)
+            qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S done; P v may still run
+            p, m_i, alpha = _softmax_block(qk, m_i, it, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift,
+                                           qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL,
+                                           WINDOW, SOFTCAP)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_empty.index(prev))  # both products that read stage prev are done
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        last = (n_iter - 1) % STAGES
+        _take_turn(turn, n_iter, WG, PINGPONG)
+        mbarrier.wait(v_ready.index(last), ((n_iter - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    # a row with no visible key has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
+    l_o = gl.convert_layout(l_i, row_o)
+    out = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
+    if STORE_LSE:
+        seen = l_i > 0.0
+        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+        lse_base = lse_ptr + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+        gl.store(lse_base + rows, lse, mask=rows < n_queries)
+    # every product that read q is done: its tile stages O for the TMA store
+    q_tile.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [batch, head, off_m, 0], q_tile4)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gluon_attention_fwd_kernel(
+    q_desc, k_desc, v_desc, o_desc, lse_ptr,
+    stride_lb, stride_lh,
+    n_heads, kv_group, n_queries, n_keys, qk_scale,
+    window_left, window_right, softcap_log2,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
+    STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+):
+    N_Q: gl.constexpr = 2 if PINGPONG else 1  # consumer warpgroup groups, a q tile each
+    BLOCK_M: gl.constexpr = N_Q * q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    start_m = gl.program_id(0)
+    if CAUSAL or WINDOW:  # the longest query blocks first (the tl kernel's order)
+        start_m = gl.num_programs(0) - 1 - start_m
+    bh = gl.program_id(1)
+    batch = bh // n_heads
+    head = bh % n_heads
+    kv_head = head // kv_group
+    off_m = start_m * BLOCK_M
+    causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
+
+    # the key range (the tl kernel's key_blocks): [lo, hi) visited, [unmasked_lo, unmasked_hi)
+    # wholly visible to every row, lo and the unmasked bounds multiples of BLOCK_N
+    first = off_m + causal_shift
+    last = first + BLOCK_M - 1
+    if WINDOW:
+        lo = gl.maximum(first - window_left, 0) // BLOCK_N * BLOCK_N
+        hi = gl.maximum(gl.minimum(last + window_right + 1, n_keys), 0)
+        unmasked_lo = gl.cdiv(gl.maximum(last - window_left, 0), BLOCK_N) * BLOCK_N
+        unmasked_hi = gl.maximum(gl.minimum(first + window_right + 1, n_keys), 0) // BLOCK_N * BLOCK_N
+        unmasked_lo = gl.minimum(gl.maximum(unmasked_lo, lo), hi)
+        unmasked_hi = gl.minimum(gl.maximum(unmasked_hi, unmasked_lo), hi)
+    elif CAUSAL:
+        lo = 0
+        unmasked_lo = 0
+        unmasked_hi = gl.maximum(gl.minimum(first + 1, n_keys), 0) // BLOCK_N * BLOCK_N
+        hi = gl.maximum(gl.minimum(last + 1, n_keys), 0)
+    else:
+        lo = 0
+        unmasked_lo = 0
+        unmasked_hi = n_keys // BLOCK_N * BLOCK_N
+        hi = n_keys
+    n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_Q] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(st), count=1)
+        mbarrier.init(v_ready.index(st), count=1)
+        mbarrier.init(kv_empty.index(st), count=N_Q)  # each consumer releases a stage
+    for st in gl.static_range(2):
+        mbarrier.init(turn.index(st), count=1)
+
+    # worker partitions take scalars, descriptors and shared-memory handles; the argument lists are
+    # spelled out in each branch (a jit function cannot go into a tuple)
+    if PINGPONG:
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
+                         stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+                         unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
+                         SOFTCAP, STORE_LSE, 0, True)),
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
+                         stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+                         unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
+                         SOFTCAP, STORE_LSE, 1, True)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
+                         batch, head, kv_head, off_m, lo, n_iter)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
+                         stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+                         unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
+                         SOFTCAP, STORE_LSE, 0, False)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
+                         batch, head, kv_head, off_m, lo, n_iter)),
+        ], [1], [PRODUCER_REGS])
+
+
+def gluon_layout_ok(*tensors):
+    """Whether TMA can address each (B, H, T, D) tensor in place: unit last stride, the other
+    strides and the base 16-byte aligned."""
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _descriptor(t, block):
+    """A 4-D TMA descriptor over t (B, H, T, D), in place, for (1, 1, block, D) tiles."""
+    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    shape = [1, 1, block, t.shape[3]]
+    layout = gl.NVMMASharedLayout.get_default_for(shape, dtype)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), shape, layout)
+
+
+def gluon_attention_args(q, k, v, out, causal, scale, lse=None, window=(-1, -1), softcap=0.0, config=None):
+    """(grid, args, meta) of the Gluon forward on validated dense arguments (launch_flash_attention's, without packed
+    batches): q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D), D in GLUON_HEAD_DIMS, laid out as
+    gluon_layout_ok asks; lse None or fp32 (B, H, Tq) with unit token stride. config:
+    (BLOCK_M, BLOCK_N, STAGES, PINGPONG) instead of gluon_config's. Also what
+    scripts/gluon_compile.py compiles for sm_90 without a GPU."""
+    from llmk.attention.triton_flash_attention_fwd import kernel_mask
+
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    causal, has_window, left, right = kernel_mask(causal, window, tq, tk)
+    block_m, block_n, stages, pingpong = config or gluon_config(d)
+    tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
+    num_warps = 4 if pingpong else block_m // 16
+    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
+    lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), lse,
+            *lse_strides, h, h // hkv, tq, tk, qk_scale, left, right, softcap_log2)
+    meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None, STAGES=stages,
+                PINGPONG=bool(pingpong), num_warps=num_warps, maxnreg=MAXNREG)
+    return (cdiv(tq, block_m), b * h), args, meta
+
+
+def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, window=(-1, -1), softcap=0.0, config=None):
+    """Launch the Gluon forward (arguments as gluon_attention_args takes them); writes out and lse."""
+    grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, window, softcap, config)
+    _gluon_attention_fwd_kernel[grid](*args, **meta)
+
+
+__all__ = ["GLUON_CONFIG_TABLE", "GLUON_HEAD_DIMS", "gluon_config", "gluon_attention_args", "gluon_layout_ok",
+           "launch_gluon_attention"]

@@ -1,0 +1,117 @@
+"""Compile the Gluon kernels for sm_90a without a GPU and report what the GPU would run: registers,
+spills, shared memory, and the Hopper instructions in the PTX (wgmma, TMA copies, setmaxnreg,
+mbarrier waits). Gluon kernels cannot run in the interpreter, so this is the CPU-side check of
+a change to one: it lowers, it fits, it does not spill.
+
+    python scripts/gluon_compile.py            (needs the Triton the Gluon path is pinned to, 3.6)
+
+The cases are real launches' arguments (attention/gluon_flash_attention_fwd.py's
+gluon_attention_args on CPU tensors), bound and specialized as a launch binds them. Exits 1 if
+any case fails to compile or spills.
+"""
+import os
+import re
+import sys
+import traceback
+
+
+def ptx_features(ptx):
+    """Counts of the Hopper instructions a warp-specialized kernel should contain."""
+    counts = {k: ptx.count(k) for k in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mbarrier.try_wait")}
+    regs = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
+    return f"{counts} setmaxnreg={[f'{a}:{b}' for a, b in regs]}"
+
+
+def attention_cases():
+    """(name, (grid, args, meta)) of the forward's variants: each head dim, causal, window,
+    softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules."""
+    import torch
+
+    from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_attention_args
+
+    def case(d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0, lse=True, transposed=False,
+             config=None):
+        b, h, hkv, t = 2, 8, 2, 1000
+        if transposed:
+            q = torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2)
+        else:
+            q = torch.empty(b, h, t, d, dtype=dtype)
+        k, v = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(2))
+        lse_t = torch.empty(b, h, t, dtype=torch.float32) if lse else None
+        return gluon_attention_args(q, k, v, torch.empty_like(q), causal, d ** -0.5, lse_t, window, softcap, config)
+
+    cases = []
+    for d in GLUON_HEAD_DIMS:
+        cases += [(f"hd{d} full", case(d)), (f"hd{d} causal", case(d, causal=True)),
+                  (f"hd{d} fp16 no-lse", case(d, torch.float16, lse=False)),
+                  (f"hd{d} window", case(d, window=(256, 0))), (f"hd{d} softcap causal", case(d, causal=True,
+                                                                                           softcap=30.0)),
+                  (f"hd{d} BTHD", case(d, transposed=True)),
+                  (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False)))]
+    return cases
+
+
+def ptxas_report(ptx):
+    """(registers, spill stores + loads in bytes) from ptxas -v on the kernel's PTX for sm_90a."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    regs = max(int(r) for r in re.findall(r"Used (\d+) registers", log))
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    return regs, spills
+
+
+def compile_case(kernel, args, meta):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, spec, opts = binder(*args, **meta)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, meta, bound, spec, opts)
+    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def main():
+    os.environ["TRITON_INTERPRET"] = "0"
+    import triton
+
+    from llmk.attention.attention_paths import GLUON_TRITON_VERSIONS
+    if triton.__version__ not in GLUON_TRITON_VERSIONS:
+        print(f"Triton {triton.__version__}: the Gluon kernels are written for {GLUON_TRITON_VERSIONS}; "
+              "install one of those to compile them")
+        return 2
+    from llmk.attention.gluon_flash_attention_fwd import _gluon_attention_fwd_kernel
+
+    failed = 0
+    for name, (grid, args, meta) in attention_cases():
+        try:
+            ck = compile_case(_gluon_attention_fwd_kernel, args, meta)
+            n_regs, spills = ptxas_report(ck.asm["ptx"])
+            print(f"{'ok  ' if not spills else 'FAIL'} attention {name}: shared={ck.metadata.shared} "
+                  f"regs={n_regs} spill_bytes={spills} {ptx_features(ck.asm['ptx'])}", flush=True)
+            failed += bool(spills)
+        except Exception as e:  # noqa: BLE001 - report every case, then fail
+            msg = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+            print(f"FAIL attention {name}: {type(e).__name__}: " + " | ".join(msg[:8]), flush=True)
+            failed += 1
+    print(f"{failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""GPU A/B of the attention forward's two kernels, in one process: the Gluon kernel for sm_90
+(attention/gluon_flash_attention_fwd.py, each config of --configs) against the tl kernel, SDPA's
+cuDNN and flash backends, on the attention benchmark's forward shapes (16384 tokens, H * D = 2048),
+bf16, full and causal.
+
+    python scripts/tune/gluon_attention_ab.py                      (H100/H200, Triton 3.6: ~2 min)
+    python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,128,2,1 128,64,3,0
+
+Each Gluon config is first compared with SDPA in fp32 (max |error| printed; a config off by more
+than the tl kernel's error x 2 + 1e-2 prints BAD and is not timed), then timed with
+triton.testing.do_bench (median). TFLOP/s count the visible pairs, 4 * B * H * D * pairs. A kernel
+that hangs (an mbarrier phase bug) ends the script after WATCHDOG_S with a message.
+"""
+import argparse
+import os
+import threading
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE, gluon_config, launch_gluon_attention
+from llmk.attention.triton_flash_attention_fwd import launch_flash_attention
+
+TOKENS, WIDTH = 16384, 2048
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+WATCHDOG_S = 240
+
+
+def sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def call(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return call
+
+
+def flops(b, h, t, d, causal):
+    return 4 * b * h * d * (t * (t + 1) // 2 if causal else t * t)
+
+
+def parse_config(text):
+    parts = tuple(int(p) for p in text.split(","))
+    if len(parts) != 4:
+        raise argparse.ArgumentTypeError(f"a config is BLOCK_M,BLOCK_N,STAGES,PINGPONG (0 or 1), got {text!r}")
+    return parts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dims", type=int, nargs="+", default=[row[0] for row in GLUON_CONFIG_TABLE])
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
+    parser.add_argument("--configs", type=parse_config, nargs="*", default=None,
+                        help="Gluon configs to A/B (default: the table's, per head dim)")
+    args = parser.parse_args()
+
+    def hang():
+        print(f"TIMEOUT: a kernel ran past {WATCHDOG_S} s (an mbarrier phase or count bug?)", flush=True)
+        os._exit(3)
+
+    from torch.nn.attention import SDPBackend
+    peers = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    print("shape | kernel | TFLOP/s | vs cudnn | max |err| vs fp32", flush=True)
+    for d in args.dims:
+        configs = args.configs or [gluon_config(d)]
+        for t in args.lengths:
+            b, h = max(1, TOKENS // t), WIDTH // d
+            for causal in (False, True):
+                q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                with torch.no_grad():
+                    ref = sdpa(SDPBackend.EFFICIENT_ATTENTION)(q.float(), k.float(), v.float(), causal)
+                scale = d ** -0.5
+                name = f"B{b} H{h} T{t} D{d} {'causal' if causal else 'full'}"
+                out = torch.empty_like(q)
+                rows = {}
+                timer = threading.Timer(WATCHDOG_S, hang)
+                timer.start()
+                tl_call = lambda: launch_flash_attention(q, k, v, out, causal, scale)  # noqa: E731
+                tl_call()
+                tl_err = (out.float() - ref).abs().max().item()
+                rows["tl"] = (triton.testing.do_bench(tl_call), tl_err)
+                for config in configs:
+                    out.fill_(float("nan"))
+                    call = lambda c=config: launch_gluon_attention(q, k, v, out, causal, scale, config=c)  # noqa: E731
+                    call()
+                    torch.cuda.synchronize()
+                    err = (out.float() - ref).abs().max().item()
+                    if not err <= 2 * tl_err + 1e-2:
+                        print(f"{name} | gluon {config} | BAD | | {err:.3g} (tl {tl_err:.3g})", flush=True)
+                        continue
+                    ms = triton.testing.do_bench(call)
+                    err = max(err, (out.float() - ref).abs().max().item())  # after hundreds of launches
+                    rows[f"gluon {config}"] = (ms, err)
+                for peer, fn in peers.items():
+                    try:
+                        rows[peer] = (triton.testing.do_bench(lambda fn=fn: fn(q, k, v, causal)), float("nan"))
+                    except RuntimeError as e:
+                        print(f"{name} | {peer} | refused: {str(e)[:80]}", flush=True)
+                timer.cancel()
+                f = flops(b, h, t, d, causal)
+                base = rows.get("sdpa-cudnn", (float("nan"),))[0]
+                for kernel, (ms, err) in rows.items():
+                    print(f"{name} | {kernel} | {f / ms / 1e9:.0f} | {base / ms:.2f} | {err:.3g}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
