@@ -3,14 +3,18 @@
 The same computation as attention/triton_flash_attention_fwd.py (read that first: the online
 softmax, the masks, the conventions and LSE are the same), laid out as FlashAttention-3 lays it out:
 
-- A producer warp (24 registers) issues the TMA copies: this program's q tile once, then the key
+- A producer warp (24 registers) issues the TMA copies: this program's q tiles once, then the key
   and value blocks into a ring of STAGES shared-memory stages. Each stage has a barrier a copy
-  completes (k_ready, v_ready, so the scores can start before V lands) and one the consumers arrive
-  on when both products that read it are done (kv_empty).
-- The consumer warpgroups (the default partition, 240 registers a thread) run S = q k^T and
-  O += P v as asynchronous wgmma, q and k from shared memory, P from registers. Within an
-  iteration the next block's S is issued before this block's P v, so the softmax of one block runs
-  while the tensor cores work on the other (FlashAttention-3's intra-warpgroup overlap).
+  completes (k_ready, v_ready, so the scores can start before V lands) and release barriers the
+  consumers arrive on when the products that read it are done (v_empty; k_empty too when K is
+  handed back apart from V, SPLIT_RELEASE).
+- The consumer warpgroups (240 registers a thread) run S = q k^T and O += P v as asynchronous
+  wgmma, q and k from shared memory, P from registers. Within an iteration the next block's S is
+  issued before this block's P v, so the softmax of one block runs while the tensor cores work on
+  the other (FlashAttention-3's intra-warpgroup overlap). With PINGPONG the two warpgroups are
+  partitions of their own, 64 rows each, and take turns issuing their products (a barrier each),
+  so one's softmax runs under the other's products (FlashAttention-3's inter-warpgroup overlap);
+  without it they share one partition and run in lockstep.
 - Only the blocks a mask cuts (the causal diagonal, a window's edges, the end of the keys) run the
   masked softmax; the test is one uniform branch an iteration.
 - O leaves through q's shared tile (free once the last S is done) and a TMA store; the copy
@@ -41,15 +45,17 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales
 
-# (head dim, BLOCK_M, BLOCK_N, STAGES, PINGPONG): the first row whose head dim matches wins.
+# (head dim, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE): the first row whose head dim
+# matches wins.
 # Shared memory: q (BLOCK_M x D) + STAGES x (K and V blocks, BLOCK_N x D each), 2 bytes a value;
 # hd 128 at 128 x 128 holds 32 KB + 2 x 64 KB (three stages would leave no room for the barriers
 # under 227 KB). BLOCK_M / 64 consumer warpgroups split the block's rows, 64 each (wgmma's M):
 # in lockstep (one partition of BLOCK_M / 16 warps) or, PINGPONG, two partitions of one
-# warpgroup each that take turns on the tensor cores.
+# warpgroup each that take turns on the tensor cores. SPLIT_RELEASE: K and V stages are handed back
+# to the producer separately (K once S is done), so the next K can land during P v.
 GLUON_CONFIG_TABLE = [
-    (64, 128, 128, 3, True),
-    (128, 128, 64, 3, True),    # 64-key blocks, three stages: +10-17% over 128-key blocks, two stages
+    (64, 128, 128, 3, True, False),
+    (128, 128, 64, 3, True, False),    # 64-key blocks, three stages: +10-17% over 128-key blocks, two stages
 ]
 GLUON_HEAD_DIMS = tuple(row[0] for row in GLUON_CONFIG_TABLE)
 # Register budget: the producer warp is rounded up to a warpgroup, so 8 + 4 warps share the SM's
@@ -61,7 +67,8 @@ CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warp
 
 
 def gluon_config(head_dim):
-    """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG) for head_dim (one of GLUON_HEAD_DIMS)."""
+    """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE) for head_dim (one of
+    GLUON_HEAD_DIMS)."""
     for dim, *config in GLUON_CONFIG_TABLE:
         if dim == head_dim:
             return tuple(config)
@@ -92,11 +99,12 @@ def _tanh_approx(x):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-              batch, head, kv_head, off_m, lo, n_iter):
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+              batch, head, kv_head, off_m, lo, n_iter, SPLIT_RELEASE: gl.constexpr):
     """One warp: the q tiles once (one a consumer warpgroup group), then key and value blocks lo,
-    lo + BLOCK_N, ... into the ring. A stage is refilled once every consumer released it; the
-    wait's parity starts at 1 so the first lap passes."""
+    lo + BLOCK_N, ... into the ring. A stage is refilled once every consumer released it (its K
+    and its V separately with SPLIT_RELEASE, else both at once on v_empty); the wait's parity
+    starts at 1 so the first lap passes."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
     N_Q: gl.constexpr = q_smem.type.shape[0]
@@ -106,10 +114,16 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
         tma.async_copy_global_to_shared(q_desc, [batch, head, off_m + i * TILE_M, 0], q_bar, q_smem.index(i))
     for it in range(n_iter):
         s = it % STAGES
-        mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
+        free = ((it // STAGES) & 1) ^ 1
+        if SPLIT_RELEASE:
+            mbarrier.wait(k_empty.index(s), free)
+        else:
+            mbarrier.wait(v_empty.index(s), free)
         start_n = lo + it * BLOCK_N
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], k_ready.index(s), k_bufs.index(s))
+        if SPLIT_RELEASE:
+            mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], v_ready.index(s), v_bufs.index(s))
 
@@ -176,14 +190,15 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
+def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr, stride_lb,
               stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter,
               qk_scale, window_left, window_right, softcap_log2,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-              WG: gl.constexpr, PINGPONG: gl.constexpr):
+              WG: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
     """Consumer WG's q tile (rows off_m + WG * BLOCK_M ...): S and O by wgmma, the online softmax,
     then O and LSE out. PINGPONG: two consumers take turns issuing their products (_take_turn), so
-    one's softmax runs while the other's products hold the tensor cores."""
+    one's softmax runs while the other's products hold the tensor cores. SPLIT_RELEASE: a stage's
+    K is handed back once S is done, its V once P v is (else both after P v)."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_D: gl.constexpr = q_smem.type.shape[4]
@@ -213,10 +228,13 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o
                            use_acc=False, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+        if SPLIT_RELEASE:
+            mbarrier.arrive(k_empty.index(0))
         p, m_i, alpha = _softmax_block(qk, m_i, 0, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift,
                                        qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL, WINDOW,
                                        SOFTCAP)
         l_i = gl.sum(p, axis=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)  # outside the turn: the products issue sooner
         for it in range(1, n_iter):
             s = it % STAGES
             prev = (it - 1) % STAGES
@@ -226,21 +244,22 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o
             qk = warpgroup_mma(q_tile, k_bufs.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                                use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
             acc = warpgroup_mma(p_op, v_bufs.index(prev).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pass_turn(turn, WG, PINGPONG)
             qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S done; P v may still run
+            if SPLIT_RELEASE:
+                mbarrier.arrive(k_empty.index(s))
             p, m_i, alpha = _softmax_block(qk, m_i, it, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift,
                                            qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL,
                                            WINDOW, SOFTCAP)
             l_i = l_i * alpha + gl.sum(p, axis=1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(kv_empty.index(prev))  # both products that read stage prev are done
+            mbarrier.arrive(v_empty.index(prev))  # P v of stage prev is done (and its S, before it)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         last = (n_iter - 1) % STAGES
         _take_turn(turn, n_iter, WG, PINGPONG)
         mbarrier.wait(v_ready.index(last), ((n_iter - 1) // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc = warpgroup_mma(p_op, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -267,7 +286,7 @@ def _gluon_attention_fwd_kernel(
     n_heads, kv_group, n_queries, n_keys, qk_scale,
     window_left, window_right, softcap_log2,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-    STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+    STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
 ):
     N_Q: gl.constexpr = 2 if PINGPONG else 1  # consumer warpgroup groups, a q tile each
     BLOCK_M: gl.constexpr = N_Q * q_desc.block_type.shape[2]
@@ -311,13 +330,15 @@ def _gluon_attention_fwd_kernel(
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(st), count=1)
         mbarrier.init(v_ready.index(st), count=1)
-        mbarrier.init(kv_empty.index(st), count=N_Q)  # each consumer releases a stage
+        mbarrier.init(k_empty.index(st), count=N_Q)  # each consumer releases a stage
+        mbarrier.init(v_empty.index(st), count=N_Q)
     for st in gl.static_range(2):
         mbarrier.init(turn.index(st), count=1)
 
@@ -325,25 +346,25 @@ def _gluon_attention_fwd_kernel(
     # spelled out in each branch (a jit function cannot go into a tuple)
     if PINGPONG:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
-                         stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
+                         stride_lb, stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
                          unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                         SOFTCAP, STORE_LSE, 0, True)),
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
-                         stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+                         SOFTCAP, STORE_LSE, 0, True, SPLIT_RELEASE)),
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
+                         stride_lb, stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
                          unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                         SOFTCAP, STORE_LSE, 1, True)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-                         batch, head, kv_head, off_m, lo, n_iter)),
+                         SOFTCAP, STORE_LSE, 1, True, SPLIT_RELEASE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         batch, head, kv_head, off_m, lo, n_iter, SPLIT_RELEASE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, lse_ptr, stride_lb,
-                         stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
+                         stride_lb, stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
                          unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                         SOFTCAP, STORE_LSE, 0, False)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-                         batch, head, kv_head, off_m, lo, n_iter)),
+                         SOFTCAP, STORE_LSE, 0, False, SPLIT_RELEASE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         batch, head, kv_head, off_m, lo, n_iter, SPLIT_RELEASE)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -369,14 +390,14 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, window=(-1, -1),
     """(grid, args, meta) of the Gluon forward on validated dense arguments (launch_flash_attention's, without packed
     batches): q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D), D in GLUON_HEAD_DIMS, laid out as
     gluon_layout_ok asks; lse None or fp32 (B, H, Tq) with unit token stride. config:
-    (BLOCK_M, BLOCK_N, STAGES, PINGPONG) instead of gluon_config's. Also what
+    (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE) instead of gluon_config's. Also what
     scripts/gluon_compile.py compiles for sm_90 without a GPU."""
     from llmk.attention.triton_flash_attention_fwd import kernel_mask
 
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     causal, has_window, left, right = kernel_mask(causal, window, tq, tk)
-    block_m, block_n, stages, pingpong = config or gluon_config(d)
+    block_m, block_n, stages, pingpong, split_release = config or gluon_config(d)
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
     num_warps = 4 if pingpong else block_m // 16
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
@@ -384,7 +405,8 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, window=(-1, -1),
     args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), lse,
             *lse_strides, h, h // hkv, tq, tk, qk_scale, left, right, softcap_log2)
     meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None, STAGES=stages,
-                PINGPONG=bool(pingpong), num_warps=num_warps, maxnreg=MAXNREG)
+                PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release), num_warps=num_warps,
+                maxnreg=MAXNREG)
     return (cdiv(tq, block_m), b * h), args, meta
 
 

@@ -24,7 +24,7 @@ def ptx_features(ptx):
 
 def attention_cases():
     """(name, (grid, args, meta)) of the forward's variants: each head dim, causal, window,
-    softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules."""
+    softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules, K and V released apart."""
     import torch
 
     from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_attention_args
@@ -47,7 +47,9 @@ def attention_cases():
                   (f"hd{d} window", case(d, window=(256, 0))), (f"hd{d} softcap causal", case(d, causal=True,
                                                                                            softcap=30.0)),
                   (f"hd{d} BTHD", case(d, transposed=True)),
-                  (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False)))]
+                  (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False, False))),
+                  (f"hd{d} causal split release", case(d, causal=True, config=(128, 128, 2, True, True))),
+                  (f"hd{d} window split release", case(d, window=(256, 0), config=(128, 64, 3, True, True)))]
     return cases
 
 
