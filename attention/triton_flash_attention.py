@@ -276,48 +276,25 @@ def _grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu=(None, None, 0, 0)):
     if grad_out is None:  # only LSE was used
         grad_out = torch.zeros_like(out)
     grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *cu, ctx.causal, ctx.sm_scale,
-                                        ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap)
+                                        ctx.deterministic, *ctx.mask)
     return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3]))
 
 
-def _save(ctx, q, k, v, output, causal, sm_scale, deterministic=False, cu_seqlens=None, window_left=-1,
-          window_right=-1, softcap=0.0):
-    """What the formulas read: q, k, v (and O, LSE for the _train ops, whose output is a pair), a
-    packed batch's (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), and the options."""
-    saved = (q, k, v, *output) if isinstance(output, tuple) else (q, k, v)
-    ctx.causal, ctx.sm_scale, ctx.deterministic = causal, sm_scale, deterministic
-    ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
-    ctx.varlen = cu_seqlens is not None
+def _setup(ctx, inputs, output):
+    """The setup of all four differentiable operators (inputs bound by name, common/ops.py): what
+    the formulas read. q, k, v (and O, LSE for the _train ops, whose output is a pair), a packed
+    batch's cu_seqlens_q, cu_seqlens_k (saved) and max_seqlen_q, max_seqlen_k, and the options;
+    `deterministic` is the _train ops' (the others' formulas run the default schedule)."""
+    saved = (inputs.q, inputs.k, inputs.v, *output) if isinstance(output, tuple) else (inputs.q, inputs.k, inputs.v)
+    ctx.causal, ctx.sm_scale = inputs.causal, inputs.sm_scale
+    ctx.deterministic = getattr(inputs, "deterministic", False)
+    ctx.mask = (inputs.window_left, inputs.window_right, inputs.softcap)
+    ctx.varlen = hasattr(inputs, "cu_seqlens_q")
     if ctx.varlen:
-        ctx.max_seqlens = tuple(cu_seqlens[2:])
-        saved += tuple(cu_seqlens[:2])
+        ctx.max_seqlens = (inputs.max_seqlen_q, inputs.max_seqlen_k)
+        saved += (inputs.cu_seqlens_q, inputs.cu_seqlens_k)
     ctx.save_for_backward(*saved)
     ctx.set_materialize_grads(False)
-
-
-def _setup_dense(ctx, inputs, output):
-    q, k, v, causal, sm_scale, config, window_left, window_right, softcap = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale, window_left=window_left, window_right=window_right,
-          softcap=softcap)
-
-
-def _setup_dense_train(ctx, inputs, output):
-    q, k, v, causal, sm_scale, config, deterministic, window_left, window_right, softcap = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale, deterministic, window_left=window_left,
-          window_right=window_right, softcap=softcap)
-
-
-def _setup_varlen(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, window_left, window_right, softcap = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale, cu_seqlens=(cu_q, cu_k, max_q, max_k), window_left=window_left,
-          window_right=window_right, softcap=softcap)
-
-
-def _setup_varlen_train(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic,
-     window_left, window_right, softcap) = inputs
-    _save(ctx, q, k, v, output, causal, sm_scale, deterministic, (cu_q, cu_k, max_q, max_k), window_left,
-          window_right, softcap)
 
 
 def _saved(ctx):
@@ -335,7 +312,7 @@ def _recompute_backward(ctx, grad_out):
     (q, k, v), cu = _saved(ctx)
     if grad_out is None:
         return (None,) * len(ctx.needs_input_grad)
-    mask = (ctx.window_left, ctx.window_right, ctx.softcap)
+    mask = ctx.mask
     if cu[0] is not None:
         out, lse = flash_attention_varlen_train_op(q, k, v, *cu, ctx.causal, ctx.sm_scale, None, ctx.deterministic,
                                                    *mask)
@@ -374,19 +351,19 @@ def _attend_out(q, k, v, causal, sm_scale, config, out, window_left=-1, window_r
 
 flash_attention_op, flash_attention_out_op = define_ops(
     "flash_attention", DENSE_ARGS, _dense_empty, _attend_out, backward=_recompute_backward,
-    setup_context=_setup_dense, options=MASK_OPTIONS)
+    setup_context=_setup, options=MASK_OPTIONS)
 flash_attention_train_op = define_op(
     f"flash_attention_train({DENSE_ARGS}, {TRAIN_OPTION}, {MASK_OPTIONS}) -> (Tensor, Tensor)",
     _attention_train,
     lambda q, k, v, *rest: (_train_out(q), _empty_lse(q)),
-    backward=_train_backward, setup_context=_setup_dense_train)
+    backward=_train_backward, setup_context=_setup)
 flash_attention_varlen_op = define_op(
     f"flash_attention_varlen({VARLEN_ARGS}, {MASK_OPTIONS}) -> Tensor", _varlen,
-    lambda *a: _varlen_empty(*a)[0], backward=_recompute_backward, setup_context=_setup_varlen)
+    lambda *a: _varlen_empty(*a)[0], backward=_recompute_backward, setup_context=_setup)
 flash_attention_varlen_train_op = define_op(
     f"flash_attention_varlen_train({VARLEN_ARGS}, {TRAIN_OPTION}, {MASK_OPTIONS}) -> (Tensor, Tensor)",
     _varlen_train, _varlen_empty,
-    backward=_train_backward, setup_context=_setup_varlen_train)
+    backward=_train_backward, setup_context=_setup)
 
 
 def _options(causal, sm_scale, config, deterministic):

@@ -234,9 +234,8 @@ def table_grad_error(name):
 
 
 def _save_table(ctx, inputs, output):
-    _, _, cos, sin, interleaved = inputs
-    ctx.save_for_backward(cos, sin)  # q and k are not needed: the map is linear in them
-    ctx.interleaved = interleaved
+    ctx.save_for_backward(inputs.cos, inputs.sin)  # q and k are not needed: the map is linear in them
+    ctx.interleaved = inputs.interleaved
 
 
 def _rope_grad(ctx, dq_out, dk_out):

@@ -20,7 +20,10 @@ host cost of each way (docs/results/host.md).
 
 Backward: an operator defined with `backward` and `setup_context` gets them as its autograd
 formula (torch.library.register_autograd, the same contract as an autograd.Function's
-setup_context/backward). The backward calls operators of its own (`<name>_backward`, defined with
+setup_context/backward), with one difference: setup_context's `inputs` are bound by name, a
+namedtuple of the schema's arguments (`inputs.eps`, `inputs.window_left`), so a formula reads what
+it needs by name and an argument added to the schema changes no formula that does not use it.
+The backward calls operators of its own (`<name>_backward`, defined with
 define_op and no backward of their own), so torch.compile traces it through their fake
 implementations and a compiled training step holds our kernels for both passes.
 
@@ -31,6 +34,7 @@ to differentiate) and the backward operators (no double backward). Under torch.n
 torch.inference_mode() nothing changes.
 """
 import inspect
+from collections import namedtuple
 
 import torch
 
@@ -175,6 +179,19 @@ def _autograd_function(name, impl, formula_setup_context, formula_backward):
     return OpFunction
 
 
+def _bound_by_name(name, overload, setup_context):
+    """setup_context with its inputs as a namedtuple of the schema's argument names (module
+    docstring); the tuple is one allocation a recorded call."""
+    Args = namedtuple(f"{name}_args", [a.name for a in overload._schema.arguments])
+    make = Args._make
+
+    def bound(ctx, inputs, output):
+        return setup_context(ctx, make(inputs), output)
+
+    bound.__doc__ = setup_context.__doc__
+    return bound
+
+
 def define_op(schema, impl, fake, backward=None, setup_context=None, remedy=None):
     """Register operator `schema` ("name(Tensor x, ...) -> Tensor") in our namespace and return it
     as an Op: torch.ops.llmk.name, which runs `impl` on real tensors and `fake` under
@@ -182,7 +199,8 @@ def define_op(schema, impl, fake, backward=None, setup_context=None, remedy=None
 
     backward, setup_context: its autograd formula, as torch.library.register_autograd takes them:
     setup_context(ctx, inputs, output) saves what the backward needs (ctx.save_for_backward, plain
-    attributes); backward(ctx, *grad_outputs) returns one gradient (or None) per schema argument.
+    attributes), inputs bound by the schema's names; backward(ctx, *grad_outputs) returns one
+    gradient (or None) per schema argument.
     Without them the op is forward-only; remedy: how else to get gradients, for its error."""
     name = schema.split("(", 1)[0]
     lib = _library()
@@ -195,6 +213,7 @@ def define_op(schema, impl, fake, backward=None, setup_context=None, remedy=None
     if backward is None:
         lib.impl(name, _forward_only_kernel(name, overload, remedy), "Autograd", with_keyset=True)
     else:
+        setup_context = _bound_by_name(name, overload, setup_context)
         torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=lib)
         function = _autograd_function(name, impl, setup_context, backward)
     OPS[name] = Op(name, impl, overload, function, remedy)

@@ -148,9 +148,8 @@ def _grads(ctx, dc, a, b, bias, z, dz_out=None):
 
 
 def _setup_matmul(ctx, inputs, output):
-    a, b, bias, activation = inputs
-    ctx.save_for_backward(a, b, bias)
-    ctx.activation = activation
+    ctx.save_for_backward(inputs.a, inputs.b, inputs.bias)
+    ctx.activation = inputs.activation
 
 
 def _matmul_backward(ctx, dc):
@@ -176,9 +175,8 @@ def _matmul_train(a, b, bias, activation):
 
 
 def _setup_matmul_train(ctx, inputs, output):
-    a, b, bias, activation = inputs
-    ctx.save_for_backward(a, b, bias, output[1])
-    ctx.activation = activation
+    ctx.save_for_backward(inputs.a, inputs.b, inputs.bias, output[1])
+    ctx.activation = inputs.activation
     ctx.set_materialize_grads(False)  # z's gradient: None unless a caller of the operator used z
 
 

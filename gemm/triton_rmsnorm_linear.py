@@ -327,9 +327,8 @@ def _rmsnorm_linear(x, norm_weight, weight, eps, path):
 
 
 def _setup_rmsnorm_linear(ctx, inputs, output):
-    x, norm_weight, weight, eps, path = inputs
-    ctx.save_for_backward(x, norm_weight, weight)
-    ctx.eps = eps
+    ctx.save_for_backward(inputs.x, inputs.norm_weight, inputs.weight)
+    ctx.eps = inputs.eps
 
 
 def _rmsnorm_linear_backward(ctx, dy):

@@ -381,10 +381,9 @@ cross_entropy_backward_op = define_op(
 
 
 def _setup(ctx, inputs, output):
-    logits, target, ignore_index, label_smoothing, weight, softcap, _ = inputs
-    ctx.save_for_backward(logits, target, output[1], weight)
-    ctx.options = (ignore_index, label_smoothing)
-    ctx.softcap = softcap
+    ctx.save_for_backward(inputs.logits, inputs.target, output[1], inputs.weight)
+    ctx.options = (inputs.ignore_index, inputs.label_smoothing)
+    ctx.softcap = inputs.softcap
     ctx.mark_non_differentiable(output[2])  # the hits: a metric
     ctx.set_materialize_grads(False)
 

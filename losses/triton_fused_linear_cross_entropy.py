@@ -359,9 +359,8 @@ def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, s
 
 
 def _setup_none(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, class_weight, _ = inputs
-    ctx.options = (ignore_index, label_smoothing, softcap)
-    ctx.save_for_backward(hidden, weight, target, bias, output[1], class_weight)
+    ctx.options = (inputs.ignore_index, inputs.label_smoothing, inputs.softcap)
+    ctx.save_for_backward(inputs.hidden, inputs.weight, inputs.target, inputs.bias, output[1], inputs.class_weight)
     ctx.mark_non_differentiable(output[2])  # the hits: a metric
     ctx.set_materialize_grads(False)
 

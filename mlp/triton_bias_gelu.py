@@ -177,8 +177,8 @@ bias_gelu_backward_op = define_op(
 
 
 def _setup_context(ctx, inputs, output):
-    x, bias, ctx.approximate = inputs
-    ctx.save_for_backward(x, bias)  # z = x + bias is recomputed, y is not kept
+    ctx.approximate = inputs.approximate
+    ctx.save_for_backward(inputs.x, inputs.bias)  # z = x + bias is recomputed, y is not kept
 
 
 def _backward(ctx, dy):

@@ -205,8 +205,8 @@ def define_glu_ops(name, extra, activation):
                             backward_impl, backward_empty)
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:2])  # gate, up: act is recomputed, y is not kept
-        ctx.values = inputs[2:]
+        ctx.save_for_backward(inputs.gate, inputs.up)  # act is recomputed, y is not kept
+        ctx.values = inputs[2:]  # the activation's options (geglu's approximate), passed on as they came
 
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors

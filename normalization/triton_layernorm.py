@@ -147,10 +147,9 @@ layernorm_backward_op = define_op(
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, bias, eps = inputs
     # bias is saved for its dtype and shape only (db = sum of dy): a parameter, no extra memory
-    ctx.save_for_backward(x, weight, bias)
-    ctx.eps = eps
+    ctx.save_for_backward(inputs.x, inputs.weight, inputs.bias)
+    ctx.eps = inputs.eps
 
 
 def _backward(ctx, dy):

@@ -38,9 +38,8 @@ residual_rmsnorm_backward_op = define_op(
 
 
 def _setup_context(ctx, inputs, output):
-    _, _, weight, eps, offset = inputs
-    ctx.save_for_backward(output[1], weight)  # u: the rounded sum the forward normalized
-    ctx.eps, ctx.offset = eps, offset
+    ctx.save_for_backward(output[1], inputs.weight)  # u: the rounded sum the forward normalized
+    ctx.eps, ctx.offset = inputs.eps, inputs.offset
     ctx.set_materialize_grads(False)  # an unused u gives du = None: not a tensor of zeros to read
 
 

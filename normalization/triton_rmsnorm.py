@@ -165,9 +165,8 @@ rmsnorm_backward_op = define_op(
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, eps, offset = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps, ctx.offset = eps, offset
+    ctx.save_for_backward(inputs.x, inputs.weight)
+    ctx.eps, ctx.offset = inputs.eps, inputs.offset
 
 
 def _backward(ctx, dy):
