@@ -2,6 +2,7 @@
 (inference/): packed batches' cumulative lengths, sliding windows, logit softcaps."""
 import math
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -79,6 +80,25 @@ def check_window(window, name="window"):
         if side < -1:
             raise ValueError(f"{name}'s sides must be ints >= -1 (-1: unbounded), got {window!r}")
     return int(window[0]), int(window[1])
+
+
+class AttentionMask(NamedTuple):
+    """A flash-attention call's mask options, checked (attention_mask): the window's sides, -1
+    unbounded, and the logit softcap, 0.0 off. The operators take them as their last three
+    arguments, in this order; the launchers take the tuple."""
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+
+
+NO_MASK = AttentionMask()
+
+
+def attention_mask(window=None, softcap=None, name="window"):
+    """window (None or (left, right)) and softcap (None or c >= 0) checked into one AttentionMask:
+    what the public functions pass to the operators, and what the operators check again for a
+    caller that reaches them directly. name: the window's argument, for errors."""
+    return AttentionMask(*check_window(window, name), check_softcap(softcap))
 
 
 def check_softcap(softcap):

@@ -42,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from llmk.attention.attention_checks import NO_MASK
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales
 
@@ -386,7 +387,7 @@ def _descriptor(t, block):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), shape, layout)
 
 
-def gluon_attention_args(q, k, v, out, causal, scale, lse=None, window=(-1, -1), softcap=0.0, config=None):
+def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None):
     """(grid, args, meta) of the Gluon forward on validated dense arguments (launch_flash_attention's, without packed
     batches): q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D), D in GLUON_HEAD_DIMS, laid out as
     gluon_layout_ok asks; lse None or fp32 (B, H, Tq) with unit token stride. config:
@@ -396,11 +397,11 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, window=(-1, -1),
 
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
-    causal, has_window, left, right = kernel_mask(causal, window, tq, tk)
+    causal, has_window, left, right = kernel_mask(causal, mask, tq, tk)
     block_m, block_n, stages, pingpong, split_release = config or gluon_config(d)
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
     num_warps = 4 if pingpong else block_m // 16
-    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
+    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), lse,
             *lse_strides, h, h // hkv, tq, tk, qk_scale, left, right, softcap_log2)
@@ -410,9 +411,9 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, window=(-1, -1),
     return (cdiv(tq, block_m), b * h), args, meta
 
 
-def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, window=(-1, -1), softcap=0.0, config=None):
+def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None):
     """Launch the Gluon forward (arguments as gluon_attention_args takes them); writes out and lse."""
-    grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, window, softcap, config)
+    grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, mask, config)
     _gluon_attention_fwd_kernel[grid](*args, **meta)
 
 

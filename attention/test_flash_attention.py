@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
-from llmk.attention.attention_checks import CHECK_SEQLENS_ENV, seqlens_checked
+from llmk.attention.attention_checks import CHECK_SEQLENS_ENV, attention_mask, seqlens_checked
 from llmk.attention.attention_paths import GLUON_TRITON_VERSIONS, PATH_ENV, gluon_forward
 from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
 from llmk.attention.triton_flash_attention import (
@@ -805,7 +805,7 @@ def check_window_one_loop(causal, window, d, dtype):
     q, k, v = make_qkv(1, 4, 2, 77, 77, d, dtype)
     scale = 1.0 / math.sqrt(d)
     out = poisoned(q.shape, dtype)
-    launch_flash_attention(q, k, v, out, causal, scale, window=window, window_split=False)
+    launch_flash_attention(q, k, v, out, causal, scale, mask=attention_mask(window), window_split=False)
     return [compare_o(out, q, k, v, causal, scale, window)]
 
 

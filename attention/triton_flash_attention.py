@@ -41,10 +41,10 @@ import math
 import torch
 
 from llmk.attention.attention_checks import (
+    AttentionMask,
+    attention_mask,
     check_cu_seqlens,
     check_cu_seqlens_values,
-    check_softcap,
-    check_window,
     seqlens_checked,
 )
 from llmk.attention.attention_paths import gluon_forward
@@ -140,10 +140,12 @@ def check_config(config):
             raise ValueError(f"config's {name} must be a power of two >= 16, got {block}")
 
 
-def _mask_options(window_left, window_right, softcap):
-    """The operators' window and softcap, checked (direct calls of the operators come here too):
-    ((left, right), softcap) as the launchers take them."""
-    return check_window((window_left, window_right), "(window_left, window_right)"), check_softcap(softcap)
+def _mask(window_left, window_right, softcap):
+    """The operators' last three arguments as the launchers take them: an AttentionMask, checked
+    (attention_mask) for a caller that reaches an operator without its public function."""
+    if window_left == -1 and window_right == -1 and softcap == 0.0:
+        return AttentionMask()  # off, as every call without a window or a cap passes it: nothing to check
+    return attention_mask((window_left, window_right), softcap, "(window_left, window_right)")
 
 
 def _scale(q, sm_scale):
@@ -172,7 +174,7 @@ def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=No
                  softcap=0.0):
     """O into out (and LSE into lse) for checked (B, H, T, D) arguments: the empty cases here, the
     kernel for the rest, Gluon's where attention/attention_paths.py's gluon_forward says so."""
-    window, softcap = _mask_options(window_left, window_right, softcap)
+    mask = _mask(window_left, window_right, softcap)
     if out.numel() == 0:
         return
     if k.shape[2] == 0:  # no keys: every query sees nothing
@@ -183,10 +185,10 @@ def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=No
     if gluon_forward(q, k, v, out, lse, cu_seqlens is not None, config):
         from llmk.attention.gluon_flash_attention_fwd import launch_gluon_attention
 
-        launch_gluon_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, window=window, softcap=softcap)
+        launch_gluon_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, mask)
         return
     launch_flash_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, cu_seqlens,
-                           None if config is None else tuple(config), window=window, softcap=softcap)
+                           None if config is None else tuple(config), mask=mask)
 
 
 def _empty_lse(q):
@@ -242,7 +244,7 @@ def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, c
               window_left=-1, window_right=-1, softcap=0.0):
     """(dq, dk, dv) shaped like q, k, v: the kernels on (B, H, T, D) views, zeros where a side is
     empty (no keys: dq = 0; no queries: dk = dv = 0)."""
-    window, softcap = _mask_options(window_left, window_right, softcap)
+    mask = _mask(window_left, window_right, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     lse = lse.contiguous()  # the kernels index delta, made contiguous, with LSE's strides
     if not _within_32_bits(grad_out, 2 if cu_q is None else 3):  # dO's strides are the caller's
@@ -259,7 +261,7 @@ def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, c
             t.zero_()
         return dq, dk, dv
     launch_flash_attention_backward(*views, causal, _scale(q, sm_scale), grad_lse, cu_seqlens,
-                                    deterministic=deterministic, window=window, softcap=softcap)
+                                    deterministic=deterministic, mask=mask)
     return dq, dk, dv
 
 
@@ -414,7 +416,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     """
     check_attention_args(q, k, v, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
-    mask = (*check_window(window), check_softcap(softcap))
+    mask = attention_mask(window, softcap)
     if out is None:
         if needs_grad(q, k, v):
             return flash_attention_train_op(q, k, v, causal, sm_scale, config, deterministic, *mask)[0]
@@ -456,7 +458,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
-    mask = (*check_window(window), check_softcap(softcap))
+    mask = attention_mask(window, softcap)
     args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal,
             sm_scale, config)
     if needs_grad(q, k, v):

@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from llmk.attention.attention_checks import NO_MASK
 from llmk.attention.triton_flash_attention_fwd import (
     MAX_GRID_Y,
     attention_grid,
@@ -507,7 +508,7 @@ def _dq_kernel(
 
 def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
                                     cu_seqlens=None, config=None, deterministic=False, dq_add=None,
-                                    dp_first=None, grid_y=MAX_GRID_Y, window=(-1, -1), softcap=0.0):
+                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
@@ -522,7 +523,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     have 32-bit coordinates.
     dp_first: the dk/dv loop's order, dP^T issued beside S^T or after the dv product (sweeps);
     None: dp_first_when's choice for the head dim.
-    grid_y, window, softcap: as for the forward's launcher.
+    grid_y, mask: as for the forward's launcher.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
     tuning sweep's), None in the interpreter."""
     b, h, tq, d = q.shape
@@ -555,8 +556,8 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     batch = (lambda t: 0) if cu_q is not None else (lambda t: t.stride(0))
     strides = [(batch(t), *t.stride()[1:]) for t in (q, k, v, do)]
     lse_strides = (batch(lse), lse.stride(1))
-    causal, has_window, left, right = kernel_mask(causal, window, tq, tk)  # the forward's
-    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
+    causal, has_window, left, right = kernel_mask(causal, mask, tq, tk)  # the forward's
+    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     dq_desc = None
     if one_pass:
         acc_strides = (batch(dq_acc), *acc_strides[1:])

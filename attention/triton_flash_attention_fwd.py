@@ -43,6 +43,7 @@ attention/triton_flash_attention.py.
 import triton
 import triton.language as tl
 
+from llmk.attention.attention_checks import NO_MASK
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
@@ -314,14 +315,14 @@ def _flash_attention_fwd_kernel(
         tl.store(lse_base + offs_m, lse, mask=offs_m < n_queries)
 
 
-def kernel_mask(causal, window, n_queries, n_keys):
-    """(CAUSAL, WINDOW, left, right) the kernels take for `causal` and window (left, right), -1 an
-    unbounded side, on sequences of at most n_queries queries and n_keys keys. causal caps right at
-    0. A side that reaches past every key is unbounded (left >= n_keys, right >= n_queries: i' runs
-    over [n_keys - n_queries, n_keys - 1]); a window bounded on neither side is no window, and one
-    bounded only by right = 0 is the causal mask, whose loop is today's. The bounds of a window
-    come back finite, at most n_keys and n_queries."""
-    left, right = window
+def kernel_mask(causal, mask, n_queries, n_keys):
+    """(CAUSAL, WINDOW, left, right) the kernels take for `causal` and mask's window (an
+    AttentionMask: left, right, -1 an unbounded side), on sequences of at most n_queries queries
+    and n_keys keys. causal caps right at 0. A side that reaches past every key is unbounded
+    (left >= n_keys, right >= n_queries: i' runs over [n_keys - n_queries, n_keys - 1]); a window
+    bounded on neither side is no window, and one bounded only by right = 0 is the causal mask,
+    whose loop is today's. The bounds of a window come back finite, at most n_keys and n_queries."""
+    left, right = mask.window_left, mask.window_right
     if causal:
         right = 0
     left = n_keys if left < 0 or left >= n_keys else left
@@ -334,7 +335,7 @@ def kernel_mask(causal, window, n_queries, n_keys):
 
 
 def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None,
-                           grid_y=MAX_GRID_Y, window=(-1, -1), softcap=0.0, window_split=True):
+                           grid_y=MAX_GRID_Y, mask=NO_MASK, window_split=True):
     """Launch on validated arguments; writes out and, when given, lse.
     q, out (B, H, Tq, D); k, v (B, Hkv, Tk, D), any strides, Tq >= 1. lse: None or fp32 (B, H, Tq)
     with unit token stride. scale: sm_scale as a float.
@@ -344,7 +345,8 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
     config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to launch instead of attention_config's
     choice (tests force each CONFIG_TABLE row; tuning sweeps). grid_y: the grid's y extent
     (MAX_GRID_Y; a test passes a small one to run the axis-2 spill on small shapes).
-    window: (left, right) ints >= -1, -1 unbounded (kernel_mask); softcap: c > 0, or 0 for none.
+    mask: the checked window and softcap (attention_checks.AttentionMask; kernel_mask reads the
+    window, softcap_scales the cap).
     window_split: a window's key loop split into masked edges and an unmasked middle (the default);
     False runs one loop with every block masked (tests and scripts/tune/attention_options_sweep.py)."""
     b, h, tq, d = q.shape
@@ -356,10 +358,10 @@ def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=Non
         b = cu_q.shape[0] - 1
         batch_strides = [0, 0, 0, 0]
     # a packed batch's totals bound each of its sequences
-    causal, has_window, left, right = kernel_mask(causal, window, q.shape[2], k.shape[2])
+    causal, has_window, left, right = kernel_mask(causal, mask, q.shape[2], k.shape[2])
     block_m, block_n, num_warps, num_stages = config or attention_config(d, tq, has_window)
     lse_strides = (0 if cu_q is not None else lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
+    qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     _flash_attention_fwd_kernel[attention_grid(cdiv(tq, block_m), b * h, grid_y)](
         q, k, v, out, lse, cu_q, cu_k,
         batch_strides[0], *q.stride()[1:], batch_strides[1], *k.stride()[1:],

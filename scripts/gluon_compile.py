@@ -27,6 +27,7 @@ def attention_cases():
     softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules, K and V released apart."""
     import torch
 
+    from llmk.attention.attention_checks import attention_mask
     from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_attention_args
 
     def case(d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0, lse=True, transposed=False,
@@ -38,7 +39,8 @@ def attention_cases():
             q = torch.empty(b, h, t, d, dtype=dtype)
         k, v = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(2))
         lse_t = torch.empty(b, h, t, dtype=torch.float32) if lse else None
-        return gluon_attention_args(q, k, v, torch.empty_like(q), causal, d ** -0.5, lse_t, window, softcap, config)
+        mask = attention_mask(window, softcap)
+        return gluon_attention_args(q, k, v, torch.empty_like(q), causal, d ** -0.5, lse_t, mask, config)
 
     cases = []
     for d in GLUON_HEAD_DIMS:

@@ -13,6 +13,7 @@ launcher differs between the trees fails on one side and is reported, not compar
 line a kernel, IDENTICAL or DIFFERENT (with both line counts), and exits 1 if any differs.
 """
 import importlib.util
+import inspect
 import os
 import pathlib
 import re
@@ -88,6 +89,14 @@ def _compile_cases(tree, out_dir, case_set):
         import llmk.attention.triton_flash_attention_bwd as bwd
         import llmk.attention.triton_flash_attention_fwd as fwd
 
+        def mask_options(launcher, window, softcap):
+            """The launcher's mask keywords: mask= (an AttentionMask) since the launchers took one,
+            window= and softcap= before (a revision from before then compares too)."""
+            if "mask" in inspect.signature(launcher).parameters:
+                from llmk.attention.attention_checks import attention_mask
+                return dict(mask=attention_mask(window, softcap or None))
+            return dict(window=window, softcap=softcap)
+
         def packed(varlen, n):  # (cu_q, cu_k, max lengths...) of two sequences in 1024 tokens
             return (torch.tensor([0, 300, 1024], dtype=torch.int32),) * 2 + (724,) * n if varlen else None
 
@@ -96,7 +105,8 @@ def _compile_cases(tree, out_dir, case_set):
             q, out = empty(b, h, t, d, dtype=bf16), empty(b, h, t, d, dtype=bf16)
             k, v = empty(b, hkv, t, d, dtype=bf16), empty(b, hkv, t, d, dtype=bf16)
             fwd.launch_flash_attention(q, k, v, out, causal, 0.125, lse=empty(b, h, t), cu_seqlens=packed(varlen, 1),
-                                       window=window, softcap=softcap, window_split=window_split)
+                                       window_split=window_split,
+                                       **mask_options(fwd.launch_flash_attention, window, softcap))
 
         def backward(d, causal, window, softcap, varlen, deterministic, tma):
             b, h, hkv, t = (1 if varlen else 2), 8, 2, 1024
@@ -105,7 +115,7 @@ def _compile_cases(tree, out_dir, case_set):
             bwd.tma_reduce_available = lambda device: tma
             bwd.launch_flash_attention_backward(do, q, k, v, o, empty(b, h, t), dq, dk, dv, causal, 0.125,
                                                 cu_seqlens=packed(varlen, 2), deterministic=deterministic,
-                                                window=window, softcap=softcap)
+                                                **mask_options(bwd.launch_flash_attention_backward, window, softcap))
 
         plain, w127, w64 = (-1, -1), (127, 0), (64, 32)
         cases += [(f"fwd_hd{d}_{name}", lambda d=d, a=a: forward(d, *a)) for d, name, a in (

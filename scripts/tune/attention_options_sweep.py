@@ -23,6 +23,7 @@ import os
 
 import torch
 
+from llmk.attention.attention_checks import attention_mask
 from llmk.attention.triton_flash_attention import flash_attention, flash_attention_train_op
 from llmk.attention.triton_flash_attention_bwd import backward_config, launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention, table_config
@@ -53,7 +54,8 @@ WARM_T = 256
 
 
 def options(left, softcap):
-    return dict(window=(left, 0) if left is not None else (-1, -1), softcap=softcap or 0.0)
+    """The launchers' mask= for a causal window of left keys (None: none) and a softcap (None: none)."""
+    return dict(mask=attention_mask(None if left is None else (left, 0), softcap))
 
 
 def forward_configs(d, smoke):
@@ -101,7 +103,8 @@ def sweep_problem(name, shape, left, softcap, smoke):
     off_fwd = tflops(off_flops, time_ms(lambda: flash_attention(q, k, v, causal=True, out=out)))
     print(f"{name} B{b} H{h} T{t} D{d} forward: off {off_fwd:.0f} TFLOP/s", flush=True)
     with torch.no_grad():
-        want = flash_attention(q, k, v, causal=True, window=opts["window"], softcap=softcap)
+        mask = opts["mask"]
+        want = flash_attention(q, k, v, causal=True, window=(mask.window_left, mask.window_right), softcap=softcap)
     picked = SMOKE_CONFIG if smoke else table_config(d, t, windowed=left is not None)
     splits = (True, False) if left is not None else (True,)
     for config in dict.fromkeys(forward_configs(d, smoke) + [picked]):
@@ -120,7 +123,7 @@ def sweep_problem(name, shape, left, softcap, smoke):
     # the backward: off with the table's pick, then the option's configs
     with torch.no_grad():
         o_off, lse_off = flash_attention_train_op(q, k, v, True, None, None)
-        o, lse = flash_attention_train_op(q, k, v, True, None, None, False, *opts["window"], opts["softcap"])
+        o, lse = flash_attention_train_op(q, k, v, True, None, None, False, *opts["mask"])
     grads = tuple(torch.empty_like(x) for x in (q, k, v))
     off_bwd = tflops(2.5 * off_flops, time_ms(lambda: launch_flash_attention_backward(
         do, q, k, v, o_off, lse_off, *grads, True, scale)))
