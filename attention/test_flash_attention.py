@@ -1,4 +1,4 @@
-"""Tests for attention/triton_flash_attention.py against naive_attention computed in fp64:
+"""Tests for attention/flash_attention_ops.py against naive_attention computed in fp64:
 the forward, the backward (dq, dk, dv) and packed variable-length batches.
 
     python attention/test_flash_attention.py        (or: pytest attention/test_flash_attention.py)
@@ -33,14 +33,14 @@ import triton.language as tl
 from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.attention.attention_checks import CHECK_SEQLENS_ENV, attention_mask, seqlens_checked
 from llmk.attention.attention_paths import GLUON_TRITON_VERSIONS, PATH_ENV, gluon_forward
-from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
-from llmk.attention.triton_flash_attention import (
+from llmk.attention.flash_attention_ops import (
     CONFIG_TABLE,
     flash_attention,
     flash_attention_train_op,
     flash_attention_varlen,
     table_config,
 )
+from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
 from llmk.attention.triton_flash_attention_bwd import (
     BACKWARD_TABLE,
     INTERPRET_BACKWARD,

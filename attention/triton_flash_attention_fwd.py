@@ -38,7 +38,7 @@ Packed sequences (VARLEN): q (total_q, H, D), k and v (total_k, Hkv, D) are pass
 second axis runs over (sequence, head) instead of (batch, head). Each program reads its
 sequence's bounds on the device, so the host never waits for them; a program whose query block
 lies past its sequence's end returns at once. The public functions and their checks are in
-attention/triton_flash_attention.py.
+attention/flash_attention_ops.py.
 """
 import triton
 import triton.language as tl

@@ -6,7 +6,7 @@ FLOPs: two matmuls of 2 * T * T * D per head, so 4 * B * H * T^2 * D for full at
 
 Shapes: 16384 tokens per batch (B = 16384 / T) at T = 512..16384, with H * D = 2048 (H 32 at hd 64,
 H 16 at hd 128), full and causal, fp16 and bf16. Providers: `triton` (attention/
-triton_flash_attention.py), `sdpa-flash` (FlashAttention-2 inside PyTorch), `sdpa-cudnn`,
+flash_attention_ops.py), `sdpa-flash` (FlashAttention-2 inside PyTorch), `sdpa-cudnn`,
 `sdpa-efficient`, `naive` (scores materialized in fp32) and `blocked` (online softmax over key
 blocks in PyTorch, up to T = 4096). max_err is against SDPA in fp32 on the same inputs.
 
@@ -46,9 +46,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from llmk.attention.flash_attention_ops import flash_attention, flash_attention_varlen
 from llmk.attention.reference_attention import naive_attention, visible_mask
 from llmk.attention.reference_blocked_attention import blocked_attention
-from llmk.attention.triton_flash_attention import flash_attention, flash_attention_varlen
 from llmk.common.device import DEVICE
 from llmk.devtools.bench import train_call
 from llmk.devtools.harness import BenchCase, parse_args, run

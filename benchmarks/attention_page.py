@@ -8,7 +8,7 @@ PAGE = Area(
     "any T, head dims up to 256, packed sequences) and `attention/triton_flash_attention_bwd.py` "
     "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); "
     "the public functions in "
-    "`attention/triton_flash_attention.py`. `naive` and `blocked` are the references in "
+    "`attention/flash_attention_ops.py`. `naive` and `blocked` are the references in "
     "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
     [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),
      Group(("attention",), "T >= 1024, GPU time", lambda s: dims(s)[2] >= 1024, graph=True, mode="fwd+bwd"),

@@ -13,7 +13,7 @@ graph_ms (rows with M <= 64, and every provider of a shape where one takes under
     replays after an L2 flush). A decode-size GEMM (or 1024^3) runs for 10-50 us, about what one
     launch costs the host (Triton's more than cuBLAS's), so do_bench's "ms" there partly measures
     the host; serving engines replay decode steps from CUDA graphs, where only graph_ms counts.
-config (our matmul's rows): the kernel and tile that ran (gemm.triton_matmul.kernel_choice).
+config (our matmul's rows): the kernel and tile that ran (gemm.matmul_ops.kernel_choice).
 
 Shapes are keyed "MxNxK". Sweeps (fp16 and bf16): square M = N = K = 1024..8192; tokens
 M = 1..8192 at the (K, N) of a 4096-wide model's projections: attention (4096, 4096), MLP up
@@ -52,7 +52,7 @@ from llmk.devtools.bench import compile_fn, compile_train_fn, train_call
 from llmk.devtools.harness import BenchCase, parse_args, run
 from llmk.devtools.results import plot_sweeps
 from llmk.devtools.testing import grads_of, rand
-from llmk.gemm.triton_matmul import kernel_choice, matmul
+from llmk.gemm.matmul_ops import kernel_choice, matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.normalization.triton_rmsnorm import rmsnorm
 

@@ -6,7 +6,7 @@ from llmk.benchmarks.pages import TRAIN_NOTE, Area, Group, dims, gemm_m
 
 PAGE = Area(
     "GEMM: matmul, fused epilogues, rmsnorm_linear",
-    "Kernels in `gemm/`: `triton_matmul.py` (tiled, split-K for decode, picks the kernel), "
+    "Kernels in `gemm/`: `matmul_ops.py` (tiled, split-K for decode, picks the kernel), "
     "`triton_matmul_tma.py` (persistent TMA kernel for M >= 1024 on Hopper), `triton_gemv.py` "
     "(M = 1 against an `nn.Linear` weight), `triton_rmsnorm_linear.py`. The `config` column "
     "names the kernel and tile that ran.",

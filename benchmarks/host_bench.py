@@ -196,7 +196,7 @@ def norm_cases(s):
                 "pytorch": lambda: F.layer_norm(x, (n,), w, b, 1e-5)}
 
     def build_residual():
-        from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+        from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
         from llmk.normalization.triton_rmsnorm import launch_rmsnorm
         x, r, w = rand((1, n), DTYPE), rand((1, n), DTYPE), rand((n,), DTYPE)
         y, u = (torch.empty(1, n, dtype=DTYPE, device=DEVICE) for _ in range(2))
@@ -311,7 +311,7 @@ def attention_cases(s):
                 "pytorch": lambda: apply_rope_ref(q, k, cos, sin)}
 
     def build_flash():
-        from llmk.attention.triton_flash_attention import flash_attention, launch_flash_attention
+        from llmk.attention.flash_attention_ops import flash_attention, launch_flash_attention
         q, k, v = rand((1, h, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE)
         out = torch.empty_like(q)
 
@@ -356,7 +356,7 @@ def gemm_cases(s):
 
     def build_matmul(m):
         def build():
-            from llmk.gemm.triton_matmul import launch_matmul, matmul
+            from llmk.gemm.matmul_ops import launch_matmul, matmul
             a, w = rand((m, k), DTYPE), rand((k, k), DTYPE)  # w: an nn.Linear weight (N, K)
             c = torch.empty(m, k, dtype=DTYPE, device=DEVICE)
 
@@ -482,7 +482,7 @@ def train_cases(s):
                  "pytorch": lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)})
 
     def build_residual():
-        from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+        from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 
         def pytorch(x, r, w):
             u = x + r
@@ -500,7 +500,7 @@ def train_cases(s):
                 {"public": apply_rope, LIGER: liger_call(liger_rope), "pytorch": apply_rope_ref})
 
     def build_flash():
-        from llmk.attention.triton_flash_attention import flash_attention
+        from llmk.attention.flash_attention_ops import flash_attention
         q, k, v = rand((1, h, t, d), DTYPE), rand((1, hkv, t, d), DTYPE), rand((1, hkv, t, d), DTYPE)
         return ((q, k, v), (0, 1, 2),
                 {"public": lambda q, k, v: flash_attention(q, k, v, causal=True), LIGER: NO_LIGER,
@@ -518,7 +518,7 @@ def train_cases(s):
                 {"public": swiglu, LIGER: liger_call(liger_swiglu), "pytorch": lambda g, u: F.silu(g) * u})
 
     def build_matmul():
-        from llmk.gemm.triton_matmul import matmul
+        from llmk.gemm.matmul_ops import matmul
         return ((rand((m, n), DTYPE), rand((n, n), DTYPE)), (0, 1),  # w: an nn.Linear weight (N, K)
                 {"public": lambda a, w: matmul(a, w.T), LIGER: NO_LIGER, "pytorch": F.linear})
 
@@ -535,7 +535,7 @@ def train_cases(s):
                 {"public": cross_entropy, LIGER: liger_call(liger_ce), "pytorch": F.cross_entropy})
 
     def build_linear_cross_entropy():
-        from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
+        from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy
         v = s["head_vocab"]
         target = torch.randint(0, v, (m,), device=DEVICE)
         return ((rand((m, n), DTYPE), rand((v, n), DTYPE, scale=n ** -0.5), target), (0, 1),

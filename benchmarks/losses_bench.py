@@ -5,7 +5,7 @@ eager, torch.compile and Liger-Kernel, with the peak memory of each call.
                           fwd: read the logits, N*V*e;  fwd+bwd: read them twice, write dlogits, 3*N*V*e
     linear_cross_entropy  hidden (BT, H) and weight (V, H) bf16, both requiring grad -> mean loss,
                           fwd+bwd; TFLOP/s of its three GEMMs, 6*BT*H*V FLOPs
-Providers: triton (losses/triton_cross_entropy.py, losses/triton_fused_linear_cross_entropy.py); eager (logits in
+Providers: triton (losses/triton_cross_entropy.py, losses/fused_linear_cross_entropy_ops.py); eager (logits in
 bf16, then F.cross_entropy on them: what a model's loss does); torch.compile of eager; liger
 (LigerCrossEntropyFunction, LigerFusedLinearCrossEntropyFunction; skipped where not installed).
 peak_MB: the memory a call adds beyond its inputs (logits, gradients, scratch); Liger's
@@ -37,8 +37,8 @@ from llmk.devtools.bench import compile_fn, compile_train_fn, train_call
 from llmk.devtools.harness import BenchCase, parse_args, run
 from llmk.devtools.peers import LIGER, liger, liger_ce, liger_lce
 from llmk.devtools.results import plot_sweeps
+from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy
 from llmk.losses.triton_cross_entropy import cross_entropy
-from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
 
 DTYPE = torch.bfloat16
 CE_SHAPES = [(8192, 32000), (8192, 128256), (8192, 151936)]

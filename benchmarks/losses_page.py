@@ -5,7 +5,7 @@ from llmk.benchmarks.pages import TRAIN_NOTE, Area, Group
 PAGE = Area(
     "Losses: cross-entropy, and the LM head fused with it",
     "Kernels in `losses/`: `triton_cross_entropy.py` (one program a row, an online max and sum; the "
-    "backward from the saved log-sum-exp) and `triton_fused_linear_cross_entropy.py` (chunks of "
+    "backward from the saved log-sum-exp) and `fused_linear_cross_entropy_ops.py` (chunks of "
     "tokens through cuBLAS GEMMs and the row kernel, gradients computed in the forward, no "
     "(tokens x vocab) logits in memory). `eager` computes the logits in bf16 and calls "
     "`F.cross_entropy`; `torch.compile` compiles that; `liger` is Liger-Kernel's.",

@@ -46,8 +46,8 @@ from llmk.devtools.results import plot_sweeps
 from llmk.devtools.testing import grads_of, rand
 from llmk.normalization.reference_layernorm import layernorm_ref
 from llmk.normalization.reference_rmsnorm import residual_rmsnorm_ref, rmsnorm_ref
+from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_layernorm import layernorm
-from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 DTYPES = (torch.float16, torch.bfloat16)

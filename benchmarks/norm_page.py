@@ -5,7 +5,7 @@ from llmk.benchmarks.pages import TRAIN, TRAIN_NOTE, Area, Group, big
 PAGE = Area(
     "Normalization: RMSNorm, LayerNorm, residual add + RMSNorm",
     "Kernels in `normalization/` (`triton_rmsnorm.py`, `triton_layernorm.py`, "
-    "`triton_residual_rmsnorm.py`; launch table in `launch_config.py`). `eager` is the fp32 "
+    "`residual_rmsnorm_ops.py`; launch table in `launch_config.py`). `eager` is the fp32 "
     "reference in plain PyTorch, as Hugging Face's modules compute it; `torch.compile` compiles "
     "that reference with static shapes; `F.rms_norm`, `F.layer_norm` are PyTorch's own ops.",
     [Group(("rmsnorm",), "16M+ elements", big), Group(("layernorm",), "16M+ elements", big),

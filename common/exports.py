@@ -1,7 +1,7 @@
 """Lazy folder facades: `from llmk.attention import flash_attention` imports the kernel module that
 defines the name when the name is first asked for, so importing a folder imports no kernel.
 
-    __getattr__, __dir__, __all__ = lazy_exports(__name__, {"flash_attention": "triton_flash_attention"})
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, {"flash_attention": "flash_attention_ops"})
 
 (in the folder's __init__.py: each public name -> the module of that folder it lives in)."""
 import importlib

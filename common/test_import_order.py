@@ -26,8 +26,8 @@ import torch
 from llmk.common.device import DEVICE
 from llmk.normalization.triton_rmsnorm import rmsnorm
 from llmk.attention.triton_softmax import softmax
-from llmk.attention.triton_flash_attention import flash_attention
-from llmk.gemm.triton_matmul import matmul
+from llmk.attention.flash_attention_ops import flash_attention
+from llmk.gemm.matmul_ops import matmul
 torch.manual_seed(0)
 x = torch.randn(4, 96, device=DEVICE)
 w = torch.randn(96, device=DEVICE)

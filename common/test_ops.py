@@ -42,8 +42,8 @@ import torch
 import torch._dynamo.testing
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from llmk.attention.flash_attention_ops import flash_attention, flash_attention_varlen
 from llmk.attention.reference_rope import rope_cos_sin
-from llmk.attention.triton_flash_attention import flash_attention, flash_attention_varlen
 from llmk.attention.triton_rope import apply_rope
 from llmk.attention.triton_softmax import softmax
 from llmk.common.device import DEVICE, INTERPRET
@@ -61,15 +61,15 @@ from llmk.devtools.testing import (
     poisoned,
     rand,
 )
-from llmk.gemm.triton_matmul import matmul
+from llmk.gemm.matmul_ops import matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
+from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy_none_op
 from llmk.losses.triton_cross_entropy import cross_entropy_op
-from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy_none_op
 from llmk.mlp.triton_bias_gelu import bias_gelu
 from llmk.mlp.triton_glu import geglu, swiglu
+from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_layernorm import layernorm
-from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 from llmk.optimizers.triton_adam import TritonAdamW
 

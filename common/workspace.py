@@ -1,6 +1,6 @@
 """Scratch memory that split kernels keep between launches, one set per device and stream.
 
-A split-K kernel (gemm/triton_matmul.py, gemm/triton_rmsnorm_linear.py) has several programs
+A split-K kernel (gemm/matmul_ops.py, gemm/triton_rmsnorm_linear.py) has several programs
 share one output tile: each stores its fp32 partial sums in a scratch buffer and counts itself in
 the tile's int32 arrival counter; the last to arrive adds the partials up, finishes the tile and
 sets the counter back to zero. One launch instead of a second, summing kernel. Split-KV decode

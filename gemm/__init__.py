@@ -5,6 +5,6 @@ asked for (common/exports.py): importing the folder imports no kernel."""
 from llmk.common.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "matmul": "triton_matmul",
+    "matmul": "matmul_ops",
     "rmsnorm_linear": "triton_rmsnorm_linear",
 })

@@ -1,4 +1,4 @@
-"""Tests for gemm/triton_matmul.py against the fp64 product of the same fp16/bf16 inputs and
+"""Tests for gemm/matmul_ops.py against the fp64 product of the same fp16/bf16 inputs and
 PyTorch's same-dtype torch.matmul (plus its bias and activation ops for the epilogue).
 
     python gemm/test_matmul.py        (or: pytest gemm/test_matmul.py)
@@ -21,7 +21,7 @@ from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.devtools.testing import Case, Outcome, check_grads, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.gemm import triton_matmul_tma
 from llmk.gemm.matmul_cases import grad_tolerance, reference, tolerance, torch_same_dtype
-from llmk.gemm.triton_matmul import (
+from llmk.gemm.matmul_ops import (
     TMA_MIN_M,
     choose_kernel,
     kernel_choice,

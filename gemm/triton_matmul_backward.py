@@ -1,11 +1,11 @@
 """The elementwise part of matmul's backward, in Triton: the activation's derivative and the bias
 gradient in one pass over the output gradient.
 
-    c = act(z),  z = a @ b + bias        (forward, gemm/triton_matmul.py)
+    c = act(z),  z = a @ b + bias        (forward, gemm/matmul_ops.py)
     dz = dc * act'(z)                    (M, N), rounded once to dc's dtype
     dbias = sum over rows of dz          (N,), fp32 sums rounded once to bias's dtype
 
-da = dz @ b^T and db = a^T @ dz are two GEMMs on matmul's own kernels (gemm/triton_matmul.py runs
+da = dz @ b^T and db = a^T @ dz are two GEMMs on matmul's own kernels (gemm/matmul_ops.py runs
 them); this file only makes dz and dbias. Without an activation dz is dc itself (nothing written)
 and the pass only sums dc's columns.
 

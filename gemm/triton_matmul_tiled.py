@@ -1,5 +1,5 @@
 """Tiled FP16/BF16 matrix multiply with an optional fused epilogue, in Triton: the kernel matmul
-(gemm/triton_matmul.py) runs unless a call suits the TMA or the GEMV kernel better.
+(gemm/matmul_ops.py) runs unless a call suits the TMA or the GEMV kernel better.
 
     c = act(a @ b + bias)        a (M, K), b (K, N), bias (N,); fp32 accumulation, one rounding
 

@@ -58,7 +58,7 @@ from llmk.common.ints import cdiv
 from llmk.common.ops import define_op
 from llmk.common.validation import check_same_device, check_tensor
 from llmk.common.workspace import split_k_buffers
-from llmk.gemm.triton_matmul import matmul_op, product_like
+from llmk.gemm.matmul_ops import matmul_op, product_like
 from llmk.gemm.triton_matmul_common import DTYPES
 from llmk.normalization.checks import check_norm_args
 from llmk.normalization.triton_rmsnorm import rmsnorm_backward, rmsnorm_op

@@ -1,4 +1,4 @@
-"""The tolerance of a decode output, for inference/test_triton_inference_attention.py and
+"""The tolerance of a decode output, for inference/test_inference_attention.py and
 inference/test_kv_cache.py: attention/attention_cases.py's error model (p rounded to the input dtype
 before p @ v, O rounded once) on decode's probabilities, one query per sequence over its cache."""
 from llmk.attention.attention_cases import attention_tol

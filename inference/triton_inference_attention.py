@@ -10,7 +10,7 @@ so the kernel is memory-bound and its figure of merit is bytes of K and V read p
 
 One program owns one (sequence, kv head) and all G query heads of that kv head, so a K/V block is
 read from memory once per group, not once per query head. It streams the sequence's tokens in
-blocks of BLOCK_N with the online softmax of attention/triton_flash_attention.py (running max m and
+blocks of BLOCK_N with the online softmax of attention/flash_attention_ops.py (running max m and
 sum l per query head in fp32, exp2 with log2(e) folded into the scale). Both products of a block,
 q k^T and p v, are tl.dot of the group padded to 16 rows (the MMA's smallest M) against the K/V
 block: the padding costs FLOPs only, and at 16 FLOPs per KV byte even with G = 1 the tensor cores

@@ -7,5 +7,5 @@ from llmk.common.exports import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "cross_entropy": "triton_cross_entropy",
     "LossOutput": "triton_cross_entropy",
-    "fused_linear_cross_entropy": "triton_fused_linear_cross_entropy",
+    "fused_linear_cross_entropy": "fused_linear_cross_entropy_ops",
 })

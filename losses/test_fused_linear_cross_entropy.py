@@ -1,4 +1,4 @@
-"""Tests for losses/triton_fused_linear_cross_entropy.py against the fp64 reference (losses/reference_losses.py)
+"""Tests for losses/fused_linear_cross_entropy_ops.py against the fp64 reference (losses/reference_losses.py)
 and against PyTorch's own same-dtype computation (logits = hidden @ weight.T in the input dtype,
 then F.cross_entropy).
 
@@ -33,16 +33,16 @@ from llmk.devtools.testing import (
     opcheck,
     rand,
 )
+from llmk.losses.fused_linear_cross_entropy_ops import (
+    fused_linear_cross_entropy,
+    fused_linear_cross_entropy_backward_op,
+)
 from llmk.losses.loss_cases import IGNORE, bad_target_message, make_class_weight, make_target, target_of, with_hits
 from llmk.losses.reference_losses import (
     linear_cross_entropy_ref,
     linear_cross_entropy_same_dtype,
     token_accuracy_ref,
     z_loss_ref,
-)
-from llmk.losses.triton_fused_linear_cross_entropy import (
-    fused_linear_cross_entropy,
-    fused_linear_cross_entropy_backward_op,
 )
 
 FLOOR_ULPS = 64

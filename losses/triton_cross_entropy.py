@@ -42,7 +42,7 @@ off) a bad target's row gets a NaN loss ("mean" and "sum" are NaN; "mean" counts
 targets not ignored) and a finite gradient without its one-hot term,
 g * (softmax(x) - eps / V) + dLSE * softmax(x): as if no class were the target.
 
-The shared row code also serves losses/triton_fused_linear_cross_entropy.py: `launch_rows` with
+The shared row code also serves losses/fused_linear_cross_entropy_ops.py: `launch_rows` with
 `grad_out` writes the gradient in the same launch as the loss, reading the row twice (softcap too).
 
 Operators: llmk::cross_entropy -> (loss rows, LSE, hits) and llmk::cross_entropy_backward.

@@ -24,7 +24,7 @@ kernels' offset=1.0). What is replaced, and through which hook:
              as Gemma's do.
   residual_rmsnorm  each decoder layer gets an instance `forward`, the layer's own steps in its
              order, with the add after attention and post_attention_layernorm in one pass
-             (normalization/triton_residual_rmsnorm.py: u = attention output + residual, rounded as
+             (normalization/residual_rmsnorm_ops.py: u = attention output + residual, rounded as
              HF's add rounds it, and rmsnorm(u)). The add after the MLP feeds the next layer's
              input_layernorm, across the decoder loop, so it stays PyTorch's. Gemma's layer fuses
              the add after post_attention_layernorm with pre_feedforward_layernorm instead.
@@ -36,7 +36,7 @@ kernels' offset=1.0). What is replaced, and through which hook:
              sees gradients there after the backward.
   attention  registered as "triton_attention" in transformers' AttentionInterface and
              AttentionMaskInterface, and selected with model.set_attn_implementation. A prefill runs
-             attention/triton_flash_attention.py (causal, GQA); a padded or padding-free batch's
+             attention/flash_attention_ops.py (causal, GQA); a padded or padding-free batch's
              prefill runs its packed form, flash_attention_varlen (below); a decode step (one query) runs
              decode_attention from inference/triton_inference_attention.py (the (B, Hkv, T, D)
              cache read through .transpose(1, 2), no copy) where it takes the head dim, otherwise
@@ -58,7 +58,7 @@ kernels' offset=1.0). What is replaced, and through which hook:
              is dropped without unpatch_model leaves the dispatcher installed, still inert for others.
   cross_entropy  a *ForCausalLM gets an instance `forward`: in a training step (model.train(),
              grad enabled, labels given, every position's logits) it runs the base
-             model and then losses/triton_fused_linear_cross_entropy.py on the final hidden states and
+             model and then losses/fused_linear_cross_entropy_ops.py on the final hidden states and
              lm_head's weight (Gemma 2's final logit softcap inside it), with HF's ForCausalLMLoss
              semantics (labels shifted left unless
              shift_labels are given, ignore_index -100 or the one passed, "mean", or "sum" over

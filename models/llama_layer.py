@@ -32,15 +32,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from llmk.attention.flash_attention_ops import flash_attention
 from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
-from llmk.attention.triton_flash_attention import flash_attention
 from llmk.attention.triton_rope import apply_rope
-from llmk.gemm.triton_matmul import matmul
+from llmk.gemm.matmul_ops import matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.inference.paged_kv_cache import gather_pages
 from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
 from llmk.mlp.triton_glu import swiglu
-from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 

@@ -11,7 +11,7 @@ PyTorch's ("torch": F.rms_norm, F.linear = cuBLAS, F.silu(g) * u) with the same 
 import torch
 import torch.nn.functional as F
 
-from llmk.gemm.triton_matmul import matmul
+from llmk.gemm.matmul_ops import matmul
 from llmk.mlp.triton_glu import swiglu
 from llmk.normalization.triton_rmsnorm import rmsnorm
 

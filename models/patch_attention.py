@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from llmk.attention.triton_flash_attention import MAX_HEAD_DIM, flash_attention, flash_attention_varlen
+from llmk.attention.flash_attention_ops import MAX_HEAD_DIM, flash_attention, flash_attention_varlen
 from llmk.common.ops import needs_grad
 from llmk.models.patch_state import STATE_ATTR, kernel_ready
 

@@ -7,7 +7,7 @@ import torch
 
 from llmk.mlp.triton_glu import geglu, swiglu
 from llmk.models.patch_state import kernel_ready
-from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
+from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 

@@ -3,7 +3,7 @@ the fused linear cross-entropy on the final hidden states and lm_head's weight, 
 ForCausalLMLoss semantics; the logits are never made."""
 import torch
 
-from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
+from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy
 from llmk.models.packing import IGNORE_INDEX
 from llmk.models.patch_state import cache_field, kernel_ready
 

@@ -7,5 +7,5 @@ from llmk.common.exports import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "rmsnorm": "triton_rmsnorm",
     "layernorm": "triton_layernorm",
-    "residual_rmsnorm": "triton_residual_rmsnorm",
+    "residual_rmsnorm": "residual_rmsnorm_ops",
 })

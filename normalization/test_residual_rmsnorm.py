@@ -1,4 +1,4 @@
-"""Tests for normalization/triton_residual_rmsnorm.py: u against x + residual, y against the fp64
+"""Tests for normalization/residual_rmsnorm_ops.py: u against x + residual, y against the fp64
 RMSNorm of u as stored (rounded to the input dtype), and both against PyTorch's add + F.rms_norm;
 the gradients (dx, dresidual, dweight) through both outputs, or y alone (du = None); with a weight
 and without one (weight None).
@@ -32,8 +32,8 @@ from llmk.normalization.norm_cases import (
     norm_cases,
 )
 from llmk.normalization.reference_rmsnorm import rmsnorm_ref
+from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.rmsnorm_cases import as_double, rms_grad_atol, torch_weight, weight_or_none
-from llmk.normalization.triton_residual_rmsnorm import residual_rmsnorm
 
 EPS = 1e-6
 

@@ -1,4 +1,4 @@
-"""The fused linear cross-entropy's chunk size (losses/triton_fused_linear_cross_entropy.py, CHUNK_ROWS):
+"""The fused linear cross-entropy's chunk size (losses/fused_linear_cross_entropy_ops.py, CHUNK_ROWS):
 time and memory of one fwd+bwd call per chunk size, against Liger-Kernel's, at losses_bench's two
 shapes (bf16, mean loss, hidden and weight requiring grad).
 
@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-import llmk.losses.triton_fused_linear_cross_entropy as flce
+import llmk.losses.fused_linear_cross_entropy_ops as flce
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.timing import time_ms
 from llmk.devtools.peers import liger

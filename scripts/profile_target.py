@@ -44,13 +44,13 @@ def _rope():
 
 
 def _flash_attention():
-    from llmk.attention.triton_flash_attention import flash_attention
+    from llmk.attention.flash_attention_ops import flash_attention
     q, k, v = (torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     return lambda: flash_attention(q, k, v)
 
 
 def _matmul():
-    from llmk.gemm.triton_matmul import matmul
+    from llmk.gemm.matmul_ops import matmul
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     return lambda: matmul(a, b)

@@ -23,8 +23,8 @@ import llmk.losses.triton_cross_entropy as cross_entropy_module
 from llmk.common.device import DEVICE, INTERPRET, describe
 from llmk.common.timing import time_ms
 from llmk.devtools.bench import train_call
+from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy
 from llmk.losses.triton_cross_entropy import cross_entropy
-from llmk.losses.triton_fused_linear_cross_entropy import fused_linear_cross_entropy
 
 DTYPE = torch.bfloat16
 ROUNDS = 3  # on/off alternations: clock or thermal drift moves both settings alike

@@ -34,7 +34,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.triton_flash_attention import flash_attention_train_op, flash_attention_varlen_train_op, packed
+from llmk.attention.flash_attention_ops import flash_attention_train_op, flash_attention_varlen_train_op, packed
 from llmk.attention.triton_flash_attention_bwd import (
     backward_table_config,
     dp_first_when,

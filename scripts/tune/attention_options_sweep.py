@@ -1,4 +1,4 @@
-"""GPU sweep for FlashAttention's window= and softcap= (attention/triton_flash_attention*.py): times
+"""GPU sweep for FlashAttention's window= and softcap= (attention/flash_attention_ops*.py): times
 forward and backward launch configs on the attention benchmark's option shapes, each beside the
 same shape without the option (plain causal, the table's configs), to set their launch rows from
 measurement against issue 29's targets: a window's TFLOP/s on its visible pairs equal to causal
@@ -24,7 +24,7 @@ import os
 import torch
 
 from llmk.attention.attention_checks import attention_mask
-from llmk.attention.triton_flash_attention import flash_attention, flash_attention_train_op
+from llmk.attention.flash_attention_ops import flash_attention, flash_attention_train_op
 from llmk.attention.triton_flash_attention_bwd import backward_config, launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention, table_config
 from llmk.benchmarks.attention_bench import attention_flops

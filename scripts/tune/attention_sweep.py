@@ -1,4 +1,4 @@
-"""GPU sweep for attention/triton_flash_attention.py: times launch configs (BLOCK_M, BLOCK_N,
+"""GPU sweep for attention/flash_attention_ops.py: times launch configs (BLOCK_M, BLOCK_N,
 num_warps, num_stages) at each of CONFIG_TABLE's head dims, full and causal, against PyTorch's SDPA,
 to set CONFIG_TABLE from measurement.
 
@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from llmk.attention.triton_flash_attention import flash_attention, table_config
+from llmk.attention.flash_attention_ops import flash_attention, table_config
 from llmk.common.device import DEVICE, describe
 from llmk.common.ints import next_power_of_2
 from llmk.common.timing import time_ms

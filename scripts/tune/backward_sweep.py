@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-import llmk.gemm.triton_matmul as tm
+import llmk.gemm.matmul_ops as tm
 import llmk.gemm.triton_matmul_tma as tma
 from llmk.common.device import sm_count
 from llmk.common.timing import graph_time_ms

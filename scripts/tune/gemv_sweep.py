@@ -31,8 +31,8 @@ from llmk.common.device import DEVICE, INTERPRET, describe, sm_count
 from llmk.common.timing import graph_time_ms, time_ms
 from llmk.devtools.bench import copy_bandwidth_GBps, gbps
 from llmk.devtools.testing import dtype_name
+from llmk.gemm.matmul_ops import launch_matmul
 from llmk.gemm.triton_gemv import GEMV_CONFIGS, INTERPRET_SMS, gemv_plan, launch_gemv
-from llmk.gemm.triton_matmul import launch_matmul
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE and not INTERPRET:

@@ -6,7 +6,7 @@ turn (do_bench, us, cuBLAS / ours), then matmul() as shipped and the config the 
 import torch
 import triton.testing
 
-import llmk.gemm.triton_matmul as tm
+import llmk.gemm.matmul_ops as tm
 import llmk.gemm.triton_matmul_tiled as tiled
 from llmk.gemm.triton_matmul_common import picked_config
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-import llmk.gemm.triton_matmul as tm
+import llmk.gemm.matmul_ops as tm
 import llmk.gemm.triton_matmul_tiled as tiled
 import llmk.gemm.triton_matmul_tma as tma
 import llmk.gemm.triton_rmsnorm_linear as trl

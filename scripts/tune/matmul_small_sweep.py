@@ -33,7 +33,7 @@ import triton.testing
 
 from llmk.common.device import sm_count
 from llmk.devtools.bench import host_time_us
-from llmk.gemm.triton_matmul import launch_matmul, matmul
+from llmk.gemm.matmul_ops import launch_matmul, matmul
 from llmk.gemm.triton_matmul_tiled import INTERPRET_SMS, plan, tuned
 
 DTYPE = torch.float16 if "--fp16" in sys.argv else torch.bfloat16

@@ -21,7 +21,7 @@ import triton
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import llmk.gemm.triton_matmul as tm
+import llmk.gemm.matmul_ops as tm
 import llmk.gemm.triton_rmsnorm_linear as trl
 import llmk.inference.triton_inference_attention as ia
 from llmk.common.timing import graph_time_ms

@@ -12,7 +12,7 @@ import sys
 import torch
 import triton.testing
 
-import llmk.gemm.triton_matmul as tm
+import llmk.gemm.matmul_ops as tm
 import llmk.gemm.triton_matmul_tma as tma
 from llmk.common.device import sm_count
 from llmk.devtools.bench import host_time_us

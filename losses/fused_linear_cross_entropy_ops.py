@@ -26,7 +26,7 @@ forward computes the losses only, and its backward recomputes each chunk's logit
 and writes dlogits with each row's gradient (the cross-entropy backward kernel).
 
 GEMMs: cuBLAS through torch.mm / addmm, which accumulate into grad_weight in place (beta = 1);
-gemm/triton_matmul.py's kernels write a fresh output. grad_weight accumulates in weight's dtype,
+gemm/matmul_ops.py's kernels write a fresh output. grad_weight accumulates in weight's dtype,
 so in bf16 it is rounded once a chunk (BT / C roundings, as Liger-Kernel's does); fp32 weights
 accumulate in fp32.
 

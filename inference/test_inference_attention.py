@@ -1,7 +1,7 @@
 """Tests for inference/triton_inference_attention.py (contiguous and paged decode attention) against
 inference/reference_decode_attention.py computed in fp64.
 
-    python inference/test_triton_inference_attention.py   (or: pytest inference/test_triton_inference_attention.py)
+    python inference/test_inference_attention.py   (or: pytest inference/test_inference_attention.py)
 
 Error model and tolerance: attention/attention_cases.py, as for attention/test_flash_attention.py
 (the split path merges fp32 partials, the same model): p rounded once to the input dtype before

@@ -6,7 +6,7 @@ the kernel does not. The gradients: dx the same way (one rounding), against auto
 fp64 reference and PyTorch's own same-dtype gradients of F.gelu(x + bias); dbias, an fp32 sum
 rounded once, within the error bound of its order of summation (dbias_tol).
 
-    python mlp/test_triton_bias_gelu.py        (or: pytest mlp/test_triton_bias_gelu.py)
+    python mlp/test_bias_gelu.py        (or: pytest mlp/test_bias_gelu.py)
 """
 import contextlib
 import dataclasses

@@ -8,7 +8,7 @@ rounds w to bf16 once a step, which is the kernel's bf16 mode. A bf16 state (sta
 None for bf16 params, as torch's AdamW keeps it): the reference runs the same fp32 math and rounds
 m and v to bf16 once a step.
 
-    python optimizers/test_triton_adam.py        (or: pytest optimizers)
+    python optimizers/test_adam.py        (or: pytest optimizers)
 """
 import copy
 
