@@ -240,12 +240,34 @@ def grad_rule_tol(dtype, want, theirs):
     return Tol(atol + GRAD_ATOL_FLOOR, 0.0, "2x PyTorch's same-dtype error + u * max|grad|", rounding_check=False)
 
 
-def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype):
-    """check_grads of fn (our kernels) on inputs q, k, v under flash-attention's rule."""
+def delta_rounding_bounds(q, k, v, do, causal, sm_scale, window=None, softcap=None):
+    """(dq, dk) bounds, per element, of the error the backward's delta takes from O rounded to the
+    input dtype. The kernels compute delta_i = dO_i . O_i from the stored O, as FlashAttention
+    does; PyTorch's same-dtype backward uses P, so the 2x rule alone misses this term. O_id is off
+    by at most u |O_id|, so delta_i by e_i = u sum_d |dO_id O_id|, dS_ij = P_ij (dP_ij - delta_i)
+    by P_ij e_i, and dq_i = scale sum_j dS_ij k_j by scale e_i (P |k|)_i, dk_j by
+    scale (P^T (e |q|))_j (summed over a GQA group). Where a query's probability sits on one key,
+    dP_ij - delta_i nearly cancels and this is the whole error (a softcap's tanh' <= 1 keeps the
+    bound)."""
+    qd, kd, vd = q.double(), expand_kv(k.double(), q.shape[1]), expand_kv(v.double(), q.shape[1])
+    p = attention_probs(qd, k.double(), causal, sm_scale, window, softcap)
+    err = UNIT_ROUNDOFF[q.dtype] * (do.double().abs() * (p @ vd).abs()).sum(-1, keepdim=True)
+    dq = sm_scale * err * (p @ kd.abs())
+    dk = sm_scale * (p.transpose(-1, -2) @ (err * qd.abs()))
+    b, h, tk, d = dk.shape
+    return dq, dk.reshape(b, k.shape[1], h // k.shape[1], tk, d).sum(2)
+
+
+def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype, delta_bounds=None):
+    """check_grads of fn (our kernels) on inputs q, k, v under flash-attention's rule, plus
+    delta_bounds (delta_rounding_bounds' (dq, dk)) where given."""
     wrt = [0, 1, 2]
     _, want = grads_of(ref, inputs, wrt, grad_outputs, dtype=torch.float64)
     _, theirs = grads_of(torch_fn, inputs, wrt, grad_outputs)
     tols = {name: grad_rule_tol(dtype, w, t) for name, w, t in zip("qkv", want, theirs)}
+    for name, bound in zip("qk", delta_bounds or ()):
+        tol = tols[name]
+        tols[name] = Tol(tol.atol + bound, tol.rtol, tol.why + "; delta from the rounded O", rounding_check=False)
     return check_grads(label, fn, ref, inputs, wrt, ("q", "k", "v"), lambda name, w: tols[name], torch_fn=torch_fn,
                        grad_outputs=grad_outputs)
 
@@ -264,10 +286,11 @@ def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=
         if o.requires_grad:
             layouts.append(o.transpose(1, 2).is_contiguous())
         return o
+    do = rand((b, h, tq, d), dtype)
     out = attention_grads(
         "", ours, lambda q, k, v: naive_attention(q, k, v, causal, scale_used, **mask),
         lambda q, k, v: same_dtype_attention(q, k, v, causal, scale_used, **mask),
-        [q, k, v], [rand((b, h, tq, d), dtype)], dtype)
+        [q, k, v], [do], dtype, delta_rounding_bounds(q, k, v, do, causal, scale_used, **mask))
     # under grad O is stored (B, Tq, H, D), whatever q's layout: the projection reads it in place
     return out + [Outcome("O under grad stored (B, Tq, H, D)", bool(layouts) and all(layouts))]
 
