@@ -22,7 +22,9 @@ import torch
 from llmk.common.device import INTERPRET
 
 GLUON_TRITON_VERSIONS = ("3.6.0",)
-GLUON_HEAD_DIMS = (64, 128)  # gluon_flash_attention_fwd.GLUON_CONFIG_TABLE's; read there, kept here import-free
+# GLUON_CONFIG_TABLE's head dims, spelled here so that the tl path never imports Gluon (the
+# dispatch test checks that the two agree)
+GLUON_HEAD_DIMS = (64, 128)
 PATH_ENV = "LLMK_ATTENTION_PATH"
 PATHS = ("tl", "gluon", "auto")
 # Whether "auto" takes the Gluon kernel: not until it beats the tl kernel on the attention

@@ -43,8 +43,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from llmk.attention.attention_checks import NO_MASK
+from llmk.attention.triton_flash_attention_fwd import kernel_mask, key_blocks
 from llmk.common.ints import cdiv
-from llmk.common.triton_utils import LN2, softcap_scales
+from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
 # (head dim, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE): the first row whose head dim
 # matches wins.
@@ -93,13 +94,6 @@ def wgmma_layout(block_m, block_n, num_warps):
 
 
 @gluon.jit
-def _tanh_approx(x):
-    """The GPU's tanh.approx.f32 (one MUFU instruction; common.triton_utils.tanh_approx's error)."""
-    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
-                                     pack=1)
-
-
-@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
               batch, head, kv_head, off_m, lo, n_iter, SPLIT_RELEASE: gl.constexpr):
     """One warp: the q tiles once (one a consumer warpgroup group), then key and value blocks lo,
@@ -136,7 +130,7 @@ def _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_
     same arithmetic as the tl kernel's _attend_key_blocks."""
     scale = qk_scale
     if SOFTCAP:
-        qk = softcap_log2 * _tanh_approx(qk * qk_scale)
+        qk = softcap_log2 * tanh_approx(qk * qk_scale)
         scale = 1.0
     if MASKED:
         keys = start_n + gl.arange(0, qk.shape[1], layout=gl.SliceLayout(0, qk.type.layout))
@@ -302,27 +296,10 @@ def _gluon_attention_fwd_kernel(
     off_m = start_m * BLOCK_M
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
 
-    # the key range (the tl kernel's key_blocks): [lo, hi) visited, [unmasked_lo, unmasked_hi)
+    # the key range, as the tl kernel takes it: [lo, hi) visited, [unmasked_lo, unmasked_hi)
     # wholly visible to every row, lo and the unmasked bounds multiples of BLOCK_N
-    first = off_m + causal_shift
-    last = first + BLOCK_M - 1
-    if WINDOW:
-        lo = gl.maximum(first - window_left, 0) // BLOCK_N * BLOCK_N
-        hi = gl.maximum(gl.minimum(last + window_right + 1, n_keys), 0)
-        unmasked_lo = gl.cdiv(gl.maximum(last - window_left, 0), BLOCK_N) * BLOCK_N
-        unmasked_hi = gl.maximum(gl.minimum(first + window_right + 1, n_keys), 0) // BLOCK_N * BLOCK_N
-        unmasked_lo = gl.minimum(gl.maximum(unmasked_lo, lo), hi)
-        unmasked_hi = gl.minimum(gl.maximum(unmasked_hi, unmasked_lo), hi)
-    elif CAUSAL:
-        lo = 0
-        unmasked_lo = 0
-        unmasked_hi = gl.maximum(gl.minimum(first + 1, n_keys), 0) // BLOCK_N * BLOCK_N
-        hi = gl.maximum(gl.minimum(last + 1, n_keys), 0)
-    else:
-        lo = 0
-        unmasked_lo = 0
-        unmasked_hi = n_keys // BLOCK_N * BLOCK_N
-        hi = n_keys
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
+                                                  WINDOW, True, BLOCK_M, BLOCK_N)
     n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_Q] + q_desc.block_type.shape, q_desc.layout)
@@ -393,8 +370,6 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     gluon_layout_ok asks; lse None or fp32 (B, H, Tq) with unit token stride. config:
     (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE) instead of gluon_config's. Also what
     scripts/gluon_compile.py compiles for sm_90 without a GPU."""
-    from llmk.attention.triton_flash_attention_fwd import kernel_mask
-
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     causal, has_window, left, right = kernel_mask(causal, mask, tq, tk)

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.attention.attention_checks import CHECK_SEQLENS_ENV, attention_mask, seqlens_checked
-from llmk.attention.attention_paths import GLUON_TRITON_VERSIONS, PATH_ENV, gluon_forward
+from llmk.attention.attention_paths import GLUON_HEAD_DIMS, GLUON_TRITON_VERSIONS, PATH_ENV, gluon_forward
 from llmk.attention.flash_attention_ops import (
     CONFIG_TABLE,
     flash_attention,
@@ -117,17 +117,22 @@ def compare_o(o, q, k, v, causal, sm_scale, window=None, softcap=None):
 
 
 @contextlib.contextmanager
-def forward_path(path):
-    """LLMK_ATTENTION_PATH set to `path` ("tl", "gluon" or "auto") inside the block, restored after it."""
-    before = os.environ.get(PATH_ENV)
-    os.environ[PATH_ENV] = path
+def environment(name, value):
+    """os.environ[name] = value inside the block, then restored (unset again if it was)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            del os.environ[PATH_ENV]
+            del os.environ[name]
         else:
-            os.environ[PATH_ENV] = before
+            os.environ[name] = before
+
+
+def forward_path(path):
+    """LLMK_ATTENTION_PATH set to `path` ("tl", "gluon" or "auto") inside the block."""
+    return environment(PATH_ENV, path)
 
 
 def kernel_note(outcome, q, k, v, out, lse=None):
@@ -488,19 +493,10 @@ def check_varlen_errors():
     ]
 
 
-@contextlib.contextmanager
 def seqlens_switch(value):
     """LLMK_CHECK_SEQLENS set to value ("1": check cu_seqlens on the GPU too, "0": not) for the
-    block, then restored."""
-    before = os.environ.get(CHECK_SEQLENS_ENV)
-    os.environ[CHECK_SEQLENS_ENV] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[CHECK_SEQLENS_ENV]
-        else:
-            os.environ[CHECK_SEQLENS_ENV] = before
+    block."""
+    return environment(CHECK_SEQLENS_ENV, value)
 
 
 def i32(*values):
@@ -1058,6 +1054,10 @@ def check_gluon_dispatch():
     with forward_path("bogus"):
         outcomes.append(expect_raises("LLMK_ATTENTION_PATH=bogus", lambda: flash_attention(q, k, v), ValueError,
                                       PATH_ENV))
+    from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE
+    table_dims = tuple(row[0] for row in GLUON_CONFIG_TABLE)
+    outcomes.append(Outcome("the dispatch's head dims are the Gluon table's", table_dims == GLUON_HEAD_DIMS,
+                            note=f"{GLUON_HEAD_DIMS} vs {table_dims}"))
     if INTERPRET:
         with forward_path("gluon"):
             outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, q, None, False, None)))

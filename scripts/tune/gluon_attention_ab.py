@@ -16,28 +16,15 @@ import os
 import threading
 
 import torch
-import torch.nn.functional as F
 import triton
 
 from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE, gluon_config, launch_gluon_attention
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention
+from llmk.benchmarks.attention_bench import attention_flops, sdpa
 
 TOKENS, WIDTH = 16384, 2048
 LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 WATCHDOG_S = 240
-
-
-def sdpa(backend):
-    from torch.nn.attention import sdpa_kernel
-
-    def call(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return call
-
-
-def flops(b, h, t, d, causal):
-    return 4 * b * h * d * (t * (t + 1) // 2 if causal else t * t)
 
 
 def parse_config(text):
@@ -100,7 +87,7 @@ def main():
                     except RuntimeError as e:
                         print(f"{name} | {peer} | refused: {str(e)[:80]}", flush=True)
                 timer.cancel()
-                f = flops(b, h, t, d, causal)
+                f = attention_flops(b, h, t, d, causal)
                 base = rows.get("sdpa-cudnn", (float("nan"),))[0]
                 for kernel, (ms, err) in rows.items():
                     print(f"{name} | {kernel} | {f / ms / 1e9:.0f} | {base / ms:.2f} | {err:.3g}", flush=True)
