@@ -8,12 +8,13 @@ then. The Gluon kernel's conditions:
 - a GPU of compute capability 9.0 (H100, H200), not the interpreter;
 - a Triton whose Gluon the kernel was written and tested against (GLUON_TRITON_VERSIONS: Gluon's
   API changes between releases, so a newer Triton takes the tl path until the kernel is ported);
-- a dense call (packed batches run the tl kernel), no forced tl config, a head dim of
-  GLUON_HEAD_DIMS, layouts TMA can read in place, and at most 65535 (batch, head) pairs (the
-  grid's y extent).
+- no forced tl config, a head dim of GLUON_HEAD_DIMS, layouts TMA can read in place, and at
+  most 65535 (batch or sequence, head) pairs (the grid's y extent); dense and packed batches
+  alike.
 The choice happens per call on the host and needs no device sync, so it is safe under CUDA graph
 capture and inside torch.compile'd graphs (the operators are opaque to the compiler).
 """
+import contextlib
 import functools
 import os
 
@@ -43,6 +44,32 @@ def _gluon_device(index):
     return triton.__version__ in GLUON_TRITON_VERSIONS and torch.cuda.get_device_capability(index) == (9, 0)
 
 
+def gluon_runs_here(device=None):
+    """Whether `device` (a CUDA device or its index; the current one by default) and this Triton
+    run the Gluon kernel where a call meets its other conditions."""
+    if INTERPRET or not torch.cuda.is_available():
+        return False
+    index = device if isinstance(device, int) else torch.device("cuda" if device is None else device).index
+    return _gluon_device(torch.cuda.current_device() if index is None else index)
+
+
+@contextlib.contextmanager
+def forced_path(path):
+    """LLMK_ATTENTION_PATH = path ("tl", "gluon" or "auto") inside the block, restored after: the
+    benchmark's triton-gluon rows, or a caller that wants one kernel for a region of code."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    before = os.environ.get(PATH_ENV)
+    os.environ[PATH_ENV] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[PATH_ENV]
+        else:
+            os.environ[PATH_ENV] = before
+
+
 def path_setting():
     """LLMK_ATTENTION_PATH, checked, "auto" resolved: "tl" (the default) or "gluon"."""
     value = os.environ.get(PATH_ENV, "tl")
@@ -53,13 +80,14 @@ def path_setting():
     return value
 
 
-def gluon_forward(q, k, v, out, lse, packed_batch, config):
+def gluon_forward(q, k, v, out, lse, cu_seqlens, config):
     """Whether this forward runs the Gluon kernel: q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D),
-    checked and non-empty; lse None or fp32 (B, H, Tq); packed_batch whether the call is a packed
-    one; config a forced tl config or None."""
-    if path_setting() == "tl" or packed_batch or config is not None or q.device.type != "cuda":
+    checked and non-empty; lse None or fp32 (B, H, Tq); cu_seqlens None or a packed batch's
+    (cu_seqlens_q, ...) as launch_flash_attention takes it; config a forced tl config or None."""
+    if path_setting() == "tl" or config is not None or q.device.type != "cuda":
         return False
-    if q.shape[3] not in GLUON_HEAD_DIMS or q.shape[0] * q.shape[1] > MAX_GLUON_PAIRS:
+    n_batch = q.shape[0] if cu_seqlens is None else cu_seqlens[0].shape[0] - 1
+    if q.shape[3] not in GLUON_HEAD_DIMS or n_batch * q.shape[1] > MAX_GLUON_PAIRS:
         return False
     if not _gluon_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):
         return False

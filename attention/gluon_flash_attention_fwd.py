@@ -15,10 +15,14 @@ softmax, the masks, the conventions and LSE are the same), laid out as FlashAtte
   partitions of their own, 64 rows each, and take turns issuing their products (a barrier each),
   so one's softmax runs under the other's products (FlashAttention-3's inter-warpgroup overlap);
   without it they share one partition and run in lockstep.
+- Packed batches (VARLEN): the descriptors span the packed (1, H, total, D) views and a program
+  starts at its sequence's first token (read from cu_seqlens on the device); the keys a block
+  reads past its sequence's end belong to the next one and are masked as the end of the keys is,
+  and O goes out by a masked store instead (a TMA store would write the next sequence's rows).
 - Only the blocks a mask cuts (the causal diagonal, a window's edges, the end of the keys) run the
   masked softmax; the test is one uniform branch an iteration.
-- O leaves through q's shared tile (free once the last S is done) and a TMA store; the copy
-  clips the rows past the sequence's end. LSE is stored from registers.
+- O of a dense call leaves through q's shared tile (free once the last S is done) and a TMA
+  store; the copy clips the rows past the sequence's end. LSE is stored from registers.
 
 The descriptors are 4-D, (batch, head, token, dim) with the tensors' own strides, so a tile that
 runs past a head's last token reads zeros and writes nothing instead of touching the next head,
@@ -95,18 +99,18 @@ def wgmma_layout(block_m, block_n, num_warps):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              batch, head, kv_head, off_m, lo, n_iter, SPLIT_RELEASE: gl.constexpr):
-    """One warp: the q tiles once (one a consumer warpgroup group), then key and value blocks lo,
-    lo + BLOCK_N, ... into the ring. A stage is refilled once every consumer released it (its K
-    and its V separately with SPLIT_RELEASE, else both at once on v_empty); the wait's parity
-    starts at 1 so the first lap passes."""
+              batch, head, kv_head, q_row, k_row, n_iter, SPLIT_RELEASE: gl.constexpr):
+    """One warp: the q tiles from token q_row once (one a consumer warpgroup group), then key and
+    value blocks from token k_row, k_row + BLOCK_N, ... into the ring. A stage is refilled once
+    every consumer released it (its K and its V separately with SPLIT_RELEASE, else both at once
+    on v_empty); the wait's parity starts at 1 so the first lap passes."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
     N_Q: gl.constexpr = q_smem.type.shape[0]
     TILE_M: gl.constexpr = q_smem.type.shape[3]
     mbarrier.expect(q_bar, N_Q * q_desc.block_type.nbytes)
     for i in gl.static_range(N_Q):
-        tma.async_copy_global_to_shared(q_desc, [batch, head, off_m + i * TILE_M, 0], q_bar, q_smem.index(i))
+        tma.async_copy_global_to_shared(q_desc, [batch, head, q_row + i * TILE_M, 0], q_bar, q_smem.index(i))
     for it in range(n_iter):
         s = it % STAGES
         free = ((it // STAGES) & 1) ^ 1
@@ -114,7 +118,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
             mbarrier.wait(k_empty.index(s), free)
         else:
             mbarrier.wait(v_empty.index(s), free)
-        start_n = lo + it * BLOCK_N
+        start_n = k_row + it * BLOCK_N
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], k_ready.index(s), k_bufs.index(s))
         if SPLIT_RELEASE:
@@ -185,14 +189,15 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr, stride_lb,
-              stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter,
-              qk_scale, window_left, window_right, softcap_log2,
+def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr, stride_oh,
+              stride_om, lse_ptr, stride_lb, stride_lh, batch, head, q_start, off_m, n_queries, n_keys, causal_shift,
+              lo, unmasked_lo, unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-              WG: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
-    """Consumer WG's q tile (rows off_m + WG * BLOCK_M ...): S and O by wgmma, the online softmax,
-    then O and LSE out. PINGPONG: two consumers take turns issuing their products (_take_turn), so
-    one's softmax runs while the other's products hold the tensor cores. SPLIT_RELEASE: a stage's
+              VARLEN: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
+    """Consumer WG's q tile (rows off_m + WG * BLOCK_M ... of the sequence that starts at token
+    q_start): S and O by wgmma, the online softmax, then O and LSE out. PINGPONG: two consumers
+    take turns issuing their products (_take_turn), so one's softmax runs while the other's
+    products hold the tensor cores. SPLIT_RELEASE: a stage's
     K is handed back once S is done, its V once P v is (else both after P v)."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -265,23 +270,32 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
     if STORE_LSE:
         seen = l_i > 0.0
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
-        lse_base = lse_ptr + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+        lse_base = lse_ptr + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh + q_start
         gl.store(lse_base + rows, lse, mask=rows < n_queries)
-    # every product that read q is done: its tile stages O for the TMA store
-    q_tile.store(out.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [batch, head, off_m, 0], q_tile4)
-    tma.store_wait(pendings=0)
+    if VARLEN:
+        # the rows past this sequence's end are the next one's: stored with a mask (a TMA store
+        # clips at the tensor's end only)
+        rows_o = off_m + gl.arange(0, BLOCK_M, layout=row_o)
+        cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+        o_base = o_ptr + head.to(gl.int64) * stride_oh + q_start.to(gl.int64) * stride_om
+        o_ptrs = o_base + gl.expand_dims(rows_o * stride_om, 1) + gl.expand_dims(cols, 0)
+        gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(rows_o < n_queries, 1))
+    else:
+        # every product that read q is done: its tile stages O for the TMA store
+        q_tile.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [batch, head, off_m, 0], q_tile4)
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _gluon_attention_fwd_kernel(
-    q_desc, k_desc, v_desc, o_desc, lse_ptr,
-    stride_lb, stride_lh,
+    q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
+    stride_oh, stride_om, stride_lb, stride_lh,
     n_heads, kv_group, n_queries, n_keys, qk_scale,
     window_left, window_right, softcap_log2,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-    STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
+    VARLEN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
 ):
     N_Q: gl.constexpr = 2 if PINGPONG else 1  # consumer warpgroup groups, a q tile each
     BLOCK_M: gl.constexpr = N_Q * q_desc.block_type.shape[2]
@@ -294,6 +308,19 @@ def _gluon_attention_fwd_kernel(
     head = bh % n_heads
     kv_head = head // kv_group
     off_m = start_m * BLOCK_M
+    if VARLEN:
+        # sequence `batch` of the packed (1, H, total, D) views: its bounds read on the device
+        q_start = gl.load(cu_seqlens_q + batch)
+        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
+        if off_m >= n_queries:  # a sequence shorter than the grid's longest
+            return
+        k_start = gl.load(cu_seqlens_k + batch)
+        n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
+        desc_batch = 0
+    else:
+        q_start = 0
+        k_start = 0
+        desc_batch = batch
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
 
     # the key range, as the tl kernel takes it: [lo, hi) visited, [unmasked_lo, unmasked_hi)
@@ -324,25 +351,28 @@ def _gluon_attention_fwd_kernel(
     # spelled out in each branch (a jit function cannot go into a tuple)
     if PINGPONG:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
-                         stride_lb, stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
-                         unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                         SOFTCAP, STORE_LSE, 0, True, SPLIT_RELEASE)),
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
-                         stride_lb, stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
-                         unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                         SOFTCAP, STORE_LSE, 1, True, SPLIT_RELEASE)),
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
+                         stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, desc_batch, head, q_start, off_m,
+                         n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter, qk_scale,
+                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN,
+                         0, True, SPLIT_RELEASE)),
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
+                         stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, desc_batch, head, q_start, off_m,
+                         n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter, qk_scale,
+                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN,
+                         1, True, SPLIT_RELEASE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         batch, head, kv_head, off_m, lo, n_iter, SPLIT_RELEASE)),
+                         desc_batch, head, kv_head, q_start + off_m, k_start + lo, n_iter, SPLIT_RELEASE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
-                         stride_lb, stride_lh, batch, head, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
-                         unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                         SOFTCAP, STORE_LSE, 0, False, SPLIT_RELEASE)),
+            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
+                         stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, desc_batch, head, q_start, off_m,
+                         n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter, qk_scale,
+                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN,
+                         0, False, SPLIT_RELEASE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         batch, head, kv_head, off_m, lo, n_iter, SPLIT_RELEASE)),
+                         desc_batch, head, kv_head, q_start + off_m, k_start + lo, n_iter, SPLIT_RELEASE)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -364,31 +394,38 @@ def _descriptor(t, block):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), shape, layout)
 
 
-def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None):
-    """(grid, args, meta) of the Gluon forward on validated dense arguments (launch_flash_attention's, without packed
-    batches): q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D), D in GLUON_HEAD_DIMS, laid out as
-    gluon_layout_ok asks; lse None or fp32 (B, H, Tq) with unit token stride. config:
-    (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE) instead of gluon_config's. Also what
-    scripts/gluon_compile.py compiles for sm_90 without a GPU."""
+def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
+    """(grid, args, meta) of the Gluon forward on validated arguments (launch_flash_attention's):
+    q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D), D in GLUON_HEAD_DIMS, laid out as gluon_layout_ok
+    asks; lse None or fp32 (B, H, Tq) with unit token stride. cu_seqlens: None, or
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a packed batch of (1, H, total, D) views, as
+    launch_flash_attention takes it. config: (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE)
+    instead of gluon_config's. Also what scripts/gluon_compile.py compiles for sm_90 without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
+    # a packed batch's totals bound each of its sequences
     causal, has_window, left, right = kernel_mask(causal, mask, tq, tk)
+    cu_q = cu_k = None
+    if cu_seqlens is not None:
+        cu_q, cu_k, tq = cu_seqlens
+        b = cu_q.shape[0] - 1
     block_m, block_n, stages, pingpong, split_release = config or gluon_config(d)
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
     num_warps = 4 if pingpong else block_m // 16
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), lse,
-            *lse_strides, h, h // hkv, tq, tk, qk_scale, left, right, softcap_log2)
-    meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None, STAGES=stages,
-                PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release), num_warps=num_warps,
-                maxnreg=MAXNREG)
+    args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), out,
+            lse, cu_q, cu_k, out.stride(1), out.stride(2), *lse_strides, h, h // hkv, tq, tk, qk_scale, left, right,
+            softcap_log2)
+    meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None,
+                VARLEN=cu_q is not None, STAGES=stages, PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release),
+                num_warps=num_warps, maxnreg=MAXNREG)
     return (cdiv(tq, block_m), b * h), args, meta
 
 
-def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None):
+def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
     """Launch the Gluon forward (arguments as gluon_attention_args takes them); writes out and lse."""
-    grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, mask, config)
+    grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, mask, config, cu_seqlens)
     _gluon_attention_fwd_kernel[grid](*args, **meta)
 
 

@@ -32,12 +32,21 @@ import triton.language as tl
 
 from llmk.attention.attention_cases import attention_tol as rounding_tol
 from llmk.attention.attention_checks import CHECK_SEQLENS_ENV, attention_mask, seqlens_checked
-from llmk.attention.attention_paths import GLUON_HEAD_DIMS, GLUON_TRITON_VERSIONS, PATH_ENV, gluon_forward
+from llmk.attention.attention_paths import (
+    GLUON_HEAD_DIMS,
+    GLUON_TRITON_VERSIONS,
+    PATH_ENV,
+    forced_path,
+    gluon_forward,
+    gluon_runs_here,
+)
 from llmk.attention.flash_attention_ops import (
     CONFIG_TABLE,
     flash_attention,
     flash_attention_train_op,
     flash_attention_varlen,
+    flash_attention_varlen_train_op,
+    packed,
     table_config,
 )
 from llmk.attention.reference_attention import attention_probs, attention_scores, expand_kv, naive_attention
@@ -130,14 +139,9 @@ def environment(name, value):
             os.environ[name] = before
 
 
-def forward_path(path):
-    """LLMK_ATTENTION_PATH set to `path` ("tl", "gluon" or "auto") inside the block."""
-    return environment(PATH_ENV, path)
-
-
 def kernel_note(outcome, q, k, v, out, lse=None):
     """outcome with the forward kernel that ran (attention/attention_paths.py) added to its note."""
-    ran = "gluon" if gluon_forward(q, k, v, out, lse, False, None) else "tl"
+    ran = "gluon" if gluon_forward(q, k, v, out, lse, None, None) else "tl"
     outcome.note = f"{outcome.note}; {ran} forward".lstrip("; ")
     return outcome
 
@@ -149,7 +153,7 @@ def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, sca
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
     out = poisoned((b, h, tq, d), dtype)
     mask = dict(window=window, softcap=softcap)
-    with forward_path(path):
+    with forced_path(path):
         o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **mask)
         outcomes = [kernel_note(compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d) if sm_scale is None else sm_scale,
                                           **mask), q, k, v, out)]
@@ -472,6 +476,38 @@ def check_grid_spill():
             for i, (name, got, want) in enumerate(zip(names, outcomes[1], outcomes[0]))]
 
 
+def check_varlen_forward(lengths_q, lengths_k, h, hkv, d, dtype, causal, window=None, softcap=None, path="tl"):
+    """flash_attention_varlen_train's O and LSE, on the kernel `path` picks, equal the same kernel's
+    dense O and LSE of each sequence bit for bit (the same blocks in the same order: keys past a
+    sequence's end, which a packed batch reads from the next sequence, are masked like the zeros a
+    dense call reads), and O is within the rounding tolerance of the fp64 reference."""
+    total_q, total_k = sum(lengths_q), sum(lengths_k)
+    q, k, v = rand((total_q, h, d), dtype), rand((total_k, hkv, d), dtype), rand((total_k, hkv, d), dtype)
+    cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
+    left, right = window or (-1, -1)
+    options = (causal, None, None, False, left, right, softcap or 0.0)
+    with forced_path(path), torch.no_grad():
+        o, lse = flash_attention_varlen_train_op(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), *options)
+        ran = "gluon" if gluon_forward(packed(q), packed(k), packed(v), packed(o), packed(lse),
+                                       (cu_q, cu_k, max(lengths_q)), None) else "tl"
+        if ran != path:  # the tl kernel's config depends on the longest sequence: not bit for bit
+            raise Skip(f"the {path} forward does not run here")
+        want_o, want_lse = torch.empty_like(o), torch.empty_like(lse)
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        outcomes = []
+        for i in range(len(lengths_q)):
+            sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+            one = [t[s].transpose(0, 1).unsqueeze(0) for t, s in ((q, sq), (k, sk), (v, sk))]
+            o_i, lse_i = flash_attention_train_op(*one, *options)
+            want_o[sq], want_lse[:, sq] = o_i[0].transpose(0, 1), lse_i[0]
+            if lengths_q[i] and lengths_k[i]:
+                outcome = compare_o(o_i, *one, causal, 1.0 / math.sqrt(d), window, softcap)
+                outcome.check = f"O of sequence {i} against the reference"
+                outcomes.append(outcome)
+    return [compare(f"O against the dense calls ({ran} forward)", o, want_o, EXACT),
+            compare(f"LSE against the dense calls ({ran} forward)", lse, want_lse, EXACT)] + outcomes
+
+
 def check_varlen_errors():
     q, k, v = rand((10, 4, 64), torch.float16), rand((12, 2, 64), torch.float16), rand((12, 2, 64), torch.float16)
     cq, ck = cumulative([4, 6]), cumulative([5, 7])
@@ -787,6 +823,20 @@ def varlen_cases():
                      dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=8, hkv=8, d=128, dtype=dtype,
                           causal=causal), gpu_only=True),
             ]
+    for d, hkv, mask in ((64, 2, {}), (128, 1, {}), (128, 2, dict(window=(256, 0))), (64, 2, dict(softcap=30.0))):
+        for causal in (False, True):
+            c = "causal" if causal else "full"
+            kw = dict(h=4, hkv=hkv, d=d, causal=causal, path="gluon", **mask)
+            named = f"D{d} {4 // hkv}:1 {c}{''.join(f' {k} {v}' for k, v in mask.items())}"
+            cases += [Case(f"varlen forward [5,0,1,37,200] {named} fp16 [gluon forward]", check_varlen_forward,
+                           dict(kw, lengths_q=[5, 0, 1, 37, 200], lengths_k=[5, 0, 1, 37, 200], dtype=torch.float16),
+                           gpu_only=True),
+                      Case(f"varlen forward Tq != Tk [3,200,1,0] vs [9,4,0,300] {named} bf16 [gluon forward]",
+                           check_varlen_forward, dict(kw, lengths_q=[3, 200, 1, 0], lengths_k=[9, 4, 0, 300],
+                                                      dtype=torch.bfloat16), gpu_only=True),
+                      Case(f"varlen forward 16 mixed 1..4096 {named} bf16 [gluon forward]", check_varlen_forward,
+                           dict(kw, lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, dtype=torch.bfloat16),
+                           gpu_only=True)]
     return cases + [Case("varlen bad input", check_varlen_errors),
                     Case("varlen bad cu_seqlens values", check_varlen_value_errors),
                     Case("varlen LLMK_CHECK_SEQLENS switch", check_seqlens_switch),
@@ -857,7 +907,7 @@ def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, sc
     logsumexp of the capped, masked scores: -inf where a query sees no key."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, scale=scale)
     left, right = window or (-1, -1)
-    with forward_path(path), torch.no_grad():
+    with forced_path(path), torch.no_grad():
         out, lse = flash_attention_train_op(q, k, v, causal, None, None, False, left, right, softcap or 0.0)
         _, ref = attention_and_lse(q.double(), k.double(), v.double(), causal, None, window, softcap)
         return [kernel_note(compare("LSE", lse, ref, lse_tol(softcap)), q, k, v, out, lse)]
@@ -1046,34 +1096,45 @@ CASES += mask_cases()
 
 
 def check_gluon_dispatch():
-    """With LLMK_ATTENTION_PATH=gluon on an sm_90 GPU with a tested Triton, dense calls of the
-    Gluon head dims take the Gluon forward; packed batches, other head dims, a forced config, a
-    TMA-illegal layout and LLMK_ATTENTION_PATH=tl take the tl one; a bad value raises."""
+    """With LLMK_ATTENTION_PATH=gluon on an sm_90 GPU with a tested Triton, dense and packed calls
+    of the Gluon head dims take the Gluon forward; other head dims, a forced config, a TMA-illegal
+    layout, more (sequence, head) pairs than the grid's y extent and LLMK_ATTENTION_PATH=tl take
+    the tl one; a bad value raises."""
     outcomes = []
     q, k, v = make_qkv(1, 2, 2, 8, 8, 64, torch.bfloat16)
-    with forward_path("bogus"):
+    with environment(PATH_ENV, "bogus"):
         outcomes.append(expect_raises("LLMK_ATTENTION_PATH=bogus", lambda: flash_attention(q, k, v), ValueError,
                                       PATH_ENV))
+
+    def bogus_forced_path():
+        with forced_path("bogus"):
+            pass
+    outcomes.append(expect_raises("forced_path('bogus')", bogus_forced_path, ValueError, "path"))
     from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE
     table_dims = tuple(row[0] for row in GLUON_CONFIG_TABLE)
     outcomes.append(Outcome("the dispatch's head dims are the Gluon table's", table_dims == GLUON_HEAD_DIMS,
                             note=f"{GLUON_HEAD_DIMS} vs {table_dims}"))
     if INTERPRET:
-        with forward_path("gluon"):
-            outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, q, None, False, None)))
+        with forced_path("gluon"):
+            outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, q, None, None, None)
+                                    and not gluon_runs_here()))
         return outcomes
     if triton.__version__ not in GLUON_TRITON_VERSIONS or torch.cuda.get_device_capability() != (9, 0):
         raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}; here "
                    f"{torch.cuda.get_device_capability()} and Triton {triton.__version__}")
-    def gluon(q, k, v, packed_batch=False, config=None, path="gluon"):
-        with forward_path(path):
-            return gluon_forward(q, k, v, q, None, packed_batch, config)
+    def gluon(q, k, v, cu_seqlens=None, config=None, path="gluon"):
+        with forced_path(path):
+            return gluon_forward(q, k, v, q, None, cu_seqlens, config)
 
+    outcomes.append(Outcome("gluon_runs_here()", gluon_runs_here()))
     for d in (64, 128):
         q, k, v = make_qkv(2, 4, 2, 100, 100, d, torch.bfloat16)
+        two, many = cumulative([60, 40]), torch.zeros(MAX_GRID_Y // 4 + 2, dtype=torch.int32, device=DEVICE)
         outcomes += [Outcome(f"D{d} dense: gluon", gluon(q, k, v)),
                      Outcome(f"D{d} LLMK_ATTENTION_PATH=tl: tl", not gluon(q, k, v, path="tl")),
-                     Outcome(f"D{d} packed: tl", not gluon(q, k, v, packed_batch=True)),
+                     Outcome(f"D{d} packed: gluon", gluon(q, k, v, cu_seqlens=(two, two, 60))),
+                     Outcome(f"D{d} packed, over {MAX_GRID_Y} (sequence, head) pairs: tl",
+                             not gluon(q, k, v, cu_seqlens=(many, many, 0))),
                      Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3]))]
     q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
     odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal

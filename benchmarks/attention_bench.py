@@ -6,8 +6,10 @@ FLOPs: two matmuls of 2 * T * T * D per head, so 4 * B * H * T^2 * D for full at
 
 Shapes: 16384 tokens per batch (B = 16384 / T) at T = 512..16384, with H * D = 2048 (H 32 at hd 64,
 H 16 at hd 128), full and causal, fp16 and bf16. Providers: `triton` (attention/
-flash_attention_ops.py), `sdpa-flash` (FlashAttention-2 inside PyTorch), `sdpa-cudnn`,
-`sdpa-efficient`, `naive` (scores materialized in fp32) and `blocked` (online softmax over key
+flash_attention_ops.py, the tl kernel), `triton-gluon` (the same call with
+LLMK_ATTENTION_PATH=gluon: the Gluon forward of attention/gluon_flash_attention_fwd.py, sm_90 only;
+also on the packed, window and softcap rows), `sdpa-flash` (FlashAttention-2 inside PyTorch),
+`sdpa-cudnn`, `sdpa-efficient`, `naive` (scores materialized in fp32) and `blocked` (online softmax over key
 blocks in PyTorch, up to T = 4096). max_err is against SDPA in fp32 on the same inputs.
 
 Training rows (bf16, hd 64 and 128; mode "fwd+bwd" and "bwd", peak_MB): dq, dk, dv on one set of
@@ -46,6 +48,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from llmk.attention.attention_paths import forced_path, gluon_runs_here
 from llmk.attention.flash_attention_ops import flash_attention, flash_attention_varlen
 from llmk.attention.reference_attention import naive_attention, visible_mask
 from llmk.attention.reference_blocked_attention import blocked_attention
@@ -76,9 +79,24 @@ def sdpa(backend):
     return call
 
 
+def on_gluon(fn):
+    """`triton-gluon`: fn with LLMK_ATTENTION_PATH=gluon (the Gluon forward on sm_90 with a tested
+    Triton, the tl backward), or why that row is skipped here."""
+    if not gluon_runs_here():
+        return "the Gluon forward runs on sm_90 with a tested Triton (attention/attention_paths.py)"
+
+    def call(*args, **kwargs):
+        with forced_path("gluon"):
+            return fn(*args, **kwargs)
+    return call
+
+
+OURS = ("triton", "triton-gluon")
+
+
 def providers(t):
     from torch.nn.attention import SDPBackend
-    found = {"triton": flash_attention}
+    found = {"triton": flash_attention, "triton-gluon": on_gluon(flash_attention)}
     if DEVICE == "cuda":  # the fused SDPA backends exist on CUDA only
         found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                   "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
@@ -253,7 +271,7 @@ def varlen_providers(lengths):
         # hides the padding from every real query (top-left and bottom-right alignment agree at Tq = Tk)
         return lambda q, k, v, cu, t_max: unpad(attend(*(pad(t, rows, lengths) for t in (q, k, v)), True), rows)
 
-    found = {"triton": packed, "triton-padded": padded(flash_attention)}
+    found = {"triton": packed, "triton-gluon": on_gluon(packed), "triton-padded": padded(flash_attention)}
     if DEVICE == "cuda":
         found["sdpa-cudnn-padded"] = padded(sdpa(SDPBackend.CUDNN_ATTENTION))
     return found
@@ -311,8 +329,8 @@ def flex(window_left=None, score_mod=None):
 def option_providers(window_left, softcap):
     """The window's (window_left not None) or the softcap's providers (module docstring)."""
     if window_left is not None:
-        found = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True, window=(window_left, 0)),
-                 "flex": flex(window_left)}
+        ours = functools.partial(flash_attention, causal=True, window=(window_left, 0))
+        found = {"triton": ours, "triton-gluon": on_gluon(ours), "flex": flex(window_left)}
         if DEVICE == "cuda":
             from torch.nn.attention import SDPBackend
             found["sdpa-efficient-mask"] = lambda q, k, v: sdpa_masked(SDPBackend.EFFICIENT_ATTENTION, q, k, v,
@@ -321,15 +339,16 @@ def option_providers(window_left, softcap):
 
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / softcap) * softcap
-    return {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True, softcap=softcap),
-            "flex": flex(score_mod=cap)}
+    ours = functools.partial(flash_attention, causal=True, softcap=softcap)
+    return {"triton": ours, "triton-gluon": on_gluon(ours), "flex": flex(score_mod=cap)}
 
 
 def off_providers():
     """The "off" twins' providers: our causal kernel, and SDPA's flash and cuDNN backends, which
     run causal attention but take neither option (the gate's PyTorch baseline where the naive
     scores do not fit)."""
-    found = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=True)}
+    ours = functools.partial(flash_attention, causal=True)
+    found = {"triton": ours, "triton-gluon": on_gluon(ours)}
     if DEVICE == "cuda":
         from torch.nn.attention import SDPBackend
         found |= {name: functools.partial(sdpa(backend), causal=True) for name, backend in
@@ -416,7 +435,7 @@ def main():
     run(args, "attention", charts(args, panels),
         cases=lambda: [*cases(panels), *train_cases(train_shapes), *varlen_cases(*varlen),
                        *option_cases("attention-window", window_shape, left, None),
-                       *option_cases("attention-softcap", softcap_shape, None, softcap)])
+                       *option_cases("attention-softcap", softcap_shape, None, softcap)], ours=OURS)
 
 
 if __name__ == "__main__":

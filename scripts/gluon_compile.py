@@ -24,15 +24,22 @@ def ptx_features(ptx):
 
 def attention_cases():
     """(name, (grid, args, meta)) of the forward's variants: each head dim, causal, window,
-    softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules, K and V released apart."""
+    softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules, K and V released apart,
+    packed batches."""
     import torch
 
     from llmk.attention.attention_checks import attention_mask
     from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_attention_args
 
     def case(d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0, lse=True, transposed=False,
-             config=None):
+             config=None, varlen=False):
         b, h, hkv, t = 2, 8, 2, 1000
+        if varlen:  # (total, H, D) tensors as the packed (1, H, total, D) views, three sequences
+            q, k, v = (torch.empty(t, n, d, dtype=dtype).unsqueeze(0).transpose(1, 2) for n in (h, hkv, hkv))
+            cu = torch.tensor([0, 300, 700, 1000], dtype=torch.int32)
+            lse_t = torch.empty(1, h, t, dtype=torch.float32) if lse else None
+            return gluon_attention_args(q, k, v, torch.empty_like(q), causal, d ** -0.5, lse_t,
+                                        attention_mask(window, softcap), config, (cu, cu, 400))
         if transposed:
             q = torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2)
         else:
@@ -51,7 +58,8 @@ def attention_cases():
                   (f"hd{d} BTHD", case(d, transposed=True)),
                   (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False, False))),
                   (f"hd{d} causal split release", case(d, causal=True, config=(128, 128, 2, True, True))),
-                  (f"hd{d} window split release", case(d, window=(256, 0), config=(128, 64, 3, True, True)))]
+                  (f"hd{d} window split release", case(d, window=(256, 0), config=(128, 64, 3, True, True))),
+                  (f"hd{d} varlen", case(d, varlen=True)), (f"hd{d} varlen causal", case(d, causal=True, varlen=True))]
     return cases
 
 
