@@ -1,6 +1,7 @@
 """End to end: Llama-3-8B- and Qwen2.5-7B-shaped Hugging Face models (built from the configs below,
 random bf16 weights, nothing downloaded) run as transformers ships them (`eager`: its SDPA attention
-and PyTorch ops), patched with models/hf_patch.py (`triton`), and with torch.compile.
+and PyTorch ops), patched with models/hf_patch.py (`triton`; for prefill also `triton-gluon`, the
+patched model with LLMK_ATTENTION_PATH=gluon, on sm_90 only), and with torch.compile.
 
 prefill  one forward over T tokens at batch 1, T = 128..4096, no KV cache, logits of the last
          position only (as generate() asks for them). FLOPs: 2 * L * P_layer * T for the linear
@@ -44,6 +45,7 @@ import time
 
 import torch
 
+from llmk.attention.attention_paths import forced_path, gluon_runs_here
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.timing import time_ms
 from llmk.devtools.harness import parse_args, run
@@ -76,7 +78,10 @@ COMPILE_START_LIMIT_S = 170
 DECODE_COMPILE_NOTE = ("torch.compile decode skipped: a compiled decoder layer reads its DynamicCache entry by "
                        "its layer index, which Dynamo guards on, so every layer compiles its own graph "
                        "(4 layers: 8 graphs for a cached prefill and decode, 1 without a cache)")
-PROVIDERS = {"prefill": ("eager", "triton", "torch.compile"), "decode": ("eager", "triton")}  # op -> providers
+# op -> providers; triton-gluon: the patched model with LLMK_ATTENTION_PATH=gluon (the Gluon
+# attention forward on sm_90 with a tested Triton; the same kernels otherwise, so no row elsewhere)
+PROVIDERS = {"prefill": ("eager", "triton", "triton-gluon", "torch.compile"), "decode": ("eager", "triton")}
+OURS = ("triton", "triton-gluon")
 GEMM_KERNEL = re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm)$", re.IGNORECASE)
 ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
 
@@ -284,6 +289,12 @@ def measure_model(run, name, kind, config, plan, t_run):
         try:
             run_all("triton", profile=not args.partial)
             info["kernel_calls"] = kernel_calls(model)  # which kernels ran, and any fallback
+            if any_row("triton-gluon") and gluon_runs_here():
+                with forced_path("gluon"):
+                    run_all("triton-gluon", decode=False)
+            elif any_row("triton-gluon"):
+                meta["notes"].append(f"{name}: no triton-gluon rows: the Gluon forward runs on sm_90 with a "
+                                     "tested Triton (attention/attention_paths.py)")
         finally:
             unpatch_model(model)
     late = time.perf_counter() - t_run > COMPILE_START_LIMIT_S and not smoke
@@ -349,7 +360,8 @@ def main():
         print("e2e_bench.py: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")
         return
     models, plan = (SMOKE_MODELS, SMOKE_PLAN) if args.smoke else (MODELS, FULL_PLAN)
-    run(args, "e2e", charts(args), measure=lambda bench: measure(bench, models, plan), atol={"bf16": LOGITS_ATOL})
+    run(args, "e2e", charts(args), measure=lambda bench: measure(bench, models, plan), ours=OURS,
+        atol={"bf16": LOGITS_ATOL})
 
 
 if __name__ == "__main__":
