@@ -61,6 +61,7 @@ from llmk.devtools.testing import (
     poisoned,
     rand,
 )
+from llmk.gemm.fp8_ops import fp8_matmul, quantize_fp8
 from llmk.gemm.matmul_ops import matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
@@ -92,6 +93,7 @@ class OpSpec:
     out_args: Optional[Callable[[dict], tuple]]
     grad: str
     wrt: tuple = ()
+    opcheck_skip: tuple = ()  # opcheck tests left out (devtools.testing.opcheck)
 
 
 def like(t):
@@ -157,6 +159,14 @@ def paged_inputs(b=2, h=4, hkv=2, page_size=16, pages_per_seq=3, d=64, dtype=bf1
     return dict(q=rand((b, h, d), dtype), k_pages=rand((n_pages, page_size, hkv, d), dtype),
                 v_pages=rand((n_pages, page_size, hkv, d), dtype), block_table=table,
                 lengths=lengths_of(b, pages_per_seq * page_size))
+
+
+def fp8_inputs():
+    """x to quantize; a and b = W.T quantized row-wise, their scales, a bias (the forward-only rows'
+    grad input: e4m3 tensors take no gradient)."""
+    x, w = rand((6, 128), bf16), rand((48, 128), bf16)
+    (a, sa), (qw, sw) = quantize_fp8(x), quantize_fp8(w)
+    return dict(x=x, a=a, b=qw.T, sa=sa, sb=sw, bias=rand((48,), bf16))
 
 
 EPS = 1e-6
@@ -267,6 +277,13 @@ SPECS = [
            lambda t: rmsnorm_linear(t["x"], t["norm_weight"], t["weight"], EPS),
            lambda t: (t["x"], t["norm_weight"], t["weight"], EPS, None),
            None, "weight", ("x", "norm_weight", "weight")),
+    OpSpec("quantize_fp8 1x128", "quantize_fp8", fp8_inputs, lambda t: quantize_fp8(t["x"], "1x128"),
+           lambda t: (t["x"], "1x128"), None, "x"),
+    OpSpec("fp8_matmul bias+silu", "fp8_matmul", fp8_inputs,
+           lambda t: fp8_matmul(t["a"], t["b"], t["sa"], t["sb"], t["bias"], "silu"),
+           lambda t: (t["a"], t["b"], t["sa"], t["sb"], t["bias"], "silu", bf16), None, "bias",
+           # test_schema compares the inputs before and after with float8 arithmetic torch lacks
+           opcheck_skip=("test_schema",)),
     OpSpec(f"decode_attention split {DECODE_SPLITS}", "decode_attention", decode_inputs,
            lambda t: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["lengths"], num_splits=DECODE_SPLITS),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None),
@@ -317,7 +334,9 @@ def check_opcheck(spec):
         if overload is None:
             outcomes += missing(f"opcheck {NAMESPACE}::{name}", name)
             continue
-        outcomes.append(opcheck(f"opcheck {NAMESPACE}::{name}", overload, args(spec.inputs())))
+        skipped = f" (less {', '.join(spec.opcheck_skip)})" if spec.opcheck_skip else ""
+        outcomes.append(opcheck(f"opcheck {NAMESPACE}::{name}{skipped}", overload, args(spec.inputs()),
+                                spec.opcheck_skip))
     return outcomes
 
 
@@ -447,9 +466,11 @@ def compiled_call(check, fn, *args, **kwargs):
 
 
 def times_two(result):
-    """One torch op around the kernel's: doubling is exact, so a fused copy of it is too."""
+    """One torch op around the kernel's: doubling is exact, so a fused copy of it is too (of an
+    e4m3 tensor in fp32: torch has no float8 arithmetic)."""
+    double = lambda t: (t.float() if t.dtype == torch.float8_e4m3fn else t) * 2  # noqa: E731
     got = tensors_of(result)
-    return tuple(t * 2 for t in got) if isinstance(result, (tuple, list)) else got[0] * 2
+    return tuple(double(t) for t in got) if isinstance(result, (tuple, list)) else double(got[0])
 
 
 def check_compile(spec):

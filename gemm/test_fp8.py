@@ -1,0 +1,304 @@
+"""Tests for gemm/fp8_ops.py: quantize_fp8 against the same formula in PyTorch, bit for bit, and
+fp8_matmul against the fp64 product of the dequantized inputs and PyTorch's own FP8 product.
+
+    python gemm/test_fp8.py        (or: pytest gemm/test_fp8.py)
+
+quantize_fp8: scale = max(amax, AMAX_FLOOR) / 448 and q = e4m3(clamp(x * (448 / amax))) are one
+IEEE division, one multiply and one rounding to nearest even each, in fp32 on both sides: the
+kernel's q and scale must equal PyTorch's exactly (EXACT), in buffers poisoned with NaN.
+fp8_matmul: the products of e4m3 values are exact in fp32, so the error model is matmul's
+(gemm/matmul_cases.py: fp32 accumulation over K, one rounding to the output dtype) on the
+dequantized operands a * scale_a and b * scale_b, plus one fp32 rounding a scaling (2^-24, far
+inside it). The PyTorch baseline of the 2x rule is torch._scaled_mm for row-wise scales, and the
+dequantized product in fp32 rounded once for block scales (which _scaled_mm takes on some CUDA
+GPUs only); bias and activation as separate ops after it, as matmul's tests do. A scale ignored,
+a block's scale applied to the wrong 128 values of K or of N, or a tile left unwritten is off by
+whole terms.
+"""
+import torch
+
+from llmk.common.device import DEVICE
+from llmk.devtools.testing import (
+    EXACT,
+    Case,
+    Outcome,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    opcheck,
+    poisoned,
+    rand,
+)
+from llmk.gemm.fp8_ops import FP8, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op, scale_shape
+from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
+from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
+from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX, GROUP, launch_quantize_fp8
+
+FP8_NAN = 0x7F  # e4m3fn's NaN byte: a poisoned q
+
+
+def poisoned_fp8(shape):
+    return torch.full(shape, FP8_NAN, dtype=torch.uint8, device=DEVICE).view(FP8)
+
+
+def reference_quantize(x, granularity):
+    """PyTorch's (q, scale), the kernel's formula: a group's amax, floored; 448 / amax and
+    amax / 448 as IEEE divisions; x * (448 / amax) clamped and rounded to e4m3."""
+    m, k = x.shape
+    xf = x.float()
+    if granularity == "row":
+        groups = xf.reshape(m, 1, k)
+    elif granularity == "1x128":
+        groups = xf.reshape(m, k // GROUP, GROUP)
+    else:  # 128 x 128 blocks; the last one's missing rows are zeros, which no amax sees
+        pad = -m % GROUP
+        full = torch.cat([xf, xf.new_zeros(pad, k)])
+        groups = full.reshape(-1, GROUP, k // GROUP, GROUP).permute(0, 2, 1, 3).reshape(-1, k // GROUP, GROUP * GROUP)
+    amax = groups.abs().amax(-1).clamp_min(AMAX_FLOOR)
+    factor = torch.full_like(amax, FP8_MAX) / amax
+    q = (groups * factor[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    if granularity == "128x128":
+        q = q.reshape(-1, k // GROUP, GROUP, GROUP).permute(0, 2, 1, 3).reshape(-1, k)[:m]
+        return q, (amax / FP8_MAX)
+    return q.reshape(m, k), (amax / FP8_MAX).reshape(scale_shape(m, k, granularity))
+
+
+def same_bits(check, got, want):
+    """EXACT comparison of e4m3 tensors by their bytes (NaN bytes included)."""
+    if tuple(got.shape) != tuple(want.shape):
+        return Outcome(check, False, note=f"shape {tuple(got.shape)} != {tuple(want.shape)}")
+    bad = int((got.view(torch.uint8) != want.view(torch.uint8)).sum())
+    return Outcome(check, bad == 0, bad=f"{bad}/{want.numel()}")
+
+
+def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_rows=(), one_pass=None,
+                   outlier=None):
+    """quantize_fp8's q and scale against reference_quantize, bit for bit, in poisoned buffers
+    (one_pass forces the row-wise path), and the public function's once more. outlier: the first
+    column set to it, so that the rest of each group lands on e4m3's subnormals and signed zeros."""
+    x = rand((k, m), dtype, scale=scale).t() if transposed else rand((m, k), dtype, scale=scale)
+    for r in zero_rows:
+        x[r] = 0
+    if outlier is not None:
+        x[:, 0] = outlier
+    want_q, want_s = reference_quantize(x, granularity)
+    q, s = poisoned_fp8((m, k)), poisoned(scale_shape(m, k, granularity), torch.float32)
+    launch_quantize_fp8(x, q, s, granularity, one_pass=one_pass)
+    q2, s2 = quantize_fp8(x, granularity)
+    return [same_bits("q", q, want_q), compare("scale", s, want_s, EXACT), same_bits("q, quantize_fp8", q2, want_q),
+            compare("scale, quantize_fp8", s2, want_s, EXACT)]
+
+
+def check_quantize_edges():
+    """Empty inputs give empty q (scales of K = 0 rows are 0); x ~ q * scale within e4m3's half
+    ulp (2^-4 relative) for values near the group's max; the operator's opcheck."""
+    outcomes = []
+    for shape, granularity in (((0, 128), "row"), ((5, 0), "row"), ((0, 256), "1x128"), ((0, 128), "128x128")):
+        q, s = quantize_fp8(rand(shape, torch.bfloat16), granularity)
+        ok = tuple(q.shape) == shape and q.dtype == FP8 and tuple(s.shape) == scale_shape(*shape, granularity)
+        outcomes.append(Outcome(f"empty {shape} {granularity}", ok and bool((s == 0).all())))
+    x = rand((16, 300), torch.float32)
+    q, s = quantize_fp8(x)
+    big = x.abs() >= x.abs().amax(1, keepdim=True) / 2  # normal e4m3 values: relative error <= 2^-4
+    err = ((q.float() * s[:, None] - x).abs() / x.abs())[big].max().item()
+    outcomes.append(Outcome("dequantized within e4m3's half ulp (2^-4)", err <= 2 ** -4, note=f"{err:.3g}"))
+    outcomes.append(opcheck("opcheck llmk::quantize_fp8", quantize_fp8_op.overload, (x, "row")))
+    return outcomes
+
+
+def check_quantize_errors():
+    x = rand((4, 256), torch.bfloat16)
+    return [
+        expect_raises("int x", lambda: quantize_fp8(x.to(torch.int32)), TypeError, "x"),
+        expect_raises("1-D x", lambda: quantize_fp8(x[0]), ValueError, "x"),
+        expect_raises("3-D x", lambda: quantize_fp8(x[None]), ValueError, "x"),
+        expect_raises("granularity", lambda: quantize_fp8(x, "tensor"), ValueError, "granularity"),
+        expect_raises("K not a multiple of 128", lambda: quantize_fp8(x[:, :200], "1x128"), ValueError, "128"),
+        expect_raises("not a tensor", lambda: quantize_fp8([[1.0]]), TypeError, "x"),
+    ]
+
+
+def expand_blocks(scale, rows, cols, block_rows, block_cols):
+    """A scale per (block_rows x block_cols) block, spread over the (rows, cols) values it scales."""
+    return scale.repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)[:rows, :cols]
+
+
+def fp8_inputs(m, n, k, granularity, weight_layout=True, pad=False):
+    """(a, b, scale_a, scale_b, a_deq, b_deq): a (M, K) quantized with `granularity` ("row" or
+    "block": a 1 x 128, W 128 x 128), b = W.T for W (N, K) quantized (weight_layout) or b (K, N)
+    quantized by columns as its own row-major tensor; the dequantized operands in fp64."""
+    x = rand((m, k + 8 if pad else k), torch.bfloat16)[:, :k]
+    w = rand((n, k), torch.bfloat16)
+    if granularity == "row":
+        a, sa = quantize_fp8(x)
+        if weight_layout:
+            qw, sw = quantize_fp8(w)
+            b, sb = qw.T, sw
+        else:  # b (K, N) row-major: its columns are the rows of the quantized b.T, copied back
+            qw, sw = quantize_fp8(w)
+            b, sb = qw.T.contiguous(), sw
+        a_deq = a.double() * sa.double()[:, None]
+        b_deq = b.double() * sb.double()[None, :]
+    else:
+        a, sa = quantize_fp8(x, "1x128")
+        qw, sw = quantize_fp8(w, "128x128")
+        b, sb = (qw.T, sw.T) if weight_layout else (qw.T.contiguous(), sw.T.contiguous())
+        a_deq = a.double() * expand_blocks(sa.double(), m, k, 1, GROUP)
+        b_deq = b.double() * expand_blocks(sb.double(), k, n, GROUP, GROUP)
+    return a, b, sa, sb, a_deq, b_deq
+
+
+def torch_fp8(a, b, sa, sb, a_deq, b_deq, bias, activation, out_dtype):
+    """PyTorch's FP8 product (row-wise: torch._scaled_mm; blocks: the dequantized product in fp32,
+    rounded once), then the bias and the activation as separate ops in out_dtype."""
+    if sa.dim() == 1:
+        y = torch._scaled_mm(a, b.T.contiguous().T, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=out_dtype)
+    else:
+        y = (a_deq.float() @ b_deq.float()).to(out_dtype)
+    if bias is not None:
+        y = y + bias.to(out_dtype)
+    return TORCH_ACTIVATIONS[activation](y)
+
+
+def check_matmul(m, n, k, granularity, out_dtype=torch.bfloat16, bias=False, bias_dtype=None, activation=None,
+                 weight_layout=True, pad=False, config=None):
+    """fp8_matmul (or a forced config) into a poisoned buffer against the fp64 product of the
+    dequantized operands, and PyTorch's own FP8 product's error."""
+    a, b, sa, sb, a_deq, b_deq = fp8_inputs(m, n, k, granularity, weight_layout, pad)
+    bias_t = rand((n,), bias_dtype or out_dtype) if bias else None
+    if config is None:
+        c = fp8_matmul(a, b, sa, sb, bias_t, activation, out_dtype)
+    else:
+        c = poisoned((m, n), out_dtype)
+        launch_fp8_matmul(a, b, sa, sb, bias_t, activation, c, config)
+    want = a_deq @ b_deq
+    if bias_t is not None:
+        want = want + bias_t.double()
+    want = TORCH_ACTIVATIONS[activation](want)
+    tol = tolerance(a_deq.to(out_dtype), b_deq.to(out_dtype))
+    return [compare("c", c, want, tol, torch_out=torch_fp8(a, b, sa, sb, a_deq, b_deq, bias_t, activation, out_dtype))]
+
+
+def check_matmul_config(config, granularity):
+    """One CONFIG_TABLE row, forced, on a shape with edge tiles in M and N and a K tail (row-wise)."""
+    bm, bn, bk = config[:3]
+    k = 2 * bk + (0 if granularity == "block" else 40)
+    return check_matmul(bm + 3, bn + 5, k, granularity, bias=True, activation="silu", config=config)
+
+
+def check_matmul_edges():
+    """K = 0 gives activation(bias); M or N = 0 gives an empty c; the operator's opcheck."""
+    outcomes = []
+    a, b = poisoned_fp8((3, 0)), poisoned_fp8((0, 5))
+    bias = rand((5,), torch.bfloat16)
+    c = fp8_matmul(a, b, torch.ones(3, device=DEVICE), torch.ones(5, device=DEVICE), bias, "silu")
+    outcomes.append(compare("K = 0: silu(bias)", c, torch.nn.functional.silu(bias.double()).expand(3, 5)))
+    for m, n in ((0, 5), (3, 0)):
+        c = fp8_matmul(poisoned_fp8((m, 128)), poisoned_fp8((128, n)), torch.ones(m, device=DEVICE),
+                       torch.ones(n, device=DEVICE))
+        outcomes.append(Outcome(f"M {m} N {n}: empty", tuple(c.shape) == (m, n)))
+    a, b, sa, sb, _, _ = fp8_inputs(8, 16, 128, "row")
+    # test_schema compares the inputs before and after with arithmetic torch has no float8 kernels for
+    outcomes.append(opcheck("opcheck llmk::fp8_matmul (less test_schema)", fp8_matmul_op.overload,
+                            (a, b, sa, sb, None, None, torch.bfloat16), skip=("test_schema",)))
+    return outcomes
+
+
+def check_matmul_errors():
+    a, b, sa, sb, _, _ = fp8_inputs(4, 32, 256, "row")
+    ab, bb, sab, sbb, _, _ = fp8_inputs(4, 32, 256, "block")
+    a_short = a[:, :100]
+    return [
+        expect_raises("bf16 a", lambda: fp8_matmul(a.to(torch.bfloat16), b, sa, sb), TypeError, "a"),
+        expect_raises("bf16 b", lambda: fp8_matmul(a, b.to(torch.bfloat16), sa, sb), TypeError, "b"),
+        expect_raises("inner dims differ", lambda: fp8_matmul(a, b[:128], sa, sb), ValueError, "K"),
+        expect_raises("scale_a shape", lambda: fp8_matmul(a, b, sa[:3], sb), ValueError, "scale_a"),
+        expect_raises("scale_b shape", lambda: fp8_matmul(a, b, sa, sb[:31]), ValueError, "scale_b"),
+        expect_raises("fp16 scale_a", lambda: fp8_matmul(a, b, sa.half(), sb), TypeError, "scale_a"),
+        expect_raises("fp16 scale_b", lambda: fp8_matmul(a, b, sa, sb.half()), TypeError, "scale_b"),
+        expect_raises("blocks: K not a multiple of 128",
+                      lambda: fp8_matmul(a_short, b[:100], sab[:, :1], sbb[:1]), ValueError, "128"),
+        expect_raises("blocks: scale_b row-wise", lambda: fp8_matmul(ab, bb, sab, sb), ValueError, "scale_b"),
+        expect_raises("out_dtype fp32", lambda: fp8_matmul(a, b, sa, sb, out_dtype=torch.float32), TypeError,
+                      "out_dtype"),
+        expect_raises("bias size", lambda: fp8_matmul(a, b, sa, sb, rand((31,), torch.bfloat16)), ValueError, "bias"),
+        expect_raises("unknown activation", lambda: fp8_matmul(a, b, sa, sb, activation="relu"), ValueError,
+                      "activation"),
+    ]
+
+
+def cases():
+    out = []
+
+    def add(name, fn, gpu_only=False, **kw):
+        out.append(Case(name, fn, kw, gpu_only))
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        dt = dtype_name(dtype)
+        add(f"quantize row (7, 100) {dt}", check_quantize, m=7, k=100, dtype=dtype, granularity="row",
+            zero_rows=(3,))
+        add(f"quantize row (5, 333) two passes {dt}", check_quantize, m=5, k=333, dtype=dtype, granularity="row",
+            one_pass=False)
+    add("quantize row (1, 1) bf16", check_quantize, m=1, k=1, dtype=torch.bfloat16, granularity="row")
+    add("quantize row (33, 64) transposed view x 1e4", check_quantize, m=33, k=64, dtype=torch.bfloat16,
+        granularity="row", transposed=True, scale=1e4)
+    add("quantize row (9, 40) x 1e-3 (e4m3 subnormals)", check_quantize, m=9, k=40, dtype=torch.float32,
+        granularity="row", scale=1e-3)
+    add("quantize row (6, 500) outlier 3e4 (subnormals, signed zeros)", check_quantize, m=6, k=500,
+        dtype=torch.float32, granularity="row", outlier=3e4)
+    add("quantize 1x128 (130, 256) bf16", check_quantize, m=130, k=256, dtype=torch.bfloat16, granularity="1x128",
+        zero_rows=(0,))
+    add("quantize 1x128 (1, 128) fp16 transposed view", check_quantize, m=1, k=128, dtype=torch.float16,
+        granularity="1x128", transposed=True)
+    add("quantize 128x128 (130, 384) bf16", check_quantize, m=130, k=384, dtype=torch.bfloat16,
+        granularity="128x128")
+    add("quantize 128x128 (300, 128) fp32", check_quantize, m=300, k=128, dtype=torch.float32, granularity="128x128")
+    add("quantize: empty, dequantized, opcheck", check_quantize_edges)
+    add("quantize: bad input", check_quantize_errors)
+    # full size on the GPU: a long row (two passes), the widest one-pass row, an LLM weight's blocks
+    add("quantize row (4096, 14336) bf16", check_quantize, gpu_only=True, m=4096, k=14336, dtype=torch.bfloat16,
+        granularity="row")
+    add("quantize row (8192, 4096) bf16", check_quantize, gpu_only=True, m=8192, k=4096, dtype=torch.bfloat16,
+        granularity="row")
+    add("quantize 1x128 (8192, 4096) bf16", check_quantize, gpu_only=True, m=8192, k=4096, dtype=torch.bfloat16,
+        granularity="1x128")
+    add("quantize 128x128 (14336, 4096) bf16", check_quantize, gpu_only=True, m=14336, k=4096,
+        dtype=torch.bfloat16, granularity="128x128")
+
+    for granularity in ("row", "block"):
+        g = granularity
+        add(f"fp8_matmul {g} (1, 64, 256)", check_matmul, m=1, n=64, k=256, granularity=g)
+        add(f"fp8_matmul {g} (37, 70, 384) bias+gelu", check_matmul, m=37, n=70, k=384, granularity=g, bias=True,
+            activation="gelu")
+        add(f"fp8_matmul {g} (64, 130, 256) fp16 out, fp32 bias+silu, a padded", check_matmul, m=64, n=130,
+            k=256, granularity=g, out_dtype=torch.float16, bias=True, bias_dtype=torch.float32, activation="silu",
+            pad=True)
+        add(f"fp8_matmul {g} (40, 48, 256) b row-major", check_matmul, m=40, n=48, k=256, granularity=g,
+            weight_layout=False)
+        add(f"fp8_matmul {g} interpreter config forced", check_matmul_config, config=INTERPRET_CONFIG,
+            granularity=g)
+        for max_m, *config in CONFIG_TABLE:
+            add(f"fp8_matmul {g} config {tuple(config)} forced", check_matmul_config, gpu_only=True,
+                config=tuple(config), granularity=g)
+        # full size on the GPU: a square GEMM, decode, an MLP's up projection
+        add(f"fp8_matmul {g} (2048, 4096, 4096)", check_matmul, gpu_only=True, m=2048, n=4096, k=4096,
+            granularity=g)
+        add(f"fp8_matmul {g} (1, 4096, 4096)", check_matmul, gpu_only=True, m=1, n=4096, k=4096, granularity=g)
+        add(f"fp8_matmul {g} (512, 14336, 4096) bias+silu", check_matmul, gpu_only=True, m=512, n=14336, k=4096,
+            granularity=g, bias=True, activation="silu")
+    add("fp8_matmul row (20, 36, 100) K tail", check_matmul, m=20, n=36, k=100, granularity="row")
+    add("fp8_matmul: K = 0, empty, opcheck", check_matmul_edges)
+    add("fp8_matmul: bad input", check_matmul_errors)
+    return out
+
+
+CASES = cases()
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("fp8", CASES)

@@ -1,0 +1,116 @@
+"""FP8 (e4m3) matrix multiply with scales and the matmul epilogues, in Triton.
+
+    c = act((a * scale_a) @ (b * scale_b) + bias)     a (M, K), b (K, N) e4m3; c bf16 or fp16
+
+Row-wise scales (ROW): scale_a (M,), a scale per row of a, and scale_b (N,), a scale per column
+of b (per row of an nn.Linear weight W, for b = W.T): a tile's fp32 sum over K is scaled once,
+acc * scale_a[:, None] * scale_b[None, :], in the epilogue. Block scales (DeepSeek-V3's recipe):
+scale_a (M, K / 128), a scale per row and 128 values of K (an activation's 1 x 128 groups), and
+scale_b (K / 128, cdiv(N, 128)), a scale per 128 x 128 block of b (a weight's, transposed with it):
+a scale changes every 128 values of K, so each BLOCK_K = 128 step's product is scaled on its own
+before it joins the fp32 sum. gemm/triton_fp8_quant.py makes both kinds.
+
+The products of two e4m3 values are exact in fp32 and tl.dot sums them in fp32 on the tensor
+cores (Hopper's FP8 wgmma runs at twice the bf16 rate), so the error model is matmul's: fp32
+accumulation and one rounding, plus one fp32 rounding a scaling. The epilogue (bias, activation,
+the rounding, the masked store) is matmul's own (gemm/triton_matmul_common.py), and so is the
+grouped program order. Edges: rows and columns wrap on load (% M, % N), the K tail is masked.
+
+FP8 tl.dot on a GPU needs compute capability 8.9 (Ada) or 9.0 (Hopper) and later; the interpreter
+runs it in numpy.
+"""
+import triton
+import triton.language as tl
+
+from llmk.common.device import INTERPRET
+from llmk.common.ints import cdiv
+from llmk.gemm.triton_matmul_common import GROUP_M, epilogue_store, grouped_tile
+
+SCALE_BLOCK = 128  # the block scales' side: BLOCK_K is this when the scales are blocks
+# (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose M fits wins.
+# Shared memory is (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage (one byte a value). Not yet measured
+# (the GPU run is next): the shapes of the published FP8 Triton GEMMs on Hopper, a 128 x 256 tile
+# with 128-deep K steps for large M, a short tile for decode-sized M.
+CONFIG_TABLE = [
+    (64, 64, 128, 128, 4, 4),
+    (None, 128, 256, 128, 8, 3),
+]
+# Interpreter: tiles small enough that the test shapes have edge tiles in M and N and several K steps
+INTERPRET_CONFIG = (32, 32, 128, 4, 1)
+
+
+def fp8_config(m):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows (CONFIG_TABLE's, or the
+    interpreter's)."""
+    if INTERPRET:
+        return INTERPRET_CONFIG
+    for max_m, *config in CONFIG_TABLE:
+        if max_m is None or m <= max_m:
+            return tuple(config)
+    raise AssertionError("CONFIG_TABLE's last row takes every M")
+
+
+@triton.jit
+def _fp8_matmul_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    # scale strides: ROW scale_a (M,) and scale_b (N,) take stride_sam and stride_sbn only
+    stride_sam, stride_sak, stride_sbk, stride_sbn,
+    BLOCK_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M_: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M_)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:  # zeros past K add nothing to the dot
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if BLOCK_SCALED:
+            # this step's 128 values of K have a scale of their own in each row of a and each
+            # 128-column block of b: its product is scaled before it joins the sum
+            sa = tl.load(sa_ptr + rm.to(tl.int64) * stride_sam + k * stride_sak)
+            sb = tl.load(sb_ptr + k * stride_sbk + (rn // BLOCK_K) * stride_sbn)
+            acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if not BLOCK_SCALED:
+        sa = tl.load(sa_ptr + rm.to(tl.int64) * stride_sam)
+        sb = tl.load(sb_ptr + rn.to(tl.int64) * stride_sbn)
+        acc = acc * (sa[:, None] * sb[None, :])
+    epilogue_store(c_ptr, None, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACTIVATION,
+                   False, BLOCK_M, BLOCK_N)
+
+
+def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None):
+    """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N) e4m3, any strides; scales
+    fp32, row-wise (scale_a (M,), scale_b (N,)) or blocks (scale_a (M, K / 128), scale_b (K / 128,
+    cdiv(N, 128)), K a multiple of 128), told apart by scale_a's dims; bias (N,) or None; c (M, N).
+    config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) instead of fp8_config's (BLOCK_K
+    is SCALE_BLOCK with block scales whatever it says)."""
+    (m, k), n = a.shape, b.shape[1]
+    block_scaled = scale_a.dim() == 2
+    block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m)
+    if block_scaled:
+        block_k = SCALE_BLOCK
+    sa_strides = (scale_a.stride(0), scale_a.stride(1) if block_scaled else 0)
+    sb_strides = (scale_b.stride(0), scale_b.stride(1)) if block_scaled else (0, scale_b.stride(0))
+    grid = (cdiv(m, block_m) * cdiv(n, block_n),)
+    _fp8_matmul_kernel[grid](
+        a, b, c, scale_a, scale_b, bias, m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), *sa_strides, *sb_strides,
+        BLOCK_SCALED=block_scaled, HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M_=GROUP_M, EVEN_K=k % block_k == 0, num_warps=num_warps,
+        num_stages=num_stages)

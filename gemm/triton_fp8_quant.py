@@ -1,0 +1,162 @@
+"""FP8 (e4m3) quantization with scales, in Triton: what an FP8 GEMM (gemm/triton_fp8_matmul.py)
+reads instead of a 16-bit operand.
+
+    scale = max(amax(group), AMAX_FLOOR) / FP8_MAX        (fp32, one a group)
+    q     = e4m3(clamp(x * (FP8_MAX / max(amax, AMAX_FLOOR)), -FP8_MAX, FP8_MAX))   x ~ q * scale
+
+A group is a row (row-wise scales, a scale per row: the activations' and weights' recipe of
+row-wise FP8 training), 1 x 128 values of a row (DeepSeek-V3's activation blocks) or 128 x 128
+values (its weight blocks). FP8_MAX = 448 is e4m3's largest finite value, so a group's largest
+|x| lands on it and the rest keep e4m3's 3-bit significand relative to it; the clamp keeps a value
+that the fp32 multiply rounds past 448 from overflowing (e4m3 has no infinity). AMAX_FLOOR keeps an
+all-zero group at scale ~0 with zeros for q instead of 0 * inf. Rounding to e4m3 is to nearest
+even, as torch's .to(torch.float8_e4m3fn), and both divisions are IEEE (div_rn; Triton's `/` on
+fp32 is an approximate division on the GPU): the tests compare bit for bit.
+
+Bytes: x read once (M * K * e), q written (M * K), the scales (4 bytes a group). Row-wise with a
+row of at most ONE_PASS_MAX values: a program keeps its rows in registers between the max and the
+cast; a longer row is read twice, the second time from L2 (a program's BLOCK_M rows of a 16K-wide
+bf16 row are 32 KB a row).
+"""
+import triton
+import triton.language as tl
+
+from llmk.common.device import INTERPRET
+from llmk.common.ints import cdiv, next_power_of_2
+
+FP8_MAX = 448.0    # torch.finfo(torch.float8_e4m3fn).max
+AMAX_FLOOR = 1e-12  # an all-zero group's amax: scale 2.2e-15, q = 0
+GROUP = 128         # the block side of the 1 x 128 and 128 x 128 groups
+# Row-wise: rows of up to ONE_PASS_MAX values stay in registers between the max and the cast.
+# Not yet measured on a GPU: 8192 values over BLOCK_M rows of 4 warps is 64 fp32 a thread at BLOCK_M 1.
+ONE_PASS_MAX = 8192
+# Row-wise tiles: (BLOCK_M, BLOCK_K) a program; the two-pass loop steps BLOCK_K. Interpreter:
+# small tiles, so that the small test shapes run several row blocks and K steps.
+ROW_TILE = (1, 2048)
+INTERPRET_ROW_TILE = (4, 32)
+# 1 x 128 groups: rows a program (its tile is BLOCK_M x 128)
+GROUP_ROWS = 32
+INTERPRET_GROUP_ROWS = 8
+
+
+@triton.jit
+def _factor(amax, FP8_MAX_: tl.constexpr):
+    """FP8_MAX / amax, the quantizing factor, an IEEE division."""
+    return tl.math.div_rn(tl.zeros_like(amax) + FP8_MAX_, amax)
+
+
+@triton.jit
+def _scale(amax, FP8_MAX_: tl.constexpr):
+    """amax / FP8_MAX, the scale stored (x ~ q * scale), an IEEE division."""
+    return tl.math.div_rn(amax, tl.zeros_like(amax) + FP8_MAX_)
+
+
+@triton.jit
+def round_e4m3(x):
+    """x (fp32, |x| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32: three
+    significand bits kept by integer rounding of x's bits (a carry moves the exponent, as it
+    should), a fixed step of 2^-9 below e4m3's smallest normal 2^-6 (x + 1.5 * 2^14 rounds there in
+    fp32), zero keeping x's sign. The interpreter's own fp32 -> e4m3 cast misrounds (31.92 -> 16,
+    ties away from even), so there the value is rounded here and the cast is exact."""
+    bits = x.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    tiny = (x + 24576.0) - 24576.0
+    tiny = tl.where(tiny == 0.0, x * 0.0, tiny)
+    return tl.where(tl.abs(x) < 0.015625, tiny, normal)
+
+
+@triton.jit
+def _cast(x, inv, FP8_MAX_: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """x (fp32) times the quantizing factor inv, clamped to e4m3's range, rounded to e4m3 (by
+    round_e4m3 first with SOFT_ROUND, the interpreter's lane)."""
+    y = tl.clamp(x * inv, -FP8_MAX_, FP8_MAX_)
+    if SOFT_ROUND:
+        y = round_e4m3(y)
+    return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm,
+                          FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
+                          ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Row-wise: BLOCK_M rows a program, a scale each. ONE_PASS (K <= BLOCK_K): one load, kept in
+    registers; else the max over BLOCK_K steps, then the cast over them again."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    row_ok = rm < M
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
+    q_rows = q_ptr + rm[:, None].to(tl.int64) * stride_qm
+    if ONE_PASS:
+        ok = row_ok[:, None] & (rk < K)[None, :]
+        x = tl.load(x_rows + rk[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR_)
+        tl.store(q_rows + rk[None, :], _cast(x, _factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
+    else:
+        amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
+        for k in range(0, K, BLOCK_K):
+            ok = row_ok[:, None] & (k + rk < K)[None, :]
+            x = tl.load(x_rows + (k + rk)[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+        inv = _factor(amax, FP8_MAX_)[:, None]
+        for k in range(0, K, BLOCK_K):
+            ok = row_ok[:, None] & (k + rk < K)[None, :]
+            x = tl.load(x_rows + (k + rk)[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
+            tl.store(q_rows + (k + rk)[None, :], _cast(x, inv, FP8_MAX_, SOFT_ROUND), mask=ok)
+    tl.store(s_ptr + rm, _scale(amax, FP8_MAX_), mask=row_ok)
+
+
+@triton.jit
+def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm,
+                            FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
+                            TILE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_K: tl.constexpr):
+    """1 x GROUP_K groups (a scale for each row of the program's BLOCK_M x GROUP_K tile) or, with
+    TILE_GROUP, one BLOCK_M x GROUP_K group (one scale for the tile). K divides by GROUP_K."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = pid_k * GROUP_K + tl.arange(0, GROUP_K)
+    ok = (rm < M)[:, None]
+    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :] * stride_xk, mask=ok,
+                other=0.0).to(tl.float32)
+    if TILE_GROUP:
+        amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_FLOOR_)
+        q = _cast(x, _factor(amax, FP8_MAX_), FP8_MAX_, SOFT_ROUND)
+        tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :], q, mask=ok)
+        tl.store(s_ptr + pid_m * stride_sm + pid_k, _scale(amax, FP8_MAX_))
+    else:
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR_)
+        tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :],
+                 _cast(x, _factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
+        tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, _scale(amax, FP8_MAX_), mask=rm < M)
+
+
+def row_plan(k, one_pass=None):
+    """(BLOCK_M, BLOCK_K, ONE_PASS) of a row-wise launch over rows of k values; one_pass forces
+    the path (tests)."""
+    block_m, block_k = INTERPRET_ROW_TILE if INTERPRET else ROW_TILE
+    if one_pass is None:
+        one_pass = k <= ONE_PASS_MAX
+    if one_pass:
+        block_k = max(16, next_power_of_2(k))
+        block_m = 1 if not INTERPRET else block_m
+    return block_m, block_k, one_pass
+
+
+def launch_quantize_fp8(x, q, scale, granularity, one_pass=None):
+    """Quantize validated x (M, K) (fp16, bf16 or fp32, any strides) into q (M, K) e4m3 (unit
+    column stride) and scale (fp32): granularity "row" (M,), "1x128" (M, K / 128) or "128x128"
+    (cdiv(M, 128), K / 128), K a multiple of 128 for the last two. one_pass: force the row-wise
+    path (tests)."""
+    m, k = x.shape
+    if granularity == "row":
+        block_m, block_k, one_pass = row_plan(k, one_pass)
+        _quantize_rows_kernel[(cdiv(m, block_m),)](
+            x, q, scale, m, k, x.stride(0), x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
+            SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
+        return
+    tile = granularity == "128x128"
+    block_m = GROUP if tile else (INTERPRET_GROUP_ROWS if INTERPRET else GROUP_ROWS)
+    _quantize_groups_kernel[(cdiv(m, block_m), k // GROUP)](
+        x, q, scale, m, k, x.stride(0), x.stride(1), q.stride(0), scale.stride(0), FP8_MAX_=FP8_MAX,
+        AMAX_FLOOR_=AMAX_FLOOR, SOFT_ROUND=INTERPRET, TILE_GROUP=tile, BLOCK_M=block_m, GROUP_K=GROUP,
+        num_warps=8 if tile else 4)
