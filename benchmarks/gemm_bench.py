@@ -38,6 +38,15 @@ against F.rms_norm + F.linear and its torch.compile. Work (no Liger row: Liger h
     the epilogue derivative (dz = dc * act'(z), read dc and z, write dz: 3*M*N*e) and the bias
     gradient (a sum over rows of dz) count as no FLOPs, nor does the RMSNorm (its recomputation
     and backward, 4*M*K*e and more); peak_MB shows what each provider keeps (z: M*N*e).
+FP8 rows (op "fp8_matmul", bf16 out; gemm/fp8_ops.py): x (M, K) and an nn.Linear weight W (N, K)
+quantized to e4m3, c = x @ W.T. Providers: triton (fp8_matmul, row-wise scales), triton-block (1 x 128
+activation and 128 x 128 weight blocks), torch-scaled-mm-rowwise and torch-scaled-mm-tensorwise
+(torch._scaled_mm, cuBLASLt), and the bf16 product beside them (cuBLAS-bf16, triton-bf16). Each
+provider's inputs are quantized before the timing; max_err is against the bf16 inputs' product in
+fp32, so it is each recipe's quantization error. Bytes (M <= 128): M*K + K*N + 2*M*N. Shapes:
+square 4096 and 8192, M = 1..16384 at the three (K, N) above. Quantization rows (op "quantize_fp8",
+row-wise): triton against the same formula in PyTorch ops, eager and torch.compile; bytes
+3*M*K + 4*M (read bf16, write e4m3 and a scale a row).
     python benchmarks/gemm_bench.py            (GPU; writes benchmarks/results/gemm.json and PNGs)
     python benchmarks/gemm_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/gemm_bench.py --only matmul_linear --dtype bf16   (a subset)
@@ -52,11 +61,14 @@ from llmk.devtools.bench import compile_fn, compile_train_fn, train_call
 from llmk.devtools.harness import BenchCase, parse_args, run
 from llmk.devtools.results import plot_sweeps
 from llmk.devtools.testing import grads_of, rand
+from llmk.gemm.fp8_ops import fp8_matmul, quantize_fp8
 from llmk.gemm.matmul_ops import kernel_choice, matmul
+from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6
+OURS = ("triton", "triton-block", "triton-bf16")  # the max_err gate's rows (devtools/harness.py)
 BYTES_UP_TO_M = 128  # GB/s for the rows bound by reading b
 GRAPH_UP_TO_M = 64   # GPU time (CUDA graphs) beside do_bench's for decode-size rows
 GRAPH_BELOW_MS = 0.05  # and for any shape a provider runs in under 50 us (1024^3: ~10 us), where the host shows
@@ -80,6 +92,10 @@ FULL = dict(
     train=[llm_sweep((4096, 8192), 4096, 4096, "attention"), llm_sweep((8192,), 4096, 14336, "MLP up"),
            llm_sweep((8192,), 14336, 4096, "MLP down")],
     rmsnorm_linear_train=[llm_sweep((4096,), 4096, 4096, "attention"), llm_sweep((8192,), 4096, 14336, "MLP up")],
+    fp8=[("M = N = K", [(s, (s, s, s)) for s in (4096, 8192)])]
+    + [llm_sweep((1, 16, 128, 1024, 4096, 16384), k, n, label)
+       for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
+    quantize=[llm_sweep((4096, 16384), 4096, 4096, "K = 4096"), llm_sweep((8192,), 14336, 14336, "K = 14336")],
 )
 SMOKE = dict(
     matmul=[("M = N = K", [(s, (s, s, s)) for s in (32, 64)]), llm_sweep((1, 16), 64, 96, "tiny")],
@@ -88,6 +104,8 @@ SMOKE = dict(
     rmsnorm_linear=[llm_sweep((1, 4), 64, 64, "tiny")],
     train=[llm_sweep((48,), 64, 96, "tiny")],
     rmsnorm_linear_train=[llm_sweep((40,), 64, 96, "tiny")],
+    fp8=[llm_sweep((16, 33), 256, 96, "tiny")],
+    quantize=[llm_sweep((33,), 256, 256, "tiny")],
 )
 ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
 
@@ -123,6 +141,56 @@ def rmsnorm_linear_setup(m, n, k, dtype):
     w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype)
     xf = x.float()
     return (x, norm_w, w), (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * norm_w.float()) @ w.float().t()
+
+
+def fp8_setup(m, n, k):
+    """x (M, K) and an nn.Linear weight W (N, K) in bf16, and what each FP8 provider reads: both
+    quantized row-wise (ours and _scaled_mm's), in blocks (ours), tensor-wise (_scaled_mm's). The
+    reference is the bf16 inputs' product in fp32, so max_err is each recipe's quantization error."""
+    x, w = rand((m, k), torch.bfloat16), (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(torch.bfloat16)
+    (a, sa), (qw, sw) = quantize_fp8(x), quantize_fp8(w)
+    (ab, sab), (qwb, swb) = quantize_fp8(x, "1x128"), quantize_fp8(w, "128x128")
+    at, st = tensorwise_fp8(x)
+    wt, stw = tensorwise_fp8(w)
+    inputs = (x, w.t(), a, qw.t(), sa, sw, ab, qwb.t(), sab, swb.t(), at, wt.t(), st, stw)
+    return inputs, x.float() @ w.float().t()
+
+
+def tensorwise_fp8(t):
+    """t in e4m3 with one fp32 scale (the tensor-wise recipe), for torch._scaled_mm."""
+    scale = t.float().abs().amax().clamp_min(AMAX_FLOOR) / FP8_MAX
+    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def fp8_providers():
+    """FP8 GEMMs on fp8_setup's inputs: ours (row-wise, block scales), torch._scaled_mm (row-wise,
+    tensor-wise; it takes M, N, K multiples of 16), and the bf16 product (cuBLAS, our matmul)."""
+    def pick(fn, *idx):
+        return lambda *t: fn(*(t[i] for i in idx))
+    return {
+        "triton": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb), 2, 3, 4, 5),
+        "triton-block": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb), 6, 7, 8, 9),
+        "torch-scaled-mm-rowwise": pick(lambda a, b, sa, sb: torch._scaled_mm(
+            a, b, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16), 2, 3, 4, 5),
+        "torch-scaled-mm-tensorwise": pick(lambda a, b, sa, sb: torch._scaled_mm(
+            a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), 10, 11, 12, 13),
+        "cuBLAS-bf16": pick(torch.matmul, 0, 1),
+        "triton-bf16": pick(matmul, 0, 1),
+    }
+
+
+def quantize_reference(x):
+    """quantize_fp8's formula in PyTorch ops (row-wise): what eager and torch.compile run."""
+    amax = x.float().abs().amax(1).clamp_min(AMAX_FLOOR)
+    # a tensor divided, not a float: torch runs `float / tensor` as a reciprocal and a multiply
+    factor = torch.full_like(amax, FP8_MAX) / amax
+    q = (x.float() * factor[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, amax / FP8_MAX
+
+
+def quantize_setup(m, k):
+    x = rand((m, k), torch.bfloat16)
+    return (x,), tuple(t.float() for t in quantize_reference(x))
 
 
 TRAIN_DTYPE = torch.bfloat16
@@ -216,6 +284,20 @@ def cases(config):
     for m, n, k in shapes_of(config["rmsnorm_linear"]):
         yield gemm_case("rmsnorm_linear", (m, n, k), dtype, providers,
                         lambda m=m, n=n, k=k: rmsnorm_linear_setup(m, n, k, dtype), extra_bytes=k, config=False)
+    providers = fp8_providers()
+    for m, n, k in shapes_of(config["fp8"]):
+        # bytes: one a value of a and b, c in bf16
+        yield BenchCase("fp8_matmul", (m, n, k), dtype, providers, lambda m=m, n=n, k=k: fp8_setup(m, n, k),
+                        n_bytes=m * k + k * n + 2 * m * n if m <= BYTES_UP_TO_M else None, flops=2 * m * n * k,
+                        graph=lambda rows, m=m: m <= GRAPH_UP_TO_M or min(r["ms"] for r in rows) < GRAPH_BELOW_MS,
+                        skip_on=(RuntimeError,))
+    providers = {"triton": lambda x: quantize_fp8(x), "torch": quantize_reference,
+                 "torch.compile": compile_fn(quantize_reference)}
+    for m, _, k in shapes_of(config["quantize"]):
+        # bytes: x read (bf16), q written (one a value), a scale a row
+        yield BenchCase("quantize_fp8", (m, k), dtype, providers, lambda m=m, k=k: quantize_setup(m, k),
+                        n_bytes=3 * m * k + 4 * m, compare=lambda out, ref: max(
+                            (o.float() - r).abs().max().item() for o, r in zip(out, ref)))
 
 
 def charts(args, config):
@@ -232,6 +314,9 @@ def charts(args, config):
             sweeps = config["rmsnorm_linear_train" if op == "rmsnorm_linear" else "train"]
             plot_sweeps(args.out / f"gemm_{op}_bf16_train.png", f"{op} bf16 fwd+bwd (6MNK FLOPs)", sel, sweeps, meta,
                         metric="TFLOPs")
+        sel = [r for r in rows if r["op"] == "fp8_matmul"]
+        plot_sweeps(args.out / "gemm_fp8_matmul.png", "fp8_matmul (e4m3 in, bf16 out)", sel, config["fp8"], meta,
+                    metric="TFLOPs")
         # the decode rows against the memory bound, GPU time beside do_bench's
         for op, sweeps, title in (("matmul", config["matmul"][1:], "matmul"),
                                   ("matmul_linear", config["matmul_linear"], "matmul, b = W.T")):
@@ -250,7 +335,7 @@ def charts(args, config):
 def main():
     args = parse_args(__doc__)
     config = SMOKE if args.smoke else FULL
-    run(args, "gemm", charts(args, config), cases=lambda: [*cases(config), *train_cases(config)])
+    run(args, "gemm", charts(args, config), cases=lambda: [*cases(config), *train_cases(config)], ours=OURS)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ PAGE = Area(
     "GEMM: matmul, fused epilogues, rmsnorm_linear",
     "Kernels in `gemm/`: `matmul_ops.py` (tiled, split-K for decode, picks the kernel), "
     "`triton_matmul_tma.py` (persistent TMA kernel for M >= 1024 on Hopper), `triton_gemv.py` "
-    "(M = 1 against an `nn.Linear` weight), `triton_rmsnorm_linear.py`. The `config` column "
-    "names the kernel and tile that ran.",
+    "(M = 1 against an `nn.Linear` weight), `triton_rmsnorm_linear.py`, and FP8: `fp8_ops.py` "
+    "(`triton_fp8_quant.py`, `triton_fp8_matmul.py`). The `config` column names the kernel and tile that ran.",
     [Group(("matmul",), "M >= 2048, N and K >= 4096", lambda s: gemm_m(s) >= 2048 and min(dims(s)[1:]) >= 4096,
            why="cuBLAS chooses among many precompiled kernels for each shape; ours picks from a "
                "small autotuned tile table."),
@@ -28,7 +28,14 @@ PAGE = Area(
            peers=("cuBLAS",)),
      Group(("matmul", "matmul_bias_gelu", "matmul_bias_silu"), "all shapes, GPU time", graph=True,
            mode="fwd+bwd"),
-     Group(("rmsnorm_linear",), "all shapes (do_bench)", mode="bwd")],
+     Group(("rmsnorm_linear",), "all shapes (do_bench)", mode="bwd"),
+     Group(("fp8_matmul",), "FP8 row-wise, M >= 1024", lambda s: gemm_m(s) >= 1024,
+           peers=("torch-scaled-mm-rowwise", "torch-scaled-mm-tensorwise", "cuBLAS-bf16")),
+     Group(("fp8_matmul",), "FP8 blocks, M >= 1024", lambda s: gemm_m(s) >= 1024, ours="triton-block",
+           peers=("triton",)),
+     Group(("fp8_matmul",), "FP8 row-wise, M <= 16, GPU time", lambda s: gemm_m(s) <= 16, graph=True,
+           peers=("torch-scaled-mm-rowwise", "cuBLAS-bf16")),
+     Group(("quantize_fp8",), "row-wise, all shapes", peers=("torch", "torch.compile"))],
     [TRAIN_NOTE, "Eager rows of 10-50 us carry the host's launch cost (a Triton launch costs the host more "
      "than cuBLAS's); the GPU-time tables (CUDA-graph replays) take the host out.",
      "`rmsnorm_linear` fuses the norm into the GEMM for M <= 16 only (`PATH_TABLE` in "
