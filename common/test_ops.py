@@ -61,6 +61,7 @@ from llmk.devtools.testing import (
     poisoned,
     rand,
 )
+from llmk.gemm.fp8_linear_ops import fp8_linear
 from llmk.gemm.fp8_ops import fp8_matmul, quantize_fp8
 from llmk.gemm.matmul_ops import matmul
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
@@ -284,6 +285,9 @@ SPECS = [
            lambda t: (t["a"], t["b"], t["sa"], t["sb"], t["bias"], "silu", bf16), None, "bias",
            # test_schema compares the inputs before and after with float8 arithmetic torch lacks
            opcheck_skip=("test_schema",)),
+    OpSpec("fp8_linear bias", "fp8_linear", lambda: linear_inputs(6, 48, 128, bf16, bias=True),
+           lambda t: fp8_linear(t["a"], t["w"], t["bias"]), lambda t: (t["a"], t["w"], t["bias"]), None, "w",
+           ("a", "w", "bias")),
     OpSpec(f"decode_attention split {DECODE_SPLITS}", "decode_attention", decode_inputs,
            lambda t: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["lengths"], num_splits=DECODE_SPLITS),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None),

@@ -1,11 +1,12 @@
 """GEMM: matmul with fused epilogues (tiled, persistent TMA, GEMV), RMSNorm + linear, and FP8
-(quantize_fp8, fp8_matmul).
+(quantize_fp8, fp8_matmul, fp8_linear).
 
 `from llmk.gemm import matmul` imports the module that defines the name when it is first
 asked for (common/exports.py): importing the folder imports no kernel."""
 from llmk.common.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "fp8_linear": "fp8_linear_ops",
     "fp8_matmul": "fp8_ops",
     "matmul": "matmul_ops",
     "quantize_fp8": "fp8_ops",

@@ -22,6 +22,7 @@ from llmk.devtools.testing import (
     EXACT,
     Case,
     Outcome,
+    Tol,
     compare,
     dtype_name,
     expect_raises,
@@ -30,6 +31,7 @@ from llmk.devtools.testing import (
     poisoned,
     rand,
 )
+from llmk.gemm.fp8_linear_ops import fp8_linear, fp8_linear_op
 from llmk.gemm.fp8_ops import FP8, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op, scale_shape
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
 from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
@@ -228,6 +230,66 @@ def check_matmul_errors():
     ]
 
 
+def quantized(t):
+    """t (16-bit, 2-D) as fp8_linear's operands see it: quantized by rows, dequantized, in fp64."""
+    q, s = reference_quantize(t, "row")
+    return q.double() * s.double()[:, None]
+
+
+def e4m3_tol(a, b):
+    """Tol of a @ b.T computed from a and b each rounded to e4m3 (by rows, scale to the row's max):
+    a term a_k b_k moves by up to 2^-4 of itself from each rounding, with random signs: a standard
+    deviation of sqrt(2/3) 2^-4 times the root-sum-square of an element's terms, bound at six of
+    them (the largest of a few thousand elements sits near four). Plus the output's rounding."""
+    rss = (a.double().pow(2) @ b.double().pow(2).T).sqrt()
+    return Tol(6 * (2 / 3) ** 0.5 * 2 ** -4 * rss, 2 ** -7, "e4m3 rounding of both operands, random signs",
+               rounding_check=False)
+
+
+def check_linear(shape, n, dtype, bias=False, strided=False):
+    """fp8_linear's y, dx, dW, db against (1) the same products of the same quantized operands in
+    fp64 (matmul's tolerance: the plumbing, each operand quantized along the right dimension) and
+    (2) the 16-bit linear's y, dx, dW in fp64 (e4m3_tol: what FP8 costs)."""
+    k = shape[-1]
+    x = rand(shape[:-1] + (k + 8,), dtype)[..., :k] if strided else rand(shape, dtype)
+    w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype)
+    b = rand((n,), dtype) if bias else None
+    leaves = [t.detach().requires_grad_() for t in (x, w)] + ([b.detach().requires_grad_()] if bias else [])
+    y = fp8_linear(leaves[0], leaves[1], leaves[2] if bias else None)
+    dy = rand(y.shape, dtype)
+    grads = torch.autograd.grad(y, leaves, dy)
+    x2, dy2 = x.reshape(-1, k), dy.reshape(-1, n)
+    # each product's operands as the kernels quantize them: left by rows, right by columns
+    same = {"y": (quantized(x2), quantized(w).T), "dx": (quantized(dy2), quantized(w.T).T),
+            "dW": (quantized(dy2.T), quantized(x2.T).T)}
+    plain = {"y": (x2.double() @ w.double().T + (b.double() if bias else 0), x2, w),
+             "dx": (dy2.double() @ w.double(), dy2, w.T), "dW": (dy2.double().T @ x2.double(), dy2.T, x2.T)}
+    got = {"y": y.reshape(-1, n), "dx": grads[0].reshape(-1, k), "dW": grads[1]}
+    outcomes = []
+    for name in ("y", "dx", "dW"):
+        qa, qb = same[name]
+        want = qa @ qb + (b.double() if bias and name == "y" else 0)
+        outcomes.append(compare(f"{name} vs its quantized operands' product", got[name], want,
+                                tolerance(qa.to(dtype), qb.to(dtype))))
+        ref, a_, b_ = plain[name]
+        outcomes.append(compare(f"{name} vs the {dtype_name(dtype)} linear", got[name], ref, e4m3_tol(a_, b_)))
+    if bias:
+        outcomes.append(compare("db", grads[2], dy2.double().sum(0)))
+    return outcomes
+
+
+def check_linear_errors():
+    x, w, b = rand((4, 64), torch.bfloat16), rand((32, 64), torch.bfloat16), rand((32,), torch.bfloat16)
+    return [
+        expect_raises("int x", lambda: fp8_linear(x.to(torch.int32), w), TypeError, "x"),
+        expect_raises("weight fp16, x bf16", lambda: fp8_linear(x, w.half()), TypeError, "weight"),
+        expect_raises("weight K differs", lambda: fp8_linear(x, w[:, :63]), ValueError, "weight"),
+        expect_raises("bias size", lambda: fp8_linear(x, w, b[:31]), ValueError, "bias"),
+        opcheck("opcheck llmk::fp8_linear, x and weight require grad", fp8_linear_op.overload,
+                (x.requires_grad_(), w.requires_grad_(), None)),
+    ]
+
+
 def cases():
     out = []
 
@@ -288,6 +350,14 @@ def cases():
         add(f"fp8_matmul {g} (512, 14336, 4096) bias+silu", check_matmul, gpu_only=True, m=512, n=14336, k=4096,
             granularity=g, bias=True, activation="silu")
     add("fp8_matmul row (20, 36, 100) K tail", check_matmul, m=20, n=36, k=100, granularity="row")
+    add("fp8_linear (2, 5, 128) -> 48 bf16 bias", check_linear, shape=(2, 5, 128), n=48, dtype=torch.bfloat16,
+        bias=True)
+    add("fp8_linear (33, 100) -> 70 fp16 strided x", check_linear, shape=(33, 100), n=70, dtype=torch.float16,
+        strided=True)
+    add("fp8_linear (1, 64) -> 16 bf16", check_linear, shape=(1, 64), n=16, dtype=torch.bfloat16)
+    add("fp8_linear (2048, 4096) -> 4096 bf16 bias", check_linear, gpu_only=True, shape=(2048, 4096), n=4096,
+        dtype=torch.bfloat16, bias=True)
+    add("fp8_linear: bad input, opcheck", check_linear_errors)
     add("fp8_matmul: K = 0, empty, opcheck", check_matmul_edges)
     add("fp8_matmul: bad input", check_matmul_errors)
     return out

@@ -1,0 +1,102 @@
+"""fp8_linear: y = x @ weight.T + bias with all three products of training in FP8 (e4m3, row-wise
+scales), as operator llmk::fp8_linear with its autograd formula.
+
+Forward and backward, each product one fp8_matmul (gemm/fp8_ops.py) of operands that
+quantize_fp8 scales along the product's K (the dimension summed over), a scale per row of the
+left operand and per column of the right one:
+
+    y  = x @ W^T        x (M, K) by rows;   W (N, K) by rows: W^T's columns     (K summed)
+    dx = dy @ W         dy (M, N) by rows;  W^T (K, N) by rows: W's columns     (N summed)
+    dW = dy^T @ x       dy^T (N, M) by rows; x^T (K, M) by rows: x's columns    (M summed)
+    db = sum of dy's rows (fp32)
+
+so each operand is quantized twice, once along each of its dimensions (x and dy in the forward's
+and the backward's layouts): the row-wise recipe (torchao's "rowwise"), gradients in e4m3 too.
+Saved for the backward: x and W as given (16-bit), not their FP8 copies. quantize_fp8 reads the
+transposed operands in place (strided); a cast that writes both layouts in one pass is the next
+step for speed.
+
+Error: each product carries e4m3's rounding of both operands, 2^-4 relative at most a value
+(half an ulp of a 3-bit significand), on top of matmul's fp32 accumulation and one rounding:
+gemm/test_fp8.py derives its tolerance from that.
+"""
+import torch
+
+from llmk.common.ops import define_op
+from llmk.common.validation import as_rows, check_same_device, check_tensor
+from llmk.gemm.fp8_ops import fp8_matmul_op, quantize_fp8_op
+
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def check_fp8_linear_args(x, weight, bias):
+    check_tensor("x", x, DTYPES)
+    check_tensor("weight", weight, (x.dtype,), min_dim=2)
+    check_same_device("weight", weight, "x", x)
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must be (N, K) with K = x.shape[-1] = {x.shape[-1]}; got {tuple(weight.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, (x.dtype, torch.float32))
+        check_same_device("bias", bias, "x", x)
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},); got {tuple(bias.shape)}")
+
+
+def fp8_product(a, b_t, out_dtype, bias=None):
+    """a @ b_t.T in FP8: a (M, K) and b_t (N, K) each quantized by rows (along K), out_dtype out."""
+    qa, sa = quantize_fp8_op(a, "row")
+    qb, sb = quantize_fp8_op(b_t, "row")
+    return fp8_matmul_op(qa, qb.T, sa, sb, bias, None, out_dtype)
+
+
+def _fp8_linear(x, weight, bias):
+    rows = as_rows(x)
+    if rows.numel() == 0 or weight.numel() == 0:
+        y = torch.zeros((rows.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+        if bias is not None:
+            y += bias.to(x.dtype)
+    else:
+        y = fp8_product(rows, weight, x.dtype, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def _fp8_linear_empty(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs.x, inputs.weight)
+    ctx.has_bias = inputs.bias is not None
+    ctx.bias_dtype = inputs.bias.dtype if ctx.has_bias else None
+
+
+def _fp8_linear_backward(ctx, dy):
+    """(dx, dW, db): dx = dy @ W and dW = dy^T @ x in FP8 (module docstring), db in fp32."""
+    x, weight = ctx.saved_tensors
+    x_grad, w_grad, b_grad = ctx.needs_input_grad
+    dy_rows, x_rows = as_rows(dy), as_rows(x)
+    dx = dw = db = None
+    if x_grad:
+        dx = fp8_product(dy_rows, weight.T, x.dtype).view(x.shape) if dy_rows.numel() and x.numel() \
+            else torch.zeros_like(x)
+    if w_grad:
+        dw = fp8_product(dy_rows.T, x_rows.T, weight.dtype) if dy_rows.numel() and x_rows.shape[1] \
+            else torch.zeros_like(weight)
+    if b_grad and ctx.has_bias:
+        db = dy_rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+    return dx, dw, db
+
+
+fp8_linear_op = define_op("fp8_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _fp8_linear,
+                          _fp8_linear_empty, backward=_fp8_linear_backward, setup_context=_setup)
+
+
+def fp8_linear(x, weight, bias=None):
+    """y = x @ weight.T + bias, its three training products in FP8 (operator llmk::fp8_linear).
+
+    x: (..., K) fp16 or bf16. weight: (N, K), x's dtype (an nn.Linear weight). bias: optional (N,),
+    x's dtype or fp32. Returns y (..., N) in x's dtype. Differentiable in x, weight and bias: the
+    backward's products run in FP8 as well (module docstring); e4m3's rounding costs about 2^-4 of
+    each operand, so y is that far from F.linear's, by design."""
+    check_fp8_linear_args(x, weight, bias)
+    return fp8_linear_op(x, weight, bias)
