@@ -69,6 +69,12 @@ kernels' offset=1.0). What is replaced, and through which hook:
              see it so overwritten. An lm_head that is not a
              plain nn.Linear without hooks (LoRA, ZeRO-3, FSDP wrap it), or autocast, keeps the
              original forward, as does every call that is not a training step.
+  fp8_linear (opt-in: never in the default kernels) each nn.Linear inside a decoder layer (the
+             attention's q/k/v/o and the MLP's gate/up/down projections) gets an instance `forward`
+             that calls gemm/fp8_linear_ops.py: its forward, input-gradient and weight-gradient
+             products in FP8 (e4m3, row-wise scales). The LM head and the loss stay 16-bit. The
+             module's parameters are untouched (the FP8 copies are made each call, from the weight
+             the forward sees, as FSDP2's unsharded one would be).
 
 Training: rmsnorm, residual_rmsnorm, swiglu, rope and attention (flash_attention, prefill) have a
 backward, so a patched model trains on them: with grad enabled the hooks call the functional
@@ -116,6 +122,7 @@ from llmk.models.patch_attention import check_attention_implementation, restore_
 from llmk.models.patch_layers import (
     checkpointed,
     decoder_layer_forward,
+    linear_forward,
     mlp_forward,
     rmsnorm_forward,
     sandwich_layer_forward,
@@ -124,9 +131,12 @@ from llmk.models.patch_loss import causal_lm_forward
 from llmk.models.patch_rope import attention_module_forward, install_rope, release_rope
 from llmk.models.patch_state import STATE_ATTR, PatchState, cache_argument, output_cache, replace_forward
 
-__all__ = ["KERNELS", "SUPPORTED", "patch_model", "unpatch_model", "kernel_calls", "cache_argument", "output_cache"]
+__all__ = ["KERNELS", "OPT_IN", "SUPPORTED", "patch_model", "unpatch_model", "kernel_calls", "cache_argument",
+           "output_cache"]
 
 KERNELS = ("rmsnorm", "residual_rmsnorm", "swiglu", "geglu", "rope", "attention", "cross_entropy")
+# asked for by name only, never by default: they change the numbers by design (FP8's rounding)
+OPT_IN = ("fp8_linear",)
 # the MLP activations (config.hidden_act, or Gemma's config.hidden_activation) -> (kernel, its GELU
 # approximation): "gelu_pytorch_tanh" is Gemma's
 MLP_KERNELS = {"silu": ("swiglu", None), "swish": ("swiglu", None), "gelu_pytorch_tanh": ("geglu", "tanh"),
@@ -159,10 +169,10 @@ def _check_kernels(kernels):
     if isinstance(kernels, str) or not isinstance(kernels, (tuple, list, set, frozenset)) \
             or not all(isinstance(k, str) for k in kernels):
         raise TypeError(f"kernels must be a tuple of names from {KERNELS}, got {kernels!r}")
-    unknown = [k for k in kernels if k not in KERNELS]
+    unknown = [k for k in kernels if k not in KERNELS + OPT_IN]
     if unknown:
-        raise ValueError(f"kernels: unknown name(s) {unknown}; choose from {KERNELS}")
-    return tuple(k for k in KERNELS if k in kernels)
+        raise ValueError(f"kernels: unknown name(s) {unknown}; choose from {KERNELS + OPT_IN}")
+    return tuple(k for k in KERNELS + OPT_IN if k in kernels)
 
 
 def _modeling_module(model):
@@ -204,7 +214,8 @@ def patch_model(model, kernels=KERNELS):
        its base model), on any device and dtype: the kernels run where they can, the original code
        elsewhere (see the module docstring). kernels: any of "rmsnorm", "residual_rmsnorm",
        "swiglu" (a SiLU MLP), "geglu" (a GELU one, Gemma's), "rope", "attention", "cross_entropy"
-       (the last acts on a *ForCausalLM only, in training).
+       (the last acts on a *ForCausalLM only, in training); and, by name only (OPT_IN),
+       "fp8_linear": the decoder layers' linears in FP8, forward and backward.
     Raises TypeError / ValueError, with the model untouched, for another model type, an unknown
     kernel name, a model that is already patched, MLP kernels of which none covers the model's
     activation, or an attention implementation with no mask function when "attention" is asked for.
@@ -220,6 +231,9 @@ def patch_model(model, kernels=KERNELS):
     norm_cls, mlp_cls, attention_cls, layer_cls = (getattr(modeling, prefix + name)
                                                    for name in ("RMSNorm", "MLP", "Attention", "DecoderLayer"))
     modules = list(model.modules())
+    # the decoder layers' own linears (attention and MLP projections): the LM head stays 16-bit
+    layer_linears = {id(m) for layer in modules if isinstance(layer, layer_cls) for m in layer.modules()
+                     if type(m) is torch.nn.Linear}
     if not any(isinstance(m, attention_cls) for m in modules):
         raise ValueError(f"model: found no {attention_cls.__name__} modules in {type(model).__name__}")
 
@@ -234,6 +248,8 @@ def patch_model(model, kernels=KERNELS):
                                                              else decoder_layer_forward))
             elif isinstance(module, mlp_cls) and mlp is not None:
                 replace_forward(state, module, mlp_forward)
+            elif id(module) in layer_linears and "fp8_linear" in kernels:
+                replace_forward(state, module, linear_forward)
             elif isinstance(module, attention_cls):
                 state.attention_modules.append(module)
                 setattr(module, STATE_ATTR, state)

@@ -1,10 +1,11 @@
-"""The model patch's instance forwards of RMSNorm modules, decoder layers and MLPs (models/hf_patch.py
+"""The model patch's instance forwards of RMSNorm modules, decoder layers, MLPs and linears (models/hf_patch.py
 describes the patch): functools.partial(fn, module, original_forward, state) is set as the
 module's forward (patch_state.replace_forward)."""
 import functools
 
 import torch
 
+from llmk.gemm.fp8_linear_ops import fp8_linear
 from llmk.mlp.triton_glu import geglu, swiglu
 from llmk.models.patch_state import kernel_ready
 from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
@@ -109,4 +110,18 @@ def mlp_forward(mlp, original, state, x):
             return mlp.down_proj(swiglu(gate, up, grad_in_place=True))
         return mlp.down_proj(geglu(gate, up, approximate, grad_in_place=True))
     state.calls[f"{kernel} fallback"] += 1
+    return original(x)
+
+
+def linear_forward(linear, original, state, x):
+    """A decoder layer's nn.Linear: x (..., K) -> (..., N) with its three training products in FP8
+    (gemm/fp8_linear_ops.py), where the kernel takes the call (16-bit x of the weight's dtype, no
+    hooks on the module); the original forward elsewhere."""
+    weight, bias = linear.weight, linear.bias
+    if (x.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)
+            and not (linear._forward_hooks or linear._forward_pre_hooks)
+            and kernel_ready(x, weight, dtypes=(torch.float16, torch.bfloat16))):
+        state.calls["fp8_linear"] += 1
+        return fp8_linear(x, weight, bias)
+    state.calls["fp8_linear fallback"] += 1
     return original(x)

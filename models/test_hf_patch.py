@@ -319,26 +319,28 @@ def training_step(model, batch):
     return loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
 
 
-def training_rule(name, got, want, theirs, slack=0.0):
-    """The training tests' rule (bf16 models against the fp32 reference): got within 2x the
-    unpatched bf16 model's error, |theirs - want|, plus one rounding of max|want|, plus slack."""
+def training_rule(name, got, want, theirs, slack=0.0, factor=2):
+    """The training tests' rule (bf16 models against the fp32 reference): got within `factor` (2x)
+    the unpatched bf16 model's error, |theirs - want|, plus one rounding of max|want|, plus slack."""
     err = (theirs - want).abs().max().item()
-    return compare(name, got, want, Tol(2 * err + UNIT_ROUNDOFF[torch.bfloat16] * want.abs().max().item() + slack,
-                                        0.0, "2x the unpatched bf16 model's error + u * max|ref|",
+    return compare(name, got, want, Tol(factor * err + UNIT_ROUNDOFF[torch.bfloat16] * want.abs().max().item() + slack,
+                                        0.0, f"{factor}x the unpatched bf16 model's error + u * max|ref|",
                                         rounding_check=False))
 
 
-def gradients_rule(grads, ref_grads, plain_grads, prefix=""):
+def gradients_rule(grads, ref_grads, plain_grads, prefix="", factor=2):
     """training_rule for every parameter's gradient at once, {name: grad} of the patched model, the
     fp32 reference and the unpatched bf16 model, on each gradient's norm (its error over the whole
     tensor, where a step's bf16 noise averages out), and elementwise within twice that: one element
     of a small tensor (a 32-value q_norm weight) can take 2.3x the unpatched model's error by chance
     (TEST_SEED=2138056200), where the norms' ratios stay under 0.6. One outcome, naming the
-    parameter nearest its bound (1e-9 keeps a gradient that is zero in all three models at ratio 0)."""
+    parameter nearest its bound (1e-9 keeps a gradient that is zero in all three models at ratio 0).
+    factor: the 2 of "twice", larger for a model that rounds more by design (FP8)."""
     u = UNIT_ROUNDOFF[torch.bfloat16]
 
     def ratio(n, size):  # size: the error measure, norm or max |.|
-        return size(grads[n] - ref_grads[n]) / (2 * size(plain_grads[n] - ref_grads[n]) + u * size(ref_grads[n]) + 1e-9)
+        return size(grads[n] - ref_grads[n]) / (factor * size(plain_grads[n] - ref_grads[n]) + u * size(ref_grads[n])
+                                                + 1e-9)
 
     def norm(t):
         return t.norm().item()
@@ -390,6 +392,40 @@ def check_training(kind, checkpointing=False):
         n_layers = model.config.num_hidden_layers
         outcomes.append(Outcome("layers recomputed in the backward", calls.get("residual_rmsnorm") == 2 * n_layers
                                 and calls.get(mlp_kernel(model)) == 2 * n_layers, note=f"{calls}"[:120]))
+    same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
+    return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
+
+
+# e4m3's unit roundoff, 2^-4, is 16x bf16's 2^-8: the 2x rule scaled by that for an FP8 model
+FP8_FACTOR = 2 * 16
+
+
+def check_fp8_training(kind):
+    """One training step with the opt-in fp8_linear on top of the default kernels: every linear of
+    every decoder layer ran in FP8 (forward and backward), none fell back, the LM head did not; the
+    loss and every gradient within FP8_FACTOR x the unpatched bf16 model's error against the fp32
+    reference; unpatched again, the original step bit for bit."""
+    from llmk.models.hf_patch import KERNELS, kernel_calls, patch_model, unpatch_model
+
+    model, ref = make_model(kind, "tiny", torch.bfloat16)
+    plain = copy.deepcopy(model)
+    for m in (model, ref, plain):
+        m.train()
+    ids = prompt("tiny", 2)
+    batch = dict(input_ids=ids, labels=ids.clone())
+    ref_loss, ref_grads = training_step(ref, batch)
+    plain_loss, plain_grads = training_step(plain, batch)
+    patch_model(model, KERNELS + ("fp8_linear",))
+    loss, grads = training_step(model, batch)
+    calls = kernel_calls(model)
+    unpatch_model(model)
+    again_loss, again_grads = training_step(model, batch)
+    n_linears = sum(type(m) is torch.nn.Linear for layer in model.model.layers for m in layer.modules())
+    outcomes = [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9, factor=FP8_FACTOR),
+                gradients_rule(grads, ref_grads, plain_grads, factor=FP8_FACTOR),
+                Outcome(f"fp8_linear ran {n_linears} times (the decoder layers' linears), no fallback",
+                        calls.get("fp8_linear") == n_linears and not calls.get("fp8_linear fallback"),
+                        note=f"{calls}"[:120])]
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
@@ -634,6 +670,8 @@ def model_cases():
     cases += [
         Case("llama bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="llama")),
         Case("qwen3 bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="qwen3")),
+        Case("llama bf16 training step, fp8_linear", check_fp8_training, dict(kind="llama")),
+        Case("qwen2 bf16 training step, fp8_linear (biased q/k/v)", check_fp8_training, dict(kind="qwen2")),
         Case("llama bf16 training step, gradient checkpointing", check_training,
              dict(kind="llama", checkpointing=True)),
         Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict",
