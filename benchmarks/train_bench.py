@@ -12,6 +12,8 @@ Providers, each on a fresh model from the same seed:
                  keeps them, the peers' memory for the state
   triton+torch-adamw  the patched model with torch's fused AdamW: the kernels' share alone, with the
                  peers' optimizer
+  triton+fp8     triton with the opt-in fp8_linear: every decoder layer's linear in FP8 (e4m3, row-wise
+                 scales), forward and backward (gemm/fp8_linear_ops.py); the LM head and loss bf16
   torch.compile  eager with each decoder layer compiled (regional compilation, as e2e_bench.py does)
   liger          Liger-Kernel's apply_liger_kernel_to_<family> on the model (RoPE, RMSNorm,
                  SwiGLU or GeGLU, fused linear cross-entropy); runs last, as it patches transformers'
@@ -28,8 +30,8 @@ gradients, optimizer state and activations: the whole process), max_err = |first
 One more step, untimed, splits the peak by phase: fwd_peak_MB, bwd_peak_MB, opt_peak_MB (each
 phase's own maximum) and saved_MB (allocated after the forward minus before it: the activations
 autograd keeps, with the loss's gradients where the loss computes them in its forward).
-The loss curves of LOSS_STEPS steps of eager and triton from the same initial weights and the same
-batches go into meta["loss_curves"] and a PNG.
+The loss curves of LOSS_STEPS steps of eager, triton and triton+fp8 from the same initial weights
+and the same batches go into meta["loss_curves"] and a PNG.
 
 Packed rows (op "train_step_packed", shape "<model> <layout> <n> seqs <tokens> tokens", providers
 eager, triton, liger): PACKED_SEQS sequences of mixed lengths (PACKED_MIN..PACKED_MAX, B*T tokens in
@@ -80,8 +82,9 @@ SMOKE_MODELS = {
 FULL_PLAN = dict(batch=2, seq=4096, warmup=3, steps=10, loss_steps=50, lr=3e-4)
 SMOKE_PLAN = dict(batch=2, seq=16, warmup=1, steps=2, loss_steps=3, lr=3e-4)
 DTYPE = torch.bfloat16
-PROVIDERS = ("eager", "triton", "triton+bf16-state", "triton+torch-adamw", "torch.compile", LIGER)
-OURS = ("triton", "triton+bf16-state", "triton+torch-adamw")
+PROVIDERS = ("eager", "triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8", "torch.compile", LIGER)
+OURS = ("triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8")
+CURVES = ("eager", "triton", "triton+fp8")  # the providers whose loss curves are kept
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
 
 
@@ -106,7 +109,7 @@ def batches(vocab, plan, n):
 
 
 def optimizer(model, provider, lr):
-    if provider in ("triton", "triton+bf16-state"):  # ours: the patched model's own optimizer
+    if provider in ("triton", "triton+bf16-state", "triton+fp8"):  # ours: the patched model's own optimizer
         from llmk.optimizers.triton_adam import TritonAdamW
         return TritonAdamW(model.parameters(), lr=lr,
                            state_dtype=None if provider == "triton+bf16-state" else torch.float32)
@@ -116,8 +119,8 @@ def optimizer(model, provider, lr):
 def prepare(model, kind, provider, smoke):
     """The provider's changes to a fresh model; returns a function that undoes them (or None)."""
     if provider.startswith("triton"):
-        from llmk.models.hf_patch import patch_model, unpatch_model
-        patch_model(model)
+        from llmk.models.hf_patch import KERNELS, patch_model, unpatch_model
+        patch_model(model, KERNELS + ("fp8_linear",) if provider == "triton+fp8" else KERNELS)
         return lambda: unpatch_model(model)
     if provider == "torch.compile":
         for layer in model.model.layers:
@@ -227,7 +230,7 @@ def measure_model(run, name, kind, config, plan):
         model = build(kind, config)
         undo = prepare(model, kind, provider, run.args.smoke)
         try:
-            if provider in ("eager", "triton"):  # the loss curves first, from the initial weights
+            if provider in CURVES:  # the loss curves first, from the initial weights
                 curves[provider] = loss_curve(model, optimizer(model, provider, plan["lr"]),
                                               data[:plan["loss_steps"]])
                 model = build(kind, config) if undo is None else (undo(), build(kind, config))[1]
