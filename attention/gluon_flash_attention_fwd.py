@@ -19,6 +19,9 @@ softmax, the masks, the conventions and LSE are the same), laid out as FlashAtte
   starts at its sequence's first token (read from cu_seqlens on the device); the keys a block
   reads past its sequence's end belong to the next one and are masked as the end of the keys is,
   and O goes out by a masked store instead (a TMA store would write the next sequence's rows).
+  The masked keys' values still enter P v with P = 0, so they must be finite: the next
+  sequence's are (the tl kernel reads zeros there instead), and so is anything the packed
+  tensors hold past cu_seqlens[-1] as long as it is data, not uninitialized memory.
 - Only the blocks a mask cuts (the causal diagonal, a window's edges, the end of the keys) run the
   masked softmax; the test is one uniform branch an iteration.
 - O of a dense call leaves through q's shared tile (free once the last S is done) and a TMA
@@ -278,7 +281,7 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
         rows_o = off_m + gl.arange(0, BLOCK_M, layout=row_o)
         cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         o_base = o_ptr + head.to(gl.int64) * stride_oh + q_start.to(gl.int64) * stride_om
-        o_ptrs = o_base + gl.expand_dims(rows_o * stride_om, 1) + gl.expand_dims(cols, 0)
+        o_ptrs = o_base + gl.expand_dims(rows_o.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
         gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(rows_o < n_queries, 1))
     else:
         # every product that read q is done: its tile stages O for the TMA store
