@@ -6,18 +6,18 @@ fp8_matmul against the fp64 product of the dequantized inputs and PyTorch's own 
 quantize_fp8: scale = max(amax, AMAX_FLOOR) / 448 and q = e4m3(clamp(x * (448 / amax))) are one
 IEEE division, one multiply and one rounding to nearest even each, in fp32 on both sides: the
 kernel's q and scale must equal PyTorch's exactly (EXACT), in buffers poisoned with NaN.
-fp8_matmul: the products of e4m3 values are exact in fp32, so the error model is matmul's
+fp8_matmul: the products of e4m3 values are exact, so the error model is matmul's
 (gemm/matmul_cases.py: fp32 accumulation over K, one rounding to the output dtype) on the
 dequantized operands a * scale_a and b * scale_b, plus one fp32 rounding a scaling (2^-24, far
-inside it). The PyTorch baseline of the 2x rule is torch._scaled_mm for row-wise scales, and the
-dequantized product in fp32 rounded once for block scales (which _scaled_mm takes on some CUDA
-GPUs only); bias and activation as separate ops after it, as matmul's tests do. A scale ignored,
-a block's scale applied to the wrong 128 values of K or of N, or a tile left unwritten is off by
-whole terms.
+inside it), plus on a GPU the tensor cores' 128-term sums (PROMOTED_SUM_ERROR). The PyTorch baseline
+of the 2x rule is torch._scaled_mm for row-wise scales, and the dequantized product in fp32 rounded
+once for block scales (which _scaled_mm takes on some CUDA GPUs only); bias and activation as
+separate ops after it, as matmul's tests do. A scale ignored, a block's scale applied to the wrong
+128 values of K or of N, or a tile left unwritten is off by whole terms.
 """
 import torch
 
-from llmk.common.device import DEVICE
+from llmk.common.device import DEVICE, INTERPRET
 from llmk.devtools.testing import (
     EXACT,
     Case,
@@ -66,16 +66,22 @@ def reference_quantize(x, granularity):
     return q.reshape(m, k), (amax / FP8_MAX).reshape(scale_shape(m, k, granularity))
 
 
+def nan_as_one(t):
+    """e4m3 bytes with both NaN encodings (0x7F, 0xFF: the sign of a NaN) as 0x7F."""
+    b = t.view(torch.uint8)
+    return torch.where(b & 0x7F == 0x7F, torch.full_like(b, 0x7F), b)
+
+
 def same_bits(check, got, want):
-    """EXACT comparison of e4m3 tensors by their bytes (NaN bytes included)."""
+    """EXACT comparison of e4m3 tensors by their bytes (a NaN's sign aside)."""
     if tuple(got.shape) != tuple(want.shape):
         return Outcome(check, False, note=f"shape {tuple(got.shape)} != {tuple(want.shape)}")
-    bad = int((got.view(torch.uint8) != want.view(torch.uint8)).sum())
+    bad = int((nan_as_one(got) != nan_as_one(want)).sum())
     return Outcome(check, bad == 0, bad=f"{bad}/{want.numel()}")
 
 
 def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_rows=(), one_pass=None,
-                   outlier=None):
+                   outlier=None, nan_at=None):
     """quantize_fp8's q and scale against reference_quantize, bit for bit, in poisoned buffers
     (one_pass forces the row-wise path), and the public function's once more. outlier: the first
     column set to it, so that the rest of each group lands on e4m3's subnormals and signed zeros."""
@@ -84,6 +90,8 @@ def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_r
         x[r] = 0
     if outlier is not None:
         x[:, 0] = outlier
+    if nan_at is not None:  # its group's scale and values are NaN, as PyTorch's amax makes them
+        x[nan_at] = float("nan")
     want_q, want_s = reference_quantize(x, granularity)
     q, s = poisoned_fp8((m, k)), poisoned(scale_shape(m, k, granularity), torch.float32)
     launch_quantize_fp8(x, q, s, granularity, one_pass=one_pass)
@@ -163,6 +171,26 @@ def torch_fp8(a, b, sa, sb, a_deq, b_deq, bias, activation, out_dtype):
     return TORCH_ACTIVATIONS[activation](y)
 
 
+# The tensor cores sum 128 e4m3 products with about 14 significant bits before each joins the fp32
+# sum (gemm/triton_fp8_matmul.py): each of the ~128 additions can drop up to 2^-13 of a partial
+# sum of the element's size, rss (the root-sum-square of its terms, which a partial sum of random
+# signs stays near). Random over the additions that is ~sqrt(128) 2^-13 rss a step, and over K / 128
+# steps again at most a few times that: PROMOTED_SUM_ERROR x rss bounds it with room. The
+# interpreter sums in fp32 (numpy): no such term there.
+PROMOTED_SUM_ERROR = 2 ** -7
+
+
+def fp8_tolerance(a, b, dtype):
+    """matmul's tolerance (gemm/matmul_cases.py) of a @ b for the dequantized operands (fp64), out
+    dtype `dtype`, plus the tensor cores' short sums on a GPU (PROMOTED_SUM_ERROR)."""
+    tol = tolerance(a.to(dtype), b.to(dtype))
+    if INTERPRET:
+        return tol
+    rss = (a.pow(2) @ b.pow(2)).sqrt()
+    return Tol(tol.atol + PROMOTED_SUM_ERROR * rss, tol.rtol, "fp32 sums of the tensor cores' 128-term sums, "
+               "one rounding", rounding_check=False)
+
+
 def check_matmul(m, n, k, granularity, out_dtype=torch.bfloat16, bias=False, bias_dtype=None, activation=None,
                  weight_layout=True, pad=False, config=None):
     """fp8_matmul (or a forced config) into a poisoned buffer against the fp64 product of the
@@ -178,7 +206,7 @@ def check_matmul(m, n, k, granularity, out_dtype=torch.bfloat16, bias=False, bia
     if bias_t is not None:
         want = want + bias_t.double()
     want = TORCH_ACTIVATIONS[activation](want)
-    tol = tolerance(a_deq.to(out_dtype), b_deq.to(out_dtype))
+    tol = fp8_tolerance(a_deq, b_deq, out_dtype)
     return [compare("c", c, want, tol, torch_out=torch_fp8(a, b, sa, sb, a_deq, b_deq, bias_t, activation, out_dtype))]
 
 
@@ -270,7 +298,7 @@ def check_linear(shape, n, dtype, bias=False, strided=False):
         qa, qb = same[name]
         want = qa @ qb + (b.double() if bias and name == "y" else 0)
         outcomes.append(compare(f"{name} vs its quantized operands' product", got[name], want,
-                                tolerance(qa.to(dtype), qb.to(dtype))))
+                                fp8_tolerance(qa, qb, dtype)))
         ref, a_, b_ = plain[name]
         outcomes.append(compare(f"{name} vs the {dtype_name(dtype)} linear", got[name], ref, e4m3_tol(a_, b_)))
     if bias:
@@ -293,8 +321,8 @@ def check_linear_errors():
 def cases():
     out = []
 
-    def add(name, fn, gpu_only=False, **kw):
-        out.append(Case(name, fn, kw, gpu_only))
+    def add(name, fn, gpu_only=False, gpu_gb=None, **kw):
+        out.append(Case(name, fn, kw, gpu_only, gpu_gb))
 
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         dt = dtype_name(dtype)
@@ -309,6 +337,14 @@ def cases():
         granularity="row", scale=1e-3)
     add("quantize row (6, 500) outlier 3e4 (subnormals, signed zeros)", check_quantize, m=6, k=500,
         dtype=torch.float32, granularity="row", outlier=3e4)
+    add("quantize row (5, 300) a NaN, two passes", check_quantize, m=5, k=300, dtype=torch.bfloat16,
+        granularity="row", one_pass=False, nan_at=(2, 17))
+    add("quantize row (5, 300) a NaN", check_quantize, m=5, k=300, dtype=torch.float32, granularity="row",
+        nan_at=(4, 299))
+    add("quantize 1x128 (9, 256) a NaN", check_quantize, m=9, k=256, dtype=torch.bfloat16, granularity="1x128",
+        nan_at=(3, 200))
+    add("quantize 128x128 (130, 256) a NaN", check_quantize, m=130, k=256, dtype=torch.float32,
+        granularity="128x128", nan_at=(129, 5))
     add("quantize 1x128 (130, 256) bf16", check_quantize, m=130, k=256, dtype=torch.bfloat16, granularity="1x128",
         zero_rows=(0,))
     add("quantize 1x128 (1, 128) fp16 transposed view", check_quantize, m=1, k=128, dtype=torch.float16,
@@ -327,6 +363,9 @@ def cases():
         granularity="1x128")
     add("quantize 128x128 (14336, 4096) bf16", check_quantize, gpu_only=True, m=14336, k=4096,
         dtype=torch.bfloat16, granularity="128x128")
+    # a transposed view whose offsets pass 2^31 (fp8_linear's backward quantizes dy.T and x.T)
+    add("quantize row (65600, 32768) transposed view, offsets past 2^31", check_quantize, gpu_only=True, gpu_gb=48,
+        m=65600, k=32768, dtype=torch.bfloat16, granularity="row", transposed=True)
 
     for granularity in ("row", "block"):
         g = granularity

@@ -10,11 +10,15 @@ scale_b (K / 128, cdiv(N, 128)), a scale per 128 x 128 block of b (a weight's, t
 a scale changes every 128 values of K, so each BLOCK_K = 128 step's product is scaled on its own
 before it joins the fp32 sum. gemm/triton_fp8_quant.py makes both kinds.
 
-The products of two e4m3 values are exact in fp32 and tl.dot sums them in fp32 on the tensor
-cores (Hopper's FP8 wgmma runs at twice the bf16 rate), so the error model is matmul's: fp32
-accumulation and one rounding, plus one fp32 rounding a scaling. The epilogue (bias, activation,
-the rounding, the masked store) is matmul's own (gemm/triton_matmul_common.py), and so is the
-grouped program order. Edges: rows and columns wrap on load (% M, % N), the K tail is masked.
+The products of two e4m3 values are exact, and the tensor cores sum them (Hopper's FP8 wgmma runs at
+twice the bf16 rate) in an accumulator of about 14 significant bits, not fp32's 24: Triton's default
+on sm_90 keeps the whole K loop there. Here every BLOCK_K = 128 values of K go into the fp32 sum on
+their own (max_num_imprecise_acc = BLOCK_K for row-wise scales; block scales add each step's scaled
+product into fp32 anyway), DeepSeek-V3's promotion interval: the error is matmul's (fp32
+accumulation across steps, one rounding) plus the short sums' own, about 2^-14 of a 128-product
+partial sum each (gemm/test_fp8.py bounds it), and one fp32 rounding a scaling. The epilogue (bias,
+activation, the rounding, the masked store) is matmul's own (gemm/triton_matmul_common.py), and so
+is the grouped program order. Edges: rows and columns wrap on load (% M, % N), the K tail is masked.
 
 FP8 tl.dot on a GPU needs compute capability 8.9 (Ada) or 9.0 (Hopper) and later; the interpreter
 runs it in numpy.
@@ -28,6 +32,8 @@ from llmk.gemm.triton_matmul_common import GROUP_M, epilogue_store, grouped_tile
 
 SCALE_BLOCK = 128  # the block scales' side: BLOCK_K is this when the scales are blocks
 # (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose M fits wins.
+# Block scales keep BLOCK_N at most BLOCK_SCALED_MAX_N: each step's product is a second fp32 tile
+# beside the accumulator (128 x 256 would be 256 fp32 registers a thread at 8 warps).
 # Shared memory is (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage (one byte a value). Not yet measured
 # (the GPU run is next): the shapes of the published FP8 Triton GEMMs on Hopper, a 128 x 256 tile
 # with 128-deep K steps for large M, a short tile for decode-sized M.
@@ -35,6 +41,7 @@ CONFIG_TABLE = [
     (64, 64, 128, 128, 4, 4),
     (None, 128, 256, 128, 8, 3),
 ]
+BLOCK_SCALED_MAX_N = 128
 # Interpreter: tiles small enough that the test shapes have edge tiles in M and N and several K steps
 INTERPRET_CONFIG = (32, 32, 128, 4, 1)
 
@@ -82,8 +89,8 @@ def _fp8_matmul_kernel(
             sa = tl.load(sa_ptr + rm.to(tl.int64) * stride_sam + k * stride_sak)
             sb = tl.load(sb_ptr + k * stride_sbk + (rn // BLOCK_K) * stride_sbn)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
-        else:
-            acc = tl.dot(a, b, acc)
+        else:  # the 128 products' sum joins the fp32 sum (module docstring)
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if not BLOCK_SCALED:
@@ -99,12 +106,15 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None):
     fp32, row-wise (scale_a (M,), scale_b (N,)) or blocks (scale_a (M, K / 128), scale_b (K / 128,
     cdiv(N, 128)), K a multiple of 128), told apart by scale_a's dims; bias (N,) or None; c (M, N).
     config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) instead of fp8_config's (BLOCK_K
-    is SCALE_BLOCK with block scales whatever it says)."""
+    is SCALE_BLOCK with block scales whatever it says; without a config, block scales take BLOCK_N
+    at most BLOCK_SCALED_MAX_N)."""
     (m, k), n = a.shape, b.shape[1]
     block_scaled = scale_a.dim() == 2
     block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m)
     if block_scaled:
         block_k = SCALE_BLOCK
+        if config is None:
+            block_n = min(block_n, BLOCK_SCALED_MAX_N)
     sa_strides = (scale_a.stride(0), scale_a.stride(1) if block_scaled else 0)
     sb_strides = (scale_b.stride(0), scale_b.stride(1)) if block_scaled else (0, scale_b.stride(0))
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)

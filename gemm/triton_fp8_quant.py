@@ -4,14 +4,16 @@ reads instead of a 16-bit operand.
     scale = max(amax(group), AMAX_FLOOR) / FP8_MAX        (fp32, one a group)
     q     = e4m3(clamp(x * (FP8_MAX / max(amax, AMAX_FLOOR)), -FP8_MAX, FP8_MAX))   x ~ q * scale
 
-A group is a row (row-wise scales, a scale per row: the activations' and weights' recipe of
-row-wise FP8 training), 1 x 128 values of a row (DeepSeek-V3's activation blocks) or 128 x 128
-values (its weight blocks). FP8_MAX = 448 is e4m3's largest finite value, so a group's largest
-|x| lands on it and the rest keep e4m3's 3-bit significand relative to it; the clamp keeps a value
-that the fp32 multiply rounds past 448 from overflowing (e4m3 has no infinity). AMAX_FLOOR keeps an
-all-zero group at scale ~0 with zeros for q instead of 0 * inf. Rounding to e4m3 is to nearest
-even, as torch's .to(torch.float8_e4m3fn), and both divisions are IEEE (div_rn; Triton's `/` on
-fp32 is an approximate division on the GPU): the tests compare bit for bit.
+A NaN in a group makes its scale and all its values NaN (PyTorch's amax and clamp propagate it, and
+so do these kernels: a diverging step shows in the FP8 products too). A group is a row (row-wise
+scales, a scale per row: the activations' and weights' recipe of row-wise FP8 training), 1 x 128
+values of a row (DeepSeek-V3's activation blocks) or 128 x 128 values (its weight blocks). FP8_MAX =
+448 is e4m3's largest finite value, so a group's largest |x| lands on it and the rest keep e4m3's
+3-bit significand relative to it; the clamp keeps a value that the fp32 multiply rounds past 448
+from overflowing (e4m3 has no infinity). AMAX_FLOOR keeps an all-zero group at scale ~0 with zeros
+for q instead of 0 * inf. Rounding to e4m3 is to nearest even, as torch's .to(torch.float8_e4m3fn),
+and both divisions are IEEE (div_rn; Triton's `/` on fp32 is an approximate division on the GPU):
+the tests compare bit for bit.
 
 Bytes: x read once (M * K * e), q written (M * K), the scales (4 bytes a group). Row-wise with a
 row of at most ONE_PASS_MAX values: a program keeps its rows in registers between the max and the
@@ -57,7 +59,7 @@ def round_e4m3(x):
     significand bits kept by integer rounding of x's bits (a carry moves the exponent, as it
     should), a fixed step of 2^-9 below e4m3's smallest normal 2^-6 (x + 1.5 * 2^14 rounds there in
     fp32), zero keeping x's sign. The interpreter's own fp32 -> e4m3 cast misrounds (31.92 -> 16,
-    ties away from even), so there the value is rounded here and the cast is exact."""
+    ties away from even), so there the value is rounded here and e4m3_bits writes its byte."""
     bits = x.to(tl.int32, bitcast=True)
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     tiny = (x + 24576.0) - 24576.0
@@ -66,12 +68,39 @@ def round_e4m3(x):
 
 
 @triton.jit
+def _group_amax(x, amax, AMAX_FLOOR_: tl.constexpr, AXIS: tl.constexpr):
+    """max(amax, max |x| along AXIS (None: all of x), AMAX_FLOOR), NaN where x holds a NaN, as
+    PyTorch's amax gives it (tl.max passes NaN over): the group's scale and values are then NaN."""
+    if AXIS is None:
+        big = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        nan = tl.max(tl.max((x != x).to(tl.int32), axis=1), axis=0)
+    else:
+        big = tl.max(tl.abs(x), axis=AXIS)
+        nan = tl.max((x != x).to(tl.int32), axis=AXIS)
+    amax = tl.maximum(tl.maximum(amax, big, propagate_nan=tl.PropagateNan.ALL), AMAX_FLOOR_,
+                      propagate_nan=tl.PropagateNan.ALL)  # a NaN from an earlier step stays
+    return tl.where(nan > 0, float("nan"), amax)
+
+
+@triton.jit
+def e4m3_bits(y):
+    """The e4m3 bytes of y (fp32: an e4m3 value, as round_e4m3 gives, or NaN), as uint8: sign,
+    4 exponent bits (bias 7), 3 significand bits; below 2^-6 the subnormal code |y| * 2^9; NaN
+    0x7F. The interpreter's cast gets NaN wrong as well."""
+    bits = y.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    normal = ((((bits >> 23) & 0xFF) - 120) << 3) | ((bits >> 20) & 0x7)
+    code = tl.where(tl.abs(y) < 0.015625, (tl.abs(y) * 512.0).to(tl.int32), normal)
+    return tl.where(y != y, 0x7F, code | sign).to(tl.uint8)
+
+
+@triton.jit
 def _cast(x, inv, FP8_MAX_: tl.constexpr, SOFT_ROUND: tl.constexpr):
-    """x (fp32) times the quantizing factor inv, clamped to e4m3's range, rounded to e4m3 (by
-    round_e4m3 first with SOFT_ROUND, the interpreter's lane)."""
-    y = tl.clamp(x * inv, -FP8_MAX_, FP8_MAX_)
+    """x (fp32) times the quantizing factor inv, clamped to e4m3's range, rounded to e4m3 (with
+    SOFT_ROUND, the interpreter's lane: by round_e4m3 and e4m3_bits instead of the cast)."""
+    y = tl.clamp(x * inv, -FP8_MAX_, FP8_MAX_, propagate_nan=tl.PropagateNan.ALL)
     if SOFT_ROUND:
-        y = round_e4m3(y)
+        return e4m3_bits(round_e4m3(y)).to(tl.float8e4nv, bitcast=True)
     return y.to(tl.float8e4nv)
 
 
@@ -88,19 +117,19 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, strid
     q_rows = q_ptr + rm[:, None].to(tl.int64) * stride_qm
     if ONE_PASS:
         ok = row_ok[:, None] & (rk < K)[None, :]
-        x = tl.load(x_rows + rk[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR_)
+        x = tl.load(x_rows + rk[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        amax = _group_amax(x, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
         tl.store(q_rows + rk[None, :], _cast(x, _factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
     else:
         amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
         for k in range(0, K, BLOCK_K):
             ok = row_ok[:, None] & (k + rk < K)[None, :]
-            x = tl.load(x_rows + (k + rk)[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+            x = tl.load(x_rows + (k + rk)[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
+            amax = _group_amax(x, amax, AMAX_FLOOR_, 1)
         inv = _factor(amax, FP8_MAX_)[:, None]
         for k in range(0, K, BLOCK_K):
             ok = row_ok[:, None] & (k + rk < K)[None, :]
-            x = tl.load(x_rows + (k + rk)[None, :] * stride_xk, mask=ok, other=0.0).to(tl.float32)
+            x = tl.load(x_rows + (k + rk)[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
             tl.store(q_rows + (k + rk)[None, :], _cast(x, inv, FP8_MAX_, SOFT_ROUND), mask=ok)
     tl.store(s_ptr + rm, _scale(amax, FP8_MAX_), mask=row_ok)
 
@@ -116,15 +145,15 @@ def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, str
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = pid_k * GROUP_K + tl.arange(0, GROUP_K)
     ok = (rm < M)[:, None]
-    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :] * stride_xk, mask=ok,
+    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok,
                 other=0.0).to(tl.float32)
     if TILE_GROUP:
-        amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_FLOOR_)
+        amax = _group_amax(x, 0.0, AMAX_FLOOR_, None)
         q = _cast(x, _factor(amax, FP8_MAX_), FP8_MAX_, SOFT_ROUND)
         tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :], q, mask=ok)
         tl.store(s_ptr + pid_m * stride_sm + pid_k, _scale(amax, FP8_MAX_))
     else:
-        amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR_)
+        amax = _group_amax(x, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
         tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :],
                  _cast(x, _factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
         tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, _scale(amax, FP8_MAX_), mask=rm < M)
