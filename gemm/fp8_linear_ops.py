@@ -17,7 +17,7 @@ transposed operands in place (strided); a cast that writes both layouts in one p
 step for speed.
 
 Error: each product carries e4m3's rounding of both operands, 2^-4 relative at most a value
-(half an ulp of a 3-bit significand), on top of matmul's fp32 accumulation and one rounding:
+(half an ulp of a 3-bit significand), on top of fp8_matmul's own sums and one rounding:
 gemm/test_fp8.py derives its tolerance from that.
 """
 import torch

@@ -133,8 +133,8 @@ fp8_matmul_op = define_op(
 
 
 def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=torch.bfloat16):
-    """c = activation((a * scale_a) @ (b * scale_b) + bias), fp32 accumulation, one rounding to
-    out_dtype (operator llmk::fp8_matmul).
+    """c = activation((a * scale_a) @ (b * scale_b) + bias): the tensor cores' sums of 128 products
+    added in fp32, one rounding to out_dtype (operator llmk::fp8_matmul).
 
     a: (M, K) float8_e4m3fn, any strides. b: (K, N) float8_e4m3fn, any strides (for a weight W
     (N, K) quantized by quantize_fp8, pass W.T; read along K, the tensor cores' fast layout).
