@@ -14,13 +14,13 @@ then. The Gluon kernel's conditions:
 The choice happens per call on the host and needs no device sync, so it is safe under CUDA graph
 capture and inside torch.compile'd graphs (the operators are opaque to the compiler).
 """
-import contextlib
 import functools
 import os
 
 import torch
 
 from llmk.common.device import INTERPRET
+from llmk.common.environment import environment
 
 GLUON_TRITON_VERSIONS = ("3.6.0",)
 # GLUON_CONFIG_TABLE's head dims, spelled here so that the tl path never imports Gluon (the
@@ -53,21 +53,13 @@ def gluon_runs_here(device=None):
     return _gluon_device(torch.cuda.current_device() if index is None else index)
 
 
-@contextlib.contextmanager
 def forced_path(path):
-    """LLMK_ATTENTION_PATH = path ("tl", "gluon" or "auto") inside the block, restored after: the
-    benchmark's triton-gluon rows, or a caller that wants one kernel for a region of code."""
+    """A context manager: LLMK_ATTENTION_PATH = path ("tl", "gluon" or "auto") inside the block,
+    restored after: the benchmark's triton-gluon rows, or a caller that wants one kernel for a
+    region of code."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    before = os.environ.get(PATH_ENV)
-    os.environ[PATH_ENV] = path
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[PATH_ENV]
-        else:
-            os.environ[PATH_ENV] = before
+    return environment(PATH_ENV, path)
 
 
 def path_setting():

@@ -22,9 +22,7 @@ window and the cap, for O, LSE and both backward schedules; block bounds swept w
 would show (SWEEP_WINDOWS); blocks outside every window filled with NaN, which a kernel that
 visited them would carry into its outputs.
 """
-import contextlib
 import math
-import os
 
 import torch
 import triton
@@ -60,6 +58,7 @@ from llmk.attention.triton_flash_attention_bwd import (
 )
 from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, attention_config, launch_flash_attention
 from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.environment import environment
 from llmk.common.triton_utils import TANH_APPROX_REL, tanh_approx
 from llmk.devtools.testing import (
     UNIT_ROUNDOFF,
@@ -123,20 +122,6 @@ def compare_o(o, q, k, v, causal, sm_scale, window=None, softcap=None):
     ref = naive_attention(q.double(), k.double(), v.double(), causal, sm_scale, **mask)
     return compare("O", o, ref, attention_tol(q, k, v, causal, sm_scale, **mask),
                    torch_out=same_dtype_attention(q, k, v, causal, sm_scale, **mask))
-
-
-@contextlib.contextmanager
-def environment(name, value):
-    """os.environ[name] = value inside the block, then restored (unset again if it was)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
 
 
 def kernel_note(outcome, q, k, v, out, lse=None):

@@ -63,6 +63,7 @@ from llmk.devtools.results import plot_sweeps
 from llmk.devtools.testing import grads_of, rand
 from llmk.gemm.fp8_ops import fp8_matmul, quantize_fp8
 from llmk.gemm.matmul_ops import kernel_choice, matmul
+from llmk.gemm.reference_fp8 import reference_quantize
 from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.normalization.triton_rmsnorm import rmsnorm
@@ -180,12 +181,8 @@ def fp8_providers():
 
 
 def quantize_reference(x):
-    """quantize_fp8's formula in PyTorch ops (row-wise): what eager and torch.compile run."""
-    amax = x.float().abs().amax(1).clamp_min(AMAX_FLOOR)
-    # a tensor divided, not a float: torch runs `float / tensor` as a reciprocal and a multiply
-    factor = torch.full_like(amax, FP8_MAX) / amax
-    q = (x.float() * factor[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, amax / FP8_MAX
+    """quantize_fp8's row-wise formula in PyTorch ops (gemm/reference_fp8.py): eager and compiled."""
+    return reference_quantize(x, "row")
 
 
 def quantize_setup(m, k):

@@ -25,6 +25,7 @@ import torch
 from llmk.common.ops import define_op
 from llmk.common.validation import as_rows, check_same_device, check_tensor
 from llmk.gemm.fp8_ops import fp8_matmul_op, quantize_fp8_op
+from llmk.gemm.triton_matmul_common import check_bias
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -35,11 +36,7 @@ def check_fp8_linear_args(x, weight, bias):
     check_same_device("weight", weight, "x", x)
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"weight must be (N, K) with K = x.shape[-1] = {x.shape[-1]}; got {tuple(weight.shape)}")
-    if bias is not None:
-        check_tensor("bias", bias, (x.dtype, torch.float32))
-        check_same_device("bias", bias, "x", x)
-        if tuple(bias.shape) != (weight.shape[0],):
-            raise ValueError(f"bias must have shape ({weight.shape[0]},); got {tuple(bias.shape)}")
+    check_bias(bias, weight.shape[0], (x.dtype, torch.float32), "x", x)
 
 
 def fp8_product(a, b_t, out_dtype, bias=None):

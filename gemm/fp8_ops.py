@@ -18,22 +18,13 @@ import torch
 from llmk.common.ops import define_op
 from llmk.common.validation import check_same_device, check_tensor
 from llmk.gemm.triton_fp8_matmul import SCALE_BLOCK, launch_fp8_matmul
-from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8
-from llmk.gemm.triton_matmul_common import ACTIVATIONS
+from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
+from llmk.gemm.triton_matmul_common import ACTIVATIONS, check_bias
 
 FP8 = torch.float8_e4m3fn
 GRANULARITIES = ("row", "1x128", "128x128")
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 REMEDY = "FP8 products have no backward here: train through llmk.gemm.matmul in bf16"
-
-
-def scale_shape(m, k, granularity):
-    """The scales of quantize_fp8 on an (m, k) tensor: (m,), (m, k / 128) or (cdiv(m, 128), k / 128)."""
-    if granularity == "row":
-        return (m,)
-    if granularity == "1x128":
-        return (m, k // GROUP)
-    return ((m + GROUP - 1) // GROUP, k // GROUP)
 
 
 def check_quantize_args(x, granularity):
@@ -106,11 +97,7 @@ def check_fp8_matmul_args(a, b, scale_a, scale_b, bias, activation, out_dtype):
         raise ValueError(f"scale_b must have shape {want_b} ({kind}, as scale_a is); got {tuple(scale_b.shape)}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {OUT_DTYPES}; got {out_dtype}")
-    if bias is not None:
-        check_tensor("bias", bias, (out_dtype, torch.float32))
-        check_same_device("bias", bias, "a", a)
-        if tuple(bias.shape) != (n,):
-            raise ValueError(f"bias must have shape ({n},) to match N of b {tuple(b.shape)}; got {tuple(bias.shape)}")
+    check_bias(bias, n, (out_dtype, torch.float32), "a", a)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
     return m, n, k

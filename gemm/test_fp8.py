@@ -32,38 +32,17 @@ from llmk.devtools.testing import (
     rand,
 )
 from llmk.gemm.fp8_linear_ops import fp8_linear, fp8_linear_op
-from llmk.gemm.fp8_ops import FP8, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op, scale_shape
+from llmk.gemm.fp8_ops import FP8, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
+from llmk.gemm.reference_fp8 import reference_quantize
 from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
-from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX, GROUP, launch_quantize_fp8
+from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
 
 FP8_NAN = 0x7F  # e4m3fn's NaN byte: a poisoned q
 
 
 def poisoned_fp8(shape):
     return torch.full(shape, FP8_NAN, dtype=torch.uint8, device=DEVICE).view(FP8)
-
-
-def reference_quantize(x, granularity):
-    """PyTorch's (q, scale), the kernel's formula: a group's amax, floored; 448 / amax and
-    amax / 448 as IEEE divisions; x * (448 / amax) clamped and rounded to e4m3."""
-    m, k = x.shape
-    xf = x.float()
-    if granularity == "row":
-        groups = xf.reshape(m, 1, k)
-    elif granularity == "1x128":
-        groups = xf.reshape(m, k // GROUP, GROUP)
-    else:  # 128 x 128 blocks; the last one's missing rows are zeros, which no amax sees
-        pad = -m % GROUP
-        full = torch.cat([xf, xf.new_zeros(pad, k)])
-        groups = full.reshape(-1, GROUP, k // GROUP, GROUP).permute(0, 2, 1, 3).reshape(-1, k // GROUP, GROUP * GROUP)
-    amax = groups.abs().amax(-1).clamp_min(AMAX_FLOOR)
-    factor = torch.full_like(amax, FP8_MAX) / amax
-    q = (groups * factor[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    if granularity == "128x128":
-        q = q.reshape(-1, k // GROUP, GROUP, GROUP).permute(0, 2, 1, 3).reshape(-1, k)[:m]
-        return q, (amax / FP8_MAX)
-    return q.reshape(m, k), (amax / FP8_MAX).reshape(scale_shape(m, k, granularity))
 
 
 def nan_as_one(t):

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
-from llmk.gemm.triton_matmul_common import GROUP_M, epilogue_store, grouped_tile
+from llmk.gemm.triton_matmul_common import GROUP_M, epilogue_store, grouped_tile, load_k_step
 
 SCALE_BLOCK = 128  # the block scales' side: BLOCK_K is this when the scales are blocks
 # (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose M fits wins.
@@ -76,13 +76,7 @@ def _fp8_matmul_kernel(
     b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:  # zeros past K add nothing to the dot
-            k_left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        a, b = load_k_step(a_ptrs, b_ptrs, rk, K - k * BLOCK_K, EVEN_K)
         if BLOCK_SCALED:
             # this step's 128 values of K have a scale of their own in each row of a and each
             # 128-column block of b: its product is scaled before it joins the sum

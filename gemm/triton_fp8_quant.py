@@ -159,6 +159,16 @@ def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, str
         tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, _scale(amax, FP8_MAX_), mask=rm < M)
 
 
+def scale_shape(m, k, granularity):
+    """The scales of an (m, k) tensor quantized with `granularity`: "row" (m,), "1x128"
+    (m, k / 128), "128x128" (cdiv(m, 128), k / 128)."""
+    if granularity == "row":
+        return (m,)
+    if granularity == "1x128":
+        return (m, k // GROUP)
+    return (cdiv(m, GROUP), k // GROUP)
+
+
 def row_plan(k, one_pass=None):
     """(BLOCK_M, BLOCK_K, ONE_PASS) of a row-wise launch over rows of k values; one_pass forces
     the path (tests)."""

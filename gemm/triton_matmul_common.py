@@ -47,11 +47,7 @@ def check_matmul_args(a, b, bias, activation):
     (m, k), n = a.shape, b.shape[1]
     if b.shape[0] != k:
         raise ValueError(f"b must have shape (K, N) with K = a.shape[1] = {k}; got {tuple(b.shape)}")
-    if bias is not None:
-        check_tensor("bias", bias, (a.dtype, torch.float32))
-        check_same_device("bias", bias, "a", a)
-        if tuple(bias.shape) != (n,):
-            raise ValueError(f"bias must have shape ({n},) to match N of b {tuple(b.shape)}; got {tuple(bias.shape)}")
+    check_bias(bias, n, (a.dtype, torch.float32), "a", a)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
     return m, n, k
@@ -113,6 +109,30 @@ def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def load_k_step(a_ptrs, b_ptrs, rk, k_left, EVEN_K: tl.constexpr):
+    """The (BLOCK_M, BLOCK_K) A and (BLOCK_K, BLOCK_N) B tiles of one step along K, k_left values
+    of K left from it: unmasked when every step is whole (EVEN_K), else zeros past K, which add
+    nothing to the dot."""
+    if EVEN_K:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+    return a, b
+
+
+def check_bias(bias, n, dtypes, like_name, like):
+    """An optional (N,) bias of one of `dtypes`, on the device of argument `like_name` (`like`)."""
+    if bias is None:
+        return
+    check_tensor("bias", bias, dtypes)
+    check_same_device("bias", bias, like_name, like)
+    if tuple(bias.shape) != (n,):
+        raise ValueError(f"bias must have shape ({n},) to match N = {n}; got {tuple(bias.shape)}")
 
 
 @triton.jit

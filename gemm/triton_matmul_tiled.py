@@ -41,6 +41,7 @@ from llmk.gemm.triton_matmul_common import (
     epilogue_store,
     fit_split,
     grouped_tile,
+    load_k_step,
     m_bucket,
     pick_config,
     picked_config,
@@ -138,13 +139,7 @@ def dot_tile(a_ptr, b_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_first, k_last):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:  # zeros past K add nothing to the dot
-            k_left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        a, b = load_k_step(a_ptrs, b_ptrs, rk, K - k * BLOCK_K, EVEN_K)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
