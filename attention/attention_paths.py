@@ -8,9 +8,8 @@ then. The Gluon kernel's conditions:
 - a GPU of compute capability 9.0 (H100, H200), not the interpreter;
 - a Triton whose Gluon the kernel was written and tested against (GLUON_TRITON_VERSIONS: Gluon's
   API changes between releases, so a newer Triton takes the tl path until the kernel is ported);
-- no forced tl config, a head dim of GLUON_HEAD_DIMS, layouts TMA can read in place, and at
-  most 65535 (batch or sequence, head) pairs (the grid's y extent); dense and packed batches
-  alike.
+- no forced tl config, a head dim of GLUON_HEAD_DIMS and layouts TMA can read in place; dense and
+  packed batches alike (its grid is one-dimensional: no cap on the (batch, head) pairs).
 The choice happens per call on the host and needs no device sync, so it is safe under CUDA graph
 capture and inside torch.compile'd graphs (the operators are opaque to the compiler).
 """
@@ -31,7 +30,6 @@ PATHS = ("tl", "gluon", "auto")
 # Whether "auto" takes the Gluon kernel: not until it beats the tl kernel on the attention
 # benchmark's shapes (on the H200 it trails it: docs/tuning/attention.md)
 GLUON_BY_DEFAULT = False
-MAX_GLUON_PAIRS = 65535
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,8 +76,7 @@ def gluon_forward(q, k, v, out, lse, cu_seqlens, config):
     (cu_seqlens_q, ...) as launch_flash_attention takes it; config a forced tl config or None."""
     if path_setting() == "tl" or config is not None or q.device.type != "cuda":
         return False
-    n_batch = q.shape[0] if cu_seqlens is None else cu_seqlens[0].shape[0] - 1
-    if q.shape[3] not in GLUON_HEAD_DIMS or n_batch * q.shape[1] > MAX_GLUON_PAIRS:
+    if q.shape[3] not in GLUON_HEAD_DIMS:
         return False
     if not _gluon_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):
         return False

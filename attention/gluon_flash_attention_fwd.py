@@ -22,10 +22,16 @@ softmax, the masks, the conventions and LSE are the same), laid out as FlashAtte
   The masked keys' values still enter P v with P = 0, so they must be finite: the next
   sequence's are (the tl kernel reads zeros there instead), and so is anything the packed
   tensors hold past cu_seqlens[-1] as long as it is data, not uninitialized memory.
+- Tiles (a query block of one (batch, head) pair) are numbered on a one-dimensional grid, a pair's
+  blocks one after another. A program takes one tile, or with PERSISTENT (dense calls) one program
+  an SM takes tile after tile, the longest first under a mask: the ring's count runs on across
+  tiles, so the producer loads the next tile's q (once the consumers' last S released it, q_empty)
+  and first key blocks under this tile's last P v, and O goes out through a tile of its own whose
+  TMA store overlaps the next tile.
 - Only the blocks a mask cuts (the causal diagonal, a window's edges, the end of the keys) run the
   masked softmax; the test is one uniform branch an iteration.
-- O of a dense call leaves through q's shared tile (free once the last S is done) and a TMA
-  store; the copy clips the rows past the sequence's end. LSE is stored from registers.
+- O of a dense call leaves through a shared tile and a TMA store; the copy clips the rows past the
+  sequence's end. LSE is stored from registers.
 
 The descriptors are 4-D, (batch, head, token, dim) with the tensors' own strides, so a tile that
 runs past a head's last token reads zeros and writes nothing instead of touching the next head,
@@ -37,6 +43,8 @@ Written against Triton 3.6's Gluon (triton.experimental.gluon), whose spelling c
 releases: attention/attention_paths.py imports this module only on an sm_90 GPU with a Triton
 version in GLUON_TRITON_VERSIONS. It does not run in the interpreter.
 """
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -54,17 +62,18 @@ from llmk.attention.triton_flash_attention_fwd import kernel_mask, key_blocks
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
-# (head dim, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE): the first row whose head dim
-# matches wins.
-# Shared memory: q (BLOCK_M x D) + STAGES x (K and V blocks, BLOCK_N x D each), 2 bytes a value;
-# hd 128 at 128 x 128 holds 32 KB + 2 x 64 KB (three stages would leave no room for the barriers
-# under 227 KB). BLOCK_M / 64 consumer warpgroups split the block's rows, 64 each (wgmma's M):
-# in lockstep (one partition of BLOCK_M / 16 warps) or, PINGPONG, two partitions of one
-# warpgroup each that take turns on the tensor cores. SPLIT_RELEASE: K and V stages are handed back
-# to the producer separately (K once S is done), so the next K can land during P v.
+# (head dim, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT): the first row whose
+# head dim matches wins.
+# Shared memory: q and O's staging tile (BLOCK_M x D each) + STAGES x (K and V blocks, BLOCK_N x D
+# each), 2 bytes a value; hd 128 at 128 x 128 holds 64 KB + 2 x 64 KB (three stages would pass
+# 227 KB). BLOCK_M / 64 consumer warpgroups split the block's rows, 64 each (wgmma's M): in
+# lockstep (one partition of BLOCK_M / 16 warps) or, PINGPONG, two partitions of one warpgroup
+# each that take turns on the tensor cores. SPLIT_RELEASE: K and V stages are handed back to the
+# producer separately (K once S is done), so the next K can land during P v. PERSISTENT: one
+# program an SM takes tile after tile (dense calls; a packed batch's grid stays one tile a program).
 GLUON_CONFIG_TABLE = [
-    (64, 128, 128, 3, True, False),
-    (128, 128, 64, 3, True, False),    # 64-key blocks, three stages: +10-17% over 128-key blocks, two stages
+    (64, 128, 128, 3, True, False, False),
+    (128, 128, 64, 3, True, False, False),  # 64-key blocks, three stages: +10-17% over 128-key blocks, two stages
 ]
 GLUON_HEAD_DIMS = tuple(row[0] for row in GLUON_CONFIG_TABLE)
 # Register budget: the producer warp is rounded up to a warpgroup, so 8 + 4 warps share the SM's
@@ -76,8 +85,8 @@ CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warp
 
 
 def gluon_config(head_dim):
-    """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE) for head_dim (one of
-    GLUON_HEAD_DIMS)."""
+    """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT) for
+    head_dim (one of GLUON_HEAD_DIMS)."""
     for dim, *config in GLUON_CONFIG_TABLE:
         if dim == head_dim:
             return tuple(config)
@@ -101,33 +110,120 @@ def wgmma_layout(block_m, block_n, num_warps):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              batch, head, kv_head, q_row, k_row, n_iter, SPLIT_RELEASE: gl.constexpr):
-    """One warp: the q tiles from token q_row once (one a consumer warpgroup group), then key and
-    value blocks from token k_row, k_row + BLOCK_N, ... into the ring. A stage is refilled once
-    every consumer released it (its K and its V separately with SPLIT_RELEASE, else both at once
-    on v_empty); the wait's parity starts at 1 so the first lap passes."""
+def _tile_of(tile, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
+             window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """What tile `tile` of n_m query blocks x n_bh (batch or sequence, head) pairs covers:
+    (descriptor batch, head, kv head, q_start, k_start, off_m, n_queries, n_keys, causal_shift, lo,
+    unmasked_lo, unmasked_hi, n_iter). Tiles take a pair's query blocks one after another (its K
+    and V stay in L2), the longest first under a mask (the tl kernel's order); LPT, a persistent
+    grid's order under a mask: every pair's longest block before any pair's shorter ones, so the
+    last tiles a program takes are short. A packed batch's sequence bounds are read here."""
+    if LPT:
+        start_m = n_m - 1 - tile // n_bh
+        bh = tile % n_bh
+    else:
+        start_m = tile % n_m
+        bh = tile // n_m
+        if CAUSAL or WINDOW:
+            start_m = n_m - 1 - start_m
+    batch = bh // n_heads
+    head = bh % n_heads
+    kv_head = head // kv_group
+    off_m = start_m * BLOCK_M
+    if VARLEN:
+        # sequence `batch` of the packed (1, H, total, D) views
+        q_start = gl.load(cu_seqlens_q + batch)
+        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
+        k_start = gl.load(cu_seqlens_k + batch)
+        n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
+        desc_batch = 0
+    else:
+        q_start = 0
+        k_start = 0
+        desc_batch = batch
+    causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
+    # the key range, as the tl kernel takes it: [lo, hi) visited, [unmasked_lo, unmasked_hi)
+    # wholly visible to every row, lo and the unmasked bounds multiples of BLOCK_N
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
+                                                  WINDOW, True, BLOCK_M, BLOCK_N)
+    n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+    return (desc_batch, head, kv_head, q_start, k_start, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+            unmasked_hi, n_iter)
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, q_bar, q_empty, batch, head, q_row, t_local):
+    """The tile's q tiles from token q_row, once every consumer has handed back the last tile's
+    (q_empty; the first lap passes)."""
+    N_Q: gl.constexpr = q_smem.type.shape[0]
+    TILE_M: gl.constexpr = q_smem.type.shape[3]
+    mbarrier.wait(q_empty, (t_local & 1) ^ 1)
+    mbarrier.expect(q_bar, N_Q * q_desc.block_type.nbytes)
+    for i in gl.static_range(N_Q):
+        tma.async_copy_global_to_shared(q_desc, [batch, head, q_row + i * TILE_M, 0], q_bar, q_smem.index(i))
+
+
+@gluon.jit
+def _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   cu_seqlens_q, cu_seqlens_k, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, window_left,
+                   window_right, tile, kv_count, t_local, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   VARLEN: gl.constexpr, LPT: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
+    """_producer's copies for one tile, its t_local-th, after kv_count key blocks: returns the
+    count after it."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
     N_Q: gl.constexpr = q_smem.type.shape[0]
     TILE_M: gl.constexpr = q_smem.type.shape[3]
-    mbarrier.expect(q_bar, N_Q * q_desc.block_type.nbytes)
-    for i in gl.static_range(N_Q):
-        tma.async_copy_global_to_shared(q_desc, [batch, head, q_row + i * TILE_M, 0], q_bar, q_smem.index(i))
+    desc_batch, head, kv_head, q_start, k_start, off_m, n_q, n_k, shift, lo, u_lo, u_hi, n_iter = _tile_of(
+        tile, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
+        window_right, CAUSAL, WINDOW, VARLEN, LPT, N_Q * TILE_M, BLOCK_N)
+    if n_iter == 0:
+        _load_q(q_desc, q_smem, q_bar, q_empty, desc_batch, head, q_start + off_m, t_local)
     for it in range(n_iter):
-        s = it % STAGES
-        free = ((it // STAGES) & 1) ^ 1
+        c = kv_count + it
+        s = c % STAGES
+        free = ((c // STAGES) & 1) ^ 1
         if SPLIT_RELEASE:
             mbarrier.wait(k_empty.index(s), free)
         else:
             mbarrier.wait(v_empty.index(s), free)
-        start_n = k_row + it * BLOCK_N
+        start_n = k_start + lo + it * BLOCK_N
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], k_ready.index(s), k_bufs.index(s))
+        tma.async_copy_global_to_shared(k_desc, [desc_batch, kv_head, start_n, 0], k_ready.index(s), k_bufs.index(s))
         if SPLIT_RELEASE:
             mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], v_ready.index(s), v_bufs.index(s))
+        tma.async_copy_global_to_shared(v_desc, [desc_batch, kv_head, start_n, 0], v_ready.index(s), v_bufs.index(s))
+        if it == 0:  # the tile's first key block goes out before q, whose tile the last one may still hold
+            _load_q(q_desc, q_smem, q_bar, q_empty, desc_batch, head, q_start + off_m, t_local)
+    return kv_count + n_iter
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+              cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, window_left,
+              window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr,
+              SPLIT_RELEASE: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One warp, for each of this program's tiles: its key and value blocks lo, lo + BLOCK_N, ...
+    into the ring, and after the first of them its q tiles (one a consumer warpgroup group), once
+    the consumers are done with the last tile's (q_empty). A stage is refilled once every consumer
+    released it (its K and its V separately with SPLIT_RELEASE, else both at once on v_empty). The
+    ring's count runs on across tiles; each wait's parity starts at 1, so the first lap passes."""
+    if PERSISTENT:
+        kv_count = 0
+        t_local = 0
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            kv_count = _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                                      v_ready, k_empty, v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, n_heads,
+                                      kv_group, n_queries, n_keys, window_left, window_right, tile, kv_count,
+                                      t_local, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE)
+            t_local += 1
+    else:
+        _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                       v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, n_heads, kv_group, n_queries, n_keys,
+                       window_left, window_right, gl.program_id(0), 0, 0, CAUSAL, WINDOW, VARLEN, LPT,
+                       SPLIT_RELEASE)
 
 
 @gluon.jit
@@ -192,17 +288,19 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr, stride_oh,
-              stride_om, lse_ptr, stride_lb, stride_lh, batch, head, q_start, off_m, n_queries, n_keys, causal_shift,
-              lo, unmasked_lo, unmasked_hi, n_iter, qk_scale, window_left, window_right, softcap_log2,
-              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-              VARLEN: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
-    """Consumer WG's q tile (rows off_m + WG * BLOCK_M ... of the sequence that starts at token
-    q_start): S and O by wgmma, the online softmax, then O and LSE out. PINGPONG: two consumers
-    take turns issuing their products (_take_turn), so one's softmax runs while the other's
-    products hold the tensor cores. SPLIT_RELEASE: a stage's
-    K is handed back once S is done, its V once P v is (else both after P v)."""
+def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                   o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
+                   n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, tile,
+                   kv_count, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                   STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr,
+                   PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
+    """_consumer's work on one tile after kv_count key blocks: returns the count after it. The
+    tiles this program did before are worked out from `tile`, and the ping-pong turns taken before
+    from them: a tile takes n_iter + 1 turns, an empty one (n_iter = 0) one with no products, so
+    that is kv_count + t_local (counts of their own would hold registers across the key loop,
+    which hd 128's causal tile has none to spare for)."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
+    N_Q: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_D: gl.constexpr = q_smem.type.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
@@ -214,45 +312,53 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
 
-    q_tile4 = q_smem.index(WG)
-    q_tile = q_tile4.reshape([BLOCK_M, HEAD_D])
+    q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_D])
+    o_tile4 = o_smem.index(WG)
+    o_tile = o_tile4.reshape([BLOCK_M, HEAD_D])
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    batch, head, kv_head, q_start, k_start, off_m, n_q, n_k, causal_shift, lo, unmasked_lo, unmasked_hi, \
+        n_iter = _tile_of(tile, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
+                          window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, N_Q * BLOCK_M, BLOCK_N)
     off_m = off_m + WG * BLOCK_M
     rows = off_m + gl.arange(0, BLOCK_M, layout=row_s)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-    mbarrier.wait(q_bar, 0)
+    t_local = (tile - gl.program_id(0)) // gl.num_programs(0)  # tiles this program did before
+    mbarrier.wait(q_bar, t_local & 1)
+    turns = kv_count + t_local  # ping-pong turns taken before this tile
     if n_iter > 0:
         # block 0's scores and probabilities: the loop below starts with a P ready for its P v
-        _take_turn(turn, 0, WG, PINGPONG)
-        mbarrier.wait(k_ready.index(0), 0)
-        qk = warpgroup_mma(q_tile, k_bufs.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+        s0 = kv_count % STAGES
+        _take_turn(turn, turns, WG, PINGPONG)
+        mbarrier.wait(k_ready.index(s0), (kv_count // STAGES) & 1)
+        qk = warpgroup_mma(q_tile, k_bufs.index(s0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                            use_acc=False, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         if SPLIT_RELEASE:
-            mbarrier.arrive(k_empty.index(0))
-        p, m_i, alpha = _softmax_block(qk, m_i, 0, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift,
-                                       qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL, WINDOW,
-                                       SOFTCAP)
+            mbarrier.arrive(k_empty.index(s0))
+        p, m_i, alpha = _softmax_block(qk, m_i, 0, lo, unmasked_lo, unmasked_hi, rows, n_k, causal_shift,
+                                       qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL,
+                                       WINDOW, SOFTCAP)
         l_i = gl.sum(p, axis=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)  # outside the turn: the products issue sooner
         for it in range(1, n_iter):
-            s = it % STAGES
-            prev = (it - 1) % STAGES
+            c = kv_count + it
+            s = c % STAGES
+            prev = (c - 1) % STAGES
             # issue this block's S, then the previous block's P v behind it on the tensor cores
-            _take_turn(turn, it, WG, PINGPONG)
-            mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+            _take_turn(turn, turns + it, WG, PINGPONG)
+            mbarrier.wait(k_ready.index(s), (c // STAGES) & 1)
             qk = warpgroup_mma(q_tile, k_bufs.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                                use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_bufs.index(prev).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pass_turn(turn, WG, PINGPONG)
             qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S done; P v may still run
             if SPLIT_RELEASE:
                 mbarrier.arrive(k_empty.index(s))
-            p, m_i, alpha = _softmax_block(qk, m_i, it, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift,
+            p, m_i, alpha = _softmax_block(qk, m_i, it, lo, unmasked_lo, unmasked_hi, rows, n_k, causal_shift,
                                            qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL,
                                            WINDOW, SOFTCAP)
             l_i = l_i * alpha + gl.sum(p, axis=1)
@@ -260,12 +366,19 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(prev))  # P v of stage prev is done (and its S, before it)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        last = (n_iter - 1) % STAGES
-        _take_turn(turn, n_iter, WG, PINGPONG)
-        mbarrier.wait(v_ready.index(last), ((n_iter - 1) // STAGES) & 1)
+        mbarrier.arrive(q_empty)  # every S of the tile is done: q's tile may take the next tile's q
+        c_last = kv_count + n_iter - 1
+        last = c_last % STAGES
+        _take_turn(turn, turns + n_iter, WG, PINGPONG)
+        mbarrier.wait(v_ready.index(last), (c_last // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(last))
+    else:
+        mbarrier.arrive(q_empty)
+        _take_turn(turn, turns, WG, PINGPONG)  # the tile's one turn, no products
+        _pass_turn(turn, WG, PINGPONG)
 
     # a row with no visible key has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
     l_o = gl.convert_layout(l_i, row_o)
@@ -273,8 +386,9 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
     if STORE_LSE:
         seen = l_i > 0.0
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
-        lse_base = lse_ptr + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh + q_start
-        gl.store(lse_base + rows, lse, mask=rows < n_queries)
+        # 32-bit offsets: an LSE of 2^31 values would come with a q of 2^31 x D x 2 bytes (256 GB at hd 64)
+        lse_base = lse_ptr + (batch * stride_lb + head * stride_lh + q_start)
+        gl.store(lse_base + rows, lse, mask=rows < n_q)
     if VARLEN:
         # the rows past this sequence's end are the next one's: stored with a mask (a TMA store
         # clips at the tensor's end only)
@@ -282,66 +396,85 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
         cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         o_base = o_ptr + head.to(gl.int64) * stride_oh + q_start.to(gl.int64) * stride_om
         o_ptrs = o_base + gl.expand_dims(rows_o.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
-        gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(rows_o < n_queries, 1))
+        gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(rows_o < n_q, 1))
     else:
-        # every product that read q is done: its tile stages O for the TMA store
-        q_tile.store(out.to(dtype))
+        tma.store_wait(pendings=0)  # the last tile's O has left o_tile
+        o_tile.store(out.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [batch, head, off_m, 0], q_tile4)
-        tma.store_wait(pendings=0)
+        tma.async_copy_shared_to_global(o_desc, [batch, head, off_m, 0], o_tile4)
+    return kv_count + n_iter
+
+
+@gluon.jit
+def _consumer(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
+              stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh,
+              n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
+              VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+              SPLIT_RELEASE: gl.constexpr, PERSISTENT: gl.constexpr):
+    """For each of this program's tiles, consumer WG's rows of it (WG * BLOCK_M on from the tile's
+    first): S and O by wgmma, the online softmax, then O and LSE out. PINGPONG: two consumers
+    take turns issuing their products (_take_turn), so one's softmax runs while the other's
+    products hold the tensor cores. SPLIT_RELEASE: a stage's K is handed back once S is done, its
+    V once P v is (else both after P v). q's tile is handed back (q_empty) once the tile's last S
+    is done, so the producer loads the next tile's q under this one's last P v and epilogue; the
+    ring's and the turns' counts run on across tiles."""
+    if PERSISTENT:
+        kv_count = 0  # key blocks consumed before this tile (the ring's stage and parity)
+        for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            kv_count = _consumer_tile(
+                q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
+                n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                tile, kv_count, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG, SPLIT_RELEASE)
+    else:
+        _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                       o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k,
+                       n_m, n_bh,
+                       n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                       gl.program_id(0), 0, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG,
+                       SPLIT_RELEASE)
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _gluon_attention_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
     stride_oh, stride_om, stride_lb, stride_lh,
-    n_heads, kv_group, n_queries, n_keys, qk_scale,
+    n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
     window_left, window_right, softcap_log2,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
     VARLEN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
+    PERSISTENT: gl.constexpr,
 ):
+    """n_tiles = n_m query blocks x n_bh (batch or sequence, head) pairs; a program takes tiles
+    program_id, + num_programs, ...: one each on a grid of n_tiles, or, PERSISTENT, a grid of one
+    program an SM (its K and V ring, its barriers and its register split set up once)."""
     N_Q: gl.constexpr = 2 if PINGPONG else 1  # consumer warpgroup groups, a q tile each
     BLOCK_M: gl.constexpr = N_Q * q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_m = gl.program_id(0)
-    if CAUSAL or WINDOW:  # the longest query blocks first (the tl kernel's order)
-        start_m = gl.num_programs(0) - 1 - start_m
-    bh = gl.program_id(1)
-    batch = bh // n_heads
-    head = bh % n_heads
-    kv_head = head // kv_group
-    off_m = start_m * BLOCK_M
-    if VARLEN:
-        # sequence `batch` of the packed (1, H, total, D) views: its bounds read on the device
-        q_start = gl.load(cu_seqlens_q + batch)
-        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
-        if off_m >= n_queries:  # a sequence shorter than the grid's longest
+    LPT: gl.constexpr = PERSISTENT and (CAUSAL or WINDOW)
+    gl.static_assert(not (VARLEN and PERSISTENT), "a packed batch runs one tile a program")
+    if VARLEN:  # one tile a program: a query block past its sequence's end returns at once
+        _, _, _, _, _, off_m, n_q, _, _, _, _, _, _ = _tile_of(
+            gl.program_id(0), n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
+            window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, BLOCK_M, BLOCK_N)
+        if off_m >= n_q:
             return
-        k_start = gl.load(cu_seqlens_k + batch)
-        n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
-        desc_batch = 0
-    else:
-        q_start = 0
-        k_start = 0
-        desc_batch = batch
-    causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-
-    # the key range, as the tl kernel takes it: [lo, hi) visited, [unmasked_lo, unmasked_hi)
-    # wholly visible to every row, lo and the unmasked bounds multiples of BLOCK_N
-    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
-                                                  WINDOW, True, BLOCK_M, BLOCK_N)
-    n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_Q] + q_desc.block_type.shape, q_desc.layout)
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, [N_Q] + o_desc.block_type.shape, o_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_empty, count=N_Q)  # each consumer hands q's tile back
     for st in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(st), count=1)
         mbarrier.init(v_ready.index(st), count=1)
@@ -354,29 +487,49 @@ def _gluon_attention_fwd_kernel(
     # spelled out in each branch (a jit function cannot go into a tuple)
     if PINGPONG:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
-                         stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, desc_batch, head, q_start, off_m,
-                         n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter, qk_scale,
-                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN,
-                         0, True, SPLIT_RELEASE)),
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
-                         stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, desc_batch, head, q_start, off_m,
-                         n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter, qk_scale,
-                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN,
-                         1, True, SPLIT_RELEASE)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         desc_batch, head, kv_head, q_start + off_m, k_start + lo, n_iter, SPLIT_RELEASE)),
+            (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
+                         cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
+                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
+                         0, True, SPLIT_RELEASE, PERSISTENT)),
+            (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
+                         cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
+                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
+                         1, True, SPLIT_RELEASE, PERSISTENT)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries,
+                         n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
+                         PERSISTENT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
-                         stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, desc_batch, head, q_start, off_m,
-                         n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter, qk_scale,
-                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN,
-                         0, False, SPLIT_RELEASE)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         desc_batch, head, kv_head, q_start + off_m, k_start + lo, n_iter, SPLIT_RELEASE)),
+            (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
+                         cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
+                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
+                         0, False, SPLIT_RELEASE, PERSISTENT)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries,
+                         n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
+                         PERSISTENT)),
         ], [1], [PRODUCER_REGS])
+
+
+# what sm_count answers for a tensor off the GPU (scripts/gluon_compile.py): an H100 SXM's or H200's SMs
+HOPPER_SMS = 132
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device):
+    """The SMs of `device` (a persistent grid's size); HOPPER_SMS for a CPU tensor's device."""
+    if device.type != "cuda":
+        return HOPPER_SMS
+    return _device_sms(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def gluon_layout_ok(*tensors):
@@ -402,8 +555,10 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D), D in GLUON_HEAD_DIMS, laid out as gluon_layout_ok
     asks; lse None or fp32 (B, H, Tq) with unit token stride. cu_seqlens: None, or
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a packed batch of (1, H, total, D) views, as
-    launch_flash_attention takes it. config: (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE)
-    instead of gluon_config's. Also what scripts/gluon_compile.py compiles for sm_90 without a GPU."""
+    launch_flash_attention takes it. config: (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
+    PERSISTENT) instead of gluon_config's; a packed batch runs one tile a program whatever it says
+    (its tiles past a sequence's end are known on the device only). Also what
+    scripts/gluon_compile.py compiles for sm_90 without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     # a packed batch's totals bound each of its sequences
@@ -412,18 +567,21 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     if cu_seqlens is not None:
         cu_q, cu_k, tq = cu_seqlens
         b = cu_q.shape[0] - 1
-    block_m, block_n, stages, pingpong, split_release = config or gluon_config(d)
+    block_m, block_n, stages, pingpong, split_release, persistent = config or gluon_config(d)
+    persistent = bool(persistent) and cu_q is None
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
     num_warps = 4 if pingpong else block_m // 16
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    n_m, n_bh = cdiv(tq, block_m), b * h
+    n_tiles = n_m * n_bh
     args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), out,
-            lse, cu_q, cu_k, out.stride(1), out.stride(2), *lse_strides, h, h // hkv, tq, tk, qk_scale, left, right,
-            softcap_log2)
+            lse, cu_q, cu_k, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, h, h // hkv, tq, tk,
+            qk_scale, left, right, softcap_log2)
     meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None,
                 VARLEN=cu_q is not None, STAGES=stages, PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release),
-                num_warps=num_warps, maxnreg=MAXNREG)
-    return (cdiv(tq, block_m), b * h), args, meta
+                PERSISTENT=persistent, num_warps=num_warps, maxnreg=MAXNREG)
+    return (min(n_tiles, sm_count(q.device)) if persistent else n_tiles,), args, meta
 
 
 def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):

@@ -641,6 +641,9 @@ def _cases():
             dtype=dtype, causal=True)
         add(f"(B,T,H,D) view T2048 D128 full {dt}", gpu_only=True, b=2, h=16, hkv=4, tq=2048, tk=2048, d=128,
             dtype=dtype, causal=False, layout="bthd")
+        # more (batch, head) pairs than a grid's y extent (the tl kernel spills them onto axis 2)
+        add(f"B2100 H32 T24 D64 causal: {2100 * 32} (batch, head) pairs {dt}", gpu_only=True, b=2100, h=32, hkv=8,
+            tq=24, tk=24, d=64, dtype=dtype, causal=True)
     cases += [Case("references agree", check_matches_blocked), Case("no keys", check_no_keys),
               Case("empty input", check_empty), Case("bad input", check_errors),
               Case("out= under grad (forward-only)", check_out_under_grad)]
@@ -713,6 +716,9 @@ def backward_cases():
             dtype=dtype, causal=True)
         add(f"(B,T,H,D) view T2048 D128 full {dt}", gpu_only=True, b=2, h=16, hkv=4, tq=2048, tk=2048, d=128,
             dtype=dtype, causal=False, layout="bthd")
+        # more (batch, head) pairs than a grid's y extent (the tl kernel spills them onto axis 2)
+        add(f"B2100 H32 T24 D64 causal: {2100 * 32} (batch, head) pairs {dt}", gpu_only=True, b=2100, h=32, hkv=8,
+            tq=24, tk=24, d=64, dtype=dtype, causal=True)
     bf16 = torch.bfloat16
     for causal in (False, True):
         c = "causal" if causal else "full"
@@ -1083,8 +1089,7 @@ CASES += mask_cases()
 def check_gluon_dispatch():
     """With LLMK_ATTENTION_PATH=gluon on an sm_90 GPU with a tested Triton, dense and packed calls
     of the Gluon head dims take the Gluon forward; other head dims, a forced config, a TMA-illegal
-    layout, more (sequence, head) pairs than the grid's y extent and LLMK_ATTENTION_PATH=tl take
-    the tl one; a bad value raises."""
+    layout and LLMK_ATTENTION_PATH=tl take the tl one; a bad value raises."""
     outcomes = []
     q, k, v = make_qkv(1, 2, 2, 8, 8, 64, torch.bfloat16)
     with environment(PATH_ENV, "bogus"):
@@ -1118,8 +1123,8 @@ def check_gluon_dispatch():
         outcomes += [Outcome(f"D{d} dense: gluon", gluon(q, k, v)),
                      Outcome(f"D{d} LLMK_ATTENTION_PATH=tl: tl", not gluon(q, k, v, path="tl")),
                      Outcome(f"D{d} packed: gluon", gluon(q, k, v, cu_seqlens=(two, two, 60))),
-                     Outcome(f"D{d} packed, over {MAX_GRID_Y} (sequence, head) pairs: tl",
-                             not gluon(q, k, v, cu_seqlens=(many, many, 0))),
+                     Outcome(f"D{d} packed, over {MAX_GRID_Y} (sequence, head) pairs: gluon",
+                             gluon(q, k, v, cu_seqlens=(many, many, 0))),
                      Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3]))]
     q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
     odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal

@@ -25,7 +25,7 @@ def ptx_features(ptx):
 def attention_cases():
     """(name, (grid, args, meta)) of the forward's variants: each head dim, causal, window,
     softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules, K and V released apart,
-    packed batches."""
+    packed batches, the persistent grid."""
     import torch
 
     from llmk.attention.attention_checks import attention_mask
@@ -56,9 +56,13 @@ def attention_cases():
                   (f"hd{d} window", case(d, window=(256, 0))), (f"hd{d} softcap causal", case(d, causal=True,
                                                                                            softcap=30.0)),
                   (f"hd{d} BTHD", case(d, transposed=True)),
-                  (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False, False))),
-                  (f"hd{d} causal split release", case(d, causal=True, config=(128, 128, 2, True, True))),
-                  (f"hd{d} window split release", case(d, window=(256, 0), config=(128, 64, 3, True, True))),
+                  (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False, False, False))),
+                  (f"hd{d} causal split release", case(d, causal=True, config=(128, 128, 2, True, True, False))),
+                  (f"hd{d} window split release", case(d, window=(256, 0), config=(128, 64, 3, True, True, False))),
+                  (f"hd{d} persistent", case(d, config=(128, 128, 2, True, True, True))),
+                  (f"hd{d} causal persistent", case(d, causal=True, config=(128, 128, 2, True, True, True))),
+                  (f"hd{d} window persistent lockstep", case(d, window=(256, 0),
+                                                             config=(128, 64, 2, False, False, True))),
                   (f"hd{d} varlen", case(d, varlen=True)), (f"hd{d} varlen causal", case(d, causal=True, varlen=True))]
     return cases
 

@@ -4,7 +4,7 @@ cuDNN and flash backends, on the attention benchmark's forward shapes (16384 tok
 bf16, full and causal.
 
     python scripts/tune/gluon_attention_ab.py                      (H100/H200, Triton 3.6: ~2 min)
-    python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,64,3,1,0 128,128,2,1,1
+    python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,64,3,1,0 128,128,2,1,1 128,128,2,1,1,1
 
 Each Gluon config is first compared with SDPA in fp32 (max |error| printed; a config off by more
 than the tl kernel's error x 2 + 1e-2 prints BAD and is not timed), then timed with
@@ -29,10 +29,10 @@ WATCHDOG_S = 240
 
 def parse_config(text):
     parts = tuple(int(p) for p in text.split(","))
-    if len(parts) not in (4, 5):
-        raise argparse.ArgumentTypeError("a config is BLOCK_M,BLOCK_N,STAGES,PINGPONG[,SPLIT_RELEASE] (flags 0 or 1), "
-                                         f"got {text!r}")
-    return parts + (0,) * (5 - len(parts))
+    if len(parts) not in (4, 5, 6):
+        raise argparse.ArgumentTypeError("a config is BLOCK_M,BLOCK_N,STAGES,PINGPONG[,SPLIT_RELEASE[,PERSISTENT]] "
+                                         f"(flags 0 or 1), got {text!r}")
+    return parts + (0,) * (6 - len(parts))
 
 
 def main():
