@@ -1140,7 +1140,45 @@ def gluon_forward_cases():
             for c in CASES if c.fn in (check, check_lse)]
 
 
-CASES += gluon_forward_cases() + [Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
+def check_gluon_config(config, b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None):
+    """The Gluon forward launched with `config` (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
+    PERSISTENT) into poisoned O and LSE: O against the reference (attention_tol, the 2x rule), LSE
+    against the fp64 logsumexp (lse_tol). For configs the table does not hold yet, the persistent
+    grid's above all: tiles with no keys, key counts no multiple of STAGES, many tiles a program."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    from llmk.attention.gluon_flash_attention_fwd import launch_gluon_attention
+
+    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
+    out, lse = poisoned((b, h, tq, d), dtype), poisoned((b, h, tq), torch.float32)
+    scale = 1.0 / math.sqrt(d)
+    launch_gluon_attention(q, k, v, out, causal, scale, lse, attention_mask(window, softcap), config)
+    _, ref_lse = attention_and_lse(q.double(), k.double(), v.double(), causal, scale, window, softcap)
+    return [compare_o(out, q, k, v, causal, scale, window, softcap),
+            compare("LSE", lse, ref_lse, lse_tol(softcap))]
+
+
+def gluon_config_cases():
+    """check_gluon_config on the configs the A/B weighs (GPU only)."""
+    bf16 = torch.bfloat16
+    rows = [
+        ("persistent hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1, 1),
+         dict(b=2, h=8, hkv=2, tq=1000, tk=300, d=128, causal=True)),
+        ("persistent hd64 128x128x3, full T1000: 8 key blocks over 3 stages", (128, 128, 3, 1, 0, 1),
+         dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=64, causal=False)),
+        ("persistent lockstep hd128 128x64x2, window (256, 0) T777", (128, 64, 2, 0, 0, 1),
+         dict(b=1, h=4, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
+        ("persistent hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
+         (128, 128, 2, 1, 1, 1), dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
+        ("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
+         dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)),
+    ]
+    return [Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
+            for name, config, kw in rows]
+
+
+CASES += gluon_forward_cases() + gluon_config_cases() + [
+    Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
