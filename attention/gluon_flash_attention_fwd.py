@@ -43,8 +43,6 @@ Written against Triton 3.6's Gluon (triton.experimental.gluon), whose spelling c
 releases: attention/attention_paths.py imports this module only on an sm_90 GPU with a Triton
 version in GLUON_TRITON_VERSIONS. It does not run in the interpreter.
 """
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -59,6 +57,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from llmk.attention.attention_checks import NO_MASK
 from llmk.attention.triton_flash_attention_fwd import kernel_mask, key_blocks
+from llmk.common.device import sm_count
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
@@ -516,20 +515,8 @@ def _gluon_attention_fwd_kernel(
         ], [1], [PRODUCER_REGS])
 
 
-# what sm_count answers for a tensor off the GPU (scripts/gluon_compile.py): an H100 SXM's or H200's SMs
+# the persistent grid's size for a tensor off the GPU (scripts/gluon_compile.py): an H100 SXM's or H200's SMs
 HOPPER_SMS = 132
-
-
-@functools.lru_cache(maxsize=None)
-def _device_sms(index):
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device):
-    """The SMs of `device` (a persistent grid's size); HOPPER_SMS for a CPU tensor's device."""
-    if device.type != "cuda":
-        return HOPPER_SMS
-    return _device_sms(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def gluon_layout_ok(*tensors):
@@ -581,7 +568,8 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None,
                 VARLEN=cu_q is not None, STAGES=stages, PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release),
                 PERSISTENT=persistent, num_warps=num_warps, maxnreg=MAXNREG)
-    return (min(n_tiles, sm_count(q.device)) if persistent else n_tiles,), args, meta
+    sms = sm_count(q.device, HOPPER_SMS) if q.device.type == "cuda" else HOPPER_SMS
+    return (min(n_tiles, sms) if persistent else n_tiles,), args, meta
 
 
 def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
