@@ -71,14 +71,19 @@ from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 # producer separately (K once S is done), so the next K can land during P v. PERSISTENT: one
 # program an SM takes tile after tile (dense calls; a packed batch's grid stays one tile a program).
 GLUON_CONFIG_TABLE = [
-    (64, 128, 128, 3, True, False, False),
-    (128, 128, 64, 3, True, False, False),  # 64-key blocks, three stages: +10-17% over 128-key blocks, two stages
+    (64, 128, 128, 3, True, False, True),  # persistent: +2-28% over one tile a program (T 512 most)
+    # 128-key blocks, K released apart from V: +7-16% over 64-key blocks at three stages; persistent:
+    # +4-9% full, +5% causal at T 1024, -3..-10% causal at T >= 4096 (docs/tuning/attention.md)
+    (128, 128, 128, 2, True, True, True),
 ]
 GLUON_HEAD_DIMS = tuple(row[0] for row in GLUON_CONFIG_TABLE)
 # Register budget: the producer warp is rounded up to a warpgroup, so 8 + 4 warps share the SM's
 # 65536 registers: maxnreg 168 = 65536 / (12 x 32), rounded down to a multiple of 8. The producer
 # drops to PRODUCER_REGS with setmaxnreg, and the consumers take what it gives up (240).
 MAXNREG = 168
+# A persistent grid's longest-first order takes (batch, head) pairs in groups whose K and V fit in
+# this much of L2 (H100 and H200: 50 MB; FlashAttention-3's scheduler takes 32 MB the same way)
+L2_BYTES = 32 << 20
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
 
@@ -109,18 +114,24 @@ def wgmma_layout(block_m, block_n, num_warps):
 
 
 @gluon.jit
-def _tile_of(tile, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
+def _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
              window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """What tile `tile` of n_m query blocks x n_bh (batch or sequence, head) pairs covers:
     (descriptor batch, head, kv head, q_start, k_start, off_m, n_queries, n_keys, causal_shift, lo,
     unmasked_lo, unmasked_hi, n_iter). Tiles take a pair's query blocks one after another (its K
     and V stay in L2), the longest first under a mask (the tl kernel's order); LPT, a persistent
-    grid's order under a mask: every pair's longest block before any pair's shorter ones, so the
-    last tiles a program takes are short. A packed batch's sequence bounds are read here."""
+    grid's order under a mask: the pairs in groups of l2_pairs, and in a group every pair's
+    longest block before any pair's shorter ones, so the last tiles a program takes are short. A
+    packed batch's sequence bounds are read here."""
     if LPT:
-        start_m = n_m - 1 - tile // n_bh
-        bh = tile % n_bh
+        # l2_pairs pairs at a time, whose K and V fit in L2 together (taking all n_bh pairs at
+        # once, each key block comes from HBM again: -10% causal at T 16384)
+        group = tile // (l2_pairs * n_m)
+        pairs = gl.minimum(l2_pairs, n_bh - group * l2_pairs)  # the last group may be short
+        rest = tile - group * l2_pairs * n_m
+        start_m = n_m - 1 - rest // pairs
+        bh = group * l2_pairs + rest % pairs
     else:
         start_m = tile % n_m
         bh = tile // n_m
@@ -165,7 +176,7 @@ def _load_q(q_desc, q_smem, q_bar, q_empty, batch, head, q_row, t_local):
 
 @gluon.jit
 def _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                   cu_seqlens_q, cu_seqlens_k, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, window_left,
+                   cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, window_left,
                    window_right, tile, kv_count, t_local, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
                    VARLEN: gl.constexpr, LPT: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
     """_producer's copies for one tile, its t_local-th, after kv_count key blocks: returns the
@@ -175,7 +186,7 @@ def _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empt
     N_Q: gl.constexpr = q_smem.type.shape[0]
     TILE_M: gl.constexpr = q_smem.type.shape[3]
     desc_batch, head, kv_head, q_start, k_start, off_m, n_q, n_k, shift, lo, u_lo, u_hi, n_iter = _tile_of(
-        tile, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
+        tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
         window_right, CAUSAL, WINDOW, VARLEN, LPT, N_Q * TILE_M, BLOCK_N)
     if n_iter == 0:
         _load_q(q_desc, q_smem, q_bar, q_empty, desc_batch, head, q_start + off_m, t_local)
@@ -201,9 +212,9 @@ def _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empt
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-              cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, window_left,
-              window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr,
-              SPLIT_RELEASE: gl.constexpr, PERSISTENT: gl.constexpr):
+              cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys,
+              window_left, window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr,
+              LPT: gl.constexpr, SPLIT_RELEASE: gl.constexpr, PERSISTENT: gl.constexpr):
     """One warp, for each of this program's tiles: its key and value blocks lo, lo + BLOCK_N, ...
     into the ring, and after the first of them its q tiles (one a consumer warpgroup group), once
     the consumers are done with the last tile's (q_empty). A stage is refilled once every consumer
@@ -214,13 +225,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         t_local = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             kv_count = _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
-                                      v_ready, k_empty, v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, n_heads,
-                                      kv_group, n_queries, n_keys, window_left, window_right, tile, kv_count,
+                                      v_ready, k_empty, v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs,
+                                      n_heads, kv_group, n_queries, n_keys, window_left, window_right, tile, kv_count,
                                       t_local, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE)
             t_local += 1
     else:
         _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                       v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, n_heads, kv_group, n_queries, n_keys,
+                       v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys,
                        window_left, window_right, gl.program_id(0), 0, 0, CAUSAL, WINDOW, VARLEN, LPT,
                        SPLIT_RELEASE)
 
@@ -289,8 +300,8 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                    o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
-                   n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, tile,
-                   kv_count, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                   l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                   tile, kv_count, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
                    STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr,
                    PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
     """_consumer's work on one tile after kv_count key blocks: returns the count after it. The
@@ -316,7 +327,7 @@ def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_re
     o_tile = o_tile4.reshape([BLOCK_M, HEAD_D])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     batch, head, kv_head, q_start, k_start, off_m, n_q, n_k, causal_shift, lo, unmasked_lo, unmasked_hi, \
-        n_iter = _tile_of(tile, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
+        n_iter = _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
                           window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, N_Q * BLOCK_M, BLOCK_N)
     off_m = off_m + WG * BLOCK_M
     rows = off_m + gl.arange(0, BLOCK_M, layout=row_s)
@@ -407,7 +418,7 @@ def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_re
 @gluon.jit
 def _consumer(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
               stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh,
-              n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+              l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
               VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
               SPLIT_RELEASE: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -424,12 +435,12 @@ def _consumer(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, 
             kv_count = _consumer_tile(
                 q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                 o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
-                n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
                 tile, kv_count, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG, SPLIT_RELEASE)
     else:
         _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k,
-                       n_m, n_bh,
+                       n_m, n_bh, l2_pairs,
                        n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
                        gl.program_id(0), 0, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG,
                        SPLIT_RELEASE)
@@ -440,7 +451,7 @@ def _consumer(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, 
 def _gluon_attention_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
     stride_oh, stride_om, stride_lb, stride_lh,
-    n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
+    n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
     window_left, window_right, softcap_log2,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
     VARLEN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
@@ -456,7 +467,7 @@ def _gluon_attention_fwd_kernel(
     gl.static_assert(not (VARLEN and PERSISTENT), "a packed batch runs one tile a program")
     if VARLEN:  # one tile a program: a query block past its sequence's end returns at once
         _, _, _, _, _, off_m, n_q, _, _, _, _, _, _ = _tile_of(
-            gl.program_id(0), n_m, n_bh, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
+            gl.program_id(0), n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
             window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, BLOCK_M, BLOCK_N)
         if off_m >= n_q:
             return
@@ -488,29 +499,29 @@ def _gluon_attention_fwd_kernel(
         gl.warp_specialize([
             (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                          o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
-                         cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
+                         cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
                          window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
                          0, True, SPLIT_RELEASE, PERSISTENT)),
             (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                          o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
-                         cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
+                         cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
                          window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
                          1, True, SPLIT_RELEASE, PERSISTENT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries,
-                         n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
+                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group,
+                         n_queries, n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
                          PERSISTENT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                          o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
-                         cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries, n_keys, qk_scale,
+                         cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
                          window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
                          0, False, SPLIT_RELEASE, PERSISTENT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, n_heads, kv_group, n_queries,
-                         n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
+                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group,
+                         n_queries, n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
                          PERSISTENT)),
         ], [1], [PRODUCER_REGS])
 
@@ -562,9 +573,11 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     n_m, n_bh = cdiv(tq, block_m), b * h
     n_tiles = n_m * n_bh
+    # LPT's group: the (batch, head) pairs whose K and V take L2_BYTES together, whole kv groups
+    l2_pairs = min(n_bh, max(1, L2_BYTES // (2 * tk * d * q.element_size())) * (h // hkv))
     args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), out,
-            lse, cu_q, cu_k, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, h, h // hkv, tq, tk,
-            qk_scale, left, right, softcap_log2)
+            lse, cu_q, cu_k, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, l2_pairs, h, h // hkv,
+            tq, tk, qk_scale, left, right, softcap_log2)
     meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None,
                 VARLEN=cu_q is not None, STAGES=stages, PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release),
                 PERSISTENT=persistent, num_warps=num_warps, maxnreg=MAXNREG)

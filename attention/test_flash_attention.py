@@ -1170,6 +1170,8 @@ def gluon_config_cases():
          dict(b=1, h=4, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
         ("persistent hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
          (128, 128, 2, 1, 1, 1), dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
+        ("persistent hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs",
+         (128, 128, 2, 1, 1, 1), dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
         ("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
          dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)),
     ]
