@@ -2,8 +2,9 @@
 with bit for bit, and the eager and compiled baselines of gemm_bench's quantize_fp8 rows.
 
 A group's amax (NaN if it holds one, as torch's amax gives it), floored at AMAX_FLOOR; 448 / amax
-and amax / 448 as tensor divisions (IEEE: torch runs `float / tensor` as a reciprocal and a
-multiply instead); x * (448 / amax) clamped and rounded to e4m3, to nearest even.
+and amax / 448 as divisions of two tensors (IEEE: on CUDA torch runs a division by a Python float
+as a multiply by its reciprocal, an ulp off for some amax); x * (448 / amax) clamped and rounded to
+e4m3, to nearest even.
 """
 import torch
 
@@ -26,9 +27,11 @@ def reference_quantize(x, granularity):
         full = torch.cat([xf, xf.new_zeros(pad, k)])
         groups = full.reshape(-1, GROUP, k // GROUP, GROUP).permute(0, 2, 1, 3).reshape(-1, k // GROUP, GROUP * GROUP)
     amax = groups.abs().amax(-1).clamp_min(AMAX_FLOOR)
-    factor = torch.full_like(amax, FP8_MAX) / amax
+    fp8_max = torch.full_like(amax, FP8_MAX)
+    factor = fp8_max / amax
+    scale = amax / fp8_max
     q = (groups * factor[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     if granularity == "128x128":
         q = q.reshape(-1, k // GROUP, GROUP, GROUP).permute(0, 2, 1, 3).reshape(-1, k)[:m]
-        return q, (amax / FP8_MAX)
-    return q.reshape(m, k), (amax / FP8_MAX).reshape(scale_shape(m, k, granularity))
+        return q, scale
+    return q.reshape(m, k), scale.reshape(scale_shape(m, k, granularity))

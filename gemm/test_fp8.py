@@ -10,10 +10,11 @@ fp8_matmul: the products of e4m3 values are exact, so the error model is matmul'
 (gemm/matmul_cases.py: fp32 accumulation over K, one rounding to the output dtype) on the
 dequantized operands a * scale_a and b * scale_b, plus one fp32 rounding a scaling (2^-24, far
 inside it), plus on a GPU the tensor cores' 128-term sums (PROMOTED_SUM_ERROR). The PyTorch baseline
-of the 2x rule is torch._scaled_mm for row-wise scales, and the dequantized product in fp32 rounded
-once for block scales (which _scaled_mm takes on some CUDA GPUs only); bias and activation as
-separate ops after it, as matmul's tests do. A scale ignored, a block's scale applied to the wrong
-128 values of K or of N, or a tile left unwritten is off by whole terms.
+of the 2x rule is torch._scaled_mm for row-wise scales where its shape rules allow, and the
+dequantized product in fp32 rounded once for block scales (which _scaled_mm takes on some CUDA GPUs
+only) and the other shapes; bias and activation as separate ops after it, as matmul's tests do. A
+scale ignored, a block's scale applied to the wrong 128 values of K or of N, or a tile left
+unwritten is off by whole terms.
 """
 import torch
 
@@ -139,9 +140,10 @@ def fp8_inputs(m, n, k, granularity, weight_layout=True, pad=False):
 
 
 def torch_fp8(a, b, sa, sb, a_deq, b_deq, bias, activation, out_dtype):
-    """PyTorch's FP8 product (row-wise: torch._scaled_mm; blocks: the dequantized product in fp32,
-    rounded once), then the bias and the activation as separate ops in out_dtype."""
-    if sa.dim() == 1:
+    """PyTorch's FP8 product (row-wise: torch._scaled_mm, which on CUDA takes K and N multiples of
+    16 only; blocks and other shapes: the dequantized product in fp32, rounded once), then the bias
+    and the activation as separate ops in out_dtype."""
+    if sa.dim() == 1 and a.shape[1] % 16 == 0 and b.shape[1] % 16 == 0:
         y = torch._scaled_mm(a, b.T.contiguous().T, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=out_dtype)
     else:
         y = (a_deq.float() @ b_deq.float()).to(out_dtype)
