@@ -43,6 +43,8 @@ Written against Triton 3.6's Gluon (triton.experimental.gluon), whose spelling c
 releases: attention/attention_paths.py imports this module only on an sm_90 GPU with a Triton
 version in GLUON_TRITON_VERSIONS. It does not run in the interpreter.
 """
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -540,12 +542,18 @@ def gluon_layout_ok(*tensors):
     return True
 
 
+@functools.cache
+def _tile_layout(block, head_dim, dtype):
+    """The shared-memory layout of a (1, 1, block, head_dim) tile of torch dtype `dtype`: made once
+    (get_default_for takes ~7 us of the host's time, and a launch builds four descriptors)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, block, head_dim],
+                                                gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
 def _descriptor(t, block):
     """A 4-D TMA descriptor over t (B, H, T, D), in place, for (1, 1, block, D) tiles."""
-    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    shape = [1, 1, block, t.shape[3]]
-    layout = gl.NVMMASharedLayout.get_default_for(shape, dtype)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), shape, layout)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block, t.shape[3]],
+                            _tile_layout(block, t.shape[3], t.dtype))
 
 
 def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):

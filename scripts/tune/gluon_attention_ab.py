@@ -5,6 +5,7 @@ bf16, full and causal.
 
     python scripts/tune/gluon_attention_ab.py                      (H100/H200, Triton 3.6: ~2 min)
     python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,64,3,1,0 128,128,2,1,1 128,128,2,1,1,1
+    python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,128,2,1,1,0 128,128,2,1,1,1 --l2-mb 8 16 32
 
 Each Gluon config is first compared with SDPA in fp32 (max |error| printed; a config off by more
 than the tl kernel's error x 2 + 1e-2 prints BAD and is not timed), then timed with
@@ -18,6 +19,7 @@ import threading
 import torch
 import triton
 
+from llmk.attention import gluon_flash_attention_fwd as gluon_fwd
 from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE, gluon_config, launch_gluon_attention
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention
 from llmk.benchmarks.attention_bench import attention_flops, sdpa
@@ -41,7 +43,11 @@ def main():
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     parser.add_argument("--configs", type=parse_config, nargs="*", default=None,
                         help="Gluon configs to A/B (default: the table's, per head dim)")
+    parser.add_argument("--l2-mb", type=int, nargs="+", default=None,
+                        help="persistent configs only: L2_BYTES values (MB) to A/B, the size of the groups of "
+                             "(batch, head) pairs a masked persistent grid takes at once (default: the module's)")
     args = parser.parse_args()
+    l2_sizes = [mb << 20 for mb in args.l2_mb] if args.l2_mb else [gluon_fwd.L2_BYTES]
 
     def hang():
         print(f"TIMEOUT: a kernel ran past {WATCHDOG_S} s (an mbarrier phase or count bug?)", flush=True)
@@ -69,18 +75,20 @@ def main():
                 tl_call()
                 tl_err = (out.float() - ref).abs().max().item()
                 rows["tl"] = (triton.testing.do_bench(tl_call), tl_err)
-                for config in configs:
+                for config, l2 in [(c, l2) for c in configs for l2 in (l2_sizes if c[5] else l2_sizes[:1])]:
+                    gluon_fwd.L2_BYTES = l2  # read at each launch
+                    label = f"gluon {config}" + (f" L2 {l2 >> 20} MB" if config[5] and args.l2_mb else "")
                     out.fill_(float("nan"))
                     call = lambda c=config: launch_gluon_attention(q, k, v, out, causal, scale, config=c)  # noqa: E731
                     call()
                     torch.cuda.synchronize()
                     err = (out.float() - ref).abs().max().item()
                     if not err <= 2 * tl_err + 1e-2:
-                        print(f"{name} | gluon {config} | BAD | | {err:.3g} (tl {tl_err:.3g})", flush=True)
+                        print(f"{name} | {label} | BAD | | {err:.3g} (tl {tl_err:.3g})", flush=True)
                         continue
                     ms = triton.testing.do_bench(call)
                     err = max(err, (out.float() - ref).abs().max().item())  # after hundreds of launches
-                    rows[f"gluon {config}"] = (ms, err)
+                    rows[label] = (ms, err)
                 for peer, fn in peers.items():
                     try:
                         rows[peer] = (triton.testing.do_bench(lambda fn=fn: fn(q, k, v, causal)), float("nan"))
