@@ -46,7 +46,12 @@ provider's inputs are quantized before the timing; max_err is against the bf16 i
 fp32, so it is each recipe's quantization error. Bytes (M <= 128): M*K + K*N + 2*M*N. Shapes:
 square 4096 and 8192, M = 1..16384 at the three (K, N) above. Quantization rows (op "quantize_fp8",
 row-wise): triton against the same formula in PyTorch ops, eager and torch.compile; bytes
-3*M*K + 4*M (read bf16, write e4m3 and a scale a row).
+3*M*K + 4*M (read bf16, write e4m3 and a scale a row). FP8 producers (ops "rmsnorm_fp8" and
+"swiglu_fp8", gemm/triton_fp8_producers.py: the kernel that makes the values casts them): triton
+against "triton+quantize" (our 16-bit kernel, then quantize_fp8: the values written and read once
+more) and the PyTorch composition, eager and torch.compile; bytes 3*M*K + 4*M for rmsnorm_fp8 (x
+read, q and the scales written; the weight is L2's), 5*M*K + 4*M for swiglu_fp8 (gate and up read);
+max_err is max |q * scale - y| against the fp32 y, each provider's rounding to e4m3.
     python benchmarks/gemm_bench.py            (GPU; writes benchmarks/results/gemm.json and PNGs)
     python benchmarks/gemm_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/gemm_bench.py --only matmul_linear --dtype bf16   (a subset)
@@ -64,12 +69,16 @@ from llmk.devtools.testing import grads_of, rand
 from llmk.gemm.fp8_ops import fp8_matmul, quantize_fp8
 from llmk.gemm.matmul_ops import kernel_choice, matmul
 from llmk.gemm.reference_fp8 import reference_quantize
+from llmk.gemm.triton_fp8_producers import rmsnorm_fp8, swiglu_fp8
 from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
+from llmk.mlp.reference_mlp import swiglu_ref
+from llmk.mlp.triton_glu import swiglu
+from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6
-OURS = ("triton", "triton-block", "triton-bf16")  # the max_err gate's rows (devtools/harness.py)
+OURS = ("triton", "triton-block", "triton-bf16", "triton+quantize")  # the max_err gate's rows (devtools/harness.py)
 BYTES_UP_TO_M = 128  # GB/s for the rows bound by reading b
 GRAPH_UP_TO_M = 64   # GPU time (CUDA graphs) beside do_bench's for decode-size rows
 GRAPH_BELOW_MS = 0.05  # and for any shape a provider runs in under 50 us (1024^3: ~10 us), where the host shows
@@ -97,6 +106,7 @@ FULL = dict(
     + [llm_sweep((1, 16, 128, 1024, 4096, 16384), k, n, label)
        for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
     quantize=[llm_sweep((4096, 16384), 4096, 4096, "K = 4096"), llm_sweep((8192,), 14336, 14336, "K = 14336")],
+    producers=[llm_sweep((4096, 16384), 4096, 4096, "hidden 4096"), llm_sweep((8192,), 14336, 14336, "width 14336")],
 )
 SMOKE = dict(
     matmul=[("M = N = K", [(s, (s, s, s)) for s in (32, 64)]), llm_sweep((1, 16), 64, 96, "tiny")],
@@ -107,6 +117,7 @@ SMOKE = dict(
     rmsnorm_linear_train=[llm_sweep((40,), 64, 96, "tiny")],
     fp8=[llm_sweep((16, 33), 256, 96, "tiny")],
     quantize=[llm_sweep((33,), 256, 256, "tiny")],
+    producers=[llm_sweep((33,), 300, 300, "tiny")],
 )
 ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}
 
@@ -188,6 +199,29 @@ def quantize_reference(x):
 def quantize_setup(m, k):
     x = rand((m, k), torch.bfloat16)
     return (x,), tuple(t.float() for t in quantize_reference(x))
+
+
+def rmsnorm_fp8_reference(x, w):
+    """RMSNorm, then quantize_fp8's formula, in PyTorch ops: the eager and compiled baselines."""
+    return reference_quantize(rmsnorm_ref(x, w, EPS), "row")
+
+
+def swiglu_fp8_reference(gate, up):
+    """SwiGLU, then quantize_fp8's formula, in PyTorch ops."""
+    return reference_quantize(swiglu_ref(gate, up), "row")
+
+
+def dequantized_err(out, y):
+    """max |q * scale - y| over the fp32 y: each provider's error, its rounding to e4m3 above all."""
+    q, scale = out[0], out[1]
+    return (q.float() * scale[:, None] - y).abs().max().item()
+
+
+def producer_setup(op, m, k):
+    """(inputs, fp32 y): x and a norm weight for rmsnorm_fp8, gate and up for swiglu_fp8."""
+    a, b = rand((m, k), torch.bfloat16), rand((k,) if op == "rmsnorm_fp8" else (m, k), torch.bfloat16)
+    y = rmsnorm_ref(a.float(), b.float(), EPS) if op == "rmsnorm_fp8" else swiglu_ref(a.float(), b.float())
+    return (a, b), y
 
 
 TRAIN_DTYPE = torch.bfloat16
@@ -295,6 +329,24 @@ def cases(config):
         yield BenchCase("quantize_fp8", (m, k), dtype, providers, lambda m=m, k=k: quantize_setup(m, k),
                         n_bytes=3 * m * k + 4 * m, compare=lambda out, ref: max(
                             (o.float() - r).abs().max().item() for o, r in zip(out, ref)))
+    yield from producer_cases(config, dtype)
+
+
+def producer_cases(config, dtype):
+    """rmsnorm_fp8 and swiglu_fp8 (e4m3 and a scale a row out of the kernel that makes the values)
+    against the 16-bit kernel followed by quantize_fp8, and the PyTorch composition."""
+    providers = {
+        "rmsnorm_fp8": {"triton": lambda x, w: tuple(rmsnorm_fp8(x, w, EPS)[:2]),
+                        "triton+quantize": lambda x, w: quantize_fp8(rmsnorm(x, w, EPS)),
+                        "torch": rmsnorm_fp8_reference, "torch.compile": compile_fn(rmsnorm_fp8_reference)},
+        "swiglu_fp8": {"triton": lambda g, u: tuple(swiglu_fp8(g, u)[:2]),
+                       "triton+quantize": lambda g, u: quantize_fp8(swiglu(g, u)),
+                       "torch": swiglu_fp8_reference, "torch.compile": compile_fn(swiglu_fp8_reference)}}
+    for op, inputs_bytes in (("rmsnorm_fp8", 2), ("swiglu_fp8", 4)):
+        for m, _, k in shapes_of(config["producers"]):
+            # bytes: the 16-bit inputs read (x; or gate and up), q written (one a value), a scale a row
+            yield BenchCase(op, (m, k), dtype, providers[op], lambda op=op, m=m, k=k: producer_setup(op, m, k),
+                            n_bytes=(inputs_bytes + 1) * m * k + 4 * m, compare=dequantized_err)
 
 
 def charts(args, config):

@@ -9,7 +9,8 @@ PAGE = Area(
     "Kernels in `gemm/`: `matmul_ops.py` (tiled, split-K for decode, picks the kernel), "
     "`triton_matmul_tma.py` (persistent TMA kernel for M >= 1024 on Hopper), `triton_gemv.py` "
     "(M = 1 against an `nn.Linear` weight), `triton_rmsnorm_linear.py`, and FP8: `fp8_ops.py` "
-    "(`triton_fp8_quant.py`, `triton_fp8_matmul.py`). The `config` column names the kernel and tile that ran.",
+    "(`triton_fp8_quant.py`, `triton_fp8_matmul.py`) and the FP8 producers (`triton_fp8_producers.py`). "
+    "The `config` column names the kernel and tile that ran.",
     [Group(("matmul",), "M >= 2048, N and K >= 4096", lambda s: gemm_m(s) >= 2048 and min(dims(s)[1:]) >= 4096,
            why="cuBLAS chooses among many precompiled kernels for each shape; ours picks from a "
                "small autotuned tile table."),
@@ -35,7 +36,9 @@ PAGE = Area(
            peers=("triton",)),
      Group(("fp8_matmul",), "FP8 row-wise, M <= 16, GPU time", lambda s: gemm_m(s) <= 16, graph=True,
            peers=("torch-scaled-mm-rowwise", "cuBLAS-bf16")),
-     Group(("quantize_fp8",), "row-wise, all shapes", peers=("torch", "torch.compile"))],
+     Group(("quantize_fp8",), "row-wise, all shapes", peers=("torch", "torch.compile")),
+     Group(("rmsnorm_fp8", "swiglu_fp8"), "FP8 producers, all shapes",
+           peers=("triton+quantize", "torch", "torch.compile"))],
     [TRAIN_NOTE, "Eager rows of 10-50 us carry the host's launch cost (a Triton launch costs the host more "
      "than cuBLAS's); the GPU-time tables (CUDA-graph replays) take the host out.",
      "`rmsnorm_linear` fuses the norm into the GEMM for M <= 16 only (`PATH_TABLE` in "

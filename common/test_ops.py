@@ -64,6 +64,7 @@ from llmk.devtools.testing import (
 from llmk.gemm.fp8_linear_ops import fp8_linear
 from llmk.gemm.fp8_ops import fp8_matmul, quantize_fp8
 from llmk.gemm.matmul_ops import matmul
+from llmk.gemm.triton_fp8_producers import rmsnorm_fp8, swiglu_fp8
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
 from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
 from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy_none_op
@@ -285,6 +286,12 @@ SPECS = [
            lambda t: (t["a"], t["b"], t["sa"], t["sb"], t["bias"], "silu", bf16), None, "bias",
            # test_schema compares the inputs before and after with float8 arithmetic torch lacks
            opcheck_skip=("test_schema",)),
+    OpSpec("rmsnorm_fp8 residual keep_y", "rmsnorm_fp8", lambda: norm_inputs((3, 5, 64), bf16, residual=True),
+           lambda t: tuple(rmsnorm_fp8(t["x"], t["weight"], EPS, residual=t["residual"], keep_y=True)),
+           lambda t: (t["x"], t["residual"], t["weight"], EPS, 0.0, True), None, "x"),
+    OpSpec("swiglu_fp8", "glu_fp8", lambda: dict(gate=rand((4, 96), bf16), up=rand((4, 96), bf16)),
+           lambda t: tuple(swiglu_fp8(t["gate"], t["up"])[:2]), lambda t: (t["gate"], t["up"], "silu", False), None,
+           "gate"),
     OpSpec("fp8_linear bias", "fp8_linear", lambda: linear_inputs(6, 48, 128, bf16, bias=True),
            lambda t: fp8_linear(t["a"], t["w"], t["bias"]), lambda t: (t["a"], t["w"], t["bias"]), None, "w",
            ("a", "w", "bias")),

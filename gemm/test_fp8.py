@@ -32,32 +32,13 @@ from llmk.devtools.testing import (
     poisoned,
     rand,
 )
+from llmk.gemm.fp8_cases import poisoned_fp8, same_bits
 from llmk.gemm.fp8_linear_ops import fp8_linear, fp8_linear_op
 from llmk.gemm.fp8_ops import FP8, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
 from llmk.gemm.reference_fp8 import reference_quantize
 from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
 from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
-
-FP8_NAN = 0x7F  # e4m3fn's NaN byte: a poisoned q
-
-
-def poisoned_fp8(shape):
-    return torch.full(shape, FP8_NAN, dtype=torch.uint8, device=DEVICE).view(FP8)
-
-
-def nan_as_one(t):
-    """e4m3 bytes with both NaN encodings (0x7F, 0xFF: the sign of a NaN) as 0x7F."""
-    b = t.view(torch.uint8)
-    return torch.where(b & 0x7F == 0x7F, torch.full_like(b, 0x7F), b)
-
-
-def same_bits(check, got, want):
-    """EXACT comparison of e4m3 tensors by their bytes (a NaN's sign aside)."""
-    if tuple(got.shape) != tuple(want.shape):
-        return Outcome(check, False, note=f"shape {tuple(got.shape)} != {tuple(want.shape)}")
-    bad = int((nan_as_one(got) != nan_as_one(want)).sum())
-    return Outcome(check, bad == 0, bad=f"{bad}/{want.numel()}")
 
 
 def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_rows=(), one_pass=None,

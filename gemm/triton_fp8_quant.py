@@ -42,13 +42,13 @@ INTERPRET_GROUP_ROWS = 8
 
 
 @triton.jit
-def _factor(amax, FP8_MAX_: tl.constexpr):
+def quant_factor(amax, FP8_MAX_: tl.constexpr):
     """FP8_MAX / amax, the quantizing factor, an IEEE division."""
     return tl.math.div_rn(tl.zeros_like(amax) + FP8_MAX_, amax)
 
 
 @triton.jit
-def _scale(amax, FP8_MAX_: tl.constexpr):
+def quant_scale(amax, FP8_MAX_: tl.constexpr):
     """amax / FP8_MAX, the scale stored (x ~ q * scale), an IEEE division."""
     return tl.math.div_rn(amax, tl.zeros_like(amax) + FP8_MAX_)
 
@@ -68,7 +68,7 @@ def round_e4m3(x):
 
 
 @triton.jit
-def _group_amax(x, amax, AMAX_FLOOR_: tl.constexpr, AXIS: tl.constexpr):
+def group_amax(x, amax, AMAX_FLOOR_: tl.constexpr, AXIS: tl.constexpr):
     """max(amax, max |x| along AXIS (None: all of x), AMAX_FLOOR), NaN where x holds a NaN, as
     PyTorch's amax gives it (tl.max passes NaN over): the group's scale and values are then NaN."""
     if AXIS is None:
@@ -95,7 +95,7 @@ def e4m3_bits(y):
 
 
 @triton.jit
-def _cast(x, inv, FP8_MAX_: tl.constexpr, SOFT_ROUND: tl.constexpr):
+def cast_e4m3(x, inv, FP8_MAX_: tl.constexpr, SOFT_ROUND: tl.constexpr):
     """x (fp32) times the quantizing factor inv, clamped to e4m3's range, rounded to e4m3 (with
     SOFT_ROUND, the interpreter's lane: by round_e4m3 and e4m3_bits instead of the cast)."""
     y = tl.clamp(x * inv, -FP8_MAX_, FP8_MAX_, propagate_nan=tl.PropagateNan.ALL)
@@ -118,20 +118,21 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, strid
     if ONE_PASS:
         ok = row_ok[:, None] & (rk < K)[None, :]
         x = tl.load(x_rows + rk[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
-        amax = _group_amax(x, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
-        tl.store(q_rows + rk[None, :], _cast(x, _factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
+        amax = group_amax(x, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
+        q = cast_e4m3(x, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND)
+        tl.store(q_rows + rk[None, :], q, mask=ok)
     else:
         amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
         for k in range(0, K, BLOCK_K):
             ok = row_ok[:, None] & (k + rk < K)[None, :]
             x = tl.load(x_rows + (k + rk)[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
-            amax = _group_amax(x, amax, AMAX_FLOOR_, 1)
-        inv = _factor(amax, FP8_MAX_)[:, None]
+            amax = group_amax(x, amax, AMAX_FLOOR_, 1)
+        inv = quant_factor(amax, FP8_MAX_)[:, None]
         for k in range(0, K, BLOCK_K):
             ok = row_ok[:, None] & (k + rk < K)[None, :]
             x = tl.load(x_rows + (k + rk)[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
-            tl.store(q_rows + (k + rk)[None, :], _cast(x, inv, FP8_MAX_, SOFT_ROUND), mask=ok)
-    tl.store(s_ptr + rm, _scale(amax, FP8_MAX_), mask=row_ok)
+            tl.store(q_rows + (k + rk)[None, :], cast_e4m3(x, inv, FP8_MAX_, SOFT_ROUND), mask=ok)
+    tl.store(s_ptr + rm, quant_scale(amax, FP8_MAX_), mask=row_ok)
 
 
 @triton.jit
@@ -148,15 +149,15 @@ def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, str
     x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok,
                 other=0.0).to(tl.float32)
     if TILE_GROUP:
-        amax = _group_amax(x, 0.0, AMAX_FLOOR_, None)
-        q = _cast(x, _factor(amax, FP8_MAX_), FP8_MAX_, SOFT_ROUND)
+        amax = group_amax(x, 0.0, AMAX_FLOOR_, None)
+        q = cast_e4m3(x, quant_factor(amax, FP8_MAX_), FP8_MAX_, SOFT_ROUND)
         tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :], q, mask=ok)
-        tl.store(s_ptr + pid_m * stride_sm + pid_k, _scale(amax, FP8_MAX_))
+        tl.store(s_ptr + pid_m * stride_sm + pid_k, quant_scale(amax, FP8_MAX_))
     else:
-        amax = _group_amax(x, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
+        amax = group_amax(x, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
         tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :],
-                 _cast(x, _factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
-        tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, _scale(amax, FP8_MAX_), mask=rm < M)
+                 cast_e4m3(x, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
+        tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, quant_scale(amax, FP8_MAX_), mask=rm < M)
 
 
 def scale_shape(m, k, granularity):

@@ -1,0 +1,312 @@
+"""The kernels before an FP8 GEMM, casting their own output: RMSNorm (and residual add + RMSNorm)
+and the gated units (SwiGLU, GeGLU) writing e4m3 values with a scale per row, so that the GEMM
+after them reads one byte a value and no quantization pass reads their output again.
+
+    y = rmsnorm(x) or act(gate) * up       as normalization/triton_rmsnorm.py and
+                                           mlp/triton_glu.py compute it, rounded to x's dtype
+    scale = max(amax(y row), AMAX_FLOOR) / 448,  q = e4m3(clamp(y * (448 / amax)))
+
+q and scale are what quantize_fp8(y, "row") (gemm/triton_fp8_quant.py) gives for the same y, bit
+for bit: the cast reads y rounded to x's dtype, not the fp32 value before that rounding, so the
+fused kernel and the two-kernel composition agree exactly (the tests check it). keep_y also writes
+y itself: a training step keeps it for the weight gradient's own cast (its scales run along the
+tokens, not along a row).
+
+Bytes a row of N values of e bytes, against rmsnorm then quantize_fp8: reads x (N*e), writes q (N)
+and a scale (4): 2*N*e + N less than the two kernels' 3*N*e + N, and N*e more with keep_y. A row
+of at most ONE_PASS_MAX values stays in registers between the norm, the max and the cast; a longer
+one is read three times (the sum of squares, the max, the cast; the last two from L2), a gated
+unit's twice.
+
+Forward-only operators llmk::rmsnorm_fp8 and llmk::glu_fp8: e4m3 values have no gradient here.
+"""
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from llmk.common.device import INTERPRET
+from llmk.common.ints import cdiv
+from llmk.common.ops import define_op
+from llmk.common.triton_utils import activate
+from llmk.common.validation import as_rows, check_same_device, check_tensor
+from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX, cast_e4m3, group_amax, quant_factor, quant_scale, row_plan
+from llmk.mlp.checks import check_swiglu_args
+from llmk.mlp.reference_mlp import check_approximate
+from llmk.normalization.checks import check_norm_args
+
+FP8 = torch.float8_e4m3fn
+REMEDY = "its e4m3 output has no gradient: train through the 16-bit op"
+
+
+class FP8Rows(NamedTuple):
+    """A producer's FP8 output: q (..., N) float8_e4m3fn and scale (...,) fp32, q * scale ~ y; y
+    (..., N) in the input's dtype with keep_y, else None; residual_out, the residual stream
+    x + residual (rmsnorm_fp8 with a residual), else None."""
+    q: torch.Tensor
+    scale: torch.Tensor
+    y: torch.Tensor | None
+    residual_out: torch.Tensor | None
+
+
+@triton.jit
+def _norm_source(x_ptr, res_ptr, u_ptr, rows, cols, mask, stride_xm, stride_rm, stride_um,
+                 HAS_RESIDUAL: tl.constexpr, FIRST: tl.constexpr):
+    """A block of the values RMSNorm normalizes, in fp32: x, or u = x + residual rounded to x's
+    dtype, which the first pass (FIRST) computes and stores and later passes read back."""
+    if HAS_RESIDUAL and not FIRST:
+        return tl.load(u_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(u_ptr + rows[:, None] * stride_um + cols[None, :], x, mask=mask)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT: tl.constexpr):
+    """x * rstd * (offset + weight) in fp32, RMSNorm's order (normalization/triton_rmsnorm.py)."""
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32) + offset
+        return x * rstd[:, None] * w[None, :]
+    return x * rstd[:, None]
+
+
+@triton.jit
+def _rounded(y, y_ptr, offs, mask, STORE_Y: tl.constexpr):
+    """y (fp32) rounded to the output dtype (y_ptr's: x's), back in fp32, and stored with STORE_Y."""
+    y = y.to(y_ptr.dtype.element_ty)
+    if STORE_Y:
+        tl.store(y_ptr + offs, y, mask=mask)
+    return y.to(tl.float32)
+
+
+@triton.jit
+def _rmsnorm_fp8_kernel(
+    # pointers
+    x_ptr, res_ptr, w_ptr, y_ptr, u_ptr, q_ptr, s_ptr,
+    # matrix dimensions and row strides (in elements)
+    n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um, stride_qm,
+    eps, offset,
+    # meta-parameters
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, STORE_Y: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_M rows a program. ONE_PASS (n_cols <= BLOCK_N): the row in registers from the load to
+    the cast; else three passes over BLOCK_N-column blocks: sum of squares, max of y, cast."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride
+    row_ok = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    if ONE_PASS:
+        in_row = cols < n_cols
+        mask = row_ok[:, None] & in_row[None, :]
+        x = _norm_source(x_ptr, res_ptr, u_ptr, rows, cols, mask, stride_xm, stride_rm, stride_um, HAS_RESIDUAL,
+                         True)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        y = _rounded(_normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT), y_ptr,
+                     rows[:, None] * stride_ym + cols[None, :], mask, STORE_Y)
+        amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR, 1)
+        q = cast_e4m3(y, quant_factor(amax, FP8_MAX)[:, None], FP8_MAX, SOFT_ROUND)
+        tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
+            x = _norm_source(x_ptr, res_ptr, u_ptr, rows, start + cols, mask, stride_xm, stride_rm, stride_um,
+                             HAS_RESIDUAL, True)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+        if HAS_RESIDUAL:
+            tl.debug_barrier()  # the passes below read u back: every thread's stores first
+        amax = tl.full([BLOCK_M], AMAX_FLOOR, tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            in_row = start + cols < n_cols
+            mask = row_ok[:, None] & in_row[None, :]
+            x = _norm_source(x_ptr, res_ptr, u_ptr, rows, start + cols, mask, stride_xm, stride_rm, stride_um,
+                             HAS_RESIDUAL, False)
+            y = _rounded(_normalized(x, rstd, w_ptr, start + cols, in_row, offset, HAS_WEIGHT), y_ptr,
+                         rows[:, None] * stride_ym + (start + cols)[None, :], mask, STORE_Y)
+            amax = group_amax(y, amax, AMAX_FLOOR, 1)
+        inv = quant_factor(amax, FP8_MAX)[:, None]
+        for start in range(0, n_cols, BLOCK_N):
+            in_row = start + cols < n_cols
+            mask = row_ok[:, None] & in_row[None, :]
+            x = _norm_source(x_ptr, res_ptr, u_ptr, rows, start + cols, mask, stride_xm, stride_rm, stride_um,
+                             HAS_RESIDUAL, False)
+            y = _rounded(_normalized(x, rstd, w_ptr, start + cols, in_row, offset, HAS_WEIGHT), y_ptr,
+                         rows[:, None] * stride_ym + (start + cols)[None, :], mask, False)
+            tl.store(q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
+                     cast_e4m3(y, inv, FP8_MAX, SOFT_ROUND), mask=mask)
+    tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX), mask=row_ok)
+
+
+@triton.jit
+def _glu_block(gate_ptr, up_ptr, y_ptr, rows, cols, mask, stride_gm, stride_um, stride_ym,
+               ACTIVATION: tl.constexpr, STORE_Y: tl.constexpr):
+    """act(gate) * up of a block, rounded to gate's dtype (back in fp32), stored with STORE_Y."""
+    g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return _rounded(activate(g, ACTIVATION) * u, y_ptr, rows[:, None] * stride_ym + cols[None, :], mask, STORE_Y)
+
+
+@triton.jit
+def _glu_fp8_kernel(
+    # pointers
+    gate_ptr, up_ptr, y_ptr, q_ptr, s_ptr,
+    # matrix dimensions and row strides (in elements)
+    n_rows, n_cols, stride_gm, stride_um, stride_ym, stride_qm,
+    # meta-parameters
+    ACTIVATION: tl.constexpr, STORE_Y: tl.constexpr, SOFT_ROUND: tl.constexpr, ONE_PASS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_M rows a program. ONE_PASS (n_cols <= BLOCK_N): the row in registers; else two passes
+    over BLOCK_N-column blocks: the max of y, then y again (gate and up from L2) and the cast."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride
+    row_ok = rows < n_rows
+    cols = tl.arange(0, BLOCK_N)
+    if ONE_PASS:
+        mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, cols, mask, stride_gm, stride_um, stride_ym, ACTIVATION,
+                       STORE_Y)
+        amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR, 1)
+        q = cast_e4m3(y, quant_factor(amax, FP8_MAX)[:, None], FP8_MAX, SOFT_ROUND)
+        tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=mask)
+    else:
+        amax = tl.full([BLOCK_M], AMAX_FLOOR, tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
+            y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym,
+                           ACTIVATION, STORE_Y)
+            amax = group_amax(y, amax, AMAX_FLOOR, 1)
+        inv = quant_factor(amax, FP8_MAX)[:, None]
+        for start in range(0, n_cols, BLOCK_N):
+            mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
+            y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym,
+                           ACTIVATION, False)
+            tl.store(q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
+                     cast_e4m3(y, inv, FP8_MAX, SOFT_ROUND), mask=mask)
+    tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX), mask=row_ok)
+
+
+def _buffers(x, keep_y, residual=None):
+    """(q, scale, y, u) for x (..., N): y and u 0-size where not wanted (an operator returns
+    tensors only)."""
+    q = x.new_empty(x.shape, dtype=FP8)
+    scale = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    y = x.new_empty(x.shape) if keep_y else x.new_empty((0,))
+    u = x.new_empty(x.shape) if residual is not None else x.new_empty((0,))
+    return q, scale, y, u
+
+
+def launch_rmsnorm_fp8(x, residual, weight, eps, offset, q, scale, y=None, u=None, one_pass=None):
+    """Launch on validated arguments: x, residual (or None) (..., N); weight (N,) or None; q
+    (..., N) e4m3, scale (...,) fp32, y and u (or None) contiguous, shaped like x. one_pass: force
+    the path (tests)."""
+    x2 = as_rows(x)
+    n_rows, n_cols = x2.shape
+    r2 = as_rows(residual) if residual is not None else x2
+    q2, y2 = q.view(-1, n_cols), (y.view(-1, n_cols) if y is not None else x2)
+    u2 = u.view(-1, n_cols) if u is not None else x2  # placeholders: pointers the kernel never touches
+    w = weight.contiguous() if weight is not None else x2
+    block_m, block_n, one_pass = row_plan(n_cols, one_pass)
+    _rmsnorm_fp8_kernel[(cdiv(n_rows, block_m),)](
+        x2, r2, w, y2, u2, q2, scale, n_rows, n_cols, x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0),
+        q2.stride(0), eps, offset, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+        STORE_Y=y is not None, SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=4)
+
+
+def launch_glu_fp8(gate, up, activation, q, scale, y=None, one_pass=None):
+    """Launch on validated arguments: gate, up (..., I) of one dtype, any row strides; activation
+    "silu", "gelu" or "gelu_tanh"; q (..., I) e4m3, scale (...,) fp32, y (or None) contiguous."""
+    g2, u2 = as_rows(gate), as_rows(up)
+    n_rows, n_cols = g2.shape
+    q2, y2 = q.view(-1, n_cols), (y.view(-1, n_cols) if y is not None else g2)
+    block_m, block_n, one_pass = row_plan(n_cols, one_pass)
+    _glu_fp8_kernel[(cdiv(n_rows, block_m),)](
+        g2, u2, y2, q2, scale, n_rows, n_cols, g2.stride(0), u2.stride(0), y2.stride(0), q2.stride(0),
+        ACTIVATION=activation, STORE_Y=y is not None, SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=4)
+
+
+def _rmsnorm_fp8_impl(x, residual, weight, eps, offset, keep_y):
+    q, scale, y, u = _buffers(x, keep_y, residual)
+    if q.numel():
+        launch_rmsnorm_fp8(x, residual, weight, eps, offset, q, scale, y if keep_y else None,
+                           u if residual is not None else None)
+    else:
+        scale.zero_()  # rows of no values: no amax
+    return q, scale, y, u
+
+
+rmsnorm_fp8_op = define_op(
+    "rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, float offset, bool keep_y)"
+    " -> (Tensor, Tensor, Tensor, Tensor)", _rmsnorm_fp8_impl,
+    lambda x, residual, weight, eps, offset, keep_y: _buffers(x, keep_y, residual), remedy=REMEDY)
+
+
+def _glu_fp8_impl(gate, up, activation, keep_y):
+    q, scale, y, _ = _buffers(gate, keep_y)
+    if q.numel():
+        launch_glu_fp8(gate, up, activation, q, scale, y if keep_y else None)
+    else:
+        scale.zero_()
+    return q, scale, y
+
+
+glu_fp8_op = define_op(
+    "glu_fp8(Tensor gate, Tensor up, str activation, bool keep_y) -> (Tensor, Tensor, Tensor)", _glu_fp8_impl,
+    lambda gate, up, activation, keep_y: _buffers(gate, keep_y)[:3], remedy=REMEDY)
+
+
+def _rows(q, scale, y, u, keep_y, residual):
+    return FP8Rows(q, scale, y if keep_y else None, u if residual is not None else None)
+
+
+def rmsnorm_fp8(x, weight, eps=1e-6, *, offset=0.0, residual=None, keep_y=False):
+    """RMSNorm (normalization.triton_rmsnorm.rmsnorm's math) cast to e4m3 with a scale per row, in
+    one kernel (operator llmk::rmsnorm_fp8). Forward-only.
+
+    x: (..., N) fp16, bf16 or fp32, any row stride. weight: (N,) or None; offset: added to it
+    (1.0: Gemma's). residual: None, or like x: the norm then runs on u = x + residual (rounded to
+    x's dtype), returned as residual_out, the next block's skip. keep_y: also return y, the norm's
+    output in x's dtype (a training step's weight gradient casts it along the tokens).
+    Returns FP8Rows: q (..., N) float8_e4m3fn and scale (...,) fp32 with q * scale ~ y, equal to
+    quantize_fp8(y, "row") bit for bit."""
+    check_norm_args(x, weight, eps, offset=offset)
+    if residual is not None:
+        check_tensor("residual", residual)
+        check_same_device("residual", residual, "x", x)
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"residual must match x: shape {tuple(x.shape)} dtype {x.dtype}; "
+                             f"got {tuple(residual.shape)} {residual.dtype}")
+    q, scale, y, u = rmsnorm_fp8_op(x, residual, weight, float(eps), float(offset), bool(keep_y))
+    return _rows(q, scale, y, u, keep_y, residual)
+
+
+def swiglu_fp8(gate, up, *, keep_y=False):
+    """silu(gate) * up (mlp.triton_glu.swiglu's math) cast to e4m3 with a scale per row, in one
+    kernel (operator llmk::glu_fp8). Forward-only.
+
+    gate, up: (..., I) of one dtype and shape, any row strides (the halves of a fused gate/up
+    projection are read in place). keep_y: also return y in gate's dtype.
+    Returns FP8Rows: q (..., I) float8_e4m3fn, scale (...,) fp32, equal to quantize_fp8(y, "row")."""
+    check_swiglu_args(gate, up)
+    q, scale, y = glu_fp8_op(gate, up, "silu", bool(keep_y))
+    return _rows(q, scale, y, None, keep_y, None)
+
+
+def geglu_fp8(gate, up, approximate="tanh", *, keep_y=False):
+    """gelu(gate) * up (mlp.triton_glu.geglu's math; approximate "tanh", Gemma's, or "none") cast to
+    e4m3 with a scale per row, as swiglu_fp8 (operator llmk::glu_fp8). Forward-only."""
+    check_swiglu_args(gate, up)
+    check_approximate(approximate)
+    activation = "gelu_tanh" if approximate == "tanh" else "gelu"
+    q, scale, y = glu_fp8_op(gate, up, activation, bool(keep_y))
+    return _rows(q, scale, y, None, keep_y, None)
+
+
+__all__ = ["FP8Rows", "geglu_fp8", "glu_fp8_op", "launch_glu_fp8", "launch_rmsnorm_fp8", "rmsnorm_fp8",
+           "rmsnorm_fp8_op", "swiglu_fp8"]
