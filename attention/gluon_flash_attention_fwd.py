@@ -582,7 +582,8 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     n_m, n_bh = cdiv(tq, block_m), b * h
     n_tiles = n_m * n_bh
     # LPT's group: the (batch, head) pairs whose K and V take L2_BYTES together, whole kv groups
-    l2_pairs = min(n_bh, max(1, L2_BYTES // (2 * tk * d * q.element_size())) * (h // hkv))
+    kv_bytes = 2 * max(tk, 1) * d * q.element_size()  # a kv head's K and V
+    l2_pairs = max(1, min(n_bh, max(1, L2_BYTES // kv_bytes) * (h // hkv)))
     args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), out,
             lse, cu_q, cu_k, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, l2_pairs, h, h // hkv,
             tq, tk, qk_scale, left, right, softcap_log2)

@@ -4,8 +4,8 @@ import torch
 
 from llmk.common.device import DEVICE
 from llmk.devtools.testing import Outcome
+from llmk.gemm.fp8_ops import FP8
 
-FP8 = torch.float8_e4m3fn
 FP8_NAN = 0x7F  # e4m3fn's NaN byte: a poisoned q
 
 

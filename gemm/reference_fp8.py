@@ -8,9 +8,8 @@ e4m3, to nearest even.
 """
 import torch
 
+from llmk.gemm.fp8_ops import FP8
 from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX, GROUP, scale_shape
-
-FP8 = torch.float8_e4m3fn
 
 
 def reference_quantize(x, granularity):

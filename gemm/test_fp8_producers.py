@@ -48,9 +48,9 @@ EPS = 1e-6
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GLU = {"silu": lambda g, u: swiglu_ref(g, u), "gelu_tanh": lambda g, u: geglu_ref(g, u, "tanh"),
        "gelu": lambda g, u: geglu_ref(g, u, "none")}
-PUBLIC = {"silu": lambda g, u: swiglu_fp8(g, u, keep_y=True),
-          "gelu_tanh": lambda g, u: geglu_fp8(g, u, "tanh", keep_y=True),
-          "gelu": lambda g, u: geglu_fp8(g, u, "none", keep_y=True)}
+PUBLIC = {"silu": lambda g, u, keep_y=True: swiglu_fp8(g, u, keep_y=keep_y),
+          "gelu_tanh": lambda g, u, keep_y=True: geglu_fp8(g, u, "tanh", keep_y=keep_y),
+          "gelu": lambda g, u, keep_y=True: geglu_fp8(g, u, "none", keep_y=keep_y)}
 
 
 def cast_checks(label, q, scale, y):
@@ -81,27 +81,43 @@ def check_rmsnorm_fp8(shape, dtype, weight=True, offset=0.0, residual=False, one
     u = poisoned(shape, dtype) if residual else None
     launch_rmsnorm_fp8(x, r, w, EPS, offset, q, s, y, u, one_pass=one_pass)
     wd = w.double() if weight else None
-    if residual:
-        want_y, want_u = residual_rmsnorm_ref(x.double(), r.double(), wd, EPS, offset)
-    else:
-        want_y = rmsnorm_ref(x.double(), wd, EPS, offset)
+    # u = x + residual rounded once to x's dtype (an fp32 sum of two 16-bit values is exact), and y
+    # the norm of that rounded u
+    want_u = (x.float() + r.float()).to(dtype) if residual else x
+    want_y = rmsnorm_ref(want_u.double(), wd, EPS, offset)
     public = rmsnorm_fp8(x, w, EPS, offset=offset, residual=r, keep_y=True)
+    plain = rmsnorm_fp8(x, w, EPS, offset=offset, residual=r)
     outcomes = ([compare("y", y, want_y)] + cast_checks("", q, s, y) + [compare("y, public", public.y, want_y)]
-                + cast_checks(", public", public.q, public.scale, public.y))
+                + cast_checks(", public", public.q, public.scale, public.y)
+                + [same_bits("q without keep_y", plain.q, public.q),
+                   compare("scale without keep_y", plain.scale, public.scale, EXACT)])
     if residual:
-        outcomes += [compare("residual_out", u, want_u), compare("residual_out, public", public.residual_out, u, EXACT)]
+        outcomes += [compare("residual_out", u, want_u, EXACT),
+                     compare("residual_out, public", public.residual_out, want_u, EXACT)]
     return outcomes
 
 
-def check_glu_fp8(shape, dtype, activation, one_pass=None, strided=False, scale=1.0):
+def check_glu_fp8(shape, dtype, activation, one_pass=None, strided=False, scale=1.0, nan_at=None, inf_at=None):
+    """nan_at: a NaN in up there; inf_at: a gate there large enough that y overflows x's dtype to
+    inf (its row's scale is then inf, its q NaN there and 0 elsewhere, as quantize_fp8 of that y
+    gives them)."""
     gate, up = source(shape, dtype, strided, scale), source(shape, dtype, strided)
+    if nan_at is not None:
+        up[nan_at] = float("nan")
+    if inf_at is not None:
+        gate[inf_at], up[inf_at] = torch.finfo(dtype).max, 4.0
     q, s, y = poisoned_fp8(shape), poisoned(shape[:-1], torch.float32), poisoned(shape, dtype)
     launch_glu_fp8(gate, up, activation, q, s, y, one_pass=one_pass)
     want_y = GLU[activation](gate.double(), up.double())
+    if inf_at is not None:  # the fp64 value, past the dtype's largest, rounds to inf there
+        want_y[inf_at] = want_y[inf_at].to(dtype).double()
     public = PUBLIC[activation](gate, up)
+    plain = PUBLIC[activation](gate, up, keep_y=False)
     return ([compare("y", y, want_y, ONE_ROUNDING[dtype])] + cast_checks("", q, s, y)
             + [compare("y, public", public.y, want_y, ONE_ROUNDING[dtype])]
-            + cast_checks(", public", public.q, public.scale, public.y))
+            + cast_checks(", public", public.q, public.scale, public.y)
+            + [same_bits("q without keep_y", plain.q, public.q),
+               compare("scale without keep_y", plain.scale, public.scale, EXACT)])
 
 
 def check_keep_y():
@@ -136,6 +152,7 @@ def check_errors():
         expect_raises("up shape", lambda: swiglu_fp8(x, x[:, :32]), ValueError, "up"),
         expect_raises("up dtype", lambda: swiglu_fp8(x, x.half()), TypeError, "up"),
         expect_raises("approximate", lambda: geglu_fp8(x, x, "erf"), ValueError, "approximate"),
+        expect_raises("op: activation relu", lambda: glu_fp8_op(x, x, "relu", False), ValueError, "activation"),
         expect_raises("x requires grad: forward-only", lambda: rmsnorm_fp8(x.clone().requires_grad_(), w),
                       RuntimeError, "forward-only"),
         opcheck("opcheck llmk::rmsnorm_fp8", rmsnorm_fp8_op.overload, (x, x.clone(), w, EPS, 1.0, True)),
@@ -166,12 +183,17 @@ def cases():
     add("rmsnorm_fp8 (5, 300) a NaN, three passes", check_rmsnorm_fp8, shape=(5, 300), dtype=bf16, one_pass=False,
         nan_at=(2, 17))
     add("rmsnorm_fp8 (5, 300) a NaN", check_rmsnorm_fp8, shape=(5, 300), dtype=torch.float32, nan_at=(4, 299))
-    add("rmsnorm_fp8 (9, 40) x 1e-30 fp32", check_rmsnorm_fp8, shape=(9, 40), dtype=torch.float32, scale=1e-30)
+    # |y| ~ 1e-7 (rstd stops at eps^-1/2): amax just above AMAX_FLOOR, q on e4m3's subnormals too
+    add("rmsnorm_fp8 (9, 40) x 1e-10 fp32", check_rmsnorm_fp8, shape=(9, 40), dtype=torch.float32, scale=1e-10)
     add("geglu_fp8 tanh (3, 5, 70) row-strided view", check_glu_fp8, shape=(3, 5, 70), dtype=bf16,
         activation="gelu_tanh", strided=True)
     add("geglu_fp8 exact (6, 129) two passes", check_glu_fp8, shape=(6, 129), dtype=torch.float16, activation="gelu",
         one_pass=False)
     add("swiglu_fp8 (4, 50) gate x 100", check_glu_fp8, shape=(4, 50), dtype=bf16, activation="silu", scale=100.0)
+    add("swiglu_fp8 (6, 300) a NaN, an inf, two passes", check_glu_fp8, shape=(6, 300), dtype=torch.float16,
+        activation="silu", one_pass=False, nan_at=(1, 250), inf_at=(4, 3))
+    add("geglu_fp8 tanh (6, 300) a NaN, an inf", check_glu_fp8, shape=(6, 300), dtype=bf16, activation="gelu_tanh",
+        nan_at=(0, 0), inf_at=(5, 299))
     add("keep_y, residual_out, empty inputs", check_keep_y)
     add("bad input, opcheck", check_errors)
     # model widths: one pass up to ONE_PASS_MAX values a row, passes over L2 past it

@@ -2,8 +2,9 @@
 and the gated units (SwiGLU, GeGLU) writing e4m3 values with a scale per row, so that the GEMM
 after them reads one byte a value and no quantization pass reads their output again.
 
-    y = rmsnorm(x) or act(gate) * up       as normalization/triton_rmsnorm.py and
-                                           mlp/triton_glu.py compute it, rounded to x's dtype
+    y = rmsnorm(x) or act(gate) * up       the math of normalization/triton_rmsnorm.py and
+                                           mlp/triton_glu.py, rounded to x's dtype (the sum of
+                                           squares in this kernel's own order)
     scale = max(amax(y row), AMAX_FLOOR) / 448,  q = e4m3(clamp(y * (448 / amax)))
 
 q and scale are what quantize_fp8(y, "row") (gemm/triton_fp8_quant.py) gives for the same y, bit
@@ -13,7 +14,8 @@ y itself: a training step keeps it for the weight gradient's own cast (its scale
 tokens, not along a row).
 
 Bytes a row of N values of e bytes, against rmsnorm then quantize_fp8: reads x (N*e), writes q (N)
-and a scale (4): 2*N*e + N less than the two kernels' 3*N*e + N, and N*e more with keep_y. A row
+and a scale (4): 2*N*e + N less than the two kernels' 3*N*e + N, and N*e more with keep_y; with a
+residual, also reads it and writes u (2*N*e, as residual_rmsnorm does). A row
 of at most ONE_PASS_MAX values stays in registers between the norm, the max and the cast; a longer
 one is read three times (the sum of squares, the max, the cast; the last two from L2), a gated
 unit's twice.
@@ -30,13 +32,14 @@ from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
 from llmk.common.ops import define_op
 from llmk.common.triton_utils import activate
-from llmk.common.validation import as_rows, check_same_device, check_tensor
+from llmk.common.validation import as_rows
+from llmk.gemm.fp8_ops import FP8
 from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX, cast_e4m3, group_amax, quant_factor, quant_scale, row_plan
 from llmk.mlp.checks import check_swiglu_args
 from llmk.mlp.reference_mlp import check_approximate
-from llmk.normalization.checks import check_norm_args
+from llmk.mlp.triton_glu import ACTIVATIONS, GELU_ACTIVATION
+from llmk.normalization.checks import check_norm_args, check_residual
 
-FP8 = torch.float8_e4m3fn
 REMEDY = "its e4m3 output has no gradient: train through the 16-bit op"
 
 
@@ -76,7 +79,8 @@ def _normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT: tl.constexpr):
 
 @triton.jit
 def _rounded(y, y_ptr, offs, mask, STORE_Y: tl.constexpr):
-    """y (fp32) rounded to the output dtype (y_ptr's: x's), back in fp32, and stored with STORE_Y."""
+    """y (fp32) rounded to the input's dtype (y_ptr's: the launchers give y the input's dtype, and
+    x or gate itself stands in for y when it is not kept), back in fp32, stored with STORE_Y."""
     y = y.to(y_ptr.dtype.element_ty)
     if STORE_Y:
         tl.store(y_ptr + offs, y, mask=mask)
@@ -91,8 +95,9 @@ def _rmsnorm_fp8_kernel(
     n_rows, n_cols, stride_xm, stride_rm, stride_ym, stride_um, stride_qm,
     eps, offset,
     # meta-parameters
-    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, STORE_Y: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    STORE_Y: tl.constexpr, SOFT_ROUND: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """BLOCK_M rows a program. ONE_PASS (n_cols <= BLOCK_N): the row in registers from the load to
     the cast; else three passes over BLOCK_N-column blocks: sum of squares, max of y, cast."""
@@ -107,8 +112,8 @@ def _rmsnorm_fp8_kernel(
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         y = _rounded(_normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT), y_ptr,
                      rows[:, None] * stride_ym + cols[None, :], mask, STORE_Y)
-        amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR, 1)
-        q = cast_e4m3(y, quant_factor(amax, FP8_MAX)[:, None], FP8_MAX, SOFT_ROUND)
+        amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
+        q = cast_e4m3(y, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND)
         tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=mask)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -120,7 +125,7 @@ def _rmsnorm_fp8_kernel(
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         if HAS_RESIDUAL:
             tl.debug_barrier()  # the passes below read u back: every thread's stores first
-        amax = tl.full([BLOCK_M], AMAX_FLOOR, tl.float32)
+        amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             in_row = start + cols < n_cols
             mask = row_ok[:, None] & in_row[None, :]
@@ -128,8 +133,8 @@ def _rmsnorm_fp8_kernel(
                              HAS_RESIDUAL, False)
             y = _rounded(_normalized(x, rstd, w_ptr, start + cols, in_row, offset, HAS_WEIGHT), y_ptr,
                          rows[:, None] * stride_ym + (start + cols)[None, :], mask, STORE_Y)
-            amax = group_amax(y, amax, AMAX_FLOOR, 1)
-        inv = quant_factor(amax, FP8_MAX)[:, None]
+            amax = group_amax(y, amax, AMAX_FLOOR_, 1)
+        inv = quant_factor(amax, FP8_MAX_)[:, None]
         for start in range(0, n_cols, BLOCK_N):
             in_row = start + cols < n_cols
             mask = row_ok[:, None] & in_row[None, :]
@@ -138,8 +143,8 @@ def _rmsnorm_fp8_kernel(
             y = _rounded(_normalized(x, rstd, w_ptr, start + cols, in_row, offset, HAS_WEIGHT), y_ptr,
                          rows[:, None] * stride_ym + (start + cols)[None, :], mask, False)
             tl.store(q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
-                     cast_e4m3(y, inv, FP8_MAX, SOFT_ROUND), mask=mask)
-    tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX), mask=row_ok)
+                     cast_e4m3(y, inv, FP8_MAX_, SOFT_ROUND), mask=mask)
+    tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX_), mask=row_ok)
 
 
 @triton.jit
@@ -158,8 +163,8 @@ def _glu_fp8_kernel(
     # matrix dimensions and row strides (in elements)
     n_rows, n_cols, stride_gm, stride_um, stride_ym, stride_qm,
     # meta-parameters
-    ACTIVATION: tl.constexpr, STORE_Y: tl.constexpr, SOFT_ROUND: tl.constexpr, ONE_PASS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Y: tl.constexpr,
+    SOFT_ROUND: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """BLOCK_M rows a program. ONE_PASS (n_cols <= BLOCK_N): the row in registers; else two passes
     over BLOCK_N-column blocks: the max of y, then y again (gate and up from L2) and the cast."""
@@ -170,24 +175,24 @@ def _glu_fp8_kernel(
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
         y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, cols, mask, stride_gm, stride_um, stride_ym, ACTIVATION,
                        STORE_Y)
-        amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR, 1)
-        q = cast_e4m3(y, quant_factor(amax, FP8_MAX)[:, None], FP8_MAX, SOFT_ROUND)
+        amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
+        q = cast_e4m3(y, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND)
         tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=mask)
     else:
-        amax = tl.full([BLOCK_M], AMAX_FLOOR, tl.float32)
+        amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
             y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym,
                            ACTIVATION, STORE_Y)
-            amax = group_amax(y, amax, AMAX_FLOOR, 1)
-        inv = quant_factor(amax, FP8_MAX)[:, None]
+            amax = group_amax(y, amax, AMAX_FLOOR_, 1)
+        inv = quant_factor(amax, FP8_MAX_)[:, None]
         for start in range(0, n_cols, BLOCK_N):
             mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
             y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym,
                            ACTIVATION, False)
             tl.store(q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
-                     cast_e4m3(y, inv, FP8_MAX, SOFT_ROUND), mask=mask)
-    tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX), mask=row_ok)
+                     cast_e4m3(y, inv, FP8_MAX_, SOFT_ROUND), mask=mask)
+    tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX_), mask=row_ok)
 
 
 def _buffers(x, keep_y, residual=None):
@@ -202,8 +207,10 @@ def _buffers(x, keep_y, residual=None):
 
 def launch_rmsnorm_fp8(x, residual, weight, eps, offset, q, scale, y=None, u=None, one_pass=None):
     """Launch on validated arguments: x, residual (or None) (..., N); weight (N,) or None; q
-    (..., N) e4m3, scale (...,) fp32, y and u (or None) contiguous, shaped like x. one_pass: force
-    the path (tests)."""
+    (..., N) e4m3, scale (...,) fp32, y and u (or None) contiguous, shaped like x, of x's dtype (the
+    dtype y rounds to before the cast). one_pass: force the path (tests)."""
+    if y is not None and y.dtype != x.dtype:
+        raise TypeError(f"y must have x's dtype {x.dtype}, got {y.dtype}")
     x2 = as_rows(x)
     n_rows, n_cols = x2.shape
     r2 = as_rows(residual) if residual is not None else x2
@@ -214,21 +221,26 @@ def launch_rmsnorm_fp8(x, residual, weight, eps, offset, q, scale, y=None, u=Non
     _rmsnorm_fp8_kernel[(cdiv(n_rows, block_m),)](
         x2, r2, w, y2, u2, q2, scale, n_rows, n_cols, x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0),
         q2.stride(0), eps, offset, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-        STORE_Y=y is not None, SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=4)
+        FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR, STORE_Y=y is not None, SOFT_ROUND=INTERPRET, ONE_PASS=one_pass,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
 
 
 def launch_glu_fp8(gate, up, activation, q, scale, y=None, one_pass=None):
     """Launch on validated arguments: gate, up (..., I) of one dtype, any row strides; activation
-    "silu", "gelu" or "gelu_tanh"; q (..., I) e4m3, scale (...,) fp32, y (or None) contiguous."""
+    "silu", "gelu" or "gelu_tanh"; q (..., I) e4m3, scale (...,) fp32, y (or None) contiguous, of
+    gate's dtype."""
+    if activation not in ACTIVATIONS:  # a direct call of the operator raises too
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    if y is not None and y.dtype != gate.dtype:
+        raise TypeError(f"y must have gate's dtype {gate.dtype}, got {y.dtype}")
     g2, u2 = as_rows(gate), as_rows(up)
     n_rows, n_cols = g2.shape
     q2, y2 = q.view(-1, n_cols), (y.view(-1, n_cols) if y is not None else g2)
     block_m, block_n, one_pass = row_plan(n_cols, one_pass)
     _glu_fp8_kernel[(cdiv(n_rows, block_m),)](
         g2, u2, y2, q2, scale, n_rows, n_cols, g2.stride(0), u2.stride(0), y2.stride(0), q2.stride(0),
-        ACTIVATION=activation, STORE_Y=y is not None, SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=4)
+        FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR, ACTIVATION=activation, STORE_Y=y is not None,
+        SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
 
 
 def _rmsnorm_fp8_impl(x, residual, weight, eps, offset, keep_y):
@@ -261,7 +273,7 @@ glu_fp8_op = define_op(
     lambda gate, up, activation, keep_y: _buffers(gate, keep_y)[:3], remedy=REMEDY)
 
 
-def _rows(q, scale, y, u, keep_y, residual):
+def _fp8_rows(q, scale, y, u, keep_y, residual):
     return FP8Rows(q, scale, y if keep_y else None, u if residual is not None else None)
 
 
@@ -277,13 +289,9 @@ def rmsnorm_fp8(x, weight, eps=1e-6, *, offset=0.0, residual=None, keep_y=False)
     quantize_fp8(y, "row") bit for bit."""
     check_norm_args(x, weight, eps, offset=offset)
     if residual is not None:
-        check_tensor("residual", residual)
-        check_same_device("residual", residual, "x", x)
-        if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(f"residual must match x: shape {tuple(x.shape)} dtype {x.dtype}; "
-                             f"got {tuple(residual.shape)} {residual.dtype}")
+        check_residual(residual, x)
     q, scale, y, u = rmsnorm_fp8_op(x, residual, weight, float(eps), float(offset), bool(keep_y))
-    return _rows(q, scale, y, u, keep_y, residual)
+    return _fp8_rows(q, scale, y, u, keep_y, residual)
 
 
 def swiglu_fp8(gate, up, *, keep_y=False):
@@ -295,7 +303,7 @@ def swiglu_fp8(gate, up, *, keep_y=False):
     Returns FP8Rows: q (..., I) float8_e4m3fn, scale (...,) fp32, equal to quantize_fp8(y, "row")."""
     check_swiglu_args(gate, up)
     q, scale, y = glu_fp8_op(gate, up, "silu", bool(keep_y))
-    return _rows(q, scale, y, None, keep_y, None)
+    return _fp8_rows(q, scale, y, None, keep_y, None)
 
 
 def geglu_fp8(gate, up, approximate="tanh", *, keep_y=False):
@@ -303,9 +311,8 @@ def geglu_fp8(gate, up, approximate="tanh", *, keep_y=False):
     e4m3 with a scale per row, as swiglu_fp8 (operator llmk::glu_fp8). Forward-only."""
     check_swiglu_args(gate, up)
     check_approximate(approximate)
-    activation = "gelu_tanh" if approximate == "tanh" else "gelu"
-    q, scale, y = glu_fp8_op(gate, up, activation, bool(keep_y))
-    return _rows(q, scale, y, None, keep_y, None)
+    q, scale, y = glu_fp8_op(gate, up, GELU_ACTIVATION[approximate], bool(keep_y))
+    return _fp8_rows(q, scale, y, None, keep_y, None)
 
 
 __all__ = ["FP8Rows", "geglu_fp8", "glu_fp8_op", "launch_glu_fp8", "launch_rmsnorm_fp8", "rmsnorm_fp8",

@@ -25,3 +25,12 @@ def check_norm_args(x, weight, eps, x_name="x", weight_name="weight", offset=0.0
     if not math.isfinite(offset):
         raise ValueError(f"offset must be finite, got {offset!r}")
     return n_cols
+
+
+def check_residual(residual, x):
+    """The residual of a residual-add norm: a tensor of x's shape, dtype and device."""
+    check_tensor("residual", residual)
+    check_same_device("residual", residual, "x", x)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual must match x: shape {tuple(x.shape)} dtype {x.dtype}; "
+                         f"got {tuple(residual.shape)} {residual.dtype}")

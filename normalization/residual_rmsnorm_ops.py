@@ -16,8 +16,8 @@ is undefined, du = None).
 import torch
 
 from llmk.common.ops import define_op, define_ops
-from llmk.common.validation import check_out, check_same_device, check_tensor
-from llmk.normalization.checks import check_norm_args
+from llmk.common.validation import check_out
+from llmk.normalization.checks import check_norm_args, check_residual
 from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
 from llmk.normalization.triton_rmsnorm import launch_rmsnorm, weight_grad_buffer
 
@@ -73,11 +73,7 @@ def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None,
     Returns (y, u), both (..., N) in x's dtype, contiguous.
     """
     check_norm_args(x, weight, eps, offset=offset)
-    check_tensor("residual", residual)
-    check_same_device("residual", residual, "x", x)
-    if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise ValueError(f"residual must match x: shape {tuple(x.shape)} dtype {x.dtype}; "
-                         f"got {tuple(residual.shape)} {residual.dtype}")
+    check_residual(residual, x)
     if out is None and residual_out is None:
         return residual_rmsnorm_op(x, residual, weight, float(eps), float(offset))
     for name, buf in (("out", out), ("residual_out", residual_out)):
