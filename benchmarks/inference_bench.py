@@ -21,6 +21,11 @@ share of copy compares across head dims. Caches past CACHE_MAX_BYTES are skipped
                     once outside the timing (the row then has "kv_expanded": true); a backend that
                     refuses the shape is reported as skipped
     naive           inference/reference_decode_attention.py (fp32 math), caches up to NAIVE_MAX_BYTES
+e4m3 caches (ops "decode-mha-e4m3", "decode-gqa-e4m3", the same shapes): K and V quantized to
+e4m3 with an fp32 scale a (token, kv head) (inference/kv_cache.py), read by the same kernels
+(triton-e4m3, triton-paged-e4m3) and by naive on the dequantized cache. Bytes: 2 * B * Hkv * T *
+(D + 4). max_err is against the fp32 reference on the 16-bit cache, so it shows what e4m3 costs;
+the summary compares their GPU time with the 16-bit rows' at the same shape.
 max_err: against the fp32 reference on the first (up to) two sequences. The max_err gate holds
     triton and triton-paged to the SDPA backends' and naive's error (devtools/harness.py).
 graph_ms, graph_pct_copy: the same call's GPU time with the host out of the loop (devtools.bench.
@@ -39,16 +44,19 @@ import torch.nn.functional as F
 from llmk.common.device import DEVICE, sm_count
 from llmk.devtools.harness import BenchCase, max_err, parse_args, run
 from llmk.devtools.results import plot_sweeps, shape_str
+from llmk.inference.kv_cache import quantize_kv
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.triton_inference_attention import (
+    FP8,
     INTERPRET_SMS,
     decode_attention,
     decode_config,
     paged_decode_attention,
 )
 
-OURS = ("triton", "triton-paged")
+OURS = ("triton", "triton-paged", "triton-e4m3", "triton-paged-e4m3")
+E4M3 = ("triton-e4m3", "triton-paged-e4m3")
 N_HEADS, HEAD_DIM, DTYPE, PAGE_SIZE = 32, 128, torch.float16, 16
 # head_dims: the other head dims, at the (B, T) points of head_dim_points, beside d
 FULL = dict(heads=N_HEADS, kv_heads=(32, 8), d=HEAD_DIM, lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768),
@@ -65,6 +73,11 @@ GRAPHED = ("triton", "triton-paged", "sdpa-flash", "sdpa-efficient")
 
 def kv_bytes(b, hkv, t, d, e=2):
     return 2 * b * hkv * t * d * e
+
+
+def e4m3_bytes(b, hkv, t, d):
+    """K and V of an e4m3 cache: a byte a value and a 4-byte scale a (token, kv head)."""
+    return 2 * b * hkv * t * (d + 4)
 
 
 def panels(cfg, hkv):
@@ -128,6 +141,25 @@ def bind_sdpa(provider, q, k, v):
     return call, {"kv_expanded": True}
 
 
+def bind_e4m3(provider, inputs):
+    """triton-e4m3 and triton-paged-e4m3 on the quantized cache, naive on its dequantized values."""
+    q, k, v, lengths, t = inputs
+    (kb, ks), (vb, vs) = quantize_kv(k), quantize_kv(v)  # e4m3 bytes as uint8: what indexing copies
+    kq, vq = kb.view(FP8), vb.view(FP8)
+    if provider == "triton-e4m3":
+        return lambda: decode_attention(q, kq, vq, lengths, max_length=t, k_scale=ks, v_scale=vs)
+    if provider == "triton-paged-e4m3":
+        b = q.shape[0]
+        perm = torch.randperm(b * t // PAGE_SIZE, device=DEVICE).reshape(b, -1)
+        k_pages, v_pages = (to_pages(x, perm, PAGE_SIZE).view(FP8) for x in (kb, vb))
+        table = perm.to(torch.int32)
+        k_scales, v_scales = (to_pages(x[..., None], perm, PAGE_SIZE)[..., 0] for x in (ks, vs))
+        return lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t, k_scale=k_scales,
+                                              v_scale=v_scales)
+    k_deq, v_deq = ((x.float() * s[..., None]).to(q.dtype) for x, s in ((kq, ks), (vq, vs)))
+    return lambda: decode_attention_reference(q, k_deq, v_deq, lengths)
+
+
 def bind(provider, inputs):
     q, k, v, lengths, t = inputs
     if provider == "triton":
@@ -163,7 +195,7 @@ def splits(name, inputs, call):
     q, k, _, _, t = inputs
     n_sms = sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
     return {"splits": decode_config(q.shape[0], k.shape[2], q.shape[1] // k.shape[2], q.shape[2], t, n_sms,
-                                    name == "triton-paged").num_splits}
+                                    "paged" in name).num_splits}
 
 
 def cases(cfg):
@@ -172,7 +204,7 @@ def cases(cfg):
         for shape in list(dict.fromkeys(s for _, points in sweeps for _, s in points)):
             b, h, hkv, t, d = shape
             n_bytes = kv_bytes(b, hkv, t, d)
-            providers = dict.fromkeys(OURS + ("naive",) + tuple(sdpa_backends()), bind)
+            providers = dict.fromkeys(("triton", "triton-paged", "naive") + tuple(sdpa_backends()), bind)
             if n_bytes > NAIVE_MAX_BYTES:
                 providers["naive"] = "cache past NAIVE_MAX_BYTES"
             if n_bytes > MATH_MAX_BYTES:
@@ -181,6 +213,13 @@ def cases(cfg):
             yield BenchCase(op_name(h, hkv), shape, DTYPE, providers, lambda shape=shape: setup(shape), n_bytes=n_bytes,
                        graph=GRAPHED, extra=splits, bind=bind, compare=compare, skip_on=(RuntimeError,),
                        skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None)
+            providers = dict.fromkeys(E4M3 + ("naive",), bind_e4m3)
+            if n_bytes > NAIVE_MAX_BYTES:
+                providers["naive"] = "cache past NAIVE_MAX_BYTES"
+            yield BenchCase(f"{op_name(h, hkv)}-e4m3", shape, DTYPE, providers, lambda shape=shape: setup(shape),
+                            n_bytes=e4m3_bytes(b, hkv, t, d), graph=E4M3, extra=splits, bind=bind_e4m3,
+                            compare=compare,
+                            skip_on=(RuntimeError,), skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None)
 
 
 def summarize(rows, cfg):
@@ -206,6 +245,12 @@ def summarize(rows, cfg):
             if ms in ours and ms in flash:
                 lines.append(f"{label}B1 T8192 H{h}/{hkv}: triton {ours[ms] * 1e3:.1f} us vs sdpa-flash "
                              f"{flash[ms] * 1e3:.1f} us ({flash[ms] / ours[ms]:.2f}x; target > 1)")
+        for provider, base in (("triton-e4m3", "triton"), ("triton-paged-e4m3", "triton-paged")):
+            speed = sorted(pick(base, r["shape"])[ms] / r[ms] for r in rows
+                           if r["provider"] == provider and ms in r and ms in pick(base, r["shape"]))
+            if speed:
+                lines.append(f"{label}{provider} / {base} (16-bit cache) speed: worst {speed[0]:.2f}, median "
+                             f"{speed[len(speed) // 2]:.2f}, best {speed[-1]:.2f}")
         ratios = sorted(r[ms] / pick("triton-paged", r["shape"])[ms] for r in rows
                         if r["provider"] == "triton" and ms in r and ms in pick("triton-paged", r["shape"]))
         if ratios:
@@ -215,7 +260,7 @@ def summarize(rows, cfg):
         # padded head dims against hd 128 at the same (B, T): the same share of copy is the target
         for hkv in kv_heads:
             for xlabel, points in head_dim_panels(cfg, hkv):
-                for provider in OURS:
+                for provider in ("triton", "triton-paged"):
                     share = {d: pick(provider, shape_str(shape)).get(pct) for d, shape in points}
                     if all(v is not None for v in share.values()):
                         lines.append(f"{label}{provider} {xlabel}: % of copy " + ", ".join(

@@ -7,7 +7,7 @@ PAGE = Area(
     "Kernels in `inference/triton_inference_attention.py`: `decode_attention` on a contiguous "
     "(B, T, Hkv, D) cache and `paged_decode_attention` on 16-token pages (`triton-paged`), "
     "split-KV (flash-decoding) when B x Hkv programs cannot fill the SMs; the `splits` column "
-    "gives the split count.",
+    "gives the split count. The `-e4m3` ops read e4m3 caches (a scale a token and kv head) with the same kernels.",
     [Group(("decode-mha", "decode-gqa"), "all shapes, GPU time", graph=True),
      Group(("decode-mha", "decode-gqa"), "B >= 8 and T >= 4096, GPU time",
            lambda s: len(dims(s)) == 5 and dims(s)[0] >= 8 and dims(s)[3] >= 4096, graph=True),

@@ -66,6 +66,7 @@ from llmk.gemm.fp8_ops import fp8_matmul, quantize_fp8
 from llmk.gemm.matmul_ops import matmul
 from llmk.gemm.triton_fp8_producers import rmsnorm_fp8, swiglu_fp8
 from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
+from llmk.inference.kv_cache import quantize_kv
 from llmk.inference.triton_inference_attention import decode_attention, paged_decode_attention
 from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy_none_op
 from llmk.losses.triton_cross_entropy import cross_entropy_op
@@ -153,6 +154,14 @@ def lengths_of(batch, t_max):
 def decode_inputs(b=2, h=4, hkv=2, t_max=40, d=64, dtype=f16):
     return dict(q=rand((b, h, d), dtype), k_cache=rand((b, t_max, hkv, d), dtype),
                 v_cache=rand((b, t_max, hkv, d), dtype), lengths=lengths_of(b, t_max))
+
+
+def fp8_decode_inputs():
+    """decode_inputs with the cache in e4m3 and its scales (inference/kv_cache.py's layout)."""
+    t = decode_inputs()
+    (kb, ks), (vb, vs) = quantize_kv(t["k_cache"]), quantize_kv(t["v_cache"])
+    return dict(t, k_cache=kb.view(torch.float8_e4m3fn), v_cache=vb.view(torch.float8_e4m3fn), k_scale=ks,
+                v_scale=vs)
 
 
 def paged_inputs(b=2, h=4, hkv=2, page_size=16, pages_per_seq=3, d=64, dtype=bf16):
@@ -300,6 +309,15 @@ SPECS = [
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None, like(t["q"])),
            "q"),
+    OpSpec("decode_attention e4m3 cache", "decode_attention", fp8_decode_inputs,
+           lambda t: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["lengths"], num_splits=DECODE_SPLITS,
+                                      k_scale=t["k_scale"], v_scale=t["v_scale"]),
+           lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None, -1, 0.0,
+                      t["k_scale"], t["v_scale"]),
+           lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, DECODE_SPLITS, None, like(t["q"]), -1,
+                      0.0, t["k_scale"], t["v_scale"]), "q",
+           # test_schema compares the inputs before and after with float8 arithmetic torch lacks
+           opcheck_skip=("test_schema",)),
     OpSpec("decode_attention hd 96 window softcap", "decode_attention", lambda: decode_inputs(d=96),
            lambda t: decode_attention(t["q"], t["k_cache"], t["v_cache"], t["lengths"], window=(9, 0), softcap=5.0),
            lambda t: (t["q"], t["k_cache"], t["v_cache"], t["lengths"], None, None, None, 9, 5.0),

@@ -8,12 +8,22 @@ longest length without a sync.
 
 append(k, v) writes t tokens per sequence (t = 1 for a decode step, more for a prefill chunk),
 each sequence at its own current length, with one indexed copy per tensor for the whole batch.
+
+dtype=torch.float8_e4m3fn keeps K and V in e4m3, one byte a value, with an fp32 scale a (token, kv
+head) in k_scale and v_scale (B, T_max, Hkv): append quantizes each head's D values of a token by
+their own max (quantize_fp8's row-wise formula, gemm/triton_fp8_quant.py), and decode attention
+reads the bytes and dequantizes into q's dtype. The bytes a decode step reads drop to (D + 4) / 2D
+of a 16-bit cache's (0.52 at hd 128); the values keep e4m3's 3-bit significand, a relative error of
+at most 2^-4 a value.
 """
 import torch
 
 from llmk.common.device import DEVICE
 from llmk.common.validation import check_same_device, check_tensor
-from llmk.inference.triton_inference_attention import decode_attention
+from llmk.gemm.fp8_ops import quantize_fp8
+from llmk.inference.triton_inference_attention import FP8, decode_attention
+
+CHUNK_DTYPES = (torch.float16, torch.bfloat16)  # what an e4m3 cache's append takes
 
 
 def check_int_at_least(name, value, minimum=1):
@@ -22,16 +32,46 @@ def check_int_at_least(name, value, minimum=1):
 
 
 def check_kv_chunk(k, v, like, batch, n_kv_heads, head_dim):
-    """k, v: (B, t, Hkv, D) of the cache's dtype and device (`like` is a cache tensor); returns t."""
+    """k, v: (B, t, Hkv, D) of the cache's dtype (fp16 or bf16 for an e4m3 cache) and device (`like`
+    is a cache tensor); returns t."""
     for name, t in (("k", k), ("v", v)):
-        check_tensor(name, t, (like.dtype,))
+        check_tensor(name, t, CHUNK_DTYPES if like.dtype == FP8 else (like.dtype,))
         check_same_device(name, t, "the cache", like)
         if t.dim() != 4 or t.shape[0] != batch or tuple(t.shape[2:]) != (n_kv_heads, head_dim):
             raise ValueError(f"{name} must be (B={batch}, t, Hkv={n_kv_heads}, D={head_dim}), got shape "
                              f"{tuple(t.shape)}")
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if v.dtype != k.dtype:
+        raise TypeError(f"v must have k's dtype {k.dtype}, got {v.dtype}")
     return k.shape[1]
+
+
+def quantize_kv(t):
+    """t (B, t, Hkv, D) 16-bit -> (e4m3 values (B, t, Hkv, D) as uint8, the byte copies of indexing
+    take; fp32 scales (B, t, Hkv)): a scale a (token, kv head), over its D values."""
+    q, scale = quantize_fp8(t.reshape(-1, t.shape[-1]))
+    return q.view(torch.uint8).view(t.shape), scale.view(t.shape[:-1])
+
+
+def scale_buffers(shape, dtype, device):
+    """(k_scale, v_scale) of an e4m3 cache whose values have `shape` (..., D): fp32 (...,), ones
+    (slots past a length are never read); None and None for a 16-bit cache."""
+    if dtype != FP8:
+        return None, None
+    return (torch.ones(shape[:-1], dtype=torch.float32, device=device),
+            torch.ones(shape[:-1], dtype=torch.float32, device=device))
+
+
+def write_kv(values, scales, index, t):
+    """Write chunk t (B, t, Hkv, D) at values[index] (values: a cache's k or v, index the advanced
+    index of its (B, t) token slots), quantized into an e4m3 cache with its scales."""
+    if scales is None:
+        values[index] = t
+        return
+    q, scale = quantize_kv(t)
+    values.view(torch.uint8)[index] = q
+    scales[index] = scale
 
 
 def check_past_max_len(host_lengths, t, max_len):
@@ -57,7 +97,8 @@ class KVCache:
     """Pre-allocated (B, T_max, Hkv, D) key and value caches with a length per sequence.
 
     k, v: (B, T_max, Hkv, D) tensors of `dtype` (slots past a sequence's length hold garbage).
-    lengths: (B,) int32 on the device; host_lengths: the same as a Python list.
+    k_scale, v_scale: (B, T_max, Hkv) fp32 for dtype torch.float8_e4m3fn (module docstring), else
+    None. lengths: (B,) int32 on the device; host_lengths: the same as a Python list.
     """
 
     def __init__(self, batch, max_len, n_kv_heads, head_dim, dtype=torch.float16, device=DEVICE):
@@ -70,6 +111,7 @@ class KVCache:
         self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
         self.k = torch.empty((batch, max_len, n_kv_heads, head_dim), dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
+        self.k_scale, self.v_scale = scale_buffers(self.k.shape, dtype, device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
         self.host_lengths = [0] * batch
 
@@ -88,8 +130,8 @@ class KVCache:
         # positions (B, t) from the device lengths: one scatter for the whole batch, no sync
         positions = self.lengths[:, None].long() + torch.arange(t, device=self.k.device)
         rows = torch.arange(self.batch, device=self.k.device)[:, None].expand(-1, t)
-        self.k[rows, positions] = k
-        self.v[rows, positions] = v
+        write_kv(self.k, self.k_scale, (rows, positions), k)
+        write_kv(self.v, self.v_scale, (rows, positions), v)
         self.lengths += t
         self.host_lengths = [n + t for n in self.host_lengths]
 
@@ -104,4 +146,5 @@ class KVCache:
     def attend(self, q, sm_scale=None, **kwargs):
         """decode_attention of q (B, H, D) against this cache; kwargs as decode_attention's."""
         kwargs.setdefault("max_length", self.max_length)
-        return decode_attention(q, self.k, self.v, self.lengths, sm_scale, **kwargs)
+        return decode_attention(q, self.k, self.v, self.lengths, sm_scale, k_scale=self.k_scale,
+                                v_scale=self.v_scale, **kwargs)

@@ -6,12 +6,21 @@ t % page_size of page block_table[b, t // page_size]. block_table (B, max_pages)
 lengths (B,) int32 live on the device, for the kernel; the host keeps the free-page list, each
 sequence's page list and its length, so an append is checked (max_len, free pages) and its pages
 taken before anything is written. Unused block table entries are 0 and never read.
+dtype=torch.float8_e4m3fn: e4m3 pages with an fp32 scale a (slot, kv head) in k_scale and v_scale
+(num_pages, page_size, Hkv), as KVCache keeps them (inference/kv_cache.py).
 """
 import torch
 
 from llmk.common.device import DEVICE
 from llmk.common.ints import cdiv
-from llmk.inference.kv_cache import check_int_at_least, check_kv_chunk, check_past_max_len, sequence_indices
+from llmk.inference.kv_cache import (
+    check_int_at_least,
+    check_kv_chunk,
+    check_past_max_len,
+    scale_buffers,
+    sequence_indices,
+    write_kv,
+)
 from llmk.inference.triton_inference_attention import paged_decode_attention
 
 
@@ -36,7 +45,8 @@ class PagedKVCache:
     """Paged key and value caches for B sequences of at most max_len tokens each.
 
     k_pages, v_pages: (num_pages, page_size, Hkv, D) of `dtype`; num_pages defaults to enough for
-    every sequence at max_len. block_table: (B, ceil(max_len / page_size)) int32; lengths: (B,)
+    every sequence at max_len. k_scale, v_scale: (num_pages, page_size, Hkv) fp32 for dtype
+    torch.float8_e4m3fn, else None. block_table: (B, ceil(max_len / page_size)) int32; lengths: (B,)
     int32 (device); host_lengths, seq_pages, free_pages: the host's view.
     """
 
@@ -57,6 +67,7 @@ class PagedKVCache:
         self.page_size, self.num_pages = page_size, num_pages
         self.k_pages = torch.empty((num_pages, page_size, n_kv_heads, head_dim), dtype=dtype, device=device)
         self.v_pages = torch.empty_like(self.k_pages)
+        self.k_scale, self.v_scale = scale_buffers(self.k_pages.shape, dtype, device)
         self.block_table = torch.zeros((batch, self.max_pages), dtype=torch.int32, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
         self.host_lengths = [0] * batch
@@ -95,8 +106,8 @@ class PagedKVCache:
         positions = self.lengths[:, None].long() + torch.arange(t, device=self.lengths.device)
         page = self.block_table.gather(1, positions // self.page_size).long()
         slot = positions % self.page_size
-        self.k_pages[page, slot] = k
-        self.v_pages[page, slot] = v
+        write_kv(self.k_pages, self.k_scale, (page, slot), k)
+        write_kv(self.v_pages, self.v_scale, (page, slot), v)
         self.lengths += t
         self.host_lengths = [n + t for n in self.host_lengths]
 
@@ -117,4 +128,4 @@ class PagedKVCache:
         """paged_decode_attention of q (B, H, D) against this cache; kwargs as its own."""
         kwargs.setdefault("max_length", self.max_length)
         return paged_decode_attention(q, self.k_pages, self.v_pages, self.block_table, self.lengths, sm_scale,
-                                      **kwargs)
+                                      k_scale=self.k_scale, v_scale=self.v_scale, **kwargs)

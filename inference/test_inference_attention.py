@@ -16,6 +16,11 @@ Head dims other than 64, 128 and 256 (two parts: 96 and 160 exact, 80 and 72 wit
 one padded tile: 40, 24, 8, 1; and 32) run with q, K and V as views of tensors holding NaN past D in
 every row (layout "nan_cols"): a kernel that reads a column of q or K past D returns NaN; the output
 is the head of a longer NaN buffer whose tail must stay NaN, so a store past D of the last head shows.
+
+An e4m3 cache (check_fp8) is checked against the reference on its own dequantized values, each
+(token, kv head)'s D bytes times its scale rounded to q's dtype, as the kernel dequantizes them: the
+same error model and tolerance as a 16-bit cache of those values, so a scale applied to the wrong
+token, head or page, or not at all, fails. Its keys' scales vary over four orders of magnitude.
 """
 import dataclasses
 import math
@@ -26,9 +31,12 @@ from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.inference.decode_cases import decode_tol
+from llmk.inference.kv_cache import KVCache, quantize_kv
+from llmk.inference.paged_kv_cache import PagedKVCache
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (
     BLOCK_TABLE,
+    FP8,
     HEAD_DIMS,
     INTERPRET_SMS,
     MAX_SPLITS,
@@ -188,6 +196,89 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
     if num_splits is not None:  # both sides then take the same split count
         outcomes.append(Outcome("paged == contiguous, bit for bit", torch.equal(o, o_contiguous)))
     return outcomes
+
+
+def fp8_cache(t):
+    """(e4m3 values, fp32 scales, dequantized in t's dtype) of a 16-bit cache or pool t (..., D):
+    quantize_kv's cast, then each value times its scale rounded to t's dtype, as the kernel does."""
+    q, scale = quantize_kv(t)
+    q = q.view(FP8)
+    return q, scale, (q.float() * scale[..., None]).to(t.dtype)
+
+
+def spread(t, decades=2.0):
+    """t (B, T, Hkv, D) with each (token, kv head) scaled by 10^u, u uniform in [-decades, decades]:
+    scales that differ from token to token and head to head."""
+    factor = 10.0 ** ((torch.rand(t.shape[:-1] + (1,), device=DEVICE) * 2 - 1) * decades)
+    return (t.float() * factor).to(t.dtype)
+
+
+def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=None, softcap=None, scale=1.0):
+    """decode_attention (or, paged, paged_decode_attention) on an e4m3 cache against the reference
+    on the dequantized cache, with its tolerance and the 2x rule."""
+    q = make_q(b, h, d, dtype, "bthd", scale)
+    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
+    k = spread(k)
+    lengths = ragged_lengths(b, t_max)
+    options = dict(window=window, softcap=softcap, num_splits=num_splits)
+    out, tail = guarded_out((b, h, d), dtype)
+    if paged:
+        (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
+        (kq, ks, _), (vq, vs, _) = fp8_cache(k_pages), fp8_cache(v_pages)
+        o = paged_decode_attention(q, kq, vq, table, lengths, k_scale=ks, v_scale=vs, out=out, **options)
+    else:
+        (kq, ks, _), (vq, vs, _) = fp8_cache(k), fp8_cache(v)
+        o = decode_attention(q, kq, vq, lengths, k_scale=ks, v_scale=vs, out=out, **options)
+    k_deq, v_deq = fp8_cache(k)[2], fp8_cache(v)[2]  # per (token, head): the pages' rows, in cache order
+    sm = 1.0 / math.sqrt(d)
+    left = -1 if window is None else window[0]
+    return [compare("O vs the dequantized cache's", o, reference(q, k_deq, v_deq, lengths, sm, left, softcap),
+                    decode_tol(q, k_deq, v_deq, lengths, sm, left, softcap),
+                    torch_out=same_dtype_decode(q, k_deq, v_deq, lengths, sm, left, softcap)), tail_intact(tail)]
+
+
+def check_fp8_caches():
+    """KVCache and PagedKVCache with dtype float8_e4m3fn: a prefill chunk and a decode token
+    appended (quantized on the way in), attend against the reference on the dequantized tokens."""
+    b, h, hkv, d, dtype = 3, 8, 2, 64, torch.bfloat16
+    k, v = (spread(rand((b, 21, hkv, d), dtype)) for _ in range(2))
+    q = rand((b, h, d), dtype)
+    lengths = torch.full((b,), 21, dtype=torch.int32, device=DEVICE)
+    k_deq, v_deq = fp8_cache(k)[2], fp8_cache(v)[2]
+    want = reference(q, k_deq, v_deq, lengths, d ** -0.5)
+    tol = decode_tol(q, k_deq, v_deq, lengths, d ** -0.5)
+    outcomes = []
+    for name, cache in (("KVCache", KVCache(b, 40, hkv, d, FP8)), ("PagedKVCache", PagedKVCache(b, 40, hkv, d, FP8))):
+        cache.append(k[:, :20], v[:, :20])
+        cache.append(k[:, 20:], v[:, 20:])
+        outcomes.append(compare(f"{name} e4m3: attend", cache.attend(q), want, tol))
+    outcomes.append(expect_raises("e4m3 cache: fp32 chunk", lambda: KVCache(b, 40, hkv, d, FP8).append(
+        k.float(), v.float()), TypeError, "k"))
+    return outcomes
+
+
+def check_fp8_errors():
+    q = rand((2, 8, 64), torch.float16)
+    k, v = make_cache(2, 20, 2, 64, torch.float16, "bthd")
+    (kq, ks, _), (vq, vs, _) = fp8_cache(k), fp8_cache(v)
+    lengths = torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)
+    f = decode_attention
+    return [
+        expect_raises("e4m3 cache, no scales", lambda: f(q, kq, vq, lengths), ValueError, "k_scale"),
+        expect_raises("e4m3 cache, v_scale None", lambda: f(q, kq, vq, lengths, k_scale=ks), ValueError, "v_scale"),
+        expect_raises("scales with a 16-bit cache", lambda: f(q, k, v, lengths, k_scale=ks, v_scale=vs), ValueError,
+                      "k_scale"),
+        expect_raises("e4m3 k, 16-bit v", lambda: f(q, kq, v, lengths, k_scale=ks, v_scale=vs), TypeError,
+                      "v_cache"),
+        expect_raises("k_scale shape", lambda: f(q, kq, vq, lengths, k_scale=ks[:, :10], v_scale=vs), ValueError,
+                      "k_scale"),
+        expect_raises("k_scale fp16", lambda: f(q, kq, vq, lengths, k_scale=ks.half(), v_scale=vs), TypeError,
+                      "k_scale"),
+        expect_raises("scales of two layouts", lambda: f(q, kq, vq, lengths, k_scale=ks, v_scale=vs.transpose(
+            0, 1).contiguous().transpose(0, 1)), ValueError, "layout"),
+        expect_raises("op: e4m3 cache, no scales", lambda: decode_attention_op(q, kq, vq, lengths, None, None, None),
+                      ValueError, "k_scale"),
+    ]
 
 
 def check_huge():
@@ -619,6 +710,22 @@ def _cases():
                 t_max=512, d=d, dtype=dtype)
             add(f"window (4095, 0) softcap 50 B4 H32/8 T16384 D{d} {dt}", check_paged, gpu_only=True, b=4,
                 h=32, hkv=8, t_max=16384, d=d, dtype=dtype, window=(4095, 0), softcap=50.0, scale=4.0)
+    # e4m3 caches: the contiguous and the paged kernel, split or not, two-part head dims, window and cap
+    for dtype in (torch.float16, torch.bfloat16):
+        dt = dtype_name(dtype)
+        for paged in (False, True):
+            kind = "paged " if paged else ""
+            add(f"e4m3 {kind}cache GQA 8/2 B5 T237 D128 splits 3 {dt}", check_fp8, b=5, h=8, hkv=2, t_max=237,
+                d=128, dtype=dtype, paged=paged, num_splits=3)
+            add(f"e4m3 {kind}cache MHA 4/4 B3 T70 D96 {dt}", check_fp8, b=3, h=4, hkv=4, t_max=70, d=96, dtype=dtype,
+                paged=paged)
+            add(f"e4m3 {kind}cache window (20, 0) softcap 5 B3 T90 D64 {dt}", check_fp8, b=3, h=8, hkv=2, t_max=90,
+                d=64, dtype=dtype, paged=paged, window=(20, 0), softcap=5.0, scale=2.0)
+            add(f"e4m3 {kind}cache B4 H32/8 T16384 D128 {dt}", check_fp8, gpu_only=True, b=4, h=32, hkv=8,
+                t_max=16384, d=128, dtype=dtype, paged=paged)
+            add(f"e4m3 {kind}cache B1 H32/8 T32768 D128 splits auto {dt}", check_fp8, gpu_only=True, b=1, h=32,
+                hkv=8, t_max=32768, d=128, dtype=dtype, paged=paged)
+    cases += [Case("e4m3 KVCache and PagedKVCache", check_fp8_caches), Case("e4m3 cache: bad input", check_fp8_errors)]
     cases += [Case("head-dim parts", check_head_dim_parts), Case("split heuristic", check_split_heuristic),
               Case("no keys", check_no_keys), Case("empty input", check_empty), Case("bad input", check_errors),
               Case("forward-only operators", check_forward_only),

@@ -51,8 +51,15 @@ Any other dim runs one tile BLOCK_D = max(16, next power of two >= D) wide (one_
 Columns past D (hd 80's last 16 of 64 + 32, 112's last 16) are masked on every load and store (a
 constexpr per part), so every head dim reads D columns only.
 
-Limits: head dim 1..256; fp16 or bf16; lengths are read on the device (no host sync) and
-clamped to [0, T_max] (or to the block table's span), so a bad length cannot read out of bounds.
+e4m3 caches (KV_SCALED; inference/kv_cache.py's KVCache(dtype=torch.float8_e4m3fn) and the paged
+one): K and V hold one byte a value and an fp32 scale a (token, kv head); a block's bytes are
+multiplied by their tokens' scales in fp32 and rounded to q's dtype as they load, then everything
+runs as for a 16-bit cache. Bytes read a token and kv head: 2 * (D + 4) instead of 2 * 2 * D.
+
+Limits: head dim 1..256; q fp16 or bf16, the cache q's dtype or e4m3 with scales; lengths are read
+on the device (no host sync) and clamped to [0, T_max] (or to the block table's span), so a bad
+length cannot read out of bounds. The interpreter reads e4m3's NaN byte as 480: an e4m3 cache
+holds no NaN there (its values come from finite K and V).
 """
 import functools
 import math
@@ -71,6 +78,7 @@ from llmk.common.validation import check_out, check_same_device, check_tensor
 from llmk.common.workspace import split_k_buffers
 
 MAX_HEAD_DIM = 256
+FP8 = torch.float8_e4m3fn  # an e4m3 cache's values (with a scale a token and kv head)
 HEAD_DIMS = range(1, MAX_HEAD_DIM + 1)  # every head dim the kernels take
 
 # ---------------------------------------------------------------------------------------------
@@ -261,6 +269,15 @@ def _store_part(base, rows, rows_ok, stride_d, tile, COL0: tl.constexpr, WIDTH: 
 
 
 @triton.jit
+def _dequantize(tile, scale, KV_SCALED: tl.constexpr, DTYPE: tl.constexpr):
+    """An e4m3 K or V tile [BLOCK_N, W] times its tokens' scales [BLOCK_N], in DTYPE (q's: what the
+    products take); a 16-bit cache's tile as it is."""
+    if KV_SCALED:
+        tile = (tile.to(tl.float32) * scale[:, None]).to(DTYPE)
+    return tile
+
+
+@triton.jit
 def _scores(q, k, qk, USE_DOT: tl.constexpr):
     """qk + q k^T for one head-dim part: q [GROUP_PAD, W], k [BLOCK_N, W] -> [GROUP_PAD, BLOCK_N] fp32
     (USE_DOT: tl.dot on the padded group; else G == 1, q [1, W] fp32, a [BLOCK_N, W] product summed
@@ -287,12 +304,12 @@ def _accumulate(acc, p, v, alpha, USE_DOT: tl.constexpr):
 @triton.jit
 def _attend_kv_blocks(
     acc, acc2, l_i, m_i, q, q2,
-    k_base, v_base, table_base,
-    stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd,
+    k_base, v_base, table_base, ks_base, vs_base,
+    stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_sp, stride_st,
     lo, hi, qk_scale, softcap_log2,
     MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
-    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr, KV_SCALED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Fold tokens [lo, hi) of one sequence and kv head into the group's (acc, acc2, l_i, m_i).
 
@@ -303,7 +320,9 @@ def _attend_kv_blocks(
     qk_scale = sm_scale * log2(e)). K and V columns past D load as zeros, so they add nothing.
     Unmasked calls get whole blocks; a MASKED call gets the one partial block at the end of a range,
     which holds at least one token, so m stays finite there and needs no -inf guard. SOFTCAP: the
-    scores are capped first (module docstring), and are then in exp2's units already.
+    scores are capped first (module docstring), and are then in exp2's units already. KV_SCALED:
+    K and V are e4m3 with a scale a (token, kv head) at ks_base, vs_base (token strides stride_sp,
+    stride_st as K's page and token strides), dequantized into q's dtype as they load.
     """
     offs_n = tl.arange(0, BLOCK_N)
     if PAGED:  # the first block's page ids (a token's page is block_table[b, t // PAGE_SIZE])
@@ -321,14 +340,26 @@ def _attend_kv_blocks(
             slot = tokens % PAGE_SIZE
             k_rows = page * stride_kp + slot * stride_kt
             v_rows = page * stride_vp + slot * stride_vt
+            s_rows = page * stride_sp + slot * stride_st
         else:
             k_rows = tokens.to(tl.int64) * stride_kt
             v_rows = tokens.to(tl.int64) * stride_vt
+            s_rows = tokens.to(tl.int64) * stride_st
+        k_scale = qk_scale  # k_scale and v_scale: unused without KV_SCALED
+        v_scale = qk_scale
+        if KV_SCALED:
+            if MASKED:
+                k_scale = tl.load(ks_base + s_rows, mask=valid, other=0.0)
+                v_scale = tl.load(vs_base + s_rows, mask=valid, other=0.0)
+            else:
+                k_scale = tl.load(ks_base + s_rows)
+                v_scale = tl.load(vs_base + s_rows)
         qk = tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32)
-        qk = _scores(q, _load_part(k_base, k_rows, valid, stride_kd, 0, BLOCK_D, HEAD_DIM, MASKED), qk, USE_DOT)
+        k = _load_part(k_base, k_rows, valid, stride_kd, 0, BLOCK_D, HEAD_DIM, MASKED)
+        qk = _scores(q, _dequantize(k, k_scale, KV_SCALED, q.dtype), qk, USE_DOT)
         if BLOCK_D2 > 0:
             k2 = _load_part(k_base, k_rows, valid, stride_kd, BLOCK_D, BLOCK_D2, HEAD_DIM, MASKED)
-            qk = _scores(q2, k2, qk, USE_DOT)
+            qk = _scores(q2, _dequantize(k2, k_scale, KV_SCALED, q.dtype), qk, USE_DOT)
         scale = qk_scale
         if SOFTCAP:
             qk = tanh(qk * qk_scale) * softcap_log2
@@ -342,11 +373,11 @@ def _attend_kv_blocks(
             p = tl.math.exp2(qk * scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _accumulate(acc, p, _load_part(v_base, v_rows, valid, stride_vd, 0, BLOCK_D, HEAD_DIM, MASKED),
-                          alpha, USE_DOT)
+        v = _load_part(v_base, v_rows, valid, stride_vd, 0, BLOCK_D, HEAD_DIM, MASKED)
+        acc = _accumulate(acc, p, _dequantize(v, v_scale, KV_SCALED, q.dtype), alpha, USE_DOT)
         if BLOCK_D2 > 0:
             v2 = _load_part(v_base, v_rows, valid, stride_vd, BLOCK_D, BLOCK_D2, HEAD_DIM, MASKED)
-            acc2 = _accumulate(acc2, p, v2, alpha, USE_DOT)
+            acc2 = _accumulate(acc2, p, _dequantize(v2, v_scale, KV_SCALED, q.dtype), alpha, USE_DOT)
         m_i = m_new
     return acc, acc2, l_i, m_i
 
@@ -355,12 +386,15 @@ def _attend_kv_blocks(
 def _decode_attention_kernel(
     # pointers: o is the output (unsplit) or unused; part is fp32 scratch for the partials (split)
     # or unused: m (B*H, splits), then l (B*H, splits), then acc (B*H, splits, D)
-    q_ptr, k_ptr, v_ptr, lengths_ptr, table_ptr, o_ptr, part_ptr,
+    # ks, vs: K's and V's scales (KV_SCALED), or unused
+    q_ptr, k_ptr, v_ptr, lengths_ptr, table_ptr, o_ptr, part_ptr, ks_ptr, vs_ptr,
     # strides (in elements). q and o: (batch, head, dim). k and v: (batch, token, kv head, dim)
-    # contiguous, or (page, slot, kv head, dim) paged; table: the block table's row stride (paged)
+    # contiguous, or (page, slot, kv head, dim) paged; ks and vs: (batch or page, token or slot,
+    # kv head); table: the block table's row stride (paged)
     stride_qb, stride_qh, stride_qd,
     stride_kp, stride_kt, stride_kh, stride_kd,
     stride_vp, stride_vt, stride_vh, stride_vd,
+    stride_sp, stride_st, stride_sh,
     stride_table,
     stride_ob, stride_oh, stride_od,
     # sizes; window_left (WINDOW): the keys before the query its window sees; softcap_log2 (SOFTCAP)
@@ -369,6 +403,7 @@ def _decode_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_D2: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    KV_SCALED: tl.constexpr,
 ):
     """Program (sequence * Hkv + kv head, split): the G query heads of one kv head over one range."""
     pid = tl.program_id(0)
@@ -381,10 +416,14 @@ def _decode_attention_kernel(
     if PAGED:
         k_base = k_ptr + kv_head * stride_kh
         v_base = v_ptr + kv_head * stride_vh
+        ks_base = ks_ptr + kv_head * stride_sh
+        vs_base = vs_ptr + kv_head * stride_sh
         table_base = table_ptr + batch * stride_table
     else:
         k_base = k_ptr + batch * stride_kp + kv_head * stride_kh
         v_base = v_ptr + batch * stride_vp + kv_head * stride_vh
+        ks_base = ks_ptr + batch * stride_sp + kv_head * stride_sh
+        vs_base = vs_ptr + batch * stride_sp + kv_head * stride_sh
         table_base = table_ptr
     first = tl.zeros([], tl.int32)  # the first token the query sees
     if WINDOW:
@@ -419,13 +458,15 @@ def _decode_attention_kernel(
     if BLOCK_D2 > 0:
         acc2 = tl.zeros([GROUP_PAD, BLOCK_D2], dtype=tl.float32)
     acc, acc2, l_i, m_i = _attend_kv_blocks(
-        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base,
-        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, lo, full_end, qk_scale, softcap_log2,
-        False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N)
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base, ks_base, vs_base,
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_sp, stride_st, lo, full_end,
+        qk_scale, softcap_log2, False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, KV_SCALED, HEAD_DIM, BLOCK_D, BLOCK_D2,
+        BLOCK_N)
     acc, acc2, l_i, m_i = _attend_kv_blocks(
-        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base,
-        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, full_end, hi, qk_scale, softcap_log2,
-        True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N)
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base, ks_base, vs_base,
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_sp, stride_st, full_end, hi,
+        qk_scale, softcap_log2, True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, KV_SCALED, HEAD_DIM, BLOCK_D, BLOCK_D2,
+        BLOCK_N)
 
     if SPLIT:  # an empty range writes m = -inf, l = 0, acc = 0: weight 0 in the merge
         n_parts = tl.num_programs(0).to(tl.int64) * GROUP * tl.num_programs(1)  # B * H * splits
@@ -483,17 +524,17 @@ def _merge_splits_kernel(
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty))
 
 
-def _check_common(q, k, v, lengths, sm_scale, k_name, v_name):
+def _check_common(q, k, v, lengths, sm_scale, k_name, v_name, k_scale=None, v_scale=None):
     """Checks shared by the contiguous and paged entry points; returns (B, H, D)."""
     dtypes = (torch.float16, torch.bfloat16)
     check_tensor("q", q, dtypes)
     if q.dim() != 3:
         raise ValueError(f"q must be 3-D (batch, heads, head_dim), one token per sequence; got shape {tuple(q.shape)}")
     for name, t in ((k_name, k), (v_name, v)):
-        check_tensor(name, t, dtypes)
+        check_tensor(name, t, dtypes + (FP8,))
         check_same_device(name, t, "q", q)
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.dtype != q.dtype and t.dtype != FP8:
+            raise TypeError(f"{name} must have q's dtype {q.dtype} (or be float8_e4m3fn with scales), got {t.dtype}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
     if tuple(v.shape) != tuple(k.shape):
@@ -507,6 +548,7 @@ def _check_common(q, k, v, lengths, sm_scale, k_name, v_name):
     if hkv < 1 or h % hkv:
         raise ValueError(f"q's head count {h} must be a multiple of {k_name}'s kv head count {hkv} "
                          "(MHA, GQA or MQA)")
+    _check_scales(k, v, k_scale, v_scale, q, k_name, v_name)
     check_tensor("lengths", lengths, (torch.int32,))
     check_same_device("lengths", lengths, "q", q)
     if tuple(lengths.shape) != (b,):
@@ -515,6 +557,28 @@ def _check_common(q, k, v, lengths, sm_scale, k_name, v_name):
                                      and sm_scale > 0 and math.isfinite(sm_scale)):
         raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
     return b, h, d
+
+
+def _check_scales(k, v, k_scale, v_scale, q, k_name, v_name):
+    """An e4m3 cache comes with its scales, fp32, one a (token, kv head): k_scale and v_scale of
+    k's first three dims and one layout; a 16-bit cache with none."""
+    if k.dtype != FP8 and v.dtype != FP8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale and v_scale go with a float8_e4m3fn cache; {k_name} is {k.dtype}")
+        return
+    if k.dtype != v.dtype:
+        raise TypeError(f"{v_name} must have {k_name}'s dtype {k.dtype}, got {v.dtype}")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            raise ValueError(f"a float8_e4m3fn cache needs k_scale and v_scale; {name} is None")
+        check_tensor(name, t, (torch.float32,))
+        check_same_device(name, t, "q", q)
+        if tuple(t.shape) != tuple(k.shape[:3]):
+            raise ValueError(f"{name} must be {tuple(k.shape[:3])}, a scale a (token, kv head) of {k_name}, "
+                             f"got shape {tuple(t.shape)}")
+    if k_scale.stride() != v_scale.stride():
+        raise ValueError(f"k_scale and v_scale must have one layout, got strides {k_scale.stride()} and "
+                         f"{v_scale.stride()}")
 
 
 def _is_int(value):
@@ -543,11 +607,12 @@ def _check_options(num_splits, max_length, out, config, q):
 
 
 def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_splits, max_length, cfg=None,
-            window_left=-1, softcap=0.0):
+            window_left=-1, softcap=0.0, k_scale=None, v_scale=None):
     """Launch on validated arguments. k, v: (B, T_max, Hkv, D) (table None) or pages
     (P, PAGE_SIZE, Hkv, D) with table (B, max_pages) int32. max_tokens: the tokens a sequence can
     hold. cfg: a DecodeConfig to use instead of decode_config's choice. window_left: the keys
-    before the query its window sees (-1: all); softcap: c of c * tanh(s / c) (0: none)."""
+    before the query its window sees (-1: all); softcap: c of c * tanh(s / c) (0: none). k_scale,
+    v_scale: for an e4m3 k and v, fp32 (B or P, T_max or PAGE_SIZE, Hkv) of one layout, else None."""
     b, h, d = q.shape
     hkv = k.shape[2]
     group = h // hkv
@@ -570,13 +635,15 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, softcap)
     group_pad = max(16 if use_dot else 1, next_power_of_2(group))  # 16: the MMA's smallest M
     block_d, block_d2 = head_dim_parts(d, group_pad) if cfg.head_parts else (one_tile(d), 0)
+    scaled = k_scale is not None
     _decode_attention_kernel[(b * hkv, splits)](
-        q, k, v, lengths, table if paged else lengths, out, part,
-        *q.stride(), *k.stride(), *v.stride(), table.stride(0) if paged else 0, *out.stride(),
+        q, k, v, lengths, table if paged else lengths, out, part, k_scale if scaled else part,
+        v_scale if scaled else part, *q.stride(), *k.stride(), *v.stride(),
+        *(k_scale.stride() if scaled else (0, 0, 0)), table.stride(0) if paged else 0, *out.stride(),
         hkv, max_tokens, qk_scale, window_left, softcap_log2,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_D2=block_d2, BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
-        WINDOW=window_left >= 0, SOFTCAP=has_softcap,
+        WINDOW=window_left >= 0, SOFTCAP=has_softcap, KV_SCALED=scaled,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -590,11 +657,11 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
 
 
 def _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out, cfg=None,
-                  window_left=-1, softcap=0.0):
+                  window_left=-1, softcap=0.0, k_scale=None, v_scale=None):
     page_size = k_pages.shape[1]
     max_tokens = block_table.shape[1] * page_size if k_pages.shape[0] else 0
     return _launch(q, k_pages, v_pages, lengths, block_table, page_size, max_tokens, out, sm_scale, num_splits,
-                   max_length, cfg, window_left, softcap)
+                   max_length, cfg, window_left, softcap, k_scale, v_scale)
 
 
 def _decode_options(window_left, softcap):
@@ -604,26 +671,29 @@ def _decode_options(window_left, softcap):
 
 
 def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out, window_left=-1,
-                           softcap=0.0):
+                           softcap=0.0, k_scale=None, v_scale=None):
     """llmk::decode_attention_out: out comes before the options in its schema (the calls written
     before them pass it eighth)."""
     window_left, softcap = _decode_options(window_left, softcap)
+    _check_scales(k_cache, v_cache, k_scale, v_scale, q, "k_cache", "v_cache")
     _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length,
-            window_left=window_left, softcap=softcap)
+            window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
 
 
 def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
-                                 window_left=-1, softcap=0.0):
+                                 window_left=-1, softcap=0.0, k_scale=None, v_scale=None):
     """llmk::paged_decode_attention_out, out before the options as in decode_attention_out."""
     window_left, softcap = _decode_options(window_left, softcap)
+    _check_scales(k_pages, v_pages, k_scale, v_scale, q, "k_pages", "v_pages")
     _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
-                  window_left=window_left, softcap=softcap)
+                  window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
 
 
 _DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length"
-# decode_attention's window and softcap, last and defaulted to off: calls written before them,
-# positional ones included, keep their meaning. window_left -1: no window; softcap 0.0: none.
-_DECODE_OPTIONS = "int window_left=-1, float softcap=0.0"
+# decode_attention's window, softcap and an e4m3 cache's scales, last and defaulted to off: calls
+# written before them, positional ones included, keep their meaning. window_left -1: no window;
+# softcap 0.0: none; k_scale, v_scale None: a 16-bit cache.
+_DECODE_OPTIONS = "int window_left=-1, float softcap=0.0, Tensor? k_scale=None, Tensor? v_scale=None"
 decode_attention_op, decode_attention_out_op = define_ops(
     "decode_attention", f"Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}",
     lambda q, *_: q.new_empty(q.shape), _decode_attention_into, options=_DECODE_OPTIONS)
@@ -639,13 +709,16 @@ def _check_forced_grad(name, *tensors):
 
 
 def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None, softcap=None, num_splits=None,
-                     max_length=None, out=None, config=None):
+                     max_length=None, out=None, config=None, k_scale=None, v_scale=None):
     """Attention of one new token per sequence against a contiguous KV cache (operators
     llmk::decode_attention and llmk::decode_attention_out).
 
     q: (B, H, D) fp16 or bf16, any strides. k_cache, v_cache: (B, T_max, Hkv, D), q's dtype, any
        strides (a (B, Hkv, T, D) cache passed as `.transpose(1, 2)` is read in place). H a multiple
        of Hkv; D in 1..256 (head_dim_parts: one or two power-of-two tiles, masked past D).
+       Or float8_e4m3fn with k_scale, v_scale: fp32 (B, T_max, Hkv), one layout, a scale a (token,
+       kv head) (K ~ k_cache * k_scale[..., None]): the kernel reads one byte a value and
+       dequantizes into q's dtype (inference/kv_cache.py's KVCache(dtype=torch.float8_e4m3fn)).
     lengths: (B,) int32 on q's device, tokens of each sequence (0..T_max; clamped to it); a
        sequence of length 0 gets zeros.
     sm_scale: defaults to 1/sqrt(D).
@@ -663,7 +736,7 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
        not through the operator (eager only: torch.compile does not trace the launcher).
     Returns O (B, H, D) in q's dtype, contiguous (out itself when given).
     """
-    _check_common(q, k_cache, v_cache, lengths, sm_scale, "k_cache", "v_cache")
+    _check_common(q, k_cache, v_cache, lengths, sm_scale, "k_cache", "v_cache", k_scale, v_scale)
     if k_cache.shape[0] != q.shape[0]:
         raise ValueError(f"k_cache must be (B={q.shape[0]}, T_max, Hkv, D) to match q {tuple(q.shape)}, "
                          f"got {tuple(k_cache.shape)}")
@@ -672,17 +745,17 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
     if config is not None:
         _check_forced_grad("decode_attention", q, k_cache, v_cache)
         return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits,
-                       max_length, config, window_left, softcap)
+                       max_length, config, window_left, softcap, k_scale, v_scale)
     sm_scale = None if sm_scale is None else float(sm_scale)
     args = (q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length)
     if out is None:
-        return decode_attention_op(*args, window_left, softcap)
-    decode_attention_out_op(*args, out, window_left, softcap)  # out before the options, as in the schema
+        return decode_attention_op(*args, window_left, softcap, k_scale, v_scale)
+    decode_attention_out_op(*args, out, window_left, softcap, k_scale, v_scale)  # out before the options
     return out
 
 
 def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=None, *, window=None, softcap=None,
-                           num_splits=None, max_length=None, out=None, config=None):
+                           num_splits=None, max_length=None, out=None, config=None, k_scale=None, v_scale=None):
     """Attention of one new token per sequence against a paged KV cache (same kernel as
     decode_attention; token t of sequence b is slot t % PAGE_SIZE of page block_table[b, t // PAGE_SIZE];
     operators llmk::paged_decode_attention and llmk::paged_decode_attention_out).
@@ -691,10 +764,11 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
        dtype, any strides. block_table: (B, max_pages) int32 page ids, any row stride; the entries
        that cover a sequence's tokens must be valid pages (not checked: that would need a sync),
        entries past its length are never read. lengths: (B,) int32, 0..max_pages * PAGE_SIZE.
+       An e4m3 pool takes k_scale, v_scale fp32 (num_pages, PAGE_SIZE, Hkv), as decode_attention.
     sm_scale, window, softcap, num_splits, max_length, out, config: as in decode_attention.
     Returns O (B, H, D) in q's dtype, contiguous (out itself when given).
     """
-    b, _, _ = _check_common(q, k_pages, v_pages, lengths, sm_scale, "k_pages", "v_pages")
+    b, _, _ = _check_common(q, k_pages, v_pages, lengths, sm_scale, "k_pages", "v_pages", k_scale, v_scale)
     check_tensor("block_table", block_table, (torch.int32,))
     check_same_device("block_table", block_table, "q", q)
     if block_table.dim() != 2 or block_table.shape[0] != b:
@@ -708,10 +782,10 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
     if config is not None:
         _check_forced_grad("paged_decode_attention", q, k_pages, v_pages)
         return _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
-                             config, window_left, softcap)
+                             config, window_left, softcap, k_scale, v_scale)
     sm_scale = None if sm_scale is None else float(sm_scale)
     args = (q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length)
     if out is None:
-        return paged_decode_attention_op(*args, window_left, softcap)
-    paged_decode_attention_out_op(*args, out, window_left, softcap)  # out before the options, as in the schema
+        return paged_decode_attention_op(*args, window_left, softcap, k_scale, v_scale)
+    paged_decode_attention_out_op(*args, out, window_left, softcap, k_scale, v_scale)  # out before the options
     return out
