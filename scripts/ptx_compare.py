@@ -4,7 +4,7 @@ which run on any machine) and compare their PTX, less debug lines and comments. 
 identical SASS, so a refactor that keeps it needs no GPU timing to show it costs nothing.
 
     python scripts/ptx_compare.py HEAD                  (every case set; a few minutes on 2 cores)
-    python scripts/ptx_compare.py HEAD~3 attention      (one case set: attention, decode, norm)
+    python scripts/ptx_compare.py HEAD~3 attention      (one case set: attention, decode, norm, fp8)
 
 Each tree runs in its own process, imported as the package `llmk` from its folder. The cases are
 this file's: real launchers called on CPU tensors with Triton's launch replaced by a recorder,
@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SETS = ("attention", "decode", "norm")
+SETS = ("attention", "decode", "norm", "fp8")
 
 
 def normalized_ptx(text):
@@ -167,6 +167,39 @@ def _compile_cases(tree, out_dir, case_set):
                   for n in (1024, 4096, 8192) for r in (False, True)]
         cases += [(f"rmsnorm_bwd_N{n}{'_du' if du else ''}", lambda n=n, du=du: norm_backward(4096, n, du))
                   for n in (4096, 16384) for du in (False, True)]
+    elif case_set == "fp8":
+        import llmk.inference.triton_inference_attention as ia
+        from llmk.gemm.triton_fp8_producers import launch_glu_fp8, launch_rmsnorm_fp8
+        from llmk.gemm.triton_fp8_quant import launch_quantize_fp8
+        ia.sm_count = lambda *args: 132
+        e4m3 = torch.float8_e4m3fn
+
+        def decode_e4m3(b, hkv, t, d, splits, paged):
+            q, lengths = empty(b, 32, d, dtype=bf16), empty(b, dtype=torch.int32)
+            shape = (b * t // 16, 16, hkv, d) if paged else (b, t, hkv, d)
+            k, v = empty(shape, dtype=e4m3), empty(shape, dtype=e4m3)
+            ks, vs = empty(shape[:3]), empty(shape[:3])
+            table = empty(b, t // 16, dtype=torch.int32) if paged else None
+            ia._launch(q, k, v, lengths, table, 16 if paged else 1, t, None, None, splits, t, k_scale=ks, v_scale=vs)
+
+        def rmsnorm_e4m3(m, n, residual):
+            x, w = empty(m, n, dtype=bf16), empty(n, dtype=bf16)
+            r = empty(m, n, dtype=bf16) if residual else None
+            u = empty(m, n, dtype=bf16) if residual else None
+            launch_rmsnorm_fp8(x, r, w, 1e-6, 0.0, empty(m, n, dtype=e4m3), empty(m), None, u)
+
+        def glu_e4m3(m, n):
+            launch_glu_fp8(empty(m, n, dtype=bf16), empty(m, n, dtype=bf16), "silu", empty(m, n, dtype=e4m3),
+                           empty(m))
+
+        cases += [(f"decode_e4m3_hd{d}_B{b}_{hkv}_T{t}{'_paged' if p else ''}",
+                   lambda a=(b, hkv, t, d, s, p): decode_e4m3(*a))
+                  for d in (96, 128) for b, hkv, t, s in ((16, 8, 4096, 1), (1, 8, 8192, None)) for p in (False, True)]
+        cases += [(f"rmsnorm_e4m3_N{n}{'_residual' if r else ''}", lambda n=n, r=r: rmsnorm_e4m3(4096, n, r))
+                  for n in (4096, 16384) for r in (False, True)]
+        cases += [(f"swiglu_e4m3_N{n}", lambda n=n: glu_e4m3(4096, n)) for n in (4096, 14336)]
+        cases += [("quantize_e4m3_row_N4096", lambda: launch_quantize_fp8(
+            empty(4096, 4096, dtype=bf16), empty(4096, 4096, dtype=e4m3), empty(4096), "row"))]
     failed = 0
     for case, launch in cases:
         try:
