@@ -72,6 +72,7 @@ from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entrop
 from llmk.losses.triton_cross_entropy import cross_entropy_op
 from llmk.mlp.triton_bias_gelu import bias_gelu
 from llmk.mlp.triton_glu import geglu, swiglu
+from llmk.moe.triton_moe_routing import moe_route
 from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_layernorm import layernorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
@@ -301,6 +302,9 @@ SPECS = [
     OpSpec("swiglu_fp8", "glu_fp8", lambda: dict(gate=rand((4, 96), bf16), up=rand((4, 96), bf16)),
            lambda t: tuple(swiglu_fp8(t["gate"], t["up"])[:2]), lambda t: (t["gate"], t["up"], "silu", False), None,
            "gate"),
+    OpSpec("moe_route E60 top4", "moe_route", lambda: dict(logits=rand((9, 60), bf16)),
+           lambda t: moe_route(t["logits"], 4), lambda t: (t["logits"], 4, "softmax", True), None, "logits",
+           ("logits",)),
     OpSpec("fp8_linear bias", "fp8_linear", lambda: linear_inputs(6, 48, 128, bf16, bias=True),
            lambda t: fp8_linear(t["a"], t["w"], t["bias"]), lambda t: (t["a"], t["w"], t["bias"]), None, "w",
            ("a", "w", "bias")),
@@ -423,8 +427,9 @@ def grads(spec, t, result, grad_outputs):
 
 
 def fresh_grad_outputs(spec, inputs):
+    """A random upstream gradient for each floating output (None for an integer one, e.g. expert ids)."""
     with torch.no_grad():
-        return [torch.randn_like(o) for o in tensors_of(spec.call(inputs))]
+        return [torch.randn_like(o) if o.is_floating_point() else None for o in tensors_of(spec.call(inputs))]
 
 
 def grads_equal(check, got, want):

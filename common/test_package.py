@@ -72,7 +72,7 @@ def check_declared():
                     note=f"missing {sorted(folders - packages)}, extra {sorted(packages - folders)}")]
 
 
-KERNEL_FOLDERS = ("attention", "cuda_cpp", "gemm", "inference", "losses", "mlp", "models", "normalization",
+KERNEL_FOLDERS = ("attention", "cuda_cpp", "gemm", "inference", "losses", "mlp", "models", "moe", "normalization",
                   "optimizers", "benchmarks", "scripts", "devtools")
 
 

@@ -4,7 +4,7 @@ which run on any machine) and compare their PTX, less debug lines and comments. 
 identical SASS, so a refactor that keeps it needs no GPU timing to show it costs nothing.
 
     python scripts/ptx_compare.py HEAD                  (every case set; a few minutes on 2 cores)
-    python scripts/ptx_compare.py HEAD~3 attention      (one case set: attention, decode, norm, fp8)
+    python scripts/ptx_compare.py HEAD~3 attention      (one case set: attention, decode, norm, fp8, moe)
 
 Each tree runs in its own process, imported as the package `llmk` from its folder. The cases are
 this file's: real launchers called on CPU tensors with Triton's launch replaced by a recorder,
@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SETS = ("attention", "decode", "norm", "fp8")
+SETS = ("attention", "decode", "norm", "fp8", "moe")
 
 
 def normalized_ptx(text):
@@ -200,6 +200,15 @@ def _compile_cases(tree, out_dir, case_set):
         cases += [(f"swiglu_e4m3_N{n}", lambda n=n: glu_e4m3(4096, n)) for n in (4096, 14336)]
         cases += [("quantize_e4m3_row_N4096", lambda: launch_quantize_fp8(
             empty(4096, 4096, dtype=bf16), empty(4096, 4096, dtype=e4m3), empty(4096), "row"))]
+    elif case_set == "moe":
+        from llmk.moe.triton_moe_routing import launch_moe_route
+
+        def route(t, e, k, scoring):
+            launch_moe_route(empty(t, e, dtype=bf16), k, scoring, True, empty(t, k),
+                             empty(t, k, dtype=torch.int32))
+
+        cases += [(f"moe_route_E{e}_top{k}_{scoring}", lambda a=(16384, e, k, scoring): route(*a))
+                  for e, k, scoring in ((128, 8, "softmax"), (8, 2, "softmax"), (256, 8, "sigmoid"))]
     failed = 0
     for case, launch in cases:
         try:
