@@ -16,7 +16,9 @@ PAGE = Area(
            ours="triton-paged", peers=("triton",)),
      Group(("decode-mha", "decode-gqa"), "all shapes, eager (do_bench)"),
      Group(("decode-mha", "decode-gqa"), "head dims 80 and 96 (tiles padded to 128), GPU time",
-           lambda s: len(dims(s)) == 5 and dims(s)[4] in (80, 96), graph=True)],
+           lambda s: len(dims(s)) == 5 and dims(s)[4] in (80, 96), graph=True),
+     Group(("decode-mha-e4m3", "decode-gqa-e4m3"), "e4m3 caches, paged against contiguous, GPU time", graph=True,
+           ours="triton-paged-e4m3", peers=("triton-e4m3",))],
     ["Decode reads the cache and writes almost nothing, while the copy bandwidth counts bytes "
      "read and written: a share of copy above 100% is possible.",
      "At batch 1 an eager call (do_bench) measures the host as much as the GPU: the wrapper and "

@@ -24,11 +24,18 @@ from llmk.gemm.fp8_ops import quantize_fp8
 from llmk.inference.triton_inference_attention import FP8, decode_attention
 
 CHUNK_DTYPES = (torch.float16, torch.bfloat16)  # what an e4m3 cache's append takes
+CACHE_DTYPES = CHUNK_DTYPES + (FP8,)
 
 
 def check_int_at_least(name, value, minimum=1):
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_cache_dtype(dtype):
+    """A cache holds what the decode kernels read: fp16, bf16, or e4m3 with scales."""
+    if dtype not in CACHE_DTYPES:
+        raise TypeError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
 
 
 def check_kv_chunk(k, v, like, batch, n_kv_heads, head_dim):
@@ -106,8 +113,7 @@ class KVCache:
         check_int_at_least("max_len", max_len, 0)
         check_int_at_least("n_kv_heads", n_kv_heads)
         check_int_at_least("head_dim", head_dim)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        check_cache_dtype(dtype)
         self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
         self.k = torch.empty((batch, max_len, n_kv_heads, head_dim), dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)

@@ -14,6 +14,7 @@ import torch
 from llmk.common.device import DEVICE
 from llmk.common.ints import cdiv
 from llmk.inference.kv_cache import (
+    check_cache_dtype,
     check_int_at_least,
     check_kv_chunk,
     check_past_max_len,
@@ -57,8 +58,7 @@ class PagedKVCache:
         check_int_at_least("n_kv_heads", n_kv_heads)
         check_int_at_least("head_dim", head_dim)
         check_int_at_least("page_size", page_size)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        check_cache_dtype(dtype)
         self.max_pages = cdiv(max_len, page_size)
         if num_pages is None:
             num_pages = batch * self.max_pages

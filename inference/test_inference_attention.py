@@ -198,11 +198,14 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
     return outcomes
 
 
-def fp8_cache(t):
-    """(e4m3 values, fp32 scales, dequantized in t's dtype) of a 16-bit cache or pool t (..., D):
-    quantize_kv's cast, then each value times its scale rounded to t's dtype, as the kernel does."""
+def fp8_cache(t, exact=False):
+    """(e4m3 values, fp32 scales, dequantized) of a 16-bit cache or pool t (..., D): quantize_kv's
+    cast, then each value times its scale, rounded to t's dtype as the tensor-core products take it
+    (or, exact, in fp64: the broadcast product keeps the fp32 product, exact for e4m3 x fp32)."""
     q, scale = quantize_kv(t)
     q = q.view(FP8)
+    if exact:
+        return q, scale, q.double() * scale.double()[..., None]
     return q, scale, (q.float() * scale[..., None]).to(t.dtype)
 
 
@@ -213,14 +216,16 @@ def spread(t, decades=2.0):
     return (t.float() * factor).to(t.dtype)
 
 
-def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=None, softcap=None, scale=1.0):
+def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=None, softcap=None, scale=1.0,
+              use_dot=None):
     """decode_attention (or, paged, paged_decode_attention) on an e4m3 cache against the reference
-    on the dequantized cache, with its tolerance and the 2x rule."""
+    on the dequantized cache, with its tolerance and the 2x rule. use_dot: a forced config with
+    that product (False: the broadcast product, which dequantizes into fp32)."""
     q = make_q(b, h, d, dtype, "bthd", scale)
-    k, v = make_cache(b, t_max, hkv, d, dtype, "bthd")
-    k = spread(k)
+    k, v = (spread(t) for t in make_cache(b, t_max, hkv, d, dtype, "bthd"))
     lengths = ragged_lengths(b, t_max)
-    options = dict(window=window, softcap=softcap, num_splits=num_splits)
+    config = None if use_dot is None else forced_config(b, h, hkv, t_max, d, num_splits, use_dot, None)
+    options = dict(window=window, softcap=softcap, num_splits=num_splits, config=config)
     out, tail = guarded_out((b, h, d), dtype)
     if paged:
         (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
@@ -229,12 +234,14 @@ def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=N
     else:
         (kq, ks, _), (vq, vs, _) = fp8_cache(k), fp8_cache(v)
         o = decode_attention(q, kq, vq, lengths, k_scale=ks, v_scale=vs, out=out, **options)
-    k_deq, v_deq = fp8_cache(k)[2], fp8_cache(v)[2]  # per (token, head): the pages' rows, in cache order
+    # per (token, head): the pages' rows, in cache order
+    k_deq, v_deq = fp8_cache(k, use_dot is False)[2], fp8_cache(v, use_dot is False)[2]
     sm = 1.0 / math.sqrt(d)
     left = -1 if window is None else window[0]
     return [compare("O vs the dequantized cache's", o, reference(q, k_deq, v_deq, lengths, sm, left, softcap),
                     decode_tol(q, k_deq, v_deq, lengths, sm, left, softcap),
-                    torch_out=same_dtype_decode(q, k_deq, v_deq, lengths, sm, left, softcap)), tail_intact(tail)]
+                    torch_out=same_dtype_decode(q, k_deq.to(dtype), v_deq.to(dtype), lengths, sm, left, softcap)),
+            tail_intact(tail)]
 
 
 def check_fp8_caches():
@@ -252,8 +259,17 @@ def check_fp8_caches():
         cache.append(k[:, :20], v[:, :20])
         cache.append(k[:, 20:], v[:, 20:])
         outcomes.append(compare(f"{name} e4m3: attend", cache.attend(q), want, tol))
+        cache.reset(1)  # sequence 1 again from its first token, its old bytes and scales left behind
+        cache.append(k[:, :1], v[:, :1])
+        kept = torch.tensor([22, 1, 22], dtype=torch.int32, device=DEVICE)
+        k2, v2 = torch.cat([k_deq, k_deq[:, :1]], 1), torch.cat([v_deq, v_deq[:, :1]], 1)
+        k2[1, 0], v2[1, 0] = k_deq[1, 0], v_deq[1, 0]
+        outcomes.append(compare(f"{name} e4m3: reset, append", cache.attend(q),
+                                reference(q, k2, v2, kept, d ** -0.5), decode_tol(q, k2, v2, kept, d ** -0.5)))
     outcomes.append(expect_raises("e4m3 cache: fp32 chunk", lambda: KVCache(b, 40, hkv, d, FP8).append(
         k.float(), v.float()), TypeError, "k"))
+    outcomes.append(expect_raises("e5m2 cache", lambda: KVCache(b, 40, hkv, d, torch.float8_e5m2), TypeError,
+                                  "dtype"))
     return outcomes
 
 
@@ -721,6 +737,8 @@ def _cases():
                 paged=paged)
             add(f"e4m3 {kind}cache window (20, 0) softcap 5 B3 T90 D64 {dt}", check_fp8, b=3, h=8, hkv=2, t_max=90,
                 d=64, dtype=dtype, paged=paged, window=(20, 0), softcap=5.0, scale=2.0)
+            add(f"e4m3 {kind}cache MHA 4/4 B3 T60 D64 broadcast product splits 2 {dt}", check_fp8, b=3, h=4, hkv=4,
+                t_max=60, d=64, dtype=dtype, paged=paged, num_splits=2, use_dot=False)
             add(f"e4m3 {kind}cache B4 H32/8 T16384 D128 {dt}", check_fp8, gpu_only=True, b=4, h=32, hkv=8,
                 t_max=16384, d=128, dtype=dtype, paged=paged)
             add(f"e4m3 {kind}cache B1 H32/8 T32768 D128 splits auto {dt}", check_fp8, gpu_only=True, b=1, h=32,

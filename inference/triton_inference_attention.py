@@ -271,7 +271,7 @@ def _store_part(base, rows, rows_ok, stride_d, tile, COL0: tl.constexpr, WIDTH: 
 @triton.jit
 def _dequantize(tile, scale, KV_SCALED: tl.constexpr, DTYPE: tl.constexpr):
     """An e4m3 K or V tile [BLOCK_N, W] times its tokens' scales [BLOCK_N], in DTYPE (q's: what the
-    products take); a 16-bit cache's tile as it is."""
+    products take; fp32 in the broadcast product, whose q is fp32); a 16-bit cache's tile as it is."""
     if KV_SCALED:
         tile = (tile.to(tl.float32) * scale[:, None]).to(DTYPE)
     return tile
@@ -576,7 +576,8 @@ def _check_scales(k, v, k_scale, v_scale, q, k_name, v_name):
         if tuple(t.shape) != tuple(k.shape[:3]):
             raise ValueError(f"{name} must be {tuple(k.shape[:3])}, a scale a (token, kv head) of {k_name}, "
                              f"got shape {tuple(t.shape)}")
-    if k_scale.stride() != v_scale.stride():
+    if [st for st, n in zip(k_scale.stride(), k_scale.shape) if n > 1] != \
+            [st for st, n in zip(v_scale.stride(), v_scale.shape) if n > 1]:
         raise ValueError(f"k_scale and v_scale must have one layout, got strides {k_scale.stride()} and "
                          f"{v_scale.stride()}")
 
@@ -743,7 +744,7 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
     _check_options(num_splits, max_length, out, config, q)
     window_left, softcap = check_window(window)[0], check_softcap(softcap)
     if config is not None:
-        _check_forced_grad("decode_attention", q, k_cache, v_cache)
+        _check_forced_grad("decode_attention", q, k_cache, v_cache, k_scale, v_scale)
         return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits,
                        max_length, config, window_left, softcap, k_scale, v_scale)
     sm_scale = None if sm_scale is None else float(sm_scale)
@@ -780,7 +781,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
     _check_options(num_splits, max_length, out, config, q)
     window_left, softcap = check_window(window)[0], check_softcap(softcap)
     if config is not None:
-        _check_forced_grad("paged_decode_attention", q, k_pages, v_pages)
+        _check_forced_grad("paged_decode_attention", q, k_pages, v_pages, k_scale, v_scale)
         return _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
                              config, window_left, softcap, k_scale, v_scale)
     sm_scale = None if sm_scale is None else float(sm_scale)

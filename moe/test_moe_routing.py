@@ -27,7 +27,14 @@ from llmk.devtools.testing import (
     rand,
 )
 from llmk.moe.reference_moe import permute_ref, route_ref
-from llmk.moe.triton_moe_routing import MAX_EXPERTS, launch_moe_route, moe_permute, moe_route, moe_route_op
+from llmk.moe.triton_moe_routing import (
+    MAX_EXPERTS,
+    MAX_TOP_K,
+    launch_moe_route,
+    moe_permute,
+    moe_route,
+    moe_route_op,
+)
 
 WEIGHT_TOL = Tol(1e-7, 2 ** -16, "fp32 exp, sum and division against fp64: a few ulps", rounding_check=False)
 # the gradient: fp32 products and sums of the weights against fp64, then one rounding to the
@@ -115,6 +122,8 @@ def check_errors():
     return [
         expect_raises("top_k > E", lambda: moe_route(x, 9), ValueError, "top_k"),
         expect_raises("top_k 0", lambda: moe_route(x, 0), ValueError, "top_k"),
+        expect_raises(f"top_k > MAX_TOP_K ({MAX_TOP_K})", lambda: moe_route(rand((2, 128), torch.float32),
+                                                                            MAX_TOP_K + 1), ValueError, "top_k"),
         expect_raises("top_k True", lambda: moe_route(x, True), ValueError, "top_k"),
         expect_raises("scoring", lambda: moe_route(x, 2, "relu"), ValueError, "scoring"),
         expect_raises("renormalize 1", lambda: moe_route(x, 2, "softmax", 1), TypeError, "renormalize"),

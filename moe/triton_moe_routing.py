@@ -9,7 +9,8 @@ and compiles without graph breaks.
 Both scores grow with the logit, so the choice reads the logits themselves (no rounding of a score
 can reorder two experts). With renormalize, softmax's weights are the softmax over the chosen
 logits alone (Qwen3-MoE's norm_topk_prob, Mixtral), sigmoid's the chosen scores over their sum.
-A NaN logit is never chosen before a number (ids stay in 0..E-1; torch.topk would take it first)
+A NaN logit is never chosen before a number other than -inf (ids stay in 0..E-1; torch.topk would
+take it first)
 and makes its row's weights NaN under softmax, as PyTorch's softmax does.
 
 Work: one read of the logits (T x E, 2-4 bytes a value) and writes of T x top_k weights and ids:
@@ -35,6 +36,7 @@ from llmk.common.validation import check_tensor
 
 SCORINGS = ("softmax", "sigmoid")
 MAX_EXPERTS = 1024  # a row of logits in registers: 1024 fp32 over 4 warps' 128 threads is 8 a thread
+MAX_TOP_K = 64  # the choice unrolls top_k passes over the row (models take 1-16)
 # Tokens a program: ROUTE_VALUES logits in registers (BLOCK_T x next_power_of_2(E)), at most
 # MAX_ROUTE_TOKENS tokens (E = 128: 32 tokens; E = 8: 64). Not yet measured on a GPU. The
 # interpreter takes 4 tokens a program, so that its small tests run several programs and a tail.
@@ -162,8 +164,9 @@ def check_route_args(logits, top_k, scoring, renormalize):
     n_experts = logits.shape[1]
     if not 1 <= n_experts <= MAX_EXPERTS:
         raise ValueError(f"logits must have 1..{MAX_EXPERTS} experts (dim 1); got {n_experts}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
-        raise ValueError(f"top_k must be an int in 1..{n_experts} (the number of experts); got {top_k!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(n_experts, MAX_TOP_K):
+        raise ValueError(f"top_k must be an int in 1..{min(n_experts, MAX_TOP_K)} (the number of experts, at "
+                         f"most MAX_TOP_K); got {top_k!r}")
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}; got {scoring!r}")
     if not isinstance(renormalize, bool):
@@ -204,4 +207,4 @@ def moe_permute(ids, n_experts):
     return order, counts, torch.cat([counts.new_zeros(1), counts.cumsum(0)])
 
 
-__all__ = ["MAX_EXPERTS", "SCORINGS", "launch_moe_route", "moe_permute", "moe_route", "moe_route_op"]
+__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "SCORINGS", "launch_moe_route", "moe_permute", "moe_route", "moe_route_op"]
