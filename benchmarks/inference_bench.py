@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from llmk.common.device import DEVICE, sm_count
 from llmk.devtools.harness import BenchCase, max_err, parse_args, run
 from llmk.devtools.results import plot_sweeps, shape_str
-from llmk.inference.kv_cache import quantize_kv
+from llmk.inference.kv_cache import dequantize_kv, quantize_kv
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.triton_inference_attention import (
@@ -158,7 +158,7 @@ def bind_e4m3(provider, inputs):
         return lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t, k_scale=k_scales,
                                               v_scale=v_scales)
     n = q.shape[0] if provider == "naive" else min(q.shape[0], 2)  # "naive-first2": what compare reads
-    k_deq, v_deq = ((x[:n].float() * s[:n, ..., None]).to(q.dtype) for x, s in ((kq, ks), (vq, vs)))
+    k_deq, v_deq = (dequantize_kv(x[:n], s[:n], q.dtype) for x, s in ((kq, ks), (vq, vs)))
     return lambda: decode_attention_reference(q[:n], k_deq, v_deq, lengths[:n])
 
 

@@ -63,9 +63,7 @@ def cast_checks(label, q, scale, y):
 
 def source(shape, dtype, strided, scale=1.0):
     """rand(shape) or, strided, a view whose rows are 8 values longer (row stride N + 8)."""
-    if strided:
-        return rand(shape[:-1] + (shape[-1] + 8,), dtype, scale=scale)[..., :shape[-1]]
-    return rand(shape, dtype, scale=scale)
+    return rand(shape, dtype, scale=scale, pad=(0,) * (len(shape) - 1) + (8,) if strided else None)
 
 
 def check_rmsnorm_fp8(shape, dtype, weight=True, offset=0.0, residual=False, one_pass=None, strided=False,

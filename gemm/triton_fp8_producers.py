@@ -88,6 +88,19 @@ def _rounded(y, y_ptr, offs, mask, STORE_Y: tl.constexpr):
 
 
 @triton.jit
+def _norm_block(x_ptr, res_ptr, u_ptr, w_ptr, y_ptr, rows, cols, row_ok, n_cols, rstd, offset, stride_xm, stride_rm,
+                stride_um, stride_ym, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, STORE_Y: tl.constexpr):
+    """(y, mask) of one block of a looped pass after the first: the normalized values rounded to x's
+    dtype (back in fp32), stored with STORE_Y."""
+    in_row = cols < n_cols
+    mask = row_ok[:, None] & in_row[None, :]
+    x = _norm_source(x_ptr, res_ptr, u_ptr, rows, cols, mask, stride_xm, stride_rm, stride_um, HAS_RESIDUAL, False)
+    y = _rounded(_normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT), y_ptr,
+                 rows[:, None] * stride_ym + cols[None, :], mask, STORE_Y)
+    return y, mask
+
+
+@triton.jit
 def _rmsnorm_fp8_kernel(
     # pointers
     x_ptr, res_ptr, w_ptr, y_ptr, u_ptr, q_ptr, s_ptr,
@@ -127,21 +140,13 @@ def _rmsnorm_fp8_kernel(
             tl.debug_barrier()  # the passes below read u back: every thread's stores first
         amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
         for start in range(0, n_cols, BLOCK_N):
-            in_row = start + cols < n_cols
-            mask = row_ok[:, None] & in_row[None, :]
-            x = _norm_source(x_ptr, res_ptr, u_ptr, rows, start + cols, mask, stride_xm, stride_rm, stride_um,
-                             HAS_RESIDUAL, False)
-            y = _rounded(_normalized(x, rstd, w_ptr, start + cols, in_row, offset, HAS_WEIGHT), y_ptr,
-                         rows[:, None] * stride_ym + (start + cols)[None, :], mask, STORE_Y)
+            y, _ = _norm_block(x_ptr, res_ptr, u_ptr, w_ptr, y_ptr, rows, start + cols, row_ok, n_cols, rstd, offset,
+                               stride_xm, stride_rm, stride_um, stride_ym, HAS_RESIDUAL, HAS_WEIGHT, STORE_Y)
             amax = group_amax(y, amax, AMAX_FLOOR_, 1)
         inv = quant_factor(amax, FP8_MAX_)[:, None]
         for start in range(0, n_cols, BLOCK_N):
-            in_row = start + cols < n_cols
-            mask = row_ok[:, None] & in_row[None, :]
-            x = _norm_source(x_ptr, res_ptr, u_ptr, rows, start + cols, mask, stride_xm, stride_rm, stride_um,
-                             HAS_RESIDUAL, False)
-            y = _rounded(_normalized(x, rstd, w_ptr, start + cols, in_row, offset, HAS_WEIGHT), y_ptr,
-                         rows[:, None] * stride_ym + (start + cols)[None, :], mask, False)
+            y, mask = _norm_block(x_ptr, res_ptr, u_ptr, w_ptr, y_ptr, rows, start + cols, row_ok, n_cols, rstd,
+                                  offset, stride_xm, stride_rm, stride_um, stride_ym, HAS_RESIDUAL, HAS_WEIGHT, False)
             tl.store(q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
                      cast_e4m3(y, inv, FP8_MAX_, SOFT_ROUND), mask=mask)
     tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX_), mask=row_ok)

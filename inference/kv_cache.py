@@ -61,6 +61,12 @@ def quantize_kv(t):
     return q.view(torch.uint8).view(t.shape), scale.view(t.shape[:-1])
 
 
+def dequantize_kv(values, scale, dtype):
+    """e4m3 values (..., D) times their scales (...,) in fp32, rounded to dtype: what the decode
+    kernels' tensor-core products read from an e4m3 cache (their reference in tests and benchmarks)."""
+    return (values.float() * scale[..., None]).to(dtype)
+
+
 def scale_buffers(shape, dtype, device):
     """(k_scale, v_scale) of an e4m3 cache whose values have `shape` (..., D): fp32 (...,), ones
     (slots past a length are never read); None and None for a 16-bit cache."""

@@ -31,7 +31,7 @@ from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.inference.decode_cases import decode_tol
-from llmk.inference.kv_cache import KVCache, quantize_kv
+from llmk.inference.kv_cache import KVCache, dequantize_kv, quantize_kv
 from llmk.inference.paged_kv_cache import PagedKVCache
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (
@@ -206,7 +206,7 @@ def fp8_cache(t, exact=False):
     q = q.view(FP8)
     if exact:
         return q, scale, q.double() * scale.double()[..., None]
-    return q, scale, (q.float() * scale[..., None]).to(t.dtype)
+    return q, scale, dequantize_kv(q, scale, t.dtype)
 
 
 def spread(t, decades=2.0):
