@@ -8,6 +8,14 @@ the error of O[i, c] is sum_j p_j d_j v[j, c] (p normalised), with standard devi
 (u / sqrt(3)) * S[i, c] for independent roundings, S[i, c] = sqrt(sum_j p_j^2 v[j, c]^2) over all
 j but the largest. Then O is rounded once: half an ulp, u * |O|.
 
+Below the dtype's smallest normal number (fp16: 2^-14, a key about 10 units of score below the
+row's max) p_j is subnormal and its rounding is absolute: at most half the subnormal spacing, h
+(2^-25 in fp16; SUBNORMAL_HALF_SPACING), which is more than u * p_j there (a key of p_j = 1e-5
+carries 0.3% error, not 0.05%). So each term's bound is e_j = max(u * p_j, min(p_j, h)), and
+S[i, c] = sqrt(sum_j e_j^2 v[j, c]^2) / u: the same as above wherever p_j is normal. It matters
+where a small p meets a large v (e4m3 caches whose scales spread over decades: one key of p 1e-5
+and v -60 moved O by 2e-6 against a bound of 2.4e-6 without the subnormal term).
+
 Tolerance: atol = P_ROUNDING_BOUND * u * S per element, rtol = u. The bound of 4 is 7 standard
 deviations (no false alarm over the 10^7 values of the largest GPU cases), and at least the worst
 case where one p carries the error (a row of two keys: |error| <= u * S). The fp32 steps add
@@ -15,7 +23,9 @@ case where one p carries the error (a row of two keys: |error| <= u * S). The fp
 A bound tied to max|v| instead (u * max|v|) sits 4-11x above the real error of a long row, where
 |O| ~ max|v| / sqrt(T): a 1% error in the softmax scale passed it in bf16. This one catches it.
 """
-from llmk.devtools.testing import UNIT_ROUNDOFF, Tol
+import torch
+
+from llmk.devtools.testing import SUBNORMAL_HALF_SPACING, UNIT_ROUNDOFF, Tol
 
 P_ROUNDING_BOUND = 4.0
 ATOL_FLOOR = 1e-6
@@ -27,6 +37,8 @@ def attention_tol(dtype, p, v, shape):
     u = UNIT_ROUNDOFF[dtype]
     p = p.double().clone()
     p.scatter_(-1, p.argmax(-1, keepdim=True), 0.0)  # the row's largest p is exactly 1 before normalising
-    spread = (p.pow(2) @ v.double().pow(2)).sqrt()
-    return Tol((P_ROUNDING_BOUND * u * spread + ATOL_FLOOR).reshape(shape), u,
+    # each p's rounding: relative u, or absolute (at most h, and at most p itself) where it is subnormal
+    err = torch.maximum(u * p, p.clamp(max=SUBNORMAL_HALF_SPACING[dtype]))
+    spread = (err.pow(2) @ v.double().pow(2)).sqrt()
+    return Tol((P_ROUNDING_BOUND * spread + ATOL_FLOOR).reshape(shape), u,
                "p rounded to the input dtype before p @ v (a bound per element), O rounded once")

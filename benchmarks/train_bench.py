@@ -1,13 +1,16 @@
 """Training: a full step (forward, backward, optimizer) of ~1-1.5B-parameter Llama-, Qwen2-, Qwen3-
-and Gemma 2-shaped transformers models (random weights, nothing downloaded), in tokens/s and peak
-memory; and the Llama model on a batch of mixed-length sequences, padding-free against padded.
+and Gemma 2-shaped transformers models and a 1.9B-parameter Qwen3-MoE-shaped one (random weights,
+nothing downloaded), in tokens/s and peak memory; and the Llama model on a batch of mixed-length
+sequences, padding-free against padded.
 
 Providers, each on a fresh model from the same seed:
-  eager          transformers as it ships (SDPA attention, PyTorch ops), torch.optim.AdamW(fused=True)
+  eager          transformers as it ships (SDPA attention, PyTorch ops; MoE experts through its default
+                 experts implementation, grouped_mm), torch.optim.AdamW(fused=True)
   triton         the same model patched with models/hf_patch.py (RMSNorm, residual RMSNorm, RoPE,
                  FlashAttention with its backward, SwiGLU, the fused linear cross-entropy for the
-                 loss), TritonAdamW with its default fp32 m and v (4 bytes a parameter more than
-                 torch's bf16 state; optimizers/triton_adam.py says why it is the default)
+                 loss; the MoE router and experts), TritonAdamW with its default fp32 m and v (4
+                 bytes a parameter more than torch's bf16 state; optimizers/triton_adam.py says why
+                 it is the default)
   triton+bf16-state  the same with TritonAdamW(state_dtype=None): m and v in bf16 as torch's AdamW
                  keeps them, the peers' memory for the state
   triton+torch-adamw  the patched model with torch's fused AdamW: the kernels' share alone, with the
@@ -16,8 +19,9 @@ Providers, each on a fresh model from the same seed:
                  scales), forward and backward (gemm/fp8_linear_ops.py); the LM head and loss bf16
   torch.compile  eager with each decoder layer compiled (regional compilation, as e2e_bench.py does)
   liger          Liger-Kernel's apply_liger_kernel_to_<family> on the model (RoPE, RMSNorm,
-                 SwiGLU or GeGLU, fused linear cross-entropy); runs last, as it patches transformers'
-                 modules for the rest of the process; skipped where not installed
+                 SwiGLU or GeGLU, fused linear cross-entropy; for Qwen3-MoE its fused MoE); runs
+                 last, as it patches transformers' modules for the rest of the process; skipped
+                 where not installed
 The Gemma 2 model runs transformers' default attention implementation (SDPA), which drops Gemma 2's
 attention logit softcap (only its eager implementation applies it); the patched model applies it
 (models/hf_patch.py), so the kernels do a little more work than eager's and Liger's attention.
@@ -40,7 +44,8 @@ first token, as DataCollatorWithFlattening builds it) and as a right-padded batc
 attention_mask; tokens_per_s counts the real tokens only, so the two layouts compare directly.
 
     python benchmarks/train_bench.py            (GPU; benchmarks/results/train.json and PNGs)
-    python benchmarks/train_bench.py --smoke    (a tiny model in the interpreter, build/bench-smoke)
+    python benchmarks/train_bench.py --smoke    (a tiny Llama in the interpreter, build/bench-smoke; the
+                                                 MoE model's patched step is models/test_hf_patch.py's)
     python benchmarks/train_fsdp2.py            (llama-1.5b under FSDP2 on two GPUs, one process each:
                                                  results/train_fsdp2.json)
 Needs transformers (optional for the repository): without it the script says so and exits 0.
@@ -71,6 +76,13 @@ MODELS = {
                                    num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
                                    query_pre_attn_scalar=256, sliding_window=4096, max_position_embeddings=8192,
                                    tie_word_embeddings=True)),
+    # Qwen3-30B-A3B's widths (32 heads of 128 over 4 KV heads; 128 experts of 768, top-8) at 2 layers:
+    # 1.2B expert parameters, 0.6B of embeddings
+    "qwen3-moe-1.9b": ("qwen3_moe", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                         num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4,
+                                         head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                         max_position_embeddings=8192, tie_word_embeddings=False)),
 }
 PACKED_MODEL = "llama-1.5b"
 PACKED_SEQS, PACKED_MIN, PACKED_MAX = 24, 64, 1024
@@ -89,7 +101,8 @@ LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 
 
 
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM")}
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
 
 
 def build(kind, config):

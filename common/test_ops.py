@@ -72,6 +72,7 @@ from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entrop
 from llmk.losses.triton_cross_entropy import cross_entropy_op
 from llmk.mlp.triton_bias_gelu import bias_gelu
 from llmk.mlp.triton_glu import geglu, swiglu
+from llmk.moe.moe_experts import moe_experts
 from llmk.moe.triton_moe_routing import moe_route
 from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_layernorm import layernorm
@@ -145,6 +146,12 @@ def linear_inputs(m, n, k, dtype, bias=False):
     if bias:
         t["bias"] = rand((n,), dtype)
     return t
+
+
+def moe_inputs(t=9, hidden=32, inter=24, e=8, k=2):
+    weights, ids = moe_route(rand((t, e), torch.float32), k)
+    return dict(x=rand((t, hidden), bf16), weights=weights, ids=ids, w_gate_up=rand((e, 2 * inter, hidden), bf16),
+                w_down=rand((e, hidden, inter), bf16))
 
 
 def lengths_of(batch, t_max):
@@ -305,6 +312,10 @@ SPECS = [
     OpSpec("moe_route E60 top4", "moe_route", lambda: dict(logits=rand((9, 60), bf16)),
            lambda t: moe_route(t["logits"], 4), lambda t: (t["logits"], 4, "softmax", True), None, "logits",
            ("logits",)),
+    OpSpec("moe_experts E8 top2", "moe_experts", moe_inputs,
+           lambda t: moe_experts(t["x"], t["weights"], t["ids"], t["w_gate_up"], t["w_down"]),
+           lambda t: (t["x"], t["weights"], t["ids"], t["w_gate_up"], t["w_down"], "silu", True), None, "x",
+           ("x", "weights", "w_gate_up", "w_down")),
     OpSpec("fp8_linear bias", "fp8_linear", lambda: linear_inputs(6, 48, 128, bf16, bias=True),
            lambda t: fp8_linear(t["a"], t["w"], t["bias"]), lambda t: (t["a"], t["w"], t["bias"]), None, "w",
            ("a", "w", "bias")),

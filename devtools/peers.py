@@ -66,3 +66,10 @@ def liger_ce():
 def liger_lce():
     fn = liger("fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction")
     return fn if isinstance(fn, str) else lambda hidden, weight, target: fn.apply(hidden, weight, target)[0]
+
+
+def liger_moe():
+    """Liger's fused MoE experts: (x (T, H), w_gate_up (E, 2I, H), w_down (E, H, I), ids (T, top_k)
+    int32, weights (T, top_k)) -> (T, H), SwiGLU; or why it is unavailable."""
+    fn = liger("fused_moe", "LigerFusedMoEFunction")
+    return fn if isinstance(fn, str) else fn.apply

@@ -1,8 +1,8 @@
-"""This repository's Triton kernels swapped into a Hugging Face Llama, Qwen2, Qwen3, Mistral, Gemma 2 or
-Gemma 3 (text) model, in place.
+"""This repository's Triton kernels swapped into a Hugging Face Llama, Qwen2, Qwen3, Mistral, Gemma 2,
+Gemma 3 (text), Qwen3-MoE or Mixtral model, in place.
 
     patch_model(model, kernels=("rmsnorm", "residual_rmsnorm", "swiglu", "rope", "attention",
-                                "cross_entropy"))                           -> model
+                                "cross_entropy", "moe"))                    -> model
     unpatch_model(model)                                                    -> model, as it was
     kernel_calls(model)                                                     -> {"rmsnorm": 9, ...}
 
@@ -10,7 +10,7 @@ transformers stays an optional dependency: it is imported inside patch_model, ne
 Tested with transformers 5.17 and the newest release (CI's two lanes; 5.24 at this writing): later
 releases call the KV cache argument `cache` where 5.17 says `past_key_values`, and the patched
 forwards pass it on under the caller's name (cache_argument() says which a model takes). Written
-against 5.17 (models/{llama,qwen2,qwen3,mistral,gemma2,gemma3}/modeling_*.py),
+against 5.17 (models/{llama,qwen2,qwen3,mistral,gemma2,gemma3,qwen3_moe,mixtral}/modeling_*.py),
 whose decoder layer runs RMSNorm -> attention (q/k/v projections, Qwen3's and Gemma 3's RMSNorm of
 each head's q and k, RoPE, KV cache update, attention function, o_proj) -> residual add -> RMSNorm ->
 MLP -> residual add; Gemma's also norms the attention's and the MLP's outputs (post_attention_layernorm,
@@ -69,6 +69,17 @@ kernels' offset=1.0). What is replaced, and through which hook:
              see it so overwritten. An lm_head that is not a
              plain nn.Linear without hooks (LoRA, ZeRO-3, FSDP wrap it), or autocast, keeps the
              original forward, as does every call that is not a training step.
+  moe        Qwen3-MoE's and Mixtral's sparse MoE blocks (models/patch_moe.py): the router
+             (TopKRouter) gets an instance `forward` that keeps its linear and runs the softmax,
+             top-k and renormalization in one kernel (moe/triton_moe_routing.py; the weights stay
+             fp32, where Qwen3-MoE's router rounds them to bf16), and the experts module (the
+             `@use_experts_implementation` class) one that runs moe/moe_experts.py: gate/up, the
+             activation, down and the weighted sum back to the tokens as grouped GEMMs, with their
+             backward. The router's logits, which the auxiliary load-balancing loss reads through
+             the router's output, are unchanged. Qwen3-MoE's dense layers (mlp_only_layers) are
+             plain MLPs and take swiglu. Apart from the patch, patch_moe.register_experts_implementation()
+             registers the experts kernel as transformers' experts implementation "llmk_moe", for
+             models that select it (`experts_implementation="llmk_moe"`).
   fp8_linear (opt-in: never in the default kernels) each nn.Linear inside a decoder layer (the
              attention's q/k/v/o and the MLP's gate/up/down projections) gets an instance `forward`
              that calls gemm/fp8_linear_ops.py: its forward, input-gradient and weight-gradient
@@ -128,13 +139,14 @@ from llmk.models.patch_layers import (
     sandwich_layer_forward,
 )
 from llmk.models.patch_loss import causal_lm_forward
+from llmk.models.patch_moe import EXPERT_ACTIVATIONS, experts_forward, router_forward
 from llmk.models.patch_rope import attention_module_forward, install_rope, release_rope
 from llmk.models.patch_state import STATE_ATTR, PatchState, cache_argument, output_cache, replace_forward
 
 __all__ = ["KERNELS", "OPT_IN", "SUPPORTED", "patch_model", "unpatch_model", "kernel_calls", "cache_argument",
            "output_cache"]
 
-KERNELS = ("rmsnorm", "residual_rmsnorm", "swiglu", "geglu", "rope", "attention", "cross_entropy")
+KERNELS = ("rmsnorm", "residual_rmsnorm", "swiglu", "geglu", "rope", "attention", "cross_entropy", "moe")
 # asked for by name only, never by default: they change the numbers by design (FP8's rounding)
 OPT_IN = ("fp8_linear",)
 # the MLP activations (config.hidden_act, or Gemma's config.hidden_activation) -> (kernel, its GELU
@@ -146,12 +158,14 @@ MLP_KERNELS = {"silu": ("swiglu", None), "swish": ("swiglu", None), "gelu_pytorc
 @dataclass(frozen=True)
 class _Family:
     """A supported model family: its modeling module; the prefix of its RMSNorm / MLP / Attention /
-    DecoderLayer class names; its RMSNorm's offset (Gemma's x * rstd * (1 + weight)); whether its
-    decoder layer also norms the attention's and the MLP's outputs (Gemma's four norms a layer)."""
+    DecoderLayer (and TopKRouter / Experts) class names; its RMSNorm's offset (Gemma's x * rstd *
+    (1 + weight)); whether its decoder layer also norms the attention's and the MLP's outputs
+    (Gemma's four norms a layer); whether it has sparse MoE blocks."""
     module: str
     prefix: str
     norm_offset: float = 0.0
     sandwich: bool = False
+    moe: bool = False
 
 
 # config.model_type -> _Family
@@ -162,6 +176,8 @@ SUPPORTED = {
     "mistral": _Family("transformers.models.mistral.modeling_mistral", "Mistral"),
     "gemma2": _Family("transformers.models.gemma2.modeling_gemma2", "Gemma2", norm_offset=1.0, sandwich=True),
     "gemma3_text": _Family("transformers.models.gemma3.modeling_gemma3", "Gemma3", norm_offset=1.0, sandwich=True),
+    "qwen3_moe": _Family("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3Moe", moe=True),
+    "mixtral": _Family("transformers.models.mixtral.modeling_mixtral", "Mixtral", moe=True),
 }
 
 
@@ -210,11 +226,12 @@ def _mlp_kernel(config, kernels):
 def patch_model(model, kernels=KERNELS):
     """Swap the kernels named in `kernels` into `model` in place; returns `model`.
 
-    model: a transformers Llama, Qwen2, Qwen3, Mistral, Gemma 2 or Gemma 3 (text) *ForCausalLM (or
-       its base model), on any device and dtype: the kernels run where they can, the original code
-       elsewhere (see the module docstring). kernels: any of "rmsnorm", "residual_rmsnorm",
-       "swiglu" (a SiLU MLP), "geglu" (a GELU one, Gemma's), "rope", "attention", "cross_entropy"
-       (the last acts on a *ForCausalLM only, in training); and, by name only (OPT_IN),
+    model: a transformers Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3 (text), Qwen3-MoE or
+       Mixtral *ForCausalLM (or its base model), on any device and dtype: the kernels run where
+       they can, the original code elsewhere (see the module docstring). kernels: any of "rmsnorm",
+       "residual_rmsnorm", "swiglu" (a SiLU MLP), "geglu" (a GELU one, Gemma's), "rope",
+       "attention", "cross_entropy" (the last acts on a *ForCausalLM only, in training), "moe" (the
+       MoE families' routers and experts); and, by name only (OPT_IN),
        "fp8_linear": the decoder layers' linears in FP8, forward and backward.
     Raises TypeError / ValueError, with the model untouched, for another model type, an unknown
     kernel name, a model that is already patched, MLP kernels of which none covers the model's
@@ -228,8 +245,11 @@ def patch_model(model, kernels=KERNELS):
     mlp = _mlp_kernel(model.config, kernels)
     if "attention" in kernels:
         check_attention_implementation(model.config._attn_implementation)
-    norm_cls, mlp_cls, attention_cls, layer_cls = (getattr(modeling, prefix + name)
-                                                   for name in ("RMSNorm", "MLP", "Attention", "DecoderLayer"))
+    # Mixtral has no dense MLP class; only the MoE families have routers and experts
+    norm_cls, mlp_cls, attention_cls, layer_cls, router_cls, experts_cls = (
+        getattr(modeling, prefix + name, None)
+        for name in ("RMSNorm", "MLP", "Attention", "DecoderLayer", "TopKRouter", "Experts"))
+    moe = family.moe and "moe" in kernels
     modules = list(model.modules())
     # the decoder layers' own linears (attention and MLP projections): the LM head stays 16-bit
     layer_linears = {id(m) for layer in modules if isinstance(layer, layer_cls) for m in layer.modules()
@@ -238,6 +258,9 @@ def patch_model(model, kernels=KERNELS):
         raise ValueError(f"model: found no {attention_cls.__name__} modules in {type(model).__name__}")
 
     state = PatchState(kernels, norm_offset=family.norm_offset, mlp=mlp or ())
+    if family.moe:  # the experts' activation, and the auxiliary loss the fused-loss forward adds
+        state.moe_activation = EXPERT_ACTIVATIONS.get(model.config.hidden_act)
+        state.moe_balance_loss = modeling.load_balancing_loss_func
     setattr(model, STATE_ATTR, state)
     try:
         for module in modules:
@@ -246,8 +269,12 @@ def patch_model(model, kernels=KERNELS):
             elif isinstance(module, layer_cls) and "residual_rmsnorm" in kernels:
                 replace_forward(state, module, checkpointed(sandwich_layer_forward if family.sandwich
                                                              else decoder_layer_forward))
-            elif isinstance(module, mlp_cls) and mlp is not None:
+            elif mlp_cls is not None and isinstance(module, mlp_cls) and mlp is not None:
                 replace_forward(state, module, mlp_forward)
+            elif moe and router_cls is not None and isinstance(module, router_cls):
+                replace_forward(state, module, router_forward)
+            elif moe and experts_cls is not None and isinstance(module, experts_cls):
+                replace_forward(state, module, experts_forward)
             elif id(module) in layer_linears and "fp8_linear" in kernels:
                 replace_forward(state, module, linear_forward)
             elif isinstance(module, attention_cls):
@@ -291,7 +318,8 @@ def unpatch_model(model):
 
 def kernel_calls(model):
     """{name: count} of kernel calls ("rmsnorm", "residual_rmsnorm", "swiglu", "geglu", "rope",
-    "flash_attention", "flash_attention_varlen", "decode_attention", "cross_entropy") and of
+    "flash_attention", "flash_attention_varlen", "decode_attention", "cross_entropy", "moe_route",
+    "moe_experts") and of
     fallbacks ("rmsnorm fallback", ...) since patch_model."""
     state = model.__dict__.get(STATE_ATTR) if isinstance(model, torch.nn.Module) else None
     if state is None:

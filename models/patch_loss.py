@@ -1,6 +1,8 @@
 """The model patch's *ForCausalLM forward (models/hf_patch.py describes the patch): in a training step,
 the fused linear cross-entropy on the final hidden states and lm_head's weight, with HF's
-ForCausalLMLoss semantics; the logits are never made."""
+ForCausalLMLoss semantics; the logits are never made. A mixture-of-experts model's auxiliary
+load-balancing loss is added as its own forward adds it (its modeling file's function, on the
+routers' logits)."""
 import torch
 
 from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy
@@ -38,6 +40,11 @@ def causal_lm_forward(model, original, state, input_ids=None, attention_mask=Non
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     options = dict(kwargs)
+    moe = state.moe_balance_loss is not None  # Qwen3-MoE, Mixtral: MoeCausalLMOutputWithPast
+    if moe:
+        router_logits = options.pop("output_router_logits", None)
+        options["output_router_logits"] = model.config.output_router_logits if router_logits is None \
+            else router_logits
     num_items = options.pop("num_items_in_batch", None)
     ignore_index = options.pop("ignore_index", IGNORE_INDEX)
     shift_labels = options.pop("shift_labels", None)
@@ -70,6 +77,17 @@ def causal_lm_forward(model, original, state, input_ids=None, attention_mask=Non
                                    num_items_in_batch=num_items, ignore_index=ignore_index,
                                    shift_labels=shift_labels)
     cache = cache_field(outputs)
-    out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                 attentions=outputs.attentions, **{cache: getattr(outputs, cache)})
+    fields = dict(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+                  **{cache: getattr(outputs, cache)})
+    if moe:
+        from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+        aux_loss = None
+        if options["output_router_logits"]:
+            aux_loss = state.moe_balance_loss(outputs.router_logits, model.num_experts, model.num_experts_per_tok,
+                                              attention_mask)
+            fields["loss"] = loss + model.router_aux_loss_coef * aux_loss.to(loss.device)
+        out = MoeCausalLMOutputWithPast(aux_loss=aux_loss, router_logits=outputs.router_logits, **fields)
+    else:
+        out = CausalLMOutputWithPast(**fields)
     return out if as_dict else out.to_tuple()

@@ -20,6 +20,8 @@ class PatchState:
     kernels: tuple
     norm_offset: float = 0.0                               # the family's RMSNorm offset
     mlp: tuple = ()                                        # MLP_KERNELS' entry of the model's activation
+    moe_activation: str | None = None                      # moe_experts' activation of the model's experts
+    moe_balance_loss: Callable | None = None               # its modeling file's load_balancing_loss_func
     calls: Counter = field(default_factory=Counter)
     forwards: list = field(default_factory=list)           # (module, instance forward it had, or None)
     attention_modules: list = field(default_factory=list)

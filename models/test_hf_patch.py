@@ -1,5 +1,5 @@
-"""Tests for models/hf_patch.py: small Llama, Qwen2, Qwen3 and Mistral models with random weights,
-patched, against the same weights run unpatched.
+"""Tests for models/hf_patch.py: small Llama, Qwen2, Qwen3, Mistral, Gemma 2 and 3, Qwen3-MoE and
+Mixtral models with random weights, patched, against the same weights run unpatched.
 
     python models/test_hf_patch.py        (or: pytest models/test_hf_patch.py)
 
@@ -60,6 +60,18 @@ NORM_WEIGHT_STD = 0.2
 # and its query_pre_attn_scalar apart from head_dim, so that a wrong scale shows
 GEMMA = dict(attn_logit_softcapping=5.0, final_logit_softcapping=3.0, query_pre_attn_scalar=48,
              hidden_activation="gelu_pytorch_tanh")
+# The MoE families: 4 experts of 128, every token on all 4 (top-4), Qwen3-MoE's second layer a
+# dense MLP. Every expert, not the top 2 of 8: a top-k choice is discontinuous, and two experts'
+# logits within a rounding of each other (a few percent of tokens a layer in bf16) go either way
+# in each of the three models, which moves that token's logits by O(1) whichever model is right.
+# With all experts chosen the output is a sum over them in any order, so the models' differences
+# stay roundings; the choice itself is tested against its reference in moe/test_moe_routing.py,
+# and uneven and empty experts in moe/test_moe_experts.py. A weight on the wrong expert still
+# shows here. The training steps add the routers' auxiliary loss (MOE_TRAINING) with a weight that
+# makes it show: a loss that dropped it would be ~0.2 off. (Only there: transformers' own decode
+# step with output_router_logits fails, the mask longer than the logits.)
+MOE = dict(num_experts_per_tok=4, router_aux_loss_coef=0.1)
+MOE_TRAINING = dict(output_router_logits=True)
 # the test's kinds -> (config class, model class) name in transformers, and config defaults
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
@@ -67,7 +79,11 @@ FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
             "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
             "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA),
             "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA, attn_logit_softcapping=None,
-                                                                      final_logit_softcapping=None))}
+                                                                      final_logit_softcapping=None)),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(MOE, moe_intermediate_size=128, num_experts=4,
+                                                                        mlp_only_layers=[1], norm_topk_prob=True)),
+            "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(MOE, intermediate_size=128, num_local_experts=4,
+                                                                    sliding_window=None))}
 
 
 def make_model(kind, size, dtype, **config_extra):
@@ -79,8 +95,8 @@ def make_model(kind, size, dtype, **config_extra):
 
     config_name, model_name, defaults = FAMILIES[kind]
     init_std = INIT_STD * (256 / SIZES[size]["hidden_size"]) ** 0.5
-    config = getattr(transformers, config_name)(**SIZES[size], initializer_range=init_std, rms_norm_eps=1e-6,
-                                                **(defaults | config_extra))
+    config = getattr(transformers, config_name)(**(SIZES[size] | defaults | config_extra), initializer_range=init_std,
+                                                rms_norm_eps=1e-6)
     model = getattr(transformers, model_name)(config)
     if kind == "gemma2" and config.attn_logit_softcapping:
         model.set_attn_implementation("eager")  # transformers' SDPA path drops the cap; eager applies it
@@ -195,6 +211,15 @@ def mlp_kernel(model):
     return "geglu" if hasattr(model.model.layers[0], "pre_feedforward_layernorm") else "swiglu"
 
 
+def mlp_calls(model, n_forwards):
+    """{kernel: calls} of the MLPs in n_forwards forwards: the gated-MLP kernel once a dense layer,
+    the router and the experts once a sparse MoE layer."""
+    n_moe = sum(hasattr(layer.mlp, "experts") for layer in model.model.layers)
+    n_dense = len(model.model.layers) - n_moe
+    calls = {mlp_kernel(model): n_dense * n_forwards} if n_dense else {}
+    return calls | ({"moe_route": n_moe * n_forwards, "moe_experts": n_moe * n_forwards} if n_moe else {})
+
+
 def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, window=None):
     """Prefill + decode steps, patched vs unpatched vs fp32; the kernel call counts; unpatch.
     padded: "left" or "right", the first row 4 tokens short (the prefill runs the packed kernel on
@@ -231,8 +256,7 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
     n_forwards = n_steps + 1
     # post_attention_layernorm runs fused with the residual add before it, in residual_rmsnorm
     expected = {"rmsnorm": (norms_a_layer(model) * n_layers + 1) * n_forwards,
-                "residual_rmsnorm": n_layers * n_forwards, mlp_kernel(model): n_layers * n_forwards,
-                "rope": n_layers * n_forwards}
+                "residual_rmsnorm": n_layers * n_forwards, "rope": n_layers * n_forwards} | mlp_calls(model, n_forwards)
     if dtype == torch.float32:  # flash_attention takes fp16 / bf16
         expected["attention fallback"] = n_layers * n_forwards
     elif padded or window:  # a decode step's mask (padding, window) goes to the original
@@ -363,7 +387,8 @@ def check_training(kind, checkpointing=False):
     backward, under HF's checkpoint call)."""
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
-    model, ref = make_model(kind, "tiny", torch.bfloat16)
+    model, ref = make_model(kind, "tiny", torch.bfloat16, **(MOE_TRAINING if "num_experts_per_tok" in FAMILIES[kind][2]
+                                                              else {}))
     plain = copy.deepcopy(model)
     for m in (model, ref, plain):
         m.train()
@@ -386,7 +411,7 @@ def check_training(kind, checkpointing=False):
                 gradients_rule(grads, ref_grads, plain_grads)]
     ran = {k for k, v in calls.items() if v and "fallback" not in k}
     fallbacks = {k: v for k, v in calls.items() if "fallback" in k}
-    every = {"rmsnorm", "residual_rmsnorm", "rope", "flash_attention", mlp_kernel(model), "cross_entropy"}
+    every = {"rmsnorm", "residual_rmsnorm", "rope", "flash_attention", "cross_entropy", *mlp_calls(model, 1)}
     outcomes.append(Outcome("every kernel ran, no fallback", ran >= every and not fallbacks, note=f"{calls}"[:120]))
     if checkpointing:  # each layer's kernels ran twice: the forward, and its recomputation
         n_layers = model.config.num_hidden_layers
@@ -522,6 +547,41 @@ def check_training_options():
     outcomes.append(Outcome("the fused loss ran, no fallback", calls.get("cross_entropy", 0) >= 5
                             and not calls.get("cross_entropy fallback"), note=f"{calls}"[:100]))
     return outcomes
+
+
+def check_experts_implementation():
+    """The experts kernel as transformers' experts implementation "llmk_moe", without patch_model: a
+    Qwen3-MoE model that selects it runs llmk::moe_experts in its sparse layers, its logits keep the
+    rule of check_model against the fp32 reference, and selecting the original implementation again
+    gives the original logits bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from llmk.models.patch_moe import register_experts_implementation
+
+    class Ops(TorchDispatchMode):  # the operators a forward calls (ours go through the dispatcher here)
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    model, ref_model = make_model("qwen3_moe", "tiny", torch.bfloat16)
+    ids = prompt("tiny", 2)
+    original = model.config._experts_implementation
+    with torch.no_grad():
+        ref, before = ref_model(ids).logits.float(), model(ids).logits.float()
+        model.set_experts_implementation(register_experts_implementation())
+        with Ops() as ops:
+            got = model(ids).logits.float()
+        model.set_experts_implementation(original)
+        after = model(ids).logits.float()
+    n_sparse = sum(hasattr(layer.mlp, "experts") for layer in model.model.layers)
+    ran = ops.names.count("llmk.moe_experts")
+    return check_logits("prefill logits", got, ref, before, torch.bfloat16, model.config.num_hidden_layers) + [
+        Outcome(f"llmk::moe_experts ran in the {n_sparse} sparse layer(s)", ran == n_sparse, note=f"{ran} calls"),
+        Outcome(f"{original} again: the original logits, bit for bit", torch.equal(before, after))]
 
 
 def check_other_model_untouched():
@@ -677,6 +737,7 @@ def model_cases():
              dict(kind="llama", checkpointing=True)),
         Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict",
              check_training_options),
+        Case("qwen3_moe: the experts kernel as transformers' experts implementation", check_experts_implementation),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
         Case("llama: no warning the unpatched model does not give", check_silent, dict(kind="llama")),
@@ -701,5 +762,5 @@ def test_case(case):
 if __name__ == "__main__":
     if not HAVE_TRANSFORMERS:
         print(f"models/test_hf_patch.py: {SKIP_REASON} ({INSTALL_HINT})")
-    main("HF Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 patched with our kernels", CASES,
+    main("HF Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, Qwen3-MoE and Mixtral patched with our kernels", CASES,
          skip_reason=None if HAVE_TRANSFORMERS else SKIP_REASON)

@@ -29,3 +29,19 @@ def permute_ref(ids, n_experts):
     counts = torch.bincount(ids.reshape(-1).cpu(), minlength=n_experts)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     return torch.tensor(order, dtype=torch.int64), counts, offsets
+
+
+def experts_ref(x, weights, ids, w_gate_up, w_down, activation="silu", dtype=torch.float64):
+    """The experts' eager loop (transformers' form) in `dtype` (fp64: the truth; x's dtype: PyTorch's
+    own result in it): x (T, H), weights and ids (T, top_k), w_gate_up (E, 2I, H) gate rows first,
+    w_down (E, H, I) -> (T, H), differentiable."""
+    act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+           "gelu_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh")}[activation]
+    x, w, w1, w2 = (t.to(dtype) for t in (x, weights, w_gate_up, w_down))
+    out = x.new_zeros(x.shape)
+    for e in range(w1.shape[0]):
+        tokens, slots = torch.where(ids == e)
+        if tokens.numel():
+            gate, up = (x[tokens] @ w1[e].t()).chunk(2, dim=-1)
+            out = out.index_add(0, tokens, (act(gate) * up) @ w2[e].t() * w[tokens, slots, None])
+    return out

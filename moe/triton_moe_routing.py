@@ -199,12 +199,23 @@ def moe_permute(ids, n_experts):
         raise ValueError(f"ids must be 2-D (tokens, top_k); got shape {tuple(ids.shape)}")
     if isinstance(n_experts, bool) or not isinstance(n_experts, int) or n_experts < 1:
         raise ValueError(f"n_experts must be an int >= 1; got {n_experts!r}")
+    check_ids_range(ids, n_experts)
+    return permute(ids, n_experts)
+
+
+def check_ids_range(ids, n_experts, name="ids"):
+    """On the CPU, every expert index in 0..n_experts-1 (on a GPU the check would need a host sync)."""
+    if ids.device.type == "cpu" and ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < n_experts:
+        raise ValueError(f"{name} must lie in 0..{n_experts - 1}; got {int(ids.min())}..{int(ids.max())}")
+
+
+def permute(ids, n_experts):
+    """moe_permute on checked arguments."""
     flat = ids.reshape(-1).long()
-    if flat.device.type == "cpu" and flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < n_experts:
-        raise ValueError(f"ids must lie in 0..{n_experts - 1}; got {int(flat.min())}..{int(flat.max())}")
     order = torch.sort(flat, stable=True).indices
     counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device).index_add_(0, flat, torch.ones_like(flat))
     return order, counts, torch.cat([counts.new_zeros(1), counts.cumsum(0)])
 
 
-__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "SCORINGS", "launch_moe_route", "moe_permute", "moe_route", "moe_route_op"]
+__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "SCORINGS", "check_ids_range", "launch_moe_route", "moe_permute", "moe_route",
+           "moe_route_op", "permute"]

@@ -41,8 +41,8 @@ OURS = ("triton", "triton-paged", "triton+bf16-state", "triton+torch-adamw")
 # each area's page (benchmarks/<area>_page.py), in the order of the docs
 
 
-AREA_NAMES = ("norm", "softmax", "rope", "attention", "mlp", "gemm", "inference", "losses", "train", "train_fsdp2",
-              "optimizer", "host", "e2e", "cuda_vs_triton", "decode_step")
+AREA_NAMES = ("norm", "softmax", "rope", "attention", "mlp", "gemm", "moe", "inference", "losses", "train",
+              "train_fsdp2", "optimizer", "host", "e2e", "cuda_vs_triton", "decode_step")
 
 
 @functools.cache

@@ -1,0 +1,284 @@
+"""The experts' grouped GEMMs in Triton: every routed (token, slot) row multiplied by its own
+expert's weights, the rows taken in expert order (moe_permute's order) so that one program's tile
+holds one expert's rows.
+
+Two kernels, each launched in several forms:
+
+  _expert_rows_kernel: c[rows] = a[rows] @ b[e]^T, BLOCK_M rows of one expert a program
+      a's rows are read through the order: GATHER reads token order[r] // top_k of a (T, K) input
+      (the hidden states; no gathered copy is made), else sorted row r of an (S, K) one.
+      EPILOGUE "glu":          b = [gate; up] (2N rows): two accumulators, h = act(gate) * up,
+                               stored at sorted row r; with STORE_PRE also gate and up (backward)
+      EPILOGUE "scatter":      c is stored at row order[r] (the flat t * top_k + slot, token order),
+                               times the routing weight of that row with SCALE: the layer's output
+                               is then a sum over each token's top_k rows
+      EPILOGUE "glu_backward": c = dh of the unweighted down projection; reads gate and up, writes
+                               dgate and dup (dh scaled by the routing weight), and each N tile's
+                               share of d weight = sum over columns of dh * h (fp32 partials)
+  _expert_weight_grad_kernel: c[e] = a[rows of e]^T @ b[rows of e], a BLOCK_P x BLOCK_Q tile of one
+      expert's weight gradient a program, the expert's rows walked BLOCK_R at a time (their count
+      is read on the device); either operand gathered, a's rows optionally scaled by the weight.
+
+No host sync. Expert e owns sorted rows offsets[e]..offsets[e + 1] and cdiv(count_e, BLOCK_M) row
+tiles, so the launch sizes its grid for the worst case, cdiv(S, BLOCK_M) + min(E, S) row tiles
+(S = T * top_k), and each program finds its expert from the offsets (expert_tile: a cumulative sum
+over E values, in registers); a program past the last tile does nothing.
+
+FLOPs of the layer on S routed rows, hidden H, expert width I: 2 S H (2 I) + 2 S I H = 6 S H I
+forward, twice that backward (each GEMM gives an input and a weight gradient). Bytes: the experts'
+weights (E * 3 I H elements) once if L2 keeps a band of an expert's columns while its row tiles
+pass (the grouped program order, GROUP_M row tiles a band), plus the rows (S (H + 3 I + H)
+elements forward): at decode sizes (S <= 512) the weights dominate.
+
+Block sizes: MOE_CONFIGS (one table, by the size of the row runs); not yet tuned on a GPU.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from llmk.common.device import INTERPRET
+from llmk.common.ints import cdiv, next_power_of_2
+from llmk.common.triton_utils import activate, activate_grad
+
+EPILOGUES = ("glu", "scatter", "glu_backward")
+
+# (largest mean rows an expert, (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)): the first row
+# whose bound the mean run S / E meets. Short runs (decode: S <= 512 over 128 experts) waste most
+# of a tall tile on padding and are bound by reading the weights, so they take 16 rows and long K
+# steps; long runs (prefill, training) take the Hopper tile. Not yet measured on a GPU.
+MOE_CONFIGS = [
+    (16, (16, 64, 128, 4, 4)),
+    (64, (64, 64, 64, 4, 4)),
+    (None, (128, 128, 64, 8, 3)),
+]
+# Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages); BLOCK_R rows of the
+# expert's run a step.
+WEIGHT_GRAD_CONFIG = (128, 128, 64, 8, 3)
+# Row tiles that walk the output columns together (the program order; not yet measured)
+GROUP_M = 8
+# The interpreter: 16-row tiles, and columns and K steps of at most half the dimension (16 to 64),
+# so that the tests' small shapes run edge tiles and several K steps, and a test model's widths
+# (256) take few programs (each program of the interpreter costs host time whatever its size).
+INTERPRET_ROWS = 16
+INTERPRET_MAX_BLOCK = 64
+
+
+def interpret_block(n):
+    """The interpreter's tile width for a dimension of n: a power of two, at most n / 2, in 16..64."""
+    return max(16, min(INTERPRET_MAX_BLOCK, 1 << max(0, (n // 2).bit_length() - 1)))
+
+
+def dot_precision(a):
+    """tl.dot's input_precision: fp32 inputs in full fp32 ("ieee"; Triton's default on NVIDIA is TF32,
+    10-bit significands, where PyTorch's fp32 matmul keeps 23), 16-bit ones as they are."""
+    return "ieee" if a.dtype == torch.float32 else "tf32"
+
+
+def rows_config(n_rows, n_experts, epilogue, n, k):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of _expert_rows_kernel for S rows over E
+    experts, N output columns (a GLU's half width) and a reduction of K. The GLU epilogues hold
+    two fp32 tiles of BLOCK_N columns (gate and up, or dh and gate | up in the backward): they take
+    half the table's BLOCK_N, which keeps the registers of a 128-row tile within 255 a thread (at
+    the full width ptxas spills 12 B forward, ~700 B backward)."""
+    if INTERPRET:
+        return INTERPRET_ROWS, interpret_block(n), interpret_block(k), 1, 1
+    mean = n_rows / n_experts
+    bm, bn, bk, warps, stages = next(cfg for bound, cfg in MOE_CONFIGS if bound is None or mean <= bound)
+    if epilogue != "scatter" and bm >= 64:
+        bn //= 2
+    return bm, bn, bk, warps, stages
+
+
+def row_tiles(n_rows, n_experts, block_m):
+    """The worst-case number of row tiles: every expert that gets a row may end on a partial tile."""
+    return cdiv(n_rows, block_m) + min(n_experts, n_rows)
+
+
+@triton.jit
+def expert_tile(offsets_ptr, pid_m, n_experts, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr):
+    """Row tile pid_m's (expert, first sorted row, end of the expert's rows); expert >= n_experts
+    when pid_m is past the last tile. offsets (E + 1,) int64: expert e's rows are offsets[e]..offsets[e + 1]."""
+    es = tl.arange(0, E_PAD)
+    ok = es < n_experts
+    start = tl.load(offsets_ptr + es, mask=ok, other=0)
+    end = tl.load(offsets_ptr + es + 1, mask=ok, other=0)
+    tiles = (end - start + BLOCK_M - 1) // BLOCK_M
+    tile_end = tl.cumsum(tiles, 0)
+    # experts whose tiles all come before pid_m (the padding's tile_end is the total: counted only
+    # past the last tile, which makes e >= n_experts there)
+    e = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
+    mine = es == e
+    first_tile = tl.sum(tl.where(mine, tile_end - tiles, 0), 0)
+    row0 = tl.sum(tl.where(mine, start, 0), 0) + (pid_m - first_tile) * BLOCK_M
+    return e, row0, tl.sum(tl.where(mine, end, 0), 0)
+
+
+@triton.jit
+def _expert_rows_kernel(
+    # pointers: a (T or S, K); b (E, N or 2N, K) by strides; c (S, N) (glu: h; scatter: y in token
+    # order); order (S,) int64 and offsets (E + 1,) int64 from moe_permute; scale (S,) fp32 routing
+    # weights in token order; pre (S, 2N): gate | up (glu: written with STORE_PRE; glu_backward:
+    # read); dpre (S, 2N): dgate | dup; partial (n tiles, S) fp32: d weight's shares
+    a_ptr, b_ptr, c_ptr, order_ptr, offsets_ptr, scale_ptr, pre_ptr, dpre_ptr, partial_ptr,
+    # sizes: N output columns (glu: the width of each half), K the reduction
+    n_rows, N, K, n_experts, top_k,
+    # strides, in elements (pre and dpre: contiguous (S, 2N))
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    # meta-parameters
+    GATHER: tl.constexpr, EPILOGUE: tl.constexpr, ACTIVATION: tl.constexpr, SCALE: tl.constexpr,
+    STORE_PRE: tl.constexpr, E_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """One program: BLOCK_M sorted rows of one expert x BLOCK_N columns, all of K, then the epilogue."""
+    # GROUP_M row tiles walk the columns together: a band of an expert's weight columns is read
+    # once for them from HBM, then from L2 (Mixtral's gate | up is 235 MB an expert, past any L2)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    n_tiles_m = tl.num_programs(0) // n_tiles_n
+    pid = tl.program_id(0)
+    first_m = pid // (GROUP_M * n_tiles_n) * GROUP_M
+    group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
+    local = pid % (GROUP_M * n_tiles_n)
+    pid_m = first_m + local % group_m
+    pid_n = local // group_m
+    e, row0, row_end = expert_tile(offsets_ptr, pid_m, n_experts, BLOCK_M, E_PAD)
+    if e < n_experts:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        pos = tl.load(order_ptr + rows, mask=row_ok, other=0)  # the flat (token, slot) index
+        a_rows = pos // top_k if GATHER else rows
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn_b = rn % N  # edge columns re-read valid ones; the store drops them
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = b_ptr + e.to(tl.int64) * stride_be + rn_b[None, :].to(tl.int64) * stride_bn + rk[:, None] * stride_bk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if EPILOGUE == "glu":
+            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_ok = rk < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            if EPILOGUE == "glu":  # the up half: b's rows N + n
+                acc_up = tl.dot(a, tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0), acc_up,
+                                input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        col_ok = rn < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        pre_offs = rows64[:, None] * (2 * N) + rn[None, :]  # (S, 2N) contiguous: gate | up
+        if EPILOGUE == "glu":
+            if STORE_PRE:
+                tl.store(pre_ptr + pre_offs, acc.to(pre_ptr.dtype.element_ty), mask=mask)
+                tl.store(pre_ptr + pre_offs + N, acc_up.to(pre_ptr.dtype.element_ty), mask=mask)
+            h = activate(acc, ACTIVATION) * acc_up
+            tl.store(c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn,
+                     h.to(c_ptr.dtype.element_ty), mask=mask)
+        elif EPILOGUE == "scatter":
+            if SCALE:
+                acc = acc * tl.load(scale_ptr + pos, mask=row_ok, other=0.0)[:, None]
+            tl.store(c_ptr + pos[:, None] * stride_cm + rn[None, :] * stride_cn,
+                     acc.to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.static_assert(EPILOGUE == "glu_backward", "EPILOGUE must be 'glu', 'scatter' or 'glu_backward'")
+            gate = tl.load(pre_ptr + pre_offs, mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(pre_ptr + pre_offs + N, mask=mask, other=0.0).to(tl.float32)
+            act = activate(gate, ACTIVATION)
+            # d weight of the row: the down projection's unweighted output dotted with dy, which is
+            # acc dotted with h (dy @ W_down = acc); this tile's share of the columns
+            share = tl.sum(tl.where(mask, acc * act * up, 0.0), axis=1)
+            tl.store(partial_ptr + pid_n.to(tl.int64) * n_rows + pos, share, mask=row_ok)
+            dh = acc * tl.load(scale_ptr + pos, mask=row_ok, other=0.0)[:, None]
+            tl.store(dpre_ptr + pre_offs, (dh * up * activate_grad(gate, ACTIVATION)).to(dpre_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.store(dpre_ptr + pre_offs + N, (dh * act).to(dpre_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _expert_weight_grad_kernel(
+    # pointers: a (rows, P), b (rows, Q) by strides; c (E, P, Q) by strides; order (S,), offsets
+    # (E + 1,) int64; scale (S,) fp32 routing weights in token order
+    a_ptr, b_ptr, c_ptr, order_ptr, offsets_ptr, scale_ptr,
+    # sizes
+    P, Q, top_k,
+    # strides, in elements
+    stride_am, stride_ap, stride_bm, stride_bq, stride_ce, stride_cp, stride_cq,
+    # meta-parameters
+    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, A_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """One program: a BLOCK_P x BLOCK_Q tile of expert e's gradient, summed over the expert's rows
+    (none: a tile of zeros, the gradient of an expert that got no token)."""
+    tiles_p = tl.cdiv(P, BLOCK_P)
+    tiles_q = tl.cdiv(Q, BLOCK_Q)
+    pid = tl.program_id(0)
+    e = pid // (tiles_p * tiles_q)
+    pid_p = pid % (tiles_p * tiles_q) // tiles_q
+    pid_q = pid % tiles_q
+    start = tl.load(offsets_ptr + e)
+    end = tl.load(offsets_ptr + e + 1)
+    rp = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    rq = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    rp_a = rp % P  # edge tiles re-read valid columns; the store drops them
+    rq_b = rq % Q
+    acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float32)
+    for r0 in range(start, end, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        ok = rows < end
+        pos = tl.load(order_ptr + rows, mask=ok, other=0)
+        a_rows = pos // top_k if A_GATHER else rows
+        b_rows = pos // top_k if B_GATHER else rows
+        a = tl.load(a_ptr + a_rows[None, :] * stride_am + rp_a[:, None] * stride_ap, mask=ok[None, :], other=0.0)
+        if A_SCALE:  # dy times the routing weight, rounded to dy's dtype as an eager product would be
+            a = (a.to(tl.float32) * tl.load(scale_ptr + pos, mask=ok, other=0.0)[None, :]).to(a_ptr.dtype.element_ty)
+        b = tl.load(b_ptr + b_rows[:, None] * stride_bm + rq_b[None, :] * stride_bq, mask=ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    c_ptrs = c_ptr + e.to(tl.int64) * stride_ce + rp[:, None].to(tl.int64) * stride_cp + rq[None, :] * stride_cq
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rp < P)[:, None] & (rq < Q)[None, :])
+
+
+def launch_expert_rows(a, b, c, order, offsets, *, gather, epilogue, activation="silu", top_k=1, scale=None,
+                       pre=None, dpre=None, partial=None, config=None):
+    """Launch _expert_rows_kernel on checked arguments. a (T, K) with gather else (S, K); b (E, N
+    or 2N, K) by strides (glu, glu_backward's pre: N is the half width); c (S, N); order (S,),
+    offsets (E + 1,); scale (S,) fp32; pre, dpre (S, 2N) contiguous; partial (cdiv(N, BLOCK_N), S) fp32."""
+    n_rows, n_experts = order.shape[0], offsets.shape[0] - 1
+    n = b.shape[1] // 2 if epilogue == "glu" else b.shape[1]
+    k = b.shape[2]
+    bm, bn, bk, warps, stages = config or rows_config(n_rows, n_experts, epilogue, n, k)
+    dummy = order  # never read: pointers of the forms that take no such tensor
+    grid = (row_tiles(n_rows, n_experts, bm) * cdiv(n, bn),)
+    _expert_rows_kernel[grid](
+        a, b, c if c is not None else dummy, order, offsets,
+        scale if scale is not None else dummy, pre if pre is not None else dummy,
+        dpre if dpre is not None else dummy, partial if partial is not None else dummy,
+        n_rows, n, k, n_experts, top_k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
+        c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0,
+        GATHER=gather, EPILOGUE=epilogue, ACTIVATION=activation, SCALE=scale is not None,
+        STORE_PRE=epilogue == "glu" and pre is not None, E_PAD=next_power_of_2(n_experts),
+        DOT_PRECISION=dot_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps,
+        num_stages=stages)
+
+
+def launch_expert_weight_grad(a, b, c, order, offsets, *, a_gather, b_gather, top_k, scale=None, config=None):
+    """Launch _expert_weight_grad_kernel: c (E, P, Q) = per expert a[rows]^T @ b[rows]; a (., P),
+    b (., Q), rows gathered (order // top_k) or sorted."""
+    n_experts, p, q = c.shape
+    if config is None:
+        config = (interpret_block(p), interpret_block(q), INTERPRET_ROWS, 1, 1) if INTERPRET else WEIGHT_GRAD_CONFIG
+    bp, bq, br, warps, stages = config
+    _expert_weight_grad_kernel[(n_experts * cdiv(p, bp) * cdiv(q, bq),)](
+        a, b, c, order, offsets, scale if scale is not None else order, p, q, top_k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), c.stride(2),
+        A_GATHER=a_gather, B_GATHER=b_gather, A_SCALE=scale is not None, DOT_PRECISION=dot_precision(a),
+        BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=br, num_warps=warps, num_stages=stages)
+
+
+def n_tiles(n, config):
+    """Column tiles of an _expert_rows_kernel launch of N columns (the d weight partials' rows)."""
+    return cdiv(n, config[1])
+
+
+__all__ = ["EPILOGUES", "launch_expert_rows", "launch_expert_weight_grad", "n_tiles", "rows_config"]
