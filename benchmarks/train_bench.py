@@ -16,7 +16,8 @@ Providers, each on a fresh model from the same seed:
   triton+torch-adamw  the patched model with torch's fused AdamW: the kernels' share alone, with the
                  peers' optimizer
   triton+fp8     triton with the opt-in fp8_linear: every decoder layer's linear in FP8 (e4m3, row-wise
-                 scales), forward and backward (gemm/fp8_linear_ops.py); the LM head and loss bf16
+                 scales), forward and backward (gemm/fp8_linear_ops.py), the norms and SwiGLU before
+                 them casting their outputs in the same kernel; the LM head and loss bf16
   torch.compile  eager with each decoder layer compiled (regional compilation, as e2e_bench.py does)
   liger          Liger-Kernel's apply_liger_kernel_to_<family> on the model (RoPE, RMSNorm,
                  SwiGLU or GeGLU, fused linear cross-entropy; for Qwen3-MoE its fused MoE); runs

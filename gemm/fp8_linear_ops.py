@@ -12,7 +12,10 @@ left operand and per column of the right one:
 
 so each operand is quantized twice, once along each of its dimensions (x and dy in the forward's
 and the backward's layouts): the row-wise recipe (torchao's "rowwise"), gradients in e4m3 too.
-Saved for the backward: x and W as given (16-bit), not their FP8 copies. quantize_fp8 reads the
+Saved for the backward: x and W as given (16-bit), not their FP8 copies. x_fp8, where the kernel
+that made x also cast it (gemm/triton_fp8_producers.py: the same bytes quantize_fp8(x, "row")
+gives), is the forward's left operand as it is, and the forward's quantization pass is skipped;
+the backward still reads x (its weight gradient casts x along the tokens). quantize_fp8 reads the
 transposed operands in place (strided); a cast that writes both layouts in one pass is the next
 step for speed.
 
@@ -24,14 +27,22 @@ import torch
 
 from llmk.common.ops import define_op
 from llmk.common.validation import as_rows, check_same_device, check_tensor
-from llmk.gemm.fp8_ops import fp8_matmul_op, quantize_fp8_op
+from llmk.gemm.fp8_ops import FP8, fp8_matmul_op, quantize_fp8_op
 from llmk.gemm.triton_matmul_common import check_bias
 
 DTYPES = (torch.float16, torch.bfloat16)
 
 
-def check_fp8_linear_args(x, weight, bias):
+def check_fp8_linear_args(x, weight, bias, x_fp8=None):
     check_tensor("x", x, DTYPES)
+    if x_fp8 is not None:
+        if not isinstance(x_fp8, (tuple, list)) or len(x_fp8) < 2:
+            raise TypeError(f"x_fp8 must be (q, scale) (an FP8Rows), got {type(x_fp8).__name__}")
+        check_tensor("x_fp8's q", x_fp8[0], (FP8,))
+        check_tensor("x_fp8's scale", x_fp8[1], (torch.float32,))
+        if x_fp8[0].shape != x.shape or x_fp8[1].shape != x.shape[:-1]:
+            raise ValueError(f"x_fp8 must be q {tuple(x.shape)} and scale {tuple(x.shape[:-1])} (x's rows); got "
+                             f"{tuple(x_fp8[0].shape)} and {tuple(x_fp8[1].shape)}")
     check_tensor("weight", weight, (x.dtype,), min_dim=2)
     check_same_device("weight", weight, "x", x)
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
@@ -46,18 +57,21 @@ def fp8_product(a, b_t, out_dtype, bias=None):
     return fp8_matmul_op(qa, qb.T, sa, sb, bias, None, out_dtype)
 
 
-def _fp8_linear(x, weight, bias):
+def _fp8_linear(x, weight, bias, x_q=None, x_scale=None):
     rows = as_rows(x)
     if rows.numel() == 0 or weight.numel() == 0:
         y = torch.zeros((rows.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
         if bias is not None:
             y += bias.to(x.dtype)
+    elif x_q is not None:  # x's rows cast by the kernel that made x
+        qb, sb = quantize_fp8_op(weight, "row")
+        y = fp8_matmul_op(x_q.reshape(rows.shape), qb.T, x_scale.reshape(-1), sb, bias, None, x.dtype)
     else:
         y = fp8_product(rows, weight, x.dtype, bias)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def _fp8_linear_empty(x, weight, bias):
+def _fp8_linear_empty(x, weight, bias, x_q=None, x_scale=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -70,7 +84,7 @@ def _setup(ctx, inputs, output):
 def _fp8_linear_backward(ctx, dy):
     """(dx, dW, db): dx = dy @ W and dW = dy^T @ x in FP8 (module docstring), db in fp32."""
     x, weight = ctx.saved_tensors
-    x_grad, w_grad, b_grad = ctx.needs_input_grad
+    x_grad, w_grad, b_grad = ctx.needs_input_grad[:3]
     dy_rows, x_rows = as_rows(dy), as_rows(x)
     dx = dw = db = None
     if x_grad:
@@ -81,19 +95,24 @@ def _fp8_linear_backward(ctx, dy):
             else torch.zeros_like(weight)
     if b_grad and ctx.has_bias:
         db = dy_rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-    return dx, dw, db
+    return dx, dw, db, None, None
 
 
-fp8_linear_op = define_op("fp8_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _fp8_linear,
-                          _fp8_linear_empty, backward=_fp8_linear_backward, setup_context=_setup)
+fp8_linear_op = define_op(
+    "fp8_linear(Tensor x, Tensor weight, Tensor? bias, Tensor? x_q=None, Tensor? x_scale=None) -> Tensor",
+    _fp8_linear, _fp8_linear_empty, backward=_fp8_linear_backward, setup_context=_setup)
 
 
-def fp8_linear(x, weight, bias=None):
+def fp8_linear(x, weight, bias=None, *, x_fp8=None):
     """y = x @ weight.T + bias, its three training products in FP8 (operator llmk::fp8_linear).
 
     x: (..., K) fp16 or bf16. weight: (N, K), x's dtype (an nn.Linear weight). bias: optional (N,),
-    x's dtype or fp32. Returns y (..., N) in x's dtype. Differentiable in x, weight and bias: the
+    x's dtype or fp32. x_fp8: optional (q (..., K) e4m3, scale (...,) fp32), x's rows already cast
+    (an FP8Rows from rmsnorm_fp8 or swiglu_fp8 with keep_y, whose y is x): the forward reads them
+    in place of its own cast of x. Returns y (..., N) in x's dtype. Differentiable in x, weight and bias: the
     backward's products run in FP8 as well (module docstring); e4m3's rounding costs about 2^-4 of
     each operand, so y is that far from F.linear's, by design."""
-    check_fp8_linear_args(x, weight, bias)
-    return fp8_linear_op(x, weight, bias)
+    check_fp8_linear_args(x, weight, bias, x_fp8)
+    if x_fp8 is None:
+        return fp8_linear_op(x, weight, bias)
+    return fp8_linear_op(x, weight, bias, x_fp8[0], x_fp8[1])

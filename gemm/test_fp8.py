@@ -38,7 +38,9 @@ from llmk.gemm.fp8_ops import FP8, fp8_matmul, fp8_matmul_op, quantize_fp8, quan
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
 from llmk.gemm.reference_fp8 import reference_quantize
 from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
+from llmk.gemm.triton_fp8_producers import rmsnorm_fp8
 from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 
 def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_rows=(), one_pass=None,
@@ -268,6 +270,24 @@ def check_linear(shape, n, dtype, bias=False, strided=False):
     return outcomes
 
 
+def check_linear_producer(shape, n, dtype):
+    """x_fp8 from the kernel that made x (rmsnorm_fp8 with keep_y: the bytes quantize_fp8(x) gives):
+    y, dx and dW equal fp8_linear's without it, bit for bit, and dx reaches the norm's input."""
+    k = shape[-1]
+    x0, norm_w = rand(shape, dtype).requires_grad_(), rand((k,), dtype)
+    w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype).requires_grad_()
+    made = rmsnorm_fp8(x0, norm_w, 1e-6, keep_y=True)
+    y = fp8_linear(made.y, w, x_fp8=made)
+    dy = rand(y.shape, dtype)
+    got = (y, *torch.autograd.grad(y, (x0, w), dy))
+    x = made.y.detach().requires_grad_()
+    y2 = fp8_linear(x, w)
+    dx, dw = torch.autograd.grad(y2, (x, w), dy)
+    (dx0,) = torch.autograd.grad(rmsnorm(x0, norm_w, 1e-6), x0, dx)
+    return [compare(f"{name} = without x_fp8", a, b, EXACT) for name, a, b in zip(("y", "dx (the norm's input)", "dW"),
+                                                                                   got, (y2, dx0, dw))]
+
+
 def check_linear_errors():
     x, w, b = rand((4, 64), torch.bfloat16), rand((32, 64), torch.bfloat16), rand((32,), torch.bfloat16)
     return [
@@ -275,6 +295,10 @@ def check_linear_errors():
         expect_raises("weight fp16, x bf16", lambda: fp8_linear(x, w.half()), TypeError, "weight"),
         expect_raises("weight K differs", lambda: fp8_linear(x, w[:, :63]), ValueError, "weight"),
         expect_raises("bias size", lambda: fp8_linear(x, w, b[:31]), ValueError, "bias"),
+        expect_raises("x_fp8 not a pair", lambda: fp8_linear(x, w, x_fp8=x), TypeError, "x_fp8"),
+        expect_raises("x_fp8 16-bit q", lambda: fp8_linear(x, w, x_fp8=(x, x[:, 0].float())), TypeError, "q"),
+        expect_raises("x_fp8 scale shape", lambda: fp8_linear(x, w, x_fp8=(x.to(FP8), x.float())), ValueError,
+                      "x_fp8"),
         opcheck("opcheck llmk::fp8_linear, x and weight require grad", fp8_linear_op.overload,
                 (x.requires_grad_(), w.requires_grad_(), None)),
     ]
@@ -358,6 +382,8 @@ def cases():
     add("fp8_linear (1, 64) -> 16 bf16", check_linear, shape=(1, 64), n=16, dtype=torch.bfloat16)
     add("fp8_linear (2048, 4096) -> 4096 bf16 bias", check_linear, gpu_only=True, shape=(2048, 4096), n=4096,
         dtype=torch.bfloat16, bias=True)
+    add("fp8_linear with x_fp8 from rmsnorm_fp8 (3, 7, 96) -> 40 bf16", check_linear_producer, shape=(3, 7, 96), n=40,
+        dtype=torch.bfloat16)
     add("fp8_linear: bad input, opcheck", check_linear_errors)
     add("fp8_matmul: K = 0, empty, opcheck", check_matmul_edges)
     add("fp8_matmul: bad input", check_matmul_errors)

@@ -19,8 +19,10 @@ import torch
 
 from llmk.devtools.testing import (
     EXACT,
+    UNIT_ROUNDOFF,
     Case,
     Outcome,
+    Tol,
     compare,
     dtype_name,
     expect_raises,
@@ -42,7 +44,10 @@ from llmk.gemm.triton_fp8_producers import (
 )
 from llmk.mlp.mlp_cases import ONE_ROUNDING
 from llmk.mlp.reference_mlp import geglu_ref, swiglu_ref
+from llmk.mlp.triton_glu import geglu, swiglu
 from llmk.normalization.reference_rmsnorm import residual_rmsnorm_ref, rmsnorm_ref
+from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
+from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -139,6 +144,44 @@ def check_keep_y():
     return outcomes
 
 
+def check_grads():
+    """Gradients through y (keep_y) and residual_out are the 16-bit ops' backward kernels on the
+    same saved inputs: without a residual, rmsnorm_fp8's dx and dweight equal rmsnorm's bit for bit,
+    and the gated units' equal swiglu's and geglu's; with one, u's two upstream gradients are added
+    after the norm's part is rounded, where residual_rmsnorm's fused backward adds them in fp32: one
+    rounding apart (u of the norm's part and of the sum). Without keep_y nothing 16-bit comes out:
+    q and scale take no gradient."""
+    bf16 = torch.bfloat16
+    x, w, r = (t.requires_grad_() for t in (rand((6, 300), bf16), rand((300,), bf16), rand((6, 300), bf16)))
+    dy, du = rand((6, 300), bf16), rand((6, 300), bf16)
+    got = torch.autograd.grad(rmsnorm_fp8(x, w, EPS, keep_y=True).y, (x, w), dy)
+    want = torch.autograd.grad(rmsnorm(x, w, EPS), (x, w), dy)
+    outcomes = [compare(f"rmsnorm_fp8 d{n} = rmsnorm's", g, t, EXACT) for n, g, t in zip("xw", got, want)]
+    out = rmsnorm_fp8(x, w, EPS, residual=r, keep_y=True)
+    got = torch.autograd.grad((out.y, out.residual_out), (x, r, w), (dy, du))
+    y, u = residual_rmsnorm(x, r, w, EPS)
+    want = torch.autograd.grad((y, u), (x, r, w), (dy, du))
+    source = u.detach().requires_grad_()  # what the norm normalized
+    norm_dx, norm_dw = torch.autograd.grad(rmsnorm(source, w, EPS), (source, w), dy)
+    unit = UNIT_ROUNDOFF[bf16]
+    tol = Tol(unit * (norm_dx.abs() + want[0].abs()).float(), unit, "one rounding of the norm's part before the add",
+              rounding_check=False)
+    outcomes += [compare("rmsnorm_fp8 residual: dx", got[0], want[0], tol),
+                 compare("rmsnorm_fp8 residual: dresidual = dx", got[1], got[0], EXACT),
+                 compare("rmsnorm_fp8 residual: dweight = rmsnorm's on u", got[2], norm_dw, EXACT)]
+    gate, up = (rand((4, 96), bf16).requires_grad_() for _ in range(2))
+    dy = rand((4, 96), bf16)
+    for name, fused, plain in (("swiglu_fp8", swiglu_fp8(gate, up, keep_y=True).y, swiglu(gate, up)),
+                               ("geglu_fp8 tanh", geglu_fp8(gate, up, keep_y=True).y, geglu(gate, up, "tanh"))):
+        got, want = torch.autograd.grad(fused, (gate, up), dy), torch.autograd.grad(plain, (gate, up), dy)
+        outcomes += [compare(f"{name} d{n} = the 16-bit op's", g, t, EXACT)
+                     for n, g, t in zip(("gate", "up"), got, want)]
+    plain = rmsnorm_fp8(x, w, EPS)
+    outcomes.append(Outcome("without keep_y: q and scale take no gradient",
+                            not plain.q.requires_grad and not plain.scale.requires_grad and plain.y is None))
+    return outcomes
+
+
 def check_errors():
     x, w = rand((4, 64), torch.bfloat16), rand((64,), torch.bfloat16)
     return [
@@ -151,8 +194,6 @@ def check_errors():
         expect_raises("up dtype", lambda: swiglu_fp8(x, x.half()), TypeError, "up"),
         expect_raises("approximate", lambda: geglu_fp8(x, x, "erf"), ValueError, "approximate"),
         expect_raises("op: activation relu", lambda: glu_fp8_op(x, x, "relu", False), ValueError, "activation"),
-        expect_raises("x requires grad: forward-only", lambda: rmsnorm_fp8(x.clone().requires_grad_(), w),
-                      RuntimeError, "forward-only"),
         opcheck("opcheck llmk::rmsnorm_fp8", rmsnorm_fp8_op.overload, (x, x.clone(), w, EPS, 1.0, True)),
         opcheck("opcheck llmk::glu_fp8", glu_fp8_op.overload, (x, x.clone(), "silu", False)),
     ]
@@ -193,6 +234,7 @@ def cases():
     add("geglu_fp8 tanh (6, 300) a NaN, an inf", check_glu_fp8, shape=(6, 300), dtype=bf16, activation="gelu_tanh",
         nan_at=(0, 0), inf_at=(5, 299))
     add("keep_y, residual_out, empty inputs", check_keep_y)
+    add("gradients through y and residual_out", check_grads)
     add("bad input, opcheck", check_errors)
     # model widths: one pass up to ONE_PASS_MAX values a row, passes over L2 past it
     add("rmsnorm_fp8 (4096, 4096) bf16", check_rmsnorm_fp8, True, shape=(4096, 4096), dtype=bf16)

@@ -20,7 +20,13 @@ of at most ONE_PASS_MAX values stays in registers between the norm, the max and 
 one is read three times (the sum of squares, the max, the cast; the last two from L2), a gated
 unit's twice.
 
-Forward-only operators llmk::rmsnorm_fp8 and llmk::glu_fp8: e4m3 values have no gradient here.
+Operators llmk::rmsnorm_fp8 and llmk::glu_fp8, differentiable through y (and the residual sum
+u) only: the e4m3 values and their scales are marked non-differentiable (a GEMM of them takes its
+gradient through the 16-bit y it saves). Their autograd formulas are the 16-bit ops' backward
+kernels on the saved inputs: llmk::rmsnorm_backward on x (or u = x + residual, whose gradient
+also takes u's own upstream gradient, and passes to x and residual alike), and the gated unit's
+llmk::swiglu_backward or llmk::geglu_backward on gate and up. With keep_y off there is no y to
+differentiate, and the inputs get no gradient.
 """
 from typing import NamedTuple
 
@@ -37,10 +43,9 @@ from llmk.gemm.fp8_ops import FP8
 from llmk.gemm.triton_fp8_quant import AMAX_FLOOR, FP8_MAX, cast_e4m3, group_amax, quant_factor, quant_scale, row_plan
 from llmk.mlp.checks import check_swiglu_args
 from llmk.mlp.reference_mlp import check_approximate
-from llmk.mlp.triton_glu import ACTIVATIONS, GELU_ACTIVATION
+from llmk.mlp.triton_glu import ACTIVATIONS, GEGLU_OPS, GELU_ACTIVATION, SWIGLU_OPS
 from llmk.normalization.checks import check_norm_args, check_residual
-
-REMEDY = "its e4m3 output has no gradient: train through the 16-bit op"
+from llmk.normalization.triton_rmsnorm import rmsnorm_backward_op
 
 
 class FP8Rows(NamedTuple):
@@ -258,10 +263,33 @@ def _rmsnorm_fp8_impl(x, residual, weight, eps, offset, keep_y):
     return q, scale, y, u
 
 
+def _rmsnorm_fp8_setup(ctx, inputs, output):
+    q, scale, y, u = output
+    ctx.mark_non_differentiable(q, scale)
+    ctx.set_materialize_grads(False)
+    ctx.has_residual = inputs.residual is not None
+    ctx.save_for_backward(u if ctx.has_residual else inputs.x, inputs.weight)  # what the norm normalized
+    ctx.eps, ctx.offset, ctx.keep_y = inputs.eps, inputs.offset, inputs.keep_y
+
+
+def _rmsnorm_fp8_backward(ctx, dq, dscale, dy, du):
+    """(dx, dresidual, dweight): rmsnorm's backward of dy on the normalized rows, plus u's own dy."""
+    source, weight = ctx.saved_tensors
+    x_grad, residual_grad, weight_grad = ctx.needs_input_grad[:3]
+    dsource = dweight = None
+    if dy is not None and ctx.keep_y:
+        dsource, dweight = rmsnorm_backward_op(dy, source, weight, ctx.eps, bool(weight_grad), ctx.offset)
+    if du is not None and ctx.has_residual:
+        dsource = du if dsource is None else dsource + du
+    return (dsource if x_grad else None, dsource if residual_grad else None, dweight if weight_grad else None,
+            None, None, None)
+
+
 rmsnorm_fp8_op = define_op(
     "rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, float offset, bool keep_y)"
     " -> (Tensor, Tensor, Tensor, Tensor)", _rmsnorm_fp8_impl,
-    lambda x, residual, weight, eps, offset, keep_y: _buffers(x, keep_y, residual), remedy=REMEDY)
+    lambda x, residual, weight, eps, offset, keep_y: _buffers(x, keep_y, residual),
+    backward=_rmsnorm_fp8_backward, setup_context=_rmsnorm_fp8_setup)
 
 
 def _glu_fp8_impl(gate, up, activation, keep_y):
@@ -273,9 +301,32 @@ def _glu_fp8_impl(gate, up, activation, keep_y):
     return q, scale, y
 
 
+def _glu_fp8_setup(ctx, inputs, output):
+    q, scale, _ = output
+    ctx.mark_non_differentiable(q, scale)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(inputs.gate, inputs.up)
+    ctx.activation, ctx.keep_y = inputs.activation, inputs.keep_y
+
+
+def _glu_fp8_backward(ctx, dq, dscale, dy):
+    """(dgate, dup): the 16-bit gated unit's backward kernel of dy."""
+    if dy is None or not ctx.keep_y:
+        return None, None, None, None
+    gate, up = ctx.saved_tensors
+    gate_grad, up_grad = ctx.needs_input_grad[:2]
+    if ctx.activation == "silu":
+        dgate, dup = SWIGLU_OPS.backward(dy, gate, up, gate_grad, up_grad)
+    else:
+        approximate = next(a for a, act in GELU_ACTIVATION.items() if act == ctx.activation)
+        dgate, dup = GEGLU_OPS.backward(dy, gate, up, approximate, gate_grad, up_grad)
+    return dgate if gate_grad else None, dup if up_grad else None, None, None
+
+
 glu_fp8_op = define_op(
     "glu_fp8(Tensor gate, Tensor up, str activation, bool keep_y) -> (Tensor, Tensor, Tensor)", _glu_fp8_impl,
-    lambda gate, up, activation, keep_y: _buffers(gate, keep_y)[:3], remedy=REMEDY)
+    lambda gate, up, activation, keep_y: _buffers(gate, keep_y)[:3], backward=_glu_fp8_backward,
+    setup_context=_glu_fp8_setup)
 
 
 def _fp8_rows(q, scale, y, u, keep_y, residual):
@@ -284,7 +335,8 @@ def _fp8_rows(q, scale, y, u, keep_y, residual):
 
 def rmsnorm_fp8(x, weight, eps=1e-6, *, offset=0.0, residual=None, keep_y=False):
     """RMSNorm (normalization.triton_rmsnorm.rmsnorm's math) cast to e4m3 with a scale per row, in
-    one kernel (operator llmk::rmsnorm_fp8). Forward-only.
+    one kernel (operator llmk::rmsnorm_fp8). Differentiable in x, weight and residual through y
+    (keep_y) and residual_out, by the 16-bit RMSNorm's backward (module docstring).
 
     x: (..., N) fp16, bf16 or fp32, any row stride. weight: (N,) or None; offset: added to it
     (1.0: Gemma's). residual: None, or like x: the norm then runs on u = x + residual (rounded to
@@ -301,7 +353,7 @@ def rmsnorm_fp8(x, weight, eps=1e-6, *, offset=0.0, residual=None, keep_y=False)
 
 def swiglu_fp8(gate, up, *, keep_y=False):
     """silu(gate) * up (mlp.triton_glu.swiglu's math) cast to e4m3 with a scale per row, in one
-    kernel (operator llmk::glu_fp8). Forward-only.
+    kernel (operator llmk::glu_fp8). Differentiable in gate and up through y (keep_y).
 
     gate, up: (..., I) of one dtype and shape, any row strides (the halves of a fused gate/up
     projection are read in place). keep_y: also return y in gate's dtype.
@@ -313,7 +365,7 @@ def swiglu_fp8(gate, up, *, keep_y=False):
 
 def geglu_fp8(gate, up, approximate="tanh", *, keep_y=False):
     """gelu(gate) * up (mlp.triton_glu.geglu's math; approximate "tanh", Gemma's, or "none") cast to
-    e4m3 with a scale per row, as swiglu_fp8 (operator llmk::glu_fp8). Forward-only."""
+    e4m3 with a scale per row, as swiglu_fp8 (operator llmk::glu_fp8), differentiable alike."""
     check_swiglu_args(gate, up)
     check_approximate(approximate)
     q, scale, y = glu_fp8_op(gate, up, GELU_ACTIVATION[approximate], bool(keep_y))

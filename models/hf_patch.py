@@ -85,7 +85,11 @@ kernels' offset=1.0). What is replaced, and through which hook:
              that calls gemm/fp8_linear_ops.py: its forward, input-gradient and weight-gradient
              products in FP8 (e4m3, row-wise scales). The LM head and the loss stay 16-bit. The
              module's parameters are untouched (the FP8 copies are made each call, from the weight
-             the forward sees, as FSDP2's unsharded one would be).
+             the forward sees, as FSDP2's unsharded one would be). The input norm, the norm before
+             a dense MLP and the gated unit run their FP8 producer kernels (the norm or unit and
+             the cast in one pass), and the linears that read their output take those e4m3 rows
+             instead of casting it again (models/patch_layers.py); the gated unit's backward then
+             makes new dgate and dup rather than writing over the projections.
 
 Training: rmsnorm, residual_rmsnorm, swiglu, rope and attention (flash_attention, prefill) have a
 backward, so a patched model trains on them: with grad enabled the hooks call the functional
@@ -258,6 +262,17 @@ def patch_model(model, kernels=KERNELS):
         raise ValueError(f"model: found no {attention_cls.__name__} modules in {type(model).__name__}")
 
     state = PatchState(kernels, norm_offset=family.norm_offset, mlp=mlp or ())
+    if "fp8_linear" in kernels:  # the norms and gated units that cast their output for FP8 linears
+        for layer in (m for m in modules if isinstance(m, layer_cls)):
+            readers = sum(id(getattr(layer.self_attn, name, None)) in layer_linears
+                          for name in ("q_proj", "k_proj", "v_proj"))
+            if readers:
+                state.fp8_producers[id(layer.input_layernorm)] = readers
+            if mlp_cls is not None and isinstance(layer.mlp, mlp_cls):
+                norm = layer.pre_feedforward_layernorm if family.sandwich else layer.post_attention_layernorm
+                state.fp8_producers[id(norm)] = 2  # gate_proj and up_proj
+                if mlp is not None:
+                    state.fp8_producers[id(layer.mlp)] = 1  # down_proj
     if family.moe:  # the experts' activation, and the auxiliary loss the fused-loss forward adds
         state.moe_activation = EXPERT_ACTIVATIONS.get(model.config.hidden_act)
         state.moe_balance_loss = modeling.load_balancing_loss_func

@@ -1,15 +1,53 @@
 """The model patch's instance forwards of RMSNorm modules, decoder layers, MLPs and linears (models/hf_patch.py
 describes the patch): functools.partial(fn, module, original_forward, state) is set as the
-module's forward (patch_state.replace_forward)."""
+module's forward (patch_state.replace_forward).
+
+With fp8_linear, the norms and gated units whose output only FP8 linears read (a decoder layer's
+input norm feeding q/k/v, the norm before a dense MLP feeding gate/up, the gated unit feeding
+down) run their FP8 producer kernels (gemm/triton_fp8_producers.py): the same output, plus its
+e4m3 rows and scales, which the linears then take instead of casting it again (the bytes are the
+same as their own cast's). The cast rows wait in _FP8_INPUTS, keyed by the output tensor, until
+their last reader has taken them; outside eager mode (torch.compile) the linears cast for
+themselves."""
 import functools
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from llmk.gemm.fp8_linear_ops import fp8_linear
+from llmk.gemm.triton_fp8_producers import geglu_fp8, rmsnorm_fp8, swiglu_fp8
 from llmk.mlp.triton_glu import geglu, swiglu
 from llmk.models.patch_state import kernel_ready
 from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
+
+# a norm's or gated unit's output -> [its e4m3 rows, their scales, readers left] (the value must
+# not hold the key: the entry lives as long as the output tensor does, or until its last reader)
+_FP8_INPUTS = WeakIdKeyDictionary()
+FP8_DTYPES = (torch.float16, torch.bfloat16)  # what fp8_linear takes
+
+
+def _casts_for_fp8(state, module, x):
+    """Whether `module` (a norm or an MLP) should emit its output's e4m3 rows for FP8 linears: the
+    patch marked it (state.fp8_producers: module -> how many linears read its output), eager mode."""
+    return (id(module) in state.fp8_producers and x.dtype in FP8_DTYPES and not torch.compiler.is_compiling())
+
+
+def _keep_for_linears(state, module, made):
+    """Hold an FP8Rows' q and scale for the linears that read made.y; returns made.y."""
+    _FP8_INPUTS[made.y] = [made.q, made.scale, state.fp8_producers[id(module)]]
+    return made.y
+
+
+def _cast_input(x):
+    """(q, scale) a producer made for x, counting this reader off; None where there are none."""
+    entry = _FP8_INPUTS.get(x) if not torch.compiler.is_compiling() else None
+    if entry is None:
+        return None
+    entry[2] -= 1
+    if entry[2] <= 0:
+        del _FP8_INPUTS[x]
+    return entry[0], entry[1]
 
 
 def _norm_eps(norm):
@@ -21,6 +59,9 @@ def rmsnorm_forward(norm, original, state, hidden_states):
     """The model's RMSNorm: hidden_states (..., N) -> (..., N), same dtype."""
     if hidden_states.dtype == norm.weight.dtype and kernel_ready(hidden_states, norm.weight):
         state.calls["rmsnorm"] += 1
+        if _casts_for_fp8(state, norm, hidden_states):
+            return _keep_for_linears(state, norm, rmsnorm_fp8(hidden_states, norm.weight, _norm_eps(norm),
+                                                              offset=state.norm_offset, keep_y=True))
         return rmsnorm(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset)
     state.calls["rmsnorm fallback"] += 1
     return original(hidden_states)
@@ -33,6 +74,10 @@ def _add_and_norm(state, hidden_states, residual, norm):
             and not (norm._forward_hooks or norm._forward_pre_hooks)
             and kernel_ready(hidden_states, residual, norm.weight)):
         state.calls["residual_rmsnorm"] += 1
+        if _casts_for_fp8(state, norm, hidden_states):
+            made = rmsnorm_fp8(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset,
+                               residual=residual, keep_y=True)
+            return _keep_for_linears(state, norm, made), made.residual_out
         return residual_rmsnorm(hidden_states, residual, norm.weight, _norm_eps(norm), offset=state.norm_offset)
     state.calls["residual_rmsnorm fallback"] += 1
     residual = residual + hidden_states
@@ -106,6 +151,10 @@ def mlp_forward(mlp, original, state, x):
         state.calls[kernel] += 1
         # the projections are this call's own temporaries: the backward may write over them
         gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        if _casts_for_fp8(state, mlp, gate):  # the gated unit casts for down_proj (its backward makes new dgate, dup)
+            made = swiglu_fp8(gate, up, keep_y=True) if kernel == "swiglu" else \
+                geglu_fp8(gate, up, approximate, keep_y=True)
+            return mlp.down_proj(_keep_for_linears(state, mlp, made))
         if kernel == "swiglu":
             return mlp.down_proj(swiglu(gate, up, grad_in_place=True))
         return mlp.down_proj(geglu(gate, up, approximate, grad_in_place=True))
@@ -120,8 +169,11 @@ def linear_forward(linear, original, state, x):
     weight, bias = linear.weight, linear.bias
     if (x.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)
             and not (linear._forward_hooks or linear._forward_pre_hooks)
-            and kernel_ready(x, weight, dtypes=(torch.float16, torch.bfloat16))):
+            and kernel_ready(x, weight, dtypes=FP8_DTYPES)):
         state.calls["fp8_linear"] += 1
-        return fp8_linear(x, weight, bias)
+        cast = _cast_input(x)
+        if cast is not None:
+            state.calls["fp8_linear, input cast by its producer"] += 1
+        return fp8_linear(x, weight, bias, x_fp8=cast)
     state.calls["fp8_linear fallback"] += 1
     return original(x)

@@ -22,6 +22,7 @@ class PatchState:
     mlp: tuple = ()                                        # MLP_KERNELS' entry of the model's activation
     moe_activation: str | None = None                      # moe_experts' activation of the model's experts
     moe_balance_loss: Callable | None = None               # its modeling file's load_balancing_loss_func
+    fp8_producers: dict = field(default_factory=dict)      # id(norm or MLP) -> FP8 linears reading its output
     calls: Counter = field(default_factory=Counter)
     forwards: list = field(default_factory=list)           # (module, instance forward it had, or None)
     attention_modules: list = field(default_factory=list)

@@ -427,7 +427,8 @@ FP8_FACTOR = 2 * 16
 
 def check_fp8_training(kind):
     """One training step with the opt-in fp8_linear on top of the default kernels: every linear of
-    every decoder layer ran in FP8 (forward and backward), none fell back, the LM head did not; the
+    every decoder layer ran in FP8 (forward and backward), none fell back, the LM head did not; all
+    but o_proj took their input's e4m3 rows from the norm or gated unit that made it; the
     loss and every gradient within FP8_FACTOR x the unpatched bf16 model's error against the fp32
     reference; unpatched again, the original step bit for bit."""
     from llmk.models.hf_patch import KERNELS, kernel_calls, patch_model, unpatch_model
@@ -446,11 +447,15 @@ def check_fp8_training(kind):
     unpatch_model(model)
     again_loss, again_grads = training_step(model, batch)
     n_linears = sum(type(m) is torch.nn.Linear for layer in model.model.layers for m in layer.modules())
+    n_cast = 6 * len(model.model.layers)  # all but o_proj: q, k, v from the input norm, gate, up, down
     outcomes = [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9, factor=FP8_FACTOR),
                 gradients_rule(grads, ref_grads, plain_grads, factor=FP8_FACTOR),
                 Outcome(f"fp8_linear ran {n_linears} times (the decoder layers' linears), no fallback",
                         calls.get("fp8_linear") == n_linears and not calls.get("fp8_linear fallback"),
-                        note=f"{calls}"[:120])]
+                        note=f"{calls}"[:120]),
+                Outcome(f"{n_cast} of them read their input's e4m3 rows from its producer",
+                        calls.get("fp8_linear, input cast by its producer") == n_cast,
+                        note=f"{calls.get('fp8_linear, input cast by its producer')}")]
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
