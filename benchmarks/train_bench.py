@@ -19,6 +19,11 @@ Providers, each on a fresh model from the same seed:
                  scales), forward and backward (gemm/fp8_linear_ops.py), the norms and SwiGLU before
                  them casting their outputs in the same kernel; the LM head and loss bf16
   torch.compile  eager with each decoder layer compiled (regional compilation, as e2e_bench.py does)
+  torchao-float8-rowwise, torchao-float8-tensorwise  torchao's float8 training
+                 (convert_to_float8_training with the recipe of that name) on the decoder layers'
+                 linears, each layer compiled as torch.compile's are (torchao's casts fuse only
+                 under compilation); the LM head bf16; skipped where torchao is not installed (it
+                 travels to the GPU as a wheel, as Liger does)
   liger          Liger-Kernel's apply_liger_kernel_to_<family> on the model (RoPE, RMSNorm,
                  SwiGLU or GeGLU, fused linear cross-entropy; for Qwen3-MoE its fused MoE); runs
                  last, as it patches transformers' modules for the rest of the process; skipped
@@ -35,8 +40,9 @@ gradients, optimizer state and activations: the whole process), max_err = |first
 One more step, untimed, splits the peak by phase: fwd_peak_MB, bwd_peak_MB, opt_peak_MB (each
 phase's own maximum) and saved_MB (allocated after the forward minus before it: the activations
 autograd keeps, with the loss's gradients where the loss computes them in its forward).
-The loss curves of LOSS_STEPS steps of eager, triton and triton+fp8 from the same initial weights
-and the same batches go into meta["loss_curves"] and a PNG.
+The loss curves of 100 steps (loss_steps) of eager, triton, triton+fp8 and the torchao recipes on
+CURVE_MODEL, from the same initial weights and the same batches, go into meta["loss_curves"] and a
+PNG.
 
 Packed rows (op "train_step_packed", shape "<model> <layout> <n> seqs <tokens> tokens", providers
 eager, triton, liger): PACKED_SEQS sequences of mixed lengths (PACKED_MIN..PACKED_MAX, B*T tokens in
@@ -92,12 +98,15 @@ SMOKE_MODELS = {
     "llama-tiny": ("llama", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                                  num_key_value_heads=1, vocab_size=256, tie_word_embeddings=False)),
 }
-FULL_PLAN = dict(batch=2, seq=4096, warmup=3, steps=10, loss_steps=50, lr=3e-4)
+FULL_PLAN = dict(batch=2, seq=4096, warmup=3, steps=10, loss_steps=100, lr=3e-4)
+CURVE_MODEL = "llama-1.5b"  # the model whose loss curves are kept (every model's would add minutes a run)
 SMOKE_PLAN = dict(batch=2, seq=16, warmup=1, steps=2, loss_steps=3, lr=3e-4)
 DTYPE = torch.bfloat16
-PROVIDERS = ("eager", "triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8", "torch.compile", LIGER)
+TORCHAO = ("torchao-float8-rowwise", "torchao-float8-tensorwise")
+PROVIDERS = ("eager", "triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8", "torch.compile", *TORCHAO,
+             LIGER)
 OURS = ("triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8")
-CURVES = ("eager", "triton", "triton+fp8")  # the providers whose loss curves are kept
+CURVES = ("eager", "triton", "triton+fp8", *TORCHAO)  # the providers whose loss curves are kept
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
 
 
@@ -136,7 +145,11 @@ def prepare(model, kind, provider, smoke):
         from llmk.models.hf_patch import KERNELS, patch_model, unpatch_model
         patch_model(model, KERNELS + ("fp8_linear",) if provider == "triton+fp8" else KERNELS)
         return lambda: unpatch_model(model)
-    if provider == "torch.compile":
+    if provider in TORCHAO:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        config = Float8LinearConfig.from_recipe_name(provider.rsplit("-", 1)[1])
+        convert_to_float8_training(model.model.layers, config=config)
+    if provider == "torch.compile" or provider in TORCHAO:
         for layer in model.model.layers:
             layer.compile(dynamic=False, backend="eager" if smoke else "inductor")
         return None
@@ -233,18 +246,23 @@ def loss_curve(model, opt, data):
 def measure_model(run, name, kind, config, plan):
     shape = f"{name} {plan['batch']}x{plan['seq']}"
     data = batches(config["vocab_size"], plan, max(plan["loss_steps"], plan["warmup"] + plan["steps"]))
-    curves = run.meta["loss_curves"][name] = {}
+    curves = {}
+    if run.args.smoke or name == CURVE_MODEL:
+        run.meta["loss_curves"][name] = curves
     eager_first = None
     for provider in PROVIDERS:
         if provider == LIGER and (INTERPRET or importlib.util.find_spec("liger_kernel") is None):
             print(f"{shape} {provider}: skipped (liger-kernel unavailable here)", flush=True)
+            continue
+        if provider in TORCHAO and (INTERPRET or importlib.util.find_spec("torchao") is None):
+            print(f"{shape} {provider}: skipped (torchao unavailable here, or no GPU for its FP8)", flush=True)
             continue
         if not run.selected("train_step", shape, provider) and not (provider == "eager"):
             continue
         model = build(kind, config)
         undo = prepare(model, kind, provider, run.args.smoke)
         try:
-            if provider in CURVES:  # the loss curves first, from the initial weights
+            if provider in CURVES and name in run.meta["loss_curves"]:  # first, from the initial weights
                 curves[provider] = loss_curve(model, optimizer(model, provider, plan["lr"]),
                                               data[:plan["loss_steps"]])
                 model = build(kind, config) if undo is None else (undo(), build(kind, config))[1]
