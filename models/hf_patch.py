@@ -39,7 +39,8 @@ kernels' offset=1.0). What is replaced, and through which hook:
              attention/flash_attention_ops.py (causal, GQA); a padded or padding-free batch's
              prefill runs its packed form, flash_attention_varlen (below); a decode step (one query) runs
              decode_attention from inference/triton_inference_attention.py (the (B, Hkv, T, D)
-             cache read through .transpose(1, 2), no copy) where it takes the head dim, otherwise
+             cache read through .transpose(1, 2), no copy; e4m3 with its scales from
+             models/fp8_kv_cache.py's FP8KVCache) where it takes the head dim, otherwise
              the same flash kernel with Tq = 1. A sliding window shorter than
              the keys (Mistral's, Gemma's and Qwen's sliding layers; transformers' convention,
              query i sees key j when i - W < j <= i) and Gemma 2's attention logit softcap,

@@ -9,6 +9,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from llmk.attention.flash_attention_ops import MAX_HEAD_DIM, flash_attention, flash_attention_varlen
 from llmk.common.ops import needs_grad
+from llmk.models.fp8_kv_cache import FP8, cache_scales, dequantized
 from llmk.models.patch_state import STATE_ATTR, kernel_ready
 
 ATTENTION_NAME = "triton_attention"  # no "flash" in it: transformers treats such names as flash-attn builds
@@ -65,6 +66,14 @@ def _decode_lengths(state, batch, n_keys, device):
     if state.decode_lengths is None or state.decode_lengths[0] != key:
         state.decode_lengths = (key, torch.full((batch,), n_keys, dtype=torch.int32, device=device))
     return state.decode_lengths[1]
+
+
+def _fp8_decode_covers(state, module, query, key, attention_mask, kwargs):
+    """Whether decode_attention takes a decode step on an FP8KVCache: one query a sequence, no mask
+    (a plain causal step), a head dim and dtype it takes, no autograd."""
+    return (query.shape[2] == 1 and attention_mask is None and query.shape[-1] in state.decode_head_dims
+            and kernel_ready(query, dtypes=ATTENTION_DTYPES) and query.device == key.device
+            and not needs_grad(query) and not (module.training and kwargs.get("dropout", 0.0) > 0))
 
 
 def _padded_plan(padding):
@@ -160,6 +169,20 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     if state is None:
         raise RuntimeError(f"attention implementation {ATTENTION_NAME!r} runs only in a model prepared "
                            "by models.hf_patch.patch_model")
+    if key.dtype == FP8:  # an FP8KVCache's decode step: its scales, or the keys dequantized
+        scales = cache_scales(key, value)
+        if scales is None:
+            raise TypeError("attention: e4m3 keys come only from models.fp8_kv_cache.FP8KVCache")
+        if _fp8_decode_covers(state, module, query, key, attention_mask, kwargs):
+            state.calls["decode_attention e4m3"] += 1
+            batch = query.shape[0]
+            lengths = _decode_lengths(state, batch, key.shape[2], query.device)
+            scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+            k_scale, v_scale = (s.transpose(1, 2) for s in scales)  # (B, Hkv, T) -> (B, T, Hkv) views
+            out = state.decode_attention(query[:, :, 0], key.transpose(1, 2), value.transpose(1, 2), lengths, scaling,
+                                         k_scale=k_scale, v_scale=v_scale, **_score_options(kwargs, key.shape[2]))
+            return out.unsqueeze(1), None
+        key, value = dequantized(key, value, query.dtype)
     # the kernels' own limits first: a call they cannot take anyway pays for no packed plan
     covered, plan, options = _flash_covers(module, query, key, value, kwargs), None, {}
     if covered:

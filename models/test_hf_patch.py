@@ -117,12 +117,14 @@ def prompt(size, batch):
 
 
 @torch.no_grad()
-def run_steps(model, ids, attention_mask, next_tokens):
-    """Prefill ids (B, T), then one decode step per column of next_tokens (B, S) on the cache.
-    Returns [prefill logits (B, T, V), step logits (B, 1, V), ...] in fp32."""
+def run_steps(model, ids, attention_mask, next_tokens, cache=None):
+    """Prefill ids (B, T), then one decode step per column of next_tokens (B, S) on the cache (the
+    model's own DynamicCache, or `cache`). Returns [prefill logits (B, T, V), step logits (B, 1, V),
+    ...] in fp32."""
     from llmk.models.hf_patch import cache_argument, output_cache
 
-    out = model(ids, attention_mask=attention_mask, use_cache=True)
+    given = {} if cache is None else {cache_argument(model): cache}
+    out = model(ids, attention_mask=attention_mask, use_cache=True, **given)
     logits, cache, mask = [out.logits.float()], output_cache(out), attention_mask
     name = cache_argument(model)
     for step in range(next_tokens.shape[1]):
@@ -271,6 +273,77 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
             expected["decode_attention"] = n_layers * n_steps
     outcomes.append(Outcome("kernel calls", calls == expected, note=f"{calls}"[:120]))
     return outcomes + restored(model, modeling, original_rope, original_attention, before, after, ref, dtype)
+
+
+# e4m3's unit roundoff, 2^-4, against bf16's 2^-8: K and V carry 16x the rounding of a bf16 cache
+E4M3_FACTOR = 16
+
+
+def e4m3_rounded_cache():
+    """A 16-bit transformers cache holding K and V rounded through e4m3 and back (quantize_kv, then
+    dequantize_kv): the values FP8KVCache's decode steps read, kept in 16 bits. Its prefill, like
+    FP8KVCache's, attends over the unrounded keys."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    from llmk.inference.kv_cache import dequantize_kv, quantize_kv
+
+    def rounded(t):
+        q, scale = quantize_kv(t)
+        return dequantize_kv(q.view(torch.float8_e4m3fn), scale, t.dtype)
+
+    class Rounded(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            first = not self.is_initialized or self.get_seq_length() == 0
+            keys, values = super().update(rounded(key_states), rounded(value_states), *args, **kwargs)
+            return (key_states, value_states) if first else (keys, values)
+
+    return Cache(layer_class_to_replicate=Rounded)
+
+
+def check_fp8_kv_cache(kind, padded=False):
+    """Prefill and decode steps on models.fp8_kv_cache.FP8KVCache (e4m3 K and V): the prefill
+    exactly as on the 16-bit cache (it attends over its own 16-bit keys); each decode step's logits
+    within the bf16 rule of the same patched model on a 16-bit cache of the same e4m3-rounded
+    values (e4m3_rounded_cache: a wrong scale shows), and within E4M3_FACTOR x the bf16 rules
+    against the fp32 reference (the bound, and twice the unpatched bf16 model's error); the steps
+    ran decode_attention on the e4m3 cache, or, with padding (a mask the kernel does not take), the
+    model's own attention on the keys dequantized."""
+    from llmk.models.fp8_kv_cache import FP8KVCache
+    from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
+
+    model, ref_model = make_model(kind, "tiny", torch.bfloat16)
+    ids = prompt("tiny", 2)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :4] = 0
+    next_tokens = greedy_tokens(ref_model, ids, mask, 3)
+    ref = run_steps(ref_model, ids, mask, next_tokens)
+    before = run_steps(model, ids, mask, next_tokens)
+    patch_model(model)
+    patched = run_steps(model, ids, mask, next_tokens)
+    fp8 = run_steps(model, ids, mask, next_tokens, cache=FP8KVCache())
+    calls = kernel_calls(model)
+    same_values = run_steps(model, ids, mask, next_tokens, cache=e4m3_rounded_cache())
+    unpatch_model(model)
+    n_layers = model.config.num_hidden_layers
+    outcomes = [Outcome("prefill logits = the 16-bit cache's", torch.equal(fp8[0], patched[0]))]
+    for step in range(1, len(ref)):
+        tol = logits_tol(torch.bfloat16, ref[step], n_layers)
+        outcomes.append(compare(f"decode {step} logits vs a 16-bit cache of the e4m3 values", fp8[step],
+                                same_values[step], tol))
+        outcomes.append(compare(f"decode {step} logits", fp8[step], ref[step],
+                                Tol(E4M3_FACTOR * tol.atol, 0.0, f"{E4M3_FACTOR}x: {tol.why}")))
+        ours = (fp8[step].double() - ref[step].double()).abs().max().item()
+        theirs = (before[step].double() - ref[step].double()).abs().max().item()
+        slack = E4M3_FACTOR * UNIT_ROUNDOFF[torch.bfloat16] * ref[step].abs().max().item()
+        outcomes.append(Outcome(f"decode {step}: {E4M3_FACTOR} x 2x unpatched",
+                                ours <= E4M3_FACTOR * 2 * theirs + slack, ours, torch_err=theirs))
+    steps = n_layers * (len(ref) - 1)
+    ran = calls.get("attention fallback", 0) - steps if padded else calls.get("decode_attention e4m3")
+    outcomes.append(Outcome("the e4m3 steps ran " + ("the original attention, dequantized" if padded
+                                                     else "decode_attention on the e4m3 cache"),
+                            ran == steps, note=f"{calls}"[:120]))
+    return outcomes
 
 
 def check_generate(kind, dtype):
@@ -729,6 +802,9 @@ def model_cases():
         Case("llama bf16 DynamicCache, second prefill chunk", check_cache, dict(cache_kind="dynamic")),
         Case("llama bf16 StaticCache prefill + decode step", check_cache, dict(cache_kind="static")),
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
+        Case("llama bf16 e4m3 KV cache (FP8KVCache), 3 decode steps", check_fp8_kv_cache, dict(kind="llama")),
+        Case("qwen3 bf16 e4m3 KV cache, left-padded (decode steps dequantized)", check_fp8_kv_cache,
+             dict(kind="qwen3", padded=True)),
     ]
     for kind in KINDS:
         cases.append(Case(f"{kind} bf16 training step", check_training, dict(kind=kind)))
