@@ -123,13 +123,20 @@ def sharded_over_ranks(model):
             if not (isinstance(p, DTensor) and p.placements == (Shard(0),) and p.device_mesh.size() == world)]
 
 
-def check_fsdp2(kind, optimizer="torch"):
-    from llmk.models.hf_patch import kernel_calls, patch_model
+# e4m3's rounding (2^-4) against bf16's (2^-8): the rule's 2x scaled for a model patched with fp8_linear
+FP8_FACTOR = 2 * 16
+
+
+def check_fsdp2(kind, optimizer="torch", fp8=False):
+    """fp8: the opt-in fp8_linear on top of the default kernels (the rules' factor FP8_FACTOR)."""
+    from llmk.models.hf_patch import KERNELS, kernel_calls, patch_model
 
     seed = int(torch.randint(0, 2 ** 31, (1,)).item())  # the case seed, the same on every rank
     ref = shard(build(kind, torch.bfloat16, seed).float())  # the bf16 weights, widened: exact
     plain = shard(build(kind, torch.bfloat16, seed))
-    patched = shard(patch_model(build(kind, torch.bfloat16, seed)))  # patch first, then shard
+    # patch first, then shard
+    patched = shard(patch_model(build(kind, torch.bfloat16, seed), KERNELS + (("fp8_linear",) if fp8 else ())))
+    factor = FP8_FACTOR if fp8 else 2
     data = batches(CONFIG["vocab_size"], seed)
     ref_losses, ref_grads = train(ref, data)
     plain_losses, plain_grads = train(plain, data)
@@ -142,9 +149,9 @@ def check_fsdp2(kind, optimizer="torch"):
     noise, worst = 0.0, (-1.0, 0, 0.0, 0.0)  # (share of the bound, step, our deviation, bound)
     for step, (r, t, o) in enumerate(zip(ref_losses, plain_losses, losses)):
         noise = max(noise, abs(t - r))
-        bound = 2 * noise + u * abs(r)
+        bound = factor * noise + u * abs(r)
         worst = max(worst, (abs(o - r) / bound, step, abs(o - r), bound))
-    outcomes.append(Outcome(f"{STEPS} steps: losses within 2x the unpatched model's bf16 noise + 2^-8 |loss|",
+    outcomes.append(Outcome(f"{STEPS} steps: losses within {factor}x the unpatched model's bf16 noise + 2^-8 |loss|",
                             worst[0] <= 1.0, worst[2], limit=f"{worst[3]:.3g}", torch_err=noise,
                             note=f"worst step {worst[1]}; final: patched {losses[-1]:.5g}, "
                                  f"unpatched {plain_losses[-1]:.5g}, fp32 {ref_losses[-1]:.5g}"))
@@ -153,7 +160,7 @@ def check_fsdp2(kind, optimizer="torch"):
     shares = {}
     for name, want in ref_grads.items():
         theirs = (plain_grads[name] - want).abs().max().item()
-        bound = 2 * theirs + u * want.abs().max().item() + 1e-12
+        bound = factor * theirs + u * want.abs().max().item() + 1e-12
         shares[name] = ((grads[name] - want).abs().max().item() / bound, theirs, bound)
     for name in ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight", "model.embed_tokens.weight"):
         err = (grads[name] - ref_grads[name]).abs().max().item()
@@ -167,6 +174,8 @@ def check_fsdp2(kind, optimizer="torch"):
     n_layers = SIZE["layers"]
     per_forward = dict(rmsnorm=n_layers + 1, residual_rmsnorm=n_layers, swiglu=n_layers, rope=n_layers,
                        flash_attention=n_layers, cross_entropy=1)  # rmsnorm: each input_layernorm, the final norm
+    if fp8:  # every decoder linear; all but o_proj reading the rows their producer cast
+        per_forward.update({"fp8_linear": 7 * n_layers, "fp8_linear, input cast by its producer": 6 * n_layers})
     expected = {k: STEPS * v for k, v in per_forward.items()}
     outcomes.append(Outcome("kernel_calls: every kernel, every layer and step, no fallback", calls == expected,
                             note=f"{calls}"[:120]))
@@ -176,7 +185,9 @@ def check_fsdp2(kind, optimizer="torch"):
 CASES = [Case(f"{kind} bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} AdamW steps",
               check_fsdp2, dict(kind=kind)) for kind in ("llama", "qwen2")] + [
     Case(f"llama bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} TritonAdamW steps (patched)",
-         check_fsdp2, dict(kind="llama", optimizer="triton"))]
+         check_fsdp2, dict(kind="llama", optimizer="triton")),
+    Case(f"llama bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} AdamW steps, fp8_linear",
+         check_fsdp2, dict(kind="llama", fp8=True))]
 
 
 # ---------------------------------------------------------------------------------------------
