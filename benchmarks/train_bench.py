@@ -254,8 +254,10 @@ def measure_model(run, name, kind, config, plan):
         if provider == LIGER and (INTERPRET or importlib.util.find_spec("liger_kernel") is None):
             print(f"{shape} {provider}: skipped (liger-kernel unavailable here)", flush=True)
             continue
-        if provider in TORCHAO and (INTERPRET or importlib.util.find_spec("torchao") is None):
-            print(f"{shape} {provider}: skipped (torchao unavailable here, or no GPU for its FP8)", flush=True)
+        if provider in TORCHAO and (INTERPRET or importlib.util.find_spec("torchao") is None
+                                    or torch.cuda.get_device_capability() < (8, 9)):
+            print(f"{shape} {provider}: skipped (torchao unavailable here, or a GPU without FP8 tensor cores)",
+                  flush=True)
             continue
         if not run.selected("train_step", shape, provider) and not (provider == "eager"):
             continue

@@ -23,10 +23,11 @@ unit's twice.
 Operators llmk::rmsnorm_fp8 and llmk::glu_fp8, differentiable through y (and the residual sum
 u) only: the e4m3 values and their scales are marked non-differentiable (a GEMM of them takes its
 gradient through the 16-bit y it saves). Their autograd formulas are the 16-bit ops' backward
-kernels on the saved inputs: llmk::rmsnorm_backward on x (or u = x + residual, whose gradient
-also takes u's own upstream gradient, and passes to x and residual alike), and the gated unit's
-llmk::swiglu_backward or llmk::geglu_backward on gate and up. With keep_y off there is no y to
-differentiate, and the inputs get no gradient.
+kernels on the saved inputs: llmk::rmsnorm_backward on x, or with a residual
+llmk::residual_rmsnorm_backward on u = x + residual (u's own upstream gradient added in the
+kernel; x and residual get the same gradient), and the gated unit's llmk::swiglu_backward or
+llmk::geglu_backward on gate and up. With keep_y off there is no y to differentiate: the inputs
+get u's gradient only.
 """
 from typing import NamedTuple
 
@@ -45,6 +46,7 @@ from llmk.mlp.checks import check_swiglu_args
 from llmk.mlp.reference_mlp import check_approximate
 from llmk.mlp.triton_glu import ACTIVATIONS, GEGLU_OPS, GELU_ACTIVATION, SWIGLU_OPS
 from llmk.normalization.checks import check_norm_args, check_residual
+from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm_backward_op
 from llmk.normalization.triton_rmsnorm import rmsnorm_backward_op
 
 
@@ -273,14 +275,21 @@ def _rmsnorm_fp8_setup(ctx, inputs, output):
 
 
 def _rmsnorm_fp8_backward(ctx, dq, dscale, dy, du):
-    """(dx, dresidual, dweight): rmsnorm's backward of dy on the normalized rows, plus u's own dy."""
+    """(dx, dresidual, dweight): rmsnorm's backward of dy on the normalized rows; with a residual,
+    residual_rmsnorm's, which adds u's own gradient du in the same kernel."""
     source, weight = ctx.saved_tensors
     x_grad, residual_grad, weight_grad = ctx.needs_input_grad[:3]
-    dsource = dweight = None
-    if dy is not None and ctx.keep_y:
+    dy = dy if ctx.keep_y else None
+    du = du if ctx.has_residual else None
+    if dy is None and du is None:
+        return None, None, None, None, None, None
+    if ctx.has_residual:
+        if dy is None:  # only u is used: y's gradient is zero (as residual_rmsnorm's formula does)
+            dy = torch.zeros_like(source)
+        dsource, dweight = residual_rmsnorm_backward_op(dy, du, source, weight, ctx.eps, bool(weight_grad),
+                                                        ctx.offset)
+    else:
         dsource, dweight = rmsnorm_backward_op(dy, source, weight, ctx.eps, bool(weight_grad), ctx.offset)
-    if du is not None and ctx.has_residual:
-        dsource = du if dsource is None else dsource + du
     return (dsource if x_grad else None, dsource if residual_grad else None, dweight if weight_grad else None,
             None, None, None)
 
@@ -307,6 +316,8 @@ def _glu_fp8_setup(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(inputs.gate, inputs.up)
     ctx.activation, ctx.keep_y = inputs.activation, inputs.keep_y
+    # geglu's backward takes its approximation by name ("none", "tanh")
+    ctx.approximate = next((a for a, act in GELU_ACTIVATION.items() if act == inputs.activation), None)
 
 
 def _glu_fp8_backward(ctx, dq, dscale, dy):
@@ -318,8 +329,7 @@ def _glu_fp8_backward(ctx, dq, dscale, dy):
     if ctx.activation == "silu":
         dgate, dup = SWIGLU_OPS.backward(dy, gate, up, gate_grad, up_grad)
     else:
-        approximate = next(a for a, act in GELU_ACTIVATION.items() if act == ctx.activation)
-        dgate, dup = GEGLU_OPS.backward(dy, gate, up, approximate, gate_grad, up_grad)
+        dgate, dup = GEGLU_OPS.backward(dy, gate, up, ctx.approximate, gate_grad, up_grad)
     return dgate if gate_grad else None, dup if up_grad else None, None, None
 
 

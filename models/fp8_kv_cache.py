@@ -11,8 +11,12 @@ decode_attention, which dequantizes each block in registers. The prefill that fi
 attends over its own 16-bit keys and values (they are all the keys there are); the cache keeps
 their e4m3 copies. Any other call that meets the e4m3 keys (a second prefill chunk, a padded
 batch's decode step, a head dim the decode kernel lacks) gets them dequantized into the query's
-dtype first. Only a model patched with the "attention" kernel reads this cache: transformers' own
-attention functions take no e4m3 keys.
+dtype first, through an fp32 product (4 bytes a value for that call: a padded batch's decode steps
+cost more than on a bf16 cache). Only a model patched with the "attention" kernel reads this
+cache: transformers' own attention functions take no e4m3 keys. Every layer keeps its whole
+history: a model with sliding-window layers (Gemma 2 and 3; Mistral and Qwen with a window) keeps
+more than their window there, and once the keys outnumber the window those layers' steps take the
+masked, dequantized path. transformers 5.24 and later name the argument `cache=`.
 
 Layer state: keys, values (B, Hkv, T, D) as uint8 (the e4m3 bytes: concatenation and indexing copy
 bytes), k_scale, v_scale (B, Hkv, T) fp32. The tensors the layer returns on a decode step are the
@@ -88,8 +92,11 @@ def _layer_class():
                 self.k_scale, self.v_scale = fn(self.k_scale, True), fn(self.v_scale, True)
 
         def crop(self, tokens_to_remove):
-            keep = self.get_seq_length() - abs(tokens_to_remove) if tokens_to_remove < 0 else tokens_to_remove
-            if 0 <= keep < self.get_seq_length():
+            """Drop the last -tokens_to_remove tokens (a negative count; 0 drops none), or, as
+            transformers 5.17's DynamicLayer still reads a positive one, keep that many."""
+            length = self.get_seq_length()
+            keep = length + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
+            if 0 <= keep < length:
                 self._apply(lambda t, scale: t[..., :keep] if scale else t[..., :keep, :])
 
         def batch_repeat_interleave(self, repeats):

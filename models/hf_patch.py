@@ -334,8 +334,9 @@ def unpatch_model(model):
 
 def kernel_calls(model):
     """{name: count} of kernel calls ("rmsnorm", "residual_rmsnorm", "swiglu", "geglu", "rope",
-    "flash_attention", "flash_attention_varlen", "decode_attention", "cross_entropy", "moe_route",
-    "moe_experts") and of
+    "flash_attention", "flash_attention_varlen", "decode_attention", "decode_attention e4m3" (an
+    FP8KVCache's steps), "cross_entropy", "moe_route", "moe_experts", "fp8_linear" and, of those,
+    "fp8_linear, input cast by its producer") and of
     fallbacks ("rmsnorm fallback", ...) since patch_model."""
     state = model.__dict__.get(STATE_ATTR) if isinstance(model, torch.nn.Module) else None
     if state is None:

@@ -21,8 +21,9 @@ from llmk.models.patch_state import kernel_ready
 from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
-# a norm's or gated unit's output -> [its e4m3 rows, their scales, readers left] (the value must
-# not hold the key: the entry lives as long as the output tensor does, or until its last reader)
+# a norm's or gated unit's output -> [its e4m3 rows, their scales, readers left, its version then]
+# (the value must not hold the key: the entry lives as long as the output tensor does, or until
+# its last reader)
 _FP8_INPUTS = WeakIdKeyDictionary()
 FP8_DTYPES = (torch.float16, torch.bfloat16)  # what fp8_linear takes
 
@@ -35,19 +36,20 @@ def _casts_for_fp8(state, module, x):
 
 def _keep_for_linears(state, module, made):
     """Hold an FP8Rows' q and scale for the linears that read made.y; returns made.y."""
-    _FP8_INPUTS[made.y] = [made.q, made.scale, state.fp8_producers[id(module)]]
+    _FP8_INPUTS[made.y] = [made.q, made.scale, state.fp8_producers[id(module)], made.y._version]
     return made.y
 
 
 def _cast_input(x):
-    """(q, scale) a producer made for x, counting this reader off; None where there are none."""
+    """(q, scale) a producer made for x, counting this reader off; None where there are none, or
+    where x changed in place since (a hook's edit: the rows would be stale)."""
     entry = _FP8_INPUTS.get(x) if not torch.compiler.is_compiling() else None
     if entry is None:
         return None
     entry[2] -= 1
     if entry[2] <= 0:
         del _FP8_INPUTS[x]
-    return entry[0], entry[1]
+    return (entry[0], entry[1]) if x._version == entry[3] else None
 
 
 def _norm_eps(norm):

@@ -346,6 +346,55 @@ def check_fp8_kv_cache(kind, padded=False):
     return outcomes
 
 
+def check_fp8_cache_layer():
+    """FP8KVCache's layer against a 16-bit layer of the same e4m3-rounded values (e4m3_rounded_cache)
+    through transformers' layer methods: a prefill and a decode step appended, crop(0) (a no-op:
+    assisted generation calls it when every candidate is accepted), crop(-2), reorder_cache,
+    batch_repeat_interleave, batch_select_indices, reset; then generate() with prompt-lookup
+    decoding (candidates verified, the rejected cropped) gives plain greedy decoding's tokens."""
+    from llmk.inference.kv_cache import dequantize_kv
+    from llmk.models.fp8_kv_cache import FP8KVCache
+    from llmk.models.hf_patch import patch_model
+
+    fp8, rounded = FP8KVCache(), e4m3_rounded_cache()
+    for t in (5, 1):
+        k, v = (torch.randn(2, 2, t, 64, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+        fp8.update(k, v, 0)
+        rounded.update(k, v, 0)
+    mine, theirs = fp8.layers[0], rounded.layers[0]
+
+    def same(label):
+        keys = dequantize_kv(mine.keys.view(torch.float8_e4m3fn), mine.k_scale, torch.bfloat16)
+        values = dequantize_kv(mine.values.view(torch.float8_e4m3fn), mine.v_scale, torch.bfloat16)
+        ok = (mine.get_seq_length() == theirs.get_seq_length() and torch.equal(keys, theirs.keys)
+              and torch.equal(values, theirs.values))
+        return Outcome(f"FP8KVCache layer after {label} = the rounded 16-bit layer's", ok,
+                       note=f"lengths {mine.get_seq_length()} and {theirs.get_seq_length()}")
+
+    outcomes = [same("a prefill and a decode step")]
+    for label, call in (("crop(0)", lambda layer: layer.crop(0)), ("crop(-2)", lambda layer: layer.crop(-2)),
+                        ("reorder_cache", lambda layer: layer.reorder_cache(torch.tensor([1, 0], device=DEVICE))),
+                        ("batch_repeat_interleave(2)", lambda layer: layer.batch_repeat_interleave(2)),
+                        ("batch_select_indices", lambda layer: layer.batch_select_indices(
+                            torch.tensor([0, 3], device=DEVICE)))):
+        call(mine)
+        call(theirs)
+        outcomes.append(same(label))
+    mine.reset()
+    outcomes.append(Outcome("reset: empty", mine.get_seq_length() == 0))
+
+    model, _ = make_model("llama", "tiny", torch.bfloat16)
+    patch_model(model)
+    ids = torch.cat([prompt("tiny", 1)] * 2, dim=1)  # a repeated prompt: prompt lookup finds candidates
+    options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        plain = model.generate(ids, past_key_values=FP8KVCache(), **options)
+        lookup = model.generate(ids, past_key_values=FP8KVCache(), prompt_lookup_num_tokens=3, **options)
+    outcomes.append(Outcome("generate(): prompt-lookup decoding's tokens = greedy's", torch.equal(plain, lookup),
+                            note=f"{plain[0, ids.shape[1]:].tolist()} {lookup[0, ids.shape[1]:].tolist()}"))
+    return outcomes
+
+
 def check_generate(kind, dtype):
     """generate() on the patched model: every token it picks is a greedy choice of the fp32
     reference up to the logits tolerance (a near tie may go either way), and its decode steps ran
@@ -530,7 +579,11 @@ def check_fp8_training(kind):
                         calls.get("fp8_linear, input cast by its producer") == n_cast,
                         note=f"{calls.get('fp8_linear, input cast by its producer')}")]
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
-    return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
+    from llmk.models.patch_layers import _FP8_INPUTS
+
+    return outcomes + [Outcome("unpatched: the original step, bit for bit", same),
+                       Outcome("no cast rows left waiting for a reader", len(_FP8_INPUTS) == 0,
+                               note=f"{len(_FP8_INPUTS)} left")]
 
 
 PACKED_LENGTHS = (5, 13, 1, 9)  # one single-token sequence: nothing to predict in it
@@ -805,6 +858,7 @@ def model_cases():
         Case("llama bf16 e4m3 KV cache (FP8KVCache), 3 decode steps", check_fp8_kv_cache, dict(kind="llama")),
         Case("qwen3 bf16 e4m3 KV cache, left-padded (decode steps dequantized)", check_fp8_kv_cache,
              dict(kind="qwen3", padded=True)),
+        Case("FP8KVCache's layer methods; generate() with prompt lookup", check_fp8_cache_layer),
     ]
     for kind in KINDS:
         cases.append(Case(f"{kind} bf16 training step", check_training, dict(kind=kind)))
