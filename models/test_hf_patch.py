@@ -844,6 +844,8 @@ def model_cases():
              dict(kind="qwen2", dtype=torch.bfloat16, padded="left")),
         Case("qwen3 bf16 right-padded (packed prefill)", check_model,
              dict(kind="qwen3", dtype=torch.bfloat16, padded="right")),
+        Case("qwen3_moe bf16 left-padded (packed prefill; the experts take the padding rows too)", check_model,
+             dict(kind="qwen3_moe", dtype=torch.bfloat16, padded="left")),
         # no padding: transformers still masks the window, and the dense kernel takes it
         Case("mistral bf16 sliding window 8 < T", check_model, dict(kind="mistral", dtype=torch.bfloat16, window=8)),
         # padded: the packed kernel, with the window on every layer (Mistral) or every other one (Gemma 2)
