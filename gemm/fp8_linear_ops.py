@@ -50,9 +50,10 @@ def check_fp8_linear_args(x, weight, bias, x_fp8=None):
     check_bias(bias, weight.shape[0], (x.dtype, torch.float32), "x", x)
 
 
-def fp8_product(a, b_t, out_dtype, bias=None):
-    """a @ b_t.T in FP8: a (M, K) and b_t (N, K) each quantized by rows (along K), out_dtype out."""
-    qa, sa = quantize_fp8_op(a, "row")
+def fp8_product(a, b_t, out_dtype, bias=None, a_fp8=None):
+    """a @ b_t.T in FP8: a (M, K) and b_t (N, K) each quantized by rows (along K), out_dtype out.
+    a_fp8: (q (M, K), scale (M,)), a's rows already cast (then a is not read)."""
+    qa, sa = quantize_fp8_op(a, "row") if a_fp8 is None else a_fp8
     qb, sb = quantize_fp8_op(b_t, "row")
     return fp8_matmul_op(qa, qb.T, sa, sb, bias, None, out_dtype)
 
@@ -63,11 +64,9 @@ def _fp8_linear(x, weight, bias, x_q=None, x_scale=None):
         y = torch.zeros((rows.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
         if bias is not None:
             y += bias.to(x.dtype)
-    elif x_q is not None:  # x's rows cast by the kernel that made x
-        qb, sb = quantize_fp8_op(weight, "row")
-        y = fp8_matmul_op(x_q.reshape(rows.shape), qb.T, x_scale.reshape(-1), sb, bias, None, x.dtype)
-    else:
-        y = fp8_product(rows, weight, x.dtype, bias)
+    else:  # x_q: x's rows cast by the kernel that made x
+        cast = None if x_q is None else (x_q.reshape(rows.shape), x_scale.reshape(-1))
+        y = fp8_product(rows, weight, x.dtype, bias, cast)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -144,9 +144,9 @@ from llmk.models.patch_layers import (
     sandwich_layer_forward,
 )
 from llmk.models.patch_loss import causal_lm_forward
-from llmk.models.patch_moe import EXPERT_ACTIVATIONS, experts_forward, router_forward
+from llmk.models.patch_moe import expert_activation, experts_forward, router_forward
 from llmk.models.patch_rope import attention_module_forward, install_rope, release_rope
-from llmk.models.patch_state import STATE_ATTR, PatchState, cache_argument, output_cache, replace_forward
+from llmk.models.patch_state import MLP_KERNELS, STATE_ATTR, PatchState, cache_argument, output_cache, replace_forward
 
 __all__ = ["KERNELS", "OPT_IN", "SUPPORTED", "patch_model", "unpatch_model", "kernel_calls", "cache_argument",
            "output_cache"]
@@ -154,10 +154,6 @@ __all__ = ["KERNELS", "OPT_IN", "SUPPORTED", "patch_model", "unpatch_model", "ke
 KERNELS = ("rmsnorm", "residual_rmsnorm", "swiglu", "geglu", "rope", "attention", "cross_entropy", "moe")
 # asked for by name only, never by default: they change the numbers by design (FP8's rounding)
 OPT_IN = ("fp8_linear",)
-# the MLP activations (config.hidden_act, or Gemma's config.hidden_activation) -> (kernel, its GELU
-# approximation): "gelu_pytorch_tanh" is Gemma's
-MLP_KERNELS = {"silu": ("swiglu", None), "swish": ("swiglu", None), "gelu_pytorch_tanh": ("geglu", "tanh"),
-               "gelu_new": ("geglu", "tanh"), "gelu": ("geglu", "none")}
 
 
 @dataclass(frozen=True)
@@ -275,7 +271,7 @@ def patch_model(model, kernels=KERNELS):
                 if mlp is not None:
                     state.fp8_producers[id(layer.mlp)] = 1  # down_proj
     if family.moe:  # the experts' activation, and the auxiliary loss the fused-loss forward adds
-        state.moe_activation = EXPERT_ACTIVATIONS.get(model.config.hidden_act)
+        state.moe_activation = expert_activation(model.config.hidden_act)
         state.moe_balance_loss = modeling.load_balancing_loss_func
     setattr(model, STATE_ATTR, state)
     try:

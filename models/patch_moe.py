@@ -5,15 +5,20 @@ and backward), and the same experts kernel as a transformers experts implementat
 for models selected with `experts_implementation="llmk_moe"` without the rest of the patch."""
 import torch
 
-from llmk.models.patch_state import kernel_ready
+from llmk.mlp.triton_glu import GELU_ACTIVATION
+from llmk.models.patch_state import MLP_KERNELS, kernel_ready
 from llmk.moe.moe_experts import moe_experts
 from llmk.moe.triton_moe_routing import MAX_EXPERTS, MAX_TOP_K, moe_route
 
 EXPERTS_NAME = "llmk_moe"
-# config.hidden_act -> moe_experts' activation (the gate's; transformers' names)
-EXPERT_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
-                      "gelu_new": "gelu_tanh"}
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def expert_activation(hidden_act):
+    """moe_experts' activation for config.hidden_act (MLP_KERNELS' entry: SiLU, or GELU by its
+    approximation), or None for one the kernel lacks."""
+    kernel, approximate = MLP_KERNELS.get(hidden_act, (None, None))
+    return "silu" if kernel == "swiglu" else GELU_ACTIVATION.get(approximate)
 
 
 def router_forward(router, original, state, hidden_states):
@@ -65,7 +70,7 @@ def experts_forward(experts, original, state, hidden_states, top_k_index, top_k_
 def _interface_forward(self, hidden_states, top_k_index, top_k_weights):
     """The ExpertsInterface entry: moe_experts where it covers the call, else the module's own eager
     forward (the class's, below transformers' dispatching wrapper)."""
-    activation = EXPERT_ACTIVATIONS.get(getattr(self.config, "hidden_act", None))
+    activation = expert_activation(getattr(self.config, "hidden_act", None))
     if _covered(self, activation, hidden_states, top_k_index):
         return moe_experts(hidden_states, top_k_weights, top_k_index, self.gate_up_proj, self.down_proj, activation)
     return type(self).forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
@@ -82,5 +87,5 @@ def register_experts_implementation():
     return EXPERTS_NAME
 
 
-__all__ = ["EXPERTS_NAME", "EXPERT_ACTIVATIONS", "experts_forward", "register_experts_implementation",
+__all__ = ["EXPERTS_NAME", "expert_activation", "experts_forward", "register_experts_implementation",
            "router_forward"]

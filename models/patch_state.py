@@ -11,6 +11,11 @@ from typing import Callable
 from llmk.common.device import DEVICE
 from llmk.common.validation import FLOAT_DTYPES
 
+# the MLP activations (config.hidden_act, or Gemma's config.hidden_activation) -> (kernel, its GELU
+# approximation): "gelu_pytorch_tanh" is Gemma's. The gated MLPs' table, and the experts' too.
+MLP_KERNELS = {"silu": ("swiglu", None), "swish": ("swiglu", None), "gelu_pytorch_tanh": ("geglu", "tanh"),
+               "gelu_new": ("geglu", "tanh"), "gelu": ("geglu", "none")}
+
 STATE_ATTR = "_triton_patch"  # the model's PatchState; each patched attention module holds it too
 
 

@@ -53,9 +53,10 @@ def _experts_empty(x, weights, ids, w_gate_up, w_down, activation, save):
 def _experts(x, weights, ids, w_gate_up, w_down, activation, save):
     """-> (out (T, H), gate | up (S, 2I) or (0, 2I) when not save, h (S, I), order (S,), offsets (E + 1,))."""
     n_tokens, hidden, top_k, n_experts, inter = _sizes(x, ids, w_gate_up)
+    rows = n_tokens * top_k
     order, _, offsets = permute(ids, n_experts)
-    _, pre, h, _, _ = _experts_empty(x, weights, ids, w_gate_up, w_down, activation, save)
-    y = x.new_empty((n_tokens * top_k, hidden))
+    pre, h = x.new_empty((rows if save else 0, 2 * inter)), x.new_empty((rows, inter))
+    y = x.new_empty((rows, hidden))
     if y.numel():
         launch_expert_rows(x, w_gate_up, h, order, offsets, gather=True, epilogue="glu", activation=activation,
                            top_k=top_k, pre=pre if save else None)

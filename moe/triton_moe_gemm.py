@@ -40,8 +40,6 @@ from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.triton_utils import activate, activate_grad
 
-EPILOGUES = ("glu", "scatter", "glu_backward")
-
 # (largest mean rows an expert, (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)): the first row
 # whose bound the mean run S / E meets. Short runs (decode: S <= 512 over 128 experts) waste most
 # of a tall tile on padding and are bound by reading the weights, so they take 16 rows and long K
@@ -281,4 +279,4 @@ def n_tiles(n, config):
     return cdiv(n, config[1])
 
 
-__all__ = ["EPILOGUES", "launch_expert_rows", "launch_expert_weight_grad", "n_tiles", "rows_config"]
+__all__ = ["launch_expert_rows", "launch_expert_weight_grad", "n_tiles", "rows_config"]

@@ -203,10 +203,10 @@ def moe_permute(ids, n_experts):
     return permute(ids, n_experts)
 
 
-def check_ids_range(ids, n_experts, name="ids"):
+def check_ids_range(ids, n_experts):
     """On the CPU, every expert index in 0..n_experts-1 (on a GPU the check would need a host sync)."""
     if ids.device.type == "cpu" and ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < n_experts:
-        raise ValueError(f"{name} must lie in 0..{n_experts - 1}; got {int(ids.min())}..{int(ids.max())}")
+        raise ValueError(f"ids must lie in 0..{n_experts - 1}; got {int(ids.min())}..{int(ids.max())}")
 
 
 def permute(ids, n_experts):
