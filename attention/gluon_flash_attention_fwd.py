@@ -63,8 +63,8 @@ from llmk.common.device import sm_count
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
-# (head dim, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT): the first row whose
-# head dim matches wins.
+# (head dim, causal, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT): the first row
+# whose head dim and mask match wins (causal: the kernel's causal flag, windows with it included).
 # Shared memory: q and O's staging tile (BLOCK_M x D each) + STAGES x (K and V blocks, BLOCK_N x D
 # each), 2 bytes a value; hd 128 at 128 x 128 holds 64 KB + 2 x 64 KB (three stages would pass
 # 227 KB). BLOCK_M / 64 consumer warpgroups split the block's rows, 64 each (wgmma's M): in
@@ -73,12 +73,15 @@ from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 # producer separately (K once S is done), so the next K can land during P v. PERSISTENT: one
 # program an SM takes tile after tile (dense calls; a packed batch's grid stays one tile a program).
 GLUON_CONFIG_TABLE = [
-    (64, 128, 128, 3, True, False, True),  # persistent: +2-28% over one tile a program (T 512 most)
-    # 128-key blocks, K released apart from V: +7-16% over 64-key blocks at three stages; persistent:
-    # +4-9% full, +5% causal at T 1024, -3..-10% causal at T >= 4096 (docs/tuning/attention.md)
-    (128, 128, 128, 2, True, True, True),
+    (64, False, 128, 128, 3, True, False, True),  # persistent: +2-28% over one tile a program (T 512 most)
+    (64, True, 128, 128, 3, True, False, True),
+    # 128-key blocks, K released apart from V: +7-16% over 64-key blocks at three stages. Persistent
+    # without a mask: +1-11%; causal, one tile a program: +5-13% at T >= 4096, -7% at T 1024
+    # (docs/tuning/attention.md, the fifth run)
+    (128, False, 128, 128, 2, True, True, True),
+    (128, True, 128, 128, 2, True, True, False),
 ]
-GLUON_HEAD_DIMS = tuple(row[0] for row in GLUON_CONFIG_TABLE)
+GLUON_HEAD_DIMS = tuple(sorted({row[0] for row in GLUON_CONFIG_TABLE}))
 # Register budget: the producer warp is rounded up to a warpgroup, so 8 + 4 warps share the SM's
 # 65536 registers: maxnreg 168 = 65536 / (12 x 32), rounded down to a multiple of 8. The producer
 # drops to PRODUCER_REGS with setmaxnreg, and the consumers take what it gives up (240).
@@ -90,11 +93,11 @@ PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
 
 
-def gluon_config(head_dim):
+def gluon_config(head_dim, causal=False):
     """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT) for
-    head_dim (one of GLUON_HEAD_DIMS)."""
-    for dim, *config in GLUON_CONFIG_TABLE:
-        if dim == head_dim:
+    head_dim (one of GLUON_HEAD_DIMS) and the kernel's causal flag."""
+    for dim, row_causal, *config in GLUON_CONFIG_TABLE:
+        if dim == head_dim and row_causal == bool(causal):
             return tuple(config)
     raise ValueError(f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, got {head_dim}")
 
@@ -573,7 +576,7 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     if cu_seqlens is not None:
         cu_q, cu_k, tq = cu_seqlens
         b = cu_q.shape[0] - 1
-    block_m, block_n, stages, pingpong, split_release, persistent = config or gluon_config(d)
+    block_m, block_n, stages, pingpong, split_release, persistent = config or gluon_config(d, causal)
     persistent = bool(persistent) and cu_q is None
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
     num_warps = 4 if pingpong else block_m // 16

@@ -563,7 +563,9 @@ def warm_cublas(inputs):
     its first calls in a process, which a capture cannot hold (torch.mm alone fails the same way).
     The ops that call cuBLAS (the fused linear cross-entropy's chunk products) need them made, not
     their own first call warmed: Triton's compiles and launches are still captured cold."""
-    for dtype in {t.dtype for t in inputs.values() if isinstance(t, torch.Tensor) and t.is_floating_point()}:
+    # float8 has no cuBLAS mm (torch._scaled_mm makes the same handles through cuBLASLt's fp16 path)
+    for dtype in {t.dtype for t in inputs.values() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                  and t.element_size() > 1}:
         a = torch.ones(16, 16, device=DEVICE, dtype=dtype)
         torch.mm(a, a), torch.addmm(a[0], a, a)  # the cuBLAS and cuBLASLt handles
     torch.cuda.synchronize()

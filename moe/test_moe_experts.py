@@ -157,8 +157,6 @@ def check_errors():
     return [
         expect_raises("top_k > E", lambda: moe_experts(x, *layer(4, 32, 16, 8, 6, torch.bfloat16)[1:3], w_gate_up,
                                                        w_down), ValueError, "top_k"),
-        expect_raises("id past E", lambda: moe_experts(x, weights, ids + 4, w_gate_up, w_down), ValueError, "ids"),
-        expect_raises("negative id", lambda: moe_experts(x, weights, ids - 4, w_gate_up, w_down), ValueError, "ids"),
         expect_raises("weights' shape", lambda: moe_experts(x, weights[:, :1], ids, w_gate_up, w_down), ValueError,
                       "weights"),
         expect_raises("ids' rows", lambda: moe_experts(x, weights, ids[:3], w_gate_up, w_down), ValueError, "ids"),
@@ -176,7 +174,13 @@ def check_errors():
         expect_raises("3-D x", lambda: moe_experts(x[None], weights, ids, w_gate_up, w_down), ValueError, "x"),
         expect_raises("activation", lambda: moe_experts(x, weights, ids, w_gate_up, w_down, "relu"), ValueError,
                       "activation"),
-    ]
+    ] + ([  # the ids' range is checked on the CPU only: on a GPU it would cost a host sync a call (an id out of
+        # range there trips a device-side assert, as an out-of-range index of torch's embedding does)
+        expect_raises("id past E (CPU)", lambda: moe_experts(x, weights, ids + 4, w_gate_up, w_down), ValueError,
+                      "ids"),
+        expect_raises("negative id (CPU)", lambda: moe_experts(x, weights, ids - 4, w_gate_up, w_down), ValueError,
+                      "ids"),
+    ] if DEVICE == "cpu" else [])
 
 
 def cases():

@@ -20,7 +20,7 @@ import torch
 import triton
 
 from llmk.attention import gluon_flash_attention_fwd as gluon_fwd
-from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE, gluon_config, launch_gluon_attention
+from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_config, launch_gluon_attention
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention
 from llmk.benchmarks.attention_bench import attention_flops, sdpa
 
@@ -39,10 +39,10 @@ def parse_config(text):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dims", type=int, nargs="+", default=[row[0] for row in GLUON_CONFIG_TABLE])
+    parser.add_argument("--dims", type=int, nargs="+", default=list(GLUON_HEAD_DIMS))
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     parser.add_argument("--configs", type=parse_config, nargs="*", default=None,
-                        help="Gluon configs to A/B (default: the table's, per head dim)")
+                        help="Gluon configs to A/B (default: the table's full and causal rows, per head dim)")
     parser.add_argument("--l2-mb", type=int, nargs="+", default=None,
                         help="persistent configs only: L2_BYTES values (MB) to A/B, the size of the groups of "
                              "(batch, head) pairs a masked persistent grid takes at once (default: the module's)")
@@ -58,7 +58,7 @@ def main():
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     print("shape | kernel | TFLOP/s | vs cudnn | max |err| vs fp32", flush=True)
     for d in args.dims:
-        configs = args.configs or [gluon_config(d)]
+        configs = args.configs or sorted({gluon_config(d, causal) for causal in (False, True)})  # the table's
         for t in args.lengths:
             b, h = max(1, TOKENS // t), WIDTH // d
             for causal in (False, True):

@@ -1,0 +1,150 @@
+"""Tests of the Gluon forward for sm_90 (attention/gluon_flash_attention_fwd.py) and the dispatch
+that picks it (attention/attention_paths.py):
+
+    python attention/test_gluon_attention.py        (or: pytest attention/test_gluon_attention.py)
+
+Every forward case of attention/test_flash_attention.py (O and LSE, dense and packed, every mask)
+again on the Gluon path, with the same references and tolerances; the configs the A/B weighs
+beside the table's, into poisoned outputs; the dispatch's routing and errors. Gluon does not run
+in Triton's interpreter: there only the dispatch case runs (the tl path is what a CPU gets), and
+the rest are GPU cases. A script of its own so that `make test JOBS=4` runs it beside the tl
+kernel's cases: on an H200 each half takes minutes.
+"""
+import math
+
+import torch
+import triton
+
+from llmk.attention.attention_checks import attention_mask
+from llmk.attention.attention_paths import (
+    GLUON_HEAD_DIMS,
+    GLUON_TRITON_VERSIONS,
+    PATH_ENV,
+    forced_path,
+    gluon_forward,
+    gluon_runs_here,
+)
+from llmk.attention.flash_attention_ops import flash_attention
+from llmk.attention.test_flash_attention import CASES as TL_CASES
+from llmk.attention.test_flash_attention import (
+    attention_and_lse,
+    check,
+    check_lse,
+    compare_o,
+    cumulative,
+    lse_tol,
+    make_qkv,
+    varlen_gluon_cases,
+)
+from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y
+from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.environment import environment
+from llmk.devtools.testing import Case, Outcome, Skip, compare, expect_raises, main, poisoned, rand
+
+
+def check_gluon_dispatch():
+    """With LLMK_ATTENTION_PATH=gluon on an sm_90 GPU with a tested Triton, dense and packed calls
+    of the Gluon head dims take the Gluon forward; other head dims, a forced config, a TMA-illegal
+    layout and LLMK_ATTENTION_PATH=tl take the tl one; a bad value raises."""
+    outcomes = []
+    q, k, v = make_qkv(1, 2, 2, 8, 8, 64, torch.bfloat16)
+    with environment(PATH_ENV, "bogus"):
+        outcomes.append(expect_raises("LLMK_ATTENTION_PATH=bogus", lambda: flash_attention(q, k, v), ValueError,
+                                      PATH_ENV))
+
+    def bogus_forced_path():
+        with forced_path("bogus"):
+            pass
+    outcomes.append(expect_raises("forced_path('bogus')", bogus_forced_path, ValueError, "path"))
+    from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE
+    table_dims = tuple(sorted({row[0] for row in GLUON_CONFIG_TABLE}))
+    outcomes.append(Outcome("the dispatch's head dims are the Gluon table's", table_dims == GLUON_HEAD_DIMS,
+                            note=f"{GLUON_HEAD_DIMS} vs {table_dims}"))
+    keys = {row[:2] for row in GLUON_CONFIG_TABLE}  # gluon_config raises for a head dim and mask it lacks
+    outcomes.append(Outcome("the Gluon table has a full and a causal row a head dim",
+                            keys == {(d, c) for d in GLUON_HEAD_DIMS for c in (False, True)}, note=str(sorted(keys))))
+    if INTERPRET:
+        with forced_path("gluon"):
+            outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, q, None, None, None)
+                                    and not gluon_runs_here()))
+        return outcomes
+    if triton.__version__ not in GLUON_TRITON_VERSIONS or torch.cuda.get_device_capability() != (9, 0):
+        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}; here "
+                   f"{torch.cuda.get_device_capability()} and Triton {triton.__version__}")
+    def gluon(q, k, v, cu_seqlens=None, config=None, path="gluon"):
+        with forced_path(path):
+            return gluon_forward(q, k, v, q, None, cu_seqlens, config)
+
+    outcomes.append(Outcome("gluon_runs_here()", gluon_runs_here()))
+    for d in (64, 128):
+        q, k, v = make_qkv(2, 4, 2, 100, 100, d, torch.bfloat16)
+        two, many = cumulative([60, 40]), torch.zeros(MAX_GRID_Y // 4 + 2, dtype=torch.int32, device=DEVICE)
+        outcomes += [Outcome(f"D{d} dense: gluon", gluon(q, k, v)),
+                     Outcome(f"D{d} LLMK_ATTENTION_PATH=tl: tl", not gluon(q, k, v, path="tl")),
+                     Outcome(f"D{d} packed: gluon", gluon(q, k, v, cu_seqlens=(two, two, 60))),
+                     Outcome(f"D{d} packed, over {MAX_GRID_Y} (sequence, head) pairs: gluon",
+                             gluon(q, k, v, cu_seqlens=(many, many, 0))),
+                     Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3]))]
+    q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
+    odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal
+    return outcomes + [Outcome("D96: tl", not gluon(q, k, v)),
+                       Outcome("token stride not 16-byte aligned: tl", not gluon(odd, odd, odd))]
+
+
+def gluon_forward_cases():
+    """Every forward case (O and LSE) again with LLMK_ATTENTION_PATH=gluon: on an sm_90 GPU the
+    Gluon forward passes the same cases as the tl kernel with the same tolerances (the row's note
+    names the kernel that ran)."""
+    return [Case(f"{c.name} [gluon forward]", c.fn, dict(c.kwargs, path="gluon"), gpu_only=True)
+            for c in TL_CASES if c.fn in (check, check_lse)]
+
+
+def check_gluon_config(config, b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None):
+    """The Gluon forward launched with `config` (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
+    PERSISTENT) into poisoned O and LSE: O against the reference (attention_tol, the 2x rule), LSE
+    against the fp64 logsumexp (lse_tol). For configs the table does not hold yet, the persistent
+    grid's above all: tiles with no keys, key counts no multiple of STAGES, many tiles a program."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    from llmk.attention.gluon_flash_attention_fwd import launch_gluon_attention
+
+    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
+    out, lse = poisoned((b, h, tq, d), dtype), poisoned((b, h, tq), torch.float32)
+    scale = 1.0 / math.sqrt(d)
+    launch_gluon_attention(q, k, v, out, causal, scale, lse, attention_mask(window, softcap), config)
+    _, ref_lse = attention_and_lse(q.double(), k.double(), v.double(), causal, scale, window, softcap)
+    return [compare_o(out, q, k, v, causal, scale, window, softcap),
+            compare("LSE", lse, ref_lse, lse_tol(softcap))]
+
+
+def gluon_config_cases():
+    """check_gluon_config on the configs the A/B weighs (GPU only)."""
+    bf16 = torch.bfloat16
+    rows = [
+        ("persistent hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1, 1),
+         dict(b=2, h=8, hkv=2, tq=1000, tk=300, d=128, causal=True)),
+        ("persistent hd64 128x128x3, full T1000: 8 key blocks over 3 stages", (128, 128, 3, 1, 0, 1),
+         dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=64, causal=False)),
+        ("persistent lockstep hd128 128x64x2, window (256, 0) T777", (128, 64, 2, 0, 0, 1),
+         dict(b=1, h=4, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
+        ("persistent hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
+         (128, 128, 2, 1, 1, 1), dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
+        ("persistent hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs",
+         (128, 128, 2, 1, 1, 1), dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
+        ("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
+         dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)),
+    ]
+    return [Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
+            for name, config, kw in rows]
+
+
+CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + [
+    Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
+
+
+def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
+    case.check()
+
+
+if __name__ == "__main__":
+    main("gluon attention", CASES)
