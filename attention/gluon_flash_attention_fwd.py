@@ -87,8 +87,10 @@ GLUON_HEAD_DIMS = tuple(sorted({row[0] for row in GLUON_CONFIG_TABLE}))
 # drops to PRODUCER_REGS with setmaxnreg, and the consumers take what it gives up (240).
 MAXNREG = 168
 # A persistent grid's longest-first order takes (batch, head) pairs in groups whose K and V fit in
-# this much of L2 (H100 and H200: 50 MB; FlashAttention-3's scheduler takes 32 MB the same way)
-L2_BYTES = 32 << 20
+# this much of L2 (H100 and H200: 50 MB; FlashAttention-3's scheduler takes 32 MB the same way).
+# Without a mask 8, 16 and 32 MB are within 3% of each other at hd 128 (docs/tuning/attention.md,
+# the fifth run); a causal persistent grid loses with smaller groups (one tile a program runs those)
+L2_BYTES = 8 << 20
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
 
