@@ -2,12 +2,16 @@
 sentences sum up, and its notes (benchmarks/pages.py; scripts/report.py renders it)."""
 from llmk.benchmarks.pages import Area, Group, dims
 
+GLUON_WHY = ("the Gluon kernel has cuDNN's structure (TMA loads, a producer warp, two consumer warpgroups in "
+             "ping-pong); where it trails, docs/tuning/attention.md has the measurements")
+
 PAGE = Area(
     "FlashAttention (prefill): forward, backward, packed sequences",
     "Kernels in `attention/triton_flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
     "any T, head dims up to 256, packed sequences) and `attention/triton_flash_attention_bwd.py` "
     "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); "
-    "the public functions in "
+    "the Gluon forward for sm_90 in `attention/gluon_flash_attention_fwd.py` (TMA, warp-specialized, "
+    "opt-in: `LLMK_ATTENTION_PATH=gluon`, the `triton-gluon` rows); the public functions in "
     "`attention/flash_attention_ops.py`. `naive` and `blocked` are the references in "
     "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
     [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),
@@ -21,7 +25,15 @@ PAGE = Area(
      Group(("attention-window", "attention-window off"), "sliding window, GPU time", graph=True, mode="fwd+bwd"),
      Group(("attention-softcap", "attention-softcap off"), "logit softcap, forward"),
      Group(("attention-softcap", "attention-softcap off"), "logit softcap, GPU time", graph=True,
-           mode="fwd+bwd")],
+           mode="fwd+bwd"),
+     # the Gluon forward for sm_90 (attention/gluon_flash_attention_fwd.py, LLMK_ATTENTION_PATH=gluon)
+     Group(("attention",), "full, all shapes, Gluon path", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-causal",), "causal, all shapes, Gluon path", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-varlen",), "packed batch, forward, Gluon path", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-window", "attention-window off"), "sliding window, forward, Gluon path", ours="triton-gluon",
+           why=GLUON_WHY),
+     Group(("attention-softcap", "attention-softcap off"), "logit softcap, forward, Gluon path",
+           ours="triton-gluon", why=GLUON_WHY)],
     ["Figures are TFLOP/s (compute-bound): no share of copy bandwidth applies. Training rows count "
      "the backward as 2.5x the forward's FLOPs, fwd+bwd as 3.5x (flash-attention's convention).",
      "Packed rows count the packed batch's own FLOPs for every provider: the padded providers do "

@@ -1,7 +1,7 @@
 """GPU A/B of the attention forward's two kernels, in one process: the Gluon kernel for sm_90
 (attention/gluon_flash_attention_fwd.py, each config of --configs) against the tl kernel, SDPA's
 cuDNN and flash backends, on the attention benchmark's forward shapes (16384 tokens, H * D = 2048),
-bf16, full and causal.
+bf16, full and causal; and the public flash_attention on the Gluon path, as attention_bench times it.
 
     python scripts/tune/gluon_attention_ab.py                      (H100/H200, Triton 3.6: ~2 min)
     python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,64,3,1,0 128,128,2,1,1 128,128,2,1,1,1
@@ -20,6 +20,8 @@ import torch
 import triton
 
 from llmk.attention import gluon_flash_attention_fwd as gluon_fwd
+from llmk.attention.attention_paths import forced_path
+from llmk.attention.flash_attention_ops import flash_attention
 from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_config, launch_gluon_attention
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention
 from llmk.benchmarks.attention_bench import attention_flops, sdpa
@@ -47,7 +49,8 @@ def main():
                         help="persistent configs only: L2_BYTES values (MB) to A/B, the size of the groups of "
                              "(batch, head) pairs a masked persistent grid takes at once (default: the module's)")
     args = parser.parse_args()
-    l2_sizes = [mb << 20 for mb in args.l2_mb] if args.l2_mb else [gluon_fwd.L2_BYTES]
+    default_l2 = gluon_fwd.L2_BYTES
+    l2_sizes = [mb << 20 for mb in args.l2_mb] if args.l2_mb else [default_l2]
 
     def hang():
         print(f"TIMEOUT: a kernel ran past {WATCHDOG_S} s (an mbarrier phase or count bug?)", flush=True)
@@ -89,6 +92,12 @@ def main():
                     ms = triton.testing.do_bench(call)
                     err = max(err, (out.float() - ref).abs().max().item())  # after hundreds of launches
                     rows[label] = (ms, err)
+                # the public op on the Gluon path at the table's config, as attention_bench times it
+                # (its causal rows have measured 5-13% below this script's launches of the same config)
+                gluon_fwd.L2_BYTES = default_l2
+                with forced_path("gluon"):
+                    rows["flash_attention, gluon path"] = (
+                        triton.testing.do_bench(lambda: flash_attention(q, k, v, causal=causal)), float("nan"))
                 for peer, fn in peers.items():
                     try:
                         rows[peer] = (triton.testing.do_bench(lambda fn=fn: fn(q, k, v, causal)), float("nan"))
