@@ -43,7 +43,8 @@ from llmk.common.triton_utils import activate, activate_grad
 # (largest mean rows an expert, (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)): the first row
 # whose bound the mean run S / E meets. Short runs (decode: S <= 512 over 128 experts) waste most
 # of a tall tile on padding and are bound by reading the weights, so they take 16 rows and long K
-# steps; long runs (prefill, training) take the Hopper tile. Not yet measured on a GPU.
+# steps; long runs (prefill, training) take the Hopper tile. Not yet tuned on a GPU
+# (scripts/tune/moe_sweep.py times each launch's candidates; docs/tuning/moe.md).
 MOE_CONFIGS = [
     (16, (16, 64, 128, 4, 4)),
     (64, (64, 64, 64, 4, 4)),

@@ -1,0 +1,199 @@
+"""GPU sweep for moe/triton_moe_gemm.py's MOE_CONFIGS and WEIGHT_GRAD_CONFIG: times each launch of
+moe_experts' forward and backward (moe/moe_experts.py) at candidate tiles, beside torch._grouped_mm
+on the same product, to set the tables from measurement.
+
+    python scripts/tune/moe_sweep.py                          (GPU, bf16, Qwen3-30B-A3B T 16384 and Mixtral T 4096)
+    python scripts/tune/moe_sweep.py --shape qwen3-t16        (one shape: a key of SHAPES)
+    python scripts/tune/moe_sweep.py --smoke                  (interpreter, tiny shapes: proves the script runs)
+
+The launches, as moe_experts runs them (S = T x top-k rows sorted by expert):
+  gate_up   x[token] @ w_gate_up[e]^T with SwiGLU in the epilogue     (S, H) -> (S, I), 2 S (2I) H FLOPs
+  down      h @ w_down[e]^T, weight and scatter in the epilogue        (S, I) -> (S, H), 2 S H I
+  dh        dout[token] @ w_down[e] with SwiGLU's backward             (S, H) -> (S, 2I), 2 S I H
+  dx        d gate | d up @ w_gate_up[e], scattered                    (S, 2I) -> (S, H), 2 S H (2I)
+  dw_up     per expert (d gate | d up)^T @ x[tokens]                   (E, 2I, H), 2 S (2I) H
+  dw_down   per expert (weight * dout)^T @ h                           (E, H, I), 2 S H I
+A rows config is (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), given to the launch as is (for
+gate_up and dh BLOCK_N counts the GLU's half width: rows_config halves the table's); a weight config
+is (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages). Each candidate's output is checked against
+the shipped config's (the same sums in another order: a wrong tile is off by the values' size;
+BAD, not timed), then timed with common.timing.time_ms; '*' marks the shipped config. The
+grouped_mm line times torch._grouped_mm on the same product over operands already in expert order
+(the gathers and epilogues it leaves to other kernels are not in it): the GEMM alone. Read off, per
+launch and row class, the candidate best or within 2% at the most shapes.
+"""
+import argparse
+import sys
+
+import torch
+
+from llmk.common.device import DEVICE, INTERPRET, describe
+from llmk.common.timing import time_ms
+from llmk.devtools.bench import tflops
+from llmk.moe.triton_moe_gemm import (
+    WEIGHT_GRAD_CONFIG,
+    launch_expert_rows,
+    launch_expert_weight_grad,
+    n_tiles,
+    rows_config,
+)
+from llmk.moe.triton_moe_routing import moe_route, permute
+
+# name -> (T, H, I, E, top_k)
+SHAPES = {
+    "qwen3-t16384": (16384, 2048, 768, 128, 8),
+    "qwen3-t4096": (4096, 2048, 768, 128, 8),
+    "qwen3-t64": (64, 2048, 768, 128, 8),
+    "qwen3-t16": (16, 2048, 768, 128, 8),
+    "mixtral-t4096": (4096, 4096, 14336, 8, 2),
+}
+DEFAULT_SHAPES = ("qwen3-t16384", "mixtral-t4096")
+SMOKE_SHAPES = {"tiny": (37, 64, 48, 8, 2)}
+# rows candidates for long runs (prefill, training) and short ones (decode); the shipped config is
+# always added
+LONG_ROWS = [(128, 64, 64, 8, 3), (128, 64, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4),
+             (128, 256, 64, 8, 3), (128, 64, 128, 8, 3), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4),
+             (64, 64, 64, 4, 4), (128, 128, 64, 4, 3)]
+SHORT_ROWS = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (16, 32, 128, 4, 4),
+              (32, 64, 128, 4, 4), (16, 128, 64, 4, 4), (64, 64, 64, 4, 4)]
+WEIGHT = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 4), (128, 256, 64, 8, 3),
+          (256, 128, 64, 8, 3), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)]
+SMOKE_ROWS = [(16, 16, 16, 1, 1), (16, 32, 16, 1, 1)]
+SMOKE_WEIGHT = [(16, 16, 16, 1, 1), (32, 16, 16, 1, 1)]
+MAX_REL_ERR = 0.02  # of the largest output: a right tile's rounding stays far under it
+
+
+def problem(t, h, inter, e, k, dtype):
+    """The layer's tensors and routing, and what the forward leaves for the backward."""
+    x = torch.randn(t, h, device=DEVICE, dtype=dtype)
+    w_gate_up = torch.randn(e, 2 * inter, h, device=DEVICE, dtype=dtype) * h ** -0.5
+    w_down = torch.randn(e, h, inter, device=DEVICE, dtype=dtype) * inter ** -0.5
+    weights, ids = moe_route(torch.randn(t, e, device=DEVICE), k)
+    order, counts, offsets = permute(ids, e)
+    s = t * k
+    scale = weights.reshape(-1).float().contiguous()
+    pre = torch.empty(s, 2 * inter, device=DEVICE, dtype=dtype)
+    h_act = torch.empty(s, inter, device=DEVICE, dtype=dtype)
+    launch_expert_rows(x, w_gate_up, h_act, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
+    dout = torch.randn(t, h, device=DEVICE, dtype=dtype)
+    return dict(x=x, w_gate_up=w_gate_up, w_down=w_down, order=order, counts=counts, offsets=offsets, scale=scale,
+                pre=pre, h=h_act, dout=dout, dpre=torch.randn(s, 2 * inter, device=DEVICE, dtype=dtype), top_k=k)
+
+
+def launches(p):
+    """name -> (kind, flops, run(config) -> output): each launch of moe_experts as it runs it."""
+    x, wgu, wd, order, offsets, k = p["x"], p["w_gate_up"], p["w_down"], p["order"], p["offsets"], p["top_k"]
+    s, h, inter = order.shape[0], x.shape[1], wd.shape[2]
+
+    def gate_up(cfg):
+        out = torch.empty(s, inter, device=DEVICE, dtype=x.dtype)
+        launch_expert_rows(x, wgu, out, order, offsets, gather=True, epilogue="glu", top_k=k, config=cfg)
+        return out
+
+    def down(cfg):
+        out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
+        launch_expert_rows(p["h"], wd, out, order, offsets, gather=False, epilogue="scatter", scale=p["scale"],
+                           config=cfg)
+        return out
+
+    def dh(cfg):
+        partial = torch.empty(n_tiles(inter, cfg), s, device=DEVICE, dtype=torch.float32)
+        dpre = torch.empty_like(p["pre"])
+        launch_expert_rows(p["dout"], wd.transpose(1, 2), None, order, offsets, gather=True, epilogue="glu_backward",
+                           top_k=k, scale=p["scale"], pre=p["pre"], dpre=dpre, partial=partial, config=cfg)
+        return dpre
+
+    def dx(cfg):
+        out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
+        launch_expert_rows(p["dpre"], wgu.transpose(1, 2), out, order, offsets, gather=False, epilogue="scatter",
+                           config=cfg)
+        return out
+
+    def dw_up(cfg):
+        out = torch.empty_like(wgu)
+        launch_expert_weight_grad(p["dpre"], x, out, order, offsets, a_gather=False, b_gather=True, top_k=k,
+                                  config=cfg)
+        return out
+
+    def dw_down(cfg):
+        out = torch.empty_like(wd)
+        launch_expert_weight_grad(p["dout"], p["h"], out, order, offsets, a_gather=True, b_gather=False, top_k=k,
+                                  scale=p["scale"], config=cfg)
+        return out
+
+    gemm = 2 * s * h * inter
+    return {"gate_up": ("glu", 2 * gemm, gate_up), "down": ("scatter", gemm, down),
+            "dh": ("glu_backward", gemm, dh), "dx": ("scatter", 2 * gemm, dx),
+            "dw_up": ("weight", 2 * gemm, dw_up), "dw_down": ("weight", gemm, dw_down)}
+
+
+def grouped_mm_calls(p):
+    """name -> the same product as torch._grouped_mm over operands in expert order (None where this
+    torch has no grouped_mm for them)."""
+    if not hasattr(torch, "_grouped_mm") or INTERPRET:
+        return {}
+    tokens = p["order"] // p["top_k"]
+    xs, dout_s = p["x"][tokens], p["dout"][tokens]
+    offs = p["counts"].cumsum(0).to(torch.int32)
+    wgu, wd = p["w_gate_up"], p["w_down"]
+    gm = torch._grouped_mm
+    return {"gate_up": lambda: gm(xs, wgu.transpose(1, 2), offs=offs),
+            "down": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
+            "dh": lambda: gm(dout_s, wd, offs=offs),
+            "dx": lambda: gm(p["dpre"], wgu, offs=offs),
+            "dw_up": lambda: gm(p["dpre"].t(), xs, offs=offs),
+            "dw_down": lambda: gm(dout_s.t(), p["h"], offs=offs)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=tuple(SHAPES), action="append", help=f"default: {DEFAULT_SHAPES}")
+    parser.add_argument("--launch", choices=("gate_up", "down", "dh", "dx", "dw_up", "dw_down"), action="append",
+                        help="default: all six")
+    parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
+    args = parser.parse_args()
+    if args.smoke != INTERPRET:
+        sys.exit("moe_sweep: --smoke runs in the interpreter (TRITON_INTERPRET=1), a full sweep on a CUDA GPU")
+    shapes = SMOKE_SHAPES if args.smoke else {name: SHAPES[name] for name in args.shape or DEFAULT_SHAPES}
+    print(describe(), flush=True)
+    for name, (t, h, inter, e, k) in shapes.items():
+        p = problem(t, h, inter, e, k, torch.float32 if args.smoke else torch.bfloat16)
+        baselines = grouped_mm_calls(p)
+        print(f"{name}: T {t} H {h} I {inter} E {e} top-{k}, {t * k // e} rows an expert on average", flush=True)
+        for launch, (kind, flops, run) in launches(p).items():
+            if args.launch and launch not in args.launch:
+                continue
+            if kind == "weight":
+                shipped, pool = WEIGHT_GRAD_CONFIG, SMOKE_WEIGHT if args.smoke else WEIGHT
+            else:
+                n, kk = ((inter, h) if launch in ("gate_up", "dh") else (h, inter if launch == "down" else 2 * inter))
+                shipped = rows_config(t * k, e, kind, n, kk)
+                pool = SMOKE_ROWS if args.smoke else (SHORT_ROWS if shipped[0] <= 32 else LONG_ROWS)
+            if args.smoke:
+                shipped = pool[0]
+            print(f" {launch} ({flops / 1e9:.1f} GFLOP)", flush=True)
+            ref = run(shipped).float()
+            scale = ref.abs().max().item()
+            for cfg in dict.fromkeys([shipped] + pool):
+                try:
+                    out = run(cfg)
+                except Exception as exc:  # out of shared memory or registers
+                    print(f"  {'*' if cfg == shipped else ' '} {cfg}  REFUSED ({type(exc).__name__})", flush=True)
+                    continue
+                err = (out.float() - ref).abs().max().item()
+                if not err <= MAX_REL_ERR * scale:
+                    print(f"  {'*' if cfg == shipped else ' '} {cfg}  BAD (max |err| {err:.3g})", flush=True)
+                    continue
+                ms = time_ms(lambda: run(cfg))
+                print(f"  {'*' if cfg == shipped else ' '} {cfg}  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms",
+                      flush=True)
+            if launch in baselines:
+                try:
+                    ms = time_ms(baselines[launch])
+                    print(f"    grouped_mm  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms", flush=True)
+                except RuntimeError as exc:
+                    print(f"    grouped_mm  refused: {str(exc)[:80]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
