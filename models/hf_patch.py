@@ -120,9 +120,13 @@ The original code runs instead of a kernel whenever the kernel does not cover th
     layer and kept for the others (two host syncs for a padded batch's; one where every row is full,
     as with a sliding window shorter than the prompt, whose mask transformers builds even then: that
     call takes the plain kernel with the window).
+    A decode step whose mask is a sliding window's alone (transformers builds one once the keys
+    reach the window; no padding among the keys it covers) runs the decode kernel unmasked, with
+    the window as the kernel's option where the cache keeps more than the window (one host sync a
+    step, none under torch.compile or CUDA graph capture, where the step goes to the original).
     This reads the masks as transformers builds them for these model families, with no extra mask
     functions (or_mask_function / and_mask_function) in play. Anything else masked, a prefill chunk
-    appended to a non-empty cache, a decode step of a padded batch or of a sliding window's mask,
+    appended to a non-empty cache, a decode step of a padded batch (padding in a window's keys),
     dropout in training, or a StaticCache decode step (transformers always builds that mask) runs
     the model's original attention implementation, with the mask built in that implementation's
     own format.

@@ -35,6 +35,7 @@ class _MaskInfo:
     padding: torch.Tensor | None
     lengths: tuple
     varlen: tuple | bool | None = None
+    window_only: bool | None = None  # a decode step's: _window_only_decode's answer, kept for the forward
 
 
 def _flash_covers(module, query, key, value, kwargs):
@@ -74,6 +75,29 @@ def _fp8_decode_covers(state, module, query, key, attention_mask, kwargs):
     return (query.shape[2] == 1 and attention_mask is None and query.shape[-1] in state.decode_head_dims
             and kernel_ready(query, dtypes=ATTENTION_DTYPES) and query.device == key.device
             and not needs_grad(query) and not (module.training and kwargs.get("dropout", 0.0) > 0))
+
+
+def _window_only_decode(query, key, attention_mask, kwargs):
+    """Whether a decode step's mask is a sliding window's alone: transformers builds one whenever
+    the keys reach the window (a decode step's mask is skipped otherwise) and the layer has a window,
+    and no key it covers is padding. The decode kernels then take the step unmasked, with
+    _score_options' window where the keys pass it (a cache that keeps every token), or none where
+    the cache keeps the window's alone (DynamicSlidingWindowLayer, FP8KVCache(config)). One host sync
+    a forward (the first sliding layer's; not under torch.compile or CUDA graph capture, where the
+    step goes to the original)."""
+    if (query.shape[2] != 1 or kwargs.get("sliding_window") is None or torch.compiler.is_compiling()
+            or (query.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return False
+    info = _MASKS.get(attention_mask)
+    if info is None or info.lengths[:2] != (1, key.shape[2]):
+        return False
+    if info.window_only is None:
+        _, kv_length, _, kv_offset = info.lengths
+        padding = info.padding
+        info.window_only = padding is None or (
+            padding.dim() == 2 and padding.shape[1] >= kv_offset + kv_length
+            and bool(padding[:, kv_offset:kv_offset + kv_length].all()))
+    return info.window_only
 
 
 def _padded_plan(padding):
@@ -169,6 +193,8 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     if state is None:
         raise RuntimeError(f"attention implementation {ATTENTION_NAME!r} runs only in a model prepared "
                            "by models.hf_patch.patch_model")
+    if attention_mask is not None and _window_only_decode(query, key, attention_mask, kwargs):
+        attention_mask = None  # the window goes to the kernels as an option (_score_options)
     if key.dtype == FP8:  # an FP8KVCache's decode step: its scales, or the keys dequantized
         scales = cache_scales(key, value)
         if scales is None:

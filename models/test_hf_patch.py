@@ -227,7 +227,8 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
     padded: "left" or "right", the first row 4 tokens short (the prefill runs the packed kernel on
     the real tokens, the decode steps the original attention, whose mask then has padding).
     window: a sliding window shorter than the prompt (the packed kernel takes it with padding, the
-    dense one without; transformers masks the decode steps, which go to the original)."""
+    dense one without; transformers masks the decode steps: a sliding layer's without padding in
+    its window runs the decode kernel, the rest go to the original)."""
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
     model, ref_model = make_model(kind, size, dtype, **({} if window is None else dict(sliding_window=window)))
@@ -261,11 +262,22 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
                 "residual_rmsnorm": n_layers * n_forwards, "rope": n_layers * n_forwards} | mlp_calls(model, n_forwards)
     if dtype == torch.float32:  # flash_attention takes fp16 / bf16
         expected["attention fallback"] = n_layers * n_forwards
-    elif padded or window:  # a decode step's mask (padding, window) goes to the original
+    elif padded or window:
         # the prefill: packed where a row is padded; with every row full the window's mask alone, which
         # the dense kernel takes with the window
         expected["flash_attention_varlen" if padded else "flash_attention"] = n_layers
-        expected["attention fallback"] = n_layers * n_steps
+        # a decode step: a sliding layer whose window covers no padding (the model's cache keeps the
+        # window's keys alone) takes the decode kernel unmasked; any other masked step the original
+        kinds = getattr(model.config, "layer_types", None) or ["sliding_attention" if window else "full"] * n_layers
+        n_sliding = sum(kind == "sliding_attention" for kind in kinds) if window else 0
+        length = ids.shape[1]  # step s's query is position length + s, its window's keys from length + s + 1 - W
+        clear = sum(bool(mask[:, max(0, length + s + 1 - window):].all()) for s in range(n_steps)) if window else 0
+        decode = "decode_attention" if model.config.head_dim in DECODE_HEAD_DIMS else "flash_attention"
+        kernel_steps = n_sliding * clear + (0 if padded else (n_layers - n_sliding) * n_steps)
+        if kernel_steps:
+            expected[decode] = expected.get(decode, 0) + kernel_steps
+        if n_layers * n_steps - kernel_steps:
+            expected["attention fallback"] = n_layers * n_steps - kernel_steps
     else:
         decode = "decode_attention" if model.config.head_dim in DECODE_HEAD_DIMS else "flash_attention"
         expected["flash_attention"] = n_layers * (1 if decode == "decode_attention" else n_forwards)
@@ -300,18 +312,21 @@ def e4m3_rounded_cache():
     return Cache(layer_class_to_replicate=Rounded)
 
 
-def check_fp8_kv_cache(kind, padded=False):
+def check_fp8_kv_cache(kind, padded=False, window=None):
     """Prefill and decode steps on models.fp8_kv_cache.FP8KVCache (e4m3 K and V): the prefill
     exactly as on the 16-bit cache (it attends over its own 16-bit keys); each decode step's logits
     within the bf16 rule of the same patched model on a 16-bit cache of the same e4m3-rounded
     values (e4m3_rounded_cache: a wrong scale shows), and within E4M3_FACTOR x the bf16 rules
     against the fp32 reference (the bound, and twice the unpatched bf16 model's error); the steps
     ran decode_attention on the e4m3 cache, or, with padding (a mask the kernel does not take), the
-    model's own attention on the keys dequantized."""
+    model's own attention on the keys dequantized. window: a sliding window shorter than the prompt,
+    the cache FP8KVCache(config), whose sliding layers keep their window's keys alone: the same
+    logits, bit for bit, as FP8KVCache() keeping every key (the kernel's window option)."""
     from llmk.models.fp8_kv_cache import FP8KVCache
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
-    model, ref_model = make_model(kind, "tiny", torch.bfloat16)
+    model, ref_model = make_model(kind, "tiny", torch.bfloat16, **({} if window is None else
+                                                                   dict(sliding_window=window)))
     ids = prompt("tiny", 2)
     mask = torch.ones_like(ids)
     if padded:
@@ -321,12 +336,21 @@ def check_fp8_kv_cache(kind, padded=False):
     before = run_steps(model, ids, mask, next_tokens)
     patch_model(model)
     patched = run_steps(model, ids, mask, next_tokens)
-    fp8 = run_steps(model, ids, mask, next_tokens, cache=FP8KVCache())
+    windowed = FP8KVCache(model.config) if window else FP8KVCache()
+    fp8 = run_steps(model, ids, mask, next_tokens, cache=windowed)
     calls = kernel_calls(model)
     same_values = run_steps(model, ids, mask, next_tokens, cache=e4m3_rounded_cache())
+    outcomes = []
+    if window:
+        every_key = run_steps(model, ids, mask, next_tokens, cache=FP8KVCache())
+        kept = {type(layer).__name__: layer.keys.shape[2] for layer in windowed.layers}
+        outcomes += [Outcome("FP8KVCache(config): the logits of FP8KVCache(), bit for bit",
+                             all(torch.equal(a, b) for a, b in zip(fp8, every_key))),
+                     Outcome(f"sliding layers keep {window - 1} keys", kept.get("FP8KVSlidingLayer") == window - 1,
+                             note=str(kept))]
     unpatch_model(model)
     n_layers = model.config.num_hidden_layers
-    outcomes = [Outcome("prefill logits = the 16-bit cache's", torch.equal(fp8[0], patched[0]))]
+    outcomes.append(Outcome("prefill logits = the 16-bit cache's", torch.equal(fp8[0], patched[0])))
     for step in range(1, len(ref)):
         tol = logits_tol(torch.bfloat16, ref[step], n_layers)
         outcomes.append(compare(f"decode {step} logits vs a 16-bit cache of the e4m3 values", fp8[step],
@@ -392,6 +416,56 @@ def check_fp8_cache_layer():
         lookup = model.generate(ids, past_key_values=FP8KVCache(), prompt_lookup_num_tokens=3, **options)
     outcomes.append(Outcome("generate(): prompt-lookup decoding's tokens = greedy's", torch.equal(plain, lookup),
                             note=f"{plain[0, ids.shape[1]:].tolist()} {lookup[0, ids.shape[1]:].tolist()}"))
+    return outcomes
+
+
+def check_fp8_sliding_layer():
+    """FP8KVCache(config)'s sliding layer against transformers' DynamicSlidingWindowLayer holding the
+    same e4m3-rounded values, window 4: after a prefill past the window, a decode step, and with past
+    states recorded a two-token step cropped back by one and by none, the keys and values kept and
+    returned, get_seq_length and get_mask_sizes agree; reset empties it."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    from llmk.inference.kv_cache import dequantize_kv, quantize_kv
+    from llmk.models.fp8_kv_cache import _sliding_layer_class, cache_scales
+
+    def rounded(t):
+        q, scale = quantize_kv(t)
+        return dequantize_kv(q.view(torch.float8_e4m3fn), scale, t.dtype)
+
+    mine, theirs = _sliding_layer_class()(4), DynamicSlidingWindowLayer(sliding_window=4)
+    outcomes = []
+
+    def agree(label, got=None, want=None):
+        keys = dequantize_kv(mine.keys.view(torch.float8_e4m3fn), mine.k_scale, torch.bfloat16)
+        values = dequantize_kv(mine.values.view(torch.float8_e4m3fn), mine.v_scale, torch.bfloat16)
+        ok = (torch.equal(keys, theirs.keys) and torch.equal(values, theirs.values)
+              and mine.get_seq_length() == theirs.get_seq_length()
+              and mine.get_mask_sizes(1) == theirs.get_mask_sizes(1))
+        if got is not None:
+            scales = cache_scales(*got)
+            ok = ok and scales is not None and all(
+                torch.equal(dequantize_kv(g, sc, torch.bfloat16), w) for g, sc, w in zip(got, scales, want))
+        outcomes.append(Outcome(f"sliding layer after {label} = transformers' of the rounded values", ok,
+                                note=f"kept {mine.keys.shape[2]} and {theirs.keys.shape[2]}, lengths "
+                                     f"{mine.get_seq_length()} and {theirs.get_seq_length()}"))
+
+    def step(t):
+        k, v = (torch.randn(2, 2, t, 64, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+        return mine.update(k, v), theirs.update(rounded(k), rounded(v))
+
+    step(6)
+    agree("a prefill of 6")
+    agree("a decode step", *step(1))
+    mine.activate_past_recording()
+    theirs.activate_past_recording()
+    agree("a two-token step, past states recorded", *step(2))
+    for n in (-1, 0):
+        mine.crop(n)
+        theirs.crop(n)
+        agree(f"crop({n})")
+    mine.reset()
+    outcomes.append(Outcome("reset: empty", mine.get_seq_length() == 0))
     return outcomes
 
 
@@ -864,6 +938,7 @@ def model_cases():
              dict(kind="qwen3_moe", dtype=torch.bfloat16, padded="left")),
         # no padding: transformers still masks the window, and the dense kernel takes it
         Case("mistral bf16 sliding window 8 < T", check_model, dict(kind="mistral", dtype=torch.bfloat16, window=8)),
+        Case("gemma2 bf16 sliding window 8 < T", check_model, dict(kind="gemma2", dtype=torch.bfloat16, window=8)),
         # padded: the packed kernel, with the window on every layer (Mistral) or every other one (Gemma 2)
         Case("mistral bf16 sliding window 8 < T, left-padded", check_model,
              dict(kind="mistral", dtype=torch.bfloat16, window=8, padded="left")),
@@ -877,6 +952,9 @@ def model_cases():
         Case("qwen3 bf16 e4m3 KV cache, left-padded (decode steps dequantized)", check_fp8_kv_cache,
              dict(kind="qwen3", padded=True)),
         Case("FP8KVCache's layer methods; generate() with prompt lookup", check_fp8_cache_layer),
+        Case("gemma2 bf16 e4m3 KV cache, sliding window 8 < T (FP8KVCache(config))", check_fp8_kv_cache,
+             dict(kind="gemma2", window=8)),
+        Case("FP8KVCache(config)'s sliding layer against transformers'", check_fp8_sliding_layer),
     ]
     for kind in KINDS:
         cases.append(Case(f"{kind} bf16 training step", check_training, dict(kind=kind)))
