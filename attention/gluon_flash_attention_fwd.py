@@ -64,7 +64,8 @@ from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
 # (head dim, causal, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT): the first row
-# whose head dim and mask match wins (causal: the kernel's causal flag, windows with it included).
+# whose head dim and mask match wins (causal: kernel_mask's CAUSAL flag, the plain causal mask; a
+# window, causal or not, takes the full row).
 # Shared memory: q and O's staging tile (BLOCK_M x D each) + STAGES x (K and V blocks, BLOCK_N x D
 # each), 2 bytes a value; hd 128 at 128 x 128 holds 64 KB + 2 x 64 KB (three stages would pass
 # 227 KB). BLOCK_M / 64 consumer warpgroups split the block's rows, 64 each (wgmma's M): in

@@ -127,7 +127,8 @@ The original code runs instead of a kernel whenever the kernel does not cover th
     This reads the masks as transformers builds them for these model families, with no extra mask
     functions (or_mask_function / and_mask_function) in play. Anything else masked, a prefill chunk
     appended to a non-empty cache, a decode step of a padded batch (padding in a window's keys),
-    dropout in training, or a StaticCache decode step (transformers always builds that mask) runs
+    dropout in training, or a StaticCache decode step (transformers always builds that mask; a full
+    sliding layer's, whose query is its last key, aside) runs
     the model's original attention implementation, with the mask built in that implementation's
     own format.
 kernel_calls(model) counts the kernel calls and the fallbacks, so a caller can see which path ran.

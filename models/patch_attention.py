@@ -80,7 +80,8 @@ def _fp8_decode_covers(state, module, query, key, attention_mask, kwargs):
 def _window_only_decode(query, key, attention_mask, kwargs):
     """Whether a decode step's mask is a sliding window's alone: transformers builds one whenever
     the keys reach the window (a decode step's mask is skipped otherwise) and the layer has a window,
-    and no key it covers is padding. The decode kernels then take the step unmasked, with
+    the query is the last key (not so in a StaticCache's unwritten slots, which only the mask keeps
+    out), and no key it covers is padding. The decode kernels then take the step unmasked, with
     _score_options' window where the keys pass it (a cache that keeps every token), or none where
     the cache keeps the window's alone (DynamicSlidingWindowLayer, FP8KVCache(config)). One host sync
     a forward (the first sliding layer's; not under torch.compile or CUDA graph capture, where the
@@ -92,11 +93,11 @@ def _window_only_decode(query, key, attention_mask, kwargs):
     if info is None or info.lengths[:2] != (1, key.shape[2]):
         return False
     if info.window_only is None:
-        _, kv_length, _, kv_offset = info.lengths
+        _, kv_length, q_offset, kv_offset = info.lengths
         padding = info.padding
-        info.window_only = padding is None or (
+        info.window_only = int(q_offset) == int(kv_offset) + kv_length - 1 and (padding is None or (
             padding.dim() == 2 and padding.shape[1] >= kv_offset + kv_length
-            and bool(padding[:, kv_offset:kv_offset + kv_length].all()))
+            and bool(padding[:, kv_offset:kv_offset + kv_length].all())))
     return info.window_only
 
 
@@ -193,6 +194,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     if state is None:
         raise RuntimeError(f"attention implementation {ATTENTION_NAME!r} runs only in a model prepared "
                            "by models.hf_patch.patch_model")
+    original_mask = attention_mask  # what a call the kernels do not take goes to the original with
     if attention_mask is not None and _window_only_decode(query, key, attention_mask, kwargs):
         attention_mask = None  # the window goes to the kernels as an option (_score_options)
     if key.dtype == FP8:  # an FP8KVCache's decode step: its scales, or the keys dequantized
@@ -218,7 +220,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         covered = covered and not (plan is not None and "window" in options and not plan[3])
     if not covered:
         state.calls["attention fallback"] += 1
-        return state.attention_fallback(module, query, key, value, attention_mask, **kwargs)
+        return state.attention_fallback(module, query, key, value, original_mask, **kwargs)
     batch, heads, n_queries, head_dim = query.shape
     scaling = kwargs.get("scaling") or head_dim ** -0.5
     if plan is not None:

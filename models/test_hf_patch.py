@@ -494,24 +494,27 @@ def check_generate(kind, dtype):
                     and "attention fallback" not in calls, note=f"{calls}"[:120])]
 
 
-def check_cache(cache_kind):
+def check_cache(cache_kind, kind="llama", dtype=torch.bfloat16, window=None, second="original", first="kernel"):
     """Caches whose steps the mask function does not skip: a second prefill chunk on a DynamicCache
-    (q_len > 1 on a non-empty cache) and a StaticCache decode step go to the original attention; a
-    StaticCache prefill (no mask, keys past the queries unwritten) runs our kernel on the written
-    keys only."""
+    (q_len > 1 on a non-empty cache) and a StaticCache decode step (its unwritten slots masked) go
+    to the original attention; a StaticCache prefill (no mask, keys past the queries unwritten)
+    runs our kernel on the written keys only. window: a sliding window shorter than the prompt,
+    whose decode step's mask on a cache of every token ("whole": DynamicCache() without the config)
+    the decode kernel takes with its window option (second="decode"), and an fp32 model, which no
+    kernel takes, the original with that mask. first, second: "kernel" / "decode" or "original", the
+    path each call takes (an fp32 model's: the original)."""
     from transformers import DynamicCache, StaticCache
 
     from llmk.models.hf_patch import cache_argument, kernel_calls, patch_model
 
-    dtype = torch.bfloat16
-    model, ref_model = make_model("llama", "tiny", dtype)
+    model, ref_model = make_model(kind, "tiny", dtype, **({} if window is None else dict(sliding_window=window)))
     ids = prompt("tiny", 2)
     chunk = torch.randint(0, SIZES["tiny"]["vocab_size"], (2, 5), device=DEVICE)
 
     @torch.no_grad()
     def run(m):
-        cache = (DynamicCache(config=m.config) if cache_kind == "dynamic"
-                 else StaticCache(config=m.config, max_cache_len=32))
+        cache = {"dynamic": lambda: DynamicCache(config=m.config), "whole": DynamicCache,
+                 "static": lambda: StaticCache(config=m.config, max_cache_len=32)}[cache_kind]()
         name = cache_argument(m)
         first = m(ids, use_cache=True, **{name: cache}).logits.float()
         second = m(chunk if cache_kind == "dynamic" else chunk[:, :1], use_cache=True, **{name: cache})
@@ -524,9 +527,14 @@ def check_cache(cache_kind):
     n_layers = model.config.num_hidden_layers
     outcomes = check_logits("prefill logits", patched[0], ref[0], before[0], dtype, n_layers)
     outcomes += check_logits("second step logits", patched[1], ref[1], before[1], dtype, n_layers)
-    expected = {"flash_attention": n_layers, "attention fallback": n_layers}
+    if dtype == torch.float32:
+        first = second = "original"
+    paths = {"kernel": "flash_attention", "decode": "decode_attention", "original": "attention fallback"}
+    expected = {}
+    for path in (first, second):
+        expected[paths[path]] = expected.get(paths[path], 0) + n_layers
     got = {k: calls.get(k, 0) for k in expected}
-    outcomes.append(Outcome("prefill: kernel, second step: original", got == expected, note=f"{calls}"[:120]))
+    outcomes.append(Outcome(f"prefill: {first}, second step: {second}", got == expected, note=f"{calls}"[:120]))
     return outcomes
 
 
@@ -947,6 +955,17 @@ def model_cases():
         Case("llama fp32 (attention falls back)", check_model, dict(kind="llama", dtype=torch.float32, n_steps=1)),
         Case("llama bf16 DynamicCache, second prefill chunk", check_cache, dict(cache_kind="dynamic")),
         Case("llama bf16 StaticCache prefill + decode step", check_cache, dict(cache_kind="static")),
+        # a window's mask at decode: a static sliding layer with unwritten slots (window 16 > 13 + 1
+        # tokens) keeps it (the original); a full one (window 8) holds the window's keys alone and a
+        # cache of every token gives the window to the decode kernel as its option; an fp32 model keeps it
+        Case("mistral bf16 sliding window 16, StaticCache prefill + decode step (slots unwritten)", check_cache,
+             dict(cache_kind="static", kind="mistral", window=16, first="original")),
+        Case("mistral bf16 sliding window 8, StaticCache prefill + decode step (window full)", check_cache,
+             dict(cache_kind="static", kind="mistral", window=8, second="decode")),
+        Case("mistral bf16 sliding window 8, decode step on a cache of every token", check_cache,
+             dict(cache_kind="whole", kind="mistral", window=8, second="decode")),
+        Case("mistral fp32 sliding window 8, decode step on a cache of every token (the original)", check_cache,
+             dict(cache_kind="whole", kind="mistral", dtype=torch.float32, window=8)),
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
         Case("llama bf16 e4m3 KV cache (FP8KVCache), 3 decode steps", check_fp8_kv_cache, dict(kind="llama")),
         Case("qwen3 bf16 e4m3 KV cache, left-padded (decode steps dequantized)", check_fp8_kv_cache,
