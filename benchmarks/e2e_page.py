@@ -9,7 +9,10 @@ PAGE = Area(
     "Prefill shapes are B x T; decode shapes B x prompt x steps, in ms a step.",
     [Group(("llama3-8b prefill", "qwen2.5-7b prefill"), "prefill T >= 1024", lambda s: dims(s)[-1] >= 1024),
      Group(("llama3-8b prefill", "qwen2.5-7b prefill"), "prefill T < 1024", lambda s: dims(s)[-1] < 1024),
-     Group(("llama3-8b decode", "qwen2.5-7b decode"), "decode")],
+     Group(("llama3-8b decode", "qwen2.5-7b decode"), "decode"),
+     # the patched model with LLMK_ATTENTION_PATH=gluon (the Gluon attention forward, sm_90)
+     Group(("llama3-8b prefill", "qwen2.5-7b prefill"), "prefill T >= 1024, Gluon attention",
+           lambda s: dims(s)[-1] >= 1024, ours="triton-gluon")],
     ["Our kernels replace everything but the GEMMs, so the GEMMs' share of a patched prefill "
      "bounds what they can still win (the GEMM share above).",
      "A short prefill and every decode step are bound by the Python of 28-32 decoder layers; "
