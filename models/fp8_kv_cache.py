@@ -158,10 +158,10 @@ def _sliding_layer_class():
             return keys, values
 
         def _keep_window(self):
-            keep = self.sliding_window - 1
-            if self.keys is not None and self.keys.shape[-2] > keep:
-                self._apply(lambda t, scale: (t[..., -keep:] if scale else t[..., -keep:, :]) if keep else
-                            (t[..., :0] if scale else t[..., :0, :]))
+            """The last sliding_window - 1 tokens (a start index, not -keep: keep may be 0)."""
+            start = 0 if self.keys is None else self.keys.shape[-2] - (self.sliding_window - 1)
+            if start > 0:
+                self._apply(lambda t, scale: t[..., start:] if scale else t[..., start:, :])
 
         def get_seq_length(self):
             return self.cumulative_length if self.is_initialized else 0

@@ -291,17 +291,21 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
 E4M3_FACTOR = 16
 
 
-def e4m3_rounded_cache():
-    """A 16-bit transformers cache holding K and V rounded through e4m3 and back (quantize_kv, then
-    dequantize_kv): the values FP8KVCache's decode steps read, kept in 16 bits. Its prefill, like
-    FP8KVCache's, attends over the unrounded keys."""
-    from transformers.cache_utils import Cache, DynamicLayer
-
+def e4m3_rounded(t):
+    """t rounded through e4m3 and back (quantize_kv, then dequantize_kv): what FP8KVCache holds."""
     from llmk.inference.kv_cache import dequantize_kv, quantize_kv
 
-    def rounded(t):
-        q, scale = quantize_kv(t)
-        return dequantize_kv(q.view(torch.float8_e4m3fn), scale, t.dtype)
+    q, scale = quantize_kv(t)
+    return dequantize_kv(q.view(torch.float8_e4m3fn), scale, t.dtype)
+
+
+def e4m3_rounded_cache():
+    """A 16-bit transformers cache holding K and V rounded through e4m3 and back (e4m3_rounded):
+    the values FP8KVCache's decode steps read, kept in 16 bits. Its prefill, like FP8KVCache's,
+    attends over the unrounded keys."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    rounded = e4m3_rounded
 
     class Rounded(DynamicLayer):
         def update(self, key_states, value_states, *args, **kwargs):
@@ -426,13 +430,10 @@ def check_fp8_sliding_layer():
     returned, get_seq_length and get_mask_sizes agree; reset empties it."""
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
-    from llmk.inference.kv_cache import dequantize_kv, quantize_kv
+    from llmk.inference.kv_cache import dequantize_kv
     from llmk.models.fp8_kv_cache import _sliding_layer_class, cache_scales
 
-    def rounded(t):
-        q, scale = quantize_kv(t)
-        return dequantize_kv(q.view(torch.float8_e4m3fn), scale, t.dtype)
-
+    rounded = e4m3_rounded
     mine, theirs = _sliding_layer_class()(4), DynamicSlidingWindowLayer(sliding_window=4)
     outcomes = []
 
