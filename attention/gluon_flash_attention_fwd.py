@@ -23,11 +23,15 @@ softmax, the masks, the conventions and LSE are the same), laid out as FlashAtte
   sequence's are (the tl kernel reads zeros there instead), and so is anything the packed
   tensors hold past cu_seqlens[-1] as long as it is data, not uninitialized memory.
 - Tiles (a query block of one (batch, head) pair) are numbered on a one-dimensional grid, a pair's
-  blocks one after another. A program takes one tile, or with PERSISTENT (dense calls) one program
+  blocks one after another. A program takes one tile, or on a persistent grid (dense calls) one program
   an SM takes tile after tile, the longest first under a mask: the ring's count runs on across
   tiles, so the producer loads the next tile's q (once the consumers' last S released it, q_empty)
   and first key blocks under this tile's last P v, and O goes out through a tile of its own whose
-  TMA store overlaps the next tile.
+  TMA store overlaps the next tile. The deal (GRID): STATIC, program p takes tiles p, p + P,
+  p + 2P, ...; DYNAMIC, program p takes tile p first and then, as its producer has issued a tile's
+  last copies, the next from an atomic counter in global memory, and hands the number to its
+  consumers through shared memory (FlashAttention-3's scheduler): under a mask a
+  static deal leaves the busiest program 1.15-1.55x the mean's work, a dynamic one ~1.01x.
 - Only the blocks a mask cuts (the causal diagonal, a window's edges, the end of the keys) run the
   masked softmax; the test is one uniform branch an iteration.
 - O of a dense call leaves through a shared tile and a TMA store; the copy clips the rows past the
@@ -46,6 +50,7 @@ version in GLUON_TRITON_VERSIONS. It does not run in the interpreter.
 import functools
 
 import torch
+from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -56,6 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime import driver
 
 from llmk.attention.attention_checks import NO_MASK
 from llmk.attention.triton_flash_attention_fwd import kernel_mask, key_blocks
@@ -63,24 +69,28 @@ from llmk.common.device import sm_count
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
-# (head dim, causal, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT): the first row
-# whose head dim and mask match wins (causal: kernel_mask's CAUSAL flag, the plain causal mask; a
-# window, causal or not, takes the full row).
+# The grids: ONE_TILE, a program a tile (the hardware's block scheduler balances them); STATIC, one
+# program an SM taking a fixed share of the tiles; DYNAMIC, one program an SM taking the next tile
+# from a counter as it frees (dense calls; a packed batch's grid stays one tile a program).
+ONE_TILE, STATIC, DYNAMIC = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
+# (head dim, causal, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, GRID): the first row whose
+# head dim and mask match wins (causal: kernel_mask's CAUSAL flag, the plain causal mask; a window,
+# causal or not, takes the full row).
 # Shared memory: q and O's staging tile (BLOCK_M x D each) + STAGES x (K and V blocks, BLOCK_N x D
 # each), 2 bytes a value; hd 128 at 128 x 128 holds 64 KB + 2 x 64 KB (three stages would pass
 # 227 KB). BLOCK_M / 64 consumer warpgroups split the block's rows, 64 each (wgmma's M): in
 # lockstep (one partition of BLOCK_M / 16 warps) or, PINGPONG, two partitions of one warpgroup
 # each that take turns on the tensor cores. SPLIT_RELEASE: K and V stages are handed back to the
-# producer separately (K once S is done), so the next K can land during P v. PERSISTENT: one
-# program an SM takes tile after tile (dense calls; a packed batch's grid stays one tile a program).
+# producer separately (K once S is done), so the next K can land during P v.
 GLUON_CONFIG_TABLE = [
-    (64, False, 128, 128, 3, True, False, True),  # persistent: +2-28% over one tile a program (T 512 most)
-    (64, True, 128, 128, 3, True, False, True),
-    # 128-key blocks, K released apart from V: +7-16% over 64-key blocks at three stages. Persistent
-    # without a mask: +1-11%; causal, one tile a program: +5-13% at T >= 4096, -7% at T 1024
-    # (docs/tuning/attention.md, the fifth run)
-    (128, False, 128, 128, 2, True, True, True),
-    (128, True, 128, 128, 2, True, True, False),
+    # hd 64: the configs within 3% of each other, the deals too (the exp2s bound it: docs/tuning/attention.md)
+    (64, False, 128, 128, 3, True, False, STATIC),
+    (64, True, 128, 128, 3, True, False, STATIC),
+    # 128-key blocks, K released apart from V: +7-16% over 64-key blocks at three stages. Without a
+    # mask STATIC: +1-11% over one tile a program. Causal DYNAMIC: +1-7% over one tile a program at
+    # T 1024-4096, +5% at T 16384, and +24-42% over STATIC (docs/tuning/attention.md, the sixth run)
+    (128, False, 128, 128, 2, True, True, STATIC),
+    (128, True, 128, 128, 2, True, True, DYNAMIC),
 ]
 GLUON_HEAD_DIMS = tuple(sorted({row[0] for row in GLUON_CONFIG_TABLE}))
 # Register budget: the producer warp is rounded up to a warpgroup, so 8 + 4 warps share the SM's
@@ -90,14 +100,14 @@ MAXNREG = 168
 # A persistent grid's longest-first order takes (batch, head) pairs in groups whose K and V fit in
 # this much of L2 (H100 and H200: 50 MB; FlashAttention-3's scheduler takes 32 MB the same way).
 # Without a mask 8, 16 and 32 MB are within 3% of each other at hd 128 (docs/tuning/attention.md,
-# the fifth run); a causal persistent grid loses with smaller groups (one tile a program runs those)
+# the fifth run); a causal STATIC grid loses with smaller groups (its deal is the less even)
 L2_BYTES = 8 << 20
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
 
 
 def gluon_config(head_dim, causal=False):
-    """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, PERSISTENT) for
+    """GLUON_CONFIG_TABLE's (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, GRID) for
     head_dim (one of GLUON_HEAD_DIMS) and the kernel's causal flag."""
     for dim, row_causal, *config in GLUON_CONFIG_TABLE:
         if dim == head_dim and row_causal == bool(causal):
@@ -218,17 +228,67 @@ def _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empt
     return kv_count + n_iter
 
 
+@gluon.constexpr_function
+def _one_value_layout(num_warps):
+    """A layout of a (1, 1) tensor on num_warps warps (each thread holds the one value)."""
+    return gl.BlockedLayout([1, 1], [32, 1], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _publish_tile(sched, sched_ready, sched_empty, tile, t_local):
+    """DYNAMIC, the producer: this program's t_local-th tile number into shared memory, once both
+    consumers have read the last one (sched_empty; the first wait passes). One slot is enough: a
+    consumer reads a number as its tile starts, and the next is published only once that tile's
+    copies are issued. A number >= n_tiles tells the consumers to stop."""
+    mbarrier.wait(sched_empty, (t_local & 1) ^ 1)
+    sched.store(gl.full([1, 1], tile, gl.int32, _one_value_layout(gl.num_warps())))
+    gl.thread_barrier()  # every lane's store before the arrive
+    mbarrier.arrive(sched_ready)
+
+
+@gluon.jit
+def _read_tile(sched, sched_ready, sched_empty, t_local):
+    """DYNAMIC, a consumer: its t_local-th tile number, the slot handed back."""
+    mbarrier.wait(sched_ready, t_local & 1)
+    tile = gl.max(gl.max(sched.load(_one_value_layout(gl.num_warps())), axis=1), axis=0)
+    gl.thread_barrier()  # every lane's load before the slot goes back
+    mbarrier.arrive(sched_empty)
+    return tile
+
+
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-              cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys,
-              window_left, window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr,
-              LPT: gl.constexpr, SPLIT_RELEASE: gl.constexpr, PERSISTENT: gl.constexpr):
+              cu_seqlens_q, cu_seqlens_k, tile_counter, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs,
+              n_heads, kv_group, n_queries, n_keys, window_left, window_right, CAUSAL: gl.constexpr,
+              WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
+              GRID: gl.constexpr):
     """One warp, for each of this program's tiles: its key and value blocks lo, lo + BLOCK_N, ...
     into the ring, and after the first of them its q tiles (one a consumer warpgroup group), once
     the consumers are done with the last tile's (q_empty). A stage is refilled once every consumer
     released it (its K and its V separately with SPLIT_RELEASE, else both at once on v_empty). The
-    ring's count runs on across tiles; each wait's parity starts at 1, so the first lap passes."""
-    if PERSISTENT:
+    ring's count runs on across tiles; each wait's parity starts at 1, so the first lap passes.
+    DYNAMIC: each tile's number goes to the consumers first (_publish_tile), and once its copies
+    are issued the next comes from tile_counter, so a program asks for work as it frees."""
+    if GRID == DYNAMIC:
+        kv_count = 0
+        t_local = 0
+        tile = gl.program_id(0)
+        while tile < n_tiles:
+            _publish_tile(sched, sched_ready, sched_empty, tile, t_local)
+            kv_count = _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                                      v_ready, k_empty, v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs,
+                                      n_heads, kv_group, n_queries, n_keys, window_left, window_right, tile, kv_count,
+                                      t_local, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE)
+            # every program's first tile is its program id: the counter numbers the rest. Each program
+            # ends on one grab past the last tile, so a launch makes n_tiles grabs in all: the one
+            # that finds n_tiles - 1 is the last, and puts the counter back to zero for the next launch
+            taken = gl.atomic_add(tile_counter, 1, sem="relaxed")
+            if taken == n_tiles - 1:
+                gl.atomic_xchg(tile_counter, 0, sem="relaxed")
+            tile = gl.num_programs(0) + taken
+            t_local += 1
+        _publish_tile(sched, sched_ready, sched_empty, tile, t_local)  # past the last tile: stop
+    elif GRID == STATIC:
         kv_count = 0
         t_local = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
@@ -309,14 +369,13 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                    o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
                    l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
-                   tile, kv_count, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                   tile, kv_count, t_local, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
                    STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr,
                    PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
-    """_consumer's work on one tile after kv_count key blocks: returns the count after it. The
-    tiles this program did before are worked out from `tile`, and the ping-pong turns taken before
-    from them: a tile takes n_iter + 1 turns, an empty one (n_iter = 0) one with no products, so
-    that is kv_count + t_local (counts of their own would hold registers across the key loop,
-    which hd 128's causal tile has none to spare for)."""
+    """_consumer's work on one tile, this program's t_local-th, after kv_count key blocks: returns
+    the count after it. The ping-pong turns taken before follow from the two: a tile takes
+    n_iter + 1 turns, an empty one (n_iter = 0) one with no products, so that is kv_count +
+    t_local (a count of its own would hold a register across the key loop)."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     N_Q: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -342,7 +401,6 @@ def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_re
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-    t_local = (tile - gl.program_id(0)) // gl.num_programs(0)  # tiles this program did before
     mbarrier.wait(q_bar, t_local & 1)
     turns = kv_count + t_local  # ping-pong turns taken before this tile
     if n_iter > 0:
@@ -425,54 +483,78 @@ def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_re
 
 @gluon.jit
 def _consumer(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
-              stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh,
-              l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
-              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-              VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-              SPLIT_RELEASE: gl.constexpr, PERSISTENT: gl.constexpr):
+              stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, sched, sched_ready,
+              sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left,
+              window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr,
+              PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr, GRID: gl.constexpr):
     """For each of this program's tiles, consumer WG's rows of it (WG * BLOCK_M on from the tile's
     first): S and O by wgmma, the online softmax, then O and LSE out. PINGPONG: two consumers
     take turns issuing their products (_take_turn), so one's softmax runs while the other's
     products hold the tensor cores. SPLIT_RELEASE: a stage's K is handed back once S is done, its
     V once P v is (else both after P v). q's tile is handed back (q_empty) once the tile's last S
     is done, so the producer loads the next tile's q under this one's last P v and epilogue; the
-    ring's and the turns' counts run on across tiles."""
-    if PERSISTENT:
+    ring's and the turns' counts run on across tiles. DYNAMIC: the tiles' numbers come from the
+    producer (_read_tile)."""
+    if GRID == DYNAMIC:
+        kv_count = 0
+        t_local = 0
+        tile = _read_tile(sched, sched_ready, sched_empty, 0)
+        while tile < n_tiles:
+            kv_count = _consumer_tile(
+                q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
+                l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                tile, kv_count, t_local, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG,
+                SPLIT_RELEASE)
+            t_local += 1
+            tile = _read_tile(sched, sched_ready, sched_empty, t_local)
+    elif GRID == STATIC:
         kv_count = 0  # key blocks consumed before this tile (the ring's stage and parity)
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             kv_count = _consumer_tile(
                 q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                 o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
                 l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
-                tile, kv_count, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG, SPLIT_RELEASE)
+                tile, kv_count, (tile - gl.program_id(0)) // gl.num_programs(0), CAUSAL, WINDOW, SOFTCAP, STORE_LSE,
+                VARLEN, LPT, WG, PINGPONG, SPLIT_RELEASE)
     else:
         _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                        o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k,
                        n_m, n_bh, l2_pairs,
                        n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
-                       gl.program_id(0), 0, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG,
+                       gl.program_id(0), 0, 0, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG,
                        SPLIT_RELEASE)
     tma.store_wait(pendings=0)
 
 
-@gluon.jit
+# The kernel's int arguments are not specialized on their values (a shape or a stride would
+# otherwise compile a variant for each value of 1 and each multiple of 16, and the direct launch's
+# key could not see them): only their width, int32 or int64, is part of the specialization
+_INT_ARGS = ("stride_oh", "stride_om", "stride_lb", "stride_lh", "n_tiles", "n_m", "n_bh", "l2_pairs", "n_heads",
+             "kv_group", "n_queries", "n_keys", "window_left", "window_right")
+
+
+@gluon.jit(do_not_specialize=_INT_ARGS)
 def _gluon_attention_fwd_kernel(
-    q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k,
+    q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k, tile_counter,
     stride_oh, stride_om, stride_lb, stride_lh,
     n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
     window_left, window_right, softcap_log2,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
     VARLEN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
-    PERSISTENT: gl.constexpr,
+    GRID: gl.constexpr,
 ):
-    """n_tiles = n_m query blocks x n_bh (batch or sequence, head) pairs; a program takes tiles
-    program_id, + num_programs, ...: one each on a grid of n_tiles, or, PERSISTENT, a grid of one
-    program an SM (its K and V ring, its barriers and its register split set up once)."""
+    """n_tiles = n_m query blocks x n_bh (batch or sequence, head) pairs. GRID ONE_TILE: a grid of
+    n_tiles, a tile a program; STATIC or DYNAMIC: a grid of one program an SM (its K and V ring,
+    its barriers and its register split set up once), taking tiles program_id, + num_programs, ...
+    (STATIC) or program_id and then the next of tile_counter (int32, zero at the launch, and
+    zero again at its end) as it frees (DYNAMIC)."""
     N_Q: gl.constexpr = 2 if PINGPONG else 1  # consumer warpgroup groups, a q tile each
     BLOCK_M: gl.constexpr = N_Q * q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    LPT: gl.constexpr = PERSISTENT and (CAUSAL or WINDOW)
-    gl.static_assert(not (VARLEN and PERSISTENT), "a packed batch runs one tile a program")
+    LPT: gl.constexpr = (GRID != ONE_TILE) and (CAUSAL or WINDOW)
+    gl.static_assert(not (VARLEN and GRID != ONE_TILE), "a packed batch runs one tile a program")
     if VARLEN:  # one tile a program: a query block past its sequence's end returns at once
         _, _, _, _, _, off_m, n_q, _, _, _, _, _, _ = _tile_of(
             gl.program_id(0), n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
@@ -491,6 +573,12 @@ def _gluon_attention_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # DYNAMIC's tile number, producer to consumers (allocated whatever the grid: 20 bytes)
+    sched = gl.allocate_shared_memory(gl.int32, [1, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    sched_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    sched_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(sched_ready, count=1)
+    mbarrier.init(sched_empty, count=N_Q)  # each consumer reads the number
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=N_Q)  # each consumer hands q's tile back
     for st in gl.static_range(STAGES):
@@ -507,30 +595,30 @@ def _gluon_attention_fwd_kernel(
         gl.warp_specialize([
             (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                          o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
-                         cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
-                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
-                         0, True, SPLIT_RELEASE, PERSISTENT)),
+                         cu_seqlens_k, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads,
+                         kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, CAUSAL,
+                         WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, 0, True, SPLIT_RELEASE, GRID)),
             (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                          o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
-                         cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
-                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
-                         1, True, SPLIT_RELEASE, PERSISTENT)),
+                         cu_seqlens_k, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads,
+                         kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, CAUSAL,
+                         WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, 1, True, SPLIT_RELEASE, GRID)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group,
-                         n_queries, n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
-                         PERSISTENT)),
+                         v_empty, cu_seqlens_q, cu_seqlens_k, tile_counter, sched, sched_ready, sched_empty, n_tiles,
+                         n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, window_left, window_right, CAUSAL,
+                         WINDOW, VARLEN, LPT, SPLIT_RELEASE, GRID)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
                          o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
-                         cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
-                         window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT,
-                         0, False, SPLIT_RELEASE, PERSISTENT)),
+                         cu_seqlens_k, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads,
+                         kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, CAUSAL,
+                         WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, 0, False, SPLIT_RELEASE, GRID)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, cu_seqlens_q, cu_seqlens_k, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group,
-                         n_queries, n_keys, window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE,
-                         PERSISTENT)),
+                         v_empty, cu_seqlens_q, cu_seqlens_k, tile_counter, sched, sched_ready, sched_empty, n_tiles,
+                         n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, window_left, window_right, CAUSAL,
+                         WINDOW, VARLEN, LPT, SPLIT_RELEASE, GRID)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -546,6 +634,25 @@ def gluon_layout_ok(*tensors):
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
             return False
     return True
+
+
+# DYNAMIC's tile counters, one a (device, stream): zero between launches (the kernel's last grab
+# puts its counter back), so a launch costs no fill; launches on two streams may overlap, so they
+# never share one
+_TILE_COUNTERS = {}
+
+
+def _tile_counter(device):
+    """The int32 tile counter a DYNAMIC launch on `device`'s current stream takes, zero. Under
+    CUDA graph capture a fresh zeroed one: its fill is captured and replays with the graph, which
+    a counter shared with eager launches could not count on."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():  # off the GPU: gluon_compile.py
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    counter = _TILE_COUNTERS.get(key)
+    if counter is None:
+        counter = _TILE_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
 
 
 @functools.cache
@@ -568,7 +675,7 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     asks; lse None or fp32 (B, H, Tq) with unit token stride. cu_seqlens: None, or
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a packed batch of (1, H, total, D) views, as
     launch_flash_attention takes it. config: (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
-    PERSISTENT) instead of gluon_config's; a packed batch runs one tile a program whatever it says
+    GRID) instead of gluon_config's; a packed batch runs one tile a program whatever it says
     (its tiles past a sequence's end are known on the device only). Also what
     scripts/gluon_compile.py compiles for sm_90 without a GPU."""
     b, h, tq, d = q.shape
@@ -579,8 +686,10 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     if cu_seqlens is not None:
         cu_q, cu_k, tq = cu_seqlens
         b = cu_q.shape[0] - 1
-    block_m, block_n, stages, pingpong, split_release, persistent = config or gluon_config(d, causal)
-    persistent = bool(persistent) and cu_q is None
+    block_m, block_n, stages, pingpong, split_release, grid = config or gluon_config(d, causal)
+    grid = int(ONE_TILE) if cu_q is not None else int(grid)
+    if grid not in (0, 1, 2):
+        raise ValueError(f"config's GRID must be ONE_TILE, STATIC or DYNAMIC (0, 1, 2), got {grid}")
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
     num_warps = 4 if pingpong else block_m // 16
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
@@ -590,21 +699,75 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     # LPT's group: the (batch, head) pairs whose K and V take L2_BYTES together, whole kv groups
     kv_bytes = 2 * max(tk, 1) * d * q.element_size()  # a kv head's K and V
     l2_pairs = max(1, min(n_bh, max(1, L2_BYTES // kv_bytes) * (h // hkv)))
+    counter = _tile_counter(q.device) if grid == DYNAMIC else None
     args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), out,
-            lse, cu_q, cu_k, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, l2_pairs, h, h // hkv,
-            tq, tk, qk_scale, left, right, softcap_log2)
+            lse, cu_q, cu_k, counter, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, l2_pairs, h,
+            h // hkv, tq, tk, qk_scale, left, right, softcap_log2)
     meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None,
                 VARLEN=cu_q is not None, STAGES=stages, PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release),
-                PERSISTENT=persistent, num_warps=num_warps, maxnreg=MAXNREG)
+                GRID=grid, num_warps=num_warps, maxnreg=MAXNREG)
     sms = sm_count(q.device, HOPPER_SMS) if q.device.type == "cuda" else HOPPER_SMS
-    return (min(n_tiles, sms) if persistent else n_tiles,), args, meta
+    return (n_tiles if grid == ONE_TILE else min(n_tiles, sms),), args, meta
 
 
 def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
     """Launch the Gluon forward (arguments as gluon_attention_args takes them); writes out and lse."""
     grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, mask, config, cu_seqlens)
-    _gluon_attention_fwd_kernel[grid](*args, **meta)
+    _launch(q.device, grid, args, meta)
 
 
-__all__ = ["GLUON_CONFIG_TABLE", "GLUON_HEAD_DIMS", "gluon_config", "gluon_attention_args", "gluon_layout_ok",
-           "launch_gluon_attention"]
+# compiled kernels by _launch_key: the second launch of a key on goes straight to the kernel
+_COMPILED = {}
+INT32_MAX = 2 ** 31 - 1
+
+
+def _launch_key(device, args, meta):
+    """What the kernel's specialization depends on, read off a launch's arguments: the constexprs;
+    the descriptors' type (q's dtype, head dim and block rows: the tiles and their layout); which
+    optional tensors are given (LSE, cu_seqlens, the counter) and whether their bases are 16-byte
+    aligned (out's is: gluon_layout_ok); whether any int argument needs 64 bits (_INT_ARGS are not
+    value-specialized, and floats never are)."""
+    named = dict(zip(_arg_names(), args))
+    q_desc, k_desc = named["q_desc"], named["k_desc"]
+    aligned = tuple(None if named[n] is None else named[n].data_ptr() % 16 == 0
+                    for n in ("lse_ptr", "cu_seqlens_q", "cu_seqlens_k", "tile_counter"))
+    ints = [named[n] for n in _INT_ARGS]
+    wide = max(ints) > INT32_MAX or min(ints) < -INT32_MAX - 1
+    return (device, q_desc.base.dtype, q_desc.block_shape[2], k_desc.block_shape[2], q_desc.block_shape[3], aligned,
+            wide, tuple(meta.items()))
+
+
+def _launch(device, grid, args, meta):
+    """_gluon_attention_fwd_kernel[grid](*args, **meta), from a key's second launch on by the call
+    JITFunction.run makes once it has found the kernel in its cache (Triton 3.6, which the Gluon
+    path is pinned to), without run's binding and specializing of 25 arguments: about a third of
+    the launch's host time (docs/tuning/attention.md, the sixth run)."""
+    if device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _launch(device, grid, args, meta)
+    key = _launch_key(device, args, meta)
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        _COMPILED[key] = _gluon_attention_fwd_kernel[grid](*args, **meta)
+        return
+    args = (*args, *(meta[name] for name in _constexpr_names()))
+    stream = driver.active.get_current_stream(device.index)
+    kernel.run(grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata,
+               kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
+               knobs.runtime.launch_exit_hook, *args)
+
+
+@functools.cache
+def _constexpr_names():
+    """The kernel's constexpr parameters in order: they follow its other arguments in the launch."""
+    return tuple(p.name for p in _gluon_attention_fwd_kernel.params if p.is_constexpr)
+
+
+@functools.cache
+def _arg_names():
+    """The kernel's other parameters in order, as gluon_attention_args lays out its arguments."""
+    return tuple(p.name for p in _gluon_attention_fwd_kernel.params if not p.is_constexpr)
+
+
+__all__ = ["DYNAMIC", "GLUON_CONFIG_TABLE", "GLUON_HEAD_DIMS", "ONE_TILE", "STATIC", "gluon_attention_args",
+           "gluon_config", "gluon_layout_ok", "launch_gluon_attention"]

@@ -10,6 +10,7 @@ in Triton's interpreter: there only the dispatch case runs (the tl path is what 
 the rest are GPU cases. A script of its own so that `make test JOBS=4` runs it beside the tl
 kernel's cases: on an H200 each half takes minutes.
 """
+import dataclasses
 import math
 
 import torch
@@ -101,20 +102,53 @@ def gluon_forward_cases():
 
 def check_gluon_config(config, b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None):
     """The Gluon forward launched with `config` (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
-    PERSISTENT) into poisoned O and LSE: O against the reference (attention_tol, the 2x rule), LSE
+    GRID) into poisoned O and LSE, twice (the second launch into fresh poison: a dynamic grid's
+    counter must start at zero again): O against the reference (attention_tol, the 2x rule), LSE
     against the fp64 logsumexp (lse_tol). For configs the table does not hold yet, the persistent
-    grid's above all: tiles with no keys, key counts no multiple of STAGES, many tiles a program."""
+    grids' above all: tiles with no keys, key counts no multiple of STAGES, many tiles a program."""
     if not gluon_runs_here():
         raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
-    from llmk.attention.gluon_flash_attention_fwd import launch_gluon_attention
+    from llmk.attention.gluon_flash_attention_fwd import DYNAMIC, _tile_counter, launch_gluon_attention
 
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
-    out, lse = poisoned((b, h, tq, d), dtype), poisoned((b, h, tq), torch.float32)
     scale = 1.0 / math.sqrt(d)
-    launch_gluon_attention(q, k, v, out, causal, scale, lse, attention_mask(window, softcap), config)
+    for _ in range(2):
+        out, lse = poisoned((b, h, tq, d), dtype), poisoned((b, h, tq), torch.float32)
+        launch_gluon_attention(q, k, v, out, causal, scale, lse, attention_mask(window, softcap), config)
     _, ref_lse = attention_and_lse(q.double(), k.double(), v.double(), causal, scale, window, softcap)
-    return [compare_o(out, q, k, v, causal, scale, window, softcap),
-            compare("LSE", lse, ref_lse, lse_tol(softcap))]
+    outcomes = [compare_o(out, q, k, v, causal, scale, window, softcap),
+                compare("LSE", lse, ref_lse, lse_tol(softcap))]
+    if config[5] == DYNAMIC:  # the launch's last grab put the stream's counter back
+        left = _tile_counter(q.device).item()
+        outcomes.append(Outcome("the tile counter is zero after the launch", left == 0, note=f"{left}"))
+    return outcomes
+
+
+def check_gluon_graph(b, h, hkv, t, d, causal):
+    """flash_attention on the Gluon path captured in a CUDA graph and replayed on new inputs
+    copied into the captured ones, into a poisoned output each time: O against the reference
+    after each replay (a DYNAMIC row's counter is the graph's own, zeroed as it replays)."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    scale = 1.0 / math.sqrt(d)
+    q, k, v = make_qkv(b, h, hkv, t, t, d, torch.bfloat16)
+    out = poisoned((b, h, t, d), torch.bfloat16)
+    with forced_path("gluon"):
+        flash_attention(q, k, v, causal=causal, out=out)  # compiled before the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            flash_attention(q, k, v, causal=causal, out=out)
+    outcomes = []
+    for replay in range(2):
+        for buf, new in zip((q, k, v), make_qkv(b, h, hkv, t, t, d, torch.bfloat16)):
+            buf.copy_(new)
+        out.copy_(poisoned(out.shape, out.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        outcomes.append(dataclasses.replace(compare_o(out, q, k, v, causal, scale, None, None),
+                                            check=f"O, replay {replay + 1}"))
+    return outcomes
 
 
 def gluon_config_cases():
@@ -133,12 +167,30 @@ def gluon_config_cases():
          (128, 128, 2, 1, 1, 1), dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
         ("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
          dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)),
+        # the dynamic deal (GRID 2): the same hard cases, the tile numbers through the counter
+        ("dynamic hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1, 2),
+         dict(b=2, h=8, hkv=2, tq=1000, tk=300, d=128, causal=True)),
+        ("dynamic hd64 128x128x3, full T1000", (128, 128, 3, 1, 0, 2),
+         dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=64, causal=False)),
+        ("dynamic hd64 128x128x3, causal B8 H16 T2048: many tiles a program", (128, 128, 3, 1, 0, 2),
+         dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=64, causal=True)),
+        ("dynamic lockstep hd128 128x64x2, window (256, 0) T777", (128, 64, 2, 0, 0, 2),
+         dict(b=1, h=4, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
+        ("dynamic hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
+         (128, 128, 2, 1, 1, 2), dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
+        ("dynamic hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs",
+         (128, 128, 2, 1, 1, 2), dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
+        ("dynamic hd128 128x128x2 split, full B1 H2 T100: fewer tiles than SMs", (128, 128, 2, 1, 1, 2),
+         dict(b=1, h=2, hkv=1, tq=100, tk=100, d=128, causal=False)),
     ]
     return [Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
             for name, config, kw in rows]
 
 
 CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + [
+    Case(f"CUDA graph of the Gluon path: hd{d} {'causal' if causal else 'full'} B2 H8/2 T1000", check_gluon_graph,
+         dict(b=2, h=8, hkv=2, t=1000, d=d, causal=causal), gpu_only=True)
+    for d in GLUON_HEAD_DIMS for causal in (False, True)] + [
     Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
 
 

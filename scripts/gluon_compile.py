@@ -25,11 +25,11 @@ def ptx_features(ptx):
 def attention_cases():
     """(name, (grid, args, meta)) of the forward's variants: each head dim, causal, window,
     softcap, LSE, fp16 and bf16, GQA, a (B, T, H, D) layout, both schedules, K and V released apart,
-    packed batches, the persistent grid."""
+    packed batches, the persistent grids (static and dynamic deals)."""
     import torch
 
     from llmk.attention.attention_checks import attention_mask
-    from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_attention_args
+    from llmk.attention.gluon_flash_attention_fwd import DYNAMIC, GLUON_HEAD_DIMS, gluon_attention_args
 
     def case(d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0, lse=True, transposed=False,
              config=None, varlen=False):
@@ -63,6 +63,10 @@ def attention_cases():
                   (f"hd{d} causal persistent", case(d, causal=True, config=(128, 128, 2, True, True, True))),
                   (f"hd{d} window persistent lockstep", case(d, window=(256, 0),
                                                              config=(128, 64, 2, False, False, True))),
+                  (f"hd{d} causal dynamic", case(d, causal=True, config=(128, 128, 2, True, True, DYNAMIC))),
+                  (f"hd{d} full dynamic", case(d, config=(128, 128, 2, True, False, DYNAMIC))),
+                  (f"hd{d} window dynamic lockstep", case(d, window=(256, 0),
+                                                          config=(128, 64, 2, False, False, DYNAMIC))),
                   (f"hd{d} varlen", case(d, varlen=True)), (f"hd{d} varlen causal", case(d, causal=True, varlen=True))]
     return cases
 

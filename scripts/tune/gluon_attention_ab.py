@@ -1,11 +1,14 @@
 """GPU A/B of the attention forward's two kernels, in one process: the Gluon kernel for sm_90
 (attention/gluon_flash_attention_fwd.py, each config of --configs) against the tl kernel, SDPA's
 cuDNN and flash backends, on the attention benchmark's forward shapes (16384 tokens, H * D = 2048),
-bf16, full and causal; and the public flash_attention on the Gluon path, as attention_bench times it.
+bf16, full and causal; and the public flash_attention on the Gluon path, as attention_bench times it,
+and replayed from a CUDA graph (the GPU's time alone: do_bench's time of a call includes whatever of
+the host's work outlasts the L2 flush before it); then the host's time a call of each path.
 
     python scripts/tune/gluon_attention_ab.py                      (H100/H200, Triton 3.6: ~2 min)
     python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,64,3,1,0 128,128,2,1,1 128,128,2,1,1,1
     python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,128,2,1,1,0 128,128,2,1,1,1 --l2-mb 8 16 32
+    python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,128,2,1,1,1 128,128,2,1,1,2   (the deals)
 
 Each Gluon config is first compared with SDPA in fp32 (max |error| printed; a config off by more
 than the tl kernel's error x 2 + 1e-2 prints BAD and is not timed), then timed with
@@ -25,6 +28,7 @@ from llmk.attention.flash_attention_ops import flash_attention
 from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_config, launch_gluon_attention
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention
 from llmk.benchmarks.attention_bench import attention_flops, sdpa
+from llmk.devtools.bench import host_time_us
 
 TOKENS, WIDTH = 16384, 2048
 LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -33,9 +37,10 @@ WATCHDOG_S = 240
 
 def parse_config(text):
     parts = tuple(int(p) for p in text.split(","))
-    if len(parts) not in (4, 5, 6):
-        raise argparse.ArgumentTypeError("a config is BLOCK_M,BLOCK_N,STAGES,PINGPONG[,SPLIT_RELEASE[,PERSISTENT]] "
-                                         f"(flags 0 or 1), got {text!r}")
+    flags_ok = all(f in (0, 1) for f in parts[3:5]) and parts[5:] in ((), (0,), (1,), (2,))
+    if len(parts) not in (4, 5, 6) or not flags_ok:
+        raise argparse.ArgumentTypeError("a config is BLOCK_M,BLOCK_N,STAGES,PINGPONG[,SPLIT_RELEASE[,GRID]] (flags "
+                                         f"0 or 1; GRID 0 one tile a program, 1 static, 2 dynamic), got {text!r}")
     return parts + (0,) * (6 - len(parts))
 
 
@@ -46,8 +51,9 @@ def main():
     parser.add_argument("--configs", type=parse_config, nargs="*", default=None,
                         help="Gluon configs to A/B (default: the table's full and causal rows, per head dim)")
     parser.add_argument("--l2-mb", type=int, nargs="+", default=None,
-                        help="persistent configs only: L2_BYTES values (MB) to A/B, the size of the groups of "
-                             "(batch, head) pairs a masked persistent grid takes at once (default: the module's)")
+                        help="persistent configs (GRID 1 or 2) only: L2_BYTES values (MB) to A/B, the size of the "
+                             "groups of (batch, head) pairs a masked persistent grid takes at once (default: the "
+                             "module's)")
     args = parser.parse_args()
     default_l2 = gluon_fwd.L2_BYTES
     l2_sizes = [mb << 20 for mb in args.l2_mb] if args.l2_mb else [default_l2]
@@ -97,8 +103,9 @@ def main():
                 gluon_fwd.L2_BYTES = default_l2
                 with forced_path("gluon"):
                     if gluon_forward(q, k, v, out, None, None, None):  # the call the op makes, Gluon's or not
-                        rows["flash_attention, gluon path"] = (
-                            triton.testing.do_bench(lambda: flash_attention(q, k, v, causal=causal)), float("nan"))
+                        public = lambda: flash_attention(q, k, v, causal=causal)  # noqa: E731
+                        rows["flash_attention, gluon path"] = (triton.testing.do_bench(public), float("nan"))
+                        rows["flash_attention, gluon path, CUDA graph"] = (graph_ms(public), float("nan"))
                 for peer, fn in peers.items():
                     try:
                         rows[peer] = (triton.testing.do_bench(lambda fn=fn: fn(q, k, v, causal)), float("nan"))
@@ -109,6 +116,37 @@ def main():
                 base = rows.get("sdpa-cudnn", (float("nan"),))[0]
                 for kernel, (ms, err) in rows.items():
                     print(f"{name} | {kernel} | {f / ms / 1e9:.0f} | {base / ms:.2f} | {err:.3g}", flush=True)
+
+
+    print("host time a call (us, no sync: B1 H1 T128, GPU work shorter than the host's)", flush=True)
+    for d in args.dims:
+        q, k, v = (torch.randn(1, 1, 128, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out = torch.empty_like(q)
+        for causal in (False, True):
+            calls = [("tl", "launch_gluon_attention", lambda: launch_gluon_attention(q, k, v, out, causal, d ** -0.5)),
+                     ("tl", "launch_flash_attention (tl)",
+                      lambda: launch_flash_attention(q, k, v, out, causal, d ** -0.5)),
+                     ("tl", "sdpa-cudnn", lambda: peers["sdpa-cudnn"](q, k, v, causal)),
+                     ("gluon", "flash_attention, gluon path", lambda: flash_attention(q, k, v, causal=causal)),
+                     ("tl", "flash_attention, tl path", lambda: flash_attention(q, k, v, causal=causal))]
+            for path, name, fn in calls:
+                with forced_path(path):
+                    us = host_time_us(fn)
+                print(f"D{d} {'causal' if causal else 'full'} | {name} | {us:.1f} us", flush=True)
+
+
+def graph_ms(fn):
+    """do_bench's median of fn replayed from a CUDA graph (captured after a warm-up call)."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay)
 
 
 if __name__ == "__main__":
