@@ -470,6 +470,9 @@ def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_re
         # clips at the tensor's end only)
         rows_o = off_m + gl.arange(0, BLOCK_M, layout=row_o)
         cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+        # 16-byte strides (gluon_layout_ok), said here since the ints are not value-specialized
+        stride_oh = gl.multiple_of(stride_oh, 8)
+        stride_om = gl.multiple_of(stride_om, 8)
         o_base = o_ptr + head.to(gl.int64) * stride_oh + q_start.to(gl.int64) * stride_om
         o_ptrs = o_base + gl.expand_dims(rows_o.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
         gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(rows_o < n_q, 1))
@@ -638,7 +641,8 @@ def gluon_layout_ok(*tensors):
 
 # DYNAMIC's tile counters, one a (device, stream): zero between launches (the kernel's last grab
 # puts its counter back), so a launch costs no fill; launches on two streams may overlap, so they
-# never share one
+# never share one. The counter counts on stream order: a stream handle CUDA reuses while a launch
+# on the destroyed stream still runs would share it (and one left non-zero is never reset)
 _TILE_COUNTERS = {}
 
 
@@ -646,8 +650,11 @@ def _tile_counter(device):
     """The int32 tile counter a DYNAMIC launch on `device`'s current stream takes, zero. Under
     CUDA graph capture a fresh zeroed one: its fill is captured and replays with the graph, which
     a counter shared with eager launches could not count on."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():  # off the GPU: gluon_compile.py
+    if device.type != "cuda":  # scripts/gluon_compile.py's compile-only calls
         return torch.zeros(1, dtype=torch.int32, device=device)
+    with torch.cuda.device(device):  # the capture state of device's current stream
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(1, dtype=torch.int32, device=device)
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     counter = _TILE_COUNTERS.get(key)
     if counter is None:
@@ -722,19 +729,21 @@ INT32_MAX = 2 ** 31 - 1
 
 
 def _launch_key(device, args, meta):
-    """What the kernel's specialization depends on, read off a launch's arguments: the constexprs;
-    the descriptors' type (q's dtype, head dim and block rows: the tiles and their layout); which
-    optional tensors are given (LSE, cu_seqlens, the counter) and whether their bases are 16-byte
-    aligned (out's is: gluon_layout_ok); whether any int argument needs 64 bits (_INT_ARGS are not
-    value-specialized, and floats never are)."""
-    named = dict(zip(_arg_names(), args))
+    """What the kernel's specialization depends on, read off a launch's arguments: the constexprs
+    and options; the descriptors' type (q's dtype, head dim and block rows: the tiles and their
+    layout); the optional tensors' dtypes and whether their bases are 16-byte aligned (None where
+    not given; out's base is aligned: gluon_layout_ok); each int argument's width, int32 or int64
+    (_INT_ARGS are not value-specialized, and floats never are); the two knobs JITFunction.run
+    folds into the compile options."""
+    names = _arg_names()
+    assert len(args) == len(names), f"{len(args)} arguments for the kernel's {len(names)}"
+    named = dict(zip(names, args))
     q_desc, k_desc = named["q_desc"], named["k_desc"]
-    aligned = tuple(None if named[n] is None else named[n].data_ptr() % 16 == 0
-                    for n in ("lse_ptr", "cu_seqlens_q", "cu_seqlens_k", "tile_counter"))
-    ints = [named[n] for n in _INT_ARGS]
-    wide = max(ints) > INT32_MAX or min(ints) < -INT32_MAX - 1
-    return (device, q_desc.base.dtype, q_desc.block_shape[2], k_desc.block_shape[2], q_desc.block_shape[3], aligned,
-            wide, tuple(meta.items()))
+    optional = tuple(None if named[n] is None else (named[n].dtype, named[n].data_ptr() % 16 == 0)
+                     for n in ("lse_ptr", "cu_seqlens_q", "cu_seqlens_k", "tile_counter"))
+    narrow = tuple(-INT32_MAX - 1 <= named[n] <= INT32_MAX for n in _INT_ARGS)
+    return (device, q_desc.base.dtype, q_desc.block_shape[2], k_desc.block_shape[2], q_desc.block_shape[3], optional,
+            narrow, tuple(meta.items()), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
 
 
 def _launch(device, grid, args, meta):

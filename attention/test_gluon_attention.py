@@ -124,30 +124,67 @@ def check_gluon_config(config, b, h, hkv, tq, tk, d, dtype, causal, window=None,
     return outcomes
 
 
+def check_dynamic_counter(b, h, t, d):
+    """The dynamic deal reads its counter (a static deal run by mistake would not): with the
+    stream's counter set to n_tiles - P before a launch, every program's first grab falls past the
+    last tile, so only the first lap of tiles (P of n_tiles) is written, the rest keep their
+    poison; and those P grabs end on n_tiles - 1, which puts the counter back to zero."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    from llmk.attention.gluon_flash_attention_fwd import (
+        DYNAMIC,
+        _tile_counter,
+        gluon_attention_args,
+        launch_gluon_attention,
+    )
+
+    config = (128, 128, 2, 1, 1, DYNAMIC)
+    q, k, v = make_qkv(b, h, h, t, t, d, torch.bfloat16)
+    out = poisoned((b, h, t, d), torch.bfloat16)
+    (programs,), args, meta = gluon_attention_args(q, k, v, out, True, d ** -0.5, config=config)
+    n_tiles = b * h * -(-t // 128)
+    if programs >= n_tiles:
+        raise Skip(f"{n_tiles} tiles on {programs} programs: no tile comes from the counter")
+    counter = _tile_counter(q.device)
+    counter.fill_(n_tiles - programs)
+    launch_gluon_attention(q, k, v, out, True, d ** -0.5, config=config)
+    torch.cuda.synchronize()
+    rows_written = int((~out.isnan().any(-1)).sum())  # a tile is 128 rows of one (batch, head)
+    left = counter.item()
+    return [Outcome("only the first lap's tiles written", rows_written == programs * 128,
+                    note=f"{rows_written} rows written, {programs} tiles of 128 expected"),
+            Outcome("the counter is back at zero", left == 0, note=f"{left}")]
+
+
 def check_gluon_graph(b, h, hkv, t, d, causal):
     """flash_attention on the Gluon path captured in a CUDA graph and replayed on new inputs
-    copied into the captured ones, into a poisoned output each time: O against the reference
-    after each replay (a DYNAMIC row's counter is the graph's own, zeroed as it replays)."""
+    copied into the captured ones, into a poisoned output each time, with an eager call of the
+    same op between the replays: O against the reference after each replay and after the eager
+    call (a DYNAMIC row's counter under capture is the graph's own, zeroed as it replays; the
+    eager calls use the stream's). More tiles than SMs, so tiles come from the counter."""
     if not gluon_runs_here():
         raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
     scale = 1.0 / math.sqrt(d)
     q, k, v = make_qkv(b, h, hkv, t, t, d, torch.bfloat16)
     out = poisoned((b, h, t, d), torch.bfloat16)
     with forced_path("gluon"):
+        outcomes = [Outcome("the Gluon forward runs", gluon_forward(q, k, v, out, None, None, None))]
         flash_attention(q, k, v, causal=causal, out=out)  # compiled before the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             flash_attention(q, k, v, causal=causal, out=out)
-    outcomes = []
-    for replay in range(2):
-        for buf, new in zip((q, k, v), make_qkv(b, h, hkv, t, t, d, torch.bfloat16)):
-            buf.copy_(new)
-        out.copy_(poisoned(out.shape, out.dtype))
-        graph.replay()
-        torch.cuda.synchronize()
-        outcomes.append(dataclasses.replace(compare_o(out, q, k, v, causal, scale, None, None),
-                                            check=f"O, replay {replay + 1}"))
+        for replay in range(2):
+            for buf, new in zip((q, k, v), make_qkv(b, h, hkv, t, t, d, torch.bfloat16)):
+                buf.copy_(new)
+            out.copy_(poisoned(out.shape, out.dtype))
+            graph.replay()
+            torch.cuda.synchronize()
+            outcomes.append(dataclasses.replace(compare_o(out, q, k, v, causal, scale, None, None),
+                                                check=f"O, replay {replay + 1}"))
+            eager = flash_attention(q, k, v, causal=causal)
+            outcomes.append(dataclasses.replace(compare_o(eager, q, k, v, causal, scale, None, None),
+                                                check=f"O, eager call after replay {replay + 1}"))
     return outcomes
 
 
@@ -169,13 +206,13 @@ def gluon_config_cases():
          dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)),
         # the dynamic deal (GRID 2): the same hard cases, the tile numbers through the counter
         ("dynamic hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1, 2),
-         dict(b=2, h=8, hkv=2, tq=1000, tk=300, d=128, causal=True)),
-        ("dynamic hd64 128x128x3, full T1000", (128, 128, 3, 1, 0, 2),
-         dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=64, causal=False)),
+         dict(b=2, h=32, hkv=8, tq=1000, tk=300, d=128, causal=True)),
+        ("dynamic hd64 128x128x3, full B4 H16 T1000", (128, 128, 3, 1, 0, 2),
+         dict(b=4, h=16, hkv=4, tq=1000, tk=1000, d=64, causal=False)),
         ("dynamic hd64 128x128x3, causal B8 H16 T2048: many tiles a program", (128, 128, 3, 1, 0, 2),
          dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=64, causal=True)),
-        ("dynamic lockstep hd128 128x64x2, window (256, 0) T777", (128, 64, 2, 0, 0, 2),
-         dict(b=1, h=4, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
+        ("dynamic lockstep hd128 128x64x2, window (256, 0) B4 H16 T777", (128, 64, 2, 0, 0, 2),
+         dict(b=4, h=16, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
         ("dynamic hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
          (128, 128, 2, 1, 1, 2), dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
         ("dynamic hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs",
@@ -188,9 +225,11 @@ def gluon_config_cases():
 
 
 CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + [
-    Case(f"CUDA graph of the Gluon path: hd{d} {'causal' if causal else 'full'} B2 H8/2 T1000", check_gluon_graph,
-         dict(b=2, h=8, hkv=2, t=1000, d=d, causal=causal), gpu_only=True)
+    Case(f"CUDA graph of the Gluon path: hd{d} {'causal' if causal else 'full'} B2 H16/4 T2048", check_gluon_graph,
+         dict(b=2, h=16, hkv=4, t=2048, d=d, causal=causal), gpu_only=True)
     for d in GLUON_HEAD_DIMS for causal in (False, True)] + [
+    Case("Gluon config: the dynamic deal reads its counter (set to n_tiles - P: one lap written) B2 H16 T2048",
+         check_dynamic_counter, dict(b=2, h=16, t=2048, d=128), gpu_only=True)] + [
     Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
 
 
