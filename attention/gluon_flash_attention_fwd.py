@@ -87,8 +87,8 @@ GLUON_CONFIG_TABLE = [
     (64, False, 128, 128, 3, True, False, STATIC),
     (64, True, 128, 128, 3, True, False, STATIC),
     # 128-key blocks, K released apart from V: +7-16% over 64-key blocks at three stages. Without a
-    # mask STATIC: +1-11% over one tile a program. Causal DYNAMIC: +1-7% over one tile a program at
-    # T 1024-4096, +5% at T 16384, and +24-42% over STATIC (docs/tuning/attention.md, the sixth run)
+    # mask STATIC: +1-11% over one tile a program. Causal DYNAMIC: +1-8% over one tile a program at
+    # T 1024-4096, +5% at T 16384, and +18-42% over STATIC (docs/tuning/attention.md, the sixth run)
     (128, False, 128, 128, 2, True, True, STATIC),
     (128, True, 128, 128, 2, True, True, DYNAMIC),
 ]
