@@ -30,7 +30,7 @@ weights (E * 3 I H elements) once if L2 keeps a band of an expert's columns whil
 pass (the grouped program order, GROUP_M row tiles a band), plus the rows (S (H + 3 I + H)
 elements forward): at decode sizes (S <= 512) the weights dominate.
 
-Block sizes: MOE_CONFIGS (one table, by the size of the row runs); not yet tuned on a GPU.
+Block sizes: MOE_CONFIGS (by the size of the row runs and the epilogue) and WEIGHT_GRAD_CONFIGS.
 """
 import torch
 import triton
@@ -40,19 +40,23 @@ from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.triton_utils import activate, activate_grad
 
-# (largest mean rows an expert, (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)): the first row
-# whose bound the mean run S / E meets. Short runs (decode: S <= 512 over 128 experts) waste most
-# of a tall tile on padding and are bound by reading the weights, so they take 16 rows and long K
-# steps; long runs (prefill, training) take the Hopper tile. Not yet tuned on a GPU
-# (scripts/tune/moe_sweep.py times each launch's candidates; docs/tuning/moe.md).
+# (largest mean rows an expert, {epilogue: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)}):
+# the first row whose bound the mean run S / E meets, its config for the launch's epilogue (glu:
+# gate_up; glu_backward: dh; scatter: down, dx). BLOCK_N counts a GLU's half width: its epilogues
+# hold two fp32 tiles of BLOCK_N columns (gate and up, or dh and gate | up). Short runs (decode:
+# S <= 512 over 128 experts) waste most of a tall tile on padding and are bound by reading the
+# weights, so they take 16 rows and long K steps. Long runs (prefill, training): each launch's
+# best of scripts/tune/moe_sweep.py at Qwen3-30B-A3B's widths, T 16384, on the H200, +9-33% over
+# one 128 x 128 tile for all (docs/tuning/moe.md), spills included (gate_up 20 B, dh 404 B).
 MOE_CONFIGS = [
-    (16, (16, 64, 128, 4, 4)),
-    (64, (64, 64, 64, 4, 4)),
-    (None, (128, 128, 64, 8, 3)),
+    (16, dict(glu=(16, 64, 128, 4, 4), glu_backward=(16, 64, 128, 4, 4), scatter=(16, 64, 128, 4, 4))),
+    (64, dict(glu=(64, 32, 64, 4, 4), glu_backward=(64, 32, 64, 4, 4), scatter=(64, 64, 64, 4, 4))),
+    (None, dict(glu=(128, 128, 64, 8, 3), glu_backward=(64, 128, 64, 4, 4), scatter=(128, 256, 64, 8, 3))),
 ]
-# Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages); BLOCK_R rows of the
-# expert's run a step.
-WEIGHT_GRAD_CONFIG = (128, 128, 64, 8, 3)
+# Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages), BLOCK_R rows of the
+# expert's run a step; dw_gate_up (P = 2I, Q = H) and dw_down (P = H, Q = I), each its sweep's
+# best (+46% and +47% over 128 x 128 tiles, same run)
+WEIGHT_GRAD_CONFIGS = dict(gate_up=(256, 128, 64, 8, 3), down=(128, 256, 64, 8, 3))
 # Row tiles that walk the output columns together (the program order; not yet measured)
 GROUP_M = 8
 # The interpreter: 16-row tiles, and columns and K steps of at most half the dimension (16 to 64),
@@ -75,17 +79,12 @@ def dot_precision(a):
 
 def rows_config(n_rows, n_experts, epilogue, n, k):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of _expert_rows_kernel for S rows over E
-    experts, N output columns (a GLU's half width) and a reduction of K. The GLU epilogues hold
-    two fp32 tiles of BLOCK_N columns (gate and up, or dh and gate | up in the backward): they take
-    half the table's BLOCK_N, which keeps the registers of a 128-row tile within 255 a thread (at
-    the full width ptxas spills 12 B forward, ~700 B backward)."""
+    experts with `epilogue` ("glu", "glu_backward" or "scatter"), N output columns (a GLU's half
+    width) and a reduction of K: MOE_CONFIGS' row for the mean run."""
     if INTERPRET:
         return INTERPRET_ROWS, interpret_block(n), interpret_block(k), 1, 1
     mean = n_rows / n_experts
-    bm, bn, bk, warps, stages = next(cfg for bound, cfg in MOE_CONFIGS if bound is None or mean <= bound)
-    if epilogue != "scatter" and bm >= 64:
-        bn //= 2
-    return bm, bn, bk, warps, stages
+    return next(cfgs for bound, cfgs in MOE_CONFIGS if bound is None or mean <= bound)[epilogue]
 
 
 def row_tiles(n_rows, n_experts, block_m):
@@ -265,8 +264,9 @@ def launch_expert_weight_grad(a, b, c, order, offsets, *, a_gather, b_gather, to
     """Launch _expert_weight_grad_kernel: c (E, P, Q) = per expert a[rows]^T @ b[rows]; a (., P),
     b (., Q), rows gathered (order // top_k) or sorted."""
     n_experts, p, q = c.shape
-    if config is None:
-        config = (interpret_block(p), interpret_block(q), INTERPRET_ROWS, 1, 1) if INTERPRET else WEIGHT_GRAD_CONFIG
+    if config is None:  # b gathered: b is x, so c is dw_gate_up; else dw_down
+        config = ((interpret_block(p), interpret_block(q), INTERPRET_ROWS, 1, 1) if INTERPRET
+                  else WEIGHT_GRAD_CONFIGS["gate_up" if b_gather else "down"])
     bp, bq, br, warps, stages = config
     _expert_weight_grad_kernel[(n_experts * cdiv(p, bp) * cdiv(q, bq),)](
         a, b, c, order, offsets, scale if scale is not None else order, p, q, top_k,

@@ -1,4 +1,4 @@
-"""GPU sweep for moe/triton_moe_gemm.py's MOE_CONFIGS and WEIGHT_GRAD_CONFIG: times each launch of
+"""GPU sweep for moe/triton_moe_gemm.py's MOE_CONFIGS and WEIGHT_GRAD_CONFIGS: times each launch of
 moe_experts' forward and backward (moe/moe_experts.py) at candidate tiles, beside torch._grouped_mm
 on the same product, to set the tables from measurement.
 
@@ -16,7 +16,7 @@ The launches, as moe_experts runs them (S = T x top-k rows sorted by expert):
   dw_up     per expert (d gate | d up)^T @ x[tokens]                   (E, 2I, H), 2 S (2I) H
   dw_down   per expert (weight * dout)^T @ h                           (E, H, I), 2 S H I
 A rows config is (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), given to the launch as is (for
-gate_up and dh BLOCK_N counts the GLU's half width: rows_config halves the table's); a weight config
+gate_up and dh BLOCK_N counts the GLU's half width, as MOE_CONFIGS does); a weight config
 is (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages). Each candidate's output is checked against
 the shipped config's (the same sums in another order: a wrong tile is off by the values' size;
 BAD, not timed), then timed with common.timing.time_ms; '*' marks the shipped config. The
@@ -33,7 +33,7 @@ from llmk.common.device import DEVICE, INTERPRET, describe
 from llmk.common.timing import time_ms
 from llmk.devtools.bench import tflops
 from llmk.moe.triton_moe_gemm import (
-    WEIGHT_GRAD_CONFIG,
+    WEIGHT_GRAD_CONFIGS,
     launch_expert_rows,
     launch_expert_weight_grad,
     n_tiles,
@@ -166,7 +166,8 @@ def main():
             if args.launch and launch not in args.launch:
                 continue
             if kind == "weight":
-                shipped, pool = WEIGHT_GRAD_CONFIG, SMOKE_WEIGHT if args.smoke else WEIGHT
+                shipped = WEIGHT_GRAD_CONFIGS["gate_up" if launch == "dw_up" else "down"]
+                pool = SMOKE_WEIGHT if args.smoke else WEIGHT
             else:
                 n, kk = ((inter, h) if launch in ("gate_up", "dh") else (h, inter if launch == "down" else 2 * inter))
                 shipped = rows_config(t * k, e, kind, n, kk)
