@@ -304,10 +304,11 @@ def check_lse_grad(dtype):
         [q, k, v], [rand((1, 4, 40, 64), dtype), rand((1, 4, 40), torch.float32)], dtype)
 
 
-def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=None):
+def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=None, scale=1.0):
     """The backward launched with `config` (a BACKWARD_TABLE row's two-pass (dk/dv, dq) pair, or
-    its one-pass (config, None), adding dq by dq_add) into poisoned buffers."""
-    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype)
+    its one-pass (config, None), adding dq by dq_add) into poisoned buffers, under check_backward's
+    tolerances (the 2x rule and delta's rounding); scale multiplies q."""
+    q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, scale=scale)
     do = rand((b, h, tq, d), dtype)
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
@@ -317,8 +318,14 @@ def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=No
     _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do],
                        dtype=torch.float64)
     _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do])
-    return [compare(f"d{name}", g, w, grad_rule_tol(dtype, w, t), torch_out=t)
-            for name, g, w, t in zip("qkv", got, want, theirs)]
+    bounds = dict(zip("qk", delta_rounding_bounds(q, k, v, do, causal, scale)))  # as check_backward's
+
+    def tol(name, w, t):
+        rule = grad_rule_tol(dtype, w, t)
+        if name not in bounds:
+            return rule
+        return Tol(rule.atol + bounds[name], rule.rtol, rule.why + "; delta from the rounded O", rounding_check=False)
+    return [compare(f"d{name}", g, w, tol(name, w, t), torch_out=t) for name, g, w, t in zip("qkv", got, want, theirs)]
 
 
 def check_deterministic_repeats():
@@ -753,6 +760,23 @@ def backward_cases():
                                                               d=max_dim, dtype=bf16, causal=causal,
                                                               dq_add=None if add is None else add[0]),
                                   gpu_only=add is not None and add[1]))
+    # flash-attn's test_flash_attn_bwd_overflow inputs (there q x 5 and k x 3; here q x 15): scores
+    # of size ~15, so a query's LSE can be < -88 and a key row past the end (k = 0) would give P =
+    # 2^-lse2 = inf, dS = inf in fp16 and dq's product inf x 0 = NaN; a key block past the end
+    # masks them. One and two keys, so every key block runs past the end
+    for t in (1, 2):
+        for d in (16, 32, 64):
+            for deterministic in (False, True):
+                cases.append(Case(f"backward{' deterministic' if deterministic else ''} overflow inputs (q x 15) "
+                                  f"B2 H5 T{t} D{d} full fp16", check_backward,
+                                  dict(b=2, h=5, hkv=5, tq=t, tk=t, d=d, dtype=torch.float16, causal=False,
+                                       scale=15.0, deterministic=deterministic)))
+    for config, max_dim in forced_backward_configs():
+        dq_add = "atomics" if config[1] is None else None  # the one-pass schedule's add in both lanes
+        name = f"two-pass {config[0]} {config[1]}" if dq_add is None else f"one-pass {config[0]} {dq_add}"
+        cases.append(Case(f"backward forced {name} overflow inputs (q x 15) T2 D{max_dim} full fp16",
+                          check_backward_forced, dict(config=config, b=2, h=5, hkv=5, tq=2, tk=2, d=max_dim,
+                                                      dtype=torch.float16, causal=False, dq_add=dq_add, scale=15.0)))
     cases.append(Case("deterministic backward: the same bits twice", check_deterministic_repeats,
                       gpu_only=True))
     cases.append(Case("backward memory O(T): T16384 causal", check_backward_memory, gpu_only=True))
@@ -787,7 +811,9 @@ def check_backward_table():
 def varlen_cases():
     """Packed batches: ragged lengths with 0 and 1, Tq != Tk per sequence, GQA/MQA, a packed qkv
     tensor's slices; long mixed lengths on the GPU."""
-    cases = []
+    cases = [Case(f"varlen overflow inputs (q x 15) [1,2,1,2] D{d} full fp16", check_varlen,
+                  dict(lengths_q=[1, 2, 1, 2], lengths_k=[1, 2, 1, 2], h=5, hkv=5, d=d, dtype=torch.float16,
+                       causal=False, scale=15.0)) for d in (16, 64)]  # backward_cases' overflow inputs, packed
     for dtype in (torch.float16, torch.bfloat16):
         dt = dtype_name(dtype)
         for causal in (False, True):

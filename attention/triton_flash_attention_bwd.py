@@ -225,11 +225,15 @@ def _dkdv_query_blocks(
             dpT = tl.dot(v, tl.trans(do))
         else:
             sT = tl.dot(k, tl.trans(q))
+        # P <= 1, so the exponent is <= 0 but for rounding; capping it there keeps a key row past
+        # the end (k = 0, so S = 0 and P = 2^-lse2) finite where every score of the query is very
+        # negative: uncapped, its dS overflows (2^-lse2 past 65504 in fp16, past fp32 below LSE
+        # -88) and dq's product with its zero k row is inf x 0 = NaN
         if SOFTCAP:
             tT = tanh_approx(sT * qk_scale)
-            pT = tl.math.exp2(softcap_log2 * tT - lse2[None, :])
+            pT = tl.math.exp2(tl.minimum(softcap_log2 * tT - lse2[None, :], 0.0))
         else:
-            pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
+            pT = tl.math.exp2(tl.minimum(sT * qk_scale - lse2[None, :], 0.0))
         if MASKED:
             if WINDOW:
                 rel = offs_n[:, None] - (offs_m[None, :] + causal_shift)  # window_visible, transposed
