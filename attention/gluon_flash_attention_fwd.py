@@ -61,11 +61,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.runtime import driver
 
 from llmk.attention.attention_checks import NO_MASK
 from llmk.attention.triton_flash_attention_fwd import kernel_mask, key_blocks
 from llmk.common.device import sm_count
+from llmk.common.direct_launch import run_compiled
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
@@ -647,14 +647,11 @@ _TILE_COUNTERS = {}
 
 
 def _tile_counter(device):
-    """The int32 tile counter a DYNAMIC launch on `device`'s current stream takes, zero. Under
-    CUDA graph capture a fresh zeroed one: its fill is captured and replays with the graph, which
-    a counter shared with eager launches could not count on."""
-    if device.type != "cuda":  # scripts/gluon_compile.py's compile-only calls
+    """The int32 tile counter a DYNAMIC launch on `device`, the current device, takes on its
+    current stream, zero. Under CUDA graph capture a fresh zeroed one: its fill is captured and
+    replays with the graph, which a counter shared with eager launches could not count on."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():  # off the GPU: gluon_compile.py
         return torch.zeros(1, dtype=torch.int32, device=device)
-    with torch.cuda.device(device):  # the capture state of device's current stream
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(1, dtype=torch.int32, device=device)
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     counter = _TILE_COUNTERS.get(key)
     if counter is None:
@@ -718,7 +715,11 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
 
 
 def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
-    """Launch the Gluon forward (arguments as gluon_attention_args takes them); writes out and lse."""
+    """Launch the Gluon forward (arguments as gluon_attention_args takes them); writes out and lse.
+    On q's device as the current one (its stream's tile counter, its kernel)."""
+    if q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(q.device):
+            return launch_gluon_attention(q, k, v, out, causal, scale, lse, mask, config, cu_seqlens)
     grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, mask, config, cu_seqlens)
     _launch(q.device, grid, args, meta)
 
@@ -747,23 +748,16 @@ def _launch_key(device, args, meta):
 
 
 def _launch(device, grid, args, meta):
-    """_gluon_attention_fwd_kernel[grid](*args, **meta), from a key's second launch on by the call
-    JITFunction.run makes once it has found the kernel in its cache (Triton 3.6, which the Gluon
-    path is pinned to), without run's binding and specializing of 25 arguments: about a third of
-    the launch's host time (docs/tuning/attention.md, the sixth run)."""
-    if device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            return _launch(device, grid, args, meta)
+    """_gluon_attention_fwd_kernel[grid](*args, **meta) on the current device, `device`; from a
+    key's second launch on directly (common/direct_launch.py), without JITFunction.run's binding
+    and specializing of 25 arguments: about a third of the launch's host time
+    (docs/tuning/attention.md, the sixth run)."""
     key = _launch_key(device, args, meta)
     kernel = _COMPILED.get(key)
     if kernel is None:
         _COMPILED[key] = _gluon_attention_fwd_kernel[grid](*args, **meta)
         return
-    args = (*args, *(meta[name] for name in _constexpr_names()))
-    stream = driver.active.get_current_stream(device.index)
-    kernel.run(grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata,
-               kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-               knobs.runtime.launch_exit_hook, *args)
+    run_compiled(kernel, grid, device.index, (*args, *(meta[name] for name in _constexpr_names())))
 
 
 @functools.cache

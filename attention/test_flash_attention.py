@@ -248,16 +248,23 @@ def delta_rounding_bounds(q, k, v, do, causal, sm_scale, window=None, softcap=No
     return dq, dk.reshape(b, k.shape[1], h // k.shape[1], tk, d).sum(2)
 
 
-def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype, delta_bounds=None):
-    """check_grads of fn (our kernels) on inputs q, k, v under flash-attention's rule, plus
-    delta_bounds (delta_rounding_bounds' (dq, dk)) where given."""
-    wrt = [0, 1, 2]
-    _, want = grads_of(ref, inputs, wrt, grad_outputs, dtype=torch.float64)
-    _, theirs = grads_of(torch_fn, inputs, wrt, grad_outputs)
+def grad_tols(dtype, want, theirs, delta_bounds=None):
+    """{"q", "k", "v": Tol} of dq, dk, dv: flash-attention's rule (grad_rule_tol) on the fp64
+    gradients `want` and PyTorch's same-dtype ones `theirs`, plus delta_bounds
+    (delta_rounding_bounds' (dq, dk)) where given."""
     tols = {name: grad_rule_tol(dtype, w, t) for name, w, t in zip("qkv", want, theirs)}
     for name, bound in zip("qk", delta_bounds or ()):
         tol = tols[name]
         tols[name] = Tol(tol.atol + bound, tol.rtol, tol.why + "; delta from the rounded O", rounding_check=False)
+    return tols
+
+
+def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype, delta_bounds=None):
+    """check_grads of fn (our kernels) on inputs q, k, v under grad_tols."""
+    wrt = [0, 1, 2]
+    _, want = grads_of(ref, inputs, wrt, grad_outputs, dtype=torch.float64)
+    _, theirs = grads_of(torch_fn, inputs, wrt, grad_outputs)
+    tols = grad_tols(dtype, want, theirs, delta_bounds)
     return check_grads(label, fn, ref, inputs, wrt, ("q", "k", "v"), lambda name, w: tols[name], torch_fn=torch_fn,
                        grad_outputs=grad_outputs)
 
@@ -318,14 +325,8 @@ def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=No
     _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do],
                        dtype=torch.float64)
     _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do])
-    bounds = dict(zip("qk", delta_rounding_bounds(q, k, v, do, causal, scale)))  # as check_backward's
-
-    def tol(name, w, t):
-        rule = grad_rule_tol(dtype, w, t)
-        if name not in bounds:
-            return rule
-        return Tol(rule.atol + bounds[name], rule.rtol, rule.why + "; delta from the rounded O", rounding_check=False)
-    return [compare(f"d{name}", g, w, tol(name, w, t), torch_out=t) for name, g, w, t in zip("qkv", got, want, theirs)]
+    tols = grad_tols(dtype, want, theirs, delta_rounding_bounds(q, k, v, do, causal, scale))
+    return [compare(f"d{name}", g, w, tols[name], torch_out=t) for name, g, w, t in zip("qkv", got, want, theirs)]
 
 
 def check_deterministic_repeats():
@@ -761,9 +762,9 @@ def backward_cases():
                                                               dq_add=None if add is None else add[0]),
                                   gpu_only=add is not None and add[1]))
     # flash-attn's test_flash_attn_bwd_overflow inputs (there q x 5 and k x 3; here q x 15): scores
-    # of size ~15, so a query's LSE can be < -88 and a key row past the end (k = 0) would give P =
-    # 2^-lse2 = inf, dS = inf in fp16 and dq's product inf x 0 = NaN; a key block past the end
-    # masks them. One and two keys, so every key block runs past the end
+    # of size ~15, so a query's LSE can be very negative and a key row past the end (k = 0) would
+    # give P = 2^-lse2 past fp16's range, dS = inf and dq's product inf x 0 = NaN; the dk/dv kernel
+    # caps P's exponent at 0. One and two keys, so every key block runs past the end
     for t in (1, 2):
         for d in (16, 32, 64):
             for deterministic in (False, True):

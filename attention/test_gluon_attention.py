@@ -189,39 +189,33 @@ def check_gluon_graph(b, h, hkv, t, d, causal):
 
 
 def gluon_config_cases():
-    """check_gluon_config on the configs the A/B weighs (GPU only)."""
+    """check_gluon_config on the configs the A/B weighs (GPU only): the hard cases on both
+    persistent grids, STATIC and DYNAMIC (more tiles than the H200's 132 SMs, so the dynamic deal
+    takes tiles from its counter), and one tile a program."""
     bf16 = torch.bfloat16
-    rows = [
-        ("persistent hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1, 1),
-         dict(b=2, h=8, hkv=2, tq=1000, tk=300, d=128, causal=True)),
-        ("persistent hd64 128x128x3, full T1000: 8 key blocks over 3 stages", (128, 128, 3, 1, 0, 1),
-         dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=64, causal=False)),
-        ("persistent lockstep hd128 128x64x2, window (256, 0) T777", (128, 64, 2, 0, 0, 1),
-         dict(b=1, h=4, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
-        ("persistent hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
-         (128, 128, 2, 1, 1, 1), dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
-        ("persistent hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs",
-         (128, 128, 2, 1, 1, 1), dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
-        ("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
-         dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)),
-        # the dynamic deal (GRID 2): the same hard cases, the tile numbers through the counter
-        ("dynamic hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1, 2),
+    hard = [  # (name, config without its GRID, shape)
+        ("hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1),
          dict(b=2, h=32, hkv=8, tq=1000, tk=300, d=128, causal=True)),
-        ("dynamic hd64 128x128x3, full B4 H16 T1000", (128, 128, 3, 1, 0, 2),
+        ("hd64 128x128x3, full B4 H16 T1000: 8 key blocks over 3 stages", (128, 128, 3, 1, 0),
          dict(b=4, h=16, hkv=4, tq=1000, tk=1000, d=64, causal=False)),
-        ("dynamic hd64 128x128x3, causal B8 H16 T2048: many tiles a program", (128, 128, 3, 1, 0, 2),
+        ("hd64 128x128x3, causal B8 H16 T2048: many tiles a program", (128, 128, 3, 1, 0),
          dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=64, causal=True)),
-        ("dynamic lockstep hd128 128x64x2, window (256, 0) B4 H16 T777", (128, 64, 2, 0, 0, 2),
+        ("hd128 lockstep 128x64x2, window (256, 0) B4 H16 T777", (128, 64, 2, 0, 0),
          dict(b=4, h=16, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
-        ("dynamic hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
-         (128, 128, 2, 1, 1, 2), dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
-        ("dynamic hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs",
-         (128, 128, 2, 1, 1, 2), dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
-        ("dynamic hd128 128x128x2 split, full B1 H2 T100: fewer tiles than SMs", (128, 128, 2, 1, 1, 2),
+        ("hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program", (128, 128, 2, 1, 1),
+         dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
+        ("hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs", (128, 128, 2, 1, 1),
+         dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
+        ("hd128 128x128x2 split, full B1 H2 T100: fewer tiles than SMs", (128, 128, 2, 1, 1),
          dict(b=1, h=2, hkv=1, tq=100, tk=100, d=128, causal=False)),
     ]
+    rows = [(f"{grid_name} {name}", (*config, grid), kw) for grid_name, grid in (("persistent", 1), ("dynamic", 2))
+            for name, config, kw in hard]
+    rows.append(("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
+                 dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)))
     return [Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
             for name, config, kw in rows]
+
 
 
 CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + [

@@ -13,15 +13,15 @@ experts_grad_scales, each computed factor taken at the scale its own sums carry)
 from the gradient's row and column sizes misses an expert with few tokens, one of them large (at
 Qwen3-30B widths PyTorch's own bf16 dw_down broke that 8 u T at 15566 of 201M elements; against
 experts_grad_scales its four gradients stay within 4.7 u T). A row sent to the wrong expert, a
-missing routing weight or an unwritten tile is off by about T. The kernels' own
-buffers are checked for unwritten elements by launching them into NaN-poisoned ones.
+missing routing weight or an unwritten tile is off by about T. The kernels' own buffers are
+checked for unwritten elements by launching them into NaN-poisoned ones.
 """
+import dataclasses
 
 import torch
 
 from llmk.common.device import DEVICE
 from llmk.devtools.testing import (
-    TOLERANCES,
     UNIT_ROUNDOFF,
     Case,
     Outcome,
@@ -35,7 +35,7 @@ from llmk.devtools.testing import (
     poisoned,
     rand,
 )
-from llmk.gemm.matmul_cases import sum_scale
+from llmk.gemm.matmul_cases import grad_tolerance, sum_scale
 from llmk.moe.moe_experts import moe_experts, moe_experts_op
 from llmk.moe.reference_moe import experts_grad_scales, experts_ref
 from llmk.moe.triton_moe_gemm import launch_expert_rows, launch_expert_weight_grad, n_tiles, rows_config
@@ -91,14 +91,10 @@ def check_backward(t, h, inter, e, k, dtype, activation="silu", **kw):
         return experts_ref(x, weights, ids, w_gate_up, w_down, activation, dtype=dtype)
 
     grad_out = torch.randn(args[0].shape, device=args[0].device).to(dtype)
-    scales = experts_grad_scales(*args, grad_out, activation)
-
-    def tol(name, ref):  # grad_tolerance's 8 u T with each element's own T (experts_grad_scales)
-        atol = (8 * UNIT_ROUNDOFF[dtype] * scales[name]).clamp_min(1e-5)
-        return Tol(atol, TOLERANCES[dtype].rtol, "one or two roundings of each input of the sums (the terms' "
-                   "root-sum-square, element by element), one of the output", rounding_check=False)
+    tol = grad_tolerance(dtype, experts_grad_scales(*args, grad_out, activation))
     return check_grads("", ours, reference, args, (0, 1, 3, 4), ("x", "weights", "ids", "w_gate_up", "w_down"),
-                       tol, torch_fn=torch_fn, grad_outputs=[grad_out])
+                       lambda name, ref: dataclasses.replace(tol(name, ref), rounding_check=False),
+                       torch_fn=torch_fn, grad_outputs=[grad_out])
 
 
 def check_poisoned(t, h, inter, e, k, dtype):

@@ -58,10 +58,9 @@ import torch
 import triton
 import triton.language as tl
 from torch.optim import optimizer as torch_optimizer
-from triton import knobs
-from triton.runtime import driver
 
 from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.direct_launch import run_compiled
 from llmk.common.ops import Op, define_op, no_outputs
 
 # (BLOCK elements a program, num_warps) per param dtype. fp32: 8 values a thread per array (two
@@ -314,11 +313,7 @@ def _launch(device, n_blocks, args, constexprs, num_warps):
         if not INTERPRET:
             _COMPILED[key] = kernel
         return
-    args = (*args, *constexprs)
-    stream = driver.active.get_current_stream(device.index)
-    kernel.run(n_blocks, 1, 1, stream, kernel.function, kernel.packed_metadata,
-               kernel.launch_metadata((n_blocks,), stream, *args),
-               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+    run_compiled(kernel, (n_blocks,), device.index, (*args, *constexprs))
 
 
 adamw_step_op = define_op(

@@ -2,8 +2,9 @@
 (attention/gluon_flash_attention_fwd.py, each config of --configs) against the tl kernel, SDPA's
 cuDNN and flash backends, on the attention benchmark's forward shapes (16384 tokens, H * D = 2048),
 bf16, full and causal; and the public flash_attention on the Gluon path, as attention_bench times it,
-and replayed from a CUDA graph (the GPU's time alone: do_bench's time of a call includes whatever of
-the host's work outlasts the L2 flush before it); then the host's time a call of each path.
+and from CUDA graphs (common.timing.graph_time_ms: the GPU's time alone, where do_bench's time of a
+call includes whatever of the host's work outlasts the L2 flush before it); then the host's time a
+call of each path.
 
     python scripts/tune/gluon_attention_ab.py                      (H100/H200, Triton 3.6: ~2 min)
     python scripts/tune/gluon_attention_ab.py --dims 128 --configs 128,64,3,1,0 128,128,2,1,1 128,128,2,1,1,1
@@ -28,6 +29,7 @@ from llmk.attention.flash_attention_ops import flash_attention
 from llmk.attention.gluon_flash_attention_fwd import GLUON_HEAD_DIMS, gluon_config, launch_gluon_attention
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention
 from llmk.benchmarks.attention_bench import attention_flops, sdpa
+from llmk.common.timing import graph_time_ms
 from llmk.devtools.bench import host_time_us
 
 TOKENS, WIDTH = 16384, 2048
@@ -105,7 +107,7 @@ def main():
                     if gluon_forward(q, k, v, out, None, None, None):  # the call the op makes, Gluon's or not
                         public = lambda: flash_attention(q, k, v, causal=causal)  # noqa: E731
                         rows["flash_attention, gluon path"] = (triton.testing.do_bench(public), float("nan"))
-                        rows["flash_attention, gluon path, CUDA graph"] = (graph_ms(public), float("nan"))
+                        rows["flash_attention, gluon path, CUDA graph"] = (graph_time_ms(public), float("nan"))
                 for peer, fn in peers.items():
                     try:
                         rows[peer] = (triton.testing.do_bench(lambda fn=fn: fn(q, k, v, causal)), float("nan"))
@@ -116,7 +118,6 @@ def main():
                 base = rows.get("sdpa-cudnn", (float("nan"),))[0]
                 for kernel, (ms, err) in rows.items():
                     print(f"{name} | {kernel} | {f / ms / 1e9:.0f} | {base / ms:.2f} | {err:.3g}", flush=True)
-
 
     print("host time a call (us, no sync: B1 H1 T128, GPU work shorter than the host's)", flush=True)
     for d in args.dims:
@@ -133,20 +134,6 @@ def main():
                 with forced_path(path):
                     us = host_time_us(fn)
                 print(f"D{d} {'causal' if causal else 'full'} | {name} | {us:.1f} us", flush=True)
-
-
-def graph_ms(fn):
-    """do_bench's median of fn replayed from a CUDA graph (captured after a warm-up call)."""
-    fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay)
 
 
 if __name__ == "__main__":
