@@ -51,6 +51,7 @@ import functools
 
 import torch
 from triton import knobs
+from triton._utils import validate_block_shape
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -83,7 +84,8 @@ ONE_TILE, STATIC, DYNAMIC = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
 # each that take turns on the tensor cores. SPLIT_RELEASE: K and V stages are handed back to the
 # producer separately (K once S is done), so the next K can land during P v.
 GLUON_CONFIG_TABLE = [
-    # hd 64: the configs within 3% of each other, the deals too (the exp2s bound it: docs/tuning/attention.md)
+    # hd 64: the configs within 3% of each other, the deals too. The softmax's instruction issue bounds it, not
+    # the MUFU's ex2s: half of them as FMA polynomials lost 5-10% (docs/tuning/attention.md, the seventh run)
     (64, False, 128, 128, 3, True, False, STATIC),
     (64, True, 128, 128, 3, True, False, STATIC),
     # 128-key blocks, K released apart from V: +7-16% over 64-key blocks at three stages. Without a
@@ -661,16 +663,28 @@ def _tile_counter(device):
 
 @functools.cache
 def _tile_layout(block, head_dim, dtype):
-    """The shared-memory layout of a (1, 1, block, head_dim) tile of torch dtype `dtype`: made once
-    (get_default_for takes ~7 us of the host's time, and a launch builds four descriptors)."""
+    """The shared-memory layout of a (1, 1, block, head_dim) tile of torch dtype `dtype`, its block
+    shape checked as TensorDescriptor checks it: made once (get_default_for takes ~7 us of the
+    host's time, and a launch builds four descriptors)."""
+    validate_block_shape([1, 1, block, head_dim])
     return gl.NVMMASharedLayout.get_default_for([1, 1, block, head_dim],
                                                 gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
+class _Descriptor(TensorDescriptor):
+    """A TensorDescriptor without the checks it runs at each construction (a quarter of a
+    launch's host time on an H200's host, ~15 us for the four): what they check holds already,
+    the tensors' alignment and strides by gluon_layout_ok, the block shape and layout by
+    _tile_layout once, and the shapes are non-empty (the launchers return before an empty call)."""
+
+    def __post_init__(self):
+        pass
+
+
 def _descriptor(t, block):
     """A 4-D TMA descriptor over t (B, H, T, D), in place, for (1, 1, block, D) tiles."""
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block, t.shape[3]],
-                            _tile_layout(block, t.shape[3], t.dtype))
+    return _Descriptor(t, list(t.shape), list(t.stride()), [1, 1, block, t.shape[3]],
+                       _tile_layout(block, t.shape[3], t.dtype))
 
 
 def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
