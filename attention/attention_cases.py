@@ -52,30 +52,38 @@ def attention_tol(dtype, p, v, shape, score_err=None):
     summing to 1 (or 0: a query with no key); v: (..., Tk, D), zero where p is masked. score_err:
     None, or (..., Tq, Tk) the relative error of each p from its fp32 score (fp32_score_err)."""
     u = UNIT_ROUNDOFF[dtype]
-    p, v = p.double(), v.double()
-    o = p @ v
+    p_all, v = p.double(), v.double()
+    o = p_all @ v
     # the fp32 steps' share, relative to the terms O sums
-    fp32_share = FP32_STEPS * (p @ v.abs())
-    p = p.clone()
+    fp32_share = FP32_STEPS * (p_all @ v.abs())
+    p = p_all.clone()
     p.scatter_(-1, p.argmax(-1, keepdim=True), 0.0)  # the row's largest p is exactly 1 before normalising
     # each p's rounding: relative u, or absolute (at most h, and at most p itself) where it is subnormal
     err = torch.maximum(u * p, p.clamp(max=SUBNORMAL_HALF_SPACING[dtype]))
     variance = err.pow(2) @ v.pow(2)
     if score_err is not None:
         # a score's error moves p_j in the sum of p too (p's rounding does not: the sum takes p
-        # unrounded), so it moves O by p_j e_j (v_j - O): sum_j a_j (v_j - O)^2, a_j = (p_j e_j)^2
-        a = (p * score_err).pow(2)
+        # unrounded), so it moves O by p_j e_j (v_j - O): sum_j a_j (v_j - O)^2, a_j = (p_j e_j)^2.
+        # The largest key's too: its own p stays 1, but its error shifts every other exponent,
+        # which moves O by the same p_max e_max (v_max - O)
+        a = (p_all * score_err).pow(2)
         variance = variance + a @ v.pow(2) - 2 * o * (a @ v) + o.pow(2) * a.sum(-1, keepdim=True)
     spread = variance.clamp_min(0.0).sqrt()
     return Tol((P_ROUNDING_BOUND * spread + fp32_share + ATOL_FLOOR).reshape(shape), u,
                "p rounded to the input dtype before p @ v (a bound per element), O rounded once")
 
 
-def fp32_score_err(scores, magnitudes, d):
+def fp32_score_err(scores, magnitudes, d, softcap=None):
     """(..., Tq, Tk) relative error of each p from fp32 scores (the module's docstring): scores
-    (..., Tq, Tk) in fp64, scaled as the softmax takes them (-inf where masked); magnitudes: the
-    same with |q| . |k| for q . k; d: the products a score sums."""
+    (..., Tq, Tk) in fp64, scaled as the softmax takes them but not capped (-inf where masked);
+    magnitudes: the same with |q| . |k| for q . k; d: the products a score sums. softcap c: the
+    scores become c tanh(s / c), which passes the products' error on times tanh's slope and adds
+    its own few roundings, c 2^-22."""
     finite = scores.isfinite()
     s = scores.masked_fill(~finite, 0.0)
+    extra = 0.0
+    if softcap:
+        t = torch.tanh(s / softcap)
+        magnitudes, s, extra = magnitudes * (1.0 - t * t), softcap * t, softcap * 2.0 ** -22
     m = s.abs().amax(-1, keepdim=True)
-    return (2.0 ** -24 * (math.sqrt(d) * magnitudes + s.abs() + m)).masked_fill(~finite, 0.0)
+    return (2.0 ** -24 * (math.sqrt(d) * magnitudes + s.abs() + m) + extra).masked_fill(~finite, 0.0)

@@ -729,8 +729,9 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
 
 
 def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
-    """Launch the Gluon forward (arguments as gluon_attention_args takes them); writes out and lse.
-    On q's device as the current one (its stream's tile counter, its kernel)."""
+    """Launch the Gluon forward (arguments as gluon_attention_args takes them: non-empty, laid out
+    as gluon_layout_ok asks, which the descriptors no longer check); writes out and lse. On q's
+    device as the current one (its stream's tile counter, its kernel)."""
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
             return launch_gluon_attention(q, k, v, out, causal, scale, lse, mask, config, cu_seqlens)

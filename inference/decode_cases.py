@@ -19,4 +19,4 @@ def decode_tol(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
     magnitudes = torch.einsum("bkgd,btkd->bkgt", q_grouped.abs(), k.double().abs()) * sm_scale
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     v = v.double().masked_fill(~visible[:, :, None, None], 0.0).permute(0, 2, 1, 3)  # (B, Hkv, T, D)
-    return attention_tol(q.dtype, p, v, q.shape, fp32_score_err(scores, magnitudes, d))
+    return attention_tol(q.dtype, p, v, q.shape, fp32_score_err(scores, magnitudes, d, softcap))
