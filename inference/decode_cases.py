@@ -1,10 +1,9 @@
 """The tolerance of a decode output, for inference/test_inference_attention.py and
 inference/test_kv_cache.py: attention/attention_cases.py's error model (p rounded to the input dtype
 before p @ v, O rounded once) on decode's probabilities, one query per sequence over its cache."""
-import torch
 
 from llmk.attention.attention_cases import attention_tol, fp32_score_err
-from llmk.inference.reference_decode_attention import decode_probs
+from llmk.inference.reference_decode_attention import decode_probs, grouped_scores
 
 
 def decode_tol(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
@@ -12,11 +11,7 @@ def decode_tol(q, k, v, lengths, sm_scale, window_left=-1, softcap=None):
     window_left and softcap as the decode kernels take them. With the fp32 scores' error
     (fp32_score_err): an e4m3 cache's spread scales put scores in the hundreds."""
     p, visible = decode_probs(q.double(), k.double(), lengths, sm_scale, window_left, softcap)
-    b, h, d = q.shape
-    hkv = k.shape[2]
-    q_grouped = q.double().reshape(b, hkv, h // hkv, d)
-    scores = torch.einsum("bkgd,btkd->bkgt", q_grouped, k.double()) * sm_scale
-    magnitudes = torch.einsum("bkgd,btkd->bkgt", q_grouped.abs(), k.double().abs()) * sm_scale
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    scores = (grouped_scores(q.double(), k) * sm_scale).masked_fill(~visible[:, None, None, :], float("-inf"))
+    magnitudes = grouped_scores(q.double().abs(), k.abs()) * sm_scale
     v = v.double().masked_fill(~visible[:, :, None, None], 0.0).permute(0, 2, 1, 3)  # (B, Hkv, T, D)
-    return attention_tol(q.dtype, p, v, q.shape, fp32_score_err(scores, magnitudes, d, softcap))
+    return attention_tol(q.dtype, p, v, q.shape, fp32_score_err(scores, magnitudes, q.shape[-1], softcap))

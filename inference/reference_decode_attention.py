@@ -18,17 +18,22 @@ import torch
 from llmk.attention.reference_attention import softcapped
 
 
+def grouped_scores(q, k_cache):
+    """q k^T of decode, (B, Hkv, G, T_max), in q's dtype: q (B, H, D) grouped by kv head (query
+    head h reads kv head h // G), no copy of the cache per head; k_cache (B, T_max, Hkv, D)."""
+    b, h, d = q.shape
+    hkv = k_cache.shape[2]
+    return torch.einsum("bkgd,btkd->bkgt", q.reshape(b, hkv, h // hkv, d), k_cache.to(q.dtype))
+
+
 def decode_probs(q, k_cache, lengths, sm_scale, window_left=-1, softcap=None, dtype=None):
     """(P, visible): the softmax probabilities (B, Hkv, G, T_max) of one query per sequence over its
     first lengths[b] keys (the last window_left + 1 of them where window_left >= 0; scores capped at
     softcap * tanh(s / softcap) where softcap is given), and the (B, T_max) bool of the keys each
     sequence sees. In `dtype` (default: q's, at least fp32); a sequence that sees no key gets zeros."""
     compute = dtype or torch.promote_types(q.dtype, torch.float32)
-    b, h, d = q.shape
-    t_max, hkv = k_cache.shape[1], k_cache.shape[2]
-    # query head h reads kv head h // G: group the query heads by kv head, no copy of the cache per head
-    q_grouped = q.to(compute).reshape(b, hkv, h // hkv, d)
-    scores = softcapped(torch.einsum("bkgd,btkd->bkgt", q_grouped, k_cache.to(compute)) * sm_scale, softcap)
+    t_max = k_cache.shape[1]
+    scores = softcapped(grouped_scores(q.to(compute), k_cache) * sm_scale, softcap)
     positions = torch.arange(t_max, device=q.device)[None, :]
     ends = lengths.to(q.device)[:, None]
     visible = positions < ends  # (B, T_max)
