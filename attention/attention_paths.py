@@ -1,10 +1,9 @@
 """Which forward kernel a flash-attention call runs: the Gluon kernel for Hopper
 (attention/gluon_flash_attention_fwd.py) or the portable tl kernel (triton_flash_attention_fwd.py).
 
-LLMK_ATTENTION_PATH picks: "tl" (the default) always runs the tl kernel; "gluon" runs the Gluon
-kernel where all of the following hold, the tl kernel elsewhere; "auto" is "gluon" where the Gluon
-kernel is measured faster (GLUON_BY_DEFAULT: not yet, docs/tuning/attention.md) and "tl" until
-then. The Gluon kernel's conditions:
+LLMK_ATTENTION_PATH picks: "auto" (the default) runs the Gluon kernel where it can run and was
+measured faster (AUTO_TL_SHAPES holds where it was not), the tl kernel elsewhere; "gluon" runs the
+Gluon kernel wherever it can run; "tl" always runs the tl kernel. The Gluon kernel can run where:
 - a GPU of compute capability 9.0 (H100, H200), not the interpreter;
 - a Triton whose Gluon the kernel was written and tested against (GLUON_TRITON_VERSIONS: Gluon's
   API changes between releases, so a newer Triton takes the tl path until the kernel is ported);
@@ -27,13 +26,10 @@ GLUON_TRITON_VERSIONS = ("3.6.0",)
 GLUON_HEAD_DIMS = (64, 128)
 PATH_ENV = "LLMK_ATTENTION_PATH"
 PATHS = ("tl", "gluon", "auto")
-# Whether "auto" takes the Gluon kernel: not yet. On the H200 it leads the tl kernel at hd 128
-# (1.1-1.4x; causal T 1024 bf16 0.87x in one run) and trails it at hd 64 causal T <= 1024
-# (0.88-0.96x; docs/results/attention.md): a choice by shape, and the whole suite run on the GPU
-# with it as the default, come first
-GLUON_BY_DEFAULT = False
-
-
+# Where "auto" keeps the tl kernel though the Gluon one could run: (head dim, causal, longest query
+# length up to). On the H200 the Gluon kernel leads at hd 128 (1.1-1.4x) and ties at hd 64 (0.98-1.03x)
+# except causal at T <= 1024 (0.88-0.96x: benchmarks/results/attention.json, triton-gluon / triton)
+AUTO_TL_SHAPES = ((64, True, 1024),)
 @functools.lru_cache(maxsize=None)
 def _gluon_device(index):
     """Whether device `index` and this Triton run the Gluon kernel (read once a device)."""
@@ -63,22 +59,31 @@ def forced_path(path):
 
 
 def path_setting():
-    """LLMK_ATTENTION_PATH, checked, "auto" resolved: "tl" (the default) or "gluon"."""
-    value = os.environ.get(PATH_ENV, "tl")
+    """LLMK_ATTENTION_PATH, checked: "auto" (the default), "gluon" or "tl"."""
+    value = os.environ.get(PATH_ENV, "auto")
     if value not in PATHS:
         raise ValueError(f"{PATH_ENV} must be one of {PATHS}, got {value!r}")
-    if value == "auto":
-        return "gluon" if GLUON_BY_DEFAULT else "tl"
     return value
 
 
-def gluon_forward(q, k, v, out, lse, cu_seqlens, config):
+def auto_takes_gluon(head_dim, causal, max_queries):
+    """Whether "auto" takes the Gluon kernel for this head dim, causal flag and longest query
+    length where both kernels can run (AUTO_TL_SHAPES)."""
+    return not any(head_dim == d and bool(causal) == c and max_queries <= t for d, c, t in AUTO_TL_SHAPES)
+
+
+def gluon_forward(q, k, v, causal, out, lse, cu_seqlens, config):
     """Whether this forward runs the Gluon kernel: q, out (B, H, Tq, D), k, v (B, Hkv, Tk, D),
-    checked and non-empty; lse None or fp32 (B, H, Tq); cu_seqlens None or a packed batch's
-    (cu_seqlens_q, ...) as launch_flash_attention takes it; config a forced tl config or None."""
-    if path_setting() == "tl" or config is not None or q.device.type != "cuda":
+    checked and non-empty; causal the call's flag; lse None or fp32 (B, H, Tq); cu_seqlens None or
+    a packed batch's (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) as launch_flash_attention takes
+    it; config a forced tl config or None."""
+    setting = path_setting()
+    if setting == "tl" or config is not None or q.device.type != "cuda":
         return False
     if q.shape[3] not in GLUON_HEAD_DIMS:
+        return False
+    if setting == "auto" and not auto_takes_gluon(q.shape[3], causal, q.shape[2] if cu_seqlens is None
+                                                  else cu_seqlens[2]):
         return False
     if not _gluon_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):
         return False

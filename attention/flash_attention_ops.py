@@ -182,7 +182,7 @@ def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=No
         if lse is not None:
             lse.fill_(float("-inf"))
         return
-    if gluon_forward(q, k, v, out, lse, cu_seqlens, config):
+    if gluon_forward(q, k, v, causal, out, lse, cu_seqlens, config):
         from llmk.attention.gluon_flash_attention_fwd import launch_gluon_attention
 
         launch_gluon_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, mask, cu_seqlens=cu_seqlens)

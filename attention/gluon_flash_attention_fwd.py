@@ -104,6 +104,8 @@ MAXNREG = 168
 # Without a mask 8, 16 and 32 MB are within 3% of each other at hd 128 (docs/tuning/attention.md,
 # the fifth run); a causal STATIC grid loses with smaller groups (its deal is the less even)
 L2_BYTES = 8 << 20
+# A packed batch's grid, whatever its row says: PACKED_GRID_NOTE
+PACKED_GRID = DYNAMIC
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
 
@@ -137,47 +139,71 @@ def wgmma_layout(block_m, block_n, num_warps):
 def _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
              window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """What tile `tile` of n_m query blocks x n_bh (batch or sequence, head) pairs covers:
-    (descriptor batch, head, kv head, q_start, k_start, off_m, n_queries, n_keys, causal_shift, lo,
-    unmasked_lo, unmasked_hi, n_iter). Tiles take a pair's query blocks one after another (its K
-    and V stay in L2), the longest first under a mask (the tl kernel's order); LPT, a persistent
-    grid's order under a mask: the pairs in groups of l2_pairs, and in a group every pair's
-    longest block before any pair's shorter ones, so the last tiles a program takes are short. A
-    packed batch's sequence bounds are read here."""
-    if LPT:
-        # l2_pairs pairs at a time, whose K and V fit in L2 together (taking all n_bh pairs at
-        # once, each key block comes from HBM again: -10% causal at T 16384)
-        group = tile // (l2_pairs * n_m)
-        pairs = gl.minimum(l2_pairs, n_bh - group * l2_pairs)  # the last group may be short
-        rest = tile - group * l2_pairs * n_m
-        start_m = n_m - 1 - rest // pairs
-        bh = group * l2_pairs + rest % pairs
-    else:
-        start_m = tile % n_m
-        bh = tile // n_m
-        if CAUSAL or WINDOW:
-            start_m = n_m - 1 - start_m
-    batch = bh // n_heads
-    head = bh % n_heads
-    kv_head = head // kv_group
-    off_m = start_m * BLOCK_M
+    """What tile `tile` covers: (descriptor batch, head, kv head, q_start, k_start, off_m,
+    n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter).
+    Dense, n_m query blocks x n_bh (batch, head) pairs: tiles take a pair's query blocks one after
+    another (its K and V stay in L2), the longest first under a mask (the tl kernel's order); LPT,
+    a persistent grid's order under a mask: the pairs in groups of l2_pairs, and in a group every
+    pair's longest block before any pair's shorter ones, so the last tiles a program takes are
+    short.
+    Packed (VARLEN, n_bh = sequences x n_heads): sequence i's tiles are [n_heads * first(i),
+    n_heads * first(i + 1)) with first(i) = cu_seqlens_q[i] // BLOCK_M + i, its heads one after
+    another, each over first(i + 1) - first(i) query blocks: the sequence's ceil(length / BLOCK_M)
+    and at most one more, an empty tile (n_iter 0). So the host knows the tile count, n_heads x
+    (total // BLOCK_M + sequences), without reading the lengths, and a batch of short sequences
+    is not a grid of max_seqlen_q's blocks each, most of them empty. The sequence is found by a
+    binary search over first(i) (strictly increasing), its bounds read from cu_seqlens."""
     if VARLEN:
-        # sequence `batch` of the packed (1, H, total, D) views
+        g = tile // n_heads
+        batch = tile * 0
+        above = n_bh // n_heads
+        while above - batch > 1:  # first(batch) <= g < first(above)
+            mid = (batch + above) // 2
+            before = (gl.load(cu_seqlens_q + mid) // BLOCK_M + mid <= g).to(gl.int32)
+            batch = batch + before * (mid - batch)
+            above = mid + before * (above - mid)
         q_start = gl.load(cu_seqlens_q + batch)
-        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
+        q_end = gl.load(cu_seqlens_q + batch + 1)
+        first = q_start // BLOCK_M + batch
+        span = q_end // BLOCK_M + batch + 1 - first
+        rest = tile - first * n_heads
+        head = rest // span
+        start_m = rest % span
+        if CAUSAL or WINDOW:
+            start_m = span - 1 - start_m
+        # sequence `batch` of the packed (1, H, total, D) views
+        n_queries = q_end - q_start
         k_start = gl.load(cu_seqlens_k + batch)
         n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
         desc_batch = 0
     else:
+        if LPT:
+            # l2_pairs pairs at a time, whose K and V fit in L2 together (taking all n_bh pairs at
+            # once, each key block comes from HBM again: -10% causal at T 16384)
+            group = tile // (l2_pairs * n_m)
+            pairs = gl.minimum(l2_pairs, n_bh - group * l2_pairs)  # the last group may be short
+            rest = tile - group * l2_pairs * n_m
+            start_m = n_m - 1 - rest // pairs
+            bh = group * l2_pairs + rest % pairs
+        else:
+            start_m = tile % n_m
+            bh = tile // n_m
+            if CAUSAL or WINDOW:
+                start_m = n_m - 1 - start_m
+        head = bh % n_heads
         q_start = 0
         k_start = 0
-        desc_batch = batch
+        desc_batch = bh // n_heads
+    kv_head = head // kv_group
+    off_m = start_m * BLOCK_M
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
     # the key range, as the tl kernel takes it: [lo, hi) visited, [unmasked_lo, unmasked_hi)
     # wholly visible to every row, lo and the unmasked bounds multiples of BLOCK_N
     lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
                                                   WINDOW, True, BLOCK_M, BLOCK_N)
     n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+    if VARLEN:  # a tile past its sequence's last query block: no work (its rows would see keys)
+        n_iter = n_iter * (off_m < n_queries).to(gl.int32)
     return (desc_batch, head, kv_head, q_start, k_start, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
             unmasked_hi, n_iter)
 
@@ -550,7 +576,8 @@ def _gluon_attention_fwd_kernel(
     VARLEN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
     GRID: gl.constexpr,
 ):
-    """n_tiles = n_m query blocks x n_bh (batch or sequence, head) pairs. GRID ONE_TILE: a grid of
+    """n_tiles: n_m query blocks x n_bh (batch, head) pairs, or a packed batch's count (_tile_of;
+    n_bh = sequences x heads). GRID ONE_TILE: a grid of
     n_tiles, a tile a program; STATIC or DYNAMIC: a grid of one program an SM (its K and V ring,
     its barriers and its register split set up once), taking tiles program_id, + num_programs, ...
     (STATIC) or program_id and then the next of tile_counter (int32, zero at the launch, and
@@ -558,9 +585,8 @@ def _gluon_attention_fwd_kernel(
     N_Q: gl.constexpr = 2 if PINGPONG else 1  # consumer warpgroup groups, a q tile each
     BLOCK_M: gl.constexpr = N_Q * q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    LPT: gl.constexpr = (GRID != ONE_TILE) and (CAUSAL or WINDOW)
-    gl.static_assert(not (VARLEN and GRID != ONE_TILE), "a packed batch runs one tile a program")
-    if VARLEN:  # one tile a program: a query block past its sequence's end returns at once
+    LPT: gl.constexpr = (GRID != ONE_TILE) and (CAUSAL or WINDOW) and not VARLEN
+    if VARLEN and GRID == ONE_TILE:  # a tile past its sequence's end returns at once
         _, _, _, _, _, off_m, n_q, _, _, _, _, _, _ = _tile_of(
             gl.program_id(0), n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
             window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, BLOCK_M, BLOCK_N)
@@ -693,8 +719,8 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     asks; lse None or fp32 (B, H, Tq) with unit token stride. cu_seqlens: None, or
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a packed batch of (1, H, total, D) views, as
     launch_flash_attention takes it. config: (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
-    GRID) instead of gluon_config's; a packed batch runs one tile a program whatever it says
-    (its tiles past a sequence's end are known on the device only). Also what
+    GRID) instead of gluon_config's (a packed batch's GRID: PACKED_GRID's unless config says).
+    Also what
     scripts/gluon_compile.py compiles for sm_90 without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -705,7 +731,7 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
         cu_q, cu_k, tq = cu_seqlens
         b = cu_q.shape[0] - 1
     block_m, block_n, stages, pingpong, split_release, grid = config or gluon_config(d, causal)
-    grid = int(ONE_TILE) if cu_q is not None else int(grid)
+    grid = int(PACKED_GRID) if cu_q is not None and config is None else int(grid)
     if grid not in (0, 1, 2):
         raise ValueError(f"config's GRID must be ONE_TILE, STATIC or DYNAMIC (0, 1, 2), got {grid}")
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile
@@ -713,7 +739,8 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     n_m, n_bh = cdiv(tq, block_m), b * h
-    n_tiles = n_m * n_bh
+    # a packed batch: a tile a query block of each (sequence, head), and at most one more (_tile_of)
+    n_tiles = n_m * n_bh if cu_q is None else h * (q.shape[2] // block_m + b)
     # LPT's group: the (batch, head) pairs whose K and V take L2_BYTES together, whole kv groups
     kv_bytes = 2 * max(tk, 1) * d * q.element_size()  # a kv head's K and V
     l2_pairs = max(1, min(n_bh, max(1, L2_BYTES // kv_bytes) * (h // hkv)))

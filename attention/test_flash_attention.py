@@ -120,9 +120,9 @@ def compare_o(o, q, k, v, causal, sm_scale, window=None, softcap=None):
                    torch_out=same_dtype_attention(q, k, v, causal, sm_scale, **mask))
 
 
-def kernel_note(outcome, q, k, v, out, lse=None):
+def kernel_note(outcome, q, k, v, causal, out, lse=None):
     """outcome with the forward kernel that ran (attention/attention_paths.py) added to its note."""
-    ran = "gluon" if gluon_forward(q, k, v, out, lse, None, None) else "tl"
+    ran = "gluon" if gluon_forward(q, k, v, causal, out, lse, None, None) else "tl"
     outcome.note = f"{outcome.note}; {ran} forward".lstrip("; ")
     return outcome
 
@@ -137,7 +137,7 @@ def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, sca
     with forced_path(path):
         o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **mask)
         outcomes = [kernel_note(compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d) if sm_scale is None else sm_scale,
-                                          **mask), q, k, v, out)]
+                                          **mask), q, k, v, causal, out)]
         if layout == "bthd":  # without out=, O comes back laid out like q
             o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, **mask)
             outcomes.append(Outcome("O keeps q's layout", o2.stride() == q.stride() and torch.equal(o2, o),
@@ -477,7 +477,7 @@ def check_varlen_forward(lengths_q, lengths_k, h, hkv, d, dtype, causal, window=
     options = (causal, None, None, False, left, right, softcap or 0.0)
     with forced_path(path), torch.no_grad():
         o, lse = flash_attention_varlen_train_op(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), *options)
-        ran = "gluon" if gluon_forward(packed(q), packed(k), packed(v), packed(o), packed(lse),
+        ran = "gluon" if gluon_forward(packed(q), packed(k), packed(v), causal, packed(o), packed(lse),
                                        (cu_q, cu_k, max(lengths_q)), None) else "tl"
         if ran != path:  # the tl kernel's config depends on the longest sequence: not bit for bit
             raise Skip(f"the {path} forward does not run here")
@@ -930,7 +930,7 @@ def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, sc
     with forced_path(path), torch.no_grad():
         out, lse = flash_attention_train_op(q, k, v, causal, None, None, False, left, right, softcap or 0.0)
         _, ref = attention_and_lse(q.double(), k.double(), v.double(), causal, None, window, softcap)
-        return [kernel_note(compare("LSE", lse, ref, lse_tol(softcap)), q, k, v, out, lse)]
+        return [kernel_note(compare("LSE", lse, ref, lse_tol(softcap)), q, k, v, causal, out, lse)]
 
 
 def check_window_skips(causal, window, deterministic):

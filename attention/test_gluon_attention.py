@@ -12,6 +12,7 @@ kernel's cases: on an H200 each half takes minutes.
 """
 import dataclasses
 import math
+import os
 
 import torch
 import triton
@@ -21,13 +22,16 @@ from llmk.attention.attention_paths import (
     GLUON_HEAD_DIMS,
     GLUON_TRITON_VERSIONS,
     PATH_ENV,
+    auto_takes_gluon,
     forced_path,
     gluon_forward,
     gluon_runs_here,
+    path_setting,
 )
 from llmk.attention.flash_attention_ops import flash_attention
 from llmk.attention.test_flash_attention import CASES as TL_CASES
 from llmk.attention.test_flash_attention import (
+    EXACT,
     attention_and_lse,
     check,
     check_lse,
@@ -46,7 +50,8 @@ from llmk.devtools.testing import Case, Outcome, Skip, compare, expect_raises, m
 def check_gluon_dispatch():
     """With LLMK_ATTENTION_PATH=gluon on an sm_90 GPU with a tested Triton, dense and packed calls
     of the Gluon head dims take the Gluon forward; other head dims, a forced config, a TMA-illegal
-    layout and LLMK_ATTENTION_PATH=tl take the tl one; a bad value raises."""
+    layout and LLMK_ATTENTION_PATH=tl take the tl one; "auto", the default, takes the tl one on
+    AUTO_TL_SHAPES only; a bad value raises."""
     outcomes = []
     q, k, v = make_qkv(1, 2, 2, 8, 8, 64, torch.bfloat16)
     with environment(PATH_ENV, "bogus"):
@@ -64,17 +69,26 @@ def check_gluon_dispatch():
     keys = {row[:2] for row in GLUON_CONFIG_TABLE}  # gluon_config raises for a head dim and mask it lacks
     outcomes.append(Outcome("the Gluon table has a full and a causal row a head dim",
                             keys == {(d, c) for d in GLUON_HEAD_DIMS for c in (False, True)}, note=str(sorted(keys))))
+    unset = os.environ.pop(PATH_ENV, None)
+    try:
+        outcomes.append(Outcome(f"{PATH_ENV} unset: auto", path_setting() == "auto"))
+    finally:
+        if unset is not None:
+            os.environ[PATH_ENV] = unset
+    outcomes += [Outcome(f"auto_takes_gluon{args}: {want}", auto_takes_gluon(*args) == want)
+                 for args, want in (((64, True, 1024), False), ((64, True, 1025), True), ((64, False, 512), True),
+                                    ((128, True, 512), True))]
     if INTERPRET:
         with forced_path("gluon"):
-            outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, q, None, None, None)
+            outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, False, q, None, None, None)
                                     and not gluon_runs_here()))
         return outcomes
     if triton.__version__ not in GLUON_TRITON_VERSIONS or torch.cuda.get_device_capability() != (9, 0):
         raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}; here "
                    f"{torch.cuda.get_device_capability()} and Triton {triton.__version__}")
-    def gluon(q, k, v, cu_seqlens=None, config=None, path="gluon"):
+    def gluon(q, k, v, cu_seqlens=None, config=None, path="gluon", causal=False):
         with forced_path(path):
-            return gluon_forward(q, k, v, q, None, cu_seqlens, config)
+            return gluon_forward(q, k, v, causal, q, None, cu_seqlens, config)
 
     outcomes.append(Outcome("gluon_runs_here()", gluon_runs_here()))
     for d in (64, 128):
@@ -85,7 +99,14 @@ def check_gluon_dispatch():
                      Outcome(f"D{d} packed: gluon", gluon(q, k, v, cu_seqlens=(two, two, 60))),
                      Outcome(f"D{d} packed, over {MAX_GRID_Y} (sequence, head) pairs: gluon",
                              gluon(q, k, v, cu_seqlens=(many, many, 0))),
-                     Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3]))]
+                     Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3])),
+                     Outcome(f"D{d} T100 full, auto: gluon", gluon(q, k, v, path="auto")),
+                     Outcome(f"D{d} T100 causal, auto: {'tl' if d == 64 else 'gluon'}",
+                             gluon(q, k, v, path="auto", causal=True) == (d != 64)),
+                     Outcome(f"D{d} packed causal, longest 60, auto: {'tl' if d == 64 else 'gluon'}",
+                             gluon(q, k, v, cu_seqlens=(two, two, 60), path="auto", causal=True) == (d != 64))]
+        q2k, k2k, v2k = make_qkv(1, 2, 2, 2048, 2048, d, torch.bfloat16)
+        outcomes.append(Outcome(f"D{d} T2048 causal, auto: gluon", gluon(q2k, k2k, v2k, path="auto", causal=True)))
     q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
     odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal
     return outcomes + [Outcome("D96: tl", not gluon(q, k, v)),
@@ -168,7 +189,7 @@ def check_gluon_graph(b, h, hkv, t, d, causal):
     q, k, v = make_qkv(b, h, hkv, t, t, d, torch.bfloat16)
     out = poisoned((b, h, t, d), torch.bfloat16)
     with forced_path("gluon"):
-        outcomes = [Outcome("the Gluon forward runs", gluon_forward(q, k, v, out, None, None, None))]
+        outcomes = [Outcome("the Gluon forward runs", gluon_forward(q, k, v, causal, out, None, None, None))]
         flash_attention(q, k, v, causal=causal, out=out)  # compiled before the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -185,6 +206,45 @@ def check_gluon_graph(b, h, hkv, t, d, causal):
             eager = flash_attention(q, k, v, causal=causal)
             outcomes.append(dataclasses.replace(compare_o(eager, q, k, v, causal, scale, None, None),
                                                 check=f"O, eager call after replay {replay + 1}"))
+    return outcomes
+
+
+def check_gluon_varlen_grid(grid, lengths_q, lengths_k, h, hkv, d, causal, window=None):
+    """A packed batch launched on `grid` (the table's config otherwise) into poisoned O and LSE,
+    twice (a dynamic grid's counter must start at zero again): each sequence's O and LSE equal
+    the same config's dense launch on that sequence bit for bit (the same blocks in the same
+    order), zeros and -inf where a sequence has no keys; no row left unwritten; a dynamic grid's
+    counter back at zero. Many sequences take the tile search (_tile_of) many steps, and lengths
+    of 0, 1, BLOCK_M and its multiples land on its edges."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    from llmk.attention.flash_attention_ops import packed
+    from llmk.attention.gluon_flash_attention_fwd import DYNAMIC, _tile_counter, gluon_config, launch_gluon_attention
+
+    dtype, scale = torch.bfloat16, 1.0 / math.sqrt(d)
+    mask = attention_mask(window, None)
+    config = (*gluon_config(d, causal and window is None)[:5], grid)
+    q, k, v = rand((sum(lengths_q), h, d), dtype), rand((sum(lengths_k), hkv, d), dtype), \
+        rand((sum(lengths_k), hkv, d), dtype)
+    cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
+    for _ in range(2):
+        out, lse = poisoned(q.shape, dtype), poisoned((h, q.shape[0]), torch.float32)
+        launch_gluon_attention(packed(q), packed(k), packed(v), packed(out), causal, scale, packed(lse), mask, config,
+                               cu_seqlens=(cu_q, cu_k, max(lengths_q)))
+    want_o, want_lse = torch.zeros_like(out), torch.full_like(lse, float("-inf"))
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(lengths_q)):
+        sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        if lengths_q[i] and lengths_k[i]:
+            one = [t[s].transpose(0, 1).unsqueeze(0) for t, s in ((q, sq), (k, sk), (v, sk))]
+            o_i, lse_i = torch.empty_like(one[0]), torch.empty(one[0].shape[:3], dtype=torch.float32, device=DEVICE)
+            launch_gluon_attention(*one, o_i, causal, scale, lse_i, mask, config[:5] + (0,))
+            want_o[sq], want_lse[:, sq] = o_i[0].transpose(0, 1), lse_i[0]
+    outcomes = [compare("O against the dense launches", out, want_o, EXACT),
+                compare("LSE against the dense launches", lse, want_lse, EXACT)]
+    if grid == DYNAMIC:
+        left = _tile_counter(q.device).item()
+        outcomes.append(Outcome("the tile counter is zero after the launch", left == 0, note=f"{left}"))
     return outcomes
 
 
@@ -213,8 +273,24 @@ def gluon_config_cases():
             for name, config, kw in hard]
     rows.append(("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
                  dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)))
-    return [Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
-            for name, config, kw in rows]
+    cases = [Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
+             for name, config, kw in rows]
+    # packed batches on each grid: 150 sequences (8 steps of the tile search), lengths on BLOCK_M's edges
+    gen = torch.Generator().manual_seed(1)
+    many = [int(n) for n in torch.randint(0, 400, (150,), generator=gen)]
+    many[:8] = [0, 1, 127, 128, 129, 256, 0, 383]
+    packed = [("150 sequences 0..400 GQA 8/2 hd128 causal", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=128,
+                                                                  causal=True)),
+              ("150 sequences 0..400 GQA 8/2 hd64 full", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=64,
+                                                               causal=False)),
+              ("Tq != Tk [128,0,1,300,256] vs [50,7,0,900,256] hd128 causal",
+               dict(lengths_q=[128, 0, 1, 300, 256], lengths_k=[50, 7, 0, 900, 256], h=4, hkv=4, d=128, causal=True)),
+              ("[1000,3,2000] hd128 window (256, 0)", dict(lengths_q=[1000, 3, 2000], lengths_k=[1000, 3, 2000], h=4,
+                                                           hkv=1, d=128, causal=True, window=(256, 0)))]
+    return cases + [Case(f"Gluon packed grid {grid_name}: {name}", check_gluon_varlen_grid, dict(kw, grid=grid),
+                         gpu_only=True)
+                    for grid_name, grid in (("one tile a program", 0), ("static", 1), ("dynamic", 2))
+                    for name, kw in packed]
 
 
 

@@ -6,7 +6,7 @@ FLOPs: two matmuls of 2 * T * T * D per head, so 4 * B * H * T^2 * D for full at
 
 Shapes: 16384 tokens per batch (B = 16384 / T) at T = 512..16384, with H * D = 2048 (H 32 at hd 64,
 H 16 at hd 128), full and causal, fp16 and bf16. Providers: `triton` (attention/
-flash_attention_ops.py, the tl kernel), `triton-gluon` (the same call with
+flash_attention_ops.py with LLMK_ATTENTION_PATH=tl: the tl kernel), `triton-gluon` (the same call with
 LLMK_ATTENTION_PATH=gluon: the Gluon forward of attention/gluon_flash_attention_fwd.py, sm_90 only;
 also on the packed, window and softcap rows), `sdpa-flash` (FlashAttention-2 inside PyTorch),
 `sdpa-cudnn`, `sdpa-efficient`, `naive` (scores materialized in fp32) and `blocked` (online softmax over key
@@ -79,6 +79,15 @@ def sdpa(backend):
     return call
 
 
+def on_tl(fn):
+    """`triton`: fn with LLMK_ATTENTION_PATH=tl (the tl forward on every GPU: the default path takes
+    the Gluon one on sm_90, which the `triton-gluon` rows time)."""
+    def call(*args, **kwargs):
+        with forced_path("tl"):
+            return fn(*args, **kwargs)
+    return call
+
+
 def on_gluon(fn):
     """`triton-gluon`: fn with LLMK_ATTENTION_PATH=gluon (the Gluon forward on sm_90 with a tested
     Triton, the tl backward), or why that row is skipped here."""
@@ -96,7 +105,7 @@ OURS = ("triton", "triton-gluon")
 
 def providers(t):
     from torch.nn.attention import SDPBackend
-    found = {"triton": flash_attention, "triton-gluon": on_gluon(flash_attention)}
+    found = {"triton": on_tl(flash_attention), "triton-gluon": on_gluon(flash_attention)}
     if DEVICE == "cuda":  # the fused SDPA backends exist on CUDA only
         found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                   "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
@@ -155,7 +164,7 @@ NAIVE_TRAIN_MAX_BYTES = 2 ** 31  # the naive backward keeps a few fp32 score mat
 
 def train_providers(b, h, t):
     from torch.nn.attention import SDPBackend
-    found = {"triton": flash_attention}
+    found = {"triton": on_tl(flash_attention)}
     if DEVICE == "cuda":
         found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     scores = b * h * t * t * 4
@@ -271,7 +280,7 @@ def varlen_providers(lengths):
         # hides the padding from every real query (top-left and bottom-right alignment agree at Tq = Tk)
         return lambda q, k, v, cu, t_max: unpad(attend(*(pad(t, rows, lengths) for t in (q, k, v)), True), rows)
 
-    found = {"triton": packed, "triton-gluon": on_gluon(packed), "triton-padded": padded(flash_attention)}
+    found = {"triton": on_tl(packed), "triton-gluon": on_gluon(packed), "triton-padded": padded(on_tl(flash_attention))}
     if DEVICE == "cuda":
         found["sdpa-cudnn-padded"] = padded(sdpa(SDPBackend.CUDNN_ATTENTION))
     return found
@@ -330,7 +339,7 @@ def option_providers(window_left, softcap):
     """The window's (window_left not None) or the softcap's providers (module docstring)."""
     if window_left is not None:
         ours = functools.partial(flash_attention, causal=True, window=(window_left, 0))
-        found = {"triton": ours, "triton-gluon": on_gluon(ours), "flex": flex(window_left)}
+        found = {"triton": on_tl(ours), "triton-gluon": on_gluon(ours), "flex": flex(window_left)}
         if DEVICE == "cuda":
             from torch.nn.attention import SDPBackend
             found["sdpa-efficient-mask"] = lambda q, k, v: sdpa_masked(SDPBackend.EFFICIENT_ATTENTION, q, k, v,
@@ -340,7 +349,7 @@ def option_providers(window_left, softcap):
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / softcap) * softcap
     ours = functools.partial(flash_attention, causal=True, softcap=softcap)
-    return {"triton": ours, "triton-gluon": on_gluon(ours), "flex": flex(score_mod=cap)}
+    return {"triton": on_tl(ours), "triton-gluon": on_gluon(ours), "flex": flex(score_mod=cap)}
 
 
 def off_providers():
@@ -348,7 +357,7 @@ def off_providers():
     run causal attention but take neither option (the gate's PyTorch baseline where the naive
     scores do not fit)."""
     ours = functools.partial(flash_attention, causal=True)
-    found = {"triton": ours, "triton-gluon": on_gluon(ours)}
+    found = {"triton": on_tl(ours), "triton-gluon": on_gluon(ours)}
     if DEVICE == "cuda":
         from torch.nn.attention import SDPBackend
         found |= {name: functools.partial(sdpa(backend), causal=True) for name, backend in

@@ -11,7 +11,8 @@ PAGE = Area(
     "any T, head dims up to 256, packed sequences) and `attention/triton_flash_attention_bwd.py` "
     "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); "
     "the Gluon forward for sm_90 in `attention/gluon_flash_attention_fwd.py` (TMA, warp-specialized, "
-    "opt-in: `LLMK_ATTENTION_PATH=gluon`, the `triton-gluon` rows); the public functions in "
+    "the default on sm_90 with Triton 3.6 where it is faster, attention/attention_paths.py; the `triton-gluon` rows, "
+    "the `triton` rows forcing the tl kernel); the public functions in "
     "`attention/flash_attention_ops.py`. `naive` and `blocked` are the references in "
     "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
     [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),

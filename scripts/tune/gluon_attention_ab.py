@@ -104,7 +104,7 @@ def main():
                 # (its causal rows have measured 5-13% below this script's launches of the same config)
                 gluon_fwd.L2_BYTES = default_l2
                 with forced_path("gluon"):
-                    if gluon_forward(q, k, v, out, None, None, None):  # the call the op makes, Gluon's or not
+                    if gluon_forward(q, k, v, causal, out, None, None, None):  # the call the op makes, Gluon's or not
                         public = lambda: flash_attention(q, k, v, causal=causal)  # noqa: E731
                         rows["flash_attention, gluon path"] = (triton.testing.do_bench(public), float("nan"))
                         rows["flash_attention, gluon path, CUDA graph"] = (graph_time_ms(public), float("nan"))
