@@ -72,7 +72,7 @@ from llmk.common.triton_utils import LN2, softcap_scales, tanh_approx
 
 # The grids: ONE_TILE, a program a tile (the hardware's block scheduler balances them); STATIC, one
 # program an SM taking a fixed share of the tiles; DYNAMIC, one program an SM taking the next tile
-# from a counter as it frees (dense calls; a packed batch's grid stays one tile a program).
+# from a counter as it frees.
 ONE_TILE, STATIC, DYNAMIC = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
 # (head dim, causal, BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE, GRID): the first row whose
 # head dim and mask match wins (causal: kernel_mask's CAUSAL flag, the plain causal mask; a window,
@@ -104,8 +104,12 @@ MAXNREG = 168
 # Without a mask 8, 16 and 32 MB are within 3% of each other at hd 128 (docs/tuning/attention.md,
 # the fifth run); a causal STATIC grid loses with smaller groups (its deal is the less even)
 L2_BYTES = 8 << 20
-# A packed batch's grid, whatever its row says: PACKED_GRID_NOTE
-PACKED_GRID = DYNAMIC
+# The grid of a packed batch and of a windowed call, whatever their row says: the dynamic deal. At hd
+# 128 on the H200 the packed benchmark batch (64 sequences of 128..8192 tokens) ran at 451 TFLOP/s
+# against 434 one tile a program and 389 STATIC; a window of 4096 keys at T 16384 at 0.96x plain
+# causal's TFLOP/s against 0.94x STATIC and 0.92x one tile a program (docs/tuning/attention.md, the
+# eighth run)
+VARIABLE_WORK_GRID = DYNAMIC
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
 
@@ -494,22 +498,32 @@ def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_re
         lse_base = lse_ptr + (batch * stride_lb + head * stride_lh + q_start)
         gl.store(lse_base + rows, lse, mask=rows < n_q)
     if VARLEN:
-        # the rows past this sequence's end are the next one's: stored with a mask (a TMA store
-        # clips at the tensor's end only)
-        rows_o = off_m + gl.arange(0, BLOCK_M, layout=row_o)
-        cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
-        # 16-byte strides (gluon_layout_ok), said here since the ints are not value-specialized
-        stride_oh = gl.multiple_of(stride_oh, 8)
-        stride_om = gl.multiple_of(stride_om, 8)
-        o_base = o_ptr + head.to(gl.int64) * stride_oh + q_start.to(gl.int64) * stride_om
-        o_ptrs = o_base + gl.expand_dims(rows_o.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
-        gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(rows_o < n_q, 1))
+        if off_m + BLOCK_M <= n_q:  # rows of this sequence only
+            _store_o(o_tile, o_tile4, o_desc, out.to(dtype), batch, head, q_start + off_m)
+        else:
+            # the rows past this sequence's end are the next one's: stored with a mask (a TMA store
+            # clips at the tensor's end only)
+            rows_o = off_m + gl.arange(0, BLOCK_M, layout=row_o)
+            cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+            # 16-byte strides (gluon_layout_ok), said here since the ints are not value-specialized
+            stride_oh = gl.multiple_of(stride_oh, 8)
+            stride_om = gl.multiple_of(stride_om, 8)
+            o_base = o_ptr + head.to(gl.int64) * stride_oh + q_start.to(gl.int64) * stride_om
+            o_ptrs = o_base + gl.expand_dims(rows_o.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
+            gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(rows_o < n_q, 1))
     else:
-        tma.store_wait(pendings=0)  # the last tile's O has left o_tile
-        o_tile.store(out.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [batch, head, off_m, 0], o_tile4)
+        _store_o(o_tile, o_tile4, o_desc, out.to(dtype), batch, head, off_m)
     return kv_count + n_iter
+
+
+@gluon.jit
+def _store_o(o_tile, o_tile4, o_desc, out, batch, head, row):
+    """O's tile out by TMA from o_tile, rows row.. of (batch, head), once the last tile's has left
+    it; the copy runs on while the next tile starts."""
+    tma.store_wait(pendings=0)
+    o_tile.store(out)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [batch, head, row, 0], o_tile4)
 
 
 @gluon.jit
@@ -719,7 +733,8 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     asks; lse None or fp32 (B, H, Tq) with unit token stride. cu_seqlens: None, or
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a packed batch of (1, H, total, D) views, as
     launch_flash_attention takes it. config: (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
-    GRID) instead of gluon_config's (a packed batch's GRID: PACKED_GRID's unless config says).
+    GRID) instead of gluon_config's (whose GRID is VARIABLE_WORK_GRID for a packed batch or a
+    window).
     Also what
     scripts/gluon_compile.py compiles for sm_90 without a GPU."""
     b, h, tq, d = q.shape
@@ -731,7 +746,9 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
         cu_q, cu_k, tq = cu_seqlens
         b = cu_q.shape[0] - 1
     block_m, block_n, stages, pingpong, split_release, grid = config or gluon_config(d, causal)
-    grid = int(PACKED_GRID) if cu_q is not None and config is None else int(grid)
+    if config is None and (cu_q is not None or has_window):
+        grid = VARIABLE_WORK_GRID
+    grid = int(grid)
     if grid not in (0, 1, 2):
         raise ValueError(f"config's GRID must be ONE_TILE, STATIC or DYNAMIC (0, 1, 2), got {grid}")
     tile_m = block_m // 2 if pingpong else block_m  # a consumer's q tile

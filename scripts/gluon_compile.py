@@ -67,7 +67,11 @@ def attention_cases():
                   (f"hd{d} full dynamic", case(d, config=(128, 128, 2, True, False, DYNAMIC))),
                   (f"hd{d} window dynamic lockstep", case(d, window=(256, 0),
                                                           config=(128, 64, 2, False, False, DYNAMIC))),
-                  (f"hd{d} varlen", case(d, varlen=True)), (f"hd{d} varlen causal", case(d, causal=True, varlen=True))]
+                  (f"hd{d} varlen", case(d, varlen=True)), (f"hd{d} varlen causal", case(d, causal=True, varlen=True)),
+                  (f"hd{d} varlen causal one tile a program", case(d, causal=True, varlen=True,
+                                                                   config=(128, 128, 2, True, True, 0))),
+                  (f"hd{d} varlen window static", case(d, window=(256, 0), varlen=True,
+                                                       config=(128, 128, 2, True, True, 1)))]
     return cases
 
 
