@@ -105,10 +105,10 @@ MAXNREG = 168
 # the fifth run); a causal STATIC grid loses with smaller groups (its deal is the less even)
 L2_BYTES = 8 << 20
 # The grid of a packed batch and of a windowed call, whatever their row says: the dynamic deal. At hd
-# 128 on the H200 the packed benchmark batch (64 sequences of 128..8192 tokens) ran at 451 TFLOP/s
-# against 434 one tile a program and 389 STATIC; a window of 4096 keys at T 16384 at 0.96x plain
-# causal's TFLOP/s against 0.94x STATIC and 0.92x one tile a program (docs/tuning/attention.md, the
-# eighth run)
+# 128 on the H200 (two runs) the packed benchmark batch (64 sequences of 128..8192 tokens) ran at
+# 451-499 TFLOP/s against 434-461 one tile a program and 389-418 STATIC; a window of 4096 keys at T
+# 16384 at 0.93-0.96x plain causal's TFLOP/s against 0.92-0.94x STATIC and 0.89-0.92x one tile a
+# program (docs/tuning/attention.md, the eighth run)
 VARIABLE_WORK_GRID = DYNAMIC
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition

@@ -1,7 +1,7 @@
 """End to end: Llama-3-8B- and Qwen2.5-7B-shaped Hugging Face models (built from the configs below,
 random bf16 weights, nothing downloaded) run as transformers ships them (`eager`: its SDPA attention
-and PyTorch ops), patched with models/hf_patch.py (`triton`, with LLMK_ATTENTION_PATH=tl: the tl attention forward; for
-prefill also `triton-gluon`, with LLMK_ATTENTION_PATH=gluon, on sm_90 only), and with torch.compile.
+and PyTorch ops), patched with models/hf_patch.py (`triton`, LLMK_ATTENTION_PATH=tl: the tl attention
+forward; for prefill also `triton-gluon`, LLMK_ATTENTION_PATH=gluon, sm_90 only), and with torch.compile.
 
 prefill  one forward over T tokens at batch 1, T = 128..4096, no KV cache, logits of the last
          position only (as generate() asks for them). FLOPs: 2 * L * P_layer * T for the linear
