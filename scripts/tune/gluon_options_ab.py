@@ -7,13 +7,16 @@ attention benchmark's shapes, bf16 hd 128 H 32 causal, in one process:
   batches, B = 131072 / T, at T = 128..8192, interpolated in log T), summed as times;
 - window: T 16384, window (4095, 0), on each grid, against the plain causal call's TFLOP/s
   (visible pairs counted for both);
-- softcap 50 at B4 T4096 against the same call without it (time ratio).
+- softcap 50 at B4 T4096 against the same call without it (time ratio), fp16 and bf16, the capped
+  blocks' exp2s all on the MUFU and half by a polynomial on the FMA units (CAPPED_EXP2_FMA).
 
 Each variant's O is compared with the tl kernel's (max |difference| printed; more than 2e-2
 prints BAD and is not timed). Times are triton.testing.do_bench medians.
 
     python scripts/tune/gluon_options_ab.py                (H100/H200, Triton 3.6: ~1 min)
+    python scripts/tune/gluon_options_ab.py --only softcap
 """
+import argparse
 import math
 import os
 import threading
@@ -21,6 +24,7 @@ import threading
 import torch
 import triton
 
+from llmk.attention import gluon_flash_attention_fwd as gluon_fwd
 from llmk.attention.attention_checks import attention_mask
 from llmk.attention.gluon_flash_attention_fwd import (
     DYNAMIC,
@@ -140,22 +144,31 @@ def window_rows():
                   flush=True)
 
 
-def softcap_rows():
+def softcap_rows(dtype=DTYPE):
+    """Softcap 50 against no cap, with the capped blocks' exp2s all on the MUFU and half on the FMA
+    units (CAPPED_EXP2_FMA), fp16 and bf16."""
     b, t = 4, 4096
-    q, k, v = randn(b, H, t, D), randn(b, H, t, D), randn(b, H, t, D)
+    q, k, v = (torch.randn(b, H, t, D, device="cuda", dtype=dtype) for _ in range(3))
     out = torch.empty_like(q)
     scale = D ** -0.5
     flops = attention_flops(b, H, t, D, True)
     rows = {}
+    name = "fp16" if dtype == torch.float16 else "bf16"
     launch_flash_attention(q, k, v, out, True, scale)
-    off = timed("softcap off | gluon", lambda: launch_gluon_attention(q, k, v, out, True, scale), out, out.clone(),
-                flops, rows)
+    off = timed(f"softcap off {name} | gluon", lambda: launch_gluon_attention(q, k, v, out, True, scale), out,
+                out.clone(), flops, rows)
     mask = attention_mask(None, 50.0)
     launch_flash_attention(q, k, v, out, True, scale, mask=mask)
-    on = timed("softcap 50 | gluon", lambda: launch_gluon_attention(q, k, v, out, True, scale, mask=mask), out,
-               out.clone(), flops, rows)
-    if on and off:
-        print(f"softcap | time with / without | {on / off:.3f}", flush=True)
+    want = out.clone()
+    default = gluon_fwd.CAPPED_EXP2_FMA
+    for fma in (False, True):
+        gluon_fwd.CAPPED_EXP2_FMA = fma  # read at each launch
+        on = timed(f"softcap 50 {name} | gluon, exp2 {'half on FMA' if fma else 'on MUFU'}",
+                   lambda: launch_gluon_attention(q, k, v, out, True, scale, mask=mask), out, want, flops, rows)
+        if on and off:
+            print(f"softcap {name} exp2 {'half on FMA' if fma else 'on MUFU'} | time with / without | "
+                  f"{on / off:.3f}", flush=True)
+    gluon_fwd.CAPPED_EXP2_FMA = default
 
 
 def main():
@@ -166,9 +179,17 @@ def main():
     timer = threading.Timer(WATCHDOG_S, hang)
     timer.start()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
-    packed_rows()
-    window_rows()
-    softcap_rows()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=("packed", "window", "softcap"),
+                        default=("packed", "window", "softcap"))
+    args = parser.parse_args()
+    if "packed" in args.only:
+        packed_rows()
+    if "window" in args.only:
+        window_rows()
+    if "softcap" in args.only:
+        for dtype in (torch.bfloat16, torch.float16):
+            softcap_rows(dtype)
     timer.cancel()
 
 
