@@ -393,7 +393,8 @@ def _capped_exp2(x, SOFTCAP: gl.constexpr):
 def _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left, window_right, softcap_log2,
                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr):
     """(p, m_new, alpha) of one block of raw scores qk (BLOCK_M, BLOCK_N), in exp2's units: the
-    same arithmetic as the tl kernel's _attend_key_blocks."""
+    same arithmetic as the tl kernel's _attend_key_blocks. SOFTCAP: 0 no cap, else a cap, whose
+    unmasked blocks take _capped_exp2(SOFTCAP)."""
     scale = qk_scale
     if SOFTCAP:
         qk = softcap_log2 * tanh_approx(qk * qk_scale)
