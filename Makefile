@@ -3,6 +3,7 @@
 # make bench       every benchmarks/*_bench.py on a CUDA GPU -> benchmarks/results/*.json and *.png
 #                  (BENCH=norm,attention: those only; ARGS='--dtype bf16 --only rmsnorm': to each benchmark)
 # make bench-smoke the same benchmark code on tiny shapes in the interpreter, into build/bench-smoke
+#                  (JOBS=2: two at once)
 # make report      docs/results/*.md and the README's summary table from benchmarks/results/*.json
 # make lint        ruff check (pyproject.toml's rules); ruff comes with the [dev] extras
 PYTHON ?= python3
@@ -18,7 +19,7 @@ bench: deps
 	@$(PYTHON) -m llmk.scripts.run_benchmarks $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 bench-smoke: deps
-	@$(PYTHON) -m llmk.scripts.run_benchmarks --smoke $(if $(BENCH),--bench $(BENCH)) $(ARGS)
+	@$(PYTHON) -m llmk.scripts.run_benchmarks --smoke $(if $(JOBS),--jobs $(JOBS)) $(if $(BENCH),--bench $(BENCH)) $(ARGS)
 
 report:
 	@$(PYTHON) scripts/report.py  # a plain script: no torch, no GPU

@@ -30,6 +30,8 @@ PATHS = ("tl", "gluon", "auto")
 # length up to). On the H200 the Gluon kernel leads at hd 128 (1.1-1.4x) and ties at hd 64 (0.98-1.03x)
 # except causal at T <= 1024 (0.88-0.96x: benchmarks/results/attention.json, triton-gluon / triton)
 AUTO_TL_SHAPES = ((64, True, 1024),)
+
+
 @functools.lru_cache(maxsize=None)
 def _gluon_device(index):
     """Whether device `index` and this Triton run the Gluon kernel (read once a device)."""

@@ -18,24 +18,26 @@ softmax, the masks, the conventions and LSE are the same), laid out as FlashAtte
 - Packed batches (VARLEN): the descriptors span the packed (1, H, total, D) views and a program
   starts at its sequence's first token (read from cu_seqlens on the device); the keys a block
   reads past its sequence's end belong to the next one and are masked as the end of the keys is,
-  and O goes out by a masked store instead (a TMA store would write the next sequence's rows).
+  and the O of a sequence's last query block goes out by a masked store (a TMA store would write
+  the next sequence's rows), its other blocks' by TMA as a dense call's. A tile past the last
+  sequence's end (a total longer than cu_seqlens[-1]) has no rows: it writes nothing.
   The masked keys' values still enter P v with P = 0, so they must be finite: the next
   sequence's are (the tl kernel reads zeros there instead), and so is anything the packed
   tensors hold past cu_seqlens[-1] as long as it is data, not uninitialized memory.
 - Tiles (a query block of one (batch, head) pair) are numbered on a one-dimensional grid, a pair's
-  blocks one after another. A program takes one tile, or on a persistent grid (dense calls) one program
-  an SM takes tile after tile, the longest first under a mask: the ring's count runs on across
-  tiles, so the producer loads the next tile's q (once the consumers' last S released it, q_empty)
-  and first key blocks under this tile's last P v, and O goes out through a tile of its own whose
-  TMA store overlaps the next tile. The deal (GRID): STATIC, program p takes tiles p, p + P,
-  p + 2P, ...; DYNAMIC, program p takes tile p first and then, as its producer has issued a tile's
-  last copies, the next from an atomic counter in global memory, and hands the number to its
-  consumers through shared memory (FlashAttention-3's scheduler): under a mask a
-  static deal leaves the busiest program 1.15-1.55x the mean's work, a dynamic one ~1.01x.
+  blocks one after another (a packed batch's: _tile_of). A program takes one tile, or on a
+  persistent grid one program an SM takes tile after tile, the longest first under a mask: the
+  ring's count runs on across tiles, so the producer loads the next tile's q (once the consumers'
+  last S released it, q_empty) and first key blocks under this tile's last P v, and O goes out
+  through a tile of its own whose TMA store overlaps the next tile. The deal (GRID): STATIC, program
+  p takes tiles p, p + P, p + 2P, ...; DYNAMIC, program p takes tile p first and then, as its
+  producer has issued a tile's last copies, the next from an atomic counter in global memory, and
+  hands the number to its consumers through shared memory (FlashAttention-3's scheduler): under a
+  mask a static deal leaves the busiest program 1.15-1.55x the mean's work, a dynamic one ~1.01x.
 - Only the blocks a mask cuts (the causal diagonal, a window's edges, the end of the keys) run the
   masked softmax; the test is one uniform branch an iteration.
-- O of a dense call leaves through a shared tile and a TMA store; the copy clips the rows past the
-  sequence's end. LSE is stored from registers.
+- O leaves through a shared tile and a TMA store (but a packed sequence's last block's); the copy
+  clips the rows past the tensor's end. LSE is stored from registers.
 
 The descriptors are 4-D, (batch, head, token, dim) with the tensors' own strides, so a tile that
 runs past a head's last token reads zeros and writes nothing instead of touching the next head,
@@ -180,8 +182,9 @@ def _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu
         start_m = rest % span
         if CAUSAL or WINDOW:
             start_m = span - 1 - start_m
-        # sequence `batch` of the packed (1, H, total, D) views
-        n_queries = q_end - q_start
+        # sequence `batch` of the packed (1, H, total, D) views. Past cu_seqlens_q[-1] < total the
+        # last sequence's tiles run on to heads >= n_heads: those get no rows, so no work and no store
+        n_queries = (q_end - q_start) * (head < n_heads).to(gl.int32)
         k_start = gl.load(cu_seqlens_k + batch)
         n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
         desc_batch = 0

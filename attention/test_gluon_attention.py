@@ -102,11 +102,13 @@ def check_gluon_dispatch():
                      Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3])),
                      Outcome(f"D{d} T100 full, auto: gluon", gluon(q, k, v, path="auto")),
                      Outcome(f"D{d} T100 causal, auto: {'tl' if d == 64 else 'gluon'}",
-                             gluon(q, k, v, path="auto", causal=True) == (d != 64)),
-                     Outcome(f"D{d} packed causal, longest 60, auto: {'tl' if d == 64 else 'gluon'}",
-                             gluon(q, k, v, cu_seqlens=(two, two, 60), path="auto", causal=True) == (d != 64))]
+                             gluon(q, k, v, path="auto", causal=True) == (d != 64))]
         q2k, k2k, v2k = make_qkv(1, 2, 2, 2048, 2048, d, torch.bfloat16)
-        outcomes.append(Outcome(f"D{d} T2048 causal, auto: gluon", gluon(q2k, k2k, v2k, path="auto", causal=True)))
+        short = cumulative([60] * 34 + [8])  # 2048 tokens in all, the longest sequence 60
+        outcomes += [Outcome(f"D{d} T2048 causal, auto: gluon", gluon(q2k, k2k, v2k, path="auto", causal=True)),
+                     Outcome(f"D{d} packed causal, 2048 tokens, longest 60, auto: {'tl' if d == 64 else 'gluon'}",
+                             gluon(q2k, k2k, v2k, cu_seqlens=(short, short, 60), path="auto", causal=True)
+                             == (d != 64))]
     q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
     odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal
     return outcomes + [Outcome("D96: tl", not gluon(q, k, v)),
@@ -209,13 +211,14 @@ def check_gluon_graph(b, h, hkv, t, d, causal):
     return outcomes
 
 
-def check_gluon_varlen_grid(grid, lengths_q, lengths_k, h, hkv, d, causal, window=None):
+def check_gluon_varlen_grid(grid, lengths_q, lengths_k, h, hkv, d, causal, window=None, tail=0):
     """A packed batch launched on `grid` (the table's config otherwise) into poisoned O and LSE,
     twice (a dynamic grid's counter must start at zero again): each sequence's O and LSE equal
     the same config's dense launch on that sequence bit for bit (the same blocks in the same
     order), zeros and -inf where a sequence has no keys; no row left unwritten; a dynamic grid's
     counter back at zero. Many sequences take the tile search (_tile_of) many steps, and lengths
-    of 0, 1, BLOCK_M and its multiples land on its edges."""
+    of 0, 1, BLOCK_M and its multiples land on its edges. tail: q and O hold that many rows past
+    cu_seqlens_q[-1], which keep their poison (the tiles past the end write nothing)."""
     if not gluon_runs_here():
         raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
     from llmk.attention.flash_attention_ops import packed
@@ -224,7 +227,7 @@ def check_gluon_varlen_grid(grid, lengths_q, lengths_k, h, hkv, d, causal, windo
     dtype, scale = torch.bfloat16, 1.0 / math.sqrt(d)
     mask = attention_mask(window, None)
     config = (*gluon_config(d, causal and window is None)[:5], grid)
-    q, k, v = rand((sum(lengths_q), h, d), dtype), rand((sum(lengths_k), hkv, d), dtype), \
+    q, k, v = rand((sum(lengths_q) + tail, h, d), dtype), rand((sum(lengths_k), hkv, d), dtype), \
         rand((sum(lengths_k), hkv, d), dtype)
     cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
     for _ in range(2):
@@ -240,8 +243,12 @@ def check_gluon_varlen_grid(grid, lengths_q, lengths_k, h, hkv, d, causal, windo
             o_i, lse_i = torch.empty_like(one[0]), torch.empty(one[0].shape[:3], dtype=torch.float32, device=DEVICE)
             launch_gluon_attention(*one, o_i, causal, scale, lse_i, mask, config[:5] + (0,))
             want_o[sq], want_lse[:, sq] = o_i[0].transpose(0, 1), lse_i[0]
-    outcomes = [compare("O against the dense launches", out, want_o, EXACT),
-                compare("LSE against the dense launches", lse, want_lse, EXACT)]
+    end = cq[-1]
+    outcomes = [compare("O against the dense launches", out[:end], want_o[:end], EXACT),
+                compare("LSE against the dense launches", lse[:, :end], want_lse[:, :end], EXACT)]
+    if tail:
+        outcomes.append(Outcome(f"the {tail} rows past cu_seqlens_q[-1] keep their poison",
+                                bool(out[end:].isnan().all() and lse[:, end:].isnan().all())))
     if grid == DYNAMIC:
         left = _tile_counter(q.device).item()
         outcomes.append(Outcome("the tile counter is zero after the launch", left == 0, note=f"{left}"))
@@ -286,7 +293,10 @@ def gluon_config_cases():
               ("Tq != Tk [128,0,1,300,256] vs [50,7,0,900,256] hd128 causal",
                dict(lengths_q=[128, 0, 1, 300, 256], lengths_k=[50, 7, 0, 900, 256], h=4, hkv=4, d=128, causal=True)),
               ("[1000,3,2000] hd128 window (256, 0)", dict(lengths_q=[1000, 3, 2000], lengths_k=[1000, 3, 2000], h=4,
-                                                           hkv=1, d=128, causal=True, window=(256, 0)))]
+                                                           hkv=1, d=128, causal=True, window=(256, 0))),
+              ("[300,77] and 700 rows past cu_seqlens_q[-1], hd64 causal", dict(lengths_q=[300, 77],
+                                                                                lengths_k=[300, 77], h=4, hkv=2, d=64,
+                                                                                causal=True, tail=700))]
     return cases + [Case(f"Gluon packed grid {grid_name}: {name}", check_gluon_varlen_grid, dict(kw, grid=grid),
                          gpu_only=True)
                     for grid_name, grid in (("one tile a program", 0), ("static", 1), ("dynamic", 2))

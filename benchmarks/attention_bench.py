@@ -53,7 +53,7 @@ from llmk.attention.flash_attention_ops import flash_attention, flash_attention_
 from llmk.attention.reference_attention import naive_attention, visible_mask
 from llmk.attention.reference_blocked_attention import blocked_attention
 from llmk.common.device import DEVICE
-from llmk.devtools.bench import train_call
+from llmk.devtools.bench import COMPILE_BACKEND, train_call
 from llmk.devtools.harness import BenchCase, parse_args, run
 from llmk.devtools.results import plot_sweeps
 
@@ -331,7 +331,7 @@ def flex(window_left=None, score_mod=None):
     """torch.nn.attention.flex_attention, compiled, causal (within a window of window_left + 1 keys
     where given), with a score_mod where given; compiled and its block mask made at the first call."""
     from torch.nn.attention.flex_attention import flex_attention
-    compiled = torch.compile(flex_attention, dynamic=False)
+    compiled = torch.compile(flex_attention, dynamic=False, backend=COMPILE_BACKEND)
     return lambda q, k, v: compiled(q, k, v, block_mask=block_mask(q.shape[2], window_left), score_mod=score_mod)
 
 

@@ -311,12 +311,16 @@ def attention_cases(s):
                 "pytorch": lambda: apply_rope_ref(q, k, cos, sin)}
 
     def build_flash():
+        from llmk.attention.attention_paths import gluon_forward
         from llmk.attention.flash_attention_ops import flash_attention, launch_flash_attention
         q, k, v = rand((1, h, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE)
         out = torch.empty_like(q)
+        launch = launch_flash_attention
+        if gluon_forward(q, k, v, True, out, None, None, None):  # the kernel the public call takes here
+            from llmk.attention.gluon_flash_attention_fwd import launch_gluon_attention as launch
 
         def launcher():
-            launch_flash_attention(q, k, v, out, True, 1.0 / math.sqrt(d))
+            launch(q, k, v, out, True, 1.0 / math.sqrt(d))
             return out
         return {"public": lambda: flash_attention(q, k, v, causal=True), "launcher": launcher,
                 "pytorch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)}

@@ -391,6 +391,20 @@ def count_line(n_pass, n_fail, n_skip=0, skip_reason=None):
     return f"{n_pass} passed, {n_fail} failed" + (f", {n_skip} skipped ({skip_reason})" if n_skip else "")
 
 
+STRIDE_ENV = "LLMK_TEST_STRIDE"
+
+
+def case_stride():
+    """LLMK_TEST_STRIDE (default 1): run one case in that many of each script (every stride-th from
+    an offset the run's TEST_SEED picks), the rest counted as skipped. CI's newest-versions lane
+    takes 3: a new release's breakage shows in many cases, and the pinned lane runs them all.
+    pytest runs every case whatever it says."""
+    text = os.environ.get(STRIDE_ENV, "1")
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{STRIDE_ENV} must be a positive integer, got {text!r}")
+    return int(text)
+
+
 def run_cases(title, cases, skip_reason=None):
     """Run the tier's cases with a progress line each, print the table and the count; return the
     exit code (1 if any case failed, or if no case ran and there is no skip_reason).
@@ -410,8 +424,15 @@ def run_cases(title, cases, skip_reason=None):
         return 1
     seed = base_seed()
     chosen = select_cases(cases)
-    print(f"{title}: {len(chosen)} of {len(cases)} cases on {describe()}, TEST_SEED={seed}", flush=True)
     rows, n_pass, n_fail, skips = [], 0, 0, {}
+    stride = case_stride()
+    if stride > 1 and len(chosen) > 1:
+        # from an offset the seed picks: a run's choice replays with its TEST_SEED, and runs differ,
+        # so cases made in loops of `stride` do not always drop the same variant
+        strided = chosen[seed % stride::stride] or chosen[:1]
+        skips[f"{STRIDE_ENV}={stride}: one case in {stride}"] = len(chosen) - len(strided)
+        chosen = strided
+    print(f"{title}: {len(chosen)} of {len(cases)} cases on {describe()}, TEST_SEED={seed}", flush=True)
     for i, case in enumerate(chosen, 1):
         t0 = time.perf_counter()
         if DEVICE == "cuda":
@@ -440,6 +461,8 @@ def run_cases(title, cases, skip_reason=None):
 
 USAGE_EPILOG = """environment:
   TEST_SEED=<int>   replay a run's random inputs (each run prints the seed it drew)
+  LLMK_TEST_STRIDE=<n>
+                    run one case in n (the rest count as skipped; CI's newest-versions lane)
   TRITON_INTERPRET=1
                     force Triton's interpreter (the default without a CUDA device)
 

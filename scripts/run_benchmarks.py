@@ -1,7 +1,9 @@
 """`make bench` (GPU) and `make bench-smoke` (anywhere, tiny shapes, scratch folder): run
 benchmarks/*_bench.py in turn, every one or those named; exit nonzero if any fails (an error, or a
-row over the max_err gate)."""
+row over the max_err gate). A smoke run may take several at once (--jobs: each printed whole when
+it ends); a GPU run takes one at a time, since benchmarks sharing the GPU time each other's work."""
 import argparse
+import concurrent.futures
 import pathlib
 import subprocess
 import sys
@@ -25,12 +27,27 @@ def parse_args(argv):
     parser.add_argument("--bench", default=None, metavar="NAMES",
                         help=f"comma list of benchmarks to run (default: all of {', '.join(names)})")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in the interpreter, into build/bench-smoke")
+    parser.add_argument("--jobs", "-j", type=int, default=1,
+                        help="with --smoke: benchmarks run at once (default 1, streamed)")
     args, rest = parser.parse_known_args(argv)
+    if args.jobs < 1 or (args.jobs > 1 and not args.smoke):
+        parser.error(f"--jobs: 1, or more with --smoke (a GPU run times one benchmark at a time), got {args.jobs}")
     chosen = [n.strip() for n in args.bench.split(",") if n.strip()] if args.bench else list(names)
     unknown = [n for n in chosen if n not in names]
     if unknown:
         parser.error(f"--bench: unknown {', '.join(unknown)}; expected names from {', '.join(names)}")
     return args, [names[n] for n in chosen], rest
+
+
+def run_one(rel, forwarded, stream):
+    """Run one benchmark script: (exit code, its output unless streamed, seconds)."""
+    t0 = time.perf_counter()
+    if stream:
+        print(f"\n=== {rel} {' '.join(forwarded)}", flush=True)
+        return subprocess.call([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT), "", time.perf_counter() - t0
+    proc = subprocess.run([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    return proc.returncode, proc.stdout, time.perf_counter() - t0
 
 
 def main(argv):
@@ -43,15 +60,22 @@ def main(argv):
     forwarded = (["--smoke"] if args.smoke else []) + rest
     failed = []
     start = time.perf_counter()
-    for rel in scripts:
-        print(f"\n=== {rel} {' '.join(forwarded)}", flush=True)
-        if subprocess.call([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT) != 0:
-            failed.append(str(rel))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_one, rel, forwarded, args.jobs == 1): rel for rel in scripts}
+        for future in concurrent.futures.as_completed(futures):
+            rel = futures[future]
+            code, output, seconds = future.result()
+            if args.jobs > 1:
+                print(f"\n=== {rel} {' '.join(forwarded)}\n{output}", end="" if output.endswith("\n") else "\n",
+                      flush=True)
+            print(f"=== {rel}: exit {code} in {seconds:.0f}s", flush=True)
+            if code != 0:
+                failed.append(str(rel))
     out = "build/bench-smoke" if args.smoke else "benchmarks/results"
     print(f"\n{len(scripts) - len(failed)} of {len(scripts)} benchmarks ran, {len(failed)} failed, "
           f"in {time.perf_counter() - start:.0f}s; JSON and charts in {out}", flush=True)
     if failed:
-        print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"benchmarks that failed: {', '.join(sorted(failed))}", file=sys.stderr)
     return 1 if failed else 0
 
 

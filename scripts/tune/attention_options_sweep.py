@@ -24,6 +24,7 @@ import os
 import torch
 
 from llmk.attention.attention_checks import attention_mask
+from llmk.attention.attention_paths import forced_path
 from llmk.attention.flash_attention_ops import flash_attention, flash_attention_train_op
 from llmk.attention.triton_flash_attention_bwd import backward_config, launch_flash_attention_backward
 from llmk.attention.triton_flash_attention_fwd import launch_flash_attention, table_config
@@ -100,7 +101,8 @@ def sweep_problem(name, shape, left, softcap, smoke):
     fwd_flops = attention_flops(b, h, t, d, True, left)
     off_flops = attention_flops(b, h, t, d, True)
     # the forward: off, then the option's configs
-    off_fwd = tflops(off_flops, time_ms(lambda: flash_attention(q, k, v, causal=True, out=out)))
+    with forced_path("tl"):  # the tl kernel's own rows: the default path takes the Gluon one on sm_90
+        off_fwd = tflops(off_flops, time_ms(lambda: flash_attention(q, k, v, causal=True, out=out)))
     print(f"{name} B{b} H{h} T{t} D{d} forward: off {off_fwd:.0f} TFLOP/s", flush=True)
     with torch.no_grad():
         mask = opts["mask"]
@@ -116,7 +118,8 @@ def sweep_problem(name, shape, left, softcap, smoke):
                           may_refuse=True, versus="off")
     if left is not None:  # the window's work without its masks: each query block against as many keys, unmasked
         keys = left + 1 + picked[0]
-        ms = time_ms(lambda: flash_attention(q, k[:, :, :keys], v[:, :, :keys], out=out))
+        with forced_path("tl"):
+            ms = time_ms(lambda: flash_attention(q, k[:, :, :keys], v[:, :, :keys], out=out))
         rate = tflops(4 * b * h * d * t * keys, ms)
         print(f"    unmasked, {keys} keys a query (the window's blocks, table config): {rate:.0f} TFLOP/s "
               f"{rate / off_fwd:.2f}x off", flush=True)
