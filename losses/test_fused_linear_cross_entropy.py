@@ -16,6 +16,7 @@ a ragged last one; the kernel's vocabulary chunks are 128 there (V = 300: a ragg
 import math
 
 import torch
+import torch._dynamo.testing  # CompileCounterWithBackend (a submodule: import it, not only torch)
 
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.devtools.testing import (
