@@ -794,9 +794,7 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q) for a packed batch of (1, H, total, D) views, as
     launch_flash_attention takes it. config: (BLOCK_M, BLOCK_N, STAGES, PINGPONG, SPLIT_RELEASE,
     GRID) instead of gluon_config's (whose GRID is VARIABLE_WORK_GRID for a packed batch or a
-    window).
-    Also what
-    scripts/gluon_compile.py compiles for sm_90 without a GPU."""
+    window). Also what scripts/gluon_compile.py compiles for sm_90 without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     # a packed batch's totals bound each of its sequences

@@ -53,9 +53,10 @@ from llmk.attention.flash_attention_ops import flash_attention, flash_attention_
 from llmk.attention.reference_attention import naive_attention, visible_mask
 from llmk.attention.reference_blocked_attention import blocked_attention
 from llmk.common.device import DEVICE
-from llmk.devtools.bench import COMPILE_BACKEND, train_call
+from llmk.devtools.bench import train_call
 from llmk.devtools.harness import BenchCase, parse_args, run
 from llmk.devtools.results import plot_sweeps
+from llmk.devtools.testing import COMPILE_BACKEND
 
 DTYPES = (torch.float16, torch.bfloat16)
 TOKENS = 16384
@@ -79,25 +80,26 @@ def sdpa(backend):
     return call
 
 
-def on_tl(fn):
-    """`triton`: fn with LLMK_ATTENTION_PATH=tl (the tl forward on every GPU: the default path takes
-    the Gluon one on sm_90, which the `triton-gluon` rows time)."""
+def on_path(path, fn):
+    """fn with LLMK_ATTENTION_PATH=path around each call."""
     def call(*args, **kwargs):
-        with forced_path("tl"):
+        with forced_path(path):
             return fn(*args, **kwargs)
     return call
+
+
+def on_tl(fn):
+    """`triton`: fn on the tl forward on every GPU (the default path takes the Gluon one on sm_90,
+    which the `triton-gluon` rows time)."""
+    return on_path("tl", fn)
 
 
 def on_gluon(fn):
-    """`triton-gluon`: fn with LLMK_ATTENTION_PATH=gluon (the Gluon forward on sm_90 with a tested
-    Triton, the tl backward), or why that row is skipped here."""
+    """`triton-gluon`: fn on the Gluon forward (sm_90 with a tested Triton; the tl backward), or why
+    that row is skipped here."""
     if not gluon_runs_here():
         return "the Gluon forward runs on sm_90 with a tested Triton (attention/attention_paths.py)"
-
-    def call(*args, **kwargs):
-        with forced_path("gluon"):
-            return fn(*args, **kwargs)
-    return call
+    return on_path("gluon", fn)
 
 
 OURS = ("triton", "triton-gluon")

@@ -46,9 +46,10 @@ from llmk.attention.flash_attention_ops import flash_attention, flash_attention_
 from llmk.attention.reference_rope import rope_cos_sin
 from llmk.attention.triton_rope import apply_rope
 from llmk.attention.triton_softmax import softmax
-from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.device import DEVICE
 from llmk.common.ops import NAMESPACE, OPS
 from llmk.devtools.testing import (
+    COMPILE_BACKEND,
     EXACT,
     UNIT_ROUNDOFF,
     Case,
@@ -79,7 +80,6 @@ from llmk.normalization.triton_layernorm import layernorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 from llmk.optimizers.triton_adam import TritonAdamW
 
-COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
 f16, bf16 = torch.float16, torch.bfloat16
 
 

@@ -11,6 +11,7 @@ import torch
 
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.timing import time_ms
+from llmk.devtools.testing import COMPILE_BACKEND
 
 
 def host_time_us(fn, calls=200, rounds=3):
@@ -90,15 +91,11 @@ def copy_bandwidth_GBps(n_bytes=1 << 30):
     return gbps(2 * n_bytes, ms)
 
 
-# The torch.compile baselines' backend: Inductor on a GPU. In the interpreter (make bench-smoke, its
-# numbers meaningless) aot_eager: Dynamo and AOTAutograd trace the same graphs, so a graph break or a
-# fake-tensor error still shows, without Inductor's C++ builds, half of a smoke run's time
-COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
-
-
 def compile_fn(fn):
     """`torch.compile` baseline: static shapes (the strongest kernels Inductor makes), default mode,
-    and a recompile limit high enough for a shape sweep; COMPILE_BACKEND's backend."""
+    and a recompile limit high enough for a shape sweep; COMPILE_BACKEND's backend (aot_eager in
+    make bench-smoke's interpreter, whose numbers mean nothing: Inductor's C++ builds were half of
+    its time)."""
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     if hasattr(torch._dynamo.config, "recompile_limit"):

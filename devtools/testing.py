@@ -391,6 +391,10 @@ def count_line(n_pass, n_fail, n_skip=0, skip_reason=None):
     return f"{n_pass} passed, {n_fail} failed" + (f", {n_skip} skipped ({skip_reason})" if n_skip else "")
 
 
+# torch.compile's backend in tests and smoke benchmarks: Inductor on a GPU; in the interpreter
+# aot_eager, whose Dynamo and AOTAutograd trace the same graphs (a graph break or a fake-tensor error
+# still shows) without Inductor's C++ builds on the CPU
+COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
 STRIDE_ENV = "LLMK_TEST_STRIDE"
 
 

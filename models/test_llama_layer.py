@@ -38,7 +38,7 @@ import torch
 import torch._dynamo.testing
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
+from llmk.devtools.testing import COMPILE_BACKEND, UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.models.llama_layer import (
     CONFIGS,
@@ -56,7 +56,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DTYPE = torch.bfloat16
 LAYER_ROUNDINGS = 4
 EXACT = Tol(0.0, 0.0, "the same kernels on the same inputs", rounding_check=False)
-COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
 PAGE_SIZE = 16
 GRAPH_ROWS_FLAG = "--graph-rows"  # the fresh process that captures before any eager call
 

@@ -14,15 +14,14 @@ Eagerly, and under torch.compile(fullgraph=True) (aot_eager in the interpreter, 
 
 import torch
 
-from llmk.common.device import DEVICE, INTERPRET
-from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, main
+from llmk.common.device import DEVICE
+from llmk.devtools.testing import COMPILE_BACKEND, UNIT_ROUNDOFF, Case, Outcome, main
 from llmk.models.mlp_block import forward, make_params
 from llmk.optimizers.triton_adam import TritonAdamW
 
 STEPS = 20
 BATCHES = 2  # cycled: a small data set the block can fit within STEPS, so the loss falls clearly
 LR = 1e-2
-COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
 
 
 def batches(tokens, hidden, seed):
