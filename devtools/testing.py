@@ -396,6 +396,7 @@ def count_line(n_pass, n_fail, n_skip=0, skip_reason=None):
 # still shows) without Inductor's C++ builds on the CPU
 COMPILE_BACKEND = "aot_eager" if INTERPRET else "inductor"
 STRIDE_ENV = "LLMK_TEST_STRIDE"
+SHARD_ENV = "LLMK_TEST_SHARD"
 
 
 def case_stride():
@@ -409,6 +410,18 @@ def case_stride():
     return int(text)
 
 
+def case_shard():
+    """LLMK_TEST_SHARD=i/n (default 1/1): this process runs cases i, i + n, i + 2n, ... (counting
+    from 1) of the script's chosen ones, and says nothing of the others: `make test` runs its
+    longest scripts as n processes at once (scripts/run_tests.py SHARDS), whose counts add up to
+    the script's."""
+    text = os.environ.get(SHARD_ENV, "1/1")
+    i, _, n = text.partition("/")
+    if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise ValueError(f"{SHARD_ENV} must read i/n with 1 <= i <= n, got {text!r}")
+    return int(i), int(n)
+
+
 def run_cases(title, cases, skip_reason=None):
     """Run the tier's cases with a progress line each, print the table and the count; return the
     exit code (1 if any case failed, or if no case ran and there is no skip_reason).
@@ -417,6 +430,10 @@ def run_cases(title, cases, skip_reason=None):
     toolchain"); every case then counts as skipped and none runs."""
     from tabulate import tabulate
 
+    shard, shards = case_shard()
+    if shards > 1:  # the shard's own cases: the counts of a script's shards add up to the script's
+        cases = cases[shard - 1::shards]
+        title = f"{title} ({SHARD_ENV}={shard}/{shards})"
     if skip_reason is not None:
         print(f"{title}: {len(cases)} cases skipped: {skip_reason}")
         print(count_line(0, 0, len(cases), skip_reason), flush=True)
@@ -457,16 +474,18 @@ def run_cases(title, cases, skip_reason=None):
                          o.limit, _fmt(o.torch_err), "PASS" if o.passed else "FAIL", o.note])
     print(tabulate(rows, headers=["case", "check", "max abs", "max rel", "bad", "first bad",
                                   "tolerance", "torch err", "result", "note"]))
-    if not chosen:
+    if not chosen and shards == 1:
         print(f"{title}: no case ran, and no reason to skip was given")
     print(count_line(n_pass, n_fail, sum(skips.values()), "; ".join(skips)), flush=True)
-    return 1 if n_fail or not chosen else 0
+    return 1 if n_fail or not (chosen or shards > 1) else 0
 
 
 USAGE_EPILOG = """environment:
   TEST_SEED=<int>   replay a run's random inputs (each run prints the seed it drew)
   LLMK_TEST_STRIDE=<n>
                     run one case in n (the rest count as skipped; CI's newest-versions lane)
+  LLMK_TEST_SHARD=<i>/<n>
+                    run cases i, i + n, ... only (`make test` splits its longest scripts so)
   TRITON_INTERPRET=1
                     force Triton's interpreter (the default without a CUDA device)
 

@@ -2,9 +2,14 @@
 counting cases over all scripts: `N passed, M failed`, then `, K skipped (reason)` when some script
 could not run its cases here (no CUDA toolchain, an optional package missing), one reason per kind
 of skip. Just above it, the rows that failed, by script, so the tail of a long log names them.
-Exit 1 if any case failed, or a script died or ran nothing without saying why."""
+Exit 1 if any case failed, or a script died or ran nothing without saying why.
+
+With --jobs above 1 the longest scripts (SHARDS) run as several processes at once, each a share
+of the cases (devtools.testing's LLMK_TEST_SHARD): on a GPU their compiles, not the GPU, bound
+them, and without the split one script is the whole suite's wall time."""
 import argparse
 import concurrent.futures
+import os
 import pathlib
 import re
 import subprocess
@@ -16,14 +21,24 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 COUNT = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped \((.*)\))?$")
 # a table row whose verdict column reads FAIL (devtools.testing.print_table)
 FAILED_ROW = re.compile(r"\sFAIL(\s|$)")
+# script -> the processes it runs as (at most --jobs): on the H200, JOBS=4, one process each,
+# test_flash_attention took 966 s of the suite's 966 (3555 s summed over scripts),
+# test_inference_attention 465, test_matmul 302, test_gluon_attention 263
+SHARDS = {
+    "attention/test_flash_attention.py": 4,
+    "inference/test_inference_attention.py": 2,
+    "gemm/test_matmul.py": 2,
+    "attention/test_gluon_attention.py": 2,
+}
 
 
-def run_script(rel, stream):
-    """Run one test script; (passed, failed, skipped, skip reason) or None if it printed no count
-    line, its exit code, its output (streamed as it comes when `stream`, else returned whole), and
-    its failed rows, each table's title line (with its seed) first."""
+def run_script(rel, stream, shard=None):
+    """Run one test script (or its `shard`, "i/n"); (passed, failed, skipped, skip reason) or None
+    if it printed no count line, its exit code, its output (streamed as it comes when `stream`,
+    else returned whole), and its failed rows, each table's title line (with its seed) first."""
+    env = dict(os.environ, LLMK_TEST_SHARD=shard) if shard else None
     proc = subprocess.Popen([sys.executable, "-u", str(rel)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=env)
     counts, lines, failures, seed_line = None, [], [], None
     for line in proc.stdout:
         if stream:
@@ -43,9 +58,18 @@ def run_script(rel, stream):
     return counts, proc.returncode, "".join(lines), failures
 
 
-def timed_run(rel, stream):
+def timed_run(rel, stream, shard):
     t0 = time.perf_counter()
-    return (*run_script(rel, stream), time.perf_counter() - t0)
+    return (*run_script(rel, stream, shard), time.perf_counter() - t0)
+
+
+def units(scripts, jobs):
+    """(script, shard or None) to run: with jobs > 1 the SHARDS scripts as min(their count, jobs)
+    shards each, first (the longest start first), then the rest in order."""
+    split = [(rel, f"{i}/{n}") for rel in scripts if jobs > 1 and (n := min(SHARDS.get(str(rel), 1), jobs)) > 1
+             for i in range(1, n + 1)]
+    whole = [(rel, None) for rel in scripts if not any(rel == r for r, _ in split)]
+    return split + whole
 
 
 def main(patterns, jobs=1):
@@ -66,9 +90,10 @@ def main(patterns, jobs=1):
         if jobs == 1:
             for rel in scripts:
                 print(f"\n=== {rel}", flush=True)
-        futures = {pool.submit(timed_run, rel, jobs == 1): rel for rel in scripts}
+        futures = {pool.submit(timed_run, rel, jobs == 1, shard): (rel, shard) for rel, shard in units(scripts, jobs)}
         for future in concurrent.futures.as_completed(futures):
-            rel = futures[future]
+            rel, shard = futures[future]
+            rel = f"{rel} (shard {shard})" if shard else rel
             counts, code, output, rows, seconds = future.result()
             if rows:
                 failures[str(rel)] = rows
