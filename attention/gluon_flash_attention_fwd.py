@@ -112,11 +112,6 @@ L2_BYTES = 8 << 20
 # 16384 at 0.93-0.96x plain causal's TFLOP/s against 0.92-0.94x STATIC and 0.89-0.92x one tile a
 # program (docs/tuning/attention.md, the eighth run)
 VARIABLE_WORK_GRID = DYNAMIC
-# Under a softcap, half of an unmasked block's exp2s by a polynomial on the FMA units (_capped_exp2):
-# off until measured (`scripts/tune/gluon_options_ab.py --only softcap` A/Bs it; lowered for sm_90a
-# without spills). Without a cap the same split lost 5-10%, where the MUFU was not the bound
-# (docs/tuning/attention.md, the seventh and eighth runs)
-CAPPED_EXP2_FMA = False
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)  # a ping-pong schedule's second consumer warpgroup, a worker partition
 
@@ -344,60 +339,11 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                        SPLIT_RELEASE)
 
 
-# 2^f on [-1/2, 1/2] by a polynomial with 2^0 = 1 exactly, in Horner's form (a weighted least-squares
-# fit of the relative error): degree 3 is within 1.0e-4 of 2^f, a fortieth of bf16's rounding of p
-# (2^-9 relative); degree 4, for fp16 (2^-12), within 2.9e-6. Coefficients of f^3, f^2, f (f^0's is 1):
-EXP2_3A, EXP2_3B, EXP2_3C = gl.constexpr(0.05500858649611473), gl.constexpr(0.24220997095108032), \
-    gl.constexpr(0.6932828426361084)
-# f^4, f^3, f^2, f
-EXP2_4A, EXP2_4B, EXP2_4C, EXP2_4D = gl.constexpr(0.009582811035215855), gl.constexpr(0.05590631067752838), \
-    gl.constexpr(0.24024099111557007), gl.constexpr(0.6931242346763611)
-ROUND_MAGIC = gl.constexpr(12582912.0)  # 1.5 x 2^23: x + this, for |x| < 2^22, holds round(x) in its low bits
-
-
-@gluon.jit
-def _exp2_fma(x, DEGREE: gl.constexpr):
-    """2^x, x <= 0 and not -inf, on the FMA and integer units instead of the MUFU's ex2
-    (FlashAttention-4's softmax trick): x = j + f with j = round(x), f in [-1/2, 1/2]; 2^f by the
-    polynomial of DEGREE (3 or 4), and j added to its exponent bits. x is clamped at -126, where
-    fp32's normal numbers end: 2^-126 instead of less, which a p rounded to fp16 flushes to 0 and
-    which in bf16 (~1e-38) moves no output."""
-    x = gl.maximum(x, -126.0)
-    shifted = x + ROUND_MAGIC
-    f = x - (shifted - ROUND_MAGIC)
-    if DEGREE == 4:
-        p = gl.fma(gl.fma(gl.fma(gl.fma(EXP2_4A, f, EXP2_4B), f, EXP2_4C), f, EXP2_4D), f, 1.0)
-    else:
-        p = gl.fma(gl.fma(gl.fma(EXP2_3A, f, EXP2_3B), f, EXP2_3C), f, 1.0)
-    # j's two's complement sits in shifted's low bits: shifted left by 23 it lands on the exponent
-    bits = p.to(gl.int32, bitcast=True) + (shifted.to(gl.int32, bitcast=True) << 23)
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _capped_exp2(x, SOFTCAP: gl.constexpr):
-    """2^x of a (BLOCK_M, BLOCK_N) block of unmasked capped scores minus the row max. SOFTCAP 3 or
-    4: the odd columns by _exp2_fma of that degree, the even ones by the MUFU's ex2 (a thread holds
-    its columns in adjacent pairs, so the split moves no data): under a cap each score takes a
-    tanh.approx on the MUFU too, and two MUFU instructions a score take as long as the products at
-    hd 128. SOFTCAP 1: all on the MUFU."""
-    if SOFTCAP >= 3:
-        BLOCK_M: gl.constexpr = x.shape[0]
-        BLOCK_N: gl.constexpr = x.shape[1]
-        even, odd = gl.split(gl.reshape(x, [BLOCK_M, BLOCK_N // 2, 2]))
-        p = gl.reshape(gl.join(gl.exp2(even), _exp2_fma(odd, SOFTCAP)), [BLOCK_M, BLOCK_N])
-        p = gl.convert_layout(p, x.type.layout)
-    else:
-        p = gl.exp2(x)
-    return p
-
-
 @gluon.jit
 def _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left, window_right, softcap_log2,
                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr):
     """(p, m_new, alpha) of one block of raw scores qk (BLOCK_M, BLOCK_N), in exp2's units: the
-    same arithmetic as the tl kernel's _attend_key_blocks. SOFTCAP: 0 no cap, else a cap, whose
-    unmasked blocks take _capped_exp2(SOFTCAP)."""
+    same arithmetic as the tl kernel's _attend_key_blocks."""
     scale = qk_scale
     if SOFTCAP:
         qk = softcap_log2 * tanh_approx(qk * qk_scale)
@@ -419,7 +365,7 @@ def _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_
         m_new = gl.maximum(m_i, gl.max(qk, axis=1) * scale)  # scale > 0: the max commutes with it
         m_safe = m_new
         if SOFTCAP:
-            p = _capped_exp2(qk - gl.expand_dims(m_new, 1), SOFTCAP)  # scale is 1 under a cap
+            p = gl.exp2(qk - gl.expand_dims(m_new, 1))  # scale is 1 under a cap
         else:
             p = gl.exp2(qk * scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_safe)
@@ -823,10 +769,7 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), out,
             lse, cu_q, cu_k, counter, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, l2_pairs, h,
             h // hkv, tq, tk, qk_scale, left, right, softcap_log2)
-    # SOFTCAP: 0 no cap; a cap, its unmasked blocks' exp2s all on the MUFU (1) or half by the FMA
-    # polynomial of degree 3 (bf16) or 4 (fp16) (CAPPED_EXP2_FMA)
-    softcap_mode = (4 if q.dtype == torch.float16 else 3) if CAPPED_EXP2_FMA else 1
-    meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=softcap_mode if has_softcap else 0, STORE_LSE=lse is not None,
+    meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None,
                 VARLEN=cu_q is not None, STAGES=stages, PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release),
                 GRID=grid, num_warps=num_warps, maxnreg=MAXNREG)
     sms = sm_count(q.device, HOPPER_SMS) if q.device.type == "cuda" else HOPPER_SMS
