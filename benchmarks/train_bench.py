@@ -100,7 +100,7 @@ SMOKE_MODELS = {
 }
 FULL_PLAN = dict(batch=2, seq=4096, warmup=3, steps=10, loss_steps=100, lr=3e-4)
 CURVE_MODEL = "llama-1.5b"  # the model whose loss curves are kept (every model's would add minutes a run)
-SMOKE_PLAN = dict(batch=2, seq=16, warmup=1, steps=2, loss_steps=3, lr=3e-4)
+SMOKE_PLAN = dict(batch=2, seq=16, warmup=1, steps=1, loss_steps=2, lr=3e-4)
 DTYPE = torch.bfloat16
 TORCHAO = ("torchao-float8-rowwise", "torchao-float8-tensorwise")
 PROVIDERS = ("eager", "triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8", "torch.compile", *TORCHAO,
