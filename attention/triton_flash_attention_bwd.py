@@ -512,7 +512,7 @@ def _dq_kernel(
 
 def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
                                     cu_seqlens=None, config=None, deterministic=False, dq_add=None,
-                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK):
+                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK, gluon_dkdv=False):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
@@ -528,10 +528,24 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     dp_first: the dk/dv loop's order, dP^T issued beside S^T or after the dv product (sweeps);
     None: dp_first_when's choice for the head dim.
     grid_y, mask: as for the forward's launcher.
+    gluon_dkdv: the two-pass schedule with dk and dv from the Gluon kernel for sm_90
+    (attention/gluon_flash_attention_bwd.py; dense calls it supports, else ValueError), dq from
+    the tl kernel; its tests and measurements ask for it, the dispatch does not yet.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
-    tuning sweep's), None in the interpreter."""
+    tuning sweep's), None in the interpreter or with gluon_dkdv."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
+    if gluon_dkdv:
+        if not INTERPRET:  # Gluon is imported on a GPU only
+            from llmk.attention.gluon_flash_attention_bwd import gluon_dkdv_supported
+        if INTERPRET or not gluon_dkdv_supported(q, k, v, do, dk, dv, cu_seqlens,
+                                                 kernel_mask(causal, mask, tq, tk)[1], mask.softcap):
+            raise ValueError("gluon_dkdv: the Gluon dk/dv kernel takes dense fp16/bf16 calls on a GPU with head "
+                             "dims 64 or 128, no window or softcap, and layouts TMA reads in place")
+        if config is not None and config[1] is None:
+            raise ValueError("gluon_dkdv: the two-pass schedule's config, (dk/dv config, dq config), got a "
+                             "one-pass one")
+        deterministic = True  # dq from the two-pass schedule's dq kernel
     block_d = max(16, next_power_of_2(d))
     # TMA wants 16-byte rows (D fp32 values) and 32-bit row coordinates
     tma = d % 4 == 0 and q.numel() // d < 2 ** 31 and tma_reduce_available(q.device)
@@ -568,14 +582,20 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         if dq_add == DQ_TMA.value:  # over the buffer's (B * H * Tq, D) rows, a (BLOCK_M, BLOCK_D) tile a copy
             rows = dq_acc.view(-1, d)
             dq_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [dkdv_m, block_d])
-    dkdv_kernel = _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k,
-        *strides[0], *strides[1], *strides[2], *strides[3], batch(dk), *dk.stride()[1:],
-        batch(dv), *dv.stride()[1:], *lse_strides, *acc_strides,
-        hkv, h // hkv, tq, tk, qk_scale, scale, b * hkv, left, right, softcap_log2,
-        CAUSAL=causal, VARLEN=cu_q is not None, DQ_ADD=dq_add, HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_M=dkdv_m, BLOCK_N=dkdv_n, GRID_Y=grid_y, DP_FIRST=dp_first_when(d) if dp_first is None else dp_first,
-        WINDOW=has_window, SOFTCAP=has_softcap, num_warps=dkdv_warps, num_stages=dkdv_stages)
+    if gluon_dkdv:
+        from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dkdv
+
+        launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
+        dkdv_kernel = None
+    else:
+        dkdv_kernel = _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
+            q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k,
+            *strides[0], *strides[1], *strides[2], *strides[3], batch(dk), *dk.stride()[1:],
+            batch(dv), *dv.stride()[1:], *lse_strides, *acc_strides,
+            hkv, h // hkv, tq, tk, qk_scale, scale, b * hkv, left, right, softcap_log2,
+            CAUSAL=causal, VARLEN=cu_q is not None, DQ_ADD=dq_add, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=dkdv_m,
+            BLOCK_N=dkdv_n, GRID_Y=grid_y, DP_FIRST=dp_first_when(d) if dp_first is None else dp_first,
+            WINDOW=has_window, SOFTCAP=has_softcap, num_warps=dkdv_warps, num_stages=dkdv_stages)
     if one_pass:
         dq.copy_(dq_acc)  # one rounding of the fp32 sums
         return None if INTERPRET else (dkdv_kernel,)
@@ -587,4 +607,4 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         CAUSAL=causal, VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_M=dq_m, BLOCK_N=dq_n, GRID_Y=grid_y, WINDOW=has_window, SOFTCAP=has_softcap,
         num_warps=dq_warps, num_stages=dq_stages)
-    return None if INTERPRET else (dkdv_kernel, dq_kernel)
+    return None if INTERPRET or gluon_dkdv else (dkdv_kernel, dq_kernel)

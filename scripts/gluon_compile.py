@@ -4,6 +4,7 @@ mbarrier waits). Gluon kernels cannot run in the interpreter, so this is the CPU
 a change to one: it lowers, it fits, it does not spill.
 
     python scripts/gluon_compile.py            (needs the Triton the Gluon path is pinned to, 3.6)
+    python scripts/gluon_compile.py dkdv       (one kernel's cases: attention, the forward; dkdv)
 
 The cases are real launches' arguments (attention/gluon_flash_attention_fwd.py's
 gluon_attention_args on CPU tensors), bound and specialized as a launch binds them. Exits 1 if
@@ -75,6 +76,33 @@ def attention_cases():
     return cases
 
 
+def dkdv_cases():
+    """(name, (grid, args, meta)) of the backward's dk/dv kernel: each head dim, full and causal,
+    fp16, GQA, a (B, T, H, D) layout."""
+    import torch
+
+    from llmk.attention.gluon_flash_attention_bwd import DKDV_AB_CONFIGS, GLUON_DKDV_CONFIG, gluon_dkdv_args
+
+    def case(d, dtype=torch.bfloat16, causal=False, hkv=2, transposed=False, config=None):
+        b, h, t = 2, 8, 1000
+        if transposed:
+            q, do = (torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2) for _ in range(2))
+        else:
+            q, do = (torch.empty(b, h, t, d, dtype=dtype) for _ in range(2))
+        k, v, dk, dv = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(4))
+        lse, delta = (torch.empty(b, h, t, dtype=torch.float32) for _ in range(2))
+        return gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config)
+
+    cases = []
+    for d in GLUON_DKDV_CONFIG:
+        cases += [(f"hd{d} full", case(d)), (f"hd{d} causal", case(d, causal=True)),
+                  (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8)), (f"hd{d} BTHD causal", case(d, causal=True,
+                                                                                              transposed=True))]
+        # the A/B's other configs (scripts/tune/gluon_dkdv_ab.py)
+        cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config)) for config in DKDV_AB_CONFIGS[d]]
+    return cases
+
+
 def ptxas_report(ptx):
     """(registers, spill stores + loads in bytes) from ptxas -v on the kernel's PTX for sm_90a."""
     import subprocess
@@ -119,20 +147,26 @@ def main():
         print(f"Triton {triton.__version__}: the Gluon kernels are written for {GLUON_TRITON_VERSIONS}; "
               "install one of those to compile them")
         return 2
+    from llmk.attention.gluon_flash_attention_bwd import _gluon_dkdv_kernel
     from llmk.attention.gluon_flash_attention_fwd import _gluon_attention_fwd_kernel
 
+    only = sys.argv[1:]  # kernel names to compile ("attention", "dkdv"); all by default
     failed = 0
-    for name, (grid, args, meta) in attention_cases():
-        try:
-            ck = compile_case(_gluon_attention_fwd_kernel, args, meta)
-            n_regs, spills = ptxas_report(ck.asm["ptx"])
-            print(f"{'ok  ' if not spills else 'FAIL'} attention {name}: shared={ck.metadata.shared} "
-                  f"regs={n_regs} spill_bytes={spills} {ptx_features(ck.asm['ptx'])}", flush=True)
-            failed += bool(spills)
-        except Exception as e:  # noqa: BLE001 - report every case, then fail
-            msg = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
-            print(f"FAIL attention {name}: {type(e).__name__}: " + " | ".join(msg[:8]), flush=True)
-            failed += 1
+    for label, kernel, cases in (("attention", _gluon_attention_fwd_kernel, attention_cases),
+                                 ("dkdv", _gluon_dkdv_kernel, dkdv_cases)):
+        if only and label not in only:
+            continue
+        for name, (grid, args, meta) in cases():
+            try:
+                ck = compile_case(kernel, args, meta)
+                n_regs, spills = ptxas_report(ck.asm["ptx"])
+                print(f"{'ok  ' if not spills else 'FAIL'} {label} {name}: shared={ck.metadata.shared} "
+                      f"regs={n_regs} spill_bytes={spills} {ptx_features(ck.asm['ptx'])}", flush=True)
+                failed += bool(spills)
+            except Exception as e:  # noqa: BLE001 - report every case, then fail
+                msg = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+                print(f"FAIL {label} {name}: {type(e).__name__}: " + " | ".join(msg[:8]), flush=True)
+                failed += 1
     print(f"{failed} failed")
     return 1 if failed else 0
 

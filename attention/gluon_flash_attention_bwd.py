@@ -1,0 +1,228 @@
+"""FlashAttention backward's dk, dv for Hopper (sm_90) in Gluon: TMA loads, warp specialization,
+async wgmma.
+
+The same computation as the tl dk/dv kernel of the two-pass schedule
+(attention/triton_flash_attention_bwd.py: read its docstring first, for the formulas, LSE's and
+delta's conventions and the masks), laid out as FlashAttention-3's backward lays it out:
+
+- One program a block of BLOCK_N keys of one (batch, kv head). A producer warp (24 registers)
+  loads the block's K and V once, then the query blocks that see them, over every query head of
+  the GQA group in turn: each block's q and dO tiles into a ring of STAGES shared-memory stages
+  (one barrier a stage the copies complete, one the consumers release it on).
+- The consumer warpgroups (BLOCK_N / 64, 64 keys each; 240 registers a thread) keep the fp32 dk
+  and dv accumulators and run, a query block at a time, transposed so the keys are wgmma's M:
+      S^T = k q^T and dP^T = v dO^T    issued together, asynchronously
+      P^T = exp2(S^T * scale - LSE)    once S^T is done, while dP^T runs
+      dv += P^T dO                     issued, then dS^T = P^T * (dP^T - delta) once dP^T is done
+      dk += dS^T q
+  P^T and dS^T go to the tensor cores from registers; LSE and delta (a value a query) are read
+  from global memory while the products run. The causal mask applies on the blocks the diagonal
+  cuts only (query_blocks' lead).
+- dk (times sm_scale) and dv leave through the K and V tiles' shared memory by TMA stores; the
+  copies clip the rows past the keys' end.
+
+Rows past the end of the queries read LSE -inf, taken as +inf so their P is 0 (q's and dO's tiles
+are zero there: the 4-D descriptors clip at a head's last token); keys past the end have zero k
+and v rows, whose dk and dv are computed and never stored. P's exponent is capped at 0, as the tl
+kernel caps it (a key row past the end, S = 0, stays finite on a query whose scores are all very
+negative).
+
+dq comes from the tl dq kernel (the two-pass schedule's), delta from the tl preprocess:
+launch_flash_attention_backward(..., gluon_dkdv=True) runs them around this kernel. Dense calls,
+head dims GLUON_DKDV_CONFIG has, no window or softcap, layouts TMA reads in place (gluon_layout_ok);
+the dispatch does not take it yet (it has not been measured against the tl kernel).
+
+Written against Triton 3.6's Gluon, as the forward (attention/gluon_flash_attention_fwd.py, whose
+layout helpers and descriptors it shares). It does not run in the interpreter.
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from llmk.attention.gluon_flash_attention_fwd import MAXNREG, PRODUCER_REGS, _descriptor, gluon_layout_ok, wgmma_layout
+from llmk.attention.triton_flash_attention_bwd import query_blocks
+from llmk.common.ints import cdiv
+from llmk.common.triton_utils import LOG2E
+
+# head dim -> (BLOCK_M, BLOCK_N, STAGES): BLOCK_N keys a program over BLOCK_N / 64 consumer
+# warpgroups, BLOCK_M queries a ring stage. Shared memory: K and V (BLOCK_N x D each) + STAGES x
+# (q and dO, BLOCK_M x D each), 2 bytes a value: 128 KB at hd 128. Registers a consumer thread
+# at hd 128: dk and dv 64 each, S^T and dP^T 16 each at BLOCK_M 32.
+# Not yet measured (scripts/gluon_compile.py compiles them without spills).
+GLUON_DKDV_CONFIG = {
+    64: (64, 128, 2),
+    128: (32, 128, 3),
+}
+# the other configs scripts/tune/gluon_dkdv_ab.py weighs (and scripts/gluon_compile.py compiles)
+DKDV_AB_CONFIGS = {
+    64: ((32, 128, 3), (64, 128, 3), (64, 64, 3)),
+    128: ((32, 128, 2), (16, 128, 4)),  # (64, 128, 2) and (64, 64, 2) spill
+}
+
+
+@gluon.jit
+def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, batch,
+                   kv_head, kv_group, start_n, lo, n_blocks):
+    """One warp: the program's K and V blocks once, then for each query head of the group and each
+    of its n_blocks query blocks from lo, q's and dO's tiles into the ring, a stage once the
+    consumers released it (the first lap's waits pass)."""
+    STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
+    BLOCK_N: gl.constexpr = k_tile.type.shape[2]
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n * BLOCK_N, 0], kv_bar, k_tile)
+    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n * BLOCK_N, 0], kv_bar, v_tile)
+    for it in range(kv_group * n_blocks):
+        s = it % STAGES
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        head = kv_head * kv_group + it // n_blocks
+        row = lo + (it % n_blocks) * BLOCK_M
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], ready.index(s), q_bufs.index(s))
+        tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], ready.index(s), do_bufs.index(s))
+
+
+@gluon.jit
+def _dkdv_consumer(q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc, lse_ptr, delta_ptr,
+                   stride_lb, stride_lh, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, n_queries,
+                   causal_shift, qk_scale, sm_scale, CAUSAL: gl.constexpr):
+    """The consumer warpgroups: dk, dv of the program's keys over the producer's query blocks
+    (module docstring), then out by TMA through K's and V's tiles."""
+    STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
+    HEAD_D: gl.constexpr = q_bufs.type.shape[4]
+    BLOCK_N: gl.constexpr = k_tile.type.shape[2]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N, BLOCK_M, NUM_WARPS)  # S^T, dP^T: keys x queries
+    acc_layout: gl.constexpr = wgmma_layout(BLOCK_N, HEAD_D, NUM_WARPS)  # dk, dv
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    keys_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+    queries_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    dtype: gl.constexpr = q_bufs.dtype
+
+    k_t = k_tile.reshape([BLOCK_N, HEAD_D])
+    v_t = v_tile.reshape([BLOCK_N, HEAD_D])
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+    keys = start_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=keys_l)
+    cols = gl.arange(0, BLOCK_M, layout=queries_l)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(kv_group * n_blocks):
+        s = it % STAGES
+        head = kv_head * kv_group + it // n_blocks
+        start_m = lo + (it % n_blocks) * BLOCK_M
+        q_t = q_bufs.index(s).reshape([BLOCK_M, HEAD_D])
+        do_t = do_bufs.index(s).reshape([BLOCK_M, HEAD_D])
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        s_t = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_t = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # the queries' LSE (in scaled log2 units; +inf where no key is seen or past the end, so P is
+        # 0 there) and delta (0 there), read while the products run: _row_stats of the tl kernel
+        queries = start_m + cols
+        in_range = queries < n_queries
+        stats = batch * stride_lb + head * stride_lh + queries
+        lse = gl.load(lse_ptr + stats, mask=in_range, other=float("-inf"))
+        unseen = lse == float("-inf")
+        lse2 = gl.where(unseen, float("inf"), lse * LOG2E)
+        delta = gl.where(unseen, 0.0, gl.load(delta_ptr + stats, mask=in_range, other=0.0))
+        s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))  # S^T done; dP^T may still run
+        p_t = gl.exp2(gl.minimum(s_t * qk_scale - gl.expand_dims(lse2, 0), 0.0))
+        if CAUSAL:
+            if start_m < lead_hi:  # a block the diagonal cuts
+                visible = gl.expand_dims(keys, 1) <= gl.expand_dims(queries + causal_shift, 0)
+                p_t = gl.where(visible, p_t, 0.0)
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_t, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, ))  # dP^T done; the dv product may run
+        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_t, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        mbarrier.arrive(empty.index(s))  # every product that read the stage is done
+    # the last products that read K and V are done: their tiles take dk and dv on their way out
+    k_t.store((dk * sm_scale).to(dtype))
+    v_t.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [batch, kv_head, start_n * BLOCK_N, 0], k_tile)
+    tma.async_copy_shared_to_global(dv_desc, [batch, kv_head, start_n * BLOCK_N, 0], v_tile)
+    tma.store_wait(pendings=0)
+
+
+# not value-specialized (the forward's _INT_ARGS says why)
+_INT_ARGS = ("stride_lb", "stride_lh", "n_kv_heads", "kv_group", "n_queries", "n_keys")
+
+
+@gluon.jit(do_not_specialize=_INT_ARGS)
+def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, stride_lb, stride_lh,
+                       n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+                       STAGES: gl.constexpr):
+    """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v, dk, dv (B, Hkv, Tk,
+    D) through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and delta
+    fp32 (B, H, Tq) with (batch, head) strides stride_lb, stride_lh and a unit token stride."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    start_n = gl.program_id(0)
+    batch = gl.program_id(1) // n_kv_heads
+    kv_head = gl.program_id(1) % n_kv_heads
+    causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
+    lo, lead_hi, _, _, hi = query_blocks(start_n, n_queries, causal_shift, 0, 0, CAUSAL, False, BLOCK_M, BLOCK_N)
+    n_blocks = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_M)
+
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    k_tile = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+    v_tile = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(ready.index(st), count=1)
+        mbarrier.init(empty.index(st), count=1)  # the consumer partition arrives once, all its warps
+
+    gl.warp_specialize([
+        (_dkdv_consumer, (q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc, lse_ptr,
+                          delta_ptr, stride_lb, stride_lh, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks,
+                          n_queries, causal_shift, qk_scale, sm_scale, CAUSAL)),
+        (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty,
+                          batch, kv_head, kv_group, start_n, lo, n_blocks)),
+    ], [1], [PRODUCER_REGS])
+
+
+def gluon_dkdv_supported(q, k, v, do, dk, dv, cu_seqlens, has_window, has_softcap):
+    """Whether launch_gluon_dkdv takes this backward: dense, no window or softcap, a head dim of
+    GLUON_DKDV_CONFIG, fp16 or bf16, every tensor laid out as TMA reads it in place."""
+    return (cu_seqlens is None and not has_window and not has_softcap and q.shape[3] in GLUON_DKDV_CONFIG
+            and q.dtype in (torch.float16, torch.bfloat16) and gluon_layout_ok(q, k, v, do, dk, dv))
+
+
+def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None):
+    """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_dkdv_supported):
+    q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) with the same
+    strides and a unit token stride; causal the kernels' CAUSAL flag (kernel_mask's); scale
+    sm_scale. config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's. Also what
+    scripts/gluon_compile.py compiles without a GPU."""
+    b, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    block_m, block_n, stages = config or GLUON_DKDV_CONFIG[d]
+    args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+            _descriptor(dk, block_n), _descriptor(dv, block_n), lse, delta, lse.stride(0), lse.stride(1), hkv,
+            h // hkv, tq, tk, scale * LOG2E.value, scale)
+    meta = dict(CAUSAL=bool(causal), STAGES=stages, num_warps=block_n // 16, maxnreg=MAXNREG)
+    return (cdiv(tk, block_n), b * hkv), args, meta
+
+
+def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None):
+    """Write dk and dv (arguments as gluon_dkdv_args takes them, non-empty) on q's device as the
+    current one."""
+    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config)
+    _gluon_dkdv_kernel[grid](*args, **meta)
+
+
+__all__ = ["GLUON_DKDV_CONFIG", "gluon_dkdv_args", "gluon_dkdv_supported", "launch_gluon_dkdv"]

@@ -1,0 +1,102 @@
+"""GPU A/B of the backward with dk and dv from the Gluon kernel (attention/gluon_flash_attention_bwd.py)
+against the tl kernels, on the attention benchmark's training shapes, bf16, in one process:
+
+- tl, the default schedule (one pass where one_pass_when takes it, else two);
+- tl, two passes (deterministic=True): the same dq launch the Gluon rows use;
+- Gluon dk/dv + the tl dq kernel, at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS'.
+
+Each row is one whole backward (the preprocess, dk/dv, dq) on the same inputs, TFLOP/s counted as
+the benchmark counts them (2.5x the forward's FLOPs over the visible pairs); dq, dk, dv are compared
+with the tl two-pass schedule's (max |difference| printed; more than 5e-2 relative to the largest
+gradient prints BAD and is not timed). Times are triton.testing.do_bench medians.
+
+    python scripts/tune/gluon_dkdv_ab.py                   (H100/H200, Triton 3.6: ~1 min)
+    python scripts/tune/gluon_dkdv_ab.py --shapes causal   (the shapes whose name holds a word)
+"""
+import argparse
+import math
+import os
+import threading
+
+import torch
+import triton
+
+from llmk.attention import gluon_flash_attention_bwd as gluon_bwd
+from llmk.attention.flash_attention_ops import flash_attention_train_op
+from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
+from llmk.benchmarks.attention_bench import attention_flops
+
+# (name, B, H, Hkv, T, D, causal): attention_bench's training rows, and its GQA shape's group
+SHAPES = [
+    ("hd128 B4 H32 T4096 full", 4, 32, 32, 4096, 128, False),
+    ("hd128 B4 H32 T4096 causal", 4, 32, 32, 4096, 128, True),
+    ("hd128 B4 H32/8 T4096 causal (GQA)", 4, 32, 8, 4096, 128, True),
+    ("hd128 B16 H32 T1024 causal", 16, 32, 32, 1024, 128, True),
+    ("hd128 B1 H32 T16384 causal", 1, 32, 32, 16384, 128, True),
+    ("hd64 B8 H32 T2048 full", 8, 32, 32, 2048, 64, False),
+    ("hd64 B8 H32 T2048 causal", 8, 32, 32, 2048, 64, True),
+]
+WATCHDOG_S = 400
+DTYPE = torch.bfloat16
+
+
+def shape_rows(name, b, h, hkv, t, d, causal):
+    """Every variant's backward on one shape."""
+    q = torch.randn(b, h, t, d, device="cuda", dtype=DTYPE)
+    k, v = (torch.randn(b, hkv, t, d, device="cuda", dtype=DTYPE) for _ in range(2))
+    do = torch.randn_like(q)
+    scale = 1.0 / math.sqrt(d)
+    with torch.no_grad():
+        o, lse = flash_attention_train_op(q, k, v, causal, None, None)
+    flops = 2.5 * attention_flops(b, h, t, d, causal)
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+
+    def backward(**kw):
+        return lambda: launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, **kw)
+
+    backward(deterministic=True)()
+    want = [g.clone() for g in grads]
+    variants = [("tl, default schedule", backward()), ("tl, two passes", backward(deterministic=True))]
+    table = gluon_bwd.GLUON_DKDV_CONFIG[d]
+    for config in (table, *gluon_bwd.DKDV_AB_CONFIGS[d]):
+        def gluon(config=config):
+            gluon_bwd.GLUON_DKDV_CONFIG[d] = config  # read at each launch
+            try:
+                launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, gluon_dkdv=True)
+            finally:
+                gluon_bwd.GLUON_DKDV_CONFIG[d] = table
+        variants.append((f"Gluon dk/dv {config}{' (table)' if config == table else ''} + tl dq", gluon))
+    for label, call in variants:
+        for g in grads:
+            g.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        err = max(((g.float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-6)).item()
+                  for g, w in zip(grads, want))
+        if not err <= 5e-2:
+            print(f"{name} | {label} | BAD | max |diff| / max |grad| vs tl two-pass {err:.3g}", flush=True)
+            continue
+        ms = triton.testing.do_bench(call)
+        print(f"{name} | {label} | {flops / ms / 1e9:.0f} TFLOP/s | {ms:.3f} ms | max |diff| / max |grad| "
+              f"{err:.2g}", flush=True)
+
+
+def main():
+    def hang():
+        print(f"TIMEOUT: a kernel ran past {WATCHDOG_S} s", flush=True)
+        os._exit(3)
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="*", default=[], help="words a shape's name must hold (any of them)")
+    args = parser.parse_args()
+    timer = threading.Timer(WATCHDOG_S, hang)
+    timer.start()
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    for name, *shape in SHAPES:
+        if not args.shapes or any(word in name for word in args.shapes):
+            shape_rows(name, *shape)
+    timer.cancel()
+
+
+if __name__ == "__main__":
+    main()
