@@ -221,6 +221,9 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None)
 def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None):
     """Write dk and dv (arguments as gluon_dkdv_args takes them, non-empty) on q's device as the
     current one."""
+    if q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(q.device):
+            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config)
     grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config)
     _gluon_dkdv_kernel[grid](*args, **meta)
 
