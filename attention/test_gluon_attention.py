@@ -1,13 +1,13 @@
 """Tests of the Gluon forward for sm_90 (attention/gluon_flash_attention_fwd.py), the dispatch
-that picks it (attention/attention_paths.py) and the Gluon dk/dv kernel of the backward
-(attention/gluon_flash_attention_bwd.py, through launch_flash_attention_backward's gluon_dkdv):
+that picks it (attention/attention_paths.py) and the Gluon kernels of the backward
+(attention/gluon_flash_attention_bwd.py, through launch_flash_attention_backward's gluon):
 
     python attention/test_gluon_attention.py        (or: pytest attention/test_gluon_attention.py)
 
 Every forward case of attention/test_flash_attention.py (O and LSE, dense and packed, every mask)
 again on the Gluon path, with the same references and tolerances; the configs the A/B weighs
-beside the table's, into poisoned outputs; the dispatch's routing and errors; dq, dk, dv with dk and
-dv from the Gluon kernel, under the tl backward's tolerances. Gluon does not run
+beside the table's, into poisoned outputs; the dispatch's routing and errors; dq, dk, dv from the
+Gluon backward kernels, under the tl backward's tolerances. Gluon does not run
 in Triton's interpreter: there only the dispatch case runs (the tl path is what a CPU gets), and
 the rest are GPU cases. A script of its own so that `make test JOBS=4` runs it beside the tl
 kernel's cases: on an H200 each half takes minutes.
@@ -90,9 +90,9 @@ def check_gluon_dispatch():
             outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, False, q, None, None, None)
                                     and not gluon_runs_here()))
         lse = torch.zeros(q.shape[:3], device=DEVICE)
-        outcomes.append(expect_raises("interpreter: the Gluon dk/dv kernel raises", lambda: (
+        outcomes.append(expect_raises("interpreter: the Gluon backward raises", lambda: (
             launch_flash_attention_backward(q, q, k, v, q, lse, *(torch.empty_like(t) for t in (q, k, v)), False, 0.1,
-                                            gluon_dkdv=True)), ValueError, "gluon_dkdv"))
+                                            gluon=("dkdv", "dq"))), ValueError, "gluon"))
         return outcomes
     if triton.__version__ not in GLUON_TRITON_VERSIONS or torch.cuda.get_device_capability() != (9, 0):
         raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}; here "
@@ -315,18 +315,18 @@ def gluon_config_cases():
 
 
 
-def check_gluon_dkdv(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", scale=1.0):
-    """The backward with dk and dv from the Gluon kernel (launch_flash_attention_backward's
-    gluon_dkdv; dq from the tl dq kernel) into poisoned buffers, under the tl backward's
-    tolerances (the 2x rule and delta's rounding); scale multiplies q. Then the calls it does not
-    take raise: a window, a softcap, a head dim of 96."""
+def check_gluon_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", scale=1.0, kernels=("dkdv", "dq")):
+    """The two-pass backward with `kernels` in Gluon (launch_flash_attention_backward's gluon; the
+    tl kernel for the other) into poisoned buffers, under the tl backward's tolerances (the 2x rule
+    and delta's rounding); scale multiplies q. Then the calls they do not take raise: a window, a
+    softcap, a head dim of 96."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale=scale)
     do = rand((b, h, tq, d), dtype)
     sm_scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
         o, lse = flash_attention_train_op(q, k, v, causal, None, None)
     got = [poisoned(t.shape, dtype) for t in (q, k, v)]
-    launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, sm_scale, gluon_dkdv=True)
+    launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, sm_scale, gluon=kernels)
     _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, sm_scale), [q, k, v], [0, 1, 2], [do],
                        dtype=torch.float64)
     _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, sm_scale), [q, k, v], [0, 1, 2],
@@ -334,20 +334,21 @@ def check_gluon_dkdv(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", scale=1
     tols = grad_tols(dtype, want, theirs, delta_rounding_bounds(q, k, v, do, causal, sm_scale))
     outcomes = [compare(f"d{name}", g, w, tols[name], torch_out=t) for name, g, w, t in zip("qkv", got, want, theirs)]
     for label, mask in (("window", attention_mask((8, 0), None)), ("softcap", attention_mask(None, 30.0))):
-        outcomes.append(expect_raises(f"gluon_dkdv with a {label}: ValueError", lambda mask=mask: (
-            launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, sm_scale, mask=mask, gluon_dkdv=True)),
-            ValueError, "gluon_dkdv"))
+        outcomes.append(expect_raises(f"Gluon backward with a {label}: ValueError", lambda mask=mask: (
+            launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, sm_scale, mask=mask, gluon=kernels)),
+            ValueError, "gluon"))
     q96 = rand((1, 2, 16, 96), dtype)
-    outcomes.append(expect_raises("gluon_dkdv at head dim 96: ValueError", lambda: launch_flash_attention_backward(
+    outcomes.append(expect_raises("Gluon backward at head dim 96: ValueError", lambda: launch_flash_attention_backward(
         q96, q96, q96, q96, q96, torch.zeros(1, 2, 16, device=DEVICE), *(torch.empty_like(q96) for _ in range(3)),
-        False, 0.1, gluon_dkdv=True), ValueError, "gluon_dkdv"))
+        False, 0.1, gluon=kernels), ValueError, "gluon"))
     return outcomes
 
 
-def gluon_dkdv_cases():
-    """check_gluon_dkdv (GPU only): ragged lengths, GQA and MHA, bottom-right causal both ways
-    (Tq > Tk leaves rows that see no key), one query, a (B, T, H, D) layout, a long causal batch,
-    and flash-attn's overflow inputs (q x 5, fp16, one and two queries)."""
+def gluon_backward_cases():
+    """check_gluon_backward (GPU only), both kernels in Gluon: ragged lengths, GQA and MHA,
+    bottom-right causal both ways (Tq > Tk leaves rows that see no key), one query, a (B, T, H, D)
+    layout, a long causal batch, flash-attn's overflow inputs (q x 5, fp16, two queries); and each
+    kernel beside the tl one for the other."""
     bf16, fp16 = torch.bfloat16, torch.float16
     shapes = [
         ("hd128 B2 H8/2 T1000 full", dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16, causal=False)),
@@ -361,11 +362,14 @@ def gluon_dkdv_cases():
         ("hd128 B1 H16/4 T4096 causal", dict(b=1, h=16, hkv=4, tq=4096, tk=4096, d=128, dtype=bf16, causal=True)),
         ("hd64 fp16 B2 H2/2 Tq2 Tk2 full, q x 5", dict(b=2, h=2, hkv=2, tq=2, tk=2, d=64, dtype=fp16, causal=False,
                                                        scale=5.0)),
+        ("dk/dv only: hd128 B2 H8/2 T1000 causal", dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16,
+                                                          causal=True, kernels=("dkdv",))),
+        ("dq only: hd64 B2 H4/2 Tq700 Tk300 causal", dict(b=2, h=4, hkv=2, tq=700, tk=300, d=64, dtype=bf16,
+                                                            causal=True, kernels=("dq",))),
     ]
-    return [Case(f"Gluon dk/dv: {name}", check_gluon_dkdv, kw, gpu_only=True) for name, kw in shapes]
+    return [Case(f"Gluon backward: {name}", check_gluon_backward, kw, gpu_only=True) for name, kw in shapes]
 
-
-CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + gluon_dkdv_cases() + [
+CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + gluon_backward_cases() + [
     Case(f"CUDA graph of the Gluon path: hd{d} {'causal' if causal else 'full'} B2 H16/4 T2048", check_gluon_graph,
          dict(b=2, h=16, hkv=4, t=2048, d=d, causal=causal), gpu_only=True)
     for d in GLUON_HEAD_DIMS for causal in (False, True)] + [

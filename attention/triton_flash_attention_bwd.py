@@ -512,7 +512,7 @@ def _dq_kernel(
 
 def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
                                     cu_seqlens=None, config=None, deterministic=False, dq_add=None,
-                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK, gluon_dkdv=False):
+                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK, gluon=()):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
@@ -528,24 +528,27 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     dp_first: the dk/dv loop's order, dP^T issued beside S^T or after the dv product (sweeps);
     None: dp_first_when's choice for the head dim.
     grid_y, mask: as for the forward's launcher.
-    gluon_dkdv: the two-pass schedule with dk and dv from the Gluon kernel for sm_90
-    (attention/gluon_flash_attention_bwd.py; dense calls it supports, else ValueError), dq from
-    the tl kernel; its tests and measurements ask for it, the dispatch does not yet.
+    gluon: the two-pass schedule's kernels to run in Gluon for sm_90 (attention/
+    gluon_flash_attention_bwd.py): "dkdv", "dq", both or neither; dense calls they support, else
+    ValueError. Its tests and measurements ask for them; the dispatch does not yet.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
-    tuning sweep's), None in the interpreter or with gluon_dkdv."""
+    tuning sweep's), None in the interpreter or with a Gluon kernel."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
-    if gluon_dkdv:
+    gluon = tuple(gluon)
+    if gluon:
+        if not set(gluon) <= {"dkdv", "dq"}:
+            raise ValueError(f"gluon: kernel names from ('dkdv', 'dq'), got {gluon}")
         if not INTERPRET:  # Gluon is imported on a GPU only
-            from llmk.attention.gluon_flash_attention_bwd import gluon_dkdv_supported
-        if INTERPRET or not gluon_dkdv_supported(q, k, v, do, dk, dv, cu_seqlens,
-                                                 kernel_mask(causal, mask, tq, tk)[1], mask.softcap):
-            raise ValueError("gluon_dkdv: the Gluon dk/dv kernel takes dense fp16/bf16 calls on a GPU with head "
+            from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
+        if INTERPRET or not gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens,
+                                                     kernel_mask(causal, mask, tq, tk)[1], mask.softcap):
+            raise ValueError("gluon: the Gluon backward kernels take dense fp16/bf16 calls on a GPU with head "
                              "dims 64 or 128, no window or softcap, and layouts TMA reads in place")
         if config is not None and config[1] is None:
-            raise ValueError("gluon_dkdv: the two-pass schedule's config, (dk/dv config, dq config), got a "
+            raise ValueError("gluon: the two-pass schedule's config, (dk/dv config, dq config), got a "
                              "one-pass one")
-        deterministic = True  # dq from the two-pass schedule's dq kernel
+        deterministic = True  # the two-pass schedule's launches
     block_d = max(16, next_power_of_2(d))
     # TMA wants 16-byte rows (D fp32 values) and 32-bit row coordinates
     tma = d % 4 == 0 and q.numel() // d < 2 ** 31 and tma_reduce_available(q.device)
@@ -582,7 +585,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         if dq_add == DQ_TMA.value:  # over the buffer's (B * H * Tq, D) rows, a (BLOCK_M, BLOCK_D) tile a copy
             rows = dq_acc.view(-1, d)
             dq_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [dkdv_m, block_d])
-    if gluon_dkdv:
+    if "dkdv" in gluon:
         from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dkdv
 
         launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
@@ -599,6 +602,11 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     if one_pass:
         dq.copy_(dq_acc)  # one rounding of the fp32 sums
         return None if INTERPRET else (dkdv_kernel,)
+    if "dq" in gluon:
+        from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dq
+
+        launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale)
+        return None
     dq_m, dq_n, dq_warps, dq_stages = dq_config
     dq_kernel = _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](
         q, k, v, do, lse, delta, dq, cu_q, cu_k,
@@ -607,4 +615,4 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         CAUSAL=causal, VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_M=dq_m, BLOCK_N=dq_n, GRID_Y=grid_y, WINDOW=has_window, SOFTCAP=has_softcap,
         num_warps=dq_warps, num_stages=dq_stages)
-    return None if INTERPRET or gluon_dkdv else (dkdv_kernel, dq_kernel)
+    return None if INTERPRET or gluon else (dkdv_kernel, dq_kernel)

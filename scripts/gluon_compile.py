@@ -4,7 +4,7 @@ mbarrier waits). Gluon kernels cannot run in the interpreter, so this is the CPU
 a change to one: it lowers, it fits, it does not spill.
 
     python scripts/gluon_compile.py            (needs the Triton the Gluon path is pinned to, 3.6)
-    python scripts/gluon_compile.py dkdv       (one kernel's cases: attention, the forward; dkdv)
+    python scripts/gluon_compile.py dkdv dq    (some kernels' cases: attention, the forward; dkdv; dq)
 
 The cases are real launches' arguments (attention/gluon_flash_attention_fwd.py's
 gluon_attention_args on CPU tensors), bound and specialized as a launch binds them. Exits 1 if
@@ -76,30 +76,36 @@ def attention_cases():
     return cases
 
 
-def dkdv_cases():
-    """(name, (grid, args, meta)) of the backward's dk/dv kernel: each head dim, full and causal,
-    fp16, GQA, a (B, T, H, D) layout."""
+def backward_cases(kernel):
+    """(name, (grid, args, meta)) of the backward's dk/dv kernel (kernel "dkdv") or dq kernel
+    ("dq"): each head dim, full and causal, fp16, GQA and MHA, a (B, T, H, D) layout, and the A/B's
+    other configs."""
     import torch
 
-    from llmk.attention.gluon_flash_attention_bwd import DKDV_AB_CONFIGS, GLUON_DKDV_CONFIG, gluon_dkdv_args
+    from llmk.attention import gluon_flash_attention_bwd as bwd
+
+    table, others, make = ((bwd.GLUON_DKDV_CONFIG, bwd.DKDV_AB_CONFIGS, bwd.gluon_dkdv_args) if kernel == "dkdv"
+                           else (bwd.GLUON_DQ_CONFIG, bwd.DQ_AB_CONFIGS, bwd.gluon_dq_args))
 
     def case(d, dtype=torch.bfloat16, causal=False, hkv=2, transposed=False, config=None):
         b, h, t = 2, 8, 1000
         if transposed:
-            q, do = (torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2) for _ in range(2))
+            q, do, dq = (torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2) for _ in range(3))
         else:
-            q, do = (torch.empty(b, h, t, d, dtype=dtype) for _ in range(2))
+            q, do, dq = (torch.empty(b, h, t, d, dtype=dtype) for _ in range(3))
         k, v, dk, dv = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(4))
         lse, delta = (torch.empty(b, h, t, dtype=torch.float32) for _ in range(2))
-        return gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config)
+        if kernel == "dkdv":
+            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config)
+        return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config)
 
     cases = []
-    for d in GLUON_DKDV_CONFIG:
+    for d in table:
         cases += [(f"hd{d} full", case(d)), (f"hd{d} causal", case(d, causal=True)),
-                  (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8)), (f"hd{d} BTHD causal", case(d, causal=True,
-                                                                                              transposed=True))]
-        # the A/B's other configs (scripts/tune/gluon_dkdv_ab.py)
-        cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config)) for config in DKDV_AB_CONFIGS[d]]
+                  (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8)),
+                  (f"hd{d} BTHD causal", case(d, causal=True, transposed=True))]
+        # the A/B's other configs (scripts/tune/gluon_backward_ab.py)
+        cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config)) for config in others[d]]
     return cases
 
 
@@ -147,13 +153,14 @@ def main():
         print(f"Triton {triton.__version__}: the Gluon kernels are written for {GLUON_TRITON_VERSIONS}; "
               "install one of those to compile them")
         return 2
-    from llmk.attention.gluon_flash_attention_bwd import _gluon_dkdv_kernel
+    from llmk.attention.gluon_flash_attention_bwd import _gluon_dkdv_kernel, _gluon_dq_kernel
     from llmk.attention.gluon_flash_attention_fwd import _gluon_attention_fwd_kernel
 
-    only = sys.argv[1:]  # kernel names to compile ("attention", "dkdv"); all by default
+    only = sys.argv[1:]  # kernel names to compile ("attention", "dkdv", "dq"); all by default
     failed = 0
     for label, kernel, cases in (("attention", _gluon_attention_fwd_kernel, attention_cases),
-                                 ("dkdv", _gluon_dkdv_kernel, dkdv_cases)):
+                                 ("dkdv", _gluon_dkdv_kernel, lambda: backward_cases("dkdv")),
+                                 ("dq", _gluon_dq_kernel, lambda: backward_cases("dq"))):
         if only and label not in only:
             continue
         for name, (grid, args, meta) in cases():

@@ -1,17 +1,19 @@
-"""GPU A/B of the backward with dk and dv from the Gluon kernel (attention/gluon_flash_attention_bwd.py)
-against the tl kernels, on the attention benchmark's training shapes, bf16, in one process:
+"""GPU A/B of the backward's Gluon kernels (attention/gluon_flash_attention_bwd.py) against the tl
+kernels, on the attention benchmark's training shapes, bf16, in one process:
 
 - tl, the default schedule (one pass where one_pass_when takes it, else two);
-- tl, two passes (deterministic=True): the same dq launch the Gluon rows use;
-- Gluon dk/dv + the tl dq kernel, at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS'.
+- tl, two passes (deterministic=True);
+- Gluon dk/dv + the tl dq kernel, at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS';
+- the tl dk/dv kernel + Gluon dq, at GLUON_DQ_CONFIG's config and at DQ_AB_CONFIGS';
+- both in Gluon, at the tables' configs.
 
 Each row is one whole backward (the preprocess, dk/dv, dq) on the same inputs, TFLOP/s counted as
 the benchmark counts them (2.5x the forward's FLOPs over the visible pairs); dq, dk, dv are compared
 with the tl two-pass schedule's (max |difference| printed; more than 5e-2 relative to the largest
 gradient prints BAD and is not timed). Times are triton.testing.do_bench medians.
 
-    python scripts/tune/gluon_dkdv_ab.py                   (H100/H200, Triton 3.6: ~1 min)
-    python scripts/tune/gluon_dkdv_ab.py --shapes causal   (the shapes whose name holds a word)
+    python scripts/tune/gluon_backward_ab.py                   (H100/H200, Triton 3.6: ~1 min)
+    python scripts/tune/gluon_backward_ab.py --shapes causal   (the shapes whose name holds a word)
 """
 import argparse
 import math
@@ -57,15 +59,19 @@ def shape_rows(name, b, h, hkv, t, d, causal):
     backward(deterministic=True)()
     want = [g.clone() for g in grads]
     variants = [("tl, default schedule", backward()), ("tl, two passes", backward(deterministic=True))]
-    table = gluon_bwd.GLUON_DKDV_CONFIG[d]
-    for config in (table, *gluon_bwd.DKDV_AB_CONFIGS[d]):
-        def gluon(config=config):
-            gluon_bwd.GLUON_DKDV_CONFIG[d] = config  # read at each launch
-            try:
-                launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, gluon_dkdv=True)
-            finally:
-                gluon_bwd.GLUON_DKDV_CONFIG[d] = table
-        variants.append((f"Gluon dk/dv {config}{' (table)' if config == table else ''} + tl dq", gluon))
+    for kernel, tables, others in (("dkdv", gluon_bwd.GLUON_DKDV_CONFIG, gluon_bwd.DKDV_AB_CONFIGS),
+                                   ("dq", gluon_bwd.GLUON_DQ_CONFIG, gluon_bwd.DQ_AB_CONFIGS)):
+        table = tables[d]
+        for config in (table, *others[d]):
+            def gluon(config=config, tables=tables, table=table, kernel=kernel):
+                tables[d] = config  # read at each launch
+                try:
+                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, gluon=(kernel,))
+                finally:
+                    tables[d] = table
+            other = "tl dq" if kernel == "dkdv" else "tl dk/dv"
+            variants.append((f"Gluon {kernel} {config}{' (table)' if config == table else ''} + {other}", gluon))
+    variants.append(("Gluon dkdv and dq (tables)", backward(gluon=("dkdv", "dq"))))
     for label, call in variants:
         for g in grads:
             g.fill_(float("nan"))
