@@ -128,7 +128,10 @@ class Trio:
                 state_tol = FP32 if refs["exp_avg"].dtype == torch.float32 else BF16
                 for key in ("exp_avg", "exp_avg_sq"):
                     ours = flat_state(self.opt, self.ours, key)
-                    out.append(compare(f"{name} {key} vs ref", ours, refs[key], state_tol))
+                    if state_tol is BF16:
+                        out.append(compare_bf16(f"{name} {key} vs ref", ours, refs[key], BF16_STATE_STALL))
+                    else:
+                        out.append(compare(f"{name} {key} vs ref", ours, refs[key], state_tol))
                     if ours.dtype != refs[key].dtype:
                         out.append(Outcome(f"{name} {key} dtype", False,
                                            note=f"{ours.dtype}, expected {refs[key].dtype}"))
@@ -142,17 +145,30 @@ class Trio:
         return out
 
 
-def compare_bf16_w(check, w, ref, lr):
-    """compare(w, ref, BF16), with BF16_OUTLIERS of the values allowed past it by a stall at a
-    power of two: each within BF16_STALL_STEPS * 2 lr."""
-    out = compare(check, w, ref, BF16)
+def compare_bf16(check, ours, ref, stall):
+    """compare(ours, ref, BF16), with BF16_OUTLIERS of the values (at least one) allowed past it by
+    a stall: each within the Tol `stall`."""
+    out = compare(check, ours, ref, BF16)
     n_bad = int(out.bad.split("/")[0]) if out.bad else 0
-    if out.passed or out.note or not 0 < n_bad <= max(1, BF16_OUTLIERS * w.numel()):
+    if out.passed or out.note or not 0 < n_bad <= max(1, BF16_OUTLIERS * ours.numel()):
         return out
-    stall = compare(check, w, ref, Tol(BF16_STALL_STEPS * 2 * lr, 0.0, "a stall", rounding_check=False))
-    out.passed = stall.passed
-    out.note = f"{n_bad} past two ulps, each within {stall.limit} (a stall at a power of two)"
+    within = compare(check, ours, ref, stall)
+    out.passed = within.passed
+    out.note = f"{n_bad} past two ulps, each within {within.limit} (a stall)"
     return out
+
+
+def compare_bf16_w(check, w, ref, lr):
+    """compare_bf16 of bf16 weights: a stalled w lags by at most a step, about lr, a step (2 lr
+    allowed), over BF16_STALL_STEPS steps."""
+    return compare_bf16(check, w, ref, Tol(BF16_STALL_STEPS * 2 * lr, 0.0, "a stall", rounding_check=False))
+
+
+# m and v kept in bf16 stall too: an update below half an ulp rounds back, so of two values an ulp
+# apart (an fp32 difference flipped one rounding) one can stay while the other walks, lagging by
+# under half an ulp (2^-8 relative) a step (seen: m -0.0598 against -0.0581, 7 ulps, 1 of 2240
+# values, 20 steps)
+BF16_STATE_STALL = Tol(1e-5, BF16_STALL_STEPS * 2 ** -8, "a stall: half an ulp a step", rounding_check=False)
 
 
 def check_tensor(numel, weight_decay):
