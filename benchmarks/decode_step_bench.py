@@ -48,7 +48,7 @@ OURS = ("ours-eager", "ours-graph", "ours-reduce-overhead")
 PROVIDERS = ("ours-eager", "torch-eager", "ours-graph", "torch-graph", "torch-reduce-overhead", "ours-reduce-overhead")
 DTYPE = torch.bfloat16
 FULL = dict(models=("llama3-8b", "qwen2-7b"), batches=(1, 8, 32), lengths=(1024, 2048, 4096, 8192, 16384))
-SMOKE = dict(models=("tiny-llama", "tiny-qwen2"), batches=(2,), lengths=(16, 48))  # M = 1 (GEMV) is slow interpreted
+SMOKE = dict(models=("tiny-llama", "tiny-qwen2"), batches=(2,), lengths=(48,))  # M = 1 (GEMV) is slow interpreted
 REF_ROWS = 2  # sequences the fp32 reference computes: each sequence's step is independent of the others
 
 

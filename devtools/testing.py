@@ -402,7 +402,7 @@ SHARD_ENV = "LLMK_TEST_SHARD"
 def case_stride():
     """LLMK_TEST_STRIDE (default 1): run one case in that many of each script (every stride-th from
     an offset the run's TEST_SEED picks), the rest counted as skipped. CI's newest-versions lane
-    takes 5: a new release's breakage shows in many cases, and the pinned lane runs them all.
+    takes 10: a new release's breakage shows in many cases, and the pinned lane runs them all.
     pytest runs every case whatever it says."""
     text = os.environ.get(STRIDE_ENV, "1")
     if not text.isdigit() or int(text) < 1:
