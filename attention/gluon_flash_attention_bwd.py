@@ -211,6 +211,13 @@ def gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens, has_window, ha
             and q.dtype in (torch.float16, torch.bfloat16) and gluon_layout_ok(q, k, v, do, dq, dk, dv))
 
 
+def _check_stats(lse, delta):
+    """The kernels read lse and delta with one pair of (batch, head) strides and a unit token stride."""
+    if lse.stride() != delta.stride() or lse.stride(-1) != 1:
+        raise ValueError(f"lse and delta: the same strides with a unit last one, got {lse.stride()} and "
+                         f"{delta.stride()}")
+
+
 def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
     q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) with the same
@@ -220,6 +227,7 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None)
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     block_m, block_n, stages = config or GLUON_DKDV_CONFIG[d]
+    _check_stats(lse, delta)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dk, block_n), _descriptor(dv, block_n), lse, delta, lse.stride(0), lse.stride(1), hkv,
             h // hkv, tq, tk, scale * LOG2E.value, scale)
@@ -388,6 +396,7 @@ def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None):
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     block_m, block_n, stages = config or GLUON_DQ_CONFIG[d]
+    _check_stats(lse, delta)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dq, block_m), lse, delta, lse.stride(0), lse.stride(1), h, h // hkv, tq, tk,
             scale * LOG2E.value, scale)
