@@ -4,9 +4,11 @@ could not run its cases here (no CUDA toolchain, an optional package missing), o
 of skip. Just above it, the rows that failed, by script, so the tail of a long log names them.
 Exit 1 if any case failed, or a script died or ran nothing without saying why.
 
-With --jobs above 1 the longest scripts (SHARDS) run as several processes at once, each a share
-of the cases (devtools.testing's LLMK_TEST_SHARD): on a GPU their compiles, not the GPU, bound
-them, and without the split one script is the whole suite's wall time."""
+On a GPU with --jobs above 1 the longest scripts (SHARDS) run as several processes at once, each a
+share of the cases (devtools.testing's LLMK_TEST_SHARD): their compiles, not the GPU, bound them,
+and without the split one script is the whole suite's wall time. Not in the interpreter: there
+no script is near the suite's time a job, and each shard would pay the script's set-up again
+(CI, two jobs: the split scripts took 30% longer summed)."""
 import argparse
 import concurrent.futures
 import os
@@ -63,10 +65,11 @@ def timed_run(rel, stream, shard):
     return (*run_script(rel, stream, shard), time.perf_counter() - t0)
 
 
-def units(scripts, jobs):
-    """(script, shard or None) to run: with jobs > 1 the SHARDS scripts as min(their count, jobs)
-    shards each, first (the longest start first), then the rest in order."""
-    split = [(rel, f"{i}/{n}") for rel in scripts if jobs > 1 and (n := min(SHARDS.get(str(rel), 1), jobs)) > 1
+def units(scripts, jobs, interpret):
+    """(script, shard or None) to run: on a GPU (not `interpret`) with jobs > 1 the SHARDS scripts
+    as min(their count, jobs) shards each, first (the longest start first), then the rest in order."""
+    split = [(rel, f"{i}/{n}") for rel in scripts
+             if jobs > 1 and not interpret and (n := min(SHARDS.get(str(rel), 1), jobs)) > 1
              for i in range(1, n + 1)]
     whole = [(rel, None) for rel in scripts if not any(rel == r for r, _ in split)]
     return split + whole
@@ -75,7 +78,7 @@ def units(scripts, jobs):
 def main(patterns, jobs=1):
     """Run the scripts matching `patterns`, `jobs` at a time (each script's output is then printed
     whole when it ends, in the order they end: compiling dominates on a GPU, and uses CPU cores)."""
-    from llmk.common.device import interpreter_problem
+    from llmk.common.device import INTERPRET, interpreter_problem
 
     problem = interpreter_problem()
     if problem:  # every script would fail, many with wrong numbers rather than errors: say why once
@@ -90,7 +93,8 @@ def main(patterns, jobs=1):
         if jobs == 1:
             for rel in scripts:
                 print(f"\n=== {rel}", flush=True)
-        futures = {pool.submit(timed_run, rel, jobs == 1, shard): (rel, shard) for rel, shard in units(scripts, jobs)}
+        futures = {pool.submit(timed_run, rel, jobs == 1, shard): (rel, shard)
+                   for rel, shard in units(scripts, jobs, INTERPRET)}
         for future in concurrent.futures.as_completed(futures):
             rel, shard = futures[future]
             rel = f"{rel} (shard {shard})" if shard else rel
