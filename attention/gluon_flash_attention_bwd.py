@@ -76,6 +76,18 @@ DKDV_AB_CONFIGS = {
 
 
 @gluon.jit
+def _query_stats(lse_ptr, delta_ptr, offset, queries, n_queries):
+    """(LSE in scaled log2 units, delta) of `queries` from (batch, head) offset `offset`: LSE +inf
+    where a query sees no key or is past the end, so its P is 0, and delta 0 there (the tl
+    kernels' _row_stats)."""
+    in_range = queries < n_queries
+    lse = gl.load(lse_ptr + offset + queries, mask=in_range, other=float("-inf"))
+    unseen = lse == float("-inf")
+    delta = gl.load(delta_ptr + offset + queries, mask=in_range, other=0.0)
+    return gl.where(unseen, float("inf"), lse * LOG2E), gl.where(unseen, 0.0, delta)
+
+
+@gluon.jit
 def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, batch,
                    kv_head, kv_group, start_n, lo, n_blocks):
     """One warp: the program's K and V blocks once, then for each query head of the group and each
@@ -132,15 +144,8 @@ def _dkdv_consumer(q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_des
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         s_t = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        # the queries' LSE (in scaled log2 units; +inf where no key is seen or past the end, so P is
-        # 0 there) and delta (0 there), read while the products run: _row_stats of the tl kernel
-        queries = start_m + cols
-        in_range = queries < n_queries
-        stats = batch * stride_lb + head * stride_lh + queries
-        lse = gl.load(lse_ptr + stats, mask=in_range, other=float("-inf"))
-        unseen = lse == float("-inf")
-        lse2 = gl.where(unseen, float("inf"), lse * LOG2E)
-        delta = gl.where(unseen, 0.0, gl.load(delta_ptr + stats, mask=in_range, other=0.0))
+        queries = start_m + cols  # their stats are read while the products run
+        lse2, delta = _query_stats(lse_ptr, delta_ptr, batch * stride_lb + head * stride_lh, queries, n_queries)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))  # S^T done; dP^T may still run
         p_t = gl.exp2(gl.minimum(s_t * qk_scale - gl.expand_dims(lse2, 0), 0.0))
         if CAUSAL:
@@ -307,15 +312,10 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
     do_t = do_tile.reshape([BLOCK_M, HEAD_D])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
-    # the rows' LSE (in scaled log2 units; +inf where no key is seen or past the end, so P is 0
-    # there) and delta (0 there): _row_stats of the tl kernel
     rows = start_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_l)
-    in_range = rows < n_queries
-    stats = batch * stride_lb + head * stride_lh + rows
-    lse = gl.load(lse_ptr + stats, mask=in_range, other=float("-inf"))
-    unseen = lse == float("-inf")
-    lse2 = gl.expand_dims(gl.where(unseen, float("inf"), lse * LOG2E), 1)
-    delta = gl.expand_dims(gl.where(unseen, 0.0, gl.load(delta_ptr + stats, mask=in_range, other=0.0)), 1)
+    lse2, delta = _query_stats(lse_ptr, delta_ptr, batch * stride_lb + head * stride_lh, rows, n_queries)
+    lse2 = gl.expand_dims(lse2, 1)
+    delta = gl.expand_dims(delta, 1)
     cols = gl.arange(0, BLOCK_N, layout=keys_l)
     mbarrier.wait(q_bar, 0)
     for it in range(n_iter):
