@@ -1,5 +1,6 @@
-"""Which forward kernel a flash-attention call runs: the Gluon kernel for Hopper
-(attention/gluon_flash_attention_fwd.py) or the portable tl kernel (triton_flash_attention_fwd.py).
+"""Which kernels a flash-attention call runs: the Gluon kernels for Hopper (attention/
+gluon_flash_attention_fwd.py, gluon_flash_attention_bwd.py) or the portable tl kernels
+(triton_flash_attention_fwd.py, triton_flash_attention_bwd.py). The forward:
 
 LLMK_ATTENTION_PATH picks: "auto" (the default) runs the Gluon kernel where it can run and was
 measured faster (AUTO_TL_SHAPES holds where it was not), the tl kernel elsewhere; "gluon" runs the
@@ -92,3 +93,17 @@ def gluon_forward(q, k, v, causal, out, lse, cu_seqlens, config):
     from llmk.attention.gluon_flash_attention_fwd import gluon_layout_ok
 
     return gluon_layout_ok(q, k, v, out) and (lse is None or lse.stride(-1) == 1)
+
+
+def gluon_backward(q, cu_seqlens, has_window, has_softcap, forced):
+    """Whether a backward runs the Gluon dk/dv and dq kernels (attention/gluon_flash_attention_bwd.py):
+    q (B, H, Tq, D) on its device; cu_seqlens, has_window, has_softcap the call's (the kernels take
+    dense calls without either); forced, whether the caller forced a tl config or schedule. "tl"
+    never, "auto" and "gluon" alike where they can run: on the H200 both Gluon kernels together ran
+    the benchmark's training shapes 1.05-1.27x faster than the tl kernels' best schedule
+    (docs/tuning/attention.md, the Gluon backward). The layouts are the launcher's to check."""
+    if path_setting() == "tl" or forced or q.device.type != "cuda":
+        return False
+    if q.shape[3] not in GLUON_HEAD_DIMS or cu_seqlens is not None or has_window or has_softcap:
+        return False
+    return _gluon_device(q.device.index if q.device.index is not None else torch.cuda.current_device())

@@ -6,38 +6,43 @@ triton_flash_attention_bwd.py: read its docstring first, for the formulas, LSE's
 conventions and the masks), laid out as FlashAttention-3's backward lays out its dk/dv loop:
 
 dk, dv (_gluon_dkdv_kernel):
-- One program a block of BLOCK_N keys of one (batch, kv head). A producer warp (24 registers)
-  loads the block's K and V once, then the query blocks that see them, over every query head of
-  the GQA group in turn: each block's q and dO tiles into a ring of STAGES shared-memory stages
-  (one barrier a stage the copies complete, one the consumers release it on).
-- The consumer warpgroups (BLOCK_N / 64, 64 keys each; 240 registers a thread) keep the fp32 dk
-  and dv accumulators and run, a query block at a time, transposed so the keys are wgmma's M:
+- One program a block of 128 keys of one (batch, kv head). A producer warp (24 registers) loads
+  the block's K and V once, then the query blocks that see them, over every query head of the GQA
+  group in turn: each block's q and dO tiles and its LSE and delta values into a ring of STAGES
+  shared-memory stages (one barrier a stage the copies complete, one the consumers release it on).
+- Two consumer warpgroups, a partition each (64 keys each; 240 registers a thread), keep the fp32
+  dk and dv accumulators of their keys and run, a query block at a time, transposed so the keys
+  are wgmma's M:
       S^T = k q^T and dP^T = v dO^T    issued together, asynchronously
       P^T = exp2(S^T * scale - LSE)    once S^T is done, while dP^T runs
-      dv += P^T dO                     issued, then dS^T = P^T * (dP^T - delta) once dP^T is done
-      dk += dS^T q
-  P^T and dS^T go to the tensor cores from registers; LSE and delta (a value a query) are read
-  from global memory while the products run. The causal mask applies on the blocks the diagonal
+      dS^T = P^T * (dP^T - delta)      once dP^T is done
+      dv += P^T dO, dk += dS^T q       issued together, P^T and dS^T from registers
+  Nothing ties the two warpgroups but the ring: each releases a stage on its own, so they drift
+  apart and one's softmax runs while the other's products do (in one partition, lockstep, the
+  kernel ran 15-25% slower). LSE and delta come from the stage as the math needs them (held in
+  registers across the products, they spilled). The causal mask applies on the blocks the diagonal
   cuts only (query_blocks' lead).
-- dk (times sm_scale) and dv leave through the K and V tiles' shared memory by TMA stores; the
-  copies clip the rows past the keys' end.
+- dk (times sm_scale) and dv leave through each warpgroup's rows of the K and V tiles by TMA
+  stores; the copies clip the rows past the keys' end.
 
-dq (_gluon_dq_kernel): the forward's shape. One program a block of BLOCK_M queries of one (batch,
-head); the producer loads its q and dO tiles once, then the key blocks it sees into a ring of K
-and V stages; the consumers run S = q k^T and dP = dO v^T together, then dq += dS k, and dq
-(times sm_scale) leaves through q's tile. Only the blocks past the unmasked ones (the causal
-diagonal, the end of the keys: key_blocks' tail) are masked.
+dq (_gluon_dq_kernel): the forward's shape. One program a block of 128 queries of one (batch,
+head), two consumer warpgroups of 64 queries, a partition each; the producer loads its q and dO
+tiles once, then the key blocks it sees into a ring of K and V stages; the consumers run S = q k^T
+and dP = dO v^T together, then dq += dS k, and dq (times sm_scale) leaves through their rows of
+q's tile. Only the blocks past the unmasked ones (the causal diagonal, the end of the keys:
+key_blocks' tail) are masked.
 
-Rows past the end of the queries read LSE -inf, taken as +inf so their P is 0 (q's and dO's tiles
-are zero there: the 4-D descriptors clip at a head's last token); keys past the end have zero k
-and v rows, whose dk and dv are computed and never stored, and which the dq kernel masks. The dk/dv
-kernel caps P's exponent at 0, as the tl kernel does (a key row past the end, S = 0, stays finite
-on a query whose scores are all very negative).
+Rows past the end of the queries read LSE 0 or -inf (the latter taken as +inf, so P is 0): q's and
+dO's tiles are zero there (the descriptors clip at a head's last token), so they add nothing. Keys
+past the end have zero k and v rows, whose dk and dv are computed and never stored, and which the
+dq kernel masks. The dk/dv kernel caps P's exponent at 0, as the tl kernel does (a key row past the
+end, S = 0, stays finite on a query whose scores are all very negative).
 
-delta comes from the tl preprocess: launch_flash_attention_backward(..., gluon=("dkdv", "dq")) runs
-it before them (either alone, with the tl kernel for the other). Dense calls, head dims 64 and 128,
-no window or softcap, layouts TMA reads in place (gluon_backward_supported); the dispatch does not
-take them yet (they have not been measured against the tl kernels).
+delta comes from the tl preprocess: launch_flash_attention_backward runs it before them, into a
+stats_buffer (whose rows TMA can copy from). Both kernels run where attention_paths.gluon_backward
+and gluon_backward_supported take the call: dense, head dims 64 and 128, no window or softcap, at
+most MAX_GRID_Y (batch, head) pairs, layouts TMA reads in place; launch_flash_attention_backward's
+gluon also runs either alone, with the tl kernel for the other (tests and the A/B).
 
 Written against Triton 3.6's Gluon, as the forward (attention/gluon_flash_attention_fwd.py, whose
 layout helpers and descriptors they share). They do not run in the interpreter.
@@ -53,25 +58,39 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from llmk.attention.gluon_flash_attention_fwd import MAXNREG, PRODUCER_REGS, _descriptor, gluon_layout_ok, wgmma_layout
+from llmk.attention.gluon_flash_attention_fwd import (
+    CONSUMER_REGS,
+    MAXNREG,
+    PRODUCER_REGS,
+    _Descriptor,
+    _descriptor,
+    gluon_layout_ok,
+    wgmma_layout,
+)
 from llmk.attention.triton_flash_attention_bwd import query_blocks
-from llmk.attention.triton_flash_attention_fwd import key_blocks
+from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, key_blocks
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import LOG2E
 
-# head dim -> (BLOCK_M, BLOCK_N, STAGES): BLOCK_N keys a program over BLOCK_N / 64 consumer
-# warpgroups, BLOCK_M queries a ring stage. Shared memory: K and V (BLOCK_N x D each) + STAGES x
-# (q and dO, BLOCK_M x D each), 2 bytes a value: 128 KB at hd 128. Registers a consumer thread
-# at hd 128: dk and dv 64 each, S^T and dP^T 16 each at BLOCK_M 32.
-# Not yet measured (scripts/gluon_compile.py compiles them without spills).
+# A consumer warpgroup's rows (wgmma's M): 64 keys of the dk/dv kernel's BLOCK_N = 128, 64
+# queries of the dq kernel's BLOCK_M = 128. Each warpgroup is a partition of its own: they share
+# the producer's ring but not a barrier, so one's softmax runs while the other's products do.
+WG_ROWS = 64
+# head dim -> (BLOCK_M, BLOCK_N, STAGES): BLOCK_M queries a ring stage. Shared memory: K and V
+# (128 x D each) + STAGES x (q and dO, BLOCK_M x D each), 2 bytes a value: 128 KB at hd 128 and
+# BLOCK_M 64, two stages. Registers a consumer thread at hd 128: dk and dv 64 each, S^T and dP^T
+# 32 each at BLOCK_M 64.
+# On the H200 (scripts/tune/gluon_backward_ab.py, both kernels in Gluon): at hd 64, 128 queries a
+# stage +5-9% over 64 though ptxas spills 24 bytes a thread; at hd 128, 64 queries +7-12% over 32,
+# and three stages within -6..+6% of two (docs/tuning/attention.md, the Gluon backward).
 GLUON_DKDV_CONFIG = {
-    64: (64, 128, 2),
-    128: (32, 128, 3),
+    64: (128, 128, 2),
+    128: (64, 128, 2),
 }
 # the other configs scripts/tune/gluon_backward_ab.py weighs (and scripts/gluon_compile.py compiles)
 DKDV_AB_CONFIGS = {
-    64: ((32, 128, 3), (64, 128, 3), (64, 64, 3)),
-    128: ((32, 128, 2), (16, 128, 4)),  # (64, 128, 2) and (64, 64, 2) spill
+    64: ((64, 128, 2), (64, 128, 3)),
+    128: ((32, 128, 3), ),  # (64, 128, 3): within -6..+6% of two stages, spilling 68 bytes
 }
 
 
@@ -88,11 +107,19 @@ def _query_stats(lse_ptr, delta_ptr, offset, queries, n_queries):
 
 
 @gluon.jit
-def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, batch,
-                   kv_head, kv_group, start_n, lo, n_blocks):
+def _stage_lse(lse_smem, layout: gl.constexpr):
+    """A stage's LSE values in scaled log2 units, +inf where a query sees no key (LSE -inf) so its P
+    is 0. Rows past the head's end read 0 (the copy clips there), as their q and dO rows do."""
+    lse = lse_smem.load(layout)
+    return gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+
+
+@gluon.jit
+def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                   k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group, n_heads, start_n, lo, n_blocks):
     """One warp: the program's K and V blocks once, then for each query head of the group and each
-    of its n_blocks query blocks from lo, q's and dO's tiles into the ring, a stage once the
-    consumers released it (the first lap's waits pass)."""
+    of its n_blocks query blocks from lo, q's and dO's tiles and their LSE and delta values into
+    the ring, a stage once the consumers released it (the first lap's waits pass)."""
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
     BLOCK_N: gl.constexpr = k_tile.type.shape[2]
@@ -104,80 +131,92 @@ def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_tile, v_t
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         head = kv_head * kv_group + it // n_blocks
         row = lo + (it % n_blocks) * BLOCK_M
-        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes +
+                        lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], ready.index(s), q_bufs.index(s))
         tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], ready.index(s), do_bufs.index(s))
+        tma.async_copy_global_to_shared(lse_desc, [batch * n_heads + head, row], ready.index(s), lse_bufs.index(s))
+        tma.async_copy_global_to_shared(delta_desc, [batch * n_heads + head, row], ready.index(s),
+                                        delta_bufs.index(s))
 
 
 @gluon.jit
-def _dkdv_consumer(q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc, lse_ptr, delta_ptr,
-                   stride_lb, stride_lh, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, n_queries,
-                   causal_shift, qk_scale, sm_scale, CAUSAL: gl.constexpr):
-    """The consumer warpgroups: dk, dv of the program's keys over the producer's query blocks
-    (module docstring), then out by TMA through K's and V's tiles."""
-    STAGES: gl.constexpr = q_bufs.type.shape[0]
+def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc,
+                   batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale, sm_scale,
+                   CAUSAL: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG: dk, dv of the program's keys WG * 64 .. WG * 64 + 63 over the
+    producer's query blocks (module docstring), then out by TMA through its rows of K's and V's
+    tiles."""
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
     HEAD_D: gl.constexpr = q_bufs.type.shape[4]
-    BLOCK_N: gl.constexpr = k_tile.type.shape[2]
-    NUM_WARPS: gl.constexpr = gl.num_warps()
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_N, BLOCK_M, NUM_WARPS)  # S^T, dP^T: keys x queries
-    acc_layout: gl.constexpr = wgmma_layout(BLOCK_N, HEAD_D, NUM_WARPS)  # dk, dv
+    STAGES: gl.constexpr = q_bufs.type.shape[0]
+    WG_N: gl.constexpr = dk_desc.block_type.shape[2]  # a warpgroup's keys, wgmma's M
+    s_layout: gl.constexpr = wgmma_layout(WG_N, BLOCK_M, 4)  # S^T, dP^T: keys x queries
+    acc_layout: gl.constexpr = wgmma_layout(WG_N, HEAD_D, 4)  # dk, dv
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     keys_l: gl.constexpr = gl.SliceLayout(1, s_layout)
     queries_l: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = q_bufs.dtype
 
-    k_t = k_tile.reshape([BLOCK_N, HEAD_D])
-    v_t = v_tile.reshape([BLOCK_N, HEAD_D])
-    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
-    keys = start_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=keys_l)
-    cols = gl.arange(0, BLOCK_M, layout=queries_l)
+    k_rows = k_tile.slice(WG * WG_N, WG_N, dim=2)  # (1, 1, WG_N, D) views for the TMA stores
+    v_rows = v_tile.slice(WG * WG_N, WG_N, dim=2)
+    k_t = k_tile.reshape([2 * WG_N, HEAD_D]).slice(WG * WG_N, WG_N)  # (WG_N, D) views for the products
+    v_t = v_tile.reshape([2 * WG_N, HEAD_D]).slice(WG * WG_N, WG_N)
+    dk = gl.zeros([WG_N, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([WG_N, HEAD_D], gl.float32, acc_layout)
+    first_key = start_n * 2 * WG_N + WG * WG_N
     mbarrier.wait(kv_bar, 0)
     for it in range(kv_group * n_blocks):
         s = it % STAGES
-        head = kv_head * kv_group + it // n_blocks
         start_m = lo + (it % n_blocks) * BLOCK_M
         q_t = q_bufs.index(s).reshape([BLOCK_M, HEAD_D])
         do_t = do_bufs.index(s).reshape([BLOCK_M, HEAD_D])
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        # use_acc=False: the zeros are never read (made here, they hold no registers across the loop)
+        s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
         s_t = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        queries = start_m + cols  # their stats are read while the products run
-        lse2, delta = _query_stats(lse_ptr, delta_ptr, batch * stride_lb + head * stride_lh, queries, n_queries)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))  # S^T done; dP^T may still run
+        # the stats come from the stage as they are needed: held across the products they spill
+        lse2 = _stage_lse(lse_bufs.index(s).reshape([BLOCK_M]), queries_l)
         p_t = gl.exp2(gl.minimum(s_t * qk_scale - gl.expand_dims(lse2, 0), 0.0))
         if CAUSAL:
             if start_m < lead_hi:  # a block the diagonal cuts
+                # the indices are made here: hoisted out of the loop, they spill
+                keys = first_key + gl.arange(0, WG_N, layout=keys_l)
+                queries = start_m + gl.arange(0, BLOCK_M, layout=queries_l)
                 visible = gl.expand_dims(keys, 1) <= gl.expand_dims(queries + causal_shift, 0)
                 p_t = gl.where(visible, p_t, 0.0)
-        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_t, dv, is_async=True)
-        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, ))  # dP^T done; the dv product may run
-        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_t, dk, is_async=True)
+        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t, ))
+        delta = delta_bufs.index(s).reshape([BLOCK_M]).load(queries_l)
+        # both products issued once P^T and dS^T are 16-bit: no fp32 tile is live beside them (at hd
+        # 128 and 64 queries a stage, issuing dv before dS^T spilled)
+        p16 = gl.convert_layout(p_t.to(dtype), a_layout)
+        ds16 = gl.convert_layout((p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype), a_layout)
+        dv = warpgroup_mma(p16, do_t, dv, is_async=True)
+        dk = warpgroup_mma(ds16, q_t, dk, is_async=True)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-        mbarrier.arrive(empty.index(s))  # every product that read the stage is done
-    # the last products that read K and V are done: their tiles take dk and dv on their way out
+        mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
+    # the last products that read its K and V rows are done: they take dk and dv on their way out
     k_t.store((dk * sm_scale).to(dtype))
     v_t.store(dv.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [batch, kv_head, start_n * BLOCK_N, 0], k_tile)
-    tma.async_copy_shared_to_global(dv_desc, [batch, kv_head, start_n * BLOCK_N, 0], v_tile)
+    tma.async_copy_shared_to_global(dk_desc, [batch, kv_head, first_key, 0], k_rows)
+    tma.async_copy_shared_to_global(dv_desc, [batch, kv_head, first_key, 0], v_rows)
     tma.store_wait(pendings=0)
 
 
 # not value-specialized (the forward's _INT_ARGS says why)
-_INT_ARGS = ("stride_lb", "stride_lh", "n_kv_heads", "kv_group", "n_queries", "n_keys")
+_INT_ARGS = ("n_kv_heads", "kv_group", "n_queries", "n_keys")
 
 
 @gluon.jit(do_not_specialize=_INT_ARGS)
-def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, stride_lb, stride_lh,
-                       n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-                       STAGES: gl.constexpr):
-    """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v, dk, dv (B, Hkv, Tk,
-    D) through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and delta
-    fp32 (B, H, Tq) with (batch, head) strides stride_lb, stride_lh and a unit token stride."""
+def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, n_kv_heads, kv_group,
+                       n_queries, n_keys, qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
+    through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles, dk and dv of (1, 1,
+    WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through 2-D descriptors over their (B * H, Tq)
+    rows (stats_buffer's layout) of (1, BLOCK_M) blocks."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     start_n = gl.program_id(0)
@@ -189,6 +228,8 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_pt
 
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape, delta_desc.layout)
     k_tile = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_tile = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -197,23 +238,30 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_pt
     mbarrier.init(kv_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
-        mbarrier.init(empty.index(st), count=1)  # the consumer partition arrives once, all its warps
+        mbarrier.init(empty.index(st), count=2)  # each consumer warpgroup releases a stage
 
+    # two consumer warpgroups, a partition each (they drift apart: one's softmax runs under the
+    # other's products); worker partitions take scalars, descriptors and shared-memory handles
     gl.warp_specialize([
-        (_dkdv_consumer, (q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc, lse_ptr,
-                          delta_ptr, stride_lb, stride_lh, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks,
-                          n_queries, causal_shift, qk_scale, sm_scale, CAUSAL)),
-        (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_tile, v_tile, kv_bar, ready, empty,
-                          batch, kv_head, kv_group, start_n, lo, n_blocks)),
-    ], [1], [PRODUCER_REGS])
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
+                          dv_desc, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
+                          sm_scale, CAUSAL, 0)),
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
+                          dv_desc, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
+                          sm_scale, CAUSAL, 1)),
+        (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs,
+                          delta_bufs, k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group,
+                          n_kv_heads * kv_group, start_n, lo, n_blocks)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens, has_window, has_softcap):
     """Whether launch_gluon_dkdv and launch_gluon_dq take this backward: dense, no window or
-    softcap, a head dim of GLUON_DKDV_CONFIG (GLUON_DQ_CONFIG's), fp16 or bf16, every tensor laid
-    out as TMA reads it in place."""
+    softcap, a head dim of GLUON_DKDV_CONFIG (GLUON_DQ_CONFIG's), fp16 or bf16, at most MAX_GRID_Y
+    (batch, head) pairs (their grids' y extent), every tensor laid out as TMA reads it in place."""
     return (cu_seqlens is None and not has_window and not has_softcap and q.shape[3] in GLUON_DKDV_CONFIG
-            and q.dtype in (torch.float16, torch.bfloat16) and gluon_layout_ok(q, k, v, do, dq, dk, dv))
+            and q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] * q.shape[1] <= MAX_GRID_Y
+            and gluon_layout_ok(q, k, v, do, dq, dk, dv))
 
 
 def _check_stats(lse, delta):
@@ -223,20 +271,54 @@ def _check_stats(lse, delta):
                          f"{delta.stride()}")
 
 
+def stats_buffer(b, h, tq, device):
+    """An fp32 (B, H, Tq) buffer for the dk/dv kernel's LSE or delta: rows of Tq rounded up to 4
+    values, so that each (batch, head) row starts 16-byte aligned, as a TMA copy's start must (a
+    copy from an unaligned value raised an illegal instruction on the H200)."""
+    return torch.empty(b, h, cdiv(tq, 4) * 4, device=device, dtype=torch.float32)[..., :tq]
+
+
+def as_stats_buffer(lse):
+    """lse (B, H, Tq fp32) if laid out as stats_buffer lays out its values, else a copy that is."""
+    if _stats_layout_ok(lse):
+        return lse
+    out = stats_buffer(*lse.shape, lse.device)
+    out.copy_(lse)
+    return out
+
+
+def _stats_layout_ok(t):
+    b, h, tq = t.shape
+    s = t.stride(1)
+    return t.stride(2) == 1 and s % 4 == 0 and s >= tq and t.stride(0) == h * s and t.data_ptr() % 16 == 0
+
+
+def _stats_descriptor(t, block):
+    """A 2-D TMA descriptor over t's (B * H, Tq) rows (stats_buffer's layout) for (1, block) blocks."""
+    if not _stats_layout_ok(t):
+        raise ValueError(f"lse and delta: laid out as stats_buffer lays them out for the dk/dv kernel, got "
+                         f"strides {t.stride()} at {t.data_ptr():#x}")
+    b, h, tq = t.shape
+    return _Descriptor(t, [b * h, tq], [t.stride(1), 1], [1, block], gl.NVMMASharedLayout(0, 32, rank=2))
+
+
 def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
-    q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) with the same
-    strides and a unit token stride; causal the kernels' CAUSAL flag (kernel_mask's); scale
+    q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) laid out as
+    stats_buffer lays them out; causal the kernels' CAUSAL flag (kernel_mask's); scale
     sm_scale. config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's. Also what
     scripts/gluon_compile.py compiles without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     block_m, block_n, stages = config or GLUON_DKDV_CONFIG[d]
     _check_stats(lse, delta)
+    if block_n != 2 * WG_ROWS:
+        raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
+                         f"got {config}")
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
-            _descriptor(dk, block_n), _descriptor(dv, block_n), lse, delta, lse.stride(0), lse.stride(1), hkv,
-            h // hkv, tq, tk, scale * LOG2E.value, scale)
-    meta = dict(CAUSAL=bool(causal), STAGES=stages, num_warps=block_n // 16, maxnreg=MAXNREG)
+            _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
+            _stats_descriptor(delta, block_m), hkv, h // hkv, tq, tk, scale * LOG2E.value, scale)
+    meta = dict(CAUSAL=bool(causal), STAGES=stages, num_warps=4, maxnreg=MAXNREG)
     return (cdiv(tk, block_n), b * hkv), args, meta
 
 
@@ -250,18 +332,19 @@ def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=Non
     _gluon_dkdv_kernel[grid](*args, **meta)
 
 
-# head dim -> (BLOCK_M, BLOCK_N, STAGES) of the dq kernel: BLOCK_M queries a program over BLOCK_M / 64
-# consumer warpgroups, a ring of STAGES K and V blocks of BLOCK_N keys. Shared memory: q and dO
-# (BLOCK_M x D each) + STAGES x (K and V, BLOCK_N x D each): 128 KB at hd 128. Registers a consumer
-# thread at hd 128: dq 64, S and dP 16 each. Not yet measured.
+# head dim -> (BLOCK_M, BLOCK_N, STAGES) of the dq kernel: BLOCK_M = 128 queries a program over
+# two consumer warpgroups, a ring of STAGES K and V blocks of BLOCK_N keys. Shared memory: q and dO
+# (128 x D each) + STAGES x (K and V, BLOCK_N x D each): 192 KB at hd 128, 128 keys, two stages.
+# Registers a consumer thread at hd 128: dq 64, S and dP 64 each. 128-key blocks measured 1-3% over
+# 64-key ones with the two warpgroups in lockstep (docs/tuning/attention.md, the Gluon backward).
 GLUON_DQ_CONFIG = {
-    64: (128, 64, 3),
-    128: (128, 64, 2),
+    64: (128, 128, 2),
+    128: (128, 128, 2),
 }
 # the other configs scripts/tune/gluon_backward_ab.py weighs (and scripts/gluon_compile.py compiles)
 DQ_AB_CONFIGS = {
-    64: ((128, 128, 2),),
-    128: ((128, 64, 3), (128, 128, 2)),
+    64: ((128, 64, 3),),
+    128: ((128, 64, 2),),
 }
 
 
@@ -288,31 +371,31 @@ def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_buf
 @gluon.jit
 def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
                  stride_lh, batch, head, start_m, lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale,
-                 sm_scale, CAUSAL: gl.constexpr):
-    """The consumer warpgroups: dq of the program's queries over the producer's key blocks, the tl
-    dq kernel's arithmetic (_dq_key_blocks):
+                 sm_scale, CAUSAL: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG: dq of the program's queries WG * 64 .. WG * 64 + 63 over the
+    producer's key blocks, the tl dq kernel's arithmetic (_dq_key_blocks):
         S = q k^T and dP = dO v^T    issued together, asynchronously
         P = exp2(S * scale - LSE)    once S is done, while dP runs; the blocks past unmasked_hi
                                      (the causal diagonal, the end of the keys) masked
         dq += (P * (dP - delta)) k   from registers
-    then dq (times sm_scale) out by TMA through q's tile."""
+    then dq (times sm_scale) out by TMA through its rows of q's tile."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
-    BLOCK_M: gl.constexpr = q_tile.type.shape[2]
     HEAD_D: gl.constexpr = q_tile.type.shape[3]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
-    NUM_WARPS: gl.constexpr = gl.num_warps()
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, NUM_WARPS)  # S, dP: queries x keys
-    acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, HEAD_D, NUM_WARPS)  # dq
+    WG_M: gl.constexpr = dq_desc.block_type.shape[2]  # a warpgroup's queries, wgmma's M
+    s_layout: gl.constexpr = wgmma_layout(WG_M, BLOCK_N, 4)  # S, dP: queries x keys
+    acc_layout: gl.constexpr = wgmma_layout(WG_M, HEAD_D, 4)  # dq
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
     keys_l: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = q_tile.dtype
 
-    q_t = q_tile.reshape([BLOCK_M, HEAD_D])
-    do_t = do_tile.reshape([BLOCK_M, HEAD_D])
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
-    rows = start_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_l)
+    q_rows = q_tile.slice(WG * WG_M, WG_M, dim=2)  # a (1, 1, WG_M, D) view for the TMA store
+    q_t = q_tile.reshape([2 * WG_M, HEAD_D]).slice(WG * WG_M, WG_M)  # (WG_M, D) views for the products
+    do_t = do_tile.reshape([2 * WG_M, HEAD_D]).slice(WG * WG_M, WG_M)
+    dq = gl.zeros([WG_M, HEAD_D], gl.float32, acc_layout)
+    first_row = start_m * 2 * WG_M + WG * WG_M
+    rows = first_row + gl.arange(0, WG_M, layout=rows_l)
     lse2, delta = _query_stats(lse_ptr, delta_ptr, batch * stride_lb + head * stride_lh, rows, n_queries)
     lse2 = gl.expand_dims(lse2, 1)
     delta = gl.expand_dims(delta, 1)
@@ -324,6 +407,7 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
         k_t = k_bufs.index(s).reshape([BLOCK_N, HEAD_D])
         v_t = v_bufs.index(s).reshape([BLOCK_N, HEAD_D])
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)  # never read (use_acc=False)
         s_b = warpgroup_mma(q_t, k_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_t, v_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_b = warpgroup_mma_wait(num_outstanding=1, deps=(s_b, ))  # S done; dP may still run
@@ -338,11 +422,11 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
         ds = p * (dp - delta)
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), a_layout), k_t, dq, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-        mbarrier.arrive(empty.index(s))  # every product that read the stage is done
-    # every product that read q's tile is done: it takes dq on its way out
+        mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
+    # every product that read its rows of q's tile is done: they take dq on its way out
     q_t.store((dq * sm_scale).to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dq_desc, [batch, head, start_m * BLOCK_M, 0], q_tile)
+    tma.async_copy_shared_to_global(dq_desc, [batch, head, first_row, 0], q_rows)
     tma.store_wait(pendings=0)
 
 
@@ -377,15 +461,18 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, lse_ptr, delta_pt
     mbarrier.init(q_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
-        mbarrier.init(empty.index(st), count=1)
+        mbarrier.init(empty.index(st), count=2)  # each consumer warpgroup releases a stage
 
     gl.warp_specialize([
         (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
                         stride_lh, batch, head, start_m, lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift,
-                        qk_scale, sm_scale, CAUSAL)),
+                        qk_scale, sm_scale, CAUSAL, 0)),
+        (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
+                        stride_lh, batch, head, start_m, lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift,
+                        qk_scale, sm_scale, CAUSAL, 1)),
         (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty,
                         batch, head, kv_head, start_m, lo, n_iter)),
-    ], [1], [PRODUCER_REGS])
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None):
@@ -396,11 +483,14 @@ def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None):
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     block_m, block_n, stages = config or GLUON_DQ_CONFIG[d]
+    if block_m != 2 * WG_ROWS:
+        raise ValueError(f"config: the dq kernel's BLOCK_M is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} queries), "
+                         f"got {config}")
     _check_stats(lse, delta)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
-            _descriptor(dq, block_m), lse, delta, lse.stride(0), lse.stride(1), h, h // hkv, tq, tk,
+            _descriptor(dq, WG_ROWS), lse, delta, lse.stride(0), lse.stride(1), h, h // hkv, tq, tk,
             scale * LOG2E.value, scale)
-    meta = dict(CAUSAL=bool(causal), STAGES=stages, num_warps=block_m // 16, maxnreg=MAXNREG)
+    meta = dict(CAUSAL=bool(causal), STAGES=stages, num_warps=4, maxnreg=MAXNREG)
     return (cdiv(tq, block_m), b * h), args, meta
 
 
@@ -413,5 +503,6 @@ def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None):
     _gluon_dq_kernel[grid](*args, **meta)
 
 
-__all__ = ["DKDV_AB_CONFIGS", "DQ_AB_CONFIGS", "GLUON_DKDV_CONFIG", "GLUON_DQ_CONFIG", "gluon_backward_supported",
+__all__ = ["DKDV_AB_CONFIGS", "DQ_AB_CONFIGS", "GLUON_DKDV_CONFIG", "GLUON_DQ_CONFIG", "as_stats_buffer",
+           "gluon_backward_supported", "stats_buffer",
            "gluon_dkdv_args", "gluon_dq_args", "launch_gluon_dkdv", "launch_gluon_dq"]

@@ -119,8 +119,30 @@ def check_gluon_dispatch():
                              == (d != 64))]
     q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
     odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal
-    return outcomes + [Outcome("D96: tl", not gluon(q, k, v)),
-                       Outcome("token stride not 16-byte aligned: tl", not gluon(odd, odd, odd))]
+    outcomes += [Outcome("D96: tl", not gluon(q, k, v)), Outcome("token stride not 16-byte aligned: tl",
+                                                                 not gluon(odd, odd, odd))]
+    return outcomes + backward_dispatch(odd)
+
+
+def backward_dispatch(odd):
+    """The backward's routing (attention_paths.gluon_backward): launch_flash_attention_backward
+    returns None when the Gluon kernels ran, the tl kernels otherwise."""
+    def takes_gluon(d=128, path="auto", mask=None, causal=True, t=100, layout=None, **kw):
+        q, k, v = (layout,) * 3 if layout is not None else make_qkv(2, 4, 2, t, t, d, torch.bfloat16)
+        lse = torch.zeros(q.shape[:3], device=DEVICE)
+        with forced_path(path):
+            return launch_flash_attention_backward(q, q, k, v, q, lse, *(torch.empty_like(x) for x in (q, k, v)),
+                                                   causal, 0.1, mask=mask or attention_mask((-1, -1), 0.0),
+                                                   **kw) is None
+    return [Outcome("backward D128 auto: gluon", takes_gluon()),
+            Outcome("backward D64 auto, deterministic: gluon", takes_gluon(64, deterministic=True)),
+            Outcome("backward D128 gluon: gluon", takes_gluon(path="gluon")),
+            Outcome("backward D128 LLMK_ATTENTION_PATH=tl: tl", not takes_gluon(path="tl")),
+            Outcome("backward D128 window: tl", not takes_gluon(mask=attention_mask((32, 0), 0.0))),
+            Outcome("backward D128 softcap: tl", not takes_gluon(mask=attention_mask((-1, -1), 30.0))),
+            Outcome("backward D128 dq_add forced: tl", not takes_gluon(dq_add="atomics")),
+            Outcome("backward D96: tl", not takes_gluon(96)),
+            Outcome("backward token stride not 16-byte aligned: tl", not takes_gluon(layout=odd))]
 
 
 def gluon_forward_cases():

@@ -58,6 +58,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from llmk.attention.attention_checks import NO_MASK
+from llmk.attention.attention_paths import gluon_backward
 from llmk.attention.triton_flash_attention_fwd import (
     MAX_GRID_Y,
     attention_grid,
@@ -512,7 +513,7 @@ def _dq_kernel(
 
 def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
                                     cu_seqlens=None, config=None, deterministic=False, dq_add=None,
-                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK, gluon=()):
+                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK, gluon=None):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
@@ -529,12 +530,22 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     None: dp_first_when's choice for the head dim.
     grid_y, mask: as for the forward's launcher.
     gluon: the two-pass schedule's kernels to run in Gluon for sm_90 (attention/
-    gluon_flash_attention_bwd.py): "dkdv", "dq", both or neither; dense calls they support, else
-    ValueError. Its tests and measurements ask for them; the dispatch does not yet.
+    gluon_flash_attention_bwd.py): "dkdv", "dq", both or neither (a dense call they support, else
+    ValueError); None: both where attention_paths.gluon_backward takes the call and no config,
+    dq_add or dp_first forces a tl kernel, and TMA reads every tensor in place, else neither. Both
+    in Gluon is a two-pass schedule too: deterministic whatever `deterministic` asks.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
     tuning sweep's), None in the interpreter or with a Gluon kernel."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
+    if gluon is None:
+        gluon = ()
+        has_window, has_softcap = kernel_mask(causal, mask, tq, tk)[1], mask.softcap
+        if gluon_backward(q, cu_seqlens, has_window, has_softcap, (config, dq_add, dp_first) != (None,) * 3):
+            from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
+
+            if gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens, has_window, has_softcap):
+                gluon = ("dkdv", "dq")
     gluon = tuple(gluon)
     if gluon:
         if not set(gluon) <= {"dkdv", "dq"}:
@@ -557,7 +568,12 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     if dq_add is None:
         dq_add = "tma" if tma else "atomics"
     dq_add = DQ_ADDS[dq_add] if one_pass else DQ_TWO_PASS.value
-    delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
+    if "dkdv" in gluon:  # its TMA copies want each (batch, head) row of LSE and delta 16-byte aligned
+        from llmk.attention.gluon_flash_attention_bwd import as_stats_buffer, stats_buffer
+
+        lse, delta = as_stats_buffer(lse), stats_buffer(*lse.shape, lse.device)
+    else:
+        delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
     # the one-pass schedule's fp32 dq sums, zeroed by the preprocess: 4 bytes a value of q
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if one_pass else None
     acc_strides = dq_acc.stride()[:3] if one_pass else (0, 0, 0)

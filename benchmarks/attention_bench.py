@@ -15,7 +15,8 @@ blocks in PyTorch, up to T = 4096). max_err is against SDPA in fp32 on the same 
 Training rows (bf16, hd 64 and 128; mode "fwd+bwd" and "bwd", peak_MB): dq, dk, dv on one set of
 upstream gradients dO for every provider, against SDPA's memory-efficient backend in fp32 (no T x T
 buffer). FLOPs, flash-attention's convention: bwd 2.5x the forward's (its four products and the
-recomputed q k^T), fwd+bwd 3.5x. Providers: triton, sdpa-flash, sdpa-cudnn, and naive where its
+recomputed q k^T), fwd+bwd 3.5x. Providers: triton (the tl kernels), triton-gluon (the Gluon forward
+and backward), sdpa-flash, sdpa-cudnn, and naive where its
 fp32 scores take at most 2 GiB (the interpreter's baseline for the max_err gate). Shapes: B4 H32 T4096
 full and causal, B16 H32 T1024 causal, B1 H32 T16384 causal at hd 128; B8 H32 T2048 full and
 causal at hd 64.
@@ -95,8 +96,9 @@ def on_tl(fn):
 
 
 def on_gluon(fn):
-    """`triton-gluon`: fn on the Gluon forward (sm_90 with a tested Triton; the tl backward), or why
-    that row is skipped here."""
+    """`triton-gluon`: fn on the Gluon kernels (sm_90 with a tested Triton: the forward, and the
+    backward where attention_paths.gluon_backward takes the call, dense without a window or a cap;
+    the tl backward elsewhere), or why that row is skipped here."""
     if not gluon_runs_here():
         return "the Gluon forward runs on sm_90 with a tested Triton (attention/attention_paths.py)"
     return on_path("gluon", fn)
@@ -166,7 +168,7 @@ NAIVE_TRAIN_MAX_BYTES = 2 ** 31  # the naive backward keeps a few fp32 score mat
 
 def train_providers(b, h, t):
     from torch.nn.attention import SDPBackend
-    found = {"triton": on_tl(flash_attention)}
+    found = {"triton": on_tl(flash_attention), "triton-gluon": on_gluon(flash_attention)}
     if DEVICE == "cuda":
         found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     scores = b * h * t * t * 4
@@ -194,13 +196,20 @@ def train_setup(shape, causal):
     return (q, k, v, causal, dys), reference_grads((q, k, v), causal, dys)
 
 
+# Our providers' paths for a training row's whole call: the backward runs after the forward's call
+# returns, so the path around the forward alone would leave the backward to the default dispatch
+TRAIN_PATHS = {"triton": "tl", "triton-gluon": "gluon"}
+
+
 def bind_mode(providers, mode):
-    """BenchCase's bind: the provider's forward ("fwd") or its training call (train_call's modes)."""
+    """BenchCase's bind: the provider's forward ("fwd") or its training call (train_call's modes),
+    ours on their path (TRAIN_PATHS) forward and backward."""
     def bind(name, inputs):
         *tensors, dys = inputs
         if mode == "fwd":
             return lambda: providers[name](*tensors)
-        return train_call(providers[name], tensors, WRT, mode, dys)
+        call = train_call(providers[name], tensors, WRT, mode, dys)
+        return on_path(TRAIN_PATHS[name], call) if name in TRAIN_PATHS else call
     return bind
 
 

@@ -8,7 +8,7 @@ a change to one: it lowers, it fits, it does not spill.
 
 The cases are real launches' arguments (attention/gluon_flash_attention_fwd.py's
 gluon_attention_args on CPU tensors), bound and specialized as a launch binds them. Exits 1 if
-any case fails to compile or spills.
+any case fails to compile or spills (past MEASURED_SPILLS' allowance).
 """
 import os
 import re
@@ -76,6 +76,14 @@ def attention_cases():
     return cases
 
 
+# What ptxas may spill (bytes a thread, at most) in a config the A/B measured fastest with it:
+# (kernel, head dim, config) -> bytes. Anything else that spills fails.
+MEASURED_SPILLS = {
+    ("dkdv", 64, (128, 128, 2)): 32,   # +5-9% over (64, 128, 2), which does not spill
+    ("dkdv", 128, (64, 128, 2)): 8,    # causal: one register, once a query block
+}
+
+
 def backward_cases(kernel):
     """(name, (grid, args, meta)) of the backward's dk/dv kernel (kernel "dkdv") or dq kernel
     ("dq"): each head dim, full and causal, fp16, GQA and MHA, a (B, T, H, D) layout, and the A/B's
@@ -94,18 +102,20 @@ def backward_cases(kernel):
         else:
             q, do, dq = (torch.empty(b, h, t, d, dtype=dtype) for _ in range(3))
         k, v, dk, dv = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(4))
-        lse, delta = (torch.empty(b, h, t, dtype=torch.float32) for _ in range(2))
+        lse, delta = (bwd.stats_buffer(b, h, t, "cpu") for _ in range(2))
         if kernel == "dkdv":
             return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config)
         return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config)
 
     cases = []
     for d in table:
-        cases += [(f"hd{d} full", case(d)), (f"hd{d} causal", case(d, causal=True)),
-                  (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8)),
-                  (f"hd{d} BTHD causal", case(d, causal=True, transposed=True))]
+        allowed = MEASURED_SPILLS.get((kernel, d, table[d]), 0)
+        cases += [(f"hd{d} full", case(d), allowed), (f"hd{d} causal", case(d, causal=True), allowed),
+                  (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8), allowed),
+                  (f"hd{d} BTHD causal", case(d, causal=True, transposed=True), allowed)]
         # the A/B's other configs (scripts/tune/gluon_backward_ab.py)
-        cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config)) for config in others[d]]
+        cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config),
+                   MEASURED_SPILLS.get((kernel, d, config), 0)) for config in others[d]]
     return cases
 
 
@@ -163,13 +173,16 @@ def main():
                                  ("dq", _gluon_dq_kernel, lambda: backward_cases("dq"))):
         if only and label not in only:
             continue
-        for name, (grid, args, meta) in cases():
+        for name, (grid, args, meta), *allowed in cases():
+            allowed = allowed[0] if allowed else 0  # MEASURED_SPILLS'
             try:
                 ck = compile_case(kernel, args, meta)
                 n_regs, spills = ptxas_report(ck.asm["ptx"])
-                print(f"{'ok  ' if not spills else 'FAIL'} {label} {name}: shared={ck.metadata.shared} "
+                verdict = ("ok  " if not spills else f"ok (spills <= {allowed} measured)" if spills <= allowed
+                           else "FAIL")
+                print(f"{verdict} {label} {name}: shared={ck.metadata.shared} "
                       f"regs={n_regs} spill_bytes={spills} {ptx_features(ck.asm['ptx'])}", flush=True)
-                failed += bool(spills)
+                failed += spills > allowed
             except Exception as e:  # noqa: BLE001 - report every case, then fail
                 msg = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
                 print(f"FAIL {label} {name}: {type(e).__name__}: " + " | ".join(msg[:8]), flush=True)

@@ -3,9 +3,9 @@ kernels, on the attention benchmark's training shapes, bf16, in one process:
 
 - tl, the default schedule (one pass where one_pass_when takes it, else two);
 - tl, two passes (deterministic=True);
-- Gluon dk/dv + the tl dq kernel, at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS';
-- the tl dk/dv kernel + Gluon dq, at GLUON_DQ_CONFIG's config and at DQ_AB_CONFIGS';
-- both in Gluon, at the tables' configs.
+- one kernel in Gluon and the other tl, at the tables' configs;
+- both in Gluon: the dk/dv kernel at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS', the dq
+  kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS'.
 
 Each row is one whole backward (the preprocess, dk/dv, dq) on the same inputs, TFLOP/s counted as
 the benchmark counts them (2.5x the forward's FLOPs over the visible pairs); dq, dk, dv are compared
@@ -56,22 +56,25 @@ def shape_rows(name, b, h, hkv, t, d, causal):
     def backward(**kw):
         return lambda: launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, **kw)
 
-    backward(deterministic=True)()
+    backward(deterministic=True, gluon=())()
     want = [g.clone() for g in grads]
-    variants = [("tl, default schedule", backward()), ("tl, two passes", backward(deterministic=True))]
+    variants = [("tl, default schedule", backward(gluon=())),
+                ("tl, two passes", backward(deterministic=True, gluon=())),
+                ("Gluon dkdv + tl dq (tables)", backward(gluon=("dkdv", ))),
+                ("tl dk/dv + Gluon dq (tables)", backward(gluon=("dq", )))]
     for kernel, tables, others in (("dkdv", gluon_bwd.GLUON_DKDV_CONFIG, gluon_bwd.DKDV_AB_CONFIGS),
                                    ("dq", gluon_bwd.GLUON_DQ_CONFIG, gluon_bwd.DQ_AB_CONFIGS)):
         table = tables[d]
-        for config in (table, *others[d]):
-            def gluon(config=config, tables=tables, table=table, kernel=kernel):
+        for config in (table, *others[d]) if kernel == "dkdv" else others[d]:
+            def gluon(config=config, tables=tables, table=table):
                 tables[d] = config  # read at each launch
                 try:
-                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, gluon=(kernel,))
+                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, gluon=("dkdv", "dq"))
                 finally:
                     tables[d] = table
-            other = "tl dq" if kernel == "dkdv" else "tl dk/dv"
-            variants.append((f"Gluon {kernel} {config}{' (table)' if config == table else ''} + {other}", gluon))
-    variants.append(("Gluon dkdv and dq (tables)", backward(gluon=("dkdv", "dq"))))
+            label = (f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
+                     if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
+            variants.append((label, gluon))
     for label, call in variants:
         for g in grads:
             g.fill_(float("nan"))
