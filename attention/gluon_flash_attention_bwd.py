@@ -19,7 +19,7 @@ dk, dv (_gluon_dkdv_kernel):
       dv += P^T dO, dk += dS^T q       issued together, P^T and dS^T from registers
   Nothing ties the two warpgroups but the ring: each releases a stage on its own, so they drift
   apart and one's softmax runs while the other's products do (in one partition, lockstep, the
-  kernel ran 15-25% slower). LSE and delta come from the stage as the math needs them (held in
+  kernel ran 10-13% slower at one config). LSE and delta come from the stage as the math needs them (held in
   registers across the products, they spilled). The causal mask applies on the blocks the diagonal
   cuts only (query_blocks' lead).
 - dk (times sm_scale) and dv leave through each warpgroup's rows of the K and V tiles by TMA
