@@ -38,6 +38,14 @@ past the end have zero k and v rows, whose dk and dv are computed and never stor
 dq kernel masks. The dk/dv kernel caps P's exponent at 0, as the tl kernel does (a key row past the
 end, S = 0, stays finite on a query whose scores are all very negative).
 
+The one-pass schedule (GLUON_ONE_PASS_CONFIG, launch_gluon_dkdv's dq_acc; hd 128; not yet measured):
+the dk/dv kernel also makes dq. Each warpgroup writes its 64 rows of dS^T (16-bit) into one of two
+shared-memory slots, both wait for the whole (an mbarrier each arrives on), and each makes half of
+dq's features, dS (all 128 keys, the slot read transposed) times K's half, and adds them to an fp32
+buffer by atomics (two values an instruction; Triton 3.6's Gluon has no TMA reduce). Five products
+a query block instead of the two-pass schedule's seven, for fp32 adds and a barrier between the
+warpgroups.
+
 delta comes from the tl preprocess: launch_flash_attention_backward runs it before them, into a
 stats_buffer (whose rows TMA can copy from). Both kernels run where attention_paths.gluon_backward
 and gluon_backward_supported take the call: dense, head dims 64 and 128, no window or softcap, at
@@ -85,6 +93,14 @@ WG_ROWS = 64
 # and three stages within -6..+6% of two (docs/tuning/attention.md, the Gluon backward).
 GLUON_DKDV_CONFIG = {
     64: (128, 128, 2),
+    128: (64, 128, 2),
+}
+# The one-pass schedule (launch_gluon_dkdv's dq_acc): head dim -> (BLOCK_M, BLOCK_N, STAGES) of the
+# dk/dv kernel that also adds dq by atomics, each warpgroup half of dq's 128 features (a 64 x 64
+# fp32 product, 32 registers: K's tile splits on a 128-byte swizzle boundary at hd 128 only).
+# Shared memory: the two-pass kernel's 128 KB + two slots of dS^T (128 x 64, 16 KB each). Not yet
+# measured; the dispatch does not take it.
+GLUON_ONE_PASS_CONFIG = {
     128: (64, 128, 2),
 }
 # the other configs scripts/tune/gluon_backward_ab.py weighs (and scripts/gluon_compile.py compiles)
@@ -141,12 +157,16 @@ def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs
 
 
 @gluon.jit
-def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc,
-                   batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale, sm_scale,
-                   CAUSAL: gl.constexpr, WG: gl.constexpr):
+def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty, ds_ready,
+                   ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch, kv_head, kv_group,
+                   n_queries, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+                   DQ_ATOMIC: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dk, dv of the program's keys WG * 64 .. WG * 64 + 63 over the
     producer's query blocks (module docstring), then out by TMA through its rows of K's and V's
-    tiles."""
+    tiles. DQ_ATOMIC (the one-pass schedule): also dq's share of each query block, added to dq_ptr
+    (fp32, (batch, head, token) strides stride_ab, stride_ah, stride_am, unit feature stride) by
+    atomics: each warpgroup puts its dS^T rows into ds_bufs' slot, both wait for the whole (the
+    ds_ready barrier), and each makes half of dq's features, dS (all 128 keys) times K's half."""
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
     HEAD_D: gl.constexpr = q_bufs.type.shape[4]
     STAGES: gl.constexpr = q_bufs.type.shape[0]
@@ -165,6 +185,10 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar
     dk = gl.zeros([WG_N, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([WG_N, HEAD_D], gl.float32, acc_layout)
     first_key = start_n * 2 * WG_N + WG * WG_N
+    if DQ_ATOMIC:  # this warpgroup's half of dq's features, and where they go
+        DQ_D: gl.constexpr = HEAD_D // 2
+        dq_layout: gl.constexpr = wgmma_layout(BLOCK_M, DQ_D, 4)
+        k_half = k_tile.reshape([2 * WG_N, HEAD_D]).slice(WG * DQ_D, DQ_D, dim=1)
     mbarrier.wait(kv_bar, 0)
     for it in range(kv_group * n_blocks):
         s = it % STAGES
@@ -192,10 +216,31 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar
         # both products issued once P^T and dS^T are 16-bit: no fp32 tile is live beside them (at hd
         # 128 and 64 queries a stage, issuing dv before dS^T spilled)
         p16 = gl.convert_layout(p_t.to(dtype), a_layout)
-        ds16 = gl.convert_layout((p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype), a_layout)
+        ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
         dv = warpgroup_mma(p16, do_t, dv, is_async=True)
-        dk = warpgroup_mma(ds16, q_t, dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_t, dk, is_async=True)
+        if DQ_ATOMIC:
+            slot = it % 2  # two slots: one warpgroup may write the next block's dS^T while the other reads
+            mbarrier.wait(ds_empty.index(slot), ((it // 2) & 1) ^ 1)
+            ds_bufs.index(slot).slice(WG * WG_N, WG_N).store(ds_t)
+            fence_async_shared()  # the other warpgroup's wgmma reads it
+            mbarrier.arrive(ds_ready.index(slot))
+            mbarrier.wait(ds_ready.index(slot), (it // 2) & 1)
+            # dv and dk done first: their 16-bit operands' registers free before dq's accumulator
+            # takes 32 (held together, they spilled)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            dq = warpgroup_mma(ds_bufs.index(slot).permute((1, 0)), k_half,
+                               gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout), use_acc=False)
+            mbarrier.arrive(ds_empty.index(slot))
+            head = kv_head * kv_group + it // n_blocks
+            # the indices are made here, as the causal mask's are
+            rows = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout)), 1)
+            cols = gl.expand_dims(WG * DQ_D + gl.arange(0, DQ_D, layout=gl.SliceLayout(0, dq_layout)), 0)
+            # relaxed: nothing in this launch reads dq, only the sum matters
+            gl.atomic_add(dq_ptr + batch * stride_ab + head * stride_ah + rows * stride_am + cols, dq * sm_scale,
+                          mask=rows < n_queries, sem="relaxed")
+        else:
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
     # the last products that read its K and V rows are done: they take dk and dv on their way out
     k_t.store((dk * sm_scale).to(dtype))
@@ -207,16 +252,19 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar
 
 
 # not value-specialized (the forward's _INT_ARGS says why)
-_INT_ARGS = ("n_kv_heads", "kv_group", "n_queries", "n_keys")
+_INT_ARGS = ("stride_ab", "stride_ah", "stride_am", "n_kv_heads", "kv_group", "n_queries", "n_keys")
 
 
 @gluon.jit(do_not_specialize=_INT_ARGS)
-def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, n_kv_heads, kv_group,
-                       n_queries, n_keys, qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_ptr, stride_ab,
+                       stride_ah, stride_am, n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale,
+                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles, dk and dv of (1, 1,
     WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through 2-D descriptors over their (B * H, Tq)
-    rows (stats_buffer's layout) of (1, BLOCK_M) blocks."""
+    rows (stats_buffer's layout) of (1, BLOCK_M) blocks. DQ_ATOMIC: dq's fp32 sums (B, H, Tq, D),
+    zeroed, at dq_ptr with strides stride_ab, stride_ah, stride_am and a unit feature stride (the
+    one-pass schedule; else dq_ptr is not read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     start_n = gl.program_id(0)
@@ -232,23 +280,34 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape, delta_desc.layout)
     k_tile = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_tile = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    # DQ_ATOMIC's two slots of dS^T (BLOCK_N keys x BLOCK_M queries); a token 16 rows otherwise
+    DS_ROWS: gl.constexpr = BLOCK_N if DQ_ATOMIC else 16
+    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, DS_ROWS, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([DS_ROWS, BLOCK_M], q_desc.dtype))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=2)  # each consumer warpgroup releases a stage
+    for st in gl.static_range(2):
+        mbarrier.init(ds_ready.index(st), count=2)  # each warpgroup's dS^T rows are in
+        mbarrier.init(ds_empty.index(st), count=2)  # each warpgroup's dq product read the slot
 
     # two consumer warpgroups, a partition each (they drift apart: one's softmax runs under the
     # other's products); worker partitions take scalars, descriptors and shared-memory handles
     gl.warp_specialize([
-        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
-                          dv_desc, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
-                          sm_scale, CAUSAL, 0)),
-        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
-                          dv_desc, batch, kv_head, kv_group, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
-                          sm_scale, CAUSAL, 1)),
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
+                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch,
+                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
+                          sm_scale, CAUSAL, DQ_ATOMIC, 0)),
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
+                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch,
+                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
+                          sm_scale, CAUSAL, DQ_ATOMIC, 1)),
         (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs,
                           delta_bufs, k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group,
                           n_kv_heads * kv_group, start_n, lo, n_blocks)),
@@ -302,33 +361,42 @@ def _stats_descriptor(t, block):
     return _Descriptor(t, [b * h, tq], [t.stride(1), 1], [1, block], gl.NVMMASharedLayout(0, 32, rank=2))
 
 
-def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None):
+def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
     q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) laid out as
     stats_buffer lays them out; causal the kernels' CAUSAL flag (kernel_mask's); scale
-    sm_scale. config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's. Also what
-    scripts/gluon_compile.py compiles without a GPU."""
+    sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride, that the
+    kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only). config: (BLOCK_M,
+    BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's (GLUON_ONE_PASS_CONFIG's with dq_acc). Also
+    what scripts/gluon_compile.py compiles without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
-    block_m, block_n, stages = config or GLUON_DKDV_CONFIG[d]
+    one_pass = dq_acc is not None
+    if one_pass and d not in GLUON_ONE_PASS_CONFIG:
+        raise ValueError(f"dq_acc: the one-pass Gluon kernel takes head dims {tuple(GLUON_ONE_PASS_CONFIG)}, got {d}")
+    block_m, block_n, stages = config or (GLUON_ONE_PASS_CONFIG if one_pass else GLUON_DKDV_CONFIG)[d]
+    if one_pass and (block_m != WG_ROWS or dq_acc.stride(3) != 1):
+        raise ValueError(f"the one-pass Gluon kernel takes BLOCK_M {WG_ROWS} (got {block_m}) and dq_acc with a unit "
+                         f"feature stride (got {dq_acc.stride()})")
     _check_stats(lse, delta)
     if block_n != 2 * WG_ROWS:
         raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
                          f"got {config}")
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
-            _stats_descriptor(delta, block_m), hkv, h // hkv, tq, tk, scale * LOG2E.value, scale)
-    meta = dict(CAUSAL=bool(causal), STAGES=stages, num_warps=4, maxnreg=MAXNREG)
+            _stats_descriptor(delta, block_m), dq_acc if one_pass else delta,
+            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), hkv, h // hkv, tq, tk, scale * LOG2E.value, scale)
+    meta = dict(CAUSAL=bool(causal), STAGES=stages, DQ_ATOMIC=one_pass, num_warps=4, maxnreg=MAXNREG)
     return (cdiv(tk, block_n), b * hkv), args, meta
 
 
-def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None):
-    """Write dk and dv (arguments as gluon_dkdv_args takes them, non-empty) on q's device as the
-    current one."""
+def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None):
+    """Write dk and dv, and add to dq_acc (arguments as gluon_dkdv_args takes them, non-empty) on
+    q's device as the current one."""
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config)
-    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config)
+            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc)
+    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc)
     _gluon_dkdv_kernel[grid](*args, **meta)
 
 
