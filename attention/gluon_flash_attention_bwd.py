@@ -46,11 +46,16 @@ buffer by atomics (two values an instruction; Triton 3.6's Gluon has no TMA redu
 a query block instead of the two-pass schedule's seven, for fp32 adds and a barrier between the
 warpgroups.
 
+Both kernels take every mask of the dense call: causal, a sliding window (the tl kernels' block
+ranges, query_blocks and key_blocks, and their masked edges) and a softcap (P from c * tanh(s / c),
+dS times 1 - tanh^2; fewer queries a stage for the dk/dv kernel, GLUON_DKDV_SOFTCAP_CONFIG).
+
 delta comes from the tl preprocess: launch_flash_attention_backward runs it before them, into a
 stats_buffer (whose rows TMA can copy from). Both kernels run where attention_paths.gluon_backward
-and gluon_backward_supported take the call: dense, head dims 64 and 128, no window or softcap, at
-most MAX_GRID_Y (batch, head) pairs, layouts TMA reads in place; launch_flash_attention_backward's
-gluon also runs either alone, with the tl kernel for the other (tests and the A/B).
+and gluon_backward_supported take the call: dense, head dims 64 and 128, no window or softcap (the
+kernels take them; not yet measured), at most MAX_GRID_Y (batch, head) pairs, layouts TMA reads in
+place; launch_flash_attention_backward's gluon also runs either alone, with the tl kernel for the
+other, or the one-pass kernel (tests and the A/B).
 
 Written against Triton 3.6's Gluon, as the forward (attention/gluon_flash_attention_fwd.py, whose
 layout helpers and descriptors they share). They do not run in the interpreter.
@@ -66,6 +71,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from llmk.attention.attention_checks import NO_MASK
 from llmk.attention.gluon_flash_attention_fwd import (
     CONSUMER_REGS,
     MAXNREG,
@@ -76,9 +82,9 @@ from llmk.attention.gluon_flash_attention_fwd import (
     wgmma_layout,
 )
 from llmk.attention.triton_flash_attention_bwd import query_blocks
-from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, key_blocks
+from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y, kernel_mask, key_blocks
 from llmk.common.ints import cdiv
-from llmk.common.triton_utils import LOG2E
+from llmk.common.triton_utils import LOG2E, softcap_scales, tanh_approx
 
 # A consumer warpgroup's rows (wgmma's M): 64 keys of the dk/dv kernel's BLOCK_N = 128, 64
 # queries of the dq kernel's BLOCK_M = 128. Each warpgroup is a partition of its own: they share
@@ -94,6 +100,12 @@ WG_ROWS = 64
 GLUON_DKDV_CONFIG = {
     64: (128, 128, 2),
     128: (64, 128, 2),
+}
+# Under a softcap the tanh values stay live beside P^T: fewer queries a stage, where ptxas spills
+# nothing (hd 64 at 128 queries spilled 1.5 KB a thread, hd 128 at 64 84 bytes). Not yet measured.
+GLUON_DKDV_SOFTCAP_CONFIG = {
+    64: (64, 128, 2),
+    128: (32, 128, 3),
 }
 # The one-pass schedule (launch_gluon_dkdv's dq_acc): head dim -> (BLOCK_M, BLOCK_N, STAGES) of the
 # dk/dv kernel that also adds dq by atomics, each warpgroup half of dq's 128 features (a 64 x 64
@@ -159,8 +171,9 @@ def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs
 @gluon.jit
 def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty, ds_ready,
                    ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch, kv_head, kv_group,
-                   n_queries, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-                   DQ_ATOMIC: gl.constexpr, WG: gl.constexpr):
+                   n_queries, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale, sm_scale,
+                   window_left, window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   SOFTCAP: gl.constexpr, DQ_ATOMIC: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dk, dv of the program's keys WG * 64 .. WG * 64 + 63 over the
     producer's query blocks (module docstring), then out by TMA through its rows of K's and V's
     tiles. DQ_ATOMIC (the one-pass schedule): also dq's share of each query block, added to dq_ptr
@@ -203,19 +216,35 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))  # S^T done; dP^T may still run
         # the stats come from the stage as they are needed: held across the products they spill
         lse2 = _stage_lse(lse_bufs.index(s).reshape([BLOCK_M]), queries_l)
-        p_t = gl.exp2(gl.minimum(s_t * qk_scale - gl.expand_dims(lse2, 0), 0.0))
-        if CAUSAL:
-            if start_m < lead_hi:  # a block the diagonal cuts
+        if SOFTCAP:  # the scores capped, c * tanh(s / c), in exp2's units (softcap_scales)
+            t = tanh_approx(s_t * qk_scale)
+            p_t = gl.exp2(gl.minimum(softcap_log2 * t - gl.expand_dims(lse2, 0), 0.0))
+        else:
+            p_t = gl.exp2(gl.minimum(s_t * qk_scale - gl.expand_dims(lse2, 0), 0.0))
+        if CAUSAL or WINDOW:
+            # a block the diagonal cuts (the causal lead), or a window's edge: [lo, lead_hi), [unmasked_hi, hi)
+            masked = start_m < lead_hi
+            if WINDOW:
+                masked = masked | (start_m >= unmasked_hi)
+            if masked:
                 # the indices are made here: hoisted out of the loop, they spill
                 keys = first_key + gl.arange(0, WG_N, layout=keys_l)
                 queries = start_m + gl.arange(0, BLOCK_M, layout=queries_l)
-                visible = gl.expand_dims(keys, 1) <= gl.expand_dims(queries + causal_shift, 0)
+                # window_visible's, transposed: key j, query i' = i + causal_shift, j - i' in [-left, right]
+                keys = gl.expand_dims(keys, 1)
+                if WINDOW:
+                    visible = ((keys >= gl.expand_dims(queries + (causal_shift - window_left), 0))
+                               & (keys <= gl.expand_dims(queries + (causal_shift + window_right), 0)))
+                else:
+                    visible = keys <= gl.expand_dims(queries + causal_shift, 0)
                 p_t = gl.where(visible, p_t, 0.0)
-        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t, ))
-        delta = delta_bufs.index(s).reshape([BLOCK_M]).load(queries_l)
         # both products issued once P^T and dS^T are 16-bit: no fp32 tile is live beside them (at hd
         # 128 and 64 queries a stage, issuing dv before dS^T spilled)
         p16 = gl.convert_layout(p_t.to(dtype), a_layout)
+        if SOFTCAP:  # dS^T = P^T (dP^T - delta) (1 - tanh^2): the factor folds into P^T's copy
+            p_t = p_t * (1.0 - t * t)
+        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t, ))
+        delta = delta_bufs.index(s).reshape([BLOCK_M]).load(queries_l)
         ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
         dv = warpgroup_mma(p16, do_t, dv, is_async=True)
         dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_t, dk, is_async=True)
@@ -252,26 +281,30 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
 
 
 # not value-specialized (the forward's _INT_ARGS says why)
-_INT_ARGS = ("stride_ab", "stride_ah", "stride_am", "n_kv_heads", "kv_group", "n_queries", "n_keys")
+_INT_ARGS = ("stride_ab", "stride_ah", "stride_am", "n_kv_heads", "kv_group", "n_queries", "n_keys", "window_left",
+             "window_right")
 
 
 @gluon.jit(do_not_specialize=_INT_ARGS)
 def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_ptr, stride_ab,
-                       stride_ah, stride_am, n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale,
-                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+                       stride_ah, stride_am, n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, window_left,
+                       window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                       SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles, dk and dv of (1, 1,
     WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through 2-D descriptors over their (B * H, Tq)
     rows (stats_buffer's layout) of (1, BLOCK_M) blocks. DQ_ATOMIC: dq's fp32 sums (B, H, Tq, D),
     zeroed, at dq_ptr with strides stride_ab, stride_ah, stride_am and a unit feature stride (the
-    one-pass schedule; else dq_ptr is not read)."""
+    one-pass schedule; else dq_ptr is not read). CAUSAL, WINDOW (window_left, window_right) and
+    SOFTCAP (softcap_log2, qk_scale as softcap_scales makes them): the tl kernels' masks."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     start_n = gl.program_id(0)
     batch = gl.program_id(1) // n_kv_heads
     kv_head = gl.program_id(1) % n_kv_heads
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    lo, lead_hi, _, _, hi = query_blocks(start_n, n_queries, causal_shift, 0, 0, CAUSAL, False, BLOCK_M, BLOCK_N)
+    lo, lead_hi, _, unmasked_hi, hi = query_blocks(start_n, n_queries, causal_shift, window_left, window_right, CAUSAL,
+                                                   WINDOW, BLOCK_M, BLOCK_N)
     n_blocks = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_M)
 
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -302,23 +335,26 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
     gl.warp_specialize([
         (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
                           ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch,
-                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
-                          sm_scale, CAUSAL, DQ_ATOMIC, 0)),
+                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
+                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP,
+                          DQ_ATOMIC, 0)),
         (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
                           ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch,
-                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, n_blocks, causal_shift, qk_scale,
-                          sm_scale, CAUSAL, DQ_ATOMIC, 1)),
+                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
+                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP,
+                          DQ_ATOMIC, 1)),
         (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs,
                           delta_bufs, k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group,
                           n_kv_heads * kv_group, start_n, lo, n_blocks)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens, has_window, has_softcap):
-    """Whether launch_gluon_dkdv and launch_gluon_dq take this backward: dense, no window or
-    softcap, a head dim of GLUON_DKDV_CONFIG (GLUON_DQ_CONFIG's), fp16 or bf16, at most MAX_GRID_Y
-    (batch, head) pairs (their grids' y extent), every tensor laid out as TMA reads it in place."""
-    return (cu_seqlens is None and not has_window and not has_softcap and q.shape[3] in GLUON_DKDV_CONFIG
+def gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens):
+    """Whether launch_gluon_dkdv and launch_gluon_dq take this backward: dense (any mask: causal,
+    a window, a softcap), a head dim of GLUON_DKDV_CONFIG (GLUON_DQ_CONFIG's), fp16 or bf16, at most
+    MAX_GRID_Y (batch, head) pairs (their grids' y extent), every tensor laid out as TMA reads it
+    in place."""
+    return (cu_seqlens is None and q.shape[3] in GLUON_DKDV_CONFIG
             and q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] * q.shape[1] <= MAX_GRID_Y
             and gluon_layout_ok(q, k, v, do, dq, dk, dv))
 
@@ -361,20 +397,36 @@ def _stats_descriptor(t, block):
     return _Descriptor(t, [b * h, tq], [t.stride(1), 1], [1, block], gl.NVMMASharedLayout(0, 32, rank=2))
 
 
-def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None):
+def _mask_args(causal, mask, n_queries, n_keys, scale):
+    """(qk_scale, sm_scale, window_left, window_right, softcap_log2): the kernels' mask arguments."""
+    _, _, left, right = kernel_mask(causal, mask, n_queries, n_keys)
+    qk_scale, softcap_log2, _ = softcap_scales(scale, mask.softcap)
+    return qk_scale, scale, left, right, softcap_log2
+
+
+def _mask_flags(causal, mask, n_queries, n_keys):
+    """The kernels' CAUSAL, WINDOW and SOFTCAP flags (kernel_mask's, softcap_scales')."""
+    causal, window, _, _ = kernel_mask(causal, mask, n_queries, n_keys)
+    return dict(CAUSAL=causal, WINDOW=window, SOFTCAP=bool(mask.softcap))
+
+
+def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
     q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) laid out as
-    stats_buffer lays them out; causal the kernels' CAUSAL flag (kernel_mask's); scale
-    sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride, that the
-    kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only). config: (BLOCK_M,
-    BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's (GLUON_ONE_PASS_CONFIG's with dq_acc). Also
-    what scripts/gluon_compile.py compiles without a GPU."""
+    stats_buffer lays them out; causal and mask the call's (kernel_mask makes the kernels' flags);
+    scale sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride, that the
+    kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only, no softcap). config:
+    (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's (GLUON_DKDV_SOFTCAP_CONFIG's under a
+    softcap, GLUON_ONE_PASS_CONFIG's with dq_acc). Also what scripts/gluon_compile.py compiles
+    without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     one_pass = dq_acc is not None
-    if one_pass and d not in GLUON_ONE_PASS_CONFIG:
-        raise ValueError(f"dq_acc: the one-pass Gluon kernel takes head dims {tuple(GLUON_ONE_PASS_CONFIG)}, got {d}")
-    block_m, block_n, stages = config or (GLUON_ONE_PASS_CONFIG if one_pass else GLUON_DKDV_CONFIG)[d]
+    if one_pass and (d not in GLUON_ONE_PASS_CONFIG or mask.softcap):
+        raise ValueError(f"dq_acc: the one-pass Gluon kernel takes head dims {tuple(GLUON_ONE_PASS_CONFIG)} without a "
+                         f"softcap, got {d} and softcap {mask.softcap}")
+    table = GLUON_ONE_PASS_CONFIG if one_pass else GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap else GLUON_DKDV_CONFIG
+    block_m, block_n, stages = config or table[d]
     if one_pass and (block_m != WG_ROWS or dq_acc.stride(3) != 1):
         raise ValueError(f"the one-pass Gluon kernel takes BLOCK_M {WG_ROWS} (got {block_m}) and dq_acc with a unit "
                          f"feature stride (got {dq_acc.stride()})")
@@ -385,18 +437,19 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
             _stats_descriptor(delta, block_m), dq_acc if one_pass else delta,
-            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), hkv, h // hkv, tq, tk, scale * LOG2E.value, scale)
-    meta = dict(CAUSAL=bool(causal), STAGES=stages, DQ_ATOMIC=one_pass, num_warps=4, maxnreg=MAXNREG)
+            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), hkv, h // hkv, tq, tk,
+            *_mask_args(causal, mask, tq, tk, scale))
+    meta = dict(_mask_flags(causal, mask, tq, tk), STAGES=stages, DQ_ATOMIC=one_pass, num_warps=4, maxnreg=MAXNREG)
     return (cdiv(tk, block_n), b * hkv), args, meta
 
 
-def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None):
+def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK):
     """Write dk and dv, and add to dq_acc (arguments as gluon_dkdv_args takes them, non-empty) on
     q's device as the current one."""
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc)
-    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc)
+            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask)
+    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask)
     _gluon_dkdv_kernel[grid](*args, **meta)
 
 
@@ -438,14 +491,16 @@ def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_buf
 
 @gluon.jit
 def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
-                 stride_lh, batch, head, start_m, lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale,
-                 sm_scale, CAUSAL: gl.constexpr, WG: gl.constexpr):
+                 stride_lh, batch, head, start_m, lo, unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys,
+                 causal_shift, qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr,
+                 WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dq of the program's queries WG * 64 .. WG * 64 + 63 over the
     producer's key blocks, the tl dq kernel's arithmetic (_dq_key_blocks):
         S = q k^T and dP = dO v^T    issued together, asynchronously
-        P = exp2(S * scale - LSE)    once S is done, while dP runs; the blocks past unmasked_hi
-                                     (the causal diagonal, the end of the keys) masked
-        dq += (P * (dP - delta)) k   from registers
+        P = exp2(S * scale - LSE)    once S is done, while dP runs; the blocks outside
+                                     [unmasked_lo, unmasked_hi) (the causal diagonal, a window's
+                                     edges, the end of the keys) masked; SOFTCAP: S capped first
+        dq += (P * (dP - delta)) k   from registers (SOFTCAP: times 1 - tanh^2)
     then dq (times sm_scale) out by TMA through its rows of q's tile."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     HEAD_D: gl.constexpr = q_tile.type.shape[3]
@@ -479,12 +534,22 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
         s_b = warpgroup_mma(q_t, k_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_t, v_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_b = warpgroup_mma_wait(num_outstanding=1, deps=(s_b, ))  # S done; dP may still run
-        p = gl.exp2(s_b * qk_scale - lse2)
-        if start_n >= unmasked_hi:  # a block the diagonal or the end of the keys cuts
+        if SOFTCAP:  # P, then P (1 - tanh^2) in t's place: dS's one factor
+            t = tanh_approx(s_b * qk_scale)
+            p = gl.exp2(softcap_log2 * t - lse2) * (1.0 - t * t)
+        else:
+            p = gl.exp2(s_b * qk_scale - lse2)
+        masked = start_n >= unmasked_hi  # a block the diagonal, a window or the end of the keys cuts
+        if WINDOW:
+            masked = masked | (start_n < unmasked_lo)
+        if masked:
             keys = gl.expand_dims(start_n + cols, 0)
+            rel = keys - gl.expand_dims(rows + causal_shift, 1)
             visible = keys < n_keys
             if CAUSAL:
-                visible = visible & (keys <= gl.expand_dims(rows + causal_shift, 1))
+                visible = visible & (rel <= 0)
+            if WINDOW:
+                visible = visible & (rel >= -window_left) & (rel <= window_right)
             p = gl.where(visible, p, 0.0)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         ds = p * (dp - delta)
@@ -498,12 +563,13 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
     tma.store_wait(pendings=0)
 
 
-_DQ_INT_ARGS = ("stride_lb", "stride_lh", "n_heads", "kv_group", "n_queries", "n_keys")
+_DQ_INT_ARGS = ("stride_lb", "stride_lh", "n_heads", "kv_group", "n_queries", "n_keys", "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_DQ_INT_ARGS)
 def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, lse_ptr, delta_ptr, stride_lb, stride_lh, n_heads,
-                     kv_group, n_queries, n_keys, qk_scale, sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                     kv_group, n_queries, n_keys, qk_scale, sm_scale, window_left, window_right, softcap_log2,
+                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr):
     """A grid of (query blocks, batch x heads), causal in the forward's order (the longest rows
     first). q, dO, dq (B, H, Tq, D) and k, v (B, Hkv, Tk, D) through 4-D descriptors of (1, 1,
     BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and delta as for _gluon_dkdv_kernel."""
@@ -516,7 +582,8 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, lse_ptr, delta_pt
     head = gl.program_id(1) % n_heads
     kv_head = head // kv_group
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    lo, _, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, 0, 0, CAUSAL, False, True, BLOCK_M, BLOCK_N)
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
+                                                  WINDOW, True, BLOCK_M, BLOCK_N)
     n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
 
     q_tile = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
@@ -533,17 +600,19 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, lse_ptr, delta_pt
 
     gl.warp_specialize([
         (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
-                        stride_lh, batch, head, start_m, lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift,
-                        qk_scale, sm_scale, CAUSAL, 0)),
+                        stride_lh, batch, head, start_m, lo, unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys,
+                        causal_shift, qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
+                        SOFTCAP, 0)),
         (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
-                        stride_lh, batch, head, start_m, lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift,
-                        qk_scale, sm_scale, CAUSAL, 1)),
+                        stride_lh, batch, head, start_m, lo, unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys,
+                        causal_shift, qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
+                        SOFTCAP, 1)),
         (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty,
                         batch, head, kv_head, start_m, lo, n_iter)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None):
+def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK):
     """(grid, args, meta) of the Gluon dq kernel on validated arguments (gluon_backward_supported):
     q, do, dq (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse, delta, causal and
     scale as gluon_dkdv_args takes them. config: (BLOCK_M, BLOCK_N, STAGES) instead of
@@ -557,17 +626,17 @@ def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None):
     _check_stats(lse, delta)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dq, WG_ROWS), lse, delta, lse.stride(0), lse.stride(1), h, h // hkv, tq, tk,
-            scale * LOG2E.value, scale)
-    meta = dict(CAUSAL=bool(causal), STAGES=stages, num_warps=4, maxnreg=MAXNREG)
+            *_mask_args(causal, mask, tq, tk, scale))
+    meta = dict(_mask_flags(causal, mask, tq, tk), STAGES=stages, num_warps=4, maxnreg=MAXNREG)
     return (cdiv(tq, block_m), b * h), args, meta
 
 
-def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None):
+def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK):
     """Write dq (arguments as gluon_dq_args takes them, non-empty) on q's device as the current one."""
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config)
-    grid, args, meta = gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config)
+            return launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config, mask)
+    grid, args, meta = gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config, mask)
     _gluon_dq_kernel[grid](*args, **meta)
 
 

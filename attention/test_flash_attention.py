@@ -312,23 +312,28 @@ def check_lse_grad(dtype):
 
 
 def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=None, scale=1.0, layout="bhtd",
-                          gluon=()):
+                          gluon=(), window=None, softcap=None):
     """The backward launched with `config` (a BACKWARD_TABLE row's two-pass (dk/dv, dq) pair, or
     its one-pass (config, None), adding dq by dq_add; None: the table's) and `gluon`'s kernels in
     Gluon (launch_flash_attention_backward's) into poisoned buffers, under check_backward's
-    tolerances (the 2x rule and delta's rounding); scale multiplies q."""
+    tolerances (the 2x rule and delta's rounding); scale multiplies q; window and softcap the
+    mask's."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale=scale)
     do = rand((b, h, tq, d), dtype)
     scale = 1.0 / math.sqrt(d)
+    options = dict(window=window, softcap=softcap)
+    mask = attention_mask(window, softcap)
     with torch.no_grad():
-        o, lse = flash_attention_train_op(q, k, v, causal, None, None)
+        o, lse = flash_attention_train_op(q, k, v, causal, None, None, False, mask.window_left, mask.window_right,
+                                          mask.softcap)
     got = [poisoned(t.shape, dtype) for t in (q, k, v)]
     launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, scale, config=config, dq_add=dq_add,
-                                    gluon=gluon)
-    _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do],
-                       dtype=torch.float64)
-    _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, scale), [q, k, v], [0, 1, 2], [do])
-    tols = grad_tols(dtype, want, theirs, delta_rounding_bounds(q, k, v, do, causal, scale))
+                                    mask=mask, gluon=gluon)
+    _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, scale, **options), [q, k, v], [0, 1, 2],
+                       [do], dtype=torch.float64)
+    _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, scale, **options), [q, k, v],
+                         [0, 1, 2], [do])
+    tols = grad_tols(dtype, want, theirs, delta_rounding_bounds(q, k, v, do, causal, scale, **options))
     return [compare(f"d{name}", g, w, tols[name], torch_out=t) for name, g, w, t in zip("qkv", got, want, theirs)]
 
 

@@ -546,23 +546,22 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         if gluon_backward(q, cu_seqlens, has_window, has_softcap, (config, dq_add, dp_first) != (None,) * 3):
             from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
 
-            if gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens, has_window, has_softcap):
+            if gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens):
                 gluon = ("dkdv", "dq")
     gluon = tuple(gluon)
     gluon_one_pass = gluon == ("one-pass", )
     if gluon:
         if not (set(gluon) <= {"dkdv", "dq"} or gluon_one_pass):
             raise ValueError(f"gluon: kernel names from ('dkdv', 'dq'), or ('one-pass',) alone, got {gluon}")
-        if gluon_one_pass and (deterministic or d != 128 or config is not None):
+        if gluon_one_pass and (deterministic or d != 128 or config is not None or mask.softcap):
             raise ValueError("gluon: the one-pass Gluon kernel adds dq by atomics (not deterministic), at head dim "
-                             f"128, at its own config; got deterministic={deterministic}, head dim {d}, "
-                             f"config {config}")
+                             f"128, at its own config, without a softcap; got deterministic={deterministic}, head "
+                             f"dim {d}, config {config}, softcap {mask.softcap}")
         if not INTERPRET:  # Gluon is imported on a GPU only
             from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
-        if INTERPRET or not gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens,
-                                                     kernel_mask(causal, mask, tq, tk)[1], mask.softcap):
+        if INTERPRET or not gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens):
             raise ValueError("gluon: the Gluon backward kernels take dense fp16/bf16 calls on a GPU with head "
-                             "dims 64 or 128, no window or softcap, and layouts TMA reads in place")
+                             "dims 64 or 128 and layouts TMA reads in place")
         if config is not None and config[1] is None:
             raise ValueError("gluon: the two-pass schedule's config, (dk/dv config, dq config), got a "
                              "one-pass one")
@@ -601,6 +600,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     batch = (lambda t: 0) if cu_q is not None else (lambda t: t.stride(0))
     strides = [(batch(t), *t.stride()[1:]) for t in (q, k, v, do)]
     lse_strides = (batch(lse), lse.stride(1))
+    call_causal = causal  # the Gluon launchers make their flags from the call's
     causal, has_window, left, right = kernel_mask(causal, mask, tq, tk)  # the forward's
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     dq_desc = None
@@ -612,7 +612,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     if {"dkdv", "one-pass"} & set(gluon):
         from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dkdv
 
-        launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, dq_acc=dq_acc)
+        launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, call_causal, scale, dq_acc=dq_acc, mask=mask)
         dkdv_kernel = None
     else:
         dkdv_kernel = _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
@@ -629,7 +629,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     if "dq" in gluon:
         from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dq
 
-        launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale)
+        launch_gluon_dq(q, k, v, do, lse, delta, dq, call_causal, scale, mask=mask)
         return None
     dq_m, dq_n, dq_warps, dq_stages = dq_config
     dq_kernel = _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](

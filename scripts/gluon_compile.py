@@ -88,9 +88,9 @@ MEASURED_SPILLS = {
 
 
 def backward_cases(kernel):
-    """(name, (grid, args, meta)) of the backward's dk/dv kernel (kernel "dkdv") or dq kernel
-    ("dq"): each head dim, full and causal, fp16, GQA and MHA, a (B, T, H, D) layout, and the A/B's
-    other configs."""
+    """(name, (grid, args, meta), spills allowed) of the backward's dk/dv kernel (kernel "dkdv"),
+    its one-pass variant ("onepass") or the dq kernel ("dq"): each head dim, full and causal, fp16,
+    GQA and MHA, a (B, T, H, D) layout, a window, a softcap, and the A/B's other configs."""
     import torch
 
     from llmk.attention import gluon_flash_attention_bwd as bwd
@@ -99,7 +99,11 @@ def backward_cases(kernel):
                            "onepass": (bwd.GLUON_ONE_PASS_CONFIG, {}, bwd.gluon_dkdv_args),
                            "dq": (bwd.GLUON_DQ_CONFIG, bwd.DQ_AB_CONFIGS, bwd.gluon_dq_args)}[kernel]
 
-    def case(d, dtype=torch.bfloat16, causal=False, hkv=2, transposed=False, config=None):
+    from llmk.attention.attention_checks import attention_mask
+
+    def case(d, dtype=torch.bfloat16, causal=False, hkv=2, transposed=False, config=None, window=None,
+             softcap=None):
+        mask = attention_mask(window, softcap)
         b, h, t = 2, 8, 1000
         if transposed:
             q, do, dq = (torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2) for _ in range(3))
@@ -108,18 +112,21 @@ def backward_cases(kernel):
         k, v, dk, dv = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(4))
         lse, delta = (bwd.stats_buffer(b, h, t, "cpu") for _ in range(2))
         if kernel == "dkdv":
-            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config)
+            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, mask=mask)
         if kernel == "onepass":  # dk/dv with dq added by atomics
             dq_acc = torch.empty(q.shape, dtype=torch.float32)
-            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, dq_acc)
-        return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config)
+            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, dq_acc, mask=mask)
+        return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config, mask=mask)
 
     cases = []
     for d in table:
         allowed = MEASURED_SPILLS.get((kernel, d, table[d]), 0)
         cases += [(f"hd{d} full", case(d), allowed), (f"hd{d} causal", case(d, causal=True), allowed),
                   (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8), allowed),
-                  (f"hd{d} BTHD causal", case(d, causal=True, transposed=True), allowed)]
+                  (f"hd{d} BTHD causal", case(d, causal=True, transposed=True), allowed),
+                  (f"hd{d} window (255, 0)", case(d, causal=True, window=(255, 0)), allowed),
+                  *([(f"hd{d} softcap causal", case(d, causal=True, softcap=30.0), allowed)]
+                    if kernel != "onepass" else [])]  # the one-pass kernel takes no softcap
         # the A/B's other configs (scripts/tune/gluon_backward_ab.py)
         cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config),
                    MEASURED_SPILLS.get((kernel, d, config), 0)) for config in others.get(d, ())]

@@ -7,7 +7,9 @@ kernels, on the attention benchmark's training shapes, bf16, in one process:
 - both in Gluon: the dk/dv kernel at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS', the dq
   kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS';
 - the one-pass Gluon kernel (dk/dv adding dq by atomics) where GLUON_ONE_PASS_CONFIG has the head
-  dim.
+  dim (no softcap).
+The window and softcap shapes are attention_bench's (the dk/dv kernel at GLUON_DKDV_SOFTCAP_CONFIG's
+config under the cap).
 
 Each row is one whole backward (the preprocess, dk/dv, dq) on the same inputs, TFLOP/s counted as
 the benchmark counts them (2.5x the forward's FLOPs over the visible pairs); dq, dk, dv are compared
@@ -26,37 +28,43 @@ import torch
 import triton
 
 from llmk.attention import gluon_flash_attention_bwd as gluon_bwd
+from llmk.attention.attention_checks import attention_mask
 from llmk.attention.flash_attention_ops import flash_attention_train_op
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
 from llmk.benchmarks.attention_bench import attention_flops
 
-# (name, B, H, Hkv, T, D, causal): attention_bench's training rows, and its GQA shape's group
+# (name, B, H, Hkv, T, D, causal, window, softcap): attention_bench's training rows, its GQA shape's
+# group, and its window and softcap rows (FLOPs on the visible pairs, as it counts them)
 SHAPES = [
-    ("hd128 B4 H32 T4096 full", 4, 32, 32, 4096, 128, False),
-    ("hd128 B4 H32 T4096 causal", 4, 32, 32, 4096, 128, True),
-    ("hd128 B4 H32/8 T4096 causal (GQA)", 4, 32, 8, 4096, 128, True),
-    ("hd128 B16 H32 T1024 causal", 16, 32, 32, 1024, 128, True),
-    ("hd128 B1 H32 T16384 causal", 1, 32, 32, 16384, 128, True),
-    ("hd64 B8 H32 T2048 full", 8, 32, 32, 2048, 64, False),
-    ("hd64 B8 H32 T2048 causal", 8, 32, 32, 2048, 64, True),
+    ("hd128 B4 H32 T4096 full", 4, 32, 32, 4096, 128, False, None, None),
+    ("hd128 B4 H32 T4096 causal", 4, 32, 32, 4096, 128, True, None, None),
+    ("hd128 B4 H32/8 T4096 causal (GQA)", 4, 32, 8, 4096, 128, True, None, None),
+    ("hd128 B16 H32 T1024 causal", 16, 32, 32, 1024, 128, True, None, None),
+    ("hd128 B1 H32 T16384 causal", 1, 32, 32, 16384, 128, True, None, None),
+    ("hd64 B8 H32 T2048 full", 8, 32, 32, 2048, 64, False, None, None),
+    ("hd64 B8 H32 T2048 causal", 8, 32, 32, 2048, 64, True, None, None),
+    ("hd128 B1 H32 T16384 window (4095, 0)", 1, 32, 32, 16384, 128, True, (4095, 0), None),
+    ("hd128 B4 H32 T4096 causal softcap 50", 4, 32, 32, 4096, 128, True, None, 50.0),
 ]
 WATCHDOG_S = 400
 DTYPE = torch.bfloat16
 
 
-def shape_rows(name, b, h, hkv, t, d, causal):
+def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
     """Every variant's backward on one shape."""
     q = torch.randn(b, h, t, d, device="cuda", dtype=DTYPE)
     k, v = (torch.randn(b, hkv, t, d, device="cuda", dtype=DTYPE) for _ in range(2))
     do = torch.randn_like(q)
     scale = 1.0 / math.sqrt(d)
+    mask = attention_mask(window, softcap)
     with torch.no_grad():
-        o, lse = flash_attention_train_op(q, k, v, causal, None, None)
-    flops = 2.5 * attention_flops(b, h, t, d, causal)
+        o, lse = flash_attention_train_op(q, k, v, causal, None, None, False, mask.window_left, mask.window_right,
+                                          mask.softcap)
+    flops = 2.5 * attention_flops(b, h, t, d, causal, window[0] if window else None)
     grads = [torch.empty_like(x) for x in (q, k, v)]
 
     def backward(**kw):
-        return lambda: launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, **kw)
+        return lambda: launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, mask=mask, **kw)
 
     backward(deterministic=True, gluon=())()
     want = [g.clone() for g in grads]
@@ -64,20 +72,24 @@ def shape_rows(name, b, h, hkv, t, d, causal):
                 ("tl, two passes", backward(deterministic=True, gluon=())),
                 ("Gluon dkdv + tl dq (tables)", backward(gluon=("dkdv", ))),
                 ("tl dk/dv + Gluon dq (tables)", backward(gluon=("dq", )))]
-    for kernel, tables, others in (("dkdv", gluon_bwd.GLUON_DKDV_CONFIG, gluon_bwd.DKDV_AB_CONFIGS),
+    # under a softcap the dk/dv kernel reads GLUON_DKDV_SOFTCAP_CONFIG: its sweep stays on the other shapes
+    dkdv_tables = (gluon_bwd.GLUON_DKDV_SOFTCAP_CONFIG, {}) if softcap else (gluon_bwd.GLUON_DKDV_CONFIG,
+                                                                            gluon_bwd.DKDV_AB_CONFIGS)
+    for kernel, tables, others in (("dkdv", *dkdv_tables),
                                    ("dq", gluon_bwd.GLUON_DQ_CONFIG, gluon_bwd.DQ_AB_CONFIGS)):
         table = tables[d]
-        for config in (table, *others[d]) if kernel == "dkdv" else others[d]:
+        for config in (table, *others.get(d, ())) if kernel == "dkdv" else others[d]:
             def gluon(config=config, tables=tables, table=table):
                 tables[d] = config  # read at each launch
                 try:
-                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, gluon=("dkdv", "dq"))
+                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, mask=mask,
+                                                    gluon=("dkdv", "dq"))
                 finally:
                     tables[d] = table
             label = (f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
                      if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
             variants.append((label, gluon))
-    if d in gluon_bwd.GLUON_ONE_PASS_CONFIG:
+    if d in gluon_bwd.GLUON_ONE_PASS_CONFIG and not softcap:
         variants.append(("Gluon one-pass (dq by atomics)", backward(gluon=("one-pass", ))))
     for label, call in variants:
         for g in grads:
