@@ -244,7 +244,7 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
         if SOFTCAP:  # dS^T = P^T (dP^T - delta) (1 - tanh^2): the factor folds into P^T's copy
             p_t = p_t * (1.0 - t * t)
         dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t, ))
-        delta = delta_bufs.index(s).reshape([BLOCK_M]).load(queries_l)
+        delta = delta_bufs.index(s).reshape([BLOCK_M]).load(queries_l)  # 0 where LSE is -inf (the preprocess)
         ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
         dv = warpgroup_mma(p16, do_t, dv, is_async=True)
         dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_t, dk, is_async=True)
@@ -266,12 +266,16 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
             rows = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout)), 1)
             cols = gl.expand_dims(WG * DQ_D + gl.arange(0, DQ_D, layout=gl.SliceLayout(0, dq_layout)), 0)
             # relaxed: nothing in this launch reads dq, only the sum matters
-            gl.atomic_add(dq_ptr + batch * stride_ab + head * stride_ah + rows * stride_am + cols, dq * sm_scale,
-                          mask=rows < n_queries, sem="relaxed")
+            gl.atomic_add(dq_ptr + batch.to(gl.int64) * stride_ab + head * stride_ah + rows * stride_am + cols,
+                          dq * sm_scale, mask=rows < n_queries, sem="relaxed")
         else:
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
     # the last products that read its K and V rows are done: they take dk and dv on their way out
+    if DQ_ATOMIC:  # but both warpgroups' dq products read every K row: wait for the other's last
+        n_it = kv_group * n_blocks
+        if n_it > 0:
+            mbarrier.wait(ds_empty.index((n_it - 1) % 2), ((n_it - 1) // 2) & 1)
     k_t.store((dk * sm_scale).to(dtype))
     v_t.store(dv.to(dtype))
     fence_async_shared()

@@ -299,16 +299,17 @@ def attention_and_lse(q, k, v, causal, sm_scale, window=None, softcap=None):
     return torch.matmul(torch.softmax(scores, dim=-1), expand_kv(v, q.shape[1])), torch.logsumexp(scores, dim=-1)
 
 
-def check_lse_grad(dtype):
+def check_lse_grad(dtype, b=1, tq=40):
     """llmk::flash_attention_train's LSE output is differentiable: a loss on O and LSE gets the
-    gradients of both (dLSE enters the backward's delta)."""
-    q, k, v = make_qkv(1, 4, 2, 40, 50, 64, dtype)
+    gradients of both (dLSE enters the backward's delta). Tq not a multiple of 4 over several
+    (batch, head) rows: the Gluon backward pads LSE's and delta's rows, and dLSE must follow."""
+    q, k, v = make_qkv(b, 4, 2, tq, 50, 64, dtype)
     scale = 1.0 / math.sqrt(64)
     return attention_grads(
         "O and LSE", lambda q, k, v: flash_attention_train_op(q, k, v, True, None, None),
         lambda q, k, v: attention_and_lse(q, k, v, True, scale),
         lambda q, k, v: attention_and_lse(q, k, v, True, scale),
-        [q, k, v], [rand((1, 4, 40, 64), dtype), rand((1, 4, 40), torch.float32)], dtype)
+        [q, k, v], [rand((b, 4, tq, 64), dtype), rand((b, 4, tq), torch.float32)], dtype)
 
 
 def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=None, scale=1.0, layout="bhtd",
@@ -758,6 +759,7 @@ def backward_cases():
             add(f"deterministic GQA 32/8 T1000 D{d} {c} bf16", gpu_only=True, b=1, h=32, hkv=8, tq=1000, tk=1000,
                 d=d, dtype=bf16, causal=causal, deterministic=True)
     cases += [Case(f"LSE gradient {dtype_name(dt)}", check_lse_grad, dict(dtype=dt)) for dt in (torch.float16, bf16)]
+    cases.append(Case("LSE gradient bf16 B2 Tq37", check_lse_grad, dict(dtype=bf16, b=2, tq=37)))
     for config, max_dim in forced_backward_configs():
         # the one-pass schedule by both adds: TMA reductions on the GPU only (the interpreter has none)
         adds = [None] if config[1] is not None else [("atomics", False), ("tma", True)]

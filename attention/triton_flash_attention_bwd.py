@@ -149,18 +149,19 @@ def backward_config(head_dim, deterministic, kv_group, tma_reduce):
 
 @triton.jit
 def _preprocess_kernel(
-    o_ptr, do_ptr, dlse_ptr, delta_ptr, dq_acc_ptr,
+    o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, dq_acc_ptr,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_lb, stride_lh,  # of delta and dlse, unit token stride
+    stride_lb, stride_lh,  # of lse, delta and dlse, unit token stride
     stride_ab, stride_ah, stride_am,  # of the one-pass schedule's fp32 dq (unit dim stride)
     n_heads, n_queries, n_bh,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, GRID_Y: tl.constexpr,
 ):
-    """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head), and (ZERO_DQ) zeros
-    into their rows of the fp32 dq the one-pass schedule adds into. A packed batch is one sequence
-    of all its tokens here: 64-bit token offsets."""
+    """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head), 0 where a query sees
+    no key (LSE -inf: its P is 0, and a non-finite O or dLSE there would make 0 * NaN in dS), and
+    (ZERO_DQ) zeros into their rows of the fp32 dq the one-pass schedule adds into. A packed batch
+    is one sequence of all its tokens here: 64-bit token offsets."""
     bh = program_pair(GRID_Y)
     if bh >= n_bh:
         return
@@ -178,6 +179,8 @@ def _preprocess_kernel(
     row = batch * stride_lb + head * stride_lh + offs_m
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + row, mask=offs_m < n_queries, other=0.0)
+    lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=0.0)
+    delta = tl.where(lse == float("-inf"), 0.0, delta)
     tl.store(delta_ptr + row, delta, mask=offs_m < n_queries)
     if ZERO_DQ:
         tl.store(dq_acc_ptr + batch * stride_ab + head * stride_ah + rows * stride_am + offs_d[None, :],
@@ -576,19 +579,19 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     dq_add = DQ_ADDS[dq_add] if one_pass else DQ_TWO_PASS.value
     # the Gluon dk/dv kernel's TMA copies want each (batch, head) row of LSE and delta 16-byte aligned
     if {"dkdv", "one-pass"} & set(gluon):
-        from llmk.attention.gluon_flash_attention_bwd import as_stats_buffer, stats_buffer
+        from llmk.attention.gluon_flash_attention_bwd import as_stats_buffer
 
-        lse, delta = as_stats_buffer(lse), stats_buffer(*lse.shape, lse.device)
-    else:
-        delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
+        lse = as_stats_buffer(lse)
+    # delta and dLSE laid out as LSE: the kernels read the three with LSE's (batch, head) strides
+    delta = torch.empty_strided(lse.shape, lse.stride(), device=lse.device, dtype=torch.float32)
+    if dlse is not None and dlse.stride() != delta.stride():
+        dlse = torch.empty_strided(delta.shape, delta.stride(), device=delta.device, dtype=delta.dtype).copy_(dlse)
     # the one-pass schedule's fp32 dq sums, zeroed by the preprocess: 4 bytes a value of q
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if one_pass else None
     acc_strides = dq_acc.stride()[:3] if one_pass else (0, 0, 0)
-    if dlse is not None:
-        dlse = dlse.contiguous()
     pre_block = 16 if INTERPRET else PREPROCESS_VALUES // block_d
     _preprocess_kernel[attention_grid(cdiv(tq, pre_block), b * h, grid_y)](
-        o, do, dlse, delta, dq_acc, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), *acc_strides,
+        o, do, lse, dlse, delta, dq_acc, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), *acc_strides,
         h, tq, b * h, HAS_DLSE=dlse is not None, ZERO_DQ=one_pass, HEAD_DIM=d, BLOCK_D=block_d,
         BLOCK_M=pre_block, GRID_Y=grid_y)
 
