@@ -19,9 +19,9 @@ dk, dv (_gluon_dkdv_kernel):
       dv += P^T dO, dk += dS^T q       issued together, P^T and dS^T from registers
   Nothing ties the two warpgroups but the ring: each releases a stage on its own, so they drift
   apart and one's softmax runs while the other's products do (in one partition, lockstep, the
-  kernel ran 10-13% slower at one config). LSE and delta come from the stage as the math needs them (held in
-  registers across the products, they spilled). The causal mask applies on the blocks the diagonal
-  cuts only (query_blocks' lead).
+  kernel ran 10-13% slower at one config). LSE and delta come from the stage as the math needs
+  them (held in registers across the products, they spilled). The causal mask applies on the
+  blocks the diagonal cuts only (query_blocks' lead).
 - dk (times sm_scale) and dv leave through each warpgroup's rows of the K and V tiles by TMA
   stores; the copies clip the rows past the keys' end.
 
@@ -123,23 +123,19 @@ DKDV_AB_CONFIGS = {
 
 
 @gluon.jit
-def _query_stats(lse_ptr, delta_ptr, offset, queries, n_queries):
-    """(LSE in scaled log2 units, delta) of `queries` from (batch, head) offset `offset`: LSE +inf
-    where a query sees no key or is past the end, so its P is 0, and delta 0 there (the tl
-    kernels' _row_stats)."""
-    in_range = queries < n_queries
-    lse = gl.load(lse_ptr + offset + queries, mask=in_range, other=float("-inf"))
-    unseen = lse == float("-inf")
-    delta = gl.load(delta_ptr + offset + queries, mask=in_range, other=0.0)
-    return gl.where(unseen, float("inf"), lse * LOG2E), gl.where(unseen, 0.0, delta)
+def _lse_log2(lse):
+    """LSE in scaled log2 units, +inf where a query sees no key (LSE -inf), so its P is 0 (the tl
+    kernels' _row_stats). delta is 0 there already (the preprocess)."""
+    return gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
 
 
 @gluon.jit
-def _stage_lse(lse_smem, layout: gl.constexpr):
-    """A stage's LSE values in scaled log2 units, +inf where a query sees no key (LSE -inf) so its P
-    is 0. Rows past the head's end read 0 (the copy clips there), as their q and dO rows do."""
-    lse = lse_smem.load(layout)
-    return gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+def _query_stats(lse_ptr, delta_ptr, offset, queries, n_queries):
+    """(LSE in scaled log2 units, delta) of `queries` from (batch, head) offset `offset`; past the
+    end LSE -inf, so P is 0 there."""
+    in_range = queries < n_queries
+    lse = gl.load(lse_ptr + offset + queries, mask=in_range, other=float("-inf"))
+    return _lse_log2(lse), gl.load(delta_ptr + offset + queries, mask=in_range, other=0.0)
 
 
 @gluon.jit
@@ -214,8 +210,9 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
         s_t = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))  # S^T done; dP^T may still run
-        # the stats come from the stage as they are needed: held across the products they spill
-        lse2 = _stage_lse(lse_bufs.index(s).reshape([BLOCK_M]), queries_l)
+        # the stats come from the stage as they are needed: held across the products they spill.
+        # Rows past the head's end read LSE 0 (the copy clips there), as their q and dO rows do
+        lse2 = _lse_log2(lse_bufs.index(s).reshape([BLOCK_M]).load(queries_l))
         if SOFTCAP:  # the scores capped, c * tanh(s / c), in exp2's units (softcap_scales)
             t = tanh_approx(s_t * qk_scale)
             p_t = gl.exp2(gl.minimum(softcap_log2 * t - gl.expand_dims(lse2, 0), 0.0))
@@ -401,25 +398,21 @@ def _stats_descriptor(t, block):
     return _Descriptor(t, [b * h, tq], [t.stride(1), 1], [1, block], gl.NVMMASharedLayout(0, 32, rank=2))
 
 
-def _mask_args(causal, mask, n_queries, n_keys, scale):
-    """(qk_scale, sm_scale, window_left, window_right, softcap_log2): the kernels' mask arguments."""
-    _, _, left, right = kernel_mask(causal, mask, n_queries, n_keys)
-    qk_scale, softcap_log2, _ = softcap_scales(scale, mask.softcap)
-    return qk_scale, scale, left, right, softcap_log2
-
-
-def _mask_flags(causal, mask, n_queries, n_keys):
-    """The kernels' CAUSAL, WINDOW and SOFTCAP flags (kernel_mask's, softcap_scales')."""
-    causal, window, _, _ = kernel_mask(causal, mask, n_queries, n_keys)
-    return dict(CAUSAL=causal, WINDOW=window, SOFTCAP=bool(mask.softcap))
+def _mask_meta(causal, mask, n_queries, n_keys, scale):
+    """((qk_scale, sm_scale, window_left, window_right, softcap_log2), {CAUSAL, WINDOW, SOFTCAP}):
+    both kernels' mask arguments and flags for the call's causal and mask (kernel_mask's,
+    softcap_scales')."""
+    causal, window, left, right = kernel_mask(causal, mask, n_queries, n_keys)
+    qk_scale, softcap_log2, softcap = softcap_scales(scale, mask.softcap)
+    return (qk_scale, scale, left, right, softcap_log2), dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
 
 
 def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
     q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) laid out as
     stats_buffer lays them out; causal and mask the call's (kernel_mask makes the kernels' flags);
-    scale sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride, that the
-    kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only, no softcap). config:
+    scale sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride,
+    that the kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only, no softcap). config:
     (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's (GLUON_DKDV_SOFTCAP_CONFIG's under a
     softcap, GLUON_ONE_PASS_CONFIG's with dq_acc). Also what scripts/gluon_compile.py compiles
     without a GPU."""
@@ -435,15 +428,15 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
         raise ValueError(f"the one-pass Gluon kernel takes BLOCK_M {WG_ROWS} (got {block_m}) and dq_acc with a unit "
                          f"feature stride (got {dq_acc.stride()})")
     _check_stats(lse, delta)
+    mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
     if block_n != 2 * WG_ROWS:
         raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
                          f"got {config}")
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
             _stats_descriptor(delta, block_m), dq_acc if one_pass else delta,
-            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), hkv, h // hkv, tq, tk,
-            *_mask_args(causal, mask, tq, tk, scale))
-    meta = dict(_mask_flags(causal, mask, tq, tk), STAGES=stages, DQ_ATOMIC=one_pass, num_warps=4, maxnreg=MAXNREG)
+            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), hkv, h // hkv, tq, tk, *mask_args)
+    meta = dict(mask_flags, STAGES=stages, DQ_ATOMIC=one_pass, num_warps=4, maxnreg=MAXNREG)
     return (cdiv(tk, block_n), b * hkv), args, meta
 
 
@@ -618,8 +611,8 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, lse_ptr, delta_pt
 
 def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK):
     """(grid, args, meta) of the Gluon dq kernel on validated arguments (gluon_backward_supported):
-    q, do, dq (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse, delta, causal and
-    scale as gluon_dkdv_args takes them. config: (BLOCK_M, BLOCK_N, STAGES) instead of
+    q, do, dq (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse, delta, causal, scale and mask as
+    gluon_dkdv_args takes them. config: (BLOCK_M, BLOCK_N, STAGES) instead of
     GLUON_DQ_CONFIG's."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -628,10 +621,10 @@ def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=
         raise ValueError(f"config: the dq kernel's BLOCK_M is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} queries), "
                          f"got {config}")
     _check_stats(lse, delta)
+    mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
-            _descriptor(dq, WG_ROWS), lse, delta, lse.stride(0), lse.stride(1), h, h // hkv, tq, tk,
-            *_mask_args(causal, mask, tq, tk, scale))
-    meta = dict(_mask_flags(causal, mask, tq, tk), STAGES=stages, num_warps=4, maxnreg=MAXNREG)
+            _descriptor(dq, WG_ROWS), lse, delta, lse.stride(0), lse.stride(1), h, h // hkv, tq, tk, *mask_args)
+    meta = dict(mask_flags, STAGES=stages, num_warps=4, maxnreg=MAXNREG)
     return (cdiv(tq, block_m), b * h), args, meta
 
 

@@ -312,6 +312,31 @@ def check_lse_grad(dtype, b=1, tq=40):
         [q, k, v], [rand((b, 4, tq, 64), dtype), rand((b, 4, tq), torch.float32)], dtype)
 
 
+def check_unseen_dlse():
+    """A query that sees no key (LSE -inf) takes no part in any gradient, whatever its dLSE: inf and
+    NaN there give the same dq, dk, dv, bit for bit, as 0 (delta is 0 on such rows, so dS is not
+    0 * NaN), on the default schedule and the two-pass one."""
+    q, k, v = make_qkv(2, 4, 2, 90, 60, 64, torch.bfloat16)  # window (40, 3): queries 0..26 see no key
+    do, mask = rand(q.shape, torch.bfloat16), attention_mask((40, 3), None)
+    with torch.no_grad():
+        o, lse = flash_attention_train_op(q, k, v, False, None, None, False, 40, 3, 0.0)
+    unseen = lse == float("-inf")
+    dlse_seen = rand(lse.shape, torch.float32)  # one dLSE; only its unseen rows change
+    outcomes = [Outcome("27 queries a head see no key", bool(unseen[..., :27].all() and not unseen[..., 27:].any()))]
+    for deterministic in (False, True):
+        grads = []
+        for fill in (0.0, float("inf"), float("nan")):
+            dlse = dlse_seen.masked_fill(unseen, fill)
+            got = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
+            launch_flash_attention_backward(do, q, k, v, o, lse, *got, False, 0.125, dlse, mask=mask,
+                                            deterministic=deterministic)
+            grads.append(got)
+        for fill, got in zip(("inf", "nan"), grads[1:]):
+            outcomes += [compare(f"d{name}, dLSE {fill} where no key is seen, deterministic={deterministic}", g, w,
+                                 EXACT) for name, g, w in zip("qkv", got, grads[0])]
+    return outcomes
+
+
 def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=None, scale=1.0, layout="bhtd",
                           gluon=(), window=None, softcap=None):
     """The backward launched with `config` (a BACKWARD_TABLE row's two-pass (dk/dv, dq) pair, or
@@ -760,6 +785,7 @@ def backward_cases():
                 d=d, dtype=bf16, causal=causal, deterministic=True)
     cases += [Case(f"LSE gradient {dtype_name(dt)}", check_lse_grad, dict(dtype=dt)) for dt in (torch.float16, bf16)]
     cases.append(Case("LSE gradient bf16 B2 Tq37", check_lse_grad, dict(dtype=bf16, b=2, tq=37)))
+    cases.append(Case("dLSE non-finite where no key is seen", check_unseen_dlse))
     for config, max_dim in forced_backward_configs():
         # the one-pass schedule by both adds: TMA reductions on the GPU only (the interpreter has none)
         adds = [None] if config[1] is not None else [("atomics", False), ("tma", True)]

@@ -194,9 +194,9 @@ def _row_stats(lse_base, delta_base, offs_m, n_queries):
     lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("-inf"))
     unseen = lse == float("-inf")
     lse2 = tl.where(unseen, float("inf"), lse * LOG2E)
-    # P = 0 on such a row; a zero delta keeps a non-finite dLSE there (a merge of two -inf LSEs)
-    # from making 0 * NaN in dS
-    return lse2, tl.where(unseen, 0.0, tl.load(delta_base + offs_m, mask=m_ok, other=0.0))
+    # P = 0 on such a row, and delta 0 (the preprocess's): a non-finite dLSE there (a merge of two
+    # -inf LSEs) cannot make 0 * NaN in dS
+    return lse2, tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
 
 
 @triton.jit
