@@ -10,9 +10,10 @@ PAGE = Area(
     "Kernels in `attention/triton_flash_attention_fwd.py` (online softmax over key blocks, GQA, causal, "
     "any T, head dims up to 256, packed sequences) and `attention/triton_flash_attention_bwd.py` "
     "(FlashAttention-2's backward: dk/dv and dq passes, or one pass adding dq by TMA reductions where that wins); "
-    "the Gluon forward for sm_90 in `attention/gluon_flash_attention_fwd.py` (TMA, warp-specialized, "
-    "the default on sm_90 with Triton 3.6 where it is faster, attention/attention_paths.py; the `triton-gluon` rows, "
-    "the `triton` rows forcing the tl kernel); the public functions in "
+    "the Gluon forward and backward for sm_90 in `attention/gluon_flash_attention_fwd.py` and "
+    "`attention/gluon_flash_attention_bwd.py` (TMA, warp-specialized, the default on sm_90 with Triton 3.6 where "
+    "they are faster, attention/attention_paths.py; the `triton-gluon` rows, the `triton` rows forcing the tl "
+    "kernels); the public functions in "
     "`attention/flash_attention_ops.py`. `naive` and `blocked` are the references in "
     "`attention/` (T x T scores in fp32; the online softmax in plain PyTorch).",
     [Group(("attention",), "full, all shapes"), Group(("attention-causal",), "causal, all shapes"),
@@ -34,7 +35,20 @@ PAGE = Area(
      Group(("attention-window", "attention-window off"), "sliding window, forward, Gluon path", ours="triton-gluon",
            why=GLUON_WHY),
      Group(("attention-softcap", "attention-softcap off"), "logit softcap, forward, Gluon path",
-           ours="triton-gluon", why=GLUON_WHY)],
+           ours="triton-gluon", why=GLUON_WHY),
+     # the training rows on the Gluon path: the Gluon forward and, where attention_paths dispatches it, backward
+     Group(("attention",), "T >= 1024, GPU time, Gluon path", lambda s: dims(s)[2] >= 1024, graph=True,
+           mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-causal",), "T >= 1024, GPU time, Gluon path", lambda s: dims(s)[2] >= 1024, graph=True,
+           mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention", "attention-causal"), "T >= 1024 (do_bench), Gluon path", lambda s: dims(s)[2] >= 1024,
+           mode="bwd", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-varlen",), "packed batch, GPU time, Gluon path", graph=True, mode="fwd+bwd",
+           ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-window", "attention-window off"), "sliding window, GPU time, Gluon path", graph=True,
+           mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-softcap", "attention-softcap off"), "logit softcap, GPU time, Gluon path", graph=True,
+           mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY)],
     ["Figures are TFLOP/s (compute-bound): no share of copy bandwidth applies. Training rows count "
      "the backward as 2.5x the forward's FLOPs, fwd+bwd as 3.5x (flash-attention's convention).",
      "Packed rows count the packed batch's own FLOPs for every provider: the padded providers do "
