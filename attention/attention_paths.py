@@ -95,15 +95,13 @@ def gluon_forward(q, k, v, causal, out, lse, cu_seqlens, config):
     return gluon_layout_ok(q, k, v, out) and (lse is None or lse.stride(-1) == 1)
 
 
-def gluon_backward(q, cu_seqlens, has_window, has_softcap, forced):
+def gluon_backward(q, forced):
     """Whether a backward runs the Gluon dk/dv and dq kernels (attention/gluon_flash_attention_bwd.py):
-    q (B, H, Tq, D) on its device; cu_seqlens, has_window, has_softcap the call's (the kernels take
-    dense calls without either); forced, whether the caller forced a tl config or schedule. "tl"
-    never, "auto" and "gluon" alike where they can run: on the H200 both Gluon kernels together ran
-    the benchmark's training shapes 1.05-1.27x faster than the tl kernels' best schedule
-    (docs/tuning/attention.md, the Gluon backward). The layouts are the launcher's to check."""
-    if path_setting() == "tl" or forced or q.device.type != "cuda":
-        return False
-    if q.shape[3] not in GLUON_HEAD_DIMS or cu_seqlens is not None or has_window or has_softcap:
+    q (B, H, Tq, D) on its device, dense or packed, any mask; forced, whether the caller forced a
+    tl config or schedule. "tl" never, "auto" and "gluon" alike where they can run: on the H200
+    both Gluon kernels together ran the benchmark's training shapes 1.05-1.27x faster than the tl
+    kernels' best schedule, a window 1.22x, a softcap 1.03x (docs/tuning/attention.md, the Gluon
+    backward). The layouts are the launcher's to check."""
+    if path_setting() == "tl" or forced or q.device.type != "cuda" or q.shape[3] not in GLUON_HEAD_DIMS:
         return False
     return _gluon_device(q.device.index if q.device.index is not None else torch.cuda.current_device())

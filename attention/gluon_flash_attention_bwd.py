@@ -38,7 +38,8 @@ past the end have zero k and v rows, whose dk and dv are computed and never stor
 dq kernel masks. The dk/dv kernel caps P's exponent at 0, as the tl kernel does (a key row past the
 end, S = 0, stays finite on a query whose scores are all very negative).
 
-The one-pass schedule (GLUON_ONE_PASS_CONFIG, launch_gluon_dkdv's dq_acc; hd 128; not yet measured):
+The one-pass schedule (GLUON_ONE_PASS_CONFIG, launch_gluon_dkdv's dq_acc; dense, hd 128; on the
+H200 0.67-0.74x the two-pass kernels, so the dispatch does not take it):
 the dk/dv kernel also makes dq. Each warpgroup writes its 64 rows of dS^T (16-bit) into one of two
 shared-memory slots, both wait for the whole (an mbarrier each arrives on), and each makes half of
 dq's features, dS (all 128 keys, the slot read transposed) times K's half, and adds them to an fp32
@@ -50,12 +51,21 @@ Both kernels take every mask of the dense call: causal, a sliding window (the tl
 ranges, query_blocks and key_blocks, and their masked edges) and a softcap (P from c * tanh(s / c),
 dS times 1 - tanh^2; fewer queries a stage for the dk/dv kernel, GLUON_DKDV_SOFTCAP_CONFIG).
 
+Packed batches (VARLEN): the descriptors span the packed (1, H, total, D) views, and a program
+takes a block of one sequence (packed_sequence: a grid of total // BLOCK + sequences blocks, not
+max_seqlen's for every sequence), its tokens from the sequence's first (read from cu_seqlens on
+the device). A block that runs past its sequence's end reads the next sequence's rows: the dk/dv
+kernel gives those queries LSE +inf (P^T 0, no 2-D mask), the dq kernel masks those
+keys as it masks the end of the keys, and the rows of dk, dv or dq past the end leave by a masked
+store instead of TMA (_rows_out). As in the forward, what the packed tensors hold there must be
+finite data.
+
 delta comes from the tl preprocess: launch_flash_attention_backward runs it before them, into a
 stats_buffer (whose rows TMA can copy from). Both kernels run where attention_paths.gluon_backward
-and gluon_backward_supported take the call: dense, head dims 64 and 128, no window or softcap (the
-kernels take them; not yet measured), at most MAX_GRID_Y (batch, head) pairs, layouts TMA reads in
-place; launch_flash_attention_backward's gluon also runs either alone, with the tl kernel for the
-other, or the one-pass kernel (tests and the A/B).
+and gluon_backward_supported take the call: dense or packed, any mask, head dims 64 and 128, at
+most MAX_GRID_Y (batch, head) pairs, layouts TMA reads in place; launch_flash_attention_backward's
+gluon also runs either alone, with the tl kernel for the other, or the one-pass kernel (tests and
+the A/B).
 
 Written against Triton 3.6's Gluon, as the forward (attention/gluon_flash_attention_fwd.py, whose
 layout helpers and descriptors they share). They do not run in the interpreter.
@@ -79,6 +89,7 @@ from llmk.attention.gluon_flash_attention_fwd import (
     _Descriptor,
     _descriptor,
     gluon_layout_ok,
+    packed_sequence,
     wgmma_layout,
 )
 from llmk.attention.triton_flash_attention_bwd import query_blocks
@@ -102,16 +113,22 @@ GLUON_DKDV_CONFIG = {
     128: (64, 128, 2),
 }
 # Under a softcap the tanh values stay live beside P^T: fewer queries a stage, where ptxas spills
-# nothing (hd 64 at 128 queries spilled 1.5 KB a thread, hd 128 at 64 84 bytes). Not yet measured.
+# nothing (hd 64 at 128 queries spilled 1.5 KB a thread, hd 128 at 64 84 bytes). On the H200 at hd
+# 128, causal T 4096, softcap 50: 1.03x the tl kernels' best schedule.
 GLUON_DKDV_SOFTCAP_CONFIG = {
     64: (64, 128, 2),
     128: (32, 128, 3),
 }
+# A packed batch under a window keeps the sequence's bounds live beside the window's: at hd 64 and
+# 128 queries a stage ptxas spilled 492 bytes a thread (at 64, none). Not yet measured.
+GLUON_DKDV_PACKED_WINDOW_CONFIG = {
+    64: (64, 128, 2),
+}
 # The one-pass schedule (launch_gluon_dkdv's dq_acc): head dim -> (BLOCK_M, BLOCK_N, STAGES) of the
 # dk/dv kernel that also adds dq by atomics, each warpgroup half of dq's 128 features (a 64 x 64
 # fp32 product, 32 registers: K's tile splits on a 128-byte swizzle boundary at hd 128 only).
-# Shared memory: the two-pass kernel's 128 KB + two slots of dS^T (128 x 64, 16 KB each). Not yet
-# measured; the dispatch does not take it.
+# Shared memory: the two-pass kernel's 128 KB + two slots of dS^T (128 x 64, 16 KB each). On the
+# H200 0.67-0.74x the two-pass kernels (docs/tuning/attention.md): the dispatch does not take it.
 GLUON_ONE_PASS_CONFIG = {
     128: (64, 128, 2),
 }
@@ -139,22 +156,62 @@ def _query_stats(lse_ptr, delta_ptr, offset, queries, n_queries):
 
 
 @gluon.jit
+def _rows_out(out, smem, smem4, desc, ptr, stride_h, stride_m, batch, head, start, first_row, n_rows,
+              VARLEN: gl.constexpr):
+    """A consumer warpgroup's rows first_row .. of (batch, head) out, tokens from start: by TMA from
+    smem (its (M, D) rows of a tile, smem4 their (1, 1, M, D) view), whose copy clips at the
+    tensor's end; or, where a packed sequence of n_rows tokens ends within them (the rows past it
+    are the next sequence's), by a masked store to ptr (head and token strides stride_h, stride_m;
+    unit feature stride). `out` in registers, 16-bit, every product that read smem's rows done."""
+    if VARLEN:
+        if first_row + out.type.shape[0] > n_rows:
+            _masked_rows_out(out, ptr, stride_h, stride_m, head, start, first_row, n_rows)
+        else:
+            _tma_rows_out(out, smem, smem4, desc, batch, head, start + first_row)
+    else:
+        _tma_rows_out(out, smem, smem4, desc, batch, head, start + first_row)
+
+
+@gluon.jit
+def _tma_rows_out(out, smem, smem4, desc, batch, head, row):
+    smem.store(out)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc, [batch, head, row, 0], smem4)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _masked_rows_out(out, ptr, stride_h, stride_m, head, start, first_row, n_rows):
+    M: gl.constexpr = out.type.shape[0]
+    D: gl.constexpr = out.type.shape[1]
+    rows = gl.arange(0, M, layout=gl.SliceLayout(1, out.type.layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, out.type.layout))
+    # the first row's offset in 64 bits (a packed batch's pass 2^31 values at 16M tokens x 128),
+    # the tile's in 32 (64-bit offsets a value spilled)
+    base = ptr + head.to(gl.int64) * stride_h + (start + first_row).to(gl.int64) * stride_m
+    offsets = gl.expand_dims(rows * stride_m, 1) + gl.expand_dims(cols, 0)
+    gl.store(base + offsets, out, mask=gl.expand_dims(first_row + rows < n_rows, 1))
+
+
+@gluon.jit
 def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                   k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group, n_heads, start_n, lo, n_blocks):
+                   k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group, n_heads, q_start, k_start, start_n,
+                   lo, n_blocks):
     """One warp: the program's K and V blocks once, then for each query head of the group and each
     of its n_blocks query blocks from lo, q's and dO's tiles and their LSE and delta values into
-    the ring, a stage once the consumers released it (the first lap's waits pass)."""
+    the ring, a stage once the consumers released it (the first lap's waits pass). Tokens count
+    from q_start and k_start (a packed sequence's first; 0 dense)."""
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
     BLOCK_N: gl.constexpr = k_tile.type.shape[2]
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n * BLOCK_N, 0], kv_bar, k_tile)
-    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n * BLOCK_N, 0], kv_bar, v_tile)
+    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, k_start + start_n * BLOCK_N, 0], kv_bar, k_tile)
+    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, k_start + start_n * BLOCK_N, 0], kv_bar, v_tile)
     for it in range(kv_group * n_blocks):
         s = it % STAGES
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         head = kv_head * kv_group + it // n_blocks
-        row = lo + (it % n_blocks) * BLOCK_M
+        row = q_start + lo + (it % n_blocks) * BLOCK_M
         mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes +
                         lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], ready.index(s), q_bufs.index(s))
@@ -166,16 +223,20 @@ def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs
 
 @gluon.jit
 def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty, ds_ready,
-                   ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch, kv_head, kv_group,
-                   n_queries, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale, sm_scale,
-                   window_left, window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                   SOFTCAP: gl.constexpr, DQ_ATOMIC: gl.constexpr, WG: gl.constexpr):
+                   ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, dk_ptr, stride_dkh,
+                   stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_queries, n_keys, k_start,
+                   start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale, sm_scale, window_left,
+                   window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                   DQ_ATOMIC: gl.constexpr, VARLEN: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dk, dv of the program's keys WG * 64 .. WG * 64 + 63 over the
     producer's query blocks (module docstring), then out by TMA through its rows of K's and V's
     tiles. DQ_ATOMIC (the one-pass schedule): also dq's share of each query block, added to dq_ptr
     (fp32, (batch, head, token) strides stride_ab, stride_ah, stride_am, unit feature stride) by
     atomics: each warpgroup puts its dS^T rows into ds_bufs' slot, both wait for the whole (the
-    ds_ready barrier), and each makes half of dq's features, dS (all 128 keys) times K's half."""
+    ds_ready barrier), and each makes half of dq's features, dS (all 128 keys) times K's half.
+    VARLEN: a packed sequence's keys from k_start: the query rows past its end (the next
+    sequence's) take LSE +inf, so P^T is 0 there, and dk, dv rows past its end are left unwritten
+    (_rows_out)."""
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
     HEAD_D: gl.constexpr = q_bufs.type.shape[4]
     STAGES: gl.constexpr = q_bufs.type.shape[0]
@@ -213,6 +274,8 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
         # the stats come from the stage as they are needed: held across the products they spill.
         # Rows past the head's end read LSE 0 (the copy clips there), as their q and dO rows do
         lse2 = _lse_log2(lse_bufs.index(s).reshape([BLOCK_M]).load(queries_l))
+        if VARLEN:  # the rows past a packed sequence's end are the next one's: LSE +inf, so P^T is 0
+            lse2 = gl.where(start_m + gl.arange(0, BLOCK_M, layout=queries_l) < n_queries, lse2, float("inf"))
         if SOFTCAP:  # the scores capped, c * tanh(s / c), in exp2's units (softcap_scales)
             t = tanh_approx(s_t * qk_scale)
             p_t = gl.exp2(gl.minimum(softcap_log2 * t - gl.expand_dims(lse2, 0), 0.0))
@@ -273,36 +336,53 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
         n_it = kv_group * n_blocks
         if n_it > 0:
             mbarrier.wait(ds_empty.index((n_it - 1) % 2), ((n_it - 1) // 2) & 1)
-    k_t.store((dk * sm_scale).to(dtype))
-    v_t.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [batch, kv_head, first_key, 0], k_rows)
-    tma.async_copy_shared_to_global(dv_desc, [batch, kv_head, first_key, 0], v_rows)
-    tma.store_wait(pendings=0)
+    _rows_out((dk * sm_scale).to(dtype), k_t, k_rows, dk_desc, dk_ptr, stride_dkh, stride_dkm, batch, kv_head, k_start,
+              first_key, n_keys, VARLEN)
+    _rows_out(dv.to(dtype), v_t, v_rows, dv_desc, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, k_start, first_key,
+              n_keys, VARLEN)
 
 
 # not value-specialized (the forward's _INT_ARGS says why)
-_INT_ARGS = ("stride_ab", "stride_ah", "stride_am", "n_kv_heads", "kv_group", "n_queries", "n_keys", "window_left",
-             "window_right")
+_INT_ARGS = ("stride_ab", "stride_ah", "stride_am", "stride_dkh", "stride_dkm", "stride_dvh", "stride_dvm",
+             "n_seqs", "n_kv_heads", "kv_group", "n_queries", "n_keys", "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_INT_ARGS)
 def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_ptr, stride_ab,
-                       stride_ah, stride_am, n_kv_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, window_left,
-                       window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                       SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+                       stride_ah, stride_am, dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm,
+                       cu_seqlens_q, cu_seqlens_k, n_seqs, n_kv_heads, kv_group, n_queries, n_keys, qk_scale,
+                       sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                       SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr, VARLEN: gl.constexpr):
     """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles, dk and dv of (1, 1,
     WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through 2-D descriptors over their (B * H, Tq)
     rows (stats_buffer's layout) of (1, BLOCK_M) blocks. DQ_ATOMIC: dq's fp32 sums (B, H, Tq, D),
     zeroed, at dq_ptr with strides stride_ab, stride_ah, stride_am and a unit feature stride (the
     one-pass schedule; else dq_ptr is not read). CAUSAL, WINDOW (window_left, window_right) and
-    SOFTCAP (softcap_log2, qk_scale as softcap_scales makes them): the tl kernels' masks."""
+    SOFTCAP (softcap_log2, qk_scale as softcap_scales makes them): the tl kernels' masks.
+    VARLEN: a packed batch of n_seqs sequences, (1, H, total, D) views, the grid's first axis
+    packed_sequence's blocks of cu_seqlens_k (a block past a sequence's keys returns at once);
+    dk_ptr, dv_ptr with their (head, token) strides take the rows where a sequence's keys end
+    (n_queries, n_keys are then read from cu_seqlens)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_n = gl.program_id(0)
-    batch = gl.program_id(1) // n_kv_heads
-    kv_head = gl.program_id(1) % n_kv_heads
+    if VARLEN:
+        batch = packed_sequence(gl.program_id(0), cu_seqlens_k, n_seqs, BLOCK_N)
+        k_start = gl.load(cu_seqlens_k + batch)
+        n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
+        start_n = gl.program_id(0) - (k_start // BLOCK_N + batch)
+        if start_n * BLOCK_N >= n_keys:
+            return
+        q_start = gl.load(cu_seqlens_q + batch)
+        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
+        batch = batch * 0  # the views' one batch
+        kv_head = gl.program_id(1)
+    else:
+        start_n = gl.program_id(0)
+        batch = gl.program_id(1) // n_kv_heads
+        kv_head = gl.program_id(1) % n_kv_heads
+        q_start = 0
+        k_start = 0
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
     lo, lead_hi, _, unmasked_hi, hi = query_blocks(start_n, n_queries, causal_shift, window_left, window_right, CAUSAL,
                                                    WINDOW, BLOCK_M, BLOCK_N)
@@ -335,29 +415,30 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
     # other's products); worker partitions take scalars, descriptors and shared-memory handles
     gl.warp_specialize([
         (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
-                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch,
-                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
-                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP,
-                          DQ_ATOMIC, 0)),
+                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, dk_ptr,
+                          stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_queries,
+                          n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale,
+                          sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, DQ_ATOMIC,
+                          VARLEN, 0)),
         (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
-                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, batch,
-                          kv_head, kv_group, n_queries, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
-                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP,
-                          DQ_ATOMIC, 1)),
+                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, dk_ptr,
+                          stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_queries,
+                          n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale,
+                          sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, DQ_ATOMIC,
+                          VARLEN, 1)),
         (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs,
                           delta_bufs, k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group,
-                          n_kv_heads * kv_group, start_n, lo, n_blocks)),
+                          n_kv_heads * kv_group, q_start, k_start, start_n, lo, n_blocks)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens):
-    """Whether launch_gluon_dkdv and launch_gluon_dq take this backward: dense (any mask: causal,
-    a window, a softcap), a head dim of GLUON_DKDV_CONFIG (GLUON_DQ_CONFIG's), fp16 or bf16, at most
-    MAX_GRID_Y (batch, head) pairs (their grids' y extent), every tensor laid out as TMA reads it
-    in place."""
-    return (cu_seqlens is None and q.shape[3] in GLUON_DKDV_CONFIG
-            and q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] * q.shape[1] <= MAX_GRID_Y
-            and gluon_layout_ok(q, k, v, do, dq, dk, dv))
+def gluon_backward_supported(q, k, v, do, dq, dk, dv):
+    """Whether launch_gluon_dkdv and launch_gluon_dq take this backward: dense or packed, any mask
+    (causal, a window, a softcap), a head dim of GLUON_DKDV_CONFIG (GLUON_DQ_CONFIG's), fp16 or
+    bf16, at most MAX_GRID_Y (batch, head) pairs (their grids' y extent), every tensor laid out as
+    TMA reads it in place."""
+    return (q.shape[3] in GLUON_DKDV_CONFIG and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[0] * q.shape[1] <= MAX_GRID_Y and gluon_layout_ok(q, k, v, do, dq, dk, dv))
 
 
 def _check_stats(lse, delta):
@@ -407,46 +488,70 @@ def _mask_meta(causal, mask, n_queries, n_keys, scale):
     return (qk_scale, scale, left, right, softcap_log2), dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap)
 
 
-def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK):
+def _packed(cu_seqlens, block, total, b, heads):
+    """(grid, (cu_seqlens_q, cu_seqlens_k, sequences)) of a kernel whose programs take blocks of
+    `block` tokens of `total` (the grid's x: packed_sequence's blocks; y: heads) for a packed
+    batch, or of a dense one (x: cdiv(total, block); y: b x heads; no sequences)."""
+    if cu_seqlens is None:
+        return (cdiv(total, block), b * heads), (None, None, 0)
+    cu_q, cu_k = cu_seqlens[:2]
+    n_seqs = cu_q.shape[0] - 1
+    return (total // block + n_seqs, heads), (cu_q, cu_k, n_seqs)
+
+
+def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK,
+                    cu_seqlens=None):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
     q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) laid out as
     stats_buffer lays them out; causal and mask the call's (kernel_mask makes the kernels' flags);
     scale sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride,
-    that the kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only, no softcap). config:
-    (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's (GLUON_DKDV_SOFTCAP_CONFIG's under a
-    softcap, GLUON_ONE_PASS_CONFIG's with dq_acc). Also what scripts/gluon_compile.py compiles
-    without a GPU."""
+    that the kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only, no softcap,
+    dense). config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's
+    (GLUON_DKDV_SOFTCAP_CONFIG's under a softcap, GLUON_DKDV_PACKED_WINDOW_CONFIG's for a packed
+    batch under a window, GLUON_ONE_PASS_CONFIG's with dq_acc).
+    cu_seqlens: None, or a packed batch's (cu_seqlens_q, cu_seqlens_k, ...) over (1, H, total, D)
+    views, as launch_flash_attention_backward takes it. Also what scripts/gluon_compile.py
+    compiles without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     one_pass = dq_acc is not None
-    if one_pass and (d not in GLUON_ONE_PASS_CONFIG or mask.softcap):
-        raise ValueError(f"dq_acc: the one-pass Gluon kernel takes head dims {tuple(GLUON_ONE_PASS_CONFIG)} without a "
-                         f"softcap, got {d} and softcap {mask.softcap}")
-    table = GLUON_ONE_PASS_CONFIG if one_pass else GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap else GLUON_DKDV_CONFIG
+    if one_pass and (d not in GLUON_ONE_PASS_CONFIG or mask.softcap or cu_seqlens is not None):
+        raise ValueError(f"dq_acc: the one-pass Gluon kernel takes dense calls at head dims "
+                         f"{tuple(GLUON_ONE_PASS_CONFIG)} without a softcap, got head dim {d}, softcap {mask.softcap}"
+                         f"{', a packed batch' if cu_seqlens is not None else ''}")
+    _check_stats(lse, delta)
+    mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
+    packed_window = cu_seqlens is not None and mask_flags["WINDOW"] and d in GLUON_DKDV_PACKED_WINDOW_CONFIG
+    table = (GLUON_ONE_PASS_CONFIG if one_pass else GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap
+             else GLUON_DKDV_PACKED_WINDOW_CONFIG if packed_window else GLUON_DKDV_CONFIG)
     block_m, block_n, stages = config or table[d]
     if one_pass and (block_m != WG_ROWS or dq_acc.stride(3) != 1):
         raise ValueError(f"the one-pass Gluon kernel takes BLOCK_M {WG_ROWS} (got {block_m}) and dq_acc with a unit "
                          f"feature stride (got {dq_acc.stride()})")
-    _check_stats(lse, delta)
-    mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
     if block_n != 2 * WG_ROWS:
         raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
                          f"got {config}")
+    grid, (cu_q, cu_k, n_seqs) = _packed(cu_seqlens, block_n, tk, b, hkv)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
             _stats_descriptor(delta, block_m), dq_acc if one_pass else delta,
-            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), hkv, h // hkv, tq, tk, *mask_args)
-    meta = dict(mask_flags, STAGES=stages, DQ_ATOMIC=one_pass, num_warps=4, maxnreg=MAXNREG)
-    return (cdiv(tk, block_n), b * hkv), args, meta
+            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), dk, dk.stride(1), dk.stride(2), dv, dv.stride(1),
+            dv.stride(2), cu_q, cu_k, n_seqs, hkv, h // hkv, tq, tk, *mask_args)
+    meta = dict(mask_flags, STAGES=stages, DQ_ATOMIC=one_pass, VARLEN=cu_q is not None, num_warps=4,
+                maxnreg=MAXNREG)
+    return grid, args, meta
 
 
-def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK):
+def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK,
+                      cu_seqlens=None):
     """Write dk and dv, and add to dq_acc (arguments as gluon_dkdv_args takes them, non-empty) on
     q's device as the current one."""
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask)
-    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask)
+            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask,
+                                     cu_seqlens)
+    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask,
+                                       cu_seqlens)
     _gluon_dkdv_kernel[grid](*args, **meta)
 
 
@@ -468,29 +573,31 @@ DQ_AB_CONFIGS = {
 
 @gluon.jit
 def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, batch, head,
-                 kv_head, start_m, lo, n_iter):
+                 kv_head, q_start, k_start, start_m, lo, n_iter):
     """One warp: the program's q and dO tiles once, then its key blocks lo, lo + BLOCK_N, ...: each
-    block's K and V into the ring, a stage once the consumers released it."""
+    block's K and V into the ring, a stage once the consumers released it. Tokens count from
+    q_start and k_start (a packed sequence's first; 0 dense)."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_tile.type.shape[2]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [batch, head, start_m * BLOCK_M, 0], q_bar, q_tile)
-    tma.async_copy_global_to_shared(do_desc, [batch, head, start_m * BLOCK_M, 0], q_bar, do_tile)
+    tma.async_copy_global_to_shared(q_desc, [batch, head, q_start + start_m * BLOCK_M, 0], q_bar, q_tile)
+    tma.async_copy_global_to_shared(do_desc, [batch, head, q_start + start_m * BLOCK_M, 0], q_bar, do_tile)
     for it in range(n_iter):
         s = it % STAGES
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        row = lo + it * BLOCK_N
+        row = k_start + lo + it * BLOCK_N
         tma.async_copy_global_to_shared(k_desc, [batch, kv_head, row, 0], ready.index(s), k_bufs.index(s))
         tma.async_copy_global_to_shared(v_desc, [batch, kv_head, row, 0], ready.index(s), v_bufs.index(s))
 
 
 @gluon.jit
-def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
-                 stride_lh, batch, head, start_m, lo, unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys,
-                 causal_shift, qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr,
-                 WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, WG: gl.constexpr):
+def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, dq_ptr, stride_dqh, stride_dqm,
+                 lse_ptr, delta_ptr, stride_lb, stride_lh, batch, head, q_start, start_m, lo, unmasked_lo,
+                 unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale, sm_scale, window_left, window_right,
+                 softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                 VARLEN: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dq of the program's queries WG * 64 .. WG * 64 + 63 over the
     producer's key blocks, the tl dq kernel's arithmetic (_dq_key_blocks):
         S = q k^T and dP = dO v^T    issued together, asynchronously
@@ -498,7 +605,9 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
                                      [unmasked_lo, unmasked_hi) (the causal diagonal, a window's
                                      edges, the end of the keys) masked; SOFTCAP: S capped first
         dq += (P * (dP - delta)) k   from registers (SOFTCAP: times 1 - tanh^2)
-    then dq (times sm_scale) out by TMA through its rows of q's tile."""
+    then dq (times sm_scale) out by TMA through its rows of q's tile (_rows_out: VARLEN, a packed
+    sequence's queries from q_start, whose rows past its end are left unwritten; the keys past its
+    end, the next sequence's, are masked as the end of the keys is)."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     HEAD_D: gl.constexpr = q_tile.type.shape[3]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
@@ -516,7 +625,7 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
     dq = gl.zeros([WG_M, HEAD_D], gl.float32, acc_layout)
     first_row = start_m * 2 * WG_M + WG * WG_M
     rows = first_row + gl.arange(0, WG_M, layout=rows_l)
-    lse2, delta = _query_stats(lse_ptr, delta_ptr, batch * stride_lb + head * stride_lh, rows, n_queries)
+    lse2, delta = _query_stats(lse_ptr, delta_ptr, batch * stride_lb + head * stride_lh + q_start, rows, n_queries)
     lse2 = gl.expand_dims(lse2, 1)
     delta = gl.expand_dims(delta, 1)
     cols = gl.arange(0, BLOCK_N, layout=keys_l)
@@ -554,29 +663,45 @@ def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, 
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
     # every product that read its rows of q's tile is done: they take dq on its way out
-    q_t.store((dq * sm_scale).to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dq_desc, [batch, head, first_row, 0], q_rows)
-    tma.store_wait(pendings=0)
+    _rows_out((dq * sm_scale).to(dtype), q_t, q_rows, dq_desc, dq_ptr, stride_dqh, stride_dqm, batch, head, q_start,
+              first_row, n_queries, VARLEN)
 
 
-_DQ_INT_ARGS = ("stride_lb", "stride_lh", "n_heads", "kv_group", "n_queries", "n_keys", "window_left", "window_right")
+_DQ_INT_ARGS = ("stride_dqh", "stride_dqm", "stride_lb", "stride_lh", "n_seqs", "n_heads", "kv_group", "n_queries",
+                "n_keys", "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_DQ_INT_ARGS)
-def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, lse_ptr, delta_ptr, stride_lb, stride_lh, n_heads,
-                     kv_group, n_queries, n_keys, qk_scale, sm_scale, window_left, window_right, softcap_log2,
-                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr):
+def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, stride_dqh, stride_dqm, lse_ptr, delta_ptr,
+                     stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_seqs, n_heads, kv_group, n_queries, n_keys,
+                     qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr,
+                     WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr):
     """A grid of (query blocks, batch x heads), causal in the forward's order (the longest rows
     first). q, dO, dq (B, H, Tq, D) and k, v (B, Hkv, Tk, D) through 4-D descriptors of (1, 1,
-    BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and delta as for _gluon_dkdv_kernel."""
+    BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and delta as for _gluon_dkdv_kernel. VARLEN: a
+    packed batch as for _gluon_dkdv_kernel, the grid (packed_sequence's blocks of cu_seqlens_q,
+    heads), dq_ptr with its (head, token) strides taking the rows where a sequence ends."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_m = gl.program_id(0)
-    if CAUSAL:
-        start_m = gl.num_programs(0) - 1 - start_m
-    batch = gl.program_id(1) // n_heads
-    head = gl.program_id(1) % n_heads
+    if VARLEN:
+        batch = packed_sequence(gl.program_id(0), cu_seqlens_q, n_seqs, BLOCK_M)
+        q_start = gl.load(cu_seqlens_q + batch)
+        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
+        start_m = gl.program_id(0) - (q_start // BLOCK_M + batch)
+        if start_m * BLOCK_M >= n_queries:
+            return
+        k_start = gl.load(cu_seqlens_k + batch)
+        n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
+        batch = batch * 0  # the views' one batch
+        head = gl.program_id(1)
+    else:
+        start_m = gl.program_id(0)
+        if CAUSAL:
+            start_m = gl.num_programs(0) - 1 - start_m
+        batch = gl.program_id(1) // n_heads
+        head = gl.program_id(1) % n_heads
+        q_start = 0
+        k_start = 0
     kv_head = head // kv_group
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
     lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
@@ -596,23 +721,23 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, lse_ptr, delta_pt
         mbarrier.init(empty.index(st), count=2)  # each consumer warpgroup releases a stage
 
     gl.warp_specialize([
-        (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
-                        stride_lh, batch, head, start_m, lo, unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys,
-                        causal_shift, qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                        SOFTCAP, 0)),
-        (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, lse_ptr, delta_ptr, stride_lb,
-                        stride_lh, batch, head, start_m, lo, unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys,
-                        causal_shift, qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW,
-                        SOFTCAP, 1)),
+        (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, dq_ptr, stride_dqh,
+                        stride_dqm, lse_ptr, delta_ptr, stride_lb, stride_lh, batch, head, q_start, start_m, lo,
+                        unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale, sm_scale,
+                        window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN, 0)),
+        (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, dq_ptr, stride_dqh,
+                        stride_dqm, lse_ptr, delta_ptr, stride_lb, stride_lh, batch, head, q_start, start_m, lo,
+                        unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale, sm_scale,
+                        window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN, 1)),
         (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty,
-                        batch, head, kv_head, start_m, lo, n_iter)),
+                        batch, head, kv_head, q_start, k_start, start_m, lo, n_iter)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK):
+def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK, cu_seqlens=None):
     """(grid, args, meta) of the Gluon dq kernel on validated arguments (gluon_backward_supported):
-    q, do, dq (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse, delta, causal, scale and mask as
-    gluon_dkdv_args takes them. config: (BLOCK_M, BLOCK_N, STAGES) instead of
+    q, do, dq (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse, delta, causal, scale, mask and cu_seqlens
+    as gluon_dkdv_args takes them. config: (BLOCK_M, BLOCK_N, STAGES) instead of
     GLUON_DQ_CONFIG's."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -622,18 +747,20 @@ def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=
                          f"got {config}")
     _check_stats(lse, delta)
     mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
+    grid, (cu_q, cu_k, n_seqs) = _packed(cu_seqlens, block_m, tq, b, h)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
-            _descriptor(dq, WG_ROWS), lse, delta, lse.stride(0), lse.stride(1), h, h // hkv, tq, tk, *mask_args)
-    meta = dict(mask_flags, STAGES=stages, num_warps=4, maxnreg=MAXNREG)
-    return (cdiv(tq, block_m), b * h), args, meta
+            _descriptor(dq, WG_ROWS), dq, dq.stride(1), dq.stride(2), lse, delta, lse.stride(0), lse.stride(1), cu_q,
+            cu_k, n_seqs, h, h // hkv, tq, tk, *mask_args)
+    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, num_warps=4, maxnreg=MAXNREG)
+    return grid, args, meta
 
 
-def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK):
+def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK, cu_seqlens=None):
     """Write dq (arguments as gluon_dq_args takes them, non-empty) on q's device as the current one."""
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config, mask)
-    grid, args, meta = gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config, mask)
+            return launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config, mask, cu_seqlens)
+    grid, args, meta = gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config, mask, cu_seqlens)
     _gluon_dq_kernel[grid](*args, **meta)
 
 

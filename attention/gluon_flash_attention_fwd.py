@@ -142,6 +142,23 @@ def wgmma_layout(block_m, block_n, num_warps):
 
 
 @gluon.jit
+def packed_sequence(g, cu_seqlens, n_seqs, BLOCK: gl.constexpr):
+    """The sequence i of packed block g, where sequence i's blocks are [first(i), first(i + 1)),
+    first(i) = cu_seqlens[i] // BLOCK + i: its ceil(length / BLOCK) blocks of BLOCK tokens and at
+    most one more, an empty one (so a grid of total // BLOCK + n_seqs blocks covers any lengths
+    without the host reading them). A binary search over first(i) (strictly increasing); a g past
+    the last sequence's blocks gives the last sequence, whose block g - first(i) is then empty."""
+    seq = g * 0
+    above = n_seqs
+    while above - seq > 1:  # first(seq) <= g < first(above)
+        mid = (seq + above) // 2
+        before = (gl.load(cu_seqlens + mid) // BLOCK + mid <= g).to(gl.int32)
+        seq = seq + before * (mid - seq)
+        above = mid + before * (above - mid)
+    return seq
+
+
+@gluon.jit
 def _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
              window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -157,17 +174,10 @@ def _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu
     another, each over first(i + 1) - first(i) query blocks: the sequence's ceil(length / BLOCK_M)
     and at most one more, an empty tile (n_iter 0). So the host knows the tile count, n_heads x
     (total // BLOCK_M + sequences), without reading the lengths, and a batch of short sequences
-    is not a grid of max_seqlen_q's blocks each, most of them empty. The sequence is found by a
-    binary search over first(i) (strictly increasing), its bounds read from cu_seqlens."""
+    is not a grid of max_seqlen_q's blocks each, most of them empty (packed_sequence finds the
+    sequence), its bounds read from cu_seqlens."""
     if VARLEN:
-        g = tile // n_heads
-        batch = tile * 0
-        above = n_bh // n_heads
-        while above - batch > 1:  # first(batch) <= g < first(above)
-            mid = (batch + above) // 2
-            before = (gl.load(cu_seqlens_q + mid) // BLOCK_M + mid <= g).to(gl.int32)
-            batch = batch + before * (mid - batch)
-            above = mid + before * (above - mid)
+        batch = packed_sequence(tile // n_heads, cu_seqlens_q, n_bh // n_heads, BLOCK_M)
         q_start = gl.load(cu_seqlens_q + batch)
         q_end = gl.load(cu_seqlens_q + batch + 1)
         first = q_start // BLOCK_M + batch

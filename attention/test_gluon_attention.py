@@ -7,7 +7,8 @@ that picks it (attention/attention_paths.py) and the Gluon kernels of the backwa
 Every forward case of attention/test_flash_attention.py (O and LSE, dense and packed, every mask)
 again on the Gluon path, with the same references and tolerances; the configs the A/B weighs
 beside the table's, into poisoned outputs; the dispatch's routing and errors; dq, dk, dv from the
-Gluon backward kernels, under the tl backward's tolerances. Gluon does not run
+Gluon backward kernels, under the tl backward's tolerances, and a packed batch's against the same
+kernels' dense launches. Gluon does not run
 in Triton's interpreter: there only the dispatch case runs (the tl path is what a CPU gets), and
 the rest are GPU cases. A script of its own so that `make test JOBS=4` runs it beside the tl
 kernel's cases: on an H200 each half takes minutes.
@@ -30,7 +31,7 @@ from llmk.attention.attention_paths import (
     gluon_runs_here,
     path_setting,
 )
-from llmk.attention.flash_attention_ops import flash_attention
+from llmk.attention.flash_attention_ops import flash_attention, flash_attention_varlen_train_op, packed
 from llmk.attention.test_flash_attention import CASES as TL_CASES
 from llmk.attention.test_flash_attention import (
     EXACT,
@@ -127,8 +128,12 @@ def check_gluon_dispatch():
 def backward_dispatch(odd):
     """The backward's routing (attention_paths.gluon_backward): launch_flash_attention_backward
     returns None when the Gluon kernels ran, the tl kernels otherwise."""
-    def takes_gluon(d=128, path="auto", mask=None, causal=True, t=100, layout=None, **kw):
+    def takes_gluon(d=128, path="auto", mask=None, causal=True, t=100, layout=None, packed_batch=False, **kw):
         q, k, v = (layout,) * 3 if layout is not None else make_qkv(2, 4, 2, t, t, d, torch.bfloat16)
+        if packed_batch:  # the two batch rows as a packed batch of two sequences, (1, H, total, D) views
+            q, k, v = (packed(x.transpose(1, 2).reshape(-1, *x.shape[1::2])) for x in (q, k, v))
+            cu = cumulative([t, t])
+            kw = dict(kw, cu_seqlens=(cu, cu, t, t))
         lse = torch.zeros(q.shape[:3], device=DEVICE)
         with forced_path(path):
             return launch_flash_attention_backward(q, q, k, v, q, lse, *(torch.empty_like(x) for x in (q, k, v)),
@@ -138,8 +143,9 @@ def backward_dispatch(odd):
             Outcome("backward D64 auto, deterministic: gluon", takes_gluon(64, deterministic=True)),
             Outcome("backward D128 gluon: gluon", takes_gluon(path="gluon")),
             Outcome("backward D128 LLMK_ATTENTION_PATH=tl: tl", not takes_gluon(path="tl")),
-            Outcome("backward D128 window: tl", not takes_gluon(mask=attention_mask((32, 0), 0.0))),
-            Outcome("backward D128 softcap: tl", not takes_gluon(mask=attention_mask((-1, -1), 30.0))),
+            Outcome("backward D128 window: gluon", takes_gluon(mask=attention_mask((32, 0), 0.0))),
+            Outcome("backward D64 softcap: gluon", takes_gluon(64, mask=attention_mask((-1, -1), 30.0))),
+            Outcome("backward D128 packed: gluon", takes_gluon(packed_batch=True)),
             Outcome("backward D128 dq_add forced: tl", not takes_gluon(dq_add="atomics")),
             Outcome("backward D96: tl", not takes_gluon(96)),
             Outcome("backward token stride not 16-byte aligned: tl", not takes_gluon(layout=odd))]
@@ -361,6 +367,80 @@ def check_gluon_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sca
     return outcomes
 
 
+def check_gluon_varlen_backward(lengths_q, lengths_k, h, hkv, d, dtype, causal, window=None, softcap=None, tail=0,
+                                scale=1.0):
+    """A packed batch's backward on both Gluon kernels into poisoned dq, dk, dv: each sequence's
+    gradients equal the same kernels' dense backward on that sequence bit for bit (the same blocks
+    in the same order; the rows a block reads past its sequence's end, the next sequence's, add
+    nothing, as the zeros a dense call reads), zeros where a sequence has no keys or no queries.
+    Many sequences take the block search (packed_sequence) many steps, and lengths of 0, 1, 64,
+    128 and their neighbours land on both kernels' block edges. tail: q, k and v hold that many
+    rows past the last sequence, whose gradients keep their poison. scale multiplies q."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon backward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    sm_scale, mask = 1.0 / math.sqrt(d), attention_mask(window, softcap)
+    q = rand((sum(lengths_q) + tail, h, d), dtype, scale=scale)
+    k, v = rand((sum(lengths_k) + tail, hkv, d), dtype), rand((sum(lengths_k) + tail, hkv, d), dtype)
+    do = rand(q.shape, dtype)
+    cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
+    varlen = (cu_q, cu_k, max(lengths_q), max(lengths_k))
+    left, right = window or (-1, -1)
+    with torch.no_grad():  # O and LSE from the forward, so that P is a softmax
+        o, lse = flash_attention_varlen_train_op(q, k, v, *varlen, causal, sm_scale, None, False, left, right,
+                                                 softcap or 0.0)
+    grads = [poisoned(t.shape, dtype) for t in (q, k, v)]
+    launch_flash_attention_backward(*(packed(t) for t in (do, q, k, v, o, lse, *grads)), causal, sm_scale,
+                                    cu_seqlens=varlen, mask=mask, gluon=("dkdv", "dq"))
+    want = [torch.zeros_like(t) for t in grads]
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(lengths_q)):
+        sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        if lengths_q[i] and lengths_k[i]:
+            one = [t[s].transpose(0, 1).unsqueeze(0) for t, s in ((do, sq), (q, sq), (k, sk), (v, sk), (o, sq))]
+            got = [torch.empty_like(t) for t in one[1:4]]
+            launch_flash_attention_backward(*one, lse[:, sq].unsqueeze(0), *got, causal, sm_scale, mask=mask,
+                                            gluon=("dkdv", "dq"))
+            for w, g, s in zip(want, got, (sq, sk, sk)):
+                w[s] = g[0].transpose(0, 1)
+    ends = (cq[-1], ck[-1], ck[-1])
+    outcomes = [compare(f"{name} against the dense launches", g[:end], w[:end], EXACT)
+                for name, g, w, end in zip(("dq", "dk", "dv"), grads, want, ends)]
+    if tail:
+        outcomes.append(Outcome(f"the {tail} rows past the last sequence keep their poison",
+                                all(bool(g[end:].isnan().all()) for g, end in zip(grads, ends))))
+    return outcomes
+
+
+def gluon_varlen_backward_cases():
+    """check_gluon_varlen_backward (GPU only): many sequences on both head dims, Tq != Tk with
+    empty sequences, a window on each head dim (hd 64's packed-window config), a softcap, fp16,
+    rows past the last sequence."""
+    bf16, fp16 = torch.bfloat16, torch.float16
+    gen = torch.Generator().manual_seed(2)
+    many = [int(n) for n in torch.randint(0, 400, (100,), generator=gen)]
+    many[:10] = [0, 1, 63, 64, 65, 127, 128, 129, 0, 383]
+    shapes = [
+        ("100 sequences 0..400 GQA 8/2 hd128 causal", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=128,
+                                                            dtype=bf16, causal=True)),
+        ("100 sequences 0..400 GQA 8/2 hd64 full", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=64, dtype=bf16,
+                                                         causal=False)),
+        ("Tq != Tk [128,0,1,300,256] vs [50,7,0,900,256] hd128 causal fp16",
+         dict(lengths_q=[128, 0, 1, 300, 256], lengths_k=[50, 7, 0, 900, 256], h=4, hkv=4, d=128, dtype=fp16,
+              causal=True)),
+        ("[1000,3,2000] hd128 window (256, 0)", dict(lengths_q=[1000, 3, 2000], lengths_k=[1000, 3, 2000], h=4,
+                                                     hkv=1, d=128, dtype=bf16, causal=True, window=(256, 0))),
+        ("[700,65,1500] hd64 window (100, 0)", dict(lengths_q=[700, 65, 1500], lengths_k=[700, 65, 1500], h=4,
+                                                    hkv=2, d=64, dtype=bf16, causal=True, window=(100, 0))),
+        ("[513,77,1000] hd128 causal softcap 50, q x 30", dict(lengths_q=[513, 77, 1000], lengths_k=[513, 77, 1000],
+                                                               h=4, hkv=2, d=128, dtype=bf16, causal=True,
+                                                               softcap=50.0, scale=30.0)),
+        ("[300,77] and 700 rows past the last sequence, hd64 causal",
+         dict(lengths_q=[300, 77], lengths_k=[300, 77], h=4, hkv=2, d=64, dtype=bf16, causal=True, tail=700)),
+    ]
+    return [Case(f"Gluon packed backward: {name}", check_gluon_varlen_backward, kw, gpu_only=True)
+            for name, kw in shapes]
+
+
 def gluon_backward_cases():
     """check_gluon_backward (GPU only), both kernels in Gluon: ragged lengths, GQA and MHA,
     bottom-right causal both ways (Tq > Tk leaves rows that see no key), one query, a (B, T, H, D)
@@ -408,7 +488,8 @@ def gluon_backward_cases():
                                                         causal=False, window=(40, 3))))]
     return [Case(f"Gluon backward: {name}", check_gluon_backward, kw, gpu_only=True) for name, kw in shapes]
 
-CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + gluon_backward_cases() + [
+CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + gluon_backward_cases() + \
+    gluon_varlen_backward_cases() + [
     Case(f"CUDA graph of the Gluon path: hd{d} {'causal' if causal else 'full'} B2 H16/4 T2048", check_gluon_graph,
          dict(b=2, h=16, hkv=4, t=2048, d=d, causal=causal), gpu_only=True)
     for d in GLUON_HEAD_DIMS for causal in (False, True)] + [

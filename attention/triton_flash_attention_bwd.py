@@ -533,38 +533,39 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     None: dp_first_when's choice for the head dim.
     grid_y, mask: as for the forward's launcher.
     gluon: the two-pass schedule's kernels to run in Gluon for sm_90 (attention/
-    gluon_flash_attention_bwd.py): "dkdv", "dq", both or neither (a dense call they support, else
-    ValueError), or ("one-pass",): the dk/dv kernel adding dq by atomics (head dim 128, not
-    deterministic; not yet measured, the dispatch does not take it); None: both two-pass kernels
-    where attention_paths.gluon_backward takes the call and no config, dq_add or dp_first forces a
-    tl kernel, and TMA reads every tensor in place, else neither. Both in Gluon is a two-pass
-    schedule too: deterministic whatever `deterministic` asks.
+    gluon_flash_attention_bwd.py): "dkdv", "dq", both or neither (a call they support, else
+    ValueError), or ("one-pass",): the dk/dv kernel adding dq by atomics (dense, head dim 128, not
+    deterministic; 0.67-0.74x the two-pass kernels on the H200: the dispatch does not take it);
+    None: both two-pass kernels where attention_paths.gluon_backward takes the call and no config,
+    dq_add or dp_first forces a tl kernel, and TMA reads every tensor in place, else neither. Both
+    in Gluon is a two-pass schedule too: deterministic whatever `deterministic` asks.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
     tuning sweep's), None in the interpreter or with a Gluon kernel."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     if gluon is None:
         gluon = ()
-        has_window, has_softcap = kernel_mask(causal, mask, tq, tk)[1], mask.softcap
-        if gluon_backward(q, cu_seqlens, has_window, has_softcap, (config, dq_add, dp_first) != (None,) * 3):
+        if gluon_backward(q, (config, dq_add, dp_first) != (None,) * 3):
             from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
 
-            if gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens):
+            if gluon_backward_supported(q, k, v, do, dq, dk, dv):
                 gluon = ("dkdv", "dq")
     gluon = tuple(gluon)
     gluon_one_pass = gluon == ("one-pass", )
     if gluon:
         if not (set(gluon) <= {"dkdv", "dq"} or gluon_one_pass):
             raise ValueError(f"gluon: kernel names from ('dkdv', 'dq'), or ('one-pass',) alone, got {gluon}")
-        if gluon_one_pass and (deterministic or d != 128 or config is not None or mask.softcap):
+        if gluon_one_pass and (deterministic or d != 128 or config is not None or mask.softcap
+                               or cu_seqlens is not None):
             raise ValueError("gluon: the one-pass Gluon kernel adds dq by atomics (not deterministic), at head dim "
-                             f"128, at its own config, without a softcap; got deterministic={deterministic}, head "
-                             f"dim {d}, config {config}, softcap {mask.softcap}")
+                             f"128, at its own config, without a softcap, dense; got deterministic={deterministic}, "
+                             f"head dim {d}, config {config}, softcap {mask.softcap}, packed "
+                             f"{cu_seqlens is not None}")
         if not INTERPRET:  # Gluon is imported on a GPU only
             from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
-        if INTERPRET or not gluon_backward_supported(q, k, v, do, dq, dk, dv, cu_seqlens):
-            raise ValueError("gluon: the Gluon backward kernels take dense fp16/bf16 calls on a GPU with head "
-                             "dims 64 or 128 and layouts TMA reads in place")
+        if INTERPRET or not gluon_backward_supported(q, k, v, do, dq, dk, dv):
+            raise ValueError("gluon: the Gluon backward kernels take fp16/bf16 calls on a GPU with head dims 64 or "
+                             "128 and layouts TMA reads in place")
         if config is not None and config[1] is None:
             raise ValueError("gluon: the two-pass schedule's config, (dk/dv config, dq config), got a "
                              "one-pass one")
@@ -615,7 +616,8 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     if {"dkdv", "one-pass"} & set(gluon):
         from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dkdv
 
-        launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, call_causal, scale, dq_acc=dq_acc, mask=mask)
+        launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, call_causal, scale, dq_acc=dq_acc, mask=mask,
+                          cu_seqlens=cu_seqlens)
         dkdv_kernel = None
     else:
         dkdv_kernel = _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
@@ -632,7 +634,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     if "dq" in gluon:
         from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dq
 
-        launch_gluon_dq(q, k, v, do, lse, delta, dq, call_causal, scale, mask=mask)
+        launch_gluon_dq(q, k, v, do, lse, delta, dq, call_causal, scale, mask=mask, cu_seqlens=cu_seqlens)
         return None
     dq_m, dq_n, dq_warps, dq_stages = dq_config
     dq_kernel = _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](

@@ -97,7 +97,7 @@ def on_tl(fn):
 
 def on_gluon(fn):
     """`triton-gluon`: fn on the Gluon kernels (sm_90 with a tested Triton: the forward, and the
-    backward where attention_paths.gluon_backward takes the call, dense without a window or a cap;
+    backward where attention_paths.gluon_backward takes the call: head dims 64 and 128;
     the tl backward elsewhere), or why that row is skipped here."""
     if not gluon_runs_here():
         return "the Gluon forward runs on sm_90 with a tested Triton (attention/attention_paths.py)"

@@ -82,15 +82,22 @@ def attention_cases():
 MEASURED_SPILLS = {
     ("dkdv", 64, (128, 128, 2)): 32,   # +5-9% over (64, 128, 2), which does not spill
     ("dkdv", 128, (64, 128, 2)): 8,    # causal: one register, once a query block
-    # not yet measured (the dispatch does not take it): a few scalars, reloaded a few times a block
+    # 0.67-0.74x the two-pass kernels (the dispatch does not take it): a few scalars, reloaded a few times a block
     ("onepass", 128, (64, 128, 2)): 24,
+    # packed batches (the sequence's bounds live beside the masks'), not yet measured: dk/dv, a few
+    # scalars reloaded once a query block (hd 128 causal: 16 local loads and stores in the loop);
+    # dq, 8 bytes around the masked store after the loop
+    ("dkdv", 64, (128, 128, 2), "packed"): 56,
+    ("dkdv", 128, (64, 128, 2), "packed"): 144,
+    ("dq", 128, (128, 128, 2), "packed"): 8,
 }
 
 
 def backward_cases(kernel):
     """(name, (grid, args, meta), spills allowed) of the backward's dk/dv kernel (kernel "dkdv"),
     its one-pass variant ("onepass") or the dq kernel ("dq"): each head dim, full and causal, fp16,
-    GQA and MHA, a (B, T, H, D) layout, a window, a softcap, and the A/B's other configs."""
+    GQA and MHA, a (B, T, H, D) layout, a window, a softcap, packed batches, and the A/B's other
+    configs."""
     import torch
 
     from llmk.attention import gluon_flash_attention_bwd as bwd
@@ -102,31 +109,43 @@ def backward_cases(kernel):
     from llmk.attention.attention_checks import attention_mask
 
     def case(d, dtype=torch.bfloat16, causal=False, hkv=2, transposed=False, config=None, window=None,
-             softcap=None):
+             softcap=None, varlen=False):
         mask = attention_mask(window, softcap)
         b, h, t = 2, 8, 1000
-        if transposed:
+        cu_seqlens = None
+        if varlen:  # (total, H, D) tensors as the packed (1, H, total, D) views, three sequences
+            b = 1
+            q, do, dq = (torch.empty(t, h, d, dtype=dtype).unsqueeze(0).transpose(1, 2) for _ in range(3))
+            k, v, dk, dv = (torch.empty(t, hkv, d, dtype=dtype).unsqueeze(0).transpose(1, 2) for _ in range(4))
+            cu = torch.tensor([0, 300, 700, 1000], dtype=torch.int32)
+            cu_seqlens = (cu, cu, 400, 400)
+        elif transposed:
             q, do, dq = (torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2) for _ in range(3))
         else:
             q, do, dq = (torch.empty(b, h, t, d, dtype=dtype) for _ in range(3))
-        k, v, dk, dv = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(4))
+        if not varlen:
+            k, v, dk, dv = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(4))
         lse, delta = (bwd.stats_buffer(b, h, t, "cpu") for _ in range(2))
         if kernel == "dkdv":
-            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, mask=mask)
+            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, mask=mask, cu_seqlens=cu_seqlens)
         if kernel == "onepass":  # dk/dv with dq added by atomics
             dq_acc = torch.empty(q.shape, dtype=torch.float32)
             return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, dq_acc, mask=mask)
-        return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config, mask=mask)
+        return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config, mask=mask, cu_seqlens=cu_seqlens)
 
     cases = []
     for d in table:
         allowed = MEASURED_SPILLS.get((kernel, d, table[d]), 0)
+        packed = MEASURED_SPILLS.get((kernel, d, table[d], "packed"), allowed)
         cases += [(f"hd{d} full", case(d), allowed), (f"hd{d} causal", case(d, causal=True), allowed),
                   (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8), allowed),
                   (f"hd{d} BTHD causal", case(d, causal=True, transposed=True), allowed),
                   (f"hd{d} window (255, 0)", case(d, causal=True, window=(255, 0)), allowed),
-                  *([(f"hd{d} softcap causal", case(d, causal=True, softcap=30.0), allowed)]
-                    if kernel != "onepass" else [])]  # the one-pass kernel takes no softcap
+                  *([(f"hd{d} softcap causal", case(d, causal=True, softcap=30.0), allowed),
+                     (f"hd{d} varlen full", case(d, varlen=True), packed),
+                     (f"hd{d} varlen causal", case(d, causal=True, varlen=True), packed),
+                     (f"hd{d} varlen window (255, 0)", case(d, causal=True, window=(255, 0), varlen=True), packed)]
+                    if kernel != "onepass" else [])]  # the one-pass kernel takes no softcap, dense only
         # the A/B's other configs (scripts/tune/gluon_backward_ab.py)
         cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config),
                    MEASURED_SPILLS.get((kernel, d, config), 0)) for config in others.get(d, ())]
