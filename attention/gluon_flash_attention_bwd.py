@@ -55,7 +55,7 @@ Packed batches (VARLEN): the descriptors span the packed (1, H, total, D) views,
 takes a block of one sequence (packed_sequence: a grid of total // BLOCK + sequences blocks, not
 max_seqlen's for every sequence), its tokens from the sequence's first (read from cu_seqlens on
 the device). A block that runs past its sequence's end reads the next sequence's rows: the dk/dv
-kernel gives those queries LSE +inf (P^T 0, no 2-D mask), the dq kernel masks those
+kernel reads LSE +inf for those queries (packed_stats; P^T 0, no mask), the dq kernel masks those
 keys as it masks the end of the keys, and the rows of dk, dv or dq past the end leave by a masked
 store instead of TMA (_rows_out). As in the forward, what the packed tensors hold there must be
 finite data.
@@ -119,9 +119,10 @@ GLUON_DKDV_SOFTCAP_CONFIG = {
     64: (64, 128, 2),
     128: (32, 128, 3),
 }
-# A packed batch under a window keeps the sequence's bounds live beside the window's: at hd 64 and
-# 128 queries a stage ptxas spilled 492 bytes a thread (at 64, none). Not yet measured.
-GLUON_DKDV_PACKED_WINDOW_CONFIG = {
+# A packed batch keeps its sequence's bounds live beside the masks': at hd 64 and 128 queries a
+# stage ptxas spilled 160 bytes a thread causal, 492 under a window (at 64 queries, none). Not yet
+# measured.
+GLUON_DKDV_PACKED_CONFIG = {
     64: (64, 128, 2),
 }
 # The one-pass schedule (launch_gluon_dkdv's dq_acc): head dim -> (BLOCK_M, BLOCK_N, STAGES) of the
@@ -195,12 +196,13 @@ def _masked_rows_out(out, ptr, stride_h, stride_m, head, start, first_row, n_row
 
 @gluon.jit
 def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                   k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group, n_heads, q_start, k_start, start_n,
-                   lo, n_blocks):
+                   k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group, n_heads, q_start, k_start,
+                   stats_start, start_n, lo, n_blocks):
     """One warp: the program's K and V blocks once, then for each query head of the group and each
     of its n_blocks query blocks from lo, q's and dO's tiles and their LSE and delta values into
     the ring, a stage once the consumers released it (the first lap's waits pass). Tokens count
-    from q_start and k_start (a packed sequence's first; 0 dense)."""
+    from q_start and k_start, LSE and delta values from stats_start (a packed sequence's first
+    token and its place in packed_stats' layout; 0 dense)."""
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
     BLOCK_N: gl.constexpr = k_tile.type.shape[2]
@@ -211,13 +213,14 @@ def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs
         s = it % STAGES
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         head = kv_head * kv_group + it // n_blocks
-        row = q_start + lo + (it % n_blocks) * BLOCK_M
+        row = lo + (it % n_blocks) * BLOCK_M
         mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes +
                         lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], ready.index(s), q_bufs.index(s))
-        tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], ready.index(s), do_bufs.index(s))
-        tma.async_copy_global_to_shared(lse_desc, [batch * n_heads + head, row], ready.index(s), lse_bufs.index(s))
-        tma.async_copy_global_to_shared(delta_desc, [batch * n_heads + head, row], ready.index(s),
+        tma.async_copy_global_to_shared(q_desc, [batch, head, q_start + row, 0], ready.index(s), q_bufs.index(s))
+        tma.async_copy_global_to_shared(do_desc, [batch, head, q_start + row, 0], ready.index(s), do_bufs.index(s))
+        tma.async_copy_global_to_shared(lse_desc, [batch * n_heads + head, stats_start + row], ready.index(s),
+                                        lse_bufs.index(s))
+        tma.async_copy_global_to_shared(delta_desc, [batch * n_heads + head, stats_start + row], ready.index(s),
                                         delta_bufs.index(s))
 
 
@@ -235,8 +238,8 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
     atomics: each warpgroup puts its dS^T rows into ds_bufs' slot, both wait for the whole (the
     ds_ready barrier), and each makes half of dq's features, dS (all 128 keys) times K's half.
     VARLEN: a packed sequence's keys from k_start: the query rows past its end (the next
-    sequence's) take LSE +inf, so P^T is 0 there, and dk, dv rows past its end are left unwritten
-    (_rows_out)."""
+    sequence's) read LSE +inf (packed_stats), so P^T is 0 there, and dk, dv rows past its end are
+    left unwritten (_rows_out)."""
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
     HEAD_D: gl.constexpr = q_bufs.type.shape[4]
     STAGES: gl.constexpr = q_bufs.type.shape[0]
@@ -274,8 +277,6 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
         # the stats come from the stage as they are needed: held across the products they spill.
         # Rows past the head's end read LSE 0 (the copy clips there), as their q and dO rows do
         lse2 = _lse_log2(lse_bufs.index(s).reshape([BLOCK_M]).load(queries_l))
-        if VARLEN:  # the rows past a packed sequence's end are the next one's: LSE +inf, so P^T is 0
-            lse2 = gl.where(start_m + gl.arange(0, BLOCK_M, layout=queries_l) < n_queries, lse2, float("inf"))
         if SOFTCAP:  # the scores capped, c * tanh(s / c), in exp2's units (softcap_scales)
             t = tanh_approx(s_t * qk_scale)
             p_t = gl.exp2(gl.minimum(softcap_log2 * t - gl.expand_dims(lse2, 0), 0.0))
@@ -352,7 +353,8 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
                        stride_ah, stride_am, dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm,
                        cu_seqlens_q, cu_seqlens_k, n_seqs, n_kv_heads, kv_group, n_queries, n_keys, qk_scale,
                        sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                       SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr, VARLEN: gl.constexpr):
+                       SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr, VARLEN: gl.constexpr,
+                       STATS_BLOCK: gl.constexpr):
     """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles, dk and dv of (1, 1,
     WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through 2-D descriptors over their (B * H, Tq)
@@ -363,7 +365,8 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
     VARLEN: a packed batch of n_seqs sequences, (1, H, total, D) views, the grid's first axis
     packed_sequence's blocks of cu_seqlens_k (a block past a sequence's keys returns at once);
     dk_ptr, dv_ptr with their (head, token) strides take the rows where a sequence's keys end
-    (n_queries, n_keys are then read from cu_seqlens)."""
+    (n_queries, n_keys are then read from cu_seqlens); lse and delta laid out by packed_stats in
+    blocks of STATS_BLOCK."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
@@ -375,6 +378,7 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
             return
         q_start = gl.load(cu_seqlens_q + batch)
         n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
+        stats_start = (q_start // STATS_BLOCK + batch) * STATS_BLOCK  # packed_stats' place of the sequence
         batch = batch * 0  # the views' one batch
         kv_head = gl.program_id(1)
     else:
@@ -383,6 +387,7 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
         kv_head = gl.program_id(1) % n_kv_heads
         q_start = 0
         k_start = 0
+        stats_start = 0
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
     lo, lead_hi, _, unmasked_hi, hi = query_blocks(start_n, n_queries, causal_shift, window_left, window_right, CAUSAL,
                                                    WINDOW, BLOCK_M, BLOCK_N)
@@ -428,7 +433,7 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
                           VARLEN, 1)),
         (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs,
                           delta_bufs, k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group,
-                          n_kv_heads * kv_group, q_start, k_start, start_n, lo, n_blocks)),
+                          n_kv_heads * kv_group, q_start, k_start, stats_start, start_n, lo, n_blocks)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -462,6 +467,36 @@ def as_stats_buffer(lse):
     out = stats_buffer(*lse.shape, lse.device)
     out.copy_(lse)
     return out
+
+
+# A packed batch's LSE and delta for the dk/dv kernel (packed_stats): a TMA copy's first value must
+# sit on a 16-byte boundary (one that did not raised an illegal instruction on the H200) and a
+# sequence may start at any token, so each sequence's values move to a place of their own, in
+# packed_sequence's blocks of STATS_BLOCK values, a multiple of every BLOCK_M.
+PACKED_STATS_BLOCK = 128
+
+
+def packed_stats(lse, delta, cu_seqlens_q):
+    """A packed batch's lse and delta ((1, H, total) fp32 each, stats_buffer's layout) moved for
+    the dk/dv kernel's TMA copies: sequence i's values from (cu_seqlens_q[i] // 128 + i) * 128 (128
+    = PACKED_STATS_BLOCK), LSE +inf and delta 0 after them to the next sequence's place (so P^T is
+    0 on the rows a query block reads past its sequence's end). A few small device ops, no sync:
+    the token -> sequence map by searchsorted, one index_copy_ each; the values of tokens past the
+    last sequence go to places of their own past every sequence's, which no copy reads."""
+    h, total = lse.shape[1], lse.shape[2]
+    n_seqs = cu_seqlens_q.shape[0] - 1
+    span = (total // PACKED_STATS_BLOCK + n_seqs) * PACKED_STATS_BLOCK
+    tokens = torch.arange(total, device=lse.device, dtype=cu_seqlens_q.dtype)
+    seq = torch.searchsorted(cu_seqlens_q[1:].contiguous(), tokens, right=True).clamp_(max=n_seqs - 1)
+    start = cu_seqlens_q[seq].long()
+    place = (start // PACKED_STATS_BLOCK + seq) * PACKED_STATS_BLOCK + tokens - start
+    place = torch.where(tokens < cu_seqlens_q[-1], place, span + tokens)
+    width = cdiv(span + total, 4) * 4
+    out_lse = torch.full((1, h, width), float("inf"), device=lse.device, dtype=torch.float32)
+    out_delta = torch.zeros((1, h, width), device=lse.device, dtype=torch.float32)
+    out_lse.index_copy_(2, place, lse)
+    out_delta.index_copy_(2, place, delta)
+    return out_lse[..., :span], out_delta[..., :span]
 
 
 def _stats_layout_ok(t):
@@ -507,8 +542,8 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
     scale sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride,
     that the kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only, no softcap,
     dense). config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's
-    (GLUON_DKDV_SOFTCAP_CONFIG's under a softcap, GLUON_DKDV_PACKED_WINDOW_CONFIG's for a packed
-    batch under a window, GLUON_ONE_PASS_CONFIG's with dq_acc).
+    (GLUON_DKDV_SOFTCAP_CONFIG's under a softcap, GLUON_DKDV_PACKED_CONFIG's for a packed batch,
+    GLUON_ONE_PASS_CONFIG's with dq_acc).
     cu_seqlens: None, or a packed batch's (cu_seqlens_q, cu_seqlens_k, ...) over (1, H, total, D)
     views, as launch_flash_attention_backward takes it. Also what scripts/gluon_compile.py
     compiles without a GPU."""
@@ -521,9 +556,9 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
                          f"{', a packed batch' if cu_seqlens is not None else ''}")
     _check_stats(lse, delta)
     mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
-    packed_window = cu_seqlens is not None and mask_flags["WINDOW"] and d in GLUON_DKDV_PACKED_WINDOW_CONFIG
+    packed = cu_seqlens is not None and d in GLUON_DKDV_PACKED_CONFIG
     table = (GLUON_ONE_PASS_CONFIG if one_pass else GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap
-             else GLUON_DKDV_PACKED_WINDOW_CONFIG if packed_window else GLUON_DKDV_CONFIG)
+             else GLUON_DKDV_PACKED_CONFIG if packed else GLUON_DKDV_CONFIG)
     block_m, block_n, stages = config or table[d]
     if one_pass and (block_m != WG_ROWS or dq_acc.stride(3) != 1):
         raise ValueError(f"the one-pass Gluon kernel takes BLOCK_M {WG_ROWS} (got {block_m}) and dq_acc with a unit "
@@ -532,13 +567,15 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
         raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
                          f"got {config}")
     grid, (cu_q, cu_k, n_seqs) = _packed(cu_seqlens, block_n, tk, b, hkv)
+    if cu_q is not None:
+        lse, delta = packed_stats(lse, delta, cu_q)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
             _stats_descriptor(delta, block_m), dq_acc if one_pass else delta,
             *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), dk, dk.stride(1), dk.stride(2), dv, dv.stride(1),
             dv.stride(2), cu_q, cu_k, n_seqs, hkv, h // hkv, tq, tk, *mask_args)
-    meta = dict(mask_flags, STAGES=stages, DQ_ATOMIC=one_pass, VARLEN=cu_q is not None, num_warps=4,
-                maxnreg=MAXNREG)
+    meta = dict(mask_flags, STAGES=stages, DQ_ATOMIC=one_pass, VARLEN=cu_q is not None,
+                STATS_BLOCK=PACKED_STATS_BLOCK, num_warps=4, maxnreg=MAXNREG)
     return grid, args, meta
 
 

@@ -413,7 +413,7 @@ def check_gluon_varlen_backward(lengths_q, lengths_k, h, hkv, d, dtype, causal, 
 
 def gluon_varlen_backward_cases():
     """check_gluon_varlen_backward (GPU only): many sequences on both head dims, Tq != Tk with
-    empty sequences, a window on each head dim (hd 64's packed-window config), a softcap, fp16,
+    empty sequences, a window on each head dim, a softcap, fp16,
     rows past the last sequence."""
     bf16, fp16 = torch.bfloat16, torch.float16
     gen = torch.Generator().manual_seed(2)
