@@ -38,14 +38,10 @@ past the end have zero k and v rows, whose dk and dv are computed and never stor
 dq kernel masks. The dk/dv kernel caps P's exponent at 0, as the tl kernel does (a key row past the
 end, S = 0, stays finite on a query whose scores are all very negative).
 
-The one-pass schedule (GLUON_ONE_PASS_CONFIG, launch_gluon_dkdv's dq_acc; dense, hd 128; on the
-H200 0.67-0.74x the two-pass kernels, so the dispatch does not take it):
-the dk/dv kernel also makes dq. Each warpgroup writes its 64 rows of dS^T (16-bit) into one of two
-shared-memory slots, both wait for the whole (an mbarrier each arrives on), and each makes half of
-dq's features, dS (all 128 keys, the slot read transposed) times K's half, and adds them to an fp32
-buffer by atomics (two values an instruction; Triton 3.6's Gluon has no TMA reduce). Five products
-a query block instead of the two-pass schedule's seven, for fp32 adds and a barrier between the
-warpgroups.
+Two passes, seven products a query block where one pass has five: a one-pass dk/dv kernel adding
+dq by fp32 atomics (dS^T shared between the warpgroups through shared memory; Triton 3.6's Gluon
+has no TMA reduce) ran 0.67-0.74x this pair on the H200, and was taken out (docs/tuning/
+attention.md, the Gluon backward's third run, has its design and figures).
 
 Both kernels take every mask of the dense call: causal, a sliding window (the tl kernels' block
 ranges, query_blocks and key_blocks, and their masked edges) and a softcap (P from c * tanh(s / c),
@@ -64,8 +60,7 @@ delta comes from the tl preprocess: launch_flash_attention_backward runs it befo
 stats_buffer (whose rows TMA can copy from). Both kernels run where attention_paths.gluon_backward
 and gluon_backward_supported take the call: dense or packed, any mask, head dims 64 and 128, at
 most MAX_GRID_Y (batch, head) pairs, layouts TMA reads in place; launch_flash_attention_backward's
-gluon also runs either alone, with the tl kernel for the other, or the one-pass kernel (tests and
-the A/B).
+gluon also runs either alone, with the tl kernel for the other (tests and the A/B).
 
 Written against Triton 3.6's Gluon, as the forward (attention/gluon_flash_attention_fwd.py, whose
 layout helpers and descriptors they share). They do not run in the interpreter.
@@ -124,14 +119,6 @@ GLUON_DKDV_SOFTCAP_CONFIG = {
 # measured.
 GLUON_DKDV_PACKED_CONFIG = {
     64: (64, 128, 2),
-}
-# The one-pass schedule (launch_gluon_dkdv's dq_acc): head dim -> (BLOCK_M, BLOCK_N, STAGES) of the
-# dk/dv kernel that also adds dq by atomics, each warpgroup half of dq's 128 features (a 64 x 64
-# fp32 product, 32 registers: K's tile splits on a 128-byte swizzle boundary at hd 128 only).
-# Shared memory: the two-pass kernel's 128 KB + two slots of dS^T (128 x 64, 16 KB each). On the
-# H200 0.67-0.74x the two-pass kernels (docs/tuning/attention.md): the dispatch does not take it.
-GLUON_ONE_PASS_CONFIG = {
-    128: (64, 128, 2),
 }
 # the other configs scripts/tune/gluon_backward_ab.py weighs (and scripts/gluon_compile.py compiles)
 DKDV_AB_CONFIGS = {
@@ -225,19 +212,14 @@ def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs
 
 
 @gluon.jit
-def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty, ds_ready,
-                   ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, dk_ptr, stride_dkh,
-                   stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_queries, n_keys, k_start,
-                   start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale, sm_scale, window_left,
-                   window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-                   DQ_ATOMIC: gl.constexpr, VARLEN: gl.constexpr, WG: gl.constexpr):
+def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc,
+                   dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_keys,
+                   k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale, sm_scale,
+                   window_left, window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dk, dv of the program's keys WG * 64 .. WG * 64 + 63 over the
     producer's query blocks (module docstring), then out by TMA through its rows of K's and V's
-    tiles. DQ_ATOMIC (the one-pass schedule): also dq's share of each query block, added to dq_ptr
-    (fp32, (batch, head, token) strides stride_ab, stride_ah, stride_am, unit feature stride) by
-    atomics: each warpgroup puts its dS^T rows into ds_bufs' slot, both wait for the whole (the
-    ds_ready barrier), and each makes half of dq's features, dS (all 128 keys) times K's half.
-    VARLEN: a packed sequence's keys from k_start: the query rows past its end (the next
+    tiles. VARLEN: a packed sequence's keys from k_start: the query rows past its end (the next
     sequence's) read LSE +inf (packed_stats), so P^T is 0 there, and dk, dv rows past its end are
     left unwritten (_rows_out)."""
     BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
@@ -258,10 +240,6 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
     dk = gl.zeros([WG_N, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([WG_N, HEAD_D], gl.float32, acc_layout)
     first_key = start_n * 2 * WG_N + WG * WG_N
-    if DQ_ATOMIC:  # this warpgroup's half of dq's features, and where they go
-        DQ_D: gl.constexpr = HEAD_D // 2
-        dq_layout: gl.constexpr = wgmma_layout(BLOCK_M, DQ_D, 4)
-        k_half = k_tile.reshape([2 * WG_N, HEAD_D]).slice(WG * DQ_D, DQ_D, dim=1)
     mbarrier.wait(kv_bar, 0)
     for it in range(kv_group * n_blocks):
         s = it % STAGES
@@ -309,34 +287,9 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
         ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
         dv = warpgroup_mma(p16, do_t, dv, is_async=True)
         dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_t, dk, is_async=True)
-        if DQ_ATOMIC:
-            slot = it % 2  # two slots: one warpgroup may write the next block's dS^T while the other reads
-            mbarrier.wait(ds_empty.index(slot), ((it // 2) & 1) ^ 1)
-            ds_bufs.index(slot).slice(WG * WG_N, WG_N).store(ds_t)
-            fence_async_shared()  # the other warpgroup's wgmma reads it
-            mbarrier.arrive(ds_ready.index(slot))
-            mbarrier.wait(ds_ready.index(slot), (it // 2) & 1)
-            # dv and dk done first: their 16-bit operands' registers free before dq's accumulator
-            # takes 32 (held together, they spilled)
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-            dq = warpgroup_mma(ds_bufs.index(slot).permute((1, 0)), k_half,
-                               gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout), use_acc=False)
-            mbarrier.arrive(ds_empty.index(slot))
-            head = kv_head * kv_group + it // n_blocks
-            # the indices are made here, as the causal mask's are
-            rows = gl.expand_dims(start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout)), 1)
-            cols = gl.expand_dims(WG * DQ_D + gl.arange(0, DQ_D, layout=gl.SliceLayout(0, dq_layout)), 0)
-            # relaxed: nothing in this launch reads dq, only the sum matters
-            gl.atomic_add(dq_ptr + batch.to(gl.int64) * stride_ab + head * stride_ah + rows * stride_am + cols,
-                          dq * sm_scale, mask=rows < n_queries, sem="relaxed")
-        else:
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
     # the last products that read its K and V rows are done: they take dk and dv on their way out
-    if DQ_ATOMIC:  # but both warpgroups' dq products read every K row: wait for the other's last
-        n_it = kv_group * n_blocks
-        if n_it > 0:
-            mbarrier.wait(ds_empty.index((n_it - 1) % 2), ((n_it - 1) // 2) & 1)
     _rows_out((dk * sm_scale).to(dtype), k_t, k_rows, dk_desc, dk_ptr, stride_dkh, stride_dkm, batch, kv_head, k_start,
               first_key, n_keys, VARLEN)
     _rows_out(dv.to(dtype), v_t, v_rows, dv_desc, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, k_start, first_key,
@@ -344,23 +297,20 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_buf
 
 
 # not value-specialized (the forward's _INT_ARGS says why)
-_INT_ARGS = ("stride_ab", "stride_ah", "stride_am", "stride_dkh", "stride_dkm", "stride_dvh", "stride_dvm",
-             "n_seqs", "n_kv_heads", "kv_group", "n_queries", "n_keys", "window_left", "window_right")
+_INT_ARGS = ("stride_dkh", "stride_dkm", "stride_dvh", "stride_dvm", "n_seqs", "n_kv_heads", "kv_group", "n_queries",
+             "n_keys", "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_INT_ARGS)
-def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_ptr, stride_ab,
-                       stride_ah, stride_am, dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm,
-                       cu_seqlens_q, cu_seqlens_k, n_seqs, n_kv_heads, kv_group, n_queries, n_keys, qk_scale,
-                       sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                       SOFTCAP: gl.constexpr, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr, VARLEN: gl.constexpr,
-                       STATS_BLOCK: gl.constexpr):
+def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dk_ptr, stride_dkh,
+                       stride_dkm, dv_ptr, stride_dvh, stride_dvm, cu_seqlens_q, cu_seqlens_k, n_seqs, n_kv_heads,
+                       kv_group, n_queries, n_keys, qk_scale, sm_scale, window_left, window_right, softcap_log2,
+                       CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
+                       VARLEN: gl.constexpr, STATS_BLOCK: gl.constexpr):
     """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
     through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles, dk and dv of (1, 1,
     WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through 2-D descriptors over their (B * H, Tq)
-    rows (stats_buffer's layout) of (1, BLOCK_M) blocks. DQ_ATOMIC: dq's fp32 sums (B, H, Tq, D),
-    zeroed, at dq_ptr with strides stride_ab, stride_ah, stride_am and a unit feature stride (the
-    one-pass schedule; else dq_ptr is not read). CAUSAL, WINDOW (window_left, window_right) and
+    rows (stats_buffer's layout) of (1, BLOCK_M) blocks. CAUSAL, WINDOW (window_left, window_right) and
     SOFTCAP (softcap_log2, qk_scale as softcap_scales makes them): the tl kernels' masks.
     VARLEN: a packed batch of n_seqs sequences, (1, H, total, D) views, the grid's first axis
     packed_sequence's blocks of cu_seqlens_k (a block past a sequence's keys returns at once);
@@ -399,38 +349,27 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape, delta_desc.layout)
     k_tile = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_tile = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
-    # DQ_ATOMIC's two slots of dS^T (BLOCK_N keys x BLOCK_M queries); a token 16 rows otherwise
-    DS_ROWS: gl.constexpr = BLOCK_N if DQ_ATOMIC else 16
-    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, DS_ROWS, BLOCK_M],
-                                        gl.NVMMASharedLayout.get_default_for([DS_ROWS, BLOCK_M], q_desc.dtype))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=2)  # each consumer warpgroup releases a stage
-    for st in gl.static_range(2):
-        mbarrier.init(ds_ready.index(st), count=2)  # each warpgroup's dS^T rows are in
-        mbarrier.init(ds_empty.index(st), count=2)  # each warpgroup's dq product read the slot
 
     # two consumer warpgroups, a partition each (they drift apart: one's softmax runs under the
     # other's products); worker partitions take scalars, descriptors and shared-memory handles
     gl.warp_specialize([
-        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
-                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, dk_ptr,
-                          stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_queries,
-                          n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale,
-                          sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, DQ_ATOMIC,
-                          VARLEN, 0)),
-        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, ds_bufs, kv_bar, ready, empty,
-                          ds_ready, ds_empty, dk_desc, dv_desc, dq_ptr, stride_ab, stride_ah, stride_am, dk_ptr,
-                          stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_queries,
-                          n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale,
-                          sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, DQ_ATOMIC,
-                          VARLEN, 1)),
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
+                          dv_desc, dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head,
+                          kv_group, n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
+                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN,
+                          0)),
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
+                          dv_desc, dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head,
+                          kv_group, n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
+                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN,
+                          1)),
         (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs,
                           delta_bufs, k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group,
                           n_kv_heads * kv_group, q_start, k_start, stats_start, start_n, lo, n_blocks)),
@@ -534,35 +473,23 @@ def _packed(cu_seqlens, block, total, b, heads):
     return (total // block + n_seqs, heads), (cu_q, cu_k, n_seqs)
 
 
-def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK,
-                    cu_seqlens=None):
+def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, mask=NO_MASK, cu_seqlens=None):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
     q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) laid out as
     stats_buffer lays them out; causal and mask the call's (kernel_mask makes the kernels' flags);
-    scale sm_scale. dq_acc: None, or dq's fp32 sums (B, H, Tq, D), zeroed, unit feature stride,
-    that the kernel adds sm_scale * dS k to (the one-pass schedule, head dim 128 only, no softcap,
-    dense). config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's
-    (GLUON_DKDV_SOFTCAP_CONFIG's under a softcap, GLUON_DKDV_PACKED_CONFIG's for a packed batch,
-    GLUON_ONE_PASS_CONFIG's with dq_acc).
+    scale sm_scale. config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's
+    (GLUON_DKDV_SOFTCAP_CONFIG's under a softcap, GLUON_DKDV_PACKED_CONFIG's for a packed batch).
     cu_seqlens: None, or a packed batch's (cu_seqlens_q, cu_seqlens_k, ...) over (1, H, total, D)
     views, as launch_flash_attention_backward takes it. Also what scripts/gluon_compile.py
     compiles without a GPU."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
-    one_pass = dq_acc is not None
-    if one_pass and (d not in GLUON_ONE_PASS_CONFIG or mask.softcap or cu_seqlens is not None):
-        raise ValueError(f"dq_acc: the one-pass Gluon kernel takes dense calls at head dims "
-                         f"{tuple(GLUON_ONE_PASS_CONFIG)} without a softcap, got head dim {d}, softcap {mask.softcap}"
-                         f"{', a packed batch' if cu_seqlens is not None else ''}")
     _check_stats(lse, delta)
     mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
     packed = cu_seqlens is not None and d in GLUON_DKDV_PACKED_CONFIG
-    table = (GLUON_ONE_PASS_CONFIG if one_pass else GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap
-             else GLUON_DKDV_PACKED_CONFIG if packed else GLUON_DKDV_CONFIG)
+    table = (GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap else GLUON_DKDV_PACKED_CONFIG if packed
+             else GLUON_DKDV_CONFIG)
     block_m, block_n, stages = config or table[d]
-    if one_pass and (block_m != WG_ROWS or dq_acc.stride(3) != 1):
-        raise ValueError(f"the one-pass Gluon kernel takes BLOCK_M {WG_ROWS} (got {block_m}) and dq_acc with a unit "
-                         f"feature stride (got {dq_acc.stride()})")
     if block_n != 2 * WG_ROWS:
         raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
                          f"got {config}")
@@ -571,24 +498,20 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
         lse, delta = packed_stats(lse, delta, cu_q)
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
-            _stats_descriptor(delta, block_m), dq_acc if one_pass else delta,
-            *(dq_acc.stride()[:3] if one_pass else (0, 0, 0)), dk, dk.stride(1), dk.stride(2), dv, dv.stride(1),
-            dv.stride(2), cu_q, cu_k, n_seqs, hkv, h // hkv, tq, tk, *mask_args)
-    meta = dict(mask_flags, STAGES=stages, DQ_ATOMIC=one_pass, VARLEN=cu_q is not None,
-                STATS_BLOCK=PACKED_STATS_BLOCK, num_warps=4, maxnreg=MAXNREG)
+            _stats_descriptor(delta, block_m), dk, dk.stride(1), dk.stride(2), dv, dv.stride(1), dv.stride(2), cu_q,
+            cu_k, n_seqs, hkv, h // hkv, tq, tk, *mask_args)
+    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, STATS_BLOCK=PACKED_STATS_BLOCK, num_warps=4,
+                maxnreg=MAXNREG)
     return grid, args, meta
 
 
-def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, dq_acc=None, mask=NO_MASK,
-                      cu_seqlens=None):
-    """Write dk and dv, and add to dq_acc (arguments as gluon_dkdv_args takes them, non-empty) on
-    q's device as the current one."""
+def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, mask=NO_MASK, cu_seqlens=None):
+    """Write dk and dv (arguments as gluon_dkdv_args takes them, non-empty) on q's device as the
+    current one."""
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
-            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask,
-                                     cu_seqlens)
-    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc, mask,
-                                       cu_seqlens)
+            return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, mask, cu_seqlens)
+    grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, mask, cu_seqlens)
     _gluon_dkdv_kernel[grid](*args, **meta)
 
 

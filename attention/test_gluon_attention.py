@@ -343,27 +343,15 @@ def gluon_config_cases():
 def check_gluon_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", scale=1.0, kernels=("dkdv", "dq"),
                          window=None, softcap=None):
     """The backward with `kernels` in Gluon (launch_flash_attention_backward's gluon: the two-pass
-    schedule's, the tl kernel for the other; or the one-pass kernel) into poisoned buffers, under
-    the tl backward's tolerances (the 2x rule and delta's rounding); scale multiplies q; window and
-    softcap the mask's. Then the calls they do not take raise: a head dim of 96, and for the
-    one-pass kernel deterministic=True and a softcap."""
+    schedule's, the tl kernel for the other) into poisoned buffers, under the tl backward's
+    tolerances (the 2x rule and delta's rounding); scale multiplies q; window and softcap the
+    mask's. Then a call they do not take raises: a head dim of 96."""
     outcomes = check_backward_forced(None, b, h, hkv, tq, tk, d, dtype, causal, scale=scale, layout=layout,
                                      gluon=kernels, window=window, softcap=softcap)
-    q, k, v = make_qkv(1, 2, 2, 16, 16, d, dtype)
-    o, lse, do = q, torch.zeros(q.shape[:3], device=DEVICE), q
-    got = [torch.empty_like(t) for t in (q, k, v)]
-    sm_scale = 1.0 / math.sqrt(d)
     q96 = rand((1, 2, 16, 96), dtype)
     outcomes.append(expect_raises("Gluon backward at head dim 96: ValueError", lambda: launch_flash_attention_backward(
         q96, q96, q96, q96, q96, torch.zeros(1, 2, 16, device=DEVICE), *(torch.empty_like(q96) for _ in range(3)),
         False, 0.1, gluon=kernels), ValueError, "gluon"))
-    if kernels == ("one-pass", ):  # its atomics make no deterministic schedule; its registers take no softcap
-        outcomes.append(expect_raises("one-pass Gluon backward, deterministic: ValueError", lambda: (
-            launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, sm_scale, deterministic=True,
-                                            gluon=kernels)), ValueError, "deterministic"))
-        outcomes.append(expect_raises("one-pass Gluon backward, softcap: ValueError", lambda: (
-            launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, sm_scale,
-                                            mask=attention_mask(None, 30.0), gluon=kernels)), ValueError, "softcap"))
     return outcomes
 
 
@@ -445,8 +433,7 @@ def gluon_backward_cases():
     """check_gluon_backward (GPU only), both kernels in Gluon: ragged lengths, GQA and MHA,
     bottom-right causal both ways (Tq > Tk leaves rows that see no key), one query, a (B, T, H, D)
     layout, a long causal batch, flash-attn's overflow inputs (q x 5, fp16, two queries); each
-    kernel beside the tl one for the other; windows and softcaps; and the one-pass kernel (dq by
-    atomics, hd 128)."""
+    kernel beside the tl one for the other; windows and softcaps."""
     bf16, fp16 = torch.bfloat16, torch.float16
     shapes = [
         ("hd128 B2 H8/2 T1000 full", dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16, causal=False)),
@@ -477,15 +464,7 @@ def gluon_backward_cases():
         ("window (255, 0) causal softcap 50: q x 30 hd128 Tq1000 Tk4097",
          dict(b=1, h=4, hkv=2, tq=1000, tk=4097, d=128, dtype=bf16, causal=True, window=(255, 0), softcap=50.0,
               scale=30.0)),
-    ] + [(f"one-pass: {name}", dict(kw, kernels=("one-pass", ))) for name, kw in (
-        ("hd128 B2 H8/2 T1000 causal", dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16, causal=True)),
-        ("hd128 fp16 B1 H4/4 Tq301 Tk700 causal", dict(b=1, h=4, hkv=4, tq=301, tk=700, d=128, dtype=fp16,
-                                                         causal=True)),
-        ("hd128 B3 H2/2 T1 full", dict(b=3, h=2, hkv=2, tq=1, tk=1, d=128, dtype=bf16, causal=False)),
-        ("hd128 B1 H16/4 T4096 full, (B, T, H, D)", dict(b=1, h=16, hkv=4, tq=4096, tk=4096, d=128, dtype=bf16,
-                                                          causal=False, layout="bthd")),
-        ("window (40, 3) hd128 B1 H2/2 Tq90 Tk60", dict(b=1, h=2, hkv=2, tq=90, tk=60, d=128, dtype=bf16,
-                                                        causal=False, window=(40, 3))))]
+    ]
     return [Case(f"Gluon backward: {name}", check_gluon_backward, kw, gpu_only=True) for name, kw in shapes]
 
 CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + gluon_backward_cases() + \

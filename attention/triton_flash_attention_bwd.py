@@ -534,9 +534,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     grid_y, mask: as for the forward's launcher.
     gluon: the two-pass schedule's kernels to run in Gluon for sm_90 (attention/
     gluon_flash_attention_bwd.py): "dkdv", "dq", both or neither (a call they support, else
-    ValueError), or ("one-pass",): the dk/dv kernel adding dq by atomics (dense, head dim 128, not
-    deterministic; 0.67-0.74x the two-pass kernels on the H200: the dispatch does not take it);
-    None: both two-pass kernels where attention_paths.gluon_backward takes the call and no config,
+    ValueError); None: both where attention_paths.gluon_backward takes the call and no config,
     dq_add or dp_first forces a tl kernel, and TMA reads every tensor in place, else neither. Both
     in Gluon is a two-pass schedule too: deterministic whatever `deterministic` asks.
     Returns the compiled kernels launched after the preprocess (their n_regs and n_spills are the
@@ -551,16 +549,9 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
             if gluon_backward_supported(q, k, v, do, dq, dk, dv):
                 gluon = ("dkdv", "dq")
     gluon = tuple(gluon)
-    gluon_one_pass = gluon == ("one-pass", )
     if gluon:
-        if not (set(gluon) <= {"dkdv", "dq"} or gluon_one_pass):
-            raise ValueError(f"gluon: kernel names from ('dkdv', 'dq'), or ('one-pass',) alone, got {gluon}")
-        if gluon_one_pass and (deterministic or d != 128 or config is not None or mask.softcap
-                               or cu_seqlens is not None):
-            raise ValueError("gluon: the one-pass Gluon kernel adds dq by atomics (not deterministic), at head dim "
-                             f"128, at its own config, without a softcap, dense; got deterministic={deterministic}, "
-                             f"head dim {d}, config {config}, softcap {mask.softcap}, packed "
-                             f"{cu_seqlens is not None}")
+        if not set(gluon) <= {"dkdv", "dq"}:
+            raise ValueError(f"gluon: kernel names from ('dkdv', 'dq'), got {gluon}")
         if not INTERPRET:  # Gluon is imported on a GPU only
             from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
         if INTERPRET or not gluon_backward_supported(q, k, v, do, dq, dk, dv):
@@ -569,17 +560,17 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         if config is not None and config[1] is None:
             raise ValueError("gluon: the two-pass schedule's config, (dk/dv config, dq config), got a "
                              "one-pass one")
-        deterministic = not gluon_one_pass  # the schedule the Gluon kernels make
+        deterministic = True  # the schedule the Gluon kernels make
     block_d = max(16, next_power_of_2(d))
     # TMA wants 16-byte rows (D fp32 values) and 32-bit row coordinates
     tma = d % 4 == 0 and q.numel() // d < 2 ** 31 and tma_reduce_available(q.device)
     (dkdv_m, dkdv_n, dkdv_warps, dkdv_stages), dq_config = config or backward_config(d, deterministic, h // hkv, tma)
-    one_pass = dq_config is None or gluon_one_pass
+    one_pass = dq_config is None
     if dq_add is None:
         dq_add = "tma" if tma else "atomics"
     dq_add = DQ_ADDS[dq_add] if one_pass else DQ_TWO_PASS.value
     # the Gluon dk/dv kernel's TMA copies want each (batch, head) row of LSE and delta 16-byte aligned
-    if {"dkdv", "one-pass"} & set(gluon):
+    if "dkdv" in gluon:
         from llmk.attention.gluon_flash_attention_bwd import as_stats_buffer
 
         lse = as_stats_buffer(lse)
@@ -613,11 +604,10 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         if dq_add == DQ_TMA.value:  # over the buffer's (B * H * Tq, D) rows, a (BLOCK_M, BLOCK_D) tile a copy
             rows = dq_acc.view(-1, d)
             dq_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [dkdv_m, block_d])
-    if {"dkdv", "one-pass"} & set(gluon):
+    if "dkdv" in gluon:
         from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dkdv
 
-        launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, call_causal, scale, dq_acc=dq_acc, mask=mask,
-                          cu_seqlens=cu_seqlens)
+        launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, call_causal, scale, mask=mask, cu_seqlens=cu_seqlens)
         dkdv_kernel = None
     else:
         dkdv_kernel = _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](

@@ -4,8 +4,7 @@ mbarrier waits). Gluon kernels cannot run in the interpreter, so this is the CPU
 a change to one: it lowers, it fits, it does not spill.
 
     python scripts/gluon_compile.py            (needs the Triton the Gluon path is pinned to, 3.6)
-    python scripts/gluon_compile.py dkdv dq    (some kernels' cases: attention, the forward; dkdv; dq;
-                                                onepass, the dk/dv kernel adding dq by atomics)
+    python scripts/gluon_compile.py dkdv dq    (some kernels' cases: attention, the forward; dkdv; dq)
 
 The cases are real launches' arguments (attention/gluon_flash_attention_fwd.py's
 gluon_attention_args on CPU tensors), bound and specialized as a launch binds them. Exits 1 if
@@ -82,8 +81,6 @@ def attention_cases():
 MEASURED_SPILLS = {
     ("dkdv", 64, (128, 128, 2)): 32,   # +5-9% over (64, 128, 2), which does not spill
     ("dkdv", 128, (64, 128, 2)): 8,    # causal: one register, once a query block
-    # 0.67-0.74x the two-pass kernels (the dispatch does not take it): a few scalars, reloaded a few times a block
-    ("onepass", 128, (64, 128, 2)): 24,
     # packed batches (the sequence's bounds live beside the masks'), not yet measured: dk/dv at hd
     # 128, a few scalars reloaded once a query block (68 bytes causal, 100 under a window); dq, 8
     # bytes around the masked store after the loop
@@ -94,7 +91,7 @@ MEASURED_SPILLS = {
 
 def backward_cases(kernel):
     """(name, (grid, args, meta), spills allowed) of the backward's dk/dv kernel (kernel "dkdv"),
-    its one-pass variant ("onepass") or the dq kernel ("dq"): each head dim, full and causal, fp16,
+    or the dq kernel ("dq"): each head dim, full and causal, fp16,
     GQA and MHA, a (B, T, H, D) layout, a window, a softcap, packed batches, and the A/B's other
     configs."""
     import torch
@@ -102,7 +99,6 @@ def backward_cases(kernel):
     from llmk.attention import gluon_flash_attention_bwd as bwd
 
     table, others, make = {"dkdv": (bwd.GLUON_DKDV_CONFIG, bwd.DKDV_AB_CONFIGS, bwd.gluon_dkdv_args),
-                           "onepass": (bwd.GLUON_ONE_PASS_CONFIG, {}, bwd.gluon_dkdv_args),
                            "dq": (bwd.GLUON_DQ_CONFIG, bwd.DQ_AB_CONFIGS, bwd.gluon_dq_args)}[kernel]
 
     from llmk.attention.attention_checks import attention_mask
@@ -127,9 +123,6 @@ def backward_cases(kernel):
         lse, delta = (bwd.stats_buffer(b, h, t, "cpu") for _ in range(2))
         if kernel == "dkdv":
             return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, mask=mask, cu_seqlens=cu_seqlens)
-        if kernel == "onepass":  # dk/dv with dq added by atomics
-            dq_acc = torch.empty(q.shape, dtype=torch.float32)
-            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, dq_acc, mask=mask)
         return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config, mask=mask, cu_seqlens=cu_seqlens)
 
     cases = []
@@ -140,11 +133,10 @@ def backward_cases(kernel):
                   (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8), allowed),
                   (f"hd{d} BTHD causal", case(d, causal=True, transposed=True), allowed),
                   (f"hd{d} window (255, 0)", case(d, causal=True, window=(255, 0)), allowed),
-                  *([(f"hd{d} softcap causal", case(d, causal=True, softcap=30.0), allowed),
-                     (f"hd{d} varlen full", case(d, varlen=True), packed),
-                     (f"hd{d} varlen causal", case(d, causal=True, varlen=True), packed),
-                     (f"hd{d} varlen window (255, 0)", case(d, causal=True, window=(255, 0), varlen=True), packed)]
-                    if kernel != "onepass" else [])]  # the one-pass kernel takes no softcap, dense only
+                  (f"hd{d} softcap causal", case(d, causal=True, softcap=30.0), allowed),
+                  (f"hd{d} varlen full", case(d, varlen=True), packed),
+                  (f"hd{d} varlen causal", case(d, causal=True, varlen=True), packed),
+                  (f"hd{d} varlen window (255, 0)", case(d, causal=True, window=(255, 0), varlen=True), packed)]
         # the A/B's other configs (scripts/tune/gluon_backward_ab.py)
         cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config),
                    MEASURED_SPILLS.get((kernel, d, config), 0)) for config in others.get(d, ())]
@@ -202,7 +194,6 @@ def main():
     failed = 0
     for label, kernel, cases in (("attention", _gluon_attention_fwd_kernel, attention_cases),
                                  ("dkdv", _gluon_dkdv_kernel, lambda: backward_cases("dkdv")),
-                                 ("onepass", _gluon_dkdv_kernel, lambda: backward_cases("onepass")),
                                  ("dq", _gluon_dq_kernel, lambda: backward_cases("dq"))):
         if only and label not in only:
             continue

@@ -5,9 +5,7 @@ kernels, on the attention benchmark's training shapes, bf16, in one process:
 - tl, two passes (deterministic=True);
 - one kernel in Gluon and the other tl, at the tables' configs;
 - both in Gluon: the dk/dv kernel at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS', the dq
-  kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS';
-- the one-pass Gluon kernel (dk/dv adding dq by atomics) where GLUON_ONE_PASS_CONFIG has the head
-  dim (no softcap).
+  kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS'.
 The window and softcap shapes are attention_bench's (the dk/dv kernel at GLUON_DKDV_SOFTCAP_CONFIG's
 config under the cap).
 
@@ -89,8 +87,6 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
             label = (f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
                      if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
             variants.append((label, gluon))
-    if d in gluon_bwd.GLUON_ONE_PASS_CONFIG and not softcap:
-        variants.append(("Gluon one-pass (dq by atomics)", backward(gluon=("one-pass", ))))
     for label, call in variants:
         for g in grads:
             g.fill_(float("nan"))
