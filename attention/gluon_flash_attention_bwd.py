@@ -40,8 +40,8 @@ end, S = 0, stays finite on a query whose scores are all very negative).
 
 Two passes, seven products a query block where one pass has five: a one-pass dk/dv kernel adding
 dq by fp32 atomics (dS^T shared between the warpgroups through shared memory; Triton 3.6's Gluon
-has no TMA reduce) ran 0.67-0.74x this pair on the H200, and was taken out (docs/tuning/
-attention.md, the Gluon backward's third run, has its design and figures).
+has no TMA reduce) ran 0.67-0.74x this pair on the H200 (docs/tuning/attention.md, the Gluon
+backward's third run, has its design and figures).
 
 Both kernels take every mask of the dense call: causal, a sliding window (the tl kernels' block
 ranges, query_blocks and key_blocks, and their masked edges) and a softcap (P from c * tanh(s / c),
