@@ -7,7 +7,8 @@ kernels, on the attention benchmark's training shapes, bf16, in one process:
 - both in Gluon: the dk/dv kernel at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS', the dq
   kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS'.
 The window and softcap shapes are attention_bench's (the dk/dv kernel at GLUON_DKDV_SOFTCAP_CONFIG's
-config under the cap).
+config under the cap); the packed ones its packed batch (PACKED_SHAPES: the tl kernels, the Gluon
+pair, and at hd 64 the dk/dv kernel at the dense table's config beside GLUON_DKDV_PACKED_CONFIG's).
 
 Each row is one whole backward (the preprocess, dk/dv, dq) on the same inputs, TFLOP/s counted as
 the benchmark counts them (2.5x the forward's FLOPs over the visible pairs); dq, dk, dv are compared
@@ -27,9 +28,16 @@ import triton
 
 from llmk.attention import gluon_flash_attention_bwd as gluon_bwd
 from llmk.attention.attention_checks import attention_mask
-from llmk.attention.flash_attention_ops import flash_attention_train_op
+from llmk.attention.flash_attention_ops import flash_attention_train_op, flash_attention_varlen_train_op, packed
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
-from llmk.benchmarks.attention_bench import attention_flops
+from llmk.benchmarks.attention_bench import (
+    VARLEN_MAX,
+    VARLEN_MIN,
+    VARLEN_SEQS,
+    VARLEN_TOKENS,
+    attention_flops,
+    varlen_lengths,
+)
 
 # (name, B, H, Hkv, T, D, causal, window, softcap): attention_bench's training rows, its GQA shape's
 # group, and its window and softcap rows (FLOPs on the visible pairs, as it counts them)
@@ -43,6 +51,12 @@ SHAPES = [
     ("hd64 B8 H32 T2048 causal", 8, 32, 32, 2048, 64, True, None, None),
     ("hd128 B1 H32 T16384 window (4095, 0)", 1, 32, 32, 16384, 128, True, (4095, 0), None),
     ("hd128 B4 H32 T4096 causal softcap 50", 4, 32, 32, 4096, 128, True, None, 50.0),
+]
+# (name, H, Hkv, D): packed batches of attention_bench's lengths (64 sequences of 128..8192 tokens,
+# 131072 in all), causal; FLOPs the sequences' own
+PACKED_SHAPES = [
+    ("packed hd128 H32 causal", 32, 32, 128),
+    ("packed hd64 H32/8 causal", 32, 8, 64),
 ]
 WATCHDOG_S = 400
 DTYPE = torch.bfloat16
@@ -87,6 +101,11 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
             label = (f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
                      if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
             variants.append((label, gluon))
+    time_variants(name, variants, grads, want, flops)
+
+
+def time_variants(name, variants, grads, want, flops):
+    """Each (label, call): its gradients against `want` (the tl two-pass schedule's), then its time."""
     for label, call in variants:
         for g in grads:
             g.fill_(float("nan"))
@@ -102,6 +121,46 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
               f"{err:.2g}", flush=True)
 
 
+def packed_rows(name, h, hkv, d):
+    """The tl and Gluon backward on one packed batch, the Gluon dk/dv kernel at each config its
+    head dim weighs (GLUON_DKDV_PACKED_CONFIG's where it has the head dim, GLUON_DKDV_CONFIG's)."""
+    lengths = varlen_lengths(VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX, VARLEN_TOKENS)
+    total = sum(lengths)
+    q = torch.randn(total, h, d, device="cuda", dtype=DTYPE)
+    k, v = (torch.randn(total, hkv, d, device="cuda", dtype=DTYPE) for _ in range(2))
+    do = torch.randn_like(q)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    varlen = (cu, cu, max(lengths), max(lengths))
+    scale = 1.0 / math.sqrt(d)
+    mask = attention_mask(None, None)
+    with torch.no_grad():
+        o, lse = flash_attention_varlen_train_op(q, k, v, *varlen, True, None, None, False, -1, -1, 0.0)
+    flops = 2.5 * sum(attention_flops(1, h, n, d, True) for n in lengths)
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+    views = [packed(t) for t in (do, q, k, v, o, lse, *grads)]
+
+    def backward(**kw):
+        return lambda: launch_flash_attention_backward(*views, True, scale, cu_seqlens=varlen, mask=mask, **kw)
+
+    backward(deterministic=True, gluon=())()
+    want = [g.clone() for g in grads]
+    variants = [("tl, default schedule", backward(gluon=())),
+                ("tl, two passes", backward(deterministic=True, gluon=())),
+                ("Gluon (tables)", backward(gluon=("dkdv", "dq")))]
+    tables = gluon_bwd.GLUON_DKDV_PACKED_CONFIG
+    if d in tables:  # the packed table's config against the dense one's
+        table, dense = tables[d], gluon_bwd.GLUON_DKDV_CONFIG[d]
+
+        def dense_config():
+            tables[d] = dense  # read at each launch
+            try:
+                backward(gluon=("dkdv", "dq"))()
+            finally:
+                tables[d] = table
+        variants.append((f"Gluon dkdv {dense} (the dense table's) + Gluon dq", dense_config))
+    time_variants(name, variants, grads, want, flops)
+
+
 def main():
     def hang():
         print(f"TIMEOUT: a kernel ran past {WATCHDOG_S} s", flush=True)
@@ -113,9 +172,10 @@ def main():
     timer = threading.Timer(WATCHDOG_S, hang)
     timer.start()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
-    for name, *shape in SHAPES:
-        if not args.shapes or any(word in name for word in args.shapes):
-            shape_rows(name, *shape)
+    for rows, shapes in ((shape_rows, SHAPES), (packed_rows, PACKED_SHAPES)):
+        for name, *shape in shapes:
+            if not args.shapes or any(word in name for word in args.shapes):
+                rows(name, *shape)
     timer.cancel()
 
 
