@@ -32,11 +32,12 @@ and dP = dO v^T together, then dq += dS k, and dq (times sm_scale) leaves throug
 q's tile. Only the blocks past the unmasked ones (the causal diagonal, the end of the keys:
 key_blocks' tail) are masked.
 
-Rows past the end of the queries read LSE 0 or -inf (the latter taken as +inf, so P is 0): q's and
-dO's tiles are zero there (the descriptors clip at a head's last token), so they add nothing. Keys
-past the end have zero k and v rows, whose dk and dv are computed and never stored, and which the
-dq kernel masks. The dk/dv kernel caps P's exponent at 0, as the tl kernel does (a key row past the
-end, S = 0, stays finite on a query whose scores are all very negative).
+In a dense call, rows past the end of the queries read LSE 0 or -inf (the latter taken as +inf, so
+P is 0): q's and dO's tiles are zero there (the descriptors clip at a head's last token), so they
+add nothing. Keys past the end have zero k and v rows, whose dk and dv are computed and never
+stored, and which the dq kernel masks (a packed batch's rows past a sequence's end: below). The
+dk/dv kernel caps P's exponent at 0, as the tl kernel does (a key row past the end, S = 0, stays
+finite on a query whose scores are all very negative).
 
 Two passes, seven products a query block where one pass has five: a one-pass dk/dv kernel adding
 dq by fp32 atomics (dS^T shared between the warpgroups through shared memory; Triton 3.6's Gluon
@@ -253,7 +254,8 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar
         dp_t = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))  # S^T done; dP^T may still run
         # the stats come from the stage as they are needed: held across the products they spill.
-        # Rows past the head's end read LSE 0 (the copy clips there), as their q and dO rows do
+        # Rows past the head's end read LSE 0 (the copy clips there), as their q and dO rows do;
+        # a packed sequence's, +inf (packed_stats)
         lse2 = _lse_log2(lse_bufs.index(s).reshape([BLOCK_M]).load(queries_l))
         if SOFTCAP:  # the scores capped, c * tanh(s / c), in exp2's units (softcap_scales)
             t = tanh_approx(s_t * qk_scale)
@@ -411,31 +413,32 @@ def as_stats_buffer(lse):
 # A packed batch's LSE and delta for the dk/dv kernel (packed_stats): a TMA copy's first value must
 # sit on a 16-byte boundary (one that did not raised an illegal instruction on the H200) and a
 # sequence may start at any token, so each sequence's values move to a place of their own, in
-# packed_sequence's blocks of STATS_BLOCK values, a multiple of every BLOCK_M.
+# packed_sequence's blocks of PACKED_STATS_BLOCK values; BLOCK_M must divide it (gluon_dkdv_args
+# checks), so a query block never reads past its sequence's places.
 PACKED_STATS_BLOCK = 128
 
 
 def packed_stats(lse, delta, cu_seqlens_q):
-    """A packed batch's lse and delta ((1, H, total) fp32 each, stats_buffer's layout) moved for
-    the dk/dv kernel's TMA copies: sequence i's values from (cu_seqlens_q[i] // 128 + i) * 128 (128
-    = PACKED_STATS_BLOCK), LSE +inf and delta 0 after them to the next sequence's place (so P^T is
-    0 on the rows a query block reads past its sequence's end). A few small device ops, no sync:
-    the token -> sequence map by searchsorted, one index_copy_ each; the values of tokens past the
-    last sequence go to places of their own past every sequence's, which no copy reads."""
-    h, total = lse.shape[1], lse.shape[2]
+    """A packed batch's lse and delta ((1, H, total) fp32 each, one pair of strides, unit token
+    stride) laid out for the dk/dv kernel's TMA copies: sequence i's values from place
+    (cu_seqlens_q[i] // 128 + i) * 128 (128 = PACKED_STATS_BLOCK), LSE +inf and delta 0 after them
+    to the next sequence's place (so P^T is 0 on the rows a query block reads past its sequence's
+    end). A gather a place: each place's sequence by searchsorted over the places, its token, and
+    index_select; a few small device ops and no sync (CUDA-graph safe)."""
+    total = lse.shape[2]
     n_seqs = cu_seqlens_q.shape[0] - 1
     span = (total // PACKED_STATS_BLOCK + n_seqs) * PACKED_STATS_BLOCK
-    tokens = torch.arange(total, device=lse.device, dtype=cu_seqlens_q.dtype)
-    seq = torch.searchsorted(cu_seqlens_q[1:].contiguous(), tokens, right=True).clamp_(max=n_seqs - 1)
-    start = cu_seqlens_q[seq].long()
-    place = (start // PACKED_STATS_BLOCK + seq) * PACKED_STATS_BLOCK + tokens - start
-    place = torch.where(tokens < cu_seqlens_q[-1], place, span + tokens)
-    width = cdiv(span + total, 4) * 4
-    out_lse = torch.full((1, h, width), float("inf"), device=lse.device, dtype=torch.float32)
-    out_delta = torch.zeros((1, h, width), device=lse.device, dtype=torch.float32)
-    out_lse.index_copy_(2, place, lse)
-    out_delta.index_copy_(2, place, delta)
-    return out_lse[..., :span], out_delta[..., :span]
+    seqs = torch.arange(n_seqs, device=lse.device)
+    first = cu_seqlens_q[:-1].long()
+    starts = (first // PACKED_STATS_BLOCK + seqs) * PACKED_STATS_BLOCK  # each sequence's first place
+    places = torch.arange(span, device=lse.device)
+    seq = torch.searchsorted(starts, places, right=True) - 1  # starts[0] = 0: every place has one
+    token = first[seq] + places - starts[seq]
+    inside = token < cu_seqlens_q[1:].long()[seq]
+    token = token.clamp_(max=total - 1)
+    out_lse = torch.where(inside, lse.index_select(2, token), float("inf"))
+    out_delta = torch.where(inside, delta.index_select(2, token), 0.0)
+    return out_lse, out_delta
 
 
 def _stats_layout_ok(t):
@@ -493,6 +496,9 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
     if block_n != 2 * WG_ROWS:
         raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
                          f"got {config}")
+    if cu_seqlens is not None and PACKED_STATS_BLOCK % block_m:
+        raise ValueError(f"config: a packed batch's BLOCK_M divides {PACKED_STATS_BLOCK} (packed_stats' blocks), got "
+                         f"{config}")
     grid, (cu_q, cu_k, n_seqs) = _packed(cu_seqlens, block_n, tk, b, hkv)
     if cu_q is not None:
         lse, delta = packed_stats(lse, delta, cu_q)
@@ -511,6 +517,8 @@ def launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config=Non
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
             return launch_gluon_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, mask, cu_seqlens)
+    if cu_seqlens is not None and cu_seqlens[0].shape[0] == 1:
+        return  # no sequence: nothing to write (packed_sequence needs one)
     grid, args, meta = gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config, mask, cu_seqlens)
     _gluon_dkdv_kernel[grid](*args, **meta)
 
@@ -637,10 +645,11 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, stride_dq
                      qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr,
                      WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr):
     """A grid of (query blocks, batch x heads), causal in the forward's order (the longest rows
-    first). q, dO, dq (B, H, Tq, D) and k, v (B, Hkv, Tk, D) through 4-D descriptors of (1, 1,
-    BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and delta as for _gluon_dkdv_kernel. VARLEN: a
-    packed batch as for _gluon_dkdv_kernel, the grid (packed_sequence's blocks of cu_seqlens_q,
-    heads), dq_ptr with its (head, token) strides taking the rows where a sequence ends."""
+    first; a packed batch's blocks in their sequences' order). q, dO, dq (B, H, Tq, D) and k, v (B,
+    Hkv, Tk, D) through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and
+    delta as for _gluon_dkdv_kernel. VARLEN: a packed batch as for _gluon_dkdv_kernel, the grid
+    (packed_sequence's blocks of cu_seqlens_q, heads), dq_ptr with its (head, token) strides taking
+    the rows where a sequence ends."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
@@ -720,6 +729,8 @@ def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None, mas
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
             return launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config, mask, cu_seqlens)
+    if cu_seqlens is not None and cu_seqlens[0].shape[0] == 1:
+        return  # no sequence: nothing to write (packed_sequence needs one)
     grid, args, meta = gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config, mask, cu_seqlens)
     _gluon_dq_kernel[grid](*args, **meta)
 

@@ -793,6 +793,8 @@ def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, 
     if q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):
             return launch_gluon_attention(q, k, v, out, causal, scale, lse, mask, config, cu_seqlens)
+    if cu_seqlens is not None and cu_seqlens[0].shape[0] == 1:
+        return  # no sequence: nothing to write (packed_sequence needs one)
     grid, args, meta = gluon_attention_args(q, k, v, out, causal, scale, lse, mask, config, cu_seqlens)
     _launch(q.device, grid, args, meta)
 

@@ -367,15 +367,9 @@ def check_gluon_varlen_backward(lengths_q, lengths_k, h, hkv, d, dtype, causal, 
     if not gluon_runs_here():
         raise Skip(f"the Gluon backward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
     sm_scale, mask = 1.0 / math.sqrt(d), attention_mask(window, softcap)
-    q = rand((sum(lengths_q) + tail, h, d), dtype, scale=scale)
-    k, v = rand((sum(lengths_k) + tail, hkv, d), dtype), rand((sum(lengths_k) + tail, hkv, d), dtype)
-    do = rand(q.shape, dtype)
     cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
     varlen = (cu_q, cu_k, max(lengths_q), max(lengths_k))
-    left, right = window or (-1, -1)
-    with torch.no_grad():  # O and LSE from the forward, so that P is a softmax
-        o, lse = flash_attention_varlen_train_op(q, k, v, *varlen, causal, sm_scale, None, False, left, right,
-                                                 softcap or 0.0)
+    do, q, k, v, o, lse = packed_backward_inputs(varlen, h, hkv, d, dtype, causal, mask, tail, scale)
     grads = [poisoned(t.shape, dtype) for t in (q, k, v)]
     launch_flash_attention_backward(*(packed(t) for t in (do, q, k, v, o, lse, *grads)), causal, sm_scale,
                                     cu_seqlens=varlen, mask=mask, gluon=("dkdv", "dq"))
@@ -396,6 +390,53 @@ def check_gluon_varlen_backward(lengths_q, lengths_k, h, hkv, d, dtype, causal, 
     if tail:
         outcomes.append(Outcome(f"the {tail} rows past the last sequence keep their poison",
                                 all(bool(g[end:].isnan().all()) for g, end in zip(grads, ends))))
+    return outcomes
+
+
+def packed_backward_inputs(varlen, h, hkv, d, dtype, causal, mask, tail=0, scale=1.0):
+    """(dO, q, k, v, O, LSE) of a packed batch: random (total + tail, heads, D) tensors (q times
+    scale), O and LSE from the forward (so that P is a softmax)."""
+    total_q, total_k = int(varlen[0][-1]) + tail, int(varlen[1][-1]) + tail
+    q = rand((total_q, h, d), dtype, scale=scale)
+    k, v = rand((total_k, hkv, d), dtype), rand((total_k, hkv, d), dtype)
+    with torch.no_grad():
+        o, lse = flash_attention_varlen_train_op(q, k, v, *varlen, causal, 1.0 / math.sqrt(d), None, False,
+                                                 mask.window_left, mask.window_right, mask.softcap)
+    return rand(q.shape, dtype), q, k, v, o, lse
+
+
+def check_gluon_varlen_backward_graph(lengths, h, hkv, d, causal):
+    """A packed batch's Gluon backward (packed_stats' device ops, both kernels) captured in a CUDA
+    graph and replayed on new inputs copied into the captured ones, into poisoned gradients: each
+    replay's dq, dk, dv equal an eager call's on the same inputs bit for bit."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon backward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    mask, sm_scale = attention_mask(None, None), 1.0 / math.sqrt(d)
+    cu = cumulative(lengths)
+    varlen = (cu, cu, max(lengths), max(lengths))
+    inputs = packed_backward_inputs(varlen, h, hkv, d, torch.bfloat16, causal, mask)
+    grads = [poisoned(t.shape, t.dtype) for t in inputs[1:4]]
+
+    def backward(into):
+        launch_flash_attention_backward(*(packed(t) for t in (*inputs, *into)), causal, sm_scale, cu_seqlens=varlen,
+                                        mask=mask, gluon=("dkdv", "dq"))
+    backward(grads)  # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backward(grads)
+    outcomes = []
+    for replay in range(2):
+        for buf, new in zip(inputs, packed_backward_inputs(varlen, h, hkv, d, torch.bfloat16, causal, mask)):
+            buf.copy_(new)
+        for g in grads:
+            g.copy_(poisoned(g.shape, g.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = [torch.empty_like(g) for g in grads]
+        backward(eager)
+        outcomes += [compare(f"{name}, replay {replay + 1}, against an eager call", g, e, EXACT)
+                     for name, g, e in zip(("dq", "dk", "dv"), grads, eager)]
     return outcomes
 
 
@@ -426,7 +467,10 @@ def gluon_varlen_backward_cases():
          dict(lengths_q=[300, 77], lengths_k=[300, 77], h=4, hkv=2, d=64, dtype=bf16, causal=True, tail=700)),
     ]
     return [Case(f"Gluon packed backward: {name}", check_gluon_varlen_backward, kw, gpu_only=True)
-            for name, kw in shapes]
+            for name, kw in shapes] + [
+        Case(f"Gluon packed backward: CUDA graph, hd{d} causal [700,1,300,1000] GQA 8/2",
+             check_gluon_varlen_backward_graph, dict(lengths=[700, 1, 300, 1000], h=8, hkv=2, d=d, causal=True),
+             gpu_only=True) for d in GLUON_HEAD_DIMS]
 
 
 def gluon_backward_cases():

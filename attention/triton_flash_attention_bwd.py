@@ -570,7 +570,8 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         dq_add = "tma" if tma else "atomics"
     dq_add = DQ_ADDS[dq_add] if one_pass else DQ_TWO_PASS.value
     # the Gluon dk/dv kernel's TMA copies want each (batch, head) row of LSE and delta 16-byte aligned
-    if "dkdv" in gluon:
+    # (a packed batch's are laid out anew by packed_stats)
+    if "dkdv" in gluon and cu_seqlens is None:
         from llmk.attention.gluon_flash_attention_bwd import as_stats_buffer
 
         lse = as_stats_buffer(lse)
