@@ -440,6 +440,33 @@ def check_gluon_varlen_backward_graph(lengths, h, hkv, d, causal):
     return outcomes
 
 
+def check_packed_stats():
+    """packed_stats (torch ops, so every lane runs it): each sequence's LSE and delta at its place,
+    (cu_seqlens[i] // 128 + i) * 128, LSE +inf and delta 0 from its end to the next place, with
+    empty sequences, lengths on 128's edges, and tokens past the last sequence (not placed)."""
+    try:
+        from llmk.attention.gluon_flash_attention_bwd import PACKED_STATS_BLOCK, packed_stats
+    except ImportError as e:  # a Triton whose Gluon API moved: the GPU lane's Triton has it
+        raise Skip(f"the Gluon backward's module does not import here: {e}") from e
+    lengths = [3, 0, 128, 1, 255, 129, 40]
+    cu = cumulative(lengths)
+    total = sum(lengths) + 5  # 5 tokens past the last sequence
+    lse, delta = rand((1, 3, total), torch.float32), rand((1, 3, total), torch.float32)
+    got_lse, got_delta = packed_stats(lse, delta, cu)
+    span = (total // PACKED_STATS_BLOCK + len(lengths)) * PACKED_STATS_BLOCK
+    want_lse = torch.full((1, 3, span), float("inf"), device=DEVICE)
+    want_delta = torch.zeros((1, 3, span), device=DEVICE)
+    starts = cu.tolist()
+    for i, n in enumerate(lengths):
+        place = (starts[i] // PACKED_STATS_BLOCK + i) * PACKED_STATS_BLOCK
+        want_lse[..., place:place + n] = lse[..., starts[i]:starts[i] + n]
+        want_delta[..., place:place + n] = delta[..., starts[i]:starts[i] + n]
+    return [Outcome("shape: (1, H, (total // 128 + sequences) * 128)", tuple(got_lse.shape) == (1, 3, span),
+                    note=f"{tuple(got_lse.shape)}"),
+            compare("LSE at the sequences' places", got_lse, want_lse, EXACT),
+            compare("delta at the sequences' places", got_delta, want_delta, EXACT)]
+
+
 def gluon_varlen_backward_cases():
     """check_gluon_varlen_backward (GPU only): many sequences on both head dims, Tq != Tk with
     empty sequences, a window on each head dim, a softcap, fp16,
@@ -468,6 +495,7 @@ def gluon_varlen_backward_cases():
     ]
     return [Case(f"Gluon packed backward: {name}", check_gluon_varlen_backward, kw, gpu_only=True)
             for name, kw in shapes] + [
+        Case("Gluon packed backward: packed_stats' places", check_packed_stats)] + [
         Case(f"Gluon packed backward: CUDA graph, hd{d} causal [700,1,300,1000] GQA 8/2",
              check_gluon_varlen_backward_graph, dict(lengths=[700, 1, 300, 1000], h=8, hkv=2, d=d, causal=True),
              gpu_only=True) for d in GLUON_HEAD_DIMS]
