@@ -298,6 +298,19 @@ def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar
               n_keys, VARLEN)
 
 
+@gluon.jit
+def _sequence_block(cu_seqlens, cu_seqlens_other, n_seqs, BLOCK: gl.constexpr):
+    """A packed batch's program: (sequence, its block of BLOCK tokens, the sequence's first token
+    and length in cu_seqlens, then in cu_seqlens_other) for program_id(0) over packed_sequence's
+    blocks of cu_seqlens; a block at or past the length is empty (the caller returns)."""
+    seq = packed_sequence(gl.program_id(0), cu_seqlens, n_seqs, BLOCK)
+    start = gl.load(cu_seqlens + seq)
+    length = gl.load(cu_seqlens + seq + 1) - start
+    other_start = gl.load(cu_seqlens_other + seq)
+    other_length = gl.load(cu_seqlens_other + seq + 1) - other_start
+    return seq, gl.program_id(0) - (start // BLOCK + seq), start, length, other_start, other_length
+
+
 # not value-specialized (the forward's _INT_ARGS says why)
 _INT_ARGS = ("stride_dkh", "stride_dkm", "stride_dvh", "stride_dvm", "n_seqs", "n_kv_heads", "kv_group", "n_queries",
              "n_keys", "window_left", "window_right")
@@ -322,14 +335,10 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
-        batch = packed_sequence(gl.program_id(0), cu_seqlens_k, n_seqs, BLOCK_N)
-        k_start = gl.load(cu_seqlens_k + batch)
-        n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
-        start_n = gl.program_id(0) - (k_start // BLOCK_N + batch)
+        batch, start_n, k_start, n_keys, q_start, n_queries = _sequence_block(cu_seqlens_k, cu_seqlens_q, n_seqs,
+                                                                              BLOCK_N)
         if start_n * BLOCK_N >= n_keys:
             return
-        q_start = gl.load(cu_seqlens_q + batch)
-        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
         stats_start = (q_start // STATS_BLOCK + batch) * STATS_BLOCK  # packed_stats' place of the sequence
         batch = batch * 0  # the views' one batch
         kv_head = gl.program_id(1)
@@ -653,14 +662,10 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, stride_dq
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
-        batch = packed_sequence(gl.program_id(0), cu_seqlens_q, n_seqs, BLOCK_M)
-        q_start = gl.load(cu_seqlens_q + batch)
-        n_queries = gl.load(cu_seqlens_q + batch + 1) - q_start
-        start_m = gl.program_id(0) - (q_start // BLOCK_M + batch)
+        batch, start_m, q_start, n_queries, k_start, n_keys = _sequence_block(cu_seqlens_q, cu_seqlens_k, n_seqs,
+                                                                              BLOCK_M)
         if start_m * BLOCK_M >= n_queries:
             return
-        k_start = gl.load(cu_seqlens_k + batch)
-        n_keys = gl.load(cu_seqlens_k + batch + 1) - k_start
         batch = batch * 0  # the views' one batch
         head = gl.program_id(1)
     else:

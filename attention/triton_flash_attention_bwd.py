@@ -541,15 +541,15 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
     tuning sweep's), None in the interpreter or with a Gluon kernel."""
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
-    if gluon is None:
+    if gluon is None:  # the dispatch: both kernels where they run and nothing forces a tl one
         gluon = ()
         if gluon_backward(q, (config, dq_add, dp_first) != (None,) * 3):
             from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
 
             if gluon_backward_supported(q, k, v, do, dq, dk, dv):
                 gluon = ("dkdv", "dq")
-    gluon = tuple(gluon)
-    if gluon:
+    elif gluon:  # asked for: checked
+        gluon = tuple(gluon)
         if not set(gluon) <= {"dkdv", "dq"}:
             raise ValueError(f"gluon: kernel names from ('dkdv', 'dq'), got {gluon}")
         if not INTERPRET:  # Gluon is imported on a GPU only
@@ -560,6 +560,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
         if config is not None and config[1] is None:
             raise ValueError("gluon: the two-pass schedule's config, (dk/dv config, dq config), got a "
                              "one-pass one")
+    if gluon:
         deterministic = True  # the schedule the Gluon kernels make
     block_d = max(16, next_power_of_2(d))
     # TMA wants 16-byte rows (D fp32 values) and 32-bit row coordinates
@@ -621,7 +622,7 @@ def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, sca
             WINDOW=has_window, SOFTCAP=has_softcap, num_warps=dkdv_warps, num_stages=dkdv_stages)
     if one_pass:
         dq.copy_(dq_acc)  # one rounding of the fp32 sums
-        return None if INTERPRET or gluon else (dkdv_kernel,)
+        return None if INTERPRET else (dkdv_kernel,)
     if "dq" in gluon:
         from llmk.attention.gluon_flash_attention_bwd import launch_gluon_dq
 
