@@ -48,6 +48,7 @@ import torch
 from llmk.attention.attention_paths import forced_path, gluon_runs_here
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.timing import time_ms
+from llmk.devtools.bench import kernel_share
 from llmk.devtools.harness import parse_args, run
 from llmk.devtools.results import make_row, plot_sweeps, shape_str
 
@@ -147,21 +148,11 @@ def median_ms(fn, reps):
 
 
 def gemm_share(prof):
-    """GEMM kernel time over all kernel time of a profile, and the top kernels. On the CPU (smoke)
-    the aten ops' self times stand in for kernels."""
-    from torch.autograd import DeviceType
-
-    events = prof.key_averages()
-    gpu = [(e.key, e.self_device_time_total) for e in events
-           if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
-    timed = gpu or [(e.key, e.self_cpu_time_total) for e in events if e.key.startswith("aten::")]
-    total = sum(t for _, t in timed)
-    gemm = sum(t for name, t in timed if GEMM_KERNEL.search(name) and not ATTENTION_KERNEL.search(name))
-    top = sorted(timed, key=lambda kt: -kt[1])[:6]
-    return {"source": "CUDA kernels" if gpu else "CPU aten ops", "gemm_ms": round(gemm / 1e3, 3),
-            "total_ms": round(total / 1e3, 3),
-            "gemm_share": round(gemm / total, 3) if total else None,
-            "top": [[name[:90], round(t / 1e3, 3)] for name, t in top]}
+    """GEMM kernel time over all kernel time of a profile (devtools.bench.kernel_share), and the top
+    kernels."""
+    share = kernel_share(prof, GEMM_KERNEL, exclude=ATTENTION_KERNEL)
+    return {"source": share["source"], "gemm_ms": share["ms"], "total_ms": share["total_ms"],
+            "gemm_share": share["share"], "top": share["top"]}
 
 
 def compile_layers(model, smoke):

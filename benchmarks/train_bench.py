@@ -43,6 +43,10 @@ autograd keeps, with the loss's gradients where the loss computes them in its fo
 The loss curves of 100 steps (loss_steps) of eager, triton, triton+fp8 and the torchao recipes on
 CURVE_MODEL, from the same initial weights and the same batches, go into meta["loss_curves"] and a
 PNG.
+Attention's share (meta["attention_share"], CURVE_MODEL, whole runs): one step of eager, triton,
+torch.compile and liger under torch.profiler, attention's kernels (ATTENTION_KERNEL) over all kernel
+time, beside the timed step's ms; and triton's model again with its attention forced onto the tl
+kernels (LLMK_ATTENTION_PATH=tl; its steps timed again): the share before the Gluon kernels.
 
 Packed rows (op "train_step_packed", shape "<model> <layout> <n> seqs <tokens> tokens", providers
 eager, triton, liger): PACKED_SEQS sequences of mixed lengths (PACKED_MIN..PACKED_MAX, B*T tokens in
@@ -59,12 +63,15 @@ Needs transformers (optional for the repository): without it the script says so 
 """
 import gc
 import importlib.util
+import re
 import statistics
 import time
 
 import torch
 
+from llmk.attention.attention_paths import forced_path
 from llmk.common.device import DEVICE, INTERPRET
+from llmk.devtools.bench import kernel_share
 from llmk.devtools.harness import parse_args, run
 from llmk.devtools.peers import LIGER
 from llmk.devtools.results import make_row
@@ -109,6 +116,10 @@ OURS = ("triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8")
 CURVES = ("eager", "triton", "triton+fp8", *TORCHAO)  # the providers whose loss curves are kept
 # a smoke run's: triton+fp8's steps are the longest in the interpreter (~9 s each on the tiny Llama)
 SMOKE_CURVES = ("eager", "triton")
+# attention's kernels in a profile: SDPA's (cuDNN, flash, memory-efficient) and ours (the tl and Gluon
+# forwards, the backward's preprocess, dk/dv and dq kernels); GQA's repeat_kv copies in eager not counted
+ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|sdpa|dkdv|_dq_kernel|_preprocess_kernel", re.IGNORECASE)
+SHARE_PROVIDERS = ("eager", "triton", "torch.compile", LIGER)  # CURVE_MODEL's steps profiled for it
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
 
 
@@ -241,6 +252,34 @@ def timed_steps(model, opt, data, plan):
     return statistics.median(samples), peak, first, phases
 
 
+def attention_profile(model, opt, ids):
+    """Attention's share of one step's kernel time (kernel_share over ATTENTION_KERNEL)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if not INTERPRET:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        step(model, opt, ids)
+        sync()
+    return kernel_share(prof, ATTENTION_KERNEL)
+
+
+def attention_shares(meta, model, opt, data, plan, provider, ms):
+    """meta["attention_share"][provider]: one profiled step of the provider's model (its timed
+    step's ms beside it); for triton also the same model with the attention forced onto the tl
+    kernels (plan's steps timed again), the share before the Gluon kernels."""
+    shares = meta.setdefault("attention_share", {})
+    shares[provider] = {"step_ms": round(ms, 2), **attention_profile(model, opt, data[0])}
+    if provider == "triton":
+        with forced_path("tl"):
+            _, samples = run_steps(model, opt, data, plan)  # its warm-up steps compile the tl kernels
+            shares["triton, tl attention"] = {"step_ms": round(statistics.median(samples), 2),
+                                              **attention_profile(model, opt, data[0])}
+    for label in (provider, "triton, tl attention") if provider == "triton" else (provider,):
+        share = shares[label]
+        print(f"attention's share of a step ({label}): {share['share']} ({share['ms']} of {share['total_ms']} "
+              f"ms of kernels; a step {share['step_ms']} ms)", flush=True)
+
+
 def loss_curve(model, opt, data):
     return [round(step(model, opt, ids).float().item(), 5) for ids in data]
 
@@ -272,7 +311,10 @@ def measure_model(run, name, kind, config, plan):
                                               data[:plan["loss_steps"]])
                 model = build(kind, config) if undo is None else (undo(), build(kind, config))[1]
                 undo = prepare(model, kind, provider, run.args.smoke)
-            ms, peak, first, phases = timed_steps(model, optimizer(model, provider, plan["lr"]), data, plan)
+            opt = optimizer(model, provider, plan["lr"])
+            ms, peak, first, phases = timed_steps(model, opt, data, plan)
+            if name in run.meta["loss_curves"] and provider in SHARE_PROVIDERS and not run.args.partial:
+                attention_shares(run.meta, model, opt, data, plan, provider, ms)
         finally:
             del model
             release(undo)

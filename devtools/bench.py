@@ -75,6 +75,24 @@ def peak_extra_MB(call):
     return round(peak / 1e6, 1)
 
 
+def kernel_share(prof, match, exclude=None):
+    """The time of the kernels of a torch.profiler profile whose names `match` (a compiled regex)
+    finds and `exclude` does not, over all kernel time, and the top kernels: {"source", "ms",
+    "total_ms", "share", "top"}. On the CPU (smoke) the aten ops' self times stand in for kernels."""
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    gpu = [(e.key, e.self_device_time_total) for e in events
+           if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    timed = gpu or [(e.key, e.self_cpu_time_total) for e in events if e.key.startswith("aten::")]
+    total = sum(t for _, t in timed)
+    picked = sum(t for name, t in timed if match.search(name) and not (exclude and exclude.search(name)))
+    top = sorted(timed, key=lambda kt: -kt[1])[:6]
+    return {"source": "CUDA kernels" if gpu else "CPU aten ops", "ms": round(picked / 1e3, 3),
+            "total_ms": round(total / 1e3, 3), "share": round(picked / total, 3) if total else None,
+            "top": [[name[:90], round(t / 1e3, 3)] for name, t in top]}
+
+
 def gbps(n_bytes, ms):
     return n_bytes / (ms * 1e-3) / 1e9
 

@@ -335,6 +335,23 @@ def e2e_extra(meta):
     return out
 
 
+def train_extra(meta):
+    """train's meta: attention's share of one llama step's kernel time, by provider."""
+    shares = meta.get("attention_share") or {}
+    if not shares:
+        return []
+    out = ["### Attention's share of the step", "",
+           "One step of the loss-curve model under torch.profiler: attention's kernels (forward, backward) "
+           "over all kernel time; `triton, tl attention` is the patched model with its attention on the tl "
+           "kernels (`LLMK_ATTENTION_PATH=tl`), the share before the Gluon kernels.", "",
+           "| provider | step (ms) | attention kernels (ms) | all kernels (ms) | attention's share |",
+           "|---|---|---|---|---|"]
+    for label, share in shares.items():
+        out.append(f"| {label} | {fmt(share.get('step_ms'))} | {fmt(share.get('ms'))} | {fmt(share.get('total_ms'))} "
+                   f"| {fmt(share.get('share'))} |")
+    return out + [""]
+
+
 def run_notes(meta):
     """The run's notes (scripts/merge_results.py names the runs a merged file joins), a list."""
     notes = meta.get("notes") or []
@@ -575,6 +592,8 @@ def page(area_name, results=RESULTS):
     out += ["## The run", ""] + run_table(meta) + [""] + run_notes(meta)
     if area_name == "e2e":
         out += e2e_extra(meta)
+    if area_name == "train":
+        out += train_extra(meta)
     if area.render:  # the name of a function here that writes the page's figures
         return "\n".join(out + globals()[area.render](meta, rows)).rstrip() + "\n"
     out += ["## What the figures say", "",
