@@ -103,7 +103,10 @@ WG_ROWS = 64
 # 32 each at BLOCK_M 64.
 # On the H200 (scripts/tune/gluon_backward_ab.py, both kernels in Gluon): at hd 64, 128 queries a
 # stage +5-9% over 64 though ptxas spills 24 bytes a thread; at hd 128, 64 queries +7-12% over 32,
-# and three stages within -6..+6% of two (docs/tuning/attention.md, the Gluon backward).
+# and three stages within -6..+6% of two (docs/tuning/attention.md, the Gluon backward). A packed
+# batch takes the same configs: at hd 64 it keeps its sequence's bounds live beside the masks and
+# ptxas spills 160 bytes a thread causal (8 under a window), yet 128 queries a stage ran +4% over
+# 64, which spills nothing (attention_bench's packed batch, causal, GQA 32/8).
 GLUON_DKDV_CONFIG = {
     64: (128, 128, 2),
     128: (64, 128, 2),
@@ -115,12 +118,17 @@ GLUON_DKDV_SOFTCAP_CONFIG = {
     64: (64, 128, 2),
     128: (32, 128, 3),
 }
-# A packed batch keeps its sequence's bounds live beside the masks': at hd 64 and 128 queries a
-# stage ptxas spilled 160 bytes a thread causal, 492 under a window (at 64 queries, none). Not yet
-# measured.
-GLUON_DKDV_PACKED_CONFIG = {
-    64: (64, 128, 2),
-}
+# A causal grid's programs are not equal: the dk/dv kernel's key block 0 sees every query, its
+# last block a few; the dq kernel's last query block sees every key. In the launch order (a
+# (batch, head) row's blocks, then the next row's) the heaviest programs of the last rows start
+# late, and where a grid is a few waves deep the SMs wait on them: modelled (a greedy deal of
+# programs whose time is their blocks' count, onto 132 SMs), 1.28x the ideal time at the dk/dv
+# grid of the llama-1.5b step's attention (hd 64, B 2, 8 KV heads, T 4096: 512 programs), 1.14x at
+# hd 128 B4 H32/8 T4096, 1.03x at the dense MHA shapes. CAUSAL_ROW_GROUP > 0 deals the programs
+# in groups of that many rows, block-major within a group, heaviest block first (modelled 1.00x
+# at groups of 4 at both GQA shapes; a group's rows share their q and dO in L2 as neighbours do
+# in the launch order). 0: the launch order. Not yet measured: the A/B weighs 0, 4 and 8.
+CAUSAL_ROW_GROUP = 0
 # the other configs scripts/tune/gluon_backward_ab.py weighs (and scripts/gluon_compile.py compiles)
 DKDV_AB_CONFIGS = {
     64: ((64, 128, 2), (64, 128, 3)),
@@ -311,6 +319,19 @@ def _sequence_block(cu_seqlens, cu_seqlens_other, n_seqs, BLOCK: gl.constexpr):
     return seq, gl.program_id(0) - (start // BLOCK + seq), start, length, other_start, other_length
 
 
+@gluon.jit
+def _heavy_first(ROWS: gl.constexpr):
+    """(block, row) of this program of a (blocks, rows) grid dealt in groups of ROWS rows, block-major
+    within a group: every row's block 0 of the group, then every row's block 1, ... (the last group
+    may hold fewer rows). A bijection of the grid onto itself (CAUSAL_ROW_GROUP)."""
+    n_blocks = gl.num_programs(0)
+    dealt = gl.program_id(1) * n_blocks + gl.program_id(0)  # the launch order's place
+    first_row = dealt // (ROWS * n_blocks) * ROWS
+    rows = gl.minimum(gl.num_programs(1) - first_row, ROWS)
+    within = dealt - first_row * n_blocks
+    return within // rows, first_row + within % rows
+
+
 # not value-specialized (the forward's _INT_ARGS says why)
 _INT_ARGS = ("stride_dkh", "stride_dkm", "stride_dvh", "stride_dvm", "n_seqs", "n_kv_heads", "kv_group", "n_queries",
              "n_keys", "window_left", "window_right")
@@ -321,17 +342,17 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
                        stride_dkm, dv_ptr, stride_dvh, stride_dvm, cu_seqlens_q, cu_seqlens_k, n_seqs, n_kv_heads,
                        kv_group, n_queries, n_keys, qk_scale, sm_scale, window_left, window_right, softcap_log2,
                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
-                       VARLEN: gl.constexpr, STATS_BLOCK: gl.constexpr):
-    """A grid of (key blocks, batch x kv heads). q, dO (B, H, Tq, D) and k, v (B, Hkv, Tk, D)
-    through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles, dk and dv of (1, 1,
-    WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through 2-D descriptors over their (B * H, Tq)
-    rows (stats_buffer's layout) of (1, BLOCK_M) blocks. CAUSAL, WINDOW (window_left, window_right) and
-    SOFTCAP (softcap_log2, qk_scale as softcap_scales makes them): the tl kernels' masks.
-    VARLEN: a packed batch of n_seqs sequences, (1, H, total, D) views, the grid's first axis
-    packed_sequence's blocks of cu_seqlens_k (a block past a sequence's keys returns at once);
-    dk_ptr, dv_ptr with their (head, token) strides take the rows where a sequence's keys end
-    (n_queries, n_keys are then read from cu_seqlens); lse and delta laid out by packed_stats in
-    blocks of STATS_BLOCK."""
+                       VARLEN: gl.constexpr, STATS_BLOCK: gl.constexpr, ROW_GROUP: gl.constexpr):
+    """A grid of (key blocks, batch x kv heads), dealt by _heavy_first where ROW_GROUP > 0. q, dO
+    (B, H, Tq, D) and k, v (B, Hkv, Tk, D) through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1,
+    BLOCK_N, D) tiles, dk and dv of (1, 1, WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through
+    2-D descriptors over their (B * H, Tq) rows (stats_buffer's layout) of (1, BLOCK_M) blocks.
+    CAUSAL, WINDOW (window_left, window_right) and SOFTCAP (softcap_log2, qk_scale as
+    softcap_scales makes them): the tl kernels' masks. VARLEN: a packed batch of n_seqs sequences,
+    (1, H, total, D) views, the grid's first axis packed_sequence's blocks of cu_seqlens_k (a block
+    past a sequence's keys returns at once); dk_ptr, dv_ptr with their (head, token) strides take
+    the rows where a sequence's keys end (n_queries, n_keys are then read from cu_seqlens); lse and
+    delta laid out by packed_stats in blocks of STATS_BLOCK."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
@@ -344,8 +365,11 @@ def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_de
         kv_head = gl.program_id(1)
     else:
         start_n = gl.program_id(0)
-        batch = gl.program_id(1) // n_kv_heads
-        kv_head = gl.program_id(1) % n_kv_heads
+        row = gl.program_id(1)
+        if ROW_GROUP > 0:
+            start_n, row = _heavy_first(ROW_GROUP)  # key block 0 the heaviest
+        batch = row // n_kv_heads
+        kv_head = row % n_kv_heads
         q_start = 0
         k_start = 0
         stats_start = 0
@@ -485,12 +509,19 @@ def _packed(cu_seqlens, block, total, b, heads):
     return (total // block + n_seqs, heads), (cu_q, cu_k, n_seqs)
 
 
+def _row_group(mask_flags, cu_seqlens_q):
+    """The kernels' ROW_GROUP: CAUSAL_ROW_GROUP for a dense causal grid without a window (a window's
+    blocks are about equal, and the deal spilled 60 bytes there), else 0 (the launch order)."""
+    causal = mask_flags["CAUSAL"] and not mask_flags["WINDOW"]
+    return CAUSAL_ROW_GROUP if causal and cu_seqlens_q is None else 0
+
+
 def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None, mask=NO_MASK, cu_seqlens=None):
     """(grid, args, meta) of the Gluon dk/dv kernel on validated arguments (gluon_backward_supported):
     q, do (B, H, Tq, D); k, v, dk, dv (B, Hkv, Tk, D); lse and delta fp32 (B, H, Tq) laid out as
     stats_buffer lays them out; causal and mask the call's (kernel_mask makes the kernels' flags);
     scale sm_scale. config: (BLOCK_M, BLOCK_N, STAGES) instead of GLUON_DKDV_CONFIG's
-    (GLUON_DKDV_SOFTCAP_CONFIG's under a softcap, GLUON_DKDV_PACKED_CONFIG's for a packed batch).
+    (GLUON_DKDV_SOFTCAP_CONFIG's under a softcap).
     cu_seqlens: None, or a packed batch's (cu_seqlens_q, cu_seqlens_k, ...) over (1, H, total, D)
     views, as launch_flash_attention_backward takes it. Also what scripts/gluon_compile.py
     compiles without a GPU."""
@@ -498,9 +529,7 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
     hkv, tk = k.shape[1], k.shape[2]
     _check_stats(lse, delta)
     mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
-    packed = cu_seqlens is not None and d in GLUON_DKDV_PACKED_CONFIG
-    table = (GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap else GLUON_DKDV_PACKED_CONFIG if packed
-             else GLUON_DKDV_CONFIG)
+    table = GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap else GLUON_DKDV_CONFIG
     block_m, block_n, stages = config or table[d]
     if block_n != 2 * WG_ROWS:
         raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
@@ -515,8 +544,8 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
             _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
             _stats_descriptor(delta, block_m), dk, dk.stride(1), dk.stride(2), dv, dv.stride(1), dv.stride(2), cu_q,
             cu_k, n_seqs, hkv, h // hkv, tq, tk, *mask_args)
-    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, STATS_BLOCK=PACKED_STATS_BLOCK, num_warps=4,
-                maxnreg=MAXNREG)
+    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, STATS_BLOCK=PACKED_STATS_BLOCK,
+                ROW_GROUP=_row_group(mask_flags, cu_q), num_warps=4, maxnreg=MAXNREG)
     return grid, args, meta
 
 
@@ -652,13 +681,14 @@ _DQ_INT_ARGS = ("stride_dqh", "stride_dqm", "stride_lb", "stride_lh", "n_seqs", 
 def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, stride_dqh, stride_dqm, lse_ptr, delta_ptr,
                      stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_seqs, n_heads, kv_group, n_queries, n_keys,
                      qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr,
-                     WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr):
+                     WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+                     ROW_GROUP: gl.constexpr):
     """A grid of (query blocks, batch x heads), causal in the forward's order (the longest rows
-    first; a packed batch's blocks in their sequences' order). q, dO, dq (B, H, Tq, D) and k, v (B,
-    Hkv, Tk, D) through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and
-    delta as for _gluon_dkdv_kernel. VARLEN: a packed batch as for _gluon_dkdv_kernel, the grid
-    (packed_sequence's blocks of cu_seqlens_q, heads), dq_ptr with its (head, token) strides taking
-    the rows where a sequence ends."""
+    first), dealt by _heavy_first where ROW_GROUP > 0 (a packed batch's blocks in their sequences'
+    order). q, dO, dq (B, H, Tq, D) and k, v (B, Hkv, Tk, D) through 4-D descriptors of (1, 1,
+    BLOCK_M, D) and (1, 1, BLOCK_N, D) tiles; lse and delta as for _gluon_dkdv_kernel. VARLEN: a
+    packed batch as for _gluon_dkdv_kernel, the grid (packed_sequence's blocks of cu_seqlens_q,
+    heads), dq_ptr with its (head, token) strides taking the rows where a sequence ends."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
@@ -670,10 +700,14 @@ def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, stride_dq
         head = gl.program_id(1)
     else:
         start_m = gl.program_id(0)
+        if ROW_GROUP > 0:
+            start_m, row = _heavy_first(ROW_GROUP)
         if CAUSAL:
-            start_m = gl.num_programs(0) - 1 - start_m
-        batch = gl.program_id(1) // n_heads
-        head = gl.program_id(1) % n_heads
+            start_m = gl.num_programs(0) - 1 - start_m  # the last query block the heaviest
+        if ROW_GROUP == 0:
+            row = gl.program_id(1)
+        batch = row // n_heads
+        head = row % n_heads
         q_start = 0
         k_start = 0
     kv_head = head // kv_group
@@ -725,7 +759,8 @@ def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=
     args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
             _descriptor(dq, WG_ROWS), dq, dq.stride(1), dq.stride(2), lse, delta, lse.stride(0), lse.stride(1), cu_q,
             cu_k, n_seqs, h, h // hkv, tq, tk, *mask_args)
-    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, num_warps=4, maxnreg=MAXNREG)
+    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, ROW_GROUP=_row_group(mask_flags, cu_q), num_warps=4,
+                maxnreg=MAXNREG)
     return grid, args, meta
 
 
@@ -740,6 +775,6 @@ def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None, mas
     _gluon_dq_kernel[grid](*args, **meta)
 
 
-__all__ = ["DKDV_AB_CONFIGS", "DQ_AB_CONFIGS", "GLUON_DKDV_CONFIG", "GLUON_DQ_CONFIG", "as_stats_buffer",
-           "gluon_backward_supported", "stats_buffer",
+__all__ = ["CAUSAL_ROW_GROUP", "DKDV_AB_CONFIGS", "DQ_AB_CONFIGS", "GLUON_DKDV_CONFIG", "GLUON_DQ_CONFIG",
+           "as_stats_buffer", "gluon_backward_supported", "stats_buffer",
            "gluon_dkdv_args", "gluon_dq_args", "launch_gluon_dkdv", "launch_gluon_dq"]

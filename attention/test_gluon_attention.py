@@ -31,7 +31,12 @@ from llmk.attention.attention_paths import (
     gluon_runs_here,
     path_setting,
 )
-from llmk.attention.flash_attention_ops import flash_attention, flash_attention_varlen_train_op, packed
+from llmk.attention.flash_attention_ops import (
+    flash_attention,
+    flash_attention_train_op,
+    flash_attention_varlen_train_op,
+    packed,
+)
 from llmk.attention.test_flash_attention import CASES as TL_CASES
 from llmk.attention.test_flash_attention import (
     EXACT,
@@ -440,6 +445,35 @@ def check_gluon_varlen_backward_graph(lengths, h, hkv, d, causal):
     return outcomes
 
 
+def check_row_groups(b, h, hkv, t, d, rows):
+    """The Gluon backward of a dense causal batch with its grids dealt in groups of `rows` (batch,
+    head) rows (CAUSAL_ROW_GROUP; the last group short where rows does not divide them), into
+    poisoned dq, dk, dv: equal bit for bit to the launch order's (a program's work does not depend on
+    when it runs), so every program ran once."""
+    if not gluon_runs_here():
+        raise Skip(f"the Gluon backward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
+    from llmk.attention import gluon_flash_attention_bwd as gluon_bwd
+    q = rand((b, h, t, d), torch.bfloat16)
+    k, v = rand((b, hkv, t, d), torch.bfloat16), rand((b, hkv, t, d), torch.bfloat16)
+    with torch.no_grad():
+        o, lse = flash_attention_train_op(q, k, v, True, None, None)
+    do = rand(q.shape, q.dtype)
+
+    def backward(group):
+        grads = [poisoned(x.shape, x.dtype) for x in (q, k, v)]
+        saved = gluon_bwd.CAUSAL_ROW_GROUP  # read at each launch
+        gluon_bwd.CAUSAL_ROW_GROUP = group
+        try:
+            launch_flash_attention_backward(do, q, k, v, o, lse, *grads, True, 1.0 / math.sqrt(d),
+                                            gluon=("dkdv", "dq"))
+        finally:
+            gluon_bwd.CAUSAL_ROW_GROUP = saved
+        return grads
+    launch_order, grouped = backward(0), backward(rows)
+    return [compare(f"{name} in groups of {rows} rows against the launch order", g, want, EXACT)
+            for name, g, want in zip(("dq", "dk", "dv"), grouped, launch_order)]
+
+
 def check_packed_stats():
     """packed_stats (torch ops, so every lane runs it): each sequence's LSE and delta at its place,
     (cu_seqlens[i] // 128 + i) * 128, LSE +inf and delta 0 from its end to the next place, with
@@ -537,7 +571,11 @@ def gluon_backward_cases():
          dict(b=1, h=4, hkv=2, tq=1000, tk=4097, d=128, dtype=bf16, causal=True, window=(255, 0), softcap=50.0,
               scale=30.0)),
     ]
-    return [Case(f"Gluon backward: {name}", check_gluon_backward, kw, gpu_only=True) for name, kw in shapes]
+    return [Case(f"Gluon backward: {name}", check_gluon_backward, kw, gpu_only=True) for name, kw in shapes] + [
+        # dk/dv rows 3 x 2 = 6, dq rows 24: groups of 4 leave a short last group of dk/dv rows, of 5 of both
+        Case(f"Gluon backward: causal grids dealt in groups of {rows} rows, hd{d} B3 H8/2 T1000",
+             check_row_groups, dict(b=3, h=8, hkv=2, t=1000, d=d, rows=rows), gpu_only=True)
+        for d, rows in ((64, 4), (128, 5))]
 
 CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + gluon_backward_cases() + \
     gluon_varlen_backward_cases() + [

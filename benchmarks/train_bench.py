@@ -44,9 +44,9 @@ The loss curves of 100 steps (loss_steps) of eager, triton, triton+fp8 and the t
 CURVE_MODEL, from the same initial weights and the same batches, go into meta["loss_curves"] and a
 PNG.
 Attention's share (meta["attention_share"], CURVE_MODEL, whole runs): one step of eager, triton,
-torch.compile and liger under torch.profiler, attention's kernels (ATTENTION_KERNEL) over all kernel
-time, beside the timed step's ms; and triton's model again with its attention forced onto the tl
-kernels (LLMK_ATTENTION_PATH=tl; its steps timed again): the share before the Gluon kernels.
+torch.compile and liger under torch.profiler, the time of attention's kernels (ATTENTION_KERNEL)
+beside the timed step's ms; and triton's model again with its attention forced onto the tl kernels
+(LLMK_ATTENTION_PATH=tl; its steps timed again): the share before the Gluon kernels.
 
 Packed rows (op "train_step_packed", shape "<model> <layout> <n> seqs <tokens> tokens", providers
 eager, triton, liger): PACKED_SEQS sequences of mixed lengths (PACKED_MIN..PACKED_MAX, B*T tokens in

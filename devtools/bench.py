@@ -82,8 +82,11 @@ def kernel_share(prof, match, exclude=None):
     from torch.autograd import DeviceType
 
     events = prof.key_averages()
+    # a record_function range (Optimizer.step#AdamW.step, say) shows on the GPU's timeline too, over
+    # the kernels it holds: not a kernel
     gpu = [(e.key, e.self_device_time_total) for e in events
-           if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+           if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
+           and not getattr(e, "is_user_annotation", False)]
     timed = gpu or [(e.key, e.self_cpu_time_total) for e in events if e.key.startswith("aten::")]
     total = sum(t for _, t in timed)
     picked = sum(t for name, t in timed if match.search(name) and not (exclude and exclude.search(name)))

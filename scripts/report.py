@@ -336,19 +336,20 @@ def e2e_extra(meta):
 
 
 def train_extra(meta):
-    """train's meta: attention's share of one llama step's kernel time, by provider."""
+    """train's meta: attention's time in one llama step, by provider."""
     shares = meta.get("attention_share") or {}
     if not shares:
         return []
     out = ["### Attention's share of the step", "",
-           "One step of the loss-curve model under torch.profiler: attention's kernels (forward, backward) "
-           "over all kernel time; `triton, tl attention` is the patched model with its attention on the tl "
-           "kernels (`LLMK_ATTENTION_PATH=tl`), the share before the Gluon kernels.", "",
-           "| provider | step (ms) | attention kernels (ms) | all kernels (ms) | attention's share |",
-           "|---|---|---|---|---|"]
+           "One step of the loss-curve model under torch.profiler: the time of attention's kernels (forward and "
+           "backward), and its share of the timed step's ms; `triton, tl attention` is the patched model with its "
+           "attention on the tl kernels (`LLMK_ATTENTION_PATH=tl`), the share before the Gluon kernels.", "",
+           "| provider | step (ms) | attention kernels (ms) | attention's share of the step |",
+           "|---|---|---|---|"]
     for label, share in shares.items():
-        out.append(f"| {label} | {fmt(share.get('step_ms'))} | {fmt(share.get('ms'))} | {fmt(share.get('total_ms'))} "
-                   f"| {fmt(share.get('share'))} |")
+        part = share["ms"] / share["step_ms"] if share.get("ms") is not None and share.get("step_ms") else None
+        out.append(f"| {label} | {fmt(share.get('step_ms'))} | {fmt(share.get('ms'))} | "
+                   f"{'' if part is None else f'{100 * part:.1f}%'} |")
     return out + [""]
 
 

@@ -5,17 +5,21 @@ kernels, on the attention benchmark's training shapes, bf16, in one process:
 - tl, two passes (deterministic=True);
 - one kernel in Gluon and the other tl, at the tables' configs;
 - both in Gluon: the dk/dv kernel at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS', the dq
-  kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS'.
+  kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS'; on the causal shapes without
+  a window, both at the tables' configs with the grids dealt heaviest block first in groups of
+  ROW_GROUPS' rows (CAUSAL_ROW_GROUP).
 The window and softcap shapes are attention_bench's (the dk/dv kernel at GLUON_DKDV_SOFTCAP_CONFIG's
 config under the cap); the packed ones its packed batch (PACKED_SHAPES: the tl kernels, the Gluon
-pair, and at hd 64 the dk/dv kernel at the dense table's config beside GLUON_DKDV_PACKED_CONFIG's).
+pair, the dk/dv kernel at DKDV_AB_CONFIGS' configs too). Beside each shape without a window or
+softcap, SDPA's cuDNN backward on the same inputs (the peer; --profile: its kernels and the Gluon
+pair's, each under torch.profiler).
 
 Each row is one whole backward (the preprocess, dk/dv, dq) on the same inputs, TFLOP/s counted as
 the benchmark counts them (2.5x the forward's FLOPs over the visible pairs); dq, dk, dv are compared
 with the tl two-pass schedule's (max |difference| printed; more than 5e-2 relative to the largest
 gradient prints BAD and is not timed). Times are triton.testing.do_bench medians.
 
-    python scripts/tune/gluon_backward_ab.py                   (H100/H200, Triton 3.6: ~1 min)
+    python scripts/tune/gluon_backward_ab.py                   (H100/H200, Triton 3.6: ~2 min)
     python scripts/tune/gluon_backward_ab.py --shapes causal   (the shapes whose name holds a word)
 """
 import argparse
@@ -51,6 +55,8 @@ SHAPES = [
     ("hd64 B8 H32 T2048 causal", 8, 32, 32, 2048, 64, True, None, None),
     ("hd128 B1 H32 T16384 window (4095, 0)", 1, 32, 32, 16384, 128, True, (4095, 0), None),
     ("hd128 B4 H32 T4096 causal softcap 50", 4, 32, 32, 4096, 128, True, None, 50.0),
+    # the attention of benchmarks/train_bench.py's llama-1.5b step (hidden 2048, GQA 32/8, B2 x T4096)
+    ("hd64 B2 H32/8 T4096 causal (llama-1.5b)", 2, 32, 8, 4096, 64, True, None, None),
 ]
 # (name, H, Hkv, D): packed batches of attention_bench's lengths (64 sequences of 128..8192 tokens,
 # 131072 in all), causal; FLOPs the sequences' own
@@ -58,7 +64,10 @@ PACKED_SHAPES = [
     ("packed hd128 H32 causal", 32, 32, 128),
     ("packed hd64 H32/8 causal", 32, 8, 64),
 ]
+# CAUSAL_ROW_GROUP's values weighed against the table's (0: the launch order) on the causal shapes
+ROW_GROUPS = (4, 8)
 WATCHDOG_S = 400
+PROFILE = False  # --profile
 DTYPE = torch.bfloat16
 
 
@@ -101,7 +110,64 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
             label = (f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
                      if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
             variants.append((label, gluon))
+    if causal and window is None:
+        for rows in ROW_GROUPS:
+            def grouped(rows=rows):
+                saved = gluon_bwd.CAUSAL_ROW_GROUP  # read at each launch
+                gluon_bwd.CAUSAL_ROW_GROUP = rows
+                try:
+                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, mask=mask,
+                                                    gluon=("dkdv", "dq"))
+                finally:
+                    gluon_bwd.CAUSAL_ROW_GROUP = saved
+            variants.append((f"Gluon (tables), causal grids dealt in groups of {rows} rows", grouped))
     time_variants(name, variants, grads, want, flops)
+    if window is None and softcap is None:
+        time_peer(name, q, k, v, do, causal, flops)
+    if PROFILE:
+        profile_kernels(name, {"Gluon (tables)": backward(gluon=("dkdv", "dq")), **(
+            {"sdpa cuDNN": sdpa_backward(q, k, v, do, causal)} if window is None and softcap is None else {})})
+
+
+def sdpa_backward(q, k, v, do, causal):
+    """SDPA's cuDNN backward on the same inputs (k and v repeated to q's heads, as transformers'
+    SDPA attention does for GQA): a call that runs autograd's backward of one forward again."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    group = q.shape[1] // k.shape[1]
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k.repeat_interleave(group, 1),
+                                                              v.repeat_interleave(group, 1))]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+
+def time_peer(name, q, k, v, do, causal, flops):
+    """The peer's row: SDPA's cuDNN backward, timed as the variants are (not compared: its dk and
+    dv are per query head under GQA)."""
+    try:
+        call = sdpa_backward(q, k, v, do, causal)
+        call()
+    except RuntimeError as e:  # no cuDNN attention for this shape or build
+        print(f"{name} | sdpa cuDNN | skipped: {str(e)[:120]}", flush=True)
+        return
+    ms = triton.testing.do_bench(call)
+    print(f"{name} | sdpa cuDNN (peer) | {flops / ms / 1e9:.0f} TFLOP/s | {ms:.3f} ms", flush=True)
+
+
+def profile_kernels(name, calls):
+    """--profile: each call's kernels under torch.profiler (one call after a warm-up), ms each."""
+    from torch.autograd import DeviceType
+
+    for label, call in calls.items():
+        call()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        kernels = sorted(((e.key, e.self_device_time_total / 1e3) for e in prof.key_averages()
+                          if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0), key=lambda kt: -kt[1])
+        print(f"{name} | {label} kernels | " + "; ".join(f"{k[:60]} {ms:.3f} ms" for k, ms in kernels[:6]), flush=True)
 
 
 def time_variants(name, variants, grads, want, flops):
@@ -122,8 +188,8 @@ def time_variants(name, variants, grads, want, flops):
 
 
 def packed_rows(name, h, hkv, d):
-    """The tl and Gluon backward on one packed batch, the Gluon dk/dv kernel at each config its
-    head dim weighs (GLUON_DKDV_PACKED_CONFIG's where it has the head dim, GLUON_DKDV_CONFIG's)."""
+    """The tl and Gluon backward on one packed batch, the Gluon dk/dv kernel at GLUON_DKDV_CONFIG's
+    config and at DKDV_AB_CONFIGS' (those whose BLOCK_M divides packed_stats' blocks)."""
     lengths = varlen_lengths(VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX, VARLEN_TOKENS)
     total = sum(lengths)
     q = torch.randn(total, h, d, device="cuda", dtype=DTYPE)
@@ -147,17 +213,19 @@ def packed_rows(name, h, hkv, d):
     variants = [("tl, default schedule", backward(gluon=())),
                 ("tl, two passes", backward(deterministic=True, gluon=())),
                 ("Gluon (tables)", backward(gluon=("dkdv", "dq")))]
-    tables = gluon_bwd.GLUON_DKDV_PACKED_CONFIG
-    if d in tables:  # the packed table's config against the dense one's
-        table, dense = tables[d], gluon_bwd.GLUON_DKDV_CONFIG[d]
+    tables = gluon_bwd.GLUON_DKDV_CONFIG
+    table = tables[d]
+    for config in gluon_bwd.DKDV_AB_CONFIGS.get(d, ()):
+        if gluon_bwd.PACKED_STATS_BLOCK % config[0]:
+            continue  # a packed batch's BLOCK_M divides packed_stats' blocks
 
-        def dense_config():
-            tables[d] = dense  # read at each launch
+        def other(config=config):
+            tables[d] = config  # read at each launch
             try:
                 backward(gluon=("dkdv", "dq"))()
             finally:
                 tables[d] = table
-        variants.append((f"Gluon dkdv {dense} (the dense table's) + Gluon dq", dense_config))
+        variants.append((f"Gluon dkdv {config} + Gluon dq", other))
     time_variants(name, variants, grads, want, flops)
 
 
@@ -168,7 +236,11 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="*", default=[], help="words a shape's name must hold (any of them)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also each shape's kernels under torch.profiler: the Gluon pair's and cuDNN's")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     timer = threading.Timer(WATCHDOG_S, hang)
     timer.start()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
