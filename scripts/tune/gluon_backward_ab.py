@@ -125,42 +125,54 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
     if window is None and softcap is None:
         time_peer(name, q, k, v, do, causal, flops)
     if PROFILE:
-        profile_kernels(name, {"Gluon (tables)": backward(gluon=("dkdv", "dq")), **(
-            {"sdpa cuDNN": sdpa_backward(q, k, v, do, causal)} if window is None and softcap is None else {})})
+        calls = {"Gluon (tables)": backward(gluon=("dkdv", "dq"))}
+        if window is None and softcap is None:
+            calls["sdpa cuDNN"] = lambda: sdpa_backward(q, k, v, do, causal)()  # a forward, then its backward
+        profile_kernels(name, calls)
 
 
-def sdpa_backward(q, k, v, do, causal):
-    """SDPA's cuDNN backward on the same inputs (k and v repeated to q's heads, as transformers'
-    SDPA attention does for GQA): a call that runs autograd's backward of one forward again."""
+def sdpa_backward(q, k, v, do, causal, repeat=False):
+    """SDPA's cuDNN backward on the same inputs: a call that runs autograd's backward of one forward
+    again. GQA as the llama step's eager model runs it (enable_gqa, K and V at their own heads: the
+    cuDNN backend takes unequal head counts), or with K and V repeated to q's heads (`repeat`, as
+    transformers' repeat_kv does where enable_gqa is not used)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     group = q.shape[1] // k.shape[1]
-    leaves = [x.detach().clone().requires_grad_() for x in (q, k.repeat_interleave(group, 1),
-                                                              v.repeat_interleave(group, 1))]
+    if repeat:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=group > 1)
     return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
 
 def time_peer(name, q, k, v, do, causal, flops):
-    """The peer's row: SDPA's cuDNN backward, timed as the variants are (not compared: its dk and
-    dv are per query head under GQA)."""
-    try:
-        call = sdpa_backward(q, k, v, do, causal)
-        call()
-    except RuntimeError as e:  # no cuDNN attention for this shape or build
-        print(f"{name} | sdpa cuDNN | skipped: {str(e)[:120]}", flush=True)
-        return
-    ms = triton.testing.do_bench(call)
-    print(f"{name} | sdpa cuDNN (peer) | {flops / ms / 1e9:.0f} TFLOP/s | {ms:.3f} ms", flush=True)
+    """The peer's rows: SDPA's cuDNN backward, timed as the variants are (not compared), GQA native
+    and, where K and V have fewer heads, repeated too."""
+    for repeat in (False, True) if k.shape[1] < q.shape[1] else (False,):
+        label = "sdpa cuDNN (peer" + (", K and V repeated)" if repeat else ")")
+        try:
+            call = sdpa_backward(q, k, v, do, causal, repeat)
+            call()
+        except RuntimeError as e:  # no cuDNN attention for this shape or build
+            print(f"{name} | {label} | skipped: {str(e)[:120]}", flush=True)
+            continue
+        ms = triton.testing.do_bench(call)
+        print(f"{name} | {label} | {flops / ms / 1e9:.0f} TFLOP/s | {ms:.3f} ms", flush=True)
 
 
 def profile_kernels(name, calls):
-    """--profile: each call's kernels under torch.profiler (one call after a warm-up), ms each."""
+    """--profile: each call's kernels under torch.profiler (one call after a warm-up), ms each (the
+    cuDNN call's forward kernels among them: they are named apart from its backward's)."""
     from torch.autograd import DeviceType
 
     for label, call in calls.items():
-        call()
+        try:
+            call()
+        except RuntimeError as e:  # no cuDNN attention for this shape or build
+            print(f"{name} | {label} kernels | skipped: {str(e)[:120]}", flush=True)
+            continue
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             call()
