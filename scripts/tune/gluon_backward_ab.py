@@ -11,8 +11,8 @@ kernels, on the attention benchmark's training shapes, bf16, in one process:
 The window and softcap shapes are attention_bench's (the dk/dv kernel at GLUON_DKDV_SOFTCAP_CONFIG's
 config under the cap); the packed ones its packed batch (PACKED_SHAPES: the tl kernels, the Gluon
 pair, the dk/dv kernel at DKDV_AB_CONFIGS' configs too). Beside each shape without a window or
-softcap, SDPA's cuDNN backward on the same inputs (the peer; --profile: its kernels and the Gluon
-pair's, each under torch.profiler).
+softcap, SDPA's cuDNN backward on the same inputs (the peer; --profile: its kernels, forward and
+backward, and the Gluon forward's and pair's, each under torch.profiler).
 
 Each row is one whole backward (the preprocess, dk/dv, dq) on the same inputs, TFLOP/s counted as
 the benchmark counts them (2.5x the forward's FLOPs over the visible pairs); dq, dk, dv are compared
@@ -32,6 +32,7 @@ import triton
 
 from llmk.attention import gluon_flash_attention_bwd as gluon_bwd
 from llmk.attention.attention_checks import attention_mask
+from llmk.attention.attention_paths import forced_path
 from llmk.attention.flash_attention_ops import flash_attention_train_op, flash_attention_varlen_train_op, packed
 from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_backward
 from llmk.benchmarks.attention_bench import (
@@ -125,7 +126,11 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
     if window is None and softcap is None:
         time_peer(name, q, k, v, do, causal, flops)
     if PROFILE:
-        calls = {"Gluon (tables)": backward(gluon=("dkdv", "dq"))}
+        def forward():
+            with forced_path("gluon"):
+                flash_attention_train_op(q, k, v, causal, None, None, False, mask.window_left, mask.window_right,
+                                         mask.softcap)
+        calls = {"Gluon forward": forward, "Gluon (tables)": backward(gluon=("dkdv", "dq"))}
         if window is None and softcap is None:
             calls["sdpa cuDNN"] = lambda: sdpa_backward(q, k, v, do, causal)()  # a forward, then its backward
         profile_kernels(name, calls)
@@ -249,7 +254,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="*", default=[], help="words a shape's name must hold (any of them)")
     parser.add_argument("--profile", action="store_true",
-                        help="also each shape's kernels under torch.profiler: the Gluon pair's and cuDNN's")
+                        help="also each shape's kernels under torch.profiler: the Gluon forward's and backward's, "
+                             "and cuDNN's forward and backward")
     args = parser.parse_args()
     global PROFILE
     PROFILE = args.profile
