@@ -19,7 +19,9 @@ recomputed q k^T), fwd+bwd 3.5x. Providers: triton (the tl kernels), triton-gluo
 and backward), sdpa-flash, sdpa-cudnn, and naive where its
 fp32 scores take at most 2 GiB (the interpreter's baseline for the max_err gate). Shapes: B4 H32 T4096
 full and causal, B16 H32 T1024 causal, B1 H32 T16384 causal at hd 128; B8 H32 T2048 full and
-causal at hd 64.
+causal at hd 64; and (op "attention-causal-gqa") the llama-1.5b training step's attention
+(benchmarks/train_bench.py): B2 H32 T4096 hd 64 causal over 8 KV heads, SDPA's backends called
+with enable_gqa as transformers' SDPA attention calls them, the reference on K and V repeated.
 
 Packed sequences (op "attention-varlen", bf16 hd128, H 32, causal, fwd and fwd+bwd): 64 sequences
 of 128..8192 tokens (VARLEN_TOKENS in all) through flash_attention_varlen, against the same batch
@@ -76,8 +78,8 @@ def sdpa(backend):
     from torch.nn.attention import sdpa_kernel
 
     def call(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with sdpa_kernel(backend):  # GQA (fewer K and V heads) as transformers' SDPA attention passes it
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
     return call
 
 
@@ -161,6 +163,10 @@ WRT = (0, 1, 2)  # q, k, v get gradients
 TRAIN_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (16, 32, 1024, 128, True),
                 (1, 32, 16384, 128, True), (8, 32, 2048, 64, False), (8, 32, 2048, 64, True)]
 SMOKE_TRAIN_SHAPES = [(1, 2, 33, 32, False), (1, 2, 33, 32, True)]
+# (B, H, Hkv, T, D) of the GQA training rows (op "attention-causal-gqa", causal): the attention of
+# benchmarks/train_bench.py's llama-1.5b step (hidden 2048: 32 heads of 64 over 8 KV heads, B2 x T4096)
+TRAIN_GQA_SHAPES = [(2, 32, 8, 4096, 64)]
+SMOKE_TRAIN_GQA_SHAPES = [(1, 4, 2, 33, 32)]
 
 
 NAIVE_TRAIN_MAX_BYTES = 2 ** 31  # the naive backward keeps a few fp32 score matrices of this size
@@ -178,20 +184,28 @@ def train_providers(b, h, t):
 
 
 def reference_grads(inputs, causal, dys):
-    """dq, dk, dv in fp32: SDPA's memory-efficient backend on a GPU (no T x T buffer), the naive
-    attention in the interpreter."""
+    """dq, dk, dv in fp32: SDPA's memory-efficient backend on a GPU (no T x T buffer; under GQA on K
+    and V repeated to q's heads, so dk and dv sum over each group), the naive attention in the
+    interpreter."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     leaves = [t.detach().float().requires_grad_() for t in inputs]
     if DEVICE == "cuda":
+        q, k, v = leaves
+        group = q.shape[1] // k.shape[1]
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-            out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+            out = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                                 is_causal=causal)
     else:
         out = naive_attention(*leaves, causal)
     return torch.autograd.grad(out, leaves, [d.float() for d in dys])
 
 
-def train_setup(shape, causal):
-    q, k, v = (torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(3))
+def train_setup(shape, causal, kv_heads=None):
+    """A training row's inputs (q (B, H, T, D); k and v with kv_heads heads, H where None), its
+    upstream gradient and the fp32 reference gradients."""
+    b, h, t, d = shape
+    q = torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE)
+    k, v = (torch.randn(b, kv_heads or h, t, d, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(2))
     dys = [torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE)]
     return (q, k, v, causal, dys), reference_grads((q, k, v), causal, dys)
 
@@ -213,12 +227,18 @@ def bind_mode(providers, mode):
     return bind
 
 
-def train_cases(shapes):
-    for b, h, t, d, causal in shapes:
+def train_cases(shapes, gqa_shapes=()):
+    """The training rows: shapes' (B, H, T, D, causal), op "attention" or "attention-causal"; and
+    gqa_shapes' (B, H, Hkv, T, D), causal, op "attention-causal-gqa" (the shape column B, H, T, D;
+    FLOPs on the query heads)."""
+    rows = [(b, h, None, t, d, causal) for b, h, t, d, causal in shapes]
+    rows += [(b, h, hkv, t, d, True) for b, h, hkv, t, d in gqa_shapes]
+    for b, h, hkv, t, d, causal in rows:
         providers = train_providers(b, h, t)
+        op = "attention-causal-gqa" if hkv else "attention-causal" if causal else "attention"
         for mode, factor in (("fwd+bwd", 3.5), ("bwd", 2.5)):
-            yield BenchCase("attention-causal" if causal else "attention", (b, h, t, d), TRAIN_DTYPE, providers,
-                       lambda shape=(b, h, t, d), causal=causal: train_setup(shape, causal),
+            yield BenchCase(op, (b, h, t, d), TRAIN_DTYPE, providers,
+                       lambda shape=(b, h, t, d), causal=causal, hkv=hkv: train_setup(shape, causal, hkv),
                        flops=int(factor * attention_flops(b, h, t, d, causal)), mode=mode, peak=True,
                        bind=bind_mode(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
 
@@ -445,7 +465,7 @@ def charts(args, panels):
 def main():
     args = parse_args(__doc__)
     panels = sweeps((32, 64), (16, 33), 33, 64) if args.smoke else sweeps((64, 128), FULL_T, TOKENS, 2048)
-    train_shapes = SMOKE_TRAIN_SHAPES if args.smoke else TRAIN_SHAPES
+    train_shapes = (SMOKE_TRAIN_SHAPES, SMOKE_TRAIN_GQA_SHAPES) if args.smoke else (TRAIN_SHAPES, TRAIN_GQA_SHAPES)
     if args.smoke:
         varlen = ([5, 1, 30, 12], 2, 32)
     else:
@@ -453,7 +473,7 @@ def main():
     (window_shape, left), (softcap_shape, softcap) = ((SMOKE_WINDOW, SMOKE_SOFTCAP) if args.smoke else
                                                       ((WINDOW_SHAPE, WINDOW_LEFT), (SOFTCAP_SHAPE, SOFTCAP)))
     run(args, "attention", charts(args, panels),
-        cases=lambda: [*cases(panels), *train_cases(train_shapes), *varlen_cases(*varlen),
+        cases=lambda: [*cases(panels), *train_cases(*train_shapes), *varlen_cases(*varlen),
                        *option_cases("attention-window", window_shape, left, None),
                        *option_cases("attention-softcap", softcap_shape, None, softcap)], ours=OURS)
 

@@ -48,7 +48,14 @@ PAGE = Area(
      Group(("attention-window", "attention-window off"), "sliding window, GPU time, Gluon path", graph=True,
            mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY),
      Group(("attention-softcap", "attention-softcap off"), "logit softcap, GPU time, Gluon path", graph=True,
-           mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY)],
+           mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY),
+     # the llama-1.5b training step's attention (GQA 32/8, hd 64), both paths
+     Group(("attention-causal-gqa",), "GQA causal (the llama step's), GPU time", graph=True, mode="fwd+bwd"),
+     Group(("attention-causal-gqa",), "GQA causal (the llama step's) (do_bench)", mode="bwd"),
+     Group(("attention-causal-gqa",), "GQA causal (the llama step's), GPU time, Gluon path", graph=True,
+           mode="fwd+bwd", ours="triton-gluon", why=GLUON_WHY),
+     Group(("attention-causal-gqa",), "GQA causal (the llama step's) (do_bench), Gluon path", mode="bwd",
+           ours="triton-gluon", why=GLUON_WHY)],
     ["Figures are TFLOP/s (compute-bound): no share of copy bandwidth applies. Training rows count "
      "the backward as 2.5x the forward's FLOPs, fwd+bwd as 3.5x (flash-attention's convention).",
      "Packed rows count the packed batch's own FLOPs for every provider: the padded providers do "
