@@ -54,7 +54,17 @@ from llmk.attention.triton_flash_attention_bwd import launch_flash_attention_bac
 from llmk.attention.triton_flash_attention_fwd import MAX_GRID_Y
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.environment import environment
-from llmk.devtools.testing import Case, Outcome, Skip, compare, expect_raises, main, poisoned, rand
+from llmk.devtools.testing import (
+    Case,
+    Outcome,
+    Skip,
+    compare,
+    expect_raises,
+    main,
+    poisoned,
+    rand,
+    table_entry,
+)
 
 
 def check_gluon_dispatch():
@@ -461,13 +471,9 @@ def check_row_groups(b, h, hkv, t, d, rows):
 
     def backward(group):
         grads = [poisoned(x.shape, x.dtype) for x in (q, k, v)]
-        saved = gluon_bwd.CAUSAL_ROW_GROUP  # read at each launch
-        gluon_bwd.CAUSAL_ROW_GROUP = group
-        try:
+        with table_entry(vars(gluon_bwd), "CAUSAL_ROW_GROUP", group):  # read at each launch
             launch_flash_attention_backward(do, q, k, v, o, lse, *grads, True, 1.0 / math.sqrt(d),
                                             gluon=("dkdv", "dq"))
-        finally:
-            gluon_bwd.CAUSAL_ROW_GROUP = saved
         return grads
     launch_order, grouped = backward(0), backward(rows)
     return [compare(f"{name} in groups of {rows} rows against the launch order", g, want, EXACT)

@@ -48,7 +48,7 @@ import torch
 from llmk.attention.attention_paths import forced_path, gluon_runs_here
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.timing import time_ms
-from llmk.devtools.bench import kernel_share
+from llmk.devtools.bench import ATTENTION_KERNEL, kernel_share
 from llmk.devtools.harness import parse_args, run
 from llmk.devtools.results import make_row, plot_sweeps, shape_str
 
@@ -84,7 +84,6 @@ DECODE_COMPILE_NOTE = ("torch.compile decode skipped: a compiled decoder layer r
 PROVIDERS = {"prefill": ("eager", "triton", "triton-gluon", "torch.compile"), "decode": ("eager", "triton")}
 OURS = ("triton", "triton-gluon")
 GEMM_KERNEL = re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm)$", re.IGNORECASE)
-ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
 
 
 def shape_of(config):

@@ -44,8 +44,9 @@ The loss curves of 100 steps (loss_steps) of eager, triton, triton+fp8 and the t
 CURVE_MODEL, from the same initial weights and the same batches, go into meta["loss_curves"] and a
 PNG.
 Attention's share (meta["attention_share"], CURVE_MODEL, whole runs): one step of eager, triton,
-torch.compile and liger under torch.profiler, the time of attention's kernels (ATTENTION_KERNEL)
-beside the timed step's ms; and triton's model again with its attention forced onto the tl kernels
+torch.compile and liger under torch.profiler, the time of attention's kernels (devtools.bench's
+ATTENTION_KERNEL; repeat_kv's copies, where a GQA model makes them, not among them) beside the
+timed step's ms; and triton's model again with its attention forced onto the tl kernels
 (LLMK_ATTENTION_PATH=tl; its steps timed again): the share before the Gluon kernels.
 
 Packed rows (op "train_step_packed", shape "<model> <layout> <n> seqs <tokens> tokens", providers
@@ -63,7 +64,6 @@ Needs transformers (optional for the repository): without it the script says so 
 """
 import gc
 import importlib.util
-import re
 import statistics
 import time
 
@@ -71,7 +71,7 @@ import torch
 
 from llmk.attention.attention_paths import forced_path
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.devtools.bench import kernel_share
+from llmk.devtools.bench import ATTENTION_KERNEL, kernel_share
 from llmk.devtools.harness import parse_args, run
 from llmk.devtools.peers import LIGER
 from llmk.devtools.results import make_row
@@ -116,9 +116,6 @@ OURS = ("triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8")
 CURVES = ("eager", "triton", "triton+fp8", *TORCHAO)  # the providers whose loss curves are kept
 # a smoke run's: triton+fp8's steps are the longest in the interpreter (~9 s each on the tiny Llama)
 SMOKE_CURVES = ("eager", "triton")
-# attention's kernels in a profile: SDPA's (cuDNN, flash, memory-efficient) and ours (the tl and Gluon
-# forwards, the backward's preprocess, dk/dv and dq kernels); GQA's repeat_kv copies in eager not counted
-ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|sdpa|dkdv|_dq_kernel|_preprocess_kernel", re.IGNORECASE)
 SHARE_PROVIDERS = ("eager", "triton", "torch.compile", LIGER)  # CURVE_MODEL's steps profiled for it
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
 

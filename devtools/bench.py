@@ -5,6 +5,7 @@ against the device-to-device copy bandwidth measured in the same run, counting b
 bytes written, because absolute figures move between machines. In smoke mode (the interpreter on
 CPU) a host clock stands in: the numbers then mean nothing and only prove the benchmark code runs.
 """
+import re
 import time
 
 import torch
@@ -75,10 +76,14 @@ def peak_extra_MB(call):
     return round(peak / 1e6, 1)
 
 
-def kernel_share(prof, match, exclude=None):
-    """The time of the kernels of a torch.profiler profile whose names `match` (a compiled regex)
-    finds and `exclude` does not, over all kernel time, and the top kernels: {"source", "ms",
-    "total_ms", "share", "top"}. On the CPU (smoke) the aten ops' self times stand in for kernels."""
+# attention's kernels in a profile: SDPA's (cuDNN, flash, memory-efficient) and ours (the tl and Gluon
+# forwards, the backward's preprocess, dk/dv and dq kernels)
+ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|sdpa|dkdv|_dq_kernel|_preprocess_kernel", re.IGNORECASE)
+
+
+def kernel_times(prof):
+    """(source, [(name, us)]): a torch.profiler profile's CUDA kernels, their self time summed by
+    name. On the CPU (smoke) the aten ops' self times stand in for kernels."""
     from torch.autograd import DeviceType
 
     events = prof.key_averages()
@@ -87,11 +92,20 @@ def kernel_share(prof, match, exclude=None):
     gpu = [(e.key, e.self_device_time_total) for e in events
            if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
            and not getattr(e, "is_user_annotation", False)]
-    timed = gpu or [(e.key, e.self_cpu_time_total) for e in events if e.key.startswith("aten::")]
+    if gpu:
+        return "CUDA kernels", gpu
+    return "CPU aten ops", [(e.key, e.self_cpu_time_total) for e in events if e.key.startswith("aten::")]
+
+
+def kernel_share(prof, match, exclude=None):
+    """The time of the kernels of a torch.profiler profile (kernel_times) whose names `match` (a
+    compiled regex) finds and `exclude` does not, over all kernel time, and the top kernels:
+    {"source", "ms", "total_ms", "share", "top"}."""
+    source, timed = kernel_times(prof)
     total = sum(t for _, t in timed)
     picked = sum(t for name, t in timed if match.search(name) and not (exclude and exclude.search(name)))
     top = sorted(timed, key=lambda kt: -kt[1])[:6]
-    return {"source": "CUDA kernels" if gpu else "CPU aten ops", "ms": round(picked / 1e3, 3),
+    return {"source": source, "ms": round(picked / 1e3, 3),
             "total_ms": round(total / 1e3, 3), "share": round(picked / total, 3) if total else None,
             "top": [[name[:90], round(t / 1e3, 3)] for name, t in top]}
 

@@ -20,6 +20,7 @@ Tolerance rule (from flash-attention's tests): an output passes when every eleme
 supplies PyTorch's own same-dtype result, its max error is at most 2x PyTorch's plus `atol`.
 An fp16/bf16 output must also be rounded to nearest: see `rounding_bias`.
 """
+import contextlib
 import math
 import os
 import random
@@ -289,6 +290,18 @@ def rand(shape, dtype, *, pad=None, scale=1.0):
     pad = pad or (0,) * len(shape)
     full = torch.randn(*(s + p for s, p in zip(shape, pad)), device=DEVICE) * scale
     return full.to(dtype)[tuple(slice(0, s) for s in shape)]
+
+
+@contextlib.contextmanager
+def table_entry(table, key, value):
+    """table[key] = value inside the block, then restored: a launcher's config table, which it reads
+    at each launch, or a module's setting through vars(module)."""
+    before = table[key]
+    table[key] = value
+    try:
+        yield
+    finally:
+        table[key] = before
 
 
 def dtype_name(dtype):

@@ -43,6 +43,8 @@ from llmk.benchmarks.attention_bench import (
     attention_flops,
     varlen_lengths,
 )
+from llmk.devtools.bench import kernel_times
+from llmk.devtools.testing import table_entry
 
 # (name, B, H, Hkv, T, D, causal, window, softcap): attention_bench's training rows, its GQA shape's
 # group, and its window and softcap rows (FLOPs on the visible pairs, as it counts them)
@@ -97,31 +99,17 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
     # under a softcap the dk/dv kernel reads GLUON_DKDV_SOFTCAP_CONFIG: its sweep stays on the other shapes
     dkdv_tables = (gluon_bwd.GLUON_DKDV_SOFTCAP_CONFIG, {}) if softcap else (gluon_bwd.GLUON_DKDV_CONFIG,
                                                                             gluon_bwd.DKDV_AB_CONFIGS)
+    pair = backward(gluon=("dkdv", "dq"))
     for kernel, tables, others in (("dkdv", *dkdv_tables),
                                    ("dq", gluon_bwd.GLUON_DQ_CONFIG, gluon_bwd.DQ_AB_CONFIGS)):
         table = tables[d]
         for config in (table, *others.get(d, ())) if kernel == "dkdv" else others[d]:
-            def gluon(config=config, tables=tables, table=table):
-                tables[d] = config  # read at each launch
-                try:
-                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, mask=mask,
-                                                    gluon=("dkdv", "dq"))
-                finally:
-                    tables[d] = table
             label = (f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
                      if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
-            variants.append((label, gluon))
+            variants.append((label, with_entry(pair, tables, d, config)))
     if causal and window is None:
-        for rows in ROW_GROUPS:
-            def grouped(rows=rows):
-                saved = gluon_bwd.CAUSAL_ROW_GROUP  # read at each launch
-                gluon_bwd.CAUSAL_ROW_GROUP = rows
-                try:
-                    launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, scale, mask=mask,
-                                                    gluon=("dkdv", "dq"))
-                finally:
-                    gluon_bwd.CAUSAL_ROW_GROUP = saved
-            variants.append((f"Gluon (tables), causal grids dealt in groups of {rows} rows", grouped))
+        variants += [(f"Gluon (tables), causal grids dealt in groups of {rows} rows",
+                      with_entry(pair, vars(gluon_bwd), "CAUSAL_ROW_GROUP", rows)) for rows in ROW_GROUPS]
     time_variants(name, variants, grads, want, flops)
     if window is None and softcap is None:
         time_peer(name, q, k, v, do, causal, flops)
@@ -130,10 +118,19 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
             with forced_path("gluon"):
                 flash_attention_train_op(q, k, v, causal, None, None, False, mask.window_left, mask.window_right,
                                          mask.softcap)
-        calls = {"Gluon forward": forward, "Gluon (tables)": backward(gluon=("dkdv", "dq"))}
+        calls = {"Gluon forward": forward, "Gluon (tables)": pair}
         if window is None and softcap is None:
             calls["sdpa cuDNN"] = lambda: sdpa_backward(q, k, v, do, causal)()  # a forward, then its backward
         profile_kernels(name, calls)
+
+
+def with_entry(call, table, key, value):
+    """call with table[key] = value around it (table_entry: the launchers read their tables, and
+    CAUSAL_ROW_GROUP, at each launch)."""
+    def run():
+        with table_entry(table, key, value):
+            call()
+    return run
 
 
 def sdpa_backward(q, k, v, do, causal, repeat=False):
@@ -170,8 +167,6 @@ def time_peer(name, q, k, v, do, causal, flops):
 def profile_kernels(name, calls):
     """--profile: each call's kernels under torch.profiler (one call after a warm-up), ms each (the
     cuDNN call's forward kernels among them: they are named apart from its backward's)."""
-    from torch.autograd import DeviceType
-
     for label, call in calls.items():
         try:
             call()
@@ -182,9 +177,9 @@ def profile_kernels(name, calls):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             call()
             torch.cuda.synchronize()
-        kernels = sorted(((e.key, e.self_device_time_total / 1e3) for e in prof.key_averages()
-                          if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0), key=lambda kt: -kt[1])
-        print(f"{name} | {label} kernels | " + "; ".join(f"{k[:60]} {ms:.3f} ms" for k, ms in kernels[:6]), flush=True)
+        kernels = sorted(kernel_times(prof)[1], key=lambda kt: -kt[1])[:6]
+        listed = "; ".join(f"{k[:60]} {us / 1e3:.3f} ms" for k, us in kernels)
+        print(f"{name} | {label} kernels | {listed}", flush=True)
 
 
 def time_variants(name, variants, grads, want, flops):
@@ -230,19 +225,10 @@ def packed_rows(name, h, hkv, d):
     variants = [("tl, default schedule", backward(gluon=())),
                 ("tl, two passes", backward(deterministic=True, gluon=())),
                 ("Gluon (tables)", backward(gluon=("dkdv", "dq")))]
-    tables = gluon_bwd.GLUON_DKDV_CONFIG
-    table = tables[d]
     for config in gluon_bwd.DKDV_AB_CONFIGS.get(d, ()):
-        if gluon_bwd.PACKED_STATS_BLOCK % config[0]:
-            continue  # a packed batch's BLOCK_M divides packed_stats' blocks
-
-        def other(config=config):
-            tables[d] = config  # read at each launch
-            try:
-                backward(gluon=("dkdv", "dq"))()
-            finally:
-                tables[d] = table
-        variants.append((f"Gluon dkdv {config} + Gluon dq", other))
+        if gluon_bwd.PACKED_STATS_BLOCK % config[0] == 0:  # a packed batch's BLOCK_M divides packed_stats' blocks
+            variants.append((f"Gluon dkdv {config} + Gluon dq",
+                             with_entry(backward(gluon=("dkdv", "dq")), gluon_bwd.GLUON_DKDV_CONFIG, d, config)))
     time_variants(name, variants, grads, want, flops)
 
 
