@@ -127,8 +127,11 @@ GLUON_DKDV_SOFTCAP_CONFIG = {
 # hd 128 B4 H32/8 T4096, 1.03x at the dense MHA shapes. CAUSAL_ROW_GROUP > 0 deals the programs
 # in groups of that many rows, block-major within a group, heaviest block first (modelled 1.00x
 # at groups of 4 at both GQA shapes; a group's rows share their q and dO in L2 as neighbours do
-# in the launch order). 0: the launch order. Not yet measured: the A/B weighs 0, 4 and 8.
-CAUSAL_ROW_GROUP = 0
+# in the launch order). 0: the launch order. On the H200 (scripts/tune/gluon_backward_ab.py, bwd
+# TFLOP/s, 0 -> 4 -> 8): the llama shape 338 -> 387 -> 377 (cuDNN 359), hd 128 GQA 416 -> 424 ->
+# 432, hd 128 MHA T 4096 415 -> 430 -> 420, T 16384 457 -> 461 -> 444, T 1024 289 -> 293 -> 294,
+# hd 64 B8 T 2048 317 -> 323 -> 325: 4 wins or ties everywhere, 8 loses at T 16384.
+CAUSAL_ROW_GROUP = 4
 # the other configs scripts/tune/gluon_backward_ab.py weighs (and scripts/gluon_compile.py compiles)
 DKDV_AB_CONFIGS = {
     64: ((64, 128, 2), (64, 128, 3)),

@@ -6,8 +6,8 @@ kernels, on the attention benchmark's training shapes, bf16, in one process:
 - one kernel in Gluon and the other tl, at the tables' configs;
 - both in Gluon: the dk/dv kernel at GLUON_DKDV_CONFIG's config and at DKDV_AB_CONFIGS', the dq
   kernel at GLUON_DQ_CONFIG's; then the dq kernel at DQ_AB_CONFIGS'; on the causal shapes without
-  a window, both at the tables' configs with the grids dealt heaviest block first in groups of
-  ROW_GROUPS' rows (CAUSAL_ROW_GROUP).
+  a window, both at the tables' configs with the grids dealt at ROW_GROUPS' values of
+  CAUSAL_ROW_GROUP (0: the launch order; else heaviest block first in groups of that many rows).
 The window and softcap shapes are attention_bench's (the dk/dv kernel at GLUON_DKDV_SOFTCAP_CONFIG's
 config under the cap); the packed ones its packed batch (PACKED_SHAPES: the tl kernels, the Gluon
 pair, the dk/dv kernel at DKDV_AB_CONFIGS' configs too). Beside each shape without a window or
@@ -67,8 +67,8 @@ PACKED_SHAPES = [
     ("packed hd128 H32 causal", 32, 32, 128),
     ("packed hd64 H32/8 causal", 32, 8, 64),
 ]
-# CAUSAL_ROW_GROUP's values weighed against the table's (0: the launch order) on the causal shapes
-ROW_GROUPS = (4, 8)
+# CAUSAL_ROW_GROUP's values weighed against the table's (4) on the causal shapes (0: the launch order)
+ROW_GROUPS = (0, 8)
 WATCHDOG_S = 400
 PROFILE = False  # --profile
 DTYPE = torch.bfloat16
@@ -108,7 +108,8 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
                      if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
             variants.append((label, with_entry(pair, tables, d, config)))
     if causal and window is None:
-        variants += [(f"Gluon (tables), causal grids dealt in groups of {rows} rows",
+        deal = {rows: f"in groups of {rows} rows" if rows else "in the launch order" for rows in ROW_GROUPS}
+        variants += [(f"Gluon (tables), causal grids dealt {deal[rows]}",
                       with_entry(pair, vars(gluon_bwd), "CAUSAL_ROW_GROUP", rows)) for rows in ROW_GROUPS]
     time_variants(name, variants, grads, want, flops)
     if window is None and softcap is None:
