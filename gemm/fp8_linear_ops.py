@@ -16,8 +16,9 @@ Saved for the backward: x and W as given (16-bit), not their FP8 copies. x_fp8, 
 that made x also cast it (gemm/triton_fp8_producers.py: the same bytes quantize_fp8(x, "row")
 gives), is the forward's left operand as it is, and the forward's quantization pass is skipped;
 the backward still reads x (its weight gradient casts x along the tokens). quantize_fp8 reads the
-transposed operands in place (strided); a cast that writes both layouts in one pass is the next
-step for speed.
+transposed operands (W.T, dy.T, x.T) in place: a transposed view takes its column kernels, which
+read along the contiguous dimension (gemm/triton_fp8_quant.py). A cast that writes both layouts in
+one pass is the next step for speed.
 
 Error: each product carries e4m3's rounding of both operands, 2^-4 relative at most a value
 (half an ulp of a 3-bit significand), on top of fp8_matmul's own sums and one rounding:

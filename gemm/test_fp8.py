@@ -44,11 +44,13 @@ from llmk.normalization.triton_rmsnorm import rmsnorm
 
 
 def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_rows=(), one_pass=None,
-                   outlier=None, nan_at=None):
+                   outlier=None, nan_at=None, pad=0):
     """quantize_fp8's q and scale against reference_quantize, bit for bit, in poisoned buffers
-    (one_pass forces the row-wise path), and the public function's once more. outlier: the first
-    column set to it, so that the rest of each group lands on e4m3's subnormals and signed zeros."""
-    x = rand((k, m), dtype, scale=scale).t() if transposed else rand((m, k), dtype, scale=scale)
+    (one_pass forces the row-wise kernel's path), and the public function's once more. transposed:
+    x a column-major view (the column kernels' input, row-wise), of a (k, m + pad) tensor. outlier:
+    the first column set to it, so that the rest of each group lands on e4m3's subnormals and signed
+    zeros."""
+    x = rand((k, m + pad), dtype, scale=scale)[:, :m].t() if transposed else rand((m, k), dtype, scale=scale)
     for r in zero_rows:
         x[r] = 0
     if outlier is not None:
@@ -319,6 +321,15 @@ def cases():
     add("quantize row (1, 1) bf16", check_quantize, m=1, k=1, dtype=torch.bfloat16, granularity="row")
     add("quantize row (33, 64) transposed view x 1e4", check_quantize, m=33, k=64, dtype=torch.bfloat16,
         granularity="row", transposed=True, scale=1e4)
+    # transposed views take the column kernels: edge tiles both ways, several amax programs a row
+    add("quantize row (37, 300) fp16 transposed view, a zero row, a NaN", check_quantize, m=37, k=300,
+        dtype=torch.float16, granularity="row", transposed=True, zero_rows=(5,), nan_at=(36, 299))
+    add("quantize row (19, 45) fp32 transposed view of a padded tensor, outlier 3e4", check_quantize, m=19, k=45,
+        dtype=torch.float32, granularity="row", transposed=True, pad=3, outlier=3e4)
+    add("quantize row (2, 7) transposed view x 1e-3 (e4m3 subnormals)", check_quantize, m=2, k=7,
+        dtype=torch.bfloat16, granularity="row", transposed=True, scale=1e-3)
+    add("quantize row (33, 64) transposed view, the row kernel", check_quantize, m=33, k=64, dtype=torch.bfloat16,
+        granularity="row", transposed=True, one_pass=True)
     add("quantize row (9, 40) x 1e-3 (e4m3 subnormals)", check_quantize, m=9, k=40, dtype=torch.float32,
         granularity="row", scale=1e-3)
     add("quantize row (6, 500) outlier 3e4 (subnormals, signed zeros)", check_quantize, m=6, k=500,
@@ -349,6 +360,11 @@ def cases():
         granularity="1x128")
     add("quantize 128x128 (14336, 4096) bf16", check_quantize, gpu_only=True, m=14336, k=4096,
         dtype=torch.bfloat16, granularity="128x128")
+    # the llama-1.5b step's weight-gradient casts: x.T and dy.T of 8192 tokens
+    add("quantize row (2048, 8192) transposed view bf16", check_quantize, gpu_only=True, m=2048, k=8192,
+        dtype=torch.bfloat16, granularity="row", transposed=True)
+    add("quantize row (8192, 8192) transposed view bf16 a NaN", check_quantize, gpu_only=True, m=8192, k=8192,
+        dtype=torch.bfloat16, granularity="row", transposed=True, nan_at=(4000, 8191))
     # a transposed view whose offsets pass 2^31 (fp8_linear's backward quantizes dy.T and x.T)
     add("quantize row (65600, 32768) transposed view, offsets past 2^31", check_quantize, gpu_only=True, gpu_gb=48,
         m=65600, k=32768, dtype=torch.bfloat16, granularity="row", transposed=True)

@@ -19,7 +19,16 @@ Bytes: x read once (M * K * e), q written (M * K), the scales (4 bytes a group).
 row of at most ONE_PASS_MAX values: a program keeps its rows in registers between the max and the
 cast; a longer row is read twice, the second time from L2 (a program's BLOCK_M rows of a 16K-wide
 bf16 row are 32 KB a row).
+
+Row-wise on a column-major x (x.T contiguous: the transposed views fp8_linear's backward casts,
+dy.T, x.T and W.T), a row's values lie M apart, and the row kernel would read a 32-byte sector for
+each 2-byte value. There two kernels take tiles of x.T, contiguous along x's rows: the first adds
+each tile's per-row max |x| into an int32 amax a row by atomic max (the bits of a non-negative
+float order as the float does, and a NaN's bits top +inf's, so a NaN wins as PyTorch's amax lets
+it), the second casts each tile with its rows' scales and stores it transposed (Triton moves the
+tile between the two layouts through shared memory). x is read twice: 2 * M * K * e + M * K bytes.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -39,6 +48,14 @@ INTERPRET_ROW_TILE = (4, 32)
 # the interpreter's one-pass programs take rows up to this many values: its cost is a program's
 # (an e4m3 KV cache of 2370 rows of 128 took 590 programs and 17 s a quantization at 4 rows)
 INTERPRET_ONE_PASS_VALUES = 4096
+# Column-major row-wise (module docstring): a tile is COL_TILE = (BLOCK_K values along x's rows, BLOCK_M
+# rows, contiguous in memory); the amax kernel's programs take COL_AMAX_STEPS tiles along K each (an
+# atomic a row and program). Not yet measured on a GPU: 128 contiguous bf16 rows are 256 bytes a load,
+# and 64 x 128 is 32 fp32 a thread at 8 warps. Interpreter: several programs along both at test shapes.
+COL_TILE = (64, 128)
+COL_AMAX_STEPS = 4
+INTERPRET_COL_TILE = (8, 16)
+INTERPRET_COL_AMAX_STEPS = 2
 # 1 x 128 groups: rows a program (its tile is BLOCK_M x 128)
 GROUP_ROWS = 32
 INTERPRET_GROUP_ROWS = 8
@@ -139,6 +156,45 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, strid
 
 
 @triton.jit
+def _col_amax_kernel(x_ptr, amax_ptr, M, K, stride_xk, STEPS: tl.constexpr, BLOCK_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr):
+    """x (M, K) column-major (unit row stride, stride_xk between columns): the max |x| of BLOCK_M rows
+    over STEPS * BLOCK_K columns joins amax_ptr's (M,) int32, the bits of a non-negative fp32 (zero
+    before the launch; a NaN's bits top every other value's)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(1) * (STEPS * BLOCK_K) + tl.arange(0, BLOCK_K)
+    big = tl.zeros([BLOCK_M], tl.int32)
+    for step in range(STEPS):
+        k = rk + step * BLOCK_K
+        ok = (k < K)[:, None] & (rm < M)[None, :]
+        x = tl.load(x_ptr + k[:, None].to(tl.int64) * stride_xk + rm[None, :], mask=ok, other=0.0)
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF  # |x|, a NaN stays one
+        big = tl.maximum(big, tl.max(bits, axis=0))
+    tl.atomic_max(amax_ptr + rm, big, mask=rm < M, sem="relaxed")
+
+
+@triton.jit
+def _col_cast_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, M, K, stride_xk, stride_qm, FP8_MAX_: tl.constexpr,
+                     AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr):
+    """x (M, K) column-major, as _col_amax_kernel reads it: a BLOCK_K x BLOCK_M tile of x.T cast with
+    its rows' amax (_col_amax_kernel's), stored into q (M, K) row-major; the first column of
+    programs stores the rows' scales."""
+    pid_k = tl.program_id(1)
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    row_ok = rm < M
+    ok = (rk < K)[:, None] & row_ok[None, :]
+    bits = tl.load(amax_ptr + rm, mask=row_ok, other=0)
+    amax = tl.maximum(bits.to(tl.float32, bitcast=True), AMAX_FLOOR_, propagate_nan=tl.PropagateNan.ALL)
+    x = tl.load(x_ptr + rk[:, None].to(tl.int64) * stride_xk + rm[None, :], mask=ok, other=0.0).to(tl.float32)
+    q = cast_e4m3(x, quant_factor(amax, FP8_MAX_)[None, :], FP8_MAX_, SOFT_ROUND)
+    tl.store(q_ptr + rm[None, :].to(tl.int64) * stride_qm + rk[:, None], q, mask=ok)
+    if pid_k == 0:
+        tl.store(s_ptr + rm, quant_scale(amax, FP8_MAX_), mask=row_ok)
+
+
+@triton.jit
 def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm,
                             FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
                             TILE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_K: tl.constexpr):
@@ -185,12 +241,36 @@ def row_plan(k, one_pass=None):
     return block_m, block_k, one_pass
 
 
+def column_major(x):
+    """Whether x (M, K)'s rows are its contiguous dimension (x.T row-major, as a transposed view of a
+    contiguous tensor is): the row-wise cast then takes the column kernels."""
+    m, k = x.shape
+    return m > 1 and k > 1 and x.stride(0) == 1 and x.stride(1) >= m
+
+
+def launch_quantize_columns(x, q, scale):
+    """The row-wise cast of a column-major x (M, K) (column_major) into q (M, K) row-major and scale
+    (M,): _col_amax_kernel, then _col_cast_kernel (module docstring)."""
+    m, k = x.shape
+    block_k, block_m = INTERPRET_COL_TILE if INTERPRET else COL_TILE
+    steps = INTERPRET_COL_AMAX_STEPS if INTERPRET else COL_AMAX_STEPS
+    amax = torch.zeros(m, dtype=torch.int32, device=x.device)
+    _col_amax_kernel[(cdiv(m, block_m), cdiv(k, steps * block_k))](
+        x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
+    _col_cast_kernel[(cdiv(m, block_m), cdiv(k, block_k))](
+        x, q, scale, amax, m, k, x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
+        SOFT_ROUND=INTERPRET, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
+
+
 def launch_quantize_fp8(x, q, scale, granularity, one_pass=None):
     """Quantize validated x (M, K) (fp16, bf16 or fp32, any strides) into q (M, K) e4m3 (unit
     column stride) and scale (fp32): granularity "row" (M,), "1x128" (M, K / 128) or "128x128"
     (cdiv(M, 128), K / 128), K a multiple of 128 for the last two. one_pass: force the row-wise
-    path (tests)."""
+    kernel's path (tests); without it a column-major x takes the column kernels (column_major)."""
     m, k = x.shape
+    if granularity == "row" and one_pass is None and column_major(x):
+        launch_quantize_columns(x, q, scale)
+        return
     if granularity == "row":
         block_m, block_k, one_pass = row_plan(k, one_pass)
         _quantize_rows_kernel[(cdiv(m, block_m),)](
