@@ -1,6 +1,7 @@
 """FP8 on the tensor cores: quantize_fp8 (e4m3 values and fp32 scales, gemm/triton_fp8_quant.py) and
-fp8_matmul (their product with matmul's epilogues, gemm/triton_fp8_matmul.py), as operators
-llmk::quantize_fp8 and llmk::fp8_matmul.
+fp8_matmul (their product with matmul's epilogues: gemm/triton_fp8_matmul.py, and for row-wise
+scales from FP8_TMA_MIN_M rows on Hopper gemm/triton_fp8_matmul_tma.py's persistent TMA kernel), as
+operators llmk::quantize_fp8 and llmk::fp8_matmul.
 
     q, s = quantize_fp8(x)                          row-wise: s (M,)
     qw, sw = quantize_fp8(weight)                   W (N, K): sw (N,)
@@ -15,8 +16,11 @@ its own, built on them.
 """
 import torch
 
+from llmk.common.device import sm_count
 from llmk.common.ops import define_op
 from llmk.common.validation import check_same_device, check_tensor
+from llmk.gemm import triton_fp8_matmul_tma
+from llmk.gemm.matmul_ops import has_tma
 from llmk.gemm.triton_fp8_matmul import SCALE_BLOCK, launch_fp8_matmul
 from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
 from llmk.gemm.triton_matmul_common import ACTIVATIONS, check_bias
@@ -25,6 +29,10 @@ FP8 = torch.float8_e4m3fn
 GRANULARITIES = ("row", "1x128", "128x128")
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 REMEDY = "FP8 products have no backward here: train through llmk.gemm.matmul in bf16"
+# From FP8_TMA_MIN_M rows, row-wise products whose operands fit TMA (a by rows, b = W.T) run the
+# persistent TMA kernel: bf16's threshold (gemm/matmul_ops.py's TMA_MIN_M, where the descriptors'
+# host time stops showing). Not yet measured for FP8: scripts/tune/fp8_gemm_ab.py weighs both kernels.
+FP8_TMA_MIN_M = 1024
 
 
 def check_quantize_args(x, granularity):
@@ -107,9 +115,21 @@ def _fp8_matmul_empty(a, b, scale_a, scale_b, bias, activation, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
+def uses_tma(a, b, scale_a, c):
+    """Whether fp8_matmul runs the persistent TMA kernel: row-wise scales, FP8_TMA_MIN_M rows or
+    more, a GPU with TMA (the interpreter emulates it), operands and c that fit its descriptors."""
+    return (scale_a.dim() == 1 and a.shape[0] >= FP8_TMA_MIN_M and a.shape[1] > 0 and has_tma(a.device)
+            and triton_fp8_matmul_tma.fits(a, b, c))
+
+
 def _fp8_matmul(a, b, scale_a, scale_b, bias, activation, out_dtype):
     c = _fp8_matmul_empty(a, b, scale_a, scale_b, bias, activation, out_dtype)
-    if c.numel():  # K = 0 runs: the epilogue on zero sums
+    if not c.numel():
+        return c
+    if uses_tma(a, b, scale_a, c):
+        triton_fp8_matmul_tma.launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c,
+                                                    sm_count(a.device, triton_fp8_matmul_tma.INTERPRET_SMS))
+    else:  # K = 0 runs: the epilogue on zero sums
         launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c)
     return c
 

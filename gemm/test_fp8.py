@@ -18,7 +18,7 @@ unwritten is off by whole terms.
 """
 import torch
 
-from llmk.common.device import DEVICE, INTERPRET
+from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.devtools.testing import (
     EXACT,
     Case,
@@ -34,10 +34,11 @@ from llmk.devtools.testing import (
 )
 from llmk.gemm.fp8_cases import poisoned_fp8, same_bits
 from llmk.gemm.fp8_linear_ops import fp8_linear, fp8_linear_op
-from llmk.gemm.fp8_ops import FP8, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op
+from llmk.gemm.fp8_ops import FP8, FP8_TMA_MIN_M, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op, uses_tma
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
 from llmk.gemm.reference_fp8 import reference_quantize
 from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
+from llmk.gemm.triton_fp8_matmul_tma import FP8_TMA_TABLE, INTERPRET_SMS, fits, launch_fp8_matmul_tma
 from llmk.gemm.triton_fp8_producers import rmsnorm_fp8
 from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
 from llmk.normalization.triton_rmsnorm import rmsnorm
@@ -158,29 +159,56 @@ def fp8_tolerance(a, b, dtype):
 
 
 def check_matmul(m, n, k, granularity, out_dtype=torch.bfloat16, bias=False, bias_dtype=None, activation=None,
-                 weight_layout=True, pad=False, config=None):
-    """fp8_matmul (or a forced config) into a poisoned buffer against the fp64 product of the
-    dequantized operands, and PyTorch's own FP8 product's error."""
+                 weight_layout=True, pad=False, config=None, promote=True, kernel=None):
+    """fp8_matmul (or a kernel forced, "ptr" or "tma", with its config or its table's, or the
+    row-wise sums not promoted: the A/B's option) into a poisoned buffer against the fp64 product of
+    the dequantized operands, and PyTorch's own FP8 product's error. Through fp8_matmul at
+    FP8_TMA_MIN_M rows or more, also whether it took the TMA kernel."""
     a, b, sa, sb, a_deq, b_deq = fp8_inputs(m, n, k, granularity, weight_layout, pad)
     bias_t = rand((n,), bias_dtype or out_dtype) if bias else None
-    if config is None:
+    outcomes = []
+    if kernel is None and config is None and promote:
         c = fp8_matmul(a, b, sa, sb, bias_t, activation, out_dtype)
+        if m >= FP8_TMA_MIN_M and granularity == "row" and weight_layout and not pad:
+            outcomes.append(Outcome("ran the TMA kernel", uses_tma(a, b, sa, c)))
+    elif kernel == "tma":
+        c = poisoned((m, n), out_dtype)
+        launch_fp8_matmul_tma(a, b, sa, sb, bias_t, activation, c, sm_count(a.device, INTERPRET_SMS), config,
+                              promote=promote)
     else:
         c = poisoned((m, n), out_dtype)
-        launch_fp8_matmul(a, b, sa, sb, bias_t, activation, c, config)
+        launch_fp8_matmul(a, b, sa, sb, bias_t, activation, c, config, promote=promote)
     want = a_deq @ b_deq
     if bias_t is not None:
         want = want + bias_t.double()
     want = TORCH_ACTIVATIONS[activation](want)
     tol = fp8_tolerance(a_deq, b_deq, out_dtype)
-    return [compare("c", c, want, tol, torch_out=torch_fp8(a, b, sa, sb, a_deq, b_deq, bias_t, activation, out_dtype))]
+    return outcomes + [compare("c", c, want, tol,
+                               torch_out=torch_fp8(a, b, sa, sb, a_deq, b_deq, bias_t, activation, out_dtype))]
 
 
-def check_matmul_config(config, granularity):
-    """One CONFIG_TABLE row, forced, on a shape with edge tiles in M and N and a K tail (row-wise)."""
+def check_matmul_config(config, granularity, kernel="ptr"):
+    """One CONFIG_TABLE row (or FP8_TMA_TABLE's, kernel "tma"), forced, on a shape with edge tiles in
+    M and N and a K tail (row-wise; the TMA kernel's N and K keep its rows 16-byte aligned)."""
     bm, bn, bk = config[:3]
-    k = 2 * bk + (0 if granularity == "block" else 40)
-    return check_matmul(bm + 3, bn + 5, k, granularity, bias=True, activation="silu", config=config)
+    k = 2 * bk + (0 if granularity == "block" else 48 if kernel == "tma" else 40)
+    n = bn + (8 if kernel == "tma" else 5)
+    return check_matmul(bm + 3, n, k, granularity, bias=True, activation="silu", config=config, kernel=kernel)
+
+
+def check_tma_fits():
+    """The TMA kernel's layout rule: a by rows and b = W.T, 16-byte row strides (rows of K a multiple
+    of 16 values, c's of 8), aligned bases; anything else runs the pointer kernel."""
+    a, w = poisoned_fp8((64, 128)), poisoned_fp8((48, 128))
+    c = poisoned((64, 48), torch.bfloat16)
+    cases = {"a by rows, b = W.T": (a, w.T, c, True),
+             "b row-major": (a, w.T.contiguous(), c, False),
+             "a transposed": (poisoned_fp8((128, 64)).T, w.T, c, False),
+             "rows of K 100": (poisoned_fp8((64, 100)), poisoned_fp8((48, 100)).T, c, False),
+             "K 100 of rows of 128": (a[:, :100], w[:, :100].T, c, True),
+             "c rows of 44 values": (a, w[:44].T, poisoned((64, 44), torch.bfloat16), False),
+             "a's base off 16 bytes": (poisoned_fp8((64, 136))[:, 8:], w.T, c, False)}
+    return [Outcome(name, fits(x, y, z) == want) for name, (x, y, z, want) in cases.items()]
 
 
 def check_matmul_edges():
@@ -379,8 +407,27 @@ def cases():
             pad=True)
         add(f"fp8_matmul {g} (40, 48, 256) b row-major", check_matmul, m=40, n=48, k=256, granularity=g,
             weight_layout=False)
+        if g == "row":  # K 296: the unpromoted sum of about 2.3 promotion intervals stays inside the bound
+            add("fp8_matmul row (37, 70, 296) not promoted", check_matmul, m=37, n=70, k=296, granularity=g,
+                promote=False)
         add(f"fp8_matmul {g} interpreter config forced", check_matmul_config, config=INTERPRET_CONFIG,
             granularity=g)
+        if g == "row":  # the persistent TMA kernel: edge tiles in M and N, a K tail, 3 programs walking tiles
+            add("fp8_matmul row TMA kernel (70, 104, 96) bias+silu", check_matmul, m=70, n=104, k=96,
+                granularity=g, bias=True, activation="silu", kernel="tma")
+            add("fp8_matmul row TMA kernel (33, 48, 112) fp16 out, fp32 bias+gelu", check_matmul, m=33, n=48,
+                k=112, granularity=g, out_dtype=torch.float16, bias=True, bias_dtype=torch.float32,
+                activation="gelu", kernel="tma")
+            add("fp8_matmul row TMA kernel (37, 56, 160) not promoted", check_matmul, m=37, n=56, k=160,
+                granularity=g, promote=False, kernel="tma")
+            add(f"fp8_matmul row ({FP8_TMA_MIN_M}, 40, 64) through the TMA kernel", check_matmul, m=FP8_TMA_MIN_M,
+                n=40, k=64, granularity=g)
+            add("fp8_matmul: the TMA kernel's layouts", check_tma_fits)
+            for max_m, *config in FP8_TMA_TABLE:
+                add(f"fp8_matmul row TMA config {tuple(config)} forced", check_matmul_config, gpu_only=True,
+                    config=tuple(config), granularity=g, kernel="tma")
+            add("fp8_matmul row (8192, 2048, 8192) (the llama step's down projection)", check_matmul,
+                gpu_only=True, m=8192, n=2048, k=8192, granularity=g)
         for max_m, *config in CONFIG_TABLE:
             add(f"fp8_matmul {g} config {tuple(config)} forced", check_matmul_config, gpu_only=True,
                 config=tuple(config), granularity=g)

@@ -34,12 +34,16 @@ SCALE_BLOCK = 128  # the block scales' side: BLOCK_K is this when the scales are
 # (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose M fits wins.
 # Block scales keep BLOCK_N at most BLOCK_SCALED_MAX_N: each step's product is a second fp32 tile
 # beside the accumulator (128 x 256 would be 256 fp32 registers a thread at 8 warps).
-# Shared memory is (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage (one byte a value). Not yet measured
-# (the GPU run is next): the shapes of the published FP8 Triton GEMMs on Hopper, a 128 x 256 tile
-# with 128-deep K steps for large M, a short tile for decode-sized M.
+# Shared memory is (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage (one byte a value). The first table,
+# the published FP8 Triton GEMMs' 128 x 256 x 128 tile at 8 warps and 3 stages past M 64, ran
+# 0.35-0.39x torch._scaled_mm at large M on the H200 and 0.2x at M 128 (16 programs): with the
+# promotion's second accumulator ptxas spills 704 bytes a thread there (docs/tuning/gemm.md). Now
+# tiles that spill nothing (scripts/tune/fp8_gemm_ab.py --compile: 167 and 163 registers a
+# thread), 64 rows up to M 256 for more programs; not yet timed (the A/B weighs them, and the TMA
+# kernel, which fp8_matmul runs from M 1024).
 CONFIG_TABLE = [
-    (64, 64, 128, 128, 4, 4),
-    (None, 128, 256, 128, 8, 3),
+    (256, 64, 128, 128, 4, 4),
+    (None, 128, 128, 128, 8, 4),
 ]
 BLOCK_SCALED_MAX_N = 128
 # Interpreter: tiles small enough that the test shapes have edge tiles in M and N and several K steps
@@ -66,7 +70,7 @@ def _fp8_matmul_kernel(
     stride_sam, stride_sak, stride_sbk, stride_sbn,
     BLOCK_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M_: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PROMOTE: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M_)
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
@@ -83,8 +87,10 @@ def _fp8_matmul_kernel(
             sa = tl.load(sa_ptr + rm.to(tl.int64) * stride_sam + k * stride_sak)
             sb = tl.load(sb_ptr + k * stride_sbk + (rn // BLOCK_K) * stride_sbn)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
-        else:  # the 128 products' sum joins the fp32 sum (module docstring)
+        elif PROMOTE:  # the 128 products' sum joins the fp32 sum (module docstring)
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        else:  # the whole K loop in the tensor cores' accumulator (scripts/tune/fp8_gemm_ab.py weighs it)
+            acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if not BLOCK_SCALED:
@@ -95,13 +101,14 @@ def _fp8_matmul_kernel(
                    False, BLOCK_M, BLOCK_N)
 
 
-def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None):
+def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, promote=True):
     """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N) e4m3, any strides; scales
     fp32, row-wise (scale_a (M,), scale_b (N,)) or blocks (scale_a (M, K / 128), scale_b (K / 128,
     cdiv(N, 128)), K a multiple of 128), told apart by scale_a's dims; bias (N,) or None; c (M, N).
     config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) instead of fp8_config's (BLOCK_K
     is SCALE_BLOCK with block scales whatever it says; without a config, block scales take BLOCK_N
-    at most BLOCK_SCALED_MAX_N)."""
+    at most BLOCK_SCALED_MAX_N). promote=False: row-wise sums stay in the tensor cores' accumulator
+    over the whole K loop (the A/B's option; the tests' tolerance assumes promotion)."""
     (m, k), n = a.shape, b.shape[1]
     block_scaled = scale_a.dim() == 2
     block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m)
@@ -116,5 +123,5 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None):
         a, b, c, scale_a, scale_b, bias, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), *sa_strides, *sb_strides,
         BLOCK_SCALED=block_scaled, HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M_=GROUP_M, EVEN_K=k % block_k == 0, num_warps=num_warps,
-        num_stages=num_stages)
+        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M_=GROUP_M, EVEN_K=k % block_k == 0, PROMOTE=promote,
+        num_warps=num_warps, num_stages=num_stages)

@@ -50,8 +50,10 @@ INTERPRET_ROW_TILE = (4, 32)
 INTERPRET_ONE_PASS_VALUES = 4096
 # Column-major row-wise (module docstring): a tile is COL_TILE = (BLOCK_K values along x's rows, BLOCK_M
 # rows, contiguous in memory); the amax kernel's programs take COL_AMAX_STEPS tiles along K each (an
-# atomic a row and program). Not yet measured on a GPU: 128 contiguous bf16 rows are 256 bytes a load,
-# and 64 x 128 is 32 fp32 a thread at 8 warps. Interpreter: several programs along both at test shapes.
+# atomic a row and program). 128 contiguous bf16 rows are 256 bytes a load, and 64 x 128 is 32 fp32 a
+# thread at 8 warps. On the H200, the llama-1.5b step's casts (docs/tuning/gemm.md): amax 9.9 ms, cast
+# 4.7 ms a step, with a reduction across threads at each of the amax kernel's steps (now one at its
+# end, not yet timed). Interpreter: several programs along both at test shapes.
 COL_TILE = (64, 128)
 COL_AMAX_STEPS = 4
 INTERPRET_COL_TILE = (8, 16)
@@ -163,14 +165,16 @@ def _col_amax_kernel(x_ptr, amax_ptr, M, K, stride_xk, STEPS: tl.constexpr, BLOC
     before the launch; a NaN's bits top every other value's)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * (STEPS * BLOCK_K) + tl.arange(0, BLOCK_K)
-    big = tl.zeros([BLOCK_M], tl.int32)
+    # elementwise over the steps, reduced across the tile's K once at the end (a reduction across
+    # threads a step was twice the cast kernel's time on the H200)
+    big = tl.zeros([BLOCK_K, BLOCK_M], tl.int32)
     for step in range(STEPS):
         k = rk + step * BLOCK_K
         ok = (k < K)[:, None] & (rm < M)[None, :]
         x = tl.load(x_ptr + k[:, None].to(tl.int64) * stride_xk + rm[None, :], mask=ok, other=0.0)
         bits = x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF  # |x|, a NaN stays one
-        big = tl.maximum(big, tl.max(bits, axis=0))
-    tl.atomic_max(amax_ptr + rm, big, mask=rm < M, sem="relaxed")
+        big = tl.maximum(big, bits)
+    tl.atomic_max(amax_ptr + rm, tl.max(big, axis=0), mask=rm < M, sem="relaxed")
 
 
 @triton.jit
