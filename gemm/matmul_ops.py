@@ -74,6 +74,8 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=N
     config: a row of the kernel's table to run as is (tiled: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
     num_stages); tma: a TMA_CONFIGS row; gemv: a GEMV_CONFIGS row); None: the kernel's own choice.
     split_k: K slices a tile (tiled and gemv; see their launchers); None: their plan's."""
+    if bias is not None:
+        bias = bias.contiguous()  # the kernels read bias[n] at n: a strided (N,) view is copied
     if kernel is None:
         kernel = "tiled" if config is not None or split_k is not None else choose_kernel(a, b, c, a.shape[0])
     if kernel == "tma":

@@ -31,10 +31,12 @@ from llmk.devtools.testing import (
     opcheck,
     poisoned,
     rand,
+    table_entry,
 )
+from llmk.gemm import triton_fp8_matmul_tma
 from llmk.gemm.fp8_cases import poisoned_fp8, same_bits
 from llmk.gemm.fp8_linear_ops import fp8_linear, fp8_linear_op
-from llmk.gemm.fp8_ops import FP8, FP8_TMA_MIN_M, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op, uses_tma
+from llmk.gemm.fp8_ops import FP8, FP8_TMA_MIN_M, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
 from llmk.gemm.reference_fp8 import reference_quantize
 from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
@@ -159,18 +161,25 @@ def fp8_tolerance(a, b, dtype):
 
 
 def check_matmul(m, n, k, granularity, out_dtype=torch.bfloat16, bias=False, bias_dtype=None, activation=None,
-                 weight_layout=True, pad=False, config=None, promote=True, kernel=None):
+                 weight_layout=True, pad=False, config=None, promote=True, kernel=None, bias_stride=1):
     """fp8_matmul (or a kernel forced, "ptr" or "tma", with its config or its table's, or the
     row-wise sums not promoted: the A/B's option) into a poisoned buffer against the fp64 product of
     the dequantized operands, and PyTorch's own FP8 product's error. Through fp8_matmul at
-    FP8_TMA_MIN_M rows or more, also whether it took the TMA kernel."""
+    FP8_TMA_MIN_M rows or more, also that it launched the TMA kernel (counted). bias_stride: the
+    bias an (N,) view with that stride."""
     a, b, sa, sb, a_deq, b_deq = fp8_inputs(m, n, k, granularity, weight_layout, pad)
-    bias_t = rand((n,), bias_dtype or out_dtype) if bias else None
+    bias_t = rand((n * bias_stride,), bias_dtype or out_dtype)[::bias_stride] if bias else None
     outcomes = []
     if kernel is None and config is None and promote:
-        c = fp8_matmul(a, b, sa, sb, bias_t, activation, out_dtype)
+        launches = []
+
+        def counted(*args, **kw):
+            launches.append(1)
+            return launch_fp8_matmul_tma(*args, **kw)
+        with table_entry(vars(triton_fp8_matmul_tma), "launch_fp8_matmul_tma", counted):
+            c = fp8_matmul(a, b, sa, sb, bias_t, activation, out_dtype)
         if m >= FP8_TMA_MIN_M and granularity == "row" and weight_layout and not pad:
-            outcomes.append(Outcome("ran the TMA kernel", uses_tma(a, b, sa, c)))
+            outcomes.append(Outcome("launched the TMA kernel once", len(launches) == 1, note=str(len(launches))))
     elif kernel == "tma":
         c = poisoned((m, n), out_dtype)
         launch_fp8_matmul_tma(a, b, sa, sb, bias_t, activation, c, sm_count(a.device, INTERPRET_SMS), config,
@@ -207,7 +216,7 @@ def check_tma_fits():
              "rows of K 100": (poisoned_fp8((64, 100)), poisoned_fp8((48, 100)).T, c, False),
              "K 100 of rows of 128": (a[:, :100], w[:, :100].T, c, True),
              "c rows of 44 values": (a, w[:44].T, poisoned((64, 44), torch.bfloat16), False),
-             "a's base off 16 bytes": (poisoned_fp8((64, 136))[:, 8:], w.T, c, False)}
+             "a's base off 16 bytes (rows of 144)": (poisoned_fp8((64, 144))[:, 8:], w.T, c, False)}
     return [Outcome(name, fits(x, y, z) == want) for name, (x, y, z, want) in cases.items()]
 
 
@@ -354,7 +363,7 @@ def cases():
         dtype=torch.float16, granularity="row", transposed=True, zero_rows=(5,), nan_at=(36, 299))
     add("quantize row (19, 45) fp32 transposed view of a padded tensor, outlier 3e4", check_quantize, m=19, k=45,
         dtype=torch.float32, granularity="row", transposed=True, pad=3, outlier=3e4)
-    add("quantize row (2, 7) transposed view x 1e-3 (e4m3 subnormals)", check_quantize, m=2, k=7,
+    add("quantize row (2, 7) transposed view x 1e-3", check_quantize, m=2, k=7,
         dtype=torch.bfloat16, granularity="row", transposed=True, scale=1e-3)
     add("quantize row (33, 64) transposed view, the row kernel", check_quantize, m=33, k=64, dtype=torch.bfloat16,
         granularity="row", transposed=True, one_pass=True)
@@ -407,6 +416,8 @@ def cases():
             pad=True)
         add(f"fp8_matmul {g} (40, 48, 256) b row-major", check_matmul, m=40, n=48, k=256, granularity=g,
             weight_layout=False)
+        add(f"fp8_matmul {g} (24, 40, 128) strided bias+silu", check_matmul, m=24, n=40, k=128, granularity=g,
+            bias=True, bias_stride=2, activation="silu")
         if g == "row":  # K 296: the unpromoted sum of about 2.3 promotion intervals stays inside the bound
             add("fp8_matmul row (37, 70, 296) not promoted", check_matmul, m=37, n=70, k=296, granularity=g,
                 promote=False)
@@ -420,6 +431,8 @@ def cases():
                 activation="gelu", kernel="tma")
             add("fp8_matmul row TMA kernel (37, 56, 160) not promoted", check_matmul, m=37, n=56, k=160,
                 granularity=g, promote=False, kernel="tma")
+            add("fp8_matmul row TMA kernel (40, 64, 64) strided bias", check_matmul, m=40, n=64, k=64,
+                granularity=g, bias=True, bias_stride=3, kernel="tma")
             add(f"fp8_matmul row ({FP8_TMA_MIN_M}, 40, 64) through the TMA kernel", check_matmul, m=FP8_TMA_MIN_M,
                 n=40, k=64, granularity=g)
             add("fp8_matmul: the TMA kernel's layouts", check_tma_fits)

@@ -62,7 +62,9 @@ def check(m, n, k, dtype, bias=False, bias_dtype=None, activation=None, trans_a=
     pad_a, pad_b = ((8, 8), (8, 8)) if pad == 8 else ((5, 3), (3, 7)) if pad else (None, None)
     a = rand((k, m), dtype).t() if trans_a else rand((m, k), dtype, pad=pad_a)
     b = rand((n, k), dtype).t() if trans_b else rand((k, n), dtype, pad=pad_b)
-    bias_t = rand((n,), bias_dtype or dtype) if bias else None
+    # bias "strided": a (N,) view with stride 2 (the kernels read a contiguous copy)
+    bias_t = rand((2 * n,), bias_dtype or dtype)[::2] if bias == "strided" else rand((n,), bias_dtype or dtype) \
+        if bias else None
     outcomes = [outcome("c", a, b, bias_t, activation, split_k=split_k, kernel=kernel)]
     if planned_split is not None:
         chosen = plan(m, n, k, sm_count(a.device, INTERPRET_SMS))[1]
@@ -436,6 +438,10 @@ def cases():
             bias=True, activation="gelu")
     add("(33, 65, 129) bf16 fp32 bias+silu", m=33, n=65, k=129, dtype=torch.bfloat16, bias=True,
         bias_dtype=torch.float32, activation="silu")
+    add("(33, 65, 129) bf16 strided bias+gelu", m=33, n=65, k=129, dtype=torch.bfloat16, bias="strided",
+        activation="gelu")
+    add("(40, 64, 64) fp16 strided bias, the TMA kernel", m=40, n=64, k=64, dtype=torch.float16, bias="strided",
+        kernel="tma")
     # backward: each epilogue in each dtype; one row (the GEMV kernel against W.T, the forward
     # writing z from its epilogue too); transposed and padded inputs (gradients laid out like
     # them); subsets of the inputs; an fp32 bias; an expanded upstream gradient; edges in every

@@ -110,6 +110,8 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, 
     at most BLOCK_SCALED_MAX_N). promote=False: row-wise sums stay in the tensor cores' accumulator
     over the whole K loop (the A/B's option; the tests' tolerance assumes promotion)."""
     (m, k), n = a.shape, b.shape[1]
+    if bias is not None:
+        bias = bias.contiguous()  # the epilogue reads bias[n] at n: a strided (N,) view is copied
     block_scaled = scale_a.dim() == 2
     block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m)
     if block_scaled:

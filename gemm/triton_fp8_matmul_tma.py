@@ -106,6 +106,8 @@ def launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c, num_sms, 
     programs at most (the interpreter's INTERPRET_SMS). config: a FP8_TMA_TABLE row's last six
     instead of fp8_tma_config's; promote as launch_fp8_matmul takes it."""
     (m, k), n = a.shape, b.shape[1]
+    if bias is not None:
+        bias = bias.contiguous()  # the epilogue reads bias[n] at n: a strided (N,) view is copied
     bm, bn, bk, num_warps, num_stages, split = config or fp8_tma_config(m)
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [bm, bk])
     w_desc = TensorDescriptor(b.T, [n, k], [b.stride(1), 1], [bn, bk])

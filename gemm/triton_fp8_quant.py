@@ -163,8 +163,8 @@ def _col_amax_kernel(x_ptr, amax_ptr, M, K, stride_xk, STEPS: tl.constexpr, BLOC
     """x (M, K) column-major (unit row stride, stride_xk between columns): the max |x| of BLOCK_M rows
     over STEPS * BLOCK_K columns joins amax_ptr's (M,) int32, the bits of a non-negative fp32 (zero
     before the launch; a NaN's bits top every other value's)."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.program_id(1) * (STEPS * BLOCK_K) + tl.arange(0, BLOCK_K)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(0) * (STEPS * BLOCK_K) + tl.arange(0, BLOCK_K)
     # elementwise over the steps, reduced across the tile's K once at the end (a reduction across
     # threads a step was twice the cast kernel's time on the H200)
     big = tl.zeros([BLOCK_K, BLOCK_M], tl.int32)
@@ -184,8 +184,8 @@ def _col_cast_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, M, K, stride_xk, stride_qm, 
     """x (M, K) column-major, as _col_amax_kernel reads it: a BLOCK_K x BLOCK_M tile of x.T cast with
     its rows' amax (_col_amax_kernel's), stored into q (M, K) row-major; the first column of
     programs stores the rows' scales."""
-    pid_k = tl.program_id(1)
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_k = tl.program_id(0)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     row_ok = rm < M
     ok = (rk < K)[:, None] & row_ok[None, :]
@@ -259,9 +259,10 @@ def launch_quantize_columns(x, q, scale):
     block_k, block_m = INTERPRET_COL_TILE if INTERPRET else COL_TILE
     steps = INTERPRET_COL_AMAX_STEPS if INTERPRET else COL_AMAX_STEPS
     amax = torch.zeros(m, dtype=torch.int32, device=x.device)
-    _col_amax_kernel[(cdiv(m, block_m), cdiv(k, steps * block_k))](
+    # K's blocks on the grid's first axis (2^31 - 1 programs; the second takes 65535): K is the tokens
+    _col_amax_kernel[(cdiv(k, steps * block_k), cdiv(m, block_m))](
         x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
-    _col_cast_kernel[(cdiv(m, block_m), cdiv(k, block_k))](
+    _col_cast_kernel[(cdiv(k, block_k), cdiv(m, block_m))](
         x, q, scale, amax, m, k, x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
         SOFT_ROUND=INTERPRET, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
 
