@@ -50,15 +50,16 @@ BLOCK_SCALED_MAX_N = 128
 INTERPRET_CONFIG = (32, 32, 128, 4, 1)
 
 
+def row_for_m(table, m):
+    """The config of `table`'s first (largest M or None, *config) row that takes M rows (the last
+    row, None, takes every M)."""
+    return next(tuple(config) for max_m, *config in table if max_m is None or m <= max_m)
+
+
 def fp8_config(m):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows (CONFIG_TABLE's, or the
     interpreter's)."""
-    if INTERPRET:
-        return INTERPRET_CONFIG
-    for max_m, *config in CONFIG_TABLE:
-        if max_m is None or m <= max_m:
-            return tuple(config)
-    raise AssertionError("CONFIG_TABLE's last row takes every M")
+    return INTERPRET_CONFIG if INTERPRET else row_for_m(CONFIG_TABLE, m)
 
 
 @triton.jit

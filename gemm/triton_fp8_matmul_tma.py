@@ -27,6 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from llmk.common.device import INTERPRET
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import activate
+from llmk.gemm.triton_fp8_matmul import row_for_m
 from llmk.gemm.triton_matmul_common import GROUP_M, grouped_tile
 from llmk.gemm.triton_matmul_tma import store_split
 
@@ -46,13 +47,9 @@ INTERPRET_SMS = 3
 
 
 def fp8_tma_config(m):
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SPLIT) for M rows."""
-    if INTERPRET:
-        return INTERPRET_CONFIG
-    for max_m, *config in FP8_TMA_TABLE:
-        if max_m is None or m <= max_m:
-            return tuple(config)
-    raise AssertionError("FP8_TMA_TABLE's last row takes every M")
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SPLIT) for M rows (FP8_TMA_TABLE's,
+    or the interpreter's)."""
+    return INTERPRET_CONFIG if INTERPRET else row_for_m(FP8_TMA_TABLE, m)
 
 
 def fits(a, b, c):

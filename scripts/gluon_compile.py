@@ -168,10 +168,12 @@ def ptxas_report(ptx):
 
 
 def compile_case(kernel, args, meta):
+    """`kernel` (a Gluon or a tl JIT function) compiled for sm_90a with the launch's arguments and
+    keywords (constexprs and options), as JITFunction.run would bind them, without a GPU."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.compiler.compiler import ASTSource, make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
     from triton.runtime.jit import create_function_from_signature
 
     target = GPUTarget("cuda", 90, 32)
@@ -179,8 +181,8 @@ def compile_case(kernel, args, meta):
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, spec, opts = binder(*args, **meta)
     options, signature, constexprs, attrs = kernel._pack_args(backend, meta, bound, spec, opts)
-    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
-                          options=options.__dict__)
+    source = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
+    return triton.compile(source(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 def main():

@@ -149,21 +149,16 @@ def shape_rows(m, n, k):
 
 def compile_configs():
     """ptxas's (registers, spill bytes) for sm_90a of each config, row-wise promoted and not, and
-    the table's block-scaled kernel: JITFunction.run captured, each launch compiled for the target."""
+    the table's block-scaled kernel: JITFunction.run captured, each launch compiled for the target
+    (scripts/gluon_compile.py's compile_case)."""
     os.environ["TRITON_INTERPRET"] = "0"  # before llmk reads it: compile for the GPU without one
     import torch
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource, make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
+    from triton.runtime.jit import JITFunction
 
     from llmk.gemm.fp8_ops import FP8
     from llmk.gemm.triton_fp8_matmul import launch_fp8_matmul
-    from llmk.scripts.gluon_compile import ptxas_report
+    from llmk.scripts.gluon_compile import compile_case, ptxas_report
 
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
     captured = []
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: captured.append((self, args, kwargs))
     m = n = k = 4096
@@ -175,14 +170,7 @@ def compile_configs():
     for label, launch, (sa, sb), kw in cases:
         captured.clear()
         launch(a, w.T, sa, sb, None, None, c, **kw)
-        fn, args, kwargs = captured[0]
-        kwargs = dict(kwargs, debug=kwargs.get("debug", fn.debug) or knobs.runtime.debug,
-                      instrumentation_mode=knobs.compilation.instrumentation_mode)
-        binder = create_function_from_signature(fn.signature, fn.params, backend)
-        bound, specialization, opts = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, opts)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
-                                  options=options.__dict__)
+        compiled = compile_case(*captured[0])
         ptx = compiled.asm["ptx"]
         regs, spills = ptxas_report(ptx)
         waits = len(re.findall(r"wgmma\.wait_group", ptx))
