@@ -39,9 +39,12 @@ against F.rms_norm + F.linear and its torch.compile. Work (no Liger row: Liger h
     gradient (a sum over rows of dz) count as no FLOPs, nor does the RMSNorm (its recomputation
     and backward, 4*M*K*e and more); peak_MB shows what each provider keeps (z: M*N*e).
 FP8 rows (op "fp8_matmul", bf16 out; gemm/fp8_ops.py): x (M, K) and an nn.Linear weight W (N, K)
-quantized to e4m3, c = x @ W.T. Providers: triton (fp8_matmul, row-wise scales), triton-block (1 x 128
-activation and 128 x 128 weight blocks), torch-scaled-mm-rowwise and torch-scaled-mm-tensorwise
-(torch._scaled_mm, cuBLASLt), and the bf16 product beside them (cuBLAS-bf16, triton-bf16). Each
+quantized to e4m3, c = x @ W.T. Providers: triton (fp8_matmul, row-wise scales, sums promoted into
+fp32 every 128 of K), triton-fast-accum (fast_accum=True: the whole K loop in the tensor cores'
+accumulator), triton-block (1 x 128 activation and 128 x 128 weight blocks), torch-scaled-mm-rowwise
+and torch-scaled-mm-tensorwise (torch._scaled_mm, cuBLASLt; its default, precise accumulation),
+torch-scaled-mm-rowwise-fast-accum (use_fast_accum=True: the peer of triton-fast-accum), and the
+bf16 product beside them (cuBLAS-bf16, triton-bf16). Each
 provider's inputs are quantized before the timing; max_err is against the bf16 inputs' product in
 fp32, so it is each recipe's quantization error. Bytes (M <= 128): M*K + K*N + 2*M*N. Shapes:
 square 4096 and 8192, M = 1..16384 at the three (K, N) above. Quantization rows (op "quantize_fp8",
@@ -181,9 +184,13 @@ def fp8_providers():
         return lambda *t: fn(*(t[i] for i in idx))
     return {
         "triton": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb), 2, 3, 4, 5),
+        "triton-fast-accum": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb, fast_accum=True), 2, 3, 4, 5),
         "triton-block": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb), 6, 7, 8, 9),
         "torch-scaled-mm-rowwise": pick(lambda a, b, sa, sb: torch._scaled_mm(
             a, b, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16), 2, 3, 4, 5),
+        "torch-scaled-mm-rowwise-fast-accum": pick(lambda a, b, sa, sb: torch._scaled_mm(
+            a, b, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16, use_fast_accum=True),
+            2, 3, 4, 5),
         "torch-scaled-mm-tensorwise": pick(lambda a, b, sa, sb: torch._scaled_mm(
             a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), 10, 11, 12, 13),
         "cuBLAS-bf16": pick(torch.matmul, 0, 1),

@@ -32,6 +32,8 @@ PAGE = Area(
      Group(("rmsnorm_linear",), "all shapes (do_bench)", mode="bwd"),
      Group(("fp8_matmul",), "FP8 row-wise, M >= 1024", lambda s: gemm_m(s) >= 1024,
            peers=("torch-scaled-mm-rowwise", "torch-scaled-mm-tensorwise", "cuBLAS-bf16")),
+     Group(("fp8_matmul",), "FP8 row-wise, fast accumulation, M >= 1024", lambda s: gemm_m(s) >= 1024,
+           ours="triton-fast-accum", peers=("torch-scaled-mm-rowwise-fast-accum", "torch-scaled-mm-rowwise")),
      Group(("fp8_matmul",), "FP8 blocks, M >= 1024", lambda s: gemm_m(s) >= 1024, ours="triton-block",
            peers=("triton",)),
      Group(("fp8_matmul",), "FP8 row-wise, M <= 16, GPU time", lambda s: gemm_m(s) <= 16, graph=True,

@@ -30,8 +30,9 @@ GRANULARITIES = ("row", "1x128", "128x128")
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 REMEDY = "FP8 products have no backward here: train through llmk.gemm.matmul in bf16"
 # From FP8_TMA_MIN_M rows, row-wise products whose operands fit TMA (a by rows, b = W.T) run the
-# persistent TMA kernel: bf16's threshold (gemm/matmul_ops.py's TMA_MIN_M, where the descriptors'
-# host time stops showing). Not yet measured for FP8: scripts/tune/fp8_gemm_ab.py weighs both kernels.
+# persistent TMA kernel. Measured on the H200 (scripts/tune/fp8_gemm_ab.py), promoted: at M 512 the
+# pointer kernel's 64-row tiles win (746 TFLOP/s against the TMA kernel's 696), at M 1024 the TMA
+# kernel (1039 against 997).
 FP8_TMA_MIN_M = 1024
 
 
@@ -111,7 +112,7 @@ def check_fp8_matmul_args(a, b, scale_a, scale_b, bias, activation, out_dtype):
     return m, n, k
 
 
-def _fp8_matmul_empty(a, b, scale_a, scale_b, bias, activation, out_dtype):
+def _fp8_matmul_empty(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum=False):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
@@ -122,24 +123,25 @@ def uses_tma(a, b, scale_a, c):
             and triton_fp8_matmul_tma.fits(a, b, c))
 
 
-def _fp8_matmul(a, b, scale_a, scale_b, bias, activation, out_dtype):
+def _fp8_matmul(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum=False):
     c = _fp8_matmul_empty(a, b, scale_a, scale_b, bias, activation, out_dtype)
     if not c.numel():
         return c
     if uses_tma(a, b, scale_a, c):
         triton_fp8_matmul_tma.launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c,
-                                                    sm_count(a.device, triton_fp8_matmul_tma.INTERPRET_SMS))
+                                                    sm_count(a.device, triton_fp8_matmul_tma.INTERPRET_SMS),
+                                                    promote=not fast_accum)
     else:  # K = 0 runs: the epilogue on zero sums
-        launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c)
+        launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, promote=not fast_accum)
     return c
 
 
 fp8_matmul_op = define_op(
     "fp8_matmul(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str? activation, "
-    "ScalarType out_dtype) -> Tensor", _fp8_matmul, _fp8_matmul_empty, remedy=REMEDY)
+    "ScalarType out_dtype, bool fast_accum=False) -> Tensor", _fp8_matmul, _fp8_matmul_empty, remedy=REMEDY)
 
 
-def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=torch.bfloat16):
+def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=torch.bfloat16, fast_accum=False):
     """c = activation((a * scale_a) @ (b * scale_b) + bias): the tensor cores' sums of 128 products
     added in fp32, one rounding to out_dtype (operator llmk::fp8_matmul).
 
@@ -150,6 +152,12 @@ def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=tor
     transposed), K then a multiple of 128.
     bias: optional (N,), out_dtype or fp32. activation: None, "gelu", "gelu_tanh" or "silu".
     out_dtype: torch.bfloat16 (default) or torch.float16.
+    fast_accum: row-wise scales only: keep the whole K loop in the tensor cores' accumulator (about
+    14 significant bits), as torch._scaled_mm's use_fast_accum: faster (1.1-1.4x on the H200), its
+    error growing with K (gemm/triton_fp8_matmul.py). Block scales ignore it: each 128-deep step is
+    scaled, and so added in fp32, anyway.
     Returns c (M, N), contiguous. Forward-only."""
     check_fp8_matmul_args(a, b, scale_a, scale_b, bias, activation, out_dtype)
-    return fp8_matmul_op(a, b, scale_a, scale_b, bias, activation, out_dtype)
+    if not isinstance(fast_accum, bool):
+        raise TypeError(f"fast_accum must be a bool; got {type(fast_accum).__name__}")
+    return fp8_matmul_op(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum)

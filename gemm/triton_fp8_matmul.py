@@ -16,7 +16,11 @@ on sm_90 keeps the whole K loop there. Here every BLOCK_K = 128 values of K go i
 their own (max_num_imprecise_acc = BLOCK_K for row-wise scales; block scales add each step's scaled
 product into fp32 anyway), DeepSeek-V3's promotion interval: the error is matmul's (fp32
 accumulation across steps, one rounding) plus the short sums' own, about 2^-14 of a 128-product
-partial sum each (gemm/test_fp8.py bounds it), and one fp32 rounding a scaling. The epilogue (bias,
+partial sum each (gemm/test_fp8.py bounds it), and one fp32 rounding a scaling. fp8_matmul's
+fast_accum (PROMOTE off) keeps the whole K loop in the tensor cores' accumulator instead, as
+torch._scaled_mm's use_fast_accum does: on the H200 1.1-1.4x faster, its error growing with K
+(against torch._scaled_mm's promoted sums: 0.6% of the largest output at K 4096, 0.8% at 8192, 1.2% at
+14336, where promotion leaves bf16's rounding, 0.3%). The epilogue (bias,
 activation, the rounding, the masked store) is matmul's own (gemm/triton_matmul_common.py), and so
 is the grouped program order. Edges: rows and columns wrap on load (% M, % N), the K tail is masked.
 
@@ -34,16 +38,22 @@ SCALE_BLOCK = 128  # the block scales' side: BLOCK_K is this when the scales are
 # (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose M fits wins.
 # Block scales keep BLOCK_N at most BLOCK_SCALED_MAX_N: each step's product is a second fp32 tile
 # beside the accumulator (128 x 256 would be 256 fp32 registers a thread at 8 warps).
-# Shared memory is (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage (one byte a value). The first table,
-# the published FP8 Triton GEMMs' 128 x 256 x 128 tile at 8 warps and 3 stages past M 64, ran
-# 0.35-0.39x torch._scaled_mm at large M on the H200 and 0.2x at M 128 (16 programs): with the
-# promotion's second accumulator ptxas spills 704 bytes a thread there (docs/tuning/gemm.md). Now
-# tiles that spill nothing (scripts/tune/fp8_gemm_ab.py --compile: 167 and 163 registers a
-# thread), 64 rows up to M 256 for more programs; not yet timed (the A/B weighs them, and the TMA
-# kernel, which fp8_matmul runs from M 1024).
+# Shared memory is (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage (one byte a value). Measured on the
+# H200 (scripts/tune/fp8_gemm_ab.py, docs/tuning/gemm.md), TFLOP/s promoted / not:
+# - below 1024 rows (fp8_matmul's range for this kernel on Hopper), 64 x 128 x 128 at 4 warps won
+#   both ways: M 128 215 / 243 (torch._scaled_mm 244 / 255), M 512 746 / 854 (887 / 938), where
+#   the 128-row tiles leave SMs idle;
+# - from 1024 rows (this kernel's there where TMA does not fit, or on a GPU without it), 256 x 128
+#   promoted (941 at 4096^3; 128 x 256 spills its second accumulator and ran 427) and 128 x 256
+#   not promoted (1268). The first table's 128 x 256 x 128 promoted for every M ran 0.35-0.39x
+#   torch._scaled_mm (704 bytes a thread spilled).
 CONFIG_TABLE = [
-    (256, 64, 128, 128, 4, 4),
-    (None, 128, 128, 128, 8, 4),
+    (1023, 64, 128, 128, 4, 4),
+    (None, 256, 128, 128, 8, 3),
+]
+FAST_CONFIG_TABLE = [  # promote=False: the whole K loop in the tensor cores' accumulator
+    (1023, 64, 128, 128, 4, 4),
+    (None, 128, 256, 128, 8, 3),
 ]
 BLOCK_SCALED_MAX_N = 128
 # Interpreter: tiles small enough that the test shapes have edge tiles in M and N and several K steps
@@ -56,10 +66,10 @@ def row_for_m(table, m):
     return next(tuple(config) for max_m, *config in table if max_m is None or m <= max_m)
 
 
-def fp8_config(m):
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows (CONFIG_TABLE's, or the
-    interpreter's)."""
-    return INTERPRET_CONFIG if INTERPRET else row_for_m(CONFIG_TABLE, m)
+def fp8_config(m, promote=True):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows (CONFIG_TABLE's, without
+    promotion FAST_CONFIG_TABLE's, or the interpreter's)."""
+    return INTERPRET_CONFIG if INTERPRET else row_for_m(CONFIG_TABLE if promote else FAST_CONFIG_TABLE, m)
 
 
 @triton.jit
@@ -109,12 +119,12 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, 
     config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) instead of fp8_config's (BLOCK_K
     is SCALE_BLOCK with block scales whatever it says; without a config, block scales take BLOCK_N
     at most BLOCK_SCALED_MAX_N). promote=False: row-wise sums stay in the tensor cores' accumulator
-    over the whole K loop (the A/B's option; the tests' tolerance assumes promotion)."""
+    over the whole K loop (fp8_matmul's fast_accum; block scales promote whatever it says)."""
     (m, k), n = a.shape, b.shape[1]
     if bias is not None:
         bias = bias.contiguous()  # the epilogue reads bias[n] at n: a strided (N,) view is copied
     block_scaled = scale_a.dim() == 2
-    block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m)
+    block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m, promote or block_scaled)
     if block_scaled:
         block_k = SCALE_BLOCK
         if config is None:

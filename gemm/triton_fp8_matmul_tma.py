@@ -7,7 +7,7 @@ gemm/triton_matmul_tma.py's schedule.
 
 The math is the pointer kernel's: each BLOCK_K-deep step's products summed in the tensor cores and
 added into the fp32 accumulator (PROMOTE; without it the whole K loop stays in the tensor cores'
-accumulator, the A/B's option), the tile scaled once by scale_a[:, None] * scale_b[None, :], then
+accumulator: fp8_matmul's fast_accum), the tile scaled once by scale_a[:, None] * scale_b[None, :], then
 bias, activation, one rounding. What changes is the schedule, as in the bf16 TMA kernel: each tile
 of a and W is one TMA copy into shared memory (zeros past the edges, no masks), NUM_SMS programs
 walk the tiles in grouped order, and c leaves by TMA stores that clip at (M, N).
@@ -33,23 +33,28 @@ from llmk.gemm.triton_matmul_tma import store_split
 
 # (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SPLIT): the first row whose M
 # fits wins. Shared memory: (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage, plus c's staging tile,
-# BLOCK_M * BLOCK_N * 2 / EPILOGUE_SPLIT bytes. Not yet measured on a GPU: tiles ptxas compiles for
-# sm_90a without spills with promotion (scripts/tune/fp8_gemm_ab.py --compile: 174 and 254 registers
-# a thread; 128 x 256 x 128 promoted spills 280 bytes, its second accumulator past 255 registers);
-# the bigger tile from 2048 rows, where 256-row tiles still make several waves.
+# BLOCK_M * BLOCK_N * 2 / EPILOGUE_SPLIT bytes. Measured on the H200 from 1024 rows
+# (scripts/tune/fp8_gemm_ab.py, docs/tuning/gemm.md), TFLOP/s at the llama-1.5b step's shapes and
+# 8192^3 against torch._scaled_mm row-wise (precise / use_fast_accum):
+# - promoted, 256 x 128 x 128 at 8 warps: 911-1039 (1081-1294); 128 x 128 ran 842-909, and
+#   128 x 256 promoted holds a second 128-register accumulator and ran 856-894. At 4096^3 the
+#   128 x 128 tile won (908 against 756): not kept, one shape against all the others;
+# - not promoted, 128 x 256 x 128: 1259-1366 (fast accumulation 1281-1365), every shape's best.
 FP8_TMA_TABLE = [
-    (2048, 128, 128, 128, 8, 4, 1),
     (None, 256, 128, 128, 8, 3, 2),
+]
+FAST_TMA_TABLE = [  # promote=False
+    (None, 128, 256, 128, 8, 3, 2),
 ]
 # the interpreter's: small tiles, few programs, so that each program walks several test tiles
 INTERPRET_CONFIG = (32, 32, 32, 4, 1, 2)
 INTERPRET_SMS = 3
 
 
-def fp8_tma_config(m):
+def fp8_tma_config(m, promote=True):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SPLIT) for M rows (FP8_TMA_TABLE's,
-    or the interpreter's)."""
-    return INTERPRET_CONFIG if INTERPRET else row_for_m(FP8_TMA_TABLE, m)
+    without promotion FAST_TMA_TABLE's, or the interpreter's)."""
+    return INTERPRET_CONFIG if INTERPRET else row_for_m(FP8_TMA_TABLE if promote else FAST_TMA_TABLE, m)
 
 
 def fits(a, b, c):
@@ -105,7 +110,7 @@ def launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c, num_sms, 
     (m, k), n = a.shape, b.shape[1]
     if bias is not None:
         bias = bias.contiguous()  # the epilogue reads bias[n] at n: a strided (N,) view is copied
-    bm, bn, bk, num_warps, num_stages, split = config or fp8_tma_config(m)
+    bm, bn, bk, num_warps, num_stages, split = config or fp8_tma_config(m, promote)
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [bm, bk])
     w_desc = TensorDescriptor(b.T, [n, k], [b.stride(1), 1], [bn, bk])
     c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], [bm, bn // split])

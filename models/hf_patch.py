@@ -90,7 +90,9 @@ kernels' offset=1.0). What is replaced, and through which hook:
              a dense MLP and the gated unit run their FP8 producer kernels (the norm or unit and
              the cast in one pass), and the linears that read their output take those e4m3 rows
              instead of casting it again (models/patch_layers.py); the gated unit's backward then
-             makes new dgate and dup rather than writing over the projections.
+             makes new dgate and dup rather than writing over the projections. q, k and v run as
+             one FP8 product against their weights concatenated (one set of casts and launches
+             for the three, which are small at a training step's sizes and wait on the host).
 
 Training: rmsnorm, residual_rmsnorm, swiglu, rope and attention (flash_attention, prefill) have a
 backward, so a patched model trains on them: with grad enabled the hooks call the functional
@@ -266,10 +268,12 @@ def patch_model(model, kernels=KERNELS):
     state = PatchState(kernels, norm_offset=family.norm_offset, mlp=mlp or ())
     if "fp8_linear" in kernels:  # the norms and gated units that cast their output for FP8 linears
         for layer in (m for m in modules if isinstance(m, layer_cls)):
-            readers = sum(id(getattr(layer.self_attn, name, None)) in layer_linears
-                          for name in ("q_proj", "k_proj", "v_proj"))
+            qkv = [getattr(layer.self_attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+            readers = sum(id(m) in layer_linears for m in qkv)
             if readers:
                 state.fp8_producers[id(layer.input_layernorm)] = readers
+            if readers == 3:  # one FP8 product for the three (models/patch_layers.py's linear_forward)
+                state.fp8_groups.update({id(m): (tuple(qkv), i) for i, m in enumerate(qkv)})
             if mlp_cls is not None and isinstance(layer.mlp, mlp_cls):
                 norm = layer.pre_feedforward_layernorm if family.sandwich else layer.post_attention_layernorm
                 state.fp8_producers[id(norm)] = 2  # gate_proj and up_proj

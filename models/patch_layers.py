@@ -8,7 +8,15 @@ down) run their FP8 producer kernels (gemm/triton_fp8_producers.py): the same ou
 e4m3 rows and scales, which the linears then take instead of casting it again (the bytes are the
 same as their own cast's). The cast rows wait in _FP8_INPUTS, keyed by the output tensor, until
 their last reader has taken them; outside eager mode (torch.compile) the linears cast for
-themselves."""
+themselves.
+
+An attention layer's q, k and v projections read the same x: with fp8_linear the first call (q's)
+runs one FP8 product against the three weights concatenated and splits its output, and k's and v's
+calls take their parts from _FP8_FUSED (keyed by x, like _FP8_INPUTS). One product in place of
+three: the backward's casts of x and the launches of both passes once, not three times (at the
+llama-1.5b step each of these small products waits on the host more than on the GPU). The
+concatenated weight is a copy made each call (12 MB at the llama-1.5b layer), its gradient split
+back by autograd; the split's backward joins dq, dk and dv into one tensor."""
 import functools
 
 import torch
@@ -25,6 +33,8 @@ from llmk.normalization.triton_rmsnorm import rmsnorm
 # (the value must not hold the key: the entry lives as long as the output tensor does, or until
 # its last reader)
 _FP8_INPUTS = WeakIdKeyDictionary()
+# x -> [{id(linear): its part of the fused q/k/v product}, x's version then], until each part is taken
+_FP8_FUSED = WeakIdKeyDictionary()
 FP8_DTYPES = (torch.float16, torch.bfloat16)  # what fp8_linear takes
 
 
@@ -40,13 +50,13 @@ def _keep_for_linears(state, module, made):
     return made.y
 
 
-def _cast_input(x):
-    """(q, scale) a producer made for x, counting this reader off; None where there are none, or
-    where x changed in place since (a hook's edit: the rows would be stale)."""
+def _cast_input(x, readers=1):
+    """(q, scale) a producer made for x, counting `readers` readers off; None where there are none,
+    or where x changed in place since (a hook's edit: the rows would be stale)."""
     entry = _FP8_INPUTS.get(x) if not torch.compiler.is_compiling() else None
     if entry is None:
         return None
-    entry[2] -= 1
+    entry[2] -= readers
     if entry[2] <= 0:
         del _FP8_INPUTS[x]
     return (entry[0], entry[1]) if x._version == entry[3] else None
@@ -164,18 +174,62 @@ def mlp_forward(mlp, original, state, x):
     return original(x)
 
 
+def _fp8_ready(linear, x):
+    """Whether fp8_linear takes linear(x): 16-bit x of the weight's dtype (and the bias's), on the
+    kernels' device, no hooks on the module."""
+    weight, bias = linear.weight, linear.bias
+    return (x.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)
+            and not (linear._forward_hooks or linear._forward_pre_hooks)
+            and kernel_ready(x, weight, dtypes=FP8_DTYPES))
+
+
+def _fused_part(linear, x):
+    """linear's part of the q/k/v product an earlier member's call made from x (module docstring),
+    taken; None where there is none, or where x changed in place since."""
+    entry = _FP8_FUSED.get(x) if not torch.compiler.is_compiling() else None
+    part = None if entry is None else entry[0].pop(id(linear), None)
+    if entry is not None and not entry[0]:
+        del _FP8_FUSED[x]
+    return part if part is not None and x._version == entry[1] else None
+
+
+def _fused_qkv(state, members, x):
+    """q's output of one FP8 product of x against q's, k's and v's weights (and biases) concatenated;
+    k's and v's parts wait in _FP8_FUSED. None where a member's call would not take fp8_linear, or
+    the biases are not all there or all absent (then each runs on its own)."""
+    biases = [m.bias for m in members]
+    if (torch.compiler.is_compiling() or not all(_fp8_ready(m, x) for m in members)
+            or len({b is None for b in biases}) > 1):
+        return None
+    cast = _cast_input(x, readers=len(members))
+    if cast is not None:
+        state.calls["fp8_linear, input cast by its producer"] += len(members)
+    weight = torch.cat([m.weight for m in members])
+    bias = None if biases[0] is None else torch.cat(biases)
+    parts = fp8_linear(x, weight, bias, x_fp8=cast).split([m.weight.shape[0] for m in members], dim=-1)
+    _FP8_FUSED[x] = [{id(m): p for m, p in zip(members[1:], parts[1:])}, x._version]
+    state.calls["fp8_linear, q/k/v as one product"] += 1
+    state.calls["fp8_linear"] += len(members)
+    return parts[0]
+
+
 def linear_forward(linear, original, state, x):
     """A decoder layer's nn.Linear: x (..., K) -> (..., N) with its three training products in FP8
-    (gemm/fp8_linear_ops.py), where the kernel takes the call (16-bit x of the weight's dtype, no
-    hooks on the module); the original forward elsewhere."""
-    weight, bias = linear.weight, linear.bias
-    if (x.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)
-            and not (linear._forward_hooks or linear._forward_pre_hooks)
-            and kernel_ready(x, weight, dtypes=FP8_DTYPES)):
+    (gemm/fp8_linear_ops.py), where the kernel takes the call (_fp8_ready); q, k and v of an
+    attention layer as one product (module docstring); the original forward elsewhere."""
+    part = _fused_part(linear, x)
+    if part is not None:
+        return part
+    group = state.fp8_groups.get(id(linear))
+    if group is not None and group[1] == 0:
+        y = _fused_qkv(state, group[0], x)
+        if y is not None:
+            return y
+    if _fp8_ready(linear, x):
         state.calls["fp8_linear"] += 1
         cast = _cast_input(x)
         if cast is not None:
             state.calls["fp8_linear, input cast by its producer"] += 1
-        return fp8_linear(x, weight, bias, x_fp8=cast)
+        return fp8_linear(x, linear.weight, linear.bias, x_fp8=cast)
     state.calls["fp8_linear fallback"] += 1
     return original(x)

@@ -28,6 +28,7 @@ class PatchState:
     moe_activation: str | None = None                      # moe_experts' activation of the model's experts
     moe_balance_loss: Callable | None = None               # its modeling file's load_balancing_loss_func
     fp8_producers: dict = field(default_factory=dict)      # id(norm or MLP) -> FP8 linears reading its output
+    fp8_groups: dict = field(default_factory=dict)         # id(linear) -> (q, k, v linears of its layer, index)
     calls: Counter = field(default_factory=Counter)
     forwards: list = field(default_factory=list)           # (module, instance forward it had, or None)
     attention_modules: list = field(default_factory=list)

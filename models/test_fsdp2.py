@@ -175,7 +175,8 @@ def check_fsdp2(kind, optimizer="torch", fp8=False):
     per_forward = dict(rmsnorm=n_layers + 1, residual_rmsnorm=n_layers, swiglu=n_layers, rope=n_layers,
                        flash_attention=n_layers, cross_entropy=1)  # rmsnorm: each input_layernorm, the final norm
     if fp8:  # every decoder linear; all but o_proj reading the rows their producer cast
-        per_forward.update({"fp8_linear": 7 * n_layers, "fp8_linear, input cast by its producer": 6 * n_layers})
+        per_forward.update({"fp8_linear": 7 * n_layers, "fp8_linear, input cast by its producer": 6 * n_layers,
+                            "fp8_linear, q/k/v as one product": n_layers})
     expected = {k: STEPS * v for k, v in per_forward.items()}
     outcomes.append(Outcome("kernel_calls: every kernel, every layer and step, no fallback", calls == expected,
                             note=f"{calls}"[:120]))

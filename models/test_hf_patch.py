@@ -649,10 +649,10 @@ FP8_FACTOR = 2 * 16
 def check_fp8_training(kind):
     """One training step with the opt-in fp8_linear on top of the default kernels: every linear of
     every decoder layer ran in FP8 (forward and backward), none fell back, the LM head did not; all
-    but o_proj took their input's e4m3 rows from the norm or gated unit that made it; the
-    loss and every gradient within FP8_FACTOR x the unpatched bf16 model's error against the fp32
-    reference (the loss's at least its typical size, token_loss_noise); unpatched again, the
-    original step bit for bit."""
+    but o_proj took their input's e4m3 rows from the norm or gated unit that made it; q, k and v
+    ran as one product; the loss and every gradient within FP8_FACTOR x the unpatched bf16 model's
+    error against the fp32 reference (the loss's at least its typical size, token_loss_noise);
+    unpatched again, the original step bit for bit."""
     from llmk.models.hf_patch import KERNELS, kernel_calls, patch_model, unpatch_model
 
     # one decoder layer in the interpreter, where each of its 7 linears costs a program per 32 x 32
@@ -680,13 +680,18 @@ def check_fp8_training(kind):
                         note=f"{calls}"[:120]),
                 Outcome(f"{n_cast} of them read their input's e4m3 rows from its producer",
                         calls.get("fp8_linear, input cast by its producer") == n_cast,
-                        note=f"{calls.get('fp8_linear, input cast by its producer')}")]
+                        note=f"{calls.get('fp8_linear, input cast by its producer')}"),
+                Outcome("q, k and v as one product in each layer",
+                        calls.get("fp8_linear, q/k/v as one product") == len(model.model.layers),
+                        note=f"{calls.get('fp8_linear, q/k/v as one product')}")]
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
-    from llmk.models.patch_layers import _FP8_INPUTS
+    from llmk.models.patch_layers import _FP8_FUSED, _FP8_INPUTS
 
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same),
                        Outcome("no cast rows left waiting for a reader", len(_FP8_INPUTS) == 0,
-                               note=f"{len(_FP8_INPUTS)} left")]
+                               note=f"{len(_FP8_INPUTS)} left"),
+                       Outcome("no q/k/v parts left waiting for their linear", len(_FP8_FUSED) == 0,
+                               note=f"{len(_FP8_FUSED)} left")]
 
 
 PACKED_LENGTHS = (5, 13, 1, 9)  # one single-token sequence: nothing to predict in it
