@@ -35,7 +35,7 @@ from llmk.devtools.testing import (
 )
 from llmk.gemm import triton_fp8_matmul_tma
 from llmk.gemm.fp8_cases import poisoned_fp8, same_bits
-from llmk.gemm.fp8_linear_ops import fp8_linear, fp8_linear_op
+from llmk.gemm.fp8_linear_ops import FAST_ACCUM, fp8_linear, fp8_linear_op
 from llmk.gemm.fp8_ops import FP8, FP8_TMA_MIN_M, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
 from llmk.gemm.reference_fp8 import reference_quantize
@@ -289,7 +289,8 @@ def e4m3_tol(a, b):
 
 def check_linear(shape, n, dtype, bias=False, strided=False):
     """fp8_linear's y, dx, dW, db against (1) the same products of the same quantized operands in
-    fp64 (matmul's tolerance: the plumbing, each operand quantized along the right dimension) and
+    fp64 (matmul's tolerance: the plumbing, each operand quantized along the right dimension; the
+    sums' term by FAST_ACCUM, fast or promoted) and
     (2) the 16-bit linear's y, dx, dW in fp64 (e4m3_tol: what FP8 costs)."""
     k = shape[-1]
     x = rand(shape[:-1] + (k + 8,), dtype)[..., :k] if strided else rand(shape, dtype)
@@ -311,7 +312,7 @@ def check_linear(shape, n, dtype, bias=False, strided=False):
         qa, qb = same[name]
         want = qa @ qb + (b.double() if bias and name == "y" else 0)
         outcomes.append(compare(f"{name} vs its quantized operands' product", got[name], want,
-                                fp8_tolerance(qa, qb, dtype)))
+                                fp8_tolerance(qa, qb, dtype, promote=not FAST_ACCUM[name.lower()])))
         ref, a_, b_ = plain[name]
         outcomes.append(compare(f"{name} vs the {dtype_name(dtype)} linear", got[name], ref, e4m3_tol(a_, b_)))
     if bias:

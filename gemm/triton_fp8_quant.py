@@ -50,14 +50,18 @@ INTERPRET_ROW_TILE = (4, 32)
 INTERPRET_ONE_PASS_VALUES = 4096
 # Column-major row-wise (module docstring): a tile is COL_TILE = (BLOCK_K values along x's rows, BLOCK_M
 # rows, contiguous in memory); the amax kernel's programs take COL_AMAX_STEPS tiles along K each (an
-# atomic a row and program). 128 contiguous bf16 rows are 256 bytes a load, and 64 x 128 is 32 fp32 a
-# thread at 8 warps. On the H200, the llama-1.5b step's casts (docs/tuning/gemm.md): amax 9.9 ms, cast
-# 4.7 ms a step, with a reduction across threads at each of the amax kernel's steps (now one at its
-# end, not yet timed). Interpreter: a program's cost is mostly its own (8 x 16 tiles made the smoke
-# training step's FP8 casts 4x slower than the row kernel's), so tiles of 32 x 64, which the test
-# shapes still cross in both directions.
+# atomic a row and program), at COL_AMAX_WARPS warps. Swept on the H200 at the llama-1.5b step's
+# x.T and dy.T (2048, 3072 and 8192 rows of 8192 tokens; docs/tuning/gemm.md):
+# the amax kernel at 128 x 64 tiles, 2 steps and 4 warps read 1953-2995 GB/s, against 1406-2202 for
+# the first 64 x 128, 4 steps, 8 warps (9.9 ms of the step at first, with a reduction across threads
+# each step; 6.3 ms with one at the end); the cast kernel read 2550-3650 GB/s at every tile tried, 64 x 128
+# kept. Interpreter: a program's cost is mostly its own (8 x 16 tiles made the smoke training
+# step's FP8 casts 4x slower than the row kernel's), so tiles of 32 x 64, which the test shapes
+# still cross in both directions.
 COL_TILE = (64, 128)
-COL_AMAX_STEPS = 4
+COL_AMAX_TILE = (128, 64)
+COL_AMAX_STEPS = 2
+COL_AMAX_WARPS = 4
 INTERPRET_COL_TILE = (32, 64)
 INTERPRET_COL_AMAX_STEPS = 2
 # 1 x 128 groups: rows a program (its tile is BLOCK_M x 128)
@@ -259,11 +263,12 @@ def launch_quantize_columns(x, q, scale):
     (M,): _col_amax_kernel, then _col_cast_kernel (module docstring)."""
     m, k = x.shape
     block_k, block_m = INTERPRET_COL_TILE if INTERPRET else COL_TILE
+    amax_k, amax_m = INTERPRET_COL_TILE if INTERPRET else COL_AMAX_TILE
     steps = INTERPRET_COL_AMAX_STEPS if INTERPRET else COL_AMAX_STEPS
     amax = torch.zeros(m, dtype=torch.int32, device=x.device)
     # K's blocks on the grid's first axis (2^31 - 1 programs; the second takes 65535): K is the tokens
-    _col_amax_kernel[(cdiv(k, steps * block_k), cdiv(m, block_m))](
-        x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
+    _col_amax_kernel[(cdiv(k, steps * amax_k), cdiv(m, amax_m))](
+        x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=amax_k, BLOCK_M=amax_m, num_warps=COL_AMAX_WARPS)
     _col_cast_kernel[(cdiv(k, block_k), cdiv(m, block_m))](
         x, q, scale, amax, m, k, x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
         SOFT_ROUND=INTERPRET, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
