@@ -81,7 +81,8 @@ from llmk.normalization.reference_rmsnorm import rmsnorm_ref
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6
-OURS = ("triton", "triton-block", "triton-bf16", "triton+quantize")  # the max_err gate's rows (devtools/harness.py)
+# the max_err gate's rows (devtools/harness.py)
+OURS = ("triton", "triton-fast-accum", "triton-block", "triton-bf16", "triton+quantize")
 BYTES_UP_TO_M = 128  # GB/s for the rows bound by reading b
 GRAPH_UP_TO_M = 64   # GPU time (CUDA graphs) beside do_bench's for decode-size rows
 GRAPH_BELOW_MS = 0.05  # and for any shape a provider runs in under 50 us (1024^3: ~10 us), where the host shows

@@ -39,7 +39,13 @@ from llmk.gemm.fp8_linear_ops import FAST_ACCUM, fp8_linear, fp8_linear_op
 from llmk.gemm.fp8_ops import FP8, FP8_TMA_MIN_M, fp8_matmul, fp8_matmul_op, quantize_fp8, quantize_fp8_op
 from llmk.gemm.matmul_cases import TORCH_ACTIVATIONS, tolerance
 from llmk.gemm.reference_fp8 import reference_quantize
-from llmk.gemm.triton_fp8_matmul import CONFIG_TABLE, FAST_CONFIG_TABLE, INTERPRET_CONFIG, launch_fp8_matmul
+from llmk.gemm.triton_fp8_matmul import (
+    BLOCK_CONFIG_TABLE,
+    CONFIG_TABLE,
+    FAST_CONFIG_TABLE,
+    INTERPRET_CONFIG,
+    launch_fp8_matmul,
+)
 from llmk.gemm.triton_fp8_matmul_tma import FAST_TMA_TABLE, FP8_TMA_TABLE, INTERPRET_SMS, fits, launch_fp8_matmul_tma
 from llmk.gemm.triton_fp8_producers import rmsnorm_fp8
 from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
@@ -462,7 +468,7 @@ def cases():
             for max_m, *config in FAST_CONFIG_TABLE:
                 add(f"fp8_matmul row config {tuple(config)} forced, not promoted", check_matmul_config,
                     gpu_only=True, config=tuple(config), granularity=g, promote=False)
-        for max_m, *config in CONFIG_TABLE:
+        for max_m, *config in CONFIG_TABLE if g == "row" else BLOCK_CONFIG_TABLE:
             add(f"fp8_matmul {g} config {tuple(config)} forced", check_matmul_config, gpu_only=True,
                 config=tuple(config), granularity=g)
         # full size on the GPU: a square GEMM, decode, an MLP's up projection

@@ -36,8 +36,6 @@ from llmk.gemm.triton_matmul_common import GROUP_M, epilogue_store, grouped_tile
 
 SCALE_BLOCK = 128  # the block scales' side: BLOCK_K is this when the scales are blocks
 # (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose M fits wins.
-# Block scales keep BLOCK_N at most BLOCK_SCALED_MAX_N: each step's product is a second fp32 tile
-# beside the accumulator (128 x 256 would be 256 fp32 registers a thread at 8 warps).
 # Shared memory is (BLOCK_M + BLOCK_N) * BLOCK_K bytes a stage (one byte a value). Measured on the
 # H200 (scripts/tune/fp8_gemm_ab.py, docs/tuning/gemm.md), TFLOP/s promoted / not:
 # - below 1024 rows (fp8_matmul's range for this kernel on Hopper), 64 x 128 x 128 at 4 warps won
@@ -55,7 +53,13 @@ FAST_CONFIG_TABLE = [  # promote=False: the whole K loop in the tensor cores' ac
     (1023, 64, 128, 128, 4, 4),
     (None, 128, 256, 128, 8, 3),
 ]
-BLOCK_SCALED_MAX_N = 128
+# Block scales: each step's scaled product is a second fp32 tile beside the accumulator (128 x 256
+# would be 256 fp32 registers a thread at 8 warps), and CONFIG_TABLE's 256 x 128 spills there
+# (187-217 TFLOP/s on the H200 at M >= 1024, against 523-586 for 128 x 128 at 8 warps)
+BLOCK_CONFIG_TABLE = [
+    (1023, 64, 128, 128, 4, 4),
+    (None, 128, 128, 128, 8, 4),
+]
 # Interpreter: tiles small enough that the test shapes have edge tiles in M and N and several K steps
 INTERPRET_CONFIG = (32, 32, 128, 4, 1)
 
@@ -66,10 +70,12 @@ def row_for_m(table, m):
     return next(tuple(config) for max_m, *config in table if max_m is None or m <= max_m)
 
 
-def fp8_config(m, promote=True):
+def fp8_config(m, promote=True, block_scaled=False):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows (CONFIG_TABLE's, without
-    promotion FAST_CONFIG_TABLE's, or the interpreter's)."""
-    return INTERPRET_CONFIG if INTERPRET else row_for_m(CONFIG_TABLE if promote else FAST_CONFIG_TABLE, m)
+    promotion FAST_CONFIG_TABLE's, with block scales BLOCK_CONFIG_TABLE's, or the interpreter's)."""
+    if INTERPRET:
+        return INTERPRET_CONFIG
+    return row_for_m(BLOCK_CONFIG_TABLE if block_scaled else CONFIG_TABLE if promote else FAST_CONFIG_TABLE, m)
 
 
 @triton.jit
@@ -117,18 +123,16 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, 
     fp32, row-wise (scale_a (M,), scale_b (N,)) or blocks (scale_a (M, K / 128), scale_b (K / 128,
     cdiv(N, 128)), K a multiple of 128), told apart by scale_a's dims; bias (N,) or None; c (M, N).
     config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) instead of fp8_config's (BLOCK_K
-    is SCALE_BLOCK with block scales whatever it says; without a config, block scales take BLOCK_N
-    at most BLOCK_SCALED_MAX_N). promote=False: row-wise sums stay in the tensor cores' accumulator
-    over the whole K loop (fp8_matmul's fast_accum; block scales promote whatever it says)."""
+    is SCALE_BLOCK with block scales whatever it says). promote=False: row-wise sums stay in the
+    tensor cores' accumulator over the whole K loop (fp8_matmul's fast_accum; block scales promote
+    whatever it says)."""
     (m, k), n = a.shape, b.shape[1]
     if bias is not None:
         bias = bias.contiguous()  # the epilogue reads bias[n] at n: a strided (N,) view is copied
     block_scaled = scale_a.dim() == 2
-    block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m, promote or block_scaled)
+    block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m, promote, block_scaled)
     if block_scaled:
         block_k = SCALE_BLOCK
-        if config is None:
-            block_n = min(block_n, BLOCK_SCALED_MAX_N)
     sa_strides = (scale_a.stride(0), scale_a.stride(1) if block_scaled else 0)
     sb_strides = (scale_b.stride(0), scale_b.stride(1)) if block_scaled else (0, scale_b.stride(0))
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)

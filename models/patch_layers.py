@@ -15,8 +15,9 @@ runs one FP8 product against the three weights concatenated and splits its outpu
 calls take their parts from _FP8_FUSED (keyed by x, like _FP8_INPUTS). One product in place of
 three: the backward's casts of x and the launches of both passes once, not three times (at the
 llama-1.5b step each of these small products waits on the host more than on the GPU). The
-concatenated weight is a copy made each call (12 MB at the llama-1.5b layer), its gradient split
-back by autograd; the split's backward joins dq, dk and dv into one tensor."""
+concatenated weight is a copy made each call (12 MB at the llama-1.5b layer, saved for the
+backward), its gradient split back by autograd; the split's backward joins dq, dk and dv into one
+tensor."""
 import functools
 
 import torch
@@ -206,7 +207,11 @@ def _fused_qkv(state, members, x):
         state.calls["fp8_linear, input cast by its producer"] += len(members)
     weight = torch.cat([m.weight for m in members])
     bias = None if biases[0] is None else torch.cat(biases)
-    parts = fp8_linear(x, weight, bias, x_fp8=cast).split([m.weight.shape[0] for m in members], dim=-1)
+    parts = list(fp8_linear(x, weight, bias, x_fp8=cast).split([m.weight.shape[0] for m in members], dim=-1))
+    # v reaches attention as it is and stays saved for its backward (RoPE makes new q and k): as a
+    # view it would keep the whole output alive, q's and k's parts too (the llama-1.5b step's peak
+    # grew 0.87 GB with views); its own copy lets them go
+    parts[-1] = parts[-1].contiguous()
     _FP8_FUSED[x] = [{id(m): p for m, p in zip(members[1:], parts[1:])}, x._version]
     state.calls["fp8_linear, q/k/v as one product"] += 1
     state.calls["fp8_linear"] += len(members)
