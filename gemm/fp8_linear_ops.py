@@ -15,10 +15,17 @@ and the backward's layouts): the row-wise recipe (torchao's "rowwise"), gradient
 Saved for the backward: x and W as given (16-bit), not their FP8 copies. x_fp8, where the kernel
 that made x also cast it (gemm/triton_fp8_producers.py: the same bytes quantize_fp8(x, "row")
 gives), is the forward's left operand as it is, and the forward's quantization pass is skipped;
-the backward still reads x (its weight gradient casts x along the tokens). quantize_fp8 reads the
-transposed operands (W.T, dy.T, x.T) in place: a transposed view takes its column kernels, which
-read along the contiguous dimension (gemm/triton_fp8_quant.py). A cast that writes both layouts in
-one pass is the next step for speed.
+the backward still reads x (its weight gradient casts x along the tokens). The transposed
+operands (W.T, dy.T, x.T) are read in place: a transposed view takes the column kernels, which
+read along the contiguous dimension (gemm/triton_fp8_quant.py).
+
+The backward is one operator, llmk::fp8_linear_backward, so that its casts share what they can:
+dy's two casts (by rows for dx, by columns for dW) are one pair of kernels that read dy twice
+(launch_quantize_both), and the column casts' amax buffers (dy's, W's, x's) are one zeroed
+allocation. Its casts and products are quantize_fp8's and fp8_matmul's implementations called
+directly: at a training step's sizes the host's time a launch is what the FP8 step waits on
+(docs/tuning/gemm.md), and the operator layer's dispatch is paid once for the backward, not once
+a cast and a product.
 
 Error: each product carries e4m3's rounding of both operands, 2^-4 relative at most a value
 (half an ulp of a 3-bit significand), on top of fp8_matmul's own sums and one rounding:
@@ -28,7 +35,8 @@ import torch
 
 from llmk.common.ops import define_op
 from llmk.common.validation import as_rows, check_same_device, check_tensor
-from llmk.gemm.fp8_ops import FP8, fp8_matmul_op, quantize_fp8_op
+from llmk.gemm.fp8_ops import FP8, fp8_matmul_impl, quantize_impl
+from llmk.gemm.triton_fp8_quant import column_major, launch_quantize_both
 from llmk.gemm.triton_matmul_common import check_bias
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -56,13 +64,13 @@ def check_fp8_linear_args(x, weight, bias, x_fp8=None):
     check_bias(bias, weight.shape[0], (x.dtype, torch.float32), "x", x)
 
 
-def fp8_product(a, b_t, out_dtype, product, bias=None, a_fp8=None):
+def fp8_product(a, b_t, out_dtype, product, bias=None, a_fp8=None, amax=None):
     """a @ b_t.T in FP8: a (M, K) and b_t (N, K) each quantized by rows (along K), out_dtype out;
     product ("y", "dx" or "dw") picks FAST_ACCUM's entry. a_fp8: (q (M, K), scale (M,)), a's rows
-    already cast (then a is not read)."""
-    qa, sa = quantize_fp8_op(a, "row") if a_fp8 is None else a_fp8
-    qb, sb = quantize_fp8_op(b_t, "row")
-    return fp8_matmul_op(qa, qb.T, sa, sb, bias, None, out_dtype, FAST_ACCUM[product])
+    already cast (then a is not read). amax: a zeroed int32 (N,) for b_t's column kernels."""
+    qa, sa = quantize_impl(a, "row") if a_fp8 is None else a_fp8
+    qb, sb = quantize_impl(b_t, "row", amax)
+    return fp8_matmul_impl(qa, qb.T, sa, sb, bias, None, out_dtype, FAST_ACCUM[product])
 
 
 def _fp8_linear(x, weight, bias, x_q=None, x_scale=None):
@@ -87,21 +95,51 @@ def _setup(ctx, inputs, output):
     ctx.bias_dtype = inputs.bias.dtype if ctx.has_bias else None
 
 
+def _backward_impl(dy, x, weight, x_grad, w_grad):
+    """dy (M, N) and x (M, K) by rows, weight (N, K): (dx (M, K), dW (N, K)), each empty (0,) where
+    not asked for (module docstring: one zeroed amax buffer, dy cast both ways at once)."""
+    (m, n), k = dy.shape, x.shape[1]
+    dx, dw = x.new_empty(0), weight.new_empty(0)  # what is not asked for
+    if m == 0 or n == 0 or k == 0:  # empty sums: zeros
+        return (x.new_zeros((m, k)) if x_grad else dx), (weight.new_zeros((n, k)) if w_grad else dw)
+    both = x_grad and w_grad
+    # one zeroed buffer for every column cast's amax: dy's rows and columns (or its columns), W's, x's
+    sizes = [(m + n) if both else n if w_grad else 0, k if x_grad else 0, k if w_grad else 0]
+    amax = torch.zeros(sum(sizes), dtype=torch.int32, device=dy.device)
+    dy_amax, w_amax, x_amax = amax.split(sizes)
+    if both:
+        q, s = dy.new_empty((m, n), dtype=FP8), dy.new_empty(m, dtype=torch.float32)
+        qt, st = dy.new_empty((n, m), dtype=FP8), dy.new_empty(n, dtype=torch.float32)
+        launch_quantize_both(dy, q, s, qt, st, dy_amax)
+        dy_rows, dy_cols = (q, s), (qt, st)
+    else:
+        dy_rows = quantize_impl(dy, "row") if x_grad else None
+        dy_cols = quantize_impl(dy.T, "row", dy_amax if column_major(dy.T) else None) if w_grad else None
+    if x_grad:
+        dx = fp8_product(dy, weight.T, x.dtype, "dx", a_fp8=dy_rows, amax=w_amax)
+    if w_grad:
+        dw = fp8_product(dy.T, x.T, weight.dtype, "dw", a_fp8=dy_cols, amax=x_amax)
+    return dx, dw
+
+
+def _backward_empty(dy, x, weight, x_grad, w_grad):
+    return (x.new_empty((dy.shape[0], x.shape[1])) if x_grad else x.new_empty(0),
+            weight.new_empty(weight.shape) if w_grad else weight.new_empty(0))
+
+
+fp8_linear_backward_op = define_op(
+    "fp8_linear_backward(Tensor dy, Tensor x, Tensor weight, bool x_grad, bool w_grad) -> (Tensor, Tensor)",
+    _backward_impl, _backward_empty)
+
+
 def _fp8_linear_backward(ctx, dy):
     """(dx, dW, db): dx = dy @ W and dW = dy^T @ x in FP8 (module docstring), db in fp32."""
     x, weight = ctx.saved_tensors
     x_grad, w_grad, b_grad = ctx.needs_input_grad[:3]
     dy_rows, x_rows = as_rows(dy), as_rows(x)
-    dx = dw = db = None
-    if x_grad:
-        dx = fp8_product(dy_rows, weight.T, x.dtype, "dx").view(x.shape) if dy_rows.numel() and x.numel() \
-            else torch.zeros_like(x)
-    if w_grad:
-        dw = fp8_product(dy_rows.T, x_rows.T, weight.dtype, "dw") if dy_rows.numel() and x_rows.shape[1] \
-            else torch.zeros_like(weight)
-    if b_grad and ctx.has_bias:
-        db = dy_rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-    return dx, dw, db, None, None
+    dx, dw = fp8_linear_backward_op(dy_rows, x_rows, weight, bool(x_grad), bool(w_grad))
+    db = dy_rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if b_grad and ctx.has_bias else None
+    return dx.view(x.shape) if x_grad else None, dw if w_grad else None, db, None, None
 
 
 fp8_linear_op = define_op(

@@ -52,16 +52,18 @@ def _quantize_empty(x, granularity):
     return x.new_empty((m, k), dtype=FP8), x.new_empty(scale_shape(m, k, granularity), dtype=torch.float32)
 
 
-def _quantize(x, granularity):
+def quantize_impl(x, granularity, amax=None):
+    """quantize_fp8's implementation (below the operator layer: for other operators' own, which
+    run on real tensors already). amax: a zeroed int32 (M,) for a column-major x's column kernels."""
     q, scale = _quantize_empty(x, granularity)
     if q.numel():
-        launch_quantize_fp8(x, q, scale, granularity)
+        launch_quantize_fp8(x, q, scale, granularity, amax=amax)
     else:
         scale.zero_()  # no values: no amax (K = 0 rows, or no rows)
     return q, scale
 
 
-quantize_fp8_op = define_op("quantize_fp8(Tensor x, str granularity) -> (Tensor, Tensor)", _quantize,
+quantize_fp8_op = define_op("quantize_fp8(Tensor x, str granularity) -> (Tensor, Tensor)", quantize_impl,
                             _quantize_empty, remedy=REMEDY)
 
 
@@ -123,7 +125,8 @@ def uses_tma(a, b, scale_a, c):
             and triton_fp8_matmul_tma.fits(a, b, c))
 
 
-def _fp8_matmul(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum=False):
+def fp8_matmul_impl(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum=False):
+    """fp8_matmul's implementation (below the operator layer, as quantize_impl)."""
     c = _fp8_matmul_empty(a, b, scale_a, scale_b, bias, activation, out_dtype)
     if not c.numel():
         return c
@@ -138,7 +141,7 @@ def _fp8_matmul(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum=
 
 fp8_matmul_op = define_op(
     "fp8_matmul(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str? activation, "
-    "ScalarType out_dtype, bool fast_accum=False) -> Tensor", _fp8_matmul, _fp8_matmul_empty, remedy=REMEDY)
+    "ScalarType out_dtype, bool fast_accum=False) -> Tensor", fp8_matmul_impl, _fp8_matmul_empty, remedy=REMEDY)
 
 
 def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=torch.bfloat16, fast_accum=False):

@@ -48,7 +48,7 @@ from llmk.gemm.triton_fp8_matmul import (
 )
 from llmk.gemm.triton_fp8_matmul_tma import FAST_TMA_TABLE, FP8_TMA_TABLE, INTERPRET_SMS, fits, launch_fp8_matmul_tma
 from llmk.gemm.triton_fp8_producers import rmsnorm_fp8
-from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
+from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_both, launch_quantize_fp8, scale_shape
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 
@@ -72,6 +72,28 @@ def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_r
     q2, s2 = quantize_fp8(x, granularity)
     return [same_bits("q", q, want_q), compare("scale", s, want_s, EXACT), same_bits("q, quantize_fp8", q2, want_q),
             compare("scale, quantize_fp8", s2, want_s, EXACT)]
+
+
+def check_quantize_both(m, k, dtype, pad=0, scale=1.0, zero_rows=(), zero_cols=(), outlier=None, nan_at=None):
+    """launch_quantize_both's four outputs (x's row-wise cast and x.T's) against reference_quantize of
+    x and of x.T, bit for bit, in poisoned buffers. pad: x a view of (m, k + pad) values a row;
+    outlier: the first column set to it (subnormals and signed zeros in the rows' casts)."""
+    x = rand((m, k + pad), dtype, scale=scale)[:, :k]
+    for r in zero_rows:
+        x[r] = 0
+    for c in zero_cols:
+        x[:, c] = 0
+    if outlier is not None:
+        x[:, 0] = outlier
+    if nan_at is not None:  # its row's and its column's scales and values are NaN
+        x[nan_at] = float("nan")
+    want_q, want_s = reference_quantize(x, "row")
+    want_qt, want_st = reference_quantize(x.T, "row")
+    q, s = poisoned_fp8((m, k)), poisoned((m,), torch.float32)
+    qt, st = poisoned_fp8((k, m)), poisoned((k,), torch.float32)
+    launch_quantize_both(x, q, s, qt, st)
+    return [same_bits("q (rows)", q, want_q), compare("scale (rows)", s, want_s, EXACT),
+            same_bits("qt (columns)", qt, want_qt), compare("scale_t (columns)", st, want_st, EXACT)]
 
 
 def check_quantize_edges():
@@ -326,6 +348,26 @@ def check_linear(shape, n, dtype, bias=False, strided=False):
     return outcomes
 
 
+def check_linear_partial(shape, n, dtype):
+    """The backward asked for dx alone (a frozen weight) and for dW alone (a frozen input) casts dy
+    one way only (the row kernel, or the column kernels): the same bytes as the two-way cast, so
+    dx and dW equal the full backward's bit for bit. And no rows: dW is zeros, dx empty."""
+    k = shape[-1]
+    x, w = rand(shape, dtype), (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype)
+    dy = rand(shape[:-1] + (n,), dtype)
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    dx_full, dw_full = torch.autograd.grad(fp8_linear(xs, ws), (xs, ws), dy)
+    xs = x.clone().requires_grad_()
+    (dx_only,) = torch.autograd.grad(fp8_linear(xs, w), (xs,), dy)
+    ws = w.clone().requires_grad_()
+    (dw_only,) = torch.autograd.grad(fp8_linear(x, ws), (ws,), dy)
+    x0, w0 = rand((0, k), dtype).requires_grad_(), w.clone().requires_grad_()
+    dx0, dw0 = torch.autograd.grad(fp8_linear(x0, w0).sum(), (x0, w0))
+    return [compare("dx alone = dx of the full backward", dx_only, dx_full, EXACT),
+            compare("dW alone = dW of the full backward", dw_only, dw_full, EXACT),
+            Outcome("no rows: dx empty, dW zeros", dx0.shape == x0.shape and bool((dw0 == 0).all()))]
+
+
 def check_linear_producer(shape, n, dtype):
     """x_fp8 from the kernel that made x (rmsnorm_fp8 with keep_y: the bytes quantize_fp8(x) gives):
     y, dx and dW equal fp8_linear's without it, bit for bit, and dx reaches the norm's input."""
@@ -404,6 +446,19 @@ def cases():
     add("quantize 128x128 (130, 384) bf16", check_quantize, m=130, k=384, dtype=torch.bfloat16,
         granularity="128x128")
     add("quantize 128x128 (300, 128) fp32", check_quantize, m=300, k=128, dtype=torch.float32, granularity="128x128")
+    # both layouts at once (fp8_linear's backward casts dy so): tiles cut in both directions
+    add("quantize both ways (37, 70) bf16", check_quantize_both, m=37, k=70, dtype=torch.bfloat16)
+    add("quantize both ways (130, 300) fp16 padded, a zero row and column, a NaN", check_quantize_both, m=130,
+        k=300, dtype=torch.float16, pad=5, zero_rows=(3,), zero_cols=(7,), nan_at=(64, 200))
+    add("quantize both ways (33, 65) fp32 outlier 3e4", check_quantize_both, m=33, k=65, dtype=torch.float32,
+        outlier=3e4)
+    add("quantize both ways (1, 9) and (9, 1) bf16 x 1e-3",
+        lambda: check_quantize_both(1, 9, torch.bfloat16, scale=1e-3) + check_quantize_both(9, 1, torch.bfloat16,
+                                                                                             scale=1e-3))
+    add("quantize both ways (8192, 3072) bf16 (the llama step's q/k/v dy)", check_quantize_both, gpu_only=True,
+        m=8192, k=3072, dtype=torch.bfloat16)
+    add("quantize both ways (8192, 8192) bf16 a NaN", check_quantize_both, gpu_only=True, m=8192, k=8192,
+        dtype=torch.bfloat16, nan_at=(4000, 8191))
     add("quantize: empty, dequantized, opcheck", check_quantize_edges)
     add("quantize: bad input", check_quantize_errors)
     # full size on the GPU: a long row (two passes), the widest one-pass row, an LLM weight's blocks
@@ -483,6 +538,10 @@ def cases():
     add("fp8_linear (33, 100) -> 70 fp16 strided x", check_linear, shape=(33, 100), n=70, dtype=torch.float16,
         strided=True)
     add("fp8_linear (1, 64) -> 16 bf16", check_linear, shape=(1, 64), n=16, dtype=torch.bfloat16)
+    add("fp8_linear (2, 19, 72) -> 40 bf16: dx alone, dW alone, no rows", check_linear_partial, shape=(2, 19, 72),
+        n=40, dtype=torch.bfloat16)
+    add("fp8_linear (4096, 2048) -> 3072 bf16: dx alone, dW alone, no rows", check_linear_partial, gpu_only=True,
+        shape=(4096, 2048), n=3072, dtype=torch.bfloat16)
     add("fp8_linear (2048, 4096) -> 4096 bf16 bias", check_linear, gpu_only=True, shape=(2048, 4096), n=4096,
         dtype=torch.bfloat16, bias=True)
     add("fp8_linear with x_fp8 from rmsnorm_fp8 (3, 7, 96) -> 40 bf16", check_linear_producer, shape=(3, 7, 96), n=40,

@@ -27,6 +27,13 @@ each tile's per-row max |x| into an int32 amax a row by atomic max (the bits of 
 float order as the float does, and a NaN's bits top +inf's, so a NaN wins as PyTorch's amax lets
 it), the second casts each tile with its rows' scales and stores it transposed (Triton moves the
 tile between the two layouts through shared memory). x is read twice: 2 * M * K * e + M * K bytes.
+
+Both layouts of one tensor (fp8_linear's backward casts dy by rows for dx and by columns for dW):
+_both_amax_kernel adds each tile's per-row and per-column max |x| into one int32 amax of M + K
+entries by atomic max, and _both_cast_kernel casts each tile twice, with its rows' scales into q
+(M, K) and with its columns' into qt (K, M), stored transposed. x is read twice for both casts,
+2 * M * K * e + 2 * M * K bytes, where the row kernel and the column kernels apart read it three
+times; the same bytes as they give, bit for bit.
 """
 import torch
 import triton
@@ -64,6 +71,11 @@ COL_AMAX_STEPS = 2
 COL_AMAX_WARPS = 4
 INTERPRET_COL_TILE = (32, 64)
 INTERPRET_COL_AMAX_STEPS = 2
+# Both layouts (module docstring): (BLOCK_M, BLOCK_K) a tile, x's rows by its columns; 4 warps for
+# the amax kernel, 8 for the cast (two casts and a transposed store a tile). Not yet measured on a
+# GPU: 64 x 128 bf16 is 16 KB a tile, the column kernels' size.
+BOTH_TILE = (64, 128)
+INTERPRET_BOTH_TILE = (32, 64)
 # 1 x 128 groups: rows a program (its tile is BLOCK_M x 128)
 GROUP_ROWS = 32
 INTERPRET_GROUP_ROWS = 8
@@ -205,6 +217,50 @@ def _col_cast_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, M, K, stride_xk, stride_qm, 
 
 
 @triton.jit
+def _both_amax_kernel(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x (M, K), any strides: the max |x| of each row and column of a BLOCK_M x BLOCK_K tile joins
+    amax_ptr's int32 (M + K,), rows first (the bits of a non-negative fp32, zero before the launch,
+    as _col_amax_kernel's)."""
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ok = (rm < M)[:, None] & (rk < K)[None, :]
+    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok,
+                other=0.0)
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF  # |x|, a NaN stays one
+    tl.atomic_max(amax_ptr + rm, tl.max(bits, axis=1), mask=rm < M, sem="relaxed")
+    tl.atomic_max(amax_ptr + M + rk, tl.max(bits, axis=0), mask=rk < K, sem="relaxed")
+
+
+@triton.jit
+def _both_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, amax_ptr, M, K, stride_xm, stride_xk, stride_qm,
+                      stride_qtk, FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A BLOCK_M x BLOCK_K tile of x cast with its rows' amax into q (M, K) and with its columns'
+    into qt (K, M), stored transposed (_both_amax_kernel's amax); the first column of programs
+    stores the rows' scales, the first row the columns'."""
+    pid_k = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    row_ok, col_ok = rm < M, rk < K
+    ok = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok,
+                other=0.0).to(tl.float32)
+    row_bits = tl.load(amax_ptr + rm, mask=row_ok, other=0)
+    col_bits = tl.load(amax_ptr + M + rk, mask=col_ok, other=0)
+    row_amax = tl.maximum(row_bits.to(tl.float32, bitcast=True), AMAX_FLOOR_, propagate_nan=tl.PropagateNan.ALL)
+    col_amax = tl.maximum(col_bits.to(tl.float32, bitcast=True), AMAX_FLOOR_, propagate_nan=tl.PropagateNan.ALL)
+    q = cast_e4m3(x, quant_factor(row_amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND)
+    tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :], q, mask=ok)
+    qt = cast_e4m3(x, quant_factor(col_amax, FP8_MAX_)[None, :], FP8_MAX_, SOFT_ROUND)
+    tl.store(qt_ptr + rk[None, :].to(tl.int64) * stride_qtk + rm[:, None], qt, mask=ok)
+    if pid_k == 0:
+        tl.store(s_ptr + rm, quant_scale(row_amax, FP8_MAX_), mask=row_ok)
+    if pid_m == 0:
+        tl.store(st_ptr + rk, quant_scale(col_amax, FP8_MAX_), mask=col_ok)
+
+
+@triton.jit
 def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm,
                             FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
                             TILE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_K: tl.constexpr):
@@ -258,14 +314,16 @@ def column_major(x):
     return m > 1 and k > 1 and x.stride(0) == 1 and x.stride(1) >= m
 
 
-def launch_quantize_columns(x, q, scale):
+def launch_quantize_columns(x, q, scale, amax=None):
     """The row-wise cast of a column-major x (M, K) (column_major) into q (M, K) row-major and scale
-    (M,): _col_amax_kernel, then _col_cast_kernel (module docstring)."""
+    (M,): _col_amax_kernel, then _col_cast_kernel (module docstring). amax: a zeroed int32 (M,) to
+    use (one allocation for several casts), else one is made."""
     m, k = x.shape
     block_k, block_m = INTERPRET_COL_TILE if INTERPRET else COL_TILE
     amax_k, amax_m = INTERPRET_COL_TILE if INTERPRET else COL_AMAX_TILE
     steps = INTERPRET_COL_AMAX_STEPS if INTERPRET else COL_AMAX_STEPS
-    amax = torch.zeros(m, dtype=torch.int32, device=x.device)
+    if amax is None:
+        amax = torch.zeros(m, dtype=torch.int32, device=x.device)
     # K's blocks on the grid's first axis (2^31 - 1 programs; the second takes 65535): K is the tokens
     _col_amax_kernel[(cdiv(k, steps * amax_k), cdiv(m, amax_m))](
         x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=amax_k, BLOCK_M=amax_m, num_warps=COL_AMAX_WARPS)
@@ -274,14 +332,31 @@ def launch_quantize_columns(x, q, scale):
         SOFT_ROUND=INTERPRET, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
 
 
-def launch_quantize_fp8(x, q, scale, granularity, one_pass=None):
+def launch_quantize_both(x, q, scale, qt, scale_t, amax=None):
+    """Both row-wise casts of validated x (M, K) (any strides) at once (module docstring): q (M, K)
+    and scale (M,) by x's rows, qt (K, M) and scale_t (K,) by its columns (x.T's rows), q and qt
+    with unit column strides; the same bytes as launch_quantize_fp8 of x and of x.T. amax: a zeroed
+    int32 (M + K,) to use, else one is made."""
+    m, k = x.shape
+    block_m, block_k = INTERPRET_BOTH_TILE if INTERPRET else BOTH_TILE
+    if amax is None:
+        amax = torch.zeros(m + k, dtype=torch.int32, device=x.device)
+    grid = (cdiv(k, block_k), cdiv(m, block_m))  # K's blocks first: the second axis takes 65535
+    _both_amax_kernel[grid](x, amax, m, k, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
+    _both_cast_kernel[grid](
+        x, q, scale, qt, scale_t, amax, m, k, x.stride(0), x.stride(1), q.stride(0), qt.stride(0), FP8_MAX_=FP8_MAX,
+        AMAX_FLOOR_=AMAX_FLOOR, SOFT_ROUND=INTERPRET, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=8)
+
+
+def launch_quantize_fp8(x, q, scale, granularity, one_pass=None, amax=None):
     """Quantize validated x (M, K) (fp16, bf16 or fp32, any strides) into q (M, K) e4m3 (unit
     column stride) and scale (fp32): granularity "row" (M,), "1x128" (M, K / 128) or "128x128"
     (cdiv(M, 128), K / 128), K a multiple of 128 for the last two. one_pass: force the row-wise
-    kernel's path (tests); without it a column-major x takes the column kernels (column_major)."""
+    kernel's path (tests); without it a column-major x takes the column kernels (column_major),
+    with `amax` (a zeroed int32 (M,)) if given."""
     m, k = x.shape
     if granularity == "row" and one_pass is None and column_major(x):
-        launch_quantize_columns(x, q, scale)
+        launch_quantize_columns(x, q, scale, amax)
         return
     if granularity == "row":
         block_m, block_k, one_pass = row_plan(k, one_pass)
