@@ -34,8 +34,8 @@ SHAPES = {
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) weighed beside the table's. ptxas for sm_90a
 # (--compile, Triton 3.6), registers a thread with promotion / without: none of these spills but the
 # first table's 128 x 256 x 128 (704 bytes promoted, 0 not; 128 x 256 x 64 spilled 488 and 64 x 256 x
-# 128 at 4 warps 1080, left out). The table's rows: 64 x 128 x 128 (167 / 124) and 128 x 128 x 128
-# at 8 warps (163 / 126)
+# 128 at 4 warps 1080, left out). The tables (from this A/B's H200 run, docs/tuning/gemm.md): promoted
+# 64 x 128 x 128 below 1024 rows and 256 x 128 x 128 from there, not promoted 64 x 128 and 128 x 256
 AB_CONFIGS = [
     (128, 256, 128, 8, 3),  # the first table's: 255 (704 bytes spilled) / 196
     (128, 128, 128, 4, 4),  # 255 / 206
@@ -66,11 +66,13 @@ def variants(m):
     from llmk.gemm.triton_fp8_matmul_tma import fp8_tma_config
 
     out = []
-    for kernel, table, others in (("ptr", fp8_config(m), AB_CONFIGS), ("tma", fp8_tma_config(m), TMA_AB_CONFIGS)):
-        for config in (table, *(c for c in others if c != table)):
-            mark = " (table)" if config == table else ""
-            out += [(f"{kernel} {config}{mark}, promoted", kernel, dict(config=config)),
-                    (f"{kernel} {config}{mark}, not promoted", kernel, dict(config=config, promote=False))]
+    for kernel, pick, others in (("ptr", fp8_config, AB_CONFIGS), ("tma", fp8_tma_config, TMA_AB_CONFIGS)):
+        tables = {True: pick(m), False: pick(m, promote=False)}  # the promoted table's and the fast one's
+        for config in dict.fromkeys((*tables.values(), *others)):
+            for promote in (True, False):
+                mark = " (table)" if config == tables[promote] else ""
+                out.append((f"{kernel} {config}{mark}, {'promoted' if promote else 'not promoted'}", kernel,
+                            dict(config=config, promote=promote)))
     return out
 
 
