@@ -21,7 +21,7 @@ read along the contiguous dimension (gemm/triton_fp8_quant.py).
 
 The backward is one operator, llmk::fp8_linear_backward, so that its casts share what they can:
 dy's two casts (by rows for dx, by columns for dW) are one pair of kernels that read dy twice
-(launch_quantize_both), and the column casts' amax buffers (dy's, W's, x's) are one zeroed
+(quantize_both_impl), and the column casts' amax buffers (dy's, W's, x's) are one zeroed
 allocation. Its casts and products are quantize_fp8's and fp8_matmul's implementations called
 directly: at a training step's sizes the host's time a launch is what the FP8 step waits on
 (docs/tuning/gemm.md), and the operator layer's dispatch is paid once for the backward, not once
@@ -35,8 +35,7 @@ import torch
 
 from llmk.common.ops import define_op
 from llmk.common.validation import as_rows, check_same_device, check_tensor
-from llmk.gemm.fp8_ops import FP8, fp8_matmul_impl, quantize_impl
-from llmk.gemm.triton_fp8_quant import column_major, launch_quantize_both
+from llmk.gemm.fp8_ops import FP8, fp8_matmul_impl, quantize_both_impl, quantize_impl
 from llmk.gemm.triton_matmul_common import check_bias
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -108,13 +107,11 @@ def _backward_impl(dy, x, weight, x_grad, w_grad):
     amax = torch.zeros(sum(sizes), dtype=torch.int32, device=dy.device)
     dy_amax, w_amax, x_amax = amax.split(sizes)
     if both:
-        q, s = dy.new_empty((m, n), dtype=FP8), dy.new_empty(m, dtype=torch.float32)
-        qt, st = dy.new_empty((n, m), dtype=FP8), dy.new_empty(n, dtype=torch.float32)
-        launch_quantize_both(dy, q, s, qt, st, dy_amax)
+        q, s, qt, st = quantize_both_impl(dy, dy_amax)
         dy_rows, dy_cols = (q, s), (qt, st)
     else:
         dy_rows = quantize_impl(dy, "row") if x_grad else None
-        dy_cols = quantize_impl(dy.T, "row", dy_amax if column_major(dy.T) else None) if w_grad else None
+        dy_cols = quantize_impl(dy.T, "row", dy_amax) if w_grad else None
     if x_grad:
         dx = fp8_product(dy, weight.T, x.dtype, "dx", a_fp8=dy_rows, amax=w_amax)
     if w_grad:

@@ -22,7 +22,7 @@ from llmk.common.validation import check_same_device, check_tensor
 from llmk.gemm import triton_fp8_matmul_tma
 from llmk.gemm.matmul_ops import has_tma
 from llmk.gemm.triton_fp8_matmul import SCALE_BLOCK, launch_fp8_matmul
-from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_fp8, scale_shape
+from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_both, launch_quantize_fp8, scale_shape
 from llmk.gemm.triton_matmul_common import ACTIVATIONS, check_bias
 
 FP8 = torch.float8_e4m3fn
@@ -61,6 +61,15 @@ def quantize_impl(x, granularity, amax=None):
     else:
         scale.zero_()  # no values: no amax (K = 0 rows, or no rows)
     return q, scale
+
+
+def quantize_both_impl(x, amax=None):
+    """(q, scale, qt, scale_t): x (M, K) cast by its rows and by its columns at once
+    (launch_quantize_both, x read twice), as quantize_impl(x, "row") and quantize_impl(x.T, "row")
+    give them; below the operator layer, as quantize_impl. amax: a zeroed int32 (M + K,)."""
+    (q, scale), (qt, scale_t) = _quantize_empty(x, "row"), _quantize_empty(x.T, "row")
+    launch_quantize_both(x, q, scale, qt, scale_t, amax)
+    return q, scale, qt, scale_t
 
 
 quantize_fp8_op = define_op("quantize_fp8(Tensor x, str granularity) -> (Tensor, Tensor)", quantize_impl,

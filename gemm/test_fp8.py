@@ -52,6 +52,21 @@ from llmk.gemm.triton_fp8_quant import GROUP, launch_quantize_both, launch_quant
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
 
+def marked(x, zero_rows=(), zero_cols=(), outlier=None, nan_at=None):
+    """x with the quantize cases' marks, in place: rows and columns of zeros, the first column set to
+    `outlier` (the rest of each row lands on e4m3's subnormals and signed zeros), a NaN at nan_at
+    (its groups' scales and values are NaN, as PyTorch's amax makes them)."""
+    for r in zero_rows:
+        x[r] = 0
+    for c in zero_cols:
+        x[:, c] = 0
+    if outlier is not None:
+        x[:, 0] = outlier
+    if nan_at is not None:
+        x[nan_at] = float("nan")
+    return x
+
+
 def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_rows=(), one_pass=None,
                    outlier=None, nan_at=None, pad=0):
     """quantize_fp8's q and scale against reference_quantize, bit for bit, in poisoned buffers
@@ -60,12 +75,7 @@ def check_quantize(m, k, dtype, granularity, transposed=False, scale=1.0, zero_r
     the first column set to it, so that the rest of each group lands on e4m3's subnormals and signed
     zeros."""
     x = rand((k, m + pad), dtype, scale=scale)[:, :m].t() if transposed else rand((m, k), dtype, scale=scale)
-    for r in zero_rows:
-        x[r] = 0
-    if outlier is not None:
-        x[:, 0] = outlier
-    if nan_at is not None:  # its group's scale and values are NaN, as PyTorch's amax makes them
-        x[nan_at] = float("nan")
+    marked(x, zero_rows, outlier=outlier, nan_at=nan_at)
     want_q, want_s = reference_quantize(x, granularity)
     q, s = poisoned_fp8((m, k)), poisoned(scale_shape(m, k, granularity), torch.float32)
     launch_quantize_fp8(x, q, s, granularity, one_pass=one_pass)
@@ -78,15 +88,7 @@ def check_quantize_both(m, k, dtype, pad=0, scale=1.0, zero_rows=(), zero_cols=(
     """launch_quantize_both's four outputs (x's row-wise cast and x.T's) against reference_quantize of
     x and of x.T, bit for bit, in poisoned buffers. pad: x a view of (m, k + pad) values a row;
     outlier: the first column set to it (subnormals and signed zeros in the rows' casts)."""
-    x = rand((m, k + pad), dtype, scale=scale)[:, :k]
-    for r in zero_rows:
-        x[r] = 0
-    for c in zero_cols:
-        x[:, c] = 0
-    if outlier is not None:
-        x[:, 0] = outlier
-    if nan_at is not None:  # its row's and its column's scales and values are NaN
-        x[nan_at] = float("nan")
+    x = marked(rand((m, k + pad), dtype, scale=scale)[:, :k], zero_rows, zero_cols, outlier, nan_at)
     want_q, want_s = reference_quantize(x, "row")
     want_qt, want_st = reference_quantize(x.T, "row")
     q, s = poisoned_fp8((m, k)), poisoned((m,), torch.float32)
