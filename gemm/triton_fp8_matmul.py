@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from llmk.common.device import INTERPRET
+from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv
 from llmk.gemm.triton_matmul_common import GROUP_M, epilogue_store, grouped_tile, load_k_step
 
@@ -118,6 +119,12 @@ def _fp8_matmul_kernel(
                    False, BLOCK_M, BLOCK_N)
 
 
+# launched directly from each specialization's second launch on (common/direct_launch.py): a
+# training step in FP8 makes hundreds of these launches, and JITFunction.run's binding of
+# every argument was most of each one's host time (docs/tuning/gemm.md)
+_fp8_matmul = Launcher(_fp8_matmul_kernel)
+
+
 def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, promote=True):
     """Launch on validated arguments with M, N >= 1: a (M, K), b (K, N) e4m3, any strides; scales
     fp32, row-wise (scale_a (M,), scale_b (N,)) or blocks (scale_a (M, K / 128), scale_b (K / 128,
@@ -136,7 +143,7 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, 
     sa_strides = (scale_a.stride(0), scale_a.stride(1) if block_scaled else 0)
     sb_strides = (scale_b.stride(0), scale_b.stride(1)) if block_scaled else (0, scale_b.stride(0))
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)
-    _fp8_matmul_kernel[grid](
+    _fp8_matmul[grid](
         a, b, c, scale_a, scale_b, bias, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), *sa_strides, *sb_strides,
         BLOCK_SCALED=block_scaled, HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=block_m,

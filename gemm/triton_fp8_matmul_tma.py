@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from llmk.common.device import INTERPRET
+from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv
 from llmk.common.triton_utils import activate
 from llmk.gemm.triton_fp8_matmul import row_for_m
@@ -102,6 +103,12 @@ def _fp8_matmul_tma_kernel(
         store_split(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT)
 
 
+# launched directly from each specialization's second launch on (common/direct_launch.py): a
+# training step in FP8 makes hundreds of these launches, and JITFunction.run's binding of
+# every argument was most of each one's host time (docs/tuning/gemm.md)
+_fp8_matmul_tma = Launcher(_fp8_matmul_tma_kernel)
+
+
 def launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c, num_sms, config=None, promote=True):
     """Launch on validated arguments that `fit`: a (M, K) and b (K, N) = W.T e4m3, row-wise scales
     scale_a (M,) and scale_b (N,) fp32, bias (N,) or None, c (M, N) with M, N >= 1, on num_sms
@@ -116,7 +123,7 @@ def launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c, num_sms, 
     c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], [bm, bn // split])
     programs = INTERPRET_SMS if INTERPRET else num_sms
     grid = (min(programs, cdiv(m, bm) * cdiv(n, bn)),)
-    _fp8_matmul_tma_kernel[grid](
+    _fp8_matmul_tma[grid](
         a_desc, w_desc, c_desc, scale_a, scale_b, bias, m, n, k, scale_a.stride(0), scale_b.stride(0),
         HAS_BIAS=bias is not None, ACTIVATION=activation, PROMOTE=promote, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GROUP_M_=GROUP_M, EPILOGUE_SPLIT=split, NUM_SMS=programs, num_warps=num_warps, num_stages=num_stages)

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from llmk.common.device import INTERPRET
+from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv
 from llmk.common.ops import define_op
 from llmk.common.triton_utils import activate
@@ -207,6 +208,13 @@ def _glu_fp8_kernel(
     tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX_), mask=row_ok)
 
 
+# launched directly from each specialization's second launch on (common/direct_launch.py): a
+# training step in FP8 makes hundreds of these launches, and JITFunction.run's binding of
+# every argument was most of each one's host time (docs/tuning/gemm.md)
+_rmsnorm_fp8 = Launcher(_rmsnorm_fp8_kernel)
+_glu_fp8 = Launcher(_glu_fp8_kernel)
+
+
 def _buffers(x, keep_y, residual=None):
     """(q, scale, y, u) for x (..., N): y and u 0-size where not wanted (an operator returns
     tensors only)."""
@@ -230,7 +238,7 @@ def launch_rmsnorm_fp8(x, residual, weight, eps, offset, q, scale, y=None, u=Non
     u2 = u.view(-1, n_cols) if u is not None else x2  # placeholders: pointers the kernel never touches
     w = weight.contiguous() if weight is not None else x2
     block_m, block_n, one_pass = row_plan(n_cols, one_pass)
-    _rmsnorm_fp8_kernel[(cdiv(n_rows, block_m),)](
+    _rmsnorm_fp8[(cdiv(n_rows, block_m),)](
         x2, r2, w, y2, u2, q2, scale, n_rows, n_cols, x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0),
         q2.stride(0), eps, offset, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
         FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR, STORE_Y=y is not None, SOFT_ROUND=INTERPRET, ONE_PASS=one_pass,
@@ -249,7 +257,7 @@ def launch_glu_fp8(gate, up, activation, q, scale, y=None, one_pass=None):
     n_rows, n_cols = g2.shape
     q2, y2 = q.view(-1, n_cols), (y.view(-1, n_cols) if y is not None else g2)
     block_m, block_n, one_pass = row_plan(n_cols, one_pass)
-    _glu_fp8_kernel[(cdiv(n_rows, block_m),)](
+    _glu_fp8[(cdiv(n_rows, block_m),)](
         g2, u2, y2, q2, scale, n_rows, n_cols, g2.stride(0), u2.stride(0), y2.stride(0), q2.stride(0),
         FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR, ACTIVATION=activation, STORE_Y=y is not None,
         SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)

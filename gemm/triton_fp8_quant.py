@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from llmk.common.device import INTERPRET
+from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv, next_power_of_2
 
 FP8_MAX = 448.0    # torch.finfo(torch.float8_e4m3fn).max
@@ -285,6 +286,17 @@ def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, str
         tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, quant_scale(amax, FP8_MAX_), mask=rm < M)
 
 
+# launched directly from each specialization's second launch on (common/direct_launch.py): a
+# training step in FP8 makes hundreds of these launches, and JITFunction.run's binding of
+# every argument was most of each one's host time (docs/tuning/gemm.md)
+_quantize_rows = Launcher(_quantize_rows_kernel)
+_col_amax = Launcher(_col_amax_kernel)
+_col_cast = Launcher(_col_cast_kernel)
+_both_amax = Launcher(_both_amax_kernel)
+_both_cast = Launcher(_both_cast_kernel)
+_quantize_groups = Launcher(_quantize_groups_kernel)
+
+
 def scale_shape(m, k, granularity):
     """The scales of an (m, k) tensor quantized with `granularity`: "row" (m,), "1x128"
     (m, k / 128), "128x128" (cdiv(m, 128), k / 128)."""
@@ -325,9 +337,9 @@ def launch_quantize_columns(x, q, scale, amax=None):
     if amax is None:
         amax = torch.zeros(m, dtype=torch.int32, device=x.device)
     # K's blocks on the grid's first axis (2^31 - 1 programs; the second takes 65535): K is the tokens
-    _col_amax_kernel[(cdiv(k, steps * amax_k), cdiv(m, amax_m))](
+    _col_amax[(cdiv(k, steps * amax_k), cdiv(m, amax_m))](
         x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=amax_k, BLOCK_M=amax_m, num_warps=COL_AMAX_WARPS)
-    _col_cast_kernel[(cdiv(k, block_k), cdiv(m, block_m))](
+    _col_cast[(cdiv(k, block_k), cdiv(m, block_m))](
         x, q, scale, amax, m, k, x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
         SOFT_ROUND=INTERPRET, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
 
@@ -342,8 +354,8 @@ def launch_quantize_both(x, q, scale, qt, scale_t, amax=None):
     if amax is None:
         amax = torch.zeros(m + k, dtype=torch.int32, device=x.device)
     grid = (cdiv(k, block_k), cdiv(m, block_m))  # K's blocks first: the second axis takes 65535
-    _both_amax_kernel[grid](x, amax, m, k, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
-    _both_cast_kernel[grid](
+    _both_amax[grid](x, amax, m, k, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
+    _both_cast[grid](
         x, q, scale, qt, scale_t, amax, m, k, x.stride(0), x.stride(1), q.stride(0), qt.stride(0), FP8_MAX_=FP8_MAX,
         AMAX_FLOOR_=AMAX_FLOOR, SOFT_ROUND=INTERPRET, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=8)
 
@@ -360,13 +372,13 @@ def launch_quantize_fp8(x, q, scale, granularity, one_pass=None, amax=None):
         return
     if granularity == "row":
         block_m, block_k, one_pass = row_plan(k, one_pass)
-        _quantize_rows_kernel[(cdiv(m, block_m),)](
+        _quantize_rows[(cdiv(m, block_m),)](
             x, q, scale, m, k, x.stride(0), x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
             SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
         return
     tile = granularity == "128x128"
     block_m = GROUP if tile else (INTERPRET_GROUP_ROWS if INTERPRET else GROUP_ROWS)
-    _quantize_groups_kernel[(cdiv(m, block_m), k // GROUP)](
+    _quantize_groups[(cdiv(m, block_m), k // GROUP)](
         x, q, scale, m, k, x.stride(0), x.stride(1), q.stride(0), scale.stride(0), FP8_MAX_=FP8_MAX,
         AMAX_FLOOR_=AMAX_FLOOR, SOFT_ROUND=INTERPRET, TILE_GROUP=tile, BLOCK_M=block_m, GROUP_K=GROUP,
         num_warps=8 if tile else 4)
