@@ -197,7 +197,7 @@ def splits(name, inputs, call):
     q, k, _, _, t = inputs
     n_sms = sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
     return {"splits": decode_config(q.shape[0], k.shape[2], q.shape[1] // k.shape[2], q.shape[2], t, n_sms,
-                                    "paged" in name).num_splits}
+                                    "paged" in name, e4m3=name in E4M3).num_splits}
 
 
 def cases(cfg):

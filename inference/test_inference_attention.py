@@ -409,6 +409,25 @@ def check_split_heuristic():
     ]
 
 
+def check_e4m3_config():
+    """E4M3_BLOCK_TABLE's rows (GPU: the interpreter keeps its own blocks): an e4m3 cache at hd 128
+    takes twice the 16-bit block, its own stages, twice the splits under one program an SM and a
+    quarter past it (132 SMs); hd 64 and a 16-bit cache keep the 16-bit choice."""
+    def pick(b, hkv, d=128, paged=False, e4m3=True):
+        cfg = decode_config(b, hkv, 4, d, 8192, H100_SMS, paged, None, e4m3)
+        return cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, cfg.num_splits
+
+    return [
+        Outcome("B1 H32/8 e4m3", pick(1, 8) == (128, 4, 2, 33), note=str(pick(1, 8))),
+        Outcome("B1 H32/8 e4m3 paged", pick(1, 8, paged=True) == (128, 4, 3, 33), note=str(pick(1, 8, paged=True))),
+        Outcome("B16 H32/8 e4m3", pick(16, 8) == (128, 4, 2, 2), note=str(pick(16, 8))),
+        Outcome("B64 H32/8 e4m3", pick(64, 8) == (128, 4, 2, 1), note=str(pick(64, 8))),
+        Outcome("hd 64 e4m3 as 16-bit", pick(16, 8, d=64) == pick(16, 8, d=64, e4m3=False),
+                note=str(pick(16, 8, d=64))),
+        Outcome("16-bit hd 128 unchanged", pick(16, 8, e4m3=False) == (64, 4, 3, 1), note=str(pick(16, 8, e4m3=False))),
+    ]
+
+
 def check_errors():
     q = rand((2, 8, 64), torch.float16)
     k, v = make_cache(2, 20, 2, 64, torch.float16, "bthd")
@@ -754,7 +773,10 @@ def _cases():
                 t_max=16384, d=128, dtype=dtype, paged=paged)
             add(f"e4m3 {kind}cache B1 H32/8 T32768 D128 splits auto {dt}", check_fp8, gpu_only=True, b=1, h=32,
                 hkv=8, t_max=32768, d=128, dtype=dtype, paged=paged)
-    cases += [Case("e4m3 KVCache and PagedKVCache", check_fp8_caches), Case("e4m3 cache: bad input", check_fp8_errors)]
+            add(f"e4m3 {kind}cache B16 H32/8 T8192 D128 {dt}", check_fp8, gpu_only=True, b=16, h=32, hkv=8,
+                t_max=8192, d=128, dtype=dtype, paged=paged)
+    cases += [Case("e4m3 KVCache and PagedKVCache", check_fp8_caches), Case("e4m3 cache: bad input", check_fp8_errors),
+              Case("e4m3 launch table", check_e4m3_config, gpu_only=True)]
     cases += [Case("head-dim parts", check_head_dim_parts), Case("split heuristic", check_split_heuristic),
               Case("no keys", check_no_keys), Case("empty input", check_empty), Case("bad input", check_errors),
               Case("forward-only operators", check_forward_only),

@@ -153,6 +153,21 @@ SPLIT_TABLE = [
 # scripts/tune/decode_head_dims.py measures both; docs/tuning/inference.md has the figures.
 PARTS_MAX_WAVES = 2
 MIN_PART = 32
+# e4m3 caches (KV_SCALED): a value is one byte, so a block of twice the tokens moves the 16-bit
+# block's bytes, and a program its share in half the time. (smallest head dim, largest head dim,
+# BLOCK_N, num_warps, num_stages contiguous, num_stages paged), and split targets as SPLIT_TABLE's
+# (twice the programs an SM under one an SM, a quarter from one to four). Measured at hd 128 on the
+# H200 (scripts/tune/decode_configs.py e4m3, docs/tuning/inference.md): GPU time 0.67-0.79x the
+# 16-bit cache's with BLOCK_TABLE's blocks and splits, 0.94-1.24x with these; other head dims keep
+# the 16-bit rows (hd 96 at 64 tokens already spilled on the paged path).
+E4M3_BLOCK_TABLE = [
+    (97, 128, 128, 4, 2, 3),
+]
+E4M3_SPLIT_TABLE = [
+    (1 / 2, 2, 2, 64),
+    (1, 2, 2, 64),
+    (4, 4, 4, 512),
+]
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, one_tile(D)] tile
 INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
 # ---------------------------------------------------------------------------------------------
@@ -186,9 +201,10 @@ def head_dim_parts(head_dim, group_pad=16):
     return (low, rest) if low + rest < whole and rest > group_pad else (whole, 0)
 
 
-def split_count(n_programs, max_length, n_sms, block_n, paged=False):
-    """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens."""
-    for below_per_sm, target_per_sm, paged_target_per_sm, min_tokens in SPLIT_TABLE:
+def split_count(n_programs, max_length, n_sms, block_n, paged=False, table=None):
+    """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens
+    (SPLIT_TABLE's, or `table`'s)."""
+    for below_per_sm, target_per_sm, paged_target_per_sm, min_tokens in table or SPLIT_TABLE:
         if n_programs < below_per_sm * n_sms:
             by_sms = int((paged_target_per_sm if paged else target_per_sm) * n_sms / max(n_programs, 1))
             by_length = max_length // max(min_tokens, block_n)
@@ -197,10 +213,18 @@ def split_count(n_programs, max_length, n_sms, block_n, paged=False):
 
 
 @functools.lru_cache(maxsize=1024)
-def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=False, num_splits=None):
+def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=False, num_splits=None, e4m3=False):
     """Launch parameters for B = batch sequences of at most max_length tokens, Hkv = n_kv_heads,
     G = group query heads a kv head, on a GPU with n_sms SMs; paged: a paged cache; num_splits: a
-    split count to use instead of the table's (the paged blocks follow it)."""
+    split count to use instead of the table's (the paged blocks follow it); e4m3: an e4m3 cache
+    (E4M3_BLOCK_TABLE's rows where one takes the head dim)."""
+    e4m3_row = next((row[2:] for row in E4M3_BLOCK_TABLE if row[0] <= head_dim <= row[1]), None) if e4m3 else None
+    if not INTERPRET and e4m3_row is not None:
+        block_n, num_warps, contiguous_stages, paged_stages = e4m3_row
+        splits = num_splits or split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged, E4M3_SPLIT_TABLE)
+        return DecodeConfig(block_n, num_warps, paged_stages if paged else contiguous_stages, group > 1 or MHA_USE_DOT,
+                            splits,
+                            batch * n_kv_heads * splits <= PARTS_MAX_WAVES * n_sms)
     if INTERPRET:
         block_n, num_warps, num_stages = INTERPRET_BLOCK
     else:
@@ -629,7 +653,8 @@ def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_s
         longest = max_tokens if max_length is None else min(max_length, max_tokens)
         if window_left >= 0:  # the split heuristic counts the tokens a program reads
             longest = min(longest, window_left + 1)
-        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0, INTERPRET_SMS), paged, num_splits)
+        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0, INTERPRET_SMS), paged, num_splits,
+                            k_scale is not None)
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
