@@ -103,9 +103,8 @@ def _fp8_matmul_tma_kernel(
         store_split(c_desc, acc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT)
 
 
-# launched directly from each specialization's second launch on (common/direct_launch.py): a
-# training step in FP8 makes hundreds of these launches, and JITFunction.run's binding of
-# every argument was most of each one's host time (docs/tuning/gemm.md)
+# direct launches from a specialization's second on (common/direct_launch.py): an FP8 training
+# step makes hundreds of them, host-bound (docs/tuning/gemm.md, third GPU run)
 _fp8_matmul_tma = Launcher(_fp8_matmul_tma_kernel)
 
 

@@ -208,9 +208,8 @@ def _glu_fp8_kernel(
     tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX_), mask=row_ok)
 
 
-# launched directly from each specialization's second launch on (common/direct_launch.py): a
-# training step in FP8 makes hundreds of these launches, and JITFunction.run's binding of
-# every argument was most of each one's host time (docs/tuning/gemm.md)
+# direct launches from a specialization's second on (common/direct_launch.py): an FP8 training
+# step makes hundreds of them, host-bound (docs/tuning/gemm.md, third GPU run)
 _rmsnorm_fp8 = Launcher(_rmsnorm_fp8_kernel)
 _glu_fp8 = Launcher(_glu_fp8_kernel)
 

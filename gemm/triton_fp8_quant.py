@@ -286,9 +286,8 @@ def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, str
         tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, quant_scale(amax, FP8_MAX_), mask=rm < M)
 
 
-# launched directly from each specialization's second launch on (common/direct_launch.py): a
-# training step in FP8 makes hundreds of these launches, and JITFunction.run's binding of
-# every argument was most of each one's host time (docs/tuning/gemm.md)
+# direct launches from a specialization's second on (common/direct_launch.py): an FP8 training
+# step makes hundreds of them, host-bound (docs/tuning/gemm.md, third GPU run)
 _quantize_rows = Launcher(_quantize_rows_kernel)
 _col_amax = Launcher(_col_amax_kernel)
 _col_cast = Launcher(_col_cast_kernel)
