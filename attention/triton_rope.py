@@ -247,10 +247,18 @@ def _rope_grad(ctx, dq_out, dk_out):
     return dq if ctx.needs_input_grad[0] else None, dk if ctx.needs_input_grad[1] else None, None, None, None
 
 
+def _rope_empty(q, k, cos, sin, interleaved):
+    """The operator's new outputs (its fake implementation too)."""
+    return rope_outputs(q, k, None)
+
+
+def _rope_into(q, k, cos, sin, interleaved, q_out, k_out):
+    """llmk::apply_rope_out's body: the kernel writing q_out and k_out."""
+    launch_rope(q, k, cos, sin, q_out, k_out, interleaved)
+
+
 apply_rope_op, apply_rope_out_op = define_ops(
-    "apply_rope", "Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved",
-    lambda q, k, cos, sin, interleaved: rope_outputs(q, k, None),
-    lambda q, k, cos, sin, interleaved, q_out, k_out: launch_rope(q, k, cos, sin, q_out, k_out, interleaved),
+    "apply_rope", "Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved", _rope_empty, _rope_into,
     outs=("q_out", "k_out"), backward=_rope_grad, setup_context=_save_table)
 
 

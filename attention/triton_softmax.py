@@ -450,7 +450,12 @@ def _softmax_into(x, y):
         launch_softmax(as_rows(x), y.view(-1, x.shape[-1]))
 
 
-softmax_op, softmax_out_op = define_ops("softmax", "Tensor x", lambda x: x.new_empty(x.shape), _softmax_into,
+def _softmax_empty(x):
+    """The operator's new output (its fake implementation too)."""
+    return x.new_empty(x.shape)
+
+
+softmax_op, softmax_out_op = define_ops("softmax", "Tensor x", _softmax_empty, _softmax_into,
                                         backward=_softmax_grad, setup_context=_save_output)
 
 

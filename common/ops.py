@@ -38,7 +38,14 @@ from collections import namedtuple
 
 import torch
 
-from llmk.common.torch_private import after_autograd_keyset, dispatch_mode_depth, functorch_active, unwrap_dead_wrappers
+from llmk.common.torch_private import (
+    after_autograd_keyset,
+    dispatch_mode_depth,
+    function_apply,
+    functorch_active,
+    schema_arguments,
+    unwrap_dead_wrappers,
+)
 
 NAMESPACE = "llmk"
 
@@ -116,12 +123,12 @@ class Op:
         # autograd.Function.apply below its Python layer, for calls that pass every argument of
         # the schema: that layer binds them to forward's signature (inspect.signature, 30-40 us
         # of host time a call on an H100's host) only to fill in defaults
-        self._apply = None if function is None else super(torch.autograd.Function, function).apply
-        self._n_args = len(overload._schema.arguments)
+        self._apply = None if function is None else function_apply(function)
+        self._n_args = len(schema_arguments(overload))
         # the schema's trailing defaults, so that an autograd formula's setup_context gets every
         # argument by position whichever way the op was called (the dispatcher fills them in too)
         self._defaults = [a.default_value if a.has_default_value() else _REQUIRED
-                          for a in overload._schema.arguments]
+                          for a in schema_arguments(overload)]
 
     def _recorded(self, *args):
         if not self.differentiable:
@@ -182,7 +189,7 @@ def _autograd_function(name, impl, formula_setup_context, formula_backward):
 def _bound_by_name(name, overload, setup_context):
     """setup_context with its inputs as a namedtuple of the schema's argument names (module
     docstring); the tuple is one allocation a recorded call."""
-    Args = namedtuple(f"{name}_args", [a.name for a in overload._schema.arguments])
+    Args = namedtuple(f"{name}_args", [a.name for a in schema_arguments(overload)])
     make = Args._make
 
     def bound(ctx, inputs, output):

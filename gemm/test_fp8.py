@@ -44,6 +44,7 @@ from llmk.gemm.triton_fp8_matmul import (
     CONFIG_TABLE,
     FAST_CONFIG_TABLE,
     INTERPRET_CONFIG,
+    INTERPRET_LARGE_CONFIG,
     launch_fp8_matmul,
 )
 from llmk.gemm.triton_fp8_matmul_tma import FAST_TMA_TABLE, FP8_TMA_TABLE, INTERPRET_SMS, fits, launch_fp8_matmul_tma
@@ -497,6 +498,8 @@ def cases():
             add("fp8_matmul row (37, 70, 296) fast_accum", check_matmul, m=37, n=70, k=296, granularity=g,
                 promote=False)
         add(f"fp8_matmul {g} interpreter config forced", check_matmul_config, config=INTERPRET_CONFIG,
+            granularity=g)
+        add(f"fp8_matmul {g} interpreter large config forced", check_matmul_config, config=INTERPRET_LARGE_CONFIG,
             granularity=g)
         if g == "row":  # the persistent TMA kernel: edge tiles in M and N, a K tail, 3 programs walking tiles
             add("fp8_matmul row TMA kernel (70, 104, 96) bias+silu", check_matmul, m=70, n=104, k=96,

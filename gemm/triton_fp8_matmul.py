@@ -61,8 +61,13 @@ BLOCK_CONFIG_TABLE = [
     (1023, 64, 128, 128, 4, 4),
     (None, 128, 128, 128, 8, 4),
 ]
-# Interpreter: tiles small enough that the test shapes have edge tiles in M and N and several K steps
+# Interpreter: tiles small enough that the test shapes have edge tiles in M and N and several K steps;
+# from INTERPRET_LARGE_MN outputs (above every test of this kernel: the model tests' and the smoke
+# benchmark's weight gradients) a quarter of the programs, each op of a program costing the
+# interpreter the same Python time whatever its tile
 INTERPRET_CONFIG = (32, 32, 128, 4, 1)
+INTERPRET_LARGE_CONFIG = (64, 64, 128, 4, 1)
+INTERPRET_LARGE_MN = 16384
 
 
 def row_for_m(table, m):
@@ -71,11 +76,12 @@ def row_for_m(table, m):
     return next(tuple(config) for max_m, *config in table if max_m is None or m <= max_m)
 
 
-def fp8_config(m, promote=True, block_scaled=False):
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M rows (CONFIG_TABLE's, without
-    promotion FAST_CONFIG_TABLE's, with block scales BLOCK_CONFIG_TABLE's, or the interpreter's)."""
+def fp8_config(m, n, promote=True, block_scaled=False):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for an (M, N) output (CONFIG_TABLE's by M,
+    without promotion FAST_CONFIG_TABLE's, with block scales BLOCK_CONFIG_TABLE's, or the
+    interpreter's)."""
     if INTERPRET:
-        return INTERPRET_CONFIG
+        return INTERPRET_LARGE_CONFIG if m * n >= INTERPRET_LARGE_MN else INTERPRET_CONFIG
     return row_for_m(BLOCK_CONFIG_TABLE if block_scaled else CONFIG_TABLE if promote else FAST_CONFIG_TABLE, m)
 
 
@@ -136,7 +142,7 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, 
     if bias is not None:
         bias = bias.contiguous()  # the epilogue reads bias[n] at n: a strided (N,) view is copied
     block_scaled = scale_a.dim() == 2
-    block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m, promote, block_scaled)
+    block_m, block_n, block_k, num_warps, num_stages = config or fp8_config(m, n, promote, block_scaled)
     if block_scaled:
         block_k = SCALE_BLOCK
     sa_strides = (scale_a.stride(0), scale_a.stride(1) if block_scaled else 0)

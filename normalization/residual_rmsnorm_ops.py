@@ -54,10 +54,18 @@ def _backward(ctx, dy, du):
     return (dx if wants_x else None), (dx if wants_residual else None), (dweight if wants_weight else None), None, None
 
 
+def _empty(x, residual, weight, eps, offset):
+    """The operator's new outputs, y and u (its fake implementation too)."""
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _into(x, residual, weight, eps, offset, y, u):
+    """llmk::residual_rmsnorm_out's body: the kernel writing y and u."""
+    launch_rmsnorm(x, residual, weight, eps, y, u, offset=offset)
+
+
 residual_rmsnorm_op, residual_rmsnorm_out_op = define_ops(
-    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor? weight, float eps, float offset",
-    lambda x, residual, weight, eps, offset: (x.new_empty(x.shape), x.new_empty(x.shape)),
-    lambda x, residual, weight, eps, offset, y, u: launch_rmsnorm(x, residual, weight, eps, y, u, offset=offset),
+    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor? weight, float eps, float offset", _empty, _into,
     outs=("out", "residual_out"), backward=_backward, setup_context=_setup_context)
 
 

@@ -159,9 +159,13 @@ def _backward(ctx, dy):
     return (dx if wants_x else None), (dweight if wants_weight else None), (dbias if wants_bias else None), None
 
 
+def _empty(x, weight, bias, eps):
+    """The operator's new output (its fake implementation too)."""
+    return x.new_empty(x.shape)
+
+
 layernorm_op, layernorm_out_op = define_ops(
-    "layernorm", "Tensor x, Tensor? weight, Tensor? bias, float eps",
-    lambda x, weight, bias, eps: x.new_empty(x.shape), launch_layernorm,
+    "layernorm", "Tensor x, Tensor? weight, Tensor? bias, float eps", _empty, launch_layernorm,
     backward=_backward, setup_context=_setup_context)
 
 

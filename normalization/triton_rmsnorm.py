@@ -175,10 +175,18 @@ def _backward(ctx, dy):
     return (dx if ctx.needs_input_grad[0] else None), (dweight if ctx.needs_input_grad[1] else None), None, None
 
 
+def _empty(x, weight, eps, offset):
+    """The operator's new output (its fake implementation too)."""
+    return x.new_empty(x.shape)
+
+
+def _into(x, weight, eps, offset, out):
+    """llmk::rmsnorm_out's body: the kernel writing out."""
+    launch_rmsnorm(x, None, weight, eps, out, None, offset=offset)
+
+
 rmsnorm_op, rmsnorm_out_op = define_ops(
-    "rmsnorm", "Tensor x, Tensor? weight, float eps, float offset",
-    lambda x, weight, eps, offset: x.new_empty(x.shape),
-    lambda x, weight, eps, offset, out: launch_rmsnorm(x, None, weight, eps, out, None, offset=offset),
+    "rmsnorm", "Tensor x, Tensor? weight, float eps, float offset", _empty, _into,
     backward=_backward, setup_context=_setup_context)
 
 
