@@ -157,9 +157,10 @@ MIN_PART = 32
 # block's bytes, and a program its share in half the time. (smallest head dim, largest head dim,
 # BLOCK_N, num_warps, num_stages contiguous, num_stages paged), and split targets as SPLIT_TABLE's
 # (twice the programs an SM under one an SM, a quarter from one to four). Measured at hd 128 on the
-# H200 (scripts/tune/decode_configs.py e4m3, docs/tuning/inference.md): GPU time 0.67-0.79x the
-# 16-bit cache's with BLOCK_TABLE's blocks and splits, 0.94-1.24x with these; other head dims keep
-# the 16-bit rows (hd 96 at 64 tokens already spilled on the paged path).
+# H200 (scripts/tune/decode_configs.py e4m3, docs/tuning/inference.md): at T >= 8192 the GPU time
+# was 0.67-0.79x the 16-bit cache's with BLOCK_TABLE's blocks and splits, 0.92-1.23x with these
+# (inference_bench); other head dims keep the 16-bit rows (hd 96 at 64 tokens already spilled on
+# the paged path).
 E4M3_BLOCK_TABLE = [
     (97, 128, 128, 4, 2, 3),
 ]
