@@ -153,7 +153,15 @@ from llmk.models.patch_layers import (
 from llmk.models.patch_loss import causal_lm_forward
 from llmk.models.patch_moe import expert_activation, experts_forward, router_forward
 from llmk.models.patch_rope import attention_module_forward, install_rope, release_rope
-from llmk.models.patch_state import MLP_KERNELS, STATE_ATTR, PatchState, cache_argument, output_cache, replace_forward
+from llmk.models.patch_state import (
+    MLP_KERNELS,
+    STATE_ATTR,
+    PatchState,
+    cache_argument,
+    output_cache,
+    replace_forward,
+    restore_forward,
+)
 
 __all__ = ["KERNELS", "OPT_IN", "SUPPORTED", "patch_model", "unpatch_model", "kernel_calls", "cache_argument",
            "output_cache"]
@@ -283,13 +291,13 @@ def patch_model(model, kernels=KERNELS):
         state.moe_activation = expert_activation(model.config.hidden_act)
         state.moe_balance_loss = modeling.load_balancing_loss_func
     setattr(model, STATE_ATTR, state)
+    layer_forward = checkpointed(sandwich_layer_forward if family.sandwich else decoder_layer_forward)  # one for all
     try:
         for module in modules:
             if isinstance(module, norm_cls) and "rmsnorm" in kernels:
                 replace_forward(state, module, rmsnorm_forward)
             elif isinstance(module, layer_cls) and "residual_rmsnorm" in kernels:
-                replace_forward(state, module, checkpointed(sandwich_layer_forward if family.sandwich
-                                                             else decoder_layer_forward))
+                replace_forward(state, module, layer_forward)
             elif mlp_cls is not None and isinstance(module, mlp_cls) and mlp is not None:
                 replace_forward(state, module, mlp_forward)
             elif moe and router_cls is not None and isinstance(module, router_cls):
@@ -323,10 +331,7 @@ def unpatch_model(model):
     if state is None:
         raise ValueError("model is not patched (patch_model was not called on it, or it was unpatched)")
     for module, previous in reversed(state.forwards):
-        if previous is None:
-            del module.forward
-        else:
-            module.forward = previous
+        restore_forward(module, previous)
     for module in state.attention_modules:
         delattr(module, STATE_ATTR)
     if state.original_attention is not None:
@@ -342,7 +347,8 @@ def kernel_calls(model):
     "flash_attention", "flash_attention_varlen", "decode_attention", "decode_attention e4m3" (an
     FP8KVCache's steps), "cross_entropy", "moe_route", "moe_experts", "fp8_linear" and, of those,
     "fp8_linear, input cast by its producer") and of
-    fallbacks ("rmsnorm fallback", ...) since patch_model."""
+    fallbacks ("rmsnorm fallback", ...) since patch_model, in eager calls (under torch.compile a
+    count would be a guard on its value: compiled calls go uncounted)."""
     state = model.__dict__.get(STATE_ATTR) if isinstance(model, torch.nn.Module) else None
     if state is None:
         raise ValueError("model is not patched")

@@ -10,7 +10,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from llmk.attention.flash_attention_ops import MAX_HEAD_DIM, flash_attention, flash_attention_varlen
 from llmk.common.ops import needs_grad
 from llmk.models.fp8_kv_cache import FP8, cache_scales, dequantized
-from llmk.models.patch_state import STATE_ATTR, kernel_ready
+from llmk.models.patch_state import STATE_ATTR, count, kernel_ready
 
 ATTENTION_NAME = "triton_attention"  # no "flash" in it: transformers treats such names as flash-attn builds
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16)  # what flash_attention takes
@@ -202,7 +202,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         if scales is None:
             raise TypeError("attention: e4m3 keys come only from models.fp8_kv_cache.FP8KVCache")
         if _fp8_decode_covers(state, module, query, key, attention_mask, kwargs):
-            state.calls["decode_attention e4m3"] += 1
+            count(state, "decode_attention e4m3")
             batch = query.shape[0]
             lengths = _decode_lengths(state, batch, key.shape[2], query.device)
             scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
@@ -219,16 +219,16 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         # a window counts positions, which a row with gaps in its real tokens does not keep when packed
         covered = covered and not (plan is not None and "window" in options and not plan[3])
     if not covered:
-        state.calls["attention fallback"] += 1
+        count(state, "attention fallback")
         return state.attention_fallback(module, query, key, value, original_mask, **kwargs)
     batch, heads, n_queries, head_dim = query.shape
     scaling = kwargs.get("scaling") or head_dim ** -0.5
     if plan is not None:
-        state.calls["flash_attention_varlen"] += 1
+        count(state, "flash_attention_varlen")
         return _varlen_attention(query, key, value, plan, scaling, options), None
     training = needs_grad(query, key, value)
     if n_queries == 1 and head_dim in state.decode_head_dims and not training:  # the decode kernel: no backward
-        state.calls["decode_attention"] += 1
+        count(state, "decode_attention")
         lengths = _decode_lengths(state, batch, key.shape[2], query.device)
         # (B, Hkv, T, D) cache -> (B, T, Hkv, D) view, no copy
         out = state.decode_attention(query[:, :, 0], key.transpose(1, 2), value.transpose(1, 2), lengths, scaling,
@@ -240,7 +240,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         # No mask with more keys than queries happens only for a prefill into an empty StaticCache,
         # where the keys past the queries are unwritten slots: HF's SDPA path cuts them off too.
         key, value = key[:, :, :n_queries], value[:, :, :n_queries]
-    state.calls["flash_attention"] += 1
+    count(state, "flash_attention")
     if training:  # the functional op (out= is forward-only); O comes back stored (B, Tq, H, D)
         return flash_attention(query, key, value, causal=causal, sm_scale=scaling, **options).transpose(1, 2), None
     # written as (B, Tq, H, D), the layout attention functions return: o_proj then reads it in place

@@ -1,6 +1,6 @@
 """The model patch's instance forwards of RMSNorm modules, decoder layers, MLPs and linears (models/hf_patch.py
-describes the patch): functools.partial(fn, module, original_forward, state) is set as the
-module's forward (patch_state.replace_forward).
+describes the patch): each is fn(module, original_forward, state, ...), set as the module's forward
+by patch_state.replace_forward.
 
 With fp8_linear, the norms and gated units whose output only FP8 linears read (a decoder layer's
 input norm feeding q/k/v, the norm before a dense MLP feeding gate/up, the gated unit feeding
@@ -26,7 +26,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from llmk.gemm.fp8_linear_ops import fp8_linear
 from llmk.gemm.triton_fp8_producers import geglu_fp8, rmsnorm_fp8, swiglu_fp8
 from llmk.mlp.triton_glu import geglu, swiglu
-from llmk.models.patch_state import kernel_ready
+from llmk.models.patch_state import count, kernel_ready
 from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_rmsnorm import rmsnorm
 
@@ -41,8 +41,10 @@ FP8_DTYPES = (torch.float16, torch.bfloat16)  # what fp8_linear takes
 
 def _casts_for_fp8(state, module, x):
     """Whether `module` (a norm or an MLP) should emit its output's e4m3 rows for FP8 linears: the
-    patch marked it (state.fp8_producers: module -> how many linears read its output), eager mode."""
-    return (id(module) in state.fp8_producers and x.dtype in FP8_DTYPES and not torch.compiler.is_compiling())
+    patch marked it (state.fp8_producers: module -> how many linears read its output), eager mode.
+    is_compiling first: under torch.compile it is a constant, and the module's id is not read (a guard
+    on it would compile every layer of a model anew)."""
+    return not torch.compiler.is_compiling() and id(module) in state.fp8_producers and x.dtype in FP8_DTYPES
 
 
 def _keep_for_linears(state, module, made):
@@ -71,12 +73,12 @@ def _norm_eps(norm):
 def rmsnorm_forward(norm, original, state, hidden_states):
     """The model's RMSNorm: hidden_states (..., N) -> (..., N), same dtype."""
     if hidden_states.dtype == norm.weight.dtype and kernel_ready(hidden_states, norm.weight):
-        state.calls["rmsnorm"] += 1
+        count(state, "rmsnorm")
         if _casts_for_fp8(state, norm, hidden_states):
             return _keep_for_linears(state, norm, rmsnorm_fp8(hidden_states, norm.weight, _norm_eps(norm),
                                                               offset=state.norm_offset, keep_y=True))
         return rmsnorm(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset)
-    state.calls["rmsnorm fallback"] += 1
+    count(state, "rmsnorm fallback")
     return original(hidden_states)
 
 
@@ -86,13 +88,13 @@ def _add_and_norm(state, hidden_states, residual, norm):
     if (hidden_states.shape == residual.shape and hidden_states.dtype == residual.dtype == norm.weight.dtype
             and not (norm._forward_hooks or norm._forward_pre_hooks)
             and kernel_ready(hidden_states, residual, norm.weight)):
-        state.calls["residual_rmsnorm"] += 1
+        count(state, "residual_rmsnorm")
         if _casts_for_fp8(state, norm, hidden_states):
             made = rmsnorm_fp8(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset,
                                residual=residual, keep_y=True)
             return _keep_for_linears(state, norm, made), made.residual_out
         return residual_rmsnorm(hidden_states, residual, norm.weight, _norm_eps(norm), offset=state.norm_offset)
-    state.calls["residual_rmsnorm fallback"] += 1
+    count(state, "residual_rmsnorm fallback")
     residual = residual + hidden_states
     return norm(residual), residual
 
@@ -161,7 +163,7 @@ def mlp_forward(mlp, original, state, x):
     (swiglu) or GELU (geglu, Gemma's tanh form)."""
     kernel, approximate = state.mlp
     if kernel_ready(x, mlp.gate_proj.weight, mlp.up_proj.weight):
-        state.calls[kernel] += 1
+        count(state, kernel)
         # the projections are this call's own temporaries: the backward may write over them
         gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         if _casts_for_fp8(state, mlp, gate):  # the gated unit casts for down_proj (its backward makes new dgate, dup)
@@ -171,7 +173,7 @@ def mlp_forward(mlp, original, state, x):
         if kernel == "swiglu":
             return mlp.down_proj(swiglu(gate, up, grad_in_place=True))
         return mlp.down_proj(geglu(gate, up, approximate, grad_in_place=True))
-    state.calls[f"{kernel} fallback"] += 1
+    count(state, f"{kernel} fallback")
     return original(x)
 
 
@@ -204,7 +206,7 @@ def _fused_qkv(state, members, x):
         return None
     cast = _cast_input(x, readers=len(members))
     if cast is not None:
-        state.calls["fp8_linear, input cast by its producer"] += len(members)
+        count(state, "fp8_linear, input cast by its producer", len(members))
     weight = torch.cat([m.weight for m in members])
     bias = None if biases[0] is None else torch.cat(biases)
     parts = list(fp8_linear(x, weight, bias, x_fp8=cast).split([m.weight.shape[0] for m in members], dim=-1))
@@ -213,8 +215,8 @@ def _fused_qkv(state, members, x):
     # grew 0.87 GB with views); its own copy lets them go
     parts[-1] = parts[-1].contiguous()
     _FP8_FUSED[x] = [{id(m): p for m, p in zip(members[1:], parts[1:])}, x._version]
-    state.calls["fp8_linear, q/k/v as one product"] += 1
-    state.calls["fp8_linear"] += len(members)
+    count(state, "fp8_linear, q/k/v as one product")
+    count(state, "fp8_linear", len(members))
     return parts[0]
 
 
@@ -225,16 +227,18 @@ def linear_forward(linear, original, state, x):
     part = _fused_part(linear, x)
     if part is not None:
         return part
-    group = state.fp8_groups.get(id(linear))
+    # under torch.compile each linear runs on its own: a lookup by the module's id would make
+    # Dynamo guard on it, and compile every layer anew
+    group = None if torch.compiler.is_compiling() else state.fp8_groups.get(id(linear))
     if group is not None and group[1] == 0:
         y = _fused_qkv(state, group[0], x)
         if y is not None:
             return y
     if _fp8_ready(linear, x):
-        state.calls["fp8_linear"] += 1
+        count(state, "fp8_linear")
         cast = _cast_input(x)
         if cast is not None:
-            state.calls["fp8_linear, input cast by its producer"] += 1
+            count(state, "fp8_linear, input cast by its producer")
         return fp8_linear(x, linear.weight, linear.bias, x_fp8=cast)
-    state.calls["fp8_linear fallback"] += 1
+    count(state, "fp8_linear fallback")
     return original(x)

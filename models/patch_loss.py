@@ -7,7 +7,7 @@ import torch
 
 from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy
 from llmk.models.packing import IGNORE_INDEX
-from llmk.models.patch_state import cache_field, kernel_ready
+from llmk.models.patch_state import cache_field, count, kernel_ready
 
 
 def _fused_head(head):
@@ -35,7 +35,7 @@ def causal_lm_forward(model, original, state, input_ids=None, attention_mask=Non
     head = model.lm_head
     if not _fused_head(head) or torch.is_autocast_enabled(head.weight.device.type):
         # autocast would run the head's GEMM in its dtype, which the fused op's GEMMs do not follow
-        state.calls["cross_entropy fallback"] += 1
+        count(state, "cross_entropy fallback")
         return run_original()
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -60,7 +60,7 @@ def causal_lm_forward(model, original, state, input_ids=None, attention_mask=Non
     target = target.to(hidden.device)
     softcap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2's c * tanh(logits / c)
     if kernel_ready(hidden, head.weight) and head.weight.dtype == hidden.dtype and target.shape == hidden.shape[:2]:
-        state.calls["cross_entropy"] += 1
+        count(state, "cross_entropy")
         # grad_hidden may take the final hidden states' memory unless the output returns them
         loss, logits = fused_linear_cross_entropy(hidden, head.weight, target, head.bias, ignore_index,
                                                   "mean" if num_items is None else "sum", softcap=softcap,
@@ -69,7 +69,7 @@ def causal_lm_forward(model, original, state, input_ids=None, attention_mask=Non
         if num_items is not None:
             loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
     else:
-        state.calls["cross_entropy fallback"] += 1
+        count(state, "cross_entropy fallback")
         logits = head(hidden)
         if softcap is not None:  # as the model's own forward caps them
             logits = torch.tanh(logits / softcap) * softcap

@@ -6,7 +6,7 @@ for models selected with `experts_implementation="llmk_moe"` without the rest of
 import torch
 
 from llmk.mlp.triton_glu import GELU_ACTIVATION
-from llmk.models.patch_state import MLP_KERNELS, kernel_ready
+from llmk.models.patch_state import MLP_KERNELS, count, kernel_ready
 from llmk.moe.moe_experts import moe_experts
 from llmk.moe.triton_moe_routing import MAX_EXPERTS, MAX_TOP_K, moe_route
 
@@ -31,11 +31,11 @@ def router_forward(router, original, state, hidden_states):
     if (kernel_ready(hidden_states, router.weight, dtypes=MOE_DTYPES) and router.top_k <= min(MAX_TOP_K,
                                                                                                router.num_experts)
             and router.num_experts <= MAX_EXPERTS):
-        state.calls["moe_route"] += 1
+        count(state, "moe_route")
         logits = torch.nn.functional.linear(hidden_states, router.weight)
         weights, ids = moe_route(logits, router.top_k, "softmax", renormalize)
         return logits, weights, ids.long()  # int64: the original experts' one_hot takes no other
-    state.calls["moe_route fallback"] += 1
+    count(state, "moe_route fallback")
     return original(hidden_states)
 
 
@@ -60,10 +60,10 @@ def experts_forward(experts, original, state, hidden_states, top_k_index, top_k_
     """An Experts module (transformers' `@use_experts_implementation` classes): hidden_states (T, H),
     top_k_index and top_k_weights (T, top_k) -> (T, H), through moe_experts where it covers the call."""
     if _covered(experts, state.moe_activation, hidden_states, top_k_index):
-        state.calls["moe_experts"] += 1
+        count(state, "moe_experts")
         return moe_experts(hidden_states, top_k_weights, top_k_index, experts.gate_up_proj, experts.down_proj,
                            state.moe_activation)
-    state.calls["moe_experts fallback"] += 1
+    count(state, "moe_experts fallback")
     return original(hidden_states, top_k_index, top_k_weights)
 
 

@@ -9,10 +9,13 @@ import threading
 import torch
 
 from llmk.attention.triton_rope import apply_rope
-from llmk.models.patch_state import kernel_ready
+from llmk.models.patch_state import count, kernel_ready
 
 # the patched attention module whose forward is running in this thread (read by the RoPE dispatcher)
 _running = threading.local()
+# set in the importing thread, so that its first call does not add the attribute: torch.compile's
+# guards would see it appear, and compile that call's frame again
+_running.state = None
 # modeling module name -> [its original apply_rotary_pos_emb, number of patched models using it]
 _ROPE_PATCHES = {}
 
@@ -36,9 +39,9 @@ def _rope_dispatcher(original):
             return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
         if (unsqueeze_dim == 1 and cos.dtype in (torch.float32, q.dtype) and sin.dtype == cos.dtype
                 and kernel_ready(q, k, cos, sin)):
-            state.calls["rope"] += 1
+            count(state, "rope")
             return apply_rope(q, k, cos, sin)
-        state.calls["rope fallback"] += 1
+        count(state, "rope fallback")
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     return apply_rotary_pos_emb
 

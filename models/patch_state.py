@@ -2,11 +2,13 @@
 model carries, the test of whether the kernels take a call's tensors, the instance-forward hook,
 and the KV cache argument's name, which transformers renamed."""
 import dataclasses
-import functools
 import inspect
+import types
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
+
+import torch
 
 from llmk.common.device import DEVICE
 from llmk.common.validation import FLOAT_DTYPES
@@ -45,9 +47,54 @@ def kernel_ready(*tensors, dtypes=FLOAT_DTYPES):
     return all(t.device.type == DEVICE and t.dtype in dtypes for t in tensors)
 
 
+PREVIOUS_ATTR = "_triton_patch_previous_forward"  # an instance forward the module had before ours
+FORWARD_ATTR = "_triton_patch_forward"  # (fn, state) of the module's patched forward
+
+
+def count(state, name, n=1):
+    """state.calls[name] += n (kernel_calls' counts), in eager calls: under torch.compile the count
+    would be traced as a guard on its value, and every call would compile again."""
+    if not torch.compiler.is_compiling():
+        state.calls[name] += n
+
+
 def replace_forward(state, module, fn):
-    state.forwards.append((module, module.__dict__.get("forward")))
-    module.forward = functools.partial(fn, module, module.forward, state)
+    """Set `module`'s forward to fn(module, original forward, state, *args, **kwargs).
+
+    The instance forward is patched_forward bound to the module, the same function for every
+    module, which reads fn and state from the module (FORWARD_ATTR) and finds its original forward
+    when called: its class's, or the instance forward it had before (PREVIOUS_ATTR). torch.compile's
+    guards then name no module, and one graph serves every layer compiled on its own
+    (layer.compile()); with a functools.partial binding each module, each layer compiled anew, and
+    the layers past Dynamo's recompile limit (8) ran uncompiled."""
+    previous = module.__dict__.get("forward")
+    state.forwards.append((module, previous))
+    if previous is not None:
+        module.__dict__[PREVIOUS_ATTR] = previous
+    module.__dict__[FORWARD_ATTR] = (fn, state)
+    module.forward = types.MethodType(patched_forward, module)
+
+
+def patched_forward(module, *args, **kwargs):
+    """A patched module's forward (replace_forward)."""
+    fn, state = module.__dict__[FORWARD_ATTR]
+    return fn(module, original_forward(module), state, *args, **kwargs)
+
+
+def original_forward(module):
+    """`module`'s forward before the patch: the instance forward it had, or its class's."""
+    previous = module.__dict__.get(PREVIOUS_ATTR)
+    return previous if previous is not None else type(module).forward.__get__(module)
+
+
+def restore_forward(module, previous):
+    """Undo replace_forward: `previous` is the instance forward it found (None: the class's)."""
+    module.__dict__.pop(PREVIOUS_ATTR, None)
+    module.__dict__.pop(FORWARD_ATTR, None)
+    if previous is None:
+        del module.forward
+    else:
+        module.forward = previous
 
 
 def cache_argument(model):

@@ -642,6 +642,43 @@ def check_training(kind, checkpointing=False):
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
 
+def check_compiled_layers(kind, n_layers=10):
+    """Each patched decoder layer compiled on its own (layer.compile(), as torch.compile's per-layer
+    recipes do), more layers than Dynamo's recompile limit (8): one graph serves every layer (the
+    patch's guards name no module, models/patch_state.replace_forward), and the training step's
+    loss and gradients keep check_training's 2x rule."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from llmk.devtools.testing import COMPILE_BACKEND
+    from llmk.models.hf_patch import patch_model, unpatch_model
+
+    model, ref = make_model(kind, "tiny", torch.bfloat16, num_hidden_layers=n_layers)
+    plain = copy.deepcopy(model)
+    for m in (model, ref, plain):
+        m.train()
+    ids = prompt("tiny", 2)
+    batch = dict(input_ids=ids, labels=ids, use_cache=False)  # a cache's per-layer state is a guard of its own
+    ref_loss, ref_grads = training_step(ref, batch)
+    plain_loss, plain_grads = training_step(plain, batch)
+    patch_model(model)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        for layer in model.model.layers:
+            layer.compile(dynamic=False, backend=COMPILE_BACKEND)
+        loss, grads = training_step(model, batch)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        for layer in model.model.layers:
+            layer._compiled_call_impl = None  # as nn.Module.compile left it unset
+        unpatch_model(model)
+        torch._dynamo.reset()
+    return [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9),
+            gradients_rule(grads, ref_grads, plain_grads),
+            Outcome(f"one graph for {n_layers} layers", graphs == 1, note=f"{graphs} graphs")]
+
+
 # e4m3's unit roundoff, 2^-4, is 16x bf16's 2^-8: the 2x rule scaled by that for an FP8 model
 FP8_FACTOR = 2 * 16
 
@@ -1002,6 +1039,8 @@ def model_cases():
         Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict",
              check_training_options),
         Case("qwen3_moe: the experts kernel as transformers' experts implementation", check_experts_implementation),
+        Case("llama bf16 training step, each of 10 layers compiled: one graph", check_compiled_layers,
+             dict(kind="llama")),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
         Case("llama: no warning the unpatched model does not give", check_silent, dict(kind="llama")),
