@@ -39,7 +39,8 @@ def arg_key(x):
     """What Triton 3.6-3.9 specializes a kernel on for one non-constexpr argument, or finer: a
     tensor's dtype and whether its base is 16-byte aligned; an int's width (int32, int64 or
     uint64), whether it is 1 and whether 16 divides it; a descriptor's dtype, block shape and
-    padding; the type of anything else (a float is fp32, a bool u1, None a constexpr None).
+    padding; the type of anything else (a float, numpy's too, is fp32, a bool u1, None a constexpr
+    None).
     common/test_direct_launch.py holds it against Triton's own specializer."""
     if isinstance(x, torch.Tensor):
         return x.dtype, x.data_ptr() % 16 == 0
@@ -49,7 +50,9 @@ def arg_key(x):
         return width, x == 1, x % 16 == 0
     if kind is TensorDescriptor:
         return x.base.dtype, tuple(x.block_shape), x.padding
-    if kind in (float, bool) or x is None:
+    if isinstance(x, float):  # numpy's float64 too: Triton passes every float as fp32
+        return float
+    if kind is bool or x is None:
         return kind
     raise TypeError(f"a direct launch takes tensors, ints, floats, bools, None and TensorDescriptors; got {kind}")
 

@@ -13,6 +13,7 @@ direct one, and the case counts them.
 """
 import itertools
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +29,7 @@ from llmk.devtools.testing import Case, Outcome, Skip, main
 def sample_args():
     """Arguments at each boundary Triton's specializer draws: tensors of several dtypes with 16-byte
     aligned and unaligned bases; ints at 1, 16's multiples and the int32/int64/uint64 limits; floats,
-    bools, None; descriptors of several dtypes and block shapes."""
+    numpy's float, bools, None; descriptors of several dtypes and block shapes."""
     base = torch.empty(4096, dtype=torch.uint8)
     tensors = [base[i:i + 256].view(dt) for i in (0, 16, 8, 2) for dt in (torch.uint8, torch.float16)]
     tensors += [base[:512].view(torch.float32), base[4:516].view(torch.float32), base[:256].view(torch.float8_e4m3fn)]
@@ -39,7 +40,7 @@ def sample_args():
                                                                                   [16, 32]),
              TensorDescriptor(grid, [64, 64], [64, 1], [32, 32]), TensorDescriptor(grid.view(torch.float16), [64, 32],
                                                                                    [32, 1], [16, 32])]
-    return tensors + ints + [0.5, 1.0, 3.0, True, False, None] + descs
+    return tensors + ints + [0.5, 1.0, 3.0, np.float64(2.5), True, False, None] + descs
 
 
 def triton_spec(x):

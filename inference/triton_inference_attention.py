@@ -202,10 +202,10 @@ def head_dim_parts(head_dim, group_pad=16):
     return (low, rest) if low + rest < whole and rest > group_pad else (whole, 0)
 
 
-def split_count(n_programs, max_length, n_sms, block_n, paged=False, table=None):
-    """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens
-    (SPLIT_TABLE's, or `table`'s)."""
-    for below_per_sm, target_per_sm, paged_target_per_sm, min_tokens in table or SPLIT_TABLE:
+def split_count(n_programs, max_length, n_sms, block_n, paged=False, table=SPLIT_TABLE):
+    """num_splits for n_programs = B * Hkv programs over sequences of at most max_length tokens, by
+    `table` (SPLIT_TABLE, or E4M3_SPLIT_TABLE)."""
+    for below_per_sm, target_per_sm, paged_target_per_sm, min_tokens in table:
         if n_programs < below_per_sm * n_sms:
             by_sms = int((paged_target_per_sm if paged else target_per_sm) * n_sms / max(n_programs, 1))
             by_length = max_length // max(min_tokens, block_n)
@@ -219,19 +219,18 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
     G = group query heads a kv head, on a GPU with n_sms SMs; paged: a paged cache; num_splits: a
     split count to use instead of the table's (the paged blocks follow it); e4m3: an e4m3 cache
     (E4M3_BLOCK_TABLE's rows where one takes the head dim)."""
-    e4m3_row = next((row[2:] for row in E4M3_BLOCK_TABLE if row[0] <= head_dim <= row[1]), None) if e4m3 else None
-    if not INTERPRET and e4m3_row is not None:
+    e4m3_row = None if INTERPRET or not e4m3 else \
+        next((row[2:] for row in E4M3_BLOCK_TABLE if row[0] <= head_dim <= row[1]), None)
+    if e4m3_row is not None:  # its own blocks for both kernels, and its own split targets
         block_n, num_warps, contiguous_stages, paged_stages = e4m3_row
-        splits = num_splits or split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged, E4M3_SPLIT_TABLE)
-        return DecodeConfig(block_n, num_warps, paged_stages if paged else contiguous_stages, group > 1 or MHA_USE_DOT,
-                            splits,
-                            batch * n_kv_heads * splits <= PARTS_MAX_WAVES * n_sms)
-    if INTERPRET:
+        num_stages = paged_stages if paged else contiguous_stages
+    elif INTERPRET:
         block_n, num_warps, num_stages = INTERPRET_BLOCK
     else:
         block_n, num_warps, num_stages = next(row[1:] for row in BLOCK_TABLE if head_dim <= row[0])
-    splits = num_splits or split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged)
-    if paged:
+    splits = num_splits or split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged,
+                                       SPLIT_TABLE if e4m3_row is None else E4M3_SPLIT_TABLE)
+    if paged and e4m3_row is None:
         block_n, num_warps, num_stages = paged_blocks(block_n, num_warps, num_stages, splits, max_length,
                                                       batch * n_kv_heads < n_sms)
     return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT, splits,
