@@ -47,19 +47,26 @@ ATOL_FLOOR = 1e-6
 FP32_STEPS = 2.0 ** -21
 
 
-def attention_tol(dtype, p, v, shape, score_err=None):
+def attention_tol(dtype, p, v, shape, score_err=None, weight_unit=None):
     """Tol for O (of `shape`) in `dtype`. p: (..., Tq, Tk) softmax probabilities in fp64, rows
     summing to 1 (or 0: a query with no key); v: (..., Tk, D), zero where p is masked. score_err:
-    None, or (..., Tq, Tk) the relative error of each p from its fp32 score (fp32_score_err)."""
+    None, or (..., Tq, Tk) the relative error of each p from its fp32 score (fp32_score_err).
+    weight_unit: None, or the relative rounding of every weight p v is summed with, the row's
+    largest included (an e4m3 cache's products round p times its token's V scale, scaled into
+    fp16's top binades, so no weight is exact and none is subnormal down to 2^-28 of the largest:
+    inference/triton_inference_attention.py's module docstring)."""
     u = UNIT_ROUNDOFF[dtype]
     p_all, v = p.double(), v.double()
     o = p_all @ v
     # the fp32 steps' share, relative to the terms O sums
     fp32_share = FP32_STEPS * (p_all @ v.abs())
-    p = p_all.clone()
-    p.scatter_(-1, p.argmax(-1, keepdim=True), 0.0)  # the row's largest p is exactly 1 before normalising
-    # each p's rounding: relative u, or absolute (at most h, and at most p itself) where it is subnormal
-    err = torch.maximum(u * p, p.clamp(max=SUBNORMAL_HALF_SPACING[dtype]))
+    if weight_unit is not None:
+        err = weight_unit * p_all
+    else:
+        p = p_all.clone()
+        p.scatter_(-1, p.argmax(-1, keepdim=True), 0.0)  # the row's largest p is exactly 1 before normalising
+        # each p's rounding: relative u, or absolute (at most h, and at most p itself) where it is subnormal
+        err = torch.maximum(u * p, p.clamp(max=SUBNORMAL_HALF_SPACING[dtype]))
     variance = err.pow(2) @ v.pow(2)
     if score_err is not None:
         # a score's error moves p_j in the sum of p too (p's rounding does not: the sum takes p

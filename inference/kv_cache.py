@@ -62,8 +62,9 @@ def quantize_kv(t):
 
 
 def dequantize_kv(values, scale, dtype):
-    """e4m3 values (..., D) times their scales (...,) in fp32, rounded to dtype: what the decode
-    kernels' tensor-core products read from an e4m3 cache (their reference in tests and benchmarks)."""
+    """e4m3 values (..., D) times their scales (...,) in fp32, rounded to dtype: the 16-bit cache an
+    e4m3 one stands for (the naive provider's in benchmarks; the decode kernels themselves keep the
+    products exact, inference/triton_inference_attention.py)."""
     return (values.float() * scale[..., None]).to(dtype)
 
 

@@ -200,8 +200,9 @@ def check_paged(b, h, hkv, t_max, d, dtype, page_size=16, num_splits=None, use_d
 
 def fp8_cache(t, exact=False):
     """(e4m3 values, fp32 scales, dequantized) of a 16-bit cache or pool t (..., D): quantize_kv's
-    cast, then each value times its scale, rounded to t's dtype as the tensor-core products take it
-    (or, exact, in fp64: the broadcast product keeps the fp32 product, exact for e4m3 x fp32)."""
+    cast, then each value times its scale, rounded to t's dtype (or, exact, in fp64: what the
+    kernels compute with, the scales applied to the scores and to p in fp32, module docstring of
+    inference/triton_inference_attention.py)."""
     q, scale = quantize_kv(t)
     q = q.view(FP8)
     if exact:
@@ -219,8 +220,8 @@ def spread(t, decades=2.0):
 def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=None, softcap=None, scale=1.0,
               use_dot=None):
     """decode_attention (or, paged, paged_decode_attention) on an e4m3 cache against the reference
-    on the dequantized cache, with its tolerance and the 2x rule. use_dot: a forced config with
-    that product (False: the broadcast product, which dequantizes into fp32)."""
+    on the exactly dequantized cache, with its tolerance and the 2x rule. use_dot: a forced config
+    with that product (False: the broadcast product)."""
     q = make_q(b, h, d, dtype, "bthd", scale)
     k, v = (spread(t) for t in make_cache(b, t_max, hkv, d, dtype, "bthd"))
     lengths = ragged_lengths(b, t_max)
@@ -235,11 +236,11 @@ def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=N
         (kq, ks, _), (vq, vs, _) = fp8_cache(k), fp8_cache(v)
         o = decode_attention(q, kq, vq, lengths, k_scale=ks, v_scale=vs, out=out, **options)
     # per (token, head): the pages' rows, in cache order
-    k_deq, v_deq = fp8_cache(k, use_dot is False)[2], fp8_cache(v, use_dot is False)[2]
+    k_deq, v_deq = fp8_cache(k, True)[2], fp8_cache(v, True)[2]
     sm = 1.0 / math.sqrt(d)
     left = -1 if window is None else window[0]
     return [compare("O vs the dequantized cache's", o, reference(q, k_deq, v_deq, lengths, sm, left, softcap),
-                    decode_tol(q, k_deq, v_deq, lengths, sm, left, softcap),
+                    decode_tol(q, k_deq, v_deq, lengths, sm, left, softcap, e4m3=True),
                     torch_out=same_dtype_decode(q, k_deq.to(dtype), v_deq.to(dtype), lengths, sm, left, softcap)),
             tail_intact(tail)]
 
@@ -251,9 +252,9 @@ def check_fp8_caches():
     k, v = (spread(rand((b, 21, hkv, d), dtype)) for _ in range(2))
     q = rand((b, h, d), dtype)
     lengths = torch.full((b,), 21, dtype=torch.int32, device=DEVICE)
-    k_deq, v_deq = fp8_cache(k)[2], fp8_cache(v)[2]
+    k_deq, v_deq = fp8_cache(k, True)[2], fp8_cache(v, True)[2]
     want = reference(q, k_deq, v_deq, lengths, d ** -0.5)
-    tol = decode_tol(q, k_deq, v_deq, lengths, d ** -0.5)
+    tol = decode_tol(q, k_deq, v_deq, lengths, d ** -0.5, e4m3=True)
     outcomes = []
     for name, cache in (("KVCache", KVCache(b, 40, hkv, d, FP8)), ("PagedKVCache", PagedKVCache(b, 40, hkv, d, FP8))):
         cache.append(k[:, :20], v[:, :20])
@@ -264,8 +265,8 @@ def check_fp8_caches():
         kept = torch.tensor([22, 1, 22], dtype=torch.int32, device=DEVICE)
         k2, v2 = torch.cat([k_deq, k_deq[:, :1]], 1), torch.cat([v_deq, v_deq[:, :1]], 1)
         k2[1, 0], v2[1, 0] = k_deq[1, 0], v_deq[1, 0]
-        outcomes.append(compare(f"{name} e4m3: reset, append", cache.attend(q),
-                                reference(q, k2, v2, kept, d ** -0.5), decode_tol(q, k2, v2, kept, d ** -0.5)))
+        outcomes.append(compare(f"{name} e4m3: reset, append", cache.attend(q), reference(q, k2, v2, kept, d ** -0.5),
+                                decode_tol(q, k2, v2, kept, d ** -0.5, e4m3=True)))
     outcomes.append(expect_raises("e4m3 cache: fp32 chunk", lambda: KVCache(b, 40, hkv, d, FP8).append(
         k.float(), v.float()), TypeError, "k"))
     outcomes.append(expect_raises("e5m2 cache", lambda: KVCache(b, 40, hkv, d, torch.float8_e5m2), TypeError,

@@ -52,9 +52,22 @@ Columns past D (hd 80's last 16 of 64 + 32, 112's last 16) are masked on every l
 constexpr per part), so every head dim reads D columns only.
 
 e4m3 caches (KV_SCALED; inference/kv_cache.py's KVCache(dtype=torch.float8_e4m3fn) and the paged
-one): K and V hold one byte a value and an fp32 scale a (token, kv head); a block's bytes are
-multiplied by their tokens' scales in fp32 and rounded to q's dtype as they load, then everything
-runs as for a 16-bit cache. Bytes read a token and kv head: 2 * (D + 4) instead of 2 * 2 * D.
+one): K and V hold one byte a value and an fp32 scale a (token, kv head). Bytes read a token and kv
+head: 2 * (D + 4) instead of 2 * 2 * D. Half the bytes leave the kernel's instructions as the
+limit, so the scales stay off the [BLOCK_N, D] tiles: every e4m3 value is exact in fp16 (one
+conversion a pair of bytes), and the products run in fp16 whatever q's dtype, with each scale
+applied where it costs a row, not a tile:
+- q K^T: q is multiplied by a power of two that puts its largest value in [2^14, 2^15) (FP16_TOP:
+  exact) and rounded to fp16 (exact for a bf16 q down to 2^-28 of its largest, fp16's 10 bits
+  holding bf16's 7); a block's scores are multiplied by their tokens' K scales, and by the power
+  of two's inverse in qk_scale.
+- p V: p (<= 1) times its tokens' V scales times FP16_TOP over the block's largest V scale, in
+  fp16 (rounded as a 16-bit cache's p is, relative 2^-11, down to 2^-28 of the block's largest
+  weight, where the weights of a block span its scales' range times p's), and the product times
+  that largest scale over FP16_TOP in fp32.
+Before, the tiles were dequantized (an fp32 multiply a value and two conversions) and the V tile's
+bytes are gathered one by one for the product either way; the instructions a block fell by half
+(ptx), the GPU time in docs/tuning/inference.md.
 
 Limits: head dim 1..256; q fp16 or bf16, the cache q's dtype or e4m3 with scales; lengths are read
 on the device (no host sync) and clamped to [0, T_max] (or to the block table's span), so a bad
@@ -169,6 +182,9 @@ E4M3_SPLIT_TABLE = [
     (1, 2, 2, 64),
     (4, 4, 4, 512),
 ]
+# the e4m3 products' fp16 operands (module docstring) are scaled so that their largest is in
+# [2^14, 2^15): fp16's normal range then reaches 2^-28 of it, and 65504 is fp16's largest
+FP16_TOP = tl.constexpr(16384.0)
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, one_tile(D)] tile
 INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
 # ---------------------------------------------------------------------------------------------
@@ -293,32 +309,43 @@ def _store_part(base, rows, rows_ok, stride_d, tile, COL0: tl.constexpr, WIDTH: 
 
 
 @triton.jit
-def _dequantize(tile, scale, KV_SCALED: tl.constexpr, DTYPE: tl.constexpr):
-    """An e4m3 K or V tile [BLOCK_N, W] times its tokens' scales [BLOCK_N], in DTYPE (q's: what the
-    products take; fp32 in the broadcast product, whose q is fp32); a 16-bit cache's tile as it is."""
-    if KV_SCALED:
-        tile = (tile.to(tl.float32) * scale[:, None]).to(DTYPE)
-    return tile
+def _pow2_floor(x):
+    """2^floor(log2 x) of a finite fp32 x > 0, read off its exponent bits (exact); 1.0 where x is 0,
+    subnormal, inf or NaN (the products then round as they are)."""
+    exponent = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    exponent = tl.where((exponent == 0) | (exponent == 0xFF), 127, exponent)
+    return (exponent << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _scores(q, k, qk, USE_DOT: tl.constexpr):
     """qk + q k^T for one head-dim part: q [GROUP_PAD, W], k [BLOCK_N, W] -> [GROUP_PAD, BLOCK_N] fp32
-    (USE_DOT: tl.dot on the padded group; else G == 1, q [1, W] fp32, a [BLOCK_N, W] product summed
-    over W, kept 2-D)."""
+    (USE_DOT: tl.dot on the padded group, k converted to q's dtype (an e4m3 k to fp16 exactly);
+    else G == 1, q [1, W] fp32, a [BLOCK_N, W] product summed over W, kept 2-D)."""
     if USE_DOT:
-        qk = tl.dot(q, tl.trans(k), qk)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), qk)
     else:
         qk += tl.sum(q * k.to(tl.float32), 1)[None, :]
     return qk
 
 
 @triton.jit
-def _accumulate(acc, p, v, alpha, USE_DOT: tl.constexpr):
+def _accumulate(acc, p, v, alpha, v_scale, KV_SCALED: tl.constexpr, USE_DOT: tl.constexpr):
     """acc * alpha + p v for one head-dim part: acc [GROUP_PAD, W] fp32, p [GROUP_PAD, BLOCK_N] fp32,
-    v [BLOCK_N, W]. p is rounded to the input dtype for the tensor cores, as FlashAttention does; the
-    broadcast product (G == 1) sums p's one row, then [BLOCK_N, W] over the tokens."""
-    if USE_DOT:
+    v [BLOCK_N, W]. p is rounded to v's dtype for the tensor cores, as FlashAttention does; the
+    broadcast product (G == 1) sums p's one row, then [BLOCK_N, W] over the tokens. KV_SCALED: v
+    e4m3 with v_scale [BLOCK_N], the product in fp16 with p scaled by v_scale / its largest
+    (module docstring)."""
+    if KV_SCALED:
+        if USE_DOT:
+            v_max = tl.max(v_scale, 0)
+            v_max = tl.where(v_max > 0.0, v_max, 1.0)  # a block of zero scales adds zeros
+            unit = v_max / FP16_TOP  # acc in units of it for the product, which adds to it in place
+            pv = (p * (v_scale / unit)[None, :]).to(tl.float16)
+            acc = tl.dot(pv, v.to(tl.float16), acc * (alpha / unit)[:, None]) * unit
+        else:
+            acc = acc * alpha[:, None] + tl.sum((tl.sum(p, 0) * v_scale)[:, None] * v.to(tl.float32), 0)[None, :]
+    elif USE_DOT:
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     else:
         acc = acc * alpha[:, None] + tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]
@@ -346,7 +373,8 @@ def _attend_kv_blocks(
     which holds at least one token, so m stays finite there and needs no -inf guard. SOFTCAP: the
     scores are capped first (module docstring), and are then in exp2's units already. KV_SCALED:
     K and V are e4m3 with a scale a (token, kv head) at ks_base, vs_base (token strides stride_sp,
-    stride_st as K's page and token strides), dequantized into q's dtype as they load.
+    stride_st as K's page and token strides), read as fp16 with the scales on the scores and on p
+    (module docstring); q, q2 are then fp16, scaled as the kernel's prologue says.
     """
     offs_n = tl.arange(0, BLOCK_N)
     if PAGED:  # the first block's page ids (a token's page is block_table[b, t // PAGE_SIZE])
@@ -380,10 +408,12 @@ def _attend_kv_blocks(
                 v_scale = tl.load(vs_base + s_rows)
         qk = tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32)
         k = _load_part(k_base, k_rows, valid, stride_kd, 0, BLOCK_D, HEAD_DIM, MASKED)
-        qk = _scores(q, _dequantize(k, k_scale, KV_SCALED, q.dtype), qk, USE_DOT)
+        qk = _scores(q, k, qk, USE_DOT)
         if BLOCK_D2 > 0:
             k2 = _load_part(k_base, k_rows, valid, stride_kd, BLOCK_D, BLOCK_D2, HEAD_DIM, MASKED)
-            qk = _scores(q2, _dequantize(k2, k_scale, KV_SCALED, q.dtype), qk, USE_DOT)
+            qk = _scores(q2, k2, qk, USE_DOT)
+        if KV_SCALED:
+            qk = qk * k_scale[None, :]
         scale = qk_scale
         if SOFTCAP:
             qk = tanh(qk * qk_scale) * softcap_log2
@@ -398,10 +428,10 @@ def _attend_kv_blocks(
         alpha = tl.math.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_part(v_base, v_rows, valid, stride_vd, 0, BLOCK_D, HEAD_DIM, MASKED)
-        acc = _accumulate(acc, p, _dequantize(v, v_scale, KV_SCALED, q.dtype), alpha, USE_DOT)
+        acc = _accumulate(acc, p, v, alpha, v_scale, KV_SCALED, USE_DOT)
         if BLOCK_D2 > 0:
             v2 = _load_part(v_base, v_rows, valid, stride_vd, BLOCK_D, BLOCK_D2, HEAD_DIM, MASKED)
-            acc2 = _accumulate(acc2, p, _dequantize(v2, v_scale, KV_SCALED, q.dtype), alpha, USE_DOT)
+            acc2 = _accumulate(acc2, p, v2, alpha, v_scale, KV_SCALED, USE_DOT)
         m_i = m_new
     return acc, acc2, l_i, m_i
 
@@ -474,6 +504,14 @@ def _decode_attention_kernel(
     if not USE_DOT:
         q = q.to(tl.float32)
         q2 = q2.to(tl.float32)
+    elif KV_SCALED:  # fp16 products: q times a power of two, its largest in [2^14, 2^15) (module docstring)
+        q_max = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+        if BLOCK_D2 > 0:
+            q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(q2.to(tl.float32)), 1), 0))
+        q_unit = _pow2_floor(q_max) / FP16_TOP
+        q = (q.to(tl.float32) / q_unit).to(tl.float16)
+        q2 = (q2.to(tl.float32) / q_unit).to(tl.float16)
+        qk_scale = qk_scale * q_unit
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)

@@ -64,6 +64,11 @@ def _compile_cases(tree, out_dir, case_set):
     backend = make_backend(target)
     captured = []
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: captured.append((self, args, kwargs))
+    try:  # the direct launches (common/direct_launch.py) through kernel[grid], so they are recorded too
+        from llmk.common.direct_launch import Launcher
+        Launcher.launch = lambda self, grid, args, keywords: self.kernel[grid](*args, **keywords)
+    except ImportError:  # a revision from before it
+        pass
 
     def compile_launches(case, launch):
         captured.clear()
