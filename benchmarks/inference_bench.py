@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from llmk.common.device import DEVICE, sm_count
 from llmk.devtools.harness import BenchCase, max_err, parse_args, run
 from llmk.devtools.results import plot_sweeps, shape_str
-from llmk.inference.kv_cache import dequantize_kv, quantize_kv
+from llmk.inference.kv_cache import as_token_minor, dequantize_kv, quantize_kv
 from llmk.inference.paged_kv_cache import to_pages
 from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.triton_inference_attention import (
@@ -143,16 +143,19 @@ def bind_sdpa(provider, q, k, v):
 
 
 def bind_e4m3(provider, inputs):
-    """triton-e4m3 and triton-paged-e4m3 on the quantized cache, naive on its dequantized values."""
+    """triton-e4m3 and triton-paged-e4m3 on the quantized cache, v token-minor as KVCache and
+    PagedKVCache store it; naive on its dequantized values."""
     q, k, v, lengths, t = inputs
     (kb, ks), (vb, vs) = quantize_kv(k), quantize_kv(v)  # e4m3 bytes as uint8: what indexing copies
     kq, vq = kb.view(FP8), vb.view(FP8)
     if provider == "triton-e4m3":
-        return lambda: decode_attention(q, kq, vq, lengths, max_length=t, k_scale=ks, v_scale=vs)
+        v_minor = as_token_minor(vb).view(FP8)
+        return lambda: decode_attention(q, kq, v_minor, lengths, max_length=t, k_scale=ks, v_scale=vs)
     if provider == "triton-paged-e4m3":
         b = q.shape[0]
         perm = torch.randperm(b * t // PAGE_SIZE, device=DEVICE).reshape(b, -1)
-        k_pages, v_pages = (to_pages(x, perm, PAGE_SIZE).view(FP8) for x in (kb, vb))
+        k_pages = to_pages(kb, perm, PAGE_SIZE).view(FP8)
+        v_pages = as_token_minor(to_pages(vb, perm, PAGE_SIZE), align=1).view(FP8)
         table = perm.to(torch.int32)
         k_scales, v_scales = (to_pages(x[..., None], perm, PAGE_SIZE)[..., 0] for x in (ks, vs))
         return lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t, k_scale=k_scales,

@@ -12,9 +12,12 @@ each sequence at its own current length, with one indexed copy per tensor for th
 dtype=torch.float8_e4m3fn keeps K and V in e4m3, one byte a value, with an fp32 scale a (token, kv
 head) in k_scale and v_scale (B, T_max, Hkv): append quantizes each head's D values of a token by
 their own max (quantize_fp8's row-wise formula, gemm/triton_fp8_quant.py), and decode attention
-reads the bytes and dequantizes into q's dtype. The bytes a decode step reads drop to (D + 4) / 2D
-of a 16-bit cache's (0.52 at hd 128); the values keep e4m3's 3-bit significand, a relative error of
-at most 2^-4 a value.
+reads the bytes with the scales applied to the scores and the weights. The bytes a decode step
+reads drop to (D + 4) / 2D of a 16-bit cache's (0.52 at hd 128); the values keep e4m3's 3-bit
+significand, a relative error of at most 2^-4 a value. An e4m3 v keeps its tokens innermost in
+memory (value_buffer): (B, Hkv, D, T_max rounded up to 16) storage seen as (B, T_max, Hkv, D),
+so the decode kernel's p V product reads each byte pair it multiplies from one place (a token-major
+v's bytes are gathered one by one: docs/tuning/inference.md).
 """
 import torch
 
@@ -68,6 +71,32 @@ def dequantize_kv(values, scale, dtype):
     return (values.float() * scale[..., None]).to(dtype)
 
 
+# an e4m3 v's token dim is padded to a multiple of this: each head dim's row of tokens then starts
+# 16-byte aligned, which the decode kernel's vector loads of whole token runs need
+TOKEN_ALIGN = 16
+
+
+def token_minor(shape, dtype, device, align=TOKEN_ALIGN):
+    """An empty tensor of `shape` (B or pages, T or page size, Hkv, D) stored with its tokens
+    innermost: (B, Hkv, D, T rounded up to `align`), seen as `shape` (stride 1 along T)."""
+    n, t, hkv, d = shape
+    padded = -(-t // align) * align
+    return torch.empty((n, hkv, d, padded), dtype=dtype, device=device)[..., :t].permute(0, 3, 1, 2)
+
+
+def as_token_minor(t, align=TOKEN_ALIGN):
+    """A copy of t (B or pages, T, Hkv, D) in token_minor's layout: an e4m3 v as the caches store it,
+    for tests and benchmarks that build one from whole tensors."""
+    out = token_minor(t.shape, t.dtype, t.device, align)
+    out.copy_(t)
+    return out
+
+
+def value_buffer(shape, dtype, device, align=TOKEN_ALIGN):
+    """A cache's empty v of `shape`: token-minor for e4m3 (module docstring), else plain."""
+    return token_minor(shape, dtype, device, align) if dtype == FP8 else torch.empty(shape, dtype=dtype, device=device)
+
+
 def scale_buffers(shape, dtype, device):
     """(k_scale, v_scale) of an e4m3 cache whose values have `shape` (..., D): fp32 (...,), ones
     (slots past a length are never read); None and None for a 16-bit cache."""
@@ -110,7 +139,8 @@ def sequence_indices(seqs, batch):
 class KVCache:
     """Pre-allocated (B, T_max, Hkv, D) key and value caches with a length per sequence.
 
-    k, v: (B, T_max, Hkv, D) tensors of `dtype` (slots past a sequence's length hold garbage).
+    k, v: (B, T_max, Hkv, D) tensors of `dtype` (slots past a sequence's length hold garbage); an
+    e4m3 v a view of token-minor storage (module docstring).
     k_scale, v_scale: (B, T_max, Hkv) fp32 for dtype torch.float8_e4m3fn (module docstring), else
     None. lengths: (B,) int32 on the device; host_lengths: the same as a Python list.
     """
@@ -123,7 +153,7 @@ class KVCache:
         check_cache_dtype(dtype)
         self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
         self.k = torch.empty((batch, max_len, n_kv_heads, head_dim), dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
+        self.v = value_buffer(self.k.shape, dtype, device)
         self.k_scale, self.v_scale = scale_buffers(self.k.shape, dtype, device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
         self.host_lengths = [0] * batch

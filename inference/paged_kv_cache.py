@@ -7,7 +7,8 @@ lengths (B,) int32 live on the device, for the kernel; the host keeps the free-p
 sequence's page list and its length, so an append is checked (max_len, free pages) and its pages
 taken before anything is written. Unused block table entries are 0 and never read.
 dtype=torch.float8_e4m3fn: e4m3 pages with an fp32 scale a (slot, kv head) in k_scale and v_scale
-(num_pages, page_size, Hkv), as KVCache keeps them (inference/kv_cache.py).
+(num_pages, page_size, Hkv), as KVCache keeps them (inference/kv_cache.py); v_pages' storage is
+(num_pages, Hkv, D, page_size), slots innermost, as KVCache's e4m3 v keeps its tokens.
 """
 import torch
 
@@ -20,6 +21,7 @@ from llmk.inference.kv_cache import (
     check_past_max_len,
     scale_buffers,
     sequence_indices,
+    value_buffer,
     write_kv,
 )
 from llmk.inference.triton_inference_attention import paged_decode_attention
@@ -45,10 +47,11 @@ def gather_pages(pages, block_table):
 class PagedKVCache:
     """Paged key and value caches for B sequences of at most max_len tokens each.
 
-    k_pages, v_pages: (num_pages, page_size, Hkv, D) of `dtype`; num_pages defaults to enough for
-    every sequence at max_len. k_scale, v_scale: (num_pages, page_size, Hkv) fp32 for dtype
-    torch.float8_e4m3fn, else None. block_table: (B, ceil(max_len / page_size)) int32; lengths: (B,)
-    int32 (device); host_lengths, seq_pages, free_pages: the host's view.
+    k_pages, v_pages: (num_pages, page_size, Hkv, D) of `dtype` (an e4m3 v_pages slot-minor in
+    memory, module docstring); num_pages defaults to enough for every sequence at max_len. k_scale,
+    v_scale: (num_pages, page_size, Hkv) fp32 for dtype torch.float8_e4m3fn, else None.
+    block_table: (B, ceil(max_len / page_size)) int32; lengths: (B,) int32 (device); host_lengths,
+    seq_pages, free_pages: the host's view.
     """
 
     def __init__(self, batch, max_len, n_kv_heads, head_dim, dtype=torch.float16, device=DEVICE,
@@ -66,7 +69,8 @@ class PagedKVCache:
         self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
         self.page_size, self.num_pages = page_size, num_pages
         self.k_pages = torch.empty((num_pages, page_size, n_kv_heads, head_dim), dtype=dtype, device=device)
-        self.v_pages = torch.empty_like(self.k_pages)
+        # slots innermost, unpadded: a page of 16 (the default) is one 16-byte run a head dim already
+        self.v_pages = value_buffer(self.k_pages.shape, dtype, device, align=1)
         self.k_scale, self.v_scale = scale_buffers(self.k_pages.shape, dtype, device)
         self.block_table = torch.zeros((batch, self.max_pages), dtype=torch.int32, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)

@@ -31,7 +31,7 @@ from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.inference.decode_cases import decode_tol
-from llmk.inference.kv_cache import KVCache, dequantize_kv, quantize_kv
+from llmk.inference.kv_cache import KVCache, as_token_minor, dequantize_kv, quantize_kv
 from llmk.inference.paged_kv_cache import PagedKVCache
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (
@@ -218,10 +218,11 @@ def spread(t, decades=2.0):
 
 
 def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=None, softcap=None, scale=1.0,
-              use_dot=None):
+              use_dot=None, v_token_major=False):
     """decode_attention (or, paged, paged_decode_attention) on an e4m3 cache against the reference
     on the exactly dequantized cache, with its tolerance and the 2x rule. use_dot: a forced config
-    with that product (False: the broadcast product)."""
+    with that product (False: the broadcast product). v is token-minor, as the caches store it
+    (inference/kv_cache.py's token_minor), unless v_token_major."""
     q = make_q(b, h, d, dtype, "bthd", scale)
     k, v = (spread(t) for t in make_cache(b, t_max, hkv, d, dtype, "bthd"))
     lengths = ragged_lengths(b, t_max)
@@ -231,9 +232,11 @@ def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=N
     if paged:
         (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
         (kq, ks, _), (vq, vs, _) = fp8_cache(k_pages), fp8_cache(v_pages)
+        vq = vq if v_token_major else as_token_minor(vq, align=1)
         o = paged_decode_attention(q, kq, vq, table, lengths, k_scale=ks, v_scale=vs, out=out, **options)
     else:
         (kq, ks, _), (vq, vs, _) = fp8_cache(k), fp8_cache(v)
+        vq = vq if v_token_major else as_token_minor(vq)
         o = decode_attention(q, kq, vq, lengths, k_scale=ks, v_scale=vs, out=out, **options)
     # per (token, head): the pages' rows, in cache order
     k_deq, v_deq = fp8_cache(k, True)[2], fp8_cache(v, True)[2]
@@ -260,6 +263,8 @@ def check_fp8_caches():
         cache.append(k[:, :20], v[:, :20])
         cache.append(k[:, 20:], v[:, 20:])
         outcomes.append(compare(f"{name} e4m3: attend", cache.attend(q), want, tol))
+        values = cache.v if name == "KVCache" else cache.v_pages
+        outcomes.append(Outcome(f"{name} e4m3: v token-minor", values.stride(1) == 1, note=str(values.stride())))
         cache.reset(1)  # sequence 1 again from its first token, its old bytes and scales left behind
         cache.append(k[:, :1], v[:, :1])
         kept = torch.tensor([22, 1, 22], dtype=torch.int32, device=DEVICE)
@@ -776,6 +781,11 @@ def _cases():
                 hkv=8, t_max=32768, d=128, dtype=dtype, paged=paged)
             add(f"e4m3 {kind}cache B16 H32/8 T8192 D128 {dt}", check_fp8, gpu_only=True, b=16, h=32, hkv=8,
                 t_max=8192, d=128, dtype=dtype, paged=paged)
+            # a token-major v (its bytes gathered one by one for p v): the kernel takes any strides
+            add(f"e4m3 {kind}cache, token-major v, GQA 8/2 B3 T70 D128 splits 2 {dt}", check_fp8, b=3, h=8, hkv=2,
+                t_max=70, d=128, dtype=dtype, paged=paged, num_splits=2, v_token_major=True)
+            add(f"e4m3 {kind}cache, token-major v, B16 H32/8 T8192 D128 {dt}", check_fp8, gpu_only=True, b=16,
+                h=32, hkv=8, t_max=8192, d=128, dtype=dtype, paged=paged, v_token_major=True)
     cases += [Case("e4m3 KVCache and PagedKVCache", check_fp8_caches), Case("e4m3 cache: bad input", check_fp8_errors),
               Case("e4m3 launch table", check_e4m3_config, gpu_only=True)]
     cases += [Case("head-dim parts", check_head_dim_parts), Case("split heuristic", check_split_heuristic),

@@ -65,9 +65,14 @@ applied where it costs a row, not a tile:
   fp16 (rounded as a 16-bit cache's p is, relative 2^-11, down to 2^-28 of the block's largest
   weight, where the weights of a block span its scales' range times p's), and the product times
   that largest scale over FP16_TOP in fp32.
-Before, the tiles were dequantized (an fp32 multiply a value and two conversions) and the V tile's
-bytes are gathered one by one for the product either way; the instructions a block fell by half
-(ptx), the GPU time in docs/tuning/inference.md.
+A token-major e4m3 V's bytes are gathered one at a time for p V: the operand pair a thread
+multiplies is two tokens, D bytes apart, and ldmatrix moves 16-bit pairs. KVCache and PagedKVCache
+store an e4m3 v token-minor (inference/kv_cache.py's token_minor: stride 1 along T, which Triton
+specializes on), where the pair is adjacent and V loads as K does; any strides still work. The
+loop's instructions a block at hd 128 (PTX, sm_90): 1559 with the tiles dequantized (an fp32
+multiply a value and two conversions), 872 with the fp16 products, 679 with v token-minor. The
+GPU times are in docs/tuning/inference.md. A window's first token is not a whole block's, so a
+window's token-minor v loads byte by byte (correct, slower).
 
 Limits: head dim 1..256; q fp16 or bf16, the cache q's dtype or e4m3 with scales; lengths are read
 on the device (no host sync) and clamped to [0, T_max] (or to the block table's span), so a bad

@@ -25,7 +25,7 @@ import triton
 import llmk.inference.triton_inference_attention as ia
 from llmk.common.device import sm_count
 from llmk.common.timing import graph_time_ms
-from llmk.inference.kv_cache import quantize_kv
+from llmk.inference.kv_cache import as_token_minor, quantize_kv
 from llmk.inference.paged_kv_cache import to_pages
 
 H, PS = 32, 16  # PS: tokens a page
@@ -73,8 +73,10 @@ def main():
         base_us = gpu_us(lambda: ia.decode_attention(q, k, v, lengths, max_length=t))
         if E4M3:  # the same inputs quantized; the error gate below holds e4m3's rounding (2^-4 of a value)
             (kb, ks), (vb, vs) = quantize_kv(k), quantize_kv(v)
-            k, v = kb.view(torch.float8_e4m3fn), vb.view(torch.float8_e4m3fn)
-            kp, vp = (to_pages(x, table.long(), PS).view(torch.float8_e4m3fn) for x in (kb, vb))
+            # v token-minor, as KVCache and PagedKVCache store an e4m3 v
+            k, v = kb.view(torch.float8_e4m3fn), as_token_minor(vb).view(torch.float8_e4m3fn)
+            kp = to_pages(kb, table.long(), PS).view(torch.float8_e4m3fn)
+            vp = as_token_minor(to_pages(vb, table.long(), PS), align=1).view(torch.float8_e4m3fn)
             ksp, vsp = (to_pages(x[..., None], table.long(), PS)[..., 0] for x in (ks, vs))
             scales, paged_scales = dict(k_scale=ks, v_scale=vs), dict(k_scale=ksp, v_scale=vsp)
         else:
@@ -84,7 +86,7 @@ def main():
                                                                 **paged_scales)}
         cells = [f"16-bit contig {base_us:.1f}"]
         for kind, call in calls.items():
-            auto = ia.decode_config(b, hkv, H // hkv, D, t, n_sms, kind == "paged")
+            auto = ia.decode_config(b, hkv, H // hkv, D, t, n_sms, kind == "paged", e4m3=E4M3)
             auto_us = gpu_us(lambda: call(None))
             found = []
             for bn, warps, stages in BLOCKS:
