@@ -417,17 +417,20 @@ def check_split_heuristic():
 
 def check_e4m3_config():
     """E4M3_BLOCK_TABLE's rows (GPU: the interpreter keeps its own blocks): an e4m3 cache at hd 128
-    takes twice the 16-bit block, its own stages, twice the splits under one program an SM and a
-    quarter past it (132 SMs); hd 64 and a 16-bit cache keep the 16-bit choice."""
-    def pick(b, hkv, d=128, paged=False, e4m3=True):
-        cfg = decode_config(b, hkv, 4, d, 8192, H100_SMS, paged, None, e4m3)
+    and 96 takes twice the 16-bit block, three stages (two for a group of one), twice the splits
+    under one program an SM and a quarter past it (132 SMs); hd 64 and a 16-bit cache keep the
+    16-bit choice."""
+    def pick(b, hkv, d=128, paged=False, e4m3=True, group=4):
+        cfg = decode_config(b, hkv, group, d, 8192, H100_SMS, paged, None, e4m3)
         return cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, cfg.num_splits
 
     return [
-        Outcome("B1 H32/8 e4m3", pick(1, 8) == (128, 4, 2, 33), note=str(pick(1, 8))),
+        Outcome("B1 H32/8 e4m3", pick(1, 8) == (128, 4, 3, 33), note=str(pick(1, 8))),
         Outcome("B1 H32/8 e4m3 paged", pick(1, 8, paged=True) == (128, 4, 3, 33), note=str(pick(1, 8, paged=True))),
-        Outcome("B16 H32/8 e4m3", pick(16, 8) == (128, 4, 2, 2), note=str(pick(16, 8))),
-        Outcome("B64 H32/8 e4m3", pick(64, 8) == (128, 4, 2, 1), note=str(pick(64, 8))),
+        Outcome("B16 H32/8 e4m3", pick(16, 8) == (128, 4, 3, 2), note=str(pick(16, 8))),
+        Outcome("B64 H32/8 e4m3", pick(64, 8) == (128, 4, 3, 1), note=str(pick(64, 8))),
+        Outcome("B16 H32/32 e4m3 (MHA)", pick(16, 32, group=1) == (128, 4, 2, 1), note=str(pick(16, 32, group=1))),
+        Outcome("hd 96 e4m3 as hd 128", pick(16, 8, d=96) == pick(16, 8), note=str(pick(16, 8, d=96))),
         Outcome("hd 64 e4m3 as 16-bit", pick(16, 8, d=64) == pick(16, 8, d=64, e4m3=False),
                 note=str(pick(16, 8, d=64))),
         Outcome("16-bit hd 128 unchanged", pick(16, 8, e4m3=False) == (64, 4, 3, 1), note=str(pick(16, 8, e4m3=False))),

@@ -173,14 +173,16 @@ PARTS_MAX_WAVES = 2
 MIN_PART = 32
 # e4m3 caches (KV_SCALED): a value is one byte, so a block of twice the tokens moves the 16-bit
 # block's bytes, and a program its share in half the time. (smallest head dim, largest head dim,
-# BLOCK_N, num_warps, num_stages contiguous, num_stages paged), and split targets as SPLIT_TABLE's
-# (twice the programs an SM under one an SM, a quarter from one to four). Measured at hd 128 on the
-# H200 (scripts/tune/decode_configs.py e4m3, docs/tuning/inference.md): at T >= 8192 the GPU time
-# was 0.67-0.79x the 16-bit cache's with BLOCK_TABLE's blocks and splits, 0.92-1.23x with these
-# (inference_bench); other head dims keep the 16-bit rows (hd 96 at 64 tokens already spilled on
-# the paged path).
+# BLOCK_N, num_warps, num_stages, num_stages for a group of one), both kernels; split targets as
+# SPLIT_TABLE's (twice the programs an SM under one an SM, a quarter from one to four). Measured on
+# the H200 with the fp16 products and a token-minor v (scripts/tune/decode_configs.py e4m3, hd 128
+# and hd=96; docs/tuning/inference.md): three stages beat two by 10-20% at every GQA shape swept
+# (B16 x Hkv 8 x T 8192: 75 against 89 us, 1.71x the 16-bit cache's 129), two stages win for MHA
+# (group 1, whose padded product does 16 rows of work for one: B16 x Hkv 32 at 343 against 360 us).
+# hd 96 picks as hd 128 (0.75x the 16-bit cache with BLOCK_TABLE's 64-token blocks, 1.1-1.8x
+# with these); hd 80, between them in bytes and parts, takes the row unswept.
 E4M3_BLOCK_TABLE = [
-    (97, 128, 128, 4, 2, 3),
+    (65, 128, 128, 4, 3, 2),
 ]
 E4M3_SPLIT_TABLE = [
     (1 / 2, 2, 2, 64),
@@ -243,8 +245,8 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
     e4m3_row = None if INTERPRET or not e4m3 else \
         next((row[2:] for row in E4M3_BLOCK_TABLE if row[0] <= head_dim <= row[1]), None)
     if e4m3_row is not None:  # its own blocks for both kernels, and its own split targets
-        block_n, num_warps, contiguous_stages, paged_stages = e4m3_row
-        num_stages = paged_stages if paged else contiguous_stages
+        block_n, num_warps, num_stages, mha_stages = e4m3_row
+        num_stages = mha_stages if group == 1 else num_stages
     elif INTERPRET:
         block_n, num_warps, num_stages = INTERPRET_BLOCK
     else:

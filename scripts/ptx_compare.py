@@ -186,7 +186,12 @@ def _compile_cases(tree, out_dir, case_set):
         def decode_e4m3(b, hkv, t, d, splits, paged):
             q, lengths = empty(b, 32, d, dtype=bf16), empty(b, dtype=torch.int32)
             shape = (b * t // 16, 16, hkv, d) if paged else (b, t, hkv, d)
-            k, v = empty(shape, dtype=e4m3), empty(shape, dtype=e4m3)
+            k = empty(shape, dtype=e4m3)
+            try:  # v token-minor, as the caches store an e4m3 v
+                from llmk.inference.kv_cache import token_minor
+                v = token_minor(shape, e4m3, "cpu", align=1 if paged else 16)
+            except ImportError:  # a revision from before it
+                v = empty(shape, dtype=e4m3)
             ks, vs = empty(shape[:3]), empty(shape[:3])
             table = empty(b, t // 16, dtype=torch.int32) if paged else None
             ia._launch(q, k, v, lengths, table, 16 if paged else 1, t, None, None, splits, t, k_scale=ks, v_scale=vs)
