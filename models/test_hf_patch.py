@@ -669,6 +669,7 @@ def check_compiled_layers(kind, n_layers=10):
             layer.compile(dynamic=False, backend=COMPILE_BACKEND)
         loss, grads = training_step(model, batch)
         graphs = counters["stats"]["unique_graphs"]
+        why = _compile_reasons(counters) if graphs != 1 else ""
     finally:
         for layer in model.model.layers:
             layer._compiled_call_impl = None  # as nn.Module.compile left it unset
@@ -676,7 +677,17 @@ def check_compiled_layers(kind, n_layers=10):
         torch._dynamo.reset()
     return [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9),
             gradients_rule(grads, ref_grads, plain_grads),
-            Outcome(f"one graph for {n_layers} layers", graphs == 1, note=f"{graphs} graphs")]
+            Outcome(f"one graph for {n_layers} layers", graphs == 1, note=f"{graphs} graphs{why}")]
+
+
+def _compile_reasons(counters):
+    """Why Dynamo made more than one graph, for the failing row's note: its graph breaks' reasons and
+    the guards that failed (a recompile's), the first of each."""
+    from torch._dynamo.utils import guard_failures
+
+    breaks = [str(reason)[:200] for reason in counters.get("graph_break", {})]
+    failed = [str(reason)[:200] for reasons in guard_failures.values() for reason in reasons]
+    return f"; breaks: {breaks[:3]}; guards failed: {failed[:3]}"
 
 
 # e4m3's unit roundoff, 2^-4, is 16x bf16's 2^-8: the 2x rule scaled by that for an FP8 model
