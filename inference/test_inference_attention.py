@@ -218,13 +218,16 @@ def spread(t, decades=2.0):
 
 
 def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=None, softcap=None, scale=1.0,
-              use_dot=None, v_token_major=False):
+              use_dot=None, v_token_major=False, v_zero=None):
     """decode_attention (or, paged, paged_decode_attention) on an e4m3 cache against the reference
     on the exactly dequantized cache, with its tolerance and the 2x rule. use_dot: a forced config
     with that product (False: the broadcast product). v is token-minor, as the caches store it
-    (inference/kv_cache.py's token_minor), unless v_token_major."""
+    (inference/kv_cache.py's token_minor), unless v_token_major. v_zero: (first, end) tokens of v
+    set to zero in every sequence."""
     q = make_q(b, h, d, dtype, "bthd", scale)
     k, v = (spread(t) for t in make_cache(b, t_max, hkv, d, dtype, "bthd"))
+    if v_zero is not None:
+        v[:, v_zero[0]:v_zero[1]] = 0
     lengths = ragged_lengths(b, t_max)
     config = None if use_dot is None else forced_config(b, h, hkv, t_max, d, num_splits, use_dot, None)
     options = dict(window=window, softcap=softcap, num_splits=num_splits, config=config)
@@ -785,8 +788,13 @@ def _cases():
             add(f"e4m3 {kind}cache B16 H32/8 T8192 D128 {dt}", check_fp8, gpu_only=True, b=16, h=32, hkv=8,
                 t_max=8192, d=128, dtype=dtype, paged=paged)
             # a token-major v (its bytes gathered one by one for p v): the kernel takes any strides
-            add(f"e4m3 {kind}cache, token-major v, GQA 8/2 B3 T70 D128 splits 2 {dt}", check_fp8, b=3, h=8, hkv=2,
-                t_max=70, d=128, dtype=dtype, paged=paged, num_splits=2, v_token_major=True)
+            if dtype == torch.float16:  # one dtype in the interpreter: the layout is what differs
+                add(f"e4m3 {kind}cache, token-major v, GQA 8/2 B3 T70 D128 splits 2 {dt}", check_fp8, b=3, h=8,
+                    hkv=2, t_max=70, d=128, dtype=dtype, paged=paged, num_splits=2, v_token_major=True)
+                # tokens 16-47 of v all zero: their scales at quantize_fp8's floor, the p v product's
+                # largest V scale of those blocks too (V_SCALE_FLOOR's reason)
+                add(f"e4m3 {kind}cache, v zero over tokens 16-47, GQA 8/2 B3 T70 D64 {dt}", check_fp8, b=3, h=8,
+                    hkv=2, t_max=70, d=64, dtype=dtype, paged=paged, v_zero=(16, 48))
             add(f"e4m3 {kind}cache, token-major v, B16 H32/8 T8192 D128 {dt}", check_fp8, gpu_only=True, b=16,
                 h=32, hkv=8, t_max=8192, d=128, dtype=dtype, paged=paged, v_token_major=True)
     cases += [Case("e4m3 KVCache and PagedKVCache", check_fp8_caches), Case("e4m3 cache: bad input", check_fp8_errors),

@@ -70,9 +70,10 @@ multiplies is two tokens, D bytes apart, and ldmatrix moves 16-bit pairs. KVCach
 store an e4m3 v token-minor (inference/kv_cache.py's token_minor: stride 1 along T, which Triton
 specializes on), where the pair is adjacent and V loads as K does; any strides still work. The
 loop's instructions a block at hd 128 (PTX, sm_90): 1559 with the tiles dequantized (an fp32
-multiply a value and two conversions), 872 with the fp16 products, 679 with v token-minor. The
-GPU times are in docs/tuning/inference.md. A window's first token is not a whole block's, so a
-window's token-minor v loads byte by byte (correct, slower).
+multiply a value and two conversions), 872 with the fp16 products, 679 with v token-minor (all
+at two stages; E4M3_BLOCK_TABLE's three take 734). The GPU times are in
+docs/tuning/inference.md. A window's first token is not a whole block's, so a window's
+token-minor v loads byte by byte (correct, slower).
 
 Limits: head dim 1..256; q fp16 or bf16, the cache q's dtype or e4m3 with scales; lengths are read
 on the device (no host sync) and clamped to [0, T_max] (or to the block table's span), so a bad
@@ -192,6 +193,9 @@ E4M3_SPLIT_TABLE = [
 # the e4m3 products' fp16 operands (module docstring) are scaled so that their largest is in
 # [2^14, 2^15): fp16's normal range then reaches 2^-28 of it, and 65504 is fp16's largest
 FP16_TOP = tl.constexpr(16384.0)
+# and the block's largest V scale they divide by is at least 2^-64: acc, rescaled into its units for
+# the product, then stays below fp32's largest unless |V| passes 2^50 beside a block that small
+V_SCALE_FLOOR = tl.constexpr(2.0 ** -64)
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, one_tile(D)] tile
 INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
 # ---------------------------------------------------------------------------------------------
@@ -345,8 +349,9 @@ def _accumulate(acc, p, v, alpha, v_scale, KV_SCALED: tl.constexpr, USE_DOT: tl.
     (module docstring)."""
     if KV_SCALED:
         if USE_DOT:
-            v_max = tl.max(v_scale, 0)
-            v_max = tl.where(v_max > 0.0, v_max, 1.0)  # a block of zero scales adds zeros
+            # floored: acc / unit must stay finite (a block of zero scales adds zeros; the caches'
+            # scales are at least 2.2e-15, quantize_fp8's AMAX_FLOOR / 448)
+            v_max = tl.maximum(tl.max(v_scale, 0), V_SCALE_FLOOR)
             unit = v_max / FP16_TOP  # acc in units of it for the product, which adds to it in place
             pv = (p * (v_scale / unit)[None, :]).to(tl.float16)
             acc = tl.dot(pv, v.to(tl.float16), acc * (alpha / unit)[:, None]) * unit
