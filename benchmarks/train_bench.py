@@ -69,7 +69,7 @@ import time
 
 import torch
 
-from llmk.attention.attention_paths import forced_path
+from llmk.attention.attention_paths import forced_path, gluon_runs_here
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.devtools.bench import ATTENTION_KERNEL, kernel_share
 from llmk.devtools.harness import parse_args, run
@@ -266,12 +266,14 @@ def attention_shares(meta, model, opt, data, plan, provider, ms):
     kernels (plan's steps timed again), the share before the Gluon kernels."""
     shares = meta.setdefault("attention_share", {})
     shares[provider] = {"step_ms": round(ms, 2), **attention_profile(model, opt, data[0])}
-    if provider == "triton":
+    # where the Gluon kernels cannot run, the triton provider's attention is the tl kernels' already
+    tl_too = provider == "triton" and gluon_runs_here()
+    if tl_too:
         with forced_path("tl"):
             _, samples = run_steps(model, opt, data, plan)  # its warm-up steps compile the tl kernels
             shares["triton, tl attention"] = {"step_ms": round(statistics.median(samples), 2),
                                               **attention_profile(model, opt, data[0])}
-    for label in (provider, "triton, tl attention") if provider == "triton" else (provider,):
+    for label in (provider, "triton, tl attention") if tl_too else (provider,):
         share = shares[label]
         print(f"attention's share of a step ({label}): {share['share']} ({share['ms']} of {share['total_ms']} "
               f"ms of kernels; a step {share['step_ms']} ms)", flush=True)

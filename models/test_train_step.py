@@ -1,5 +1,6 @@
 """Training with our operators: an RMSNorm + SwiGLU MLP block (models/mlp_block.py) trained for
-20 steps on ours and on PyTorch's from the same seed and data; the losses must agree to bf16 noise.
+20 steps (10 in the interpreter) on ours and on PyTorch's from the same seed and data; the losses
+must agree to bf16 noise.
 
     python models/test_train_step.py        (or: pytest models/test_train_step.py)
 
@@ -14,12 +15,14 @@ Eagerly, and under torch.compile(fullgraph=True) (aot_eager in the interpreter, 
 
 import torch
 
-from llmk.common.device import DEVICE
+from llmk.common.device import DEVICE, INTERPRET
 from llmk.devtools.testing import COMPILE_BACKEND, UNIT_ROUNDOFF, Case, Outcome, main
 from llmk.models.mlp_block import forward, make_params
 from llmk.optimizers.triton_adam import TritonAdamW
 
-STEPS = 20
+# 10 in the interpreter (its loss falls 0.41 -> 0.17 there, against the 30% the test asks), where
+# each step of the compiled case costs a third of a second
+STEPS = 10 if INTERPRET else 20
 BATCHES = 2  # cycled: a small data set the block can fit within STEPS, so the loss falls clearly
 LR = 1e-2
 
