@@ -177,7 +177,7 @@ MIN_PART = 32
 # BLOCK_N, num_warps, num_stages, num_stages for a group of one), both kernels; split targets as
 # SPLIT_TABLE's (twice the programs an SM under one an SM, a quarter from one to four). Measured on
 # the H200 with the fp16 products and a token-minor v (scripts/tune/decode_configs.py e4m3, hd 128
-# and hd=96; docs/tuning/inference.md): three stages beat two by 10-20% at every GQA shape swept
+# and hd=96; docs/tuning/inference.md): three stages beat two at every GQA shape swept (3-21%)
 # (B16 x Hkv 8 x T 8192: 75 against 89 us, 1.71x the 16-bit cache's 129), two stages win for MHA
 # (group 1, whose padded product does 16 rows of work for one: B16 x Hkv 32 at 343 against 360 us).
 # hd 96 picks as hd 128 (0.75x the 16-bit cache with BLOCK_TABLE's 64-token blocks, 1.1-1.8x
