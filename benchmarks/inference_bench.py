@@ -46,7 +46,7 @@ from llmk.common.device import DEVICE, sm_count
 from llmk.devtools.harness import BenchCase, max_err, parse_args, run
 from llmk.devtools.results import plot_sweeps, shape_str
 from llmk.inference.kv_cache import as_token_minor, dequantize_kv, quantize_kv
-from llmk.inference.paged_kv_cache import to_pages
+from llmk.inference.paged_kv_cache import as_value_pages, to_pages
 from llmk.inference.reference_decode_attention import decode_attention_reference
 from llmk.inference.triton_inference_attention import (
     FP8,
@@ -155,7 +155,7 @@ def bind_e4m3(provider, inputs):
         b = q.shape[0]
         perm = torch.randperm(b * t // PAGE_SIZE, device=DEVICE).reshape(b, -1)
         k_pages = to_pages(kb, perm, PAGE_SIZE).view(FP8)
-        v_pages = as_token_minor(to_pages(vb, perm, PAGE_SIZE), align=1).view(FP8)
+        v_pages = as_value_pages(to_pages(vb, perm, PAGE_SIZE)).view(FP8)
         table = perm.to(torch.int32)
         k_scales, v_scales = (to_pages(x[..., None], perm, PAGE_SIZE)[..., 0] for x in (ks, vs))
         return lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t, k_scale=k_scales,

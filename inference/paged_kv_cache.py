@@ -15,6 +15,7 @@ import torch
 from llmk.common.device import DEVICE
 from llmk.common.ints import cdiv
 from llmk.inference.kv_cache import (
+    as_token_minor,
     check_cache_dtype,
     check_int_at_least,
     check_kv_chunk,
@@ -25,6 +26,17 @@ from llmk.inference.kv_cache import (
     write_kv,
 )
 from llmk.inference.triton_inference_attention import paged_decode_attention
+
+# an e4m3 v's pages keep their slots innermost unpadded (kv_cache.token_minor with align 1): a page
+# of 16 slots, the default, is one 16-byte run a head dim already, and padding a smaller page would
+# multiply its bytes
+PAGE_ALIGN = 1
+
+
+def as_value_pages(pages):
+    """A copy of pages (P, page_size, Hkv, D) in the layout PagedKVCache keeps an e4m3 v_pages in
+    (slots innermost), for tests and benchmarks that build a pool from whole tensors."""
+    return as_token_minor(pages, PAGE_ALIGN)
 
 
 def to_pages(cache, perm, page_size=16):
@@ -69,8 +81,7 @@ class PagedKVCache:
         self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
         self.page_size, self.num_pages = page_size, num_pages
         self.k_pages = torch.empty((num_pages, page_size, n_kv_heads, head_dim), dtype=dtype, device=device)
-        # slots innermost, unpadded: a page of 16 (the default) is one 16-byte run a head dim already
-        self.v_pages = value_buffer(self.k_pages.shape, dtype, device, align=1)
+        self.v_pages = value_buffer(self.k_pages.shape, dtype, device, PAGE_ALIGN)
         self.k_scale, self.v_scale = scale_buffers(self.k_pages.shape, dtype, device)
         self.block_table = torch.zeros((batch, self.max_pages), dtype=torch.int32, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)

@@ -32,7 +32,7 @@ from llmk.common.ints import cdiv
 from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
 from llmk.inference.decode_cases import decode_tol
 from llmk.inference.kv_cache import KVCache, as_token_minor, dequantize_kv, quantize_kv
-from llmk.inference.paged_kv_cache import PagedKVCache
+from llmk.inference.paged_kv_cache import PagedKVCache, as_value_pages
 from llmk.inference.reference_decode_attention import decode_attention_reference, decode_probs
 from llmk.inference.triton_inference_attention import (
     BLOCK_TABLE,
@@ -235,7 +235,7 @@ def check_fp8(b, h, hkv, t_max, d, dtype, paged=False, num_splits=None, window=N
     if paged:
         (k_pages, v_pages), table = to_pages((k, v), lengths, 16)
         (kq, ks, _), (vq, vs, _) = fp8_cache(k_pages), fp8_cache(v_pages)
-        vq = vq if v_token_major else as_token_minor(vq, align=1)
+        vq = vq if v_token_major else as_value_pages(vq)
         o = paged_decode_attention(q, kq, vq, table, lengths, k_scale=ks, v_scale=vs, out=out, **options)
     else:
         (kq, ks, _), (vq, vs, _) = fp8_cache(k), fp8_cache(v)

@@ -347,20 +347,20 @@ def _accumulate(acc, p, v, alpha, v_scale, KV_SCALED: tl.constexpr, USE_DOT: tl.
     broadcast product (G == 1) sums p's one row, then [BLOCK_N, W] over the tokens. KV_SCALED: v
     e4m3 with v_scale [BLOCK_N], the product in fp16 with p scaled by v_scale / its largest
     (module docstring)."""
-    if KV_SCALED:
-        if USE_DOT:
-            # floored: acc / unit must stay finite (a block of zero scales adds zeros; the caches'
-            # scales are at least 2.2e-15, quantize_fp8's AMAX_FLOOR / 448)
-            v_max = tl.maximum(tl.max(v_scale, 0), V_SCALE_FLOOR)
-            unit = v_max / FP16_TOP  # acc in units of it for the product, which adds to it in place
-            pv = (p * (v_scale / unit)[None, :]).to(tl.float16)
-            acc = tl.dot(pv, v.to(tl.float16), acc * (alpha / unit)[:, None]) * unit
-        else:
-            acc = acc * alpha[:, None] + tl.sum((tl.sum(p, 0) * v_scale)[:, None] * v.to(tl.float32), 0)[None, :]
+    if KV_SCALED and USE_DOT:
+        # floored: acc / unit must stay finite (a block of zero scales adds zeros; the caches'
+        # scales are at least 2.2e-15, quantize_fp8's AMAX_FLOOR / 448)
+        v_max = tl.maximum(tl.max(v_scale, 0), V_SCALE_FLOOR)
+        unit = v_max / FP16_TOP  # acc in units of it for the product, which adds to it in place
+        pv = (p * (v_scale / unit)[None, :]).to(tl.float16)
+        acc = tl.dot(pv, v.to(tl.float16), acc * (alpha / unit)[:, None]) * unit
     elif USE_DOT:
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     else:
-        acc = acc * alpha[:, None] + tl.sum(tl.sum(p, 0)[:, None] * v.to(tl.float32), 0)[None, :]
+        weights = tl.sum(p, 0)  # [BLOCK_N], times each token's V scale for an e4m3 v
+        if KV_SCALED:
+            weights = weights * v_scale
+        acc = acc * alpha[:, None] + tl.sum(weights[:, None] * v.to(tl.float32), 0)[None, :]
     return acc
 
 

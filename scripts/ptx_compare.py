@@ -188,8 +188,10 @@ def _compile_cases(tree, out_dir, case_set):
             shape = (b * t // 16, 16, hkv, d) if paged else (b, t, hkv, d)
             k = empty(shape, dtype=e4m3)
             try:  # v token-minor, as the caches store an e4m3 v
-                from llmk.inference.kv_cache import token_minor
-                v = token_minor(shape, e4m3, "cpu", align=1 if paged else 16)
+                import llmk.inference.paged_kv_cache as pkv
+                from llmk.inference.kv_cache import TOKEN_ALIGN, token_minor
+                # (PAGE_ALIGN came after token_minor, at 1)
+                v = token_minor(shape, e4m3, "cpu", getattr(pkv, "PAGE_ALIGN", 1) if paged else TOKEN_ALIGN)
             except ImportError:  # a revision from before it
                 v = empty(shape, dtype=e4m3)
             ks, vs = empty(shape[:3]), empty(shape[:3])

@@ -26,7 +26,7 @@ import llmk.inference.triton_inference_attention as ia
 from llmk.common.device import sm_count
 from llmk.common.timing import graph_time_ms
 from llmk.inference.kv_cache import as_token_minor, quantize_kv
-from llmk.inference.paged_kv_cache import to_pages
+from llmk.inference.paged_kv_cache import as_value_pages, to_pages
 
 H, PS = 32, 16  # PS: tokens a page
 D = int(next((arg[3:] for arg in sys.argv[1:] if arg.startswith("hd=")), 128))
@@ -76,7 +76,7 @@ def main():
             # v token-minor, as KVCache and PagedKVCache store an e4m3 v
             k, v = kb.view(torch.float8_e4m3fn), as_token_minor(vb).view(torch.float8_e4m3fn)
             kp = to_pages(kb, table.long(), PS).view(torch.float8_e4m3fn)
-            vp = as_token_minor(to_pages(vb, table.long(), PS), align=1).view(torch.float8_e4m3fn)
+            vp = as_value_pages(to_pages(vb, table.long(), PS)).view(torch.float8_e4m3fn)
             ksp, vsp = (to_pages(x[..., None], table.long(), PS)[..., 0] for x in (ks, vs))
             scales, paged_scales = dict(k_scale=ks, v_scale=vs), dict(k_scale=ksp, v_scale=vsp)
         else:
