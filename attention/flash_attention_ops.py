@@ -336,8 +336,8 @@ VARLEN_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seq
 # The _train ops' backward also takes `deterministic` (the two-pass schedule, see
 # attention/triton_flash_attention_bwd.py); the others' formulas run the default schedule.
 TRAIN_OPTION = "bool deterministic=False"
-# Sliding window and logit softcap, last and defaulted to off: calls written before them, positional
-# ones included, keep their meaning. -1 is an unbounded side, 0.0 no softcap.
+# Sliding window and logit softcap, defaulted to off (-1 an unbounded side, 0.0 no softcap): the same
+# three last in every operator of the family, after an _out twin's buffer (define_ops' options).
 MASK_OPTIONS = "int window_left=-1, int window_right=-1, float softcap=0.0"
 
 
@@ -346,8 +346,8 @@ def _dense_empty(q, *rest):
 
 
 def _attend_out(q, k, v, causal, sm_scale, config, out, window_left=-1, window_right=-1, softcap=0.0):
-    """llmk::flash_attention_out: out comes before the mask options in its schema (the calls
-    written before them pass it seventh)."""
+    """llmk::flash_attention_out: its buffer `out` between the arguments and the mask options, as
+    define_ops lays out an _out twin's schema."""
     _attend_into(q, k, v, causal, sm_scale, config, out, None, None, window_left, window_right, softcap)
 
 

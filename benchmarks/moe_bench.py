@@ -1,4 +1,4 @@
-"""Mixture-of-experts experts layer: moe_experts (moe/moe_experts.py: gate/up, SwiGLU, down and the
+"""Mixture-of-experts experts layer: moe_experts (moe/moe_experts_ops.py: gate/up, SwiGLU, down and the
 weighted sum back to the tokens as grouped GEMMs) against transformers' experts implementations
 and Liger-Kernel's fused MoE, as TFLOP/s on the routed tokens.
 
@@ -36,7 +36,7 @@ from llmk.devtools.harness import BenchCase, parse_args, run
 from llmk.devtools.peers import LIGER, liger_moe
 from llmk.devtools.results import plot_sweeps
 from llmk.devtools.testing import grads_of, rand
-from llmk.moe.moe_experts import moe_experts
+from llmk.moe.moe_experts_ops import moe_experts
 from llmk.moe.reference_moe import experts_ref
 from llmk.moe.triton_moe_routing import moe_route
 

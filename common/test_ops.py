@@ -73,7 +73,7 @@ from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entrop
 from llmk.losses.triton_cross_entropy import cross_entropy_op
 from llmk.mlp.triton_bias_gelu import bias_gelu
 from llmk.mlp.triton_glu import geglu, swiglu
-from llmk.moe.moe_experts import moe_experts
+from llmk.moe.moe_experts_ops import moe_experts
 from llmk.moe.triton_moe_routing import moe_route
 from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
 from llmk.normalization.triton_layernorm import layernorm

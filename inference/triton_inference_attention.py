@@ -766,9 +766,9 @@ def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_s
 
 
 _DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length"
-# decode_attention's window, softcap and an e4m3 cache's scales, last and defaulted to off: calls
-# written before them, positional ones included, keep their meaning. window_left -1: no window;
-# softcap 0.0: none; k_scale, v_scale None: a 16-bit cache.
+# decode_attention's window, softcap and an e4m3 cache's scales, defaulted to off and after an _out
+# twin's buffer (define_ops' options). window_left -1: no window; softcap 0.0: none; k_scale,
+# v_scale None: a 16-bit cache.
 _DECODE_OPTIONS = "int window_left=-1, float softcap=0.0, Tensor? k_scale=None, Tensor? v_scale=None"
 decode_attention_op, decode_attention_out_op = define_ops(
     "decode_attention", f"Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}",

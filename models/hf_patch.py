@@ -74,7 +74,7 @@ kernels' offset=1.0). What is replaced, and through which hook:
              (TopKRouter) gets an instance `forward` that keeps its linear and runs the softmax,
              top-k and renormalization in one kernel (moe/triton_moe_routing.py; the weights stay
              fp32, where Qwen3-MoE's router rounds them to bf16), and the experts module (the
-             `@use_experts_implementation` class) one that runs moe/moe_experts.py: gate/up, the
+             `@use_experts_implementation` class) one that runs moe/moe_experts_ops.py: gate/up, the
              activation, down and the weighted sum back to the tokens as grouped GEMMs, with their
              backward. The router's logits, which the auxiliary load-balancing loss reads through
              the router's output, are unchanged. Qwen3-MoE's dense layers (mlp_only_layers) are

@@ -1,13 +1,13 @@
 """The model patch's mixture-of-experts parts (models/hf_patch.py describes the patch): instance
 forwards of a sparse MoE block's router (moe/triton_moe_routing.py: softmax, top-k and the
-renormalization in one kernel) and of its experts (moe/moe_experts.py: the grouped GEMMs, forward
+renormalization in one kernel) and of its experts (moe/moe_experts_ops.py: the grouped GEMMs, forward
 and backward), and the same experts kernel as a transformers experts implementation, EXPERTS_NAME,
 for models selected with `experts_implementation="llmk_moe"` without the rest of the patch."""
 import torch
 
 from llmk.mlp.triton_glu import GELU_ACTIVATION
 from llmk.models.patch_state import MLP_KERNELS, count, kernel_ready
-from llmk.moe.moe_experts import moe_experts
+from llmk.moe.moe_experts_ops import moe_experts
 from llmk.moe.triton_moe_routing import MAX_EXPERTS, MAX_TOP_K, moe_route
 
 EXPERTS_NAME = "llmk_moe"

@@ -2,6 +2,7 @@
 model carries, the test of whether the kernels take a call's tensors, the instance-forward hook,
 and the KV cache argument's name, which transformers renamed."""
 import dataclasses
+import functools
 import inspect
 import types
 from collections import Counter
@@ -84,7 +85,9 @@ def patched_forward(module, *args, **kwargs):
 def original_forward(module):
     """`module`'s forward before the patch: the instance forward it had, or its class's."""
     previous = module.__dict__.get(PREVIOUS_ATTR)
-    return previous if previous is not None else type(module).forward.__get__(module)
+    # a partial, not type(module).forward.__get__(module): torch 2.11's Dynamo does not trace a
+    # function's __get__ (a graph break in every patched forward)
+    return previous if previous is not None else functools.partial(type(module).forward, module)
 
 
 def restore_forward(module, previous):

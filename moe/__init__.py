@@ -6,7 +6,7 @@ for (common/exports.py): importing the folder imports no kernel."""
 from llmk.common.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "moe_experts": "moe_experts",
+    "moe_experts": "moe_experts_ops",
     "moe_permute": "triton_moe_routing",
     "moe_route": "triton_moe_routing",
 })

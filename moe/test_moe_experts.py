@@ -1,4 +1,4 @@
-"""Tests for moe/moe_experts.py (the grouped GEMMs of moe/triton_moe_gemm.py): the layer's output
+"""Tests for moe/moe_experts_ops.py (the grouped GEMMs of moe/triton_moe_gemm.py): the layer's output
 and its four gradients against moe/reference_moe.py's experts_ref in fp64, and against PyTorch's
 own eager loop in the inputs' dtype (the 2x rule).
 
@@ -36,7 +36,7 @@ from llmk.devtools.testing import (
     rand,
 )
 from llmk.gemm.matmul_cases import grad_tolerance, sum_scale
-from llmk.moe.moe_experts import moe_experts, moe_experts_op
+from llmk.moe.moe_experts_ops import moe_experts, moe_experts_op
 from llmk.moe.reference_moe import experts_grad_scales, experts_ref
 from llmk.moe.triton_moe_gemm import launch_expert_rows, launch_expert_weight_grad, n_tiles, rows_config
 from llmk.moe.triton_moe_routing import moe_route, permute

@@ -1,5 +1,5 @@
 """GPU sweep for moe/triton_moe_gemm.py's MOE_CONFIGS and WEIGHT_GRAD_CONFIGS: times each launch of
-moe_experts' forward and backward (moe/moe_experts.py) at candidate tiles, beside torch._grouped_mm
+moe_experts' forward and backward (moe/moe_experts_ops.py) at candidate tiles, beside torch._grouped_mm
 on the same product, to set the tables from measurement.
 
     python scripts/tune/moe_sweep.py                          (GPU, bf16, Qwen3-30B-A3B T 16384 and Mixtral T 4096)
