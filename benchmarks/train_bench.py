@@ -116,8 +116,9 @@ OURS = ("triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8")
 CURVES = ("eager", "triton", "triton+fp8", *TORCHAO)  # the providers whose loss curves are kept
 # a smoke run's: triton+fp8's steps are the longest in the interpreter (~9 s each on the tiny Llama)
 SMOKE_CURVES = ("eager", "triton")
-# the providers that differ from triton only in the optimizer's state: a smoke run exercises the
-# benchmark's code, not the kernels' speed, and leaves them out (optimizers/test_adam.py tests both)
+# the providers that differ from triton only in the optimizer (TritonAdamW's bf16 state, torch's AdamW):
+# a smoke run exercises the benchmark's code, not the kernels' speed, and leaves them out
+# (optimizers/test_adam.py tests both states)
 SMOKE_SKIP = ("triton+bf16-state", "triton+torch-adamw")
 SHARE_PROVIDERS = ("eager", "triton", "torch.compile", LIGER)  # CURVE_MODEL's steps profiled for it
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
@@ -303,7 +304,7 @@ def measure_model(run, name, kind, config, plan):
                   flush=True)
             continue
         if run.args.smoke and provider in SMOKE_SKIP:
-            print(f"{shape} {provider}: skipped (a smoke run: triton with another optimizer state)", flush=True)
+            print(f"{shape} {provider}: skipped (a smoke run: triton with another optimizer)", flush=True)
             continue
         if not run.selected("train_step", shape, provider) and not (provider == "eager"):
             continue
