@@ -27,6 +27,7 @@ import torch
 
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.devtools.testing import UNIT_ROUNDOFF, Case, Outcome, Tol, compare, expect_raises, main
+from llmk.devtools.training_rules import FP8_FACTOR, gradients_rule, token_loss_noise, training_rule
 from llmk.inference.triton_inference_attention import HEAD_DIMS as DECODE_HEAD_DIMS
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -550,54 +551,6 @@ def training_step(model, batch):
     return loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
 
 
-def training_rule(name, got, want, theirs, slack=0.0, factor=2, floor=0.0):
-    """The training tests' rule (bf16 models against the fp32 reference): got within `factor` (2x)
-    the unpatched bf16 model's error, |theirs - want| or `floor` if larger, plus one rounding of
-    max|want|, plus slack."""
-    err = max((theirs - want).abs().max().item(), floor)
-    return compare(name, got, want, Tol(factor * err + UNIT_ROUNDOFF[torch.bfloat16] * want.abs().max().item() + slack,
-                                        0.0, f"{factor}x the unpatched bf16 model's error + u * max|ref|",
-                                        rounding_check=False))
-
-
-def token_loss_noise(model, ref, ids):
-    """The typical size of a causal LM's mean loss error over ids (B, T): the RMS of the per-token
-    losses' errors of `model` against the fp32 `ref`, over sqrt(the token count). The mean loss's own
-    error is one draw of that mean; a lucky draw can be 7x smaller (TEST_SEED=1928498737 of the FP8
-    step: 0.00024 against 0.0016), and a rule that scales it by FP8_FACTOR would then hold the FP8
-    model to less than a bf16 rounding of its own noise."""
-    with torch.no_grad():
-        errs = [torch.nn.functional.cross_entropy(m(input_ids=ids).logits[:, :-1].double().flatten(0, 1),
-                                                  ids[:, 1:].flatten(), reduction="none") for m in (model, ref)]
-    e = errs[0] - errs[1]
-    return (e.norm() / e.numel()).item()
-
-
-def gradients_rule(grads, ref_grads, plain_grads, prefix="", factor=2):
-    """training_rule for every parameter's gradient at once, {name: grad} of the patched model, the
-    fp32 reference and the unpatched bf16 model, on each gradient's norm (its error over the whole
-    tensor, where a step's bf16 noise averages out), and elementwise within twice that: one element
-    of a small tensor (a 32-value q_norm weight) can take 2.3x the unpatched model's error by chance
-    (TEST_SEED=2138056200), where the norms' ratios stay under 0.6. One outcome, naming the
-    parameter nearest its bound (1e-9 keeps a gradient that is zero in all three models at ratio 0).
-    factor: the 2 of "twice", larger for a model that rounds more by design (FP8)."""
-    u = UNIT_ROUNDOFF[torch.bfloat16]
-
-    def ratio(n, size):  # size: the error measure, norm or max |.|
-        return size(grads[n] - ref_grads[n]) / (factor * size(plain_grads[n] - ref_grads[n]) + u * size(ref_grads[n])
-                                                + 1e-9)
-
-    def norm(t):
-        return t.norm().item()
-
-    def max_abs(t):
-        return t.abs().max().item()
-
-    worst = max((max(ratio(n, norm), ratio(n, max_abs) / 2), n) for n in ref_grads)
-    return Outcome(f"{prefix}{len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
-                   note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound")
-
-
 def check_training(kind, checkpointing=False):
     """One training step of the patched model: the loss and every parameter's gradient within
     the 2x rule of the unpatched bf16 model's own error against the fp32 reference, plus one bf16
@@ -688,10 +641,6 @@ def _compile_reasons(counters):
     breaks = [str(reason)[:200] for reason in counters.get("graph_break", {})]
     failed = [str(reason)[:200] for reasons in guard_failures.values() for reason in reasons]
     return f"; breaks: {breaks[:3]}; guards failed: {failed[:3]}"
-
-
-# e4m3's unit roundoff, 2^-4, is 16x bf16's 2^-8: the 2x rule scaled by that for an FP8 model
-FP8_FACTOR = 2 * 16
 
 
 def check_fp8_training(kind):

@@ -19,8 +19,10 @@ Backward (the autograd formula, llmk::moe_experts_backward), from dout (T, H), S
      recomputed from gate and up, in fp32, per column tile, summed after);
   4. dx = d gate | d up @ w_gate_up[e], stored in token order and summed over the slots;
   5. d w_gate_up[e] = (d gate | d up)[rows of e]^T @ x[tokens of e] and
-     d w_down[e] = (weight * dout)[tokens of e]^T @ h[rows of e] (the weight kernel), skipped when
-     neither expert weight requires grad (frozen experts).
+     d w_down[e] = (weight * dout)[tokens of e]^T @ h[rows of e] (the weight kernel), each over
+     its token-order operand first copied into expert order (x[tokens], weight * dout[tokens]:
+     one (S, H) buffer at a time, in dx's rows' place, freed by then), skipped when neither expert
+     weight requires grad (frozen experts).
 Saved for it: gate | up (S x 2I) and h (S x I), nothing of size S x H; transformers' grouped_mm
 form keeps the gathered x (S x H), gate | up, act(gate), h and the down projection's output.
 
@@ -31,7 +33,13 @@ import torch
 
 from llmk.common.ops import define_op, needs_grad
 from llmk.common.validation import check_same_device, check_tensor
-from llmk.moe.triton_moe_gemm import launch_expert_rows, launch_expert_weight_grad, n_tiles, rows_config
+from llmk.moe.triton_moe_gemm import (
+    launch_expert_rows,
+    launch_expert_weight_grad,
+    launch_gather_rows,
+    n_tiles,
+    rows_config,
+)
 from llmk.moe.triton_moe_routing import MAX_TOP_K, check_ids_range, permute
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")  # SwiGLU (Qwen3-MoE, Mixtral), GeGLU (exact or tanh)
@@ -97,11 +105,14 @@ def _experts_backward(dout, x, weights, w_gate_up, w_down, pre, h, order, offset
     dx_rows = x.new_empty((rows, hidden))
     launch_expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, gather=False, epilogue="scatter")
     torch.sum(dx_rows.view(n_tokens, top_k, hidden), 1, out=dx)
-    # 5: the weights' gradients
+    del dx_rows  # the (S, H) copies below take its place
+    # 5: the weights' gradients, over x's and weight * dout's rows copied into expert order one at a time
     if weight_grads:
-        launch_expert_weight_grad(dpre, x, dw_gate_up, order, offsets, a_gather=False, b_gather=True, top_k=top_k)
-        launch_expert_weight_grad(dout, h, dw_down, order, offsets, a_gather=True, b_gather=False, top_k=top_k,
-                                  scale=scale)
+        x_rows = launch_gather_rows(x, order, top_k)
+        launch_expert_weight_grad(dpre, x_rows, dw_gate_up, offsets, kind="gate_up")
+        del x_rows
+        launch_expert_weight_grad(launch_gather_rows(dout, order, top_k, scale=scale), h, dw_down, offsets,
+                                  kind="down")
     return dx, dweights, dw_gate_up, dw_down
 
 

@@ -38,7 +38,13 @@ from llmk.devtools.testing import (
 from llmk.gemm.matmul_cases import grad_tolerance, sum_scale
 from llmk.moe.moe_experts_ops import moe_experts, moe_experts_op
 from llmk.moe.reference_moe import experts_grad_scales, experts_ref
-from llmk.moe.triton_moe_gemm import launch_expert_rows, launch_expert_weight_grad, n_tiles, rows_config
+from llmk.moe.triton_moe_gemm import (
+    launch_expert_rows,
+    launch_expert_weight_grad,
+    launch_gather_rows,
+    n_tiles,
+    rows_config,
+)
 from llmk.moe.triton_moe_routing import moe_route, permute
 
 
@@ -114,8 +120,9 @@ def check_poisoned(t, h, inter, e, k, dtype):
     dx_rows = poisoned((rows, h), dtype)
     launch_expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, gather=False, epilogue="scatter")
     dw_gate_up, dw_down = poisoned(tuple(w_gate_up.shape), dtype), poisoned(tuple(w_down.shape), dtype)
-    launch_expert_weight_grad(dpre, x, dw_gate_up, order, offsets, a_gather=False, b_gather=True, top_k=k)
-    launch_expert_weight_grad(dout, hid, dw_down, order, offsets, a_gather=True, b_gather=False, top_k=k, scale=scale)
+    x_rows, dout_rows = launch_gather_rows(x, order, k), launch_gather_rows(dout, order, k, scale=scale)
+    launch_expert_weight_grad(dpre, x_rows, dw_gate_up, offsets, kind="gate_up")
+    launch_expert_weight_grad(dout_rows, hid, dw_down, offsets, kind="down")
     idle = torch.ones(e, dtype=torch.bool, device=DEVICE)
     idle[ids.reshape(-1).long()] = False
     outcomes = [Outcome(f"{name}: every element written", not bool(buf.isnan().any()),
@@ -123,6 +130,12 @@ def check_poisoned(t, h, inter, e, k, dtype):
                 for name, buf in (("gate | up", pre), ("h", hid), ("y", y), ("d gate | d up", dpre),
                                   ("d weight partials", partial), ("dx rows", dx_rows),
                                   ("d w_gate_up", dw_gate_up), ("d w_down", dw_down))]
+    # the gathers into fresh buffers: exactly the rows they copy (and scale once, in fp32)
+    tokens = order // k
+    want = (x[tokens], (dout[tokens].float() * scale[order][:, None]).to(dtype))
+    for name, got, ref in (("x rows", x_rows, want[0]), ("weight * dout rows", dout_rows, want[1])):
+        outcomes.append(Outcome(f"{name} gathered into expert order: exact", torch.equal(got, ref),
+                                note=f"{int((got != ref).sum())}/{ref.numel()} differ"))
     outcomes.append(Outcome("experts with no token: zero weight gradients",
                             bool((dw_gate_up[idle] == 0).all()) and bool((dw_down[idle] == 0).all()),
                             note=f"{int(idle.sum())} idle experts"))

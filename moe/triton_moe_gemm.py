@@ -17,7 +17,12 @@ Two kernels, each launched in several forms:
                                share of d weight = sum over columns of dh * h (fp32 partials)
   _expert_weight_grad_kernel: c[e] = a[rows of e]^T @ b[rows of e], a BLOCK_P x BLOCK_Q tile of one
       expert's weight gradient a program, the expert's rows walked BLOCK_R at a time (their count
-      is read on the device); either operand gathered, a's rows optionally scaled by the weight.
+      is read on the device); both operands in expert order (S, .).
+  _gather_rows_kernel: out[r] = a[order[r] // top_k], optionally times the routing weight of that
+      row: the weight kernel's token-order operands (x, dout) copied into expert order first. The
+      weight kernel ran at half its rate reading rows through the order in its loop (279 against
+      505 TFLOP/s for d w_gate_up at Qwen3-30B-A3B's widths, 228 against 602 for d w_down, the H200);
+      the copy costs 0.26 ms of the 1.3-1.1 ms saved (docs/tuning/moe.md).
 
 No host sync. Expert e owns sorted rows offsets[e]..offsets[e + 1] and cdiv(count_e, BLOCK_M) row
 tiles, so the launch sizes its grid for the worst case, cdiv(S, BLOCK_M) + min(E, S) row tiles
@@ -30,7 +35,8 @@ weights (E * 3 I H elements) once if L2 keeps a band of an expert's columns whil
 pass (the grouped program order, GROUP_M row tiles a band), plus the rows (S (H + 3 I + H)
 elements forward): at decode sizes (S <= 512) the weights dominate.
 
-Block sizes: MOE_CONFIGS (by the size of the row runs and the epilogue) and WEIGHT_GRAD_CONFIGS.
+Block sizes: MOE_CONFIGS (by the size of the row runs and the epilogue), WEIGHT_GRAD_CONFIGS and
+GATHER_ROWS / GATHER_COLS.
 """
 import torch
 import triton
@@ -55,8 +61,13 @@ MOE_CONFIGS = [
 ]
 # Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages), BLOCK_R rows of the
 # expert's run a step; dw_gate_up (P = 2I, Q = H) and dw_down (P = H, Q = I), each its sweep's
-# best (+46% and +47% over 128 x 128 tiles, same run)
+# best (+46% and +47% over 128 x 128 tiles, same run; measured with the gathers in the loop, which
+# have since moved to _gather_rows_kernel)
 WEIGHT_GRAD_CONFIGS = dict(gate_up=(256, 128, 64, 8, 3), down=(128, 256, 64, 8, 3))
+# The row gather: GATHER_ROWS rows of up to GATHER_COLS columns a program (4 warps; 16 KB of bf16),
+# a copy bound by bandwidth
+GATHER_ROWS = 8
+GATHER_COLS = 1024
 # Row tiles that walk the output columns together (the program order; not yet measured)
 GROUP_M = 8
 # The interpreter: 16-row tiles, and columns and K steps of at most half the dimension (16 to 64),
@@ -195,16 +206,15 @@ def _expert_rows_kernel(
 
 @triton.jit
 def _expert_weight_grad_kernel(
-    # pointers: a (rows, P), b (rows, Q) by strides; c (E, P, Q) by strides; order (S,), offsets
-    # (E + 1,) int64; scale (S,) fp32 routing weights in token order
-    a_ptr, b_ptr, c_ptr, order_ptr, offsets_ptr, scale_ptr,
+    # pointers: a (S, P), b (S, Q) by strides, both in expert order; c (E, P, Q) by strides;
+    # offsets (E + 1,) int64
+    a_ptr, b_ptr, c_ptr, offsets_ptr,
     # sizes
-    P, Q, top_k,
+    P, Q,
     # strides, in elements
     stride_am, stride_ap, stride_bm, stride_bq, stride_ce, stride_cp, stride_cq,
     # meta-parameters
-    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, A_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """One program: a BLOCK_P x BLOCK_Q tile of expert e's gradient, summed over the expert's rows
     (none: a tile of zeros, the gradient of an expert that got no token)."""
@@ -224,16 +234,32 @@ def _expert_weight_grad_kernel(
     for r0 in range(start, end, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         ok = rows < end
-        pos = tl.load(order_ptr + rows, mask=ok, other=0)
-        a_rows = pos // top_k if A_GATHER else rows
-        b_rows = pos // top_k if B_GATHER else rows
-        a = tl.load(a_ptr + a_rows[None, :] * stride_am + rp_a[:, None] * stride_ap, mask=ok[None, :], other=0.0)
-        if A_SCALE:  # dy times the routing weight, rounded to dy's dtype as an eager product would be
-            a = (a.to(tl.float32) * tl.load(scale_ptr + pos, mask=ok, other=0.0)[None, :]).to(a_ptr.dtype.element_ty)
-        b = tl.load(b_ptr + b_rows[:, None] * stride_bm + rq_b[None, :] * stride_bq, mask=ok[:, None], other=0.0)
+        a = tl.load(a_ptr + rows[None, :] * stride_am + rp_a[:, None] * stride_ap, mask=ok[None, :], other=0.0)
+        b = tl.load(b_ptr + rows[:, None] * stride_bm + rq_b[None, :] * stride_bq, mask=ok[:, None], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     c_ptrs = c_ptr + e.to(tl.int64) * stride_ce + rp[:, None].to(tl.int64) * stride_cp + rq[None, :] * stride_cq
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rp < P)[:, None] & (rq < Q)[None, :])
+
+
+@triton.jit
+def _gather_rows_kernel(
+    # pointers: a (T, N) by strides; out (S, N) contiguous; order (S,) int64; scale (S,) fp32
+    # routing weights in token order
+    a_ptr, out_ptr, order_ptr, scale_ptr,
+    n_rows, N, top_k, stride_am, stride_an,
+    SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """out[r] = a[order[r] // top_k] (with SCALE: times scale[order[r]] in fp32, rounded once, as an
+    eager product of dout and the weight would be): BLOCK_R rows x BLOCK_N columns a program."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = rows < n_rows
+    mask = ok[:, None] & (cols < N)[None, :]
+    pos = tl.load(order_ptr + rows, mask=ok, other=0)
+    v = tl.load(a_ptr + (pos // top_k)[:, None] * stride_am + cols[None, :] * stride_an, mask=mask, other=0.0)
+    if SCALE:
+        v = v.to(tl.float32) * tl.load(scale_ptr + pos, mask=ok, other=0.0)[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def launch_expert_rows(a, b, c, order, offsets, *, gather, epilogue, activation="silu", top_k=1, scale=None,
@@ -260,19 +286,32 @@ def launch_expert_rows(a, b, c, order, offsets, *, gather, epilogue, activation=
         num_stages=stages)
 
 
-def launch_expert_weight_grad(a, b, c, order, offsets, *, a_gather, b_gather, top_k, scale=None, config=None):
-    """Launch _expert_weight_grad_kernel: c (E, P, Q) = per expert a[rows]^T @ b[rows]; a (., P),
-    b (., Q), rows gathered (order // top_k) or sorted."""
+def launch_expert_weight_grad(a, b, c, offsets, *, kind, config=None):
+    """Launch _expert_weight_grad_kernel: c (E, P, Q) = per expert a[rows]^T @ b[rows]; a (S, P) and
+    b (S, Q) in expert order (launch_gather_rows). kind: "gate_up" (c = d w_gate_up) or "down"
+    (d w_down), the WEIGHT_GRAD_CONFIGS entry."""
     n_experts, p, q = c.shape
-    if config is None:  # b gathered: b is x, so c is dw_gate_up; else dw_down
+    if config is None:
         config = ((interpret_block(p), interpret_block(q), INTERPRET_ROWS, 1, 1) if INTERPRET
-                  else WEIGHT_GRAD_CONFIGS["gate_up" if b_gather else "down"])
+                  else WEIGHT_GRAD_CONFIGS[kind])
     bp, bq, br, warps, stages = config
     _expert_weight_grad_kernel[(n_experts * cdiv(p, bp) * cdiv(q, bq),)](
-        a, b, c, order, offsets, scale if scale is not None else order, p, q, top_k,
+        a, b, c, offsets, p, q,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), c.stride(2),
-        A_GATHER=a_gather, B_GATHER=b_gather, A_SCALE=scale is not None, DOT_PRECISION=dot_precision(a),
-        BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=br, num_warps=warps, num_stages=stages)
+        DOT_PRECISION=dot_precision(a), BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=br, num_warps=warps, num_stages=stages)
+
+
+def launch_gather_rows(a, order, top_k, scale=None):
+    """-> (S, N) contiguous, a's dtype: row r is a[order[r] // top_k] (a (T, N), any strides), times
+    scale[order[r]] (S,) fp32 where given."""
+    n_rows, n = order.shape[0], a.shape[1]
+    out = a.new_empty((n_rows, n))
+    if out.numel():
+        block_n = min(GATHER_COLS, next_power_of_2(n))
+        _gather_rows_kernel[(cdiv(n_rows, GATHER_ROWS), cdiv(n, block_n))](
+            a, out, order, scale if scale is not None else order, n_rows, n, top_k, a.stride(0), a.stride(1),
+            SCALE=scale is not None, BLOCK_R=GATHER_ROWS, BLOCK_N=block_n, num_warps=4)
+    return out
 
 
 def n_tiles(n, config):
@@ -280,4 +319,4 @@ def n_tiles(n, config):
     return cdiv(n, config[1])
 
 
-__all__ = ["launch_expert_rows", "launch_expert_weight_grad", "n_tiles", "rows_config"]
+__all__ = ["launch_expert_rows", "launch_expert_weight_grad", "launch_gather_rows", "n_tiles", "rows_config"]

@@ -225,10 +225,16 @@ def _compile_cases(tree, out_dir, case_set):
 
         cases += [(f"moe_route_E{e}_top{k}_{scoring}", lambda a=(16384, e, k, scoring): route(*a))
                   for e, k, scoring in ((128, 8, "softmax"), (8, 2, "softmax"), (256, 8, "sigmoid"))]
-        from llmk.moe.triton_moe_gemm import launch_expert_rows, launch_expert_weight_grad, n_tiles, rows_config
+        from llmk.moe.triton_moe_gemm import (
+            launch_expert_rows,
+            launch_expert_weight_grad,
+            launch_gather_rows,
+            n_tiles,
+            rows_config,
+        )
 
         def experts(t, h, inter, e, k):
-            """The six launches of one forward and backward at these widths."""
+            """The launches of one forward and backward at these widths (six GEMMs, two row gathers)."""
             rows = t * k
             order, offsets, scale = empty(rows, dtype=torch.int64), empty(e + 1, dtype=torch.int64), empty(rows)
             x, w1, w2 = empty(t, h, dtype=bf16), empty(e, 2 * inter, h, dtype=bf16), empty(e, h, inter, dtype=bf16)
@@ -240,8 +246,8 @@ def _compile_cases(tree, out_dir, case_set):
                                top_k=k, scale=scale, pre=pre, dpre=pre, partial=empty(n_tiles(inter, config), rows),
                                config=config)
             launch_expert_rows(pre, w1.transpose(1, 2), y, order, offsets, gather=False, epilogue="scatter")
-            launch_expert_weight_grad(pre, x, w1, order, offsets, a_gather=False, b_gather=True, top_k=k)
-            launch_expert_weight_grad(x, hid, w2, order, offsets, a_gather=True, b_gather=False, top_k=k, scale=scale)
+            launch_expert_weight_grad(pre, launch_gather_rows(x, order, k), w1, offsets, kind="gate_up")
+            launch_expert_weight_grad(launch_gather_rows(x, order, k, scale=scale), hid, w2, offsets, kind="down")
 
         cases += [("moe_experts_qwen3_T16384", lambda: experts(16384, 2048, 768, 128, 8)),
                   ("moe_experts_qwen3_T16", lambda: experts(16, 2048, 768, 128, 8)),

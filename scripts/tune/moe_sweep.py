@@ -14,7 +14,9 @@ The launches, as moe_experts runs them (S = T x top-k rows sorted by expert):
             (d gate | d up, and the routing weights' gradient partials)
   dx        d gate | d up @ w_gate_up[e], scattered                    (S, 2I) -> (S, H), 2 S H (2I)
   dw_up     per expert (d gate | d up)^T @ x[tokens]                   (E, 2I, H), 2 S (2I) H
-  dw_down   per expert (weight * dout)^T @ h                           (E, H, I), 2 S H I
+  dw_down   per expert (weight * dout[tokens])^T @ h                   (E, H, I), 2 S H I
+            (each over its token-order operand's rows copied into expert order first: that gather
+            is timed on the line after, and not in the TFLOP/s)
 A rows config is (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), given to the launch as is (for
 gate_up and dh BLOCK_N counts the GLU's half width, as MOE_CONFIGS does); a weight config
 is (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages). Each candidate's output is checked against
@@ -36,6 +38,7 @@ from llmk.moe.triton_moe_gemm import (
     WEIGHT_GRAD_CONFIGS,
     launch_expert_rows,
     launch_expert_weight_grad,
+    launch_gather_rows,
     n_tiles,
     rows_config,
 )
@@ -62,6 +65,7 @@ WEIGHT = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 4), (128
           (256, 128, 64, 8, 3), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)]
 SMOKE_ROWS = [(16, 16, 16, 1, 1), (16, 32, 16, 1, 1)]
 SMOKE_WEIGHT = [(16, 16, 16, 1, 1), (32, 16, 16, 1, 1)]
+GATHERS = {"dw_up": "x", "dw_down": "dout"}  # the token-order operand each weight gradient's gather copies
 MAX_REL_ERR = 0.02  # max |err| over max |ref|, each output: a right tile's rounding stays far under it
 
 
@@ -79,7 +83,8 @@ def problem(t, h, inter, e, k, dtype):
     launch_expert_rows(x, w_gate_up, h_act, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
     dout = torch.randn(t, h, device=DEVICE, dtype=dtype)
     return dict(x=x, w_gate_up=w_gate_up, w_down=w_down, order=order, counts=counts, offsets=offsets, scale=scale,
-                pre=pre, h=h_act, dout=dout, dpre=torch.randn(s, 2 * inter, device=DEVICE, dtype=dtype), top_k=k)
+                pre=pre, h=h_act, dout=dout, dpre=torch.randn(s, 2 * inter, device=DEVICE, dtype=dtype), top_k=k,
+                x_rows=launch_gather_rows(x, order, k), dout_rows=launch_gather_rows(dout, order, k, scale=scale))
 
 
 def launches(p):
@@ -111,16 +116,14 @@ def launches(p):
                            config=cfg)
         return out
 
-    def dw_up(cfg):
+    def dw_up(cfg):  # over x's rows already in expert order (the gather is its own launch)
         out = torch.empty_like(wgu)
-        launch_expert_weight_grad(p["dpre"], x, out, order, offsets, a_gather=False, b_gather=True, top_k=k,
-                                  config=cfg)
+        launch_expert_weight_grad(p["dpre"], p["x_rows"], out, offsets, kind="gate_up", config=cfg)
         return out
 
     def dw_down(cfg):
         out = torch.empty_like(wd)
-        launch_expert_weight_grad(p["dout"], p["h"], out, order, offsets, a_gather=True, b_gather=False, top_k=k,
-                                  scale=p["scale"], config=cfg)
+        launch_expert_weight_grad(p["dout_rows"], p["h"], out, offsets, kind="down", config=cfg)
         return out
 
     gemm = 2 * s * h * inter
@@ -193,6 +196,10 @@ def main():
                 ms = time_ms(lambda: run(cfg))
                 print(f"  {'*' if cfg == shipped else ' '} {cfg}  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms",
                       flush=True)
+            if launch in GATHERS:  # its operand's copy into expert order, a launch of its own
+                ms = time_ms(lambda: launch_gather_rows(p[GATHERS[launch]], p["order"], p["top_k"],
+                                                        scale=p["scale"] if launch == "dw_down" else None))
+                print(f"    + gather of {GATHERS[launch]}'s rows  {ms:.4f} ms", flush=True)
             if launch in baselines:
                 try:
                     ms = time_ms(baselines[launch])
