@@ -60,10 +60,10 @@ MOE_CONFIGS = [
     (None, dict(glu=(128, 128, 64, 8, 3), glu_backward=(64, 128, 64, 4, 4), scatter=(128, 256, 64, 8, 3))),
 ]
 # Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages), BLOCK_R rows of the
-# expert's run a step; dw_gate_up (P = 2I, Q = H) and dw_down (P = H, Q = I), each its sweep's
-# best (+46% and +47% over 128 x 128 tiles, same run; measured with the gathers in the loop, which
-# have since moved to _gather_rows_kernel)
-WEIGHT_GRAD_CONFIGS = dict(gate_up=(256, 128, 64, 8, 3), down=(128, 256, 64, 8, 3))
+# expert's run a step; dw_gate_up (P = 2I, Q = H) and dw_down (P = H, Q = I). Over operands in
+# expert order one tile is the sweep's best for both (545 and 512 TFLOP/s at Qwen3-30B-A3B's
+# widths, T 16384, the H200; docs/tuning/moe.md)
+WEIGHT_GRAD_CONFIGS = dict(gate_up=(128, 256, 64, 8, 3), down=(128, 256, 64, 8, 3))
 # The row gather: GATHER_ROWS rows of up to GATHER_COLS columns a program (4 warps; 16 KB of bf16),
 # a copy bound by bandwidth
 GATHER_ROWS = 8
