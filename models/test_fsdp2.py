@@ -95,12 +95,12 @@ def batches(vocab, seed):
     return [ids] * STEPS
 
 
-def train(model, data, optimizer="torch"):
+def train(model, data, optimizer="torch", token_errors=False):
     """(losses, {name: gradient after the first backward}, the first step's per-token losses) of
     STEPS steps: each loss the mean over the ranks, in fp64; each gradient the full tensor gathered
-    from the shards, in fp64; the per-token losses this rank's (training_rules.token_losses), None
-    where the model returns no logits (the fused loss). optimizer: "torch" (AdamW(fused=True)) or
-    "triton" (TritonAdamW, stepping each rank's shards)."""
+    from the shards, in fp64; the per-token losses this rank's (training_rules.token_losses) with
+    token_errors, else None. optimizer: "torch" (AdamW(fused=True)) or "triton" (TritonAdamW,
+    stepping each rank's shards)."""
     if optimizer == "triton":
         from llmk.optimizers.triton_adam import TritonAdamW
         opt = TritonAdamW(model.parameters(), lr=LR)
@@ -117,7 +117,7 @@ def train(model, data, optimizer="torch"):
         losses.append(mean.item() / world)
         if grads is None:  # full_tensor() is a collective: every rank gathers every gradient, in order
             grads = {n: p.grad.full_tensor().double() for n, p in model.named_parameters()}
-            first = token_losses(out.logits, ids) if out.logits is not None else None
+            first = token_losses(out.logits, ids) if token_errors else None
         opt.step()
     return losses, grads, first
 
@@ -156,8 +156,8 @@ def check_fsdp2(kind, optimizer="torch", fp8=False):
     patched = shard(patch_model(build(kind, torch.bfloat16, seed), KERNELS + (("fp8_linear",) if fp8 else ())))
     factor = FP8_FACTOR if fp8 else 2
     data = batches(CONFIG["vocab_size"], seed)
-    ref_losses, ref_grads, ref_tokens = train(ref, data)
-    plain_losses, plain_grads, plain_tokens = train(plain, data)
+    ref_losses, ref_grads, ref_tokens = train(ref, data, token_errors=True)
+    plain_losses, plain_grads, plain_tokens = train(plain, data, token_errors=True)
     losses, grads, _ = train(patched, data, optimizer)
     floor = loss_noise_floor(plain_tokens, ref_tokens)
     u = UNIT_ROUNDOFF[torch.bfloat16]

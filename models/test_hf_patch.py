@@ -991,6 +991,11 @@ def model_cases():
         # norms, which do not depend on positions, train in its plain training step
         Case("qwen3 bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="qwen3"),
              gpu_only=True),
+        # the experts take a padding-free batch's rows as they take a padded one's (the padding rows
+        # too, their gradients zero); without the routers' auxiliary loss (MOE_TRAINING), which the
+        # plain qwen3_moe training step checks; gpu_only for the interpreter's minutes, as qwen3's
+        Case("qwen3_moe bf16 training step, padding-free and padded batches", check_packed_training,
+             dict(kind="qwen3_moe"), gpu_only=True),
         Case("llama bf16 training step, fp8_linear", check_fp8_training, dict(kind="llama")),
         Case("qwen2 bf16 training step, fp8_linear (biased q/k/v)", check_fp8_training, dict(kind="qwen2"),
              gpu_only=True),  # a minute in the interpreter: the llama case covers the CPU lane
