@@ -228,7 +228,7 @@ def _compile_cases(tree, out_dir, case_set):
         from llmk.moe.triton_moe_gemm import launch_expert_rows, launch_expert_weight_grad, n_tiles, rows_config
         try:
             from llmk.moe.triton_moe_gemm import launch_gather_rows
-        except ImportError:  # a tree before 502bf02: the weight kernel gathered its rows itself
+        except ImportError:  # a revision from before it: the weight kernel gathered its rows itself
             launch_gather_rows = None
 
         def experts(t, h, inter, e, k):

@@ -65,7 +65,8 @@ WEIGHT = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 4), (128
           (256, 128, 64, 8, 3), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)]
 SMOKE_ROWS = [(16, 16, 16, 1, 1), (16, 32, 16, 1, 1)]
 SMOKE_WEIGHT = [(16, 16, 16, 1, 1), (32, 16, 16, 1, 1)]
-GATHERS = {"dw_up": "x", "dw_down": "dout"}  # the token-order operand each weight gradient's gather copies
+# weight gradient -> (the token-order operand its gather copies, whether the copy takes the routing weight)
+GATHERS = {"dw_up": ("x", False), "dw_down": ("dout", True)}
 MAX_REL_ERR = 0.02  # max |err| over max |ref|, each output: a right tile's rounding stays far under it
 
 
@@ -197,9 +198,10 @@ def main():
                 print(f"  {'*' if cfg == shipped else ' '} {cfg}  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms",
                       flush=True)
             if launch in GATHERS:  # its operand's copy into expert order, a launch of its own
-                ms = time_ms(lambda: launch_gather_rows(p[GATHERS[launch]], p["order"], p["top_k"],
-                                                        scale=p["scale"] if launch == "dw_down" else None))
-                print(f"    + gather of {GATHERS[launch]}'s rows  {ms:.4f} ms", flush=True)
+                operand, weighted = GATHERS[launch]
+                ms = time_ms(lambda: launch_gather_rows(p[operand], p["order"], p["top_k"],
+                                                        scale=p["scale"] if weighted else None))
+                print(f"    + gather of {operand}'s rows  {ms:.4f} ms", flush=True)
             if launch in baselines:
                 try:
                     ms = time_ms(baselines[launch])
