@@ -14,15 +14,18 @@ Forward, two launches of moe/triton_moe_gemm.py's row kernel over the rows sorte
      y (S, H) in token order; out = y summed over each token's top_k rows (PyTorch's sum, which
      accumulates in fp32 and rounds once).
 Backward (the autograd formula, llmk::moe_experts_backward), from dout (T, H), S = T * top_k rows:
-  3. dh_raw = dout[token] @ w_down[e] (rows gathered); its epilogue reads gate | up and writes
-     d gate | d up = swiglu'(dh_raw * weight), and d weights = sum over I of dh_raw * h (h
-     recomputed from gate and up, in fp32, per column tile, summed after);
-  4. dx = d gate | d up @ w_gate_up[e], stored in token order and summed over the slots;
-  5. d w_gate_up[e] = (d gate | d up)[rows of e]^T @ x[tokens of e] and
-     d w_down[e] = (weight * dout)[tokens of e]^T @ h[rows of e] (the weight kernel), each over
-     its token-order operand first copied into expert order (x[tokens], weight * dout[tokens]:
-     one (S, H) buffer at a time, in dx's rows' place, freed by then), skipped when neither expert
-     weight requires grad (frozen experts).
+  3. dh = dout[token] @ w_down[e] (rows gathered), stored as it is in d gate's place; then a pass
+     over the sorted rows reads it with gate | up and writes d gate | d up = swiglu'(dh * weight)
+     in place, and d weights = sum over I of dh * h (h recomputed from gate and up, in fp32). The
+     GEMM's epilogue did that pass itself once: holding dh, gate and up in registers cost it a
+     64-row tile and spills (269 TFLOP/s, docs/tuning/moe.md);
+  4. d w_down[e] = (weight * dout)[tokens of e]^T @ h[rows of e] (the weight kernel), its operand
+     the rows step 3's GEMM read, which it stored in expert order as it read them;
+  5. dx = d gate | d up @ w_gate_up[e], stored in token order and summed over the slots;
+  6. d w_gate_up[e] = (d gate | d up)[rows of e]^T @ x[tokens of e], over x's rows copied into
+     expert order first.
+  Steps 4 and 6 are skipped when neither expert weight requires grad (frozen experts); one (S, H)
+  buffer lives at a time (weight * dout's rows, dx's rows, x's rows).
 Saved for it: gate | up (S x 2I) and h (S x I), nothing of size S x H; transformers' grouped_mm
 form keeps the gathered x (S x H), gate | up, act(gate), h and the down projection's output.
 
@@ -37,8 +40,7 @@ from llmk.moe.triton_moe_gemm import (
     launch_expert_rows,
     launch_expert_weight_grad,
     launch_gather_rows,
-    n_tiles,
-    rows_config,
+    launch_glu_backward_rows,
 )
 from llmk.moe.triton_moe_routing import MAX_TOP_K, check_ids_range, permute
 
@@ -87,32 +89,32 @@ def _experts_backward(dout, x, weights, w_gate_up, w_down, pre, h, order, offset
     their launches are skipped."""
     n_tokens, hidden = x.shape
     top_k = weights.shape[1]
-    rows, n_experts, inter = order.shape[0], offsets.shape[0] - 1, w_down.shape[2]
+    rows, inter = order.shape[0], w_down.shape[2]
     dx, dweights, dw_gate_up, dw_down = _backward_empty(dout, x, weights, w_gate_up, w_down, pre, h, order, offsets,
                                                         activation, weight_grads)
     if not rows:
         return dx.zero_(), dweights.zero_(), dw_gate_up.zero_(), dw_down.zero_()
     scale = weights.reshape(-1).float().contiguous()
-    config = rows_config(rows, n_experts, "glu_backward", inter, hidden)
-    partial = torch.empty((n_tiles(inter, config), rows), dtype=torch.float32, device=x.device)
     dpre = torch.empty_like(pre)
-    # 3: dout @ w_down[e], w_down (E, H, I) read as (E, N = I, K = H)
-    launch_expert_rows(dout, w_down.transpose(1, 2), None, order, offsets, gather=True, epilogue="glu_backward",
-                       activation=activation, top_k=top_k, scale=scale, pre=pre, dpre=dpre, partial=partial,
-                       config=config)
-    dweights.copy_(partial.sum(0).view(n_tokens, top_k))
-    # 4: dpre @ w_gate_up[e], w_gate_up (E, 2I, H) read as (E, N = H, K = 2I), stored in token order
+    # 3: dh = dout[token] @ w_down[e], w_down (E, H, I) read as (E, N = I, K = H), stored in d gate's
+    # place; with the weights' gradients its loads are also kept as weight * dout's rows in expert
+    # order, d w_down's operand
+    dout_rows = x.new_empty((rows, hidden)) if weight_grads else None
+    launch_expert_rows(dout, w_down.transpose(1, 2), dpre[:, :inter], order, offsets, gather=True, epilogue="store",
+                       top_k=top_k, scale=scale, a_copy=dout_rows)
+    # then in place: d gate | d up, and the routing weights' gradient
+    launch_glu_backward_rows(dpre, pre, order, scale, dweights, activation)
+    if weight_grads:  # 4: d w_down
+        launch_expert_weight_grad(dout_rows, h, dw_down, offsets, kind="down")
+        del dout_rows  # dx's rows take its place
+    # 5: dpre @ w_gate_up[e], w_gate_up (E, 2I, H) read as (E, N = H, K = 2I), stored in token order
     dx_rows = x.new_empty((rows, hidden))
     launch_expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, gather=False, epilogue="scatter")
     torch.sum(dx_rows.view(n_tokens, top_k, hidden), 1, out=dx)
-    del dx_rows  # the (S, H) copies below take its place
-    # 5: the weights' gradients, over x's and weight * dout's rows copied into expert order one at a time
+    del dx_rows  # x's rows take its place
+    # 6: d w_gate_up over x's rows copied into expert order
     if weight_grads:
-        x_rows = launch_gather_rows(x, order, top_k)
-        launch_expert_weight_grad(dpre, x_rows, dw_gate_up, offsets, kind="gate_up")
-        del x_rows
-        launch_expert_weight_grad(launch_gather_rows(dout, order, top_k, scale=scale), h, dw_down, offsets,
-                                  kind="down")
+        launch_expert_weight_grad(dpre, launch_gather_rows(x, order, top_k), dw_gate_up, offsets, kind="gate_up")
     return dx, dweights, dw_gate_up, dw_down
 
 

@@ -42,8 +42,7 @@ from llmk.moe.triton_moe_gemm import (
     launch_expert_rows,
     launch_expert_weight_grad,
     launch_gather_rows,
-    n_tiles,
-    rows_config,
+    launch_glu_backward_rows,
 )
 from llmk.moe.triton_moe_routing import moe_route, permute
 
@@ -113,14 +112,15 @@ def check_poisoned(t, h, inter, e, k, dtype):
     launch_expert_rows(x, w_gate_up, hid, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
     launch_expert_rows(hid, w_down, y, order, offsets, gather=False, epilogue="scatter", scale=scale)
     dout = rand((t, h), dtype)
-    config = rows_config(rows, e, "glu_backward", inter, h)
-    dpre, partial = poisoned((rows, 2 * inter), dtype), poisoned((n_tiles(inter, config), rows), torch.float32)
-    launch_expert_rows(dout, w_down.transpose(1, 2), None, order, offsets, gather=True, epilogue="glu_backward",
-                       top_k=k, scale=scale, pre=pre, dpre=dpre, partial=partial, config=config)
+    dpre, dout_rows = poisoned((rows, 2 * inter), dtype), poisoned((rows, h), dtype)
+    dweights = poisoned((t, k), torch.float32)
+    launch_expert_rows(dout, w_down.transpose(1, 2), dpre[:, :inter], order, offsets, gather=True, epilogue="store",
+                       top_k=k, scale=scale, a_copy=dout_rows)
+    launch_glu_backward_rows(dpre, pre, order, scale, dweights, "silu")
     dx_rows = poisoned((rows, h), dtype)
     launch_expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, gather=False, epilogue="scatter")
     dw_gate_up, dw_down = poisoned(tuple(w_gate_up.shape), dtype), poisoned(tuple(w_down.shape), dtype)
-    x_rows, dout_rows = launch_gather_rows(x, order, k), launch_gather_rows(dout, order, k, scale=scale)
+    x_rows = launch_gather_rows(x, order, k)
     launch_expert_weight_grad(dpre, x_rows, dw_gate_up, offsets, kind="gate_up")
     launch_expert_weight_grad(dout_rows, hid, dw_down, offsets, kind="down")
     idle = torch.ones(e, dtype=torch.bool, device=DEVICE)
@@ -128,13 +128,13 @@ def check_poisoned(t, h, inter, e, k, dtype):
     outcomes = [Outcome(f"{name}: every element written", not bool(buf.isnan().any()),
                         note=f"{int(buf.isnan().sum())}/{buf.numel()} NaN")
                 for name, buf in (("gate | up", pre), ("h", hid), ("y", y), ("d gate | d up", dpre),
-                                  ("d weight partials", partial), ("dx rows", dx_rows),
+                                  ("d weights", dweights), ("dx rows", dx_rows),
                                   ("d w_gate_up", dw_gate_up), ("d w_down", dw_down))]
-    # the gathers into fresh buffers: exactly the rows they copy (and scale once, in fp32)
+    # x's gather, and dh's GEMM keeping the rows it reads: exactly those rows (scaled once, in fp32)
     tokens = order // k
     want = (x[tokens], (dout[tokens].float() * scale[order][:, None]).to(dtype))
     for name, got, ref in (("x rows", x_rows, want[0]), ("weight * dout rows", dout_rows, want[1])):
-        outcomes.append(Outcome(f"{name} gathered into expert order: exact", torch.equal(got, ref),
+        outcomes.append(Outcome(f"{name} in expert order: exact", torch.equal(got, ref),
                                 note=f"{int((got != ref).sum())}/{ref.numel()} differ"))
     outcomes.append(Outcome("experts with no token: zero weight gradients",
                             bool((dw_gate_up[idle] == 0).all()) and bool((dw_down[idle] == 0).all()),

@@ -2,28 +2,30 @@
 expert's weights, the rows taken in expert order (moe_permute's order) so that one program's tile
 holds one expert's rows.
 
-Two kernels, each launched in several forms:
+Three kernels, the first launched in several forms:
 
   _expert_rows_kernel: c[rows] = a[rows] @ b[e]^T, BLOCK_M rows of one expert a program
       a's rows are read through the order: GATHER reads token order[r] // top_k of a (T, K) input
       (the hidden states; no gathered copy is made), else sorted row r of an (S, K) one.
-      EPILOGUE "glu":          b = [gate; up] (2N rows): two accumulators, h = act(gate) * up,
-                               stored at sorted row r; with STORE_PRE also gate and up (backward)
-      EPILOGUE "scatter":      c is stored at row order[r] (the flat t * top_k + slot, token order),
-                               times the routing weight of that row with SCALE: the layer's output
-                               is then a sum over each token's top_k rows
-      EPILOGUE "glu_backward": c = dh of the unweighted down projection; reads gate and up, writes
-                               dgate and dup (dh scaled by the routing weight), and each N tile's
-                               share of d weight = sum over columns of dh * h (fp32 partials)
+      EPILOGUE "glu":     b = [gate; up] (2N rows): two accumulators, h = act(gate) * up, stored
+                          at sorted row r; with STORE_PRE also gate and up (backward)
+      EPILOGUE "scatter": c is stored at row order[r] (the flat t * top_k + slot, token order),
+                          times the routing weight of that row with SCALE: the layer's output
+                          is then a sum over each token's top_k rows
+      EPILOGUE "store":   c stored at sorted row r as it is (the backward's dh)
+      COPY_A: the programs of the first column tile also store the rows of a they read, in
+      expert order (times the routing weight with SCALE): a weight gradient's operand, made
+      while the GEMM reads it anyway
+  _glu_backward_rows_kernel: the gated unit's backward over dh (S, N) in sorted rows, in place:
+      d gate | d up, and the routing weights' gradient (a row's dh dotted with its h)
   _expert_weight_grad_kernel: c[e] = a[rows of e]^T @ b[rows of e], a BLOCK_P x BLOCK_Q tile of one
       expert's weight gradient a program, the expert's rows walked BLOCK_R at a time (their count
       is read on the device); both operands in expert order (S, .).
   _gather_rows_kernel: out[r] = a[order[r] // top_k], optionally times the routing weight of that
-      row: the weight kernel's token-order operands (x, dout) copied into expert order first. The
-      weight kernel ran at half its rate reading rows through the order in its loop (279 against
-      505 TFLOP/s for d w_gate_up at Qwen3-30B-A3B's widths, 228 against 602 for d w_down, the H200);
-      each copy takes 0.23 ms, against 1.3 ms (d w_gate_up) and 1.1 ms (d w_down) saved
-      (docs/tuning/moe.md).
+      row: the weight kernel's token-order operand x copied into expert order first. The weight
+      kernel ran at half its rate reading rows through the order in its loop (279 against 505
+      TFLOP/s for d w_gate_up at Qwen3-30B-A3B's widths, 228 against 602 for d w_down, the H200);
+      the copy takes 0.23 ms, against 1.3 ms saved (docs/tuning/moe.md).
 
 No host sync. Expert e owns sorted rows offsets[e]..offsets[e + 1] and cdiv(count_e, BLOCK_M) row
 tiles, so the launch sizes its grid for the worst case, cdiv(S, BLOCK_M) + min(E, S) row tiles
@@ -36,8 +38,8 @@ weights (E * 3 I H elements) once if L2 keeps a band of an expert's columns whil
 pass (the grouped program order, GROUP_M row tiles a band), plus the rows (S (H + 3 I + H)
 elements forward): at decode sizes (S <= 512) the weights dominate.
 
-Block sizes: MOE_CONFIGS (by the size of the row runs and the epilogue), WEIGHT_GRAD_CONFIGS and
-GATHER_ROWS / GATHER_COLS.
+Block sizes: MOE_CONFIGS (by the size of the row runs and the epilogue), WEIGHT_GRAD_CONFIGS,
+GLU_ROWS / GLU_COLS and GATHER_ROWS / GATHER_COLS.
 """
 import torch
 import triton
@@ -49,16 +51,17 @@ from llmk.common.triton_utils import activate, activate_grad
 
 # (largest mean rows an expert, {epilogue: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)}):
 # the first row whose bound the mean run S / E meets, its config for the launch's epilogue (glu:
-# gate_up; glu_backward: dh; scatter: down, dx). BLOCK_N counts a GLU's half width: its epilogues
-# hold two fp32 tiles of BLOCK_N columns (gate and up, or dh and gate | up). Short runs (decode:
-# S <= 512 over 128 experts) waste most of a tall tile on padding and are bound by reading the
-# weights, so they take 16 rows and long K steps. Long runs (prefill, training): each launch's
-# best of scripts/tune/moe_sweep.py at Qwen3-30B-A3B's widths, T 16384, on the H200, +9-33% over
-# one 128 x 128 tile for all (docs/tuning/moe.md), spills included (gate_up 20 B, dh 404 B).
+# gate_up; scatter: down, dx; store: dh). BLOCK_N counts a GLU's half width: its epilogue holds two
+# fp32 tiles of BLOCK_N columns (gate and up). Short runs (decode: S <= 512 over 128 experts) waste
+# most of a tall tile on padding and are bound by reading the weights, so they take 16 rows and long
+# K steps. Long runs (prefill, training): each launch's best of scripts/tune/moe_sweep.py at
+# Qwen3-30B-A3B's widths, T 16384, on the H200, +9-33% over one 128 x 128 tile for all
+# (docs/tuning/moe.md), spills included (gate_up 20 B). dh ("store") takes the scatter's tiles: the
+# same plain epilogue, a row store, with its SwiGLU backward in a pass of its own.
 MOE_CONFIGS = [
-    (16, dict(glu=(16, 64, 128, 4, 4), glu_backward=(16, 64, 128, 4, 4), scatter=(16, 64, 128, 4, 4))),
-    (64, dict(glu=(64, 32, 64, 4, 4), glu_backward=(64, 32, 64, 4, 4), scatter=(64, 64, 64, 4, 4))),
-    (None, dict(glu=(128, 128, 64, 8, 3), glu_backward=(64, 128, 64, 4, 4), scatter=(128, 256, 64, 8, 3))),
+    (16, dict(glu=(16, 64, 128, 4, 4), store=(16, 64, 128, 4, 4), scatter=(16, 64, 128, 4, 4))),
+    (64, dict(glu=(64, 32, 64, 4, 4), store=(64, 64, 64, 4, 4), scatter=(64, 64, 64, 4, 4))),
+    (None, dict(glu=(128, 128, 64, 8, 3), store=(128, 256, 64, 8, 3), scatter=(128, 256, 64, 8, 3))),
 ]
 # Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages), BLOCK_R rows of the
 # expert's run a step; dw_gate_up (P = 2I, Q = H) and dw_down (P = H, Q = I). Over operands in
@@ -69,6 +72,10 @@ WEIGHT_GRAD_CONFIGS = dict(gate_up=(128, 256, 64, 8, 3), down=(128, 256, 64, 8, 
 # a copy bound by bandwidth
 GATHER_ROWS = 8
 GATHER_COLS = 1024
+# The gated unit's backward over sorted rows: GLU_ROWS rows a program, GLU_COLS columns a step (4
+# warps), bound by bandwidth: dh and gate | up read, d gate | d up written (5 S I elements)
+GLU_ROWS = 16
+GLU_COLS = 256
 # Row tiles that walk the output columns together (the program order; not yet measured)
 GROUP_M = 8
 # The interpreter: 16-row tiles, and columns and K steps of at most half the dimension (16 to 64),
@@ -91,7 +98,7 @@ def dot_precision(a):
 
 def rows_config(n_rows, n_experts, epilogue, n, k):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of _expert_rows_kernel for S rows over E
-    experts with `epilogue` ("glu", "glu_backward" or "scatter"), N output columns (a GLU's half
+    experts with `epilogue` ("glu", "store" or "scatter"), N output columns (a GLU's half
     width) and a reduction of K: MOE_CONFIGS' row for the mean run."""
     if INTERPRET:
         return INTERPRET_ROWS, interpret_block(n), interpret_block(k), 1, 1
@@ -126,20 +133,22 @@ def expert_tile(offsets_ptr, pid_m, n_experts, BLOCK_M: tl.constexpr, E_PAD: tl.
 @triton.jit
 def _expert_rows_kernel(
     # pointers: a (T or S, K); b (E, N or 2N, K) by strides; c (S, N) (glu: h; scatter: y in token
-    # order); order (S,) int64 and offsets (E + 1,) int64 from moe_permute; scale (S,) fp32 routing
-    # weights in token order; pre (S, 2N): gate | up (glu: written with STORE_PRE; glu_backward:
-    # read); dpre (S, 2N): dgate | dup; partial (n tiles, S) fp32: d weight's shares
-    a_ptr, b_ptr, c_ptr, order_ptr, offsets_ptr, scale_ptr, pre_ptr, dpre_ptr, partial_ptr,
+    # order; store: at sorted rows) by strides; order (S,) int64 and offsets (E + 1,) int64 from
+    # moe_permute; scale (S,) fp32 routing weights in token order; pre (S, 2N) contiguous: gate | up
+    # (glu with STORE_PRE); a_copy (S, K) contiguous: a's rows in expert order (COPY_A)
+    a_ptr, b_ptr, c_ptr, order_ptr, offsets_ptr, scale_ptr, pre_ptr, a_copy_ptr,
     # sizes: N output columns (glu: the width of each half), K the reduction
-    n_rows, N, K, n_experts, top_k,
-    # strides, in elements (pre and dpre: contiguous (S, 2N))
+    N, K, n_experts, top_k,
+    # strides, in elements
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
     # meta-parameters
     GATHER: tl.constexpr, EPILOGUE: tl.constexpr, ACTIVATION: tl.constexpr, SCALE: tl.constexpr,
-    STORE_PRE: tl.constexpr, E_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    STORE_PRE: tl.constexpr, COPY_A: tl.constexpr, E_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """One program: BLOCK_M sorted rows of one expert x BLOCK_N columns, all of K, then the epilogue."""
+    tl.static_assert(EPILOGUE == "glu" or EPILOGUE == "scatter" or EPILOGUE == "store",
+                     "EPILOGUE must be 'glu', 'scatter' or 'store'")
     # GROUP_M row tiles walk the columns together: a band of an expert's weight columns is read
     # once for them from HBM, then from L2 (Mixtral's gate | up is 235 MB an expert, past any L2)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -154,7 +163,10 @@ def _expert_rows_kernel(
     if e < n_experts:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
+        rows64 = rows.to(tl.int64)
         pos = tl.load(order_ptr + rows, mask=row_ok, other=0)  # the flat (token, slot) index
+        if SCALE:
+            w = tl.load(scale_ptr + pos, mask=row_ok, other=0.0)
         a_rows = pos // top_k if GATHER else rows
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rn_b = rn % N  # edge columns re-read valid ones; the store drops them
@@ -172,14 +184,17 @@ def _expert_rows_kernel(
             if EPILOGUE == "glu":  # the up half: b's rows N + n
                 acc_up = tl.dot(a, tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0), acc_up,
                                 input_precision=DOT_PRECISION)
+            if COPY_A:  # the first column tile's programs keep the rows they read (times the weight)
+                if pid_n == 0:
+                    copy = a.to(tl.float32) * w[:, None] if SCALE else a
+                    tl.store(a_copy_ptr + rows64[:, None] * K + (k * BLOCK_K + rk)[None, :],
+                             copy.to(a_copy_ptr.dtype.element_ty), mask=row_ok[:, None] & k_ok[None, :])
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-        col_ok = rn < N
-        mask = row_ok[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)
-        pre_offs = rows64[:, None] * (2 * N) + rn[None, :]  # (S, 2N) contiguous: gate | up
+        mask = row_ok[:, None] & (rn < N)[None, :]
         if EPILOGUE == "glu":
             if STORE_PRE:
+                pre_offs = rows64[:, None] * (2 * N) + rn[None, :]  # (S, 2N) contiguous: gate | up
                 tl.store(pre_ptr + pre_offs, acc.to(pre_ptr.dtype.element_ty), mask=mask)
                 tl.store(pre_ptr + pre_offs + N, acc_up.to(pre_ptr.dtype.element_ty), mask=mask)
             h = activate(acc, ACTIVATION) * acc_up
@@ -187,22 +202,46 @@ def _expert_rows_kernel(
                      h.to(c_ptr.dtype.element_ty), mask=mask)
         elif EPILOGUE == "scatter":
             if SCALE:
-                acc = acc * tl.load(scale_ptr + pos, mask=row_ok, other=0.0)[:, None]
+                acc = acc * w[:, None]
             tl.store(c_ptr + pos[:, None] * stride_cm + rn[None, :] * stride_cn,
                      acc.to(c_ptr.dtype.element_ty), mask=mask)
         else:
-            tl.static_assert(EPILOGUE == "glu_backward", "EPILOGUE must be 'glu', 'scatter' or 'glu_backward'")
-            gate = tl.load(pre_ptr + pre_offs, mask=mask, other=0.0).to(tl.float32)
-            up = tl.load(pre_ptr + pre_offs + N, mask=mask, other=0.0).to(tl.float32)
-            act = activate(gate, ACTIVATION)
-            # d weight of the row: the down projection's unweighted output dotted with dy, which is
-            # acc dotted with h (dy @ W_down = acc); this tile's share of the columns
-            share = tl.sum(tl.where(mask, acc * act * up, 0.0), axis=1)
-            tl.store(partial_ptr + pid_n.to(tl.int64) * n_rows + pos, share, mask=row_ok)
-            dh = acc * tl.load(scale_ptr + pos, mask=row_ok, other=0.0)[:, None]
-            tl.store(dpre_ptr + pre_offs, (dh * up * activate_grad(gate, ACTIVATION)).to(dpre_ptr.dtype.element_ty),
-                     mask=mask)
-            tl.store(dpre_ptr + pre_offs + N, (dh * act).to(dpre_ptr.dtype.element_ty), mask=mask)
+            tl.store(c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn,
+                     acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_backward_rows_kernel(
+    # pointers: dpre (S, 2N) contiguous, its first N columns dh (the down projection's unweighted
+    # gradient) on entry, d gate | d up on return; pre (S, 2N) contiguous: gate | up; order (S,)
+    # int64; scale (S,) fp32 routing weights in token order; dweights (S,): their gradient, token order
+    dpre_ptr, pre_ptr, order_ptr, scale_ptr, dweights_ptr,
+    n_rows, N,
+    ACTIVATION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_R sorted rows a program, all N columns BLOCK_N at a time: d weight = sum over the
+    columns of dh * act(gate) * up (dh dotted with h, recomputed in fp32), then with dh' = dh * weight
+    d gate = dh' * up * act'(gate) and d up = dh' * act(gate), in place of dh."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < n_rows
+    pos = tl.load(order_ptr + rows, mask=ok, other=0)
+    w = tl.load(scale_ptr + pos, mask=ok, other=0.0)
+    base = rows.to(tl.int64)[:, None] * (2 * N)
+    share = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for n0 in range(0, N, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        mask = ok[:, None] & (cols < N)[None, :]
+        offs = base + cols[None, :]
+        dh = tl.load(dpre_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(pre_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(pre_ptr + offs + N, mask=mask, other=0.0).to(tl.float32)
+        act = activate(gate, ACTIVATION)
+        share += tl.sum(dh * act * up, axis=1)  # masked columns: act(0) * 0
+        dh = dh * w[:, None]
+        tl.store(dpre_ptr + offs, (dh * up * activate_grad(gate, ACTIVATION)).to(dpre_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(dpre_ptr + offs + N, (dh * act).to(dpre_ptr.dtype.element_ty), mask=mask)
+    tl.store(dweights_ptr + pos, share.to(dweights_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -264,10 +303,12 @@ def _gather_rows_kernel(
 
 
 def launch_expert_rows(a, b, c, order, offsets, *, gather, epilogue, activation="silu", top_k=1, scale=None,
-                       pre=None, dpre=None, partial=None, config=None):
+                       pre=None, a_copy=None, config=None):
     """Launch _expert_rows_kernel on checked arguments. a (T, K) with gather else (S, K); b (E, N
-    or 2N, K) by strides (glu, glu_backward's pre: N is the half width); c (S, N); order (S,),
-    offsets (E + 1,); scale (S,) fp32; pre, dpre (S, 2N) contiguous; partial (cdiv(N, BLOCK_N), S) fp32."""
+    or 2N, K) by strides (glu: N is the half width); c (S, N) by strides; order (S,), offsets
+    (E + 1,); scale (S,) fp32 (scatter: times the output; a_copy: times the copy); pre (S, 2N)
+    contiguous (glu: gate | up stored too); a_copy (S, K) contiguous: a's rows stored in expert
+    order as the loop reads them (the weight gradient's operand, without a gather of its own)."""
     n_rows, n_experts = order.shape[0], offsets.shape[0] - 1
     n = b.shape[1] // 2 if epilogue == "glu" else b.shape[1]
     k = b.shape[2]
@@ -275,16 +316,29 @@ def launch_expert_rows(a, b, c, order, offsets, *, gather, epilogue, activation=
     dummy = order  # never read: pointers of the forms that take no such tensor
     grid = (row_tiles(n_rows, n_experts, bm) * cdiv(n, bn),)
     _expert_rows_kernel[grid](
-        a, b, c if c is not None else dummy, order, offsets,
-        scale if scale is not None else dummy, pre if pre is not None else dummy,
-        dpre if dpre is not None else dummy, partial if partial is not None else dummy,
-        n_rows, n, k, n_experts, top_k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
-        c.stride(0) if c is not None else 0, c.stride(1) if c is not None else 0,
+        a, b, c, order, offsets, scale if scale is not None else dummy, pre if pre is not None else dummy,
+        a_copy if a_copy is not None else dummy,
+        n, k, n_experts, top_k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
         GATHER=gather, EPILOGUE=epilogue, ACTIVATION=activation, SCALE=scale is not None,
-        STORE_PRE=epilogue == "glu" and pre is not None, E_PAD=next_power_of_2(n_experts),
-        DOT_PRECISION=dot_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps,
-        num_stages=stages)
+        STORE_PRE=epilogue == "glu" and pre is not None, COPY_A=a_copy is not None,
+        E_PAD=next_power_of_2(n_experts), DOT_PRECISION=dot_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
+
+
+def launch_glu_backward_rows(dpre, pre, order, scale, dweights, activation, config=None):
+    """Launch _glu_backward_rows_kernel: dpre (S, 2N) holds dh in its first N columns, and d gate |
+    d up on return; pre (S, 2N) gate | up; order (S,); scale (S,) fp32; dweights (T, top_k)
+    contiguous, written whole (each flat (token, slot) index is one sorted row). config: (BLOCK_R,
+    BLOCK_N, num_warps), by default GLU_ROWS x GLU_COLS."""
+    n_rows, n = pre.shape[0], pre.shape[1] // 2
+    if config is None:
+        config = (INTERPRET_ROWS, interpret_block(n), 1) if INTERPRET else (GLU_ROWS, GLU_COLS, 4)
+    block_r, block_n, warps = config
+    block_n = min(block_n, next_power_of_2(n))
+    _glu_backward_rows_kernel[(cdiv(n_rows, block_r),)](
+        dpre, pre, order, scale, dweights, n_rows, n, ACTIVATION=activation, BLOCK_R=block_r, BLOCK_N=block_n,
+        num_warps=warps)
 
 
 def launch_expert_weight_grad(a, b, c, offsets, *, kind, config=None):
@@ -315,9 +369,5 @@ def launch_gather_rows(a, order, top_k, scale=None):
     return out
 
 
-def n_tiles(n, config):
-    """Column tiles of an _expert_rows_kernel launch of N columns (the d weight partials' rows)."""
-    return cdiv(n, config[1])
-
-
-__all__ = ["launch_expert_rows", "launch_expert_weight_grad", "launch_gather_rows", "n_tiles", "rows_config"]
+__all__ = ["launch_expert_rows", "launch_expert_weight_grad", "launch_gather_rows", "launch_glu_backward_rows",
+           "rows_config"]

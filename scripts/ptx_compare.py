@@ -225,32 +225,34 @@ def _compile_cases(tree, out_dir, case_set):
 
         cases += [(f"moe_route_E{e}_top{k}_{scoring}", lambda a=(16384, e, k, scoring): route(*a))
                   for e, k, scoring in ((128, 8, "softmax"), (8, 2, "softmax"), (256, 8, "sigmoid"))]
-        from llmk.moe.triton_moe_gemm import launch_expert_rows, launch_expert_weight_grad, n_tiles, rows_config
-        try:
-            from llmk.moe.triton_moe_gemm import launch_gather_rows
-        except ImportError:  # a revision from before it: the weight kernel gathered its rows itself
-            launch_gather_rows = None
+        from llmk.moe import triton_moe_gemm as gemm
 
         def experts(t, h, inter, e, k):
-            """The launches of one forward and backward at these widths (six GEMMs, two row gathers)."""
+            """The launches of one forward and backward at these widths (six GEMMs, the SwiGLU
+            backward's pass, one row gather); the older forms where this tree has them."""
             rows = t * k
             order, offsets, scale = empty(rows, dtype=torch.int64), empty(e + 1, dtype=torch.int64), empty(rows)
             x, w1, w2 = empty(t, h, dtype=bf16), empty(e, 2 * inter, h, dtype=bf16), empty(e, h, inter, dtype=bf16)
             pre, hid, y = empty(rows, 2 * inter, dtype=bf16), empty(rows, inter, dtype=bf16), empty(rows, h, dtype=bf16)
-            launch_expert_rows(x, w1, hid, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
-            launch_expert_rows(hid, w2, y, order, offsets, gather=False, epilogue="scatter", scale=scale)
-            config = rows_config(rows, e, "glu_backward", inter, h)
-            launch_expert_rows(x, w2.transpose(1, 2), None, order, offsets, gather=True, epilogue="glu_backward",
-                               top_k=k, scale=scale, pre=pre, dpre=pre, partial=empty(n_tiles(inter, config), rows),
-                               config=config)
-            launch_expert_rows(pre, w1.transpose(1, 2), y, order, offsets, gather=False, epilogue="scatter")
-            if launch_gather_rows is None:
-                launch_expert_weight_grad(pre, x, w1, order, offsets, a_gather=False, b_gather=True, top_k=k)
-                launch_expert_weight_grad(x, hid, w2, order, offsets, a_gather=True, b_gather=False, top_k=k,
-                                          scale=scale)
+            gemm.launch_expert_rows(x, w1, hid, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
+            gemm.launch_expert_rows(hid, w2, y, order, offsets, gather=False, epilogue="scatter", scale=scale)
+            if hasattr(gemm, "launch_glu_backward_rows"):
+                gemm.launch_expert_rows(x, w2.transpose(1, 2), pre[:, :inter], order, offsets, gather=True,
+                                        epilogue="store", top_k=k, scale=scale, a_copy=y)
+                gemm.launch_glu_backward_rows(pre, pre, order, scale, empty(t, k), "silu")
+            else:  # the SwiGLU backward in the GEMM's epilogue, its d weight in column-tile partials
+                config = gemm.rows_config(rows, e, "glu_backward", inter, h)
+                gemm.launch_expert_rows(x, w2.transpose(1, 2), None, order, offsets, gather=True,
+                                        epilogue="glu_backward", top_k=k, scale=scale, pre=pre, dpre=pre,
+                                        partial=empty(gemm.n_tiles(inter, config), rows), config=config)
+            gemm.launch_expert_rows(pre, w1.transpose(1, 2), y, order, offsets, gather=False, epilogue="scatter")
+            if not hasattr(gemm, "launch_gather_rows"):  # the weight kernel gathered its rows itself
+                gemm.launch_expert_weight_grad(pre, x, w1, order, offsets, a_gather=False, b_gather=True, top_k=k)
+                gemm.launch_expert_weight_grad(x, hid, w2, order, offsets, a_gather=True, b_gather=False, top_k=k,
+                                               scale=scale)
                 return
-            launch_expert_weight_grad(pre, launch_gather_rows(x, order, k), w1, offsets, kind="gate_up")
-            launch_expert_weight_grad(launch_gather_rows(x, order, k, scale=scale), hid, w2, offsets, kind="down")
+            gemm.launch_expert_weight_grad(pre, gemm.launch_gather_rows(x, order, k), w1, offsets, kind="gate_up")
+            gemm.launch_expert_weight_grad(y, hid, w2, offsets, kind="down")
 
         cases += [("moe_experts_qwen3_T16384", lambda: experts(16384, 2048, 768, 128, 8)),
                   ("moe_experts_qwen3_T16", lambda: experts(16, 2048, 768, 128, 8)),

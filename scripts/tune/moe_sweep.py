@@ -10,13 +10,14 @@ The launches, as moe_experts runs them (S = T x top-k rows sorted by expert):
   gate_up   x[token] @ w_gate_up[e]^T with SwiGLU in the epilogue     (S, H) -> (S, I), 2 S (2I) H FLOPs
             (training's form, gate | up stored too)
   down      h @ w_down[e]^T, weight and scatter in the epilogue        (S, I) -> (S, H), 2 S H I
-  dh        dout[token] @ w_down[e] with SwiGLU's backward             (S, H) -> (S, 2I), 2 S I H
-            (d gate | d up, and the routing weights' gradient partials)
+  dh        dout[token] @ w_down[e], stored as it is                   (S, H) -> (S, I), 2 S I H
+            (its loads kept as weight * dout's rows in expert order, d w_down's operand; the
+            SwiGLU backward pass after it, and the GEMM without that copy, timed on the lines after)
   dx        d gate | d up @ w_gate_up[e], scattered                    (S, 2I) -> (S, H), 2 S H (2I)
   dw_up     per expert (d gate | d up)^T @ x[tokens]                   (E, 2I, H), 2 S (2I) H
   dw_down   per expert (weight * dout[tokens])^T @ h                   (E, H, I), 2 S H I
-            (each over its token-order operand's rows copied into expert order first: that gather
-            is timed on the line after, and not in the TFLOP/s)
+            (d w_gate_up over x's rows copied into expert order first: that gather is timed on the
+            line after, and not in the TFLOP/s)
 A rows config is (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), given to the launch as is (for
 gate_up and dh BLOCK_N counts the GLU's half width, as MOE_CONFIGS does); a weight config
 is (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages). Each candidate's output is checked against
@@ -39,7 +40,7 @@ from llmk.moe.triton_moe_gemm import (
     launch_expert_rows,
     launch_expert_weight_grad,
     launch_gather_rows,
-    n_tiles,
+    launch_glu_backward_rows,
     rows_config,
 )
 from llmk.moe.triton_moe_routing import moe_route, permute
@@ -63,10 +64,12 @@ SHORT_ROWS = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (1
               (32, 64, 128, 4, 4), (16, 128, 64, 4, 4), (64, 64, 64, 4, 4)]
 WEIGHT = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 4), (128, 256, 64, 8, 3),
           (256, 128, 64, 8, 3), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)]
+# the SwiGLU backward's pass over dh: (BLOCK_R, BLOCK_N, num_warps)
+GLU_PASS = [(8, 256, 4), (32, 256, 4), (16, 512, 4), (32, 256, 8), (64, 128, 4), (4, 1024, 4)]
 SMOKE_ROWS = [(16, 16, 16, 1, 1), (16, 32, 16, 1, 1)]
 SMOKE_WEIGHT = [(16, 16, 16, 1, 1), (32, 16, 16, 1, 1)]
-# weight gradient -> (the token-order operand its gather copies, whether the copy takes the routing weight)
-GATHERS = {"dw_up": ("x", False), "dw_down": ("dout", True)}
+# weight gradient -> the token-order operand its gather copies
+GATHERS = {"dw_up": "x"}
 MAX_REL_ERR = 0.02  # max |err| over max |ref|, each output: a right tile's rounding stays far under it
 
 
@@ -104,12 +107,12 @@ def launches(p):
                            config=cfg)
         return out
 
-    def dh(cfg):
-        partial = torch.empty(n_tiles(inter, cfg), s, device=DEVICE, dtype=torch.float32)
-        dpre = torch.empty_like(p["pre"])
-        launch_expert_rows(p["dout"], wd.transpose(1, 2), None, order, offsets, gather=True, epilogue="glu_backward",
-                           top_k=k, scale=p["scale"], pre=p["pre"], dpre=dpre, partial=partial, config=cfg)
-        return dpre, partial.sum(0)  # the routing weights' gradient, summed over the column tiles
+    def dh(cfg, copy=True):  # as the backward runs it: with the weight gradients' copy of its rows
+        out = torch.empty(s, inter, device=DEVICE, dtype=x.dtype)
+        rows = torch.empty(s, h, device=DEVICE, dtype=x.dtype) if copy else None
+        launch_expert_rows(p["dout"], wd.transpose(1, 2), out, order, offsets, gather=True, epilogue="store",
+                           top_k=k, scale=p["scale"], a_copy=rows, config=cfg)
+        return (out, rows) if copy else out
 
     def dx(cfg):
         out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
@@ -129,7 +132,7 @@ def launches(p):
 
     gemm = 2 * s * h * inter
     return {"gate_up": ("glu", 2 * gemm, gate_up), "down": ("scatter", gemm, down),
-            "dh": ("glu_backward", gemm, dh), "dx": ("scatter", 2 * gemm, dx),
+            "dh": ("store", gemm, dh), "dx": ("scatter", 2 * gemm, dx),
             "dw_up": ("weight", 2 * gemm, dw_up), "dw_down": ("weight", gemm, dw_down)}
 
 
@@ -198,10 +201,19 @@ def main():
                 print(f"  {'*' if cfg == shipped else ' '} {cfg}  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms",
                       flush=True)
             if launch in GATHERS:  # its operand's copy into expert order, a launch of its own
-                operand, weighted = GATHERS[launch]
-                ms = time_ms(lambda: launch_gather_rows(p[operand], p["order"], p["top_k"],
-                                                        scale=p["scale"] if weighted else None))
+                operand = GATHERS[launch]
+                ms = time_ms(lambda: launch_gather_rows(p[operand], p["order"], p["top_k"]))
                 print(f"    + gather of {operand}'s rows  {ms:.4f} ms", flush=True)
+            if launch == "dh":  # what the copy of its rows costs it, and the SwiGLU backward's pass
+                ms = time_ms(lambda: run(shipped, copy=False))
+                print(f"    the shipped tile without the copy  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms")
+                ms = time_ms(lambda: launch_gather_rows(p["dout"], p["order"], p["top_k"], scale=p["scale"]))
+                print(f"    (a gather of weight * dout's rows instead  {ms:.4f} ms)")
+                dpre, dweights = torch.empty_like(p["pre"]), torch.empty(t, k, device=DEVICE)
+                for cfg in [None] + ([] if args.smoke else GLU_PASS):
+                    ms = time_ms(lambda: launch_glu_backward_rows(dpre, p["pre"], p["order"], p["scale"], dweights,
+                                                                  "silu", config=cfg))
+                    print(f"    + SwiGLU backward pass {cfg or '(shipped)'}  {ms:.4f} ms", flush=True)
             if launch in baselines:
                 try:
                     ms = time_ms(baselines[launch])
