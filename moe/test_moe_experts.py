@@ -236,6 +236,12 @@ def cases():
         dtype=torch.bfloat16)
     add("grads Qwen3-30B-A3B widths E128 top8 T256 bf16", check_backward, True, t=256, h=2048, inter=768, e=128, k=8,
         dtype=torch.bfloat16)
+    # 128 rows an expert: MOE_CONFIGS' long-run tiles (prefill, training), which the cases above (at most
+    # 64 rows an expert) never reach
+    add("grads Qwen3-30B-A3B widths E128 top8 T2048 bf16 (long-run tiles)", check_backward, True, t=2048, h=2048,
+        inter=768, e=128, k=8, dtype=torch.bfloat16)
+    add("kernels write every element E16 top2 T1024 H512 I384 bf16 (long-run tiles)", check_poisoned, True, t=1024,
+        h=512, inter=384, e=16, k=2, dtype=torch.bfloat16)
     add("Mixtral-like E8 top2 T300 H1024 I3584 bf16", check_forward, True, t=300, h=1024, inter=3584, e=8, k=2,
         dtype=torch.bfloat16)
     return out

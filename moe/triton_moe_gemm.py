@@ -74,7 +74,7 @@ GATHER_ROWS = 8
 GATHER_COLS = 1024
 # The gated unit's backward over sorted rows: GLU_ROWS rows a program, GLU_COLS columns a step (4
 # warps), bound by bandwidth: dh and gate | up read, d gate | d up written (5 S I elements)
-GLU_ROWS = 16
+GLU_ROWS = 8
 GLU_COLS = 256
 # Row tiles that walk the output columns together (the program order; not yet measured)
 GROUP_M = 8
@@ -186,7 +186,10 @@ def _expert_rows_kernel(
                                 input_precision=DOT_PRECISION)
             if COPY_A:  # the first column tile's programs keep the rows they read (times the weight)
                 if pid_n == 0:
-                    copy = a.to(tl.float32) * w[:, None] if SCALE else a
+                    # read again (an L2 hit), not `a`: the pipelined load's shared-memory stage is the
+                    # dot's, and the GPU gave wrong rows and dh where this copy took it (docs/tuning/moe.md)
+                    again = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                    copy = again.to(tl.float32) * w[:, None] if SCALE else again
                     tl.store(a_copy_ptr + rows64[:, None] * K + (k * BLOCK_K + rk)[None, :],
                              copy.to(a_copy_ptr.dtype.element_ty), mask=row_ok[:, None] & k_ok[None, :])
             a_ptrs += BLOCK_K * stride_ak
