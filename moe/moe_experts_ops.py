@@ -41,13 +41,30 @@ from llmk.moe.triton_moe_gemm import (
     launch_expert_weight_grad,
     launch_gather_rows,
     launch_glu_backward_rows,
+    rows_config,
 )
 from llmk.moe.triton_moe_routing import MAX_TOP_K, check_ids_range, permute
+from llmk.moe.triton_moe_rows_tma import fits, launch_expert_rows_tma
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")  # SwiGLU (Qwen3-MoE, Mixtral), GeGLU (exact or tanh)
 # d w_down's operand, weight * dout's rows in expert order: kept by dh's GEMM as it reads them (True),
 # or copied by a gather of their own after it (False; 0.23 ms at Qwen3-30B-A3B's widths, T 16384)
 COPY_DOUT_ROWS = True
+# gate/up, down and dx on long runs: the persistent TMA kernel where MOE_CONFIGS gives it a tile and
+# the operands fit its descriptors (True), or the row kernel, one program a tile (False)
+TMA_ROWS = True
+
+
+def expert_rows(a, b, c, order, offsets, *, epilogue, **kw):
+    """A "glu" (a = x gathered through the order) or "scatter" launch of the row GEMM: moe/
+    triton_moe_rows_tma.py's persistent kernel where it has a tile for the run and `fits`, else
+    moe/triton_moe_gemm.py's row kernel. kw: the launchers' activation, top_k and pre (glu), scale
+    (scatter)."""
+    config = rows_config(order.shape[0], offsets.shape[0] - 1, epilogue + "_tma", c.shape[1], b.shape[2])
+    if TMA_ROWS and config is not None and fits(a, b, epilogue, config[2]):
+        launch_expert_rows_tma(a, b, c, order, offsets, config, epilogue=epilogue, **kw)
+    else:
+        launch_expert_rows(a, b, c, order, offsets, gather=epilogue == "glu", epilogue=epilogue, **kw)
 
 
 def _sizes(x, ids, w_gate_up):
@@ -71,10 +88,9 @@ def _experts(x, weights, ids, w_gate_up, w_down, activation, save):
     pre, h = x.new_empty((rows if save else 0, 2 * inter)), x.new_empty((rows, inter))
     y = x.new_empty((rows, hidden))
     if y.numel():
-        launch_expert_rows(x, w_gate_up, h, order, offsets, gather=True, epilogue="glu", activation=activation,
-                           top_k=top_k, pre=pre if save else None)
-        launch_expert_rows(h, w_down, y, order, offsets, gather=False, epilogue="scatter",
-                           scale=weights.reshape(-1).float().contiguous())
+        expert_rows(x, w_gate_up, h, order, offsets, epilogue="glu", activation=activation, top_k=top_k,
+                    pre=pre if save else None)
+        expert_rows(h, w_down, y, order, offsets, epilogue="scatter", scale=weights.reshape(-1).float().contiguous())
     out = y.view(n_tokens, top_k, hidden).sum(1) if y.numel() else x.new_zeros((n_tokens, hidden))
     return out, pre, h, order, offsets
 
@@ -115,7 +131,7 @@ def _experts_backward(dout, x, weights, w_gate_up, w_down, pre, h, order, offset
         del dout_rows  # dx's rows take its place
     # 5: dpre @ w_gate_up[e], w_gate_up (E, 2I, H) read as (E, N = H, K = 2I), stored in token order
     dx_rows = x.new_empty((rows, hidden))
-    launch_expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, gather=False, epilogue="scatter")
+    expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, epilogue="scatter")
     torch.sum(dx_rows.view(n_tokens, top_k, hidden), 1, out=dx)
     del dx_rows  # x's rows take its place
     # 6: d w_gate_up over x's rows copied into expert order

@@ -20,7 +20,7 @@ import dataclasses
 
 import torch
 
-from llmk.common.device import DEVICE
+from llmk.common.device import DEVICE, INTERPRET
 from llmk.devtools.testing import (
     UNIT_ROUNDOFF,
     Case,
@@ -36,15 +36,17 @@ from llmk.devtools.testing import (
     rand,
 )
 from llmk.gemm.matmul_cases import grad_tolerance, sum_scale
-from llmk.moe.moe_experts_ops import moe_experts, moe_experts_op
+from llmk.moe.moe_experts_ops import expert_rows, moe_experts, moe_experts_op
 from llmk.moe.reference_moe import experts_grad_scales, experts_ref
 from llmk.moe.triton_moe_gemm import (
     launch_expert_rows,
     launch_expert_weight_grad,
     launch_gather_rows,
     launch_glu_backward_rows,
+    rows_config,
 )
 from llmk.moe.triton_moe_routing import moe_route, permute
+from llmk.moe.triton_moe_rows_tma import fits
 
 
 def out_tolerance(ref, dtype):
@@ -102,15 +104,21 @@ def check_backward(t, h, inter, e, k, dtype, activation="silu", **kw):
                        torch_fn=torch_fn, grad_outputs=[grad_out])
 
 
-def check_poisoned(t, h, inter, e, k, dtype):
-    """Every kernel writes every element of its own buffers (launched into NaN-poisoned ones)."""
+def check_poisoned(t, h, inter, e, k, dtype, tma):
+    """Every kernel writes every element of its own buffers (launched into NaN-poisoned ones). tma:
+    whether expert_rows takes the persistent TMA kernel here (long runs; every run in the
+    interpreter), else the row kernel; the row kernel's y is computed too, and must equal it."""
     x, weights, ids, w_gate_up, w_down = layer(t, h, inter, e, k, dtype, routing="few")
     rows = t * k
     order, _, offsets = permute(ids, e)
     scale = weights.reshape(-1).contiguous()
     pre, hid, y = poisoned((rows, 2 * inter), dtype), poisoned((rows, inter), dtype), poisoned((rows, h), dtype)
-    launch_expert_rows(x, w_gate_up, hid, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
-    launch_expert_rows(hid, w_down, y, order, offsets, gather=False, epilogue="scatter", scale=scale)
+    expert_rows(x, w_gate_up, hid, order, offsets, epilogue="glu", top_k=k, pre=pre)  # the TMA kernel (tma)
+    expert_rows(hid, w_down, y, order, offsets, epilogue="scatter", scale=scale)
+    # and the row kernel, the path of short runs and of operands the TMA kernel cannot take
+    pre_rows, hid_rows, y_rows = (poisoned(tuple(t.shape), dtype) for t in (pre, hid, y))
+    launch_expert_rows(x, w_gate_up, hid_rows, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre_rows)
+    launch_expert_rows(hid, w_down, y_rows, order, offsets, gather=False, epilogue="scatter", scale=scale)
     dout = rand((t, h), dtype)
     dpre, dout_rows = poisoned((rows, 2 * inter), dtype), poisoned((rows, h), dtype)
     dweights = poisoned((t, k), torch.float32)
@@ -118,7 +126,7 @@ def check_poisoned(t, h, inter, e, k, dtype):
                        top_k=k, scale=scale, a_copy=dout_rows)
     launch_glu_backward_rows(dpre, pre, order, scale, dweights, "silu")
     dx_rows = poisoned((rows, h), dtype)
-    launch_expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, gather=False, epilogue="scatter")
+    expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, epilogue="scatter")
     dw_gate_up, dw_down = poisoned(tuple(w_gate_up.shape), dtype), poisoned(tuple(w_down.shape), dtype)
     x_rows = launch_gather_rows(x, order, k)
     launch_expert_weight_grad(dpre, x_rows, dw_gate_up, offsets, kind="gate_up")
@@ -130,6 +138,15 @@ def check_poisoned(t, h, inter, e, k, dtype):
                 for name, buf in (("gate | up", pre), ("h", hid), ("y", y), ("d gate | d up", dpre),
                                   ("d weights", dweights), ("dx rows", dx_rows),
                                   ("d w_gate_up", dw_gate_up), ("d w_down", dw_down))]
+    tiles = [rows_config(rows, e, name, n, kk) for name, n, kk in
+             (("glu_tma", inter, h), ("scatter_tma", h, inter), ("scatter_tma", h, 2 * inter))]
+    taken = (None not in tiles and fits(x, w_gate_up, "glu", tiles[0][2]) and fits(hid, w_down, "scatter", tiles[1][2])
+             and fits(dpre, w_gate_up.transpose(1, 2), "scatter", tiles[2][2]))
+    outcomes.append(Outcome(f"gate/up, down and dx by the {'TMA' if tma else 'row'} kernel", taken == tma))
+    for name, got, ref in (("gate | up", pre, pre_rows), ("h", hid, hid_rows), ("y", y, y_rows)):
+        diff = (got.float() - ref.float()).abs().max()
+        outcomes.append(Outcome(f"{name}: the row kernel's bit for bit", torch.equal(got, ref),
+                                note=f"max diff {diff:.3g}"))
     # x's gather, and dh's GEMM keeping the rows it reads: exactly those rows (scaled once, in fp32)
     tokens = order // k
     want = (x[tokens], (dout[tokens].float() * scale[order][:, None]).to(dtype))
@@ -229,7 +246,7 @@ def cases():
         e=6, k=3, dtype=torch.float16, strided=True, transposed=True, activation="gelu_tanh")
     add("grads one token E8 top2 bf16", check_backward, t=1, h=32, inter=16, e=8, k=2, dtype=torch.bfloat16)
     add("kernels write every element E8 top2 T13", check_poisoned, t=13, h=40, inter=24, e=8, k=2,
-        dtype=torch.bfloat16)
+        dtype=torch.bfloat16, tma=INTERPRET)
     add("edges, opcheck", check_edges)
     add("bad input", check_errors)
     add("Qwen3-30B-A3B widths E128 top8 T512 bf16", check_forward, True, t=512, h=2048, inter=768, e=128, k=8,
@@ -241,7 +258,7 @@ def cases():
     add("grads Qwen3-30B-A3B widths E128 top8 T2048 bf16 (long-run tiles)", check_backward, True, t=2048, h=2048,
         inter=768, e=128, k=8, dtype=torch.bfloat16)
     add("kernels write every element E16 top2 T1024 H512 I384 bf16 (long-run tiles)", check_poisoned, True, t=1024,
-        h=512, inter=384, e=16, k=2, dtype=torch.bfloat16)
+        h=512, inter=384, e=16, k=2, dtype=torch.bfloat16, tma=True)
     add("Mixtral-like E8 top2 T300 H1024 I3584 bf16", check_forward, True, t=300, h=1024, inter=3584, e=8, k=2,
         dtype=torch.bfloat16)
     return out

@@ -59,10 +59,19 @@ from llmk.common.triton_utils import activate, activate_grad
 # Qwen3-30B-A3B's widths, T 16384, on the H200, +9-33% over one 128 x 128 tile for all
 # (docs/tuning/moe.md), spills included (gate_up 20 B). dh ("store") takes the scatter's tiles: the
 # same plain epilogue, a row store, with its SwiGLU backward in a pass of its own.
+# glu_tma / scatter_tma: the gate/up and the scatter launches' tile in moe/triton_moe_rows_tma.py's
+# persistent kernel, which takes them where it has one (None: the row kernel). On long runs, over the
+# row kernel at its own tile (Qwen3-30B-A3B T 4096 and 16384, Mixtral T 4096, the H200): gate/up
+# +13-16%, down +11-19% (4 stages 1-2% ahead of 3), dx +3-10% (level on 3 or 4 stages). On decode
+# runs the scatter form was 0.85-0.97x at the same tile, so short runs keep the row kernel
+# (docs/tuning/moe.md).
 MOE_CONFIGS = [
-    (16, dict(glu=(16, 64, 128, 4, 4), store=(16, 64, 128, 4, 4), scatter=(16, 64, 128, 4, 4))),
-    (64, dict(glu=(64, 32, 64, 4, 4), store=(64, 64, 64, 4, 4), scatter=(64, 64, 64, 4, 4))),
-    (None, dict(glu=(128, 128, 64, 8, 3), store=(128, 256, 64, 8, 3), scatter=(128, 256, 64, 8, 3))),
+    (16, dict(glu=(16, 64, 128, 4, 4), store=(16, 64, 128, 4, 4), scatter=(16, 64, 128, 4, 4), glu_tma=None,
+              scatter_tma=None)),
+    (64, dict(glu=(64, 32, 64, 4, 4), store=(64, 64, 64, 4, 4), scatter=(64, 64, 64, 4, 4), glu_tma=None,
+              scatter_tma=None)),
+    (None, dict(glu=(128, 128, 64, 8, 3), store=(128, 256, 64, 8, 3), scatter=(128, 256, 64, 8, 3),
+                glu_tma=(128, 128, 64, 8, 3), scatter_tma=(128, 256, 64, 8, 4))),
 ]
 # Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages), BLOCK_R rows of the
 # expert's run a step; dw_gate_up (P = 2I, Q = H) and dw_down (P = H, Q = I). Over operands in
@@ -99,8 +108,9 @@ def dot_precision(a):
 
 def rows_config(n_rows, n_experts, epilogue, n, k):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of _expert_rows_kernel for S rows over E
-    experts with `epilogue` ("glu", "store" or "scatter"), N output columns (a GLU's half
-    width) and a reduction of K: MOE_CONFIGS' row for the mean run."""
+    experts with `epilogue` ("glu", "store" or "scatter"; "glu_tma" and "scatter_tma": the
+    persistent kernel's, None where the row kernel serves), N output columns (a GLU's half width) and a reduction of K:
+    MOE_CONFIGS' row for the mean run."""
     if INTERPRET:
         return INTERPRET_ROWS, interpret_block(n), interpret_block(k), 1, 1
     mean = n_rows / n_experts

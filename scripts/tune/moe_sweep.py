@@ -14,6 +14,8 @@ The launches, as moe_experts runs them (S = T x top-k rows sorted by expert):
             (its loads kept as weight * dout's rows in expert order, d w_down's operand; the
             SwiGLU backward pass after it, and the GEMM without that copy, timed on the lines after)
   dx        d gate | d up @ w_gate_up[e], scattered                    (S, 2I) -> (S, H), 2 S H (2I)
+  gate_up_tma, down_tma, dx_tma: the same three launches in moe/triton_moe_rows_tma.py's persistent
+            kernel, which MOE_CONFIGS' glu_tma and scatter_tma rows give the long runs
   dw_up     per expert (d gate | d up)^T @ x[tokens]                   (E, 2I, H), 2 S (2I) H
   dw_down   per expert (weight * dout[tokens])^T @ h                   (E, H, I), 2 S H I
             (d w_gate_up over x's rows copied into expert order first: that gather is timed on the
@@ -44,6 +46,7 @@ from llmk.moe.triton_moe_gemm import (
     rows_config,
 )
 from llmk.moe.triton_moe_routing import moe_route, permute
+from llmk.moe.triton_moe_rows_tma import launch_expert_rows_tma
 
 # name -> (T, H, I, E, top_k)
 SHAPES = {
@@ -130,9 +133,25 @@ def launches(p):
         launch_expert_weight_grad(p["dout_rows"], p["h"], out, offsets, kind="down", config=cfg)
         return out
 
+    def gate_up_tma(cfg):  # the persistent TMA kernel's forms of gate_up, down and dx
+        out, pre = torch.empty(s, inter, device=DEVICE, dtype=x.dtype), torch.empty_like(p["pre"])
+        launch_expert_rows_tma(x, wgu, out, order, offsets, cfg, epilogue="glu", top_k=k, pre=pre)
+        return out, pre
+
+    def down_tma(cfg):
+        out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
+        launch_expert_rows_tma(p["h"], wd, out, order, offsets, cfg, epilogue="scatter", scale=p["scale"])
+        return out
+
+    def dx_tma(cfg):
+        out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
+        launch_expert_rows_tma(p["dpre"], wgu.transpose(1, 2), out, order, offsets, cfg, epilogue="scatter")
+        return out
+
     gemm = 2 * s * h * inter
-    return {"gate_up": ("glu", 2 * gemm, gate_up), "down": ("scatter", gemm, down),
-            "dh": ("store", gemm, dh), "dx": ("scatter", 2 * gemm, dx),
+    return {"gate_up": ("glu", 2 * gemm, gate_up), "gate_up_tma": ("glu_tma", 2 * gemm, gate_up_tma),
+            "down": ("scatter", gemm, down), "down_tma": ("scatter_tma", gemm, down_tma),
+            "dh": ("store", gemm, dh), "dx": ("scatter", 2 * gemm, dx), "dx_tma": ("scatter_tma", 2 * gemm, dx_tma),
             "dw_up": ("weight", 2 * gemm, dw_up), "dw_down": ("weight", gemm, dw_down)}
 
 
@@ -150,6 +169,9 @@ def grouped_mm_calls(p):
             "down": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
             "dh": lambda: gm(dout_s, wd, offs=offs),
             "dx": lambda: gm(p["dpre"], wgu, offs=offs),
+            "gate_up_tma": lambda: gm(xs, wgu.transpose(1, 2), offs=offs),
+            "down_tma": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
+            "dx_tma": lambda: gm(p["dpre"], wgu, offs=offs),
             "dw_up": lambda: gm(p["dpre"].t(), xs, offs=offs),
             "dw_down": lambda: gm(dout_s.t(), p["h"], offs=offs)}
 
@@ -157,8 +179,8 @@ def grouped_mm_calls(p):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=tuple(SHAPES), action="append", help=f"default: {DEFAULT_SHAPES}")
-    parser.add_argument("--launch", choices=("gate_up", "down", "dh", "dx", "dw_up", "dw_down"), action="append",
-                        help="default: all six")
+    parser.add_argument("--launch", choices=("gate_up", "gate_up_tma", "down", "down_tma", "dh", "dx", "dx_tma",
+                                             "dw_up", "dw_down"), action="append", help="default: all nine")
     parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
     args = parser.parse_args()
     if args.smoke != INTERPRET:
@@ -176,8 +198,10 @@ def main():
                 shipped = WEIGHT_GRAD_CONFIGS["gate_up" if launch == "dw_up" else "down"]
                 pool = SMOKE_WEIGHT if args.smoke else WEIGHT
             else:
-                n, kk = ((inter, h) if launch in ("gate_up", "dh") else (h, inter if launch == "down" else 2 * inter))
-                shipped = rows_config(t * k, e, kind, n, kk)
+                base = launch.removesuffix("_tma")
+                n, kk = ((inter, h) if base in ("gate_up", "dh") else (h, inter if base == "down" else 2 * inter))
+                # the TMA forms on short runs, which ship the row kernel: its tile as the reference
+                shipped = rows_config(t * k, e, kind, n, kk) or rows_config(t * k, e, kind.removesuffix("_tma"), n, kk)
                 pool = SMOKE_ROWS if args.smoke else (SHORT_ROWS if shipped[0] <= 32 else LONG_ROWS)
             if args.smoke:
                 shipped = pool[0]
