@@ -12,7 +12,8 @@ PAGE = Area(
     "Mixture-of-experts: the experts layer",
     "Kernels in `moe/`: `triton_moe_routing.py` (the router's top-k, the expert-sorted order), "
     "`triton_moe_gemm.py` (the grouped GEMMs: gather and SwiGLU fused into gate/up, the routing "
-    "weight and the scatter back to token order into down; their backward), `moe_experts_ops.py` (the "
+    "weight and the scatter back to token order into down; their backward), `triton_moe_rows_tma.py` "
+    "(gate/up, down and dx on long runs: persistent, the weights read through TMA), `moe_experts_ops.py` (the "
     "operator and its autograd formula). Shapes are T x H x I x E x top-k. `eager` and `grouped_mm` "
     "are transformers' experts implementations of the same name on its Qwen3MoeExperts module; "
     "`torch.compile` compiles the grouped_mm form.",

@@ -6,8 +6,10 @@ each token's top_k rows through their experts' gated MLPs, weighted and summed b
         h        = act(gate) * up                                            (SwiGLU: act = silu)
         out[t]  += weights[t, j] * (h @ w_down[e]^T)
 
-Forward, two launches of moe/triton_moe_gemm.py's row kernel over the rows sorted by expert
-(moe_permute, on the device):
+Forward, two launches of the row GEMM over the rows sorted by expert (moe_permute, on the device):
+moe/triton_moe_rows_tma.py's persistent kernel on long runs (prefill, training), moe/
+triton_moe_gemm.py's row kernel on short ones (decode) and where TMA cannot read the weights
+(expert_rows chooses):
   1. gate/up with x's rows gathered in its loads (no gathered copy of x) and act(gate) * up in the
      epilogue: h (S, I) in expert order, and gate | up (S, 2I) when a backward will need them;
   2. down with the routing weight in the epilogue, each row stored at its (token, slot) place:

@@ -2,7 +2,8 @@
 expert's weights, the rows taken in expert order (moe_permute's order) so that one program's tile
 holds one expert's rows.
 
-Three kernels, the first launched in several forms:
+Four kernels, the first launched in several forms (on long runs, gate/up, down and dx run in
+moe/triton_moe_rows_tma.py's persistent form of it instead):
 
   _expert_rows_kernel: c[rows] = a[rows] @ b[e]^T, BLOCK_M rows of one expert a program
       a's rows are read through the order: GATHER reads token order[r] // top_k of a (T, K) input
