@@ -107,19 +107,21 @@ SMOKE_MODELS = {
 }
 FULL_PLAN = dict(batch=2, seq=4096, warmup=3, steps=10, loss_steps=100, lr=3e-4)
 CURVE_MODEL = "llama-1.5b"  # the model whose loss curves are kept (every model's would add minutes a run)
-SMOKE_PLAN = dict(batch=2, seq=16, warmup=1, steps=1, loss_steps=2, lr=3e-4)
+# 8 tokens a sequence: the interpreter's RoPE and loss cost a program per position or two (a step is
+# seconds), and attention's one 16-key block is partial at 8 as at any length below 16
+SMOKE_PLAN = dict(batch=2, seq=8, warmup=1, steps=1, loss_steps=2, lr=3e-4)
 DTYPE = torch.bfloat16
 TORCHAO = ("torchao-float8-rowwise", "torchao-float8-tensorwise")
 PROVIDERS = ("eager", "triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8", "torch.compile", *TORCHAO,
              LIGER)
 OURS = ("triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8")
 CURVES = ("eager", "triton", "triton+fp8", *TORCHAO)  # the providers whose loss curves are kept
-# a smoke run's: triton+fp8's steps are the longest in the interpreter (~9 s each on the tiny Llama)
-SMOKE_CURVES = ("eager", "triton")
-# the providers that differ from triton only in the optimizer (TritonAdamW's bf16 state, torch's AdamW):
-# a smoke run exercises the benchmark's code, not the kernels' speed, and leaves them out
-# (optimizers/test_adam.py tests both states)
-SMOKE_SKIP = ("triton+bf16-state", "triton+torch-adamw")
+SMOKE_CURVES = ("eager", "triton")  # a smoke run's
+# the providers that differ from triton only in the optimizer (TritonAdamW's bf16 state, torch's AdamW)
+# or in the kernels patched (fp8_linear too, whose steps are the interpreter's longest, three times
+# triton's): a smoke run exercises the benchmark's code, not the kernels' speed, and leaves them out
+# (optimizers/test_adam.py tests both states; models/test_hf_patch.py the fp8_linear training step)
+SMOKE_SKIP = ("triton+bf16-state", "triton+torch-adamw", "triton+fp8")
 SHARE_PROVIDERS = ("eager", "triton", "torch.compile", LIGER)  # CURVE_MODEL's steps profiled for it
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
 
@@ -304,7 +306,8 @@ def measure_model(run, name, kind, config, plan):
                   flush=True)
             continue
         if run.args.smoke and provider in SMOKE_SKIP:
-            print(f"{shape} {provider}: skipped (a smoke run: triton with another optimizer)", flush=True)
+            print(f"{shape} {provider}: skipped (a smoke run: triton with another optimizer or fp8_linear)",
+                  flush=True)
             continue
         if not run.selected("train_step", shape, provider) and not (provider == "eager"):
             continue

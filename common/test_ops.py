@@ -123,8 +123,14 @@ def rope_inputs(d=64, rotary_dim=64):
     return dict(q=rand((b, seq, h, d), bf16).transpose(1, 2), k=rand((b, hkv, seq, d), bf16), cos=cos, sin=sin)
 
 
+# query and KV heads of the attention and decode rows: a group of two, over one KV head in the
+# interpreter, where each head costs a program per block of every call and the rows make dozens
+HEADS, KV_HEADS = (2, 1) if INTERPRET else (4, 2)
+
+
 def attention_inputs():
-    return dict(q=rand((1, 4, 16, 64), f16), k=rand((1, 2, 24, 64), f16), v=rand((1, 2, 24, 64), f16))
+    return dict(q=rand((1, HEADS, 16, 64), f16), k=rand((1, KV_HEADS, 24, 64), f16),
+                v=rand((1, KV_HEADS, 24, 64), f16))
 
 
 VARLEN_Q, VARLEN_K = (5, 0, 11), (7, 3, 11)  # lengths of a packed batch's three sequences
@@ -132,8 +138,8 @@ VARLEN_Q, VARLEN_K = (5, 0, 11), (7, 3, 11)  # lengths of a packed batch's three
 
 def varlen_inputs():
     cu = lambda lengths: torch.tensor((0,) + lengths, device=DEVICE).cumsum(0).to(torch.int32)  # noqa: E731
-    return dict(q=rand((sum(VARLEN_Q), 4, 32), bf16), k=rand((sum(VARLEN_K), 2, 32), bf16),
-                v=rand((sum(VARLEN_K), 2, 32), bf16), cu_q=cu(VARLEN_Q), cu_k=cu(VARLEN_K))
+    return dict(q=rand((sum(VARLEN_Q), HEADS, 32), bf16), k=rand((sum(VARLEN_K), KV_HEADS, 32), bf16),
+                v=rand((sum(VARLEN_K), KV_HEADS, 32), bf16), cu_q=cu(VARLEN_Q), cu_k=cu(VARLEN_K))
 
 
 def loss_inputs():
@@ -166,7 +172,7 @@ def lengths_of(batch, t_max):
     return torch.randint(1, t_max + 1, (batch,), dtype=torch.int32, device=DEVICE)
 
 
-def decode_inputs(b=2, h=4, hkv=2, t_max=40, d=64, dtype=f16):
+def decode_inputs(b=2, h=HEADS, hkv=KV_HEADS, t_max=40, d=64, dtype=f16):
     return dict(q=rand((b, h, d), dtype), k_cache=rand((b, t_max, hkv, d), dtype),
                 v_cache=rand((b, t_max, hkv, d), dtype), lengths=lengths_of(b, t_max))
 
@@ -179,7 +185,7 @@ def fp8_decode_inputs():
                 v_scale=vs)
 
 
-def paged_inputs(b=2, h=4, hkv=2, page_size=16, pages_per_seq=3, d=64, dtype=bf16):
+def paged_inputs(b=2, h=HEADS, hkv=KV_HEADS, page_size=16, pages_per_seq=3, d=64, dtype=bf16):
     n_pages = b * pages_per_seq + 1  # one page no sequence uses
     table = torch.randperm(n_pages, device=DEVICE)[:b * pages_per_seq].view(b, pages_per_seq).to(torch.int32)
     return dict(q=rand((b, h, d), dtype), k_pages=rand((n_pages, page_size, hkv, d), dtype),

@@ -12,9 +12,9 @@ from llmk.common.device import DEVICE, INTERPRET
 def time_ms(fn, warmup_ms=25, rep_ms=100):
     """Median milliseconds of one call of `fn`."""
     if INTERPRET:
-        # a smoke run's figure, which times the interpreter and means nothing: one warm-up call (the
-        # first call's work stays out of it) and one timed, so a smoke run runs each call twice
-        fn()
+        # a smoke run's figure, which times the interpreter and means nothing: one call, timed. The
+        # benchmarks' harness calls each provider once before (its max_err, devtools/harness.py), so
+        # a smoke run still calls each twice; a warm-up here would add a third interpreted call
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3

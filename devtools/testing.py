@@ -395,6 +395,27 @@ def select_cases(cases):
     return [c for c in cases if not (INTERPRET and c.gpu_only)]
 
 
+def interpreter_dtype(index, dtypes=(torch.float16, torch.bfloat16)):
+    """The dtype the interpreter runs the index-th case of a list in, where a GPU runs each case in
+    every one of `dtypes`: dtypes[index % len(dtypes)]; a test marks the case's other dtypes
+    gpu_only (gpu_only=dtype != interpreter_dtype(i)). Consecutive cases alternate, so each dtype
+    still meets every kind of case in the list. For kernels whose masks, tiles and loops do not
+    depend on the dtype (it changes the element type of their loads, products and stores): an
+    interpreted program costs the same in either, and a second dtype doubles the time of the list
+    without reaching another branch."""
+    return dtypes[index % len(dtypes)]
+
+
+def one_dtype_here(cases, dtype, fns=None, dtypes=(torch.float16, torch.bfloat16)):
+    """interpreter_dtype over a list: `cases` are the cases of `dtype` of a list made alike for each
+    of `dtypes` (one loop over them); those the interpreter would run (with `fns`, those whose fn is
+    one of them) run there in one dtype each, alternating down the list, and the rest are marked
+    gpu_only. Every case of the list still runs once in the interpreter, and all of them on a GPU."""
+    listed = [c for c in cases if not c.gpu_only and (fns is None or c.fn in fns)]
+    for i, case in enumerate(listed):
+        case.gpu_only = dtype != interpreter_dtype(i, dtypes)
+
+
 def _fmt(x):
     return "" if isinstance(x, float) and math.isnan(x) else (f"{x:.3g}" if isinstance(x, float) else x)
 

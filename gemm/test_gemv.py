@@ -18,7 +18,18 @@ import torch
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
 from llmk.common.workspace import split_k_buffers
-from llmk.devtools.testing import TOLERANCES, Case, Outcome, Tol, compare, dtype_name, main, poisoned, rand
+from llmk.devtools.testing import (
+    TOLERANCES,
+    Case,
+    Outcome,
+    Tol,
+    compare,
+    dtype_name,
+    interpreter_dtype,
+    main,
+    poisoned,
+    rand,
+)
 from llmk.gemm.matmul_cases import reference, tolerance, torch_same_dtype
 from llmk.gemm.triton_gemv import (
     GEMV_CONFIGS,
@@ -180,27 +191,33 @@ def cases():
         dt = dtype_name(dtype)
         for layout in LAYOUTS:
             tag = f"{dt} {layout}"
+            listed = []  # (name, fn, kwargs) of this dtype and layout
             # N and K multiples of no block, one column, one element, a K tail, as planned
             for n, k in [(1, 1), (17, 17), (1, 300), (257, 100), (100, 257), (17, 257), (33, 64)]:
-                add(f"({n}, {k}) {tag}", n=n, k=k, dtype=dtype, layout=layout)
+                listed.append((f"({n}, {k}) {tag}", check, dict(n=n, k=k)))
             # forced splits: uneven slices (the last shorter), K a multiple of every BLOCK_K (no
             # masks), more slices asked than K steps (lowered to one a step), and forced off
             for n, k, split_k in [(17, 257, 4), (100, 257, 3), (100, 256, 3), (257, 300, 2), (5, 40, 7),
                                   (17, 257, 1)]:
-                add(f"({n}, {k}) {tag} split {split_k}", n=n, k=k, dtype=dtype, layout=layout, split_k=split_k)
+                listed.append((f"({n}, {k}) {tag} split {split_k}", check, dict(n=n, k=k, split_k=split_k)))
             # each epilogue on the split path and on the direct store
             for bias, activation in EPILOGUES:
                 label = epilogue_label(bias, activation)
-                add(f"(100, 257) {tag} split 3 {label}", n=100, k=257, dtype=dtype, layout=layout, bias=bias,
-                    activation=activation, split_k=3)
-                add(f"(100, 70) {tag} {label}", n=100, k=70, dtype=dtype, layout=layout, bias=bias,
-                    activation=activation, split_k=1)
-            add(f"(33, 200) {tag} a row, split 2", n=33, k=200, dtype=dtype, layout=layout, a_view="row", split_k=2)
-            add(f"(33, 200) {tag} a column", n=33, k=200, dtype=dtype, layout=layout, a_view="column", split_k=1)
-            add(f"(65, 300) {tag} a column, strided b c bias, split 3 bias+gelu", n=65, k=300, dtype=dtype,
-                layout=layout, a_view="column", strided=True, bias=True, activation="gelu", split_k=3)
-            add(f"(17, 257) {tag} twice, split 4", n=17, k=257, dtype=dtype, layout=layout, split_k=4, calls=2)
-            add(f"K = 0 {tag}", check_empty_k, dtype=dtype, layout=layout)
+                epilogue = dict(bias=bias, activation=activation)
+                listed.append((f"(100, 257) {tag} split 3 {label}", check, dict(n=100, k=257, split_k=3, **epilogue)))
+                listed.append((f"(100, 70) {tag} {label}", check, dict(n=100, k=70, split_k=1, **epilogue)))
+            listed += [
+                (f"(33, 200) {tag} a row, split 2", check, dict(n=33, k=200, a_view="row", split_k=2)),
+                (f"(33, 200) {tag} a column", check, dict(n=33, k=200, a_view="column", split_k=1)),
+                (f"(65, 300) {tag} a column, strided b c bias, split 3 bias+gelu", check,
+                 dict(n=65, k=300, a_view="column", strided=True, bias=True, activation="gelu", split_k=3)),
+                (f"(17, 257) {tag} twice, split 4", check, dict(n=17, k=257, split_k=4, calls=2)),
+                (f"K = 0 {tag}", check_empty_k, {})]
+            # the interpreter runs each in one dtype, alternating down the list from the other dtype
+            # in the other layout (the GPU runs both): every shape, split and epilogue (on each path)
+            # still meets both layouts and both dtypes
+            for i, (name, fn, kwargs) in enumerate(listed, start=LAYOUTS.index(layout)):
+                add(name, fn, gpu_only=dtype != interpreter_dtype(i), dtype=dtype, layout=layout, **kwargs)
         add(f"(40, 100) {dt} b contiguous in neither dim, split 2", n=40, k=100, dtype=dtype, layout="strided",
             split_k=2)
         # the plan on the interpreter's small GPU: split where the strips are few, not where they

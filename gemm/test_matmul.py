@@ -18,7 +18,18 @@ import torch
 import torch.nn.functional as F
 
 from llmk.common.device import DEVICE, INTERPRET, sm_count
-from llmk.devtools.testing import Case, Outcome, check_grads, compare, dtype_name, expect_raises, main, poisoned, rand
+from llmk.devtools.testing import (
+    Case,
+    Outcome,
+    check_grads,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    one_dtype_here,
+    poisoned,
+    rand,
+)
 from llmk.gemm import triton_matmul_tma
 from llmk.gemm.matmul_cases import grad_tolerance, reference, tolerance, torch_same_dtype
 from llmk.gemm.matmul_ops import (
@@ -342,6 +353,7 @@ def cases():
         out.append(Case(name, fn, kwargs, gpu_only))
 
     for dtype in DTYPES:
+        first = len(out)
         dt = dtype_name(dtype)
         # M, N, K that are multiples of no block, one row, one element, a K tail, a long K
         for m, n, k in [(1, 1, 1), (17, 17, 17), (1, 100, 64), (33, 65, 129), (100, 300, 70),
@@ -436,17 +448,21 @@ def cases():
         add(f"(1024, 1024, 1024) {dt}", gpu_only=True, m=1024, n=1024, k=1024, dtype=dtype)
         add(f"(1023, 4095, 1000) {dt} bias+gelu", gpu_only=True, m=1023, n=4095, k=1000, dtype=dtype,
             bias=True, activation="gelu")
+        # the interpreter runs each of these in one dtype, alternating (the GPU both): every shape,
+        # layout, split, epilogue and kernel choice still runs there (the forced configs: fp16)
+        one_dtype_here(out[first:], dtype, (check,))
     add("(33, 65, 129) bf16 fp32 bias+silu", m=33, n=65, k=129, dtype=torch.bfloat16, bias=True,
         bias_dtype=torch.float32, activation="silu")
     add("(33, 65, 129) bf16 strided bias+gelu", m=33, n=65, k=129, dtype=torch.bfloat16, bias="strided",
         activation="gelu")
     add("(40, 64, 64) fp16 strided bias, the TMA kernel", m=40, n=64, k=64, dtype=torch.float16, bias="strided",
         kernel="tma")
-    # backward: each epilogue in each dtype; one row (the GEMV kernel against W.T, the forward
-    # writing z from its epilogue too); transposed and padded inputs (gradients laid out like
-    # them); subsets of the inputs; an fp32 bias; an expanded upstream gradient; edges in every
+    # backward: each epilogue (in each dtype on the GPU); one row (the GEMV kernel against W.T, the
+    # forward writing z from its epilogue too); transposed and padded inputs (gradients laid out
+    # like them); subsets of the inputs; an fp32 bias; an expanded upstream gradient; edges in every
     # dimension of the interpreter's 32x32x32 tiles and of the derivative pass's 4x16 blocks
     for dtype in DTYPES:
+        first = len(out)
         dt = dtype_name(dtype)
         for bias, activation in [(False, None), (True, None), (True, "gelu"), (True, "gelu_tanh"), (True, "silu")]:
             label = "+".join(["bias"] * bias + [activation or "no activation"])
@@ -455,6 +471,7 @@ def cases():
         add(f"backward (1, 40, 72) {dt} GEMV bias+gelu b transposed", check_backward, m=1, n=40, k=72, dtype=dtype,
             activation="gelu", trans_b=True)
         add(f"backward llmk::matmul, llmk::matmul_train {dt}", check_backward_ops, dtype=dtype)
+        one_dtype_here(out[first:], dtype, (check_backward, check_backward_ops))  # as the forward's
     add("backward (1, 40, 72) bf16 GEMV b transposed", check_backward, m=1, n=40, k=72, dtype=torch.bfloat16,
         bias=False, trans_b=True)
     add("backward (40, 50, 36) fp16 both transposed gelu_tanh", check_backward, m=40, n=50, k=36,

@@ -29,7 +29,17 @@ import torch
 
 from llmk.common.device import DEVICE, INTERPRET, sm_count
 from llmk.common.ints import cdiv
-from llmk.devtools.testing import Case, Outcome, compare, dtype_name, expect_raises, main, poisoned, rand
+from llmk.devtools.testing import (
+    Case,
+    Outcome,
+    compare,
+    dtype_name,
+    expect_raises,
+    main,
+    one_dtype_here,
+    poisoned,
+    rand,
+)
 from llmk.inference.decode_cases import decode_tol
 from llmk.inference.kv_cache import KVCache, as_token_minor, dequantize_kv, quantize_kv
 from llmk.inference.paged_kv_cache import PagedKVCache, as_value_pages
@@ -646,6 +656,7 @@ def _cases():
 
     for dtype in (torch.float16, torch.bfloat16):
         dt = dtype_name(dtype)
+        first = len(cases)
         # interpreter tier: heads and lengths scaled down, every path and head dim
         for splits in (None, 1, 3):
             add(f"GQA 8/2 B5 T237 D128 splits {splits} {dt}", b=5, h=8, hkv=2, t_max=237, d=128, dtype=dtype,
@@ -680,6 +691,9 @@ def _cases():
             add(f"window {window} softcap {softcap} 8/2 B5 T100 D64 splits {splits} {dt}", check_paged,
                 b=5, h=8, hkv=2, t_max=100, d=64, dtype=dtype, window=window, softcap=softcap, num_splits=splits,
                 scale=4.0 if softcap else 1.0)
+        # the interpreter runs each of the cases above in one dtype, alternating down the list (the GPU
+        # both): every layout, split count, page size, window and cap still runs there
+        one_dtype_here(cases[first:], dtype)
         # head dims in two parts (96 = 64 + 32, 160 = 128 + 32; 80 and 72 with a padded second
         # part), in one padded tile (40, 24, 8, 1) and 32, a power of two below 64, reading NaN past
         # D: contiguous unsplit and split, paged against contiguous, a window with softcap; MHA's
@@ -691,9 +705,12 @@ def _cases():
             other = SWEEP_DTYPE[d] != dtype  # the interpreter runs this head dim in its other dtype
             for splits in (1, 3):
                 for parts in (True, False) if split_dim else (None,):
+                    # split in the head dim's own way (parts where it has them): in the interpreter the
+                    # contiguous kernel of its paged case below, split in two, stands in for it
+                    twin = splits > 1 and parts is not False
                     add(f"hd {d} GQA 8/2 B4 T70 splits {splits}{' parts' if parts else ''} NaN past D {dt}", b=4,
                         h=8, hkv=2, t_max=70, d=d, dtype=dtype, num_splits=splits, layout="nan_cols",
-                        head_parts=parts, gpu_only=other)
+                        head_parts=parts, gpu_only=other or twin)
             parts = True if split_dim else None
             add(f"hd {d} paged 7 vs contiguous 4/2 B3 T50 splits 2{' parts' if parts else ''} NaN past D {dt}",
                 check_paged, b=3, h=4, hkv=2, t_max=50, d=d, dtype=dtype, page_size=7, num_splits=2,
@@ -772,9 +789,11 @@ def _cases():
         for paged in (False, True):
             kind = "paged " if paged else ""
             # T100, not the 16-bit cases' T237: the interpreter's e4m3 casts (quantize_kv's, 4 a case) cost
-            # a program per 32 rows of the cache; 100 is still 7 blocks over 3 splits, the last one ragged
+            # a program per 32 rows of the cache; 100 is still 7 blocks over 3 splits, the last one ragged.
+            # In the interpreter one dtype a layout, as below
             add(f"e4m3 {kind}cache GQA 8/2 B5 T100 D128 splits 3 {dt}", check_fp8, b=5, h=8, hkv=2, t_max=100,
-                d=128, dtype=dtype, paged=paged, num_splits=3)
+                d=128, dtype=dtype, paged=paged, num_splits=3,
+                gpu_only=dtype != (torch.float16 if paged else torch.bfloat16))
             # the products run in fp16 whatever q's dtype: in the interpreter each of these takes one
             # dtype a layout (both on the GPU)
             if not INTERPRET or dtype == (torch.bfloat16 if paged else torch.float16):

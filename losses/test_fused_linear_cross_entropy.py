@@ -33,6 +33,7 @@ from llmk.devtools.testing import (
     expect_raises,
     grads_of,
     main,
+    one_dtype_here,
     opcheck,
     rand,
 )
@@ -308,7 +309,9 @@ def check_in_place_rules():
     """Where grad_in_place writes over hidden, and where it must not (fused_linear_cross_entropy's
     _in_place_safe): the gradients are the plain op's in every case, and a hidden that is not
     written keeps its values."""
-    n, h, v, dtype = 21, 32, 150, torch.bfloat16
+    # 9 rows in the interpreter: two of its chunks (INTERPRET_CHUNK, 8), the last of one row; each
+    # of the two dozen calls here costs a program a row there
+    n, h, v, dtype = 9 if INTERPRET else 21, 32, 150, torch.bfloat16
     x, weight, target = rand((n, h), dtype).requires_grad_(), rand((v, h), dtype).requires_grad_(), \
         make_target((n,), v)
     f = fused_linear_cross_entropy
@@ -452,7 +455,11 @@ def _cases():
     def add(name, gpu_only=False, gpu_gb=None, **kw):
         cases.append(Case(name, check, kw, gpu_only, gpu_gb=gpu_gb))
 
-    for dtype in (torch.float32, torch.bfloat16):
+    # the interpreter runs each case of the lists below in one dtype, alternating down the list (the
+    # GPU both): every shape, reduction and set of options still runs there, in fp32 and in bf16 alike
+    dtypes = (torch.float32, torch.bfloat16)
+    for dtype in dtypes:
+        first = len(cases)
         dt = dtype_name(dtype)
         add(f"N{ROWS} H32 V300 {dt} mean", n=ROWS, h=32, v=300, dtype=dtype)
         add(f"N20 H64 V129 {dt} sum, smoothing 0.1, softcap 30, bias", n=20, h=64, v=129, dtype=dtype,
@@ -463,8 +470,10 @@ def _cases():
         add(f"N1024 H2048 V32000 {dt}", gpu_only=True, n=1024, h=2048, v=32000, dtype=dtype)
         add(f"N512 H4096 V128256 {dt} smoothing 0.1", gpu_only=True, n=512, h=4096, v=128256, dtype=dtype,
             label_smoothing=0.1, gpu_gb=45 if dtype == torch.float32 else 38)  # 42.8 / 35.8 GB printed
+        one_dtype_here(cases[first:], dtype, dtypes=dtypes)
     # the options: class weights, z-loss, extra outputs, with smoothing and softcap; each reduction
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:
+        first = len(cases)
         dt = dtype_name(dtype)
         for reduction in ("mean", "sum", "none"):
             add(f"N{ROWS} H32 V300 {dt} {reduction}, class_weight", n=ROWS, h=32, v=300, dtype=dtype,
@@ -479,6 +488,7 @@ def _cases():
             gpu_gb=45 if dtype == torch.float32 else 38)
         add(f"N512 H3584 V151936 {dt} none, z-loss 1e-4, extras", gpu_only=True, n=512, h=3584, v=151936, dtype=dtype,
             reduction="none", lse_square_scale=1e-4, extras=True, gpu_gb=45 if dtype == torch.float32 else 38)
+        one_dtype_here(cases[first:], dtype, dtypes=dtypes)
     add("N12 H16 V50 every target ignored fp32, class_weight, z-loss, extras", n=12, h=16, v=50,
         dtype=torch.float32, all_ignored=True, weighted=True, lse_square_scale=1e-2, extras=True)
     add("B3 T8 H32 V200 bf16 3-D none, class_weight, z-loss, extras, hidden only", n=24, h=32, v=200,
@@ -494,12 +504,14 @@ def _cases():
     add("N12 H16 V50 every target ignored, sum bf16", n=12, h=16, v=50, dtype=torch.bfloat16, reduction="sum",
         all_ignored=True)
     add("N10 H16 V300 fp16 mean", n=10, h=16, v=300, dtype=torch.float16)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:  # one dtype each in the interpreter, as above
+        first = len(cases)
         dt = dtype_name(dtype)
         cases += [Case(f"grad_in_place N{ROWS} H32 V300 {dt} mean", check_grad_in_place,
                        dict(n=ROWS, h=32, v=300, dtype=dtype)),
                   Case(f"grad_in_place B3 T8 H32 V200 {dt} sum, bias", check_grad_in_place,
                        dict(n=24, h=32, v=200, dtype=dtype, reduction="sum", bias=True, lead=3))]
+        one_dtype_here(cases[first:], dtype, dtypes=dtypes)
     cases.append(Case(f"grad_in_place N{ROWS} H32 V300 bf16 mean, class_weight, z-loss", check_grad_in_place,
                       dict(n=ROWS, h=32, v=300, dtype=torch.bfloat16, weighted=True, lse_square_scale=1e-2)))
     cases.append(Case("grad_in_place N1024 H2048 V32000 bf16", check_grad_in_place,

@@ -63,17 +63,21 @@ NORM_WEIGHT_STD = 0.2
 # and its query_pre_attn_scalar apart from head_dim, so that a wrong scale shows
 GEMMA = dict(attn_logit_softcapping=5.0, final_logit_softcapping=3.0, query_pre_attn_scalar=48,
              hidden_activation="gelu_pytorch_tanh")
-# The MoE families: 4 experts of 128, every token on all 4 (top-4), Qwen3-MoE's second layer a
-# dense MLP. Every expert, not the top 2 of 8: a top-k choice is discontinuous, and two experts'
+# The MoE families: MOE_EXPERTS experts of 128, every token on all of them, Qwen3-MoE's second layer
+# a dense MLP. Every expert, not the top 2 of 8: a top-k choice is discontinuous, and two experts'
 # logits within a rounding of each other (a few percent of tokens a layer in bf16) go either way
 # in each of the three models, which moves that token's logits by O(1) whichever model is right.
 # With all experts chosen the output is a sum over them in any order, so the models' differences
 # stay roundings; the choice itself is tested against its reference in moe/test_moe_routing.py,
 # and uneven and empty experts in moe/test_moe_experts.py. A weight on the wrong expert still
 # shows here. The training steps add the routers' auxiliary loss (MOE_TRAINING) with a weight that
-# makes it show: a loss that dropped it would be ~0.2 off. (Only there: transformers' own decode
-# step with output_router_logits fails, the mask longer than the logits.)
-MOE = dict(num_experts_per_tok=4, router_aux_loss_coef=0.1)
+# makes it show: with every expert chosen that loss is the expert count, so a loss that dropped it
+# would be 0.1 x that count off. (Only there: transformers' own decode step with output_router_logits
+# fails, the mask longer than the logits.) Two experts in the interpreter, four on the GPU: each
+# expert costs the interpreter its row tiles and weight-gradient tiles, each a program, and a third
+# or fourth takes the same path (each expert holds every token either way).
+MOE_EXPERTS = 2 if INTERPRET else 4
+MOE = dict(num_experts_per_tok=MOE_EXPERTS, router_aux_loss_coef=0.1)
 MOE_TRAINING = dict(output_router_logits=True)
 # the test's kinds -> (config class, model class) name in transformers, and config defaults
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -83,9 +87,11 @@ FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
             "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA),
             "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA, attn_logit_softcapping=None,
                                                                       final_logit_softcapping=None)),
-            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(MOE, moe_intermediate_size=128, num_experts=4,
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(MOE, moe_intermediate_size=128,
+                                                                        num_experts=MOE_EXPERTS,
                                                                         mlp_only_layers=[1], norm_topk_prob=True)),
-            "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(MOE, intermediate_size=128, num_local_experts=4,
+            "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(MOE, intermediate_size=128,
+                                                                    num_local_experts=MOE_EXPERTS,
                                                                     sliding_window=None))}
 
 
@@ -321,9 +327,10 @@ def e4m3_rounded_cache():
 
 def check_fp8_kv_cache(kind, padded=False, window=None):
     """Prefill and decode steps on models.fp8_kv_cache.FP8KVCache (e4m3 K and V): the prefill
-    exactly as on the 16-bit cache (it attends over its own 16-bit keys); each decode step's logits
-    within the bf16 rule of the same patched model on a 16-bit cache of the same e4m3-rounded
-    values (e4m3_rounded_cache: a wrong scale shows), and within E4M3_FACTOR x the bf16 rules
+    exactly as on a 16-bit cache (it attends over its own 16-bit keys, as e4m3_rounded_cache's
+    prefill does: that cache's run serves as the 16-bit one); each decode step's logits within the
+    bf16 rule of the same patched model on a 16-bit cache of the same e4m3-rounded values
+    (e4m3_rounded_cache: a wrong scale shows), and within E4M3_FACTOR x the bf16 rules
     against the fp32 reference (the bound, and twice the unpatched bf16 model's error); the steps
     ran decode_attention on the e4m3 cache, or, with padding (a mask the kernel does not take), the
     model's own attention on the keys dequantized. window: a sliding window shorter than the prompt,
@@ -342,7 +349,6 @@ def check_fp8_kv_cache(kind, padded=False, window=None):
     ref = run_steps(ref_model, ids, mask, next_tokens)
     before = run_steps(model, ids, mask, next_tokens)
     patch_model(model)
-    patched = run_steps(model, ids, mask, next_tokens)
     windowed = FP8KVCache(model.config) if window else FP8KVCache()
     fp8 = run_steps(model, ids, mask, next_tokens, cache=windowed)
     calls = kernel_calls(model)
@@ -357,7 +363,7 @@ def check_fp8_kv_cache(kind, padded=False, window=None):
                              note=str(kept))]
     unpatch_model(model)
     n_layers = model.config.num_hidden_layers
-    outcomes.append(Outcome("prefill logits = the 16-bit cache's", torch.equal(fp8[0], patched[0])))
+    outcomes.append(Outcome("prefill logits = the 16-bit cache's", torch.equal(fp8[0], same_values[0])))
     for step in range(1, len(ref)):
         tol = logits_tol(torch.bfloat16, ref[step], n_layers)
         outcomes.append(compare(f"decode {step} logits vs a 16-bit cache of the e4m3 values", fp8[step],
@@ -370,7 +376,7 @@ def check_fp8_kv_cache(kind, padded=False, window=None):
         outcomes.append(Outcome(f"decode {step}: {E4M3_FACTOR} x 2x unpatched",
                                 ours <= E4M3_FACTOR * 2 * theirs + slack, ours, torch_err=theirs))
     steps = n_layers * (len(ref) - 1)
-    ran = calls.get("attention fallback", 0) - steps if padded else calls.get("decode_attention e4m3")
+    ran = calls.get("attention fallback", 0) if padded else calls.get("decode_attention e4m3")
     outcomes.append(Outcome("the e4m3 steps ran " + ("the original attention, dequantized" if padded
                                                      else "decode_attention on the e4m3 cache"),
                             ran == steps, note=f"{calls}"[:120]))
@@ -595,11 +601,16 @@ def check_training(kind, checkpointing=False):
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
 
-def check_compiled_layers(kind, n_layers=9):
+# check_compiled_layers' layers, more than Dynamo's recompile limit: 9 past its 8 on the GPU; in the
+# interpreter, where each layer costs its kernels' programs, 3 past a limit lowered to 2 for the case
+COMPILED_LAYERS, RECOMPILE_LIMIT = (3, 2) if INTERPRET else (9, None)
+
+
+def check_compiled_layers(kind, n_layers=COMPILED_LAYERS):
     """Each patched decoder layer compiled on its own (layer.compile(), as torch.compile's per-layer
-    recipes do), more layers than Dynamo's recompile limit (8): one graph serves every layer (the
-    patch's guards name no module, models/patch_state.replace_forward), and the training step's
-    loss and gradients keep check_training's 2x rule."""
+    recipes do), more layers than Dynamo's recompile limit (COMPILED_LAYERS, RECOMPILE_LIMIT): one
+    graph serves every layer (the patch's guards name no module, models/patch_state.replace_forward),
+    and the training step's loss and gradients keep check_training's 2x rule."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -617,10 +628,12 @@ def check_compiled_layers(kind, n_layers=9):
     patch_model(model)
     torch._dynamo.reset()
     counters.clear()
+    limit = RECOMPILE_LIMIT or torch._dynamo.config.recompile_limit
     try:
         for layer in model.model.layers:
             layer.compile(dynamic=False, backend=COMPILE_BACKEND)
-        loss, grads = training_step(model, batch)
+        with torch._dynamo.config.patch(recompile_limit=limit):  # Dynamo compiles at the first call
+            loss, grads = training_step(model, batch)
         graphs = counters["stats"]["unique_graphs"]
         why = _compile_reasons(counters) if graphs != 1 else ""
     finally:
@@ -652,9 +665,11 @@ def check_fp8_training(kind):
     unpatched again, the original step bit for bit."""
     from llmk.models.hf_patch import KERNELS, kernel_calls, patch_model, unpatch_model
 
-    # one decoder layer in the interpreter, where each of its 7 linears costs a program per 32 x 32
-    # tile of its weight three times a step (forward, grad input, grad weight); a GPU runs both
-    model, ref = make_model(kind, "tiny", torch.bfloat16, **(dict(num_hidden_layers=1) if INTERPRET else {}))
+    # one decoder layer, its MLP 256 wide, in the interpreter, where each of its 7 linears costs a
+    # program per 32 x 32 tile of its weight three times a step (forward, grad input, grad weight); a
+    # GPU runs the tiny model as it is
+    small = dict(num_hidden_layers=1, intermediate_size=256) if INTERPRET else {}
+    model, ref = make_model(kind, "tiny", torch.bfloat16, **small)
     plain = copy.deepcopy(model)
     for m in (model, ref, plain):
         m.train()
@@ -691,7 +706,9 @@ def check_fp8_training(kind):
                                note=f"{len(_FP8_FUSED)} left")]
 
 
-PACKED_LENGTHS = (5, 13, 1, 9)  # one single-token sequence: nothing to predict in it
+# one single-token sequence: nothing to predict in it. The longest 9 in the interpreter, where the
+# padded batch's 4 x 9 positions cost a RoPE program every two (each training step, twice a layer)
+PACKED_LENGTHS = (5, 9, 1, 7) if INTERPRET else (5, 13, 1, 9)
 
 
 def random_batches(lengths):
@@ -1004,7 +1021,7 @@ def model_cases():
         Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict",
              check_training_options),
         Case("qwen3_moe: the experts kernel as transformers' experts implementation", check_experts_implementation),
-        Case("llama bf16 training step, each of 9 layers compiled: one graph", check_compiled_layers,
+        Case(f"llama bf16 training step, each of {COMPILED_LAYERS} layers compiled: one graph", check_compiled_layers,
              dict(kind="llama")),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
