@@ -226,6 +226,11 @@ def _compile_cases(tree, out_dir, case_set):
         cases += [(f"moe_route_E{e}_top{k}_{scoring}", lambda a=(16384, e, k, scoring): route(*a))
                   for e, k, scoring in ((128, 8, "softmax"), (8, 2, "softmax"), (256, 8, "sigmoid"))]
         from llmk.moe import triton_moe_gemm as gemm
+        try:
+            from llmk.moe import triton_moe_rows_tma as tma
+            tma.sm_count = lambda *args: 132  # an H100's or H200's
+        except ImportError:  # a tree from before the persistent kernel
+            tma = None
 
         def experts(t, h, inter, e, k):
             """The launches of one forward and backward at these widths (six GEMMs, the SwiGLU
@@ -253,6 +258,15 @@ def _compile_cases(tree, out_dir, case_set):
                 return
             gemm.launch_expert_weight_grad(pre, gemm.launch_gather_rows(x, order, k), w1, offsets, kind="gate_up")
             gemm.launch_expert_weight_grad(y, hid, w2, offsets, kind="down")
+            if tma is None:
+                return
+            # the persistent TMA forms of gate/up, down and dx, where MOE_CONFIGS gives the run a tile
+            for epilogue, a, b, c, kw in (("glu", x, w1, hid, dict(top_k=k, pre=pre)),
+                                          ("scatter", hid, w2, y, dict(scale=scale)),
+                                          ("scatter", pre, w1.transpose(1, 2), y, {})):
+                config = gemm.rows_config(rows, e, epilogue + "_tma", c.shape[1], b.shape[2])
+                if config is not None:
+                    tma.launch_expert_rows_tma(a, b, c, order, offsets, config, epilogue=epilogue, **kw)
 
         cases += [("moe_experts_qwen3_T16384", lambda: experts(16384, 2048, 768, 128, 8)),
                   ("moe_experts_qwen3_T16", lambda: experts(16, 2048, 768, 128, 8)),
