@@ -65,6 +65,8 @@ from llmk.attention.triton_flash_attention_fwd import (
     kernel_mask,
     key_blocks,
     program_pair,
+    query_program,
+    query_sequences,
     sequence_bounds,
     window_visible,
 )
@@ -463,23 +465,14 @@ def _dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr, WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    if CAUSAL or WINDOW:  # the query blocks in the forward's order (its comment says why)
-        start_m = tl.num_programs(0) - 1 - start_m
-    bh = program_pair(GRID_Y)
+    start_m, bh = query_program(CAUSAL or WINDOW, GRID_Y)  # the forward's prologue, its block order
     if bh >= n_bh:
         return
-    batch = bh // n_heads
-    q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
+    batch, head, kv_head, q_start, n_queries, k_start, n_keys = query_sequences(
+        cu_seqlens_q, cu_seqlens_k, bh, n_heads, kv_group, n_queries, n_keys, VARLEN)
     if VARLEN:
         if start_m * BLOCK_M >= n_queries:
             return
-    k_start, n_keys = sequence_bounds(cu_seqlens_k, batch, n_keys, VARLEN)
-    batch = batch.to(tl.int64)
-    head = (bh % n_heads).to(tl.int64)
-    kv_head = head // kv_group
-    q_start = q_start.to(tl.int64)
-    k_start = k_start.to(tl.int64)
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)

@@ -163,6 +163,34 @@ def program_pair(GRID_Y: tl.constexpr):
 
 
 @triton.jit
+def query_program(LONGEST_FIRST: tl.constexpr, GRID_Y: tl.constexpr):
+    """(query block, (batch, head) pair) of a forward or dq program. LONGEST_FIRST (causal or
+    windowed): the grid's blocks in reverse, so that the longest query blocks run first and the
+    short ones fill the tail: causal's last ones, and a window's when it reaches further left than
+    right, as causal windows do (its first ones are cut at key 0). One reaching further right
+    (non-causal, say (left, -1)) gets its short ones first: only its tail is slower, the result is
+    the same."""
+    start_m = tl.program_id(0)
+    if LONGEST_FIRST:
+        start_m = tl.num_programs(0) - 1 - start_m
+    return start_m, program_pair(GRID_Y)
+
+
+@triton.jit
+def query_sequences(cu_seqlens_q, cu_seqlens_k, bh, n_heads, kv_group, n_queries, n_keys, VARLEN: tl.constexpr):
+    """(batch, head, kv_head, q_start, n_queries, k_start, n_keys) of a forward or dq program's
+    (batch, head) pair bh < n_bh: its sequence's first query and key tokens and their counts
+    (sequence_bounds). batch, head, kv_head and the starts are 64-bit: they multiply strides, and
+    batch * stride can pass 2^31."""
+    batch = bh // n_heads
+    q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
+    k_start, n_keys = sequence_bounds(cu_seqlens_k, batch, n_keys, VARLEN)
+    batch = batch.to(tl.int64)
+    head = (bh % n_heads).to(tl.int64)
+    return batch, head, head // kv_group, q_start.to(tl.int64), n_queries, k_start.to(tl.int64), n_keys
+
+
+@triton.jit
 def sequence_bounds(cu_seqlens_ptr, batch, n_dense, VARLEN: tl.constexpr):
     """(first token, length) of sequence `batch`: (0, n_dense) for a dense batch, else read from
     the cumulative lengths (int32, B + 1 of them) on the device."""
@@ -251,29 +279,18 @@ def _flash_attention_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GRID_Y: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW_SPLIT: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    # the longest query blocks first, the short ones fill the tail: causal's last ones, and a
-    # window's when it reaches further left than right, as causal windows do (its first ones are cut
-    # at key 0). One reaching further right (non-causal, say (left, -1)) gets its short ones first:
-    # only its tail is slower, the result is the same.
-    if CAUSAL or WINDOW:
-        start_m = tl.num_programs(0) - 1 - start_m
-    bh = program_pair(GRID_Y)
+    start_m, bh = query_program(CAUSAL or WINDOW, GRID_Y)
     if bh >= n_bh:
         return
-    batch = bh // n_heads
-    q_start, n_queries = sequence_bounds(cu_seqlens_q, batch, n_queries, VARLEN)
+    batch, head, kv_head, q_start, n_queries, k_start, n_keys = query_sequences(
+        cu_seqlens_q, cu_seqlens_k, bh, n_heads, kv_group, n_queries, n_keys, VARLEN)
     if VARLEN:
         if start_m * BLOCK_M >= n_queries:  # a packed sequence shorter than the grid's longest
             return
-    k_start, n_keys = sequence_bounds(cu_seqlens_k, batch, n_keys, VARLEN)
-    batch = batch.to(tl.int64)  # 64-bit: batch * stride can pass 2^31
-    head = (bh % n_heads).to(tl.int64)
-    kv_head = head // kv_group
-    q_base = q_ptr + batch * stride_qb + head * stride_qh + q_start.to(tl.int64) * stride_qm
-    k_base = k_ptr + batch * stride_kb + kv_head * stride_kh + k_start.to(tl.int64) * stride_kn
-    v_base = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start.to(tl.int64) * stride_vn
-    o_base = o_ptr + batch * stride_ob + head * stride_oh + q_start.to(tl.int64) * stride_om
+    q_base = q_ptr + batch * stride_qb + head * stride_qh + q_start * stride_qm
+    k_base = k_ptr + batch * stride_kb + kv_head * stride_kh + k_start * stride_kn
+    v_base = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start * stride_vn
+    o_base = o_ptr + batch * stride_ob + head * stride_oh + q_start * stride_om
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -311,7 +328,7 @@ def _flash_attention_fwd_kernel(
         # m and log2(l) are in units of scaled log2: LSE = (m + log2(l)) * ln(2); -inf where l = 0
         seen = l_i > 0.0
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
-        lse_base = lse_ptr + batch * stride_lb + head * stride_lh + q_start.to(tl.int64)
+        lse_base = lse_ptr + batch * stride_lb + head * stride_lh + q_start
         tl.store(lse_base + offs_m, lse, mask=offs_m < n_queries)
 
 
