@@ -107,7 +107,8 @@ def check_backward(t, h, inter, e, k, dtype, activation="silu", **kw):
 def check_poisoned(t, h, inter, e, k, dtype, tma):
     """Every kernel writes every element of its own buffers (launched into NaN-poisoned ones). tma:
     whether expert_rows takes the persistent TMA kernel here (long runs; every run in the
-    interpreter), else the row kernel; the row kernel's y is computed too, and must equal it."""
+    interpreter), else the row kernel; the row kernel's gate | up, h and y are computed too, and
+    must equal them bit for bit (the same dots in the same order)."""
     x, weights, ids, w_gate_up, w_down = layer(t, h, inter, e, k, dtype, routing="few")
     rows = t * k
     order, _, offsets = permute(ids, e)
