@@ -26,6 +26,9 @@ with GATHER, "scatter" without), in two changes:
   would read the next expert's rows against a's zero columns, so that layout needs K % BLOCK_K == 0.
   x's rows (glu) are gathered by pointer loads as in the row kernel: Hopper's TMA has no row gather.
 
+FLOPs and bytes are the row kernel's (moe/triton_moe_gemm.py's docstring): 2 S N K a launch (glu: 2 S
+(2N) K), each expert's weights read once from HBM while GROUP_M row tiles share a band of them in L2.
+
 `fits` says when a call qualifies (16-byte-aligned bases and strides, the layouts above); the
 others run the row kernel, as do short runs (decode), where this kernel was slower
 (MOE_CONFIGS' glu_tma and scatter_tma rows). Triton's interpreter emulates the descriptors: the
