@@ -425,10 +425,26 @@ def check_fp8_cache_layer():
     ids = torch.cat([prompt("tiny", 1)] * 2, dim=1)  # a repeated prompt: prompt lookup finds candidates
     options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        plain = model.generate(ids, past_key_values=FP8KVCache(), **options)
+        greedy = model.generate(ids, past_key_values=FP8KVCache(), output_scores=True, return_dict_in_generate=True,
+                                **options)
         lookup = model.generate(ids, past_key_values=FP8KVCache(), prompt_lookup_num_tokens=3, **options)
-    outcomes.append(Outcome("generate(): prompt-lookup decoding's tokens = greedy's", torch.equal(plain, lookup),
-                            note=f"{plain[0, ids.shape[1]:].tolist()} {lookup[0, ids.shape[1]:].tolist()}"))
+    plain, new = greedy.sequences, slice(ids.shape[1], None)
+    # the same tokens, up to a near tie: prompt lookup verifies its candidates in one multi-token
+    # forward, whose own keys reach attention in 16 bits where greedy's single steps read theirs back
+    # from e4m3. That moves the logits by far less than a whole e4m3 cache would (a few keys of one
+    # step, E4M3_FACTOR x the bf16 rule there): greedy's two logits within 2x the bf16 rule of each
+    # other may swap (under TEST_SEED=639198063 two tie exactly at step 4). Past the first swap the
+    # continuations differ
+    differ = (plain[0, new] != lookup[0, new]).nonzero()
+    ok, note = True, f"{plain[0, new].tolist()} {lookup[0, new].tolist()}"
+    if len(differ):
+        step = int(differ[0])
+        scores = greedy.scores[step][0].float()
+        gap = (scores[plain[0, ids.shape[1] + step]] - scores[lookup[0, ids.shape[1] + step]]).item()
+        bound = 2 * logits_tol(torch.bfloat16, scores, model.config.num_hidden_layers).atol
+        ok = 0 <= gap <= bound
+        note += f"; step {step}: a logit gap of {gap:.3g} (near tie: <= {bound:.3g})"
+    outcomes.append(Outcome("generate(): prompt-lookup decoding's tokens = greedy's, up to a near tie", ok, note=note))
     return outcomes
 
 
