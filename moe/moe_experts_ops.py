@@ -61,12 +61,14 @@ def expert_rows(a, b, c, order, offsets, *, epilogue, **kw):
     """A "glu" (a = x gathered through the order) or "scatter" launch of the row GEMM: moe/
     triton_moe_rows_tma.py's persistent kernel where it has a tile for the run and `fits`, else
     moe/triton_moe_gemm.py's row kernel. kw: the launchers' activation, top_k and pre (glu), scale
-    (scatter)."""
+    (scatter). Returns whether the persistent kernel ran (the tests check the path)."""
     config = rows_config(order.shape[0], offsets.shape[0] - 1, epilogue + "_tma", c.shape[1], b.shape[2])
-    if TMA_ROWS and config is not None and fits(a, b, epilogue, config[2]):
+    tma = TMA_ROWS and config is not None and fits(a, b, epilogue, config[2])
+    if tma:
         launch_expert_rows_tma(a, b, c, order, offsets, config, epilogue=epilogue, **kw)
     else:
         launch_expert_rows(a, b, c, order, offsets, gather=epilogue == "glu", epilogue=epilogue, **kw)
+    return tma
 
 
 def _sizes(x, ids, w_gate_up):

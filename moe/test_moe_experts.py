@@ -43,10 +43,8 @@ from llmk.moe.triton_moe_gemm import (
     launch_expert_weight_grad,
     launch_gather_rows,
     launch_glu_backward_rows,
-    rows_config,
 )
 from llmk.moe.triton_moe_routing import moe_route, permute
-from llmk.moe.triton_moe_rows_tma import fits
 
 
 def out_tolerance(ref, dtype):
@@ -114,8 +112,8 @@ def check_poisoned(t, h, inter, e, k, dtype, tma):
     order, _, offsets = permute(ids, e)
     scale = weights.reshape(-1).contiguous()
     pre, hid, y = poisoned((rows, 2 * inter), dtype), poisoned((rows, inter), dtype), poisoned((rows, h), dtype)
-    expert_rows(x, w_gate_up, hid, order, offsets, epilogue="glu", top_k=k, pre=pre)  # the TMA kernel (tma)
-    expert_rows(hid, w_down, y, order, offsets, epilogue="scatter", scale=scale)
+    taken = [expert_rows(x, w_gate_up, hid, order, offsets, epilogue="glu", top_k=k, pre=pre),
+             expert_rows(hid, w_down, y, order, offsets, epilogue="scatter", scale=scale)]
     # and the row kernel, the path of short runs and of operands the TMA kernel cannot take
     pre_rows, hid_rows, y_rows = (poisoned(tuple(t.shape), dtype) for t in (pre, hid, y))
     launch_expert_rows(x, w_gate_up, hid_rows, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre_rows)
@@ -127,7 +125,7 @@ def check_poisoned(t, h, inter, e, k, dtype, tma):
                        top_k=k, scale=scale, a_copy=dout_rows)
     launch_glu_backward_rows(dpre, pre, order, scale, dweights, "silu")
     dx_rows = poisoned((rows, h), dtype)
-    expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, epilogue="scatter")
+    taken.append(expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, epilogue="scatter"))
     dw_gate_up, dw_down = poisoned(tuple(w_gate_up.shape), dtype), poisoned(tuple(w_down.shape), dtype)
     x_rows = launch_gather_rows(x, order, k)
     launch_expert_weight_grad(dpre, x_rows, dw_gate_up, offsets, kind="gate_up")
@@ -139,11 +137,8 @@ def check_poisoned(t, h, inter, e, k, dtype, tma):
                 for name, buf in (("gate | up", pre), ("h", hid), ("y", y), ("d gate | d up", dpre),
                                   ("d weights", dweights), ("dx rows", dx_rows),
                                   ("d w_gate_up", dw_gate_up), ("d w_down", dw_down))]
-    tiles = [rows_config(rows, e, name, n, kk) for name, n, kk in
-             (("glu_tma", inter, h), ("scatter_tma", h, inter), ("scatter_tma", h, 2 * inter))]
-    taken = (None not in tiles and fits(x, w_gate_up, "glu", tiles[0][2]) and fits(hid, w_down, "scatter", tiles[1][2])
-             and fits(dpre, w_gate_up.transpose(1, 2), "scatter", tiles[2][2]))
-    outcomes.append(Outcome(f"gate/up, down and dx by the {'TMA' if tma else 'row'} kernel", taken == tma))
+    outcomes.append(Outcome(f"gate/up, down and dx by the {'TMA' if tma else 'row'} kernel", taken == [tma] * 3,
+                            note=f"TMA taken: {taken}"))
     for name, got, ref in (("gate | up", pre, pre_rows), ("h", hid, hid_rows), ("y", y, y_rows)):
         diff = (got.float() - ref.float()).abs().max()
         outcomes.append(Outcome(f"{name}: the row kernel's bit for bit", torch.equal(got, ref),

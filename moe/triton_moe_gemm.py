@@ -31,7 +31,7 @@ moe/triton_moe_rows_tma.py's persistent form of it instead):
 
 No host sync. Expert e owns sorted rows offsets[e]..offsets[e + 1] and cdiv(count_e, BLOCK_M) row
 tiles, so the launch sizes its grid for the worst case, cdiv(S, BLOCK_M) + min(E, S) row tiles
-(S = T * top_k), and each program finds its expert from the offsets (expert_tile: a cumulative sum
+(S = T * top_k), and each program finds its expert from the offsets (expert_runs, run_tile: a cumulative sum
 over E values, in registers); a program past the last tile does nothing.
 
 FLOPs of the layer on S routed rows, hidden H, expert width I: 2 S H (2 I) + 2 S I H = 6 S H I
@@ -124,15 +124,23 @@ def row_tiles(n_rows, n_experts, block_m):
 
 
 @triton.jit
-def expert_tile(offsets_ptr, pid_m, n_experts, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr):
-    """Row tile pid_m's (expert, first sorted row, end of the expert's rows); expert >= n_experts
-    when pid_m is past the last tile. offsets (E + 1,) int64: expert e's rows are offsets[e]..offsets[e + 1]."""
+def expert_runs(offsets_ptr, n_experts, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, INDEX: tl.constexpr):
+    """The experts' row runs as (E_PAD,) vectors: (es, start, end, tiles, tile_end), expert e owning
+    sorted rows start[e]..end[e] and row tiles tile_end[e] - tiles[e]..tile_end[e] of BLOCK_M rows
+    (the padding past n_experts: none). offsets (E + 1,) int64; the tile counts in INDEX (int32
+    where they become TMA coordinates)."""
     es = tl.arange(0, E_PAD)
     ok = es < n_experts
     start = tl.load(offsets_ptr + es, mask=ok, other=0)
     end = tl.load(offsets_ptr + es + 1, mask=ok, other=0)
-    tiles = (end - start + BLOCK_M - 1) // BLOCK_M
-    tile_end = tl.cumsum(tiles, 0)
+    tiles = ((end - start + BLOCK_M - 1) // BLOCK_M).to(INDEX)
+    return es, start, end, tiles, tl.cumsum(tiles, 0)
+
+
+@triton.jit
+def run_tile(es, start, end, tiles, tile_end, pid_m, BLOCK_M: tl.constexpr):
+    """Row tile pid_m's (expert, first sorted row, end of the expert's rows) from expert_runs'
+    vectors; expert >= n_experts when pid_m is past the last tile."""
     # experts whose tiles all come before pid_m (the padding's tile_end is the total: counted only
     # past the last tile, which makes e >= n_experts there)
     e = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
@@ -140,6 +148,17 @@ def expert_tile(offsets_ptr, pid_m, n_experts, BLOCK_M: tl.constexpr, E_PAD: tl.
     first_tile = tl.sum(tl.where(mine, tile_end - tiles, 0), 0)
     row0 = tl.sum(tl.where(mine, start, 0), 0) + (pid_m - first_tile) * BLOCK_M
     return e, row0, tl.sum(tl.where(mine, end, 0), 0)
+
+
+@triton.jit
+def grouped_order(pid, n_tiles_m, n_tiles_n, GROUP_M: tl.constexpr):
+    """Tile pid's (row tile, column tile) in grouped order: GROUP_M row tiles walk the columns
+    together, so that a band of an expert's weight columns is read once for them from HBM, then
+    from L2 (Mixtral's gate | up is 235 MB an expert, past any L2)."""
+    first_m = pid // (GROUP_M * n_tiles_n) * GROUP_M
+    group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
+    local = pid % (GROUP_M * n_tiles_n)
+    return first_m + local % group_m, local // group_m
 
 
 @triton.jit
@@ -161,17 +180,11 @@ def _expert_rows_kernel(
     """One program: BLOCK_M sorted rows of one expert x BLOCK_N columns, all of K, then the epilogue."""
     tl.static_assert(EPILOGUE == "glu" or EPILOGUE == "scatter" or EPILOGUE == "store",
                      "EPILOGUE must be 'glu', 'scatter' or 'store'")
-    # GROUP_M row tiles walk the columns together: a band of an expert's weight columns is read
-    # once for them from HBM, then from L2 (Mixtral's gate | up is 235 MB an expert, past any L2)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     n_tiles_m = tl.num_programs(0) // n_tiles_n
-    pid = tl.program_id(0)
-    first_m = pid // (GROUP_M * n_tiles_n) * GROUP_M
-    group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
-    local = pid % (GROUP_M * n_tiles_n)
-    pid_m = first_m + local % group_m
-    pid_n = local // group_m
-    e, row0, row_end = expert_tile(offsets_ptr, pid_m, n_experts, BLOCK_M, E_PAD)
+    pid_m, pid_n = grouped_order(tl.program_id(0), n_tiles_m, n_tiles_n, GROUP_M)
+    es, start, end, tiles, tile_end = expert_runs(offsets_ptr, n_experts, BLOCK_M, E_PAD, tl.int64)
+    e, row0, row_end = run_tile(es, start, end, tiles, tile_end, pid_m, BLOCK_M)
     if e < n_experts:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end

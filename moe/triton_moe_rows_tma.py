@@ -41,7 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from llmk.common.device import sm_count
 from llmk.common.ints import next_power_of_2
 from llmk.common.triton_utils import activate
-from llmk.moe.triton_moe_gemm import GROUP_M, dot_precision
+from llmk.moe.triton_moe_gemm import GROUP_M, dot_precision, expert_runs, grouped_order
 
 # Programs the interpreter runs: few, so that each walks several of the tests' tiles
 INTERPRET_SMS = 3
@@ -56,7 +56,7 @@ def fits(a, b, epilogue, block_k):
     the gate and up halves one (2E, N, K) tensor (a, gathered by pointers, any strides); "scatter":
     a (S, K) row-major and b (E, N, K) as (E * N, K) row-major, or b's transpose's memory (E, K, N)
     as (E * K, N) with K % block_k == 0. Bases and row strides 16-byte aligned."""
-    n_experts, n, k = b.shape
+    n, k = b.shape[1:]
     if epilogue == "glu":
         return b.stride(2) == 1 and b.stride(0) == n * b.stride(1) and _aligned(b, b.stride(1))
     if not (a.stride(1) == 1 and _aligned(a, a.stride(0))):
@@ -83,24 +83,16 @@ def _expert_rows_tma_kernel(
     """Program p computes tiles p, p + NUM_SMS, ...: BLOCK_M sorted rows of one expert x BLOCK_N
     columns (glu: of gate and of up), all of K, then the epilogue."""
     tl.static_assert(EPILOGUE == "glu" or EPILOGUE == "scatter", "EPILOGUE must be 'glu' or 'scatter'")
-    # the experts' row runs, read once: expert e owns row tiles tile_end[e] - tiles[e] .. tile_end[e]
-    es = tl.arange(0, E_PAD)
-    present = es < n_experts
-    start = tl.load(offsets_ptr + es, mask=present, other=0)
-    end = tl.load(offsets_ptr + es + 1, mask=present, other=0)
-    tiles = ((end - start + BLOCK_M - 1) // BLOCK_M).to(tl.int32)  # descriptor coordinates are 32-bit
-    tile_end = tl.cumsum(tiles, 0)
+    # the experts' row runs, read once; the tile counts 32-bit, as descriptor coordinates must be
+    es, start, end, tiles, tile_end = expert_runs(offsets_ptr, n_experts, BLOCK_M, E_PAD, tl.int32)
     n_tiles_m = tl.sum(tiles, 0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
     rk = tl.arange(0, BLOCK_K)
     for tile in tl.range(tl.program_id(0), n_tiles_m * n_tiles_n, NUM_SMS, flatten=True):
-        # GROUP_M row tiles walk the columns together (a band of an expert's weights stays in L2)
-        first_m = tile // (GROUP_M * n_tiles_n) * GROUP_M
-        group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
-        local = tile % (GROUP_M * n_tiles_n)
-        pid_m = first_m + local % group_m
-        pid_n = local // group_m
+        pid_m, pid_n = grouped_order(tile, n_tiles_m, n_tiles_n, GROUP_M)
+        # run_tile's expert and first row, with first_tile folded into row0's sum: one cross-warp
+        # reduction fewer a tile of the loop (the row kernel keeps run_tile's form, as measured)
         e = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
         mine = es == e
         row0 = tl.sum(tl.where(mine, start + (pid_m - tile_end + tiles) * BLOCK_M, 0), 0).to(tl.int32)

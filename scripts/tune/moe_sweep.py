@@ -30,6 +30,7 @@ grouped_mm line times torch._grouped_mm on the same product over operands alread
 launch and row class, the candidate best or within 2% at the most shapes.
 """
 import argparse
+import functools
 import sys
 
 import torch
@@ -99,28 +100,32 @@ def launches(p):
     x, wgu, wd, order, offsets, k = p["x"], p["w_gate_up"], p["w_down"], p["order"], p["offsets"], p["top_k"]
     s, h, inter = order.shape[0], x.shape[1], wd.shape[2]
 
-    def gate_up(cfg):  # training's form: gate | up stored for the backward too
+    def rows(cfg, tma, a, b, c, **kw):  # a glu or scatter launch by the row kernel, or the persistent TMA one
+        if tma:
+            launch_expert_rows_tma(a, b, c, order, offsets, cfg, **kw)
+        else:
+            launch_expert_rows(a, b, c, order, offsets, gather=kw["epilogue"] == "glu", config=cfg, **kw)
+
+    def gate_up(cfg, tma=False):  # training's form: gate | up stored for the backward too
         out, pre = torch.empty(s, inter, device=DEVICE, dtype=x.dtype), torch.empty_like(p["pre"])
-        launch_expert_rows(x, wgu, out, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre, config=cfg)
+        rows(cfg, tma, x, wgu, out, epilogue="glu", top_k=k, pre=pre)
         return out, pre
 
-    def down(cfg):
+    def down(cfg, tma=False):
         out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
-        launch_expert_rows(p["h"], wd, out, order, offsets, gather=False, epilogue="scatter", scale=p["scale"],
-                           config=cfg)
+        rows(cfg, tma, p["h"], wd, out, epilogue="scatter", scale=p["scale"])
         return out
 
     def dh(cfg, copy=True):  # as the backward runs it: with the weight gradients' copy of its rows
         out = torch.empty(s, inter, device=DEVICE, dtype=x.dtype)
-        rows = torch.empty(s, h, device=DEVICE, dtype=x.dtype) if copy else None
+        kept = torch.empty(s, h, device=DEVICE, dtype=x.dtype) if copy else None
         launch_expert_rows(p["dout"], wd.transpose(1, 2), out, order, offsets, gather=True, epilogue="store",
-                           top_k=k, scale=p["scale"], a_copy=rows, config=cfg)
-        return (out, rows) if copy else out
+                           top_k=k, scale=p["scale"], a_copy=kept, config=cfg)
+        return (out, kept) if copy else out
 
-    def dx(cfg):
+    def dx(cfg, tma=False):
         out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
-        launch_expert_rows(p["dpre"], wgu.transpose(1, 2), out, order, offsets, gather=False, epilogue="scatter",
-                           config=cfg)
+        rows(cfg, tma, p["dpre"], wgu.transpose(1, 2), out, epilogue="scatter")
         return out
 
     def dw_up(cfg):  # over x's rows already in expert order (the gather is its own launch)
@@ -133,25 +138,12 @@ def launches(p):
         launch_expert_weight_grad(p["dout_rows"], p["h"], out, offsets, kind="down", config=cfg)
         return out
 
-    def gate_up_tma(cfg):  # the persistent TMA kernel's forms of gate_up, down and dx
-        out, pre = torch.empty(s, inter, device=DEVICE, dtype=x.dtype), torch.empty_like(p["pre"])
-        launch_expert_rows_tma(x, wgu, out, order, offsets, cfg, epilogue="glu", top_k=k, pre=pre)
-        return out, pre
-
-    def down_tma(cfg):
-        out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
-        launch_expert_rows_tma(p["h"], wd, out, order, offsets, cfg, epilogue="scatter", scale=p["scale"])
-        return out
-
-    def dx_tma(cfg):
-        out = torch.empty(s, h, device=DEVICE, dtype=x.dtype)
-        launch_expert_rows_tma(p["dpre"], wgu.transpose(1, 2), out, order, offsets, cfg, epilogue="scatter")
-        return out
-
     gemm = 2 * s * h * inter
-    return {"gate_up": ("glu", 2 * gemm, gate_up), "gate_up_tma": ("glu_tma", 2 * gemm, gate_up_tma),
-            "down": ("scatter", gemm, down), "down_tma": ("scatter_tma", gemm, down_tma),
-            "dh": ("store", gemm, dh), "dx": ("scatter", 2 * gemm, dx), "dx_tma": ("scatter_tma", 2 * gemm, dx_tma),
+    on_tma = functools.partial  # the same launch, in the persistent TMA kernel
+    return {"gate_up": ("glu", 2 * gemm, gate_up), "gate_up_tma": ("glu_tma", 2 * gemm, on_tma(gate_up, tma=True)),
+            "down": ("scatter", gemm, down), "down_tma": ("scatter_tma", gemm, on_tma(down, tma=True)),
+            "dh": ("store", gemm, dh), "dx": ("scatter", 2 * gemm, dx),
+            "dx_tma": ("scatter_tma", 2 * gemm, on_tma(dx, tma=True)),
             "dw_up": ("weight", 2 * gemm, dw_up), "dw_down": ("weight", gemm, dw_down)}
 
 
@@ -165,15 +157,13 @@ def grouped_mm_calls(p):
     offs = p["counts"].cumsum(0).to(torch.int32)
     wgu, wd = p["w_gate_up"], p["w_down"]
     gm = torch._grouped_mm
-    return {"gate_up": lambda: gm(xs, wgu.transpose(1, 2), offs=offs),
-            "down": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
-            "dh": lambda: gm(dout_s, wd, offs=offs),
-            "dx": lambda: gm(p["dpre"], wgu, offs=offs),
-            "gate_up_tma": lambda: gm(xs, wgu.transpose(1, 2), offs=offs),
-            "down_tma": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
-            "dx_tma": lambda: gm(p["dpre"], wgu, offs=offs),
-            "dw_up": lambda: gm(p["dpre"].t(), xs, offs=offs),
-            "dw_down": lambda: gm(dout_s.t(), p["h"], offs=offs)}
+    calls = {"gate_up": lambda: gm(xs, wgu.transpose(1, 2), offs=offs),
+             "down": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
+             "dh": lambda: gm(dout_s, wd, offs=offs),
+             "dx": lambda: gm(p["dpre"], wgu, offs=offs),
+             "dw_up": lambda: gm(p["dpre"].t(), xs, offs=offs),
+             "dw_down": lambda: gm(dout_s.t(), p["h"], offs=offs)}
+    return {**calls, **{f"{name}_tma": calls[name] for name in ("gate_up", "down", "dx")}}  # the same products
 
 
 def main():
