@@ -7,7 +7,8 @@ Two ways in:
   attention/gluon_flash_attention_fwd.py);
 - Launcher: `Launcher(kernel)[grid](*args, **constexprs, num_warps=...)`, the same call as
   `kernel[grid](...)`, with the key read off the arguments by specialization_key (the FP8 kernels
-  in gemm/, which run a few hundred launches a training step).
+  in gemm/, which run a few hundred launches a training step; the norms, whose host time is their
+  cost at decode and micro-batch sizes).
 
 The call is the one JITFunction.run makes once it has found the kernel in its cache (Triton 3.6 to
 3.9). In the interpreter every launch goes through the kernel as usual.
@@ -35,19 +36,23 @@ def run_compiled(kernel, grid, device_index, args):
                knobs.runtime.launch_exit_hook, *args)
 
 
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def arg_key(x):
     """What Triton 3.6-3.9 specializes a kernel on for one non-constexpr argument, or finer: a
     tensor's dtype and whether its base is 16-byte aligned; an int's width (int32, int64 or
     uint64), whether it is 1 and whether 16 divides it; a descriptor's dtype, block shape and
     padding; the type of anything else (a float, numpy's too, is fp32, a bool u1, None a constexpr
     None).
-    common/test_direct_launch.py holds it against Triton's own specializer."""
-    if isinstance(x, torch.Tensor):
-        return x.dtype, x.data_ptr() % 16 == 0
+    common/test_direct_launch.py holds it against Triton's own specializer. The checks run in the
+    order the arguments are most common (a launch keys a dozen of them: its host time counts)."""
     kind = type(x)
-    if kind is int:
-        width = 32 if INT32[0] <= x < INT32[1] else 64 if x <= INT64_MAX else 65
-        return width, x == 1, x % 16 == 0
+    if kind is int:  # width, == 1 and divisible by 16, as one small int
+        width = 0 if INT32[0] <= x < INT32[1] else 4 if x <= INT64_MAX else 8
+        return width | (x == 1) | (not x & 15) << 1
+    if kind in _TENSORS or isinstance(x, torch.Tensor):
+        return x.dtype, not x.data_ptr() & 15
     if kind is TensorDescriptor:
         return x.base.dtype, tuple(x.block_shape), x.padding
     if isinstance(x, float):  # numpy's float64 too: Triton passes every float as fp32
@@ -64,16 +69,18 @@ def specialization_key(args):
 
 class Launcher:
     """`Launcher(kernel)[grid](*args, **keywords)` launches `kernel` as `kernel[grid](*args,
-    **keywords)` does: args its non-constexpr parameters in order, keywords its constexprs and
-    compile options. The first launch of a specialization (specialization_key of args, the
-    keywords, the device, the two knobs JITFunction.run folds into its options) goes through
-    Triton and keeps what it compiled; the next ones are run_compiled's. The kernel's constexpr
-    parameters must follow its others (checked at the first launch)."""
+    **keywords)` does: args its first parameters in order (constexprs among them too, as the norms'
+    looped kernels take their row length), keywords the parameters after those (constexprs) and
+    compile options. The first launch of a specialization (specialization_key of args, the values
+    of the constexprs among them, the keywords, the device, the two knobs JITFunction.run folds
+    into its options) goes through Triton and keeps what it compiled; the next ones are
+    run_compiled's. Every non-constexpr parameter must be passed by position (checked at the
+    first launch of each count of positional arguments)."""
 
     def __init__(self, kernel):
         self.kernel = kernel
-        self._compiled = {}
-        self._constexprs = None  # ((name, default), ...) of the constexpr parameters, in order
+        self._compiled = {}  # key -> (compiled kernel, the values of the parameters after args)
+        self._layouts = {}  # len(args) -> positions of the constexprs among args
 
     def __getitem__(self, grid):
         return lambda *args, **keywords: self.launch(grid, args, keywords)
@@ -82,23 +89,26 @@ class Launcher:
         if INTERPRET:
             self.kernel[grid](*args, **keywords)
             return
+        fixed = self._layouts.get(len(args))
+        if fixed is None:
+            fixed = self._layout(len(args))
         device = driver.active.get_current_device()
-        key = (device, specialization_key(args), tuple(keywords.items()), knobs.runtime.debug,
-               knobs.compilation.instrumentation_mode)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            self._check_order(len(args))
-            self._compiled[key] = self.kernel[grid](*args, **keywords)
+        key = (device, specialization_key(args), tuple([args[i] for i in fixed]), tuple(keywords.items()),
+               knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+        found = self._compiled.get(key)
+        if found is None:
+            # the values of the parameters after args, in the kernel's order: the key fixes them
+            rest = tuple(keywords.get(p.name, p.default) for p in self.kernel.params[len(args):])
+            self._compiled[key] = self.kernel[grid](*args, **keywords), rest
             return
-        constexprs = tuple(keywords.get(name, default) for name, default in self._constexprs)
-        run_compiled(compiled, grid, device, (*args, *constexprs))
+        compiled, rest = found
+        run_compiled(compiled, grid, device, (*args, *rest))
 
-    def _check_order(self, n_args):
-        if self._constexprs is not None:
-            return
+    def _layout(self, n_args):
         params = self.kernel.params
-        n_plain = sum(not p.is_constexpr for p in params)
-        if any(p.is_constexpr for p in params[:n_plain]) or n_args != n_plain:
-            raise TypeError(f"Launcher({self.kernel.fn.__name__}): pass the {n_plain} non-constexpr parameters by "
-                            f"position ({n_args} given) and the constexprs, which must follow them, by name")
-        self._constexprs = tuple((p.name, p.default) for p in params[n_plain:])
+        late = [p.name for p in params[n_args:] if not p.is_constexpr]
+        if late or n_args > len(params):
+            raise TypeError(f"Launcher({self.kernel.fn.__name__}): pass every non-constexpr parameter by position "
+                            f"({n_args} given; {', '.join(late) or 'too many'} after them)")
+        self._layouts[n_args] = fixed = tuple(i for i, p in enumerate(params[:n_args]) if p.is_constexpr)
+        return fixed

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from llmk.common.device import sm_count
+from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv, next_power_of_2
 
 # The interpreter's SM count: 3, so the small test shapes split N into several strips
@@ -35,6 +36,11 @@ def _sum_partials_kernel(
     tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=in_row)
 
 
+# direct launches from a specialization's second on (common/direct_launch.py): the reduce follows
+# every norm backward, whose host time is its cost at micro-batch sizes
+_sum_partials = Launcher(_sum_partials_kernel)
+
+
 def sum_config(n_partials, n_cols, sms):
     """(BLOCK_P, BLOCK_N, num_warps) of the reduce over a (P, N) fp32 partial buffer: one program a
     BLOCK_N column strip, BLOCK_P partial rows a trip. The loop's loads wait one trip at a time, so
@@ -51,5 +57,5 @@ def sum_partials(partial, out, blocks=None):
     blocks: (BLOCK_P, BLOCK_N, num_warps) instead of sum_config's choice (tuning sweeps)."""
     n_partials, n_cols = partial.shape
     block_p, block_n, warps = blocks or sum_config(n_partials, n_cols, sm_count(partial.device, INTERPRETER_SMS))
-    _sum_partials_kernel[(triton.cdiv(n_cols, block_n),)](partial, out, n_partials, n_cols,
-                                                          BLOCK_P=block_p, BLOCK_N=block_n, num_warps=warps)
+    _sum_partials[(cdiv(n_cols, block_n),)](partial, out, n_partials, n_cols, BLOCK_P=block_p, BLOCK_N=block_n,
+                                            num_warps=warps)

@@ -7,9 +7,9 @@ A key coarser than Triton's would run a kernel compiled for other arguments (an 
 vector loads on an unaligned one, a stride specialized to 1 on a stride of 3): wrong results
 without an error. The first case holds arg_key against Triton's own specializer on arguments at
 every boundary it draws (both lanes: the specializer is Triton's C++, no GPU needed). The second
-launches a strided copy through one Launcher with arguments that cross those boundaries one at a
-time and compares each result with torch's; on a GPU, every launch after a key's first is the
-direct one, and the case counts them.
+launches a strided copy through two Launchers (constexprs by name, and by position) with arguments
+that cross those boundaries one at a time and compares each result with torch's; on a GPU, every
+launch after a key's first is the direct one, and the case counts them.
 """
 import itertools
 
@@ -72,44 +72,50 @@ def _strided_copy_kernel(x_ptr, y_ptr, n, stride_x, scale, BLOCK: tl.constexpr, 
 
 
 def check_launches():
-    """One Launcher, launches whose arguments cross one specialization boundary at a time (the base's
-    alignment, n and the stride at 1 and 16's multiples, a constexpr, the grid), each twice (the
-    second is a direct launch on a GPU), each against torch."""
-    launcher = Launcher(_strided_copy_kernel)
+    """Launchers whose arguments cross one specialization boundary at a time (the base's alignment,
+    n and the stride at 1 and 16's multiples, a constexpr, the grid), each twice (the second is a
+    direct launch on a GPU), each against torch: one launcher takes the constexprs by name, one by
+    position (a key without their values would run SCALE=False's kernel for SCALE=True)."""
+    by_name, by_position = Launcher(_strided_copy_kernel), Launcher(_strided_copy_kernel)
     src = torch.randn(8192, device=DEVICE)
     runs = [(0, 64, 1, False), (0, 64, 1, True), (1, 64, 1, False), (0, 63, 1, False), (0, 1, 1, False),
             (0, 64, 16, False), (0, 64, 3, False), (3, 17, 5, True), (0, 1000, 7, False), (0, 64, 1, False)]
     outcomes = []
-    for offset, n, stride, scale in runs:
-        for attempt in range(2):
-            x = src[offset:]
-            y = torch.full((n + 8,), float("nan"), device=DEVICE)  # poisoned past n: nothing written there
-            launcher[(triton.cdiv(n, 32),)](x, y, n, stride, 1.5, BLOCK=32, SCALE=scale)
-            want = x[: n * stride: stride] * (1.5 if scale else 1.0)
-            ok = torch.equal(y[:n], want) and bool(y[n:].isnan().all())
-            outcomes.append(Outcome(f"offset {offset} n {n} stride {stride} scale {scale} launch {attempt + 1}", ok))
-    keys = len(launcher._compiled)
-    outcomes.append(Outcome(f"{keys} compiled keys for {len(runs) - 1} distinct launches",
-                            INTERPRET or keys == len(runs) - 1))
+    for launcher, name in ((by_name, "by name"), (by_position, "by position")):
+        for offset, n, stride, scale in runs:
+            for attempt in range(2):
+                x = src[offset:]
+                y = torch.full((n + 8,), float("nan"), device=DEVICE)  # poisoned past n: nothing written there
+                if launcher is by_name:
+                    launcher[(triton.cdiv(n, 32),)](x, y, n, stride, 1.5, BLOCK=32, SCALE=scale)
+                else:
+                    launcher[(triton.cdiv(n, 32),)](x, y, n, stride, 1.5, 32, scale)
+                want = x[: n * stride: stride] * (1.5 if scale else 1.0)
+                ok = torch.equal(y[:n], want) and bool(y[n:].isnan().all())
+                outcomes.append(Outcome(f"constexprs {name}: offset {offset} n {n} stride {stride} scale {scale} "
+                                        f"launch {attempt + 1}", ok))
+        keys = len(launcher._compiled)
+        outcomes.append(Outcome(f"constexprs {name}: {keys} compiled keys for {len(runs) - 1} distinct launches",
+                                INTERPRET or keys == len(runs) - 1))
     return outcomes
 
 
 def check_order():
-    """A constexpr passed by position is refused with a clear error on a GPU (the interpreter runs
-    the kernel as it is called)."""
+    """A non-constexpr parameter passed by name is refused with a clear error on a GPU (the
+    interpreter runs the kernel as it is called)."""
     if INTERPRET:
         raise Skip("the interpreter launches through the kernel: no direct launch to refuse")
     x = torch.zeros(4, device=DEVICE)
     try:
-        Launcher(_strided_copy_kernel)[(1,)](x, x, 4, 1, 1.0, 32, SCALE=False)
+        Launcher(_strided_copy_kernel)[(1,)](x, x, 4, stride_x=1, scale=1.0, BLOCK=32, SCALE=False)
     except TypeError as e:
-        return [Outcome("positional constexpr refused", "by name" in str(e), note=str(e)[:80])]
-    return [Outcome("positional constexpr refused", False, note="no error")]
+        return [Outcome("a non-constexpr parameter by name refused", "by position" in str(e), note=str(e)[:80])]
+    return [Outcome("a non-constexpr parameter by name refused", False, note="no error")]
 
 
 CASES = [Case("arg_key is as fine as Triton's specialization", check_key_fine_enough),
          Case("launches across specializations", check_launches),
-         Case("constexprs by name", check_order)]
+         Case("non-constexpr parameters by position", check_order)]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

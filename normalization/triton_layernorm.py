@@ -11,13 +11,13 @@ normalization/launch_config.py picks the kernel and its launch.
 Backward (normalization/triton_norm_backward.py, operator llmk::layernorm_backward): the forward
 saves x and weight; mean and rstd are recomputed (read x, dy, write dx: 3*N*e a row).
 """
-import torch
 import triton
 import triton.language as tl
 
+from llmk.common.direct_launch import Launcher
 from llmk.common.ops import define_op, define_ops
 from llmk.common.triton_utils import col_mask
-from llmk.common.validation import as_rows, check_out
+from llmk.common.validation import check_out, contiguous_like, rows_of
 from llmk.normalization.checks import check_norm_args
 from llmk.normalization.launch_config import row_config
 from llmk.normalization.triton_norm_backward import launch_layernorm_backward
@@ -101,36 +101,40 @@ def _layernorm_looped_kernel(
                  eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
+# direct launches from a specialization's second on (common/direct_launch.py): at decode and
+# micro-batch sizes a norm's host time is its cost
+_fused, _looped = Launcher(_layernorm_fused_kernel), Launcher(_layernorm_looped_kernel)
+
+
 def launch_layernorm(x, weight, bias, eps, y, cfg=None):
     """Launch on validated arguments: x (..., N); weight, bias (N,) or None; y a contiguous output
     shaped like x, written in place. cfg: a RowConfig to launch instead of row_config's choice
     (tuning sweeps); a fused one must hold the whole row (BLOCK_N >= N)."""
     if x.numel() == 0:
         return
-    x2 = as_rows(x)
-    n_rows, n_cols = x2.shape
-    y2 = y.view(-1, n_cols)
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    x2, stride_x = rows_of(x)
     if cfg is None:
         cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)
-    # absent weight/bias: pass x as a never-read placeholder pointer
-    args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y2,
-            n_rows, n_cols, x2.stride(0), y2.stride(0), eps)
-    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+    # y is contiguous: row stride N. Absent weight/bias: x stands in as a never-read placeholder pointer
+    args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y,
+            n_rows, n_cols, stride_x, n_cols, eps)
     if cfg.looped:
-        _layernorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
-                                              EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+        _looped[(cfg.grid,)](*args, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_N=cfg.BLOCK_N,
+                             EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
     else:
-        _layernorm_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                             num_warps=cfg.num_warps)
+        _fused[(cfg.grid,)](*args, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=cfg.BLOCK_M,
+                            BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
 
 
 def _grad_buffer(param, wanted):
     """A parameter's gradient output: (N,) in its dtype, or a 0-size placeholder when not wanted."""
-    return param.new_empty(param.shape if wanted else (0,))
+    return contiguous_like(param) if wanted else param.new_empty((0,))
 
 
 def _backward_impl(dy, x, weight, bias, eps, weight_grad, bias_grad):
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = contiguous_like(x)
     dweight = _grad_buffer(weight if weight is not None else x, weight_grad)
     dbias = _grad_buffer(bias if bias is not None else x, bias_grad)
     launch_layernorm_backward(dy, x, weight, eps, dx, dweight if weight_grad else None,
@@ -161,7 +165,7 @@ def _backward(ctx, dy):
 
 def _empty(x, weight, bias, eps):
     """The operator's new output (its fake implementation too)."""
-    return x.new_empty(x.shape)
+    return contiguous_like(x)
 
 
 layernorm_op, layernorm_out_op = define_ops(

@@ -28,9 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
+from llmk.common.direct_launch import Launcher
 from llmk.common.reduce import sum_partials
 from llmk.common.triton_utils import col_mask
-from llmk.common.validation import as_rows
+from llmk.common.validation import rows_of
 from llmk.normalization.launch_config import backward_config
 
 
@@ -332,6 +333,12 @@ def _layernorm_bwd_looped_kernel(
             tl.store(db_row + cols, db_acc, mask=cols < n_cols)
 
 
+# direct launches from a specialization's second on (common/direct_launch.py): at micro-batch sizes
+# a norm's backward costs the host more than the GPU
+_rmsnorm_fused, _rmsnorm_looped = Launcher(_rmsnorm_bwd_fused_kernel), Launcher(_rmsnorm_bwd_looped_kernel)
+_layernorm_fused, _layernorm_looped = Launcher(_layernorm_bwd_fused_kernel), Launcher(_layernorm_bwd_looped_kernel)
+
+
 def _partials(cfg, n_cols, device, wanted):
     """A (P, N) fp32 buffer for one weight's per-program sums; zeroed for the looped kernel over
     several chunks, which adds into it row by row. A 0-size placeholder when the gradient is not
@@ -353,25 +360,25 @@ def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_b
         if dweight is not None:
             dweight.zero_()  # no rows: the sum over rows is 0
         return
-    x2, dy2 = as_rows(x), as_rows(dy)
-    n_rows, n_cols = x2.shape
-    du2 = as_rows(du) if du is not None else dy2
-    dx2 = dx.view(-1, n_cols)
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    (x2, stride_x), (dy2, stride_dy) = rows_of(x), rows_of(dy)
+    du2, stride_du = rows_of(du) if du is not None else (dy2, stride_dy)
     if cfg is None:
         cfg = backward_config(n_rows, n_cols, x.element_size(), x.device,
                               "rmsnorm" if du is None else "residual_rmsnorm")
     partial = _partials(cfg, n_cols, x.device, dweight is not None)
-    args = (dy2, x2, weight.contiguous() if weight is not None else x2, du2, dx2, partial, n_rows, n_cols,
-            dy2.stride(0), x2.stride(0), du2.stride(0), dx2.stride(0), eps, offset)
+    # dx is contiguous: row stride N
+    args = (dy2, x2, weight.contiguous() if weight is not None else x2, du2, dx, partial, n_rows, n_cols,
+            stride_dy, stride_x, stride_du, n_cols, eps, offset)
     flags = dict(HAS_DU=du is not None, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=dweight is not None)
     if cfg.looped:
-        _rmsnorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                                EVEN_N=n_cols % cfg.BLOCK_N == 0,
-                                                ONE_CHUNK=n_cols <= cfg.BLOCK_N, PREFETCH=cfg.prefetch,
-                                                num_warps=cfg.num_warps)
+        _rmsnorm_looped[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                     EVEN_N=n_cols % cfg.BLOCK_N == 0, ONE_CHUNK=n_cols <= cfg.BLOCK_N,
+                                     PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     else:
-        _rmsnorm_bwd_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                               PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
+        _rmsnorm_fused[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                    PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     if dweight is not None:
         sum_partials(partial, dweight, sum_blocks)
 
@@ -386,22 +393,23 @@ def launch_layernorm_backward(dy, x, weight, eps, dx, dweight, dbias, cfg=None, 
             if grad is not None:
                 grad.zero_()
         return
-    x2, dy2 = as_rows(x), as_rows(dy)
-    n_rows, n_cols = x2.shape
-    dx2 = dx.view(-1, n_cols)
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    (x2, stride_x), (dy2, stride_dy) = rows_of(x), rows_of(dy)
     if cfg is None:
         cfg = backward_config(n_rows, n_cols, x.element_size(), x.device, "layernorm")
     dw_partial = _partials(cfg, n_cols, x.device, dweight is not None)
     db_partial = _partials(cfg, n_cols, x.device, dbias is not None)
-    args = (dy2, x2, weight.contiguous() if weight is not None else x2, dx2, dw_partial, db_partial,
-            n_rows, n_cols, dy2.stride(0), x2.stride(0), dx2.stride(0), eps)
+    # dx is contiguous: row stride N
+    args = (dy2, x2, weight.contiguous() if weight is not None else x2, dx, dw_partial, db_partial,
+            n_rows, n_cols, stride_dy, stride_x, n_cols, eps)
     flags = dict(HAS_WEIGHT=weight is not None, WEIGHT_GRAD=dweight is not None, BIAS_GRAD=dbias is not None)
     if cfg.looped:
-        _layernorm_bwd_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, EVEN_N=n_cols % cfg.BLOCK_N == 0,
-                                                  ONE_CHUNK=n_cols <= cfg.BLOCK_N, num_warps=cfg.num_warps)
+        _layernorm_looped[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, EVEN_N=n_cols % cfg.BLOCK_N == 0,
+                                       ONE_CHUNK=n_cols <= cfg.BLOCK_N, num_warps=cfg.num_warps)
     else:
-        _layernorm_bwd_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                                 PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
+        _layernorm_fused[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                                      PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     for grad, partial in ((dweight, dw_partial), (dbias, db_partial)):
         if grad is not None:
             sum_partials(partial, grad, sum_blocks)

@@ -21,13 +21,13 @@ Backward (normalization/triton_norm_backward.py): the operator llmk::rmsnorm_bac
 autograd calls and `rmsnorm_backward` exposes; the forward saves x and weight only (rstd is
 recomputed from x: read x, dy, write dx, 3*N*e a row). Without a weight there is no dweight.
 """
-import torch
 import triton
 import triton.language as tl
 
+from llmk.common.direct_launch import Launcher
 from llmk.common.ops import define_op, define_ops
 from llmk.common.triton_utils import col_mask
-from llmk.common.validation import as_rows, check_out, check_same_device, check_tensor
+from llmk.common.validation import check_out, check_same_device, check_tensor, contiguous_like, rows_of
 from llmk.normalization.checks import check_norm_args
 from llmk.normalization.launch_config import row_config
 from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
@@ -115,6 +115,11 @@ def _rmsnorm_looped_kernel(
                  eviction_policy="evict_first")  # y is not read again: keep L2 for x
 
 
+# direct launches from a specialization's second on (common/direct_launch.py): at decode and
+# micro-batch sizes a norm's host time is its cost
+_fused, _looped = Launcher(_rmsnorm_fused_kernel), Launcher(_rmsnorm_looped_kernel)
+
+
 def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None, offset=0.0):
     """Launch on validated arguments: x, residual (or None) (..., N); weight (N,) or None (no
     weight: y = x * rstd, offset ignored); y, u (or None) contiguous outputs shaped like x; offset
@@ -123,23 +128,21 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None, offset=0.0):
     one must hold the whole row (BLOCK_N >= N)."""
     if x.numel() == 0:
         return
-    x2 = as_rows(x)
-    n_rows, n_cols = x2.shape
-    r2 = as_rows(residual) if residual is not None else x2
-    y2 = y.view(-1, n_cols)
-    u2 = u.view(-1, n_cols) if u is not None else y2
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    x2, stride_x = rows_of(x)
+    r2, stride_r = rows_of(residual) if residual is not None else (x2, stride_x)
     if cfg is None:
         cfg = row_config(n_rows, n_cols, x.element_size())
-    # no weight: x stands in as a pointer the kernel never reads
-    args = (x2, r2, weight.contiguous() if weight is not None else x2, y2, u2, n_rows, n_cols,
-            x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0), eps, offset)
-    flags = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None)
+    # y and u are contiguous: row stride N. No weight: x stands in as a pointer the kernel never reads
+    args = (x2, r2, weight.contiguous() if weight is not None else x2, y, y if u is None else u, n_rows, n_cols,
+            stride_x, stride_r, n_cols, n_cols, eps, offset)
     if cfg.looped:
-        _rmsnorm_looped_kernel[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N,
-                                            EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+        _looped[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+                             BLOCK_N=cfg.BLOCK_N, EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
     else:
-        _rmsnorm_fused_kernel[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                           num_warps=cfg.num_warps)
+        _fused[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+                            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
 
 
 def weight_grad_buffer(x, weight, weight_grad):
@@ -147,11 +150,11 @@ def weight_grad_buffer(x, weight, weight_grad):
     is not wanted or there is no weight (the operators return a Tensor either way)."""
     if weight is None or not weight_grad:
         return x.new_empty((0,))
-    return weight.new_empty(weight.shape)
+    return contiguous_like(weight)
 
 
 def _rmsnorm_backward_impl(dy, x, weight, eps, weight_grad, offset):
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = contiguous_like(x)
     dweight = weight_grad_buffer(x, weight, weight_grad)
     wanted = weight_grad and weight is not None
     launch_rmsnorm_backward(dy, x, weight, None, eps, dx, dweight if wanted else None, offset=offset)
@@ -177,7 +180,7 @@ def _backward(ctx, dy):
 
 def _empty(x, weight, eps, offset):
     """The operator's new output (its fake implementation too)."""
-    return x.new_empty(x.shape)
+    return contiguous_like(x)
 
 
 def _into(x, weight, eps, offset, out):
