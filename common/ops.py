@@ -108,9 +108,9 @@ class Op:
     tensor subclass, the call goes through the dispatcher: `op.overload`, torch.ops.llmk.<name>.
     An eager call on plain tensors runs `op.impl` directly. That is the same code the dispatcher
     would reach, minus its cost: the dispatcher's two Python kernels (autograd, then CPU/CUDA)
-    cost 11-24 us of host time a call on the H200's host under torch.no_grad() (3-15 us under
+    cost 8-35 us of host time a call on the H200's host under torch.no_grad() (3-17 us under
     inference_mode, which skips the autograd one), where the kernels of a decode step run for
-    5-20 us; this check costs ~3 us (docs/results/host.md). A call that autograd must record (grad
+    5-20 us; this check costs ~2 us (docs/results/host.md). A call that autograd must record (grad
     mode on, an input that requires grad) runs `op.function`, an autograd.Function of the same
     impl, setup_context and backward as the operator's autograd registration (one C++ autograd
     node, no dispatcher hops), when the op has a backward; it raises the forward-only error when
