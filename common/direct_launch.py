@@ -72,16 +72,16 @@ class Launcher:
     """`Launcher(kernel)[grid](*args, **keywords)` launches `kernel` as `kernel[grid](*args,
     **keywords)` does: args its first parameters in order (constexprs among them too, as the norms'
     looped kernels take their row length), keywords the parameters after those (constexprs) and
-    compile options. The first launch of a specialization (specialization_key of args, the values
-    of the constexprs among them, the keywords, the device, the two knobs JITFunction.run folds
-    into its options) goes through Triton and keeps what it compiled; the next ones are
+    compile options. The first launch of a specialization (arg_key of each non-constexpr argument,
+    the type and value of each constexpr among them, the keywords, the device, the two knobs
+    JITFunction.run folds into its options) goes through Triton and keeps what it compiled; the next ones are
     run_compiled's. Every non-constexpr parameter must be passed by position (checked at the
     first launch of each count of positional arguments)."""
 
     def __init__(self, kernel):
         self.kernel = kernel
         self._compiled = {}  # key -> (compiled kernel, the values of the parameters after args)
-        self._layouts = {}  # len(args) -> positions of the constexprs among args
+        self._layouts = {}  # len(args) -> the positions of the constexprs among args, a frozenset
 
     def __getitem__(self, grid):
         return lambda *args, **keywords: self.launch(grid, args, keywords)
@@ -94,8 +94,11 @@ class Launcher:
         if fixed is None:
             fixed = self._layout(len(args))
         device = driver.active.get_current_device()
-        key = (device, specialization_key(args), tuple([args[i] for i in fixed]), tuple(keywords.items()),
-               knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+        # a constexpr among args is keyed by its type and value (a str, which arg_key refuses; True,
+        # which Triton compiles apart from 1)
+        spec = (tuple([(type(a), a) if i in fixed else arg_key(a) for i, a in enumerate(args)]) if fixed
+                else specialization_key(args))
+        key = (device, spec, tuple(keywords.items()), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
         found = self._compiled.get(key)
         if found is None:
             # the values of the parameters after args, in the kernel's order: the key fixes them
@@ -111,5 +114,5 @@ class Launcher:
         if late or n_args > len(params):
             raise TypeError(f"Launcher({self.kernel.fn.__name__}): pass every non-constexpr parameter by position "
                             f"({n_args} given; {', '.join(late) or 'too many'} after them)")
-        self._layouts[n_args] = fixed = tuple(i for i, p in enumerate(params[:n_args]) if p.is_constexpr)
+        self._layouts[n_args] = fixed = frozenset(i for i, p in enumerate(params[:n_args]) if p.is_constexpr)
         return fixed
