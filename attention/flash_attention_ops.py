@@ -277,8 +277,10 @@ def _grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu=(None, None, 0, 0)):
     """The (dq, dk, dv) an autograd formula returns: None for an input that needs none."""
     if grad_out is None:  # only LSE was used
         grad_out = torch.zeros_like(out)
-    grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *cu, ctx.causal, ctx.sm_scale,
-                                        ctx.deterministic, *ctx.mask)
+    cu_q, cu_k, max_q, max_k = cu
+    grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_seqlen_q=max_q,
+                                        max_seqlen_k=max_k, causal=ctx.causal, sm_scale=ctx.sm_scale,
+                                        deterministic=ctx.deterministic, **ctx.mask)
     return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3]))
 
 
@@ -290,7 +292,7 @@ def _setup(ctx, inputs, output):
     saved = (inputs.q, inputs.k, inputs.v, *output) if isinstance(output, tuple) else (inputs.q, inputs.k, inputs.v)
     ctx.causal, ctx.sm_scale = inputs.causal, inputs.sm_scale
     ctx.deterministic = getattr(inputs, "deterministic", False)
-    ctx.mask = (inputs.window_left, inputs.window_right, inputs.softcap)
+    ctx.mask = dict(window_left=inputs.window_left, window_right=inputs.window_right, softcap=inputs.softcap)
     ctx.varlen = hasattr(inputs, "cu_seqlens_q")
     if ctx.varlen:
         ctx.max_seqlens = (inputs.max_seqlen_q, inputs.max_seqlen_k)
@@ -314,12 +316,13 @@ def _recompute_backward(ctx, grad_out):
     (q, k, v), cu = _saved(ctx)
     if grad_out is None:
         return (None,) * len(ctx.needs_input_grad)
-    mask = ctx.mask
+    options = dict(causal=ctx.causal, sm_scale=ctx.sm_scale, config=None, deterministic=ctx.deterministic, **ctx.mask)
     if cu[0] is not None:
-        out, lse = flash_attention_varlen_train_op(q, k, v, *cu, ctx.causal, ctx.sm_scale, None, ctx.deterministic,
-                                                   *mask)
+        cu_q, cu_k, max_q, max_k = cu
+        out, lse = flash_attention_varlen_train_op(q, k, v, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                                   **options)
     else:
-        out, lse = flash_attention_train_op(q, k, v, ctx.causal, ctx.sm_scale, None, ctx.deterministic, *mask)
+        out, lse = flash_attention_train_op(q, k, v, **options)
     return (*_grads(ctx, grad_out, None, q, k, v, out, lse, cu), *[None] * (len(ctx.needs_input_grad) - 3))
 
 
@@ -417,10 +420,12 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     check_attention_args(q, k, v, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
     mask = attention_mask(window, softcap)
+    options = dict(causal=causal, sm_scale=sm_scale, config=config, window_left=mask.window_left,
+                   window_right=mask.window_right, softcap=mask.softcap)
     if out is None:
         if needs_grad(q, k, v):
-            return flash_attention_train_op(q, k, v, causal, sm_scale, config, deterministic, *mask)[0]
-        return flash_attention_op(q, k, v, causal, sm_scale, config, *mask)
+            return flash_attention_train_op(q, k, v, deterministic=deterministic, **options)[0]
+        return flash_attention_op(q, k, v, **options)
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
                          f"{q.device}; got "
@@ -428,7 +433,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     if not _within_32_bits(out, 2):
         raise ValueError("out: one head spans 2^31 elements or more; the kernel indexes within a head with "
                          "32-bit offsets")
-    flash_attention_out_op(q, k, v, causal, sm_scale, config, out, *mask)
+    flash_attention_out_op(q, k, v, out=out, **options)
     return out
 
 
@@ -458,9 +463,10 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
+    args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous())
     mask = attention_mask(window, softcap)
-    args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal,
-            sm_scale, config)
+    options = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, sm_scale=sm_scale,
+                   config=config, window_left=mask.window_left, window_right=mask.window_right, softcap=mask.softcap)
     if needs_grad(q, k, v):
-        return flash_attention_varlen_train_op(*args, deterministic, *mask)[0]
-    return flash_attention_varlen_op(*args, *mask)
+        return flash_attention_varlen_train_op(*args, deterministic=deterministic, **options)[0]
+    return flash_attention_varlen_op(*args, **options)

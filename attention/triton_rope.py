@@ -243,7 +243,7 @@ def _rope_grad(ctx, dq_out, dk_out):
         if ctx.needs_input_grad[i]:  # reached through torch.ops directly; apply_rope raises first
             raise table_grad_error(name)
     cos, sin = ctx.saved_tensors
-    dq, dk = apply_rope_backward_op(dq_out, dk_out, cos, sin, ctx.interleaved)
+    dq, dk = apply_rope_backward_op(dq_out, dk_out, cos, sin, interleaved=ctx.interleaved)
     return dq if ctx.needs_input_grad[0] else None, dk if ctx.needs_input_grad[1] else None, None, None, None
 
 
@@ -287,7 +287,7 @@ def apply_rope(q, k, cos, sin, interleaved=False, out=None):
             if table.requires_grad:
                 raise table_grad_error(name)
     if out is None:
-        return apply_rope_op(q, k, cos, sin, interleaved)
+        return apply_rope_op(q, k, cos, sin, interleaved=interleaved)
     q_out, k_out = rope_outputs(q, k, out)
-    apply_rope_out_op(q, k, cos, sin, interleaved, q_out, k_out)
+    apply_rope_out_op(q, k, cos, sin, interleaved=interleaved, q_out=q_out, k_out=k_out)
     return q_out, k_out

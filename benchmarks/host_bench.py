@@ -5,11 +5,12 @@ At decode sizes a kernel runs on the GPU for 5-20 us, about what its call costs 
 host's cost per call bounds a step that is not replayed from a CUDA graph. For every op, CPU us a
 call (devtools.bench.host_time_us: 200 calls without a sync, best of 9, after a warm-up call), under
 torch.no_grad() and again under torch.inference_mode(), of
-    public     (a) the public function (rmsnorm(x, w), ...): argument checks, then its operator
+    public     (a) the public function (rmsnorm(x, w), ...): argument checks, then its operator, its
+               options passed by name (Op.bind puts them in the schema's order)
     op         (b) the operator's eager entry, the common.ops.Op objects the public function called,
-               on the arguments it passed them: on plain tensors Op.__call__ decides (not compiling,
-               no dispatch mode, no tensor subclass, no input that needs grad) and runs the
-               implementation
+               on the arguments it passed them, by position: on plain tensors Op.__call__
+               decides (not compiling, no dispatch mode, no tensor subclass, no input that needs
+               grad) and runs the implementation
     impl       (c) those operators' implementations called directly: output allocation and the
                launch, without the operator layer
     torch.ops  (d) the same operators through the dispatcher, torch.ops.llmk.<name>.default: what a
@@ -21,8 +22,8 @@ torch.no_grad() and again under torch.inference_mode(), of
                torch.softmax, rotate_half RoPE (attention/reference_rope.py), SDPA, F.gelu(x + b),
                F.silu(g) * u, F.linear, F.rms_norm then F.linear, SDPA with one query,
                torch.optim.AdamW(fused=True).step()
-The operator layer's cost is (b) - (c); (a) - (b) is the argument checks; (c) - (e) the output
-allocation (and, for some ops, reshaping views). The providers of one row are timed in turns,
+The operator layer's cost is (b) - (c); (a) - (b) is the argument checks and the binding by name;
+(c) - (e) the output allocation (and, for some ops, reshaping views). The providers of one row are timed in turns,
 round after round, each keeping its best round, so that a slow spell of the host (its figures
 drift by 2x over a minute) falls on all of them alike.
 Also: a bare Triton launch of an empty kernel, and rmsnorm registered the two other ways, behind
@@ -135,12 +136,12 @@ def recorded_ops(fn):
     calls, depth = [], [0]
     original = Op.__call__
 
-    def recording(op, *args):
-        if not depth[0]:
-            calls.append((op, args))
+    def recording(op, *args, **kwargs):
+        if not depth[0]:  # by position: what Op.bind makes of a call by name
+            calls.append((op, op.bind(*args, **kwargs) if kwargs else args))
         depth[0] += 1
         try:
-            return original(op, *args)
+            return original(op, *args, **kwargs)
         finally:
             depth[0] -= 1
 

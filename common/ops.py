@@ -101,8 +101,24 @@ _REQUIRED = object()  # a schema argument without a default, in Op._defaults
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _binder(name, overload):
+    """A function with the operator's signature, `name(x, weight, eps, offset=0.0)`, that returns
+    its arguments in the schema's order with the defaults filled in: Python binds a call's names
+    to the schema's, and raises its own TypeError naming the operator and the argument for one
+    it does not know, one given twice or one left out. Made on an op's first call by name."""
+    arguments = schema_arguments(overload)
+    names = [a.name for a in arguments]
+    defaults = {f"_default_{i}": a.default_value for i, a in enumerate(arguments) if a.has_default_value()}
+    params = ", ".join(f"{n}=_default_{i}" if f"_default_{i}" in defaults else n for i, n in enumerate(names))
+    namespace = dict(defaults)
+    exec(f"def {name}({params}):\n    return ({', '.join(names)},)\n", namespace)
+    return namespace[name]
+
+
 class Op:
-    """A registered operator and its implementation, called as `op(*args)` with the schema's arguments.
+    """A registered operator and its implementation, called as `op(*args, **kwargs)` with the
+    schema's arguments, by position or by the schema's names (`rmsnorm_op(x, weight, eps=eps,
+    offset=offset)`; `bind` puts those in order).
 
     Under torch.compile, under a dispatch mode (FakeTensorMode, a TorchDispatchMode) or with a
     tensor subclass, the call goes through the dispatcher: `op.overload`, torch.ops.llmk.<name>.
@@ -129,6 +145,15 @@ class Op:
         # argument by position whichever way the op was called (the dispatcher fills them in too)
         self._defaults = [a.default_value if a.has_default_value() else _REQUIRED
                           for a in schema_arguments(overload)]
+        self._bind = None  # _binder's function, made on the first call by name
+
+    def bind(self, *args, **kwargs):
+        """The schema's arguments in order, from a call that passes some by name: a tuple with
+        every argument, the defaults filled in (~0.3 us of host time). TypeError for a name the
+        schema lacks, an argument given twice or one left out."""
+        if self._bind is None:
+            self._bind = _binder(self.name, self.overload)
+        return self._bind(*args, **kwargs)
 
     def _recorded(self, *args):
         if not self.differentiable:
@@ -142,7 +167,9 @@ class Op:
             return self.function.apply(*args)
         return self._apply(*unwrap_dead_wrappers(args))
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = self.bind(*args, **kwargs)
         if torch.compiler.is_compiling() or dispatch_mode_depth():
             return self.overload(*args)
         grad = torch.is_grad_enabled()

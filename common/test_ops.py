@@ -780,6 +780,45 @@ def check_forward_arity():
     return outcomes
 
 
+def check_bind():
+    """Every op bound by name (Op.bind, what a call with keywords runs): each argument named in
+    reverse order lands in its schema place, a trailing default left out is filled in, and a name
+    the schema lacks, a name given twice and a required argument left out raise TypeError naming
+    it. Then one op called both ways on tensors: the same output, eager and compiled."""
+    outcomes = []
+    for name, op in sorted(OPS.items()):
+        arguments = op.overload._schema.arguments
+        names = [a.name for a in arguments]
+        values = [object() for _ in names]
+        by_name = op.bind(**dict(reversed(list(zip(names, values)))))
+        ok = all(a is b for a, b in zip(by_name, values)) and len(by_name) == len(names)
+        required = [i for i, a in enumerate(arguments) if not a.has_default_value()]
+        short = op.bind(*values[:len(required)])  # the schema puts its defaults last
+        ok = ok and len(short) == len(names) and all(
+            short[i] is values[i] if i < len(required) else short[i] == arguments[i].default_value
+            for i in range(len(names)))
+        errors = []
+        for call in (lambda: op.bind(*values, not_an_argument=1), lambda: op.bind(*values, **{names[0]: 1}),
+                     lambda: op.bind()):
+            try:
+                call()
+                errors.append(None)
+            except TypeError as e:
+                errors.append(str(e))
+        ok = ok and errors[0] is not None and "not_an_argument" in errors[0] and errors[1] is not None \
+            and names[0] in errors[1] and (errors[2] is not None or not required)
+        outcomes.append(Outcome(f"{name}: {len(names)} arguments by name", ok, note=" | ".join(map(str, errors))[:80]))
+    from llmk.normalization.triton_rmsnorm import rmsnorm_op
+    x, w = rand((5, 96), torch.float32), rand((96,), torch.float32)
+    positional = rmsnorm_op(x, w, 1e-6, 0.5)
+    named = rmsnorm_op(x, weight=w, offset=0.5, eps=1e-6)
+    compiled = torch.compile(lambda x, w: rmsnorm_op(x, w, offset=0.5, eps=1e-6), backend=COMPILE_BACKEND,
+                             fullgraph=True)(x, w)
+    outcomes.append(Outcome("rmsnorm_op by name = by position, eager", torch.equal(named, positional)))
+    outcomes.append(Outcome("rmsnorm_op by name = by position, compiled", torch.equal(compiled, positional)))
+    return outcomes
+
+
 def cases():
     gpu_rows = [Case(f"{spec.label}: CUDA graph, no warm-up", check_cuda_graph, dict(spec=spec), gpu_only=True)
                 for spec in SPECS if spec.name != "matmul"]
@@ -797,7 +836,8 @@ def cases():
              Case("TritonAdamW: step() with params that require grad", check_adamw_grad),
              Case(f"TritonAdamW: {NAMESPACE}::{ADAMW_OP} in torch.compile", check_adamw_op_compile),
              Case("decode step: torch.compile reduce-overhead", check_reduce_overhead, gpu_only=True),
-             Case("autograd.Function forward: the schema's arguments", check_forward_arity)]
+             Case("autograd.Function forward: the schema's arguments", check_forward_arity),
+             Case("operators called by name", check_bind)]
     return gpu_rows + rows  # the CUDA graph rows first: they capture each op's first call
 
 

@@ -134,7 +134,7 @@ def _fp8_linear_backward(ctx, dy):
     x, weight = ctx.saved_tensors
     x_grad, w_grad, b_grad = ctx.needs_input_grad[:3]
     dy_rows, x_rows = as_rows(dy), as_rows(x)
-    dx, dw = fp8_linear_backward_op(dy_rows, x_rows, weight, bool(x_grad), bool(w_grad))
+    dx, dw = fp8_linear_backward_op(dy_rows, x_rows, weight, x_grad=bool(x_grad), w_grad=bool(w_grad))
     db = dy_rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if b_grad and ctx.has_bias else None
     return dx.view(x.shape) if x_grad else None, dw if w_grad else None, db, None, None
 
@@ -156,4 +156,4 @@ def fp8_linear(x, weight, bias=None, *, x_fp8=None):
     check_fp8_linear_args(x, weight, bias, x_fp8)
     if x_fp8 is None:
         return fp8_linear_op(x, weight, bias)
-    return fp8_linear_op(x, weight, bias, x_fp8[0], x_fp8[1])
+    return fp8_linear_op(x, weight, bias, x_q=x_fp8[0], x_scale=x_fp8[1])

@@ -86,7 +86,7 @@ def quantize_fp8(x, granularity="row"):
     even; an all-zero group gets scale ~0 and zeros. Returns q (M, K) float8_e4m3fn, contiguous,
     and scale, fp32, contiguous. Forward-only."""
     check_quantize_args(x, granularity)
-    return quantize_fp8_op(x, granularity)
+    return quantize_fp8_op(x, granularity=granularity)
 
 
 def check_fp8_matmul_args(a, b, scale_a, scale_b, bias, activation, out_dtype):
@@ -172,4 +172,5 @@ def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=tor
     check_fp8_matmul_args(a, b, scale_a, scale_b, bias, activation, out_dtype)
     if not isinstance(fast_accum, bool):
         raise TypeError(f"fast_accum must be a bool; got {type(fast_accum).__name__}")
-    return fp8_matmul_op(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum)
+    return fp8_matmul_op(a, b, scale_a, scale_b, bias, activation=activation, out_dtype=out_dtype,
+                         fast_accum=fast_accum)

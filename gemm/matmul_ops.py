@@ -129,8 +129,8 @@ def product_like(x, lhs, rhs):
     transposed view (unit stride down its columns), (rhs.T @ lhs.T).T, so that the gradient of
     W.T is W's layout and autograd accumulates it without a copy."""
     if x.stride(0) == 1 and x.stride(1) != 1:
-        return matmul_op(rhs.T, lhs.T, None, None).T
-    return matmul_op(lhs, rhs, None, None)
+        return matmul_op(rhs.T, lhs.T, bias=None, activation=None).T
+    return matmul_op(lhs, rhs, bias=None, activation=None)
 
 
 def _grads(ctx, dc, a, b, bias, z, dz_out=None):
@@ -158,7 +158,7 @@ def _matmul_backward(ctx, dc):
     """llmk::matmul's backward. With an activation it recomputes z (a third GEMM): only a direct
     call of the operator under grad comes here with one, as matmul() takes llmk::matmul_train then."""
     a, b, bias = ctx.saved_tensors
-    z = matmul_op(a, b, bias, None) if ctx.activation is not None else None
+    z = matmul_op(a, b, bias, activation=None) if ctx.activation is not None else None
     return (*_grads(ctx, dc, a, b, bias, z), None)
 
 
@@ -212,8 +212,8 @@ def matmul(a, b, bias=None, activation=None, out=None):
     m, n, _ = check_matmul_args(a, b, bias, activation)
     if out is None:
         if activation is not None and needs_grad(a, b, bias):
-            return matmul_train_op(a, b, bias, activation)[0]
-        return matmul_op(a, b, bias, activation)
+            return matmul_train_op(a, b, bias, activation=activation)[0]
+        return matmul_op(a, b, bias, activation=activation)
     check_out("out", out, (m, n), a.dtype, a.device)
-    matmul_out_op(a, b, bias, activation, out)
+    matmul_out_op(a, b, bias, activation=activation, out=out)
     return out

@@ -293,10 +293,11 @@ def _rmsnorm_fp8_backward(ctx, dq, dscale, dy, du):
     if ctx.has_residual:
         if dy is None:  # only u is used: y's gradient is zero (as residual_rmsnorm's formula does)
             dy = torch.zeros_like(source)
-        dsource, dweight = residual_rmsnorm_backward_op(dy, du, source, weight, ctx.eps, bool(weight_grad),
-                                                        ctx.offset)
+        dsource, dweight = residual_rmsnorm_backward_op(dy, du, source, weight, eps=ctx.eps,
+                                                        weight_grad=bool(weight_grad), offset=ctx.offset)
     else:
-        dsource, dweight = rmsnorm_backward_op(dy, source, weight, ctx.eps, bool(weight_grad), ctx.offset)
+        dsource, dweight = rmsnorm_backward_op(dy, source, weight, eps=ctx.eps, weight_grad=bool(weight_grad),
+                                               offset=ctx.offset)
     return (dsource if x_grad else None, dsource if residual_grad else None, dweight if weight_grad else None,
             None, None, None)
 
@@ -364,7 +365,7 @@ def rmsnorm_fp8(x, weight, eps=1e-6, *, offset=0.0, residual=None, keep_y=False)
     check_norm_args(x, weight, eps, offset=offset)
     if residual is not None:
         check_residual(residual, x)
-    q, scale, y, u = rmsnorm_fp8_op(x, residual, weight, float(eps), float(offset), bool(keep_y))
+    q, scale, y, u = rmsnorm_fp8_op(x, residual, weight, eps=float(eps), offset=float(offset), keep_y=bool(keep_y))
     return _fp8_rows(q, scale, y, u, keep_y, residual)
 
 
@@ -376,7 +377,7 @@ def swiglu_fp8(gate, up, *, keep_y=False):
     projection are read in place). keep_y: also return y in gate's dtype.
     Returns FP8Rows: q (..., I) float8_e4m3fn, scale (...,) fp32, equal to quantize_fp8(y, "row")."""
     check_swiglu_args(gate, up)
-    q, scale, y = glu_fp8_op(gate, up, "silu", bool(keep_y))
+    q, scale, y = glu_fp8_op(gate, up, activation="silu", keep_y=bool(keep_y))
     return _fp8_rows(q, scale, y, None, keep_y, None)
 
 
@@ -385,7 +386,7 @@ def geglu_fp8(gate, up, approximate="tanh", *, keep_y=False):
     e4m3 with a scale per row, as swiglu_fp8 (operator llmk::glu_fp8), differentiable alike."""
     check_swiglu_args(gate, up)
     check_approximate(approximate)
-    q, scale, y = glu_fp8_op(gate, up, GELU_ACTIVATION[approximate], bool(keep_y))
+    q, scale, y = glu_fp8_op(gate, up, activation=GELU_ACTIVATION[approximate], keep_y=bool(keep_y))
     return _fp8_rows(q, scale, y, None, keep_y, None)
 
 

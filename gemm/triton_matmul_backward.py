@@ -137,5 +137,5 @@ def epilogue_backward(dc, z, bias, activation, bias_grad):
     Returns dz (M, N) contiguous, dc's dtype, or dc itself without an activation (the operator
     returns an empty tensor then: an output may not alias an input); dbias (N,) in bias's dtype,
     or None."""
-    dz, dbias = matmul_epilogue_backward_op(dc, z, bias, activation, bias_grad)
+    dz, dbias = matmul_epilogue_backward_op(dc, z, bias, activation=activation, bias_grad=bias_grad)
     return (dz if activation is not None else dc), (dbias if bias_grad else None)

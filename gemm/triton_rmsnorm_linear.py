@@ -343,9 +343,9 @@ def _rmsnorm_linear_backward(ctx, dy):
     x2, dy2 = x.reshape(-1, k), dy.reshape(-1, n)  # views unless the leading dims cannot merge
     dx = dnorm_weight = dweight = None
     if weight_grad:
-        dweight = product_like(weight, dy2.T, rmsnorm_op(x2, norm_weight, ctx.eps, 0.0))
+        dweight = product_like(weight, dy2.T, rmsnorm_op(x2, norm_weight, eps=ctx.eps, offset=0.0))
     if x_grad or norm_grad:
-        dh = matmul_op(dy2, weight, None, None)
+        dh = matmul_op(dy2, weight, bias=None, activation=None)
         dx, dnorm_weight = rmsnorm_backward(dh, x2, norm_weight, ctx.eps, weight_grad=norm_grad)
         dx = dx.view(x.shape) if x_grad else None
     return dx, dnorm_weight, dweight, None, None
@@ -369,4 +369,4 @@ def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):
     Differentiable in x, norm_weight and weight (module docstring).
     """
     check_rmsnorm_linear_args(x, norm_weight, weight, eps, path)
-    return rmsnorm_linear_op(x, norm_weight, weight, float(eps), path)
+    return rmsnorm_linear_op(x, norm_weight, weight, eps=float(eps), path=path)

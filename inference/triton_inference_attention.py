@@ -822,11 +822,11 @@ def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None
         _check_forced_grad("decode_attention", q, k_cache, v_cache, k_scale, v_scale)
         return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits,
                        max_length, config, window_left, softcap, k_scale, v_scale)
-    sm_scale = None if sm_scale is None else float(sm_scale)
-    args = (q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length)
+    options = dict(sm_scale=None if sm_scale is None else float(sm_scale), num_splits=num_splits,
+                   max_length=max_length, window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if out is None:
-        return decode_attention_op(*args, window_left, softcap, k_scale, v_scale)
-    decode_attention_out_op(*args, out, window_left, softcap, k_scale, v_scale)  # out before the options
+        return decode_attention_op(q, k_cache, v_cache, lengths, **options)
+    decode_attention_out_op(q, k_cache, v_cache, lengths, out=out, **options)
     return out
 
 
@@ -859,9 +859,9 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=N
         _check_forced_grad("paged_decode_attention", q, k_pages, v_pages, k_scale, v_scale)
         return _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
                              config, window_left, softcap, k_scale, v_scale)
-    sm_scale = None if sm_scale is None else float(sm_scale)
-    args = (q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length)
+    options = dict(sm_scale=None if sm_scale is None else float(sm_scale), num_splits=num_splits,
+                   max_length=max_length, window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if out is None:
-        return paged_decode_attention_op(*args, window_left, softcap, k_scale, v_scale)
-    paged_decode_attention_out_op(*args, out, window_left, softcap, k_scale, v_scale)  # out before the options
+        return paged_decode_attention_op(q, k_pages, v_pages, block_table, lengths, **options)
+    paged_decode_attention_out_op(q, k_pages, v_pages, block_table, lengths, out=out, **options)
     return out

@@ -359,7 +359,7 @@ def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, s
 
 
 def _setup_none(ctx, inputs, output):
-    ctx.options = (inputs.ignore_index, inputs.label_smoothing, inputs.softcap)
+    ctx.options = dict(ignore_index=inputs.ignore_index, label_smoothing=inputs.label_smoothing, softcap=inputs.softcap)
     ctx.save_for_backward(inputs.hidden, inputs.weight, inputs.target, inputs.bias, output[1], inputs.class_weight)
     ctx.mark_non_differentiable(output[2])  # the hits: a metric
     ctx.set_materialize_grads(False)
@@ -374,7 +374,8 @@ def _backward_none_formula(ctx, grad_rows, grad_lse, _):
     need = ctx.needs_input_grad
     grads = [need[0], need[1], bias is not None and need[3]]
     gh, gw, gb = fused_linear_cross_entropy_backward_op(grad_rows, grad_lse, hidden, weight, target, bias, lse,
-                                                         *ctx.options, grads, False, class_weight)
+                                                         grads=grads, check_target=False, class_weight=class_weight,
+                                                         **ctx.options)
     return (gh if grads[0] else None, gw if grads[1] else None, None, gb if grads[2] else None) + (None,) * 5
 
 
@@ -447,8 +448,10 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     t1 = target.reshape(-1).contiguous()  # the row kernel reads one index a row at unit stride
     z_scale = float(lse_square_scale)
     if reduction == "none":
-        rows, lse, hits = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index, float(label_smoothing),
-                                                             softcap, class_weight, return_token_accuracy)
+        rows, lse, hits = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index=ignore_index,
+                                                             label_smoothing=float(label_smoothing), softcap=softcap,
+                                                             class_weight=class_weight,
+                                                             accuracy=return_token_accuracy)
         loss = reduce_rows(rows, target, ignore_index, "none", dtype, class_weight, lse, z_scale)
     else:
         grads = [needs_grad(hidden), needs_grad(weight), needs_grad(bias)]

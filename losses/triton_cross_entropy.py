@@ -382,7 +382,7 @@ cross_entropy_backward_op = define_op(
 
 def _setup(ctx, inputs, output):
     ctx.save_for_backward(inputs.logits, inputs.target, output[1], inputs.weight)
-    ctx.options = (inputs.ignore_index, inputs.label_smoothing)
+    ctx.options = dict(ignore_index=inputs.ignore_index, label_smoothing=inputs.label_smoothing)
     ctx.softcap = inputs.softcap
     ctx.mark_non_differentiable(output[2])  # the hits: a metric
     ctx.set_materialize_grads(False)
@@ -394,8 +394,8 @@ def _backward(ctx, grad_loss, grad_lse, _):
         return (None,) * 7
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
-    grad = cross_entropy_backward_op(grad_loss, grad_lse, logits, target, lse, *ctx.options, False, weight,
-                                     ctx.softcap)
+    grad = cross_entropy_backward_op(grad_loss, grad_lse, logits, target, lse, check_target=False, weight=weight,
+                                     softcap=ctx.softcap, **ctx.options)
     return grad, None, None, None, None, None, None
 
 
@@ -557,8 +557,9 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
     softcap = check_loss_options("weight", weight, logits.shape[-1], logits.device, lse_square_scale, softcap,
                                  return_z_loss, return_token_accuracy)
     flat = target.reshape(-1).contiguous()
-    rows, lse, hits = cross_entropy_op(logits.reshape(-1, logits.shape[-1]), flat, ignore_index, float(label_smoothing),
-                                       weight, softcap, return_token_accuracy)
+    rows, lse, hits = cross_entropy_op(logits.reshape(-1, logits.shape[-1]), flat, ignore_index=ignore_index,
+                                       label_smoothing=float(label_smoothing), weight=weight, softcap=softcap,
+                                       accuracy=return_token_accuracy)
     loss = reduce_rows(rows, target, ignore_index, reduction, logits.dtype, weight, lse, float(lse_square_scale))
     if not (return_z_loss or return_token_accuracy):
         return loss

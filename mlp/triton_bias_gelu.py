@@ -195,7 +195,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy):
     x, bias = ctx.saved_tensors
     x_grad, bias_grad = ctx.needs_input_grad[:2]
-    dx, dbias = bias_gelu_backward_op(dy, x, bias, ctx.approximate, x_grad, bias_grad)
+    dx, dbias = bias_gelu_backward_op(dy, x, bias, approximate=ctx.approximate, x_grad=x_grad, bias_grad=bias_grad)
     return dx if x_grad else None, dbias if bias_grad else None, None
 
 
@@ -218,7 +218,7 @@ def bias_gelu(x, bias, approximate="none", out=None):
     """
     check_bias_gelu_args(x, bias, approximate)
     if out is None:
-        return bias_gelu_op(x, bias, approximate)
+        return bias_gelu_op(x, bias, approximate=approximate)
     check_out("out", out, x.shape, x.dtype, x.device)
-    bias_gelu_out_op(x, bias, approximate, out)
+    bias_gelu_out_op(x, bias, approximate=approximate, out=out)
     return out

@@ -218,12 +218,13 @@ def define_glu_ops(name, extra, activation):
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs.gate, inputs.up)  # act is recomputed, y is not kept
-        ctx.values = inputs[2:]  # the activation's options (geglu's approximate), passed on as they came
+        # the activation's options by name (geglu's approximate), passed on as they came
+        ctx.values = {name: value for name, value in inputs._asdict().items() if name not in ("gate", "up")}
 
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors
         gate_grad, up_grad = ctx.needs_input_grad[:2]
-        dgate, dup = backward_op(dy, gate, up, *ctx.values, gate_grad, up_grad)
+        dgate, dup = backward_op(dy, gate, up, gate_grad=gate_grad, up_grad=up_grad, **ctx.values)
         return dgate if gate_grad else None, dup if up_grad else None, *(None for _ in ctx.values)
 
     functional_op, out_op = define_ops(name, args, empty, launch, backward=backward, setup_context=setup_context)
@@ -239,7 +240,7 @@ def define_glu_ops(name, extra, activation):
         gate, up = ctx.saved_tensors
         if not _in_place_safe(ctx, dy, gate, up):
             return backward(ctx, dy)
-        backward_in_place_op(dy, gate, up, *ctx.values)
+        backward_in_place_op(dy, gate, up, **ctx.values)
         for t in (gate, up):  # a later reader of the saved tensors raises rather than reads gradients
             torch.autograd.graph.increment_version(t)
         return gate, up, *(None for _ in ctx.values)
@@ -259,12 +260,13 @@ GEGLU_OPS = define_glu_ops("geglu", "str approximate", _gelu_activation)
 
 
 def _glu(ops, gate, up, values, out, grad_in_place):
-    """The public functions' body: check, then call the functional, in-place-gradient or _out op."""
+    """The public functions' body: check, then call the functional, in-place-gradient or _out op.
+    values: the activation's options by name ({} for swiglu, {"approximate": ...} for geglu)."""
     check_swiglu_args(gate, up)  # the same checks and messages for every unit
     if out is None:
-        return (ops.grad_in_place if grad_in_place else ops.functional)(gate, up, *values)
+        return (ops.grad_in_place if grad_in_place else ops.functional)(gate, up, **values)
     check_out("out", out, gate.shape, gate.dtype, gate.device)
-    ops.out(gate, up, *values, out)
+    ops.out(gate, up, out=out, **values)
     return out
 
 
@@ -282,7 +284,7 @@ def swiglu(gate, up, out=None, *, grad_in_place=False):
     Returns y: (..., I), gate's dtype, contiguous (out itself when given). Differentiable in gate
     and up (llmk::swiglu_backward, or llmk::swiglu_backward_in_place).
     """
-    return _glu(SWIGLU_OPS, gate, up, (), out, grad_in_place)
+    return _glu(SWIGLU_OPS, gate, up, {}, out, grad_in_place)
 
 
 def geglu(gate, up, approximate="tanh", out=None, *, grad_in_place=False):
@@ -296,4 +298,4 @@ def geglu(gate, up, approximate="tanh", out=None, *, grad_in_place=False):
     and up (llmk::geglu_backward, or llmk::geglu_backward_in_place).
     """
     check_approximate(approximate)
-    return _glu(GEGLU_OPS, gate, up, (approximate,), out, grad_in_place)
+    return _glu(GEGLU_OPS, gate, up, {"approximate": approximate}, out, grad_in_place)

@@ -168,7 +168,8 @@ def _backward(ctx, dout, *unused):
     x_grad, weights_grad, _, w1_grad, w2_grad = ctx.needs_input_grad[:5]
     weight_grads = bool(w1_grad or w2_grad)
     dx, dweights, dw_gate_up, dw_down = moe_experts_backward_op(dout, x, weights, w_gate_up, w_down, pre, h,
-                                                                order, offsets, ctx.activation, weight_grads)
+                                                                order, offsets, activation=ctx.activation,
+                                                                weight_grads=weight_grads)
     return (dx if x_grad else None, dweights if weights_grad else None, None, dw_gate_up if w1_grad else None,
             dw_down if w2_grad else None, None, None)
 
@@ -220,7 +221,7 @@ def moe_experts(x, weights, ids, w_gate_up, w_down, activation="silu"):
     Returns (T, H) in x's dtype: sum over j of weights[t, j] * expert ids[t, j]'s MLP of x[t]."""
     check_experts_args(x, weights, ids, w_gate_up, w_down, activation)
     save = needs_grad(x, weights, w_gate_up, w_down)
-    return moe_experts_op(x, weights, ids, w_gate_up, w_down, activation, save)[0]
+    return moe_experts_op(x, weights, ids, w_gate_up, w_down, activation=activation, save=save)[0]
 
 
 __all__ = ["ACTIVATIONS", "moe_experts", "moe_experts_backward_op", "moe_experts_op"]

@@ -183,7 +183,7 @@ def moe_route(logits, top_k, scoring="softmax", renormalize=True):
     Returns (weights (T, top_k) fp32, ids (T, top_k) int32), the highest logit first; equal logits
     in expert order."""
     check_route_args(logits, top_k, scoring, renormalize)
-    return moe_route_op(logits, top_k, scoring, renormalize)
+    return moe_route_op(logits, top_k=top_k, scoring=scoring, renormalize=renormalize)
 
 
 def moe_permute(ids, n_experts):

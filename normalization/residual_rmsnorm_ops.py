@@ -50,7 +50,8 @@ def _backward(ctx, dy, du):
     if dy is None:  # only u is used: y's gradient is zero (rare; not worth a kernel variant)
         dy = torch.zeros_like(u)
     wants_x, wants_residual, wants_weight = ctx.needs_input_grad[:3]
-    dx, dweight = residual_rmsnorm_backward_op(dy, du, u, weight, ctx.eps, wants_weight, ctx.offset)
+    dx, dweight = residual_rmsnorm_backward_op(dy, du, u, weight, eps=ctx.eps, weight_grad=wants_weight,
+                                               offset=ctx.offset)
     return (dx if wants_x else None), (dx if wants_residual else None), (dweight if wants_weight else None), None, None
 
 
@@ -83,11 +84,11 @@ def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None,
     check_norm_args(x, weight, eps, offset=offset)
     check_residual(residual, x)
     if out is None and residual_out is None:
-        return residual_rmsnorm_op(x, residual, weight, float(eps), float(offset))
+        return residual_rmsnorm_op(x, residual, weight, eps=float(eps), offset=float(offset))
     for name, buf in (("out", out), ("residual_out", residual_out)):
         if buf is not None:
             check_out(name, buf, x.shape, x.dtype, x.device)
     y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     u = residual_out if residual_out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    residual_rmsnorm_out_op(x, residual, weight, float(eps), float(offset), y, u)
+    residual_rmsnorm_out_op(x, residual, weight, eps=float(eps), offset=float(offset), out=y, residual_out=u)
     return y, u

@@ -159,7 +159,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy):
     x, weight, bias = ctx.saved_tensors
     wants_x, wants_weight, wants_bias = ctx.needs_input_grad[:3]
-    dx, dweight, dbias = layernorm_backward_op(dy, x, weight, bias, ctx.eps, wants_weight, wants_bias)
+    dx, dweight, dbias = layernorm_backward_op(dy, x, weight, bias, eps=ctx.eps, weight_grad=wants_weight,
+                                               bias_grad=wants_bias)
     return (dx if wants_x else None), (dweight if wants_weight else None), (dbias if wants_bias else None), None
 
 
@@ -184,7 +185,7 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):
     if bias is not None:
         check_norm_args(x, bias, eps, weight_name="bias")
     if out is None:
-        return layernorm_op(x, weight, bias, float(eps))
+        return layernorm_op(x, weight, bias, eps=float(eps))
     check_out("out", out, x.shape, x.dtype, x.device)
-    layernorm_out_op(x, weight, bias, float(eps), out)
+    layernorm_out_op(x, weight, bias, eps=float(eps), out=out)
     return out

@@ -174,7 +174,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     x, weight = ctx.saved_tensors
-    dx, dweight = rmsnorm_backward_op(dy, x, weight, ctx.eps, ctx.needs_input_grad[1], ctx.offset)
+    dx, dweight = rmsnorm_backward_op(dy, x, weight, eps=ctx.eps, weight_grad=ctx.needs_input_grad[1],
+                                       offset=ctx.offset)
     return (dx if ctx.needs_input_grad[0] else None), (dweight if ctx.needs_input_grad[1] else None), None, None
 
 
@@ -207,9 +208,9 @@ def rmsnorm(x, weight, eps=1e-6, out=None, *, offset=0.0):
     """
     check_norm_args(x, weight, eps, offset=offset)
     if out is None:
-        return rmsnorm_op(x, weight, float(eps), float(offset))
+        return rmsnorm_op(x, weight, eps=float(eps), offset=float(offset))
     check_out("out", out, x.shape, x.dtype, x.device)
-    rmsnorm_out_op(x, weight, float(eps), float(offset), out)
+    rmsnorm_out_op(x, weight, eps=float(eps), offset=float(offset), out=out)
     return out
 
 
@@ -229,5 +230,5 @@ def rmsnorm_backward(dy, x, weight, eps=1e-6, weight_grad=True, *, offset=0.0):
     if dy.shape != x.shape or dy.dtype != x.dtype:
         raise ValueError(f"dy must match x: shape {tuple(x.shape)} dtype {x.dtype}; got {tuple(dy.shape)} {dy.dtype}")
     weight_grad = bool(weight_grad) and weight is not None
-    dx, dweight = rmsnorm_backward_op(dy, x, weight, float(eps), weight_grad, float(offset))
+    dx, dweight = rmsnorm_backward_op(dy, x, weight, eps=float(eps), weight_grad=weight_grad, offset=float(offset))
     return dx, (dweight if weight_grad else None)

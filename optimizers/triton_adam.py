@@ -497,7 +497,7 @@ class TritonAdamW(torch.optim.Optimizer):
         tensors = params, grads, [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states]
         if sharded:
             tensors = _local_shards(*tensors)
-        _checked_adamw_step_op(*tensors, hyper)
+        _checked_adamw_step_op(*tensors, hyper=hyper)
 
 
 _DTENSOR = []  # torch.distributed.tensor.DTensor once a step has met a tensor subclass, or None

@@ -529,7 +529,8 @@ def host_figures(meta, rows):
     out = ["## What the figures say", "", "CPU microseconds a call, timed as the run's `timer` says.", ""]
     out += host_sentences(rows)
     out += ["- (b) - (c) is the operator layer's own cost in an eager call (`common/ops.py`, `Op`); "
-            "(a) - (b) is the argument checks, (c) - (e) the output's allocation; (d) is the "
+            "(a) - (b) is the argument checks (and the binding of arguments passed by name), (c) - (e) the output's "
+            "allocation; (d) is the "
             "dispatcher's path, which eager calls on plain tensors skip and a compiled graph takes.",
             "- The `via custom_op` and `via triton_op` rows register the same launcher the other two "
             "ways torch.library offers, in the benchmark's own namespace, with rmsnorm's checks "
