@@ -168,10 +168,10 @@ class Op:
         return self._apply(*unwrap_dead_wrappers(args))
 
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling() or dispatch_mode_depth():
+            return self.overload(*args, **kwargs)  # the dispatcher binds names itself (Dynamo cannot trace bind's exec)
         if kwargs:
             args = self.bind(*args, **kwargs)
-        if torch.compiler.is_compiling() or dispatch_mode_depth():
-            return self.overload(*args)
         grad = torch.is_grad_enabled()
         for a in args:  # one pass, no generator: this runs on every eager call
             if type(a) in _PLAIN:
