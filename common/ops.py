@@ -105,7 +105,7 @@ def _binder(name, overload):
     """A function with the operator's signature, `name(x, weight, eps, offset=0.0)`, that returns
     its arguments in the schema's order with the defaults filled in: Python binds a call's names
     to the schema's, and raises its own TypeError naming the operator and the argument for one
-    it does not know, one given twice or one left out. Made on an op's first call by name."""
+    it does not know, one given twice or one left out."""
     arguments = schema_arguments(overload)
     names = [a.name for a in arguments]
     defaults = {f"_default_{i}": a.default_value for i, a in enumerate(arguments) if a.has_default_value()}
@@ -145,14 +145,14 @@ class Op:
         # argument by position whichever way the op was called (the dispatcher fills them in too)
         self._defaults = [a.default_value if a.has_default_value() else _REQUIRED
                           for a in schema_arguments(overload)]
-        self._bind = None  # _binder's function, made on the first call by name
+        # made here, not on the first call by name: torch.compile inlines the function, but cannot
+        # trace the exec that makes it (~0.1 ms an op, once, as the op is defined)
+        self._bind = _binder(name, overload)
 
     def bind(self, *args, **kwargs):
         """The schema's arguments in order, from a call that passes some by name: a tuple with
         every argument, the defaults filled in (~0.3 us of host time). TypeError for a name the
         schema lacks, an argument given twice or one left out."""
-        if self._bind is None:
-            self._bind = _binder(self.name, self.overload)
         return self._bind(*args, **kwargs)
 
     def _recorded(self, *args):
@@ -168,10 +168,10 @@ class Op:
         return self._apply(*unwrap_dead_wrappers(args))
 
     def __call__(self, *args, **kwargs):
+        if kwargs:  # by position from here on: under torch.compile too, where an `out=` keyword is Dynamo's
+            args = self._bind(*args, **kwargs)
         if torch.compiler.is_compiling() or dispatch_mode_depth():
-            return self.overload(*args, **kwargs)  # the dispatcher binds names itself (Dynamo cannot trace bind's exec)
-        if kwargs:
-            args = self.bind(*args, **kwargs)
+            return self.overload(*args)
         grad = torch.is_grad_enabled()
         for a in args:  # one pass, no generator: this runs on every eager call
             if type(a) in _PLAIN:

@@ -47,7 +47,7 @@ from llmk.attention.reference_rope import rope_cos_sin
 from llmk.attention.triton_rope import apply_rope
 from llmk.attention.triton_softmax import softmax
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.ops import NAMESPACE, OPS
+from llmk.common.ops import NAMESPACE, OPS, Op
 from llmk.devtools.testing import (
     COMPILE_BACKEND,
     EXACT,
@@ -812,11 +812,21 @@ def check_bind():
     x, w = rand((5, 96), torch.float32), rand((96,), torch.float32)
     positional = rmsnorm_op(x, w, 1e-6, 0.5)
     named = rmsnorm_op(x, weight=w, offset=0.5, eps=1e-6)
-    rmsnorm_op._bind = None  # compiled as an op's first call by name: the binder is not made while tracing
-    compiled = torch.compile(lambda x, w: rmsnorm_op(x, w, offset=0.5, eps=1e-6), backend=COMPILE_BACKEND,
+    # an Op made afresh, whose first call by name is traced by torch.compile
+    fresh = Op(rmsnorm_op.name, rmsnorm_op.impl, rmsnorm_op.overload, rmsnorm_op.function)
+    compiled = torch.compile(lambda x, w: fresh(x, w, offset=0.5, eps=1e-6), backend=COMPILE_BACKEND,
                              fullgraph=True)(x, w)
     outcomes.append(Outcome("rmsnorm_op by name = by position, eager", torch.equal(named, positional)))
     outcomes.append(Outcome("rmsnorm_op by name = by position, compiled", torch.equal(compiled, positional)))
+    # an _out op's buffer by name, `out=`, a strided one: Dynamo reads an out= keyword that reaches the
+    # dispatcher as an out= variant's and refuses a non-contiguous one
+    from llmk.attention.flash_attention_ops import flash_attention_op, flash_attention_out_op
+    q, k, v = (rand((1, 2, 16, 64), torch.float16) for _ in range(3))
+    want = flash_attention_op(q, k, v, True, None, None)
+    out = torch.full((1, 16, 2, 64), float("nan"), dtype=torch.float16, device=DEVICE).transpose(1, 2)
+    torch.compile(lambda q, k, v, o: flash_attention_out_op(q, k, v, causal=True, sm_scale=None, config=None, out=o),
+                  backend=COMPILE_BACKEND, fullgraph=True)(q, k, v, out)
+    outcomes.append(Outcome("flash_attention_out_op(..., out=strided) by name, compiled", torch.equal(out, want)))
     return outcomes
 
 
