@@ -14,6 +14,8 @@ Two ways in:
 The call is the one JITFunction.run makes once it has found the kernel in its cache (Triton 3.6 to
 3.9). In the interpreter every launch goes through the kernel as usual.
 """
+import inspect
+
 import torch
 from triton import knobs
 from triton.runtime import driver
@@ -87,12 +89,12 @@ class Launcher:
         return lambda *args, **keywords: self.launch(grid, args, keywords)
 
     def launch(self, grid, args, keywords):
+        fixed = self._layouts.get(len(args))
+        if fixed is None:  # checked in the interpreter too, so that CI sees a call a GPU would refuse
+            fixed = self._layout(len(args))
         if INTERPRET:
             self.kernel[grid](*args, **keywords)
             return
-        fixed = self._layouts.get(len(args))
-        if fixed is None:
-            fixed = self._layout(len(args))
         device = driver.active.get_current_device()
         # a constexpr among args is keyed by its type and value (a str, which arg_key refuses; True,
         # which Triton compiles apart from 1)
@@ -109,10 +111,19 @@ class Launcher:
         run_compiled(compiled, grid, device, (*args, *rest))
 
     def _layout(self, n_args):
-        params = self.kernel.params
-        late = [p.name for p in params[n_args:] if not p.is_constexpr]
+        params = _parameters(self.kernel)
+        late = [name for name, constexpr in params[n_args:] if not constexpr]
         if late or n_args > len(params):
             raise TypeError(f"Launcher({self.kernel.fn.__name__}): pass every non-constexpr parameter by position "
                             f"({n_args} given; {', '.join(late) or 'too many'} after them)")
-        self._layouts[n_args] = fixed = frozenset(i for i, p in enumerate(params[:n_args]) if p.is_constexpr)
+        self._layouts[n_args] = fixed = frozenset(i for i, (_, constexpr) in enumerate(params[:n_args]) if constexpr)
         return fixed
+
+
+def _parameters(kernel):
+    """(name, whether a constexpr) of each of kernel's parameters, in order: from a JITFunction's
+    params, or from the signature of the function the interpreter's InterpretedFunction wraps
+    (it has no params), read as Triton reads it (an annotation that names constexpr)."""
+    if hasattr(kernel, "params"):
+        return [(p.name, p.is_constexpr) for p in kernel.params]
+    return [(name, "constexpr" in str(p.annotation)) for name, p in inspect.signature(kernel.fn).parameters.items()]
