@@ -148,6 +148,12 @@ def _mask(window_left, window_right, softcap):
     return attention_mask((window_left, window_right), softcap, "(window_left, window_right)")
 
 
+def _mask_options(mask):
+    """The operators' mask arguments by name, from an AttentionMask or an operator's bound inputs
+    (both have the three fields)."""
+    return dict(window_left=mask.window_left, window_right=mask.window_right, softcap=mask.softcap)
+
+
 def _scale(q, sm_scale):
     """sm_scale as the kernels take it; checked here too, for direct calls of the operators (the
     unmasked key loop relies on a positive scale: the row max commutes with it)."""
@@ -292,7 +298,7 @@ def _setup(ctx, inputs, output):
     saved = (inputs.q, inputs.k, inputs.v, *output) if isinstance(output, tuple) else (inputs.q, inputs.k, inputs.v)
     ctx.causal, ctx.sm_scale = inputs.causal, inputs.sm_scale
     ctx.deterministic = getattr(inputs, "deterministic", False)
-    ctx.mask = dict(window_left=inputs.window_left, window_right=inputs.window_right, softcap=inputs.softcap)
+    ctx.mask = _mask_options(inputs)
     ctx.varlen = hasattr(inputs, "cu_seqlens_q")
     if ctx.varlen:
         ctx.max_seqlens = (inputs.max_seqlen_q, inputs.max_seqlen_k)
@@ -419,9 +425,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
     """
     check_attention_args(q, k, v, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
-    mask = attention_mask(window, softcap)
-    options = dict(causal=causal, sm_scale=sm_scale, config=config, window_left=mask.window_left,
-                   window_right=mask.window_right, softcap=mask.softcap)
+    options = dict(causal=causal, sm_scale=sm_scale, config=config, **_mask_options(attention_mask(window, softcap)))
     if out is None:
         if needs_grad(q, k, v):
             return flash_attention_train_op(q, k, v, deterministic=deterministic, **options)[0]
@@ -464,9 +468,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
     args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous())
-    mask = attention_mask(window, softcap)
     options = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, sm_scale=sm_scale,
-                   config=config, window_left=mask.window_left, window_right=mask.window_right, softcap=mask.softcap)
+                   config=config, **_mask_options(attention_mask(window, softcap)))
     if needs_grad(q, k, v):
         return flash_attention_varlen_train_op(*args, deterministic=deterministic, **options)[0]
     return flash_attention_varlen_op(*args, **options)

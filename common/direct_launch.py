@@ -76,8 +76,8 @@ class Launcher:
     looped kernels take their row length), keywords the parameters after those (constexprs) and
     compile options. The first launch of a specialization (arg_key of each non-constexpr argument,
     the type and value of each constexpr among them, the keywords, the device, the two knobs
-    JITFunction.run folds into its options) goes through Triton and keeps what it compiled; the next ones are
-    run_compiled's. Every non-constexpr parameter must be passed by position (checked at the
+    JITFunction.run folds into its options) goes through Triton and keeps what it compiled; the
+    next ones are run_compiled's. Every non-constexpr parameter must be passed by position (checked at the
     first launch of each count of positional arguments)."""
 
     def __init__(self, kernel):

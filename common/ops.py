@@ -94,8 +94,6 @@ def _forward_only_kernel(name, op, remedy=None):
     return autograd_kernel
 
 
-_REQUIRED = object()  # a schema argument without a default, in Op._defaults
-
 # Tensor types a direct call may take: plain tensors and parameters, no subclass that dispatches in
 # Python (FakeTensor, FunctionalTensor, ...), whose calls must go through the dispatcher
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -141,35 +139,26 @@ class Op:
         # of host time a call on an H100's host) only to fill in defaults
         self._apply = None if function is None else function_apply(function)
         self._n_args = len(schema_arguments(overload))
-        # the schema's trailing defaults, so that an autograd formula's setup_context gets every
-        # argument by position whichever way the op was called (the dispatcher fills them in too)
-        self._defaults = [a.default_value if a.has_default_value() else _REQUIRED
-                          for a in schema_arguments(overload)]
-        # made here, not on the first call by name: torch.compile inlines the function, but cannot
-        # trace the exec that makes it (~0.1 ms an op, once, as the op is defined)
-        self._bind = _binder(name, overload)
-
-    def bind(self, *args, **kwargs):
-        """The schema's arguments in order, from a call that passes some by name: a tuple with
-        every argument, the defaults filled in (~0.3 us of host time). TypeError for a name the
-        schema lacks, an argument given twice or one left out."""
-        return self._bind(*args, **kwargs)
+        # bind(*args, **kwargs): the schema's arguments in order, every one, the defaults filled in
+        # (~0.3 us of host time a call); TypeError for a name the schema lacks, an argument given
+        # twice or one left out. Made here, not on the first call by name: torch.compile inlines
+        # the function, but cannot trace the exec that makes it (~0.1 ms an op, once)
+        self.bind = _binder(name, overload)
 
     def _recorded(self, *args):
         if not self.differentiable:
             raise forward_only_error(self.name, self.remedy)
+        # the trailing defaults filled in: setup_context gets every argument, as from the dispatcher
+        # (one left out that has no default: bind's TypeError)
         if len(args) < self._n_args:
-            missing = self._defaults[len(args):]
-            if _REQUIRED in missing:  # an argument without a default: the forward's own TypeError
-                return self.function.apply(*args)
-            args = (*args, *missing)
+            args = self.bind(*args)
         if functorch_active():  # vmap, grad, ...
             return self.function.apply(*args)
         return self._apply(*unwrap_dead_wrappers(args))
 
     def __call__(self, *args, **kwargs):
         if kwargs:  # by position from here on: under torch.compile too, where an `out=` keyword is Dynamo's
-            args = self._bind(*args, **kwargs)
+            args = self.bind(*args, **kwargs)
         if torch.compiler.is_compiling() or dispatch_mode_depth():
             return self.overload(*args)
         grad = torch.is_grad_enabled()

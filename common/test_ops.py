@@ -48,6 +48,7 @@ from llmk.attention.triton_rope import apply_rope
 from llmk.attention.triton_softmax import softmax
 from llmk.common.device import DEVICE, INTERPRET
 from llmk.common.ops import NAMESPACE, OPS, Op
+from llmk.common.torch_private import schema_arguments
 from llmk.devtools.testing import (
     COMPILE_BACKEND,
     EXACT,
@@ -787,7 +788,7 @@ def check_bind():
     it. Then one op called both ways on tensors: the same output, eager and compiled."""
     outcomes = []
     for name, op in sorted(OPS.items()):
-        arguments = op.overload._schema.arguments
+        arguments = schema_arguments(op.overload)
         names = [a.name for a in arguments]
         values = [object() for _ in names]
         by_name = op.bind(**dict(reversed(list(zip(names, values)))))

@@ -219,7 +219,7 @@ def define_glu_ops(name, extra, activation):
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs.gate, inputs.up)  # act is recomputed, y is not kept
         # the activation's options by name (geglu's approximate), passed on as they came
-        ctx.values = {name: value for name, value in inputs._asdict().items() if name not in ("gate", "up")}
+        ctx.values = dict(zip(inputs._fields[2:], inputs[2:]))
 
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors
