@@ -5,10 +5,11 @@
 # make bench-smoke the same benchmark code on tiny shapes in the interpreter, into build/bench-smoke
 #                  (JOBS=2: two at once)
 # make report      docs/results/*.md and the README's summary table from benchmarks/results/*.json
-# make lint        ruff check (pyproject.toml's rules); ruff comes with the [dev] extras
+# make lint        ruff check (pyproject.toml's rules) and ruff format --check; ruff comes with the [dev] extras
+# make format      ruff format: rewrites the files make lint would refuse for their layout
 PYTHON ?= python3
 
-.PHONY: test bench bench-smoke deps report lint
+.PHONY: test bench bench-smoke deps report lint format
 deps:
 	@$(PYTHON) scripts/deps.py  # a plain script: it must not import what it is about to install
 
@@ -27,3 +28,8 @@ report:
 lint:
 	@$(PYTHON) -m ruff --version > /dev/null 2>&1 || { echo "make lint: ruff is not installed (pip install -e \".[dev]\")"; exit 2; }
 	@$(PYTHON) -m ruff check .
+	@$(PYTHON) -m ruff format --check . || { echo "make lint: run make format"; exit 1; }
+
+format:
+	@$(PYTHON) -m ruff --version > /dev/null 2>&1 || { echo "make format: ruff is not installed (pip install -e \".[dev]\")"; exit 2; }
+	@$(PYTHON) -m ruff format .

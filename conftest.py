@@ -1,4 +1,5 @@
 """pytest collects every test script's CASES, the same list the script runs on its own."""
+
 from llmk.common.device import INTERPRET, quiet_interpreter
 from llmk.devtools.testing import select_cases
 

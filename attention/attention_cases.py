@@ -36,6 +36,7 @@ key, added in quadrature to p's rounding. On the e4m3 test's largest case an fp3
 terms and at 0.25-0.33 of it with them; on an H200 one value in 4096 had gone past the whole
 tolerance.
 """
+
 import math
 
 import torch
@@ -44,7 +45,7 @@ from llmk.devtools.testing import SUBNORMAL_HALF_SPACING, UNIT_ROUNDOFF, Tol
 
 P_ROUNDING_BOUND = 4.0
 ATOL_FLOOR = 1e-6
-FP32_STEPS = 2.0 ** -21
+FP32_STEPS = 2.0**-21
 
 
 def attention_tol(dtype, p, v, shape, score_err=None, weight_unit=None):
@@ -76,8 +77,11 @@ def attention_tol(dtype, p, v, shape, score_err=None, weight_unit=None):
         a = (p_all * score_err).pow(2)
         variance = variance + a @ v.pow(2) - 2 * o * (a @ v) + o.pow(2) * a.sum(-1, keepdim=True)
     spread = variance.clamp_min(0.0).sqrt()
-    return Tol((P_ROUNDING_BOUND * spread + fp32_share + ATOL_FLOOR).reshape(shape), u,
-               "p rounded to the input dtype before p @ v (a bound per element), O rounded once")
+    return Tol(
+        (P_ROUNDING_BOUND * spread + fp32_share + ATOL_FLOOR).reshape(shape),
+        u,
+        "p rounded to the input dtype before p @ v (a bound per element), O rounded once",
+    )
 
 
 def fp32_score_err(scores, magnitudes, d, softcap=None):
@@ -91,6 +95,6 @@ def fp32_score_err(scores, magnitudes, d, softcap=None):
     extra = 0.0
     if softcap:
         t = torch.tanh(s / softcap)
-        magnitudes, s, extra = magnitudes * (1.0 - t * t), softcap * t, softcap * 2.0 ** -22
+        magnitudes, s, extra = magnitudes * (1.0 - t * t), softcap * t, softcap * 2.0**-22
     m = s.abs().amax(-1, keepdim=True)
-    return (2.0 ** -24 * (math.sqrt(d) * magnitudes + s.abs() + m) + extra).masked_fill(~finite, 0.0)
+    return (2.0**-24 * (math.sqrt(d) * magnitudes + s.abs() + m) + extra).masked_fill(~finite, 0.0)

@@ -1,5 +1,6 @@
 """Argument checks of the attention options shared by the flash kernels and decode attention
 (inference/): packed batches' cumulative lengths, sliding windows, logit softcaps."""
+
 import math
 import os
 from typing import NamedTuple
@@ -18,8 +19,9 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q):
         if cu.dim() != 1 or cu.shape[0] < 1:
             raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
-        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length {cu_seqlens_q.shape[0]} "
-                         f"(B + 1), got {cu_seqlens_k.shape[0]}")
+        raise ValueError(
+            f"cu_seqlens_k must have cu_seqlens_q's length {cu_seqlens_q.shape[0]} (B + 1), got {cu_seqlens_k.shape[0]}"
+        )
 
 
 # A debug switch: LLMK_CHECK_SEQLENS=1 has the packed-batch launchers read cu_seqlens on the host
@@ -46,8 +48,13 @@ def check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_se
     q.shape[0], total_k = k.shape[0]), never decreases, and no sequence is longer than
     max_seqlen_q / max_seqlen_k. Raises ValueError naming the argument, the position and the value."""
     values = torch.stack((cu_seqlens_q, cu_seqlens_k)).tolist()
-    for cu, name, total, max_name, max_len in zip(values, ("cu_seqlens_q", "cu_seqlens_k"), (total_q, total_k),
-                                                  ("max_seqlen_q", "max_seqlen_k"), (max_seqlen_q, max_seqlen_k)):
+    for cu, name, total, max_name, max_len in zip(
+        values,
+        ("cu_seqlens_q", "cu_seqlens_k"),
+        (total_q, total_k),
+        ("max_seqlen_q", "max_seqlen_k"),
+        (max_seqlen_q, max_seqlen_k),
+    ):
         side = name[-1]
         if cu[0] != 0:
             raise ValueError(f"{name} must start at 0; got {name}[0] = {cu[0]}")
@@ -55,16 +62,21 @@ def check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_se
             if value > total:
                 raise ValueError(f"{name}[{i}] = {value} is past the packed length {total} ({side}.shape[0])")
             if value < before:
-                raise ValueError(f"{name} must be non-decreasing (cumulative lengths); got {name}[{i}] = {value} "
-                                 f"< {name}[{i - 1}] = {before}")
+                raise ValueError(
+                    f"{name} must be non-decreasing (cumulative lengths); got {name}[{i}] = {value} "
+                    f"< {name}[{i - 1}] = {before}"
+                )
         if cu[-1] != total:
-            raise ValueError(f"{name} must end at the packed length {total} ({side}.shape[0]); got "
-                             f"{name}[{len(cu) - 1}] = {cu[-1]}")
+            raise ValueError(
+                f"{name} must end at the packed length {total} ({side}.shape[0]); got {name}[{len(cu) - 1}] = {cu[-1]}"
+            )
         lengths = [after - before for before, after in zip(cu, cu[1:])]
         if lengths and max(lengths) > max_len:
             b = lengths.index(max(lengths))
-            raise ValueError(f"{max_name} = {max_len} is less than sequence {b}'s length {lengths[b]} "
-                             f"({name}[{b + 1}] - {name}[{b}])")
+            raise ValueError(
+                f"{max_name} = {max_len} is less than sequence {b}'s length {lengths[b]} "
+                f"({name}[{b + 1}] - {name}[{b}])"
+            )
 
 
 def check_window(window, name="window"):
@@ -86,6 +98,7 @@ class AttentionMask(NamedTuple):
     """A flash-attention call's mask options, checked (attention_mask): the window's sides, -1
     unbounded, and the logit softcap, 0.0 off. The operators take them as their last three
     arguments, in this order; the launchers take the tuple."""
+
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0

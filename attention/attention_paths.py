@@ -13,6 +13,7 @@ Gluon kernel wherever it can run; "tl" always runs the tl kernel. The Gluon kern
 The choice happens per call on the host and needs no device sync, so it is safe under CUDA graph
 capture and inside torch.compile'd graphs (the operators are opaque to the compiler).
 """
+
 import functools
 import os
 
@@ -85,8 +86,9 @@ def gluon_forward(q, k, v, causal, out, lse, cu_seqlens, config):
         return False
     if q.shape[3] not in GLUON_HEAD_DIMS:
         return False
-    if setting == "auto" and not auto_takes_gluon(q.shape[3], causal, q.shape[2] if cu_seqlens is None
-                                                  else cu_seqlens[2]):
+    if setting == "auto" and not auto_takes_gluon(
+        q.shape[3], causal, q.shape[2] if cu_seqlens is None else cu_seqlens[2]
+    ):
         return False
     if not _gluon_device(q.device.index if q.device.index is not None else torch.cuda.current_device()):
         return False

@@ -36,6 +36,7 @@ flash-attn's convention) align the same way, and softcap=c caps the scaled score
 float softcap`, their last arguments, -1, -1 and 0.0 (off) by default, so that every call written
 before them means what it did.
 """
+
 import math
 
 import torch
@@ -54,6 +55,7 @@ from llmk.common.ops import define_op, define_ops, needs_grad
 from llmk.common.validation import check_same_device, check_tensor
 
 __all__ = ["flash_attention", "flash_attention_varlen", "CONFIG_TABLE", "MAX_HEAD_DIM", "table_config"]
+
 
 def _check_qkv(q, k, v, n_dims, layout):
     """q, k, v: tensors on the kernel device, fp16 or bf16, one dtype and device, `n_dims`-D."""
@@ -91,9 +93,11 @@ def check_attention_args(q, k, v, sm_scale):
         # batch, head and sequence-start offsets are 64-bit in the kernels; offsets inside one head are
         # 32-bit (the backward's preprocess, which sees a packed batch as one sequence, uses 64)
         span = sum((s - 1) * abs(st) for s, st in zip(t.shape[2:], t.stride()[2:]))
-        if span >= 2 ** 31:
-            raise ValueError(f"{name}: one head spans {span} elements; the kernel indexes within a head "
-                             "with 32-bit offsets (at most 2^31 - 1)")
+        if span >= 2**31:
+            raise ValueError(
+                f"{name}: one head spans {span} elements; the kernel indexes within a head "
+                "with 32-bit offsets (at most 2^31 - 1)"
+            )
     return b, h, hkv, tq, tk, d
 
 
@@ -113,9 +117,11 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             raise TypeError(f"{name} must be an int >= 0, got {n!r}")
     for name, t, n in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         span = max(n - 1, 0) * abs(t.stride(0)) + (d - 1) * abs(t.stride(2))
-        if span >= 2 ** 31:  # offsets inside one sequence and head are 32-bit
-            raise ValueError(f"{name}: one sequence spans {span} elements; the kernel indexes within a "
-                             "sequence with 32-bit offsets (at most 2^31 - 1)")
+        if span >= 2**31:  # offsets inside one sequence and head are 32-bit
+            raise ValueError(
+                f"{name}: one sequence spans {span} elements; the kernel indexes within a "
+                "sequence with 32-bit offsets (at most 2^31 - 1)"
+            )
     return cu_seqlens_q.shape[0] - 1, h, hkv, d
 
 
@@ -133,8 +139,9 @@ def check_config(config):
     """A forced launch config must be (BLOCK_M, BLOCK_N, num_warps, num_stages), positive ints, the
     blocks powers of two of at least 16 (tl.dot's smallest tile)."""
     if not (isinstance(config, tuple) and len(config) == 4 and all(isinstance(c, int) and c > 0 for c in config)):
-        raise ValueError(f"config must be a (BLOCK_M, BLOCK_N, num_warps, num_stages) tuple of positive ints, "
-                         f"got {config!r}")
+        raise ValueError(
+            f"config must be a (BLOCK_M, BLOCK_N, num_warps, num_stages) tuple of positive ints, got {config!r}"
+        )
     for name, block in zip(("BLOCK_M", "BLOCK_N"), config[:2]):
         if block < 16 or block & (block - 1):
             raise ValueError(f"config's {name} must be a power of two >= 16, got {block}")
@@ -164,7 +171,7 @@ def _scale(q, sm_scale):
 
 def _within_32_bits(t, n_dims):
     """Whether the offsets inside one (batch, head) of t, the last n_dims dims, fit in 32 bits."""
-    return sum((s - 1) * abs(st) for s, st in zip(t.shape[-n_dims:], t.stride()[-n_dims:])) < 2 ** 31
+    return sum((s - 1) * abs(st) for s, st in zip(t.shape[-n_dims:], t.stride()[-n_dims:])) < 2**31
 
 
 def packed(t):
@@ -176,8 +183,10 @@ def packed(t):
 # ---------------------------------------------------------------------------------------------
 # forward
 
-def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=None, window_left=-1, window_right=-1,
-                 softcap=0.0):
+
+def _attend_into(
+    q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=None, window_left=-1, window_right=-1, softcap=0.0
+):
     """O into out (and LSE into lse) for checked (B, H, T, D) arguments: the empty cases here, the
     kernel for the rest, Gluon's where attention/attention_paths.py's gluon_forward says so."""
     mask = _mask(window_left, window_right, softcap)
@@ -193,8 +202,9 @@ def _attend_into(q, k, v, causal, sm_scale, config, out, lse=None, cu_seqlens=No
 
         launch_gluon_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, mask, cu_seqlens=cu_seqlens)
         return
-    launch_flash_attention(q, k, v, out, causal, _scale(q, sm_scale), lse, cu_seqlens,
-                           None if config is None else tuple(config), mask=mask)
+    launch_flash_attention(
+        q, k, v, out, causal, _scale(q, sm_scale), lse, cu_seqlens, None if config is None else tuple(config), mask=mask
+    )
 
 
 def _empty_lse(q):
@@ -210,13 +220,14 @@ def _train_out(q):
     could not be modified in place. Laid out like q where a head's offsets in that layout would
     pass 32 bits (the kernels index within a head in 32 bits)."""
     b, h, t, d = q.shape
-    if (t - 1) * h * d + d >= 2 ** 31:
+    if (t - 1) * h * d + d >= 2**31:
         return torch.empty_like(q)
     return q.new_empty_strided((b, h, t, d), (t * h * d, d, h * d, 1))
 
 
-def _attention_train(q, k, v, causal, sm_scale, config, deterministic=False, window_left=-1, window_right=-1,
-                     softcap=0.0):
+def _attention_train(
+    q, k, v, causal, sm_scale, config, deterministic=False, window_left=-1, window_right=-1, softcap=0.0
+):
     """(O, LSE): the forward under grad; `deterministic` is for its backward."""
     out, lse = _train_out(q), _empty_lse(q)
     _attend_into(q, k, v, causal, sm_scale, config, out, lse, None, window_left, window_right, softcap)
@@ -227,27 +238,71 @@ def _varlen_empty(q, k, v, *rest):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-def _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, deterministic=False,
-                  window_left=-1, window_right=-1, softcap=0.0):
+def _varlen_train(
+    q,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    max_q,
+    max_k,
+    causal,
+    sm_scale,
+    config,
+    deterministic=False,
+    window_left=-1,
+    window_right=-1,
+    softcap=0.0,
+):
     check_varlen_values(q, k, cu_q, cu_k, max_q, max_k)
     out, lse = _varlen_empty(q, k, v)
-    _attend_into(packed(q), packed(k), packed(v), causal, sm_scale, config, packed(out), packed(lse),
-                 (cu_q, cu_k, max_q), window_left, window_right, softcap)
+    _attend_into(
+        packed(q),
+        packed(k),
+        packed(v),
+        causal,
+        sm_scale,
+        config,
+        packed(out),
+        packed(lse),
+        (cu_q, cu_k, max_q),
+        window_left,
+        window_right,
+        softcap,
+    )
     return out, lse
 
 
-def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, window_left=-1, window_right=-1,
-            softcap=0.0):
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, window_left=-1, window_right=-1, softcap=0.0):
     """llmk::flash_attention_varlen: O of _varlen_train (which takes `deterministic` before the mask)."""
-    return _varlen_train(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, False, window_left,
-                         window_right, softcap)[0]
+    return _varlen_train(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, config, False, window_left, window_right, softcap
+    )[0]
 
 
 # ---------------------------------------------------------------------------------------------
 # backward
 
-def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, sm_scale, deterministic,
-              window_left=-1, window_right=-1, softcap=0.0):
+
+def _backward(
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_lse,
+    cu_q,
+    cu_k,
+    max_q,
+    max_k,
+    causal,
+    sm_scale,
+    deterministic,
+    window_left=-1,
+    window_right=-1,
+    softcap=0.0,
+):
     """(dq, dk, dv) shaped like q, k, v: the kernels on (B, H, T, D) views, zeros where a side is
     empty (no keys: dq = 0; no queries: dk = dv = 0)."""
     mask = _mask(window_left, window_right, softcap)
@@ -266,8 +321,9 @@ def _backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, c
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv
-    launch_flash_attention_backward(*views, causal, _scale(q, sm_scale), grad_lse, cu_seqlens,
-                                    deterministic=deterministic, mask=mask)
+    launch_flash_attention_backward(
+        *views, causal, _scale(q, sm_scale), grad_lse, cu_seqlens, deterministic=deterministic, mask=mask
+    )
     return dq, dk, dv
 
 
@@ -276,7 +332,9 @@ flash_attention_backward_op = define_op(
     "Tensor? grad_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
     "bool causal, float? sm_scale, bool deterministic, int window_left=-1, int window_right=-1, "
     "float softcap=0.0) -> (Tensor, Tensor, Tensor)",
-    _backward, lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
+    _backward,
+    lambda grad_out, q, k, v, *rest: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)),
+)
 
 
 def _grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu=(None, None, 0, 0)):
@@ -284,9 +342,23 @@ def _grads(ctx, grad_out, grad_lse, q, k, v, out, lse, cu=(None, None, 0, 0)):
     if grad_out is None:  # only LSE was used
         grad_out = torch.zeros_like(out)
     cu_q, cu_k, max_q, max_k = cu
-    grads = flash_attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_seqlen_q=max_q,
-                                        max_seqlen_k=max_k, causal=ctx.causal, sm_scale=ctx.sm_scale,
-                                        deterministic=ctx.deterministic, **ctx.mask)
+    grads = flash_attention_backward_op(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_lse,
+        cu_q,
+        cu_k,
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
+        causal=ctx.causal,
+        sm_scale=ctx.sm_scale,
+        deterministic=ctx.deterministic,
+        **ctx.mask,
+    )
     return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3]))
 
 
@@ -325,8 +397,9 @@ def _recompute_backward(ctx, grad_out):
     options = dict(causal=ctx.causal, sm_scale=ctx.sm_scale, config=None, deterministic=ctx.deterministic, **ctx.mask)
     if cu[0] is not None:
         cu_q, cu_k, max_q, max_k = cu
-        out, lse = flash_attention_varlen_train_op(q, k, v, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                                                   **options)
+        out, lse = flash_attention_varlen_train_op(
+            q, k, v, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, **options
+        )
     else:
         out, lse = flash_attention_train_op(q, k, v, **options)
     return (*_grads(ctx, grad_out, None, q, k, v, out, lse, cu), *[None] * (len(ctx.needs_input_grad) - 3))
@@ -340,8 +413,10 @@ def _train_backward(ctx, grad_out, grad_lse):
 
 
 DENSE_ARGS = "Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, int[]? config"
-VARLEN_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
-               "int max_seqlen_k, bool causal, float? sm_scale, int[]? config")
+VARLEN_ARGS = (
+    "Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+    "int max_seqlen_k, bool causal, float? sm_scale, int[]? config"
+)
 # The _train ops' backward also takes `deterministic` (the two-pass schedule, see
 # attention/triton_flash_attention_bwd.py); the others' formulas run the default schedule.
 TRAIN_OPTION = "bool deterministic=False"
@@ -361,20 +436,35 @@ def _attend_out(q, k, v, causal, sm_scale, config, out, window_left=-1, window_r
 
 
 flash_attention_op, flash_attention_out_op = define_ops(
-    "flash_attention", DENSE_ARGS, _dense_empty, _attend_out, backward=_recompute_backward,
-    setup_context=_setup, options=MASK_OPTIONS)
+    "flash_attention",
+    DENSE_ARGS,
+    _dense_empty,
+    _attend_out,
+    backward=_recompute_backward,
+    setup_context=_setup,
+    options=MASK_OPTIONS,
+)
 flash_attention_train_op = define_op(
     f"flash_attention_train({DENSE_ARGS}, {TRAIN_OPTION}, {MASK_OPTIONS}) -> (Tensor, Tensor)",
     _attention_train,
     lambda q, k, v, *rest: (_train_out(q), _empty_lse(q)),
-    backward=_train_backward, setup_context=_setup)
+    backward=_train_backward,
+    setup_context=_setup,
+)
 flash_attention_varlen_op = define_op(
-    f"flash_attention_varlen({VARLEN_ARGS}, {MASK_OPTIONS}) -> Tensor", _varlen,
-    lambda *a: _varlen_empty(*a)[0], backward=_recompute_backward, setup_context=_setup)
+    f"flash_attention_varlen({VARLEN_ARGS}, {MASK_OPTIONS}) -> Tensor",
+    _varlen,
+    lambda *a: _varlen_empty(*a)[0],
+    backward=_recompute_backward,
+    setup_context=_setup,
+)
 flash_attention_varlen_train_op = define_op(
     f"flash_attention_varlen_train({VARLEN_ARGS}, {TRAIN_OPTION}, {MASK_OPTIONS}) -> (Tensor, Tensor)",
-    _varlen_train, _varlen_empty,
-    backward=_train_backward, setup_context=_setup)
+    _varlen_train,
+    _varlen_empty,
+    backward=_train_backward,
+    setup_context=_setup,
+)
 
 
 def _options(causal, sm_scale, config, deterministic):
@@ -393,8 +483,10 @@ def _options(causal, sm_scale, config, deterministic):
 # ---------------------------------------------------------------------------------------------
 # public functions
 
-def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=None, deterministic=False,
-                    window=None, softcap=None):
+
+def flash_attention(
+    q, k, v, causal=False, sm_scale=None, out=None, *, config=None, deterministic=False, window=None, softcap=None
+):
     """Attention, fused (operators llmk::flash_attention, llmk::flash_attention_train and
     llmk::flash_attention_out; the module docstring has the backward).
 
@@ -431,18 +523,35 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, out=None, *, config=No
             return flash_attention_train_op(q, k, v, deterministic=deterministic, **options)[0]
         return flash_attention_op(q, k, v, **options)
     if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
-                         f"{q.device}; got "
-                         f"{out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}")
+        raise ValueError(
+            f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
+            f"{q.device}; got "
+            f"{out if not isinstance(out, torch.Tensor) else (tuple(out.shape), out.dtype, out.device)}"
+        )
     if not _within_32_bits(out, 2):
-        raise ValueError("out: one head spans 2^31 elements or more; the kernel indexes within a head with "
-                         "32-bit offsets")
+        raise ValueError(
+            "out: one head spans 2^31 elements or more; the kernel indexes within a head with 32-bit offsets"
+        )
     flash_attention_out_op(q, k, v, out=out, **options)
     return out
 
 
-def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                           sm_scale=None, *, config=None, deterministic=False, window=None, softcap=None):
+def flash_attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal=False,
+    sm_scale=None,
+    *,
+    config=None,
+    deterministic=False,
+    window=None,
+    softcap=None,
+):
     """Attention over a packed batch of sequences of different lengths, no padding (operators
     llmk::flash_attention_varlen and llmk::flash_attention_varlen_train), as flash-attn's
     `flash_attn_varlen_func` takes it.
@@ -468,8 +577,14 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
     causal, sm_scale, config = _options(causal, sm_scale, config, deterministic)
     args = (q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous())
-    options = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, sm_scale=sm_scale,
-                   config=config, **_mask_options(attention_mask(window, softcap)))
+    options = dict(
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        causal=causal,
+        sm_scale=sm_scale,
+        config=config,
+        **_mask_options(attention_mask(window, softcap)),
+    )
     if needs_grad(q, k, v):
         return flash_attention_varlen_train_op(*args, deterministic=deterministic, **options)[0]
     return flash_attention_varlen_op(*args, **options)

@@ -16,6 +16,7 @@ fused kernel exists. Conventions shared by every attention function in this fold
   well, right is 0 at most.
 - sm_scale defaults to 1 / sqrt(D).
 """
+
 import math
 
 import torch

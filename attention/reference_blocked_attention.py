@@ -14,6 +14,7 @@ conventions as naive_attention (GQA, bottom-right causal, a sliding window, soft
 query with no key). A key block that no query sees (past the causal diagonal or outside every
 window) is skipped, as the kernel skips it: the result is the same, since exp(-inf) adds nothing.
 """
+
 import math
 
 import torch
@@ -39,7 +40,7 @@ def blocked_attention(q, k, v, causal=False, sm_scale=None, block_size=128, wind
     if visible is not None:
         # the keys some query sees, in one host transfer: a test per block would sync a GPU per block
         seen = visible.any(0).tolist()
-        starts = [start for start in starts if any(seen[start:start + block_size])]  # skip keys no query sees
+        starts = [start for start in starts if any(seen[start : start + block_size])]  # skip keys no query sees
     for start in starts:
         block = slice(start, start + block_size)
         kb, vb = k[:, :, block], v[:, :, block]

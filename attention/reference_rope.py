@@ -24,6 +24,7 @@ over heads as HF's apply_rotary_pos_emb(unsqueeze_dim=1) does. The math runs in 
 (LlamaRotaryEmbedding returns cos, sin in x's dtype), so these are the same-dtype `eager` baseline;
 pass fp64 tensors for an exact reference.
 """
+
 import torch
 
 
@@ -37,7 +38,7 @@ def rope_cos_sin(positions, head_dim, base=10000.0, dtype=torch.float32):
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (base ** exponent)
+    inv_freq = 1.0 / (base**exponent)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -1,5 +1,6 @@
 """RoPE inputs, tables and checks for any implementation `impl(q, k, cos, sin, interleaved=False,
 out=None)`: the Triton kernel (attention/test_rope.py) and the CUDA one (cuda_cpp/test_cuda_kernels.py)."""
+
 import torch
 
 from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
@@ -11,11 +12,15 @@ def make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided=None):
     """q (B, H, T, D), k (B, Hkv, T, D). strided "BTHD": the projection's (B, T, H, D) layout seen as
     (B, H, T, D), read in place; "every other feature": stride 2 along D."""
     if strided == "BTHD":
-        return (rand((batch, seq_len, heads, head_dim), dtype).transpose(1, 2),
-                rand((batch, seq_len, kv_heads, head_dim), dtype).transpose(1, 2))
+        return (
+            rand((batch, seq_len, heads, head_dim), dtype).transpose(1, 2),
+            rand((batch, seq_len, kv_heads, head_dim), dtype).transpose(1, 2),
+        )
     if strided == "every other feature":
-        return (rand((batch, heads, seq_len, 2 * head_dim), dtype)[..., ::2],
-                rand((batch, kv_heads, seq_len, 2 * head_dim), dtype)[..., 1::2])
+        return (
+            rand((batch, heads, seq_len, 2 * head_dim), dtype)[..., ::2],
+            rand((batch, kv_heads, seq_len, 2 * head_dim), dtype)[..., 1::2],
+        )
     return rand((batch, heads, seq_len, head_dim), dtype), rand((batch, kv_heads, seq_len, head_dim), dtype)
 
 
@@ -50,30 +55,42 @@ def check_own_buffer(impl):
     cos, sin = make_table(1, 5, 64, "T,D", "rope", torch.float32)
     q_out, k_out = impl(q, k, cos, sin)
     q_ref, k_ref = apply_rope_ref(q.double(), k.double(), cos.double(), sin.double())
-    return [compare("q", q_out, q_ref), compare("k", k_out, k_ref),
-            Outcome("outputs contiguous", q_out.is_contiguous() and k_out.is_contiguous())]
+    return [
+        compare("q", q_out, q_ref),
+        compare("k", k_out, k_ref),
+        Outcome("outputs contiguous", q_out.is_contiguous() and k_out.is_contiguous()),
+    ]
 
 
 def check_huge(impl):
     """q past 2^31 elements (B1 H32 T524289 D128): the last positions, where 32-bit offsets wrap."""
-    seq_len = 2 ** 31 // (32 * 128) + 1
+    seq_len = 2**31 // (32 * 128) + 1
     q, k = rand((1, 32, seq_len, 128), torch.bfloat16), rand((1, 1, seq_len, 128), torch.bfloat16)
     cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), 128)
     q_out, k_out = impl(q, k, cos, sin)
     tail = slice(seq_len - 3, seq_len)
-    q_ref, k_ref = apply_rope_ref(q[:, :, tail].double(), k[:, :, tail].double(), cos[tail].double(),
-                                  sin[tail].double())
-    return [compare("q last positions", q_out[:, :, tail], q_ref),
-            compare("k last positions", k_out[:, :, tail], k_ref)]
+    q_ref, k_ref = apply_rope_ref(
+        q[:, :, tail].double(), k[:, :, tail].double(), cos[tail].double(), sin[tail].double()
+    )
+    return [
+        compare("q last positions", q_out[:, :, tail], q_ref),
+        compare("k last positions", k_out[:, :, tail], k_ref),
+    ]
 
 
 def check_empty(impl):
     outcomes = []
-    for name, (q_shape, k_shape) in {"T = 0": ((2, 4, 0, 64), (2, 2, 0, 64)),
-                                     "B = 0": ((0, 4, 6, 64), (0, 2, 6, 64))}.items():
+    for name, (q_shape, k_shape) in {
+        "T = 0": ((2, 4, 0, 64), (2, 2, 0, 64)),
+        "B = 0": ((0, 4, 6, 64), (0, 2, 6, 64)),
+    }.items():
         q, k = rand(q_shape, torch.bfloat16), rand(k_shape, torch.bfloat16)
         cos, sin = rand(q_shape[2:], torch.float32), rand(q_shape[2:], torch.float32)
         q_out, k_out = impl(q, k, cos, sin)
-        outcomes.append(Outcome(f"{name}: empty in, empty out", q_out.shape == q.shape and k_out.shape == k.shape
-                                and q_out.dtype == k_out.dtype == q.dtype))
+        outcomes.append(
+            Outcome(
+                f"{name}: empty in, empty out",
+                q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == k_out.dtype == q.dtype,
+            )
+        )
     return outcomes

@@ -22,6 +22,7 @@ window and the cap, for O, LSE and both backward schedules; block bounds swept w
 would show (SWEEP_WINDOWS); blocks outside every window filled with NaN, which a kernel that
 visited them would carry into its outputs.
 """
+
 import math
 
 import torch
@@ -117,8 +118,13 @@ def compare_o(o, q, k, v, causal, sm_scale, window=None, softcap=None):
     2x rule of PyTorch's same-dtype attention."""
     mask = dict(window=window, softcap=softcap)
     ref = naive_attention(q.double(), k.double(), v.double(), causal, sm_scale, **mask)
-    return compare("O", o, ref, attention_tol(q, k, v, causal, sm_scale, **mask),
-                   torch_out=same_dtype_attention(q, k, v, causal, sm_scale, **mask))
+    return compare(
+        "O",
+        o,
+        ref,
+        attention_tol(q, k, v, causal, sm_scale, **mask),
+        torch_out=same_dtype_attention(q, k, v, causal, sm_scale, **mask),
+    )
 
 
 def kernel_note(outcome, q, k, v, causal, out, lse=None):
@@ -128,8 +134,9 @@ def kernel_note(outcome, q, k, v, causal, out, lse=None):
     return outcome
 
 
-def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0, window=None, softcap=None,
-          path="tl"):
+def check(
+    b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0, window=None, softcap=None, path="tl"
+):
     """O against the reference; path "gluon" runs the Gluon forward where it applies
     (attention/attention_paths.py)."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
@@ -137,22 +144,42 @@ def check(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, sca
     mask = dict(window=window, softcap=softcap)
     with forced_path(path):
         o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, out=out, **mask)
-        outcomes = [kernel_note(compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d) if sm_scale is None else sm_scale,
-                                          **mask), q, k, v, causal, out)]
+        outcomes = [
+            kernel_note(
+                compare_o(o, q, k, v, causal, 1.0 / math.sqrt(d) if sm_scale is None else sm_scale, **mask),
+                q,
+                k,
+                v,
+                causal,
+                out,
+            )
+        ]
         if layout == "bthd":  # without out=, O comes back laid out like q
             o2 = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, **mask)
-            outcomes.append(Outcome("O keeps q's layout", o2.stride() == q.stride() and torch.equal(o2, o),
-                                    note=f"strides {o2.stride()} vs q {q.stride()}"))
+            outcomes.append(
+                Outcome(
+                    "O keeps q's layout",
+                    o2.stride() == q.stride() and torch.equal(o2, o),
+                    note=f"strides {o2.stride()} vs q {q.stride()}",
+                )
+            )
     return outcomes
 
 
 def check_matches_blocked():
     """naive and blocked references agree to fp64 rounding on a GQA, Tq != Tk, causal problem."""
     from llmk.attention.reference_blocked_attention import blocked_attention
+
     q, k, v = make_qkv(2, 4, 2, 37, 70, 32, torch.float64)
     ref = naive_attention(q, k, v, True)
-    return [compare("blocked vs naive", blocked_attention(q, k, v, True, block_size=16), ref,
-                    Tol(1e-12, 1e-12, "fp64 throughout"))]
+    return [
+        compare(
+            "blocked vs naive",
+            blocked_attention(q, k, v, True, block_size=16),
+            ref,
+            Tol(1e-12, 1e-12, "fp64 throughout"),
+        )
+    ]
 
 
 def check_no_keys():
@@ -179,14 +206,23 @@ def check_errors():
         expect_raises("fp32 q", lambda: flash_attention(q.float(), k, v), TypeError, "q"),
         expect_raises("k dtype differs", lambda: flash_attention(q, k.bfloat16(), v), TypeError, "k"),
         expect_raises("3-D q", lambda: flash_attention(q[0], k, v), ValueError, "q"),
-        expect_raises("head dim 512", lambda: flash_attention(*make_qkv(1, 1, 1, 4, 4, 512, torch.float16)),
-                      ValueError, "head_dim"),
+        expect_raises(
+            "head dim 512",
+            lambda: flash_attention(*make_qkv(1, 1, 1, 4, 4, 512, torch.float16)),
+            ValueError,
+            "head_dim",
+        ),
         expect_raises("k head dim", lambda: flash_attention(q, k[..., :32], v), ValueError, "k"),
         expect_raises("v shape", lambda: flash_attention(q, k, v[:, :, :4]), ValueError, "v"),
-        expect_raises("heads 4 vs 3", lambda: flash_attention(q, *make_qkv(1, 3, 3, 8, 8, 64, torch.float16)[1:]),
-                      ValueError, "head count"),
-        expect_raises("batch", lambda: flash_attention(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)),
-                      ValueError, "k"),
+        expect_raises(
+            "heads 4 vs 3",
+            lambda: flash_attention(q, *make_qkv(1, 3, 3, 8, 8, 64, torch.float16)[1:]),
+            ValueError,
+            "head count",
+        ),
+        expect_raises(
+            "batch", lambda: flash_attention(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)), ValueError, "k"
+        ),
         expect_raises("sm_scale 0", lambda: flash_attention(q, k, v, sm_scale=0.0), ValueError, "sm_scale"),
         expect_raises(f"q on {other}", lambda: flash_attention(q.to(other), k, v), ValueError, "q"),
         expect_raises("v elsewhere", lambda: flash_attention(q, k, v.to(other)), ValueError, "v"),
@@ -194,8 +230,9 @@ def check_errors():
         expect_raises("out shape", lambda: flash_attention(q, k, v, out=q[:, :2].clone()), ValueError, "out"),
         expect_raises("causal='no'", lambda: flash_attention(q, k, v, causal="no"), TypeError, "causal"),
         expect_raises("causal=1", lambda: flash_attention(q, k, v, causal=1), TypeError, "causal"),
-        expect_raises("deterministic=None", lambda: flash_attention(q, k, v, deterministic=None), TypeError,
-                      "deterministic"),
+        expect_raises(
+            "deterministic=None", lambda: flash_attention(q, k, v, deterministic=None), TypeError, "deterministic"
+        ),
     ]
 
 
@@ -207,13 +244,24 @@ def check_out_under_grad():
     with torch.no_grad():
         o = flash_attention(q_grad, k, v, True)
         o_out = flash_attention(q_grad, k, v, True, out=poisoned(q.shape, q.dtype))
-    return [expect_raises("q requires grad, out=", lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
-                          RuntimeError, "llmk::flash_attention_out is forward-only"),
-            expect_raises("q requires grad, out=: the remedy",
-                          lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
-                          RuntimeError, "call flash_attention without out="),
-            Outcome("under no_grad: as on a plain q, no grad",
-                    torch.equal(o, flash_attention(q, k, v, True)) and torch.equal(o_out, o) and not o.requires_grad)]
+    return [
+        expect_raises(
+            "q requires grad, out=",
+            lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
+            RuntimeError,
+            "llmk::flash_attention_out is forward-only",
+        ),
+        expect_raises(
+            "q requires grad, out=: the remedy",
+            lambda: flash_attention(q_grad, k, v, True, out=torch.empty_like(q)),
+            RuntimeError,
+            "call flash_attention without out=",
+        ),
+        Outcome(
+            "under no_grad: as on a plain q, no grad",
+            torch.equal(o, flash_attention(q, k, v, True)) and torch.equal(o_out, o) and not o.requires_grad,
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,12 +314,35 @@ def attention_grads(label, fn, ref, torch_fn, inputs, grad_outputs, dtype, delta
     _, want = grads_of(ref, inputs, wrt, grad_outputs, dtype=torch.float64)
     _, theirs = grads_of(torch_fn, inputs, wrt, grad_outputs)
     tols = grad_tols(dtype, want, theirs, delta_bounds)
-    return check_grads(label, fn, ref, inputs, wrt, ("q", "k", "v"), lambda name, w: tols[name], torch_fn=torch_fn,
-                       grad_outputs=grad_outputs)
+    return check_grads(
+        label,
+        fn,
+        ref,
+        inputs,
+        wrt,
+        ("q", "k", "v"),
+        lambda name, w: tols[name],
+        torch_fn=torch_fn,
+        grad_outputs=grad_outputs,
+    )
 
 
-def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=None, scale=1.0,
-                   deterministic=False, window=None, softcap=None):
+def check_backward(
+    b,
+    h,
+    hkv,
+    tq,
+    tk,
+    d,
+    dtype,
+    causal,
+    layout="bhtd",
+    sm_scale=None,
+    scale=1.0,
+    deterministic=False,
+    window=None,
+    softcap=None,
+):
     """dq, dk, dv of flash_attention against autograd through naive_attention in fp64, by the
     default schedule or (deterministic) the two-pass one."""
     q, k, v = make_qkv(b, h, hkv, tq, tk, d, dtype, layout, scale)
@@ -284,11 +355,18 @@ def check_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", sm_scale=
         if o.requires_grad:
             layouts.append(o.transpose(1, 2).is_contiguous())
         return o
+
     do = rand((b, h, tq, d), dtype)
     out = attention_grads(
-        "", ours, lambda q, k, v: naive_attention(q, k, v, causal, scale_used, **mask),
+        "",
+        ours,
+        lambda q, k, v: naive_attention(q, k, v, causal, scale_used, **mask),
         lambda q, k, v: same_dtype_attention(q, k, v, causal, scale_used, **mask),
-        [q, k, v], [do], dtype, delta_rounding_bounds(q, k, v, do, causal, scale_used, **mask))
+        [q, k, v],
+        [do],
+        dtype,
+        delta_rounding_bounds(q, k, v, do, causal, scale_used, **mask),
+    )
     # under grad O is stored (B, Tq, H, D), whatever q's layout: the projection reads it in place
     return out + [Outcome("O under grad stored (B, Tq, H, D)", bool(layouts) and all(layouts))]
 
@@ -307,10 +385,14 @@ def check_lse_grad(dtype, b=1, tq=40):
     q, k, v = make_qkv(b, 4, 2, tq, 50, 64, dtype)
     scale = 1.0 / math.sqrt(64)
     return attention_grads(
-        "O and LSE", lambda q, k, v: flash_attention_train_op(q, k, v, True, None, None),
+        "O and LSE",
+        lambda q, k, v: flash_attention_train_op(q, k, v, True, None, None),
         lambda q, k, v: attention_and_lse(q, k, v, True, scale),
         lambda q, k, v: attention_and_lse(q, k, v, True, scale),
-        [q, k, v], [rand((b, 4, tq, 64), dtype), rand((b, 4, tq), torch.float32)], dtype)
+        [q, k, v],
+        [rand((b, 4, tq, 64), dtype), rand((b, 4, tq), torch.float32)],
+        dtype,
+    )
 
 
 def check_unseen_dlse():
@@ -332,17 +414,35 @@ def check_unseen_dlse():
         for fill in (0.0, float("inf"), float("nan")):
             dlse = dlse_seen.masked_fill(unseen, fill)
             got = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
-            launch_flash_attention_backward(do, q, k, v, o, lse, *got, False, 0.125, dlse, mask=mask,
-                                            deterministic=deterministic)
+            launch_flash_attention_backward(
+                do, q, k, v, o, lse, *got, False, 0.125, dlse, mask=mask, deterministic=deterministic
+            )
             grads.append(got)
         for fill, got in zip(("inf", "nan"), grads[1:]):
-            outcomes += [compare(f"d{name}, dLSE {fill} where no key is seen, deterministic={deterministic}", g, w,
-                                 EXACT) for name, g, w in zip("qkv", got, grads[0])]
+            outcomes += [
+                compare(f"d{name}, dLSE {fill} where no key is seen, deterministic={deterministic}", g, w, EXACT)
+                for name, g, w in zip("qkv", got, grads[0])
+            ]
     return outcomes
 
 
-def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=None, scale=1.0, layout="bhtd",
-                          gluon=(), window=None, softcap=None):
+def check_backward_forced(
+    config,
+    b,
+    h,
+    hkv,
+    tq,
+    tk,
+    d,
+    dtype,
+    causal,
+    dq_add=None,
+    scale=1.0,
+    layout="bhtd",
+    gluon=(),
+    window=None,
+    softcap=None,
+):
     """The backward launched with `config` (a BACKWARD_TABLE row's two-pass (dk/dv, dq) pair, or
     its one-pass (config, None), adding dq by dq_add; None: the table's) and `gluon`'s kernels in
     Gluon (launch_flash_attention_backward's) into poisoned buffers, under check_backward's
@@ -354,15 +454,23 @@ def check_backward_forced(config, b, h, hkv, tq, tk, d, dtype, causal, dq_add=No
     options = dict(window=window, softcap=softcap)
     mask = attention_mask(window, softcap)
     with torch.no_grad():
-        o, lse = flash_attention_train_op(q, k, v, causal, None, None, False, mask.window_left, mask.window_right,
-                                          mask.softcap)
+        o, lse = flash_attention_train_op(
+            q, k, v, causal, None, None, False, mask.window_left, mask.window_right, mask.softcap
+        )
     got = [poisoned(t.shape, dtype) for t in (q, k, v)]
-    launch_flash_attention_backward(do, q, k, v, o, lse, *got, causal, scale, config=config, dq_add=dq_add,
-                                    mask=mask, gluon=gluon)
-    _, want = grads_of(lambda q, k, v: naive_attention(q, k, v, causal, scale, **options), [q, k, v], [0, 1, 2],
-                       [do], dtype=torch.float64)
-    _, theirs = grads_of(lambda q, k, v: same_dtype_attention(q, k, v, causal, scale, **options), [q, k, v],
-                         [0, 1, 2], [do])
+    launch_flash_attention_backward(
+        do, q, k, v, o, lse, *got, causal, scale, config=config, dq_add=dq_add, mask=mask, gluon=gluon
+    )
+    _, want = grads_of(
+        lambda q, k, v: naive_attention(q, k, v, causal, scale, **options),
+        [q, k, v],
+        [0, 1, 2],
+        [do],
+        dtype=torch.float64,
+    )
+    _, theirs = grads_of(
+        lambda q, k, v: same_dtype_attention(q, k, v, causal, scale, **options), [q, k, v], [0, 1, 2], [do]
+    )
     tols = grad_tols(dtype, want, theirs, delta_rounding_bounds(q, k, v, do, causal, scale, **options))
     return [compare(f"d{name}", g, w, tols[name], torch_out=t) for name, g, w, t in zip("qkv", got, want, theirs)]
 
@@ -372,8 +480,9 @@ def check_deterministic_repeats():
     where the one-pass schedule's dq would see thousands of atomic adds per row block (GQA, Tk 4097)."""
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 32, 8, 4097, 4097, 128, torch.bfloat16))
     do = rand(q.shape, torch.bfloat16)
-    runs = [torch.autograd.grad(flash_attention(q, k, v, causal=True, deterministic=True), (q, k, v), do)
-            for _ in range(2)]
+    runs = [
+        torch.autograd.grad(flash_attention(q, k, v, causal=True, deterministic=True), (q, k, v), do) for _ in range(2)
+    ]
     return [Outcome(f"d{name}", torch.equal(a, b)) for name, a, b in zip("qkv", *runs)]
 
 
@@ -390,19 +499,20 @@ def check_backward_memory():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     budget = 4 * 8 * q.numel() * q.element_size()
-    return [Outcome("peak extra memory", extra <= budget,
-                    note=f"{extra / 2 ** 20:.0f} MiB, budget {budget / 2 ** 20:.0f}")]
+    return [Outcome("peak extra memory", extra <= budget, note=f"{extra / 2**20:.0f} MiB, budget {budget / 2**20:.0f}")]
 
 
 # ---------------------------------------------------------------------------------------------
 # packed sequences
 
+
 def cumulative(lengths):
     return torch.tensor([0] + lengths, device=DEVICE).cumsum(0).to(torch.int32)
 
 
-def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=False, window=None, softcap=None,
-                 scale=1.0):
+def check_varlen(
+    lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=False, window=None, softcap=None, scale=1.0
+):
     """flash_attention_varlen's O, dq, dk, dv equal a loop of flash_attention over the sequences,
     bit for bit (config forced to one for both; the deterministic backward). packed_qkv: q, k, v
     slices of one (total, 3, H, D) tensor (self-attention, lengths_q == lengths_k). The default
@@ -412,8 +522,11 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
     if packed_qkv:
         q, k, v = rand((total_q, 3, h, d), dtype).unbind(1)
     else:
-        q, k, v = (rand((total_q, h, d), dtype, scale=scale), rand((total_k, hkv, d), dtype),
-                   rand((total_k, hkv, d), dtype))
+        q, k, v = (
+            rand((total_q, h, d), dtype, scale=scale),
+            rand((total_k, hkv, d), dtype),
+            rand((total_k, hkv, d), dtype),
+        )
     mask = dict(window=window, softcap=softcap)
     do = rand((total_q, h, d), dtype)
     config = attention_config(d, max(lengths_q, default=0))
@@ -421,8 +534,9 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
     varlen_args = (cumulative(lengths_q), cumulative(lengths_k), max(lengths_q, default=0), max(lengths_k, default=0))
     o = flash_attention_varlen(q, k, v, *varlen_args, causal, config=config, deterministic=True, **mask)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
-    default_grads = torch.autograd.grad(flash_attention_varlen(q, k, v, *varlen_args, causal, config=config, **mask),
-                                        (q, k, v), do)
+    default_grads = torch.autograd.grad(
+        flash_attention_varlen(q, k, v, *varlen_args, causal, config=config, **mask), (q, k, v), do
+    )
     want = [torch.zeros_like(t) for t in (o, q, k, v)]
     ds_k = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     cq, ck = cumulative(lengths_q).tolist(), cumulative(lengths_k).tolist()
@@ -435,9 +549,10 @@ def check_varlen(lengths_q, lengths_k, h, hkv, d, dtype, causal, packed_qkv=Fals
         for w, got, s in zip(want, (o_i, *grads), (sq, sq, sk, sk)):
             w[s] = got[0].transpose(0, 1)
         ds_k[sq] = abs_ds_times_abs_k(*one, do_i, causal, **mask)[0].transpose(0, 1)
-    return [compare(name, got, w, EXACT) for name, got, w in zip(("O", "dq", "dk", "dv"), (o, dq, dk, dv), want)] + \
-        [compare(f"{name}, default backward", got, w, one_pass_dq_tol(w, ds_k) if name == "dq" else dq_order_tol(w))
-         for name, got, w in zip(("dq", "dk", "dv"), default_grads, (dq, dk, dv))]
+    return [compare(name, got, w, EXACT) for name, got, w in zip(("O", "dq", "dk", "dv"), (o, dq, dk, dv), want)] + [
+        compare(f"{name}, default backward", got, w, one_pass_dq_tol(w, ds_k) if name == "dq" else dq_order_tol(w))
+        for name, got, w in zip(("dq", "dk", "dv"), default_grads, (dq, dk, dv))
+    ]
 
 
 EXACT = Tol(0.0, 0.0, "the same kernels on the same numbers", rounding_check=False)
@@ -450,8 +565,12 @@ def dq_order_tol(want):
     sums that differ by fp32 residues: one rounding (u * |x|, twice for a tie) apart, plus those
     residues (a few fp32 units of the largest share) where a value is near 0."""
     u = UNIT_ROUNDOFF[want.dtype]
-    return Tol(1e-5 * (want.abs().max().item() if want.numel() else 0.0), 2 * u,
-               "dq's fp32 adds in a scheduler's order, one rounding", rounding_check=False)
+    return Tol(
+        1e-5 * (want.abs().max().item() if want.numel() else 0.0),
+        2 * u,
+        "dq's fp32 adds in a scheduler's order, one rounding",
+        rounding_check=False,
+    )
 
 
 def abs_ds_times_abs_k(q, k, v, do, causal, window=None, softcap=None):
@@ -476,8 +595,12 @@ def one_pass_dq_tol(want, ds_k):
     2u |dS| |k| sm_scale: their sum, ds_k (abs_ds_times_abs_k), bounds it, and it is what
     separates two roundings where dq is a small sum of large terms."""
     order = dq_order_tol(want)
-    return Tol(order.atol + 2 * UNIT_ROUNDOFF[want.dtype] * ds_k, order.rtol,
-               "dS's roundings from S in two orientations, fp32 adds in a scheduler's order", rounding_check=False)
+    return Tol(
+        order.atol + 2 * UNIT_ROUNDOFF[want.dtype] * ds_k,
+        order.rtol,
+        "dS's roundings from S in two orientations, fp32 adds in a scheduler's order",
+        rounding_check=False,
+    )
 
 
 def check_grid_spill():
@@ -493,15 +616,17 @@ def check_grid_spill():
         out, lse = poisoned(q.shape, q.dtype), poisoned(q.shape[:3], torch.float32)
         launch_flash_attention(q, k, v, out, True, scale, lse, grid_y=grid_y)
         grads = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
-        launch_flash_attention_backward(do, q, k, v, out, lse, *grads, True, scale, deterministic=True,
-                                        grid_y=grid_y)
+        launch_flash_attention_backward(do, q, k, v, out, lse, *grads, True, scale, deterministic=True, grid_y=grid_y)
         one_pass = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
-        launch_flash_attention_backward(do, q, k, v, out, lse, *one_pass, True, scale, grid_y=grid_y,
-                                        config=(INTERPRET_BACKWARD[2], None))
+        launch_flash_attention_backward(
+            do, q, k, v, out, lse, *one_pass, True, scale, grid_y=grid_y, config=(INTERPRET_BACKWARD[2], None)
+        )
         outcomes.append([out, lse, *grads, *one_pass])
     names = ("O", "LSE", "dq", "dk", "dv", "dq one-pass", "dk one-pass", "dv one-pass")
-    return [compare(f"{name}, grid_y 3", got, want, EXACT if i < 5 else dq_order_tol(want))
-            for i, (name, got, want) in enumerate(zip(names, outcomes[1], outcomes[0]))]
+    return [
+        compare(f"{name}, grid_y 3", got, want, EXACT if i < 5 else dq_order_tol(want))
+        for i, (name, got, want) in enumerate(zip(names, outcomes[1], outcomes[0]))
+    ]
 
 
 def check_varlen_forward(lengths_q, lengths_k, h, hkv, d, dtype, causal, window=None, softcap=None, path="tl"):
@@ -516,8 +641,13 @@ def check_varlen_forward(lengths_q, lengths_k, h, hkv, d, dtype, causal, window=
     options = (causal, None, None, False, left, right, softcap or 0.0)
     with forced_path(path), torch.no_grad():
         o, lse = flash_attention_varlen_train_op(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), *options)
-        ran = "gluon" if gluon_forward(packed(q), packed(k), packed(v), causal, packed(o), packed(lse),
-                                       (cu_q, cu_k, max(lengths_q)), None) else "tl"
+        ran = (
+            "gluon"
+            if gluon_forward(
+                packed(q), packed(k), packed(v), causal, packed(o), packed(lse), (cu_q, cu_k, max(lengths_q)), None
+            )
+            else "tl"
+        )
         if ran != path:  # the tl kernel's config depends on the longest sequence: not bit for bit
             raise Skip(f"the {path} forward does not run here")
         want_o, want_lse = torch.empty_like(o), torch.empty_like(lse)
@@ -532,8 +662,10 @@ def check_varlen_forward(lengths_q, lengths_k, h, hkv, d, dtype, causal, window=
                 outcome = compare_o(o_i, *one, causal, 1.0 / math.sqrt(d), window, softcap)
                 outcome.check = f"O of sequence {i} against the reference"
                 outcomes.append(outcome)
-    return [compare(f"O against the dense calls ({ran} forward)", o, want_o, EXACT),
-            compare(f"LSE against the dense calls ({ran} forward)", lse, want_lse, EXACT)] + outcomes
+    return [
+        compare(f"O against the dense calls ({ran} forward)", o, want_o, EXACT),
+        compare(f"LSE against the dense calls ({ran} forward)", lse, want_lse, EXACT),
+    ] + outcomes
 
 
 def check_varlen_errors():
@@ -544,8 +676,12 @@ def check_varlen_errors():
         expect_raises("4-D q", lambda: call(q[None], k, v, cq, ck, 6, 7), ValueError, "q"),
         expect_raises("k head dim", lambda: call(q, k[..., :32], v, cq, ck, 6, 7), ValueError, "k"),
         expect_raises("v shape", lambda: call(q, k, v[:5], cq, ck, 6, 7), ValueError, "v"),
-        expect_raises("heads 4 vs 3", lambda: call(q, k[:, :1].expand(-1, 3, -1), v[:, :1].expand(-1, 3, -1),
-                                                   cq, ck, 6, 7), ValueError, "head count"),
+        expect_raises(
+            "heads 4 vs 3",
+            lambda: call(q, k[:, :1].expand(-1, 3, -1), v[:, :1].expand(-1, 3, -1), cq, ck, 6, 7),
+            ValueError,
+            "head count",
+        ),
         expect_raises("int64 cu_seqlens_q", lambda: call(q, k, v, cq.long(), ck, 6, 7), TypeError, "cu_seqlens_q"),
         expect_raises("2-D cu_seqlens_k", lambda: call(q, k, v, cq, ck[None], 6, 7), ValueError, "cu_seqlens_k"),
         expect_raises("cu_seqlens lengths differ", lambda: call(q, k, v, cq, ck[:2], 6, 7), ValueError, "cu_seqlens_k"),
@@ -571,14 +707,16 @@ def bad_seqlens():
     """(name, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), what the error names) for
     q of 10 tokens and k, v of 12: bad values a launch must never read through."""
     cq, ck = cumulative([4, 6]), cumulative([5, 7])
-    return [("cu_seqlens_q past the end", (i32(0, 4, 50), ck, 6, 7), "cu_seqlens_q[2] = 50"),
-            ("cu_seqlens_k past the end mid-way", (cq, i32(0, 40, 12), 6, 7), "cu_seqlens_k[1] = 40"),
-            ("cu_seqlens_q decreasing", (i32(0, 6, 4, 10), i32(0, 5, 5, 12), 6, 7), "cu_seqlens_q[2] = 4"),
-            ("cu_seqlens_k nonzero start", (cq, i32(2, 5, 12), 6, 7), "cu_seqlens_k[0] = 2"),
-            ("cu_seqlens_k negative start", (cq, i32(-3, 5, 12), 6, 7), "cu_seqlens_k[0] = -3"),
-            ("cu_seqlens_q ends short of q", (i32(0, 4, 9), ck, 6, 7), "cu_seqlens_q[2] = 9"),
-            ("max_seqlen_q too small", (cq, ck, 5, 7), "max_seqlen_q = 5"),
-            ("max_seqlen_k too small", (cq, ck, 6, 6), "max_seqlen_k = 6")]
+    return [
+        ("cu_seqlens_q past the end", (i32(0, 4, 50), ck, 6, 7), "cu_seqlens_q[2] = 50"),
+        ("cu_seqlens_k past the end mid-way", (cq, i32(0, 40, 12), 6, 7), "cu_seqlens_k[1] = 40"),
+        ("cu_seqlens_q decreasing", (i32(0, 6, 4, 10), i32(0, 5, 5, 12), 6, 7), "cu_seqlens_q[2] = 4"),
+        ("cu_seqlens_k nonzero start", (cq, i32(2, 5, 12), 6, 7), "cu_seqlens_k[0] = 2"),
+        ("cu_seqlens_k negative start", (cq, i32(-3, 5, 12), 6, 7), "cu_seqlens_k[0] = -3"),
+        ("cu_seqlens_q ends short of q", (i32(0, 4, 9), ck, 6, 7), "cu_seqlens_q[2] = 9"),
+        ("max_seqlen_q too small", (cq, ck, 5, 7), "max_seqlen_q = 5"),
+        ("max_seqlen_k too small", (cq, ck, 6, 6), "max_seqlen_k = 6"),
+    ]
 
 
 def check_varlen_value_errors():
@@ -591,20 +729,42 @@ def check_varlen_value_errors():
     outcomes = []
     with seqlens_switch("1"):
         for name, (cu_q, cu_k, max_q, max_k), names in bad_seqlens():
-            outcomes.append(expect_raises(name, lambda: flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k),
-                                          ValueError, names))
-        (name, (cu_q, cu_k, max_q, max_k), names), = bad_seqlens()[:1]
+            outcomes.append(
+                expect_raises(
+                    name, lambda: flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k), ValueError, names
+                )
+            )
+        ((name, (cu_q, cu_k, max_q, max_k), names),) = bad_seqlens()[:1]
         outcomes += [
-            expect_raises(f"{name}: torch.ops.llmk.flash_attention_varlen",
-                          lambda: ops.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, False, None, None),
-                          ValueError, names),
-            expect_raises(f"{name}: under grad", lambda: flash_attention_varlen(
-                q.clone().requires_grad_(), k, v, cu_q, cu_k, max_q, max_k, causal=True), ValueError, names),
-            expect_raises(f"{name}: torch.ops.llmk.flash_attention_backward", lambda: ops.flash_attention_backward(
-                out, q, k, v, out, lse, None, cu_q, cu_k, max_q, max_k, False, None, False), ValueError, names),
-            expect_raises(f"{name}: torch.compile'd call", lambda: torch.compile(
-                flash_attention_varlen, fullgraph=True, backend="aot_eager")(q, k, v, cu_q, cu_k, max_q, max_k),
-                ValueError, names)]
+            expect_raises(
+                f"{name}: torch.ops.llmk.flash_attention_varlen",
+                lambda: ops.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, False, None, None),
+                ValueError,
+                names,
+            ),
+            expect_raises(
+                f"{name}: under grad",
+                lambda: flash_attention_varlen(q.clone().requires_grad_(), k, v, cu_q, cu_k, max_q, max_k, causal=True),
+                ValueError,
+                names,
+            ),
+            expect_raises(
+                f"{name}: torch.ops.llmk.flash_attention_backward",
+                lambda: ops.flash_attention_backward(
+                    out, q, k, v, out, lse, None, cu_q, cu_k, max_q, max_k, False, None, False
+                ),
+                ValueError,
+                names,
+            ),
+            expect_raises(
+                f"{name}: torch.compile'd call",
+                lambda: torch.compile(flash_attention_varlen, fullgraph=True, backend="aot_eager")(
+                    q, k, v, cu_q, cu_k, max_q, max_k
+                ),
+                ValueError,
+                names,
+            ),
+        ]
     return outcomes
 
 
@@ -643,8 +803,12 @@ def check_varlen_empty():
         cu = cumulative(lengths)
         o = flash_attention_varlen(q, k, v, cu, cu, 0, 0, causal=True)
         grads = torch.autograd.grad(o, (q, k, v), torch.zeros_like(o), allow_unused=True)
-        outcomes.append(Outcome(f"lengths {lengths}", o.shape == q.shape and all(
-            g is None or g.shape == t.shape for g, t in zip(grads, (q, k, v)))))
+        outcomes.append(
+            Outcome(
+                f"lengths {lengths}",
+                o.shape == q.shape and all(g is None or g.shape == t.shape for g, t in zip(grads, (q, k, v))),
+            )
+        )
     return outcomes
 
 
@@ -654,44 +818,106 @@ def _cases():
     def add(name, gpu_only=False, **kw):
         cases.append(Case(name, check, kw, gpu_only))
 
-    small = [("B2 H4 T77 D64", dict(b=2, h=4, hkv=4, tq=77, tk=77, d=64)),
-             ("GQA 8/2 T100 D128", dict(b=1, h=8, hkv=2, tq=100, tk=100, d=128)),
-             ("MQA 4/1 T33 D32", dict(b=2, h=4, hkv=1, tq=33, tk=33, d=32)),
-             ("Tq17 Tk77 D96", dict(b=1, h=2, hkv=2, tq=17, tk=77, d=96)),
-             ("Tq77 Tk17 D64", dict(b=1, h=2, hkv=1, tq=77, tk=17, d=64)),
-             ("T1 D64", dict(b=3, h=2, hkv=2, tq=1, tk=1, d=64)),
-             ("Tq1 Tk50 D128", dict(b=2, h=4, hkv=2, tq=1, tk=50, d=128)),
-             ("D80 T40", dict(b=1, h=2, hkv=2, tq=40, tk=40, d=80)),
-             ("D256 T40", dict(b=1, h=2, hkv=1, tq=40, tk=40, d=256)),
-             ("(B,T,H,D) view T50 D64", dict(b=2, h=4, hkv=2, tq=50, tk=50, d=64, layout="bthd")),
-             ("padded view Tq30 Tk45 D32", dict(b=1, h=2, hkv=1, tq=30, tk=45, d=32, layout="padded"))]
+    small = [
+        ("B2 H4 T77 D64", dict(b=2, h=4, hkv=4, tq=77, tk=77, d=64)),
+        ("GQA 8/2 T100 D128", dict(b=1, h=8, hkv=2, tq=100, tk=100, d=128)),
+        ("MQA 4/1 T33 D32", dict(b=2, h=4, hkv=1, tq=33, tk=33, d=32)),
+        ("Tq17 Tk77 D96", dict(b=1, h=2, hkv=2, tq=17, tk=77, d=96)),
+        ("Tq77 Tk17 D64", dict(b=1, h=2, hkv=1, tq=77, tk=17, d=64)),
+        ("T1 D64", dict(b=3, h=2, hkv=2, tq=1, tk=1, d=64)),
+        ("Tq1 Tk50 D128", dict(b=2, h=4, hkv=2, tq=1, tk=50, d=128)),
+        ("D80 T40", dict(b=1, h=2, hkv=2, tq=40, tk=40, d=80)),
+        ("D256 T40", dict(b=1, h=2, hkv=1, tq=40, tk=40, d=256)),
+        ("(B,T,H,D) view T50 D64", dict(b=2, h=4, hkv=2, tq=50, tk=50, d=64, layout="bthd")),
+        ("padded view Tq30 Tk45 D32", dict(b=1, h=2, hkv=1, tq=30, tk=45, d=32, layout="padded")),
+    ]
     for dtype in (torch.float16, torch.bfloat16):
         dt = dtype_name(dtype)
         for causal in (False, True):
             c = "causal" if causal else "full"
             # the interpreter runs each shape full in one dtype and causal in the other (the GPU all four)
             for i, (name, shape) in enumerate(small):
-                add(f"{name} {c} {dt}", gpu_only=dtype != interpreter_dtype(i + causal), dtype=dtype, causal=causal,
-                    **shape)
+                add(
+                    f"{name} {c} {dt}",
+                    gpu_only=dtype != interpreter_dtype(i + causal),
+                    dtype=dtype,
+                    causal=causal,
+                    **shape,
+                )
         add(f"sm_scale 0.3 T48 D64 {dt}", b=1, h=2, hkv=2, tq=48, tk=48, d=64, dtype=dtype, causal=True, sm_scale=0.3)
         add(f"peaked: q x 30 T64 D64 {dt}", b=1, h=2, hkv=2, tq=64, tk=64, d=64, dtype=dtype, causal=False, scale=30.0)
         # full sizes: every head dim, long sequences, GQA 32/8, a prefill chunk against a longer cache
         for d in (32, 64, 96, 128, 256):
             for causal in (False, True):
-                add(f"B2 H8 T1000 D{d} {'causal' if causal else 'full'} {dt}", gpu_only=True,
-                    b=2, h=8, hkv=8, tq=1000, tk=1000, d=d, dtype=dtype, causal=causal)
-        add(f"GQA 32/8 T4096 D128 causal {dt}", gpu_only=True, b=1, h=32, hkv=8, tq=4096, tk=4096, d=128,
-            dtype=dtype, causal=True)
-        add(f"Tq1000 Tk4097 D128 causal {dt}", gpu_only=True, b=1, h=8, hkv=2, tq=1000, tk=4097, d=128,
-            dtype=dtype, causal=True)
-        add(f"(B,T,H,D) view T2048 D128 full {dt}", gpu_only=True, b=2, h=16, hkv=4, tq=2048, tk=2048, d=128,
-            dtype=dtype, causal=False, layout="bthd")
+                add(
+                    f"B2 H8 T1000 D{d} {'causal' if causal else 'full'} {dt}",
+                    gpu_only=True,
+                    b=2,
+                    h=8,
+                    hkv=8,
+                    tq=1000,
+                    tk=1000,
+                    d=d,
+                    dtype=dtype,
+                    causal=causal,
+                )
+        add(
+            f"GQA 32/8 T4096 D128 causal {dt}",
+            gpu_only=True,
+            b=1,
+            h=32,
+            hkv=8,
+            tq=4096,
+            tk=4096,
+            d=128,
+            dtype=dtype,
+            causal=True,
+        )
+        add(
+            f"Tq1000 Tk4097 D128 causal {dt}",
+            gpu_only=True,
+            b=1,
+            h=8,
+            hkv=2,
+            tq=1000,
+            tk=4097,
+            d=128,
+            dtype=dtype,
+            causal=True,
+        )
+        add(
+            f"(B,T,H,D) view T2048 D128 full {dt}",
+            gpu_only=True,
+            b=2,
+            h=16,
+            hkv=4,
+            tq=2048,
+            tk=2048,
+            d=128,
+            dtype=dtype,
+            causal=False,
+            layout="bthd",
+        )
         # more (batch, head) pairs than a grid's y extent (the tl kernel spills them onto axis 2)
-        add(f"B2100 H32 T24 D64 causal: {2100 * 32} (batch, head) pairs {dt}", gpu_only=True, b=2100, h=32, hkv=8,
-            tq=24, tk=24, d=64, dtype=dtype, causal=True)
-    cases += [Case("references agree", check_matches_blocked), Case("no keys", check_no_keys),
-              Case("empty input", check_empty), Case("bad input", check_errors),
-              Case("out= under grad (forward-only)", check_out_under_grad)]
+        add(
+            f"B2100 H32 T24 D64 causal: {2100 * 32} (batch, head) pairs {dt}",
+            gpu_only=True,
+            b=2100,
+            h=32,
+            hkv=8,
+            tq=24,
+            tk=24,
+            d=64,
+            dtype=dtype,
+            causal=True,
+        )
+    cases += [
+        Case("references agree", check_matches_blocked),
+        Case("no keys", check_no_keys),
+        Case("empty input", check_empty),
+        Case("bad input", check_errors),
+        Case("out= under grad (forward-only)", check_out_under_grad),
+    ]
     return cases
 
 
@@ -715,9 +941,14 @@ def forced_cases():
             for causal in (False, True):
                 name = f"forced {config} T150 D{max_dim} {'causal' if causal else 'full'} {dtype_name(dtype)}"
                 # the interpreter: each row full in one dtype, causal in the other
-                cases.append(Case(name, check_forced, dict(config=config, b=1, h=2, hkv=1, tq=150, tk=150,
-                                                           d=max_dim, dtype=dtype, causal=causal),
-                                  gpu_only=dtype != interpreter_dtype(i + causal)))
+                cases.append(
+                    Case(
+                        name,
+                        check_forced,
+                        dict(config=config, b=1, h=2, hkv=1, tq=150, tk=150, d=max_dim, dtype=dtype, causal=causal),
+                        gpu_only=dtype != interpreter_dtype(i + causal),
+                    )
+                )
     return cases
 
 
@@ -726,10 +957,14 @@ def check_table_rows():
     and lengths to it: a row added to the table without a forced case fails here."""
     forced = {(c.kwargs["d"], c.kwargs["config"]) for c in CASES if c.fn is check_forced}
     missing = [row for row in CONFIG_TABLE if (row[0], tuple(row[3:])) not in forced]
-    routed = all(table_config(max_dim, max_tq or 4096, windowed) == tuple(config)
-                 for max_dim, max_tq, windowed, *config in CONFIG_TABLE)
-    return [Outcome("every CONFIG_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
-            Outcome("table_config picks each row", routed)]
+    routed = all(
+        table_config(max_dim, max_tq or 4096, windowed) == tuple(config)
+        for max_dim, max_tq, windowed, *config in CONFIG_TABLE
+    )
+    return [
+        Outcome("every CONFIG_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
+        Outcome("table_config picks each row", routed),
+    ]
 
 
 CASES += forced_cases() + [Case("every launch-table row forced", check_table_rows)]
@@ -743,66 +978,200 @@ def backward_cases():
     def add(name, gpu_only=False, **kw):
         cases.append(Case(f"backward {name}", check_backward, kw, gpu_only))
 
-    small = [("B1 H2 T77 D64", dict(b=1, h=2, hkv=2, tq=77, tk=77, d=64)),
-             ("GQA 4/2 T50 D128", dict(b=1, h=4, hkv=2, tq=50, tk=50, d=128)),
-             ("Tq17 Tk77 D96", dict(b=1, h=2, hkv=2, tq=17, tk=77, d=96)),
-             ("(B,T,H,D) view T40 D64", dict(b=2, h=2, hkv=1, tq=40, tk=40, d=64, layout="bthd"))]
+    small = [
+        ("B1 H2 T77 D64", dict(b=1, h=2, hkv=2, tq=77, tk=77, d=64)),
+        ("GQA 4/2 T50 D128", dict(b=1, h=4, hkv=2, tq=50, tk=50, d=128)),
+        ("Tq17 Tk77 D96", dict(b=1, h=2, hkv=2, tq=17, tk=77, d=96)),
+        ("(B,T,H,D) view T40 D64", dict(b=2, h=2, hkv=1, tq=40, tk=40, d=64, layout="bthd")),
+    ]
     for dtype in (torch.float16, torch.bfloat16):
         dt = dtype_name(dtype)
         for causal in (False, True):
             c = "causal" if causal else "full"
             # the interpreter runs each shape full in one dtype and causal in the other (the GPU all four)
             for i, (name, shape) in enumerate(small):
-                add(f"{name} {c} {dt}", gpu_only=dtype != interpreter_dtype(i + causal), dtype=dtype, causal=causal,
-                    **shape)
+                add(
+                    f"{name} {c} {dt}",
+                    gpu_only=dtype != interpreter_dtype(i + causal),
+                    dtype=dtype,
+                    causal=causal,
+                    **shape,
+                )
             for d in (32, 64, 96, 128, 256):
-                add(f"B2 H8 T1000 D{d} {c} {dt}", gpu_only=True, b=2, h=8, hkv=8, tq=1000, tk=1000, d=d,
-                    dtype=dtype, causal=causal)
-            add(f"GQA 32/8 T4097 D128 {c} {dt}", gpu_only=True, b=1, h=32, hkv=8, tq=4097, tk=4097, d=128,
-                dtype=dtype, causal=causal)
-            add(f"MQA 8/1 T4097 D64 {c} {dt}", gpu_only=True, b=1, h=8, hkv=1, tq=4097, tk=4097, d=64,
-                dtype=dtype, causal=causal)
-        add(f"Tq1000 Tk4097 D128 causal {dt}", gpu_only=True, b=1, h=8, hkv=2, tq=1000, tk=4097, d=128,
-            dtype=dtype, causal=True)
-        add(f"(B,T,H,D) view T2048 D128 full {dt}", gpu_only=True, b=2, h=16, hkv=4, tq=2048, tk=2048, d=128,
-            dtype=dtype, causal=False, layout="bthd")
+                add(
+                    f"B2 H8 T1000 D{d} {c} {dt}",
+                    gpu_only=True,
+                    b=2,
+                    h=8,
+                    hkv=8,
+                    tq=1000,
+                    tk=1000,
+                    d=d,
+                    dtype=dtype,
+                    causal=causal,
+                )
+            add(
+                f"GQA 32/8 T4097 D128 {c} {dt}",
+                gpu_only=True,
+                b=1,
+                h=32,
+                hkv=8,
+                tq=4097,
+                tk=4097,
+                d=128,
+                dtype=dtype,
+                causal=causal,
+            )
+            add(
+                f"MQA 8/1 T4097 D64 {c} {dt}",
+                gpu_only=True,
+                b=1,
+                h=8,
+                hkv=1,
+                tq=4097,
+                tk=4097,
+                d=64,
+                dtype=dtype,
+                causal=causal,
+            )
+        add(
+            f"Tq1000 Tk4097 D128 causal {dt}",
+            gpu_only=True,
+            b=1,
+            h=8,
+            hkv=2,
+            tq=1000,
+            tk=4097,
+            d=128,
+            dtype=dtype,
+            causal=True,
+        )
+        add(
+            f"(B,T,H,D) view T2048 D128 full {dt}",
+            gpu_only=True,
+            b=2,
+            h=16,
+            hkv=4,
+            tq=2048,
+            tk=2048,
+            d=128,
+            dtype=dtype,
+            causal=False,
+            layout="bthd",
+        )
         # more (batch, head) pairs than a grid's y extent (the tl kernel spills them onto axis 2)
-        add(f"B2100 H32 T24 D64 causal: {2100 * 32} (batch, head) pairs {dt}", gpu_only=True, b=2100, h=32, hkv=8,
-            tq=24, tk=24, d=64, dtype=dtype, causal=True)
+        add(
+            f"B2100 H32 T24 D64 causal: {2100 * 32} (batch, head) pairs {dt}",
+            gpu_only=True,
+            b=2100,
+            h=32,
+            hkv=8,
+            tq=24,
+            tk=24,
+            d=64,
+            dtype=dtype,
+            causal=True,
+        )
     bf16 = torch.bfloat16
     for causal in (False, True):
         c = "causal" if causal else "full"
         # in the interpreter MQA and D256 causal, T1 and the padded view full, Tq77 Tk17 both (its causal
         # mask leaves 60 queries no key): a head count, head dim or layout meets the causal mask's
         # blocks no differently from the small shapes above, which run both
-        add(f"MQA 4/1 T33 D32 {c} bf16", gpu_only=not causal, b=1, h=4, hkv=1, tq=33, tk=33, d=32, dtype=bf16,
-            causal=causal)
+        add(
+            f"MQA 4/1 T33 D32 {c} bf16",
+            gpu_only=not causal,
+            b=1,
+            h=4,
+            hkv=1,
+            tq=33,
+            tk=33,
+            d=32,
+            dtype=bf16,
+            causal=causal,
+        )
         add(f"Tq77 Tk17 D64 {c} bf16", b=1, h=2, hkv=1, tq=77, tk=17, d=64, dtype=bf16, causal=causal)
         add(f"T1 D64 {c} bf16", gpu_only=causal, b=3, h=2, hkv=2, tq=1, tk=1, d=64, dtype=bf16, causal=causal)
-        add(f"D256 T40 {c} bf16", gpu_only=not causal, b=1, h=2, hkv=1, tq=40, tk=40, d=256, dtype=bf16,
-            causal=causal)
-        add(f"padded view Tq30 Tk45 D80 {c} bf16", gpu_only=causal, b=1, h=2, hkv=1, tq=30, tk=45, d=80,
-            dtype=bf16, causal=causal, layout="padded")
-    add("sm_scale 0.3 T48 D64 fp16", b=1, h=2, hkv=2, tq=48, tk=48, d=64, dtype=torch.float16, causal=True,
-        sm_scale=0.3)
+        add(f"D256 T40 {c} bf16", gpu_only=not causal, b=1, h=2, hkv=1, tq=40, tk=40, d=256, dtype=bf16, causal=causal)
+        add(
+            f"padded view Tq30 Tk45 D80 {c} bf16",
+            gpu_only=causal,
+            b=1,
+            h=2,
+            hkv=1,
+            tq=30,
+            tk=45,
+            d=80,
+            dtype=bf16,
+            causal=causal,
+            layout="padded",
+        )
+    add(
+        "sm_scale 0.3 T48 D64 fp16", b=1, h=2, hkv=2, tq=48, tk=48, d=64, dtype=torch.float16, causal=True, sm_scale=0.3
+    )
     add("peaked: q x 30 T64 D64 bf16", b=1, h=2, hkv=2, tq=64, tk=64, d=64, dtype=bf16, causal=False, scale=30.0)
     # the two-pass schedule (deterministic=True): the default runs the one-pass one wherever
     # BACKWARD_TABLE has it, and always in the interpreter
     for causal in (False, True):
         c = "causal" if causal else "full"
         for dtype in (torch.float16, bf16):  # the interpreter: full in fp16, causal in bf16
-            add(f"deterministic GQA 4/2 Tq50 Tk77 D128 {c} {dtype_name(dtype)}", b=1, h=4, hkv=2, tq=50, tk=77,
-                d=128, dtype=dtype, causal=causal, deterministic=True, gpu_only=dtype != interpreter_dtype(causal))
-        add(f"deterministic (B,T,H,D) view T40 D64 {c} bf16", b=2, h=2, hkv=1, tq=40, tk=40, d=64, dtype=bf16,
-            causal=causal, layout="bthd", deterministic=True)
-        add(f"deterministic Tq77 Tk17 D96 {c} bf16", b=1, h=2, hkv=1, tq=77, tk=17, d=96, dtype=bf16,
-            causal=causal, deterministic=True)
+            add(
+                f"deterministic GQA 4/2 Tq50 Tk77 D128 {c} {dtype_name(dtype)}",
+                b=1,
+                h=4,
+                hkv=2,
+                tq=50,
+                tk=77,
+                d=128,
+                dtype=dtype,
+                causal=causal,
+                deterministic=True,
+                gpu_only=dtype != interpreter_dtype(causal),
+            )
+        add(
+            f"deterministic (B,T,H,D) view T40 D64 {c} bf16",
+            b=2,
+            h=2,
+            hkv=1,
+            tq=40,
+            tk=40,
+            d=64,
+            dtype=bf16,
+            causal=causal,
+            layout="bthd",
+            deterministic=True,
+        )
+        add(
+            f"deterministic Tq77 Tk17 D96 {c} bf16",
+            b=1,
+            h=2,
+            hkv=1,
+            tq=77,
+            tk=17,
+            d=96,
+            dtype=bf16,
+            causal=causal,
+            deterministic=True,
+        )
         for d in (64, 128, 256):
-            add(f"deterministic GQA 32/8 T1000 D{d} {c} bf16", gpu_only=True, b=1, h=32, hkv=8, tq=1000, tk=1000,
-                d=d, dtype=bf16, causal=causal, deterministic=True)
+            add(
+                f"deterministic GQA 32/8 T1000 D{d} {c} bf16",
+                gpu_only=True,
+                b=1,
+                h=32,
+                hkv=8,
+                tq=1000,
+                tk=1000,
+                d=d,
+                dtype=bf16,
+                causal=causal,
+                deterministic=True,
+            )
     # bf16's B1 Tq40 on the GPU only: the B2 Tq37 case runs bf16 in the interpreter
-    cases += [Case(f"LSE gradient {dtype_name(dt)}", check_lse_grad, dict(dtype=dt), gpu_only=dt == bf16)
-              for dt in (torch.float16, bf16)]
+    cases += [
+        Case(f"LSE gradient {dtype_name(dt)}", check_lse_grad, dict(dtype=dt), gpu_only=dt == bf16)
+        for dt in (torch.float16, bf16)
+    ]
     cases.append(Case("LSE gradient bf16 B2 Tq37", check_lse_grad, dict(dtype=bf16, b=2, tq=37)))
     cases.append(Case("dLSE non-finite where no key is seen", check_unseen_dlse))
     # one head in the interpreter, where every head multiplies the programs; the GPU's two share a KV
@@ -814,11 +1183,25 @@ def backward_cases():
         for causal in (False, True):
             for add in adds:
                 name = f"two-pass {config[0]} {config[1]}" if add is None else f"one-pass {config[0]} {add[0]}"
-                cases.append(Case(f"backward forced {name} T150 D{max_dim} {'causal' if causal else 'full'} bf16",
-                                  check_backward_forced, dict(config=config, b=1, h=forced_heads, hkv=1, tq=150, tk=150,
-                                                              d=max_dim, dtype=bf16, causal=causal,
-                                                              dq_add=None if add is None else add[0]),
-                                  gpu_only=add is not None and add[1]))
+                cases.append(
+                    Case(
+                        f"backward forced {name} T150 D{max_dim} {'causal' if causal else 'full'} bf16",
+                        check_backward_forced,
+                        dict(
+                            config=config,
+                            b=1,
+                            h=forced_heads,
+                            hkv=1,
+                            tq=150,
+                            tk=150,
+                            d=max_dim,
+                            dtype=bf16,
+                            causal=causal,
+                            dq_add=None if add is None else add[0],
+                        ),
+                        gpu_only=add is not None and add[1],
+                    )
+                )
     # flash-attn's test_flash_attn_bwd_overflow inputs (there q x 5 and k x 3; here q x 15): scores
     # of size ~15, so a query's LSE can be very negative and a key row past the end (k = 0) would
     # give P = 2^-lse2 past fp16's range, dS = inf and dq's product inf x 0 = NaN; the dk/dv kernel
@@ -827,19 +1210,49 @@ def backward_cases():
     for t in (1, 2):
         for j, d in enumerate((16, 32, 64)):
             for deterministic in (False, True):
-                cases.append(Case(f"backward{' deterministic' if deterministic else ''} overflow inputs (q x 15) "
-                                  f"B2 H5 T{t} D{d} full fp16", check_backward,
-                                  dict(b=2, h=5, hkv=5, tq=t, tk=t, d=d, dtype=torch.float16, causal=False,
-                                       scale=15.0, deterministic=deterministic),
-                                  gpu_only=(t + j + deterministic) % 2 == 1))
+                cases.append(
+                    Case(
+                        f"backward{' deterministic' if deterministic else ''} overflow inputs (q x 15) "
+                        f"B2 H5 T{t} D{d} full fp16",
+                        check_backward,
+                        dict(
+                            b=2,
+                            h=5,
+                            hkv=5,
+                            tq=t,
+                            tk=t,
+                            d=d,
+                            dtype=torch.float16,
+                            causal=False,
+                            scale=15.0,
+                            deterministic=deterministic,
+                        ),
+                        gpu_only=(t + j + deterministic) % 2 == 1,
+                    )
+                )
     for config, max_dim in forced_backward_configs():
         dq_add = "atomics" if config[1] is None else None  # the one-pass schedule's add in both lanes
         name = f"two-pass {config[0]} {config[1]}" if dq_add is None else f"one-pass {config[0]} {dq_add}"
-        cases.append(Case(f"backward forced {name} overflow inputs (q x 15) T2 D{max_dim} full fp16",
-                          check_backward_forced, dict(config=config, b=2, h=5, hkv=5, tq=2, tk=2, d=max_dim,
-                                                      dtype=torch.float16, causal=False, dq_add=dq_add, scale=15.0)))
-    cases.append(Case("deterministic backward: the same bits twice", check_deterministic_repeats,
-                      gpu_only=True))
+        cases.append(
+            Case(
+                f"backward forced {name} overflow inputs (q x 15) T2 D{max_dim} full fp16",
+                check_backward_forced,
+                dict(
+                    config=config,
+                    b=2,
+                    h=5,
+                    hkv=5,
+                    tq=2,
+                    tk=2,
+                    d=max_dim,
+                    dtype=torch.float16,
+                    causal=False,
+                    dq_add=dq_add,
+                    scale=15.0,
+                ),
+            )
+        )
+    cases.append(Case("deterministic backward: the same bits twice", check_deterministic_repeats, gpu_only=True))
     cases.append(Case("backward memory O(T): T16384 causal", check_backward_memory, gpu_only=True))
     return cases
 
@@ -860,50 +1273,107 @@ def check_backward_table():
     forced = {c.kwargs["config"] for c in CASES if c.fn is check_backward_forced}
     missing = [config for config, _ in forced_backward_configs() if config not in forced]
     routed = all(backward_table_config(max_dim) == tuple(configs) for max_dim, *configs in BACKWARD_TABLE)
-    two_pass = all(backward_config(d, True, group, tma)[1] is not None
-                   for d in (32, 64, 128, 256) for group in (1, 4) for tma in (False, True))
+    two_pass = all(
+        backward_config(d, True, group, tma)[1] is not None
+        for d in (32, 64, 128, 256)
+        for group in (1, 4)
+        for tma in (False, True)
+    )
     rule = one_pass_when(1, True) and not one_pass_when(4, True) and not one_pass_when(1, False)
-    return [Outcome("every BACKWARD_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
-            Outcome("backward_table_config picks each row", routed),
-            Outcome("deterministic: two-pass at every head dim", two_pass),
-            Outcome("one-pass only with TMA and no GQA", rule)]
+    return [
+        Outcome("every BACKWARD_TABLE row forced", not missing, note=f"not forced: {missing}" if missing else ""),
+        Outcome("backward_table_config picks each row", routed),
+        Outcome("deterministic: two-pass at every head dim", two_pass),
+        Outcome("one-pass only with TMA and no GQA", rule),
+    ]
 
 
 def varlen_cases():
     """Packed batches: ragged lengths with 0 and 1, Tq != Tk per sequence, GQA/MQA, a packed qkv
     tensor's slices; long mixed lengths on the GPU."""
     # backward_cases' overflow inputs, packed (D64 on the GPU only: the interpreter's D16 takes the same path)
-    cases = [Case(f"varlen overflow inputs (q x 15) [1,2,1,2] D{d} full fp16", check_varlen,
-                  dict(lengths_q=[1, 2, 1, 2], lengths_k=[1, 2, 1, 2], h=5, hkv=5, d=d, dtype=torch.float16,
-                       causal=False, scale=15.0), gpu_only=d == 64) for d in (16, 64)]
+    cases = [
+        Case(
+            f"varlen overflow inputs (q x 15) [1,2,1,2] D{d} full fp16",
+            check_varlen,
+            dict(
+                lengths_q=[1, 2, 1, 2],
+                lengths_k=[1, 2, 1, 2],
+                h=5,
+                hkv=5,
+                d=d,
+                dtype=torch.float16,
+                causal=False,
+                scale=15.0,
+            ),
+            gpu_only=d == 64,
+        )
+        for d in (16, 64)
+    ]
     for dtype in (torch.float16, torch.bfloat16):
         dt = dtype_name(dtype)
         for causal in (False, True):
             c = "causal" if causal else "full"
             cases += [
-                Case(f"varlen [5,0,1,37,20] GQA 4/2 D64 {c} {dt}", check_varlen,
-                     dict(lengths_q=[5, 0, 1, 37, 20], lengths_k=[5, 0, 1, 37, 20], h=4, hkv=2, d=64, dtype=dtype,
-                          causal=causal), gpu_only=dtype == torch.float16),
+                Case(
+                    f"varlen [5,0,1,37,20] GQA 4/2 D64 {c} {dt}",
+                    check_varlen,
+                    dict(
+                        lengths_q=[5, 0, 1, 37, 20],
+                        lengths_k=[5, 0, 1, 37, 20],
+                        h=4,
+                        hkv=2,
+                        d=64,
+                        dtype=dtype,
+                        causal=causal,
+                    ),
+                    gpu_only=dtype == torch.float16,
+                ),
                 # the interpreter: full in fp16, causal in bf16
-                Case(f"varlen Tq != Tk [3,20,1,0] vs [9,4,0,7] MQA D32 {c} {dt}", check_varlen,
-                     dict(lengths_q=[3, 20, 1, 0], lengths_k=[9, 4, 0, 7], h=2, hkv=1, d=32, dtype=dtype,
-                          causal=causal), gpu_only=dtype != interpreter_dtype(causal)),
-                Case(f"varlen packed qkv [17,33] D80 {c} {dt}", check_varlen,
-                     dict(lengths_q=[17, 33], lengths_k=[17, 33], h=2, hkv=2, d=80, dtype=dtype, causal=causal,
-                          packed_qkv=True), gpu_only=dtype == torch.float16),
-                Case(f"varlen 16 mixed 1..3000 GQA 32/8 D128 {c} {dt}", check_varlen,
-                     dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=dtype,
-                          causal=causal), gpu_only=True),
+                Case(
+                    f"varlen Tq != Tk [3,20,1,0] vs [9,4,0,7] MQA D32 {c} {dt}",
+                    check_varlen,
+                    dict(lengths_q=[3, 20, 1, 0], lengths_k=[9, 4, 0, 7], h=2, hkv=1, d=32, dtype=dtype, causal=causal),
+                    gpu_only=dtype != interpreter_dtype(causal),
+                ),
+                Case(
+                    f"varlen packed qkv [17,33] D80 {c} {dt}",
+                    check_varlen,
+                    dict(
+                        lengths_q=[17, 33],
+                        lengths_k=[17, 33],
+                        h=2,
+                        hkv=2,
+                        d=80,
+                        dtype=dtype,
+                        causal=causal,
+                        packed_qkv=True,
+                    ),
+                    gpu_only=dtype == torch.float16,
+                ),
+                Case(
+                    f"varlen 16 mixed 1..3000 GQA 32/8 D128 {c} {dt}",
+                    check_varlen,
+                    dict(
+                        lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=dtype, causal=causal
+                    ),
+                    gpu_only=True,
+                ),
                 # no GQA: the default backward takes the one-pass schedule on Hopper
-                Case(f"varlen 16 mixed 1..3000 MHA 8/8 D128 {c} {dt}", check_varlen,
-                     dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=8, hkv=8, d=128, dtype=dtype,
-                          causal=causal), gpu_only=True),
+                Case(
+                    f"varlen 16 mixed 1..3000 MHA 8/8 D128 {c} {dt}",
+                    check_varlen,
+                    dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=8, hkv=8, d=128, dtype=dtype, causal=causal),
+                    gpu_only=True,
+                ),
             ]
-    return cases + [Case("varlen bad input", check_varlen_errors),
-                    Case("varlen bad cu_seqlens values", check_varlen_value_errors),
-                    Case("varlen LLMK_CHECK_SEQLENS switch", check_seqlens_switch),
-                    Case("varlen empty", check_varlen_empty),
-                    Case("(batch, head) pairs past the grid's y extent", check_grid_spill)]
+    return cases + [
+        Case("varlen bad input", check_varlen_errors),
+        Case("varlen bad cu_seqlens values", check_varlen_value_errors),
+        Case("varlen LLMK_CHECK_SEQLENS switch", check_seqlens_switch),
+        Case("varlen empty", check_varlen_empty),
+        Case("(batch, head) pairs past the grid's y extent", check_grid_spill),
+    ]
 
 
 def varlen_gluon_cases():
@@ -914,15 +1384,26 @@ def varlen_gluon_cases():
             c = "causal" if causal else "full"
             kw = dict(h=4, hkv=hkv, d=d, causal=causal, path="gluon", **mask)
             named = f"D{d} {4 // hkv}:1 {c}{''.join(f' {k} {v}' for k, v in mask.items())}"
-            cases += [Case(f"varlen forward [5,0,1,37,200] {named} fp16 [gluon forward]", check_varlen_forward,
-                           dict(kw, lengths_q=[5, 0, 1, 37, 200], lengths_k=[5, 0, 1, 37, 200], dtype=torch.float16),
-                           gpu_only=True),
-                      Case(f"varlen forward Tq != Tk [3,200,1,0] vs [9,4,0,300] {named} bf16 [gluon forward]",
-                           check_varlen_forward, dict(kw, lengths_q=[3, 200, 1, 0], lengths_k=[9, 4, 0, 300],
-                                                      dtype=torch.bfloat16), gpu_only=True),
-                      Case(f"varlen forward 16 mixed 1..4096 {named} bf16 [gluon forward]", check_varlen_forward,
-                           dict(kw, lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, dtype=torch.bfloat16),
-                           gpu_only=True)]
+            cases += [
+                Case(
+                    f"varlen forward [5,0,1,37,200] {named} fp16 [gluon forward]",
+                    check_varlen_forward,
+                    dict(kw, lengths_q=[5, 0, 1, 37, 200], lengths_k=[5, 0, 1, 37, 200], dtype=torch.float16),
+                    gpu_only=True,
+                ),
+                Case(
+                    f"varlen forward Tq != Tk [3,200,1,0] vs [9,4,0,300] {named} bf16 [gluon forward]",
+                    check_varlen_forward,
+                    dict(kw, lengths_q=[3, 200, 1, 0], lengths_k=[9, 4, 0, 300], dtype=torch.bfloat16),
+                    gpu_only=True,
+                ),
+                Case(
+                    f"varlen forward 16 mixed 1..4096 {named} bf16 [gluon forward]",
+                    check_varlen_forward,
+                    dict(kw, lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, dtype=torch.bfloat16),
+                    gpu_only=True,
+                ),
+            ]
     return cases
 
 
@@ -946,8 +1427,12 @@ LSE_TOL = Tol(1e-4, 1e-5, "fp32 scores (and tanh by exp2), fp32 log-sum-exp", ro
 def lse_tol(softcap):
     if not softcap or INTERPRET:
         return LSE_TOL
-    return Tol(LSE_TOL.atol + softcap * TANH_APPROX_REL, LSE_TOL.rtol, "fp32 scores capped by tanh.approx, fp32 "
-               "log-sum-exp", rounding_check=False)
+    return Tol(
+        LSE_TOL.atol + softcap * TANH_APPROX_REL,
+        LSE_TOL.rtol,
+        "fp32 scores capped by tanh.approx, fp32 log-sum-exp",
+        rounding_check=False,
+    )
 
 
 def check_window_one_loop(causal, window, d, dtype):
@@ -970,18 +1455,30 @@ def check_tanh_approx():
     """The bounds above rest on tanh_approx's error: on a GPU (tanh.approx.f32) within
     TANH_APPROX_REL of |tanh x|, in the interpreter (tanh by exp2) within 2^-22, over fp32 x from
     1e-6 to 20 in magnitude, and 0."""
-    x = torch.cat([torch.linspace(-20.0, 20.0, 200001), torch.logspace(-6, 1, 20001), -torch.logspace(-6, 1, 20001),
-                   torch.zeros(1)]).to(DEVICE)
+    x = torch.cat(
+        [
+            torch.linspace(-20.0, 20.0, 200001),
+            torch.logspace(-6, 1, 20001),
+            -torch.logspace(-6, 1, 20001),
+            torch.zeros(1),
+        ]
+    ).to(DEVICE)
     y = torch.full_like(x, float("nan"))
     _tanh_approx_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
     want = torch.tanh(x.double())
     err = (y.double() - want).abs()
     if INTERPRET:
-        return [Outcome("tanh by exp2: |error| <= 2^-22", bool((err <= 2.0 ** -22).all()),
-                        note=f"max {err.max().item():.3g}")]
+        return [
+            Outcome("tanh by exp2: |error| <= 2^-22", bool((err <= 2.0**-22).all()), note=f"max {err.max().item():.3g}")
+        ]
     rel = (err / want.abs().clamp_min(1e-30)).max().item()
-    return [Outcome("tanh.approx.f32: relative error <= TANH_APPROX_REL",
-                    bool((err <= TANH_APPROX_REL * want.abs()).all()), note=f"max {rel:.3g} vs {TANH_APPROX_REL:.3g}")]
+    return [
+        Outcome(
+            "tanh.approx.f32: relative error <= TANH_APPROX_REL",
+            bool((err <= TANH_APPROX_REL * want.abs()).all()),
+            note=f"max {rel:.3g} vs {TANH_APPROX_REL:.3g}",
+        )
+    ]
 
 
 def check_lse(b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None, scale=1.0, path="tl"):
@@ -1014,19 +1511,40 @@ def check_window_skips(causal, window, deterministic):
         grads = torch.autograd.grad(o, (q, k, v), do)
         if poison == "kv":  # what the query sees: keys 64.. (no NaN); dk, dv of keys it sees
             seen = slice(64, None)
-            ref = naive_attention(*(t.detach().double()[:, :, seen] if i else t.detach().double()
-                                    for i, t in enumerate((q, k, v))), causal, None, window)
-            outcomes.append(compare("O, keys 0..63 NaN", o, ref, attention_tol(q.detach(), k.detach()[:, :, seen],
-                                                                              v.detach()[:, :, seen], causal, None,
-                                                                              window)))
-            outcomes.append(Outcome("dq, dk, dv of the seen keys finite",
-                                    bool(grads[0].isfinite().all() and grads[1][:, :, seen].isfinite().all()
-                                         and grads[2][:, :, seen].isfinite().all())))
+            ref = naive_attention(
+                *(t.detach().double()[:, :, seen] if i else t.detach().double() for i, t in enumerate((q, k, v))),
+                causal,
+                None,
+                window,
+            )
+            outcomes.append(
+                compare(
+                    "O, keys 0..63 NaN",
+                    o,
+                    ref,
+                    attention_tol(q.detach(), k.detach()[:, :, seen], v.detach()[:, :, seen], causal, None, window),
+                )
+            )
+            outcomes.append(
+                Outcome(
+                    "dq, dk, dv of the seen keys finite",
+                    bool(
+                        grads[0].isfinite().all()
+                        and grads[1][:, :, seen].isfinite().all()
+                        and grads[2][:, :, seen].isfinite().all()
+                    ),
+                )
+            )
         else:
             outcomes.append(Outcome("O of queries 64.. finite", bool(o[:, :, 64:].isfinite().all())))
-            outcomes.append(Outcome("dk, dv finite (queries 0..63 NaN), dq of 64.. finite",
-                                    bool(grads[1].isfinite().all() and grads[2].isfinite().all()
-                                         and grads[0][:, :, 64:].isfinite().all())))
+            outcomes.append(
+                Outcome(
+                    "dk, dv finite (queries 0..63 NaN), dq of 64.. finite",
+                    bool(
+                        grads[1].isfinite().all() and grads[2].isfinite().all() and grads[0][:, :, 64:].isfinite().all()
+                    ),
+                )
+            )
     return outcomes
 
 
@@ -1042,21 +1560,35 @@ def check_mask_errors():
     """window and softcap checked before any launch, each error naming its argument."""
     q, k, v = make_qkv(1, 2, 2, 8, 8, 32, torch.float16)
     cu = cumulative([8])
-    dense, varlen = flash_attention, lambda **kw: flash_attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
-                                                                         v[0].transpose(0, 1), cu, cu, 8, 8, **kw)
-    bad = [("window 3", dict(window=3), TypeError, "window"),
-           ("window (1, 2, 3)", dict(window=(1, 2, 3)), TypeError, "window"),
-           ("window (-2, 0)", dict(window=(-2, 0)), ValueError, "window"),
-           ("window (1.0, 2)", dict(window=(1.0, 2)), TypeError, "window"),
-           ("window (True, 0)", dict(window=(True, 0)), TypeError, "window"),
-           ("softcap -1", dict(softcap=-1.0), ValueError, "softcap"),
-           ("softcap nan", dict(softcap=float("nan")), ValueError, "softcap"),
-           ("softcap inf", dict(softcap=float("inf")), ValueError, "softcap"),
-           ("softcap '5'", dict(softcap="5"), TypeError, "softcap")]
-    return [expect_raises(f"{name}", lambda kw=kw: dense(q, k, v, **kw), exc, arg) for name, kw, exc, arg in bad] + \
-        [expect_raises(f"varlen {name}", lambda kw=kw: varlen(**kw), exc, arg) for name, kw, exc, arg in bad[::3]] + \
-        [expect_raises("op window_left -3", lambda: flash_attention_train_op(q, k, v, False, None, None, False, -3),
-                       ValueError, "window_left")]
+    dense, varlen = (
+        flash_attention,
+        lambda **kw: flash_attention_varlen(
+            q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 8, 8, **kw
+        ),
+    )
+    bad = [
+        ("window 3", dict(window=3), TypeError, "window"),
+        ("window (1, 2, 3)", dict(window=(1, 2, 3)), TypeError, "window"),
+        ("window (-2, 0)", dict(window=(-2, 0)), ValueError, "window"),
+        ("window (1.0, 2)", dict(window=(1.0, 2)), TypeError, "window"),
+        ("window (True, 0)", dict(window=(True, 0)), TypeError, "window"),
+        ("softcap -1", dict(softcap=-1.0), ValueError, "softcap"),
+        ("softcap nan", dict(softcap=float("nan")), ValueError, "softcap"),
+        ("softcap inf", dict(softcap=float("inf")), ValueError, "softcap"),
+        ("softcap '5'", dict(softcap="5"), TypeError, "softcap"),
+    ]
+    return (
+        [expect_raises(f"{name}", lambda kw=kw: dense(q, k, v, **kw), exc, arg) for name, kw, exc, arg in bad]
+        + [expect_raises(f"varlen {name}", lambda kw=kw: varlen(**kw), exc, arg) for name, kw, exc, arg in bad[::3]]
+        + [
+            expect_raises(
+                "op window_left -3",
+                lambda: flash_attention_train_op(q, k, v, False, None, None, False, -3),
+                ValueError,
+                "window_left",
+            )
+        ]
+    )
 
 
 def check_mask_defaults():
@@ -1064,12 +1596,14 @@ def check_mask_defaults():
     no key reaches past (left >= Tk, right >= Tq), and (-1, 0) is the causal mask."""
     q, k, v = make_qkv(1, 2, 1, 40, 50, 64, torch.bfloat16)
     full, causal = flash_attention(q, k, v), flash_attention(q, k, v, causal=True)
-    return [Outcome("window (-1, -1), softcap 0.0", torch.equal(flash_attention(q, k, v, window=(-1, -1), softcap=0.0),
-                                                               full)),
-            Outcome("window (50, 40)", torch.equal(flash_attention(q, k, v, window=(50, 40)), full)),
-            Outcome("window (-1, 0) = causal", torch.equal(flash_attention(q, k, v, window=(-1, 0)), causal)),
-            Outcome("causal, window (-1, 7)", torch.equal(flash_attention(q, k, v, causal=True, window=(-1, 7)),
-                                                         causal))]
+    return [
+        Outcome(
+            "window (-1, -1), softcap 0.0", torch.equal(flash_attention(q, k, v, window=(-1, -1), softcap=0.0), full)
+        ),
+        Outcome("window (50, 40)", torch.equal(flash_attention(q, k, v, window=(50, 40)), full)),
+        Outcome("window (-1, 0) = causal", torch.equal(flash_attention(q, k, v, window=(-1, 0)), causal)),
+        Outcome("causal, window (-1, 7)", torch.equal(flash_attention(q, k, v, causal=True, window=(-1, 7)), causal)),
+    ]
 
 
 def check_mask_opcheck():
@@ -1084,13 +1618,22 @@ def check_mask_opcheck():
     qp, kp, vp = (rand((20, heads, 32), torch.float16).requires_grad_() for heads in (h, hkv, hkv))
     mask = (5, 0, 5.0)
     ops = torch.ops.llmk
-    return [opcheck("flash_attention", ops.flash_attention.default, (q, k, v, True, None, None, *mask)),
-            opcheck("flash_attention_train", ops.flash_attention_train.default,
-                    (q, k, v, False, 0.2, None, True, 3, 4, 5.0)),
-            opcheck("flash_attention_varlen", ops.flash_attention_varlen.default,
-                    (qp, kp, vp, cu, cu, 13, 13, True, None, None, *mask)),
-            opcheck("flash_attention_varlen_train", ops.flash_attention_varlen_train.default,
-                    (qp, kp, vp, cu, cu, 13, 13, False, None, None, False, 2, 3, 0.0))]
+    return [
+        opcheck("flash_attention", ops.flash_attention.default, (q, k, v, True, None, None, *mask)),
+        opcheck(
+            "flash_attention_train", ops.flash_attention_train.default, (q, k, v, False, 0.2, None, True, 3, 4, 5.0)
+        ),
+        opcheck(
+            "flash_attention_varlen",
+            ops.flash_attention_varlen.default,
+            (qp, kp, vp, cu, cu, 13, 13, True, None, None, *mask),
+        ),
+        opcheck(
+            "flash_attention_varlen_train",
+            ops.flash_attention_varlen_train.default,
+            (qp, kp, vp, cu, cu, 13, 13, False, None, None, False, 2, 3, 0.0),
+        ),
+    ]
 
 
 def mask_cases():
@@ -1105,59 +1648,152 @@ def mask_cases():
         ("window (-1, 2) T64 D64", (1, 2, 2, 64, 64, 64), False, (-1, 2), None, 1.0, "bhtd"),
         ("window (40, 0) causal T100 D32", (1, 2, 1, 100, 100, 32), True, (40, 0), None, 1.0, "bhtd"),
         # i' = i - 30: queries 0..26 see no key
-        ("window (40, 3) Tq90 Tk60 D32 (no key for 27 queries)", (1, 2, 2, 90, 60, 32), False, (40, 3), None, 1.0,
-         "bhtd"),
+        (
+            "window (40, 3) Tq90 Tk60 D32 (no key for 27 queries)",
+            (1, 2, 2, 90, 60, 32),
+            False,
+            (40, 3),
+            None,
+            1.0,
+            "bhtd",
+        ),
         ("softcap 5: q x 5 T64 D64", (1, 2, 2, 64, 64, 64), False, None, 5.0, 5.0, "bhtd"),
         ("softcap 50: q x 30 causal T48 D128", (1, 2, 1, 48, 48, 128), True, None, 50.0, 30.0, "bhtd"),
-        ("window (24, 0) causal softcap 20: q x 10 GQA 4/2 Tq50 Tk77 D64", (1, 4, 2, 50, 77, 64), True, (24, 0),
-         20.0, 10.0, "bhtd"),
-        ("window (5, 7) softcap 5: q x 5 (B,T,H,D) view T40 D32", (2, 2, 1, 40, 40, 32), False, (5, 7), 5.0, 5.0,
-         "bthd"),
+        (
+            "window (24, 0) causal softcap 20: q x 10 GQA 4/2 Tq50 Tk77 D64",
+            (1, 4, 2, 50, 77, 64),
+            True,
+            (24, 0),
+            20.0,
+            10.0,
+            "bhtd",
+        ),
+        (
+            "window (5, 7) softcap 5: q x 5 (B,T,H,D) view T40 D32",
+            (2, 2, 1, 40, 40, 32),
+            False,
+            (5, 7),
+            5.0,
+            5.0,
+            "bthd",
+        ),
     ]
     for i, (name, (b, h, hkv, tq, tk, d), causal, window, softcap, scale, layout) in enumerate(problems):
         dtype = (torch.float16, torch.bfloat16)[i % 2]
-        shape = dict(b=b, h=h, hkv=hkv, tq=tq, tk=tk, d=d, dtype=dtype, causal=causal, window=window, softcap=softcap,
-                     scale=scale)
+        shape = dict(
+            b=b,
+            h=h,
+            hkv=hkv,
+            tq=tq,
+            tk=tk,
+            d=d,
+            dtype=dtype,
+            causal=causal,
+            window=window,
+            softcap=softcap,
+            scale=scale,
+        )
         dt = dtype_name(dtype)
         cases.append(Case(f"{name} {dt}", check, dict(shape, layout=layout)))
         cases.append(Case(f"LSE {name} {dt}", check_lse, shape))
         for deterministic in (False, True):
-            cases.append(Case(f"backward{' deterministic' if deterministic else ''} {name} {dt}", check_backward,
-                              dict(shape, layout=layout, deterministic=deterministic)))
+            cases.append(
+                Case(
+                    f"backward{' deterministic' if deterministic else ''} {name} {dt}",
+                    check_backward,
+                    dict(shape, layout=layout, deterministic=deterministic),
+                )
+            )
     bf16 = torch.bfloat16
     # the block bounds' off-by-ones: one head of D16 over three blocks (T48), O and both backward schedules.
     # In the interpreter the backward by the two-pass schedule alone: its dk/dv launch walks the query
     # blocks the one-pass schedule's does (one loop, where the one-pass schedule also adds dq's shares,
     # which the windowed problems above check), and its dq launch adds the key blocks' bounds
-    sweep = [(window, 48, 48, False) for window in SWEEP_WINDOWS] + \
-        [(window, 45, 61, True) for window in SWEEP_CAUSAL_WINDOWS]
+    sweep = [(window, 48, 48, False) for window in SWEEP_WINDOWS] + [
+        (window, 45, 61, True) for window in SWEEP_CAUSAL_WINDOWS
+    ]
     for window, tq, tk, causal in sweep:
         name = f"window sweep {window}{' causal' if causal else ''} Tq{tq} Tk{tk} D16 bf16"
         shape = dict(b=1, h=1, hkv=1, tq=tq, tk=tk, d=16, dtype=bf16, causal=causal, sm_scale=0.25, window=window)
         cases.append(Case(name, check, shape))
         for deterministic in (False, True):
-            cases.append(Case(f"backward{' deterministic' if deterministic else ''} {name}", check_backward,
-                              dict(shape, deterministic=deterministic), gpu_only=not deterministic))
+            cases.append(
+                Case(
+                    f"backward{' deterministic' if deterministic else ''} {name}",
+                    check_backward,
+                    dict(shape, deterministic=deterministic),
+                    gpu_only=not deterministic,
+                )
+            )
     for causal, window in ((True, (10, 0)), (False, (4, 8))):
         for deterministic in (False, True):
-            cases.append(Case(f"window {window}{' causal' if causal else ''}: blocks outside it not visited"
-                              f"{' (deterministic)' if deterministic else ''}", check_window_skips,
-                              dict(causal=causal, window=window, deterministic=deterministic)))
+            cases.append(
+                Case(
+                    f"window {window}{' causal' if causal else ''}: blocks outside it not visited"
+                    f"{' (deterministic)' if deterministic else ''}",
+                    check_window_skips,
+                    dict(causal=causal, window=window, deterministic=deterministic),
+                )
+            )
     cases += [
-        Case("varlen window (4, 0) causal [5,0,1,37,20] GQA 4/2 D64 fp16", check_varlen,
-             dict(lengths_q=[5, 0, 1, 37, 20], lengths_k=[5, 0, 1, 37, 20], h=4, hkv=2, d=64, dtype=torch.float16,
-                  causal=True, window=(4, 0))),
-        Case("varlen Tq != Tk [3,20,1,0] vs [9,4,0,7] window (3, 2) softcap 5: q x 5 MQA D32 bf16", check_varlen,
-             dict(lengths_q=[3, 20, 1, 0], lengths_k=[9, 4, 0, 7], h=2, hkv=1, d=32, dtype=bf16, causal=False,
-                  window=(3, 2), softcap=5.0, scale=5.0)),
-        Case("varlen 16 mixed 1..3000 window (512, 0) causal softcap 50 GQA 32/8 D128 bf16", check_varlen,
-             dict(lengths_q=LONG_LENGTHS, lengths_k=LONG_LENGTHS, h=32, hkv=8, d=128, dtype=bf16, causal=True,
-                  window=(512, 0), softcap=50.0, scale=10.0), gpu_only=True),
+        Case(
+            "varlen window (4, 0) causal [5,0,1,37,20] GQA 4/2 D64 fp16",
+            check_varlen,
+            dict(
+                lengths_q=[5, 0, 1, 37, 20],
+                lengths_k=[5, 0, 1, 37, 20],
+                h=4,
+                hkv=2,
+                d=64,
+                dtype=torch.float16,
+                causal=True,
+                window=(4, 0),
+            ),
+        ),
+        Case(
+            "varlen Tq != Tk [3,20,1,0] vs [9,4,0,7] window (3, 2) softcap 5: q x 5 MQA D32 bf16",
+            check_varlen,
+            dict(
+                lengths_q=[3, 20, 1, 0],
+                lengths_k=[9, 4, 0, 7],
+                h=2,
+                hkv=1,
+                d=32,
+                dtype=bf16,
+                causal=False,
+                window=(3, 2),
+                softcap=5.0,
+                scale=5.0,
+            ),
+        ),
+        Case(
+            "varlen 16 mixed 1..3000 window (512, 0) causal softcap 50 GQA 32/8 D128 bf16",
+            check_varlen,
+            dict(
+                lengths_q=LONG_LENGTHS,
+                lengths_k=LONG_LENGTHS,
+                h=32,
+                hkv=8,
+                d=128,
+                dtype=bf16,
+                causal=True,
+                window=(512, 0),
+                softcap=50.0,
+                scale=10.0,
+            ),
+            gpu_only=True,
+        ),
         Case("tanh_approx: the softcap's tanh within its bound", check_tanh_approx),
-        Case("window (4, 0) causal, one masked loop D64 bf16", check_window_one_loop,
-             dict(causal=True, window=(4, 0), d=64, dtype=bf16)),
-        Case("window (20, 30), one masked loop D32 fp16", check_window_one_loop,
-             dict(causal=False, window=(20, 30), d=32, dtype=torch.float16)),
+        Case(
+            "window (4, 0) causal, one masked loop D64 bf16",
+            check_window_one_loop,
+            dict(causal=True, window=(4, 0), d=64, dtype=bf16),
+        ),
+        Case(
+            "window (20, 30), one masked loop D32 fp16",
+            check_window_one_loop,
+            dict(causal=False, window=(20, 30), d=32, dtype=torch.float16),
+        ),
         Case("window and softcap: bad input", check_mask_errors),
         Case("window and softcap off: today's bits", check_mask_defaults),
         Case("window and softcap: operators' opcheck", check_mask_opcheck),
@@ -1165,18 +1801,31 @@ def mask_cases():
     # full sizes on the GPU: Mistral's window over a 4096 context, Gemma 2's softcap at head dim 256
     for dtype in (torch.float16, bf16):
         dt = dtype_name(dtype)
-        big = [("window (1024, 0) causal GQA 32/8 T4096 D128", dict(b=1, h=32, hkv=8, tq=4096, tk=4096, d=128,
-                                                                   causal=True, window=(1024, 0))),
-               ("softcap 50: q x 30 causal B2 H8 T1000 D256", dict(b=2, h=8, hkv=4, tq=1000, tk=1000, d=256,
-                                                                  causal=True, softcap=50.0, scale=30.0)),
-               ("window (255, 0) causal softcap 50: q x 30 Tq1000 Tk4097 D128",
-                dict(b=1, h=8, hkv=2, tq=1000, tk=4097, d=128, causal=True, window=(255, 0), softcap=50.0,
-                     scale=30.0))]
+        big = [
+            (
+                "window (1024, 0) causal GQA 32/8 T4096 D128",
+                dict(b=1, h=32, hkv=8, tq=4096, tk=4096, d=128, causal=True, window=(1024, 0)),
+            ),
+            (
+                "softcap 50: q x 30 causal B2 H8 T1000 D256",
+                dict(b=2, h=8, hkv=4, tq=1000, tk=1000, d=256, causal=True, softcap=50.0, scale=30.0),
+            ),
+            (
+                "window (255, 0) causal softcap 50: q x 30 Tq1000 Tk4097 D128",
+                dict(b=1, h=8, hkv=2, tq=1000, tk=4097, d=128, causal=True, window=(255, 0), softcap=50.0, scale=30.0),
+            ),
+        ]
         for name, kw in big:
             cases.append(Case(f"{name} {dt}", check, dict(kw, dtype=dtype), gpu_only=True))
             for deterministic in (False, True):
-                cases.append(Case(f"backward{' deterministic' if deterministic else ''} {name} {dt}", check_backward,
-                                  dict(kw, dtype=dtype, deterministic=deterministic), gpu_only=True))
+                cases.append(
+                    Case(
+                        f"backward{' deterministic' if deterministic else ''} {name} {dt}",
+                        check_backward,
+                        dict(kw, dtype=dtype, deterministic=deterministic),
+                        gpu_only=True,
+                    )
+                )
     return cases
 
 

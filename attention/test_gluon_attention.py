@@ -13,6 +13,7 @@ in Triton's interpreter: there only the dispatch case runs (the tl path is what 
 the rest are GPU cases. A script of its own so that `make test JOBS=4` runs it beside the tl
 kernel's cases: on an H200 each half takes minutes.
 """
+
 import dataclasses
 import math
 import os
@@ -75,41 +76,74 @@ def check_gluon_dispatch():
     outcomes = []
     q, k, v = make_qkv(1, 2, 2, 8, 8, 64, torch.bfloat16)
     with environment(PATH_ENV, "bogus"):
-        outcomes.append(expect_raises("LLMK_ATTENTION_PATH=bogus", lambda: flash_attention(q, k, v), ValueError,
-                                      PATH_ENV))
+        outcomes.append(
+            expect_raises("LLMK_ATTENTION_PATH=bogus", lambda: flash_attention(q, k, v), ValueError, PATH_ENV)
+        )
 
     def bogus_forced_path():
         with forced_path("bogus"):
             pass
+
     outcomes.append(expect_raises("forced_path('bogus')", bogus_forced_path, ValueError, "path"))
     from llmk.attention.gluon_flash_attention_fwd import GLUON_CONFIG_TABLE
+
     table_dims = tuple(sorted({row[0] for row in GLUON_CONFIG_TABLE}))
-    outcomes.append(Outcome("the dispatch's head dims are the Gluon table's", table_dims == GLUON_HEAD_DIMS,
-                            note=f"{GLUON_HEAD_DIMS} vs {table_dims}"))
+    outcomes.append(
+        Outcome(
+            "the dispatch's head dims are the Gluon table's",
+            table_dims == GLUON_HEAD_DIMS,
+            note=f"{GLUON_HEAD_DIMS} vs {table_dims}",
+        )
+    )
     keys = {row[:2] for row in GLUON_CONFIG_TABLE}  # gluon_config raises for a head dim and mask it lacks
-    outcomes.append(Outcome("the Gluon table has a full and a causal row a head dim",
-                            keys == {(d, c) for d in GLUON_HEAD_DIMS for c in (False, True)}, note=str(sorted(keys))))
+    outcomes.append(
+        Outcome(
+            "the Gluon table has a full and a causal row a head dim",
+            keys == {(d, c) for d in GLUON_HEAD_DIMS for c in (False, True)},
+            note=str(sorted(keys)),
+        )
+    )
     unset = os.environ.pop(PATH_ENV, None)
     try:
         outcomes.append(Outcome(f"{PATH_ENV} unset: auto", path_setting() == "auto"))
     finally:
         if unset is not None:
             os.environ[PATH_ENV] = unset
-    outcomes += [Outcome(f"auto_takes_gluon{args}: {want}", auto_takes_gluon(*args) == want)
-                 for args, want in (((64, True, 1024), False), ((64, True, 1025), True), ((64, False, 512), True),
-                                    ((128, True, 512), True))]
+    outcomes += [
+        Outcome(f"auto_takes_gluon{args}: {want}", auto_takes_gluon(*args) == want)
+        for args, want in (
+            ((64, True, 1024), False),
+            ((64, True, 1025), True),
+            ((64, False, 512), True),
+            ((128, True, 512), True),
+        )
+    ]
     if INTERPRET:
         with forced_path("gluon"):
-            outcomes.append(Outcome("interpreter: tl forward", not gluon_forward(q, k, v, False, q, None, None, None)
-                                    and not gluon_runs_here()))
+            outcomes.append(
+                Outcome(
+                    "interpreter: tl forward",
+                    not gluon_forward(q, k, v, False, q, None, None, None) and not gluon_runs_here(),
+                )
+            )
         lse = torch.zeros(q.shape[:3], device=DEVICE)
-        outcomes.append(expect_raises("interpreter: the Gluon backward raises", lambda: (
-            launch_flash_attention_backward(q, q, k, v, q, lse, *(torch.empty_like(t) for t in (q, k, v)), False, 0.1,
-                                            gluon=("dkdv", "dq"))), ValueError, "gluon"))
+        outcomes.append(
+            expect_raises(
+                "interpreter: the Gluon backward raises",
+                lambda: launch_flash_attention_backward(
+                    q, q, k, v, q, lse, *(torch.empty_like(t) for t in (q, k, v)), False, 0.1, gluon=("dkdv", "dq")
+                ),
+                ValueError,
+                "gluon",
+            )
+        )
         return outcomes
     if triton.__version__ not in GLUON_TRITON_VERSIONS or torch.cuda.get_device_capability() != (9, 0):
-        raise Skip(f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}; here "
-                   f"{torch.cuda.get_device_capability()} and Triton {triton.__version__}")
+        raise Skip(
+            f"the Gluon forward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}; here "
+            f"{torch.cuda.get_device_capability()} and Triton {triton.__version__}"
+        )
+
     def gluon(q, k, v, cu_seqlens=None, config=None, path="gluon", causal=False):
         with forced_path(path):
             return gluon_forward(q, k, v, causal, q, None, cu_seqlens, config)
@@ -118,31 +152,43 @@ def check_gluon_dispatch():
     for d in (64, 128):
         q, k, v = make_qkv(2, 4, 2, 100, 100, d, torch.bfloat16)
         two, many = cumulative([60, 40]), torch.zeros(MAX_GRID_Y // 4 + 2, dtype=torch.int32, device=DEVICE)
-        outcomes += [Outcome(f"D{d} dense: gluon", gluon(q, k, v)),
-                     Outcome(f"D{d} LLMK_ATTENTION_PATH=tl: tl", not gluon(q, k, v, path="tl")),
-                     Outcome(f"D{d} packed: gluon", gluon(q, k, v, cu_seqlens=(two, two, 60))),
-                     Outcome(f"D{d} packed, over {MAX_GRID_Y} (sequence, head) pairs: gluon",
-                             gluon(q, k, v, cu_seqlens=(many, many, 0))),
-                     Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3])),
-                     Outcome(f"D{d} T100 full, auto: gluon", gluon(q, k, v, path="auto")),
-                     Outcome(f"D{d} T100 causal, auto: {'tl' if d == 64 else 'gluon'}",
-                             gluon(q, k, v, path="auto", causal=True) == (d != 64))]
+        outcomes += [
+            Outcome(f"D{d} dense: gluon", gluon(q, k, v)),
+            Outcome(f"D{d} LLMK_ATTENTION_PATH=tl: tl", not gluon(q, k, v, path="tl")),
+            Outcome(f"D{d} packed: gluon", gluon(q, k, v, cu_seqlens=(two, two, 60))),
+            Outcome(
+                f"D{d} packed, over {MAX_GRID_Y} (sequence, head) pairs: gluon",
+                gluon(q, k, v, cu_seqlens=(many, many, 0)),
+            ),
+            Outcome(f"D{d} forced config: tl", not gluon(q, k, v, config=[64, 64, 4, 3])),
+            Outcome(f"D{d} T100 full, auto: gluon", gluon(q, k, v, path="auto")),
+            Outcome(
+                f"D{d} T100 causal, auto: {'tl' if d == 64 else 'gluon'}",
+                gluon(q, k, v, path="auto", causal=True) == (d != 64),
+            ),
+        ]
         q2k, k2k, v2k = make_qkv(1, 2, 2, 2048, 2048, d, torch.bfloat16)
         short = cumulative([60] * 34 + [8])  # 2048 tokens in all, the longest sequence 60
-        outcomes += [Outcome(f"D{d} T2048 causal, auto: gluon", gluon(q2k, k2k, v2k, path="auto", causal=True)),
-                     Outcome(f"D{d} packed causal, 2048 tokens, longest 60, auto: {'tl' if d == 64 else 'gluon'}",
-                             gluon(q2k, k2k, v2k, cu_seqlens=(short, short, 60), path="auto", causal=True)
-                             == (d != 64))]
+        outcomes += [
+            Outcome(f"D{d} T2048 causal, auto: gluon", gluon(q2k, k2k, v2k, path="auto", causal=True)),
+            Outcome(
+                f"D{d} packed causal, 2048 tokens, longest 60, auto: {'tl' if d == 64 else 'gluon'}",
+                gluon(q2k, k2k, v2k, cu_seqlens=(short, short, 60), path="auto", causal=True) == (d != 64),
+            ),
+        ]
     q, k, v = make_qkv(2, 4, 2, 100, 100, 96, torch.bfloat16)
     odd = rand((1, 2, 50, 65), torch.bfloat16)[..., :64]  # token stride 130 bytes: not TMA-legal
-    outcomes += [Outcome("D96: tl", not gluon(q, k, v)), Outcome("token stride not 16-byte aligned: tl",
-                                                                 not gluon(odd, odd, odd))]
+    outcomes += [
+        Outcome("D96: tl", not gluon(q, k, v)),
+        Outcome("token stride not 16-byte aligned: tl", not gluon(odd, odd, odd)),
+    ]
     return outcomes + backward_dispatch(odd)
 
 
 def backward_dispatch(odd):
     """The backward's routing (attention_paths.gluon_backward): launch_flash_attention_backward
     returns None when the Gluon kernels ran, the tl kernels otherwise."""
+
     def takes_gluon(d=128, path="auto", mask=None, causal=True, t=100, layout=None, packed_batch=False, **kw):
         q, k, v = (layout,) * 3 if layout is not None else make_qkv(2, 4, 2, t, t, d, torch.bfloat16)
         if packed_batch:  # the two batch rows as a packed batch of two sequences, (1, H, total, D) views
@@ -151,27 +197,46 @@ def backward_dispatch(odd):
             kw = dict(kw, cu_seqlens=(cu, cu, t, t))
         lse = torch.zeros(q.shape[:3], device=DEVICE)
         with forced_path(path):
-            return launch_flash_attention_backward(q, q, k, v, q, lse, *(torch.empty_like(x) for x in (q, k, v)),
-                                                   causal, 0.1, mask=mask or attention_mask((-1, -1), 0.0),
-                                                   **kw) is None
-    return [Outcome("backward D128 auto: gluon", takes_gluon()),
-            Outcome("backward D64 auto, deterministic: gluon", takes_gluon(64, deterministic=True)),
-            Outcome("backward D128 gluon: gluon", takes_gluon(path="gluon")),
-            Outcome("backward D128 LLMK_ATTENTION_PATH=tl: tl", not takes_gluon(path="tl")),
-            Outcome("backward D128 window: gluon", takes_gluon(mask=attention_mask((32, 0), 0.0))),
-            Outcome("backward D64 softcap: gluon", takes_gluon(64, mask=attention_mask((-1, -1), 30.0))),
-            Outcome("backward D128 packed: gluon", takes_gluon(packed_batch=True)),
-            Outcome("backward D128 dq_add forced: tl", not takes_gluon(dq_add="atomics")),
-            Outcome("backward D96: tl", not takes_gluon(96)),
-            Outcome("backward token stride not 16-byte aligned: tl", not takes_gluon(layout=odd))]
+            return (
+                launch_flash_attention_backward(
+                    q,
+                    q,
+                    k,
+                    v,
+                    q,
+                    lse,
+                    *(torch.empty_like(x) for x in (q, k, v)),
+                    causal,
+                    0.1,
+                    mask=mask or attention_mask((-1, -1), 0.0),
+                    **kw,
+                )
+                is None
+            )
+
+    return [
+        Outcome("backward D128 auto: gluon", takes_gluon()),
+        Outcome("backward D64 auto, deterministic: gluon", takes_gluon(64, deterministic=True)),
+        Outcome("backward D128 gluon: gluon", takes_gluon(path="gluon")),
+        Outcome("backward D128 LLMK_ATTENTION_PATH=tl: tl", not takes_gluon(path="tl")),
+        Outcome("backward D128 window: gluon", takes_gluon(mask=attention_mask((32, 0), 0.0))),
+        Outcome("backward D64 softcap: gluon", takes_gluon(64, mask=attention_mask((-1, -1), 30.0))),
+        Outcome("backward D128 packed: gluon", takes_gluon(packed_batch=True)),
+        Outcome("backward D128 dq_add forced: tl", not takes_gluon(dq_add="atomics")),
+        Outcome("backward D96: tl", not takes_gluon(96)),
+        Outcome("backward token stride not 16-byte aligned: tl", not takes_gluon(layout=odd)),
+    ]
 
 
 def gluon_forward_cases():
     """Every forward case (O and LSE) again with LLMK_ATTENTION_PATH=gluon: on an sm_90 GPU the
     Gluon forward passes the same cases as the tl kernel with the same tolerances (the row's note
     names the kernel that ran)."""
-    return [Case(f"{c.name} [gluon forward]", c.fn, dict(c.kwargs, path="gluon"), gpu_only=True)
-            for c in TL_CASES if c.fn in (check, check_lse)]
+    return [
+        Case(f"{c.name} [gluon forward]", c.fn, dict(c.kwargs, path="gluon"), gpu_only=True)
+        for c in TL_CASES
+        if c.fn in (check, check_lse)
+    ]
 
 
 def check_gluon_config(config, b, h, hkv, tq, tk, d, dtype, causal, window=None, softcap=None):
@@ -190,8 +255,7 @@ def check_gluon_config(config, b, h, hkv, tq, tk, d, dtype, causal, window=None,
         out, lse = poisoned((b, h, tq, d), dtype), poisoned((b, h, tq), torch.float32)
         launch_gluon_attention(q, k, v, out, causal, scale, lse, attention_mask(window, softcap), config)
     _, ref_lse = attention_and_lse(q.double(), k.double(), v.double(), causal, scale, window, softcap)
-    outcomes = [compare_o(out, q, k, v, causal, scale, window, softcap),
-                compare("LSE", lse, ref_lse, lse_tol(softcap))]
+    outcomes = [compare_o(out, q, k, v, causal, scale, window, softcap), compare("LSE", lse, ref_lse, lse_tol(softcap))]
     if config[5] == DYNAMIC:  # the launch's last grab put the stream's counter back
         left = _tile_counter(q.device).item()
         outcomes.append(Outcome("the tile counter is zero after the launch", left == 0, note=f"{left}"))
@@ -215,19 +279,24 @@ def check_dynamic_counter(b, h, t, d):
     config = (128, 128, 2, 1, 1, DYNAMIC)
     q, k, v = make_qkv(b, h, h, t, t, d, torch.bfloat16)
     out = poisoned((b, h, t, d), torch.bfloat16)
-    (programs,), args, meta = gluon_attention_args(q, k, v, out, True, d ** -0.5, config=config)
+    (programs,), args, meta = gluon_attention_args(q, k, v, out, True, d**-0.5, config=config)
     n_tiles = b * h * -(-t // 128)
     if programs >= n_tiles:
         raise Skip(f"{n_tiles} tiles on {programs} programs: no tile comes from the counter")
     counter = _tile_counter(q.device)
     counter.fill_(n_tiles - programs)
-    launch_gluon_attention(q, k, v, out, True, d ** -0.5, config=config)
+    launch_gluon_attention(q, k, v, out, True, d**-0.5, config=config)
     torch.cuda.synchronize()
     rows_written = int((~out.isnan().any(-1)).sum())  # a tile is 128 rows of one (batch, head)
     left = counter.item()
-    return [Outcome("only the first lap's tiles written", rows_written == programs * 128,
-                    note=f"{rows_written} rows written, {programs} tiles of 128 expected"),
-            Outcome("the counter is back at zero", left == 0, note=f"{left}")]
+    return [
+        Outcome(
+            "only the first lap's tiles written",
+            rows_written == programs * 128,
+            note=f"{rows_written} rows written, {programs} tiles of 128 expected",
+        ),
+        Outcome("the counter is back at zero", left == 0, note=f"{left}"),
+    ]
 
 
 def check_gluon_graph(b, h, hkv, t, d, causal):
@@ -254,11 +323,16 @@ def check_gluon_graph(b, h, hkv, t, d, causal):
             out.copy_(poisoned(out.shape, out.dtype))
             graph.replay()
             torch.cuda.synchronize()
-            outcomes.append(dataclasses.replace(compare_o(out, q, k, v, causal, scale, None, None),
-                                                check=f"O, replay {replay + 1}"))
+            outcomes.append(
+                dataclasses.replace(compare_o(out, q, k, v, causal, scale, None, None), check=f"O, replay {replay + 1}")
+            )
             eager = flash_attention(q, k, v, causal=causal)
-            outcomes.append(dataclasses.replace(compare_o(eager, q, k, v, causal, scale, None, None),
-                                                check=f"O, eager call after replay {replay + 1}"))
+            outcomes.append(
+                dataclasses.replace(
+                    compare_o(eager, q, k, v, causal, scale, None, None),
+                    check=f"O, eager call after replay {replay + 1}",
+                )
+            )
     return outcomes
 
 
@@ -278,13 +352,26 @@ def check_gluon_varlen_grid(grid, lengths_q, lengths_k, h, hkv, d, causal, windo
     dtype, scale = torch.bfloat16, 1.0 / math.sqrt(d)
     mask = attention_mask(window, None)
     config = (*gluon_config(d, causal and window is None)[:5], grid)
-    q, k, v = rand((sum(lengths_q) + tail, h, d), dtype), rand((sum(lengths_k), hkv, d), dtype), \
-        rand((sum(lengths_k), hkv, d), dtype)
+    q, k, v = (
+        rand((sum(lengths_q) + tail, h, d), dtype),
+        rand((sum(lengths_k), hkv, d), dtype),
+        rand((sum(lengths_k), hkv, d), dtype),
+    )
     cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
     for _ in range(2):
         out, lse = poisoned(q.shape, dtype), poisoned((h, q.shape[0]), torch.float32)
-        launch_gluon_attention(packed(q), packed(k), packed(v), packed(out), causal, scale, packed(lse), mask, config,
-                               cu_seqlens=(cu_q, cu_k, max(lengths_q)))
+        launch_gluon_attention(
+            packed(q),
+            packed(k),
+            packed(v),
+            packed(out),
+            causal,
+            scale,
+            packed(lse),
+            mask,
+            config,
+            cu_seqlens=(cu_q, cu_k, max(lengths_q)),
+        )
     want_o, want_lse = torch.zeros_like(out), torch.full_like(lse, float("-inf"))
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for i in range(len(lengths_q)):
@@ -295,11 +382,17 @@ def check_gluon_varlen_grid(grid, lengths_q, lengths_k, h, hkv, d, causal, windo
             launch_gluon_attention(*one, o_i, causal, scale, lse_i, mask, config[:5] + (0,))
             want_o[sq], want_lse[:, sq] = o_i[0].transpose(0, 1), lse_i[0]
     end = cq[-1]
-    outcomes = [compare("O against the dense launches", out[:end], want_o[:end], EXACT),
-                compare("LSE against the dense launches", lse[:, :end], want_lse[:, :end], EXACT)]
+    outcomes = [
+        compare("O against the dense launches", out[:end], want_o[:end], EXACT),
+        compare("LSE against the dense launches", lse[:, :end], want_lse[:, :end], EXACT),
+    ]
     if tail:
-        outcomes.append(Outcome(f"the {tail} rows past cu_seqlens_q[-1] keep their poison",
-                                bool(out[end:].isnan().all() and lse[:, end:].isnan().all())))
+        outcomes.append(
+            Outcome(
+                f"the {tail} rows past cu_seqlens_q[-1] keep their poison",
+                bool(out[end:].isnan().all() and lse[:, end:].isnan().all()),
+            )
+        )
     if grid == DYNAMIC:
         left = _tile_counter(q.device).item()
         outcomes.append(Outcome("the tile counter is zero after the launch", left == 0, note=f"{left}"))
@@ -312,66 +405,140 @@ def gluon_config_cases():
     takes tiles from its counter), and one tile a program."""
     bf16 = torch.bfloat16
     hard = [  # (name, config without its GRID, shape)
-        ("hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys", (128, 128, 2, 1, 1),
-         dict(b=2, h=32, hkv=8, tq=1000, tk=300, d=128, causal=True)),
-        ("hd64 128x128x3, full B4 H16 T1000: 8 key blocks over 3 stages", (128, 128, 3, 1, 0),
-         dict(b=4, h=16, hkv=4, tq=1000, tk=1000, d=64, causal=False)),
-        ("hd64 128x128x3, causal B8 H16 T2048: many tiles a program", (128, 128, 3, 1, 0),
-         dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=64, causal=True)),
-        ("hd128 lockstep 128x64x2, window (256, 0) B4 H16 T777", (128, 64, 2, 0, 0),
-         dict(b=4, h=16, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0))),
-        ("hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program", (128, 128, 2, 1, 1),
-         dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0)),
-        ("hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs", (128, 128, 2, 1, 1),
-         dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True)),
-        ("hd128 128x128x2 split, full B1 H2 T100: fewer tiles than SMs", (128, 128, 2, 1, 1),
-         dict(b=1, h=2, hkv=1, tq=100, tk=100, d=128, causal=False)),
+        (
+            "hd128 128x128x2 split, causal Tq1000 Tk300: tiles with no keys",
+            (128, 128, 2, 1, 1),
+            dict(b=2, h=32, hkv=8, tq=1000, tk=300, d=128, causal=True),
+        ),
+        (
+            "hd64 128x128x3, full B4 H16 T1000: 8 key blocks over 3 stages",
+            (128, 128, 3, 1, 0),
+            dict(b=4, h=16, hkv=4, tq=1000, tk=1000, d=64, causal=False),
+        ),
+        (
+            "hd64 128x128x3, causal B8 H16 T2048: many tiles a program",
+            (128, 128, 3, 1, 0),
+            dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=64, causal=True),
+        ),
+        (
+            "hd128 lockstep 128x64x2, window (256, 0) B4 H16 T777",
+            (128, 64, 2, 0, 0),
+            dict(b=4, h=16, hkv=4, tq=777, tk=777, d=128, causal=True, window=(256, 0)),
+        ),
+        (
+            "hd128 128x128x2 split, causal softcap B8 H16 T2048: many tiles a program",
+            (128, 128, 2, 1, 1),
+            dict(b=8, h=16, hkv=4, tq=2048, tk=2048, d=128, causal=True, softcap=30.0),
+        ),
+        (
+            "hd128 128x128x2 split, causal GQA 6/3 B3 Tq1000 Tk16384: L2 groups of 8, 8, 2 pairs",
+            (128, 128, 2, 1, 1),
+            dict(b=3, h=6, hkv=3, tq=1000, tk=16384, d=128, causal=True),
+        ),
+        (
+            "hd128 128x128x2 split, full B1 H2 T100: fewer tiles than SMs",
+            (128, 128, 2, 1, 1),
+            dict(b=1, h=2, hkv=1, tq=100, tk=100, d=128, causal=False),
+        ),
     ]
-    rows = [(f"{grid_name} {name}", (*config, grid), kw) for grid_name, grid in (("persistent", 1), ("dynamic", 2))
-            for name, config, kw in hard]
-    rows.append(("hd128 128x128x2 split (one tile a program), causal T1000", (128, 128, 2, 1, 1, 0),
-                 dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True)))
-    cases = [Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
-             for name, config, kw in rows]
+    rows = [
+        (f"{grid_name} {name}", (*config, grid), kw)
+        for grid_name, grid in (("persistent", 1), ("dynamic", 2))
+        for name, config, kw in hard
+    ]
+    rows.append(
+        (
+            "hd128 128x128x2 split (one tile a program), causal T1000",
+            (128, 128, 2, 1, 1, 0),
+            dict(b=2, h=8, hkv=8, tq=1000, tk=1000, d=128, causal=True),
+        )
+    )
+    cases = [
+        Case(f"Gluon config: {name}", check_gluon_config, dict(kw, config=config, dtype=bf16), gpu_only=True)
+        for name, config, kw in rows
+    ]
     # packed batches on each grid: 150 sequences (8 steps of the tile search), lengths on BLOCK_M's edges
     gen = torch.Generator().manual_seed(1)
     many = [int(n) for n in torch.randint(0, 400, (150,), generator=gen)]
     many[:8] = [0, 1, 127, 128, 129, 256, 0, 383]
-    packed = [("150 sequences 0..400 GQA 8/2 hd128 causal", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=128,
-                                                                  causal=True)),
-              ("150 sequences 0..400 GQA 8/2 hd64 full", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=64,
-                                                               causal=False)),
-              ("Tq != Tk [128,0,1,300,256] vs [50,7,0,900,256] hd128 causal",
-               dict(lengths_q=[128, 0, 1, 300, 256], lengths_k=[50, 7, 0, 900, 256], h=4, hkv=4, d=128, causal=True)),
-              ("[1000,3,2000] hd128 window (256, 0)", dict(lengths_q=[1000, 3, 2000], lengths_k=[1000, 3, 2000], h=4,
-                                                           hkv=1, d=128, causal=True, window=(256, 0))),
-              ("[300,77] and 700 rows past cu_seqlens_q[-1], hd64 causal", dict(lengths_q=[300, 77],
-                                                                                lengths_k=[300, 77], h=4, hkv=2, d=64,
-                                                                                causal=True, tail=700))]
-    return cases + [Case(f"Gluon packed grid {grid_name}: {name}", check_gluon_varlen_grid, dict(kw, grid=grid),
-                         gpu_only=True)
-                    for grid_name, grid in (("one tile a program", 0), ("static", 1), ("dynamic", 2))
-                    for name, kw in packed]
+    packed = [
+        (
+            "150 sequences 0..400 GQA 8/2 hd128 causal",
+            dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=128, causal=True),
+        ),
+        (
+            "150 sequences 0..400 GQA 8/2 hd64 full",
+            dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=64, causal=False),
+        ),
+        (
+            "Tq != Tk [128,0,1,300,256] vs [50,7,0,900,256] hd128 causal",
+            dict(lengths_q=[128, 0, 1, 300, 256], lengths_k=[50, 7, 0, 900, 256], h=4, hkv=4, d=128, causal=True),
+        ),
+        (
+            "[1000,3,2000] hd128 window (256, 0)",
+            dict(lengths_q=[1000, 3, 2000], lengths_k=[1000, 3, 2000], h=4, hkv=1, d=128, causal=True, window=(256, 0)),
+        ),
+        (
+            "[300,77] and 700 rows past cu_seqlens_q[-1], hd64 causal",
+            dict(lengths_q=[300, 77], lengths_k=[300, 77], h=4, hkv=2, d=64, causal=True, tail=700),
+        ),
+    ]
+    return cases + [
+        Case(f"Gluon packed grid {grid_name}: {name}", check_gluon_varlen_grid, dict(kw, grid=grid), gpu_only=True)
+        for grid_name, grid in (("one tile a program", 0), ("static", 1), ("dynamic", 2))
+        for name, kw in packed
+    ]
 
 
-
-def check_gluon_backward(b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", scale=1.0, kernels=("dkdv", "dq"),
-                         window=None, softcap=None):
+def check_gluon_backward(
+    b, h, hkv, tq, tk, d, dtype, causal, layout="bhtd", scale=1.0, kernels=("dkdv", "dq"), window=None, softcap=None
+):
     """The backward with `kernels` in Gluon (launch_flash_attention_backward's gluon: the two-pass
     schedule's, the tl kernel for the other) into poisoned buffers, under the tl backward's
     tolerances (the 2x rule and delta's rounding); scale multiplies q; window and softcap the
     mask's. Then a call they do not take raises: a head dim of 96."""
-    outcomes = check_backward_forced(None, b, h, hkv, tq, tk, d, dtype, causal, scale=scale, layout=layout,
-                                     gluon=kernels, window=window, softcap=softcap)
+    outcomes = check_backward_forced(
+        None,
+        b,
+        h,
+        hkv,
+        tq,
+        tk,
+        d,
+        dtype,
+        causal,
+        scale=scale,
+        layout=layout,
+        gluon=kernels,
+        window=window,
+        softcap=softcap,
+    )
     q96 = rand((1, 2, 16, 96), dtype)
-    outcomes.append(expect_raises("Gluon backward at head dim 96: ValueError", lambda: launch_flash_attention_backward(
-        q96, q96, q96, q96, q96, torch.zeros(1, 2, 16, device=DEVICE), *(torch.empty_like(q96) for _ in range(3)),
-        False, 0.1, gluon=kernels), ValueError, "gluon"))
+    outcomes.append(
+        expect_raises(
+            "Gluon backward at head dim 96: ValueError",
+            lambda: launch_flash_attention_backward(
+                q96,
+                q96,
+                q96,
+                q96,
+                q96,
+                torch.zeros(1, 2, 16, device=DEVICE),
+                *(torch.empty_like(q96) for _ in range(3)),
+                False,
+                0.1,
+                gluon=kernels,
+            ),
+            ValueError,
+            "gluon",
+        )
+    )
     return outcomes
 
 
-def check_gluon_varlen_backward(lengths_q, lengths_k, h, hkv, d, dtype, causal, window=None, softcap=None, tail=0,
-                                scale=1.0):
+def check_gluon_varlen_backward(
+    lengths_q, lengths_k, h, hkv, d, dtype, causal, window=None, softcap=None, tail=0, scale=1.0
+):
     """A packed batch's backward on both Gluon kernels into poisoned dq, dk, dv: each sequence's
     gradients equal the same kernels' dense backward on that sequence bit for bit (the same blocks
     in the same order; the rows a block reads past its sequence's end, the next sequence's, add
@@ -386,8 +553,14 @@ def check_gluon_varlen_backward(lengths_q, lengths_k, h, hkv, d, dtype, causal, 
     varlen = (cu_q, cu_k, max(lengths_q), max(lengths_k))
     do, q, k, v, o, lse = packed_backward_inputs(varlen, h, hkv, d, dtype, causal, mask, tail, scale)
     grads = [poisoned(t.shape, dtype) for t in (q, k, v)]
-    launch_flash_attention_backward(*(packed(t) for t in (do, q, k, v, o, lse, *grads)), causal, sm_scale,
-                                    cu_seqlens=varlen, mask=mask, gluon=("dkdv", "dq"))
+    launch_flash_attention_backward(
+        *(packed(t) for t in (do, q, k, v, o, lse, *grads)),
+        causal,
+        sm_scale,
+        cu_seqlens=varlen,
+        mask=mask,
+        gluon=("dkdv", "dq"),
+    )
     want = [torch.zeros_like(t) for t in grads]
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for i in range(len(lengths_q)):
@@ -395,16 +568,23 @@ def check_gluon_varlen_backward(lengths_q, lengths_k, h, hkv, d, dtype, causal, 
         if lengths_q[i] and lengths_k[i]:
             one = [t[s].transpose(0, 1).unsqueeze(0) for t, s in ((do, sq), (q, sq), (k, sk), (v, sk), (o, sq))]
             got = [torch.empty_like(t) for t in one[1:4]]
-            launch_flash_attention_backward(*one, lse[:, sq].unsqueeze(0), *got, causal, sm_scale, mask=mask,
-                                            gluon=("dkdv", "dq"))
+            launch_flash_attention_backward(
+                *one, lse[:, sq].unsqueeze(0), *got, causal, sm_scale, mask=mask, gluon=("dkdv", "dq")
+            )
             for w, g, s in zip(want, got, (sq, sk, sk)):
                 w[s] = g[0].transpose(0, 1)
     ends = (cq[-1], ck[-1], ck[-1])
-    outcomes = [compare(f"{name} against the dense launches", g[:end], w[:end], EXACT)
-                for name, g, w, end in zip(("dq", "dk", "dv"), grads, want, ends)]
+    outcomes = [
+        compare(f"{name} against the dense launches", g[:end], w[:end], EXACT)
+        for name, g, w, end in zip(("dq", "dk", "dv"), grads, want, ends)
+    ]
     if tail:
-        outcomes.append(Outcome(f"the {tail} rows past the last sequence keep their poison",
-                                all(bool(g[end:].isnan().all()) for g, end in zip(grads, ends))))
+        outcomes.append(
+            Outcome(
+                f"the {tail} rows past the last sequence keep their poison",
+                all(bool(g[end:].isnan().all()) for g, end in zip(grads, ends)),
+            )
+        )
     return outcomes
 
 
@@ -415,8 +595,9 @@ def packed_backward_inputs(varlen, h, hkv, d, dtype, causal, mask, tail=0, scale
     q = rand((total_q, h, d), dtype, scale=scale)
     k, v = rand((total_k, hkv, d), dtype), rand((total_k, hkv, d), dtype)
     with torch.no_grad():
-        o, lse = flash_attention_varlen_train_op(q, k, v, *varlen, causal, 1.0 / math.sqrt(d), None, False,
-                                                 mask.window_left, mask.window_right, mask.softcap)
+        o, lse = flash_attention_varlen_train_op(
+            q, k, v, *varlen, causal, 1.0 / math.sqrt(d), None, False, mask.window_left, mask.window_right, mask.softcap
+        )
     return rand(q.shape, dtype), q, k, v, o, lse
 
 
@@ -433,8 +614,10 @@ def check_gluon_varlen_backward_graph(lengths, h, hkv, d, causal):
     grads = [poisoned(t.shape, t.dtype) for t in inputs[1:4]]
 
     def backward(into):
-        launch_flash_attention_backward(*(packed(t) for t in (*inputs, *into)), causal, sm_scale, cu_seqlens=varlen,
-                                        mask=mask, gluon=("dkdv", "dq"))
+        launch_flash_attention_backward(
+            *(packed(t) for t in (*inputs, *into)), causal, sm_scale, cu_seqlens=varlen, mask=mask, gluon=("dkdv", "dq")
+        )
+
     backward(grads)  # compiled before the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -450,8 +633,10 @@ def check_gluon_varlen_backward_graph(lengths, h, hkv, d, causal):
         torch.cuda.synchronize()
         eager = [torch.empty_like(g) for g in grads]
         backward(eager)
-        outcomes += [compare(f"{name}, replay {replay + 1}, against an eager call", g, e, EXACT)
-                     for name, g, e in zip(("dq", "dk", "dv"), grads, eager)]
+        outcomes += [
+            compare(f"{name}, replay {replay + 1}, against an eager call", g, e, EXACT)
+            for name, g, e in zip(("dq", "dk", "dv"), grads, eager)
+        ]
     return outcomes
 
 
@@ -463,6 +648,7 @@ def check_row_groups(b, h, hkv, t, d, rows):
     if not gluon_runs_here():
         raise Skip(f"the Gluon backward runs on sm_90 with Triton {GLUON_TRITON_VERSIONS}")
     from llmk.attention import gluon_flash_attention_bwd as gluon_bwd
+
     q = rand((b, h, t, d), torch.bfloat16)
     k, v = rand((b, hkv, t, d), torch.bfloat16), rand((b, hkv, t, d), torch.bfloat16)
     with torch.no_grad():
@@ -472,12 +658,14 @@ def check_row_groups(b, h, hkv, t, d, rows):
     def backward(group):
         grads = [poisoned(x.shape, x.dtype) for x in (q, k, v)]
         with table_entry(vars(gluon_bwd), "CAUSAL_ROW_GROUP", group):  # read at each launch
-            launch_flash_attention_backward(do, q, k, v, o, lse, *grads, True, 1.0 / math.sqrt(d),
-                                            gluon=("dkdv", "dq"))
+            launch_flash_attention_backward(do, q, k, v, o, lse, *grads, True, 1.0 / math.sqrt(d), gluon=("dkdv", "dq"))
         return grads
+
     launch_order, grouped = backward(0), backward(rows)
-    return [compare(f"{name} in groups of {rows} rows against the launch order", g, want, EXACT)
-            for name, g, want in zip(("dq", "dk", "dv"), grouped, launch_order)]
+    return [
+        compare(f"{name} in groups of {rows} rows against the launch order", g, want, EXACT)
+        for name, g, want in zip(("dq", "dk", "dv"), grouped, launch_order)
+    ]
 
 
 def check_packed_stats():
@@ -499,12 +687,17 @@ def check_packed_stats():
     starts = cu.tolist()
     for i, n in enumerate(lengths):
         place = (starts[i] // PACKED_STATS_BLOCK + i) * PACKED_STATS_BLOCK
-        want_lse[..., place:place + n] = lse[..., starts[i]:starts[i] + n]
-        want_delta[..., place:place + n] = delta[..., starts[i]:starts[i] + n]
-    return [Outcome("shape: (1, H, (total // 128 + sequences) * 128)", tuple(got_lse.shape) == (1, 3, span),
-                    note=f"{tuple(got_lse.shape)}"),
-            compare("LSE at the sequences' places", got_lse, want_lse, EXACT),
-            compare("delta at the sequences' places", got_delta, want_delta, EXACT)]
+        want_lse[..., place : place + n] = lse[..., starts[i] : starts[i] + n]
+        want_delta[..., place : place + n] = delta[..., starts[i] : starts[i] + n]
+    return [
+        Outcome(
+            "shape: (1, H, (total // 128 + sequences) * 128)",
+            tuple(got_lse.shape) == (1, 3, span),
+            note=f"{tuple(got_lse.shape)}",
+        ),
+        compare("LSE at the sequences' places", got_lse, want_lse, EXACT),
+        compare("delta at the sequences' places", got_delta, want_delta, EXACT),
+    ]
 
 
 def gluon_varlen_backward_cases():
@@ -516,29 +709,84 @@ def gluon_varlen_backward_cases():
     many = [int(n) for n in torch.randint(0, 400, (100,), generator=gen)]
     many[:10] = [0, 1, 63, 64, 65, 127, 128, 129, 0, 383]
     shapes = [
-        ("100 sequences 0..400 GQA 8/2 hd128 causal", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=128,
-                                                            dtype=bf16, causal=True)),
-        ("100 sequences 0..400 GQA 8/2 hd64 full", dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=64, dtype=bf16,
-                                                         causal=False)),
-        ("Tq != Tk [128,0,1,300,256] vs [50,7,0,900,256] hd128 causal fp16",
-         dict(lengths_q=[128, 0, 1, 300, 256], lengths_k=[50, 7, 0, 900, 256], h=4, hkv=4, d=128, dtype=fp16,
-              causal=True)),
-        ("[1000,3,2000] hd128 window (256, 0)", dict(lengths_q=[1000, 3, 2000], lengths_k=[1000, 3, 2000], h=4,
-                                                     hkv=1, d=128, dtype=bf16, causal=True, window=(256, 0))),
-        ("[700,65,1500] hd64 window (100, 0)", dict(lengths_q=[700, 65, 1500], lengths_k=[700, 65, 1500], h=4,
-                                                    hkv=2, d=64, dtype=bf16, causal=True, window=(100, 0))),
-        ("[513,77,1000] hd128 causal softcap 50, q x 30", dict(lengths_q=[513, 77, 1000], lengths_k=[513, 77, 1000],
-                                                               h=4, hkv=2, d=128, dtype=bf16, causal=True,
-                                                               softcap=50.0, scale=30.0)),
-        ("[300,77] and 700 rows past the last sequence, hd64 causal",
-         dict(lengths_q=[300, 77], lengths_k=[300, 77], h=4, hkv=2, d=64, dtype=bf16, causal=True, tail=700)),
+        (
+            "100 sequences 0..400 GQA 8/2 hd128 causal",
+            dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=128, dtype=bf16, causal=True),
+        ),
+        (
+            "100 sequences 0..400 GQA 8/2 hd64 full",
+            dict(lengths_q=many, lengths_k=many, h=8, hkv=2, d=64, dtype=bf16, causal=False),
+        ),
+        (
+            "Tq != Tk [128,0,1,300,256] vs [50,7,0,900,256] hd128 causal fp16",
+            dict(
+                lengths_q=[128, 0, 1, 300, 256],
+                lengths_k=[50, 7, 0, 900, 256],
+                h=4,
+                hkv=4,
+                d=128,
+                dtype=fp16,
+                causal=True,
+            ),
+        ),
+        (
+            "[1000,3,2000] hd128 window (256, 0)",
+            dict(
+                lengths_q=[1000, 3, 2000],
+                lengths_k=[1000, 3, 2000],
+                h=4,
+                hkv=1,
+                d=128,
+                dtype=bf16,
+                causal=True,
+                window=(256, 0),
+            ),
+        ),
+        (
+            "[700,65,1500] hd64 window (100, 0)",
+            dict(
+                lengths_q=[700, 65, 1500],
+                lengths_k=[700, 65, 1500],
+                h=4,
+                hkv=2,
+                d=64,
+                dtype=bf16,
+                causal=True,
+                window=(100, 0),
+            ),
+        ),
+        (
+            "[513,77,1000] hd128 causal softcap 50, q x 30",
+            dict(
+                lengths_q=[513, 77, 1000],
+                lengths_k=[513, 77, 1000],
+                h=4,
+                hkv=2,
+                d=128,
+                dtype=bf16,
+                causal=True,
+                softcap=50.0,
+                scale=30.0,
+            ),
+        ),
+        (
+            "[300,77] and 700 rows past the last sequence, hd64 causal",
+            dict(lengths_q=[300, 77], lengths_k=[300, 77], h=4, hkv=2, d=64, dtype=bf16, causal=True, tail=700),
+        ),
     ]
-    return [Case(f"Gluon packed backward: {name}", check_gluon_varlen_backward, kw, gpu_only=True)
-            for name, kw in shapes] + [
-        Case("Gluon packed backward: packed_stats' places", check_packed_stats)] + [
-        Case(f"Gluon packed backward: CUDA graph, hd{d} causal [700,1,300,1000] GQA 8/2",
-             check_gluon_varlen_backward_graph, dict(lengths=[700, 1, 300, 1000], h=8, hkv=2, d=d, causal=True),
-             gpu_only=True) for d in GLUON_HEAD_DIMS]
+    return (
+        [Case(f"Gluon packed backward: {name}", check_gluon_varlen_backward, kw, gpu_only=True) for name, kw in shapes]
+        + [Case("Gluon packed backward: packed_stats' places", check_packed_stats)]
+        + [
+            Case(
+                f"Gluon packed backward: CUDA graph, hd{d} causal [700,1,300,1000] GQA 8/2",
+                check_gluon_varlen_backward_graph,
+                dict(lengths=[700, 1, 300, 1000], h=8, hkv=2, d=d, causal=True),
+                gpu_only=True,
+            )
+            for d in GLUON_HEAD_DIMS
+        ]
+    )
 
 
 def gluon_backward_cases():
@@ -550,47 +798,102 @@ def gluon_backward_cases():
     shapes = [
         ("hd128 B2 H8/2 T1000 full", dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16, causal=False)),
         ("hd128 B2 H8/2 T1000 causal", dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16, causal=True)),
-        ("hd128 fp16 B1 H4/4 Tq300 Tk700 causal", dict(b=1, h=4, hkv=4, tq=300, tk=700, d=128, dtype=fp16,
-                                                         causal=True)),
+        (
+            "hd128 fp16 B1 H4/4 Tq300 Tk700 causal",
+            dict(b=1, h=4, hkv=4, tq=300, tk=700, d=128, dtype=fp16, causal=True),
+        ),
         ("hd64 B2 H4/1 Tq700 Tk300 causal", dict(b=2, h=4, hkv=1, tq=700, tk=300, d=64, dtype=bf16, causal=True)),
         ("hd64 fp16 B3 H2/2 T1 full", dict(b=3, h=2, hkv=2, tq=1, tk=1, d=64, dtype=fp16, causal=False)),
-        ("hd64 B2 H4/2 T257 causal, (B, T, H, D)", dict(b=2, h=4, hkv=2, tq=257, tk=257, d=64, dtype=bf16,
-                                                         causal=True, layout="bthd")),
+        (
+            "hd64 B2 H4/2 T257 causal, (B, T, H, D)",
+            dict(b=2, h=4, hkv=2, tq=257, tk=257, d=64, dtype=bf16, causal=True, layout="bthd"),
+        ),
         ("hd128 B1 H16/4 T4096 causal", dict(b=1, h=16, hkv=4, tq=4096, tk=4096, d=128, dtype=bf16, causal=True)),
-        ("hd64 fp16 B2 H2/2 Tq2 Tk2 full, q x 5", dict(b=2, h=2, hkv=2, tq=2, tk=2, d=64, dtype=fp16, causal=False,
-                                                       scale=5.0)),
-        ("dk/dv only: hd128 B2 H8/2 T1000 causal", dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16,
-                                                          causal=True, kernels=("dkdv",))),
-        ("dq only: hd64 B2 H4/2 Tq700 Tk300 causal", dict(b=2, h=4, hkv=2, tq=700, tk=300, d=64, dtype=bf16,
-                                                            causal=True, kernels=("dq",))),
+        (
+            "hd64 fp16 B2 H2/2 Tq2 Tk2 full, q x 5",
+            dict(b=2, h=2, hkv=2, tq=2, tk=2, d=64, dtype=fp16, causal=False, scale=5.0),
+        ),
+        (
+            "dk/dv only: hd128 B2 H8/2 T1000 causal",
+            dict(b=2, h=8, hkv=2, tq=1000, tk=1000, d=128, dtype=bf16, causal=True, kernels=("dkdv",)),
+        ),
+        (
+            "dq only: hd64 B2 H4/2 Tq700 Tk300 causal",
+            dict(b=2, h=4, hkv=2, tq=700, tk=300, d=64, dtype=bf16, causal=True, kernels=("dq",)),
+        ),
         # the masks: Mistral's window, a window bounded on both sides whose first queries see no
         # key, Gemma 2's softcap on scaled-up scores, both
-        ("window (1024, 0) causal hd128 B1 H16/4 T3000", dict(b=1, h=16, hkv=4, tq=3000, tk=3000, d=128,
-                                                              dtype=bf16, causal=True, window=(1024, 0))),
-        ("window (40, 3) hd64 fp16 B1 H2/2 Tq90 Tk60 (no key for 27 queries)",
-         dict(b=1, h=2, hkv=2, tq=90, tk=60, d=64, dtype=fp16, causal=False, window=(40, 3))),
-        ("softcap 50: q x 30 causal hd128 B2 H8/4 T1000", dict(b=2, h=8, hkv=4, tq=1000, tk=1000, d=128, dtype=bf16,
-                                                              causal=True, softcap=50.0, scale=30.0)),
-        ("softcap 5: q x 5 hd64 fp16 B2 H4/2 T333", dict(b=2, h=4, hkv=2, tq=333, tk=333, d=64, dtype=fp16,
-                                                        causal=False, softcap=5.0, scale=5.0)),
-        ("window (255, 0) causal softcap 50: q x 30 hd128 Tq1000 Tk4097",
-         dict(b=1, h=4, hkv=2, tq=1000, tk=4097, d=128, dtype=bf16, causal=True, window=(255, 0), softcap=50.0,
-              scale=30.0)),
+        (
+            "window (1024, 0) causal hd128 B1 H16/4 T3000",
+            dict(b=1, h=16, hkv=4, tq=3000, tk=3000, d=128, dtype=bf16, causal=True, window=(1024, 0)),
+        ),
+        (
+            "window (40, 3) hd64 fp16 B1 H2/2 Tq90 Tk60 (no key for 27 queries)",
+            dict(b=1, h=2, hkv=2, tq=90, tk=60, d=64, dtype=fp16, causal=False, window=(40, 3)),
+        ),
+        (
+            "softcap 50: q x 30 causal hd128 B2 H8/4 T1000",
+            dict(b=2, h=8, hkv=4, tq=1000, tk=1000, d=128, dtype=bf16, causal=True, softcap=50.0, scale=30.0),
+        ),
+        (
+            "softcap 5: q x 5 hd64 fp16 B2 H4/2 T333",
+            dict(b=2, h=4, hkv=2, tq=333, tk=333, d=64, dtype=fp16, causal=False, softcap=5.0, scale=5.0),
+        ),
+        (
+            "window (255, 0) causal softcap 50: q x 30 hd128 Tq1000 Tk4097",
+            dict(
+                b=1,
+                h=4,
+                hkv=2,
+                tq=1000,
+                tk=4097,
+                d=128,
+                dtype=bf16,
+                causal=True,
+                window=(255, 0),
+                softcap=50.0,
+                scale=30.0,
+            ),
+        ),
     ]
     return [Case(f"Gluon backward: {name}", check_gluon_backward, kw, gpu_only=True) for name, kw in shapes] + [
         # dk/dv rows 3 x 2 = 6, dq rows 24: groups of 4 leave a short last group of dk/dv rows, of 5 of both
-        Case(f"Gluon backward: causal grids dealt in groups of {rows} rows, hd{d} B3 H8/2 T1000",
-             check_row_groups, dict(b=3, h=8, hkv=2, t=1000, d=d, rows=rows), gpu_only=True)
-        for d, rows in ((64, 4), (128, 5))]
+        Case(
+            f"Gluon backward: causal grids dealt in groups of {rows} rows, hd{d} B3 H8/2 T1000",
+            check_row_groups,
+            dict(b=3, h=8, hkv=2, t=1000, d=d, rows=rows),
+            gpu_only=True,
+        )
+        for d, rows in ((64, 4), (128, 5))
+    ]
 
-CASES = gluon_forward_cases() + varlen_gluon_cases() + gluon_config_cases() + gluon_backward_cases() + \
-    gluon_varlen_backward_cases() + [
-    Case(f"CUDA graph of the Gluon path: hd{d} {'causal' if causal else 'full'} B2 H16/4 T2048", check_gluon_graph,
-         dict(b=2, h=16, hkv=4, t=2048, d=d, causal=causal), gpu_only=True)
-    for d in GLUON_HEAD_DIMS for causal in (False, True)] + [
-    Case("Gluon config: the dynamic deal reads its counter (set to n_tiles - P: one lap written) B2 H16 T2048",
-         check_dynamic_counter, dict(b=2, h=16, t=2048, d=128), gpu_only=True)] + [
-    Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
+
+CASES = (
+    gluon_forward_cases()
+    + varlen_gluon_cases()
+    + gluon_config_cases()
+    + gluon_backward_cases()
+    + gluon_varlen_backward_cases()
+    + [
+        Case(
+            f"CUDA graph of the Gluon path: hd{d} {'causal' if causal else 'full'} B2 H16/4 T2048",
+            check_gluon_graph,
+            dict(b=2, h=16, hkv=4, t=2048, d=d, causal=causal),
+            gpu_only=True,
+        )
+        for d in GLUON_HEAD_DIMS
+        for causal in (False, True)
+    ]
+    + [
+        Case(
+            "Gluon config: the dynamic deal reads its counter (set to n_tiles - P: one lap written) B2 H16 T2048",
+            check_dynamic_counter,
+            dict(b=2, h=16, t=2048, d=128),
+            gpu_only=True,
+        )
+    ]
+    + [Case("forward kernel dispatch (Gluon or tl)", check_gluon_dispatch)]
+)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

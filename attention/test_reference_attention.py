@@ -59,8 +59,10 @@ def check_window_softcap(tq, tk, causal, window, softcap):
         want = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(nan=0.0) @ expand_kv(v, 4)
     else:
         want = F.scaled_dot_product_attention(q, expand_kv(k, 4), expand_kv(v, 4), attn_mask=mask, scale=0.3)
-    outcomes = [compare("naive vs the definition", ref[:, :, seen], want[:, :, seen], FP64),
-                compare("blocked vs naive", blocked, ref, FP64)]
+    outcomes = [
+        compare("naive vs the definition", ref[:, :, seen], want[:, :, seen], FP64),
+        compare("blocked vs naive", blocked, ref, FP64),
+    ]
     if not seen.all():
         outcomes.append(Outcome("no key: zeros", bool((ref[:, :, ~seen] == 0).all())))
     return outcomes
@@ -70,8 +72,10 @@ def check_low_precision():
     """bf16 in, bf16 out, fp32 math: within one bf16 rounding of the fp64 result."""
     q, k, v = qkv(1, 4, 2, 40, 40, 64, torch.bfloat16)
     ref = naive_attention(q.double(), k.double(), v.double(), True)
-    return [compare("naive bf16", naive_attention(q, k, v, True), ref),
-            compare("blocked bf16", blocked_attention(q, k, v, True, block_size=16), ref)]
+    return [
+        compare("naive bf16", naive_attention(q, k, v, True), ref),
+        compare("blocked bf16", blocked_attention(q, k, v, True, block_size=16), ref),
+    ]
 
 
 def check_errors():
@@ -79,19 +83,38 @@ def check_errors():
     return [expect_raises("block_size 0", lambda: blocked_attention(q, k, v, block_size=0), ValueError, "block_size")]
 
 
-CASES = [
-    Case(f"B{b} H{h}/{hkv} Tq{tq} Tk{tk} D{d} {'causal' if causal else 'full'} block {bs}", check,
-         dict(b=b, h=h, hkv=hkv, tq=tq, tk=tk, d=d, causal=causal, block_size=bs))
-    for b, h, hkv, tq, tk, d, bs in [(2, 4, 4, 77, 77, 32, 16), (1, 8, 2, 50, 130, 64, 128),
-                                     (1, 4, 1, 130, 50, 16, 7), (3, 2, 2, 1, 1, 8, 128), (1, 2, 1, 1, 60, 32, 8)]
-    for causal in (False, True)
-] + [
-    Case(f"Tq{tq} Tk{tk} window {window}{' causal' if causal else ''}{f' softcap {c}' if c else ''}",
-         check_window_softcap, dict(tq=tq, tk=tk, causal=causal, window=window, softcap=c))
-    for tq, tk, causal, window, c in [(20, 20, False, (3, 2), None), (12, 30, True, (5, 4), None),
-                                      (30, 12, False, (2, -1), None), (30, 12, False, (-1, 1), 2.0),
-                                      (20, 20, True, (-1, -1), 0.5)]
-] + [Case("bf16 inputs", check_low_precision), Case("bad input", check_errors)]
+CASES = (
+    [
+        Case(
+            f"B{b} H{h}/{hkv} Tq{tq} Tk{tk} D{d} {'causal' if causal else 'full'} block {bs}",
+            check,
+            dict(b=b, h=h, hkv=hkv, tq=tq, tk=tk, d=d, causal=causal, block_size=bs),
+        )
+        for b, h, hkv, tq, tk, d, bs in [
+            (2, 4, 4, 77, 77, 32, 16),
+            (1, 8, 2, 50, 130, 64, 128),
+            (1, 4, 1, 130, 50, 16, 7),
+            (3, 2, 2, 1, 1, 8, 128),
+            (1, 2, 1, 1, 60, 32, 8),
+        ]
+        for causal in (False, True)
+    ]
+    + [
+        Case(
+            f"Tq{tq} Tk{tk} window {window}{' causal' if causal else ''}{f' softcap {c}' if c else ''}",
+            check_window_softcap,
+            dict(tq=tq, tk=tk, causal=causal, window=window, softcap=c),
+        )
+        for tq, tk, causal, window, c in [
+            (20, 20, False, (3, 2), None),
+            (12, 30, True, (5, 4), None),
+            (30, 12, False, (2, -1), None),
+            (30, 12, False, (-1, 1), 2.0),
+            (20, 20, True, (-1, -1), 0.5),
+        ]
+    ]
+    + [Case("bf16 inputs", check_low_precision), Case("bad input", check_errors)]
+)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -47,8 +47,20 @@ def passed_through(rotary_dim, inputs, outputs):
     return [Outcome(f"features {rotary_dim}.. copied", same)]
 
 
-def check(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
-          table_dtype=None, strided=None, rotary_dim=None):
+def check(
+    batch,
+    heads,
+    kv_heads,
+    seq_len,
+    head_dim,
+    dtype,
+    interleaved=False,
+    layout="T,D",
+    kind="rope",
+    table_dtype=None,
+    strided=None,
+    rotary_dim=None,
+):
     """rotary_dim: a table of R < D columns (partial rotary), R = D by default."""
     q, k = make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
     cos, sin = make_table(batch, seq_len, rotary_dim or head_dim, layout, kind, table_dtype or dtype)
@@ -58,8 +70,11 @@ def check(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, l
     # the HF way in the input dtype (table cast to it, three roundings) bounds our error (2x rule);
     # tolerances: devtools.testing.TOLERANCES, the rule for fp32 math rounded once to the output dtype
     q_torch, k_torch = apply_rope_ref(q, k, cos, sin, interleaved)
-    return [compare("q", q_out, q_ref, torch_out=q_torch), compare("k", k_out, k_ref, torch_out=k_torch),
-            *passed_through(rotary_dim, (q, k), (q_out, k_out))]
+    return [
+        compare("q", q_out, q_ref, torch_out=q_torch),
+        compare("k", k_out, k_ref, torch_out=k_torch),
+        *passed_through(rotary_dim, (q, k), (q_out, k_out)),
+    ]
 
 
 def check_properties(dtype=torch.float32):
@@ -79,9 +94,11 @@ def check_properties(dtype=torch.float32):
     q_back = torch.empty_like(q_perm_out)
     q_back[..., perm] = q_perm_out
     tol = TOLERANCES[dtype]  # lengths of fp32 results: the fp32 rounding of each element, in fp64
-    return [compare("half: pair lengths kept", pair_norms(q_half, False), pair_norms(q, False), tol),
-            compare("interleaved: pair lengths kept", pair_norms(q_int, True), pair_norms(q, True), tol),
-            compare("interleaved == permuted half layout", q_int, q_back.double())]
+    return [
+        compare("half: pair lengths kept", pair_norms(q_half, False), pair_norms(q, False), tol),
+        compare("interleaved: pair lengths kept", pair_norms(q_int, True), pair_norms(q, True), tol),
+        compare("interleaved == permuted half layout", q_int, q_back.double()),
+    ]
 
 
 def check_errors():
@@ -92,16 +109,25 @@ def check_errors():
     odd_cos = rand((6, 63), torch.float32)
     wide_cos = rand((6, 66), torch.float32)
     return [
-        expect_raises("odd rotary dim (R = D = 63)", lambda: apply_rope(odd_q, odd_k, odd_cos, odd_cos), ValueError,
-                      "even"),
-        expect_raises("odd rotary dim (R 33 < D)", lambda: apply_rope(q, k, cos[:, :33], sin[:, :33]), ValueError,
-                      "rotary dim"),
-        expect_raises("rotary dim past D (R 66 > D 64)", lambda: apply_rope(q, k, wide_cos, wide_cos), ValueError,
-                      "rotary dim"),
+        expect_raises(
+            "odd rotary dim (R = D = 63)", lambda: apply_rope(odd_q, odd_k, odd_cos, odd_cos), ValueError, "even"
+        ),
+        expect_raises(
+            "odd rotary dim (R 33 < D)", lambda: apply_rope(q, k, cos[:, :33], sin[:, :33]), ValueError, "rotary dim"
+        ),
+        expect_raises(
+            "rotary dim past D (R 66 > D 64)", lambda: apply_rope(q, k, wide_cos, wide_cos), ValueError, "rotary dim"
+        ),
         expect_raises("rotary dim 0", lambda: apply_rope(q, k, cos[:, :0], sin[:, :0]), ValueError, "rotary dim"),
         expect_raises("sin's R != cos's", lambda: apply_rope(q, k, cos[:, :32], sin), ValueError, "sin"),
-        expect_raises("D 1025", lambda: apply_rope(rand((1, 1, 2, 1025), torch.float16), rand((1, 1, 2, 1025),
-                                                   torch.float16), cos[:2], sin[:2]), ValueError, "1024"),
+        expect_raises(
+            "D 1025",
+            lambda: apply_rope(
+                rand((1, 1, 2, 1025), torch.float16), rand((1, 1, 2, 1025), torch.float16), cos[:2], sin[:2]
+            ),
+            ValueError,
+            "1024",
+        ),
         expect_raises("q 3 dims", lambda: apply_rope(q[0], k, cos, sin), ValueError, "q"),
         expect_raises("k batch", lambda: apply_rope(q, k[:1], cos, sin), ValueError, "k"),
         expect_raises("k length", lambda: apply_rope(q, k[:, :, :5], cos, sin), ValueError, "k"),
@@ -115,14 +141,14 @@ def check_errors():
         expect_raises("cos 1 dim", lambda: apply_rope(q, k, cos[0], sin), ValueError, "cos"),
         expect_raises("bf16 cos for fp16 q", lambda: apply_rope(q, k, cos.bfloat16(), sin), TypeError, "cos"),
         expect_raises("int sin", lambda: apply_rope(q, k, cos, sin.to(torch.int32)), TypeError, "sin"),
-        expect_raises(f"q on {other}", lambda: apply_rope(q.to(other), k.to(other), cos.to(other),
-                                                          sin.to(other)), ValueError, "q"),
+        expect_raises(
+            f"q on {other}", lambda: apply_rope(q.to(other), k.to(other), cos.to(other), sin.to(other)), ValueError, "q"
+        ),
         expect_raises("k elsewhere", lambda: apply_rope(q, k.to(other), cos, sin), ValueError, "k"),
         expect_raises("cos elsewhere", lambda: apply_rope(q, k, cos.to(other), sin), ValueError, "cos"),
         expect_raises("not a tensor", lambda: apply_rope([1.0], k, cos, sin), TypeError, "q"),
         expect_raises("interleaved not bool", lambda: apply_rope(q, k, cos, sin, "yes"), TypeError, "interleaved"),
-        expect_raises("out shape", lambda: apply_rope(q, k, cos, sin, out=(q.clone(), q.clone())),
-                      ValueError, "k_out"),
+        expect_raises("out shape", lambda: apply_rope(q, k, cos, sin, out=(q.clone(), q.clone())), ValueError, "k_out"),
     ]
 
 
@@ -138,19 +164,41 @@ def check_grad_mode():
         got_out = apply_rope(q_grad, k, cos, sin, out=(poisoned(q.shape, q.dtype), poisoned(k.shape, k.dtype)))
         got_table = apply_rope(q, k, cos.clone().requires_grad_(), sin)
     plain = apply_rope(q, k, cos, sin)
-    return [expect_raises("q requires grad, out=", lambda: apply_rope(q_grad, k, cos, sin, out=(q.clone(), k.clone())),
-                          RuntimeError, "llmk::apply_rope_out is forward-only"),
-            expect_raises("cos requires grad", lambda: apply_rope(q_grad, k, cos.clone().requires_grad_(), sin),
-                          ValueError, "cos"),
-            expect_raises("sin requires grad", lambda: apply_rope(q, k, cos, sin.clone().requires_grad_()),
-                          ValueError, "sin"),
-            Outcome("under no_grad: as on a plain q",
-                    all(torch.equal(a, b) for a, b in zip(got + got_out + got_table, plain * 3))
-                    and not got[0].requires_grad)]
+    return [
+        expect_raises(
+            "q requires grad, out=",
+            lambda: apply_rope(q_grad, k, cos, sin, out=(q.clone(), k.clone())),
+            RuntimeError,
+            "llmk::apply_rope_out is forward-only",
+        ),
+        expect_raises(
+            "cos requires grad", lambda: apply_rope(q_grad, k, cos.clone().requires_grad_(), sin), ValueError, "cos"
+        ),
+        expect_raises(
+            "sin requires grad", lambda: apply_rope(q, k, cos, sin.clone().requires_grad_()), ValueError, "sin"
+        ),
+        Outcome(
+            "under no_grad: as on a plain q",
+            all(torch.equal(a, b) for a, b in zip(got + got_out + got_table, plain * 3)) and not got[0].requires_grad,
+        ),
+    ]
 
 
-def check_grad(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
-               strided=None, grads_strided=None, wrt=(0, 1), rotary_dim=None):
+def check_grad(
+    batch,
+    heads,
+    kv_heads,
+    seq_len,
+    head_dim,
+    dtype,
+    interleaved=False,
+    layout="T,D",
+    kind="rope",
+    strided=None,
+    grads_strided=None,
+    wrt=(0, 1),
+    rotary_dim=None,
+):
     """dq, dk against autograd through the fp64 reference and the same-dtype HF-style reference (2x
     rule). The backward is the forward's math (two fp32 products and a sum, one rounding), so the
     forward's tolerances hold. grads_strided "BTHD": dq_out, dk_out as (B, T, H, D) tensors seen as
@@ -166,8 +214,17 @@ def check_grad(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=Fal
     def ref(q, k, cos, sin):
         return apply_rope_ref(q, k, cos, sin, interleaved)
 
-    outcomes = check_grads("rope", ours, ref, (q, k, cos, sin), wrt, ("q", "k", "cos", "sin"),
-                           TOLERANCES[dtype], torch_fn=ref, grad_outputs=dys)
+    outcomes = check_grads(
+        "rope",
+        ours,
+        ref,
+        (q, k, cos, sin),
+        wrt,
+        ("q", "k", "cos", "sin"),
+        TOLERANCES[dtype],
+        torch_fn=ref,
+        grad_outputs=dys,
+    )
     if rotary_dim is not None:
         leaves = [t.detach().requires_grad_() for t in (q, k)]
         grads = torch.autograd.grad(ours(*leaves, cos, sin), leaves, dys)
@@ -177,20 +234,25 @@ def check_grad(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=Fal
 
 def check_grad_empty():
     outcomes = []
-    for name, (q_shape, k_shape) in {"T = 0": ((2, 4, 0, 64), (2, 2, 0, 64)),
-                                     "B = 0": ((0, 4, 6, 64), (0, 2, 6, 64))}.items():
+    for name, (q_shape, k_shape) in {
+        "T = 0": ((2, 4, 0, 64), (2, 2, 0, 64)),
+        "B = 0": ((0, 4, 6, 64), (0, 2, 6, 64)),
+    }.items():
         q, k = rand(q_shape, torch.bfloat16).requires_grad_(), rand(k_shape, torch.bfloat16).requires_grad_()
         cos, sin = rand(q_shape[2:], torch.float32), rand(q_shape[2:], torch.float32)
         q_out, k_out = apply_rope(q, k, cos, sin)
         dq, dk = torch.autograd.grad((q_out, k_out), (q, k), (torch.empty_like(q_out), torch.empty_like(k_out)))
-        outcomes.append(Outcome(f"{name}: empty dq, dk", dq.shape == q.shape and dk.shape == k.shape
-                                and dq.dtype == dk.dtype == q.dtype))
+        outcomes.append(
+            Outcome(
+                f"{name}: empty dq, dk", dq.shape == q.shape and dk.shape == k.shape and dq.dtype == dk.dtype == q.dtype
+            )
+        )
     return outcomes
 
 
 def check_grad_huge():
     """q past 2^31 elements (B1 H32 T524289 D128): dq and dk of the last positions."""
-    seq_len = 2 ** 31 // (32 * 128) + 1
+    seq_len = 2**31 // (32 * 128) + 1
     q = rand((1, 32, seq_len, 128), torch.bfloat16).requires_grad_()
     k = rand((1, 1, seq_len, 128), torch.bfloat16).requires_grad_()
     cos, sin = rope_cos_sin(torch.arange(seq_len, device=DEVICE), 128)
@@ -198,10 +260,15 @@ def check_grad_huge():
     dq, dk = torch.autograd.grad(apply_rope(q, k, cos, sin), (q, k), (dq_out, dk_out))
     tail = slice(seq_len - 3, seq_len)
     q_t, k_t = (t[:, :, tail].detach().double().requires_grad_() for t in (q, k))
-    want = torch.autograd.grad(apply_rope_ref(q_t, k_t, cos[tail].double(), sin[tail].double()), (q_t, k_t),
-                               (dq_out[:, :, tail].double(), dk_out[:, :, tail].double()))
-    return [compare("dq last positions", dq[:, :, tail], want[0]),
-            compare("dk last positions", dk[:, :, tail], want[1])]
+    want = torch.autograd.grad(
+        apply_rope_ref(q_t, k_t, cos[tail].double(), sin[tail].double()),
+        (q_t, k_t),
+        (dq_out[:, :, tail].double(), dk_out[:, :, tail].double()),
+    )
+    return [
+        compare("dq last positions", dq[:, :, tail], want[0]),
+        compare("dk last positions", dk[:, :, tail], want[1]),
+    ]
 
 
 def rope_cases():
@@ -210,8 +277,22 @@ def rope_cases():
     def add(batch, heads, kv_heads, seq_len, head_dim, dtype, gpu_only=False, **extra):
         extra_str = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
         name = f"B{batch} H{heads}/{kv_heads} T{seq_len} D{head_dim} {dtype_name(dtype)} {extra_str}".strip()
-        cases.append(Case(name, check, dict(batch=batch, heads=heads, kv_heads=kv_heads, seq_len=seq_len,
-                                            head_dim=head_dim, dtype=dtype, **extra), gpu_only))
+        cases.append(
+            Case(
+                name,
+                check,
+                dict(
+                    batch=batch,
+                    heads=heads,
+                    kv_heads=kv_heads,
+                    seq_len=seq_len,
+                    head_dim=head_dim,
+                    dtype=dtype,
+                    **extra,
+                ),
+                gpu_only,
+            )
+        )
 
     for dtype in DTYPES:
         for interleaved in (False, True):
@@ -235,10 +316,10 @@ def rope_cases():
             add(1, 4, 2, 9, 59, dtype, interleaved=interleaved, rotary_dim=48, strided="BTHD")  # flash-attn's d 59
         add(2, 3, 2, 5, 128, dtype, rotary_dim=64, layout="T,D strided", kind="random", table_dtype=torch.float32)
     add(9, 41, 41, 7, 41, torch.float32, rotary_dim=40, layout="B,T,D")  # Liger's functional shape
-    add(3, 7, 21, 5, 92, torch.bfloat16, layout="B,T,D")                # Liger's D 92, Hkv > H
+    add(3, 7, 21, 5, 92, torch.bfloat16, layout="B,T,D")  # Liger's D 92, Hkv > H
     add(2, 3, 2, 5, 80, torch.float16, interleaved=True, rotary_dim=32, strided="every other feature")
     add(1, 2, 1, 3, 1023, torch.bfloat16, rotary_dim=1022, kind="random")  # widest odd head: ROPE_TABLE's last row
-    add(1, 2, 1, 3, 7, torch.float32, interleaved=True, rotary_dim=2)    # one rotated pair
+    add(1, 2, 1, 3, 7, torch.float32, interleaved=True, rotary_dim=2)  # one rotated pair
     # full size on the GPU
     for dtype in (torch.bfloat16, torch.float16):
         for interleaved in (False, True):
@@ -248,17 +329,20 @@ def rope_cases():
             add(2, 32, 8, 1000, head_dim, dtype, True, kind="random", layout="B,T,D")
         for interleaved in (False, True):
             add(1, 32, 8, 8192, 128, dtype, True, interleaved=interleaved, rotary_dim=64)
-        add(3, 73, 213, 423, 92, dtype, True, layout="B,T,D")           # Liger's uneven shape
+        add(3, 73, 213, 423, 92, dtype, True, layout="B,T,D")  # Liger's uneven shape
         add(3, 73, 155, 423, 41, dtype, True, rotary_dim=40, strided="BTHD")
         add(4, 32, 8, 2048, 111, dtype, True, rotary_dim=96, kind="random", layout="B,T,D")
     add(1, 32, 8, 8192, 128, torch.float32, True, table_dtype=torch.float32, strided="BTHD")
-    return cases + [Case("rotation properties", check_properties),
-                    Case("allocates its output", check_own_buffer, dict(impl=apply_rope)),
-                    Case("bad input", check_errors), Case("empty input", check_empty, dict(impl=apply_rope)),
-                    Case("out= under grad (forward-only), tables that require grad", check_grad_mode),
-                    Case("2^31+ elements", check_huge, dict(impl=apply_rope), gpu_only=True),
-                    Case("empty input backward", check_grad_empty),
-                    Case("2^31+ elements backward", check_grad_huge, gpu_only=True)]
+    return cases + [
+        Case("rotation properties", check_properties),
+        Case("allocates its output", check_own_buffer, dict(impl=apply_rope)),
+        Case("bad input", check_errors),
+        Case("empty input", check_empty, dict(impl=apply_rope)),
+        Case("out= under grad (forward-only), tables that require grad", check_grad_mode),
+        Case("2^31+ elements", check_huge, dict(impl=apply_rope), gpu_only=True),
+        Case("empty input backward", check_grad_empty),
+        Case("2^31+ elements backward", check_grad_huge, gpu_only=True),
+    ]
 
 
 def grad_cases():
@@ -269,21 +353,45 @@ def grad_cases():
     def add(batch, heads, kv_heads, seq_len, head_dim, dtype, gpu_only=False, **extra):
         extra_str = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
         name = f"backward B{batch} H{heads}/{kv_heads} T{seq_len} D{head_dim} {dtype_name(dtype)} {extra_str}".strip()
-        cases.append(Case(name, check_grad, dict(batch=batch, heads=heads, kv_heads=kv_heads, seq_len=seq_len,
-                                                 head_dim=head_dim, dtype=dtype, **extra), gpu_only))
+        cases.append(
+            Case(
+                name,
+                check_grad,
+                dict(
+                    batch=batch,
+                    heads=heads,
+                    kv_heads=kv_heads,
+                    seq_len=seq_len,
+                    head_dim=head_dim,
+                    dtype=dtype,
+                    **extra,
+                ),
+                gpu_only,
+            )
+        )
 
     for dtype in DTYPES:
         for interleaved in (False, True):
             add(2, 4, 1, 7, 64, dtype, interleaved=interleaved, kind="random")
         add(1, 4, 2, 9, 80, dtype, strided="BTHD", grads_strided="BTHD", layout="B,T,D")
-    add(2, 3, 2, 5, 96, torch.bfloat16, interleaved=True, strided="every other feature", layout="1,T,D",
-        kind="random")
-    add(2, 4, 1, 1, 128, torch.float16, wrt=(0,))                     # decode step, only q gets a gradient
+    add(2, 3, 2, 5, 96, torch.bfloat16, interleaved=True, strided="every other feature", layout="1,T,D", kind="random")
+    add(2, 4, 1, 1, 128, torch.float16, wrt=(0,))  # decode step, only q gets a gradient
     add(1, 2, 1, 5, 256, torch.float16, kind="random", layout="B,T,D expanded")
     for interleaved in (False, True):
         add(1, 32, 8, 8192, 128, torch.bfloat16, True, interleaved=interleaved)
-        add(4, 32, 8, 4096, 128, torch.bfloat16, True, interleaved=interleaved, strided="BTHD",
-            grads_strided="BTHD", layout="B,T,D")
+        add(
+            4,
+            32,
+            8,
+            4096,
+            128,
+            torch.bfloat16,
+            True,
+            interleaved=interleaved,
+            strided="BTHD",
+            grads_strided="BTHD",
+            layout="B,T,D",
+        )
     add(2, 32, 8, 1000, 80, torch.float16, True, kind="random")
     add(1, 32, 8, 4096, 128, torch.float32, True, strided="BTHD")
     # partial rotary, odd head dims
@@ -305,9 +413,22 @@ def grad_cases():
 
 CASES = rope_cases() + grad_cases()
 for interleaved in (False, True):  # D = 512: ROPE_TABLE's 512 row
-    CASES.append(Case(f"B2 H5/2 T6 D512 bf16 interleaved={interleaved}", check,
-                      dict(batch=2, heads=5, kv_heads=2, seq_len=6, head_dim=512, dtype=torch.bfloat16,
-                           interleaved=interleaved, kind="random")))
+    CASES.append(
+        Case(
+            f"B2 H5/2 T6 D512 bf16 interleaved={interleaved}",
+            check,
+            dict(
+                batch=2,
+                heads=5,
+                kv_heads=2,
+                seq_len=6,
+                head_dim=512,
+                dtype=torch.bfloat16,
+                interleaved=interleaved,
+                kind="random",
+            ),
+        )
+    )
 
 
 def check_table_rows():

@@ -13,6 +13,7 @@ Backward: dx against autograd through torch.softmax in fp64 and torch.softmax's 
 transposed and expanded upstream gradients; the launcher on a poisoned dx; properties (rows of dx
 sum to 0, dy + c per row gives the same dx). `out=` stays forward-only.
 """
+
 import math
 
 import torch
@@ -103,8 +104,11 @@ def check_in_place(path):
     x = rand(shape_for(path), torch.float16)
     ref, torch_out = torch.softmax(x.double(), -1), torch.softmax(x, -1)
     y = softmax(x, out=x)
-    return [Outcome(f"takes the {path} path", path_of(x) == path),
-            Outcome("returns out", y is x), compare("y written over x", y, ref, torch_out=torch_out)]
+    return [
+        Outcome(f"takes the {path} path", path_of(x) == path),
+        Outcome("returns out", y is x),
+        compare("y written over x", y, ref, torch_out=torch_out),
+    ]
 
 
 def check_shift(path, dtype):
@@ -116,8 +120,11 @@ def check_shift(path, dtype):
     x = (torch.randint(-32, 33, shape, device=DEVICE) / 2).to(dtype)
     c = torch.randint(-c_max, c_max + 1, (shape[0], 1), device=DEVICE).to(dtype)
     y = softmax(x)
-    return [Outcome(f"takes the {path} path", path_of(x) == path),
-            compare("softmax(x + c) vs softmax(x)", softmax(x + c), y), sums_to_one(y)]
+    return [
+        Outcome(f"takes the {path} path", path_of(x) == path),
+        compare("softmax(x + c) vs softmax(x)", softmax(x + c), y),
+        sums_to_one(y),
+    ]
 
 
 def check_neg_inf(path, dtype):
@@ -128,7 +135,7 @@ def check_neg_inf(path, dtype):
     x = rand(shape, dtype)
     hot = torch.randint(0, n_cols, (rows,), device=DEVICE)
     masked = torch.rand(shape, device=DEVICE) < 0.5
-    masked[torch.arange(rows, device=DEVICE), hot] = False      # every row keeps one finite value
+    masked[torch.arange(rows, device=DEVICE), hot] = False  # every row keeps one finite value
     masked[0::2] = True
     masked[0::2].scatter_(1, hot[0::2, None], False)
     masked[-1] = True
@@ -136,12 +143,15 @@ def check_neg_inf(path, dtype):
     y = softmax(x, out=poisoned(shape, dtype))
     one_hot = torch.zeros(shape, dtype=dtype, device=DEVICE).scatter_(1, hot[:, None], 1.0)
     even, odd = slice(0, rows - 1, 2), slice(1, rows - 1, 2)
-    return [Outcome(f"takes the {path} path", path_of(x) == path),
-            compare("one-hot rows", y[even], one_hot[even], tol=EXACT),
-            compare("half -inf rows", y[odd], torch.softmax(x[odd].double(), -1),
-                    torch_out=torch.softmax(x[odd], -1)),
-            Outcome("all -inf row is NaN like torch", bool(y[-1].isnan().all())
-                    and bool(torch.softmax(x[-1:], -1).isnan().all()))]
+    return [
+        Outcome(f"takes the {path} path", path_of(x) == path),
+        compare("one-hot rows", y[even], one_hot[even], tol=EXACT),
+        compare("half -inf rows", y[odd], torch.softmax(x[odd].double(), -1), torch_out=torch.softmax(x[odd], -1)),
+        Outcome(
+            "all -inf row is NaN like torch",
+            bool(y[-1].isnan().all()) and bool(torch.softmax(x[-1:], -1).isnan().all()),
+        ),
+    ]
 
 
 def check_extreme(path, dtype):
@@ -151,18 +161,23 @@ def check_extreme(path, dtype):
     x[:, ::5] = 1e4
     x[::2, ::5] = -1e4
     y = softmax(x, out=poisoned(shape, dtype))
-    return [Outcome(f"takes the {path} path", path_of(x) == path),
-            compare("y", y, torch.softmax(x.double(), -1), torch_out=torch.softmax(x, -1)),
-            Outcome("no NaN or inf", bool(y.isfinite().all())), sums_to_one(y)]
+    return [
+        Outcome(f"takes the {path} path", path_of(x) == path),
+        compare("y", y, torch.softmax(x.double(), -1), torch_out=torch.softmax(x, -1)),
+        Outcome("no NaN or inf", bool(y.isfinite().all())),
+        sums_to_one(y),
+    ]
 
 
 def check_huge(n_cols, path):
     """Past 2^31 elements: the last rows only, where a 32-bit offset would wrap."""
-    rows = (2 ** 31) // n_cols + 3
+    rows = (2**31) // n_cols + 3
     x = rand((rows, n_cols), torch.float16)
     y = softmax(x, out=poisoned((rows, n_cols), torch.float16))
-    return [Outcome(f"takes the {path} path", path_of(x) == path),
-            compare("last rows", y[-2:], torch.softmax(x[-2:].double(), -1))]
+    return [
+        Outcome(f"takes the {path} path", path_of(x) == path),
+        compare("last rows", y[-2:], torch.softmax(x[-2:].double(), -1)),
+    ]
 
 
 def softmax_ref(x):
@@ -184,11 +199,16 @@ def grad_tol(y, dy):
     e = TOLERANCES[y.dtype].rtol * y64 + info.smallest_normal * info.eps / 2
     dot = (dy64 * y64).sum(-1, keepdim=True)
     n_cols = y.shape[-1]
-    dot_err = (dy64.abs() * e).sum(-1, keepdim=True) \
-        + (2 + math.log2(max(n_cols, 1))) * 2 ** -24 * (dy64.abs() * y64).sum(-1, keepdim=True)
+    dot_err = (dy64.abs() * e).sum(-1, keepdim=True) + (2 + math.log2(max(n_cols, 1))) * 2**-24 * (
+        dy64.abs() * y64
+    ).sum(-1, keepdim=True)
     atol = 1.1 * (e * (dy64 - dot).abs() + y64 * dot_err) + info.smallest_normal * info.eps
-    return Tol(atol, 2 * UNIT_ROUNDOFF[y.dtype], "dx from the saved y rounded to the dtype: error model in grad_tol",
-               rounding_check=False)
+    return Tol(
+        atol,
+        2 * UNIT_ROUNDOFF[y.dtype],
+        "dx from the saved y rounded to the dtype: error model in grad_tol",
+        rounding_check=False,
+    )
 
 
 def check_grad(shape, dtype, pad=None, dy_layout=None):
@@ -206,8 +226,9 @@ def check_grad(shape, dtype, pad=None, dy_layout=None):
         dy = rand(shape, dtype)
     y = torch.softmax(x.double(), -1).to(dtype)  # the saved y, as the forward's tests bound it
     tol = grad_tol(y, dy)
-    outcomes = check_grads("softmax", softmax, softmax_ref, (x,), (0,), ("x",), tol, torch_fn=softmax_ref,
-                           grad_outputs=[dy])
+    outcomes = check_grads(
+        "softmax", softmax, softmax_ref, (x,), (0,), ("x",), tol, torch_fn=softmax_ref, grad_outputs=[dy]
+    )
     outcomes[0].note = f"backward path: {bwd_path_of(x)}; {outcomes[0].note}".rstrip("; ")
     return outcomes
 
@@ -235,34 +256,49 @@ def check_grad_properties(path):
     dy = rand(shape, f32)
     c = torch.randint(-8, 9, (shape[0], 1), device=DEVICE).float()
     y = softmax(x)
-    dx, = torch.autograd.grad(y, x, dy)
-    dx_shift, = torch.autograd.grad(softmax(x), x, dy + c)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (dx_shift,) = torch.autograd.grad(softmax(x), x, dy + c)
     y64, dy64, c64, dx64 = y.detach().double(), dy.double(), c.double(), dx.double()
     r, u = TOLERANCES[f32].rtol, UNIT_ROUNDOFF[f32]
     dot = (dy64 * y64).sum(-1)
     sum_limit = 1.1 * (dot.abs() * r + dx64.abs().sum(-1) * u)
     row_sums = dx64.sum(-1).abs()
     depth = 2 + math.log2(shape[-1])
-    shift_atol = 1.1 * y64 * (c64.abs() * r + 2 * depth * u * (y64 * (dy64.abs() + c64.abs())).sum(-1, keepdim=True)
-                              + u * (dy64.abs() + c64.abs()))
-    return [Outcome(f"backward takes the {path} path", bwd_path_of(x) == path),
-            Outcome("rows of dx sum to 0", bool((row_sums <= sum_limit).all()), max_abs=row_sums.max().item(),
-                    limit=f"{sum_limit.max().item():.1e}"),
-            compare("dx(dy + c) vs dx(dy)", dx_shift, dx64, Tol(shift_atol, 2 * u, "see the docstring"))]
+    shift_atol = (
+        1.1
+        * y64
+        * (
+            c64.abs() * r
+            + 2 * depth * u * (y64 * (dy64.abs() + c64.abs())).sum(-1, keepdim=True)
+            + u * (dy64.abs() + c64.abs())
+        )
+    )
+    return [
+        Outcome(f"backward takes the {path} path", bwd_path_of(x) == path),
+        Outcome(
+            "rows of dx sum to 0",
+            bool((row_sums <= sum_limit).all()),
+            max_abs=row_sums.max().item(),
+            limit=f"{sum_limit.max().item():.1e}",
+        ),
+        compare("dx(dy + c) vs dx(dy)", dx_shift, dx64, Tol(shift_atol, 2 * u, "see the docstring")),
+    ]
 
 
 def check_grad_huge(n_cols, path):
     """Past 2^31 elements: dx of the last rows, where a 32-bit offset would wrap."""
-    rows = (2 ** 31) // n_cols + 3
+    rows = (2**31) // n_cols + 3
     x = rand((rows, n_cols), torch.float16).requires_grad_()
     dy = rand((rows, n_cols), torch.float16)
     y = softmax(x)
-    dx, = torch.autograd.grad(y, x, dy)
+    (dx,) = torch.autograd.grad(y, x, dy)
     del y
     y64 = torch.softmax(x[-2:].detach().double(), -1)
     want = y64 * (dy[-2:].double() - (dy[-2:].double() * y64).sum(-1, keepdim=True))
-    return [Outcome(f"backward takes the {path} path", bwd_path_of(x) == path),
-            compare("dx last rows", dx[-2:], want, grad_tol(y64.half(), dy[-2:]))]
+    return [
+        Outcome(f"backward takes the {path} path", bwd_path_of(x) == path),
+        compare("dx last rows", dx[-2:], want, grad_tol(y64.half(), dy[-2:])),
+    ]
 
 
 def check_errors():
@@ -275,8 +311,9 @@ def check_errors():
         expect_raises("0-dim x", lambda: softmax(x[0, 0]), ValueError, "x"),
         expect_raises("out shape", lambda: softmax(x, out=x[:2].clone()), ValueError, "out"),
         expect_raises("out dtype", lambda: softmax(x, out=x.float()), ValueError, "out"),
-        expect_raises("out not contiguous", lambda: softmax(x, out=torch.empty_like(x.t()).contiguous().t()),
-                      ValueError, "out"),
+        expect_raises(
+            "out not contiguous", lambda: softmax(x, out=torch.empty_like(x.t()).contiguous().t()), ValueError, "out"
+        ),
         expect_raises("out not a tensor", lambda: softmax(x, out=[0.0]), TypeError, "out"),
     ]
 
@@ -288,10 +325,18 @@ def check_grad_mode():
     x_grad = x.clone().requires_grad_()
     with torch.no_grad():
         y, y_out = softmax(x_grad), softmax(x_grad, out=poisoned(x.shape, x.dtype))
-    return [expect_raises("x requires grad, out=", lambda: softmax(x_grad, out=torch.empty_like(x)), RuntimeError,
-                          "llmk::softmax_out is forward-only"),
-            Outcome("under no_grad: as on a plain x", torch.equal(y, softmax(x)) and torch.equal(y_out, y)
-                    and not y.requires_grad)]
+    return [
+        expect_raises(
+            "x requires grad, out=",
+            lambda: softmax(x_grad, out=torch.empty_like(x)),
+            RuntimeError,
+            "llmk::softmax_out is forward-only",
+        ),
+        Outcome(
+            "under no_grad: as on a plain x",
+            torch.equal(y, softmax(x)) and torch.equal(y_out, y) and not y.requires_grad,
+        ),
+    ]
 
 
 def check_empty():
@@ -301,7 +346,7 @@ def check_empty():
         y = softmax(x)
         outs.append(Outcome(f"{shape}: empty in, empty out", y.shape == x.shape and y.dtype == x.dtype))
         x_grad = x.clone().requires_grad_()
-        dx, = torch.autograd.grad(softmax(x_grad), x_grad, torch.empty_like(x))
+        (dx,) = torch.autograd.grad(softmax(x_grad), x_grad, torch.empty_like(x))
         outs.append(Outcome(f"{shape}: empty dx", dx.shape == x.shape and dx.dtype == x.dtype))
     return outs
 
@@ -315,66 +360,76 @@ def cases():
     for dtype in DTYPES:
         for n in WIDTHS + SWITCH_WIDTHS:
             add((3, n), dtype)
-        add((1, 4096), dtype)                         # one row
-        add((1, 65537), dtype)                        # one wide row: split across programs
-        add((4096,), dtype)                           # 1-D input
+        add((1, 4096), dtype)  # one row
+        add((1, 65537), dtype)  # one wide row: split across programs
+        add((4096,), dtype)  # 1-D input
         add((2, 3, 123), dtype)
-        add((5, 1000), dtype, pad=(0, 8))             # row stride 1008, a view, no copy
-        add((3, 20000), dtype, pad=(0, 8))            # split path through a view
-        add((2, 5, 1000), dtype, pad=(0, 3, 0))       # leading dims that cannot merge
-        add((16384, 1024), dtype, gpu_only=True)      # many rows
+        add((5, 1000), dtype, pad=(0, 8))  # row stride 1008, a view, no copy
+        add((3, 20000), dtype, pad=(0, 8))  # split path through a view
+        add((2, 5, 1000), dtype, pad=(0, 3, 0))  # leading dims that cannot merge
+        add((16384, 1024), dtype, gpu_only=True)  # many rows
         add((4096, 4096), dtype, gpu_only=True)
         add((2049, 5120), dtype, gpu_only=True, pad=(0, 64))
-        add((1000, 32768), dtype, gpu_only=True)      # looped on a GPU
-        add((64, 262144), dtype, gpu_only=True)       # split: few wide rows
+        add((1000, 32768), dtype, gpu_only=True)  # looped on a GPU
+        add((64, 262144), dtype, gpu_only=True)  # split: few wide rows
         add((300, 65537), dtype, gpu_only=True)
     for path in PATHS:
         for dtype in DTYPES:
-            out.append(Case(f"shift invariance, {path}, {dtype_name(dtype)}", check_shift,
-                            dict(path=path, dtype=dtype)))
+            out.append(
+                Case(f"shift invariance, {path}, {dtype_name(dtype)}", check_shift, dict(path=path, dtype=dtype))
+            )
             out.append(Case(f"-inf rows, {path}, {dtype_name(dtype)}", check_neg_inf, dict(path=path, dtype=dtype)))
-            out.append(Case(f"+-1e4 values, {path}, {dtype_name(dtype)}", check_extreme,
-                            dict(path=path, dtype=dtype)))
+            out.append(Case(f"+-1e4 values, {path}, {dtype_name(dtype)}", check_extreme, dict(path=path, dtype=dtype)))
         out.append(Case(f"in place (out=x), {path}", check_in_place, dict(path=path)))
-    out += [Case("column stride", check_column_stride), Case("allocates its output", check_own_buffer),
-            Case("bad input", check_errors), Case("empty input", check_empty),
-            Case("out= under grad (forward-only)", check_grad_mode)]
+    out += [
+        Case("column stride", check_column_stride),
+        Case("allocates its output", check_own_buffer),
+        Case("bad input", check_errors),
+        Case("empty input", check_empty),
+        Case("out= under grad (forward-only)", check_grad_mode),
+    ]
+
     # backward: each path, non-powers-of-two, one row, 3-D, strided x and dy, wide rows on the GPU
     def add_grad(shape, dtype, gpu_only=False, **extra):
         case = shape_case(check_grad, shape, dtype, gpu_only, **extra)
         out.append(Case(f"backward {case.name}", check_grad, case.kwargs, gpu_only))
 
     for dtype in DTYPES:
-        add_grad((5, 1000), dtype)                                # fused
-        add_grad(shape_for("looped"), dtype)                      # looped
-        add_grad(shape_for("split"), dtype)                       # split
-    add_grad((1, 7), torch.float16)                               # one row
-    add_grad((3, 4000), torch.float16)                            # the backward table's 4096 row
-    add_grad((2, 6000), torch.bfloat16)                           # its 8192 row
-    add_grad((2, 40000), torch.float32)                           # its last row (looped, 16384 chunks)
-    add_grad((2, 3, 123), torch.bfloat16, pad=(0, 1, 5))          # leading dims that cannot merge
+        add_grad((5, 1000), dtype)  # fused
+        add_grad(shape_for("looped"), dtype)  # looped
+        add_grad(shape_for("split"), dtype)  # split
+    add_grad((1, 7), torch.float16)  # one row
+    add_grad((3, 4000), torch.float16)  # the backward table's 4096 row
+    add_grad((2, 6000), torch.bfloat16)  # its 8192 row
+    add_grad((2, 40000), torch.float32)  # its last row (looped, 16384 chunks)
+    add_grad((2, 3, 123), torch.bfloat16, pad=(0, 1, 5))  # leading dims that cannot merge
     add_grad((3, 2000), torch.float16, dy_layout="padded")
     add_grad((6, 33), torch.float32, dy_layout="transposed")
     add_grad((2, 9000), torch.bfloat16, dy_layout="expanded")
-    add_grad((3, 8193), torch.float16, pad=(0, 8))                # looped, odd width, row stride 8201
+    add_grad((3, 8193), torch.float16, pad=(0, 8))  # looped, odd width, row stride 8201
     for dtype in DTYPES:
-        add_grad((16384, 1024), dtype, gpu_only=True)             # many short rows: two a program
+        add_grad((16384, 1024), dtype, gpu_only=True)  # many short rows: two a program
         add_grad((4096, 4096), dtype, gpu_only=True)
         add_grad((2049, 5120), dtype, gpu_only=True, pad=(0, 64))
         add_grad((1024, 16384), dtype, gpu_only=True)
-        add_grad((1000, 32768), dtype, gpu_only=True)             # looped on a GPU
+        add_grad((1000, 32768), dtype, gpu_only=True)  # looped on a GPU
         add_grad((300, 65537), dtype, gpu_only=True)
-        add_grad((64, 262144), dtype, gpu_only=True)              # split: few wide rows
-        add_grad((200, 262144), dtype, gpu_only=True)             # looped: 262144 wide, more rows than SMs
+        add_grad((64, 262144), dtype, gpu_only=True)  # split: few wide rows
+        add_grad((200, 262144), dtype, gpu_only=True)  # looped: 262144 wide, more rows than SMs
     for path in PATHS:
         out.append(Case(f"backward writes every element, {path}", check_grad_writes_all, dict(path=path)))
         out.append(Case(f"backward properties, {path}", check_grad_properties, dict(path=path)))
-    out += [Case(f"2^31+ elements backward, {path}", check_grad_huge, dict(n_cols=n, path=path), gpu_only=True,
-                 gpu_gb=24)  # 22.0 GB printed
-            for path, n in (("fused", 1000), ("looped", 16384), ("split", 2 ** 24))]
+    out += [
+        Case(
+            f"2^31+ elements backward, {path}", check_grad_huge, dict(n_cols=n, path=path), gpu_only=True, gpu_gb=24
+        )  # 22.0 GB printed
+        for path, n in (("fused", 1000), ("looped", 16384), ("split", 2**24))
+    ]
     # past 2^31 elements through each path (the split one: 131 rows of 2^24 on a GPU of 66+ SMs)
-    out += [Case(f"2^31+ elements, {path}", check_huge, dict(n_cols=n, path=path), gpu_only=True)
-            for path, n in (("fused", 1000), ("looped", 16384), ("split", 2 ** 24))]
+    out += [
+        Case(f"2^31+ elements, {path}", check_huge, dict(n_cols=n, path=path), gpu_only=True)
+        for path, n in (("fused", 1000), ("looped", 16384), ("split", 2**24))
+    ]
     return out
 
 
@@ -386,15 +441,18 @@ def check_table_rows():
     and path of SOFTMAX_BWD_TABLE by a gradient check: a row added to a table without a width
     that reaches it fails here."""
     outcomes = []
-    for fn, table, config, name in ((check, SOFTMAX_TABLE, softmax_config, "SOFTMAX_TABLE"),
-                                    (check_grad, SOFTMAX_BWD_TABLE, softmax_backward_config, "SOFTMAX_BWD_TABLE")):
+    for fn, table, config, name in (
+        (check, SOFTMAX_TABLE, softmax_config, "SOFTMAX_TABLE"),
+        (check_grad, SOFTMAX_BWD_TABLE, softmax_backward_config, "SOFTMAX_BWD_TABLE"),
+    ):
         shapes = [c.kwargs["shape"] for c in select_cases(CASES) if c.fn is fn]
         paths = {path_of(torch.empty(shape, device="meta"), config) for shape in shapes}
         outcomes.append(Outcome(f"every path of {name}", paths == set(PATHS), note=f"paths taken: {sorted(paths)}"))
         rows = {table_row(shape[-1], table) for shape in shapes}
         missing = [table[i] for i in range(len(table)) if i not in rows]
-        outcomes.append(Outcome(f"every {name} row", not missing,
-                                note=f"no width reaches {missing}" if missing else ""))
+        outcomes.append(
+            Outcome(f"every {name} row", not missing, note=f"no width reaches {missing}" if missing else "")
+        )
     return outcomes
 
 

@@ -28,6 +28,7 @@ read dq_out, dk_out, write dq, dk, read the table as the forward does, so the by
 forward's. No gradient for cos and sin (a Hugging Face table does not require grad): a table that
 requires grad under grad mode raises.
 """
+
 import functools
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ def _rope_heads(
     # meta-parameters
     INTERLEAVED: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-):
+):  # fmt: skip
     """Rotate BLOCK_H heads x BLOCK_T positions x R of one tensor and copy the PASS = D - R columns
     after them; tiles are (heads, positions, cols)."""
     heads = head0 + tl.arange(0, BLOCK_H).to(tl.int64)
@@ -76,10 +77,10 @@ def _rope_heads(
         # the two halves as two loads: D/2 need not be a power of two (D = 80, 96)
         cols = tl.arange(0, BLOCK_HALF)[None, None, :]
         mask = rows_mask & (cols < HALF)
-        x1 = tl.load(x_rows + cols * stride_xd, mask=mask, other=0.0,
-                     eviction_policy="evict_first").to(tl.float32)
-        x2 = tl.load(x_rows + (cols + HALF) * stride_xd, mask=mask, other=0.0,
-                     eviction_policy="evict_first").to(tl.float32)
+        x1 = tl.load(x_rows + cols * stride_xd, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        x2 = tl.load(x_rows + (cols + HALF) * stride_xd, mask=mask, other=0.0, eviction_policy="evict_first").to(
+            tl.float32
+        )
         o1 = x1 * c1 - x2 * s1
         o2 = x2 * c2[None, :, :] + x1 * s2[None, :, :]
         tl.store(o_rows + cols, o1.to(o_ptr.dtype.element_ty), mask=mask)
@@ -112,7 +113,7 @@ def _rope_kernel(
     INTERLEAVED: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr, BACKWARD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
-):
+):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)  # 64-bit: head * stride_h and b * stride_b can pass 2^31
     head_block = pid % n_blocks
     rows = (pid // n_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)  # flat b*T + t: a tile may span batches
@@ -130,20 +131,70 @@ def _rope_kernel(
     if INTERLEAVED:  # columns R/2.. are not read
         c2, s2 = c1, s1
     else:
-        c2 = tl.load(c_rows + (cols[None, :] + HALF) * stride_cd, mask=mask, other=0.0,
-                     eviction_policy="evict_last").to(tl.float32)
-        s2 = tl.load(s_rows + (cols[None, :] + HALF) * stride_sd, mask=mask, other=0.0,
-                     eviction_policy="evict_last").to(tl.float32)
+        c2 = tl.load(
+            c_rows + (cols[None, :] + HALF) * stride_cd, mask=mask, other=0.0, eviction_policy="evict_last"
+        ).to(tl.float32)
+        s2 = tl.load(
+            s_rows + (cols[None, :] + HALF) * stride_sd, mask=mask, other=0.0, eviction_policy="evict_last"
+        ).to(tl.float32)
     if BACKWARD:  # the transpose: x1 c1 - x2 (-s2) and x2 c2 + x1 (-s1)
         s1, s2 = -s2, -s1
     if head_block < n_q_blocks:
-        _rope_heads(q_ptr, q_out_ptr, head_block * BLOCK_HQ, n_q_heads, b, t, in_rows,
-                    stride_qb, stride_qh, stride_qt, stride_qd, stride_qob, stride_qoh, stride_qot,
-                    c1, s1, c2, s2, INTERLEAVED, HALF, PASS, BLOCK_HQ, BLOCK_T, BLOCK_HALF, BLOCK_PASS)
+        _rope_heads(
+            q_ptr,
+            q_out_ptr,
+            head_block * BLOCK_HQ,
+            n_q_heads,
+            b,
+            t,
+            in_rows,
+            stride_qb,
+            stride_qh,
+            stride_qt,
+            stride_qd,
+            stride_qob,
+            stride_qoh,
+            stride_qot,
+            c1,
+            s1,
+            c2,
+            s2,
+            INTERLEAVED,
+            HALF,
+            PASS,
+            BLOCK_HQ,
+            BLOCK_T,
+            BLOCK_HALF,
+            BLOCK_PASS,
+        )
     else:
-        _rope_heads(k_ptr, k_out_ptr, (head_block - n_q_blocks) * BLOCK_HK, n_k_heads, b, t, in_rows,
-                    stride_kb, stride_kh, stride_kt, stride_kd, stride_kob, stride_koh, stride_kot,
-                    c1, s1, c2, s2, INTERLEAVED, HALF, PASS, BLOCK_HK, BLOCK_T, BLOCK_HALF, BLOCK_PASS)
+        _rope_heads(
+            k_ptr,
+            k_out_ptr,
+            (head_block - n_q_blocks) * BLOCK_HK,
+            n_k_heads,
+            b,
+            t,
+            in_rows,
+            stride_kb,
+            stride_kh,
+            stride_kt,
+            stride_kd,
+            stride_kob,
+            stride_koh,
+            stride_kot,
+            c1,
+            s1,
+            c2,
+            s2,
+            INTERLEAVED,
+            HALF,
+            PASS,
+            BLOCK_HK,
+            BLOCK_T,
+            BLOCK_HALF,
+            BLOCK_PASS,
+        )
 
 
 # Tile of one program: BLOCK_T positions x BLOCK_H heads x BLOCK_D (= next_power_of_2(D)) values
@@ -154,6 +205,7 @@ def _rope_kernel(
 # Measured by scripts/tune/rope_sweep.py on an H200 (B1 H32/8 T8192 bf16, half layout); the
 # figures are in docs/tuning/attention.md.
 #   (max BLOCK_D, BLOCK_T positions, BLOCK_H heads at most, num_warps)
+# fmt: off
 ROPE_TABLE = [
     (64, 2, 16, 4),    # D 64: two positions keep a tile of 2048 values; larger tiles lost
     (128, 1, 16, 4),   # D 128: one position of 16 heads beat more positions of fewer heads
@@ -161,6 +213,7 @@ ROPE_TABLE = [
     (512, 1, 8, 8),    # a position per program; 8 warps keep 32 values a thread
     (1024, 1, 4, 8),   # 4 heads of 1024: 4096 values
 ]
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -182,8 +235,12 @@ def rope_config(n_rows, n_q_heads, n_k_heads, head_dim):
     """Tile and warps for B*T = n_rows positions of heads of head_dim values, from ROPE_TABLE."""
     _, block_t, block_h, warps = ROPE_TABLE[table_row(head_dim)]
     block_t = min(block_t, next_power_of_2(n_rows))  # decode (T = 1): no empty positions
-    return RopeConfig(block_t, min(block_h, next_power_of_2(max(n_q_heads, 1))),
-                      min(block_h, next_power_of_2(max(n_k_heads, 1))), warps)
+    return RopeConfig(
+        block_t,
+        min(block_h, next_power_of_2(max(n_q_heads, 1))),
+        min(block_h, next_power_of_2(max(n_k_heads, 1))),
+        warps,
+    )
 
 
 def _table_strides(table):
@@ -207,13 +264,35 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None, backward=Fa
     n_blocks = n_q_blocks + cdiv(n_k_heads, cfg.BLOCK_HK)
     grid = (cdiv(n_rows, cfg.BLOCK_T) * n_blocks,)
     _rope_kernel[grid](
-        q, k, cos, sin, q_out, k_out,
-        n_rows, seq_len, n_q_heads, n_k_heads, n_q_blocks, n_blocks,
-        *q.stride(), *k.stride(), *_table_strides(cos), *_table_strides(sin),
-        *q_out.stride()[:3], *k_out.stride()[:3],
-        INTERLEAVED=interleaved, HALF=rotary_dim // 2, PASS=head_dim - rotary_dim, BACKWARD=backward,
-        BLOCK_T=cfg.BLOCK_T, BLOCK_HQ=cfg.BLOCK_HQ, BLOCK_HK=cfg.BLOCK_HK, BLOCK_HALF=next_power_of_2(rotary_dim) // 2,
-        BLOCK_PASS=next_power_of_2(max(head_dim - rotary_dim, 1)), num_warps=cfg.num_warps)
+        q,
+        k,
+        cos,
+        sin,
+        q_out,
+        k_out,
+        n_rows,
+        seq_len,
+        n_q_heads,
+        n_k_heads,
+        n_q_blocks,
+        n_blocks,
+        *q.stride(),
+        *k.stride(),
+        *_table_strides(cos),
+        *_table_strides(sin),
+        *q_out.stride()[:3],
+        *k_out.stride()[:3],
+        INTERLEAVED=interleaved,
+        HALF=rotary_dim // 2,
+        PASS=head_dim - rotary_dim,
+        BACKWARD=backward,
+        BLOCK_T=cfg.BLOCK_T,
+        BLOCK_HQ=cfg.BLOCK_HQ,
+        BLOCK_HK=cfg.BLOCK_HK,
+        BLOCK_HALF=next_power_of_2(rotary_dim) // 2,
+        BLOCK_PASS=next_power_of_2(max(head_dim - rotary_dim, 1)),
+        num_warps=cfg.num_warps,
+    )
 
 
 def _rope_backward(dq_out, dk_out, cos, sin, interleaved):
@@ -225,12 +304,16 @@ def _rope_backward(dq_out, dk_out, cos, sin, interleaved):
 
 apply_rope_backward_op = define_op(
     "apply_rope_backward(Tensor dq_out, Tensor dk_out, Tensor cos, Tensor sin, bool interleaved) -> (Tensor, Tensor)",
-    _rope_backward, lambda dq_out, dk_out, cos, sin, interleaved: rope_outputs(dq_out, dk_out, None))
+    _rope_backward,
+    lambda dq_out, dk_out, cos, sin, interleaved: rope_outputs(dq_out, dk_out, None),
+)
 
 
 def table_grad_error(name):
-    return ValueError(f"{name} requires grad: apply_rope gives no gradient for the cos/sin table (a Hugging Face "
-                      f"table does not require grad); pass {name}.detach()")
+    return ValueError(
+        f"{name} requires grad: apply_rope gives no gradient for the cos/sin table (a Hugging Face "
+        f"table does not require grad); pass {name}.detach()"
+    )
 
 
 def _save_table(ctx, inputs, output):
@@ -258,8 +341,14 @@ def _rope_into(q, k, cos, sin, interleaved, q_out, k_out):
 
 
 apply_rope_op, apply_rope_out_op = define_ops(
-    "apply_rope", "Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved", _rope_empty, _rope_into,
-    outs=("q_out", "k_out"), backward=_rope_grad, setup_context=_save_table)
+    "apply_rope",
+    "Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved",
+    _rope_empty,
+    _rope_into,
+    outs=("q_out", "k_out"),
+    backward=_rope_grad,
+    setup_context=_save_table,
+)
 
 
 def apply_rope(q, k, cos, sin, interleaved=False, out=None):

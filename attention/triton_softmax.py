@@ -30,6 +30,7 @@ fused (rows in registers, y and dy read once), looped (two passes: the dot produ
 chunk first, re-read from L1/L2), split (kernel 1 writes each segment's partial dot product,
 kernel 2 sums its row's partials and writes its segment of dx).
 """
+
 import functools
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ NEG_FLT_MAX = tl.constexpr(-3.4028234663852886e38)
 # path, whatever the input dtype):
 #   (max BLOCK_N, path, values a program, num_warps)
 # fused: rows a program = values // BLOCK_N (at least 1); looped/split: values = the chunk.
+# fmt: off
 SOFTMAX_TABLE = [
     (1024, "fused", 2048, 4),     # short rows: two a program (four or eight lost)
     (2048, "fused", 2048, 4),     # one row, 4 warps (8 lost)
@@ -63,6 +65,7 @@ SOFTMAX_TABLE = [
     (32768, "looped", 8192, 32),  # wider rows, wider chunks: fewer trips of the loop
     (None, "looped", 16384, 32),  # the largest chunk; the split path lost at 256 rows of 65536
 ]
+# fmt: on
 # The looped kernel makes three passes over its row (max; sum of exp; write), the row length a
 # compile-time constant; the second and third read come from L1/L2. A one-pass online (max, sum)
 # kernel lost to it at every width: its extra exp and dependence chain cost more than re-reading a
@@ -78,14 +81,15 @@ SOFTMAX_TABLE = [
 # there) and writes y.
 SPLIT_BELOW_ROWS_PER_SM = 1
 SPLIT_SEG, SPLIT_STATS_WARPS, SPLIT_WRITE_WARPS = 8192, 8, 4
-MAX_SPLITS = 4096          # kernel 2 loads a row's partials as one block; wider rows take the looped path
-INTERPRET_SMS = 2          # the interpreter has no SMs; 2 keeps its split grids small
+MAX_SPLITS = 4096  # kernel 2 loads a row's partials as one block; wider rows take the looped path
+INTERPRET_SMS = 2  # the interpreter has no SMs; 2 keeps its split grids small
 
 # Backward: the same rows, chosen from first principles (not yet measured). A program holds y and
 # dy, two fp32 values per column where the forward holds one, so the fused rows take twice the
 # forward's warps, at most 64 live values a thread as the forward's best 8192 row has. Looped
 # chunks hold both tensors too: the forward's chunk widths at its warps keep 16-32 values a thread.
 #   (max BLOCK_N, path, values a program, num_warps)
+# fmt: off
 SOFTMAX_BWD_TABLE = [
     (1024, "fused", 2048, 4),     # short rows: two or more a program, 16 values of y and of dy a thread
     (2048, "fused", 2048, 4),     # one row, 16 + 16 values a thread
@@ -96,18 +100,19 @@ SOFTMAX_BWD_TABLE = [
     (None, "looped", 16384, 32),  # 16 + 16 values a thread; a 262144 row of y and dy is 1 MB in bf16,
                                   # so pass 2 finds only the row's tail (read last) in L2
 ]
-SPLIT_BWD_WARPS = 8   # both split kernels hold a segment of y and dy: 32 + 32 values a thread
+# fmt: on
+SPLIT_BWD_WARPS = 8  # both split kernels hold a segment of y and dy: 32 + 32 values a thread
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SoftmaxConfig:
-    path: str        # "fused", "looped" or "split"
-    BLOCK_M: int     # rows a program (fused)
-    BLOCK_N: int     # the padded row (fused) or one chunk of it (looped, split)
+    path: str  # "fused", "looped" or "split"
+    BLOCK_M: int  # rows a program (fused)
+    BLOCK_N: int  # the padded row (fused) or one chunk of it (looped, split)
     num_warps: int
-    n_splits: int    # programs a row (split; 1 otherwise)
-    seg_len: int     # columns a program (split: SPLIT_SEG, held in registers; n_cols otherwise)
+    n_splits: int  # programs a row (split; 1 otherwise)
+    seg_len: int  # columns a program (split: SPLIT_SEG, held in registers; n_cols otherwise)
 
 
 def _chunk(values, block_n, n_cols):
@@ -153,24 +158,27 @@ def _softmax_fused_kernel(
     n_rows, n_cols, stride_xm, stride_ym,
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """BLOCK_M whole rows in registers: x is read once, y written once."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     # padding is -inf: exp 0, so it adds nothing to the sum
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"),
-                eviction_policy="evict_first").to(tl.float32)
+    x = tl.load(
+        x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=float("-inf"), eviction_policy="evict_first"
+    ).to(tl.float32)
     row_max = tl.max(x, axis=1)
     p = tl.exp2((x - row_max[:, None]) * LOG2E)
     inv_sum = 1.0 / tl.sum(p, axis=1)
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], (p * inv_sum[:, None]).to(y_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(
+        y_ptr + rows[:, None] * stride_ym + cols[None, :], (p * inv_sum[:, None]).to(y_ptr.dtype.element_ty), mask=mask
+    )
 
 
 @triton.jit
-def _write_softmax(x_row_ptr, y_row_ptr, col_start, col_end, n_cols, row_max, inv_sum,
-                   BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+def _write_softmax(
+    x_row_ptr, y_row_ptr, col_start, col_end, n_cols, row_max, inv_sum, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr
+):
     """y = exp(x - row_max) * inv_sum over x[col_start:col_end] of one row, last chunk first: the
     first pass read it last, so it is the likeliest to be still in L1/L2."""
     n_chunks = (col_end - col_start + BLOCK_N - 1) // BLOCK_N
@@ -179,8 +187,9 @@ def _write_softmax(x_row_ptr, y_row_ptr, col_start, col_end, n_cols, row_max, in
         mask = col_mask(cols, n_cols, EVEN_N)
         x = tl.load(x_row_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         y = tl.exp2((x - row_max) * LOG2E) * inv_sum
-        tl.store(y_row_ptr + cols, y.to(y_row_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")  # y is not read again: keep L2 for x
+        tl.store(
+            y_row_ptr + cols, y.to(y_row_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first"
+        )  # y is not read again: keep L2 for x
 
 
 @triton.jit
@@ -191,7 +200,7 @@ def _softmax_looped_kernel(
     n_cols: tl.constexpr, stride_xm: tl.constexpr, stride_ym: tl.constexpr,
     # meta-parameters
     BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     """One row a program in BLOCK_N chunks, three passes: the max, the sum of exp(x - max), then
     y = exp(x - max) / sum. Passes 2 and 3 re-read the row from L1/L2 (evict_last keeps it)."""
     row = tl.program_id(0).to(tl.int64)
@@ -199,18 +208,19 @@ def _softmax_looped_kernel(
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"),
-                    eviction_policy="evict_last")
+        x = tl.load(
+            x_row + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"), eviction_policy="evict_last"
+        )
         m = tl.maximum(m, x.to(tl.float32))
     row_max = tl.max(m, axis=0)  # -inf only for a row of -inf: then every exp below is NaN, as in torch
     s = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"),
-                    eviction_policy="evict_last")
+        x = tl.load(
+            x_row + cols, mask=col_mask(cols, n_cols, EVEN_N), other=float("-inf"), eviction_policy="evict_last"
+        )
         s += tl.exp2((x.to(tl.float32) - row_max) * LOG2E)
-    _write_softmax(x_row, y_ptr + row * stride_ym, 0, n_cols, n_cols, row_max, 1.0 / tl.sum(s, axis=0),
-                   BLOCK_N, EVEN_N)
+    _write_softmax(x_row, y_ptr + row * stride_ym, 0, n_cols, n_cols, row_max, 1.0 / tl.sum(s, axis=0), BLOCK_N, EVEN_N)
 
 
 @triton.jit
@@ -221,15 +231,19 @@ def _softmax_split_stats_kernel(
     n_cols: tl.constexpr, stride_xm: tl.constexpr, n_splits: tl.constexpr, n_tiles,
     # meta-parameters
     SEG: tl.constexpr,
-):
+):  # fmt: skip
     """Kernel 1 of the split path: program `tile` = (row, split) writes the (max, sum of exp(x -
     max)) of columns [split * SEG, (split + 1) * SEG) of its row, from one read into registers."""
     tile = tl.program_id(0)
     row = tile // n_splits
     cols = (tile % n_splits) * SEG + tl.arange(0, SEG)
     # evict_last: kernel 2 reads the segment again
-    x = tl.load(x_ptr + row.to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=float("-inf"),
-                eviction_policy="evict_last").to(tl.float32)
+    x = tl.load(
+        x_ptr + row.to(tl.int64) * stride_xm + cols,
+        mask=cols < n_cols,
+        other=float("-inf"),
+        eviction_policy="evict_last",
+    ).to(tl.float32)
     # a segment of only -inf (padding past the row's end included) has max -inf; replacing it by
     # -FLT_MAX gives exp(-inf) = 0 instead of exp(-inf - (-inf)) = NaN, so the segment adds nothing
     seg_max = tl.maximum(tl.max(x, axis=0), NEG_FLT_MAX)
@@ -245,7 +259,7 @@ def _softmax_split_write_kernel(
     n_cols: tl.constexpr, stride_xm: tl.constexpr, stride_ym: tl.constexpr, n_splits: tl.constexpr, n_tiles,
     # meta-parameters
     SPLITS: tl.constexpr, SEG: tl.constexpr,
-):
+):  # fmt: skip
     """Kernel 2 of the split path: combine the row's n_splits partials (SPLITS = their padded
     count) into its max and sum, then write the segment."""
     tile = tl.program_id(0)
@@ -263,8 +277,9 @@ def _softmax_split_write_kernel(
     mask = cols < n_cols
     x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_first")
     y = tl.exp2((x.to(tl.float32) - row_max) * LOG2E) * inv_sum
-    tl.store(y_ptr + row64 * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
-             eviction_policy="evict_first")  # y is not read again: keep L2 for x
+    tl.store(
+        y_ptr + row64 * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first"
+    )  # y is not read again: keep L2 for x
 
 
 def launch_softmax(x2, y2, cfg=None):
@@ -277,19 +292,39 @@ def launch_softmax(x2, y2, cfg=None):
     even = n_cols % cfg.BLOCK_N == 0
     if cfg.path == "fused":
         _softmax_fused_kernel[(cdiv(n_rows, cfg.BLOCK_M),)](
-            x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
-            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+            x2,
+            y2,
+            n_rows,
+            n_cols,
+            x2.stride(0),
+            y2.stride(0),
+            BLOCK_M=cfg.BLOCK_M,
+            BLOCK_N=cfg.BLOCK_N,
+            num_warps=cfg.num_warps,
+        )
     elif cfg.path == "looped":
-        _softmax_looped_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0),
-                                          BLOCK_N=cfg.BLOCK_N, EVEN_N=even, num_warps=cfg.num_warps)
+        _softmax_looped_kernel[(n_rows,)](
+            x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK_N=cfg.BLOCK_N, EVEN_N=even, num_warps=cfg.num_warps
+        )
     else:
         n_tiles = n_rows * cfg.n_splits
         stats = torch.empty((2, n_tiles), dtype=torch.float32, device=x2.device)
-        _softmax_split_stats_kernel[(n_tiles,)](x2, stats, n_cols, x2.stride(0), cfg.n_splits, n_tiles,
-                                                SEG=cfg.seg_len, num_warps=cfg.num_warps)
-        _softmax_split_write_kernel[(n_tiles,)](x2, y2, stats, n_cols, x2.stride(0), y2.stride(0), cfg.n_splits,
-                                                n_tiles, SPLITS=next_power_of_2(cfg.n_splits),
-                                                SEG=cfg.seg_len, num_warps=SPLIT_WRITE_WARPS)
+        _softmax_split_stats_kernel[(n_tiles,)](
+            x2, stats, n_cols, x2.stride(0), cfg.n_splits, n_tiles, SEG=cfg.seg_len, num_warps=cfg.num_warps
+        )
+        _softmax_split_write_kernel[(n_tiles,)](
+            x2,
+            y2,
+            stats,
+            n_cols,
+            x2.stride(0),
+            y2.stride(0),
+            cfg.n_splits,
+            n_tiles,
+            SPLITS=next_power_of_2(cfg.n_splits),
+            SEG=cfg.seg_len,
+            num_warps=SPLIT_WRITE_WARPS,
+        )
 
 
 @triton.jit
@@ -300,19 +335,24 @@ def _softmax_bwd_fused_kernel(
     n_rows, n_cols, stride_ym, stride_dym, stride_dxm,
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """BLOCK_M whole rows in registers: y and dy are read once, dx written once."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     # padding is 0: it adds nothing to the dot product
-    y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
-    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0,
-                 eviction_policy="evict_first").to(tl.float32)
+    y = tl.load(
+        y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+    ).to(tl.float32)
+    dy = tl.load(
+        dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+    ).to(tl.float32)
     dot = tl.sum(y * dy, axis=1)
-    tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
-             (y * (dy - dot[:, None])).to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+        (y * (dy - dot[:, None])).to(dx_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 @triton.jit
@@ -323,7 +363,7 @@ def _softmax_bwd_looped_kernel(
     n_cols: tl.constexpr, stride_ym: tl.constexpr, stride_dym: tl.constexpr, stride_dxm: tl.constexpr,
     # meta-parameters
     BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     """One row a program in BLOCK_N chunks, two passes: sum(dy * y), then dx = y * (dy - sum),
     re-reading y and dy from L1/L2 (evict_last keeps them) last chunk first: pass 1 read it last,
     so it is the likeliest to be still there."""
@@ -343,8 +383,9 @@ def _softmax_bwd_looped_kernel(
         mask = col_mask(cols, n_cols, EVEN_N)
         y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")  # dx is not read again: keep L2 for y and dy
+        tl.store(
+            dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first"
+        )  # dx is not read again: keep L2 for y and dy
 
 
 @triton.jit
@@ -355,7 +396,7 @@ def _softmax_bwd_split_dot_kernel(
     n_cols: tl.constexpr, stride_ym: tl.constexpr, stride_dym: tl.constexpr, n_splits: tl.constexpr,
     # meta-parameters
     SEG: tl.constexpr,
-):
+):  # fmt: skip
     """Kernel 1 of the split backward: program `tile` = (row, split) writes sum(dy * y) over
     columns [split * SEG, (split + 1) * SEG) of its row."""
     tile = tl.program_id(0)
@@ -377,7 +418,7 @@ def _softmax_bwd_split_write_kernel(
     n_splits: tl.constexpr, n_tiles,
     # meta-parameters
     SPLITS: tl.constexpr, SEG: tl.constexpr,
-):
+):  # fmt: skip
     """Kernel 2 of the split backward: sum the row's n_splits partial dot products (SPLITS = their
     padded count; the same sum in every program of the row, so dx is deterministic), then write
     the segment's dx. Tiles run last first: kernel 1 read those last, so they are the ones still in
@@ -405,19 +446,38 @@ def launch_softmax_backward(dy2, y2, dx2, cfg=None):
     strides = (y2.stride(0), dy2.stride(0), dx2.stride(0))
     if cfg.path == "fused":
         _softmax_bwd_fused_kernel[(cdiv(n_rows, cfg.BLOCK_M),)](
-            y2, dy2, dx2, n_rows, n_cols, *strides,
-            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+            y2, dy2, dx2, n_rows, n_cols, *strides, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps
+        )
     elif cfg.path == "looped":
-        _softmax_bwd_looped_kernel[(n_rows,)](y2, dy2, dx2, n_cols, *strides, BLOCK_N=cfg.BLOCK_N,
-                                              EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+        _softmax_bwd_looped_kernel[(n_rows,)](
+            y2,
+            dy2,
+            dx2,
+            n_cols,
+            *strides,
+            BLOCK_N=cfg.BLOCK_N,
+            EVEN_N=n_cols % cfg.BLOCK_N == 0,
+            num_warps=cfg.num_warps,
+        )
     else:
         n_tiles = n_rows * cfg.n_splits
         dots = torch.empty((n_tiles,), dtype=torch.float32, device=y2.device)
-        _softmax_bwd_split_dot_kernel[(n_tiles,)](y2, dy2, dots, n_cols, *strides[:2], cfg.n_splits,
-                                                  SEG=cfg.seg_len, num_warps=cfg.num_warps)
-        _softmax_bwd_split_write_kernel[(n_tiles,)](y2, dy2, dx2, dots, n_cols, *strides, cfg.n_splits, n_tiles,
-                                                    SPLITS=next_power_of_2(cfg.n_splits), SEG=cfg.seg_len,
-                                                    num_warps=cfg.num_warps)
+        _softmax_bwd_split_dot_kernel[(n_tiles,)](
+            y2, dy2, dots, n_cols, *strides[:2], cfg.n_splits, SEG=cfg.seg_len, num_warps=cfg.num_warps
+        )
+        _softmax_bwd_split_write_kernel[(n_tiles,)](
+            y2,
+            dy2,
+            dx2,
+            dots,
+            n_cols,
+            *strides,
+            cfg.n_splits,
+            n_tiles,
+            SPLITS=next_power_of_2(cfg.n_splits),
+            SEG=cfg.seg_len,
+            num_warps=cfg.num_warps,
+        )
 
 
 def _softmax_backward(dy, y):
@@ -431,8 +491,11 @@ def _softmax_backward(dy, y):
     return dx
 
 
-softmax_backward_op = define_op("softmax_backward(Tensor dy, Tensor y) -> Tensor", _softmax_backward,
-                                lambda dy, y: torch.empty(y.shape, dtype=y.dtype, device=y.device))
+softmax_backward_op = define_op(
+    "softmax_backward(Tensor dy, Tensor y) -> Tensor",
+    _softmax_backward,
+    lambda dy, y: torch.empty(y.shape, dtype=y.dtype, device=y.device),
+)
 
 
 def _save_output(ctx, inputs, output):
@@ -455,8 +518,9 @@ def _softmax_empty(x):
     return x.new_empty(x.shape)
 
 
-softmax_op, softmax_out_op = define_ops("softmax", "Tensor x", _softmax_empty, _softmax_into,
-                                        backward=_softmax_grad, setup_context=_save_output)
+softmax_op, softmax_out_op = define_ops(
+    "softmax", "Tensor x", _softmax_empty, _softmax_into, backward=_softmax_grad, setup_context=_save_output
+)
 
 
 def softmax(x, out=None):

@@ -64,14 +64,19 @@ from llmk.devtools.testing import COMPILE_BACKEND
 DTYPES = (torch.float16, torch.bfloat16)
 TOKENS = 16384
 FULL_T = (512, 1024, 2048, 4096, 8192, 16384)
-MEMORY_T = 8192      # peak memory is recorded at this length
+MEMORY_T = 8192  # peak memory is recorded at this length
 BLOCKED_MAX_T = 4096  # the PyTorch online softmax is a Python loop over key blocks: slow past this
 
 
 def sweeps(head_dims, lengths, tokens, width):
     """[(xlabel, [(T, (B, H, T, D))])] per head dim, with H * D = width and B * T = tokens."""
-    return [(f"sequence length T (hd {d}, H {width // d}, {tokens} tokens)",
-             [(t, (max(1, tokens // t), width // d, t, d)) for t in lengths]) for d in head_dims]
+    return [
+        (
+            f"sequence length T (hd {d}, H {width // d}, {tokens} tokens)",
+            [(t, (max(1, tokens // t), width // d, t, d)) for t in lengths],
+        )
+        for d in head_dims
+    ]
 
 
 def sdpa(backend):
@@ -80,14 +85,17 @@ def sdpa(backend):
     def call(q, k, v, causal):
         with sdpa_kernel(backend):  # GQA (fewer K and V heads) as transformers' SDPA attention passes it
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
     return call
 
 
 def on_path(path, fn):
     """fn with LLMK_ATTENTION_PATH=path around each call."""
+
     def call(*args, **kwargs):
         with forced_path(path):
             return fn(*args, **kwargs)
+
     return call
 
 
@@ -111,12 +119,18 @@ OURS = ("triton", "triton-gluon")
 
 def providers(t):
     from torch.nn.attention import SDPBackend
+
     found = {"triton": on_tl(flash_attention), "triton-gluon": on_gluon(flash_attention)}
     if DEVICE == "cuda":  # the fused SDPA backends exist on CUDA only
-        found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-                  "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
-    return found | {"naive": naive_attention,
-                    "blocked": blocked_attention if t <= BLOCKED_MAX_T else f"T > BLOCKED_MAX_T ({BLOCKED_MAX_T})"}
+        found |= {
+            "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+            "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+            "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+        }
+    return found | {
+        "naive": naive_attention,
+        "blocked": blocked_attention if t <= BLOCKED_MAX_T else f"T > BLOCKED_MAX_T ({BLOCKED_MAX_T})",
+    }
 
 
 def attention_flops(b, h, t, d, causal, window_left=None):
@@ -135,7 +149,7 @@ def peak_mib(fn):
     before = torch.cuda.memory_allocated()
     fn()
     torch.cuda.synchronize()
-    return round((torch.cuda.max_memory_allocated() - before) / 2 ** 20, 1)
+    return round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
 
 
 def setup(shape, dtype, causal):
@@ -150,18 +164,29 @@ def cases(panels):
         for b, h, t, d in [s for _, points in panels for _, s in points]:
             for causal in (False, True):
                 memory = DEVICE == "cuda" and t == MEMORY_T
-                yield BenchCase("attention-causal" if causal else "attention", (b, h, t, d), dtype, providers(t),
-                           lambda shape=(b, h, t, d), dtype=dtype, causal=causal: setup(shape, dtype, causal),
-                           flops=attention_flops(b, h, t, d, causal),
-                           extra=(lambda name, inputs, call: {"peak_MiB": peak_mib(call)}) if memory else None,
-                           skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))  # a backend that refuses the shape
+                yield BenchCase(
+                    "attention-causal" if causal else "attention",
+                    (b, h, t, d),
+                    dtype,
+                    providers(t),
+                    lambda shape=(b, h, t, d), dtype=dtype, causal=causal: setup(shape, dtype, causal),
+                    flops=attention_flops(b, h, t, d, causal),
+                    extra=(lambda name, inputs, call: {"peak_MiB": peak_mib(call)}) if memory else None,
+                    skip_on=(RuntimeError, torch.cuda.OutOfMemoryError),
+                )  # a backend that refuses the shape
 
 
 TRAIN_DTYPE = torch.bfloat16
 WRT = (0, 1, 2)  # q, k, v get gradients
 # (B, H, T, D, causal) of the training rows
-TRAIN_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (16, 32, 1024, 128, True),
-                (1, 32, 16384, 128, True), (8, 32, 2048, 64, False), (8, 32, 2048, 64, True)]
+TRAIN_SHAPES = [
+    (4, 32, 4096, 128, False),
+    (4, 32, 4096, 128, True),
+    (16, 32, 1024, 128, True),
+    (1, 32, 16384, 128, True),
+    (8, 32, 2048, 64, False),
+    (8, 32, 2048, 64, True),
+]
 SMOKE_TRAIN_SHAPES = [(1, 2, 33, 32, False), (1, 2, 33, 32, True)]
 # (B, H, Hkv, T, D) of the GQA training rows (op "attention-causal-gqa", causal): the attention of
 # benchmarks/train_bench.py's llama-1.5b step (hidden 2048: 32 heads of 64 over 8 KV heads, B2 x T4096)
@@ -169,17 +194,21 @@ TRAIN_GQA_SHAPES = [(2, 32, 8, 4096, 64)]
 SMOKE_TRAIN_GQA_SHAPES = [(1, 4, 2, 33, 32)]
 
 
-NAIVE_TRAIN_MAX_BYTES = 2 ** 31  # the naive backward keeps a few fp32 score matrices of this size
+NAIVE_TRAIN_MAX_BYTES = 2**31  # the naive backward keeps a few fp32 score matrices of this size
 
 
 def train_providers(b, h, t):
     from torch.nn.attention import SDPBackend
+
     found = {"triton": on_tl(flash_attention), "triton-gluon": on_gluon(flash_attention)}
     if DEVICE == "cuda":
         found |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     scores = b * h * t * t * 4
-    found["naive"] = naive_attention if scores <= NAIVE_TRAIN_MAX_BYTES else \
-        f"scores of {scores / 2 ** 30:.0f} GiB in fp32: past NAIVE_TRAIN_MAX_BYTES"
+    found["naive"] = (
+        naive_attention
+        if scores <= NAIVE_TRAIN_MAX_BYTES
+        else f"scores of {scores / 2**30:.0f} GiB in fp32: past NAIVE_TRAIN_MAX_BYTES"
+    )
     return found
 
 
@@ -188,13 +217,15 @@ def reference_grads(inputs, causal, dys):
     and V repeated to q's heads, so dk and dv sum over each group), the naive attention in the
     interpreter."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     leaves = [t.detach().float().requires_grad_() for t in inputs]
     if DEVICE == "cuda":
         q, k, v = leaves
         group = q.shape[1] // k.shape[1]
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                                 is_causal=causal)
+            out = F.scaled_dot_product_attention(
+                q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=causal
+            )
     else:
         out = naive_attention(*leaves, causal)
     return torch.autograd.grad(out, leaves, [d.float() for d in dys])
@@ -218,12 +249,14 @@ TRAIN_PATHS = {"triton": "tl", "triton-gluon": "gluon"}
 def bind_mode(providers, mode):
     """BenchCase's bind: the provider's forward ("fwd") or its training call (train_call's modes),
     ours on their path (TRAIN_PATHS) forward and backward."""
+
     def bind(name, inputs):
         *tensors, dys = inputs
         if mode == "fwd":
             return lambda: providers[name](*tensors)
         call = train_call(providers[name], tensors, WRT, mode, dys)
         return on_path(TRAIN_PATHS[name], call) if name in TRAIN_PATHS else call
+
     return bind
 
 
@@ -237,10 +270,18 @@ def train_cases(shapes, gqa_shapes=()):
         providers = train_providers(b, h, t)
         op = "attention-causal-gqa" if hkv else "attention-causal" if causal else "attention"
         for mode, factor in (("fwd+bwd", 3.5), ("bwd", 2.5)):
-            yield BenchCase(op, (b, h, t, d), TRAIN_DTYPE, providers,
-                       lambda shape=(b, h, t, d), causal=causal, hkv=hkv: train_setup(shape, causal, hkv),
-                       flops=int(factor * attention_flops(b, h, t, d, causal)), mode=mode, peak=True,
-                       bind=bind_mode(providers, mode), skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+            yield BenchCase(
+                op,
+                (b, h, t, d),
+                TRAIN_DTYPE,
+                providers,
+                lambda shape=(b, h, t, d), causal=causal, hkv=hkv: train_setup(shape, causal, hkv),
+                flops=int(factor * attention_flops(b, h, t, d, causal)),
+                mode=mode,
+                peak=True,
+                bind=bind_mode(providers, mode),
+                skip_on=(RuntimeError, torch.cuda.OutOfMemoryError),
+            )
 
 
 VARLEN_TOKENS = 131072
@@ -290,8 +331,12 @@ def varlen_setup(lengths, heads, dim, mode):
         outs.append((one, [dys[0][s].transpose(0, 1).unsqueeze(0)]))
     if mode == "fwd":
         with torch.no_grad():
-            want = torch.cat([F.scaled_dot_product_attention(*[t.float() for t in one], is_causal=True)[0]
-                              .transpose(0, 1) for one, _ in outs])
+            want = torch.cat(
+                [
+                    F.scaled_dot_product_attention(*[t.float() for t in one], is_causal=True)[0].transpose(0, 1)
+                    for one, _ in outs
+                ]
+            )
     else:
         grads = [reference_grads(one, True, dy) for one, dy in outs]
         want = tuple(torch.cat([g[j][0].transpose(0, 1) for g in grads]) for j in range(3))
@@ -321,11 +366,18 @@ def varlen_cases(lengths, heads, dim):
     providers = varlen_providers(lengths)
     flops = sum(attention_flops(1, heads, n, dim, True) for n in lengths)
     for mode in ("fwd", "fwd+bwd"):
-        yield BenchCase("attention-varlen", (len(lengths), heads, sum(lengths), dim), TRAIN_DTYPE,
-                   providers, lambda mode=mode: varlen_setup(lengths, heads, dim, mode),
-                   flops=int((3.5 if mode == "fwd+bwd" else 1) * flops), mode=mode,
-                   peak=mode != "fwd", bind=bind_mode(providers, mode),
-                   skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+        yield BenchCase(
+            "attention-varlen",
+            (len(lengths), heads, sum(lengths), dim),
+            TRAIN_DTYPE,
+            providers,
+            lambda mode=mode: varlen_setup(lengths, heads, dim, mode),
+            flops=int((3.5 if mode == "fwd+bwd" else 1) * flops),
+            mode=mode,
+            peak=mode != "fwd",
+            bind=bind_mode(providers, mode),
+            skip_on=(RuntimeError, torch.cuda.OutOfMemoryError),
+        )
 
 
 WINDOW_SHAPE, WINDOW_LEFT = (1, 32, 16384, 128), 4095
@@ -355,6 +407,7 @@ def block_mask(t, left=None):
 
     def visible(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) if left is None else (q_idx >= kv_idx) & (q_idx - kv_idx <= left)
+
     return create_block_mask(visible, B=None, H=None, Q_LEN=t, KV_LEN=t, device=DEVICE)
 
 
@@ -362,6 +415,7 @@ def flex(window_left=None, score_mod=None):
     """torch.nn.attention.flex_attention, compiled, causal (within a window of window_left + 1 keys
     where given), with a score_mod where given; compiled and its block mask made at the first call."""
     from torch.nn.attention.flex_attention import flex_attention
+
     compiled = torch.compile(flex_attention, dynamic=False, backend=COMPILE_BACKEND)
     return lambda q, k, v: compiled(q, k, v, block_mask=block_mask(q.shape[2], window_left), score_mod=score_mod)
 
@@ -373,12 +427,15 @@ def option_providers(window_left, softcap):
         found = {"triton": on_tl(ours), "triton-gluon": on_gluon(ours), "flex": flex(window_left)}
         if DEVICE == "cuda":
             from torch.nn.attention import SDPBackend
-            found["sdpa-efficient-mask"] = lambda q, k, v: sdpa_masked(SDPBackend.EFFICIENT_ATTENTION, q, k, v,
-                                                                       window_mask(q.shape[2], window_left))
+
+            found["sdpa-efficient-mask"] = lambda q, k, v: sdpa_masked(
+                SDPBackend.EFFICIENT_ATTENTION, q, k, v, window_mask(q.shape[2], window_left)
+            )
         return found
 
     def cap(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / softcap) * softcap
+
     ours = functools.partial(flash_attention, causal=True, softcap=softcap)
     return {"triton": on_tl(ours), "triton-gluon": on_gluon(ours), "flex": flex(score_mod=cap)}
 
@@ -391,13 +448,20 @@ def off_providers():
     found = {"triton": on_tl(ours), "triton-gluon": on_gluon(ours)}
     if DEVICE == "cuda":
         from torch.nn.attention import SDPBackend
-        found |= {name: functools.partial(sdpa(backend), causal=True) for name, backend in
-                  (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION))}
+
+        found |= {
+            name: functools.partial(sdpa(backend), causal=True)
+            for name, backend in (
+                ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+                ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+            )
+        }
     return found
 
 
 def sdpa_masked(backend, q, k, v, mask):
     from torch.nn.attention import sdpa_kernel
+
     with sdpa_kernel(backend):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
@@ -408,6 +472,7 @@ def option_reference(inputs, window_left, softcap, dys):
     (the naive scores of B1 H32 T16384 alone are 32 GiB in fp32), and for the cap the naive
     attention one batch at a time (its scores then take B times less memory)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     leaves = [t.detach().float().requires_grad_(dys is not None) for t in inputs]
     window = None if window_left is None else (window_left, 0)
     with torch.set_grad_enabled(dys is not None):
@@ -416,8 +481,12 @@ def option_reference(inputs, window_left, softcap, dys):
             with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
                 out = F.scaled_dot_product_attention(*leaves, attn_mask=mask, is_causal=mask is None)
         else:
-            out = torch.cat([naive_attention(*(t[i:i + 1] for t in leaves), True, window=window, softcap=softcap)
-                             for i in range(inputs[0].shape[0])])
+            out = torch.cat(
+                [
+                    naive_attention(*(t[i : i + 1] for t in leaves), True, window=window, softcap=softcap)
+                    for i in range(inputs[0].shape[0])
+                ]
+            )
     if dys is None:
         return out.detach()
     return torch.autograd.grad(out, leaves, [d.float() for d in dys])
@@ -432,24 +501,38 @@ def option_cases(op, shape, window_left, softcap):
 
     def naive(**options):  # the gate's same-dtype baseline, where its fp32 scores fit
         if scores > NAIVE_TRAIN_MAX_BYTES:
-            return f"scores of {scores / 2 ** 30:.0f} GiB in fp32: past NAIVE_TRAIN_MAX_BYTES"
+            return f"scores of {scores / 2**30:.0f} GiB in fp32: past NAIVE_TRAIN_MAX_BYTES"
         return lambda q, k, v: naive_attention(q, k, v, True, **options)
 
     for name, window, cap, providers in (
-            (op, window_left, softcap,
-             option_providers(window_left, softcap) | {"naive": naive(window=window, softcap=softcap)}),
-            (f"{op} off", None, None, off_providers() | {"naive": naive()})):
+        (
+            op,
+            window_left,
+            softcap,
+            option_providers(window_left, softcap) | {"naive": naive(window=window, softcap=softcap)},
+        ),
+        (f"{op} off", None, None, off_providers() | {"naive": naive()}),
+    ):
         flops = attention_flops(b, h, t, d, True, window)
+
         def setup(mode, window=window, cap=cap):
             q, k, v = (torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE) for _ in range(3))
             dys = [torch.randn(*shape, device=DEVICE, dtype=TRAIN_DTYPE)] if mode != "fwd" else None
             return (q, k, v, dys), option_reference((q, k, v), window, cap, dys)
 
         for mode in ("fwd", "fwd+bwd"):
-            yield BenchCase(name, shape, TRAIN_DTYPE, providers, lambda mode=mode, setup=setup: setup(mode),
-                            flops=int((3.5 if mode == "fwd+bwd" else 1) * flops), mode=mode,
-                            peak=mode != "fwd", bind=bind_mode(providers, mode),
-                            skip_on=(RuntimeError, torch.cuda.OutOfMemoryError))
+            yield BenchCase(
+                name,
+                shape,
+                TRAIN_DTYPE,
+                providers,
+                lambda mode=mode, setup=setup: setup(mode),
+                flops=int((3.5 if mode == "fwd+bwd" else 1) * flops),
+                mode=mode,
+                peak=mode != "fwd",
+                bind=bind_mode(providers, mode),
+                skip_on=(RuntimeError, torch.cuda.OutOfMemoryError),
+            )
 
 
 def charts(args, panels):
@@ -457,8 +540,8 @@ def charts(args, panels):
         for op in ("attention", "attention-causal"):
             for dtype in ("fp16", "bf16"):
                 sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r.get("mode", "fwd") == "fwd"]
-                plot_sweeps(args.out / f"{op}_{dtype}.png", f"{op} forward {dtype}", sel, panels, meta,
-                            metric="TFLOPs")
+                plot_sweeps(args.out / f"{op}_{dtype}.png", f"{op} forward {dtype}", sel, panels, meta, metric="TFLOPs")
+
     return draw
 
 
@@ -470,12 +553,22 @@ def main():
         varlen = ([5, 1, 30, 12], 2, 32)
     else:
         varlen = (varlen_lengths(VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX, VARLEN_TOKENS), VARLEN_HEADS, VARLEN_DIM)
-    (window_shape, left), (softcap_shape, softcap) = ((SMOKE_WINDOW, SMOKE_SOFTCAP) if args.smoke else
-                                                      ((WINDOW_SHAPE, WINDOW_LEFT), (SOFTCAP_SHAPE, SOFTCAP)))
-    run(args, "attention", charts(args, panels),
-        cases=lambda: [*cases(panels), *train_cases(*train_shapes), *varlen_cases(*varlen),
-                       *option_cases("attention-window", window_shape, left, None),
-                       *option_cases("attention-softcap", softcap_shape, None, softcap)], ours=OURS)
+    (window_shape, left), (softcap_shape, softcap) = (
+        (SMOKE_WINDOW, SMOKE_SOFTCAP) if args.smoke else ((WINDOW_SHAPE, WINDOW_LEFT), (SOFTCAP_SHAPE, SOFTCAP))
+    )
+    run(
+        args,
+        "attention",
+        charts(args, panels),
+        cases=lambda: [
+            *cases(panels),
+            *train_cases(*train_shapes),
+            *varlen_cases(*varlen),
+            *option_cases("attention-window", window_shape, left, None),
+            *option_cases("attention-softcap", softcap_shape, None, softcap),
+        ],
+        ours=OURS,
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ time is printed); the timings are do_bench medians of 50 ms.
                                                         interpreter only: the CUDA kernels need one)
     python benchmarks/cuda_vs_triton_bench.py --only swiglu --dtype bf16   (a subset)
 """
+
 import time
 
 import torch
@@ -57,8 +58,11 @@ SWEEPS = {
 }
 # op -> {provider: fn}; "eager" is the gate's untimed baseline
 PROVIDERS = {
-    "rmsnorm": {"triton": triton_rmsnorm, "cuda": cuda_kernels.rmsnorm,
-                "eager": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)},
+    "rmsnorm": {
+        "triton": triton_rmsnorm,
+        "cuda": cuda_kernels.rmsnorm,
+        "eager": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
+    },
     "rope": {"triton": triton_rope, "cuda": cuda_kernels.apply_rope, "eager": apply_rope_ref},
     "swiglu": {"triton": triton_swiglu, "cuda": cuda_kernels.swiglu, "eager": lambda gate, up: F.silu(gate) * up},
 }
@@ -93,9 +97,15 @@ def cases(smoke, dtypes, with_cuda):
             del providers["cuda"]
         for dtype in dtypes:
             for shape in shapes_of(small if smoke else full):
-                yield BenchCase(op, shape, dtype, providers,
-                           lambda op=op, shape=shape, dtype=dtype: setup(op, shape, dtype),
-                           n_bytes=BYTES[kind](shape, dtype.itemsize), untimed=("eager",))
+                yield BenchCase(
+                    op,
+                    shape,
+                    dtype,
+                    providers,
+                    lambda op=op, shape=shape, dtype=dtype: setup(op, shape, dtype),
+                    n_bytes=BYTES[kind](shape, dtype.itemsize),
+                    untimed=("eager",),
+                )
 
 
 def summary(rows):
@@ -107,8 +117,10 @@ def summary(rows):
     for (op, dtype, shape, provider), r in cell.items():
         cuda_row = cell.get((op, dtype, shape, "cuda"))
         if provider == "triton" and cuda_row:
-            print(f"{op:16s} {dtype:5s} {shape:>18s} {r['pct_copy']:9.1f} {cuda_row['pct_copy']:7.1f} "
-                  f"{r['ms'] / max(cuda_row['ms'], 1e-9):11.2f}")  # same bytes: speed ratio = time ratio
+            print(
+                f"{op:16s} {dtype:5s} {shape:>18s} {r['pct_copy']:9.1f} {cuda_row['pct_copy']:7.1f} "
+                f"{r['ms'] / max(cuda_row['ms'], 1e-9):11.2f}"
+            )  # same bytes: speed ratio = time ratio
 
 
 def charts(args):
@@ -117,8 +129,14 @@ def charts(args):
         for op, (full, small) in SWEEPS.items():
             for dtype in dict.fromkeys(r["dtype"] for r in rows):
                 sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype]
-                plot_sweeps(args.out / f"cuda_vs_triton_{op}_{dtype}.png", f"{op} {dtype}: CUDA C++ vs Triton", sel,
-                            small if args.smoke else full, meta)
+                plot_sweeps(
+                    args.out / f"cuda_vs_triton_{op}_{dtype}.png",
+                    f"{op} {dtype}: CUDA C++ vs Triton",
+                    sel,
+                    small if args.smoke else full,
+                    meta,
+                )
+
     return draw
 
 

@@ -34,6 +34,7 @@ max_err: against the PyTorch step in fp32 (weights and caches widened) on the
     python benchmarks/decode_step_bench.py --smoke    (interpreter, a tiny Qwen2 layer; no CUDA graphs there)
     python benchmarks/decode_step_bench.py --only llama3-8b,graph   (a subset)
 """
+
 import functools
 
 import torch
@@ -72,6 +73,7 @@ def compiled(model, ours):
     """One torch.compile'd step a layer and provider (model keys the cache only: Dynamo guards on
     the weights' config). The interpreter has no CUDA graphs or GPU Inductor: aot_eager there."""
     import torch._dynamo
+
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     fn = decode_step if ours else torch_decode_step
     if INTERPRET:
@@ -87,8 +89,9 @@ def setup(model, b, t):
     lengths = torch.full((b,), t, dtype=torch.int32, device=DEVICE)
     cos, sin = rope_tables(c, t, DEVICE)
     n = min(b, REF_ROWS)
-    expected = torch_decode_step(weights32, x[:n].float(), k_cache[:n].float(), v_cache[:n].float(), lengths[:n],
-                                 cos, sin, kv_len=t)
+    expected = torch_decode_step(
+        weights32, x[:n].float(), k_cache[:n].float(), v_cache[:n].float(), lengths[:n], cos, sin, kv_len=t
+    )
     return (model, weights, x, k_cache, v_cache, lengths, cos, sin, t), expected
 
 
@@ -107,6 +110,7 @@ def captured(call):
     def replay():
         graph.replay()
         return out
+
     return replay
 
 
@@ -138,6 +142,7 @@ def bind_step(provider, inputs):
 
     def step(fn):
         return lambda: fn(weights, x, k_cache, v_cache, lengths, cos, sin, **extra)
+
     if provider.endswith("eager"):
         return step(decode_step if ours else torch_decode_step)
     if provider.endswith("graph"):
@@ -147,7 +152,7 @@ def bind_step(provider, inputs):
 
 
 def compare(out, expected):
-    return max_err(out[:expected.shape[0]], expected)
+    return max_err(out[: expected.shape[0]], expected)
 
 
 def cases(cfg, smoke):
@@ -158,20 +163,34 @@ def cases(cfg, smoke):
                 providers = dict.fromkeys(PROVIDERS, bind)
                 if smoke:
                     providers.update({p: "CUDA graphs need a GPU" for p in PROVIDERS if p.endswith("graph")})
-                yield BenchCase(model, (b, t), DTYPE, providers, functools.partial(setup, model, b, t),
-                           n_bytes=step_bytes(config, b, t), bind=bind, compare=compare, skip_on=(RuntimeError,))
+                yield BenchCase(
+                    model,
+                    (b, t),
+                    DTYPE,
+                    providers,
+                    functools.partial(setup, model, b, t),
+                    n_bytes=step_bytes(config, b, t),
+                    bind=bind,
+                    compare=compare,
+                    skip_on=(RuntimeError,),
+                )
 
 
 def summarize(rows):
     """ours-graph against torch-graph per shape (the target: faster at every shape)."""
     cell = {(r["op"], r["shape"], r["provider"]): r["ms"] for r in rows}
-    pairs = [(op, shape, cell[(op, shape, "torch-graph")] / cell[(op, shape, "ours-graph")])
-             for (op, shape, p) in cell if p == "ours-graph" and (op, shape, "torch-graph") in cell]
+    pairs = [
+        (op, shape, cell[(op, shape, "torch-graph")] / cell[(op, shape, "ours-graph")])
+        for (op, shape, p) in cell
+        if p == "ours-graph" and (op, shape, "torch-graph") in cell
+    ]
     if not pairs:
         return []
     behind = [f"{op} {shape} {s:.2f}x" for op, shape, s in pairs if s < 1]
-    lines = [f"ours-graph faster than torch-graph at {len(pairs) - len(behind)} of {len(pairs)} shapes; speedup "
-             f"{min(s for *_, s in pairs):.2f}-{max(s for *_, s in pairs):.2f}x"]
+    lines = [
+        f"ours-graph faster than torch-graph at {len(pairs) - len(behind)} of {len(pairs)} shapes; speedup "
+        f"{min(s for *_, s in pairs):.2f}-{max(s for *_, s in pairs):.2f}x"
+    ]
     if behind:
         lines.append("behind at: " + ", ".join(behind))
     return lines
@@ -185,6 +204,7 @@ def charts(args, cfg):
             sel = [r for r in rows if r["op"] == model]
             sweeps = [(f"T, tokens a sequence (B {b})", [(t, (b, t)) for t in cfg["lengths"]]) for b in cfg["batches"]]
             plot_sweeps(args.out / f"decode_step_{model}_bf16.png", f"{model} decode step bf16", sel, sweeps, meta)
+
     return draw
 
 

@@ -37,6 +37,7 @@ index, which Dynamo guards on, so each of the 28-32 layers compiles a graph of i
     python benchmarks/e2e_bench.py --only qwen,prefill   (a subset)
 Needs transformers (optional for the repository): without it the script says so and exits 0.
 """
+
 import gc
 import importlib.util
 import re
@@ -54,31 +55,68 @@ from llmk.devtools.results import make_row, plot_sweeps, shape_str
 
 # The shapes of the published configs (config.json of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B).
 MODELS = {
-    "llama3-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,
-                                tie_word_embeddings=False)),
-    "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                 num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                                 rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=131072,
-                                 sliding_window=131072, use_sliding_window=False, max_window_layers=28,
-                                 tie_word_embeddings=False)),
+    "llama3-8b": (
+        "llama",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen2.5-7b": (
+        "qwen2",
+        dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            max_position_embeddings=131072,
+            sliding_window=131072,
+            use_sliding_window=False,
+            max_window_layers=28,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 SMOKE_MODELS = {  # head dim 64, one the decode kernel takes
-    "llama-tiny": ("llama", dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False)),
+    "llama-tiny": (
+        "llama",
+        dict(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
-FULL_PLAN = dict(prefill=(128, 512, 1024, 2048, 4096), prompt=512, steps=32, batches=(1, 16), profile_len=2048,
-                 decode_reps=3)
+FULL_PLAN = dict(
+    prefill=(128, 512, 1024, 2048, 4096), prompt=512, steps=32, batches=(1, 16), profile_len=2048, decode_reps=3
+)
 SMOKE_PLAN = dict(prefill=(16,), prompt=16, steps=2, batches=(1, 2), profile_len=16, decode_reps=1)
 DTYPE = torch.bfloat16
 LOGITS_ATOL = 1.0  # the gate's atol on logits (bf16): twice the drift of the full-size models on an H200
 # A model's torch.compile provider starts only before this many seconds into the run, so a slow
 # compile cannot push the whole run far past its ~4 minutes.
 COMPILE_START_LIMIT_S = 170
-DECODE_COMPILE_NOTE = ("torch.compile decode skipped: a compiled decoder layer reads its DynamicCache entry by "
-                       "its layer index, which Dynamo guards on, so every layer compiles its own graph "
-                       "(4 layers: 8 graphs for a cached prefill and decode, 1 without a cache)")
+DECODE_COMPILE_NOTE = (
+    "torch.compile decode skipped: a compiled decoder layer reads its DynamicCache entry by "
+    "its layer index, which Dynamo guards on, so every layer compiles its own graph "
+    "(4 layers: 8 graphs for a cached prefill and decode, 1 without a cache)"
+)
 # op -> providers; triton-gluon: the patched model with LLMK_ATTENTION_PATH=gluon (the Gluon
 # attention forward on sm_90 with a tested Triton; the same kernels otherwise, so no row elsewhere)
 PROVIDERS = {"prefill": ("eager", "triton", "triton-gluon", "torch.compile"), "decode": ("eager", "triton")}
@@ -89,8 +127,15 @@ GEMM_KERNEL = re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm)$"
 def shape_of(config):
     """(H, I, L, Hq, Hkv, D, V) of a config dict."""
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    return (hidden, config["intermediate_size"], config["num_hidden_layers"], heads,
-            config["num_key_value_heads"], config.get("head_dim", hidden // heads), config["vocab_size"])
+    return (
+        hidden,
+        config["intermediate_size"],
+        config["num_hidden_layers"],
+        heads,
+        config["num_key_value_heads"],
+        config.get("head_dim", hidden // heads),
+        config["vocab_size"],
+    )
 
 
 def layer_weights(config):
@@ -100,8 +145,11 @@ def layer_weights(config):
 
 def prefill_flops(config, n_tokens):
     hidden, _, layers, heads, _, head_dim, vocab = shape_of(config)
-    return (2 * layers * layer_weights(config) * n_tokens + 2 * hidden * vocab
-            + 4 * layers * heads * head_dim * n_tokens * (n_tokens + 1) / 2)
+    return (
+        2 * layers * layer_weights(config) * n_tokens
+        + 2 * hidden * vocab
+        + 4 * layers * heads * head_dim * n_tokens * (n_tokens + 1) / 2
+    )
 
 
 def decode_bytes(config, batch, prompt, steps):
@@ -150,14 +198,20 @@ def gemm_share(prof):
     """GEMM kernel time over all kernel time of a profile (devtools.bench.kernel_share), and the top
     kernels."""
     share = kernel_share(prof, GEMM_KERNEL, exclude=ATTENTION_KERNEL)
-    return {"source": share["source"], "gemm_ms": share["ms"], "total_ms": share["total_ms"],
-            "gemm_share": share["share"], "top": share["top"]}
+    return {
+        "source": share["source"],
+        "gemm_ms": share["ms"],
+        "total_ms": share["total_ms"],
+        "gemm_share": share["share"],
+        "top": share["top"],
+    }
 
 
 def compile_layers(model, smoke):
     """Swap each decoder layer for its torch.compile'd module; returns the originals. Smoke mode uses
     the eager backend: Dynamo traces as on the GPU, without Inductor's minutes-long CPU build."""
     import torch._dynamo
+
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     layers = model.model.layers
     originals = list(layers)
@@ -168,6 +222,7 @@ def compile_layers(model, smoke):
 
 def restore_layers(model, originals):
     import torch._dynamo
+
     for i, layer in enumerate(originals):
         model.model.layers[i] = layer
     torch._dynamo.reset()  # drop the compiled code and what it holds
@@ -190,9 +245,10 @@ def decode_runner(model, prompt, tokens):
     n_steps = tokens.shape[1]
 
     def steps():
-        out = [model(tokens[:, s:s + 1], use_cache=True, **cache_kwarg).logits for s in range(n_steps)]
+        out = [model(tokens[:, s : s + 1], use_cache=True, **cache_kwarg).logits for s in range(n_steps)]
         cache.crop(-n_steps)
         return out
+
     return steps
 
 
@@ -228,7 +284,7 @@ def measure_model(run, name, kind, config, plan, t_run):
         run.add(row)
 
     def profile_prefill(provider):
-        prefix = ids[:, :plan["profile_len"]]
+        prefix = ids[:, : plan["profile_len"]]
         activities = [torch.profiler.ProfilerActivity.CPU]
         if not INTERPRET:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -241,8 +297,11 @@ def measure_model(run, name, kind, config, plan, t_run):
             meta["notes"].append(f"{name} {provider}: profile failed: {type(e).__name__}: {e}"[:300])
             print(meta["notes"][-1], flush=True)
             return
-        print(f"{name:11s} GEMM share of one prefill at T={plan['profile_len']} ({provider}): "
-              f"{info['profile'][provider]['gemm_share']}", flush=True)
+        print(
+            f"{name:11s} GEMM share of one prefill at T={plan['profile_len']} ({provider}): "
+            f"{info['profile'][provider]['gemm_share']}",
+            flush=True,
+        )
 
     def run_all(provider, decode=True, profile=False):
         with torch.inference_mode():
@@ -251,8 +310,11 @@ def measure_model(run, name, kind, config, plan, t_run):
                     continue
                 prefix = ids[:, :n_tokens]
                 logits = run_prefill(model, prefix).float()  # also the warm-up (and the compile)
-                ms = time_ms(lambda: run_prefill(model, prefix), args.warmup, args.rep) \
-                    if run.selected(f"{name} prefill", shape_str((1, n_tokens)), provider) else None
+                ms = (
+                    time_ms(lambda: run_prefill(model, prefix), args.warmup, args.rep)
+                    if run.selected(f"{name} prefill", shape_str((1, n_tokens)), provider)
+                    else None
+                )
                 record("prefill", (1, n_tokens), provider, ms, logits, flops=prefill_flops(config, n_tokens))
             if profile:
                 profile_prefill(provider)
@@ -264,10 +326,19 @@ def measure_model(run, name, kind, config, plan, t_run):
                     continue
                 steps = decode_runner(model, prompts[batch], steps_tokens[batch])
                 logits = torch.cat(steps(), dim=1).float()  # warm-up; (B, S, V)
-                ms = median_ms(steps, plan["decode_reps"]) / plan["steps"] \
-                    if run.selected(f"{name} decode", shape_str(shape), provider) else None
-                record("decode", shape, provider, ms, logits,
-                       n_bytes=decode_bytes(config, batch, plan["prompt"], plan["steps"]))
+                ms = (
+                    median_ms(steps, plan["decode_reps"]) / plan["steps"]
+                    if run.selected(f"{name} decode", shape_str(shape), provider)
+                    else None
+                )
+                record(
+                    "decode",
+                    shape,
+                    provider,
+                    ms,
+                    logits,
+                    n_bytes=decode_bytes(config, batch, plan["prompt"], plan["steps"]),
+                )
                 del steps
 
     def any_row(provider):
@@ -284,8 +355,10 @@ def measure_model(run, name, kind, config, plan, t_run):
                 with forced_path("gluon"):
                     run_all("triton-gluon", decode=False)
             elif any_row("triton-gluon"):
-                meta["notes"].append(f"{name}: no triton-gluon rows: the Gluon forward runs on sm_90 with a "
-                                     "tested Triton (attention/attention_paths.py)")
+                meta["notes"].append(
+                    f"{name}: no triton-gluon rows: the Gluon forward runs on sm_90 with a "
+                    "tested Triton (attention/attention_paths.py)"
+                )
         finally:
             unpatch_model(model)
     late = time.perf_counter() - t_run > COMPILE_START_LIMIT_S and not smoke
@@ -310,14 +383,19 @@ def measure_model(run, name, kind, config, plan, t_run):
 
 def row_keys(plan):
     """(op, shape) of every row of one model."""
-    return [("prefill", (1, t)) for t in plan["prefill"]] + \
-        [("decode", (b, plan["prompt"], plan["steps"])) for b in plan["batches"]]
+    return [("prefill", (1, t)) for t in plan["prefill"]] + [
+        ("decode", (b, plan["prompt"], plan["steps"])) for b in plan["batches"]
+    ]
 
 
 def measure(run, models, plan):
     meta = run.meta
-    run.total = sum(run.selected(f"{name} {op}", shape_str(shape), p) for name in models
-                    for op, shape in row_keys(plan) for p in PROVIDERS[op])
+    run.total = sum(
+        run.selected(f"{name} {op}", shape_str(shape), p)
+        for name in models
+        for op, shape in row_keys(plan)
+        for p in PROVIDERS[op]
+    )
     meta.update(models={}, notes=[DECODE_COMPILE_NOTE], plan=plan)
     if run.args.smoke:
         meta["notes"].append("smoke: torch.compile with the eager backend (Dynamo only)")
@@ -336,12 +414,28 @@ def charts(args):
         for name in meta["models"]:
             prefill = [r for r in rows if r["op"] == f"{name} prefill"]
             decode = [r for r in rows if r["op"] == f"{name} decode"]
-            plot_sweeps(args.out / f"e2e_{name}_prefill.png", f"{name} prefill, batch 1", prefill,
-                        [("sequence length T (batch 1)", [(t, (1, t)) for t in plan["prefill"]])], meta,
-                        metric="TFLOPs")
-            plot_sweeps(args.out / f"e2e_{name}_decode.png", f"{name} decode", decode,
-                        [(f"batch ({plan['prompt']}-token prompt, {plan['steps']} steps)",
-                          [(b, (b, plan["prompt"], plan["steps"])) for b in plan["batches"]])], meta, metric="GBps")
+            plot_sweeps(
+                args.out / f"e2e_{name}_prefill.png",
+                f"{name} prefill, batch 1",
+                prefill,
+                [("sequence length T (batch 1)", [(t, (1, t)) for t in plan["prefill"]])],
+                meta,
+                metric="TFLOPs",
+            )
+            plot_sweeps(
+                args.out / f"e2e_{name}_decode.png",
+                f"{name} decode",
+                decode,
+                [
+                    (
+                        f"batch ({plan['prompt']}-token prompt, {plan['steps']} steps)",
+                        [(b, (b, plan["prompt"], plan["steps"])) for b in plan["batches"]],
+                    )
+                ],
+                meta,
+                metric="GBps",
+            )
+
     return draw
 
 
@@ -351,8 +445,14 @@ def main():
         print("e2e_bench.py: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")
         return
     models, plan = (SMOKE_MODELS, SMOKE_PLAN) if args.smoke else (MODELS, FULL_PLAN)
-    run(args, "e2e", charts(args), measure=lambda bench: measure(bench, models, plan), ours=OURS,
-        atol={"bf16": LOGITS_ATOL})
+    run(
+        args,
+        "e2e",
+        charts(args),
+        measure=lambda bench: measure(bench, models, plan),
+        ours=OURS,
+        atol={"bf16": LOGITS_ATOL},
+    )
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ EPS = 1e-6
 # the max_err gate's rows (devtools/harness.py)
 OURS = ("triton", "triton-fast-accum", "triton-block", "triton-bf16", "triton+quantize")
 BYTES_UP_TO_M = 128  # GB/s for the rows bound by reading b
-GRAPH_UP_TO_M = 64   # GPU time (CUDA graphs) beside do_bench's for decode-size rows
+GRAPH_UP_TO_M = 64  # GPU time (CUDA graphs) beside do_bench's for decode-size rows
 GRAPH_BELOW_MS = 0.05  # and for any shape a provider runs in under 50 us (1024^3: ~10 us), where the host shows
 
 
@@ -94,21 +94,30 @@ def llm_sweep(ms, k, n, label):
 
 FULL = dict(
     matmul=[("M = N = K", [(s, (s, s, s)) for s in (1024, 2048, 4096, 8192)])]
-    + [llm_sweep((1, 16, 128, 2048, 4096, 8192), k, n, label)
-       for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
+    + [
+        llm_sweep((1, 16, 128, 2048, 4096, 8192), k, n, label)
+        for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))
+    ],
     # decode against b = W.T, an nn.Linear weight (N, K) as a model holds it (the sweeps above use a
     # row-major (K, N) b; one-row products take a different kernel for each)
-    matmul_linear=[llm_sweep((1, 16), k, n, label)
-                   for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
+    matmul_linear=[
+        llm_sweep((1, 16), k, n, label)
+        for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))
+    ],
     epilogue=[llm_sweep((16, 256, 2048), 4096, 14336, "MLP up")],
     rmsnorm_linear=[llm_sweep((1, 4, 16, 32, 64, 256, 1024, 4096), 4096, n, f"N={n}") for n in (4096, 14336)],
     # training (bf16): a 4096-wide model's attention projection at 4096 and 8192 tokens, MLP up and down
-    train=[llm_sweep((4096, 8192), 4096, 4096, "attention"), llm_sweep((8192,), 4096, 14336, "MLP up"),
-           llm_sweep((8192,), 14336, 4096, "MLP down")],
+    train=[
+        llm_sweep((4096, 8192), 4096, 4096, "attention"),
+        llm_sweep((8192,), 4096, 14336, "MLP up"),
+        llm_sweep((8192,), 14336, 4096, "MLP down"),
+    ],
     rmsnorm_linear_train=[llm_sweep((4096,), 4096, 4096, "attention"), llm_sweep((8192,), 4096, 14336, "MLP up")],
     fp8=[("M = N = K", [(s, (s, s, s)) for s in (4096, 8192)])]
-    + [llm_sweep((1, 16, 128, 1024, 4096, 16384), k, n, label)
-       for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))],
+    + [
+        llm_sweep((1, 16, 128, 1024, 4096, 16384), k, n, label)
+        for k, n, label in ((4096, 4096, "attention"), (4096, 14336, "MLP up"), (14336, 4096, "MLP down"))
+    ],
     quantize=[llm_sweep((4096, 16384), 4096, 4096, "K = 4096"), llm_sweep((8192,), 14336, 14336, "K = 14336")],
     producers=[llm_sweep((4096, 16384), 4096, 4096, "hidden 4096"), llm_sweep((8192,), 14336, 14336, "width 14336")],
 )
@@ -132,11 +141,17 @@ def gemm_case(op, shape, dtype, providers, setup, extra_bytes=0, config=True):
     kernel config (asked after the warm-up call has tuned it)."""
     m, n, k = shape
     n_bytes = (m * k + k * n + m * n + extra_bytes) * dtype.itemsize
-    return BenchCase(op, shape, dtype, providers, setup, n_bytes=n_bytes if m <= BYTES_UP_TO_M else None,
-                flops=2 * m * n * k,
-                graph=lambda rows: m <= GRAPH_UP_TO_M or min(r["ms"] for r in rows) < GRAPH_BELOW_MS,
-                extra=lambda name, inputs, call: {"config": kernel_choice(*inputs[:2])} if config and name == "triton"
-                else {})
+    return BenchCase(
+        op,
+        shape,
+        dtype,
+        providers,
+        setup,
+        n_bytes=n_bytes if m <= BYTES_UP_TO_M else None,
+        flops=2 * m * n * k,
+        graph=lambda rows: m <= GRAPH_UP_TO_M or min(r["ms"] for r in rows) < GRAPH_BELOW_MS,
+        extra=lambda name, inputs, call: {"config": kernel_choice(*inputs[:2])} if config and name == "triton" else {},
+    )
 
 
 def matmul_setup(m, n, k, dtype, linear):
@@ -154,7 +169,7 @@ def epilogue_setup(m, n, k, dtype, act):
 def rmsnorm_linear_setup(m, n, k, dtype):
     x = rand((m, k), dtype)
     norm_w = (1 + 0.1 * torch.randn(k, device=DEVICE)).to(dtype)
-    w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(dtype)
+    w = (torch.randn(n, k, device=DEVICE) * k**-0.5).to(dtype)
     xf = x.float()
     return (x, norm_w, w), (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * norm_w.float()) @ w.float().t()
 
@@ -163,7 +178,7 @@ def fp8_setup(m, n, k):
     """x (M, K) and an nn.Linear weight W (N, K) in bf16, and what each FP8 provider reads: both
     quantized row-wise (ours and _scaled_mm's), in blocks (ours), tensor-wise (_scaled_mm's). The
     reference is the bf16 inputs' product in fp32, so max_err is each recipe's quantization error."""
-    x, w = rand((m, k), torch.bfloat16), (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(torch.bfloat16)
+    x, w = rand((m, k), torch.bfloat16), (torch.randn(n, k, device=DEVICE) * k**-0.5).to(torch.bfloat16)
     (a, sa), (qw, sw) = quantize_fp8(x), quantize_fp8(w)
     (ab, sab), (qwb, swb) = quantize_fp8(x, "1x128"), quantize_fp8(w, "128x128")
     at, st = tensorwise_fp8(x)
@@ -181,19 +196,39 @@ def tensorwise_fp8(t):
 def fp8_providers():
     """FP8 GEMMs on fp8_setup's inputs: ours (row-wise, block scales), torch._scaled_mm (row-wise,
     tensor-wise; it takes M, N, K multiples of 16), and the bf16 product (cuBLAS, our matmul)."""
+
     def pick(fn, *idx):
         return lambda *t: fn(*(t[i] for i in idx))
+
     return {
         "triton": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb), 2, 3, 4, 5),
         "triton-fast-accum": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb, fast_accum=True), 2, 3, 4, 5),
         "triton-block": pick(lambda a, b, sa, sb: fp8_matmul(a, b, sa, sb), 6, 7, 8, 9),
-        "torch-scaled-mm-rowwise": pick(lambda a, b, sa, sb: torch._scaled_mm(
-            a, b, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16), 2, 3, 4, 5),
-        "torch-scaled-mm-rowwise-fast-accum": pick(lambda a, b, sa, sb: torch._scaled_mm(
-            a, b, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16, use_fast_accum=True),
-            2, 3, 4, 5),
-        "torch-scaled-mm-tensorwise": pick(lambda a, b, sa, sb: torch._scaled_mm(
-            a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), 10, 11, 12, 13),
+        "torch-scaled-mm-rowwise": pick(
+            lambda a, b, sa, sb: torch._scaled_mm(
+                a, b, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16
+            ),
+            2,
+            3,
+            4,
+            5,
+        ),
+        "torch-scaled-mm-rowwise-fast-accum": pick(
+            lambda a, b, sa, sb: torch._scaled_mm(
+                a, b, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16, use_fast_accum=True
+            ),
+            2,
+            3,
+            4,
+            5,
+        ),
+        "torch-scaled-mm-tensorwise": pick(
+            lambda a, b, sa, sb: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+            10,
+            11,
+            12,
+            13,
+        ),
         "cuBLAS-bf16": pick(torch.matmul, 0, 1),
         "triton-bf16": pick(matmul, 0, 1),
     }
@@ -239,7 +274,7 @@ TRAIN_MODES = {"fwd+bwd": 6, "bwd": 4}  # FLOPs per M*N*K: three GEMMs, or the b
 def linear_train_setup(m, n, k, bias, ref):
     """(a, W, bias or None, upstream gradient), and the gradients of `ref` (fp32) for a, W, bias."""
     a = rand((m, k), TRAIN_DTYPE)
-    w = (torch.randn(n, k, device=DEVICE) * k ** -0.5).to(TRAIN_DTYPE)
+    w = (torch.randn(n, k, device=DEVICE) * k**-0.5).to(TRAIN_DTYPE)
     b = rand((n,), TRAIN_DTYPE) if bias else None
     dc = rand((m, n), TRAIN_DTYPE)
     inputs = (a, w, b)
@@ -262,9 +297,17 @@ def train_case(op, shape, mode, providers, wrt, setup):
     """One training row per provider: the gradients in `wrt` on the setup's upstream gradient
     (its inputs' last element), TFLOP/s with TRAIN_MODES' count, peak_MB."""
     m, n, k = shape
-    return BenchCase(op, shape, TRAIN_DTYPE, providers, setup, flops=TRAIN_MODES[mode] * m * n * k,
-                mode=mode, peak=True,
-                bind=lambda name, inputs: train_call(providers[name], inputs[:-1], wrt, mode, [inputs[-1]]))
+    return BenchCase(
+        op,
+        shape,
+        TRAIN_DTYPE,
+        providers,
+        setup,
+        flops=TRAIN_MODES[mode] * m * n * k,
+        mode=mode,
+        peak=True,
+        bind=lambda name, inputs: train_call(providers[name], inputs[:-1], wrt, mode, [inputs[-1]]),
+    )
 
 
 def train_cases(config):
@@ -279,11 +322,20 @@ def train_cases(config):
 
         wrt = (0, 1, 2) if act else (0, 1)
         for mode in TRAIN_MODES:
-            providers = {"triton": lambda a, w, bias, act=act: matmul(a, w.T, bias, act), "cuBLAS": peer,
-                         "torch.compile": compiled_for(mode, peer)}
+            providers = {
+                "triton": lambda a, w, bias, act=act: matmul(a, w.T, bias, act),
+                "cuBLAS": peer,
+                "torch.compile": compiled_for(mode, peer),
+            }
             for shape in shapes_of(config["train"]):
-                yield train_case(f"matmul{name}", shape, mode, providers, wrt,
-                                 lambda shape=shape, act=act, ref=ref: linear_train_setup(*shape, act is not None, ref))
+                yield train_case(
+                    f"matmul{name}",
+                    shape,
+                    mode,
+                    providers,
+                    wrt,
+                    lambda shape=shape, act=act, ref=ref: linear_train_setup(*shape, act is not None, ref),
+                )
 
     def rl_peer(x, norm_w, w):
         return F.linear(F.rms_norm(x, (x.shape[-1],), norm_w, EPS), w)
@@ -292,11 +344,20 @@ def train_cases(config):
         return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * norm_w) @ w.t()
 
     for mode in TRAIN_MODES:
-        providers = {"triton": lambda x, norm_w, w: rmsnorm_linear(x, norm_w, w, EPS), "F.rms_norm+cuBLAS": rl_peer,
-                     "torch.compile": compiled_for(mode, rl_peer)}
+        providers = {
+            "triton": lambda x, norm_w, w: rmsnorm_linear(x, norm_w, w, EPS),
+            "F.rms_norm+cuBLAS": rl_peer,
+            "torch.compile": compiled_for(mode, rl_peer),
+        }
         for shape in shapes_of(config["rmsnorm_linear_train"]):
-            yield train_case("rmsnorm_linear", shape, mode, providers, (0, 1, 2),
-                             lambda shape=shape: rmsnorm_linear_train_setup(*shape, rl_ref))
+            yield train_case(
+                "rmsnorm_linear",
+                shape,
+                mode,
+                providers,
+                (0, 1, 2),
+                lambda shape=shape: rmsnorm_linear_train_setup(*shape, rl_ref),
+            )
 
 
 def cases(config):
@@ -304,39 +365,78 @@ def cases(config):
     for op, linear in (("matmul", False), ("matmul_linear", True)):
         for dtype in (torch.float16, torch.bfloat16):
             for m, n, k in shapes_of(config[op]):
-                yield gemm_case(op, (m, n, k), dtype, providers,
-                                lambda m=m, n=n, k=k, dtype=dtype, linear=linear: matmul_setup(m, n, k, dtype, linear))
+                yield gemm_case(
+                    op,
+                    (m, n, k),
+                    dtype,
+                    providers,
+                    lambda m=m, n=n, k=k, dtype=dtype, linear=linear: matmul_setup(m, n, k, dtype, linear),
+                )
     dtype = torch.bfloat16
     for name, act in ACTIVATIONS.items():
+
         def eager(a, b, bias, act=act):
             return act(torch.matmul(a, b) + bias)
-        providers = {"triton": lambda a, b, bias, name=name: matmul(a, b, bias, name), "cuBLAS+eager": eager,
-                     "torch.compile": compile_fn(eager)}
+
+        providers = {
+            "triton": lambda a, b, bias, name=name: matmul(a, b, bias, name),
+            "cuBLAS+eager": eager,
+            "torch.compile": compile_fn(eager),
+        }
         for m, n, k in shapes_of(config["epilogue"]):
-            yield gemm_case(f"matmul_bias_{name}", (m, n, k), dtype, providers,
-                            lambda m=m, n=n, k=k, act=act: epilogue_setup(m, n, k, dtype, act), extra_bytes=n)
+            yield gemm_case(
+                f"matmul_bias_{name}",
+                (m, n, k),
+                dtype,
+                providers,
+                lambda m=m, n=n, k=k, act=act: epilogue_setup(m, n, k, dtype, act),
+                extra_bytes=n,
+            )
     providers = {
         "triton": lambda x, norm_w, w: rmsnorm_linear(x, norm_w, w, EPS),
         "F.rms_norm+cuBLAS": lambda x, norm_w, w: torch.matmul(F.rms_norm(x, (x.shape[-1],), norm_w, EPS), w.t()),
         "triton-rmsnorm+cuBLAS": lambda x, norm_w, w: torch.matmul(rmsnorm(x, norm_w, EPS), w.t()),
     }
     for m, n, k in shapes_of(config["rmsnorm_linear"]):
-        yield gemm_case("rmsnorm_linear", (m, n, k), dtype, providers,
-                        lambda m=m, n=n, k=k: rmsnorm_linear_setup(m, n, k, dtype), extra_bytes=k, config=False)
+        yield gemm_case(
+            "rmsnorm_linear",
+            (m, n, k),
+            dtype,
+            providers,
+            lambda m=m, n=n, k=k: rmsnorm_linear_setup(m, n, k, dtype),
+            extra_bytes=k,
+            config=False,
+        )
     providers = fp8_providers()
     for m, n, k in shapes_of(config["fp8"]):
         # bytes: one a value of a and b, c in bf16
-        yield BenchCase("fp8_matmul", (m, n, k), dtype, providers, lambda m=m, n=n, k=k: fp8_setup(m, n, k),
-                        n_bytes=m * k + k * n + 2 * m * n if m <= BYTES_UP_TO_M else None, flops=2 * m * n * k,
-                        graph=lambda rows, m=m: m <= GRAPH_UP_TO_M or min(r["ms"] for r in rows) < GRAPH_BELOW_MS,
-                        skip_on=(RuntimeError,))
-    providers = {"triton": lambda x: quantize_fp8(x), "torch": quantize_reference,
-                 "torch.compile": compile_fn(quantize_reference)}
+        yield BenchCase(
+            "fp8_matmul",
+            (m, n, k),
+            dtype,
+            providers,
+            lambda m=m, n=n, k=k: fp8_setup(m, n, k),
+            n_bytes=m * k + k * n + 2 * m * n if m <= BYTES_UP_TO_M else None,
+            flops=2 * m * n * k,
+            graph=lambda rows, m=m: m <= GRAPH_UP_TO_M or min(r["ms"] for r in rows) < GRAPH_BELOW_MS,
+            skip_on=(RuntimeError,),
+        )
+    providers = {
+        "triton": lambda x: quantize_fp8(x),
+        "torch": quantize_reference,
+        "torch.compile": compile_fn(quantize_reference),
+    }
     for m, _, k in shapes_of(config["quantize"]):
         # bytes: x read (bf16), q written (one a value), a scale a row
-        yield BenchCase("quantize_fp8", (m, k), dtype, providers, lambda m=m, k=k: quantize_setup(m, k),
-                        n_bytes=3 * m * k + 4 * m, compare=lambda out, ref: max(
-                            (o.float() - r).abs().max().item() for o, r in zip(out, ref)))
+        yield BenchCase(
+            "quantize_fp8",
+            (m, k),
+            dtype,
+            providers,
+            lambda m=m, k=k: quantize_setup(m, k),
+            n_bytes=3 * m * k + 4 * m,
+            compare=lambda out, ref: max((o.float() - r).abs().max().item() for o, r in zip(out, ref)),
+        )
     yield from producer_cases(config, dtype)
 
 
@@ -344,23 +444,40 @@ def producer_cases(config, dtype):
     """rmsnorm_fp8 and swiglu_fp8 (e4m3 and a scale a row out of the kernel that makes the values)
     against the 16-bit kernel followed by quantize_fp8, and the PyTorch composition."""
     providers = {
-        "rmsnorm_fp8": {"triton": lambda x, w: tuple(rmsnorm_fp8(x, w, EPS)[:2]),
-                        "triton+quantize": lambda x, w: quantize_fp8(rmsnorm(x, w, EPS)),
-                        "torch": rmsnorm_fp8_reference, "torch.compile": compile_fn(rmsnorm_fp8_reference)},
-        "swiglu_fp8": {"triton": lambda g, u: tuple(swiglu_fp8(g, u)[:2]),
-                       "triton+quantize": lambda g, u: quantize_fp8(swiglu(g, u)),
-                       "torch": swiglu_fp8_reference, "torch.compile": compile_fn(swiglu_fp8_reference)}}
+        "rmsnorm_fp8": {
+            "triton": lambda x, w: tuple(rmsnorm_fp8(x, w, EPS)[:2]),
+            "triton+quantize": lambda x, w: quantize_fp8(rmsnorm(x, w, EPS)),
+            "torch": rmsnorm_fp8_reference,
+            "torch.compile": compile_fn(rmsnorm_fp8_reference),
+        },
+        "swiglu_fp8": {
+            "triton": lambda g, u: tuple(swiglu_fp8(g, u)[:2]),
+            "triton+quantize": lambda g, u: quantize_fp8(swiglu(g, u)),
+            "torch": swiglu_fp8_reference,
+            "torch.compile": compile_fn(swiglu_fp8_reference),
+        },
+    }
     for op, inputs_bytes in (("rmsnorm_fp8", 2), ("swiglu_fp8", 4)):
         for m, _, k in shapes_of(config["producers"]):
             # bytes: the 16-bit inputs read (x; or gate and up), q written (one a value), a scale a row
-            yield BenchCase(op, (m, k), dtype, providers[op], lambda op=op, m=m, k=k: producer_setup(op, m, k),
-                            n_bytes=(inputs_bytes + 1) * m * k + 4 * m, compare=dequantized_err)
+            yield BenchCase(
+                op,
+                (m, k),
+                dtype,
+                providers[op],
+                lambda op=op, m=m, k=k: producer_setup(op, m, k),
+                n_bytes=(inputs_bytes + 1) * m * k + 4 * m,
+                compare=dequantized_err,
+            )
 
 
 def charts(args, config):
     def draw(meta, rows):
-        panels = [("matmul", config["matmul"])] + [(f"matmul_bias_{a}", config["epilogue"]) for a in ACTIVATIONS] \
+        panels = (
+            [("matmul", config["matmul"])]
+            + [(f"matmul_bias_{a}", config["epilogue"]) for a in ACTIVATIONS]
             + [("rmsnorm_linear", config["rmsnorm_linear"])]
+        )
         for op, sweeps in panels:
             for dtype in ("fp16", "bf16"):
                 sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r.get("mode", "fwd") == "fwd"]
@@ -369,23 +486,48 @@ def charts(args, config):
         for op in ("matmul", *(f"matmul_bias_{a}" for a in ACTIVATIONS), "rmsnorm_linear"):
             sel = [r for r in rows if r["op"] == op and r.get("mode") == "fwd+bwd"]
             sweeps = config["rmsnorm_linear_train" if op == "rmsnorm_linear" else "train"]
-            plot_sweeps(args.out / f"gemm_{op}_bf16_train.png", f"{op} bf16 fwd+bwd (6MNK FLOPs)", sel, sweeps, meta,
-                        metric="TFLOPs")
+            plot_sweeps(
+                args.out / f"gemm_{op}_bf16_train.png",
+                f"{op} bf16 fwd+bwd (6MNK FLOPs)",
+                sel,
+                sweeps,
+                meta,
+                metric="TFLOPs",
+            )
         sel = [r for r in rows if r["op"] == "fp8_matmul"]
-        plot_sweeps(args.out / "gemm_fp8_matmul.png", "fp8_matmul (e4m3 in, bf16 out)", sel, config["fp8"], meta,
-                    metric="TFLOPs")
+        plot_sweeps(
+            args.out / "gemm_fp8_matmul.png",
+            "fp8_matmul (e4m3 in, bf16 out)",
+            sel,
+            config["fp8"],
+            meta,
+            metric="TFLOPs",
+        )
         # the decode rows against the memory bound, GPU time beside do_bench's
-        for op, sweeps, title in (("matmul", config["matmul"][1:], "matmul"),
-                                  ("matmul_linear", config["matmul_linear"], "matmul, b = W.T")):
+        for op, sweeps, title in (
+            ("matmul", config["matmul"][1:], "matmul"),
+            ("matmul_linear", config["matmul_linear"], "matmul, b = W.T"),
+        ):
             for dtype in ("fp16", "bf16"):
-                sel = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r["GBps"] is not None
-                       and r.get("mode", "fwd") == "fwd"]
-                sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
-                        for r in sel if r.get("graph_ms")]
+                sel = [
+                    r
+                    for r in rows
+                    if r["op"] == op and r["dtype"] == dtype and r["GBps"] is not None and r.get("mode", "fwd") == "fwd"
+                ]
+                sel += [
+                    dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
+                    for r in sel
+                    if r.get("graph_ms")
+                ]
                 name = "decode" if op == "matmul" else "linear_decode"
-                plot_sweeps(args.out / f"gemm_matmul_{name}_{dtype}.png", f"{title} {dtype}, M <= {BYTES_UP_TO_M}",
-                            sel, [(label, [(x, s) for x, s in points if s[0] <= BYTES_UP_TO_M])
-                                  for label, points in sweeps], meta)
+                plot_sweeps(
+                    args.out / f"gemm_matmul_{name}_{dtype}.png",
+                    f"{title} {dtype}, M <= {BYTES_UP_TO_M}",
+                    sel,
+                    [(label, [(x, s) for x, s in points if s[0] <= BYTES_UP_TO_M]) for label, points in sweeps],
+                    meta,
+                )
+
     return draw
 
 

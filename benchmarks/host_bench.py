@@ -72,6 +72,7 @@ the reason; a failure of ours or of eager PyTorch is an error row.
     python benchmarks/host_bench.py --only rmsnorm   (a subset)
     python benchmarks/host_bench.py --mode fwd+bwd   (the training rows only; --mode fwd: the others)
 """
+
 import math
 import sys
 from dataclasses import dataclass
@@ -104,13 +105,45 @@ TRAIN_MODE = "fwd+bwd"
 TRAIN_PROVIDERS = ("public", LIGER, "torch.compile", "pytorch")
 # rows: M of the training rows' matmul, rmsnorm_linear and losses; micro_batch: tokens of their
 # rope and flash_attention; head_vocab: fused_linear_cross_entropy's (module docstring)
-FULL = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, gelu=16384, qkv=6144, scores=32,
-            chunk=256, cache=4096, params=1_000_000, rows=8, micro_batch=128, vocab=32000, head_vocab=4096,
-            calls=200, rounds=9)
+FULL = dict(
+    hidden=4096,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    mlp=14336,
+    gelu=16384,
+    qkv=6144,
+    scores=32,
+    chunk=256,
+    cache=4096,
+    params=1_000_000,
+    rows=8,
+    micro_batch=128,
+    vocab=32000,
+    head_vocab=4096,
+    calls=200,
+    rounds=9,
+)
 # the interpreter runs a launch in milliseconds: few calls of tiny shapes, numbers meaningless
-SMOKE = dict(hidden=64, heads=4, kv_heads=2, head_dim=64, mlp=96, gelu=64, qkv=48, scores=4,
-             chunk=16, cache=32, params=1000, rows=4, micro_batch=16, vocab=300, head_vocab=300,
-             calls=2, rounds=1)
+SMOKE = dict(
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    head_dim=64,
+    mlp=96,
+    gelu=64,
+    qkv=48,
+    scores=4,
+    chunk=16,
+    cache=32,
+    params=1000,
+    rows=4,
+    micro_batch=16,
+    vocab=300,
+    head_vocab=300,
+    calls=2,
+    rounds=1,
+)
 PAGE = 16
 EPS = 1e-6
 
@@ -125,6 +158,7 @@ class HostCase:
     """One row of the table: build() makes the inputs and returns {provider: zero-argument call}.
     A call it leaves out is found: "torch.ops" from the llmk operators the public call reaches,
     "launcher" (where None) from those operators' implementations. pytorch_name: the counterpart."""
+
     op: str
     shape: str
     pytorch_name: str
@@ -177,28 +211,39 @@ def norm_cases(s):
 
     def build_rmsnorm():
         from llmk.normalization.triton_rmsnorm import launch_rmsnorm, rmsnorm
+
         x, w, y = rand((1, n), DTYPE), rand((n,), DTYPE), torch.empty(1, n, dtype=DTYPE, device=DEVICE)
 
         def launcher():
             launch_rmsnorm(x, None, w, EPS, y, None)
             return y
-        return {"public": lambda: rmsnorm(x, w, EPS), "launcher": launcher,
-                "pytorch": lambda: F.rms_norm(x, (n,), w, EPS)}
+
+        return {
+            "public": lambda: rmsnorm(x, w, EPS),
+            "launcher": launcher,
+            "pytorch": lambda: F.rms_norm(x, (n,), w, EPS),
+        }
 
     def build_layernorm():
         from llmk.normalization.triton_layernorm import launch_layernorm, layernorm
+
         x, w, b = rand((1, n), DTYPE), rand((n,), DTYPE), rand((n,), DTYPE)
         y = torch.empty(1, n, dtype=DTYPE, device=DEVICE)
 
         def launcher():
             launch_layernorm(x, w, b, 1e-5, y)
             return y
-        return {"public": lambda: layernorm(x, w, b, 1e-5), "launcher": launcher,
-                "pytorch": lambda: F.layer_norm(x, (n,), w, b, 1e-5)}
+
+        return {
+            "public": lambda: layernorm(x, w, b, 1e-5),
+            "launcher": launcher,
+            "pytorch": lambda: F.layer_norm(x, (n,), w, b, 1e-5),
+        }
 
     def build_residual():
         from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
         from llmk.normalization.triton_rmsnorm import launch_rmsnorm
+
         x, r, w = rand((1, n), DTYPE), rand((1, n), DTYPE), rand((n,), DTYPE)
         y, u = (torch.empty(1, n, dtype=DTYPE, device=DEVICE) for _ in range(2))
 
@@ -209,12 +254,15 @@ def norm_cases(s):
         def pytorch():
             h = x + r
             return F.rms_norm(h, (n,), w, EPS), h
+
         return {"public": lambda: residual_rmsnorm(x, r, w, EPS), "launcher": launcher, "pytorch": pytorch}
 
     shape = f"1x{n}"
-    return [HostCase("rmsnorm", shape, "F.rms_norm", build_rmsnorm),
-            HostCase("layernorm", shape, "F.layer_norm", build_layernorm),
-            HostCase("residual_rmsnorm", shape, "x + r, F.rms_norm", build_residual)]
+    return [
+        HostCase("rmsnorm", shape, "F.rms_norm", build_rmsnorm),
+        HostCase("layernorm", shape, "F.layer_norm", build_layernorm),
+        HostCase("residual_rmsnorm", shape, "x + r, F.rms_norm", build_residual),
+    ]
 
 
 def rmsnorm_registered_cases(s):
@@ -264,6 +312,7 @@ def rmsnorm_registered_cases(s):
         def build():
             from llmk.normalization.checks import check_norm_args
             from llmk.normalization.triton_rmsnorm import launch_rmsnorm
+
             if kind not in registered:
                 registered[kind] = (register_custom if kind == "custom" else register_triton)()
             op, overload = registered[kind]
@@ -276,13 +325,21 @@ def rmsnorm_registered_cases(s):
             def launcher():
                 launch_rmsnorm(x, None, w, EPS, y, None)
                 return y
-            return {"public": public, "torch.ops": lambda: overload(x, w, float(EPS)), "launcher": launcher,
-                    "pytorch": lambda: F.rms_norm(x, (n,), w, EPS)}
+
+            return {
+                "public": public,
+                "torch.ops": lambda: overload(x, w, float(EPS)),
+                "launcher": launcher,
+                "pytorch": lambda: F.rms_norm(x, (n,), w, EPS),
+            }
+
         return build
 
     shape = f"1x{n}"
-    return [HostCase("rmsnorm via custom_op", shape, "F.rms_norm", builder("custom")),
-            HostCase("rmsnorm via triton_op", shape, "F.rms_norm", builder("triton"))]
+    return [
+        HostCase("rmsnorm via custom_op", shape, "F.rms_norm", builder("custom")),
+        HostCase("rmsnorm via triton_op", shape, "F.rms_norm", builder("triton")),
+    ]
 
 
 def attention_cases(s):
@@ -290,17 +347,20 @@ def attention_cases(s):
 
     def build_softmax():
         from llmk.attention.triton_softmax import launch_softmax, softmax
+
         x = rand((s["scores"], t), DTYPE)
         y = torch.empty_like(x)
 
         def launcher():
             launch_softmax(x, y)
             return y
+
         return {"public": lambda: softmax(x), "launcher": launcher, "pytorch": lambda: torch.softmax(x, -1)}
 
     def build_rope():
         from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
         from llmk.attention.triton_rope import apply_rope, launch_rope
+
         q, k = rand((1, h, 1, d), DTYPE), rand((1, hkv, 1, d), DTYPE)
         cos, sin = rope_cos_sin(torch.tensor([t - 1], device=DEVICE), d)  # the next token's position
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
@@ -308,12 +368,17 @@ def attention_cases(s):
         def launcher():
             launch_rope(q, k, cos, sin, q_out, k_out, False)
             return q_out, k_out
-        return {"public": lambda: apply_rope(q, k, cos, sin), "launcher": launcher,
-                "pytorch": lambda: apply_rope_ref(q, k, cos, sin)}
+
+        return {
+            "public": lambda: apply_rope(q, k, cos, sin),
+            "launcher": launcher,
+            "pytorch": lambda: apply_rope_ref(q, k, cos, sin),
+        }
 
     def build_flash():
         from llmk.attention.attention_paths import gluon_forward
         from llmk.attention.flash_attention_ops import flash_attention, launch_flash_attention
+
         q, k, v = rand((1, h, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE), rand((1, hkv, chunk, d), DTYPE)
         out = torch.empty_like(q)
         launch = launch_flash_attention
@@ -323,37 +388,49 @@ def attention_cases(s):
         def launcher():
             launch(q, k, v, out, True, 1.0 / math.sqrt(d))
             return out
-        return {"public": lambda: flash_attention(q, k, v, causal=True), "launcher": launcher,
-                "pytorch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)}
 
-    return [HostCase("softmax", f"{s['scores']}x{t}", "torch.softmax", build_softmax),
-            HostCase("apply_rope", f"1x{h}/{hkv}x1x{d}", "rotate_half (attention/reference_rope.py)", build_rope),
-            HostCase("flash_attention", f"1x{h}/{hkv}x{chunk}x{d} causal", "SDPA", build_flash)]
+        return {
+            "public": lambda: flash_attention(q, k, v, causal=True),
+            "launcher": launcher,
+            "pytorch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        }
+
+    return [
+        HostCase("softmax", f"{s['scores']}x{t}", "torch.softmax", build_softmax),
+        HostCase("apply_rope", f"1x{h}/{hkv}x1x{d}", "rotate_half (attention/reference_rope.py)", build_rope),
+        HostCase("flash_attention", f"1x{h}/{hkv}x{chunk}x{d} causal", "SDPA", build_flash),
+    ]
 
 
 def mlp_cases(s):
     def build_bias_gelu():
         from llmk.mlp.triton_bias_gelu import bias_gelu, launch_bias_gelu
+
         x, b = rand((1, s["gelu"]), DTYPE), rand((s["gelu"],), DTYPE)
         y = torch.empty_like(x)
 
         def launcher():
             launch_bias_gelu(x, b, "none", y)
             return y
+
         return {"public": lambda: bias_gelu(x, b), "launcher": launcher, "pytorch": lambda: F.gelu(x + b)}
 
     def build_swiglu():
         from llmk.mlp.triton_glu import launch_glu, swiglu
+
         gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
         y = torch.empty(gate.shape, dtype=DTYPE, device=DEVICE)
 
         def launcher():
             launch_glu(gate, up, y, "silu")
             return y
+
         return {"public": lambda: swiglu(gate, up), "launcher": launcher, "pytorch": lambda: F.silu(gate) * up}
 
-    return [HostCase("bias_gelu", f"1x{s['gelu']}", "F.gelu(x + b)", build_bias_gelu),
-            HostCase("swiglu", f"1x{s['mlp']}", "F.silu(g) * u", build_swiglu)]
+    return [
+        HostCase("bias_gelu", f"1x{s['gelu']}", "F.gelu(x + b)", build_bias_gelu),
+        HostCase("swiglu", f"1x{s['mlp']}", "F.silu(g) * u", build_swiglu),
+    ]
 
 
 def gemm_cases(s):
@@ -362,31 +439,41 @@ def gemm_cases(s):
     def build_matmul(m):
         def build():
             from llmk.gemm.matmul_ops import launch_matmul, matmul
+
             a, w = rand((m, k), DTYPE), rand((k, k), DTYPE)  # w: an nn.Linear weight (N, K)
             c = torch.empty(m, k, dtype=DTYPE, device=DEVICE)
 
             def launcher():
                 launch_matmul(a, w.T, None, None, c)
                 return c
+
             return {"public": lambda: matmul(a, w.T), "launcher": launcher, "pytorch": lambda: F.linear(a, w)}
+
         return build
 
     def build_rmsnorm_linear(m):
         def build():
             from llmk.gemm.triton_rmsnorm_linear import launch_decode, rmsnorm_linear
+
             x, norm_w, w = rand((m, k), DTYPE), rand((k,), DTYPE), rand((s["qkv"], k), DTYPE)
             y = torch.empty(m, s["qkv"], dtype=DTYPE, device=DEVICE)
 
             def launcher():  # M <= 16: the fused decode path
                 launch_decode(x, norm_w, w, EPS, y)
                 return y
-            return {"public": lambda: rmsnorm_linear(x, norm_w, w, EPS), "launcher": launcher,
-                    "pytorch": lambda: F.linear(F.rms_norm(x, (k,), norm_w, EPS), w)}
+
+            return {
+                "public": lambda: rmsnorm_linear(x, norm_w, w, EPS),
+                "launcher": launcher,
+                "pytorch": lambda: F.linear(F.rms_norm(x, (k,), norm_w, EPS), w),
+            }
+
         return build
 
-    return ([HostCase("matmul", f"{m}x{k}x{k} (W.T)", "F.linear", build_matmul(m)) for m in (1, 8)]
-            + [HostCase("rmsnorm_linear", f"{m}x{s['qkv']}x{k}", "F.rms_norm, F.linear", build_rmsnorm_linear(m))
-               for m in (1, 8)])
+    return [HostCase("matmul", f"{m}x{k}x{k} (W.T)", "F.linear", build_matmul(m)) for m in (1, 8)] + [
+        HostCase("rmsnorm_linear", f"{m}x{s['qkv']}x{k}", "F.rms_norm, F.linear", build_rmsnorm_linear(m))
+        for m in (1, 8)
+    ]
 
 
 def decode_cases(s):
@@ -404,15 +491,17 @@ def decode_cases(s):
 
     def build_decode():
         from llmk.inference.triton_inference_attention import _launch, decode_attention
+
         q, k_cache, v_cache, lengths, out, sdpa = inputs()
 
         def launcher():
             return _launch(q, k_cache, v_cache, lengths, None, 1, t, out, None, None, None)
-        return {"public": lambda: decode_attention(q, k_cache, v_cache, lengths), "launcher": launcher,
-                "pytorch": sdpa}
+
+        return {"public": lambda: decode_attention(q, k_cache, v_cache, lengths), "launcher": launcher, "pytorch": sdpa}
 
     def build_paged():
         from llmk.inference.triton_inference_attention import _launch, paged_decode_attention
+
         q, k_cache, v_cache, lengths, out, sdpa = inputs()
         pages = t // PAGE
         k_pages, v_pages = k_cache.view(pages, PAGE, hkv, d), v_cache.view(pages, PAGE, hkv, d)
@@ -420,12 +509,18 @@ def decode_cases(s):
 
         def launcher():
             return _launch(q, k_pages, v_pages, lengths, table, PAGE, pages * PAGE, out, None, None, None)
-        return {"public": lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths), "launcher": launcher,
-                "pytorch": sdpa}
+
+        return {
+            "public": lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths),
+            "launcher": launcher,
+            "pytorch": sdpa,
+        }
 
     shape = f"1x{h}/{hkv}x{t}x{d}"
-    return [HostCase("decode_attention", shape, "SDPA, one query", build_decode),
-            HostCase("paged_decode_attention", shape + f" pages of {PAGE}", "SDPA, one query", build_paged)]
+    return [
+        HostCase("decode_attention", shape, "SDPA, one query", build_decode),
+        HostCase("paged_decode_attention", shape + f" pages of {PAGE}", "SDPA, one query", build_paged),
+    ]
 
 
 def optimizer_cases(s):
@@ -436,6 +531,7 @@ def optimizer_cases(s):
             p = torch.nn.Parameter(rand((s["params"],), DTYPE))
             p.grad = rand((s["params"],), DTYPE)
             return p
+
         ours, theirs = TritonAdamW([param()]), torch.optim.AdamW([param()], fused=True)
         # launcher: None, the operator's implementation on the arguments step() gave it
         return {"public": ours.step, "launcher": None, "pytorch": theirs.step}
@@ -444,8 +540,15 @@ def optimizer_cases(s):
 
 
 def cases(s):
-    return (norm_cases(s) + rmsnorm_registered_cases(s) + attention_cases(s) + mlp_cases(s) + gemm_cases(s)
-            + decode_cases(s) + optimizer_cases(s))
+    return (
+        norm_cases(s)
+        + rmsnorm_registered_cases(s)
+        + attention_cases(s)
+        + mlp_cases(s)
+        + gemm_cases(s)
+        + decode_cases(s)
+        + optimizer_cases(s)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,6 +560,7 @@ class TrainCase:
     """One fwd+bwd row: build() returns (inputs, wrt: the positions of the inputs that get
     gradients, {provider: fn(*inputs), or why it is not timed}); "torch.compile", where build()
     leaves it out, is its "pytorch" compiled. pytorch_name: the counterpart."""
+
     op: str
     shape: str
     pytorch_name: str
@@ -476,15 +580,29 @@ def train_cases(s):
 
     def build_rmsnorm():
         from llmk.normalization.triton_rmsnorm import rmsnorm
-        return ((rand((1, n), DTYPE), rand((n,), DTYPE)), (0, 1),
-                {"public": lambda x, w: rmsnorm(x, w, EPS), LIGER: liger_call(liger_rmsnorm),
-                 "pytorch": lambda x, w: F.rms_norm(x, (n,), w, EPS)})
+
+        return (
+            (rand((1, n), DTYPE), rand((n,), DTYPE)),
+            (0, 1),
+            {
+                "public": lambda x, w: rmsnorm(x, w, EPS),
+                LIGER: liger_call(liger_rmsnorm),
+                "pytorch": lambda x, w: F.rms_norm(x, (n,), w, EPS),
+            },
+        )
 
     def build_layernorm():
         from llmk.normalization.triton_layernorm import layernorm
-        return ((rand((1, n), DTYPE), rand((n,), DTYPE), rand((n,), DTYPE)), (0, 1, 2),
-                {"public": lambda x, w, b: layernorm(x, w, b, 1e-5), LIGER: liger_call(liger_layernorm),
-                 "pytorch": lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)})
+
+        return (
+            (rand((1, n), DTYPE), rand((n,), DTYPE), rand((n,), DTYPE)),
+            (0, 1, 2),
+            {
+                "public": lambda x, w, b: layernorm(x, w, b, 1e-5),
+                LIGER: liger_call(liger_layernorm),
+                "pytorch": lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+            },
+        )
 
     def build_residual():
         from llmk.normalization.residual_rmsnorm_ops import residual_rmsnorm
@@ -492,75 +610,129 @@ def train_cases(s):
         def pytorch(x, r, w):
             u = x + r
             return F.rms_norm(u, (n,), w, EPS), u
-        return ((rand((1, n), DTYPE), rand((1, n), DTYPE), rand((n,), DTYPE)), (0, 1, 2),
-                {"public": lambda x, r, w: residual_rmsnorm(x, r, w, EPS),
-                 LIGER: liger_call(liger_residual_rmsnorm), "pytorch": pytorch})
+
+        return (
+            (rand((1, n), DTYPE), rand((1, n), DTYPE), rand((n,), DTYPE)),
+            (0, 1, 2),
+            {
+                "public": lambda x, r, w: residual_rmsnorm(x, r, w, EPS),
+                LIGER: liger_call(liger_residual_rmsnorm),
+                "pytorch": pytorch,
+            },
+        )
 
     def build_rope():
         from llmk.attention.reference_rope import apply_rope_ref, rope_cos_sin
         from llmk.attention.triton_rope import apply_rope
+
         q, k = (rand((1, t, heads, d), DTYPE).transpose(1, 2) for heads in (h, hkv))  # (B, T, H, D) storage
         cos, sin = (c[None] for c in rope_cos_sin(torch.arange(t, device=DEVICE), d, dtype=DTYPE))
-        return ((q, k, cos, sin), (0, 1),
-                {"public": apply_rope, LIGER: liger_call(liger_rope), "pytorch": apply_rope_ref})
+        return (
+            (q, k, cos, sin),
+            (0, 1),
+            {"public": apply_rope, LIGER: liger_call(liger_rope), "pytorch": apply_rope_ref},
+        )
 
     def build_flash():
         from llmk.attention.flash_attention_ops import flash_attention
+
         q, k, v = rand((1, h, t, d), DTYPE), rand((1, hkv, t, d), DTYPE), rand((1, hkv, t, d), DTYPE)
-        return ((q, k, v), (0, 1, 2),
-                {"public": lambda q, k, v: flash_attention(q, k, v, causal=True), LIGER: NO_LIGER,
-                 "pytorch": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)})
+        return (
+            (q, k, v),
+            (0, 1, 2),
+            {
+                "public": lambda q, k, v: flash_attention(q, k, v, causal=True),
+                LIGER: NO_LIGER,
+                "pytorch": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            },
+        )
 
     def build_bias_gelu():
         from llmk.mlp.triton_bias_gelu import bias_gelu
-        return ((rand((1, s["gelu"]), DTYPE), rand((s["gelu"],), DTYPE)), (0, 1),
-                {"public": bias_gelu, LIGER: NO_LIGER, "pytorch": lambda x, b: F.gelu(x + b)})
+
+        return (
+            (rand((1, s["gelu"]), DTYPE), rand((s["gelu"],), DTYPE)),
+            (0, 1),
+            {"public": bias_gelu, LIGER: NO_LIGER, "pytorch": lambda x, b: F.gelu(x + b)},
+        )
 
     def build_swiglu():
         from llmk.mlp.triton_glu import swiglu
+
         gate, up = rand((1, 2 * s["mlp"]), DTYPE).chunk(2, dim=-1)  # halves of one gate/up projection
-        return ((gate, up), (0, 1),
-                {"public": swiglu, LIGER: liger_call(liger_swiglu), "pytorch": lambda g, u: F.silu(g) * u})
+        return (
+            (gate, up),
+            (0, 1),
+            {"public": swiglu, LIGER: liger_call(liger_swiglu), "pytorch": lambda g, u: F.silu(g) * u},
+        )
 
     def build_matmul():
         from llmk.gemm.matmul_ops import matmul
-        return ((rand((m, n), DTYPE), rand((n, n), DTYPE)), (0, 1),  # w: an nn.Linear weight (N, K)
-                {"public": lambda a, w: matmul(a, w.T), LIGER: NO_LIGER, "pytorch": F.linear})
+
+        return (
+            (rand((m, n), DTYPE), rand((n, n), DTYPE)),
+            (0, 1),  # w: an nn.Linear weight (N, K)
+            {"public": lambda a, w: matmul(a, w.T), LIGER: NO_LIGER, "pytorch": F.linear},
+        )
 
     def build_rmsnorm_linear():
         from llmk.gemm.triton_rmsnorm_linear import rmsnorm_linear
-        return ((rand((m, n), DTYPE), rand((n,), DTYPE), rand((s["qkv"], n), DTYPE)), (0, 1, 2),
-                {"public": lambda x, nw, w: rmsnorm_linear(x, nw, w, EPS), LIGER: NO_LIGER,
-                 "pytorch": lambda x, nw, w: F.linear(F.rms_norm(x, (n,), nw, EPS), w)})
+
+        return (
+            (rand((m, n), DTYPE), rand((n,), DTYPE), rand((s["qkv"], n), DTYPE)),
+            (0, 1, 2),
+            {
+                "public": lambda x, nw, w: rmsnorm_linear(x, nw, w, EPS),
+                LIGER: NO_LIGER,
+                "pytorch": lambda x, nw, w: F.linear(F.rms_norm(x, (n,), nw, EPS), w),
+            },
+        )
 
     def build_cross_entropy():
         from llmk.losses.triton_cross_entropy import cross_entropy
+
         target = torch.randint(0, s["vocab"], (m,), device=DEVICE)
-        return ((rand((m, s["vocab"]), DTYPE), target), (0,),
-                {"public": cross_entropy, LIGER: liger_call(liger_ce), "pytorch": F.cross_entropy})
+        return (
+            (rand((m, s["vocab"]), DTYPE), target),
+            (0,),
+            {"public": cross_entropy, LIGER: liger_call(liger_ce), "pytorch": F.cross_entropy},
+        )
 
     def build_linear_cross_entropy():
         from llmk.losses.fused_linear_cross_entropy_ops import fused_linear_cross_entropy
+
         v = s["head_vocab"]
         target = torch.randint(0, v, (m,), device=DEVICE)
-        return ((rand((m, n), DTYPE), rand((v, n), DTYPE, scale=n ** -0.5), target), (0, 1),
-                {"public": fused_linear_cross_entropy, LIGER: liger_call(liger_lce),
-                 "pytorch": lambda x, w, y: F.cross_entropy(F.linear(x, w), y)})
+        return (
+            (rand((m, n), DTYPE), rand((v, n), DTYPE, scale=n**-0.5), target),
+            (0, 1),
+            {
+                "public": fused_linear_cross_entropy,
+                LIGER: liger_call(liger_lce),
+                "pytorch": lambda x, w, y: F.cross_entropy(F.linear(x, w), y),
+            },
+        )
 
     norm = f"1x{n}"
     attention = f"1x{h}/{hkv}x{t}x{d}"
-    return [TrainCase("rmsnorm", norm, "F.rms_norm", build_rmsnorm),
-            TrainCase("layernorm", norm, "F.layer_norm", build_layernorm),
-            TrainCase("residual_rmsnorm", norm, "x + r, F.rms_norm", build_residual),
-            TrainCase("apply_rope", attention, "rotate_half (attention/reference_rope.py)", build_rope),
-            TrainCase("flash_attention", attention + " causal", "SDPA", build_flash),
-            TrainCase("bias_gelu", f"1x{s['gelu']}", "F.gelu(x + b)", build_bias_gelu),
-            TrainCase("swiglu", f"1x{s['mlp']}", "F.silu(g) * u", build_swiglu),
-            TrainCase("matmul", f"{m}x{n}x{n} (W.T)", "F.linear", build_matmul),
-            TrainCase("rmsnorm_linear", f"{m}x{s['qkv']}x{n}", "F.rms_norm, F.linear", build_rmsnorm_linear),
-            TrainCase("cross_entropy", f"{m}x{s['vocab']}", "F.cross_entropy", build_cross_entropy),
-            TrainCase("fused_linear_cross_entropy", f"{m}x{n}x{s['head_vocab']}", "F.linear, F.cross_entropy",
-                      build_linear_cross_entropy)]
+    return [
+        TrainCase("rmsnorm", norm, "F.rms_norm", build_rmsnorm),
+        TrainCase("layernorm", norm, "F.layer_norm", build_layernorm),
+        TrainCase("residual_rmsnorm", norm, "x + r, F.rms_norm", build_residual),
+        TrainCase("apply_rope", attention, "rotate_half (attention/reference_rope.py)", build_rope),
+        TrainCase("flash_attention", attention + " causal", "SDPA", build_flash),
+        TrainCase("bias_gelu", f"1x{s['gelu']}", "F.gelu(x + b)", build_bias_gelu),
+        TrainCase("swiglu", f"1x{s['mlp']}", "F.silu(g) * u", build_swiglu),
+        TrainCase("matmul", f"{m}x{n}x{n} (W.T)", "F.linear", build_matmul),
+        TrainCase("rmsnorm_linear", f"{m}x{s['qkv']}x{n}", "F.rms_norm, F.linear", build_rmsnorm_linear),
+        TrainCase("cross_entropy", f"{m}x{s['vocab']}", "F.cross_entropy", build_cross_entropy),
+        TrainCase(
+            "fused_linear_cross_entropy",
+            f"{m}x{n}x{s['head_vocab']}",
+            "F.linear, F.cross_entropy",
+            build_linear_cross_entropy,
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,8 +745,15 @@ def error_text(e):
 
 
 def make_row(op, shape, provider, mode, us=None, error=None, **extra):
-    row = {"op": op, "shape": shape, "dtype": "bf16", "provider": provider, "mode": mode,
-           "us": None if us is None else round(us, 2), "error": error}
+    row = {
+        "op": op,
+        "shape": shape,
+        "dtype": "bf16",
+        "provider": provider,
+        "mode": mode,
+        "us": None if us is None else round(us, 2),
+        "error": error,
+    }
     row.update(extra)
     return row
 
@@ -602,8 +781,11 @@ def prepare(case):
         if provider not in calls:
             calls[provider] = through(ops, attribute) if ops else missing
     if "torch.ops" not in calls:
-        calls["torch.ops"] = through(ops, "overload") if ops else (
-            "the public function called no llmk operator (common.ops.define_op): not converted yet?")
+        calls["torch.ops"] = (
+            through(ops, "overload")
+            if ops
+            else ("the public function called no llmk operator (common.ops.define_op): not converted yet?")
+        )
     if calls.get("launcher") is None:
         calls["launcher"] = through(ops, "impl") if ops else "no llmk operator whose implementation could stand in"
     elif result is not None:  # the same kernel on the same inputs: a different output is a wrong launcher call
@@ -650,16 +832,19 @@ def train_calls(case):
     fns.setdefault("torch.compile", compile_train_fn(fns["pytorch"], TRAIN_MODE))
     with torch.no_grad():
         outs = fns["pytorch"](*inputs)
-    grad_outputs = [torch.randn(o.shape, device=o.device).to(o.dtype)
-                    for o in (outs if isinstance(outs, (tuple, list)) else (outs,))]
+    grad_outputs = [
+        torch.randn(o.shape, device=o.device).to(o.dtype)
+        for o in (outs if isinstance(outs, (tuple, list)) else (outs,))
+    ]
     calls, skipped, errors = {}, {}, {}
     for provider in TRAIN_PROVIDERS:
         fn = fns.get(provider)
         if isinstance(fn, str):
             skipped[provider] = fn
         else:
-            calls[provider] = train_call(fn, [a.clone() for a in inputs], wrt, TRAIN_MODE,
-                                         [g.clone() for g in grad_outputs])
+            calls[provider] = train_call(
+                fn, [a.clone() for a in inputs], wrt, TRAIN_MODE, [g.clone() for g in grad_outputs]
+            )
     grads = {}
     for provider in ("public", "pytorch"):
         try:
@@ -696,7 +881,7 @@ def measure_train_case(bench, case, s):
         timed = provider in us and not error and provider not in skipped
         row = make_row(case.op, case.shape, provider, TRAIN_MODE, us[provider] if timed else None, error, **extra)
         bench.rows.append(row)
-        shown = (f"{row['us']:9.2f} us" if timed else f"ERROR {error}" if error else f"skipped ({skipped[provider]})")
+        shown = f"{row['us']:9.2f} us" if timed else f"ERROR {error}" if error else f"skipped ({skipped[provider]})"
         print(f"{case.op:26s} {case.shape:>24s} {TRAIN_MODE:8s} {provider:13s} {shown}", flush=True)
 
 
@@ -720,8 +905,9 @@ def measure(s):
     def fill(bench):
         if not bench.wants_dtype("bf16"):  # every row is bf16
             return
-        bench.meta["timer"] = (f"devtools.bench.host_time_us: {s['calls']} calls without a sync, best of "
-                               f"{s['rounds']}, CPU us a call")
+        bench.meta["timer"] = (
+            f"devtools.bench.host_time_us: {s['calls']} calls without a sync, best of {s['rounds']}, CPU us a call"
+        )
         forward = bench.wants_mode("fwd")  # the no_grad and inference_mode rows
         if forward and bench.selected("empty kernel", "1", "launcher"):
             x = torch.empty(1, dtype=DTYPE, device=DEVICE)
@@ -740,6 +926,7 @@ def measure(s):
                 measure_train_case(bench, case, s)
                 if not INTERPRET:
                     torch.cuda.empty_cache()
+
     return fill
 
 

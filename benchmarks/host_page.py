@@ -1,5 +1,6 @@
 """The results page of the host area (docs/results/host.md): its title, intro, the groups of rows its
 sentences sum up, and its notes (benchmarks/pages.py; scripts/report.py renders it)."""
+
 from llmk.benchmarks.pages import Area
 
 PAGE = Area(
@@ -10,4 +11,6 @@ PAGE = Area(
     "(`torch.ops.llmk.<name>.default`). This page gives the CPU time of each way, of the bare "
     "launch under it, and of the PyTorch call each kernel stands in for, at decode sizes, where "
     "a call's host time is as long as its GPU time.",
-    [], render="host_figures")
+    [],
+    render="host_figures",
+)

@@ -60,15 +60,32 @@ OURS = ("triton", "triton-paged", "triton-e4m3", "triton-paged-e4m3")
 E4M3 = ("triton-e4m3", "triton-paged-e4m3")
 N_HEADS, HEAD_DIM, DTYPE, PAGE_SIZE = 32, 128, torch.float16, 16
 # head_dims: the other head dims, at the (B, T) points of head_dim_points, beside d
-FULL = dict(heads=N_HEADS, kv_heads=(32, 8), d=HEAD_DIM, lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768),
-            t_batches=(1, 16), batches=(1, 2, 4, 8, 16, 32, 64), b_length=8192,
-            head_dims=(80, 96), head_dim_points=((1, 8192), (16, 4096), (64, 8192)))
-SMOKE = dict(heads=4, kv_heads=(4, 2), d=64, lengths=(16, 48), t_batches=(1,), batches=(1, 2), b_length=16,
-             head_dims=(40,), head_dim_points=((2, 16),))
-CACHE_MAX_BYTES = 20 * 2 ** 30   # K + V; with a second copy (pages, SDPA's layout) the peak is twice this
-NAIVE_MAX_BYTES = 1 * 2 ** 30    # the reference copies the cache to fp32 (and v once more): 3x this
-MATH_MAX_BYTES = 2 * 2 ** 30     # SDPA's math backend materializes fp32 scores and, for GQA, expands K/V
-EXPAND_MAX_BYTES = 16 * 2 ** 30  # K/V expanded to H heads for a backend that refuses enable_gqa
+FULL = dict(
+    heads=N_HEADS,
+    kv_heads=(32, 8),
+    d=HEAD_DIM,
+    lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768),
+    t_batches=(1, 16),
+    batches=(1, 2, 4, 8, 16, 32, 64),
+    b_length=8192,
+    head_dims=(80, 96),
+    head_dim_points=((1, 8192), (16, 4096), (64, 8192)),
+)
+SMOKE = dict(
+    heads=4,
+    kv_heads=(4, 2),
+    d=64,
+    lengths=(16, 48),
+    t_batches=(1,),
+    batches=(1, 2),
+    b_length=16,
+    head_dims=(40,),
+    head_dim_points=((2, 16),),
+)
+CACHE_MAX_BYTES = 20 * 2**30  # K + V; with a second copy (pages, SDPA's layout) the peak is twice this
+NAIVE_MAX_BYTES = 1 * 2**30  # the reference copies the cache to fp32 (and v once more): 3x this
+MATH_MAX_BYTES = 2 * 2**30  # SDPA's math backend materializes fp32 scores and, for GQA, expands K/V
+EXPAND_MAX_BYTES = 16 * 2**30  # K/V expanded to H heads for a backend that refuses enable_gqa
 GRAPHED = ("triton", "triton-paged", "sdpa-flash", "sdpa-efficient")
 
 
@@ -84,8 +101,10 @@ def e4m3_bytes(b, hkv, t, d):
 def panels(cfg, hkv):
     """[(xlabel, [(x, (B, H, Hkv, T, D))])] for one kv head count."""
     h, d = cfg["heads"], cfg["d"]
-    out = [(f"sequence length T (B {b}, H {h}/{hkv}, hd {d})", [(t, (b, h, hkv, t, d)) for t in cfg["lengths"]])
-           for b in cfg["t_batches"]]
+    out = [
+        (f"sequence length T (B {b}, H {h}/{hkv}, hd {d})", [(t, (b, h, hkv, t, d)) for t in cfg["lengths"]])
+        for b in cfg["t_batches"]
+    ]
     t = cfg["b_length"]
     out.append((f"batch B (T {t}, H {h}/{hkv}, hd {d})", [(b, (b, h, hkv, t, d)) for b in cfg["batches"]]))
     return out
@@ -94,8 +113,10 @@ def panels(cfg, hkv):
 def head_dim_panels(cfg, hkv):
     """[(xlabel, [(D, (B, H, Hkv, T, D))])]: the head dims at each (B, T) of head_dim_points."""
     h, dims = cfg["heads"], sorted((*cfg["head_dims"], cfg["d"]))
-    return [(f"head dim (B {b}, T {t}, H {h}/{hkv})", [(d, (b, h, hkv, t, d)) for d in dims])
-            for b, t in cfg["head_dim_points"]]
+    return [
+        (f"head dim (B {b}, T {t}, H {h}/{hkv})", [(d, (b, h, hkv, t, d)) for d in dims])
+        for b, t in cfg["head_dim_points"]
+    ]
 
 
 def op_name(h, hkv):
@@ -104,8 +125,12 @@ def op_name(h, hkv):
 
 def sdpa_backends():
     from torch.nn.attention import SDPBackend
-    return {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "sdpa-math": SDPBackend.MATH}
+
+    return {
+        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "sdpa-math": SDPBackend.MATH,
+    }
 
 
 def sdpa_call(backend, q4, k4, v4, gqa):
@@ -114,6 +139,7 @@ def sdpa_call(backend, q4, k4, v4, gqa):
     def call():
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=gqa)
+
     return call
 
 
@@ -158,8 +184,9 @@ def bind_e4m3(provider, inputs):
         v_pages = as_value_pages(to_pages(vb, perm, PAGE_SIZE)).view(FP8)
         table = perm.to(torch.int32)
         k_scales, v_scales = (to_pages(x[..., None], perm, PAGE_SIZE)[..., 0] for x in (ks, vs))
-        return lambda: paged_decode_attention(q, k_pages, v_pages, table, lengths, max_length=t, k_scale=k_scales,
-                                              v_scale=v_scales)
+        return lambda: paged_decode_attention(
+            q, k_pages, v_pages, table, lengths, max_length=t, k_scale=k_scales, v_scale=v_scales
+        )
     n = q.shape[0] if provider == "naive" else min(q.shape[0], 2)  # "naive-first2": what compare reads
     k_deq, v_deq = (dequantize_kv(x[:n], s[:n], q.dtype) for x, s in ((kq, ks), (vq, vs)))
     return lambda: decode_attention_reference(q[:n], k_deq, v_deq, lengths[:n])
@@ -191,7 +218,7 @@ def setup(shape):
 
 def compare(out, expected):
     """The first sequences' error; SDPA's output (B, H, 1, D) is read as (B, H, D)."""
-    return max_err((out[:, :, 0] if out.dim() == 4 else out)[:expected.shape[0]], expected)
+    return max_err((out[:, :, 0] if out.dim() == 4 else out)[: expected.shape[0]], expected)
 
 
 def splits(name, inputs, call):
@@ -199,8 +226,11 @@ def splits(name, inputs, call):
         return {}
     q, k, _, _, t = inputs
     n_sms = sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
-    return {"splits": decode_config(q.shape[0], k.shape[2], q.shape[1] // k.shape[2], q.shape[2], t, n_sms,
-                                    "paged" in name, e4m3=name in E4M3).num_splits}
+    return {
+        "splits": decode_config(
+            q.shape[0], k.shape[2], q.shape[1] // k.shape[2], q.shape[2], t, n_sms, "paged" in name, e4m3=name in E4M3
+        ).num_splits
+    }
 
 
 def cases(cfg):
@@ -214,19 +244,41 @@ def cases(cfg):
                 providers["naive"] = "cache past NAIVE_MAX_BYTES"
             if n_bytes > MATH_MAX_BYTES:
                 providers["sdpa-math"] = "cache past MATH_MAX_BYTES"
-            too_big_why = f"cache {n_bytes / 2 ** 30:.1f} GiB > {CACHE_MAX_BYTES / 2 ** 30:.0f} GiB"
-            yield BenchCase(op_name(h, hkv), shape, DTYPE, providers, lambda shape=shape: setup(shape), n_bytes=n_bytes,
-                       graph=GRAPHED, extra=splits, bind=bind, compare=compare, skip_on=(RuntimeError,),
-                       skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None)
+            too_big_why = f"cache {n_bytes / 2**30:.1f} GiB > {CACHE_MAX_BYTES / 2**30:.0f} GiB"
+            yield BenchCase(
+                op_name(h, hkv),
+                shape,
+                DTYPE,
+                providers,
+                lambda shape=shape: setup(shape),
+                n_bytes=n_bytes,
+                graph=GRAPHED,
+                extra=splits,
+                bind=bind,
+                compare=compare,
+                skip_on=(RuntimeError,),
+                skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None,
+            )
             # the gate's baseline at every shape: the reference on the dequantized cache's first
             # sequences, untimed (its error, like ours, holds e4m3's against the 16-bit cache)
             providers = dict.fromkeys(E4M3 + ("naive", "naive-first2"), bind_e4m3)
             if n_bytes > NAIVE_MAX_BYTES:
                 providers["naive"] = "cache past NAIVE_MAX_BYTES"
-            yield BenchCase(f"{op_name(h, hkv)}-e4m3", shape, DTYPE, providers, lambda shape=shape: setup(shape),
-                            n_bytes=e4m3_bytes(b, hkv, t, d), graph=E4M3, extra=splits, bind=bind_e4m3,
-                            compare=compare, untimed=("naive-first2",),
-                            skip_on=(RuntimeError,), skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None)
+            yield BenchCase(
+                f"{op_name(h, hkv)}-e4m3",
+                shape,
+                DTYPE,
+                providers,
+                lambda shape=shape: setup(shape),
+                n_bytes=e4m3_bytes(b, hkv, t, d),
+                graph=E4M3,
+                extra=splits,
+                bind=bind_e4m3,
+                compare=compare,
+                untimed=("naive-first2",),
+                skip_on=(RuntimeError,),
+                skip=too_big_why if n_bytes > CACHE_MAX_BYTES else None,
+            )
 
 
 def summarize(rows, cfg):
@@ -238,40 +290,59 @@ def summarize(rows, cfg):
         return next((r for r in rows if r["provider"] == provider and r["shape"] == shape), None) or {}
 
     lines = []
-    big = [r for r in rows if r["provider"] == "triton" and int(r["shape"].split("x")[0]) >= 8
-           and int(r["shape"].split("x")[3]) >= 4096]
+    big = [
+        r
+        for r in rows
+        if r["provider"] == "triton" and int(r["shape"].split("x")[0]) >= 8 and int(r["shape"].split("x")[3]) >= 4096
+    ]
     for label, ms, pct in (("", "ms", "pct_copy"), ("graph: ", "graph_ms", "graph_pct_copy")):
         timed = [r for r in big if pct in r]
         if timed:
             worst = min(timed, key=lambda r: r[pct])
-            lines.append(f"{label}triton at B >= 8, T >= 4096: worst {worst[pct]}% of copy ({worst['shape']}; "
-                         "target 85%)")
+            lines.append(
+                f"{label}triton at B >= 8, T >= 4096: worst {worst[pct]}% of copy ({worst['shape']}; target 85%)"
+            )
         for hkv in kv_heads:
             shape = shape_str((1, h, hkv, 8192, HEAD_DIM))
             ours, flash = pick("triton", shape), pick("sdpa-flash", shape)
             if ms in ours and ms in flash:
-                lines.append(f"{label}B1 T8192 H{h}/{hkv}: triton {ours[ms] * 1e3:.1f} us vs sdpa-flash "
-                             f"{flash[ms] * 1e3:.1f} us ({flash[ms] / ours[ms]:.2f}x; target > 1)")
+                lines.append(
+                    f"{label}B1 T8192 H{h}/{hkv}: triton {ours[ms] * 1e3:.1f} us vs sdpa-flash "
+                    f"{flash[ms] * 1e3:.1f} us ({flash[ms] / ours[ms]:.2f}x; target > 1)"
+                )
         for provider, base in (("triton-e4m3", "triton"), ("triton-paged-e4m3", "triton-paged")):
-            speed = sorted(pick(base, r["shape"])[ms] / r[ms] for r in rows
-                           if r["provider"] == provider and ms in r and ms in pick(base, r["shape"]))
+            speed = sorted(
+                pick(base, r["shape"])[ms] / r[ms]
+                for r in rows
+                if r["provider"] == provider and ms in r and ms in pick(base, r["shape"])
+            )
             if speed:
-                lines.append(f"{label}{provider} / {base} (16-bit cache) speed: worst {speed[0]:.2f}, median "
-                             f"{speed[len(speed) // 2]:.2f}, best {speed[-1]:.2f}")
-        ratios = sorted(r[ms] / pick("triton-paged", r["shape"])[ms] for r in rows
-                        if r["provider"] == "triton" and ms in r and ms in pick("triton-paged", r["shape"]))
+                lines.append(
+                    f"{label}{provider} / {base} (16-bit cache) speed: worst {speed[0]:.2f}, median "
+                    f"{speed[len(speed) // 2]:.2f}, best {speed[-1]:.2f}"
+                )
+        ratios = sorted(
+            r[ms] / pick("triton-paged", r["shape"])[ms]
+            for r in rows
+            if r["provider"] == "triton" and ms in r and ms in pick("triton-paged", r["shape"])
+        )
         if ratios:
-            lines.append(f"{label}paged / contiguous speed: worst {ratios[0]:.2f}, "
-                         f"median {ratios[len(ratios) // 2]:.2f} "
-                         "(target >= 0.9)")
+            lines.append(
+                f"{label}paged / contiguous speed: worst {ratios[0]:.2f}, "
+                f"median {ratios[len(ratios) // 2]:.2f} "
+                "(target >= 0.9)"
+            )
         # padded head dims against hd 128 at the same (B, T): the same share of copy is the target
         for hkv in kv_heads:
             for xlabel, points in head_dim_panels(cfg, hkv):
                 for provider in ("triton", "triton-paged"):
                     share = {d: pick(provider, shape_str(shape)).get(pct) for d, shape in points}
                     if all(v is not None for v in share.values()):
-                        lines.append(f"{label}{provider} {xlabel}: % of copy " + ", ".join(
-                            f"hd {d} {v}" for d, v in share.items()) + f" (target: hd {cfg['d']}'s)")
+                        lines.append(
+                            f"{label}{provider} {xlabel}: % of copy "
+                            + ", ".join(f"hd {d} {v}" for d, v in share.items())
+                            + f" (target: hd {cfg['d']}'s)"
+                        )
     return lines
 
 
@@ -283,11 +354,20 @@ def charts(args, cfg):
             op = op_name(cfg["heads"], hkv)
             sel = [r for r in rows if r["op"] == op]
             # GPU time (CUDA graphs) beside do_bench's for ours and flash: same bytes, so GB/s scales by ms
-            sel += [dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
-                    for r in sel if r["provider"] in ("triton", "sdpa-flash") and r.get("graph_ms")]
+            sel += [
+                dict(r, provider=f"{r['provider']} (graph)", GBps=round(r["GBps"] * r["ms"] / r["graph_ms"], 1))
+                for r in sel
+                if r["provider"] in ("triton", "sdpa-flash") and r.get("graph_ms")
+            ]
             plot_sweeps(args.out / f"inference_{op}_fp16.png", f"{op} (q_len 1) fp16", sel, panels(cfg, hkv), meta)
-            plot_sweeps(args.out / f"inference_{op}_head_dims_fp16.png", f"{op} (q_len 1) fp16, head dims", sel,
-                        head_dim_panels(cfg, hkv), meta)
+            plot_sweeps(
+                args.out / f"inference_{op}_head_dims_fp16.png",
+                f"{op} (q_len 1) fp16, head dims",
+                sel,
+                head_dim_panels(cfg, hkv),
+                meta,
+            )
+
     return draw
 
 

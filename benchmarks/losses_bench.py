@@ -106,12 +106,13 @@ def lce_reference(hidden, weight, target, class_weight=None, lse_square_scale=0.
 
 def lce_setup(n, h, v, weighted=False, lse_square_scale=0.0):
     hidden = torch.randn(n, h, device=DEVICE, dtype=DTYPE)
-    weight = (torch.randn(v, h, device=DEVICE) * h ** -0.5).to(DTYPE)
+    weight = (torch.randn(v, h, device=DEVICE) * h**-0.5).to(DTYPE)
     target = targets(n, v)
     class_weight = class_weight_of(v) if weighted else None
     extra = [class_weight] if weighted else []
-    return (hidden, weight, target, *extra, [torch.ones((), device=DEVICE, dtype=DTYPE)]), \
-        lce_reference(hidden, weight, target, class_weight, lse_square_scale)
+    return (hidden, weight, target, *extra, [torch.ones((), device=DEVICE, dtype=DTYPE)]), lce_reference(
+        hidden, weight, target, class_weight, lse_square_scale
+    )
 
 
 def bind_train(providers, wrt, mode):
@@ -122,6 +123,7 @@ def bind_train(providers, wrt, mode):
         if mode == "fwd":
             return lambda: providers[name](*tensors)
         return train_call(providers[name], tensors, wrt, mode, dys)
+
     return bind
 
 
@@ -131,23 +133,48 @@ GRAPHED = ("triton", "eager", "torch.compile")  # fwd+bwd rows: the providers a 
 def ce_cases(shapes):
     for mode in ("fwd", "fwd+bwd"):
         compiled = compile_fn(eager_ce) if mode == "fwd" else compile_train_fn(eager_ce, mode)
-        providers = {"triton": cross_entropy, "eager": eager_ce, "torch.compile": compiled,
-                     LIGER: "liger: its kernels do not run in Triton's interpreter" if INTERPRET else liger_ce()}
+        providers = {
+            "triton": cross_entropy,
+            "eager": eager_ce,
+            "torch.compile": compiled,
+            LIGER: "liger: its kernels do not run in Triton's interpreter" if INTERPRET else liger_ce(),
+        }
         for n, v in shapes:
-            yield BenchCase("cross_entropy", (n, v), DTYPE, providers, lambda n=n, v=v, mode=mode: ce_setup(n, v, mode),
-                       n_bytes=(1 if mode == "fwd" else 3) * n * v * DTYPE.itemsize, mode=mode,
-                       peak=mode != "fwd", bind=bind_train(providers, (0,), mode),
-                       graph=GRAPHED if mode != "fwd" else ())
+            yield BenchCase(
+                "cross_entropy",
+                (n, v),
+                DTYPE,
+                providers,
+                lambda n=n, v=v, mode=mode: ce_setup(n, v, mode),
+                n_bytes=(1 if mode == "fwd" else 3) * n * v * DTYPE.itemsize,
+                mode=mode,
+                peak=mode != "fwd",
+                bind=bind_train(providers, (0,), mode),
+                graph=GRAPHED if mode != "fwd" else (),
+            )
 
 
 def lce_cases(shapes):
-    providers = {"triton": fused_linear_cross_entropy, "eager": eager_lce,
-                 "torch.compile": compile_train_fn(eager_lce, "fwd+bwd"),
-                 LIGER: "liger: its kernels do not run in Triton's interpreter" if INTERPRET else liger_lce()}
+    providers = {
+        "triton": fused_linear_cross_entropy,
+        "eager": eager_lce,
+        "torch.compile": compile_train_fn(eager_lce, "fwd+bwd"),
+        LIGER: "liger: its kernels do not run in Triton's interpreter" if INTERPRET else liger_lce(),
+    }
     for n, h, v in shapes:
-        yield BenchCase("linear_cross_entropy", (n, h, v), DTYPE, providers, lambda n=n, h=h, v=v: lce_setup(n, h, v),
-                   flops=6 * n * h * v, mode="fwd+bwd", peak=True, bind=bind_train(providers, (0, 1), "fwd+bwd"),
-                   skip_on=(torch.cuda.OutOfMemoryError,), graph=GRAPHED)
+        yield BenchCase(
+            "linear_cross_entropy",
+            (n, h, v),
+            DTYPE,
+            providers,
+            lambda n=n, h=h, v=v: lce_setup(n, h, v),
+            flops=6 * n * h * v,
+            mode="fwd+bwd",
+            peak=True,
+            bind=bind_train(providers, (0, 1), "fwd+bwd"),
+            skip_on=(torch.cuda.OutOfMemoryError,),
+            graph=GRAPHED,
+        )
 
 
 def liger_with(module, name, call):
@@ -161,10 +188,14 @@ def liger_with(module, name, call):
 # Liger's positional arguments (0.8.5): CE (input, target, weight, ignore_index, lse_square_scale, label_smoothing,
 # reduction, softcap, return_z_loss, ...); FLCE (input, weight, target, bias, ce_weight, ignore_index,
 # lse_square_scale, ...)
-LIGER_CE = {"z-loss": lambda f: lambda logits, target: f(logits, target, None, -100, Z_LOSS)[0],
-            "class weight": lambda f: lambda logits, target, w: f(logits, target, w)[0]}
-LIGER_LCE = {"z-loss": lambda f: lambda hidden, weight, target: f(hidden, weight, target, None, None, -100, Z_LOSS)[0],
-             "class weight": lambda f: lambda hidden, weight, target, w: f(hidden, weight, target, None, w)[0]}
+LIGER_CE = {
+    "z-loss": lambda f: lambda logits, target: f(logits, target, None, -100, Z_LOSS)[0],
+    "class weight": lambda f: lambda logits, target, w: f(logits, target, w)[0],
+}
+LIGER_LCE = {
+    "z-loss": lambda f: lambda hidden, weight, target: f(hidden, weight, target, None, None, -100, Z_LOSS)[0],
+    "class weight": lambda f: lambda hidden, weight, target, w: f(hidden, weight, target, None, w)[0],
+}
 
 
 def option_cases(ce_shape, lce_shape):
@@ -174,49 +205,84 @@ def option_cases(ce_shape, lce_shape):
         if weighted:
             ours_ce = lambda logits, target, w: cross_entropy(logits, target, weight=w)  # noqa: E731
             ours_lce = lambda hidden, weight, target, w: fused_linear_cross_entropy(  # noqa: E731
-                hidden, weight, target, class_weight=w)
+                hidden, weight, target, class_weight=w
+            )
             eager_c, eager_l = eager_ce, eager_lce
         else:
             ours_ce = lambda logits, target: cross_entropy(logits, target, lse_square_scale=Z_LOSS)  # noqa: E731
             ours_lce = lambda hidden, weight, target: fused_linear_cross_entropy(  # noqa: E731
-                hidden, weight, target, lse_square_scale=Z_LOSS)
+                hidden, weight, target, lse_square_scale=Z_LOSS
+            )
             eager_c = lambda logits, target: eager_ce(logits, target, None, Z_LOSS)  # noqa: E731
             eager_l = lambda hidden, weight, target: eager_lce(hidden, weight, target, None, Z_LOSS)  # noqa: E731
-        providers = {"triton": ours_ce, "eager": eager_c, "torch.compile": compile_train_fn(eager_c, "fwd+bwd"),
-                     LIGER: liger_with("cross_entropy", "LigerCrossEntropyFunction", LIGER_CE[label])}
+        providers = {
+            "triton": ours_ce,
+            "eager": eager_c,
+            "torch.compile": compile_train_fn(eager_c, "fwd+bwd"),
+            LIGER: liger_with("cross_entropy", "LigerCrossEntropyFunction", LIGER_CE[label]),
+        }
         n, v = ce_shape
-        yield BenchCase(f"cross_entropy {label}", (n, v), DTYPE, providers,
-                        lambda n=n, v=v, w=weighted, z=z: ce_setup(n, v, "fwd+bwd", w, z),
-                        n_bytes=3 * n * v * DTYPE.itemsize, mode="fwd+bwd", peak=True,
-                        bind=bind_train(providers, (0,), "fwd+bwd"), graph=GRAPHED)
-        providers = {"triton": ours_lce, "eager": eager_l, "torch.compile": compile_train_fn(eager_l, "fwd+bwd"),
-                     LIGER: liger_with("fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction",
-                                       LIGER_LCE[label])}
+        yield BenchCase(
+            f"cross_entropy {label}",
+            (n, v),
+            DTYPE,
+            providers,
+            lambda n=n, v=v, w=weighted, z=z: ce_setup(n, v, "fwd+bwd", w, z),
+            n_bytes=3 * n * v * DTYPE.itemsize,
+            mode="fwd+bwd",
+            peak=True,
+            bind=bind_train(providers, (0,), "fwd+bwd"),
+            graph=GRAPHED,
+        )
+        providers = {
+            "triton": ours_lce,
+            "eager": eager_l,
+            "torch.compile": compile_train_fn(eager_l, "fwd+bwd"),
+            LIGER: liger_with("fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction", LIGER_LCE[label]),
+        }
         n, h, v = lce_shape
-        yield BenchCase(f"linear_cross_entropy {label}", (n, h, v), DTYPE, providers,
-                        lambda n=n, h=h, v=v, w=weighted, z=z: lce_setup(n, h, v, w, z), flops=6 * n * h * v,
-                        mode="fwd+bwd", peak=True, bind=bind_train(providers, (0, 1), "fwd+bwd"),
-                        skip_on=(torch.cuda.OutOfMemoryError,), graph=GRAPHED)
+        yield BenchCase(
+            f"linear_cross_entropy {label}",
+            (n, h, v),
+            DTYPE,
+            providers,
+            lambda n=n, h=h, v=v, w=weighted, z=z: lce_setup(n, h, v, w, z),
+            flops=6 * n * h * v,
+            mode="fwd+bwd",
+            peak=True,
+            bind=bind_train(providers, (0, 1), "fwd+bwd"),
+            skip_on=(torch.cuda.OutOfMemoryError,),
+            graph=GRAPHED,
+        )
 
 
 def charts(args, ce_shapes, lce_shapes):
-    panels = {"cross_entropy": ("GBps", [("vocabulary V (BT x V logits)", [(s[-1], s) for s in ce_shapes])]),
-              "linear_cross_entropy": ("TFLOPs", [("vocabulary V ((BT, H) x (V, H))",
-                                                   [(s[-1], s) for s in lce_shapes])])}
+    panels = {
+        "cross_entropy": ("GBps", [("vocabulary V (BT x V logits)", [(s[-1], s) for s in ce_shapes])]),
+        "linear_cross_entropy": ("TFLOPs", [("vocabulary V ((BT, H) x (V, H))", [(s[-1], s) for s in lce_shapes])]),
+    }
 
     def draw(meta, rows):
         for op, (metric, sweeps) in panels.items():
             sel = [r for r in rows if r["op"] == op and r.get("mode") == "fwd+bwd"]
             plot_sweeps(args.out / f"losses_{op}.png", f"{op} bf16 fwd+bwd", sel, sweeps, meta, metric=metric)
+
     return draw
 
 
 def main():
     args = parse_args(__doc__)
     ce_shapes, lce_shapes = (SMOKE_CE_SHAPES, SMOKE_LCE_SHAPES) if args.smoke else (CE_SHAPES, LCE_SHAPES)
-    run(args, "losses", charts(args, ce_shapes, lce_shapes),
-        cases=lambda: [*ce_cases(ce_shapes), *lce_cases(lce_shapes), *option_cases(ce_shapes[1 % len(ce_shapes)],
-                                                                                   lce_shapes[0])])
+    run(
+        args,
+        "losses",
+        charts(args, ce_shapes, lce_shapes),
+        cases=lambda: [
+            *ce_cases(ce_shapes),
+            *lce_cases(lce_shapes),
+            *option_cases(ce_shapes[1 % len(ce_shapes)], lce_shapes[0]),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -82,10 +82,22 @@ def gate_and_up(m, n, dtype):
 
 # op -> (dtypes, inputs (m, n, dtype), triton, eager, fp32 reference, bytes(m, n, e))
 OPS = {
-    "bias_gelu": ((torch.float16, torch.bfloat16), x_and_bias, bias_gelu, eager_bias_gelu, bias_gelu_ref,
-                  bias_gelu_bytes),
-    "bias_gelu_tanh": ((torch.float16,), x_and_bias, lambda x, b: bias_gelu(x, b, "tanh"), eager_bias_gelu_tanh,
-                       lambda x, b: bias_gelu_ref(x, b, "tanh"), bias_gelu_bytes),
+    "bias_gelu": (
+        (torch.float16, torch.bfloat16),
+        x_and_bias,
+        bias_gelu,
+        eager_bias_gelu,
+        bias_gelu_ref,
+        bias_gelu_bytes,
+    ),
+    "bias_gelu_tanh": (
+        (torch.float16,),
+        x_and_bias,
+        lambda x, b: bias_gelu(x, b, "tanh"),
+        eager_bias_gelu_tanh,
+        lambda x, b: bias_gelu_ref(x, b, "tanh"),
+        bias_gelu_bytes,
+    ),
     "swiglu": ((torch.float16, torch.bfloat16), gate_and_up, swiglu, eager_swiglu, swiglu_ref, swiglu_bytes),
     "geglu": ((torch.bfloat16,), gate_and_up, geglu, eager_geglu, geglu_ref, swiglu_bytes),
 }
@@ -101,9 +113,14 @@ def cases(sweeps, smoke):
         providers = {"triton": kernel, "eager": eager, "torch.compile": compile_fn(eager)}
         for dtype in dtypes[:1] if smoke else dtypes:  # smoke: the code path once, compiles are slow on a CPU
             for m, n in shapes_of(sweeps):
-                yield BenchCase(op, (m, n), dtype, providers,
-                           lambda make=make_inputs, ref=ref, m=m, n=n, dtype=dtype: setup(make, ref, m, n, dtype),
-                           n_bytes=n_bytes(m, n, dtype.itemsize))
+                yield BenchCase(
+                    op,
+                    (m, n),
+                    dtype,
+                    providers,
+                    lambda make=make_inputs, ref=ref, m=m, n=n, dtype=dtype: setup(make, ref, m, n, dtype),
+                    n_bytes=n_bytes(m, n, dtype.itemsize),
+                )
 
 
 TRAIN_DTYPE = torch.bfloat16
@@ -129,16 +146,16 @@ def train_setup(make_inputs, ref, m, n):
     return inputs + (dys,), grads
 
 
-
-
 def bind_train(providers, mode):
     """Case.bind of a training row: train_call on the case's inputs; Liger on copies of them, since
     its backward overwrites the saved inputs with the gradients."""
+
     def bind(name, inputs):
         *tensors, dys = inputs
         if name == LIGER:
             tensors = [t.clone() for t in tensors]
         return train_call(providers[name], tensors, WRT, mode, dys)
+
     return bind
 
 
@@ -149,13 +166,21 @@ def train_cases(train_sweeps):
             compiled = compile_train_fn(eager, mode)
             providers = {"triton": kernel, "eager": eager, "torch.compile": compiled}
             if liger_fn is not None:
-                providers[LIGER] = (liger_fn() if not INTERPRET
-                                    else "liger: its kernels do not run in Triton's interpreter")
+                providers[LIGER] = (
+                    liger_fn() if not INTERPRET else "liger: its kernels do not run in Triton's interpreter"
+                )
             for m, n in shapes_of(train_sweeps[sweep_key]):
-                yield BenchCase(op, (m, n), TRAIN_DTYPE, providers,
-                           lambda make=make_inputs, ref=ref, m=m, n=n: train_setup(make, ref, m, n),
-                           n_bytes=n_bytes(m, n, TRAIN_DTYPE.itemsize), mode=mode, peak=True,
-                           bind=bind_train(providers, mode))
+                yield BenchCase(
+                    op,
+                    (m, n),
+                    TRAIN_DTYPE,
+                    providers,
+                    lambda make=make_inputs, ref=ref, m=m, n=n: train_setup(make, ref, m, n),
+                    n_bytes=n_bytes(m, n, TRAIN_DTYPE.itemsize),
+                    mode=mode,
+                    peak=True,
+                    bind=bind_train(providers, mode),
+                )
 
 
 def charts(args, sweeps, train_sweeps):
@@ -166,8 +191,8 @@ def charts(args, sweeps, train_sweeps):
             plot_sweeps(args.out / f"mlp_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta)
         for op, (sweep_key, *_) in TRAIN.items():
             sel = [r for r in rows if r["op"] == op and r.get("mode") == "fwd+bwd"]
-            plot_sweeps(args.out / f"mlp_{op}_bf16_train.png", f"{op} bf16 fwd+bwd", sel, train_sweeps[sweep_key],
-                        meta)
+            plot_sweeps(args.out / f"mlp_{op}_bf16_train.png", f"{op} bf16 fwd+bwd", sel, train_sweeps[sweep_key], meta)
+
     return draw
 
 
@@ -175,8 +200,12 @@ def main():
     args = parse_args(__doc__)
     sweeps = MLP_SMOKE_SWEEPS if args.smoke else MLP_SWEEPS
     train_sweeps = MLP_TRAIN_SMOKE_SWEEPS if args.smoke else MLP_TRAIN_SWEEPS
-    run(args, "mlp", charts(args, sweeps, train_sweeps),
-        cases=lambda: [*cases(sweeps, args.smoke), *train_cases(train_sweeps)])
+    run(
+        args,
+        "mlp",
+        charts(args, sweeps, train_sweeps),
+        cases=lambda: [*cases(sweeps, args.smoke), *train_cases(train_sweeps)],
+    )
 
 
 if __name__ == "__main__":

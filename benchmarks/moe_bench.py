@@ -27,6 +27,7 @@ provider.
     python benchmarks/moe_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/moe_bench.py --only qwen3 --mode fwd   (a subset)
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -42,10 +43,14 @@ from llmk.moe.triton_moe_routing import moe_route
 
 DTYPE = torch.bfloat16
 # model -> (H, I, E, top_k), and the token counts of its forward, decode and fwd+bwd rows
-MODELS = {"qwen3-30b-a3b": ((2048, 768, 128, 8), (4096, 16384, 32768), (1, 16, 64), (4096, 16384)),
-          "mixtral-8x7b": ((4096, 14336, 8, 2), (4096,), (), (4096,))}
-SMOKE_MODELS = {"qwen3-30b-a3b": ((64, 32, 8, 2), (13,), (1,), (13,)),
-                "mixtral-8x7b": ((64, 48, 4, 2), (9,), (), ())}  # the training path runs in the first
+MODELS = {
+    "qwen3-30b-a3b": ((2048, 768, 128, 8), (4096, 16384, 32768), (1, 16, 64), (4096, 16384)),
+    "mixtral-8x7b": ((4096, 14336, 8, 2), (4096,), (), (4096,)),
+}
+SMOKE_MODELS = {
+    "qwen3-30b-a3b": ((64, 32, 8, 2), (13,), (1,), (13,)),
+    "mixtral-8x7b": ((64, 48, 4, 2), (9,), (), ()),
+}  # the training path runs in the first
 WRT = (0, 1, 3, 4)  # x, weights, w_gate_up, w_down
 
 
@@ -53,8 +58,13 @@ def layer_inputs(t, h, inter, e, k):
     """x (T, H), routing (weights fp32, ids int32) from moe_route, weights scaled so that every
     stage is O(1)."""
     weights, ids = moe_route(rand((t, e), torch.float32), k)
-    return (rand((t, h), DTYPE), weights, ids, rand((e, 2 * inter, h), DTYPE, scale=h ** -0.5),
-            rand((e, h, inter), DTYPE, scale=inter ** -0.5))
+    return (
+        rand((t, h), DTYPE),
+        weights,
+        ids,
+        rand((e, 2 * inter, h), DTYPE, scale=h**-0.5),
+        rand((e, h, inter), DTYPE, scale=inter**-0.5),
+    )
 
 
 def reference(x, weights, ids, w_gate_up, w_down):
@@ -87,19 +97,28 @@ def hf_experts(implementation):
         module = module_for(*w_gate_up.shape)
         module.gate_up_proj, module.down_proj = w_gate_up, w_down
         return module(x, ids.long(), weights.to(x.dtype))
+
     return call
 
 
 def liger_provider():
     fn = liger_moe() if not INTERPRET else "liger: its kernels do not run in Triton's interpreter"
-    return fn if isinstance(fn, str) else (lambda x, weights, ids, w_gate_up, w_down:
-                                           fn(x, w_gate_up, w_down, ids.int(), weights.to(x.dtype)))
+    return (
+        fn
+        if isinstance(fn, str)
+        else (lambda x, weights, ids, w_gate_up, w_down: fn(x, w_gate_up, w_down, ids.int(), weights.to(x.dtype)))
+    )
 
 
 def providers():
     grouped = hf_experts("grouped_mm")
-    return {"triton": moe_experts, "eager": hf_experts("eager"), "grouped_mm": grouped, LIGER: liger_provider(),
-            "torch.compile": grouped if isinstance(grouped, str) else compile_fn(grouped)}
+    return {
+        "triton": moe_experts,
+        "eager": hf_experts("eager"),
+        "grouped_mm": grouped,
+        LIGER: liger_provider(),
+        "torch.compile": grouped if isinstance(grouped, str) else compile_fn(grouped),
+    }
 
 
 def routed_flops(t, h, inter, k, mode):
@@ -129,6 +148,7 @@ def bind_train(fns):
     def bind(name, inputs):
         *tensors, dys = inputs
         return train_call(fns[name], tensors, WRT, "fwd+bwd", dys)
+
     return bind
 
 
@@ -139,8 +159,11 @@ def dense_per_expert(x, w_gate_up, w_down):
 
 
 def dense_setup(rows, h, inter):
-    inputs = (rand((rows, h), DTYPE), rand((2 * inter, h), DTYPE, scale=h ** -0.5),
-              rand((h, inter), DTYPE, scale=inter ** -0.5))
+    inputs = (
+        rand((rows, h), DTYPE),
+        rand((2 * inter, h), DTYPE, scale=h**-0.5),
+        rand((h, inter), DTYPE, scale=inter**-0.5),
+    )
     return inputs, dense_per_expert(*(t.float() for t in inputs))
 
 
@@ -148,17 +171,37 @@ def cases(models):
     fns = providers()
     for model, ((h, inter, e, k), forward, decode, training) in models.items():
         for t in forward + decode:
-            yield BenchCase(model, (t, h, inter, e, k), DTYPE, fns,
-                            lambda a=(t, h, inter, e, k): setup(*a), flops=routed_flops(t, h, inter, k, "fwd"),
-                            n_bytes=decode_bytes(t, h, inter, e, k) if t in decode else None)
+            yield BenchCase(
+                model,
+                (t, h, inter, e, k),
+                DTYPE,
+                fns,
+                lambda a=(t, h, inter, e, k): setup(*a),
+                flops=routed_flops(t, h, inter, k, "fwd"),
+                n_bytes=decode_bytes(t, h, inter, e, k) if t in decode else None,
+            )
         for t in training:
-            yield BenchCase(model, (t, h, inter, e, k), DTYPE, fns, lambda a=(t, h, inter, e, k): train_setup(*a),
-                            flops=routed_flops(t, h, inter, k, "fwd+bwd"), mode="fwd+bwd", peak=True,
-                            bind=bind_train(fns))
+            yield BenchCase(
+                model,
+                (t, h, inter, e, k),
+                DTYPE,
+                fns,
+                lambda a=(t, h, inter, e, k): train_setup(*a),
+                flops=routed_flops(t, h, inter, k, "fwd+bwd"),
+                mode="fwd+bwd",
+                peak=True,
+                bind=bind_train(fns),
+            )
         if model.startswith("mixtral"):
             rows = forward[0] * k // e
-            yield BenchCase("dense-per-expert", (rows, h, inter), DTYPE, {"cuBLAS": dense_per_expert},
-                            lambda a=(rows, h, inter): dense_setup(*a), flops=6 * rows * h * inter)
+            yield BenchCase(
+                "dense-per-expert",
+                (rows, h, inter),
+                DTYPE,
+                {"cuBLAS": dense_per_expert},
+                lambda a=(rows, h, inter): dense_setup(*a),
+                flops=6 * rows * h * inter,
+            )
 
 
 def charts(args, models):
@@ -166,10 +209,18 @@ def charts(args, models):
         for model, ((h, inter, e, k), forward, decode, training) in models.items():
             for mode, tokens in (("fwd", forward), ("fwd+bwd", training)):
                 sel = [r for r in rows if r["op"] == model and r.get("mode", "fwd") == mode]
-                sweeps = [(f"tokens T (H {h}, I {inter}, {e} experts, top-{k})", [(t, (t, h, inter, e, k))
-                                                                                   for t in tokens])]
-                plot_sweeps(args.out / f"moe_{model}_{mode.replace('+', '_')}.png", f"{model} experts {mode}", sel,
-                            sweeps, meta, metric="TFLOPs")
+                sweeps = [
+                    (f"tokens T (H {h}, I {inter}, {e} experts, top-{k})", [(t, (t, h, inter, e, k)) for t in tokens])
+                ]
+                plot_sweeps(
+                    args.out / f"moe_{model}_{mode.replace('+', '_')}.png",
+                    f"{model} experts {mode}",
+                    sel,
+                    sweeps,
+                    meta,
+                    metric="TFLOPs",
+                )
+
     return draw
 
 

@@ -1,5 +1,6 @@
 """The results page of the moe area (docs/results/moe.md): its title, intro, the groups of rows its
 sentences sum up, and its notes (benchmarks/pages.py; scripts/report.py renders it)."""
+
 from llmk.benchmarks.pages import TRAIN_NOTE, Area, Group, dims
 
 
@@ -17,10 +18,21 @@ PAGE = Area(
     "operator and its autograd formula). Shapes are T x H x I x E x top-k. `eager` and `grouped_mm` "
     "are transformers' experts implementations of the same name on its Qwen3MoeExperts module; "
     "`torch.compile` compiles the grouped_mm form.",
-    [Group(("qwen3-30b-a3b", "mixtral-8x7b"), "prefill, T >= 4096", lambda s: tokens(s) >= 4096),
-     Group(("qwen3-30b-a3b",), "decode, T <= 64", lambda s: tokens(s) <= 64, graph=True),
-     Group(("qwen3-30b-a3b", "mixtral-8x7b"), "T >= 4096, GPU time", lambda s: tokens(s) >= 4096, graph=True,
-           mode="fwd+bwd")],
-    [TRAIN_NOTE, "TFLOP/s count the routed rows only: 6 x T x top-k x H x I forward, 18 x forward and "
-     "backward. `dense-per-expert` is cuBLAS on one expert's share of the Mixtral batch (T x top-k / E "
-     "rows): the dense GEMM a grouped GEMM of those widths is measured against."])
+    [
+        Group(("qwen3-30b-a3b", "mixtral-8x7b"), "prefill, T >= 4096", lambda s: tokens(s) >= 4096),
+        Group(("qwen3-30b-a3b",), "decode, T <= 64", lambda s: tokens(s) <= 64, graph=True),
+        Group(
+            ("qwen3-30b-a3b", "mixtral-8x7b"),
+            "T >= 4096, GPU time",
+            lambda s: tokens(s) >= 4096,
+            graph=True,
+            mode="fwd+bwd",
+        ),
+    ],
+    [
+        TRAIN_NOTE,
+        "TFLOP/s count the routed rows only: 6 x T x top-k x H x I forward, 18 x forward and "
+        "backward. `dense-per-expert` is cuBLAS on one expert's share of the Mixtral batch (T x top-k / E "
+        "rows): the dense GEMM a grouped GEMM of those widths is measured against.",
+    ],
+)

@@ -53,13 +53,30 @@ from llmk.normalization.triton_rmsnorm import rmsnorm
 DTYPES = (torch.float16, torch.bfloat16)
 # op -> (inputs from (x, weight, bias, residual), kernel, reference, vendor name, vendor call, bytes(M, N, e))
 OPS = {
-    "rmsnorm": (lambda x, w, b, r: (x, w), rmsnorm, rmsnorm_ref, "F.rms_norm",
-                lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), rmsnorm_bytes),
-    "layernorm": (lambda x, w, b, r: (x, w, b), layernorm, layernorm_ref, "F.layer_norm",
-                  lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), layernorm_bytes),
-    "residual_rmsnorm": (lambda x, w, b, r: (x, r, w), residual_rmsnorm, residual_rmsnorm_ref, "add+F.rms_norm",
-                         lambda x, r, w: (F.rms_norm(x + r, (x.shape[-1],), w, 1e-6), x + r),
-                         residual_rmsnorm_bytes),
+    "rmsnorm": (
+        lambda x, w, b, r: (x, w),
+        rmsnorm,
+        rmsnorm_ref,
+        "F.rms_norm",
+        lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
+        rmsnorm_bytes,
+    ),
+    "layernorm": (
+        lambda x, w, b, r: (x, w, b),
+        layernorm,
+        layernorm_ref,
+        "F.layer_norm",
+        lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
+        layernorm_bytes,
+    ),
+    "residual_rmsnorm": (
+        lambda x, w, b, r: (x, r, w),
+        residual_rmsnorm,
+        residual_rmsnorm_ref,
+        "add+F.rms_norm",
+        lambda x, r, w: (F.rms_norm(x + r, (x.shape[-1],), w, 1e-6), x + r),
+        residual_rmsnorm_bytes,
+    ),
 }
 
 
@@ -79,9 +96,15 @@ def cases(sweeps):
         providers = {"triton": kernel, "eager": ref, "torch.compile": compile_fn(ref), vendor_name: vendor}
         for dtype in DTYPES:
             for m, n in shapes_of(sweeps):
-                yield BenchCase(op, (m, n), dtype, providers, lambda pick=pick, ref=ref, m=m, n=n, dtype=dtype:
-                           setup(pick, ref, m, n, dtype), n_bytes=n_bytes(m, n, dtype.itemsize),
-                           compare=lambda out, expected: max_err(first(out), expected))
+                yield BenchCase(
+                    op,
+                    (m, n),
+                    dtype,
+                    providers,
+                    lambda pick=pick, ref=ref, m=m, n=n, dtype=dtype: setup(pick, ref, m, n, dtype),
+                    n_bytes=n_bytes(m, n, dtype.itemsize),
+                    compare=lambda out, expected: max_err(first(out), expected),
+                )
 
 
 TRAIN_DTYPE = torch.bfloat16
@@ -89,8 +112,12 @@ TRAIN_DTYPE = torch.bfloat16
 TRAIN = {
     "rmsnorm": ((0, 1), liger_rmsnorm, lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
     "layernorm": ((0, 1, 2), liger_layernorm, lambda m, n, e: 5 * m * n * e, lambda m, n, e: 3 * m * n * e),
-    "residual_rmsnorm": ((0, 1, 2), liger_residual_rmsnorm, lambda m, n, e: 8 * m * n * e,
-                         lambda m, n, e: 4 * m * n * e),
+    "residual_rmsnorm": (
+        (0, 1, 2),
+        liger_residual_rmsnorm,
+        lambda m, n, e: 8 * m * n * e,
+        lambda m, n, e: 4 * m * n * e,
+    ),
 }
 
 
@@ -107,22 +134,32 @@ def train_setup(pick, ref, wrt, m, n):
     return inputs + (dys,), grads
 
 
-
-
 def train_cases(sweeps):
     for op, (wrt, liger_fn, fwd_bwd_bytes, bwd_bytes) in TRAIN.items():
         pick, kernel, ref, vendor_name, vendor, _ = OPS[op]
         for mode, n_bytes in (("fwd+bwd", fwd_bwd_bytes), ("bwd", bwd_bytes)):
             compiled = compile_train_fn(ref, mode)
-            providers = {"triton": kernel, "eager": ref, "torch.compile": compiled, vendor_name: vendor,
-                         LIGER: (liger_fn() if not INTERPRET
-                                 else "liger: its kernels do not run in Triton's interpreter")}
+            providers = {
+                "triton": kernel,
+                "eager": ref,
+                "torch.compile": compiled,
+                vendor_name: vendor,
+                LIGER: (liger_fn() if not INTERPRET else "liger: its kernels do not run in Triton's interpreter"),
+            }
             for m, n in shapes_of(sweeps):
-                yield BenchCase(op, (m, n), TRAIN_DTYPE, providers,
-                           lambda pick=pick, ref=ref, wrt=wrt, m=m, n=n: train_setup(pick, ref, wrt, m, n),
-                           n_bytes=n_bytes(m, n, TRAIN_DTYPE.itemsize), mode=mode, peak=True,
-                           bind=lambda name, inputs, providers=providers, wrt=wrt, mode=mode:
-                               train_call(providers[name], inputs[:-1], wrt, mode, inputs[-1]))
+                yield BenchCase(
+                    op,
+                    (m, n),
+                    TRAIN_DTYPE,
+                    providers,
+                    lambda pick=pick, ref=ref, wrt=wrt, m=m, n=n: train_setup(pick, ref, wrt, m, n),
+                    n_bytes=n_bytes(m, n, TRAIN_DTYPE.itemsize),
+                    mode=mode,
+                    peak=True,
+                    bind=lambda name, inputs, providers=providers, wrt=wrt, mode=mode: train_call(
+                        providers[name], inputs[:-1], wrt, mode, inputs[-1]
+                    ),
+                )
 
 
 def charts(args, sweeps, train_sweeps):
@@ -133,6 +170,7 @@ def charts(args, sweeps, train_sweeps):
                 plot_sweeps(args.out / f"norm_{op}_{dtype}.png", f"{op} {dtype}", sel, sweeps, meta)
             sel = [r for r in rows if r["op"] == op and r.get("mode") == "fwd+bwd"]
             plot_sweeps(args.out / f"norm_{op}_bf16_train.png", f"{op} bf16 fwd+bwd", sel, train_sweeps, meta)
+
     return draw
 
 
@@ -140,8 +178,7 @@ def main():
     args = parse_args(__doc__)
     sweeps = NORM_SMOKE_SWEEPS if args.smoke else NORM_SWEEPS
     train_sweeps = NORM_TRAIN_SMOKE_SWEEPS if args.smoke else NORM_TRAIN_SWEEPS
-    run(args, "norm", charts(args, sweeps, train_sweeps),
-        cases=lambda: [*cases(sweeps), *train_cases(train_sweeps)])
+    run(args, "norm", charts(args, sweeps, train_sweeps), cases=lambda: [*cases(sweeps), *train_cases(train_sweeps)])
 
 
 if __name__ == "__main__":

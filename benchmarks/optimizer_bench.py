@@ -43,8 +43,17 @@ def llama_shapes(vocab=32000, hidden=2048, intermediate=5632, layers=22, heads=3
     """The parameter shapes of a Llama decoder: embeddings, per layer q k v o, gate up down and two
     RMSNorm weights, the final norm and an untied LM head."""
     kv = hidden // heads * kv_heads
-    layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden),
-             (intermediate, hidden), (intermediate, hidden), (hidden, intermediate), (hidden,), (hidden,)]
+    layer = [
+        (hidden, hidden),
+        (kv, hidden),
+        (kv, hidden),
+        (hidden, hidden),
+        (intermediate, hidden),
+        (intermediate, hidden),
+        (hidden, intermediate),
+        (hidden,),
+        (hidden,),
+    ]
     return [(vocab, hidden)] + layer * layers + [(hidden,), (vocab, hidden)]
 
 
@@ -55,14 +64,17 @@ def model_row_name(shapes):
 
 
 FULL = dict(sizes=[1_000_000, 4_000_000, 10_000_000, 16_000_000, 64_000_000, 200_000_000], model=llama_shapes())
-SMOKE = dict(sizes=[1000, 100_000], model=llama_shapes(vocab=64, hidden=32, intermediate=64, layers=1,
-                                                        heads=4, kv_heads=2)[:10])
+SMOKE = dict(
+    sizes=[1000, 100_000], model=llama_shapes(vocab=64, hidden=32, intermediate=64, layers=1, heads=4, kv_heads=2)[:10]
+)
 
 
 def sweeps(config):
     model = model_row_name(config["model"])
-    return [("params (one tensor)", [(n, (n,)) for n in config["sizes"]]),
-            ("model parameter list (total params)", [(sum(torch.Size(s).numel() for s in config["model"]), (model,))])]
+    return [
+        ("params (one tensor)", [(n, (n,)) for n in config["sizes"]]),
+        ("model parameter list (total params)", [(sum(torch.Size(s).numel() for s in config["model"]), (model,))]),
+    ]
 
 
 def setup(shapes, dtype):
@@ -106,12 +118,18 @@ def cases(config):
         rows = [((n,), [(n,)]) for n in config["sizes"]] + [(model_row_name(config["model"]), config["model"])]
         providers = PROVIDERS if dtype == torch.float32 else {p: PROVIDERS[p] for p in ("triton", "torch-foreach")}
         for name, shapes in rows:
-            yield BenchCase("adamw", shape_str(name), dtype, providers,
-                       lambda shapes=shapes, dtype=dtype: setup(shapes, dtype),
-                       n_bytes=BYTES_PER_PARAM[dtype] * sum(torch.Size(s).numel() for s in shapes), bind=bind,
-                       extra=host_us,
-                       untimed=() if dtype == torch.float32 else ("torch-foreach",),
-                       skip_on=(RuntimeError, ValueError))  # fused=True where torch has no fused kernel
+            yield BenchCase(
+                "adamw",
+                shape_str(name),
+                dtype,
+                providers,
+                lambda shapes=shapes, dtype=dtype: setup(shapes, dtype),
+                n_bytes=BYTES_PER_PARAM[dtype] * sum(torch.Size(s).numel() for s in shapes),
+                bind=bind,
+                extra=host_us,
+                untimed=() if dtype == torch.float32 else ("torch-foreach",),
+                skip_on=(RuntimeError, ValueError),
+            )  # fused=True where torch has no fused kernel
 
 
 def charts(args, config):
@@ -119,6 +137,7 @@ def charts(args, config):
         for dtype in ("fp32", "bf16"):
             sel = [r for r in rows if r["dtype"] == dtype]
             plot_sweeps(args.out / f"optimizer_adamw_{dtype}.png", f"AdamW step {dtype}", sel, sweeps(config), meta)
+
     return draw
 
 

@@ -63,8 +63,9 @@ def train_setup(shape, dtype):
     seq_len, head_dim = shape[3], shape[4]
     cos, sin = (t[None] for t in rope_cos_sin(torch.arange(seq_len, device=q.device), head_dim, dtype=dtype))
     q32, k32 = q.float().requires_grad_(), k.float().requires_grad_()
-    grads = torch.autograd.grad(apply_rope_ref(q32, k32, cos.float(), sin.float()), (q32, k32),
-                                (dq_out.float(), dk_out.float()))
+    grads = torch.autograd.grad(
+        apply_rope_ref(q32, k32, cos.float(), sin.float()), (q32, k32), (dq_out.float(), dk_out.float())
+    )
     return (q, k, cos, sin, dq_out, dk_out), grads
 
 
@@ -73,19 +74,32 @@ def cases(sweeps, dtypes, train_sweeps):
     for op, op_sweeps in sweeps.items():
         for dtype in dtypes:
             for shape in shapes_of(op_sweeps):
-                yield BenchCase(op, shape, dtype, providers,
-                           lambda shape=shape, dtype=dtype, op=op: setup(shape, dtype, op == "rope_interleaved"),
-                           n_bytes=rope_bytes(*shape, dtype.itemsize, dtype.itemsize))
+                yield BenchCase(
+                    op,
+                    shape,
+                    dtype,
+                    providers,
+                    lambda shape=shape, dtype=dtype, op=op: setup(shape, dtype, op == "rope_interleaved"),
+                    n_bytes=rope_bytes(*shape, dtype.itemsize, dtype.itemsize),
+                )
     # liger last: it rotates the case's q, k and upstream gradients in place (module docstring)
     train_providers = {**providers, LIGER: liger_rope()}
     e = TRAIN_DTYPE.itemsize
     for mode in TRAIN_MODES:
         for shape in shapes_of(train_sweeps):
-            yield BenchCase("rope", shape, TRAIN_DTYPE, train_providers,
-                       lambda shape=shape: train_setup(shape, TRAIN_DTYPE),
-                       n_bytes=rope_train_bytes(*shape, e, e, mode), mode=mode, peak=True,
-                       bind=lambda name, inputs, mode=mode: train_call(train_providers[name], inputs[:4], WRT, mode,
-                                                                       inputs[4:]))
+            yield BenchCase(
+                "rope",
+                shape,
+                TRAIN_DTYPE,
+                train_providers,
+                lambda shape=shape: train_setup(shape, TRAIN_DTYPE),
+                n_bytes=rope_train_bytes(*shape, e, e, mode),
+                mode=mode,
+                peak=True,
+                bind=lambda name, inputs, mode=mode: train_call(
+                    train_providers[name], inputs[:4], WRT, mode, inputs[4:]
+                ),
+            )
 
 
 def charts(args, sweeps, train_sweeps):
@@ -96,8 +110,10 @@ def charts(args, sweeps, train_sweeps):
                 plot_sweeps(args.out / f"{op}_{dtype}.png", f"{op} {dtype}", sel, op_sweeps, meta)
         dtype = DTYPE_NAMES[TRAIN_DTYPE]
         sel = [r for r in rows if r["op"] == "rope" and r["dtype"] == dtype and r.get("mode") == "fwd+bwd"]
-        plot_sweeps(args.out / f"rope_rope_{dtype}_train.png", f"rope {dtype}, forward + backward", sel,
-                    train_sweeps, meta)
+        plot_sweeps(
+            args.out / f"rope_rope_{dtype}_train.png", f"rope {dtype}, forward + backward", sel, train_sweeps, meta
+        )
+
     return draw
 
 

@@ -31,15 +31,16 @@ from llmk.devtools.results import plot_sweeps
 from llmk.devtools.testing import rand
 
 DTYPES = (torch.float16, torch.bfloat16)
-ELEMENTS = 16 * 2 ** 20
+ELEMENTS = 16 * 2**20
 FULL_SWEEPS = [
-    ("width N (16M elements)", [(n, (ELEMENTS // n, n)) for n in (1024, 2048, 4096, 8192, 16384, 32768,
-                                                                    65536, 131072, 262144)]),
+    (
+        "width N (16M elements)",
+        [(n, (ELEMENTS // n, n)) for n in (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)],
+    ),
     ("rows M (N = 4096)", [(m, (m, 4096)) for m in (1, 64, 1024, 4096, 16384)]),
 ]
 # tiny shapes through each path in the interpreter (4 x 64: fused, 4 x 9000: looped, 1 x 9000: split)
-SMOKE_SWEEPS = [("width N", [(n, (4, n)) for n in (64, 9000)]),
-                ("rows M", [(m, (m, 9000)) for m in (1, 4)])]
+SMOKE_SWEEPS = [("width N", [(n, (4, n)) for n in (64, 9000)]), ("rows M", [(m, (m, 9000)) for m in (1, 4)])]
 # training rows: the shapes (16384 x 4096, 4096 x 32768, 1024 x 262144), one between, and
 # few wide rows (the split path)
 TRAIN_SWEEPS = [
@@ -76,17 +77,31 @@ def cases(sweeps, train_sweeps):
     providers = {"triton": softmax, "eager": eager, "torch.compile": compile_fn(eager)}
     for dtype in DTYPES:
         for m, n in shapes_of(sweeps):
-            yield BenchCase("softmax", (m, n), dtype, providers, lambda m=m, n=n, dtype=dtype: setup(m, n, dtype),
-                       n_bytes=2 * m * n * dtype.itemsize)
+            yield BenchCase(
+                "softmax",
+                (m, n),
+                dtype,
+                providers,
+                lambda m=m, n=n, dtype=dtype: setup(m, n, dtype),
+                n_bytes=2 * m * n * dtype.itemsize,
+            )
     train_providers = {**providers, LIGER: liger_softmax()}
     for mode, tensors in TRAIN_MODES.items():
         for m, n in shapes_of(train_sweeps):
             # inputs = (x, dy): every provider gets the same upstream gradient
-            yield BenchCase("softmax", (m, n), TRAIN_DTYPE, train_providers,
-                       lambda m=m, n=n: train_setup(m, n, TRAIN_DTYPE), n_bytes=tensors * m * n * TRAIN_DTYPE.itemsize,
-                       mode=mode, peak=True,
-                       bind=lambda name, inputs, mode=mode: train_call(train_providers[name], inputs[:1], (0,), mode,
-                                                                       inputs[1:]))
+            yield BenchCase(
+                "softmax",
+                (m, n),
+                TRAIN_DTYPE,
+                train_providers,
+                lambda m=m, n=n: train_setup(m, n, TRAIN_DTYPE),
+                n_bytes=tensors * m * n * TRAIN_DTYPE.itemsize,
+                mode=mode,
+                peak=True,
+                bind=lambda name, inputs, mode=mode: train_call(
+                    train_providers[name], inputs[:1], (0,), mode, inputs[1:]
+                ),
+            )
 
 
 def charts(args, sweeps, train_sweeps):
@@ -96,8 +111,14 @@ def charts(args, sweeps, train_sweeps):
             plot_sweeps(args.out / f"softmax_{dtype}.png", f"softmax {dtype}", sel, sweeps, meta)
         dtype = DTYPE_NAMES[TRAIN_DTYPE]
         sel = [r for r in rows if r["op"] == "softmax" and r["dtype"] == dtype and r.get("mode") == "fwd+bwd"]
-        plot_sweeps(args.out / f"softmax_softmax_{dtype}_train.png", f"softmax {dtype}, forward + backward (5MNe)",
-                    sel, train_sweeps, meta)
+        plot_sweeps(
+            args.out / f"softmax_softmax_{dtype}_train.png",
+            f"softmax {dtype}, forward + backward (5MNe)",
+            sel,
+            train_sweeps,
+            meta,
+        )
+
     return draw
 
 

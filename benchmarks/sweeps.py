@@ -13,6 +13,7 @@ Bytes moved (e = element size, M rows of N):
     rope backward     read dq_out, dk_out, write dq, dk, read cos and sin once: the same count;
                       forward and backward together twice it (rope_train_bytes)
 """
+
 import torch
 
 from llmk.common.device import DEVICE
@@ -39,8 +40,10 @@ def swiglu_bytes(m, n, e):
 
 
 def rope_bytes(batch, heads, kv_heads, seq_len, head_dim, e, e_table):
-    return 2 * (batch * heads * seq_len * head_dim + batch * kv_heads * seq_len * head_dim) * e \
+    return (
+        2 * (batch * heads * seq_len * head_dim + batch * kv_heads * seq_len * head_dim) * e
         + 2 * seq_len * head_dim * e_table
+    )
 
 
 def rope_train_bytes(batch, heads, kv_heads, seq_len, head_dim, e, e_table, mode):
@@ -58,8 +61,7 @@ NORM_SWEEPS = [
     ("rows M (N = 4096)", [(m, (m, 4096)) for m in (1, 16, 256, 1024, 4096, 16384, 32768)]),
     ("wide rows N (4096 rows)", [(n, (4096, n)) for n in (32768, 65536, 131072)]),
 ]
-NORM_SMOKE_SWEEPS = [("hidden size N", [(n, (4, n)) for n in (64, 1000)]),
-                     ("rows M", [(m, (m, 256)) for m in (1, 3)])]
+NORM_SMOKE_SWEEPS = [("hidden size N", [(n, (4, n)) for n in (64, 1000)]), ("rows M", [(m, (m, 256)) for m in (1, 3)])]
 # Training rows (fwd+bwd, bwd): the issue's shapes (16384 x 4096, 16384 x 8192, 4096 x 32768), a
 # short row, and the widest row; few, so the training part of the GPU run stays short.
 NORM_TRAIN_SWEEPS = [
@@ -72,16 +74,19 @@ MLP_SWEEPS = [
     ("hidden size (4096 tokens)", [(n, (4096, n)) for n in (4096, 11008, 14336, 16384, 28672)]),
     ("tokens (hidden size 14336)", [(m, (m, 14336)) for m in (1, 64, 1024, 4096, 8192, 16384)]),
 ]
-MLP_SMOKE_SWEEPS = [("hidden size", [(n, (4, n)) for n in (64, 1000)]),
-                    ("tokens", [(m, (m, 256)) for m in (1, 3)])]
+MLP_SMOKE_SWEEPS = [("hidden size", [(n, (4, n)) for n in (64, 1000)]), ("tokens", [(m, (m, 256)) for m in (1, 3)])]
 # Training rows (fwd+bwd, bwd), by op: the issue's shapes (SwiGLU 8192 x 14336, 4096 x 11008,
 # 16384 x 14336; bias + GELU 4096 x 16384, 8192 x 16384) and one or two neighbours, few so that the
 # training part of the GPU run stays short.
 MLP_TRAIN_SWEEPS = {
-    "swiglu": [("tokens (I = 14336)", [(m, (m, 14336)) for m in (4096, 8192, 16384)]),
-               ("intermediate size I (4096 tokens)", [(n, (4096, n)) for n in (11008, 14336, 28672)])],
-    "bias_gelu": [("tokens (O = 16384)", [(m, (m, 16384)) for m in (2048, 4096, 8192)]),
-                  ("hidden size O (4096 tokens)", [(n, (4096, n)) for n in (11008, 16384)])],
+    "swiglu": [
+        ("tokens (I = 14336)", [(m, (m, 14336)) for m in (4096, 8192, 16384)]),
+        ("intermediate size I (4096 tokens)", [(n, (4096, n)) for n in (11008, 14336, 28672)]),
+    ],
+    "bias_gelu": [
+        ("tokens (O = 16384)", [(m, (m, 16384)) for m in (2048, 4096, 8192)]),
+        ("hidden size O (4096 tokens)", [(n, (4096, n)) for n in (11008, 16384)]),
+    ],
 }
 MLP_TRAIN_SMOKE_SWEEPS = {op: [("tokens", [(m, (m, 1000)) for m in (1, 5)])] for op in MLP_TRAIN_SWEEPS}
 
@@ -92,21 +97,28 @@ def llama_rope(batch, seq_len):
 
 
 ROPE_SWEEPS = {
-    "rope": [("sequence length T (B1 H32 Hkv8 D128)",
-              [(t, llama_rope(1, t)) for t in (512, 1024, 2048, 4096, 8192, 16384)]),
-             ("batch B (T = 4096)", [(b, llama_rope(b, 4096)) for b in (1, 4)])],
+    "rope": [
+        ("sequence length T (B1 H32 Hkv8 D128)", [(t, llama_rope(1, t)) for t in (512, 1024, 2048, 4096, 8192, 16384)]),
+        ("batch B (T = 4096)", [(b, llama_rope(b, 4096)) for b in (1, 4)]),
+    ],
     "rope_interleaved": [("sequence length T (B1 H32 Hkv8 D128)", [(t, llama_rope(1, t)) for t in (2048, 8192)])],
 }
 ROPE_SMOKE_SWEEPS = {
-    "rope": [("sequence length T", [(t, (1, 4, 1, t, 64)) for t in (8,)]),
-             ("batch B", [(b, (b, 4, 1, 8, 64)) for b in (1, 2)])],
+    "rope": [
+        ("sequence length T", [(t, (1, 4, 1, t, 64)) for t in (8,)]),
+        ("batch B", [(b, (b, 4, 1, 8, 64)) for b in (1, 2)]),
+    ],
     "rope_interleaved": [("sequence length T", [(8, (1, 4, 1, 8, 64))])],
 }
 # training rows (forward and backward): the issue's Llama shapes
-ROPE_TRAIN_SWEEPS = [("sequence length T (B1 H32 Hkv8 D128)", [(t, llama_rope(1, t)) for t in (4096, 8192, 16384)]),
-                     ("batch B (T = 4096)", [(b, llama_rope(b, 4096)) for b in (1, 4)])]
-ROPE_TRAIN_SMOKE_SWEEPS = [("sequence length T", [(8, (1, 4, 1, 8, 64))]),
-                           ("batch B", [(b, (b, 4, 1, 8, 64)) for b in (1, 2)])]
+ROPE_TRAIN_SWEEPS = [
+    ("sequence length T (B1 H32 Hkv8 D128)", [(t, llama_rope(1, t)) for t in (4096, 8192, 16384)]),
+    ("batch B (T = 4096)", [(b, llama_rope(b, 4096)) for b in (1, 4)]),
+]
+ROPE_TRAIN_SMOKE_SWEEPS = [
+    ("sequence length T", [(8, (1, 4, 1, 8, 64))]),
+    ("batch B", [(b, (b, 4, 1, 8, 64)) for b in (1, 2)]),
+]
 
 
 def rope_inputs(shape, dtype, layout="BHTD"):
@@ -122,4 +134,3 @@ def rope_inputs(shape, dtype, layout="BHTD"):
         k = torch.randn(batch, kv_heads, seq_len, head_dim, device=DEVICE).to(dtype)
     angles = torch.rand(1, seq_len, head_dim, device=DEVICE) * 100
     return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
-

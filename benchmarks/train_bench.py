@@ -62,6 +62,7 @@ attention_mask; tokens_per_s counts the real tokens only, so the two layouts com
                                                  results/train_fsdp2.json)
 Needs transformers (optional for the repository): without it the script says so and exits 0.
 """
+
 import gc
 import importlib.util
 import statistics
@@ -76,34 +77,88 @@ from llmk.devtools.harness import parse_args, run
 from llmk.devtools.peers import LIGER
 from llmk.devtools.results import make_row
 
-_LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                 num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,
-                 tie_word_embeddings=False)
+_LLAMA_1B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+)
 MODELS = {
     "llama-1.5b": ("llama", dict(_LLAMA_1B, vocab_size=128256)),
     "qwen2-1.5b": ("qwen2", dict(_LLAMA_1B, vocab_size=151936, rope_theta=1000000.0, use_sliding_window=False)),
     # Qwen3-1.7B's widths (16 heads of 128, q/k norms) at 16 layers
-    "qwen3-1.2b": ("qwen3", dict(_LLAMA_1B, intermediate_size=6144, num_attention_heads=16, head_dim=128,
-                                  vocab_size=151936, rope_theta=1000000.0)),
+    "qwen3-1.2b": (
+        "qwen3",
+        dict(
+            _LLAMA_1B,
+            intermediate_size=6144,
+            num_attention_heads=16,
+            head_dim=128,
+            vocab_size=151936,
+            rope_theta=1000000.0,
+        ),
+    ),
     # Gemma 2 2B's widths (8 heads of 256, GeGLU, softcaps, a 4096-token window every other layer) at 10 layers
-    "gemma2-1.2b": ("gemma2", dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=10,
-                                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
-                                   query_pre_attn_scalar=256, sliding_window=4096, max_position_embeddings=8192,
-                                   tie_word_embeddings=True)),
+    "gemma2-1.2b": (
+        "gemma2",
+        dict(
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=10,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            vocab_size=256000,
+            query_pre_attn_scalar=256,
+            sliding_window=4096,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+        ),
+    ),
     # Qwen3-30B-A3B's widths (32 heads of 128 over 4 KV heads; 128 experts of 768, top-8) at 2 layers:
     # 1.2B expert parameters, 0.6B of embeddings
-    "qwen3-moe-1.9b": ("qwen3_moe", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                                         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-                                         num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4,
-                                         head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                                         max_position_embeddings=8192, tie_word_embeddings=False)),
+    "qwen3-moe-1.9b": (
+        "qwen3_moe",
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            num_hidden_layers=2,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 PACKED_MODEL = "llama-1.5b"
 PACKED_SEQS, PACKED_MIN, PACKED_MAX = 24, 64, 1024
 SMOKE_PACKED = (4, 2, 12)
 SMOKE_MODELS = {
-    "llama-tiny": ("llama", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                                 num_key_value_heads=1, vocab_size=256, tie_word_embeddings=False)),
+    "llama-tiny": (
+        "llama",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 FULL_PLAN = dict(batch=2, seq=4096, warmup=3, steps=10, loss_steps=100, lr=3e-4)
 CURVE_MODEL = "llama-1.5b"  # the model whose loss curves are kept (every model's would add minutes a run)
@@ -112,8 +167,16 @@ CURVE_MODEL = "llama-1.5b"  # the model whose loss curves are kept (every model'
 SMOKE_PLAN = dict(batch=2, seq=8, warmup=1, steps=1, loss_steps=2, lr=3e-4)
 DTYPE = torch.bfloat16
 TORCHAO = ("torchao-float8-rowwise", "torchao-float8-tensorwise")
-PROVIDERS = ("eager", "triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8", "torch.compile", *TORCHAO,
-             LIGER)
+PROVIDERS = (
+    "eager",
+    "triton",
+    "triton+bf16-state",
+    "triton+torch-adamw",
+    "triton+fp8",
+    "torch.compile",
+    *TORCHAO,
+    LIGER,
+)
 OURS = ("triton", "triton+bf16-state", "triton+torch-adamw", "triton+fp8")
 CURVES = ("eager", "triton", "triton+fp8", *TORCHAO)  # the providers whose loss curves are kept
 SMOKE_CURVES = ("eager", "triton")  # a smoke run's
@@ -126,9 +189,13 @@ SHARE_PROVIDERS = ("eager", "triton", "torch.compile", LIGER)  # CURVE_MODEL's s
 LOSS_ATOL = 0.05  # the gate's atol on the first step's loss: bf16 models of 16 layers differ by ~0.01
 
 
-FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
-            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+}
 
 
 def build(kind, config):
@@ -150,8 +217,10 @@ def batches(vocab, plan, n):
 def optimizer(model, provider, lr):
     if provider in ("triton", "triton+bf16-state", "triton+fp8"):  # ours: the patched model's own optimizer
         from llmk.optimizers.triton_adam import TritonAdamW
-        return TritonAdamW(model.parameters(), lr=lr,
-                           state_dtype=None if provider == "triton+bf16-state" else torch.float32)
+
+        return TritonAdamW(
+            model.parameters(), lr=lr, state_dtype=None if provider == "triton+bf16-state" else torch.float32
+        )
     return torch.optim.AdamW(model.parameters(), lr=lr, fused=not INTERPRET)
 
 
@@ -159,10 +228,12 @@ def prepare(model, kind, provider, smoke):
     """The provider's changes to a fresh model; returns a function that undoes them (or None)."""
     if provider.startswith("triton"):
         from llmk.models.hf_patch import KERNELS, patch_model, unpatch_model
+
         patch_model(model, KERNELS + ("fp8_linear",) if provider == "triton+fp8" else KERNELS)
         return lambda: unpatch_model(model)
     if provider in TORCHAO:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
         config = Float8LinearConfig.from_recipe_name(provider.rsplit("-", 1)[1])
         convert_to_float8_training(model.model.layers, config=config)
     if provider == "torch.compile" or provider in TORCHAO:
@@ -171,6 +242,7 @@ def prepare(model, kind, provider, smoke):
         return None
     if provider == LIGER:
         import liger_kernel.transformers as liger
+
         getattr(liger, f"apply_liger_kernel_to_{kind}")(model=model)
     return None
 
@@ -277,12 +349,17 @@ def attention_shares(meta, model, opt, data, plan, provider, ms):
     if tl_too:
         with forced_path("tl"):
             _, samples = run_steps(model, opt, data, plan)  # its warm-up steps compile the tl kernels
-            shares["triton, tl attention"] = {"step_ms": round(statistics.median(samples), 2),
-                                              **attention_profile(model, opt, data[0])}
+            shares["triton, tl attention"] = {
+                "step_ms": round(statistics.median(samples), 2),
+                **attention_profile(model, opt, data[0]),
+            }
     for label in (provider, "triton, tl attention") if tl_too else (provider,):
         share = shares[label]
-        print(f"attention's share of a step ({label}): {share['share']} ({share['ms']} of {share['total_ms']} "
-              f"ms of kernels; a step {share['step_ms']} ms)", flush=True)
+        print(
+            f"attention's share of a step ({label}): {share['share']} ({share['ms']} of {share['total_ms']} "
+            f"ms of kernels; a step {share['step_ms']} ms)",
+            flush=True,
+        )
 
 
 def loss_curve(model, opt, data):
@@ -300,24 +377,25 @@ def measure_model(run, name, kind, config, plan):
         if provider == LIGER and (INTERPRET or importlib.util.find_spec("liger_kernel") is None):
             print(f"{shape} {provider}: skipped (liger-kernel unavailable here)", flush=True)
             continue
-        if provider in TORCHAO and (INTERPRET or importlib.util.find_spec("torchao") is None
-                                    or torch.cuda.get_device_capability() < (8, 9)):
-            print(f"{shape} {provider}: skipped (torchao unavailable here, or a GPU without FP8 tensor cores)",
-                  flush=True)
+        if provider in TORCHAO and (
+            INTERPRET or importlib.util.find_spec("torchao") is None or torch.cuda.get_device_capability() < (8, 9)
+        ):
+            print(
+                f"{shape} {provider}: skipped (torchao unavailable here, or a GPU without FP8 tensor cores)", flush=True
+            )
             continue
         if run.args.smoke and provider in SMOKE_SKIP:
-            print(f"{shape} {provider}: skipped (a smoke run: triton with another optimizer or fp8_linear)",
-                  flush=True)
+            print(f"{shape} {provider}: skipped (a smoke run: triton with another optimizer or fp8_linear)", flush=True)
             continue
         if not run.selected("train_step", shape, provider) and not (provider == "eager"):
             continue
         model = build(kind, config)
         undo = prepare(model, kind, provider, run.args.smoke)
         try:
-            if (provider in (SMOKE_CURVES if run.args.smoke else CURVES)
-                    and name in run.meta["loss_curves"]):  # first, from the initial weights
-                curves[provider] = loss_curve(model, optimizer(model, provider, plan["lr"]),
-                                              data[:plan["loss_steps"]])
+            if (
+                provider in (SMOKE_CURVES if run.args.smoke else CURVES) and name in run.meta["loss_curves"]
+            ):  # first, from the initial weights
+                curves[provider] = loss_curve(model, optimizer(model, provider, plan["lr"]), data[: plan["loss_steps"]])
                 model = build(kind, config) if undo is None else (undo(), build(kind, config))[1]
                 undo = prepare(model, kind, provider, run.args.smoke)
             opt = optimizer(model, provider, plan["lr"])
@@ -331,8 +409,9 @@ def measure_model(run, name, kind, config, plan):
             eager_first = first
         err = abs(first - eager_first) if eager_first is not None else None
         row = make_row("train_step", shape, "bf16", provider, ms, run.meta["copy_GBps"], max_err=err)
-        row.update(tokens_per_s=round(plan["batch"] * plan["seq"] * 1e3 / ms, 1), peak_MB=peak, first_loss=first,
-                   **phases)
+        row.update(
+            tokens_per_s=round(plan["batch"] * plan["seq"] * 1e3 / ms, 1), peak_MB=peak, first_loss=first, **phases
+        )
         run.add(row)
 
 
@@ -349,8 +428,9 @@ def packed_batches(vocab, lengths, n):
     from llmk.models.packing import packed_and_padded
 
     gen = torch.Generator(device="cpu").manual_seed(3)
-    return [packed_and_padded([torch.randint(0, vocab, (k,), generator=gen).to(DEVICE) for k in lengths])
-            for _ in range(n)]
+    return [
+        packed_and_padded([torch.randint(0, vocab, (k,), generator=gen).to(DEVICE) for k in lengths]) for _ in range(n)
+    ]
 
 
 PACKED_LAYOUTS = ("padding-free", "padded")  # the pairs packed_batches makes, in this order
@@ -375,14 +455,22 @@ def measure_packed(run, name, kind, config, plan, packed):
             model = build(kind, config)
             undo = prepare(model, kind, provider, run.args.smoke)
             try:
-                ms, peak, first, phases = timed_steps(model, optimizer(model, provider, plan["lr"]),
-                                                      [batch[pick] for batch in data], plan)
+                ms, peak, first, phases = timed_steps(
+                    model, optimizer(model, provider, plan["lr"]), [batch[pick] for batch in data], plan
+                )
             finally:
                 del model
                 release(undo)
             first_eager = first if provider == "eager" else first_eager
-            row = make_row("train_step_packed", shape, "bf16", provider, ms, run.meta["copy_GBps"],
-                           max_err=abs(first - first_eager))
+            row = make_row(
+                "train_step_packed",
+                shape,
+                "bf16",
+                provider,
+                ms,
+                run.meta["copy_GBps"],
+                max_err=abs(first - first_eager),
+            )
             row.update(tokens_per_s=round(tokens * 1e3 / ms, 1), peak_MB=peak, first_loss=first, **phases)
             run.add(row)
 
@@ -401,6 +489,7 @@ def measure(run, models, plan, packed):
 def charts(args):
     def draw(meta, rows):
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
@@ -416,6 +505,7 @@ def charts(args):
             fig.tight_layout()
             fig.savefig(args.out / f"train_{name}_loss.png", dpi=120)
             plt.close(fig)
+
     return draw
 
 
@@ -424,10 +514,19 @@ def main():
     if not args.replot and importlib.util.find_spec("transformers") is None:
         print("train_bench.py: skipped, transformers is not installed (optional: pip install transformers==5.17.0)")
         return
-    models, plan, packed = ((SMOKE_MODELS, SMOKE_PLAN, SMOKE_PACKED) if args.smoke else
-                            (MODELS, FULL_PLAN, (PACKED_SEQS, PACKED_MIN, PACKED_MAX)))
-    run(args, "train", charts(args), measure=lambda bench: measure(bench, models, plan, packed), ours=OURS,
-        atol={"bf16": LOSS_ATOL})
+    models, plan, packed = (
+        (SMOKE_MODELS, SMOKE_PLAN, SMOKE_PACKED)
+        if args.smoke
+        else (MODELS, FULL_PLAN, (PACKED_SEQS, PACKED_MIN, PACKED_MAX))
+    )
+    run(
+        args,
+        "train",
+        charts(args),
+        measure=lambda bench: measure(bench, models, plan, packed),
+        ours=OURS,
+        atol={"bf16": LOSS_ATOL},
+    )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ meta adds world_size, gpus (each rank's torch.cuda.get_device_name), skipped (pr
 --only filters the providers.
 Needs transformers (optional for the repository): without it the script says so and exits 0.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -137,10 +138,15 @@ def measure(bench, models, plan):
     dist.all_gather_object(gpus, torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu")
     if rank == 0:
         script = " ".join(bench.meta["command"].split()[1:])  # "python <this file> <options>" on each rank
-        bench.meta.update(command=f"python -m torch.distributed.run --standalone --nproc_per_node {world} {script}",
-                          world_size=world, gpus=gpus, plan=plan, skipped={},
-                          fsdp2="fully_shard each decoder layer, then the root; torch's defaults otherwise",
-                          NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE"))
+        bench.meta.update(
+            command=f"python -m torch.distributed.run --standalone --nproc_per_node {world} {script}",
+            world_size=world,
+            gpus=gpus,
+            plan=plan,
+            skipped={},
+            fsdp2="fully_shard each decoder layer, then the root; torch's defaults otherwise",
+            NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE"),
+        )
     bench.total = len(models) * len(PROVIDERS)
     t0 = time.perf_counter()
     for name, (kind, config) in models.items():
@@ -167,9 +173,14 @@ def measure(bench, models, plan):
                 eager_first = first
             err = abs(first - eager_first) if eager_first is not None else None
             row = make_row(OP, shape, "bf16", provider, ms, bench.meta["copy_GBps"], max_err=err)
-            row.update(tokens_per_s=round(world * plan["batch"] * plan["seq"] * 1e3 / ms, 1),
-                       peak_MB=memory.get("peak_MB"), first_loss=first, world_size=world,
-                       steady_MB=memory.get("steady_MB"), state_MB=memory.get("state_MB"))
+            row.update(
+                tokens_per_s=round(world * plan["batch"] * plan["seq"] * 1e3 / ms, 1),
+                peak_MB=memory.get("peak_MB"),
+                first_loss=first,
+                world_size=world,
+                steady_MB=memory.get("steady_MB"),
+                state_MB=memory.get("state_MB"),
+            )
             bench.add(row)
     if rank == 0:
         bench.meta["run_s"] = round(time.perf_counter() - t0, 1)
@@ -193,8 +204,14 @@ def _rank_main(args):
     models, plan = (SMOKE_MODELS, SMOKE_PLAN) if args.smoke else (FSDP2_MODELS, FULL_PLAN)
     try:
         if dist.get_rank() == 0:
-            run(args, NAME, _no_charts, measure=lambda bench: measure(bench, models, plan), ours=OURS,
-                atol={"bf16": LOSS_ATOL})
+            run(
+                args,
+                NAME,
+                _no_charts,
+                measure=lambda bench: measure(bench, models, plan),
+                ours=OURS,
+                atol={"bf16": LOSS_ATOL},
+            )
         else:
             measure(Run(args, None, OURS), models, plan)
     finally:
@@ -209,13 +226,24 @@ def _launch(argv):
     if torch.cuda.device_count() < N_GPUS:
         env["TRITON_INTERPRET"] = "1"  # common.device then puts every tensor on the CPU
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // N_GPUS)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(N_GPUS),
-               str(pathlib.Path(__file__).resolve().relative_to(ROOT)), *argv]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(N_GPUS),
+        str(pathlib.Path(__file__).resolve().relative_to(ROOT)),
+        *argv,
+    ]
     print(f"{NAME}: {' '.join(command[1:])}", flush=True)
     code = subprocess.call(command, cwd=ROOT, env=env)
     if code != 0:
-        print(f"{NAME}: torchrun exited {code} (a rank failed, or a row of ours failed the max_err gate: "
-              "see the output above)", file=sys.stderr)
+        print(
+            f"{NAME}: torchrun exited {code} (a rank failed, or a row of ours failed the max_err gate: "
+            "see the output above)",
+            file=sys.stderr,
+        )
     return code
 
 
@@ -232,8 +260,10 @@ def main_fsdp2(args):
     if under_torchrun():
         return _rank_main(args)
     if not args.smoke and torch.cuda.device_count() < N_GPUS:
-        print(f"{NAME}: needs {N_GPUS} CUDA GPUs, found {torch.cuda.device_count()} "
-              "(--smoke runs the code on CPU ranks)", file=sys.stderr)
+        print(
+            f"{NAME}: needs {N_GPUS} CUDA GPUs, found {torch.cuda.device_count()} (--smoke runs the code on CPU ranks)",
+            file=sys.stderr,
+        )
         return 2
     return _launch(sys.argv[1:])
 

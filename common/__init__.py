@@ -7,4 +7,5 @@ Importing the package switches Triton's interpreter on when no CUDA device is pr
 module pulls in only `common.device`, `common.validation`, `common.ints` and (for an autotuner's
 timer) `common.timing`, never tabulate or matplotlib.
 """
+
 from llmk.common import device  # noqa: F401  (must run before anything imports triton)

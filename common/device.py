@@ -3,6 +3,7 @@
 `TRITON_INTERPRET` is read when `triton` is first imported, so this module sets it before that.
 Setting `TRITON_INTERPRET=1` by hand forces the interpreter even on a GPU machine.
 """
+
 import functools
 import os
 import re
@@ -37,9 +38,11 @@ def interpreter_problem():
     if tuple(int(p) for p in re.findall(r"\d+", have)[:2]) >= MIN_INTERPRETER_TRITON:
         return None
     need = ".".join(map(str, MIN_INTERPRETER_TRITON))
-    return (f"Triton {have} is installed, and its interpreter (the CPU path: no CUDA device here) "
-            f"runs loops with runtime bounds wrongly; install Triton {need} or newer: "
-            f'pip install "triton>={need}"')
+    return (
+        f"Triton {have} is installed, and its interpreter (the CPU path: no CUDA device here) "
+        f"runs loops with runtime bounds wrongly; install Triton {need} or newer: "
+        f'pip install "triton>={need}"'
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,8 +138,9 @@ def _interpret_triton_builtins():
         for attr, value in list(vars(module).items()):
             if isinstance(value, JITFunction) and not isinstance(value, InterpretedFunction):
                 if id(value) not in rebuilt:
-                    rebuilt[id(value)] = InterpretedFunction(value.fn, do_not_specialize=value.do_not_specialize,
-                                                             noinline=value.noinline)
+                    rebuilt[id(value)] = InterpretedFunction(
+                        value.fn, do_not_specialize=value.do_not_specialize, noinline=value.noinline
+                    )
                 setattr(module, attr, rebuilt[id(value)])
 
 

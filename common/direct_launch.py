@@ -14,6 +14,7 @@ Two ways in:
 The call is the one JITFunction.run makes once it has found the kernel in its cache (Triton 3.6 to
 3.9). In the interpreter every launch goes through the kernel as usual.
 """
+
 import inspect
 
 import torch
@@ -23,8 +24,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from llmk.common.device import INTERPRET
 
-INT32 = (-2 ** 31, 2 ** 31)
-INT64_MAX = 2 ** 63 - 1
+INT32 = (-(2**31), 2**31)
+INT64_MAX = 2**63 - 1
 
 
 def run_compiled(kernel, grid, device_index, args):
@@ -34,9 +35,18 @@ def run_compiled(kernel, grid, device_index, args):
     kernels), as JITFunction.run passes its bound arguments."""
     stream = driver.active.get_current_stream(device_index)
     gx, gy, gz = (*grid, 1, 1)[:3]
-    kernel.run(gx, gy, gz, stream, kernel.function, kernel.packed_metadata,
-               kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-               knobs.runtime.launch_exit_hook, *args)
+    kernel.run(
+        gx,
+        gy,
+        gz,
+        stream,
+        kernel.function,
+        kernel.packed_metadata,
+        kernel.launch_metadata(grid, stream, *args),
+        knobs.runtime.launch_enter_hook,
+        knobs.runtime.launch_exit_hook,
+        *args,
+    )
 
 
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -98,13 +108,16 @@ class Launcher:
         device = driver.active.get_current_device()
         # a constexpr among args is keyed by its type and value (a str, which arg_key refuses; True,
         # which Triton compiles apart from 1)
-        spec = (tuple([(type(a), a) if i in fixed else arg_key(a) for i, a in enumerate(args)]) if fixed
-                else specialization_key(args))
+        spec = (
+            tuple([(type(a), a) if i in fixed else arg_key(a) for i, a in enumerate(args)])
+            if fixed
+            else specialization_key(args)
+        )
         key = (device, spec, tuple(keywords.items()), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
         found = self._compiled.get(key)
         if found is None:
             # the values of the parameters after args, in the kernel's order: the key fixes them
-            rest = tuple(keywords.get(p.name, p.default) for p in self.kernel.params[len(args):])
+            rest = tuple(keywords.get(p.name, p.default) for p in self.kernel.params[len(args) :])
             self._compiled[key] = self.kernel[grid](*args, **keywords), rest
             return
         compiled, rest = found
@@ -114,8 +127,10 @@ class Launcher:
         params = _parameters(self.kernel)
         late = [name for name, constexpr in params[n_args:] if not constexpr]
         if late or n_args > len(params):
-            raise TypeError(f"Launcher({self.kernel.fn.__name__}): pass every non-constexpr parameter by position "
-                            f"({n_args} given; {', '.join(late) or 'too many'} after them)")
+            raise TypeError(
+                f"Launcher({self.kernel.fn.__name__}): pass every non-constexpr parameter by position "
+                f"({n_args} given; {', '.join(late) or 'too many'} after them)"
+            )
         self._layouts[n_args] = fixed = frozenset(i for i, (_, constexpr) in enumerate(params[:n_args]) if constexpr)
         return fixed
 

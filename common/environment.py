@@ -1,5 +1,6 @@
 """A context manager that sets one environment variable for a block: the switches our kernels read
 per call (LLMK_ATTENTION_PATH, LLMK_CHECK_SEQLENS) set for a region of code or a test."""
+
 import contextlib
 import os
 

@@ -4,12 +4,14 @@ defines the name when the name is first asked for, so importing a folder imports
     __getattr__, __dir__, __all__ = lazy_exports(__name__, {"flash_attention": "flash_attention_ops"})
 
 (in the folder's __init__.py: each public name -> the module of that folder it lives in)."""
+
 import importlib
 
 
 def lazy_exports(package, exports):
     """(__getattr__, __dir__, __all__) for `package`, whose public names are `exports`' keys, each
     defined in the submodule its value names. A name is imported once, then kept in the package."""
+
     def __getattr__(name):
         module = exports.get(name)
         if module is None:

@@ -33,6 +33,7 @@ on and any tensor argument requires grad, instead of returning outputs that are 
 to differentiate) and the backward operators (no double backward). Under torch.no_grad() or
 torch.inference_mode() nothing changes.
 """
+
 import inspect
 from collections import namedtuple
 
@@ -80,7 +81,8 @@ def forward_only_error(name, remedy=None):
     return RuntimeError(
         f"{NAMESPACE}::{name} is forward-only (it has no backward), and an input requires grad: "
         + (f"{remedy}, or call it" if remedy else "call it")
-        + " under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
+        + " under torch.no_grad() or torch.inference_mode(), or pass detached tensors"
+    )
 
 
 def _forward_only_kernel(name, op, remedy=None):
@@ -269,21 +271,30 @@ def define_ops(name, args, empty, into, outs=("out",), backward=None, setup_cont
     tail = f", {options}" if options else ""
 
     if options:  # the buffers go between the arguments and the options
+
         def impl(*a):
             made = empty(*a)
             into(*a[:n_args], *((made,) if len(outs) == 1 else made), *a[n_args:])
             return made
     elif len(outs) == 1:  # no slicing on the calls of every other op: this runs on each eager call
+
         def impl(*a):
             made = empty(*a)
             into(*a, made)
             return made
     else:
+
         def impl(*a):
             made = empty(*a)
             into(*a, *made)
             return made
 
-    return (define_op(f"{name}({args}{tail}) -> {returns}", impl, empty, backward, setup_context),
-            define_op(f"{name}_out({args}, {written}{tail}) -> ()", into, no_outputs,
-                      remedy=f"call {name} without {'/'.join(outs)}= to get gradients" if backward else None))
+    return (
+        define_op(f"{name}({args}{tail}) -> {returns}", impl, empty, backward, setup_context),
+        define_op(
+            f"{name}_out({args}, {written}{tail}) -> ()",
+            into,
+            no_outputs,
+            remedy=f"call {name} without {'/'.join(outs)}= to get gradients" if backward else None,
+        ),
+    )

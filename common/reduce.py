@@ -5,6 +5,7 @@ of matmul's epilogue) write one fp32 row of partial sums per program (or band of
 adding into one vector with atomics; this kernel then adds the P rows of each column in a fixed
 order, in fp32, and rounds once to out's dtype: the same bits every run.
 """
+
 import triton
 import triton.language as tl
 
@@ -24,15 +25,18 @@ def _sum_partials_kernel(
     n_partials, n_cols,
     # meta-parameters
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """out[j] = sum over p of partial[p, j], in fp32 in a fixed order, rounded once to out's dtype."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     in_row = cols < n_cols
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     for start in range(0, n_partials, BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
-        acc += tl.load(partial_ptr + rows[:, None] * n_cols + cols[None, :],
-                       mask=(rows < n_partials)[:, None] & in_row[None, :], other=0.0)
+        acc += tl.load(
+            partial_ptr + rows[:, None] * n_cols + cols[None, :],
+            mask=(rows < n_partials)[:, None] & in_row[None, :],
+            other=0.0,
+        )
     tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=in_row)
 
 
@@ -57,5 +61,6 @@ def sum_partials(partial, out, blocks=None):
     blocks: (BLOCK_P, BLOCK_N, num_warps) instead of sum_config's choice (tuning sweeps)."""
     n_partials, n_cols = partial.shape
     block_p, block_n, warps = blocks or sum_config(n_partials, n_cols, sm_count(partial.device, INTERPRETER_SMS))
-    _sum_partials[(cdiv(n_cols, block_n),)](partial, out, n_partials, n_cols, BLOCK_P=block_p, BLOCK_N=block_n,
-                                            num_warps=warps)
+    _sum_partials[(cdiv(n_cols, block_n),)](
+        partial, out, n_partials, n_cols, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=warps
+    )

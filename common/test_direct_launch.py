@@ -11,6 +11,7 @@ launches a strided copy through two Launchers (constexprs by name, and by positi
 that cross those boundaries one at a time and compares each result with torch's; on a GPU, every
 launch after a key's first is the direct one, and the case counts them.
 """
+
 import itertools
 
 import numpy as np
@@ -31,15 +32,35 @@ def sample_args():
     aligned and unaligned bases; ints at 1, 16's multiples and the int32/int64/uint64 limits; floats,
     numpy's float, bools, None; descriptors of several dtypes and block shapes."""
     base = torch.empty(4096, dtype=torch.uint8)
-    tensors = [base[i:i + 256].view(dt) for i in (0, 16, 8, 2) for dt in (torch.uint8, torch.float16)]
+    tensors = [base[i : i + 256].view(dt) for i in (0, 16, 8, 2) for dt in (torch.uint8, torch.float16)]
     tensors += [base[:512].view(torch.float32), base[4:516].view(torch.float32), base[:256].view(torch.float8_e4m3fn)]
-    ints = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, -2 ** 31, -2 ** 31 - 16,
-            2 ** 63 - 16, 2 ** 63, 2 ** 64 - 16, 2 ** 64 - 1]
+    ints = [
+        0,
+        1,
+        2,
+        15,
+        16,
+        17,
+        32,
+        -1,
+        -16,
+        2**31 - 16,
+        2**31 - 1,
+        2**31,
+        -(2**31),
+        -(2**31) - 16,
+        2**63 - 16,
+        2**63,
+        2**64 - 16,
+        2**64 - 1,
+    ]
     grid = base[:4096].view(64, 64)
-    descs = [TensorDescriptor(grid, [64, 64], [64, 1], [16, 32]), TensorDescriptor(grid[:, 16:], [64, 48], [64, 1],
-                                                                                  [16, 32]),
-             TensorDescriptor(grid, [64, 64], [64, 1], [32, 32]), TensorDescriptor(grid.view(torch.float16), [64, 32],
-                                                                                   [32, 1], [16, 32])]
+    descs = [
+        TensorDescriptor(grid, [64, 64], [64, 1], [16, 32]),
+        TensorDescriptor(grid[:, 16:], [64, 48], [64, 1], [16, 32]),
+        TensorDescriptor(grid, [64, 64], [64, 1], [32, 32]),
+        TensorDescriptor(grid.view(torch.float16), [64, 32], [32, 1], [16, 32]),
+    ]
     return tensors + ints + [0.5, 1.0, 3.0, np.float64(2.5), True, False, None] + descs
 
 
@@ -51,13 +72,24 @@ def check_key_fine_enough():
     """Two arguments with one arg_key get one specialization from Triton: the key never merges what
     Triton tells apart (it may tell apart more)."""
     args = sample_args()
-    merged = [(a, b) for a, b in itertools.combinations(args, 2)
-              if arg_key(a) == arg_key(b) and triton_spec(a) != triton_spec(b)]
-    outcomes = [Outcome(f"{len(args)} arguments: one key, one specialization", not merged,
-                        note="; ".join(f"{triton_spec(a)} vs {triton_spec(b)}" for a, b in merged[:3]))]
+    merged = [
+        (a, b)
+        for a, b in itertools.combinations(args, 2)
+        if arg_key(a) == arg_key(b) and triton_spec(a) != triton_spec(b)
+    ]
+    outcomes = [
+        Outcome(
+            f"{len(args)} arguments: one key, one specialization",
+            not merged,
+            note="; ".join(f"{triton_spec(a)} vs {triton_spec(b)}" for a, b in merged[:3]),
+        )
+    ]
     # the check can fail: a key that drops alignment merges what Triton does not
-    coarse = [(a, b) for a, b in itertools.combinations(args[:8], 2)
-              if arg_key(a)[0] == arg_key(b)[0] and triton_spec(a) != triton_spec(b)]
+    coarse = [
+        (a, b)
+        for a, b in itertools.combinations(args[:8], 2)
+        if arg_key(a)[0] == arg_key(b)[0] and triton_spec(a) != triton_spec(b)
+    ]
     return outcomes + [Outcome("a key without the alignment bit is caught", bool(coarse))]
 
 
@@ -78,8 +110,18 @@ def check_launches():
     position (a key without their values would run SCALE=False's kernel for SCALE=True)."""
     by_name, by_position = Launcher(_strided_copy_kernel), Launcher(_strided_copy_kernel)
     src = torch.randn(8192, device=DEVICE)
-    runs = [(0, 64, 1, False), (0, 64, 1, True), (1, 64, 1, False), (0, 63, 1, False), (0, 1, 1, False),
-            (0, 64, 16, False), (0, 64, 3, False), (3, 17, 5, True), (0, 1000, 7, False), (0, 64, 1, False)]
+    runs = [
+        (0, 64, 1, False),
+        (0, 64, 1, True),
+        (1, 64, 1, False),
+        (0, 63, 1, False),
+        (0, 1, 1, False),
+        (0, 64, 16, False),
+        (0, 64, 3, False),
+        (3, 17, 5, True),
+        (0, 1000, 7, False),
+        (0, 64, 1, False),
+    ]
     outcomes = []
     for launcher, name in ((by_name, "by name"), (by_position, "by position")):
         for offset, n, stride, scale in runs:
@@ -90,13 +132,21 @@ def check_launches():
                     launcher[(triton.cdiv(n, 32),)](x, y, n, stride, 1.5, BLOCK=32, SCALE=scale)
                 else:
                     launcher[(triton.cdiv(n, 32),)](x, y, n, stride, 1.5, 32, scale)
-                want = x[: n * stride: stride] * (1.5 if scale else 1.0)
+                want = x[: n * stride : stride] * (1.5 if scale else 1.0)
                 ok = torch.equal(y[:n], want) and bool(y[n:].isnan().all())
-                outcomes.append(Outcome(f"constexprs {name}: offset {offset} n {n} stride {stride} scale {scale} "
-                                        f"launch {attempt + 1}", ok))
+                outcomes.append(
+                    Outcome(
+                        f"constexprs {name}: offset {offset} n {n} stride {stride} scale {scale} launch {attempt + 1}",
+                        ok,
+                    )
+                )
         keys = len(launcher._compiled)
-        outcomes.append(Outcome(f"constexprs {name}: {keys} compiled keys for {len(runs) - 1} distinct launches",
-                                INTERPRET or keys == len(runs) - 1))
+        outcomes.append(
+            Outcome(
+                f"constexprs {name}: {keys} compiled keys for {len(runs) - 1} distinct launches",
+                INTERPRET or keys == len(runs) - 1,
+            )
+        )
     return outcomes
 
 
@@ -111,9 +161,11 @@ def check_order():
     return [Outcome("a non-constexpr parameter by name refused", False, note="no error")]
 
 
-CASES = [Case("arg_key is as fine as Triton's specialization", check_key_fine_enough),
-         Case("launches across specializations", check_launches),
-         Case("non-constexpr parameters by position", check_order)]
+CASES = [
+    Case("arg_key is as fine as Triton's specialization", check_key_fine_enough),
+    Case("launches across specializations", check_launches),
+    Case("non-constexpr parameters by position", check_order),
+]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

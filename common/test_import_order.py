@@ -8,6 +8,7 @@ imported before `llmk.common` (by transformers, say) would leave triton.language
 a GPU on a CPU-only machine. The process imports the given modules, then ours, runs a few kernels
 on small inputs in whichever lane this machine has, and prints their errors against PyTorch.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -57,14 +58,17 @@ def check(first):
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env.pop("TRITON_INTERPRET", None)  # set by this process's `llmk.common`: the child must find it unset
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     if proc.returncode:
         return [Outcome("kernels run", False, note=proc.stderr.strip().splitlines()[-1][:120])]
     errors = [float(e) for e in proc.stdout.split("errors", 1)[1].split()]
     names = ("rmsnorm", "softmax", "flash_attention", "matmul")
-    return [Outcome(name, err <= limit, max_abs=err, limit=f"{limit:.0e}")
-            for name, err, limit in zip(names, errors, LIMITS)]
+    return [
+        Outcome(name, err <= limit, max_abs=err, limit=f"{limit:.0e}")
+        for name, err, limit in zip(names, errors, LIMITS)
+    ]
 
 
 CASES = [Case(name, check, dict(first=first)) for name, first in ORDERS.items()]

@@ -10,6 +10,7 @@ through a .pth file the folders this interpreter imports the dependencies from, 
 it runs in a virtual environment itself. The check fails unless `llmk` imports from the wheel's
 copy in that environment, not from this checkout.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -64,29 +65,59 @@ def check_declared():
     dev.pop("ruff")
     listed = requirements()
     packages = set(project["tool"]["setuptools"]["packages"])
-    folders = {"llmk." + ".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.rglob("__init__.py")
-               if p.parent != ROOT and not {"build", ".venv"} & set(p.relative_to(ROOT).parts)} | {"llmk"}
-    return [Outcome("requirements.txt = dependencies + dev extras", listed == {**deps, **dev},
-                    note=f"requirements {listed} pyproject {deps} dev {dev}"[:200]),
-            Outcome("every package folder in pyproject's packages", packages == folders,
-                    note=f"missing {sorted(folders - packages)}, extra {sorted(packages - folders)}")]
+    folders = {
+        "llmk." + ".".join(p.parent.relative_to(ROOT).parts)
+        for p in ROOT.rglob("__init__.py")
+        if p.parent != ROOT and not {"build", ".venv"} & set(p.relative_to(ROOT).parts)
+    } | {"llmk"}
+    return [
+        Outcome(
+            "requirements.txt = dependencies + dev extras",
+            listed == {**deps, **dev},
+            note=f"requirements {listed} pyproject {deps} dev {dev}"[:200],
+        ),
+        Outcome(
+            "every package folder in pyproject's packages",
+            packages == folders,
+            note=f"missing {sorted(folders - packages)}, extra {sorted(packages - folders)}",
+        ),
+    ]
 
 
-KERNEL_FOLDERS = ("attention", "cuda_cpp", "gemm", "inference", "losses", "mlp", "models", "moe", "normalization",
-                  "optimizers", "benchmarks", "scripts", "devtools")
+KERNEL_FOLDERS = (
+    "attention",
+    "cuda_cpp",
+    "gemm",
+    "inference",
+    "losses",
+    "mlp",
+    "models",
+    "moe",
+    "normalization",
+    "optimizers",
+    "benchmarks",
+    "scripts",
+    "devtools",
+)
 
 
 def check_floors():
     """common/, the ground floor (the runtime), imports no kernel folder, benchmark or tool, devtools/
     included (its tests may)."""
     import ast
+
     bad = []
     for path in sorted((ROOT / "common").glob("*.py")):
         if path.name.startswith("test_"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             bad += [f"{path.name}: {n}" for n in names if n.split(".")[:2] in [["llmk", f] for f in KERNEL_FOLDERS]]
     return [Outcome("common/ imports only common/ of llmk", not bad, note=", ".join(bad)[:200])]
 
@@ -110,8 +141,10 @@ def dependency_folders():
     `.venv` there is where the README's set-up installs torch); the checkout itself, or a folder
     from which `import llmk` would find it, is not."""
     specs = [s for s in map(importlib.util.find_spec, requirements()) if s is not None]
-    folders = [pathlib.Path(s.origin).parent.parent if s.submodule_search_locations else pathlib.Path(s.origin).parent
-               for s in specs]  # a package's folder's parent; a one-file module's folder
+    folders = [
+        pathlib.Path(s.origin).parent.parent if s.submodule_search_locations else pathlib.Path(s.origin).parent
+        for s in specs
+    ]  # a package's folder's parent; a one-file module's folder
     return list(dict.fromkeys(str(f) for f in folders if not exposes_checkout(f)))
 
 
@@ -128,10 +161,20 @@ def check_wheel():
         raise Skip(f"building the wheel offline needs setuptools >= {build_backend_minimum()} here")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                 str(tmp / "dist"), str(ROOT)]
+        build = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp / "dist"),
+            str(ROOT),
+        ]
         run(build, tmp, "pip wheel")
-        wheel, = (tmp / "dist").glob("llmk-*.whl")
+        (wheel,) = (tmp / "dist").glob("llmk-*.whl")
         names = zipfile.ZipFile(wheel).namelist()
         run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp / "env")], tmp, "venv")
         python = tmp / "env" / ("Scripts" if os.name == "nt" else "bin") / "python"
@@ -144,17 +187,35 @@ def check_wheel():
         version = out.split("version ", 1)[1].split()[0]
         meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         errors = [float(e) for e in out.split("errors", 1)[1].split()]
-    return [Outcome("the wheel holds the kernels and the CUDA sources",
-                    "llmk/normalization/triton_rmsnorm.py" in names and "llmk/cuda_cpp/csrc/rmsnorm.cu" in names
-                    and not any(n.startswith("llmk/build/") for n in names), note=wheel.name),
-            Outcome("the wheel's license is MIT, with its LICENSE file",
-                    "License-Expression: MIT" in meta and any(n.endswith("licenses/LICENSE") for n in names)),
-            Outcome("llmk.__version__ is the wheel's version", wheel.name.startswith(f"llmk-{version}-"),
-                    note=f"{version} {wheel.name}"),
-            Outcome("llmk imported from the environment, not the checkout",
-                    where.startswith(str(tmp / "env")) and not where.startswith(str(ROOT)), note=where[-80:]),
-            Outcome("rmsnorm forward and backward there, against PyTorch", max(errors) < 1e-4,
-                    max_abs=max(errors), limit="1e-04")]
+    return [
+        Outcome(
+            "the wheel holds the kernels and the CUDA sources",
+            "llmk/normalization/triton_rmsnorm.py" in names
+            and "llmk/cuda_cpp/csrc/rmsnorm.cu" in names
+            and not any(n.startswith("llmk/build/") for n in names),
+            note=wheel.name,
+        ),
+        Outcome(
+            "the wheel's license is MIT, with its LICENSE file",
+            "License-Expression: MIT" in meta and any(n.endswith("licenses/LICENSE") for n in names),
+        ),
+        Outcome(
+            "llmk.__version__ is the wheel's version",
+            wheel.name.startswith(f"llmk-{version}-"),
+            note=f"{version} {wheel.name}",
+        ),
+        Outcome(
+            "llmk imported from the environment, not the checkout",
+            where.startswith(str(tmp / "env")) and not where.startswith(str(ROOT)),
+            note=where[-80:],
+        ),
+        Outcome(
+            "rmsnorm forward and backward there, against PyTorch",
+            max(errors) < 1e-4,
+            max_abs=max(errors),
+            limit="1e-04",
+        ),
+    ]
 
 
 def check_old_triton():
@@ -166,15 +227,22 @@ def check_old_triton():
     from llmk.common import device
 
     def problem(version, interpret=True):
-        with mock.patch.object(device.metadata, "version", lambda name: version), \
-                mock.patch.object(device, "INTERPRET", interpret):
+        with (
+            mock.patch.object(device.metadata, "version", lambda name: version),
+            mock.patch.object(device, "INTERPRET", interpret),
+        ):
             return device.interpreter_problem()
 
     old = problem("3.8.0")
-    return [Outcome("Triton 3.8 in the interpreter: named, with what to install",
-                    old is not None and "3.8.0" in old and 'pip install "triton>=3.9"' in old, note=(old or "")[:100]),
-            Outcome("Triton 3.9 and 3.10: no problem", problem("3.9.0") is None and problem("3.10.1") is None),
-            Outcome("the GPU path: no problem whatever the version", problem("3.6.0", interpret=False) is None)]
+    return [
+        Outcome(
+            "Triton 3.8 in the interpreter: named, with what to install",
+            old is not None and "3.8.0" in old and 'pip install "triton>=3.9"' in old,
+            note=(old or "")[:100],
+        ),
+        Outcome("Triton 3.9 and 3.10: no problem", problem("3.9.0") is None and problem("3.10.1") is None),
+        Outcome("the GPU path: no problem whatever the version", problem("3.6.0", interpret=False) is None),
+    ]
 
 
 FACADE_PROBE = """
@@ -206,27 +274,45 @@ def check_facades():
     import json
 
     import llmk
+
     # the folder this process imports llmk from (an install, or a PYTHONPATH entry holding it)
     where = os.pathsep.join([str(pathlib.Path(llmk.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])
-    found = json.loads(run([sys.executable, "-c", FACADE_PROBE % (FACADES,)], ROOT, "facade probe",
-                           where.rstrip(os.pathsep)).splitlines()[-1])
+    found = json.loads(
+        run(
+            [sys.executable, "-c", FACADE_PROBE % (FACADES,)], ROOT, "facade probe", where.rstrip(os.pathsep)
+        ).splitlines()[-1]
+    )
     outcomes = []
     for folder in FACADES:
         got = found[folder]
         outside = {n: m for n, m in got["names"].items() if not m.startswith(f"llmk.{folder}.")}
-        outcomes += [Outcome(f"{folder}: importing it loads no module of it", not got["loaded_on_import"],
-                             note=", ".join(got["loaded_on_import"])[:150]),
-                     Outcome(f"{folder}: {len(got['names'])} names from its own modules, in dir()",
-                             bool(got["names"]) and not outside and got["in_dir"], note=str(outside)[:150]),
-                     Outcome(f"{folder}: an unknown name raises AttributeError", "no_such_name" in got["missing"],
-                             note=got["missing"][:100])]
+        outcomes += [
+            Outcome(
+                f"{folder}: importing it loads no module of it",
+                not got["loaded_on_import"],
+                note=", ".join(got["loaded_on_import"])[:150],
+            ),
+            Outcome(
+                f"{folder}: {len(got['names'])} names from its own modules, in dir()",
+                bool(got["names"]) and not outside and got["in_dir"],
+                note=str(outside)[:150],
+            ),
+            Outcome(
+                f"{folder}: an unknown name raises AttributeError",
+                "no_such_name" in got["missing"],
+                note=got["missing"][:100],
+            ),
+        ]
     return outcomes
 
 
-CASES = [Case("pyproject and requirements.txt", check_declared), Case("floors", check_floors),
-         Case("folder facades", check_facades),
-         Case("wheel in a fresh environment", check_wheel),
-         Case("a Triton too old for the interpreter", check_old_triton)]
+CASES = [
+    Case("pyproject and requirements.txt", check_declared),
+    Case("floors", check_floors),
+    Case("folder facades", check_facades),
+    Case("wheel in a fresh environment", check_wheel),
+    Case("a Triton too old for the interpreter", check_old_triton),
+]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

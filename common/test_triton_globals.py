@@ -9,6 +9,7 @@ runs, has no such rule, so a kernel that breaks on a GPU at its first compile pa
 test reads each kernel module's jit functions and fails on every name they load from the module's
 globals that holds a bool, int, float or str that is not a tl.constexpr. One case a package.
 """
+
 import ast
 import importlib
 import inspect
@@ -20,8 +21,18 @@ import triton.language as tl
 from llmk.devtools.testing import Case, Outcome, main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("attention", "common", "cuda_cpp", "gemm", "inference", "losses", "mlp", "models", "normalization",
-            "optimizers")
+PACKAGES = (
+    "attention",
+    "common",
+    "cuda_cpp",
+    "gemm",
+    "inference",
+    "losses",
+    "mlp",
+    "models",
+    "normalization",
+    "optimizers",
+)
 PLAIN = (bool, int, float, str)
 
 
@@ -48,8 +59,16 @@ def plain_globals(source, scope):
     names = [n for n in ast.walk(func) if isinstance(n, ast.Name)]
     local = {a.arg for a in func.args.args + func.args.kwonlyargs}
     local |= {n.id for n in names if isinstance(n.ctx, ast.Store)}
-    return sorted({n.id for n in names if isinstance(n.ctx, ast.Load) and n.id not in local
-                   and isinstance(scope.get(n.id), PLAIN) and not isinstance(scope[n.id], tl.constexpr)})
+    return sorted(
+        {
+            n.id
+            for n in names
+            if isinstance(n.ctx, ast.Load)
+            and n.id not in local
+            and isinstance(scope.get(n.id), PLAIN)
+            and not isinstance(scope[n.id], tl.constexpr)
+        }
+    )
 
 
 def check(package):
@@ -60,24 +79,35 @@ def check(package):
             n_kernels += 1
             bad = plain_globals(inspect.getsource(fn), fn.__globals__)
             if bad:
-                outcomes.append(Outcome(f"{module_name}.{name}", False,
-                                        note=f"plain globals {bad}: make them tl.constexpr or pass them in"))
+                outcomes.append(
+                    Outcome(
+                        f"{module_name}.{name}",
+                        False,
+                        note=f"plain globals {bad}: make them tl.constexpr or pass them in",
+                    )
+                )
     return outcomes + [Outcome(f"{n_kernels} jit functions read only constexpr globals", not outcomes)]
 
 
 def check_detects():
     """The check finds a plain global and passes a constexpr one and a parameter of the same name."""
     scope = {"PLAIN_VALUE": 0.5, "CONST_VALUE": tl.constexpr(0.5)}
-    return [Outcome("a float global is found", plain_globals("def f(x):\n    return x * PLAIN_VALUE\n", scope)
-                    == ["PLAIN_VALUE"]),
-            Outcome("a tl.constexpr global is not",
-                    plain_globals("def f(x):\n    return x * CONST_VALUE\n", scope) == []),
-            Outcome("a parameter named like a global is not",
-                    plain_globals("def f(x, PLAIN_VALUE):\n    return x * PLAIN_VALUE\n", scope) == [])]
+    return [
+        Outcome(
+            "a float global is found",
+            plain_globals("def f(x):\n    return x * PLAIN_VALUE\n", scope) == ["PLAIN_VALUE"],
+        ),
+        Outcome("a tl.constexpr global is not", plain_globals("def f(x):\n    return x * CONST_VALUE\n", scope) == []),
+        Outcome(
+            "a parameter named like a global is not",
+            plain_globals("def f(x, PLAIN_VALUE):\n    return x * PLAIN_VALUE\n", scope) == [],
+        ),
+    ]
 
 
 CASES = [Case(package, check, dict(package=package)) for package in PACKAGES] + [
-    Case("the check detects a plain global", check_detects)]
+    Case("the check detects a plain global", check_detects)
+]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -2,6 +2,7 @@
 of one call, host out of the loop); the benchmarks (devtools/bench.py) use the same clocks.
 In the interpreter a host clock stands in, meaning nothing but that the code runs.
 """
+
 import time
 
 import torch
@@ -19,6 +20,7 @@ def time_ms(fn, warmup_ms=25, rep_ms=100):
         fn()
         return (time.perf_counter() - t0) * 1e3
     import triton.testing
+
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
@@ -41,7 +43,8 @@ def graph_time_ms(fn, reps=20, warmup_ms=25, rep_ms=100):
     if INTERPRET:
         return time_ms(fn)
     import triton.testing
-    flush = torch.ones(64 * 2 ** 20, dtype=torch.int32, device=DEVICE)  # 256 MB, 5x an H100's L2
+
+    flush = torch.ones(64 * 2**20, dtype=torch.int32, device=DEVICE)  # 256 MB, 5x an H100's L2
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as capture asks

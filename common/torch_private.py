@@ -18,6 +18,7 @@ GPU's), 2.13 (the pinned CPU lane) and 2.14.1 (CI's newest lane).
     schema_arguments(op)    common/ops.py: an OpOverload's schema arguments (name, default), which
                             bind an operator's arguments by name
 """
+
 import torch
 import torch._functorch.utils
 

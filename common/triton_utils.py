@@ -7,13 +7,14 @@ LOG2E and LN2 are tl.constexpr so a kernel can use them as globals (Triton compi
 global); host code takes .value, as softcap_scales does (the softcap's launch arguments, one
 definition for the attention and decode launchers).
 """
+
 import triton
 import triton.language as tl
 
 from llmk.common.device import INTERPRET
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(t) = exp2(t * log2(e)): exp2 is one instruction
-LN2 = tl.constexpr(0.6931471805599453)     # log(t) = log2(t) * ln(2)
+LN2 = tl.constexpr(0.6931471805599453)  # log(t) = log2(t) * ln(2)
 
 
 def softcap_scales(scale, softcap):
@@ -148,7 +149,7 @@ def tanh(x):
 # and the division's reciprocal) and a few ALU ones. Its largest relative error is 2^-10.987 (the
 # PTX ISA's figure): TANH_APPROX_REL, which the tests' bounds take. FlashAttention 2 and 3 cap
 # their scores with the same instruction (cutlass::fast_tanh). The interpreter runs no PTX.
-TANH_APPROX_REL = 2.0 ** -10.987
+TANH_APPROX_REL = 2.0**-10.987
 FAST_TANH = tl.constexpr(not INTERPRET)
 
 
@@ -158,7 +159,6 @@ def tanh_approx(x):
     hardware's tanh.approx.f32 on a GPU, relative error at most TANH_APPROX_REL; tanh() in the
     interpreter. A bandwidth-bound kernel has the cycles for tanh() and keeps its accuracy."""
     if FAST_TANH:
-        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
-                                         pack=1)
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
     else:
         return tanh(x)

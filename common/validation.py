@@ -34,7 +34,8 @@ def check_out(name, out, shape, dtype, device):
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
         raise ValueError(
             f"{name} must have shape {tuple(shape)}, dtype {dtype} and device {device}; "
-            f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
+            f"got {tuple(out.shape)}, {out.dtype}, {out.device}"
+        )
     if not out.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
 

@@ -21,13 +21,14 @@ warm-up call before it records a graph, with every allocation of the calling thr
 the graph's memory pool, and a buffer kept from there would sit in the pool untracked (Inductor
 refuses that). The routing is per thread, so the buffer made elsewhere stays in ordinary memory.
 """
+
 import threading
 
 import torch
 
 from llmk.common.torch_private import raw_cuda_stream
 
-MIN_COUNTERS = 1024   # int32 counters (4 KB)
+MIN_COUNTERS = 1024  # int32 counters (4 KB)
 MIN_SCRATCH = 1 << 18  # fp32 values (1 MB): every decode-size split of this repo fits
 
 _BUFFERS = {}

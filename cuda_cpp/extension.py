@@ -9,6 +9,7 @@ Flags: -O3; no --use_fast_math. The kernels are memory-bound, so it would buy no
 flush-to-zero would change results: every bf16 subnormal is an fp32 subnormal, and would become 0
 (SwiGLU of a subnormal gate). The one transcendental, exp in SwiGLU, calls __expf directly.
 """
+
 import functools
 import hashlib
 import inspect
@@ -33,8 +34,10 @@ def unavailable_reason():
     if not torch.cuda.is_available():
         return "no CUDA device (torch.cuda.is_available() is False)"
     from torch.utils import cpp_extension
+
     nvcc = os.environ.get("PYTORCH_NVCC") or (
-        os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc") if cpp_extension.CUDA_HOME else None)
+        os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc") if cpp_extension.CUDA_HOME else None
+    )
     if not nvcc or not (os.path.exists(nvcc) or shutil.which(nvcc)):
         return "no nvcc (set CUDA_HOME to a CUDA toolkit, or put nvcc on PATH)"
     if not cpp_extension.is_ninja_available():
@@ -83,8 +86,9 @@ def extension():
         )
     except Exception as e:
         # in full on stderr: a test table keeps only the start of an exception's message
-        print(f"building the CUDA kernels of {CSRC} failed; build files in {BUILD_DIR}:\n{e}", file=sys.stderr,
-              flush=True)
+        print(
+            f"building the CUDA kernels of {CSRC} failed; build files in {BUILD_DIR}:\n{e}", file=sys.stderr, flush=True
+        )
         _build_error = f"{type(e).__name__}, compiler output above"
         raise RuntimeError(f"building the CUDA kernels failed ({_build_error})") from e
     finally:

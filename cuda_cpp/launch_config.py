@@ -7,6 +7,7 @@ an SM, which every rule below leaves room for. A kernel that cannot use packs (m
 row stride that is not a multiple of 16 bytes, RoPE with a strided head dim) runs its scalar
 variant with the same shape of launch.
 """
+
 import functools
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ def pack_size(elem_size, vector):
 #   wider rows: two passes, a thread moving 4 packs a trip; the second read comes from L2 (a few
 #       64 KB rows an SM in flight, far below the 50 MB L2). At least two trips a thread, at most
 #       1024 threads.
+# fmt: off
 WARP_ROW_PACKS = 64           # N <= 512 fp16 / bf16, 256 fp32
 ROWS_PER_BLOCK = 4            # 128-thread blocks
 CACHED_SMALL_PACKS = 2        # packs a thread of the register-cached kernel while threads <= 512
@@ -43,6 +45,7 @@ CACHED_THREADS = 512
 CACHED_ROW_PACKS = 2048       # N <= 16384 fp16 / bf16, 8192 fp32: 512 threads x 4 packs
 LOOPED_PACKS_PER_THREAD = 8   # two trips of 4 packs
 LOOPED_MAX_THREADS = 1024
+# fmt: on
 
 
 @dataclass(frozen=True)

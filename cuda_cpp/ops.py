@@ -16,6 +16,7 @@ kernel; RoPE's scalar variant honours a strided head dim too. RMSNorm and SwiGLU
 last dim is strided, or whose leading dims cannot merge into one row index, are copied once
 (common.validation.as_rows), as the Triton launchers do.
 """
+
 import torch
 
 from llmk.attention.rope_checks import check_rope_args, rope_outputs
@@ -63,6 +64,7 @@ def run_on(device, fn, **kwargs):
 
 # ---- RMSNorm ----
 
+
 def launch_rmsnorm(x, weight, eps, y, cfg=None):
     """Launch on validated arguments: x (..., N) on a CUDA device; weight (N,) in x's dtype or fp32;
     y a contiguous output shaped like x. Writes y. cfg: a launch_config.RmsnormConfig, by default
@@ -75,12 +77,25 @@ def launch_rmsnorm(x, weight, eps, y, cfg=None):
     weight = weight.contiguous()
     vector = packs_fit(pack_size(x.element_size(), True), x2, y2, weight)
     cfg = cfg or rmsnorm_config(n_cols, x.element_size(), vector)
-    run_on(x.device, extension().rmsnorm,
-           dtype=DTYPE_CODES[x.dtype], weight_dtype=DTYPE_CODES[weight.dtype],
-           x=x2.data_ptr(), weight=weight.data_ptr(), y=y2.data_ptr(),
-           n_rows=n_rows, n_cols=n_cols, stride_x=x2.stride(0), stride_y=y2.stride(0), eps=float(eps),
-           vector=vector, looped=cfg.looped, vectors_per_thread=cfg.vectors_per_thread,
-           threads_per_row=cfg.threads_per_row, rows_per_block=cfg.rows_per_block)
+    run_on(
+        x.device,
+        extension().rmsnorm,
+        dtype=DTYPE_CODES[x.dtype],
+        weight_dtype=DTYPE_CODES[weight.dtype],
+        x=x2.data_ptr(),
+        weight=weight.data_ptr(),
+        y=y2.data_ptr(),
+        n_rows=n_rows,
+        n_cols=n_cols,
+        stride_x=x2.stride(0),
+        stride_y=y2.stride(0),
+        eps=float(eps),
+        vector=vector,
+        looped=cfg.looped,
+        vectors_per_thread=cfg.vectors_per_thread,
+        threads_per_row=cfg.threads_per_row,
+        rows_per_block=cfg.rows_per_block,
+    )
 
 
 def rmsnorm(x, weight, eps=1e-6, out=None):
@@ -105,6 +120,7 @@ def rmsnorm(x, weight, eps=1e-6, out=None):
 
 # ---- SwiGLU ----
 
+
 def launch_swiglu(gate, up, y, cfg=None):
     """Launch on validated arguments: gate, up (..., I) of one dtype on a CUDA device; y a contiguous
     output shaped like gate. Writes y. cfg: a launch_config.SwigluConfig."""
@@ -118,11 +134,22 @@ def launch_swiglu(gate, up, y, cfg=None):
         n_rows, n_cols = 1, n_rows * n_cols
     vector = packs_fit(pack_size(gate.element_size(), True), g2, u2, y2)
     cfg = cfg or swiglu_config(vector)
-    run_on(gate.device, extension().swiglu,
-           dtype=DTYPE_CODES[gate.dtype], gate=g2.data_ptr(), up=u2.data_ptr(), y=y2.data_ptr(),
-           n_rows=n_rows, n_cols=n_cols, stride_gate=g2.stride(0), stride_up=u2.stride(0),
-           stride_y=y2.stride(0), vector=vector, vectors_per_thread=cfg.vectors_per_thread,
-           threads=cfg.threads)
+    run_on(
+        gate.device,
+        extension().swiglu,
+        dtype=DTYPE_CODES[gate.dtype],
+        gate=g2.data_ptr(),
+        up=u2.data_ptr(),
+        y=y2.data_ptr(),
+        n_rows=n_rows,
+        n_cols=n_cols,
+        stride_gate=g2.stride(0),
+        stride_up=u2.stride(0),
+        stride_y=y2.stride(0),
+        vector=vector,
+        vectors_per_thread=cfg.vectors_per_thread,
+        threads=cfg.threads,
+    )
 
 
 def swiglu(gate, up, out=None):
@@ -142,6 +169,7 @@ def swiglu(gate, up, out=None):
 
 
 # ---- RoPE ----
+
 
 def _table(table, batch):
     """A (T, D), (1, T, D) or (B, T, D) table as a (B or 1, T, D) view; batch stride 0 when shared."""
@@ -167,13 +195,28 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None):
     cfg = cfg or rope_config(head_dim, n_q_heads + n_k_heads, q.element_size(), vector)
     # strides of size-1 dims are never multiplied by a nonzero index, so any value is right there
     strides = [*q.stride(), *k.stride(), *cos.stride(), *sin.stride(), *q_out.stride()[:3], *k_out.stride()[:3]]
-    run_on(q.device, extension().rope,
-           dtype=DTYPE_CODES[q.dtype], table_dtype=DTYPE_CODES[cos.dtype],
-           q=q.data_ptr(), k=k.data_ptr(), cos=cos.data_ptr(), sin=sin.data_ptr(),
-           q_out=q_out.data_ptr(), k_out=k_out.data_ptr(),
-           batch=batch, seq_len=seq_len, n_q_heads=n_q_heads, n_k_heads=n_k_heads, head_dim=head_dim,
-           strides=strides, interleaved=interleaved, vector=vector,
-           threads_pairs=cfg.threads_pairs, threads_heads=cfg.threads_heads)
+    run_on(
+        q.device,
+        extension().rope,
+        dtype=DTYPE_CODES[q.dtype],
+        table_dtype=DTYPE_CODES[cos.dtype],
+        q=q.data_ptr(),
+        k=k.data_ptr(),
+        cos=cos.data_ptr(),
+        sin=sin.data_ptr(),
+        q_out=q_out.data_ptr(),
+        k_out=k_out.data_ptr(),
+        batch=batch,
+        seq_len=seq_len,
+        n_q_heads=n_q_heads,
+        n_k_heads=n_k_heads,
+        head_dim=head_dim,
+        strides=strides,
+        interleaved=interleaved,
+        vector=vector,
+        threads_pairs=cfg.threads_pairs,
+        threads_heads=cfg.threads_heads,
+    )
 
 
 def apply_rope(q, k, cos, sin, interleaved=False, out=None):

@@ -47,13 +47,18 @@ OTHER = "cpu"  # a device the kernels must refuse
 
 # ---- RMSNorm ----
 
+
 def rmsnorm_variants(n_cols, vector):
     """Every launch of the RMSNorm kernels that covers rows of n_cols fp16 values."""
     packs = max(1, n_cols // pack_size(2, vector))
     out = [RmsnormConfig(True, 1, 32, 4)] + [RmsnormConfig(True, 1, t, 1) for t in (64, 256, 1024)]
     if vector:
-        out += [RmsnormConfig(False, v, t, 4 if t == 32 else 1)
-                for v in (1, 2, 4) for t in (32, 64, 128, 256, 512, 1024) if packs <= t * v <= 4 * packs]
+        out += [
+            RmsnormConfig(False, v, t, 4 if t == 32 else 1)
+            for v in (1, 2, 4)
+            for t in (32, 64, 128, 256, 512, 1024)
+            if packs <= t * v <= 4 * packs
+        ]
     return out
 
 
@@ -67,8 +72,11 @@ def check_rmsnorm_variants(shape, pad=None):
     for cfg in rmsnorm_variants(shape[-1], vector):
         y = poisoned(shape, torch.float16)
         launch_rmsnorm(x, w, EPS, y, cfg)
-        label = (f"looped {cfg.threads_per_row}x{cfg.rows_per_block}" if cfg.looped
-                 else f"cached {cfg.threads_per_row}x{cfg.rows_per_block} vpt {cfg.vectors_per_thread}")
+        label = (
+            f"looped {cfg.threads_per_row}x{cfg.rows_per_block}"
+            if cfg.looped
+            else f"cached {cfg.threads_per_row}x{cfg.rows_per_block} vpt {cfg.vectors_per_thread}"
+        )
         outcomes.append(compare(label, y, ref))
     return outcomes
 
@@ -95,13 +103,21 @@ def check_rmsnorm_empty():
 
 
 def rmsnorm_cases():
-    cases = [Case(f"rmsnorm {name}", norm_checks.check, dict(kwargs, impl=rmsnorm), gpu_only=True)
-             for name, kwargs, _ in norm_inputs()]
+    cases = [
+        Case(f"rmsnorm {name}", norm_checks.check, dict(kwargs, impl=rmsnorm), gpu_only=True)
+        for name, kwargs, _ in norm_inputs()
+    ]
 
     def add(shape, dtype, **extra):
         label = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
-        cases.append(Case(f"rmsnorm {tuple(shape)} {dtype_name(dtype)} {label}".strip(), norm_checks.check,
-                          dict(shape=shape, dtype=dtype, impl=rmsnorm, **extra), gpu_only=True))
+        cases.append(
+            Case(
+                f"rmsnorm {tuple(shape)} {dtype_name(dtype)} {label}".strip(),
+                norm_checks.check,
+                dict(shape=shape, dtype=dtype, impl=rmsnorm, **extra),
+                gpu_only=True,
+            )
+        )
 
     for dtype in DTYPES:
         vec = pack_size(torch.finfo(dtype).bits // 8, True)
@@ -109,25 +125,33 @@ def rmsnorm_cases():
         for packs in (WARP_ROW_PACKS, CACHED_SMALL_PACKS * CACHED_THREADS, CACHED_ROW_PACKS):
             add((3, packs * vec), dtype)
             add((3, (packs + 1) * vec), dtype)
-        add((1, 123), dtype)                              # one row: packs, then a scalar tail of 3
-        add((1, CACHED_ROW_PACKS * vec + 5), dtype)       # the same in the looped kernel
-        add((5, 123), dtype, pad=(0, 5))                  # row stride 128, rows of 123: scalar path
-        add((7, 4096), dtype, pad=(0, 3))                 # row stride 4099: misaligned rows, scalar
+        add((1, 123), dtype)  # one row: packs, then a scalar tail of 3
+        add((1, CACHED_ROW_PACKS * vec + 5), dtype)  # the same in the looped kernel
+        add((5, 123), dtype, pad=(0, 5))  # row stride 128, rows of 123: scalar path
+        add((7, 4096), dtype, pad=(0, 3))  # row stride 4099: misaligned rows, scalar
     add((2, 4096), torch.bfloat16, weight_dtype=torch.float16)  # neither x's dtype nor fp32
-    cases += [Case("rmsnorm every kernel (5, 4096)", check_rmsnorm_variants, dict(shape=(5, 4096)), gpu_only=True),
-              Case("rmsnorm every kernel (1, 4099)", check_rmsnorm_variants, dict(shape=(1, 4099)), gpu_only=True),
-              Case("rmsnorm every kernel (6, 1000) strided", check_rmsnorm_variants,
-                   dict(shape=(6, 1000), pad=(0, 1)), gpu_only=True),
-              Case("rmsnorm allocates its output", norm_checks.check_own_buffer, dict(impl=rmsnorm), gpu_only=True),
-              Case("rmsnorm bad input", check_rmsnorm_errors, gpu_only=True),
-              Case("rmsnorm empty input", check_rmsnorm_empty, gpu_only=True)]
-    cases += [Case(f"rmsnorm 2^31+ elements, {kernel}", norm_checks.check_huge, dict(n_cols=n, impl=rmsnorm),
-                   gpu_only=True)
-              for kernel, n in (("warp a row", 1000), ("row in registers", 4096), ("looped", 65536))]
+    cases += [
+        Case("rmsnorm every kernel (5, 4096)", check_rmsnorm_variants, dict(shape=(5, 4096)), gpu_only=True),
+        Case("rmsnorm every kernel (1, 4099)", check_rmsnorm_variants, dict(shape=(1, 4099)), gpu_only=True),
+        Case(
+            "rmsnorm every kernel (6, 1000) strided",
+            check_rmsnorm_variants,
+            dict(shape=(6, 1000), pad=(0, 1)),
+            gpu_only=True,
+        ),
+        Case("rmsnorm allocates its output", norm_checks.check_own_buffer, dict(impl=rmsnorm), gpu_only=True),
+        Case("rmsnorm bad input", check_rmsnorm_errors, gpu_only=True),
+        Case("rmsnorm empty input", check_rmsnorm_empty, gpu_only=True),
+    ]
+    cases += [
+        Case(f"rmsnorm 2^31+ elements, {kernel}", norm_checks.check_huge, dict(n_cols=n, impl=rmsnorm), gpu_only=True)
+        for kernel, n in (("warp a row", 1000), ("row in registers", 4096), ("looped", 65536))
+    ]
     return cases
 
 
 # ---- RoPE ----
+
 
 def rope_table(batch, seq_len, head_dim, layout, kind, dtype, sin_dtype=None):
     """attention/rope_cases.py's tables, plus "T,D misaligned": columns 1.. of a (T, D + 1) buffer
@@ -140,8 +164,20 @@ def rope_table(batch, seq_len, head_dim, layout, kind, dtype, sin_dtype=None):
     return cos, (sin.to(sin_dtype) if sin_dtype else sin)
 
 
-def check_rope(batch, heads, kv_heads, seq_len, head_dim, dtype, interleaved=False, layout="T,D", kind="rope",
-               table_dtype=None, sin_dtype=None, strided=None):
+def check_rope(
+    batch,
+    heads,
+    kv_heads,
+    seq_len,
+    head_dim,
+    dtype,
+    interleaved=False,
+    layout="T,D",
+    kind="rope",
+    table_dtype=None,
+    sin_dtype=None,
+    strided=None,
+):
     q, k = rope_checks.make_qk(batch, heads, kv_heads, seq_len, head_dim, dtype, strided)
     cos, sin = rope_table(batch, seq_len, head_dim, layout, kind, table_dtype or dtype, sin_dtype)
     out = (poisoned(q.shape, dtype), poisoned(k.shape, dtype))
@@ -165,12 +201,12 @@ def check_rope_errors():
         expect_raises("fp64 q", lambda: apply_rope(q.double(), k.double(), cos, sin), TypeError, "q"),
         expect_raises("cos length", lambda: apply_rope(q, k, cos[:5], sin), ValueError, "cos"),
         expect_raises("bf16 cos for fp16 q", lambda: apply_rope(q, k, cos.bfloat16(), sin), TypeError, "cos"),
-        expect_raises(f"q on {OTHER}", lambda: apply_rope(q.to(OTHER), k.to(OTHER), cos.to(OTHER),
-                                                          sin.to(OTHER)), ValueError, "q"),
+        expect_raises(
+            f"q on {OTHER}", lambda: apply_rope(q.to(OTHER), k.to(OTHER), cos.to(OTHER), sin.to(OTHER)), ValueError, "q"
+        ),
         expect_raises("cos elsewhere", lambda: apply_rope(q, k, cos.to(OTHER), sin), ValueError, "cos"),
         expect_raises("interleaved not bool", lambda: apply_rope(q, k, cos, sin, "yes"), TypeError, "interleaved"),
-        expect_raises("out shape", lambda: apply_rope(q, k, cos, sin, out=(q.clone(), q.clone())),
-                      ValueError, "k_out"),
+        expect_raises("out shape", lambda: apply_rope(q, k, cos, sin, out=(q.clone(), q.clone())), ValueError, "k_out"),
     ]
 
 
@@ -180,8 +216,22 @@ def rope_cases():
     def add(batch, heads, kv_heads, seq_len, head_dim, dtype, **extra):
         extra_str = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
         name = f"rope B{batch} H{heads}/{kv_heads} T{seq_len} D{head_dim} {dtype_name(dtype)} {extra_str}".strip()
-        cases.append(Case(name, check_rope, dict(batch=batch, heads=heads, kv_heads=kv_heads, seq_len=seq_len,
-                                                 head_dim=head_dim, dtype=dtype, **extra), gpu_only=True))
+        cases.append(
+            Case(
+                name,
+                check_rope,
+                dict(
+                    batch=batch,
+                    heads=heads,
+                    kv_heads=kv_heads,
+                    seq_len=seq_len,
+                    head_dim=head_dim,
+                    dtype=dtype,
+                    **extra,
+                ),
+                gpu_only=True,
+            )
+        )
 
     for dtype in DTYPES:
         for interleaved in (False, True):
@@ -190,7 +240,7 @@ def rope_cases():
             add(1, 4, 1, 77, 96, dtype, interleaved=interleaved, strided="BTHD", layout="1,T,D")
             add(2, 4, 1, 7, 128, dtype, interleaved=interleaved, strided="BTHD", kind="random")
             add(2, 3, 2, 5, 80, dtype, interleaved=interleaved, strided="every other feature")  # scalar kernel
-            add(2, 3, 2, 5, 64, dtype, interleaved=interleaved, layout="T,D misaligned")         # scalar kernel
+            add(2, 3, 2, 5, 64, dtype, interleaved=interleaved, layout="T,D misaligned")  # scalar kernel
         add(3, 8, 8, 1, 256, dtype, layout="B,T,D")
         add(2, 3, 2, 5, 64, dtype, table_dtype=torch.float32, layout="T,D strided", kind="random")
         add(2, 3, 2, 5, 6, dtype, kind="random")  # D/2 = 3: no whole pack, the scalar kernel
@@ -210,11 +260,12 @@ def rope_cases():
         for head_dim in (80, 96, 256):
             add(2, 32, 8, 1000, head_dim, dtype, kind="random", layout="B,T,D")
     add(1, 32, 8, 8192, 128, torch.float32, table_dtype=torch.float32, strided="BTHD")
-    return cases + [Case("rope allocates its output", rope_checks.check_own_buffer, dict(impl=apply_rope),
-                         gpu_only=True),
-                    Case("rope bad input", check_rope_errors, gpu_only=True),
-                    Case("rope empty input", rope_checks.check_empty, dict(impl=apply_rope), gpu_only=True),
-                    Case("rope 2^31+ elements", rope_checks.check_huge, dict(impl=apply_rope), gpu_only=True)]
+    return cases + [
+        Case("rope allocates its output", rope_checks.check_own_buffer, dict(impl=apply_rope), gpu_only=True),
+        Case("rope bad input", check_rope_errors, gpu_only=True),
+        Case("rope empty input", rope_checks.check_empty, dict(impl=apply_rope), gpu_only=True),
+        Case("rope 2^31+ elements", rope_checks.check_huge, dict(impl=apply_rope), gpu_only=True),
+    ]
 
 
 # ---- SwiGLU ----
@@ -241,37 +292,64 @@ def swiglu_cases():
 
     def add(shape, dtype, **extra):
         label = " ".join(f"{k}={v}" for k, v in extra.items())
-        cases.append(Case(f"swiglu {tuple(shape)} {dtype_name(dtype)} {label}".strip(), glu_checks.check,
-                          dict(shape=shape, dtype=dtype, glu=SWIGLU, **extra), gpu_only=True))
+        cases.append(
+            Case(
+                f"swiglu {tuple(shape)} {dtype_name(dtype)} {label}".strip(),
+                glu_checks.check,
+                dict(shape=shape, dtype=dtype, glu=SWIGLU, **extra),
+                gpu_only=True,
+            )
+        )
 
     for dtype in DTYPES:
         for n in SWIGLU_WIDTHS:
-            add((3, n), dtype)                                    # packed: one row of 3n, a scalar tail
+            add((3, n), dtype)  # packed: one row of 3n, a scalar tail
         add((1, 4096), dtype)
         add((257, 123), dtype)
         add((2, 3, 123), dtype)
-        add((5, 1000), dtype, layout="fused")                     # halves of one (5, 2000) buffer: rows
-        add((5, 760), dtype, pad=(0, 8))                          # gate row stride 768: rows of packs
-        add((5, 123), dtype, pad=(0, 5), up_pad=(0, 5))           # rows of 123: the scalar kernel
-        add((2, 5, 1000), dtype, pad=(0, 3, 0))                   # leading dims that cannot merge
-        add((33, 64), dtype, layout="transposed")                 # last dim strided: one copy
-        add((3, 5120), dtype, gate_scale=1e4, up_scale=0.1)       # exp(-gate) overflows: no NaN
-        cases.append(Case(f"swiglu extremes {dtype_name(dtype)}", glu_checks.check_extremes,
-                          dict(dtype=dtype, glu=SWIGLU), gpu_only=True))
-        cases.append(Case(f"swiglu every value {dtype_name(dtype)}", glu_checks.check_every_value,
-                          dict(dtype=dtype, glu=SWIGLU), gpu_only=True))
+        add((5, 1000), dtype, layout="fused")  # halves of one (5, 2000) buffer: rows
+        add((5, 760), dtype, pad=(0, 8))  # gate row stride 768: rows of packs
+        add((5, 123), dtype, pad=(0, 5), up_pad=(0, 5))  # rows of 123: the scalar kernel
+        add((2, 5, 1000), dtype, pad=(0, 3, 0))  # leading dims that cannot merge
+        add((33, 64), dtype, layout="transposed")  # last dim strided: one copy
+        add((3, 5120), dtype, gate_scale=1e4, up_scale=0.1)  # exp(-gate) overflows: no NaN
+        cases.append(
+            Case(
+                f"swiglu extremes {dtype_name(dtype)}",
+                glu_checks.check_extremes,
+                dict(dtype=dtype, glu=SWIGLU),
+                gpu_only=True,
+            )
+        )
+        cases.append(
+            Case(
+                f"swiglu every value {dtype_name(dtype)}",
+                glu_checks.check_every_value,
+                dict(dtype=dtype, glu=SWIGLU),
+                gpu_only=True,
+            )
+        )
         add((8192, 14336), dtype)
         add((4096, 16384), dtype, layout="fused")
         add((2049, 11008), dtype, pad=(0, 64))
-    cases += [Case("swiglu every launch (3, 1001)", check_swiglu_variants, dict(shape=(3, 1001), layout="separate"),
-                   gpu_only=True),
-              Case("swiglu every launch (5, 1000) fused", check_swiglu_variants, dict(shape=(5, 1000), layout="fused"),
-                   gpu_only=True),
-              Case("swiglu allocates its output", glu_checks.check_own_buffer, dict(glu=SWIGLU), gpu_only=True),
-              Case("swiglu bad input", glu_checks.check_errors, dict(glu=SWIGLU), gpu_only=True),
-              Case("swiglu empty input", glu_checks.check_empty, dict(glu=SWIGLU), gpu_only=True),
-              Case("swiglu 2^31+ elements", glu_checks.check_huge, dict(n_cols=14336, glu=SWIGLU), gpu_only=True,
-                   gpu_gb=23)]  # 21.5 GB printed
+    cases += [
+        Case(
+            "swiglu every launch (3, 1001)",
+            check_swiglu_variants,
+            dict(shape=(3, 1001), layout="separate"),
+            gpu_only=True,
+        ),
+        Case(
+            "swiglu every launch (5, 1000) fused",
+            check_swiglu_variants,
+            dict(shape=(5, 1000), layout="fused"),
+            gpu_only=True,
+        ),
+        Case("swiglu allocates its output", glu_checks.check_own_buffer, dict(glu=SWIGLU), gpu_only=True),
+        Case("swiglu bad input", glu_checks.check_errors, dict(glu=SWIGLU), gpu_only=True),
+        Case("swiglu empty input", glu_checks.check_empty, dict(glu=SWIGLU), gpu_only=True),
+        Case("swiglu 2^31+ elements", glu_checks.check_huge, dict(n_cols=14336, glu=SWIGLU), gpu_only=True, gpu_gb=23),
+    ]  # 21.5 GB printed
     return cases
 
 
@@ -291,6 +369,7 @@ def skip_reason():
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES
     if skip_reason() is not None:
         import pytest
+
         pytest.skip(skip_reason()[1])
     case.check()
 

@@ -5,6 +5,7 @@ against the device-to-device copy bandwidth measured in the same run, counting b
 bytes written, because absolute figures move between machines. In smoke mode (the interpreter on
 CPU) a host clock stands in: the numbers then mean nothing and only prove the benchmark code runs.
 """
+
 import re
 import time
 
@@ -89,9 +90,13 @@ def kernel_times(prof):
     events = prof.key_averages()
     # a record_function range (Optimizer.step#AdamW.step, say) shows on the GPU's timeline too, over
     # the kernels it holds: not a kernel
-    gpu = [(e.key, e.self_device_time_total) for e in events
-           if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
-           and not getattr(e, "is_user_annotation", False)]
+    gpu = [
+        (e.key, e.self_device_time_total)
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and e.self_device_time_total > 0
+        and not getattr(e, "is_user_annotation", False)
+    ]
     if gpu:
         return "CUDA kernels", gpu
     return "CPU aten ops", [(e.key, e.self_cpu_time_total) for e in events if e.key.startswith("aten::")]
@@ -105,9 +110,13 @@ def kernel_share(prof, match, exclude=None):
     total = sum(t for _, t in timed)
     picked = sum(t for name, t in timed if match.search(name) and not (exclude and exclude.search(name)))
     top = sorted(timed, key=lambda kt: -kt[1])[:6]
-    return {"source": source, "ms": round(picked / 1e3, 3),
-            "total_ms": round(total / 1e3, 3), "share": round(picked / total, 3) if total else None,
-            "top": [[name[:90], round(t / 1e3, 3)] for name, t in top]}
+    return {
+        "source": source,
+        "ms": round(picked / 1e3, 3),
+        "total_ms": round(total / 1e3, 3),
+        "share": round(picked / total, 3) if total else None,
+        "top": [[name[:90], round(t / 1e3, 3)] for name, t in top],
+    }
 
 
 def gbps(n_bytes, ms):
@@ -132,6 +141,7 @@ def compile_fn(fn):
     make bench-smoke's interpreter, whose numbers mean nothing: Inductor's C++ builds were half of
     its time)."""
     import torch._dynamo
+
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
@@ -150,4 +160,5 @@ def compile_train_fn(fn, mode):
     def call(*args):
         with torch._functorch.config.patch(donated_buffer=False):
             return compiled(*args)
+
     return call

@@ -16,6 +16,7 @@ and it starts. Before and after each case a script returns its cached blocks to 
 than the card has is skipped, with its need and the card's size as the reason; one that waits past
 WAIT_S for its turn fails, saying so.
 """
+
 import contextlib
 import fcntl
 import os

@@ -14,6 +14,7 @@ called once untimed where a filter left them out, or named `untimed` where none 
 there is none, and atol is one ulp at 1.0 of the dtype (torch.finfo(dtype).eps) unless the benchmark
 states its own. A failing run still writes its results, then prints the rows and exits 1.
 """
+
 import argparse
 import pathlib
 import sys
@@ -46,25 +47,42 @@ def parse_args(doc, warmup_ms=25, rep_ms=100):
     """The shared command line; `doc` is the benchmark's docstring (first line: description, the
     rest: the epilog). A full run needs a CUDA GPU: without one, say so in one line and exit 2."""
     parser = argparse.ArgumentParser(
-        description=doc.strip().splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=doc.strip().splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(doc.strip().splitlines()[1:]) + "\n\nA run filtered by --only, --dtype or --mode writes into "
-               f"{PARTIAL_DIR.relative_to(PARTIAL_DIR.parents[1])}/ unless --out is given, so the committed "
-               "results stay whole.\nExit status 1: a row of ours failed the max_err gate "
-               f"(max_err > {GATE_FACTOR} x the PyTorch baseline's + one ulp at 1.0; devtools/harness.py).")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes, any device, results into build/bench-smoke (numbers meaningless)")
+        f"{PARTIAL_DIR.relative_to(PARTIAL_DIR.parents[1])}/ unless --out is given, so the committed "
+        "results stay whole.\nExit status 1: a row of ours failed the max_err gate "
+        f"(max_err > {GATE_FACTOR} x the PyTorch baseline's + one ulp at 1.0; devtools/harness.py).",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny shapes, any device, results into build/bench-smoke (numbers meaningless)",
+    )
     parser.add_argument("--replot", action="store_true", help="redraw the charts from the results JSON")
     parser.add_argument("--out", type=str, default=None, metavar="DIR", help="results folder")
-    parser.add_argument("--warmup", type=float, default=warmup_ms, metavar="MS",
-                        help=f"do_bench warm-up budget in ms (default {warmup_ms})")
-    parser.add_argument("--rep", type=float, default=rep_ms, metavar="MS",
-                        help=f"do_bench measuring budget in ms (default {rep_ms})")
-    parser.add_argument("--only", "--shapes", default=None, metavar="FILTER",
-                        help="run only rows whose op, shape or provider contains one of these comma-separated "
-                             "strings (e.g. rmsnorm,4096 or triton; =rmsnorm: that name exactly)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=warmup_ms,
+        metavar="MS",
+        help=f"do_bench warm-up budget in ms (default {warmup_ms})",
+    )
+    parser.add_argument(
+        "--rep", type=float, default=rep_ms, metavar="MS", help=f"do_bench measuring budget in ms (default {rep_ms})"
+    )
+    parser.add_argument(
+        "--only",
+        "--shapes",
+        default=None,
+        metavar="FILTER",
+        help="run only rows whose op, shape or provider contains one of these comma-separated "
+        "strings (e.g. rmsnorm,4096 or triton; =rmsnorm: that name exactly)",
+    )
     parser.add_argument("--dtype", default=None, metavar="LIST", help=f"comma list of {', '.join(DTYPES)}")
-    parser.add_argument("--mode", default=None, metavar="LIST",
-                        help=f"comma list of {', '.join(MODES)}: run only rows of these modes")
+    parser.add_argument(
+        "--mode", default=None, metavar="LIST", help=f"comma list of {', '.join(MODES)}: run only rows of these modes"
+    )
     parser.add_argument("--csv", default=None, metavar="PATH", help="also write the rows as CSV to PATH")
     args = parser.parse_args()
     args.only = [t for t in args.only.split(",") if t] if args.only else None
@@ -83,8 +101,10 @@ def parse_args(doc, warmup_ms=25, rep_ms=100):
     if args.warmup <= 0 or args.rep <= 0:
         parser.error("--warmup and --rep: expected milliseconds > 0")
     if not args.smoke and not args.replot and INTERPRET:
-        print(f"{parser.prog}: no CUDA GPU here; a benchmark needs one "
-              "(use --smoke to run the code on tiny shapes)", file=sys.stderr)
+        print(
+            f"{parser.prog}: no CUDA GPU here; a benchmark needs one (use --smoke to run the code on tiny shapes)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     args.partial = bool(args.only or args.dtypes or args.modes)
     default_out = PARTIAL_DIR if args.partial else SMOKE_DIR if args.smoke else RESULTS_DIR
@@ -120,6 +140,7 @@ class BenchCase:
         skipped); a peer's exception of any kind skips its row, with the reason.
     skip: a reason to skip the whole case.
     """
+
     op: str
     shape: object
     dtype: torch.dtype
@@ -181,19 +202,35 @@ class Run:
             self.baseline(gate_key(row), row["max_err"])
         parts = [f"{row['ms']:9.4f} ms"]
         if row.get("GBps") is not None:
-            parts.append(f"{row['GBps']:8.1f} GB/s" + (f" {row['pct_copy']:5.1f}% copy" if row["pct_copy"] is not None
-                                                         else ""))
+            parts.append(
+                f"{row['GBps']:8.1f} GB/s" + (f" {row['pct_copy']:5.1f}% copy" if row["pct_copy"] is not None else "")
+            )
         if row.get("TFLOPs") is not None:
             parts.append(f"{row['TFLOPs']:7.1f} TFLOP/s")
         if row.get("graph_ms") is not None:
             parts.append(f"graph {row['graph_ms']:.4f} ms")
         parts.append(f"err {row['max_err']:.2g}")
-        base = {"op", "shape", "dtype", "provider", "ms", "GBps", "TFLOPs", "pct_copy", "max_err", "graph_ms",
-                "graph_pct_copy", "mode"}
+        base = {
+            "op",
+            "shape",
+            "dtype",
+            "provider",
+            "ms",
+            "GBps",
+            "TFLOPs",
+            "pct_copy",
+            "max_err",
+            "graph_ms",
+            "graph_pct_copy",
+            "mode",
+        }
         parts += [f"{k} {v}" for k, v in row.items() if k not in base]
         mode = f" {row['mode']:7s}" if "mode" in row else ""
-        print(f"{self._prefix()} {row['op']:16s} {row['shape']:>18s} {row['dtype']}{mode} {row['provider']:15s} "
-              + "  ".join(parts), flush=True)
+        print(
+            f"{self._prefix()} {row['op']:16s} {row['shape']:>18s} {row['dtype']}{mode} {row['provider']:15s} "
+            + "  ".join(parts),
+            flush=True,
+        )
 
     def skip(self, key, provider, why):
         op, shape, dtype = key
@@ -213,8 +250,7 @@ def run_bench_cases(run, cases):
     plan = []
     for case in cases:
         if run.wants_dtype(case.key[2]) and run.wants_mode(case.mode):
-            names = [p for p in case.providers
-                     if p not in case.untimed and run.selected(case.key[0], case.key[1], p)]
+            names = [p for p in case.providers if p not in case.untimed and run.selected(case.key[0], case.key[1], p)]
             if names:
                 plan.append((case, names))
     run.total = sum(len(names) for _, names in plan)
@@ -262,6 +298,7 @@ def _call_provider(run, case, name, inputs, expected, compare, timed):
         ms = _time(call, run.args)
         if case.peak:
             from llmk.devtools.bench import peak_extra_MB
+
             fields = {**fields, "peak_MB": peak_extra_MB(call)}
         fields = {**fields, **(case.extra(name, inputs, call) if case.extra else {})}
     except Exception as e:
@@ -273,8 +310,9 @@ def _call_provider(run, case, name, inputs, expected, compare, timed):
             run.skip(case.key, name, str(e).splitlines()[0][:90] if str(e) else type(e).__name__)
         return None
     op, shape, dtype = case.key
-    row = make_row(op, shape, dtype, name, ms, run.meta["copy_GBps"], n_bytes=case.n_bytes, flops=case.flops,
-                   max_err=err)
+    row = make_row(
+        op, shape, dtype, name, ms, run.meta["copy_GBps"], n_bytes=case.n_bytes, flops=case.flops, max_err=err
+    )
     if case.mode != "fwd":
         row["mode"] = case.mode
     row.update(fields)
@@ -292,6 +330,7 @@ def _bind(fn, inputs):
 
 def _time(call, args):
     from llmk.common.timing import time_ms
+
     return time_ms(call, warmup_ms=args.warmup, rep_ms=args.rep)
 
 
@@ -299,14 +338,18 @@ def _add_graph(row, call, n_bytes, run):
     """graph_ms, and graph_pct_copy where the row counts bytes (GB/s is given)."""
     from llmk.common.timing import graph_time_ms
     from llmk.devtools.bench import gbps
+
     try:
         row["graph_ms"] = round(graph_time_ms(call, warmup_ms=run.args.warmup, rep_ms=run.args.rep), 5)
     except Exception as e:  # a provider that cannot be captured keeps its do_bench row, with the reason
         row["graph_ms"] = row["graph_pct_copy"] = None
         row["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:90]
         return
-    row["graph_pct_copy"] = (None if row["pct_copy"] is None else
-                             round(100 * gbps(n_bytes, max(row["graph_ms"], 1e-9)) / run.meta["copy_GBps"], 1))
+    row["graph_pct_copy"] = (
+        None
+        if row["pct_copy"] is None
+        else round(100 * gbps(n_bytes, max(row["graph_ms"], 1e-9)) / run.meta["copy_GBps"], 1)
+    )
 
 
 def gate(run, atol=None):
@@ -346,9 +389,14 @@ def run(args, name, charts, cases=None, measure=None, ours=OURS, atol=None):
     charts(meta, bench.rows)
     failures = gate(bench, atol)
     if failures:
-        print(f"\n{name}: max_err gate failed (max_err > {GATE_FACTOR} x baseline + atol) on {len(failures)} rows:",
-              file=sys.stderr)
+        print(
+            f"\n{name}: max_err gate failed (max_err > {GATE_FACTOR} x baseline + atol) on {len(failures)} rows:",
+            file=sys.stderr,
+        )
         for row, limit in failures:
-            print(f"  {row['op']} {row['shape']} {row['dtype']} {row['provider']}: max_err {row['max_err']:.3g} "
-                  f"> {limit:.3g}", file=sys.stderr)
+            print(
+                f"  {row['op']} {row['shape']} {row['dtype']} {row['provider']}: max_err {row['max_err']:.3g} "
+                f"> {limit:.3g}",
+                file=sys.stderr,
+            )
         sys.exit(1)

@@ -4,6 +4,7 @@ Liger-Kernel is not a dependency: on a GPU machine without network it travels as
 (`pip download liger-kernel==0.8.5 --no-deps`, installed with `pip install --no-deps --target`),
 and where it is missing its rows are reported as skipped, with the reason.
 """
+
 import importlib
 
 LIGER = "liger"  # the provider name of Liger-Kernel's rows

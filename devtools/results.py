@@ -4,6 +4,7 @@ File format, `<name>.json`:
     {"meta": {"gpu", "torch", "triton", "copy_GBps", "date", "command", "commit", "dirty"},
      "rows": [{"op", "shape", "dtype", "provider", "ms", "GBps", "TFLOPs", "pct_copy", "max_err", ...}]}
 """
+
 import csv
 import datetime
 import json
@@ -31,9 +32,13 @@ def shape_str(shape):
 def start_run(smoke, out_dir):
     """Measure the copy bandwidth (1 GB, far past L2; 1 MB in smoke mode) and return the run's meta."""
     from llmk.devtools.bench import copy_bandwidth_GBps
+
     meta = make_meta(copy_bandwidth_GBps(1 << 20 if smoke else 1 << 30), out_dir)
-    print(f"copy bandwidth {meta['copy_GBps']:.0f} GB/s on {meta['gpu']}, commit {meta['commit']}"
-          + (" (dirty)" if meta["dirty"] else ""), flush=True)
+    print(
+        f"copy bandwidth {meta['copy_GBps']:.0f} GB/s on {meta['gpu']}, commit {meta['commit']}"
+        + (" (dirty)" if meta["dirty"] else ""),
+        flush=True,
+    )
     return meta
 
 
@@ -46,12 +51,14 @@ def git_state(out_dir):
         dirty = os.environ.get("BENCH_DIRTY")
         return os.environ["BENCH_COMMIT"], None if dirty is None else dirty.strip().lower() in ("1", "true", "yes")
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
         out = pathlib.Path(out_dir).resolve()
         exclude = [f":(exclude){out.relative_to(ROOT)}"] if out.is_relative_to(ROOT) and out != ROOT else []
-        status = subprocess.run(["git", "status", "--porcelain", "--", ".", *exclude], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", *exclude], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.CalledProcessError):
         return None, None
@@ -59,21 +66,36 @@ def git_state(out_dir):
 
 def make_meta(copy_GBps, out_dir=RESULTS_DIR):
     import triton
+
     commit, dirty = git_state(out_dir)
-    return {"gpu": describe(), "torch": torch.__version__, "triton": triton.__version__,
-            "copy_GBps": float(f"{copy_GBps:.5g}"), "date": datetime.date.today().isoformat(),
-            "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "commit": commit, "dirty": dirty}
+    return {
+        "gpu": describe(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_GBps": float(f"{copy_GBps:.5g}"),
+        "date": datetime.date.today().isoformat(),
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "commit": commit,
+        "dirty": dirty,
+    }
 
 
 def make_row(op, shape, dtype, provider, ms, copy_GBps, n_bytes=None, flops=None, max_err=None):
     """One result row; bytes give GB/s and the share of the copy bandwidth, flops give TFLOP/s."""
     from llmk.devtools.bench import gbps, tflops
+
     bw = gbps(n_bytes, ms) if n_bytes is not None else None
-    return {"op": op, "shape": shape, "dtype": dtype, "provider": provider, "ms": round(ms, 5),
-            "GBps": round(bw, 1) if bw is not None else None,
-            "TFLOPs": round(tflops(flops, ms), 2) if flops is not None else None,
-            "pct_copy": round(100 * bw / copy_GBps, 1) if bw is not None and copy_GBps > 0 else None,
-            "max_err": None if max_err is None else float(f"{max_err:.3g}")}
+    return {
+        "op": op,
+        "shape": shape,
+        "dtype": dtype,
+        "provider": provider,
+        "ms": round(ms, 5),
+        "GBps": round(bw, 1) if bw is not None else None,
+        "TFLOPs": round(tflops(flops, ms), 2) if flops is not None else None,
+        "pct_copy": round(100 * bw / copy_GBps, 1) if bw is not None and copy_GBps > 0 else None,
+        "max_err": None if max_err is None else float(f"{max_err:.3g}"),
+    }
 
 
 def read_json(out_dir, name):
@@ -109,6 +131,7 @@ def plot_sweeps(path, title, rows, sweeps, meta, metric="GBps"):
     if not rows:
         return
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -20,6 +20,7 @@ Tolerance rule (from flash-attention's tests): an output passes when every eleme
 supplies PyTorch's own same-dtype result, its max error is at most 2x PyTorch's plus `atol`.
 An fp16/bf16 output must also be rounded to nearest: see `rounding_bias`.
 """
+
 import contextlib
 import math
 import os
@@ -42,6 +43,7 @@ class Tol:
     (a bound for each element, from an error model that varies over the output). rounding_check:
     whether compare() also tests fp16/bf16 outputs for a rounding bias (off for error models that
     are not one rounding of an accurate fp32 value)."""
+
     atol: float
     rtol: float
     why: str
@@ -52,22 +54,29 @@ class Tol:
 EXACT = Tol(0.0, 0.0, "the same kernel on the same inputs", rounding_check=False)
 
 # Unit roundoff u of each dtype: the largest relative error of one rounding to nearest (half an ulp at 1).
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
 
 # Half the spacing of each dtype's subnormals (its smallest numbers): a correctly rounded result
 # that lands there can be this far from the exact value, whatever its relative bound says (an
 # fp16 gradient of 1.23e-7 rounds to 1.19e-7, two steps of 2^-24). compare() bounds the rounding's
 # share of the error by at least this: below the smallest normal number, never above it.
-SUBNORMAL_HALF_SPACING = {torch.float16: 2.0 ** -25, torch.bfloat16: 2.0 ** -134, torch.float32: 2.0 ** -150}
+SUBNORMAL_HALF_SPACING = {torch.float16: 2.0**-25, torch.bfloat16: 2.0**-134, torch.float32: 2.0**-150}
 
 # One table for every kernel whose output is computed in fp32 and rounded once to the output dtype.
 # A kernel with a different error model (long fp32 dot products, ...) passes its own Tol to compare().
 TOLERANCES = {
-    torch.float32: Tol(1e-5, 1e-5, "fp32 math throughout; only the order of summation differs from "
-                                   "the fp64 reference (~log2(N) * 2^-24 relative)"),
-    torch.float16: Tol(1e-5, 2 ** -10, "one rounding of an fp32 result to fp16 is half an ulp (2^-11 "
-                                       "relative); summation order can flip a rounding: one ulp"),
-    torch.bfloat16: Tol(1e-5, 2 ** -7, "the same rule for bf16's 8-bit significand: one ulp, 2^-7"),
+    torch.float32: Tol(
+        1e-5,
+        1e-5,
+        "fp32 math throughout; only the order of summation differs from the fp64 reference (~log2(N) * 2^-24 relative)",
+    ),
+    torch.float16: Tol(
+        1e-5,
+        2**-10,
+        "one rounding of an fp32 result to fp16 is half an ulp (2^-11 "
+        "relative); summation order can flip a rounding: one ulp",
+    ),
+    torch.bfloat16: Tol(1e-5, 2**-7, "the same rule for bf16's 8-bit significand: one ulp, 2^-7"),
 }
 
 
@@ -79,6 +88,7 @@ class Skip(Exception):
 @dataclass
 class Outcome:
     """One checked output (or one expected error) of a case; a row of the report."""
+
     check: str
     passed: bool
     max_abs: float = float("nan")
@@ -177,8 +187,17 @@ def compare(check, out, ref, tol=None, torch_out=None):
             passed = False
             notes.append(f"rounding bias {bias:+.2f} ulp (round to nearest: ~0)")
     note = "; ".join(notes)
-    return Outcome(check, passed, max_abs, max_rel, f"{n_bad}/{o.numel()}", first_bad,
-                   f"{'<=' if torch.is_tensor(atol) else ''}{atol_max:.0e}+{tol.rtol:.1e}|ref|", torch_err, note)
+    return Outcome(
+        check,
+        passed,
+        max_abs,
+        max_rel,
+        f"{n_bad}/{o.numel()}",
+        first_bad,
+        f"{'<=' if torch.is_tensor(atol) else ''}{atol_max:.0e}+{tol.rtol:.1e}|ref|",
+        torch_err,
+        note,
+    )
 
 
 def _leaves(inputs, wrt, dtype=None):
@@ -206,8 +225,9 @@ def grads_of(fn, inputs, wrt, grad_outputs, dtype=None):
     leaves = _leaves(inputs, wrt, dtype)
     outs = _outputs(fn(*leaves))
     pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, grad_outputs) if o.requires_grad]
-    grads = torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in wrt], [g for _, g in pairs],
-                                allow_unused=True)
+    grads = torch.autograd.grad(
+        [o for o, _ in pairs], [leaves[i] for i in wrt], [g for _, g in pairs], allow_unused=True
+    )
     return tuple(o.detach() for o in outs), grads
 
 
@@ -235,13 +255,23 @@ def check_grads(label, fn, reference, inputs, wrt, names, tol, torch_fn=None, gr
         name = names[pos] if isinstance(names, (list, tuple)) else names
         check = f"{label} d{name}"
         if g is None or w is None:
-            outcomes.append(Outcome(check, g is None and w is None, note=f"grad {g is None and 'None'}, "
-                                                                         f"reference {w is None and 'None'}"))
+            outcomes.append(
+                Outcome(
+                    check,
+                    g is None and w is None,
+                    note=f"grad {g is None and 'None'}, reference {w is None and 'None'}",
+                )
+            )
             continue
         expected = inputs[pos]
         if g.shape != expected.shape or g.dtype != expected.dtype:
-            outcomes.append(Outcome(check, False, note=f"grad {tuple(g.shape)} {g.dtype}, input "
-                                                       f"{tuple(expected.shape)} {expected.dtype}"))
+            outcomes.append(
+                Outcome(
+                    check,
+                    False,
+                    note=f"grad {tuple(g.shape)} {g.dtype}, input {tuple(expected.shape)} {expected.dtype}",
+                )
+            )
             continue
         outcomes.append(compare(check, g, w, tol(name, w) if callable(tol) else tol, torch_out=t))
     return outcomes
@@ -251,8 +281,11 @@ def opcheck(check, overload, args, skip=()):
     """torch.library.opcheck's four tests (schema, autograd registration, fake tensor, AOT dispatch),
     less those named in skip (e.g. "test_schema", whose mutation check does arithmetic that torch has
     no float8 kernels for)."""
-    tests = tuple(t for t in ("test_schema", "test_autograd_registration", "test_faketensor",
-                              "test_aot_dispatch_dynamic") if t not in skip)
+    tests = tuple(
+        t
+        for t in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+        if t not in skip
+    )
     try:
         torch.library.opcheck(overload, args, test_utils=tests)
     except Exception as e:  # OpCheckError, or the op itself raising: the row fails with the reason
@@ -311,6 +344,7 @@ def dtype_name(dtype):
 @dataclass
 class Case:
     """One test case: `fn(**kwargs)` builds fresh inputs and returns a list of Outcomes."""
+
     name: str
     fn: Callable[..., list]
     kwargs: dict = field(default_factory=dict)
@@ -329,6 +363,7 @@ class Case:
         except Exception as e:  # a crash is one failed case, and the script goes on
             if out_of_memory is not None and DEVICE == "cuda":
                 from llmk.devtools.gpu_turns import is_out_of_memory
+
                 if is_out_of_memory(e):
                     out_of_memory.append(str(e))
                     return []
@@ -379,14 +414,15 @@ class Case:
 def shape_case(fn, shape, dtype, gpu_only=False, **extra):
     """A Case named "(shape) dtype key=value ..." that calls fn(shape=, dtype=, **extra)."""
     label = " ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in extra.items())
-    return Case(f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(), fn, dict(shape=shape, dtype=dtype, **extra),
-                gpu_only)
+    return Case(
+        f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(), fn, dict(shape=shape, dtype=dtype, **extra), gpu_only
+    )
 
 
 def base_seed():
     """TEST_SEED=<int> reruns a failure with the same inputs; otherwise every run draws new ones."""
     if "TEST_SEED" not in os.environ:
-        os.environ["TEST_SEED"] = str(random.randrange(2 ** 31))
+        os.environ["TEST_SEED"] = str(random.randrange(2**31))
     return int(os.environ["TEST_SEED"])
 
 
@@ -466,7 +502,7 @@ def run_cases(title, cases, skip_reason=None):
 
     shard, shards = case_shard()
     if shards > 1:  # the shard's own cases: the counts of a script's shards add up to the script's
-        cases = cases[shard - 1::shards]
+        cases = cases[shard - 1 :: shards]
         title = f"{title} ({SHARD_ENV}={shard}/{shards})"
     if skip_reason is not None:
         print(f"{title}: {len(cases)} cases skipped: {skip_reason}")
@@ -484,7 +520,7 @@ def run_cases(title, cases, skip_reason=None):
     if stride > 1 and len(chosen) > 1:
         # from an offset the seed picks: a run's choice replays with its TEST_SEED, and runs differ,
         # so cases made in loops of `stride` do not always drop the same variant
-        strided = chosen[seed % stride::stride] or chosen[:1]
+        strided = chosen[seed % stride :: stride] or chosen[:1]
         skips[f"{STRIDE_ENV}={stride}: one case in {stride}"] = len(chosen) - len(strided)
         chosen = strided
     print(f"{title}: {len(chosen)} of {len(cases)} cases on {describe()}, TEST_SEED={seed}", flush=True)
@@ -501,13 +537,42 @@ def run_cases(title, cases, skip_reason=None):
             continue
         ok = all(o.passed for o in outcomes) and bool(outcomes)
         n_pass, n_fail = n_pass + ok, n_fail + (not ok)
-        print(f"  [{i}/{len(chosen)}] {case.name} ... {'PASS' if ok else 'FAIL'} "
-              f"({time.perf_counter() - t0:.1f}s{peak})", flush=True)
+        print(
+            f"  [{i}/{len(chosen)}] {case.name} ... {'PASS' if ok else 'FAIL'} ({time.perf_counter() - t0:.1f}s{peak})",
+            flush=True,
+        )
         for o in outcomes:
-            rows.append([case.name, o.check, _fmt(o.max_abs), _fmt(o.max_rel), o.bad, o.first_bad,
-                         o.limit, _fmt(o.torch_err), "PASS" if o.passed else "FAIL", o.note])
-    print(tabulate(rows, headers=["case", "check", "max abs", "max rel", "bad", "first bad",
-                                  "tolerance", "torch err", "result", "note"]))
+            rows.append(
+                [
+                    case.name,
+                    o.check,
+                    _fmt(o.max_abs),
+                    _fmt(o.max_rel),
+                    o.bad,
+                    o.first_bad,
+                    o.limit,
+                    _fmt(o.torch_err),
+                    "PASS" if o.passed else "FAIL",
+                    o.note,
+                ]
+            )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "case",
+                "check",
+                "max abs",
+                "max rel",
+                "bad",
+                "first bad",
+                "tolerance",
+                "torch err",
+                "result",
+                "note",
+            ],
+        )
+    )
     if not chosen and shards == 1:
         print(f"{title}: no case ran, and no reason to skip was given")
     print(count_line(n_pass, n_fail, sum(skips.values()), "; ".join(skips)), flush=True)
@@ -534,10 +599,18 @@ def parse_args(title, argv):
     parser = argparse.ArgumentParser(
         prog=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None,
         description=f"Run the {title} test cases and print a PASS/FAIL table; the last line reads "
-                    "`N passed, M failed`, and the exit code is 1 if any case failed.",
-        epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-k", dest="keyword", action="append", default=[], metavar="WORD",
-                        help="run only the cases whose name contains WORD (repeat: a case matching any)")
+        "`N passed, M failed`, and the exit code is 1 if any case failed.",
+        epilog=USAGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-k",
+        dest="keyword",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="run only the cases whose name contains WORD (repeat: a case matching any)",
+    )
     parser.add_argument("--list", action="store_true", help="list the cases' names and exit")
     return parser.parse_args(argv)
 

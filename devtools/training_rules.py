@@ -2,6 +2,7 @@
 reference (the same weights widened, exact), bounded by the unpatched bf16 model's own error against
 that reference. Used by models/test_hf_patch.py (one step on one device) and models/test_fsdp2.py
 (steps over sharded ranks)."""
+
 import torch
 
 from llmk.devtools.testing import UNIT_ROUNDOFF, Outcome, Tol, compare
@@ -15,16 +16,25 @@ def training_rule(name, got, want, theirs, slack=0.0, factor=2, floor=0.0):
     the unpatched bf16 model's error, |theirs - want| or `floor` if larger, plus one rounding of
     max|want|, plus slack."""
     err = max((theirs - want).abs().max().item(), floor)
-    return compare(name, got, want, Tol(factor * err + UNIT_ROUNDOFF[torch.bfloat16] * want.abs().max().item() + slack,
-                                        0.0, f"{factor}x the unpatched bf16 model's error + u * max|ref|",
-                                        rounding_check=False))
+    return compare(
+        name,
+        got,
+        want,
+        Tol(
+            factor * err + UNIT_ROUNDOFF[torch.bfloat16] * want.abs().max().item() + slack,
+            0.0,
+            f"{factor}x the unpatched bf16 model's error + u * max|ref|",
+            rounding_check=False,
+        ),
+    )
 
 
 def token_losses(logits, ids):
     """A causal LM's per-token losses, fp64 and flat: logits (B, T, V) of ids (B, T), each position
     predicting the next token."""
-    return torch.nn.functional.cross_entropy(logits[:, :-1].detach().double().flatten(0, 1), ids[:, 1:].flatten(),
-                                             reduction="none")
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].detach().double().flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
+    )
 
 
 def token_loss_noise(model, ref, ids):
@@ -59,9 +69,11 @@ def gradients_rule(grads, ref_grads, plain_grads, prefix="", factor=2):
     parameter nearest its bound. factor: the 2 of "twice", larger for a model that rounds more by
     design (FP8)."""
     worst = max((gradient_share(grads[n], ref_grads[n], plain_grads[n], factor), n) for n in ref_grads)
-    return Outcome(f"{prefix}{len(ref_grads)} parameter gradients within the rule", worst[0] <= 1.0,
-                   note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound")
+    return Outcome(
+        f"{prefix}{len(ref_grads)} parameter gradients within the rule",
+        worst[0] <= 1.0,
+        note=f"worst: {worst[1]} at {worst[0]:.2f} of its bound",
+    )
 
 
-__all__ = ["FP8_FACTOR", "gradient_share", "gradients_rule", "token_loss_noise", "token_losses",
-           "training_rule"]
+__all__ = ["FP8_FACTOR", "gradient_share", "gradients_rule", "token_loss_noise", "token_losses", "training_rule"]

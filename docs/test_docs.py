@@ -7,6 +7,7 @@ The example cases run the README's Python block and docs/example.py in fresh pro
 repository root, as a reader would paste them; without transformers the README block (which
 patches a model) is skipped with a note, and docs/example.py skips its model part itself.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -46,17 +47,25 @@ def check_links():
     outcomes = []
     for page in docs_pages():
         bad = broken_links(page)
-        outcomes.append(Outcome(f"links in {page.relative_to(ROOT)}", not bad, bad=str(len(bad)),
-                                note=", ".join(bad)[:120]))
+        outcomes.append(
+            Outcome(f"links in {page.relative_to(ROOT)}", not bad, bad=str(len(bad)), note=", ".join(bad)[:120])
+        )
     return outcomes
 
 
 def check_generated():
     """`make report` would change nothing: the pages and the README table match the JSON."""
-    stale = [str(p.relative_to(ROOT)) for p, text in report.outputs().items()
-             if not p.exists() or p.read_text() != text]
-    return [Outcome("docs/results and README table up to date", not stale, bad=str(len(stale)),
-                    note=("run `make report`: " + ", ".join(stale))[:120] if stale else "")]
+    stale = [
+        str(p.relative_to(ROOT)) for p, text in report.outputs().items() if not p.exists() or p.read_text() != text
+    ]
+    return [
+        Outcome(
+            "docs/results and README table up to date",
+            not stale,
+            bad=str(len(stale)),
+            note=("run `make report`: " + ", ".join(stale))[:120] if stale else "",
+        )
+    ]
 
 
 def check_readme_length():
@@ -87,26 +96,39 @@ def check_report_robust():
     pages = {p.name: text for p, text in out.items()}
     n_pages = sum(name.endswith(".md") and name != "README.md" for name in pages)
     with_json = sum((report.RESULTS / f"{a}.json").exists() for a in report.AREA_NAMES) - 1  # e2e.json removed
-    return [Outcome("every area with a JSON gets a page", n_pages == with_json, note=f"{n_pages} pages"),
-            Outcome("commit shown", "`0123456789ab` (uncommitted changes)" in pages.get("norm.md", "")),
-            Outcome("README table replaced between the markers",
-                    "STALE TABLE" not in pages["README.md"] and "| RMSNorm |" in pages["README.md"]
-                    and pages["README.md"].endswith("end\n"))]
+    return [
+        Outcome("every area with a JSON gets a page", n_pages == with_json, note=f"{n_pages} pages"),
+        Outcome("commit shown", "`0123456789ab` (uncommitted changes)" in pages.get("norm.md", "")),
+        Outcome(
+            "README table replaced between the markers",
+            "STALE TABLE" not in pages["README.md"]
+            and "| RMSNorm |" in pages["README.md"]
+            and pages["README.md"].endswith("end\n"),
+        ),
+    ]
 
 
 def run_python(args, label, env=None, cwd=ROOT):
     """Run python with args in a fresh process (from the repository root unless cwd), as a reader
     would; it passes when it exits 0, prints only its one `generated ...` line (no object echoed at
     the prompt) and writes nothing to stderr (no warning)."""
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=dict(os.environ, **(env or {})),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=dict(os.environ, **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     ok = proc.returncode == 0
     tail = ((proc.stdout if ok else proc.stderr).strip().splitlines() or [""])[-1]
     printed = proc.stdout.strip().splitlines()
     quiet = len(printed) == 1 and printed[0].startswith("generated ") and not proc.stderr.strip()
     extra = next((line for line in proc.stderr.strip().splitlines() + printed[:-1]), "")
-    return [Outcome(label, ok, note=tail[:120]),
-            Outcome(f"{label}: nothing printed but its result", quiet, note=extra[:120])]
+    return [
+        Outcome(label, ok, note=tail[:120]),
+        Outcome(f"{label}: nothing printed but its result", quiet, note=extra[:120]),
+    ]
 
 
 # Feeds a file's lines one at a time to an interactive console, as a reader pasting them at the

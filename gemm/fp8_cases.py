@@ -1,5 +1,6 @@
 """What the FP8 tests share (gemm/test_fp8.py, gemm/test_fp8_producers.py): e4m3 buffers poisoned
 with NaN, and their comparison byte for byte."""
+
 import torch
 
 from llmk.common.device import DEVICE

@@ -31,6 +31,7 @@ Error: each product carries e4m3's rounding of both operands, 2^-4 relative at m
 (half an ulp of a 3-bit significand), on top of fp8_matmul's own sums and one rounding:
 gemm/test_fp8.py derives its tolerance from that.
 """
+
 import torch
 
 from llmk.common.ops import define_op
@@ -54,8 +55,10 @@ def check_fp8_linear_args(x, weight, bias, x_fp8=None):
         check_tensor("x_fp8's q", x_fp8[0], (FP8,))
         check_tensor("x_fp8's scale", x_fp8[1], (torch.float32,))
         if x_fp8[0].shape != x.shape or x_fp8[1].shape != x.shape[:-1]:
-            raise ValueError(f"x_fp8 must be q {tuple(x.shape)} and scale {tuple(x.shape[:-1])} (x's rows); got "
-                             f"{tuple(x_fp8[0].shape)} and {tuple(x_fp8[1].shape)}")
+            raise ValueError(
+                f"x_fp8 must be q {tuple(x.shape)} and scale {tuple(x.shape[:-1])} (x's rows); got "
+                f"{tuple(x_fp8[0].shape)} and {tuple(x_fp8[1].shape)}"
+            )
     check_tensor("weight", weight, (x.dtype,), min_dim=2)
     check_same_device("weight", weight, "x", x)
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
@@ -120,13 +123,17 @@ def _backward_impl(dy, x, weight, x_grad, w_grad):
 
 
 def _backward_empty(dy, x, weight, x_grad, w_grad):
-    return (x.new_empty((dy.shape[0], x.shape[1])) if x_grad else x.new_empty(0),
-            weight.new_empty(weight.shape) if w_grad else weight.new_empty(0))
+    return (
+        x.new_empty((dy.shape[0], x.shape[1])) if x_grad else x.new_empty(0),
+        weight.new_empty(weight.shape) if w_grad else weight.new_empty(0),
+    )
 
 
 fp8_linear_backward_op = define_op(
     "fp8_linear_backward(Tensor dy, Tensor x, Tensor weight, bool x_grad, bool w_grad) -> (Tensor, Tensor)",
-    _backward_impl, _backward_empty)
+    _backward_impl,
+    _backward_empty,
+)
 
 
 def _fp8_linear_backward(ctx, dy):
@@ -141,7 +148,11 @@ def _fp8_linear_backward(ctx, dy):
 
 fp8_linear_op = define_op(
     "fp8_linear(Tensor x, Tensor weight, Tensor? bias, Tensor? x_q=None, Tensor? x_scale=None) -> Tensor",
-    _fp8_linear, _fp8_linear_empty, backward=_fp8_linear_backward, setup_context=_setup)
+    _fp8_linear,
+    _fp8_linear_empty,
+    backward=_fp8_linear_backward,
+    setup_context=_setup,
+)
 
 
 def fp8_linear(x, weight, bias=None, *, x_fp8=None):

@@ -14,6 +14,7 @@ operators llmk::quantize_fp8 and llmk::fp8_matmul.
 Both operators are forward-only: a training linear in FP8 (gradients in FP8 too) is a module of
 its own, built on them.
 """
+
 import torch
 
 from llmk.common.device import sm_count
@@ -43,8 +44,7 @@ def check_quantize_args(x, granularity):
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}; got {granularity!r}")
     if granularity != "row" and x.shape[1] % GROUP:
-        raise ValueError(f"granularity {granularity!r}: K = x.shape[1] must be a multiple of {GROUP}; "
-                         f"got {x.shape[1]}")
+        raise ValueError(f"granularity {granularity!r}: K = x.shape[1] must be a multiple of {GROUP}; got {x.shape[1]}")
 
 
 def _quantize_empty(x, granularity):
@@ -72,8 +72,9 @@ def quantize_both_impl(x, amax=None):
     return q, scale, qt, scale_t
 
 
-quantize_fp8_op = define_op("quantize_fp8(Tensor x, str granularity) -> (Tensor, Tensor)", quantize_impl,
-                            _quantize_empty, remedy=REMEDY)
+quantize_fp8_op = define_op(
+    "quantize_fp8(Tensor x, str granularity) -> (Tensor, Tensor)", quantize_impl, _quantize_empty, remedy=REMEDY
+)
 
 
 def quantize_fp8(x, granularity="row"):
@@ -110,8 +111,10 @@ def check_fp8_matmul_args(a, b, scale_a, scale_b, bias, activation, out_dtype):
             raise ValueError(f"block scales: K = a.shape[1] must be a multiple of {SCALE_BLOCK}; got {k}")
         want_a, want_b = (m, k // SCALE_BLOCK), (k // SCALE_BLOCK, (n + SCALE_BLOCK - 1) // SCALE_BLOCK)
     if tuple(scale_a.shape) != want_a:
-        raise ValueError(f"scale_a must have shape {want_a} (row-wise (M,), or blocks (M, K / {SCALE_BLOCK})); "
-                         f"got {tuple(scale_a.shape)}")
+        raise ValueError(
+            f"scale_a must have shape {want_a} (row-wise (M,), or blocks (M, K / {SCALE_BLOCK})); "
+            f"got {tuple(scale_a.shape)}"
+        )
     if tuple(scale_b.shape) != want_b:
         kind = "row-wise (N,)" if scale_a.dim() == 1 else f"blocks (K / {SCALE_BLOCK}, cdiv(N, {SCALE_BLOCK}))"
         raise ValueError(f"scale_b must have shape {want_b} ({kind}, as scale_a is); got {tuple(scale_b.shape)}")
@@ -130,8 +133,13 @@ def _fp8_matmul_empty(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_
 def uses_tma(a, b, scale_a, c):
     """Whether fp8_matmul runs the persistent TMA kernel: row-wise scales, FP8_TMA_MIN_M rows or
     more, a GPU with TMA (the interpreter emulates it), operands and c that fit its descriptors."""
-    return (scale_a.dim() == 1 and a.shape[0] >= FP8_TMA_MIN_M and a.shape[1] > 0 and has_tma(a.device)
-            and triton_fp8_matmul_tma.fits(a, b, c))
+    return (
+        scale_a.dim() == 1
+        and a.shape[0] >= FP8_TMA_MIN_M
+        and a.shape[1] > 0
+        and has_tma(a.device)
+        and triton_fp8_matmul_tma.fits(a, b, c)
+    )
 
 
 def fp8_matmul_impl(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_accum=False):
@@ -140,9 +148,17 @@ def fp8_matmul_impl(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_ac
     if not c.numel():
         return c
     if uses_tma(a, b, scale_a, c):
-        triton_fp8_matmul_tma.launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c,
-                                                    sm_count(a.device, triton_fp8_matmul_tma.INTERPRET_SMS),
-                                                    promote=not fast_accum)
+        triton_fp8_matmul_tma.launch_fp8_matmul_tma(
+            a,
+            b,
+            scale_a,
+            scale_b,
+            bias,
+            activation,
+            c,
+            sm_count(a.device, triton_fp8_matmul_tma.INTERPRET_SMS),
+            promote=not fast_accum,
+        )
     else:  # K = 0 runs: the epilogue on zero sums
         launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, promote=not fast_accum)
     return c
@@ -150,7 +166,11 @@ def fp8_matmul_impl(a, b, scale_a, scale_b, bias, activation, out_dtype, fast_ac
 
 fp8_matmul_op = define_op(
     "fp8_matmul(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str? activation, "
-    "ScalarType out_dtype, bool fast_accum=False) -> Tensor", fp8_matmul_impl, _fp8_matmul_empty, remedy=REMEDY)
+    "ScalarType out_dtype, bool fast_accum=False) -> Tensor",
+    fp8_matmul_impl,
+    _fp8_matmul_empty,
+    remedy=REMEDY,
+)
 
 
 def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=torch.bfloat16, fast_accum=False):
@@ -172,5 +192,6 @@ def fp8_matmul(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype=tor
     check_fp8_matmul_args(a, b, scale_a, scale_b, bias, activation, out_dtype)
     if not isinstance(fast_accum, bool):
         raise TypeError(f"fast_accum must be a bool; got {type(fast_accum).__name__}")
-    return fp8_matmul_op(a, b, scale_a, scale_b, bias, activation=activation, out_dtype=out_dtype,
-                         fast_accum=fast_accum)
+    return fp8_matmul_op(
+        a, b, scale_a, scale_b, bias, activation=activation, out_dtype=out_dtype, fast_accum=fast_accum
+    )

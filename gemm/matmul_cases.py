@@ -14,6 +14,7 @@ one final rounding to the output dtype.
 The 2x-PyTorch rule is the main guard: our largest error may be at most twice torch.matmul's
 own (one more rounding for each separate bias or activation op) plus atol.
 """
+
 import math
 
 import torch
@@ -21,8 +22,12 @@ import torch.nn.functional as F
 
 from llmk.devtools.testing import TOLERANCES, UNIT_ROUNDOFF, Tol
 
-TORCH_ACTIVATIONS = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-                     "silu": F.silu}
+TORCH_ACTIVATIONS = {
+    None: lambda y: y,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+}
 
 
 def tolerance(a, b):
@@ -30,7 +35,7 @@ def tolerance(a, b):
     k = a.shape[1]
     rms = lambda t: t.double().pow(2).mean().sqrt().item() if t.numel() else 0.0  # noqa: E731
     typical = math.sqrt(k) * rms(a) * rms(b)
-    atol = max(1e-5, math.sqrt(k) * typical * 2 ** -20)
+    atol = max(1e-5, math.sqrt(k) * typical * 2**-20)
     return Tol(atol, TOLERANCES[a.dtype].rtol, "fp32 accumulation over K, one rounding")
 
 
@@ -81,10 +86,12 @@ def grad_tolerance(dtype, scales=None):
     columns norm_weight scales; dh = dy @ weight, then the RMSNorm backward's sums over dh * x).
     fp32 accumulation (sqrt(K) 2^-24 T, tolerance() above) is below 2^-8 u T for any K up to 2^32.
     The 2x-PyTorch rule is the tighter guard."""
+
     def tol(name, ref):
         if not ref.numel():
             return Tol(1e-5, TOLERANCES[dtype].rtol, "empty")
         scale = sum_scale(ref) if scales is None else scales[name]
         atol = (8 * UNIT_ROUNDOFF[dtype] * scale).clamp_min(1e-5)
         return Tol(atol, TOLERANCES[dtype].rtol, "one or two roundings of each input of the sums, one of the output")
+
     return tol

@@ -27,6 +27,7 @@ GEMM's prologue (docs/tuning/gemm.md says what that would save). Without an acti
 not copied. The forward's knobs (launch_matmul's config, split_k, kernel) are not the public
 function's: the backward's GEMMs take matmul's own choice.
 """
+
 import functools
 
 import torch
@@ -79,13 +80,15 @@ def launch_matmul(a, b, bias, activation, c, config=None, split_k=None, kernel=N
     if kernel is None:
         kernel = "tiled" if config is not None or split_k is not None else choose_kernel(a, b, c, a.shape[0])
     if kernel == "tma":
-        triton_matmul_tma.launch_matmul_tma(a, b, bias, activation, c,
-                                            sm_count(a.device, triton_matmul_tma.INTERPRET_SMS), config, z)
+        triton_matmul_tma.launch_matmul_tma(
+            a, b, bias, activation, c, sm_count(a.device, triton_matmul_tma.INTERPRET_SMS), config, z
+        )
     elif kernel == "gemv":
         triton_gemv.launch_gemv(a, b, bias, activation, c, config, split_k, z)
     else:
-        triton_matmul_tiled.launch_tiled(a, b, bias, activation, c,
-                                         sm_count(a.device, triton_matmul_tiled.INTERPRET_SMS), config, split_k, z)
+        triton_matmul_tiled.launch_tiled(
+            a, b, bias, activation, c, sm_count(a.device, triton_matmul_tiled.INTERPRET_SMS), config, split_k, z
+        )
 
 
 def kernel_choice(a, b):
@@ -99,24 +102,30 @@ def kernel_choice(a, b):
     c = torch.empty((m, n), dtype=a.dtype, device="meta")  # matmul's own output's layout, nothing allocated
     kind = choose_kernel(a, b, c, m)
     if kind == "gemv":
-        bn, bk, warps, stages, split = triton_gemv.gemv_plan(n, k, triton_gemv.is_row_major(b),
-                                                              sm_count(a.device, triton_gemv.INTERPRET_SMS))
+        bn, bk, warps, stages, split = triton_gemv.gemv_plan(
+            n, k, triton_gemv.is_row_major(b), sm_count(a.device, triton_gemv.INTERPRET_SMS)
+        )
         return f"gemv {bn}x{bk} w{warps} s{stages} split {split}"
     if kind == "tiled":
         config, split = triton_matmul_tiled.plan(m, n, k, sm_count(a.device, triton_matmul_tiled.INTERPRET_SMS))
         if split > 1:
             return f"tiled split-K {split} {config[0]}x{config[1]}x{config[2]} w{config[3]} s{config[4]}"
     if INTERPRET:  # no tuning there: each kernel runs its INTERPRET_CONFIG
-        meta = (triton_matmul_tma.meta_of(triton_matmul_tma.INTERPRET_CONFIG) if kind == "tma"
-                else dict(triton_matmul_tiled.interpret_meta(), num_warps=4, num_stages=1))
+        meta = (
+            triton_matmul_tma.meta_of(triton_matmul_tma.INTERPRET_CONFIG)
+            if kind == "tma"
+            else dict(triton_matmul_tiled.interpret_meta(), num_warps=4, num_stages=1)
+        )
     else:
         kernel = triton_matmul_tma._matmul_tma_kernel if kind == "tma" else triton_matmul_tiled._matmul_kernel
         meta = picked_config(kernel, a, b, m, n, k)
     if meta is None:
         return f"{kind} (untuned)"
     extra = f" epilogue split {meta['EPILOGUE_SPLIT']}" if "EPILOGUE_SPLIT" in meta else ""
-    return (f"{kind} {meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{meta['num_warps']} "
-            f"s{meta['num_stages']}{extra}")
+    return (
+        f"{kind} {meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{meta['num_warps']} "
+        f"s{meta['num_stages']}{extra}"
+    )
 
 
 def _matmul_into(a, b, bias, activation, c):
@@ -163,9 +172,13 @@ def _matmul_backward(ctx, dc):
 
 
 matmul_op, matmul_out_op = define_ops(
-    "matmul", "Tensor a, Tensor b, Tensor? bias, str? activation",
-    lambda a, b, bias, activation: a.new_empty((a.shape[0], b.shape[1])), _matmul_into,
-    backward=_matmul_backward, setup_context=_setup_matmul)
+    "matmul",
+    "Tensor a, Tensor b, Tensor? bias, str? activation",
+    lambda a, b, bias, activation: a.new_empty((a.shape[0], b.shape[1])),
+    _matmul_into,
+    backward=_matmul_backward,
+    setup_context=_setup_matmul,
+)
 
 
 def _matmul_train(a, b, bias, activation):
@@ -190,9 +203,12 @@ def _matmul_train_backward(ctx, dc, dz_out):
 
 
 matmul_train_op = define_op(
-    "matmul_train(Tensor a, Tensor b, Tensor? bias, str activation) -> (Tensor, Tensor)", _matmul_train,
+    "matmul_train(Tensor a, Tensor b, Tensor? bias, str activation) -> (Tensor, Tensor)",
+    _matmul_train,
     lambda a, b, bias, activation: (a.new_empty((a.shape[0], b.shape[1])), a.new_empty((a.shape[0], b.shape[1]))),
-    backward=_matmul_train_backward, setup_context=_setup_matmul_train)
+    backward=_matmul_train_backward,
+    setup_context=_setup_matmul_train,
+)
 
 
 def matmul(a, b, bias=None, activation=None, out=None):

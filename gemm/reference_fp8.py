@@ -6,6 +6,7 @@ and amax / 448 as divisions of two tensors (IEEE: on CUDA torch runs a division 
 as a multiply by its reciprocal, an ulp off for some amax); x * (448 / amax) clamped and rounded to
 e4m3, to nearest even.
 """
+
 import torch
 
 from llmk.gemm.fp8_ops import FP8

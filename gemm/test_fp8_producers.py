@@ -15,6 +15,7 @@ sum of squares in another order moves y, and so the scales), and without keep_y 
 bytes it gives with it. A scale from the unrounded fp32 values, a row's max taken over one block
 only, or a block left unwritten fails.
 """
+
 import torch
 
 from llmk.devtools.testing import (
@@ -49,19 +50,26 @@ from llmk.normalization.triton_rmsnorm import rmsnorm
 
 EPS = 1e-6
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-GLU = {"silu": lambda g, u: swiglu_ref(g, u), "gelu_tanh": lambda g, u: geglu_ref(g, u, "tanh"),
-       "gelu": lambda g, u: geglu_ref(g, u, "none")}
-PUBLIC = {"silu": lambda g, u, keep_y=True: swiglu_fp8(g, u, keep_y=keep_y),
-          "gelu_tanh": lambda g, u, keep_y=True: geglu_fp8(g, u, "tanh", keep_y=keep_y),
-          "gelu": lambda g, u, keep_y=True: geglu_fp8(g, u, "none", keep_y=keep_y)}
+GLU = {
+    "silu": lambda g, u: swiglu_ref(g, u),
+    "gelu_tanh": lambda g, u: geglu_ref(g, u, "tanh"),
+    "gelu": lambda g, u: geglu_ref(g, u, "none"),
+}
+PUBLIC = {
+    "silu": lambda g, u, keep_y=True: swiglu_fp8(g, u, keep_y=keep_y),
+    "gelu_tanh": lambda g, u, keep_y=True: geglu_fp8(g, u, "tanh", keep_y=keep_y),
+    "gelu": lambda g, u, keep_y=True: geglu_fp8(g, u, "none", keep_y=keep_y),
+}
 
 
 def cast_checks(label, q, scale, y):
     """q and scale against quantize_fp8's formula on the y the same call wrote, byte for byte."""
     n = y.shape[-1]
     want_q, want_s = reference_quantize(y.reshape(-1, n), "row")
-    return [same_bits(f"q = quantize_fp8(y){label}", q.reshape(-1, n), want_q),
-            compare(f"scale = quantize_fp8(y)'s{label}", scale.reshape(-1), want_s, EXACT)]
+    return [
+        same_bits(f"q = quantize_fp8(y){label}", q.reshape(-1, n), want_q),
+        compare(f"scale = quantize_fp8(y)'s{label}", scale.reshape(-1), want_s, EXACT),
+    ]
 
 
 def source(shape, dtype, strided, scale=1.0):
@@ -69,8 +77,18 @@ def source(shape, dtype, strided, scale=1.0):
     return rand(shape, dtype, scale=scale, pad=(0,) * (len(shape) - 1) + (8,) if strided else None)
 
 
-def check_rmsnorm_fp8(shape, dtype, weight=True, offset=0.0, residual=False, one_pass=None, strided=False,
-                      scale=1.0, nan_at=None, zero_row=None):
+def check_rmsnorm_fp8(
+    shape,
+    dtype,
+    weight=True,
+    offset=0.0,
+    residual=False,
+    one_pass=None,
+    strided=False,
+    scale=1.0,
+    nan_at=None,
+    zero_row=None,
+):
     x = source(shape, dtype, strided, scale)
     if nan_at is not None:
         x[nan_at] = float("nan")
@@ -88,13 +106,21 @@ def check_rmsnorm_fp8(shape, dtype, weight=True, offset=0.0, residual=False, one
     want_y = rmsnorm_ref(want_u.double(), wd, EPS, offset)
     public = rmsnorm_fp8(x, w, EPS, offset=offset, residual=r, keep_y=True)
     plain = rmsnorm_fp8(x, w, EPS, offset=offset, residual=r)
-    outcomes = ([compare("y", y, want_y)] + cast_checks("", q, s, y) + [compare("y, public", public.y, want_y)]
-                + cast_checks(", public", public.q, public.scale, public.y)
-                + [same_bits("q without keep_y", plain.q, public.q),
-                   compare("scale without keep_y", plain.scale, public.scale, EXACT)])
+    outcomes = (
+        [compare("y", y, want_y)]
+        + cast_checks("", q, s, y)
+        + [compare("y, public", public.y, want_y)]
+        + cast_checks(", public", public.q, public.scale, public.y)
+        + [
+            same_bits("q without keep_y", plain.q, public.q),
+            compare("scale without keep_y", plain.scale, public.scale, EXACT),
+        ]
+    )
     if residual:
-        outcomes += [compare("residual_out", u, want_u, EXACT),
-                     compare("residual_out, public", public.residual_out, want_u, EXACT)]
+        outcomes += [
+            compare("residual_out", u, want_u, EXACT),
+            compare("residual_out, public", public.residual_out, want_u, EXACT),
+        ]
     return outcomes
 
 
@@ -114,11 +140,16 @@ def check_glu_fp8(shape, dtype, activation, one_pass=None, strided=False, scale=
         want_y[inf_at] = want_y[inf_at].to(dtype).double()
     public = PUBLIC[activation](gate, up)
     plain = PUBLIC[activation](gate, up, keep_y=False)
-    return ([compare("y", y, want_y, ONE_ROUNDING[dtype])] + cast_checks("", q, s, y)
-            + [compare("y, public", public.y, want_y, ONE_ROUNDING[dtype])]
-            + cast_checks(", public", public.q, public.scale, public.y)
-            + [same_bits("q without keep_y", plain.q, public.q),
-               compare("scale without keep_y", plain.scale, public.scale, EXACT)])
+    return (
+        [compare("y", y, want_y, ONE_ROUNDING[dtype])]
+        + cast_checks("", q, s, y)
+        + [compare("y, public", public.y, want_y, ONE_ROUNDING[dtype])]
+        + cast_checks(", public", public.q, public.scale, public.y)
+        + [
+            same_bits("q without keep_y", plain.q, public.q),
+            compare("scale without keep_y", plain.scale, public.scale, EXACT),
+        ]
+    )
 
 
 def check_keep_y():
@@ -130,13 +161,17 @@ def check_keep_y():
     want_y, want_u = residual_rmsnorm_ref(x.double(), r.double(), w.double(), EPS)
     gate, up = rand((4, 96), torch.float16), rand((4, 96), torch.float16)
     glu = swiglu_fp8(gate, up, keep_y=True)
-    outcomes = [compare("rmsnorm_fp8 keep_y: y", kept.y, want_y), compare("residual_out", kept.residual_out, want_u),
-                same_bits("q with and without keep_y", kept.q, plain.q),
-                compare("swiglu_fp8 keep_y: y", glu.y, swiglu_ref(gate.double(), up.double()),
-                        ONE_ROUNDING[torch.float16])]
-    for name, out in (("rmsnorm_fp8 (0, 64)", rmsnorm_fp8(rand((0, 64), torch.bfloat16), None)),
-                      ("rmsnorm_fp8 (2, 3, 0)", rmsnorm_fp8(rand((2, 3, 0), torch.bfloat16), None)),
-                      ("swiglu_fp8 (0, 64)", swiglu_fp8(rand((0, 64), torch.bfloat16), rand((0, 64), torch.bfloat16)))):
+    outcomes = [
+        compare("rmsnorm_fp8 keep_y: y", kept.y, want_y),
+        compare("residual_out", kept.residual_out, want_u),
+        same_bits("q with and without keep_y", kept.q, plain.q),
+        compare("swiglu_fp8 keep_y: y", glu.y, swiglu_ref(gate.double(), up.double()), ONE_ROUNDING[torch.float16]),
+    ]
+    for name, out in (
+        ("rmsnorm_fp8 (0, 64)", rmsnorm_fp8(rand((0, 64), torch.bfloat16), None)),
+        ("rmsnorm_fp8 (2, 3, 0)", rmsnorm_fp8(rand((2, 3, 0), torch.bfloat16), None)),
+        ("swiglu_fp8 (0, 64)", swiglu_fp8(rand((0, 64), torch.bfloat16), rand((0, 64), torch.bfloat16))),
+    ):
         ok = out.q.dtype == FP8 and out.q.shape == out.scale.shape + out.q.shape[-1:] and bool((out.scale == 0).all())
         outcomes.append(Outcome(f"empty {name}", ok, note=f"q {tuple(out.q.shape)} scale {tuple(out.scale.shape)}"))
     return outcomes
@@ -156,18 +191,27 @@ def check_grads():
     got = torch.autograd.grad((out.y, out.residual_out), (x, r, w), (dy, du))
     y, u = residual_rmsnorm(x, r, w, EPS)
     want = torch.autograd.grad((y, u), (x, r, w), (dy, du))
-    outcomes += [compare(f"rmsnorm_fp8 residual: d{n} = residual_rmsnorm's", g, t, EXACT)
-                 for n, g, t in zip(("x", "residual", "weight"), got, want)]
+    outcomes += [
+        compare(f"rmsnorm_fp8 residual: d{n} = residual_rmsnorm's", g, t, EXACT)
+        for n, g, t in zip(("x", "residual", "weight"), got, want)
+    ]
     gate, up = (rand((4, 96), bf16).requires_grad_() for _ in range(2))
     dy = rand((4, 96), bf16)
-    for name, fused, plain in (("swiglu_fp8", swiglu_fp8(gate, up, keep_y=True).y, swiglu(gate, up)),
-                               ("geglu_fp8 tanh", geglu_fp8(gate, up, keep_y=True).y, geglu(gate, up, "tanh"))):
+    for name, fused, plain in (
+        ("swiglu_fp8", swiglu_fp8(gate, up, keep_y=True).y, swiglu(gate, up)),
+        ("geglu_fp8 tanh", geglu_fp8(gate, up, keep_y=True).y, geglu(gate, up, "tanh")),
+    ):
         got, want = torch.autograd.grad(fused, (gate, up), dy), torch.autograd.grad(plain, (gate, up), dy)
-        outcomes += [compare(f"{name} d{n} = the 16-bit op's", g, t, EXACT)
-                     for n, g, t in zip(("gate", "up"), got, want)]
+        outcomes += [
+            compare(f"{name} d{n} = the 16-bit op's", g, t, EXACT) for n, g, t in zip(("gate", "up"), got, want)
+        ]
     plain = rmsnorm_fp8(x, w, EPS)
-    outcomes.append(Outcome("without keep_y: q and scale take no gradient",
-                            not plain.q.requires_grad and not plain.scale.requires_grad and plain.y is None))
+    outcomes.append(
+        Outcome(
+            "without keep_y: q and scale take no gradient",
+            not plain.q.requires_grad and not plain.scale.requires_grad and plain.y is None,
+        )
+    )
     return outcomes
 
 
@@ -197,42 +241,110 @@ def cases():
     for dtype in DTYPES:
         dt = dtype_name(dtype)
         add(f"rmsnorm_fp8 (7, 100) {dt}", check_rmsnorm_fp8, shape=(7, 100), dtype=dtype, zero_row=3)
-        add(f"rmsnorm_fp8 (5, 333) three passes, residual {dt}", check_rmsnorm_fp8, shape=(5, 333), dtype=dtype,
-            one_pass=False, residual=True)
+        add(
+            f"rmsnorm_fp8 (5, 333) three passes, residual {dt}",
+            check_rmsnorm_fp8,
+            shape=(5, 333),
+            dtype=dtype,
+            one_pass=False,
+            residual=True,
+        )
         add(f"swiglu_fp8 (7, 100) {dt}", check_glu_fp8, shape=(7, 100), dtype=dtype, activation="silu")
-        add(f"swiglu_fp8 (5, 333) two passes {dt}", check_glu_fp8, shape=(5, 333), dtype=dtype, activation="silu",
-            one_pass=False)
+        add(
+            f"swiglu_fp8 (5, 333) two passes {dt}",
+            check_glu_fp8,
+            shape=(5, 333),
+            dtype=dtype,
+            activation="silu",
+            one_pass=False,
+        )
     bf16 = torch.bfloat16
     add("rmsnorm_fp8 (1, 1)", check_rmsnorm_fp8, shape=(1, 1), dtype=bf16)
-    add("rmsnorm_fp8 (2, 9, 64) no weight, row-strided view", check_rmsnorm_fp8, shape=(2, 9, 64), dtype=bf16,
-        weight=False, strided=True)
-    add("rmsnorm_fp8 (6, 200) Gemma offset 1, residual", check_rmsnorm_fp8, shape=(6, 200), dtype=bf16, offset=1.0,
-        residual=True)
-    add("rmsnorm_fp8 (5, 300) a NaN, three passes", check_rmsnorm_fp8, shape=(5, 300), dtype=bf16, one_pass=False,
-        nan_at=(2, 17))
+    add(
+        "rmsnorm_fp8 (2, 9, 64) no weight, row-strided view",
+        check_rmsnorm_fp8,
+        shape=(2, 9, 64),
+        dtype=bf16,
+        weight=False,
+        strided=True,
+    )
+    add(
+        "rmsnorm_fp8 (6, 200) Gemma offset 1, residual",
+        check_rmsnorm_fp8,
+        shape=(6, 200),
+        dtype=bf16,
+        offset=1.0,
+        residual=True,
+    )
+    add(
+        "rmsnorm_fp8 (5, 300) a NaN, three passes",
+        check_rmsnorm_fp8,
+        shape=(5, 300),
+        dtype=bf16,
+        one_pass=False,
+        nan_at=(2, 17),
+    )
     add("rmsnorm_fp8 (5, 300) a NaN", check_rmsnorm_fp8, shape=(5, 300), dtype=torch.float32, nan_at=(4, 299))
     # |y| ~ 1e-7 (rstd stops at eps^-1/2): amax just above AMAX_FLOOR, q on e4m3's subnormals too
     add("rmsnorm_fp8 (9, 40) x 1e-10 fp32", check_rmsnorm_fp8, shape=(9, 40), dtype=torch.float32, scale=1e-10)
-    add("geglu_fp8 tanh (3, 5, 70) row-strided view", check_glu_fp8, shape=(3, 5, 70), dtype=bf16,
-        activation="gelu_tanh", strided=True)
-    add("geglu_fp8 exact (6, 129) two passes", check_glu_fp8, shape=(6, 129), dtype=torch.float16, activation="gelu",
-        one_pass=False)
+    add(
+        "geglu_fp8 tanh (3, 5, 70) row-strided view",
+        check_glu_fp8,
+        shape=(3, 5, 70),
+        dtype=bf16,
+        activation="gelu_tanh",
+        strided=True,
+    )
+    add(
+        "geglu_fp8 exact (6, 129) two passes",
+        check_glu_fp8,
+        shape=(6, 129),
+        dtype=torch.float16,
+        activation="gelu",
+        one_pass=False,
+    )
     add("swiglu_fp8 (4, 50) gate x 100", check_glu_fp8, shape=(4, 50), dtype=bf16, activation="silu", scale=100.0)
-    add("swiglu_fp8 (6, 300) a NaN, an inf, two passes", check_glu_fp8, shape=(6, 300), dtype=torch.float16,
-        activation="silu", one_pass=False, nan_at=(1, 250), inf_at=(4, 3))
-    add("geglu_fp8 tanh (6, 300) a NaN, an inf", check_glu_fp8, shape=(6, 300), dtype=bf16, activation="gelu_tanh",
-        nan_at=(0, 0), inf_at=(5, 299))
+    add(
+        "swiglu_fp8 (6, 300) a NaN, an inf, two passes",
+        check_glu_fp8,
+        shape=(6, 300),
+        dtype=torch.float16,
+        activation="silu",
+        one_pass=False,
+        nan_at=(1, 250),
+        inf_at=(4, 3),
+    )
+    add(
+        "geglu_fp8 tanh (6, 300) a NaN, an inf",
+        check_glu_fp8,
+        shape=(6, 300),
+        dtype=bf16,
+        activation="gelu_tanh",
+        nan_at=(0, 0),
+        inf_at=(5, 299),
+    )
     add("keep_y, residual_out, empty inputs", check_keep_y)
     add("gradients through y and residual_out", check_grads)
     add("bad input, opcheck", check_errors)
     # model widths: one pass up to ONE_PASS_MAX values a row, passes over L2 past it
     add("rmsnorm_fp8 (4096, 4096) bf16", check_rmsnorm_fp8, True, shape=(4096, 4096), dtype=bf16)
-    add("rmsnorm_fp8 (2048, 16384) residual, three passes bf16", check_rmsnorm_fp8, True, shape=(2048, 16384),
-        dtype=bf16, residual=True)
-    add("swiglu_fp8 (4096, 14336) two passes bf16", check_glu_fp8, True, shape=(4096, 14336), dtype=bf16,
-        activation="silu")
-    add("geglu_fp8 tanh (2048, 8192) bf16", check_glu_fp8, True, shape=(2048, 8192), dtype=bf16,
-        activation="gelu_tanh")
+    add(
+        "rmsnorm_fp8 (2048, 16384) residual, three passes bf16",
+        check_rmsnorm_fp8,
+        True,
+        shape=(2048, 16384),
+        dtype=bf16,
+        residual=True,
+    )
+    add(
+        "swiglu_fp8 (4096, 14336) two passes bf16",
+        check_glu_fp8,
+        True,
+        shape=(4096, 14336),
+        dtype=bf16,
+        activation="silu",
+    )
+    add("geglu_fp8 tanh (2048, 8192) bf16", check_glu_fp8, True, shape=(2048, 8192), dtype=bf16, activation="gelu_tanh")
     return out
 
 

@@ -76,8 +76,20 @@ def counters_clear(device):
     return Outcome("arrival counters back at zero", bool((counters == 0).all().item()))
 
 
-def check(n, k, dtype, layout="row-major", bias=False, bias_dtype=None, activation=None, split_k=None,
-          a_view=None, strided=False, planned_split=None, calls=1):
+def check(
+    n,
+    k,
+    dtype,
+    layout="row-major",
+    bias=False,
+    bias_dtype=None,
+    activation=None,
+    split_k=None,
+    a_view=None,
+    strided=False,
+    planned_split=None,
+    calls=1,
+):
     """launch_gemv into a NaN-filled c against the fp64 reference. strided: b padded, c a column of
     an (N, 3) buffer (stride_cn = 3), bias every other element of a (2N,) vector. split_k forces
     a split (None: the plan's); planned_split also checks the plan's choice for this shape; calls:
@@ -112,8 +124,10 @@ def check_empty_k(dtype, layout):
     plain, with_epilogue = poisoned((1, 7), dtype), poisoned((1, 7), dtype)
     launch_gemv(a, b, None, None, plain)
     launch_gemv(a, b, bias, "silu", with_epilogue)
-    return [compare("K = 0: zeros", plain, torch.zeros(1, 7, dtype=torch.float64, device=DEVICE)),
-            compare("K = 0: silu(bias)", with_epilogue, torch.nn.functional.silu(bias.double())[None])]
+    return [
+        compare("K = 0: zeros", plain, torch.zeros(1, 7, dtype=torch.float64, device=DEVICE)),
+        compare("K = 0: silu(bias)", with_epilogue, torch.nn.functional.silu(bias.double())[None]),
+    ]
 
 
 def check_gpu_plan():
@@ -126,9 +140,11 @@ def check_gpu_plan():
             block_n, block_k, _, _, split = plan_for(n, k, config, 132)
             strips, k_steps = cdiv(n, block_n), cdiv(k, block_k)
             slice_steps = cdiv(k_steps, split)
-            ok = (strips * split <= max(strips, config[-1] * 132)
-                  and (split == 1 or slice_steps >= MIN_SLICE_STEPS)
-                  and cdiv(k_steps, slice_steps) == split)
+            ok = (
+                strips * split <= max(strips, config[-1] * 132)
+                and (split == 1 or slice_steps >= MIN_SLICE_STEPS)
+                and cdiv(k_steps, slice_steps) == split
+            )
             if strips * 2 <= config[-1] * 132 and k_steps >= 2 * 2 * MIN_SLICE_STEPS:
                 ok = ok and split >= 2  # a GPU less than half full, with K to spare, splits
             outcomes.append(Outcome(f"{layout} N={n} K={k}: {strips} strips x {split}", ok))
@@ -138,15 +154,15 @@ def check_gpu_plan():
 def check_huge(dtype):
     """K * N past 2^31 elements in both layouts (4 GB of b each): offsets that would wrap in 32 bits.
     fp32 reference by chunks of K, tolerance from the inputs' known scale (normal(0, 1))."""
-    n, k = 1024, 2 ** 21 + 3
+    n, k = 1024, 2**21 + 3
     a = rand((1, k), dtype)
     outcomes = []
     for layout in LAYOUTS:
         b = make_b(k, n, dtype, layout)
-        ref = sum(a[:, i:i + 2 ** 18].float() @ b[i:i + 2 ** 18].float() for i in range(0, k, 2 ** 18))
+        ref = sum(a[:, i : i + 2**18].float() @ b[i : i + 2**18].float() for i in range(0, k, 2**18))
         c = poisoned((1, n), dtype)
         launch_gemv(a, b, None, None, c)
-        tol = Tol(max(1e-5, k * 2 ** -20), TOLERANCES[dtype].rtol, "fp32 accumulation over K, one rounding")
+        tol = Tol(max(1e-5, k * 2**-20), TOLERANCES[dtype].rtol, "fp32 accumulation over K, one rounding")
         outcomes.append(compare(layout, c, ref, tol))
         del b
     return outcomes
@@ -167,8 +183,15 @@ def check_config(layout, dtype):
         bias_t = rand((n,), dtype) if bias else None
         c = poisoned((1, n), dtype)
         launch_gemv(a, b, bias_t, activation, c, config=config)
-        outcomes.append(compare(f"c, {epilogue_label(bias, activation)}", c, reference(a, b, bias_t, activation),
-                                tolerance(a, b), torch_out=torch_same_dtype(a, b, bias_t, activation)))
+        outcomes.append(
+            compare(
+                f"c, {epilogue_label(bias, activation)}",
+                c,
+                reference(a, b, bias_t, activation),
+                tolerance(a, b),
+                torch_out=torch_same_dtype(a, b, bias_t, activation),
+            )
+        )
     outcomes.append(counters_clear(a.device))
     return outcomes
 
@@ -197,8 +220,7 @@ def cases():
                 listed.append((f"({n}, {k}) {tag}", check, dict(n=n, k=k)))
             # forced splits: uneven slices (the last shorter), K a multiple of every BLOCK_K (no
             # masks), more slices asked than K steps (lowered to one a step), and forced off
-            for n, k, split_k in [(17, 257, 4), (100, 257, 3), (100, 256, 3), (257, 300, 2), (5, 40, 7),
-                                  (17, 257, 1)]:
+            for n, k, split_k in [(17, 257, 4), (100, 257, 3), (100, 256, 3), (257, 300, 2), (5, 40, 7), (17, 257, 1)]:
                 listed.append((f"({n}, {k}) {tag} split {split_k}", check, dict(n=n, k=k, split_k=split_k)))
             # each epilogue on the split path and on the direct store
             for bias, activation in EPILOGUES:
@@ -209,41 +231,89 @@ def cases():
             listed += [
                 (f"(33, 200) {tag} a row, split 2", check, dict(n=33, k=200, a_view="row", split_k=2)),
                 (f"(33, 200) {tag} a column", check, dict(n=33, k=200, a_view="column", split_k=1)),
-                (f"(65, 300) {tag} a column, strided b c bias, split 3 bias+gelu", check,
-                 dict(n=65, k=300, a_view="column", strided=True, bias=True, activation="gelu", split_k=3)),
+                (
+                    f"(65, 300) {tag} a column, strided b c bias, split 3 bias+gelu",
+                    check,
+                    dict(n=65, k=300, a_view="column", strided=True, bias=True, activation="gelu", split_k=3),
+                ),
                 (f"(17, 257) {tag} twice, split 4", check, dict(n=17, k=257, split_k=4, calls=2)),
-                (f"K = 0 {tag}", check_empty_k, {})]
+                (f"K = 0 {tag}", check_empty_k, {}),
+            ]
             # the interpreter runs each in one dtype, alternating down the list from the other dtype
             # in the other layout (the GPU runs both): every shape, split and epilogue (on each path)
             # still meets both layouts and both dtypes
             for i, (name, fn, kwargs) in enumerate(listed, start=LAYOUTS.index(layout)):
                 add(name, fn, gpu_only=dtype != interpreter_dtype(i), dtype=dtype, layout=layout, **kwargs)
-        add(f"(40, 100) {dt} b contiguous in neither dim, split 2", n=40, k=100, dtype=dtype, layout="strided",
-            split_k=2)
+        add(
+            f"(40, 100) {dt} b contiguous in neither dim, split 2",
+            n=40,
+            k=100,
+            dtype=dtype,
+            layout="strided",
+            split_k=2,
+        )
         # the plan on the interpreter's small GPU: split where the strips are few, not where they
         # fill it or K is short
         if INTERPRET:
             add(f"(17, 257) {dt} planned split 4", n=17, k=257, dtype=dtype, planned_split=4)
             add(f"(17, 257) {dt} W.T planned split 3", n=17, k=257, dtype=dtype, layout="W.T", planned_split=3)
-            add(f"(100, 257) {dt} planned split 2 bias+silu", n=100, k=257, dtype=dtype, bias=True,
-                activation="silu", planned_split=2)
+            add(
+                f"(100, 257) {dt} planned split 2 bias+silu",
+                n=100,
+                k=257,
+                dtype=dtype,
+                bias=True,
+                activation="silu",
+                planned_split=2,
+            )
             add(f"(17, 40) {dt} short K: planned no split", n=17, k=40, dtype=dtype, planned_split=1)
         # full size on the GPU: the decode shapes of a 4096-wide model, as planned
         for layout in LAYOUTS:
             for n, k in [(4096, 4096), (2048, 4096), (14336, 4096), (4096, 14336), (4095, 4097)]:
                 add(f"({n}, {k}) {dt} {layout}", gpu_only=True, n=n, k=k, dtype=dtype, layout=layout)
-            add(f"(4096, 4096) {dt} {layout} bias+silu twice", gpu_only=True, n=4096, k=4096, dtype=dtype,
-                layout=layout, bias=True, activation="silu", calls=2)
-    add("(100, 257) bf16 fp32 bias+gelu_tanh split 3", n=100, k=257, dtype=torch.bfloat16, bias=True,
-        bias_dtype=torch.float32, activation="gelu_tanh", split_k=3)
-    add("(100, 257) fp16 W.T fp32 bias+silu", n=100, k=257, dtype=torch.float16, layout="W.T", bias=True,
-        bias_dtype=torch.float32, activation="silu", split_k=1)
+            add(
+                f"(4096, 4096) {dt} {layout} bias+silu twice",
+                gpu_only=True,
+                n=4096,
+                k=4096,
+                dtype=dtype,
+                layout=layout,
+                bias=True,
+                activation="silu",
+                calls=2,
+            )
+    add(
+        "(100, 257) bf16 fp32 bias+gelu_tanh split 3",
+        n=100,
+        k=257,
+        dtype=torch.bfloat16,
+        bias=True,
+        bias_dtype=torch.float32,
+        activation="gelu_tanh",
+        split_k=3,
+    )
+    add(
+        "(100, 257) fp16 W.T fp32 bias+silu",
+        n=100,
+        k=257,
+        dtype=torch.float16,
+        layout="W.T",
+        bias=True,
+        bias_dtype=torch.float32,
+        activation="silu",
+        split_k=1,
+    )
     add("GPU plan (132 SMs)", check_gpu_plan)
     add("K * N past 2^31 fp16", check_huge, gpu_only=True, dtype=torch.float16)
     for dtype in DTYPES:  # each GEMV_CONFIGS row, forced (the interpreter runs them in fp16)
         for layout, config in GEMV_CONFIGS.items():
-            add(f"config {layout} {config} {dtype_name(dtype)}", check_config, gpu_only=dtype != torch.float16,
-                layout=layout, dtype=dtype)
+            add(
+                f"config {layout} {config} {dtype_name(dtype)}",
+                check_config,
+                gpu_only=dtype != torch.float16,
+                layout=layout,
+                dtype=dtype,
+            )
     add("every launch-table row forced", check_tables_forced)
     return out
 

@@ -27,6 +27,7 @@ is the grouped program order. Edges: rows and columns wrap on load (% M, % N), t
 FP8 tl.dot on a GPU needs compute capability 8.9 (Ada) or 9.0 (Hopper) and later; the interpreter
 runs it in numpy.
 """
+
 import triton
 import triton.language as tl
 
@@ -95,7 +96,7 @@ def _fp8_matmul_kernel(
     BLOCK_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M_: tl.constexpr,
     EVEN_K: tl.constexpr, PROMOTE: tl.constexpr,
-):
+):  # fmt: skip
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M_)
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
@@ -121,8 +122,23 @@ def _fp8_matmul_kernel(
         sa = tl.load(sa_ptr + rm.to(tl.int64) * stride_sam)
         sb = tl.load(sb_ptr + rn.to(tl.int64) * stride_sbn)
         acc = acc * (sa[:, None] * sb[None, :])
-    epilogue_store(c_ptr, None, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACTIVATION,
-                   False, BLOCK_M, BLOCK_N)
+    epilogue_store(
+        c_ptr,
+        None,
+        bias_ptr,
+        acc,
+        pid_m,
+        pid_n,
+        M,
+        N,
+        stride_cm,
+        stride_cn,
+        HAS_BIAS,
+        ACTIVATION,
+        False,
+        BLOCK_M,
+        BLOCK_N,
+    )
 
 
 # direct launches from a specialization's second on (common/direct_launch.py): an FP8 training
@@ -149,8 +165,32 @@ def launch_fp8_matmul(a, b, scale_a, scale_b, bias, activation, c, config=None, 
     sb_strides = (scale_b.stride(0), scale_b.stride(1)) if block_scaled else (0, scale_b.stride(0))
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)
     _fp8_matmul[grid](
-        a, b, c, scale_a, scale_b, bias, m, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), *sa_strides, *sb_strides,
-        BLOCK_SCALED=block_scaled, HAS_BIAS=bias is not None, ACTIVATION=activation, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M_=GROUP_M, EVEN_K=k % block_k == 0, PROMOTE=promote,
-        num_warps=num_warps, num_stages=num_stages)
+        a,
+        b,
+        c,
+        scale_a,
+        scale_b,
+        bias,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        *sa_strides,
+        *sb_strides,
+        BLOCK_SCALED=block_scaled,
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M_=GROUP_M,
+        EVEN_K=k % block_k == 0,
+        PROMOTE=promote,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )

@@ -20,6 +20,7 @@ values). `fits` says when a call qualifies; the others run the pointer kernel.
 Bytes: (M * K + N * K) * 1 + M * N * 2 with perfect reuse, the grouped order turning the repeats
 into L2 hits; FLOPs 2 M N K.
 """
+
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -61,11 +62,18 @@ def fp8_tma_config(m, promote=True):
 def fits(a, b, c):
     """Whether TMA descriptors cover a (M, K) by rows, b as W.T (W (N, K) by rows) and c by rows:
     16-byte-aligned bases and row strides, a contiguous last dimension."""
+
     def aligned(t, row_stride):
         return t.data_ptr() % 16 == 0 and (row_stride * t.element_size()) % 16 == 0
 
-    return (a.stride(1) == 1 and aligned(a, a.stride(0)) and b.stride(0) == 1 and aligned(b, b.stride(1))
-            and c.stride(1) == 1 and aligned(c, c.stride(0)))
+    return (
+        a.stride(1) == 1
+        and aligned(a, a.stride(0))
+        and b.stride(0) == 1
+        and aligned(b, b.stride(1))
+        and c.stride(1) == 1
+        and aligned(c, c.stride(0))
+    )
 
 
 @triton.jit
@@ -76,7 +84,7 @@ def _fp8_matmul_tma_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, PROMOTE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M_: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr,
-):
+):  # fmt: skip
     """Program p computes tiles p, p + NUM_SMS, ... (grouped order), each over all of K."""
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -123,6 +131,26 @@ def launch_fp8_matmul_tma(a, b, scale_a, scale_b, bias, activation, c, num_sms, 
     programs = INTERPRET_SMS if INTERPRET else num_sms
     grid = (min(programs, cdiv(m, bm) * cdiv(n, bn)),)
     _fp8_matmul_tma[grid](
-        a_desc, w_desc, c_desc, scale_a, scale_b, bias, m, n, k, scale_a.stride(0), scale_b.stride(0),
-        HAS_BIAS=bias is not None, ACTIVATION=activation, PROMOTE=promote, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M_=GROUP_M, EPILOGUE_SPLIT=split, NUM_SMS=programs, num_warps=num_warps, num_stages=num_stages)
+        a_desc,
+        w_desc,
+        c_desc,
+        scale_a,
+        scale_b,
+        bias,
+        m,
+        n,
+        k,
+        scale_a.stride(0),
+        scale_b.stride(0),
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        PROMOTE=promote,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M_=GROUP_M,
+        EPILOGUE_SPLIT=split,
+        NUM_SMS=programs,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )

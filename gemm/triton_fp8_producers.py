@@ -29,6 +29,7 @@ kernel; x and residual get the same gradient), and the gated unit's llmk::swiglu
 llmk::geglu_backward on gate and up. With keep_y off there is no y to differentiate: the inputs
 get u's gradient only.
 """
+
 from typing import NamedTuple
 
 import torch
@@ -55,6 +56,7 @@ class FP8Rows(NamedTuple):
     """A producer's FP8 output: q (..., N) float8_e4m3fn and scale (...,) fp32, q * scale ~ y; y
     (..., N) in the input's dtype with keep_y, else None; residual_out, the residual stream
     x + residual (rmsnorm_fp8 with a residual), else None."""
+
     q: torch.Tensor
     scale: torch.Tensor
     y: torch.Tensor | None
@@ -62,8 +64,19 @@ class FP8Rows(NamedTuple):
 
 
 @triton.jit
-def _norm_source(x_ptr, res_ptr, u_ptr, rows, cols, mask, stride_xm, stride_rm, stride_um,
-                 HAS_RESIDUAL: tl.constexpr, FIRST: tl.constexpr):
+def _norm_source(
+    x_ptr,
+    res_ptr,
+    u_ptr,
+    rows,
+    cols,
+    mask,
+    stride_xm,
+    stride_rm,
+    stride_um,
+    HAS_RESIDUAL: tl.constexpr,
+    FIRST: tl.constexpr,
+):
     """A block of the values RMSNorm normalizes, in fp32: x, or u = x + residual rounded to x's
     dtype, which the first pass (FIRST) computes and stores and later passes read back."""
     if HAS_RESIDUAL and not FIRST:
@@ -96,15 +109,38 @@ def _rounded(y, y_ptr, offs, mask, STORE_Y: tl.constexpr):
 
 
 @triton.jit
-def _norm_block(x_ptr, res_ptr, u_ptr, w_ptr, y_ptr, rows, cols, row_ok, n_cols, rstd, offset, stride_xm, stride_rm,
-                stride_um, stride_ym, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, STORE_Y: tl.constexpr):
+def _norm_block(
+    x_ptr,
+    res_ptr,
+    u_ptr,
+    w_ptr,
+    y_ptr,
+    rows,
+    cols,
+    row_ok,
+    n_cols,
+    rstd,
+    offset,
+    stride_xm,
+    stride_rm,
+    stride_um,
+    stride_ym,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    STORE_Y: tl.constexpr,
+):
     """(y, mask) of one block of a looped pass after the first: the normalized values rounded to x's
     dtype (back in fp32), stored with STORE_Y."""
     in_row = cols < n_cols
     mask = row_ok[:, None] & in_row[None, :]
     x = _norm_source(x_ptr, res_ptr, u_ptr, rows, cols, mask, stride_xm, stride_rm, stride_um, HAS_RESIDUAL, False)
-    y = _rounded(_normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT), y_ptr,
-                 rows[:, None] * stride_ym + cols[None, :], mask, STORE_Y)
+    y = _rounded(
+        _normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT),
+        y_ptr,
+        rows[:, None] * stride_ym + cols[None, :],
+        mask,
+        STORE_Y,
+    )
     return y, mask
 
 
@@ -119,7 +155,7 @@ def _rmsnorm_fp8_kernel(
     FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     STORE_Y: tl.constexpr, SOFT_ROUND: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """BLOCK_M rows a program. ONE_PASS (n_cols <= BLOCK_N): the row in registers from the load to
     the cast; else three passes over BLOCK_N-column blocks: sum of squares, max of y, cast."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride
@@ -128,11 +164,15 @@ def _rmsnorm_fp8_kernel(
     if ONE_PASS:
         in_row = cols < n_cols
         mask = row_ok[:, None] & in_row[None, :]
-        x = _norm_source(x_ptr, res_ptr, u_ptr, rows, cols, mask, stride_xm, stride_rm, stride_um, HAS_RESIDUAL,
-                         True)
+        x = _norm_source(x_ptr, res_ptr, u_ptr, rows, cols, mask, stride_xm, stride_rm, stride_um, HAS_RESIDUAL, True)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-        y = _rounded(_normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT), y_ptr,
-                     rows[:, None] * stride_ym + cols[None, :], mask, STORE_Y)
+        y = _rounded(
+            _normalized(x, rstd, w_ptr, cols, in_row, offset, HAS_WEIGHT),
+            y_ptr,
+            rows[:, None] * stride_ym + cols[None, :],
+            mask,
+            STORE_Y,
+        )
         amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
         q = cast_e4m3(y, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND)
         tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=mask)
@@ -140,29 +180,80 @@ def _rmsnorm_fp8_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
-            x = _norm_source(x_ptr, res_ptr, u_ptr, rows, start + cols, mask, stride_xm, stride_rm, stride_um,
-                             HAS_RESIDUAL, True)
+            x = _norm_source(
+                x_ptr, res_ptr, u_ptr, rows, start + cols, mask, stride_xm, stride_rm, stride_um, HAS_RESIDUAL, True
+            )
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         if HAS_RESIDUAL:
             tl.debug_barrier()  # the passes below read u back: every thread's stores first
         amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
         for start in range(0, n_cols, BLOCK_N):
-            y, _ = _norm_block(x_ptr, res_ptr, u_ptr, w_ptr, y_ptr, rows, start + cols, row_ok, n_cols, rstd, offset,
-                               stride_xm, stride_rm, stride_um, stride_ym, HAS_RESIDUAL, HAS_WEIGHT, STORE_Y)
+            y, _ = _norm_block(
+                x_ptr,
+                res_ptr,
+                u_ptr,
+                w_ptr,
+                y_ptr,
+                rows,
+                start + cols,
+                row_ok,
+                n_cols,
+                rstd,
+                offset,
+                stride_xm,
+                stride_rm,
+                stride_um,
+                stride_ym,
+                HAS_RESIDUAL,
+                HAS_WEIGHT,
+                STORE_Y,
+            )
             amax = group_amax(y, amax, AMAX_FLOOR_, 1)
         inv = quant_factor(amax, FP8_MAX_)[:, None]
         for start in range(0, n_cols, BLOCK_N):
-            y, mask = _norm_block(x_ptr, res_ptr, u_ptr, w_ptr, y_ptr, rows, start + cols, row_ok, n_cols, rstd,
-                                  offset, stride_xm, stride_rm, stride_um, stride_ym, HAS_RESIDUAL, HAS_WEIGHT, False)
-            tl.store(q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
-                     cast_e4m3(y, inv, FP8_MAX_, SOFT_ROUND), mask=mask)
+            y, mask = _norm_block(
+                x_ptr,
+                res_ptr,
+                u_ptr,
+                w_ptr,
+                y_ptr,
+                rows,
+                start + cols,
+                row_ok,
+                n_cols,
+                rstd,
+                offset,
+                stride_xm,
+                stride_rm,
+                stride_um,
+                stride_ym,
+                HAS_RESIDUAL,
+                HAS_WEIGHT,
+                False,
+            )
+            tl.store(
+                q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
+                cast_e4m3(y, inv, FP8_MAX_, SOFT_ROUND),
+                mask=mask,
+            )
     tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX_), mask=row_ok)
 
 
 @triton.jit
-def _glu_block(gate_ptr, up_ptr, y_ptr, rows, cols, mask, stride_gm, stride_um, stride_ym,
-               ACTIVATION: tl.constexpr, STORE_Y: tl.constexpr):
+def _glu_block(
+    gate_ptr,
+    up_ptr,
+    y_ptr,
+    rows,
+    cols,
+    mask,
+    stride_gm,
+    stride_um,
+    stride_ym,
+    ACTIVATION: tl.constexpr,
+    STORE_Y: tl.constexpr,
+):
     """act(gate) * up of a block, rounded to gate's dtype (back in fp32), stored with STORE_Y."""
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -178,7 +269,7 @@ def _glu_fp8_kernel(
     # meta-parameters
     FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Y: tl.constexpr,
     SOFT_ROUND: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """BLOCK_M rows a program. ONE_PASS (n_cols <= BLOCK_N): the row in registers; else two passes
     over BLOCK_N-column blocks: the max of y, then y again (gate and up from L2) and the cast."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride
@@ -186,8 +277,7 @@ def _glu_fp8_kernel(
     cols = tl.arange(0, BLOCK_N)
     if ONE_PASS:
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
-        y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, cols, mask, stride_gm, stride_um, stride_ym, ACTIVATION,
-                       STORE_Y)
+        y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, cols, mask, stride_gm, stride_um, stride_ym, ACTIVATION, STORE_Y)
         amax = group_amax(y, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
         q = cast_e4m3(y, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND)
         tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=mask)
@@ -195,16 +285,21 @@ def _glu_fp8_kernel(
         amax = tl.full([BLOCK_M], AMAX_FLOOR_, tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
-            y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym,
-                           ACTIVATION, STORE_Y)
+            y = _glu_block(
+                gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym, ACTIVATION, STORE_Y
+            )
             amax = group_amax(y, amax, AMAX_FLOOR_, 1)
         inv = quant_factor(amax, FP8_MAX_)[:, None]
         for start in range(0, n_cols, BLOCK_N):
             mask = row_ok[:, None] & (start + cols < n_cols)[None, :]
-            y = _glu_block(gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym,
-                           ACTIVATION, False)
-            tl.store(q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
-                     cast_e4m3(y, inv, FP8_MAX_, SOFT_ROUND), mask=mask)
+            y = _glu_block(
+                gate_ptr, up_ptr, y_ptr, rows, start + cols, mask, stride_gm, stride_um, stride_ym, ACTIVATION, False
+            )
+            tl.store(
+                q_ptr + rows[:, None] * stride_qm + (start + cols)[None, :],
+                cast_e4m3(y, inv, FP8_MAX_, SOFT_ROUND),
+                mask=mask,
+            )
     tl.store(s_ptr + rows, quant_scale(amax, FP8_MAX_), mask=row_ok)
 
 
@@ -238,10 +333,33 @@ def launch_rmsnorm_fp8(x, residual, weight, eps, offset, q, scale, y=None, u=Non
     w = weight.contiguous() if weight is not None else x2
     block_m, block_n, one_pass = row_plan(n_cols, one_pass)
     _rmsnorm_fp8[(cdiv(n_rows, block_m),)](
-        x2, r2, w, y2, u2, q2, scale, n_rows, n_cols, x2.stride(0), r2.stride(0), y2.stride(0), u2.stride(0),
-        q2.stride(0), eps, offset, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-        FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR, STORE_Y=y is not None, SOFT_ROUND=INTERPRET, ONE_PASS=one_pass,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
+        x2,
+        r2,
+        w,
+        y2,
+        u2,
+        q2,
+        scale,
+        n_rows,
+        n_cols,
+        x2.stride(0),
+        r2.stride(0),
+        y2.stride(0),
+        u2.stride(0),
+        q2.stride(0),
+        eps,
+        offset,
+        HAS_RESIDUAL=residual is not None,
+        HAS_WEIGHT=weight is not None,
+        FP8_MAX_=FP8_MAX,
+        AMAX_FLOOR_=AMAX_FLOOR,
+        STORE_Y=y is not None,
+        SOFT_ROUND=INTERPRET,
+        ONE_PASS=one_pass,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
 
 
 def launch_glu_fp8(gate, up, activation, q, scale, y=None, one_pass=None):
@@ -257,16 +375,35 @@ def launch_glu_fp8(gate, up, activation, q, scale, y=None, one_pass=None):
     q2, y2 = q.view(-1, n_cols), (y.view(-1, n_cols) if y is not None else g2)
     block_m, block_n, one_pass = row_plan(n_cols, one_pass)
     _glu_fp8[(cdiv(n_rows, block_m),)](
-        g2, u2, y2, q2, scale, n_rows, n_cols, g2.stride(0), u2.stride(0), y2.stride(0), q2.stride(0),
-        FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR, ACTIVATION=activation, STORE_Y=y is not None,
-        SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
+        g2,
+        u2,
+        y2,
+        q2,
+        scale,
+        n_rows,
+        n_cols,
+        g2.stride(0),
+        u2.stride(0),
+        y2.stride(0),
+        q2.stride(0),
+        FP8_MAX_=FP8_MAX,
+        AMAX_FLOOR_=AMAX_FLOOR,
+        ACTIVATION=activation,
+        STORE_Y=y is not None,
+        SOFT_ROUND=INTERPRET,
+        ONE_PASS=one_pass,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
 
 
 def _rmsnorm_fp8_impl(x, residual, weight, eps, offset, keep_y):
     q, scale, y, u = _buffers(x, keep_y, residual)
     if q.numel():
-        launch_rmsnorm_fp8(x, residual, weight, eps, offset, q, scale, y if keep_y else None,
-                           u if residual is not None else None)
+        launch_rmsnorm_fp8(
+            x, residual, weight, eps, offset, q, scale, y if keep_y else None, u if residual is not None else None
+        )
     else:
         scale.zero_()  # rows of no values: no amax
     return q, scale, y, u
@@ -293,20 +430,31 @@ def _rmsnorm_fp8_backward(ctx, dq, dscale, dy, du):
     if ctx.has_residual:
         if dy is None:  # only u is used: y's gradient is zero (as residual_rmsnorm's formula does)
             dy = torch.zeros_like(source)
-        dsource, dweight = residual_rmsnorm_backward_op(dy, du, source, weight, eps=ctx.eps,
-                                                        weight_grad=bool(weight_grad), offset=ctx.offset)
+        dsource, dweight = residual_rmsnorm_backward_op(
+            dy, du, source, weight, eps=ctx.eps, weight_grad=bool(weight_grad), offset=ctx.offset
+        )
     else:
-        dsource, dweight = rmsnorm_backward_op(dy, source, weight, eps=ctx.eps, weight_grad=bool(weight_grad),
-                                               offset=ctx.offset)
-    return (dsource if x_grad else None, dsource if residual_grad else None, dweight if weight_grad else None,
-            None, None, None)
+        dsource, dweight = rmsnorm_backward_op(
+            dy, source, weight, eps=ctx.eps, weight_grad=bool(weight_grad), offset=ctx.offset
+        )
+    return (
+        dsource if x_grad else None,
+        dsource if residual_grad else None,
+        dweight if weight_grad else None,
+        None,
+        None,
+        None,
+    )
 
 
 rmsnorm_fp8_op = define_op(
     "rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, float offset, bool keep_y)"
-    " -> (Tensor, Tensor, Tensor, Tensor)", _rmsnorm_fp8_impl,
+    " -> (Tensor, Tensor, Tensor, Tensor)",
+    _rmsnorm_fp8_impl,
     lambda x, residual, weight, eps, offset, keep_y: _buffers(x, keep_y, residual),
-    backward=_rmsnorm_fp8_backward, setup_context=_rmsnorm_fp8_setup)
+    backward=_rmsnorm_fp8_backward,
+    setup_context=_rmsnorm_fp8_setup,
+)
 
 
 def _glu_fp8_impl(gate, up, activation, keep_y):
@@ -342,9 +490,12 @@ def _glu_fp8_backward(ctx, dq, dscale, dy):
 
 
 glu_fp8_op = define_op(
-    "glu_fp8(Tensor gate, Tensor up, str activation, bool keep_y) -> (Tensor, Tensor, Tensor)", _glu_fp8_impl,
-    lambda gate, up, activation, keep_y: _buffers(gate, keep_y)[:3], backward=_glu_fp8_backward,
-    setup_context=_glu_fp8_setup)
+    "glu_fp8(Tensor gate, Tensor up, str activation, bool keep_y) -> (Tensor, Tensor, Tensor)",
+    _glu_fp8_impl,
+    lambda gate, up, activation, keep_y: _buffers(gate, keep_y)[:3],
+    backward=_glu_fp8_backward,
+    setup_context=_glu_fp8_setup,
+)
 
 
 def _fp8_rows(q, scale, y, u, keep_y, residual):
@@ -390,5 +541,13 @@ def geglu_fp8(gate, up, approximate="tanh", *, keep_y=False):
     return _fp8_rows(q, scale, y, None, keep_y, None)
 
 
-__all__ = ["FP8Rows", "geglu_fp8", "glu_fp8_op", "launch_glu_fp8", "launch_rmsnorm_fp8", "rmsnorm_fp8",
-           "rmsnorm_fp8_op", "swiglu_fp8"]
+__all__ = [
+    "FP8Rows",
+    "geglu_fp8",
+    "glu_fp8_op",
+    "launch_glu_fp8",
+    "launch_rmsnorm_fp8",
+    "rmsnorm_fp8",
+    "rmsnorm_fp8_op",
+    "swiglu_fp8",
+]

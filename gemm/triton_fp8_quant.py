@@ -35,6 +35,7 @@ entries by atomic max, and _both_cast_kernel casts each tile twice, with its row
 2 * M * K * e + 2 * M * K bytes, where the row kernel and the column kernels apart read it three
 times; the same bytes as they give, bit for bit.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -43,9 +44,9 @@ from llmk.common.device import INTERPRET
 from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv, next_power_of_2
 
-FP8_MAX = 448.0    # torch.finfo(torch.float8_e4m3fn).max
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 AMAX_FLOOR = 1e-12  # an all-zero group's amax: scale 2.2e-15, q = 0
-GROUP = 128         # the block side of the 1 x 128 and 128 x 128 groups
+GROUP = 128  # the block side of the 1 x 128 and 128 x 128 groups
 # Row-wise: rows of up to ONE_PASS_MAX values stay in registers between the max and the cast.
 # Not yet measured on a GPU: 8192 values over BLOCK_M rows of 4 warps is 64 fp32 a thread at BLOCK_M 1.
 ONE_PASS_MAX = 8192
@@ -119,8 +120,9 @@ def group_amax(x, amax, AMAX_FLOOR_: tl.constexpr, AXIS: tl.constexpr):
     else:
         big = tl.max(tl.abs(x), axis=AXIS)
         nan = tl.max((x != x).to(tl.int32), axis=AXIS)
-    amax = tl.maximum(tl.maximum(amax, big, propagate_nan=tl.PropagateNan.ALL), AMAX_FLOOR_,
-                      propagate_nan=tl.PropagateNan.ALL)  # a NaN from an earlier step stays
+    amax = tl.maximum(
+        tl.maximum(amax, big, propagate_nan=tl.PropagateNan.ALL), AMAX_FLOOR_, propagate_nan=tl.PropagateNan.ALL
+    )  # a NaN from an earlier step stays
     return tl.where(nan > 0, float("nan"), amax)
 
 
@@ -147,9 +149,22 @@ def cast_e4m3(x, inv, FP8_MAX_: tl.constexpr, SOFT_ROUND: tl.constexpr):
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm,
-                          FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
-                          ONE_PASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _quantize_rows_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    FP8_MAX_: tl.constexpr,
+    AMAX_FLOOR_: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Row-wise: BLOCK_M rows a program, a scale each. ONE_PASS (K <= BLOCK_K): one load, kept in
     registers; else the max over BLOCK_K steps, then the cast over them again."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -178,8 +193,9 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, strid
 
 
 @triton.jit
-def _col_amax_kernel(x_ptr, amax_ptr, M, K, stride_xk, STEPS: tl.constexpr, BLOCK_K: tl.constexpr,
-                     BLOCK_M: tl.constexpr):
+def _col_amax_kernel(
+    x_ptr, amax_ptr, M, K, stride_xk, STEPS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr
+):
     """x (M, K) column-major (unit row stride, stride_xk between columns): the max |x| of BLOCK_M rows
     over STEPS * BLOCK_K columns joins amax_ptr's (M,) int32, the bits of a non-negative fp32 (zero
     before the launch; a NaN's bits top every other value's)."""
@@ -198,9 +214,21 @@ def _col_amax_kernel(x_ptr, amax_ptr, M, K, stride_xk, STEPS: tl.constexpr, BLOC
 
 
 @triton.jit
-def _col_cast_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, M, K, stride_xk, stride_qm, FP8_MAX_: tl.constexpr,
-                     AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_K: tl.constexpr,
-                     BLOCK_M: tl.constexpr):
+def _col_cast_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    amax_ptr,
+    M,
+    K,
+    stride_xk,
+    stride_qm,
+    FP8_MAX_: tl.constexpr,
+    AMAX_FLOOR_: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """x (M, K) column-major, as _col_amax_kernel reads it: a BLOCK_K x BLOCK_M tile of x.T cast with
     its rows' amax (_col_amax_kernel's), stored into q (M, K) row-major; the first column of
     programs stores the rows' scales."""
@@ -226,17 +254,32 @@ def _both_amax_kernel(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, BLOCK_M: tl.c
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     ok = (rm < M)[:, None] & (rk < K)[None, :]
-    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok,
-                other=0.0)
+    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0)
     bits = x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF  # |x|, a NaN stays one
     tl.atomic_max(amax_ptr + rm, tl.max(bits, axis=1), mask=rm < M, sem="relaxed")
     tl.atomic_max(amax_ptr + M + rk, tl.max(bits, axis=0), mask=rk < K, sem="relaxed")
 
 
 @triton.jit
-def _both_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, amax_ptr, M, K, stride_xm, stride_xk, stride_qm,
-                      stride_qtk, FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _both_cast_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    qt_ptr,
+    st_ptr,
+    amax_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    stride_qtk,
+    FP8_MAX_: tl.constexpr,
+    AMAX_FLOOR_: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """A BLOCK_M x BLOCK_K tile of x cast with its rows' amax into q (M, K) and with its columns'
     into qt (K, M), stored transposed (_both_amax_kernel's amax); the first column of programs
     stores the rows' scales, the first row the columns'."""
@@ -246,8 +289,9 @@ def _both_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, amax_ptr, M, K, strid
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     row_ok, col_ok = rm < M, rk < K
     ok = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok,
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0
+    ).to(tl.float32)
     row_bits = tl.load(amax_ptr + rm, mask=row_ok, other=0)
     col_bits = tl.load(amax_ptr + M + rk, mask=col_ok, other=0)
     row_amax = tl.maximum(row_bits.to(tl.float32, bitcast=True), AMAX_FLOOR_, propagate_nan=tl.PropagateNan.ALL)
@@ -263,9 +307,23 @@ def _both_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, amax_ptr, M, K, strid
 
 
 @triton.jit
-def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm,
-                            FP8_MAX_: tl.constexpr, AMAX_FLOOR_: tl.constexpr, SOFT_ROUND: tl.constexpr,
-                            TILE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_K: tl.constexpr):
+def _quantize_groups_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    stride_sm,
+    FP8_MAX_: tl.constexpr,
+    AMAX_FLOOR_: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
+    TILE_GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    GROUP_K: tl.constexpr,
+):
     """1 x GROUP_K groups (a scale for each row of the program's BLOCK_M x GROUP_K tile) or, with
     TILE_GROUP, one BLOCK_M x GROUP_K group (one scale for the tile). K divides by GROUP_K."""
     pid_m = tl.program_id(0)
@@ -273,8 +331,9 @@ def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, str
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = pid_k * GROUP_K + tl.arange(0, GROUP_K)
     ok = (rm < M)[:, None]
-    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok,
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :].to(tl.int64) * stride_xk, mask=ok, other=0.0
+    ).to(tl.float32)
     if TILE_GROUP:
         amax = group_amax(x, 0.0, AMAX_FLOOR_, None)
         q = cast_e4m3(x, quant_factor(amax, FP8_MAX_), FP8_MAX_, SOFT_ROUND)
@@ -282,8 +341,11 @@ def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, str
         tl.store(s_ptr + pid_m * stride_sm + pid_k, quant_scale(amax, FP8_MAX_))
     else:
         amax = group_amax(x, tl.zeros([BLOCK_M], tl.float32), AMAX_FLOOR_, 1)
-        tl.store(q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :],
-                 cast_e4m3(x, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND), mask=ok)
+        tl.store(
+            q_ptr + rm[:, None].to(tl.int64) * stride_qm + rk[None, :],
+            cast_e4m3(x, quant_factor(amax, FP8_MAX_)[:, None], FP8_MAX_, SOFT_ROUND),
+            mask=ok,
+        )
         tl.store(s_ptr + rm.to(tl.int64) * stride_sm + pid_k, quant_scale(amax, FP8_MAX_), mask=rm < M)
 
 
@@ -338,10 +400,24 @@ def launch_quantize_columns(x, q, scale, amax=None):
         amax = torch.zeros(m, dtype=torch.int32, device=x.device)
     # K's blocks on the grid's first axis (2^31 - 1 programs; the second takes 65535): K is the tokens
     _col_amax[(cdiv(k, steps * amax_k), cdiv(m, amax_m))](
-        x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=amax_k, BLOCK_M=amax_m, num_warps=COL_AMAX_WARPS)
+        x, amax, m, k, x.stride(1), STEPS=steps, BLOCK_K=amax_k, BLOCK_M=amax_m, num_warps=COL_AMAX_WARPS
+    )
     _col_cast[(cdiv(k, block_k), cdiv(m, block_m))](
-        x, q, scale, amax, m, k, x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
-        SOFT_ROUND=INTERPRET, BLOCK_K=block_k, BLOCK_M=block_m, num_warps=8)
+        x,
+        q,
+        scale,
+        amax,
+        m,
+        k,
+        x.stride(1),
+        q.stride(0),
+        FP8_MAX_=FP8_MAX,
+        AMAX_FLOOR_=AMAX_FLOOR,
+        SOFT_ROUND=INTERPRET,
+        BLOCK_K=block_k,
+        BLOCK_M=block_m,
+        num_warps=8,
+    )
 
 
 def launch_quantize_both(x, q, scale, qt, scale_t, amax=None):
@@ -356,8 +432,25 @@ def launch_quantize_both(x, q, scale, qt, scale_t, amax=None):
     grid = (cdiv(k, block_k), cdiv(m, block_m))  # K's blocks first: the second axis takes 65535
     _both_amax[grid](x, amax, m, k, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
     _both_cast[grid](
-        x, q, scale, qt, scale_t, amax, m, k, x.stride(0), x.stride(1), q.stride(0), qt.stride(0), FP8_MAX_=FP8_MAX,
-        AMAX_FLOOR_=AMAX_FLOOR, SOFT_ROUND=INTERPRET, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=8)
+        x,
+        q,
+        scale,
+        qt,
+        scale_t,
+        amax,
+        m,
+        k,
+        x.stride(0),
+        x.stride(1),
+        q.stride(0),
+        qt.stride(0),
+        FP8_MAX_=FP8_MAX,
+        AMAX_FLOOR_=AMAX_FLOOR,
+        SOFT_ROUND=INTERPRET,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        num_warps=8,
+    )
 
 
 def launch_quantize_fp8(x, q, scale, granularity, one_pass=None, amax=None):
@@ -373,12 +466,40 @@ def launch_quantize_fp8(x, q, scale, granularity, one_pass=None, amax=None):
     if granularity == "row":
         block_m, block_k, one_pass = row_plan(k, one_pass)
         _quantize_rows[(cdiv(m, block_m),)](
-            x, q, scale, m, k, x.stride(0), x.stride(1), q.stride(0), FP8_MAX_=FP8_MAX, AMAX_FLOOR_=AMAX_FLOOR,
-            SOFT_ROUND=INTERPRET, ONE_PASS=one_pass, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
+            x,
+            q,
+            scale,
+            m,
+            k,
+            x.stride(0),
+            x.stride(1),
+            q.stride(0),
+            FP8_MAX_=FP8_MAX,
+            AMAX_FLOOR_=AMAX_FLOOR,
+            SOFT_ROUND=INTERPRET,
+            ONE_PASS=one_pass,
+            BLOCK_M=block_m,
+            BLOCK_K=block_k,
+            num_warps=4,
+        )
         return
     tile = granularity == "128x128"
     block_m = GROUP if tile else (INTERPRET_GROUP_ROWS if INTERPRET else GROUP_ROWS)
     _quantize_groups[(cdiv(m, block_m), k // GROUP)](
-        x, q, scale, m, k, x.stride(0), x.stride(1), q.stride(0), scale.stride(0), FP8_MAX_=FP8_MAX,
-        AMAX_FLOOR_=AMAX_FLOOR, SOFT_ROUND=INTERPRET, TILE_GROUP=tile, BLOCK_M=block_m, GROUP_K=GROUP,
-        num_warps=8 if tile else 4)
+        x,
+        q,
+        scale,
+        m,
+        k,
+        x.stride(0),
+        x.stride(1),
+        q.stride(0),
+        scale.stride(0),
+        FP8_MAX_=FP8_MAX,
+        AMAX_FLOOR_=AMAX_FLOOR,
+        SOFT_ROUND=INTERPRET,
+        TILE_GROUP=tile,
+        BLOCK_M=block_m,
+        GROUP_K=GROUP,
+        num_warps=8 if tile else 4,
+    )

@@ -36,6 +36,7 @@ Edges: columns past N wrap (% N) on load, so b's loads need no mask across N (th
 masked); the K tail is masked unless K divides by BLOCK_K (EVEN_K). Every stride of a, b, c and
 bias is passed; offsets are 64-bit, since K * N (and a column view's K * stride) can pass 2^31.
 """
+
 import functools
 
 import triton
@@ -98,9 +99,22 @@ def gemv_plan(n, k, b_row_major, n_sms, config=None):
 
 
 @triton.jit
-def strip_sum(a_ptr, b_ptr, strip, k_first, k_end, N, stride_ak, stride_bk, stride_bn,
-              B_ROW_MAJOR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr):
+def strip_sum(
+    a_ptr,
+    b_ptr,
+    strip,
+    k_first,
+    k_end,
+    N,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    B_ROW_MAJOR: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     """fp32 (BLOCK_N,): sum over k in [k_first, k_end) of a[k] * b[k, n], for the columns n of the
     strip (columns past N wrap to valid ones)."""
     rn = ((strip * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)
@@ -140,8 +154,19 @@ def strip_sum(a_ptr, b_ptr, strip, k_first, k_end, N, stride_ak, stride_bk, stri
 
 
 @triton.jit
-def epilogue_store(c_ptr, z_ptr, bias_ptr, acc, cols, N, stride_cn, stride_bias,
-                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr):
+def epilogue_store(
+    c_ptr,
+    z_ptr,
+    bias_ptr,
+    acc,
+    cols,
+    N,
+    stride_cn,
+    stride_bias,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    STORE_Z: tl.constexpr,
+):
     """Bias and activation on the strip's full fp32 sums, one rounding to c's dtype, the store.
     STORE_Z: the pre-activation sums are stored too, into z (laid out like c), for the backward."""
     in_n = cols < N
@@ -167,7 +192,7 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_BLOCK: tl.constexpr, NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr,
-):
+):  # fmt: skip
     """Program (slice, strip), strips fastest: the programs in flight together read whole rows of a
     row-major b, and adjacent rows of W."""
     pid = tl.program_id(0)
@@ -175,8 +200,22 @@ def _gemv_kernel(
     strip = pid % strips
     pid_k = pid // strips
     k_first = pid_k * SLICE_K
-    acc = strip_sum(a_ptr, b_ptr, strip, k_first, tl.minimum(k_first + SLICE_K, K), N,
-                    stride_ak, stride_bk, stride_bn, B_ROW_MAJOR, BLOCK_N, BLOCK_K, NUM_STAGES, EVEN_K)
+    acc = strip_sum(
+        a_ptr,
+        b_ptr,
+        strip,
+        k_first,
+        tl.minimum(k_first + SLICE_K, K),
+        N,
+        stride_ak,
+        stride_bk,
+        stride_bn,
+        B_ROW_MAJOR,
+        BLOCK_N,
+        BLOCK_K,
+        NUM_STAGES,
+        EVEN_K,
+    )
     cols = strip * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT_BLOCK > 1:
         in_n = cols < N
@@ -187,11 +226,26 @@ def _gemv_kernel(
             rs = tl.arange(0, SPLIT_BLOCK)
             # one (SPLIT_BLOCK, BLOCK_N) load: every slice's sums in flight at once, added in one
             # fixed tree order; .cg: from L2, where the other SMs' stores are, never a stale L1 line
-            parts = tl.load(partial_ptr + rs[:, None].to(tl.int64) * N + cols[None, :],
-                            mask=(rs < SPLIT_K)[:, None] & in_n[None, :], other=0.0, cache_modifier=".cg")
+            parts = tl.load(
+                partial_ptr + rs[:, None].to(tl.int64) * N + cols[None, :],
+                mask=(rs < SPLIT_K)[:, None] & in_n[None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
             tl.atomic_xchg(counter_ptr + strip, 0)  # ready for the next launch
-            epilogue_store(c_ptr, z_ptr, bias_ptr, tl.sum(parts, axis=0), cols, N, stride_cn, stride_bias,
-                           HAS_BIAS, ACTIVATION, STORE_Z)
+            epilogue_store(
+                c_ptr,
+                z_ptr,
+                bias_ptr,
+                tl.sum(parts, axis=0),
+                cols,
+                N,
+                stride_cn,
+                stride_bias,
+                HAS_BIAS,
+                ACTIVATION,
+                STORE_Z,
+            )
     else:
         epilogue_store(c_ptr, z_ptr, bias_ptr, acc, cols, N, stride_cn, stride_bias, HAS_BIAS, ACTIVATION, STORE_Z)
 
@@ -220,9 +274,30 @@ def launch_gemv(a, b, bias, activation, c, config=None, split_k=None, z=None):
     if split > 1:
         partial, counters = split_k_buffers(a.device, split * n, strips)
     _gemv_kernel[(strips * split,)](
-        a, b, c, z if z is not None else c, bias if bias is not None else c, partial, counters,
-        n, k, cdiv(cdiv(k, block_k), split) * block_k, split,
-        a.stride(1), b.stride(0), b.stride(1), c.stride(1), bias.stride(0) if bias is not None else 0,
-        HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None, B_ROW_MAJOR=row_major,
-        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_BLOCK=next_power_of_2(split), NUM_STAGES=stages,
-        EVEN_K=k % block_k == 0, num_warps=warps)
+        a,
+        b,
+        c,
+        z if z is not None else c,
+        bias if bias is not None else c,
+        partial,
+        counters,
+        n,
+        k,
+        cdiv(cdiv(k, block_k), split) * block_k,
+        split,
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(1),
+        bias.stride(0) if bias is not None else 0,
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        STORE_Z=z is not None,
+        B_ROW_MAJOR=row_major,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT_BLOCK=next_power_of_2(split),
+        NUM_STAGES=stages,
+        EVEN_K=k % block_k == 0,
+        num_warps=warps,
+    )

@@ -20,6 +20,7 @@ Numerics: dc and z are read in their dtype and the derivative and product run in
 rounded once. dbias sums the fp32 dz (not the rounded one), in fp32. z itself is the forward's
 rounded pre-activation, as PyTorch's eager autograd keeps it.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -55,7 +56,7 @@ def _epilogue_backward_kernel(
     stride_dcm, stride_dcn,
     # meta-parameters: ACTIVATION None (dz = dc, not written) or its name; BIAS_GRAD: store the band's column sums
     ACTIVATION: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """Program (band, strip): dz over BAND_STEPS * BLOCK_M rows of BLOCK_N columns, and the
     band's fp32 column sums of dz."""
     band = tl.program_id(0)
@@ -69,8 +70,9 @@ def _epilogue_backward_kernel(
     for step in range(0, BAND_STEPS):
         rows = first + step * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & in_n[None, :]
-        dz = tl.load(dc_ptr + rows[:, None] * stride_dcm + cols[None, :] * stride_dcn, mask=mask,
-                     other=0.0).to(tl.float32)
+        dz = tl.load(dc_ptr + rows[:, None] * stride_dcm + cols[None, :] * stride_dcn, mask=mask, other=0.0).to(
+            tl.float32
+        )
         if ACTIVATION is not None:
             offs = rows[:, None] * N + cols[None, :]
             z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -101,9 +103,21 @@ def launch_epilogue_backward(dc, z, activation, dz, dbias):
     band_steps, n_bands = bands(m, n, sm_count(dc.device, INTERPRET_SMS))
     partial = torch.empty((n_bands, n) if dbias is not None else (1,), dtype=torch.float32, device=dc.device)
     _epilogue_backward_kernel[(n_bands, cdiv(n, block_n))](
-        dc, z if z is not None else dc, dz if dz is not None else dc, partial,
-        m, n, band_steps, dc.stride(0), dc.stride(1),
-        ACTIVATION=activation, BIAS_GRAD=dbias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        dc,
+        z if z is not None else dc,
+        dz if dz is not None else dc,
+        partial,
+        m,
+        n,
+        band_steps,
+        dc.stride(0),
+        dc.stride(1),
+        ACTIVATION=activation,
+        BIAS_GRAD=dbias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=warps,
+    )
     if dbias is not None:
         sum_partials(partial, dbias)
 
@@ -117,16 +131,19 @@ def _empty_grads(dc, z, bias, activation, bias_grad):
 def _epilogue_backward(dc, z, bias, activation, bias_grad):
     dz, dbias = _empty_grads(dc, z, bias, activation, bias_grad)
     if dc.numel():
-        launch_epilogue_backward(dc, z, activation, dz if activation is not None else None,
-                                 dbias if bias_grad else None)
+        launch_epilogue_backward(
+            dc, z, activation, dz if activation is not None else None, dbias if bias_grad else None
+        )
     elif bias_grad:  # M = 0: a sum of no rows
         dbias.zero_()
     return dz, dbias
 
 
 matmul_epilogue_backward_op = define_op(
-    "matmul_epilogue_backward(Tensor dc, Tensor? z, Tensor? bias, str? activation, bool bias_grad) "
-    "-> (Tensor, Tensor)", _epilogue_backward, _empty_grads)
+    "matmul_epilogue_backward(Tensor dc, Tensor? z, Tensor? bias, str? activation, bool bias_grad) -> (Tensor, Tensor)",
+    _epilogue_backward,
+    _empty_grads,
+)
 
 
 def epilogue_backward(dc, z, bias, activation, bias_grad):

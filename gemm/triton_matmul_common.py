@@ -2,6 +2,7 @@
 share: the argument checks, the grouped program order, the epilogue, the split-K slice count and
 the cache of the autotuner's picks. Imports no kernel file, so each of them can import it.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -102,8 +103,7 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
-def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Round the fp32 tile to c's dtype once and store the part inside (M, N)."""
     rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows * stride can pass 2^31
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,9 +136,23 @@ def check_bias(bias, n, dtypes, like_name, like):
 
 
 @triton.jit
-def epilogue_store(c_ptr, z_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def epilogue_store(
+    c_ptr,
+    z_ptr,
+    bias_ptr,
+    acc,
+    pid_m,
+    pid_n,
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    STORE_Z: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The epilogue on a tile of the full fp32 sum: bias, activation, one rounding, the store.
     STORE_Z: also store the pre-activation z = acc + bias (rounded once) into z, laid out like c:
     the training forward keeps it for the backward's activation derivative."""

@@ -27,6 +27,7 @@ not depend on which finished first), then runs the epilogue (bias, activation, o
 full sum. One launch; the partials (SPLIT_K * M * N * 4 bytes written and read back) are small
 next to b's K * N * 2. SPLIT_TABLE picks it by M and output tiles per SM; it is not autotuned.
 """
+
 import functools
 
 import triton
@@ -52,6 +53,7 @@ from llmk.gemm.triton_matmul_common import (
 # (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes a stage; all fit the 227 KB an H100/H200 block may take.
 # Rows measured by scripts/tune/small_shapes.py, host_and_picks.py small and matmul_small_sweep.py
 # on an H100/H200; docs/tuning/gemm.md has the figures.
+# fmt: off
 CONFIGS = [
     # large M and N: the Hopper tile; two warpgroups each hold a 64x256 fp32 accumulator; one program an SM
     (128, 256, 64, 8, 3),
@@ -67,6 +69,7 @@ CONFIGS = [
     (16, 128, 128, 4, 4),  # M <= 16 against N = 14336: 112 tiles
     (16, 32, 256, 4, 4),   # M <= 16 with N = 4096: 128 column tiles, about one an SM
 ]
+# fmt: on
 # Small tiles are slow for large M (under 64 rows there is no wgmma, and each loaded B tile serves
 # few rows), and large tiles are mostly padding for small M: prune_configs hands the autotuner
 # only the part of the table that fits M. Up to SMALL_M rows every tile no taller than M competes.
@@ -83,11 +86,13 @@ TINY_MACS = 1 << 27
 # few loads are in flight: the slices bring the grid to about one program an SM. M >= 2, M = 128
 # and 1024^3 lose to one kernel. Measured by scripts/tune/matmul_small_sweep.py (H200) and
 # scripts/tune/host_and_picks.py m1 (H100); docs/tuning/gemm.md has the figures.
+# fmt: off
 SPLIT_TABLE = [
     (1, 1 / 8, 4, (16, 128, 128, 4, 4)),  # N <= 2048: 16 tiles, 4 slices
     (1, 1 / 8, 4, (16, 256, 64, 8, 4)),   # N <= 4096: 16 tiles of 256 columns, 4 slices
     (1, 1 / 2, 2, (16, 128, 128, 4, 4)),  # N <= 8192: 64 tiles, 2 slices; from 112 tiles one kernel wins
 ]
+# fmt: on
 # A slice keeps at least this many BLOCK_K steps, so its software pipeline (num_stages - 1 loads
 # in flight) fills before it drains, and the fp32 partials stay small against what it reads.
 MIN_SLICE_STEPS = 4
@@ -111,9 +116,12 @@ def prune_configs(configs, named_args, **kwargs):
 
 
 def autotune_configs():
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": GROUP_M},
-                          num_warps=warps, num_stages=stages)
-            for bm, bn, bk, warps, stages in CONFIGS]
+    return [
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": GROUP_M}, num_warps=warps, num_stages=stages
+        )
+        for bm, bn, bk, warps, stages in CONFIGS
+    ]
 
 
 def interpret_meta():
@@ -122,9 +130,25 @@ def interpret_meta():
 
 
 @triton.jit
-def dot_tile(a_ptr, b_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
-             stride_am, stride_ak, stride_bk, stride_bn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+def dot_tile(
+    a_ptr,
+    b_ptr,
+    pid_m,
+    pid_n,
+    k_first,
+    k_last,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     """The fp32 (BLOCK_M, BLOCK_N) tile (pid_m, pid_n) of a @ b summed over BLOCK_K steps
     [k_first, k_last)."""
     # Edge tiles re-read valid rows/columns (% M, % N) instead of masking every load; the store
@@ -158,13 +182,45 @@ def _matmul_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
-):
+):  # fmt: skip
     """One program: tile tl.program_id(0) (grouped order) over all of K, then the epilogue."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = dot_tile(a_ptr, b_ptr, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K,
-                   stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-    epilogue_store(c_ptr, z_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                   HAS_BIAS, ACTIVATION, STORE_Z, BLOCK_M, BLOCK_N)
+    acc = dot_tile(
+        a_ptr,
+        b_ptr,
+        pid_m,
+        pid_n,
+        0,
+        tl.cdiv(K, BLOCK_K),
+        M,
+        N,
+        K,
+        stride_am,
+        stride_ak,
+        stride_bk,
+        stride_bn,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        EVEN_K,
+    )
+    epilogue_store(
+        c_ptr,
+        z_ptr,
+        bias_ptr,
+        acc,
+        pid_m,
+        pid_n,
+        M,
+        N,
+        stride_cm,
+        stride_cn,
+        HAS_BIAS,
+        ACTIVATION,
+        STORE_Z,
+        BLOCK_M,
+        BLOCK_N,
+    )
 
 
 @triton.jit
@@ -180,7 +236,7 @@ def _matmul_split_k_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-):
+):  # fmt: skip
     """Program (tile, s): slice s of the K steps of one tile; the slice to finish last sums them."""
     tile = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -188,8 +244,25 @@ def _matmul_split_k_kernel(
     k_steps = tl.cdiv(K, BLOCK_K)
     slice_steps = tl.cdiv(k_steps, SPLIT_K)  # the launcher leaves no slice empty
     k_first = pid_k * slice_steps
-    acc = dot_tile(a_ptr, b_ptr, pid_m, pid_n, k_first, tl.minimum(k_first + slice_steps, k_steps), M, N, K,
-                   stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    acc = dot_tile(
+        a_ptr,
+        b_ptr,
+        pid_m,
+        pid_n,
+        k_first,
+        tl.minimum(k_first + slice_steps, k_steps),
+        M,
+        N,
+        K,
+        stride_am,
+        stride_ak,
+        stride_bk,
+        stride_bn,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        EVEN_K,
+    )
 
     # this slice's fp32 sum, unrounded, into rows pid_k * M ... of the scratch (rows past M, as
     # with M = 1 in a 16-row tile, are neither written nor read)
@@ -206,9 +279,23 @@ def _matmul_split_k_kernel(
             # .cg: from L2, where the other SMs' stores are, never a stale L1 line
             acc += tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
         tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
-        epilogue_store(c_ptr, z_ptr, bias_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                       HAS_BIAS, ACTIVATION, STORE_Z, BLOCK_M, BLOCK_N)
-
+        epilogue_store(
+            c_ptr,
+            z_ptr,
+            bias_ptr,
+            acc,
+            pid_m,
+            pid_n,
+            M,
+            N,
+            stride_cm,
+            stride_cn,
+            HAS_BIAS,
+            ACTIVATION,
+            STORE_Z,
+            BLOCK_M,
+            BLOCK_N,
+        )
 
 
 def even_k(args):
@@ -229,9 +316,12 @@ def tuned():
     tile is fastest, and keying on it would tune (and compile) every config once more per variant.
     STORE_Z is (the training forward's second output): its stores take registers and shared
     memory that a config at the limit may not have, so a training shape is tuned once more."""
-    return triton.autotune(configs=autotune_configs(), key=["M_BUCKET", "N", "K", "stride_bn", "STORE_Z"],
-                           prune_configs_by={"early_config_prune": prune_configs},
-                           do_bench=autotune_bench)(triton.heuristics({"EVEN_K": even_k})(_matmul_kernel))
+    return triton.autotune(
+        configs=autotune_configs(),
+        key=["M_BUCKET", "N", "K", "stride_bn", "STORE_Z"],
+        prune_configs_by={"early_config_prune": prune_configs},
+        do_bench=autotune_bench,
+    )(triton.heuristics({"EVEN_K": even_k})(_matmul_kernel))
 
 
 def split_plan(m, n, k, num_sms, table):
@@ -266,12 +356,34 @@ def launch_split_k(a, b, bias, activation, c, config, split_k, z=None):
     tiles = cdiv(m, bm) * cdiv(n, bn)
     partial, counters = split_k_buffers(a.device, split_k * m * n, tiles)
     _matmul_split_k_kernel[(tiles, split_k)](
-        a, b, c, z if z is not None else c, bias if bias is not None else c, partial, counters,
-        m, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
-        SPLIT_K=split_k, EVEN_K=k % bk == 0, num_warps=warps, num_stages=stages)
+        a,
+        b,
+        c,
+        z if z is not None else c,
+        bias if bias is not None else c,
+        partial,
+        counters,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        STORE_Z=z is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=GROUP_M,
+        SPLIT_K=split_k,
+        EVEN_K=k % bk == 0,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def launch_tiled(a, b, bias, activation, c, num_sms, config=None, split_k=None, z=None):
@@ -299,15 +411,35 @@ def launch_tiled(a, b, bias, activation, c, num_sms, config=None, split_k=None, 
         meta = interpret_meta() if INTERPRET else picked_config(_matmul_kernel, a, b, m, n, k, z is not None)
     if meta is None:
         meta = untuned_config(a, autotune_configs(), prune_configs, dict(M_BUCKET=m_bucket(m), N=n, K=k))
-    args = (a, b, c, z if z is not None else c, bias if bias is not None else c,  # unused pointers still need a tensor
-            m, n, k, m_bucket(m),
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    args = (
+        a,
+        b,
+        c,
+        z if z is not None else c,
+        bias if bias is not None else c,  # unused pointers still need a tensor
+        m,
+        n,
+        k,
+        m_bucket(m),
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+    )
     if meta is None:  # this key's first call: the autotuner times CONFIGS, then runs the fastest
         tuner = tuned()
         tuner[lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)](
-            *args, HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None)
+            *args, HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None
+        )
         pick_config(_matmul_kernel, a, b, m, n, k, tuner.best_config, z is not None)
         return
     _matmul_kernel[(cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)](
-        *args, HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None,
-        EVEN_K=k % meta["BLOCK_K"] == 0, **meta)
+        *args,
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        STORE_Z=z is not None,
+        EVEN_K=k % meta["BLOCK_K"] == 0,
+        **meta,
+    )

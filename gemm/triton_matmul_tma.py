@@ -36,6 +36,7 @@ Block sizes are autotuned over TMA_CONFIGS, keyed like the pointer kernel. Trito
 runs this kernel too (the descriptors are emulated), with one small config and INTERPRET_SMS
 programs, so that each program walks several tiles.
 """
+
 import functools
 
 import triton
@@ -107,7 +108,7 @@ def _matmul_tma_kernel(
     A_TRANSPOSED: tl.constexpr, B_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr,
-):
+):  # fmt: skip
     """Program p computes tiles p, p + NUM_SMS, ... (grouped order), each over all of K."""
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -137,8 +138,7 @@ def _matmul_tma_kernel(
 
 
 @triton.jit
-def store_split(c_desc, acc, off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                EPILOGUE_SPLIT: tl.constexpr):
+def store_split(c_desc, acc, off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr):
     """Round the fp32 tile to c's dtype and store it in EPILOGUE_SPLIT (1 or 2) column slices; the
     store clips rows and columns past (M, N)."""
     if EPILOGUE_SPLIT == 1:
@@ -183,23 +183,33 @@ def prune_configs(configs, named_args, **kwargs):
 
 def meta_of(config):
     bm, bn, bk, warps, stages, split = config
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLIT=split,
-                num_warps=warps, num_stages=stages)
+    return dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLIT=split, num_warps=warps, num_stages=stages
+    )
 
 
 def autotune_configs():
-    return [triton.Config({k: v for k, v in meta_of(c).items() if not k.startswith("num_")},
-                          num_warps=c[3], num_stages=c[4], pre_hook=set_blocks) for c in TMA_CONFIGS]
+    return [
+        triton.Config(
+            {k: v for k, v in meta_of(c).items() if not k.startswith("num_")},
+            num_warps=c[3],
+            num_stages=c[4],
+            pre_hook=set_blocks,
+        )
+        for c in TMA_CONFIGS
+    ]
 
 
 @functools.lru_cache(maxsize=None)
 def tuned():
     """The kernel autotuned over TMA_CONFIGS (built on first use, never in the interpreter). The
     autotuner's pick is kept per key with triton_matmul_common.pick_config: later calls launch it directly."""
-    return triton.autotune(configs=autotune_configs(),
-                           key=["M_BUCKET", "N", "K", "A_TRANSPOSED", "B_TRANSPOSED", "STORE_Z"],
-                           prune_configs_by={"early_config_prune": prune_configs},
-                           do_bench=autotune_bench)(_matmul_tma_kernel)
+    return triton.autotune(
+        configs=autotune_configs(),
+        key=["M_BUCKET", "N", "K", "A_TRANSPOSED", "B_TRANSPOSED", "STORE_Z"],
+        prune_configs_by={"early_config_prune": prune_configs},
+        do_bench=autotune_bench,
+    )(_matmul_tma_kernel)
 
 
 def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None, z=None):
@@ -232,12 +242,17 @@ def launch_matmul_tma(a, b, bias, activation, c, num_sms, config=None, z=None):
     # launch to encode on the host (host time decides the backward at 4096^3, docs/tuning/gemm.md)
     z_desc = None if z is None else TensorDescriptor(z, [m, n], [z.stride(0), 1], [bm, bn // split])
     args = (a_desc, b_desc, c_desc, z_desc, bias, m, n, k, m_bucket(m))
-    flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_Z=z is not None,
-                 A_TRANSPOSED=a_transposed, B_TRANSPOSED=transposed, NUM_SMS=num_sms)
+    flags = dict(
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        STORE_Z=z is not None,
+        A_TRANSPOSED=a_transposed,
+        B_TRANSPOSED=transposed,
+        NUM_SMS=num_sms,
+    )
     if meta is None:
         tuner = tuned()
-        tuner[lambda meta: (min(num_sms, cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])),)](
-            *args, **flags)
+        tuner[lambda meta: (min(num_sms, cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])),)](*args, **flags)
         pick_config(_matmul_tma_kernel, a, b, m, n, k, tuner.best_config, z is not None)
         return
     grid = (min(num_sms, cdiv(m, bm) * cdiv(n, bn)),)

@@ -69,21 +69,25 @@ PATHS = ("decode", "unfused")
 # it beats both F.rms_norm + cuBLAS and our rmsnorm + cuBLAS for K = 4096 (N = 4096 and 14336),
 # bf16, in GPU time (scripts/tune/small_shapes.py rl on an H100; in benchmarks/results/gemm.json,
 # op "rmsnorm_linear", graph_ms, the decode path leads triton-rmsnorm+cuBLAS at M = 1, 4 and 16).
+# fmt: off
 PATH_TABLE = [
     (16, "decode"),     # a pass over W, bound by memory
     (None, "unfused"),  # from 32 rows each column tile re-reads all of x: our rmsnorm, then cuBLAS
 ]
+# fmt: on
 
 # Decode launch table, by M: (largest M, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). BLOCK_M 1
 # is the GEMV kernel; the others are the MMA kernel's row tile (16 is tl.dot's smallest). Each row
 # is the best of the candidates scripts/tune/small_shapes.py swept on an H200 at (K, N) = 4096^2,
 # (4096, 14336), (14336, 4096); docs/tuning/gemm.md has the figures.
+# fmt: off
 DECODE_TABLE = [
     (1, 1, 8, 512, 4, 2),        # no tensor cores: 8 rows of W a program, 1 KB of each a step
     (16, 16, 128, 128, 8, 1),    # 128 rows of W a program (two warpgroups of 64), K split to ~2 programs an SM
     (32, 32, 128, 128, 8, 1),    # reached only with path="decode"
     (None, 64, 64, 128, 4, 1),   # reached only with path="decode"
 ]
+# fmt: on
 # Split K until the tiles fill DECODE_PROGRAMS_PER_SM programs per SM (2 beat 1 and 4 at every
 # shape swept), keeping at least MIN_SPLIT_STEPS K steps a split; the split divides the K steps
 # when it can, so that no load needs a mask.
@@ -116,8 +120,9 @@ def decode_config(m, n, k, n_sms):
 
 
 @triton.jit
-def store_rows(y_ptr, acc_t, sum_sq, pid_m, pid_n, M, N, K, eps, stride_ym, stride_yn,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def store_rows(
+    y_ptr, acc_t, sum_sq, pid_m, pid_n, M, N, K, eps, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """y[rows, cols] = rstd[rows] * acc_t^T, rounded once, for the y^T tile acc_t (BLOCK_N, BLOCK_M)
     and the rows' sums of squares over all of K."""
     rstd = tl.rsqrt(sum_sq / K + eps)
@@ -141,7 +146,7 @@ def _rmsnorm_linear_decode_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-):
+):  # fmt: skip
     """One program: the y^T tile of columns [pid_n * BLOCK_N, +BLOCK_N) x rows [pid_m * BLOCK_M,
     +BLOCK_M) over one split of K. The splits of a tile are adjacent programs, then the row tiles of
     a column tile, so a tile of W read by one row tile is in L2 for the next."""
@@ -199,8 +204,9 @@ def _rmsnorm_linear_decode_kernel(
             for split in range(0, SPLIT_K):  # in split order: the sum does not depend on arrival order
                 # .cg: from L2, where the other SMs' stores are, never a stale L1 line
                 acc_t += tl.load(partial_ptr + (first + split) * (BLOCK_N * BLOCK_M) + offs, cache_modifier=".cg")
-                sum_sq += tl.load(partial_sq_ptr + (first + split) * BLOCK_M + tl.arange(0, BLOCK_M),
-                                  cache_modifier=".cg")
+                sum_sq += tl.load(
+                    partial_sq_ptr + (first + split) * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg"
+                )
             tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
             store_rows(y_ptr, acc_t, sum_sq, pid_m, pid_n, M, N, K, eps, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
     else:
@@ -217,7 +223,7 @@ def _rmsnorm_gemv_kernel(
     eps,
     # meta-parameters
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-):
+):  # fmt: skip
     """One row of x (program_id(1)) against BLOCK_N rows of W on the CUDA cores: fp32 products
     accumulate elementwise in a (BLOCK_N, BLOCK_K) tile and are summed over K once, after the loop.
     Meant for M = 1, where an MMA would be 15/16 padding: each program streams BLOCK_N rows of W in
@@ -246,8 +252,11 @@ def _rmsnorm_gemv_kernel(
         w_ptrs += BLOCK_K * stride_wk
     rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(y_ptr + row * stride_ym + cols * stride_yn, (tl.sum(acc, axis=1) * rstd).to(y_ptr.dtype.element_ty),
-             mask=cols < N)
+    tl.store(
+        y_ptr + row * stride_ym + cols * stride_yn,
+        (tl.sum(acc, axis=1) * rstd).to(y_ptr.dtype.element_ty),
+        mask=cols < N,
+    )
 
 
 def check_rmsnorm_linear_args(x, norm_weight, weight, eps, path):
@@ -261,8 +270,9 @@ def check_rmsnorm_linear_args(x, norm_weight, weight, eps, path):
     if weight.dtype != x.dtype:
         raise TypeError(f"weight must have x's dtype {x.dtype}; got {weight.dtype}")
     if weight.dim() != 2 or weight.shape[1] != k:
-        raise ValueError(f"weight must have shape (N, K) with K = x.shape[-1] = {k} (nn.Linear layout); "
-                         f"got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must have shape (N, K) with K = x.shape[-1] = {k} (nn.Linear layout); got {tuple(weight.shape)}"
+        )
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be None (choose by M), 'decode' or 'unfused'; got {path!r}")
     return k, weight.shape[0]
@@ -275,13 +285,26 @@ def launch_decode(x2, norm_weight, weight, eps, y, config=None):
     SPLIT_K); None takes decode_config's."""
     (m, k), n = x2.shape, weight.shape[0]
     block_m, block_n, block_k, split, warps, stages = config or decode_config(
-        m, n, k, sm_count(x2.device.index, INTERPRET_SMS))
+        m, n, k, sm_count(x2.device.index, INTERPRET_SMS)
+    )
     norm_weight = norm_weight.contiguous()  # the kernels step norm_weight with unit stride
     strides = (x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1))
     if block_m == 1:
         _rmsnorm_gemv_kernel[(cdiv(n, block_n), m)](
-            x2, norm_weight, weight, y, n, k, *strides, eps,
-            BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages)
+            x2,
+            norm_weight,
+            weight,
+            y,
+            n,
+            k,
+            *strides,
+            eps,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            EVEN_K=k % block_k == 0,
+            num_warps=warps,
+            num_stages=stages,
+        )
         return
     k_steps = cdiv(cdiv(k, block_k), split)  # per split
     split = cdiv(cdiv(k, block_k), k_steps)  # no split left without a step
@@ -290,10 +313,26 @@ def launch_decode(x2, norm_weight, weight, eps, y, config=None):
     if split > 1:
         partial, counters = split_k_buffers(x2.device, tiles * split * (block_n + 1) * block_m, tiles)
     _rmsnorm_linear_decode_kernel[(tiles * split,)](
-        x2, norm_weight, weight, y, partial, counters,
-        m, n, k, k_steps, *strides, eps,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split,
-        EVEN_K=k == k_steps * split * block_k, num_warps=warps, num_stages=stages)
+        x2,
+        norm_weight,
+        weight,
+        y,
+        partial,
+        counters,
+        m,
+        n,
+        k,
+        k_steps,
+        *strides,
+        eps,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT_K=split,
+        EVEN_K=k == k_steps * split * block_k,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def rmsnorm_linear_decode(x, norm_weight, weight, eps):
@@ -338,8 +377,13 @@ def _rmsnorm_linear_backward(ctx, dy):
     x_grad, norm_grad, weight_grad = ctx.needs_input_grad[:3]
     k, n = x.shape[-1], weight.shape[0]
     if x.numel() == 0 or n == 0:  # no rows, no columns or K = 0: every gradient is zero (or empty)
-        return (torch.zeros_like(x) if x_grad else None, torch.zeros_like(norm_weight) if norm_grad else None,
-                torch.zeros_like(weight) if weight_grad else None, None, None)
+        return (
+            torch.zeros_like(x) if x_grad else None,
+            torch.zeros_like(norm_weight) if norm_grad else None,
+            torch.zeros_like(weight) if weight_grad else None,
+            None,
+            None,
+        )
     x2, dy2 = x.reshape(-1, k), dy.reshape(-1, n)  # views unless the leading dims cannot merge
     dx = dnorm_weight = dweight = None
     if weight_grad:
@@ -352,9 +396,12 @@ def _rmsnorm_linear_backward(ctx, dy):
 
 
 rmsnorm_linear_op = define_op(
-    "rmsnorm_linear(Tensor x, Tensor norm_weight, Tensor weight, float eps, str? path) -> Tensor", _rmsnorm_linear,
+    "rmsnorm_linear(Tensor x, Tensor norm_weight, Tensor weight, float eps, str? path) -> Tensor",
+    _rmsnorm_linear,
     lambda x, norm_weight, weight, eps, path: x.new_empty((*x.shape[:-1], weight.shape[0])),
-    backward=_rmsnorm_linear_backward, setup_context=_setup_rmsnorm_linear)
+    backward=_rmsnorm_linear_backward,
+    setup_context=_setup_rmsnorm_linear,
+)
 
 
 def rmsnorm_linear(x, norm_weight, weight, eps=1e-6, path=None):

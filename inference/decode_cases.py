@@ -19,5 +19,11 @@ def decode_tol(q, k, v, lengths, sm_scale, window_left=-1, softcap=None, e4m3=Fa
     scores = (grouped_scores(q.double(), k) * sm_scale).masked_fill(~visible[:, None, None, :], float("-inf"))
     magnitudes = grouped_scores(q.double().abs(), k.abs()) * sm_scale
     v = v.double().masked_fill(~visible[:, :, None, None], 0.0).permute(0, 2, 1, 3)  # (B, Hkv, T, D)
-    return attention_tol(q.dtype, p, v, q.shape, fp32_score_err(scores, magnitudes, q.shape[-1], softcap),
-                         UNIT_ROUNDOFF[torch.float16] if e4m3 else None)
+    return attention_tol(
+        q.dtype,
+        p,
+        v,
+        q.shape,
+        fp32_score_err(scores, magnitudes, q.shape[-1], softcap),
+        UNIT_ROUNDOFF[torch.float16] if e4m3 else None,
+    )

@@ -19,6 +19,7 @@ memory (value_buffer): (B, Hkv, D, T_max rounded up to 16) storage seen as (B, T
 so the decode kernel's p V product reads each byte pair it multiplies from one place (a token-major
 v's bytes are gathered one by one: docs/tuning/inference.md).
 """
+
 import torch
 
 from llmk.common.device import DEVICE
@@ -48,8 +49,9 @@ def check_kv_chunk(k, v, like, batch, n_kv_heads, head_dim):
         check_tensor(name, t, CHUNK_DTYPES if like.dtype == FP8 else (like.dtype,))
         check_same_device(name, t, "the cache", like)
         if t.dim() != 4 or t.shape[0] != batch or tuple(t.shape[2:]) != (n_kv_heads, head_dim):
-            raise ValueError(f"{name} must be (B={batch}, t, Hkv={n_kv_heads}, D={head_dim}), got shape "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be (B={batch}, t, Hkv={n_kv_heads}, D={head_dim}), got shape {tuple(t.shape)}"
+            )
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if v.dtype != k.dtype:
@@ -102,8 +104,10 @@ def scale_buffers(shape, dtype, device):
     (slots past a length are never read); None and None for a 16-bit cache."""
     if dtype != FP8:
         return None, None
-    return (torch.ones(shape[:-1], dtype=torch.float32, device=device),
-            torch.ones(shape[:-1], dtype=torch.float32, device=device))
+    return (
+        torch.ones(shape[:-1], dtype=torch.float32, device=device),
+        torch.ones(shape[:-1], dtype=torch.float32, device=device),
+    )
 
 
 def write_kv(values, scales, index, t):
@@ -121,8 +125,10 @@ def check_past_max_len(host_lengths, t, max_len):
     """Raise before anything is written when t more tokens do not fit in some sequence."""
     for b, n in enumerate(host_lengths):
         if n + t > max_len:
-            raise ValueError(f"append of {t} token(s) would take sequence {b} from {n} to {n + t} tokens, "
-                             f"past max_len {max_len}; the cache is unchanged")
+            raise ValueError(
+                f"append of {t} token(s) would take sequence {b} from {n} to {n + t} tokens, "
+                f"past max_len {max_len}; the cache is unchanged"
+            )
 
 
 def sequence_indices(seqs, batch):
@@ -189,5 +195,6 @@ class KVCache:
     def attend(self, q, sm_scale=None, **kwargs):
         """decode_attention of q (B, H, D) against this cache; kwargs as decode_attention's."""
         kwargs.setdefault("max_length", self.max_length)
-        return decode_attention(q, self.k, self.v, self.lengths, sm_scale, k_scale=self.k_scale,
-                                v_scale=self.v_scale, **kwargs)
+        return decode_attention(
+            q, self.k, self.v, self.lengths, sm_scale, k_scale=self.k_scale, v_scale=self.v_scale, **kwargs
+        )

@@ -10,6 +10,7 @@ dtype=torch.float8_e4m3fn: e4m3 pages with an fp32 scale a (slot, kv head) in k_
 (num_pages, page_size, Hkv), as KVCache keeps them (inference/kv_cache.py); v_pages' storage is
 (num_pages, Hkv, D, page_size), slots innermost, as KVCache's e4m3 v keeps its tokens.
 """
+
 import torch
 
 from llmk.common.device import DEVICE
@@ -66,8 +67,9 @@ class PagedKVCache:
     seq_pages, free_pages: the host's view.
     """
 
-    def __init__(self, batch, max_len, n_kv_heads, head_dim, dtype=torch.float16, device=DEVICE,
-                 num_pages=None, page_size=16):
+    def __init__(
+        self, batch, max_len, n_kv_heads, head_dim, dtype=torch.float16, device=DEVICE, num_pages=None, page_size=16
+    ):
         check_int_at_least("batch", batch, 0)
         check_int_at_least("max_len", max_len, 0)
         check_int_at_least("n_kv_heads", n_kv_heads)
@@ -102,11 +104,12 @@ class PagedKVCache:
         check_past_max_len(self.host_lengths, t, self.max_len)
         if t == 0 or self.batch == 0:
             return
-        new_pages = [cdiv(n + t, self.page_size) - len(pages)
-                     for n, pages in zip(self.host_lengths, self.seq_pages)]
+        new_pages = [cdiv(n + t, self.page_size) - len(pages) for n, pages in zip(self.host_lengths, self.seq_pages)]
         if sum(new_pages) > len(self.free_pages):
-            raise ValueError(f"append of {t} token(s) needs {sum(new_pages)} new page(s) but only "
-                             f"{len(self.free_pages)} of {self.num_pages} are free; the cache is unchanged")
+            raise ValueError(
+                f"append of {t} token(s) needs {sum(new_pages)} new page(s) but only "
+                f"{len(self.free_pages)} of {self.num_pages} are free; the cache is unchanged"
+            )
         if sum(new_pages):  # take the pages, then write only the new block table entries
             rows, cols, taken = [], [], []
             for b, (pages, n) in enumerate(zip(self.seq_pages, new_pages)):
@@ -142,5 +145,14 @@ class PagedKVCache:
     def attend(self, q, sm_scale=None, **kwargs):
         """paged_decode_attention of q (B, H, D) against this cache; kwargs as its own."""
         kwargs.setdefault("max_length", self.max_length)
-        return paged_decode_attention(q, self.k_pages, self.v_pages, self.block_table, self.lengths, sm_scale,
-                                      k_scale=self.k_scale, v_scale=self.v_scale, **kwargs)
+        return paged_decode_attention(
+            q,
+            self.k_pages,
+            self.v_pages,
+            self.block_table,
+            self.lengths,
+            sm_scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            **kwargs,
+        )

@@ -11,6 +11,7 @@ attention/reference_attention.py. Slots past a sequence's length are never used,
 Memory: the scores are B * H * T_max values; the cache is read in the compute dtype, so an fp16
 cache is copied once to fp32 (2x its size), and v once more for the masking.
 """
+
 import math
 
 import torch

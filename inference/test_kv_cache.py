@@ -19,8 +19,17 @@ from llmk.inference.reference_decode_attention import decode_attention_reference
 
 B, MAX_LEN, HKV, D = 3, 40, 2, 64
 # appends of t tokens (a prefill chunk, decode steps) and resets of some sequences
-SCRIPT = [("append", 5), ("append", 1), ("append", 1), ("reset", [1]), ("append", 7), ("append", 1),
-          ("reset", 0), ("append", 16), ("append", 1)]
+SCRIPT = [
+    ("append", 5),
+    ("append", 1),
+    ("append", 1),
+    ("reset", [1]),
+    ("append", 7),
+    ("append", 1),
+    ("reset", 0),
+    ("append", 16),
+    ("append", 1),
+]
 
 
 def same_bits(a, b):
@@ -41,7 +50,7 @@ class Model:
             self.v[b] += list(v[b])
 
     def reset(self, seqs):
-        for s in ([seqs] if isinstance(seqs, int) else seqs):
+        for s in [seqs] if isinstance(seqs, int) else seqs:
             self.k[s], self.v[s] = [], []
 
     def lengths(self):
@@ -66,7 +75,7 @@ def page_accounting(cache):
     ok &= len(set(held)) == len(held) and not set(held) & set(cache.free_pages)
     ok &= len(held) + len(cache.free_pages) == cache.num_pages
     table = cache.block_table.tolist()
-    ok &= all(row[:len(pages)] == pages for row, pages in zip(table, cache.seq_pages))
+    ok &= all(row[: len(pages)] == pages for row, pages in zip(table, cache.seq_pages))
     return Outcome("page accounting", bool(ok), note="" if ok else f"pages {cache.seq_pages} free {cache.free_pages}")
 
 
@@ -110,20 +119,21 @@ def check_contiguous():
 
 
 def check_paged():
-    outcomes, _, _ = run_script(lambda: PagedKVCache(B, MAX_LEN, HKV, D, torch.float16, num_pages=12, page_size=8),
-                                paged_view)
+    outcomes, _, _ = run_script(
+        lambda: PagedKVCache(B, MAX_LEN, HKV, D, torch.float16, num_pages=12, page_size=8), paged_view
+    )
     return outcomes
 
 
 def check_attend(d=D, dtype=torch.float16):
     """attend() of both caches (head dim d) after the script: the fp64 reference, and paged ==
     contiguous bit for bit (same kernel, same blocks, forced split count)."""
-    seed = int(torch.randint(2 ** 31, ()).item())
+    seed = int(torch.randint(2**31, ()).item())
     _, contiguous, _ = run_script(lambda: KVCache(B, MAX_LEN, HKV, d, dtype), contiguous_view, seed, d, dtype)
     _, paged, _ = run_script(lambda: PagedKVCache(B, MAX_LEN, HKV, d, dtype, page_size=16), paged_view, seed, d, dtype)
     q = rand((B, 4, d), dtype)
     ref = decode_attention_reference(q.double(), contiguous.k.double(), contiguous.v.double(), contiguous.lengths)
-    tol = decode_tol(q, contiguous.k, contiguous.v, contiguous.lengths, d ** -0.5)
+    tol = decode_tol(q, contiguous.k, contiguous.v, contiguous.lengths, d**-0.5)
     outcomes = []
     for splits in (1, 3):
         o = contiguous.attend(q, num_splits=splits)
@@ -136,8 +146,10 @@ def check_attend(d=D, dtype=torch.float16):
 def check_past_max_len():
     """An append past max_len raises ValueError and leaves data, lengths and pages as they were."""
     outcomes = []
-    for name, cache in (("contiguous", KVCache(B, 10, HKV, D, torch.float16)),
-                        ("paged", PagedKVCache(B, 10, HKV, D, torch.float16, page_size=4))):
+    for name, cache in (
+        ("contiguous", KVCache(B, 10, HKV, D, torch.float16)),
+        ("paged", PagedKVCache(B, 10, HKV, D, torch.float16, page_size=4)),
+    ):
         cache.append(rand((B, 6, HKV, D), torch.float16), rand((B, 6, HKV, D), torch.float16))
         cache.reset(2)  # ragged: only sequences 0 and 1 overflow
         tensors = (cache.k, cache.v) if name == "contiguous" else (cache.k_pages, cache.v_pages, cache.block_table)
@@ -146,8 +158,10 @@ def check_past_max_len():
         pages_before = [list(p) for p in cache.seq_pages] if name == "paged" else None
         big = rand((B, 5, HKV, D), torch.float16)
         outcomes.append(expect_raises(f"{name}: 6 + 5 > 10", lambda: cache.append(big, big), ValueError, "max_len"))
-        unchanged = all(same_bits(a, b) if a.is_floating_point() else torch.equal(a, b)
-                        for a, b in zip(before, list(tensors) + [cache.lengths]))
+        unchanged = all(
+            same_bits(a, b) if a.is_floating_point() else torch.equal(a, b)
+            for a, b in zip(before, list(tensors) + [cache.lengths])
+        )
         unchanged &= cache.host_lengths == host_before
         if name == "paged":
             unchanged &= [list(p) for p in cache.seq_pages] == pages_before
@@ -172,8 +186,10 @@ def check_out_of_pages():
 
 def check_empty():
     outcomes = []
-    for name, cache in (("contiguous", KVCache(0, 8, HKV, D, torch.float16)),
-                        ("paged", PagedKVCache(0, 8, HKV, D, torch.float16))):
+    for name, cache in (
+        ("contiguous", KVCache(0, 8, HKV, D, torch.float16)),
+        ("paged", PagedKVCache(0, 8, HKV, D, torch.float16)),
+    ):
         empty = rand((0, 3, HKV, D), torch.float16)
         cache.append(empty, empty)
         outcomes.append(Outcome(f"{name}: batch 0 append", cache.lengths.numel() == 0 and cache.max_length == 0))
@@ -212,14 +228,22 @@ def check_errors():
     return outcomes
 
 
-CASES = [Case("contiguous: appends and resets", check_contiguous), Case("paged: appends and resets", check_paged),
-         Case("attend through both caches", check_attend), Case("append past max_len", check_past_max_len),
-         Case("paged: out of pages", check_out_of_pages), Case("empty", check_empty),
-         Case("bad input", check_errors)]
+CASES = [
+    Case("contiguous: appends and resets", check_contiguous),
+    Case("paged: appends and resets", check_paged),
+    Case("attend through both caches", check_attend),
+    Case("append past max_len", check_past_max_len),
+    Case("paged: out of pages", check_out_of_pages),
+    Case("empty", check_empty),
+    Case("bad input", check_errors),
+]
 # head dims the kernels pad to BLOCK_D (80 and 96: Phi-2's and Phi-3-mini's; 72; 24, below 32) and 32,
 # in both dtypes
-CASES += [Case(f"attend through both caches hd {d} {dtype_name(dtype)}", check_attend, dict(d=d, dtype=dtype))
-          for d in (32, 80, 96, 72, 24) for dtype in (torch.float16, torch.bfloat16)]
+CASES += [
+    Case(f"attend through both caches hd {d} {dtype_name(dtype)}", check_attend, dict(d=d, dtype=dtype))
+    for d in (32, 80, 96, 72, 24)
+    for dtype in (torch.float16, torch.bfloat16)
+]
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

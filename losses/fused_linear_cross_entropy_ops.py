@@ -56,6 +56,7 @@ llmk::fused_linear_cross_entropy_none (the loss rows of reduction "none"),
 llmk::fused_linear_cross_entropy_backward (the recomputing backward of reduction "none") and
 llmk::fused_linear_cross_entropy_in_place (grad_in_place's forward).
 """
+
 import torch
 
 from llmk.common.device import INTERPRET
@@ -82,7 +83,7 @@ from llmk.losses.triton_cross_entropy import (
 # scratch: 131 MB at V = 128256 in bf16. The sweep on an H100: docs/tuning/losses.md.
 CHUNK_ROWS = 512
 # The buffer's bytes at most: fewer rows for fp32 logits of a very large vocabulary
-MAX_CHUNK_BYTES = 256 * 2 ** 20
+MAX_CHUNK_BYTES = 256 * 2**20
 CHUNK_ALIGN = 64  # a GEMM-friendly row count
 # The interpreter's chunk: a few rows, so the tests' batches run several chunks and a ragged last one
 INTERPRET_CHUNK = 8
@@ -105,7 +106,7 @@ def _chunks(hidden, weight, bias):
     buffer = hidden.new_empty((c, v))
     for i, start in enumerate(range(0, n, c)):
         rows = slice(start, min(start + c, n))
-        out = buffer[:rows.stop - start]
+        out = buffer[: rows.stop - start]
         if bias is not None:
             torch.addmm(bias, hidden[rows], weight.T, out=out)
         else:
@@ -139,8 +140,21 @@ def _grad_scales(target, ignore_index, reduction, class_weight, lse_square_scale
     return ones / (torch.stack((rows, count)) if lse_square_scale else rows.reshape(1))
 
 
-def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads,
-             class_weight=None, lse_square_scale=0.0, accuracy=False, over_hidden=False):
+def _forward(
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    reduction,
+    grads,
+    class_weight=None,
+    lse_square_scale=0.0,
+    accuracy=False,
+    over_hidden=False,
+):
     """(loss, grad_hidden, grad_weight, grad_bias, lse, hits): loss fp32 (the z-loss included), a
     scalar for "mean"/"sum" or (N,) rows for "none"; the
     gradients of the loss (for grad_output 1) when `grads` (three bools: of hidden, weight, bias),
@@ -161,11 +175,26 @@ def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softca
     scale = _grad_scales(target, ignore_index, reduction, class_weight, lse_square_scale) if any_grad else None
     if n:
         for i, r, logits in _chunks(hidden, weight, bias):
-            launch_rows(logits, target[r], rows[r], lse[r], options, grad_out=logits if any_grad else None,
-                        grad_scale=scale, hits=hits[r] if accuracy else None)
+            launch_rows(
+                logits,
+                target[r],
+                rows[r],
+                lse[r],
+                options,
+                grad_out=logits if any_grad else None,
+                grad_scale=scale,
+                hits=hits[r] if accuracy else None,
+            )
             if any_grad:
-                _accumulate(logits, hidden[r], weight, grad_hidden[r] if want_h else None,
-                            grad_weight if want_w else None, grad_bias if want_b else None, i == 0)
+                _accumulate(
+                    logits,
+                    hidden[r],
+                    weight,
+                    grad_hidden[r] if want_h else None,
+                    grad_weight if want_w else None,
+                    grad_bias if want_b else None,
+                    i == 0,
+                )
     elif any_grad:
         for g in (grad_hidden, grad_weight, grad_bias):
             g.zero_()
@@ -174,20 +203,47 @@ def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, softca
     return loss, grad_hidden, grad_weight, grad_bias.to(bias.dtype) if want_b else grad_bias, lse, hits
 
 
-def _fake(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads, class_weight=None,
-          lse_square_scale=0.0, accuracy=False):
+def _fake(
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    reduction,
+    grads,
+    class_weight=None,
+    lse_square_scale=0.0,
+    accuracy=False,
+):
     n = hidden.shape[0]
     want_h, want_w, want_b = grads if reduction != "none" else (False, False, False)
-    return (hidden.new_empty((n,) if reduction == "none" else (), dtype=torch.float32),
-            torch.empty_like(hidden) if want_h else hidden.new_empty((0,)),
-            torch.empty_like(weight) if want_w else hidden.new_empty((0,)),
-            bias.new_empty(bias.shape) if want_b else hidden.new_empty((0,)),
-            hidden.new_empty((n,), dtype=torch.float32),
-            hidden.new_empty((n if accuracy else 0,), dtype=torch.float32))
+    return (
+        hidden.new_empty((n,) if reduction == "none" else (), dtype=torch.float32),
+        torch.empty_like(hidden) if want_h else hidden.new_empty((0,)),
+        torch.empty_like(weight) if want_w else hidden.new_empty((0,)),
+        bias.new_empty(bias.shape) if want_b else hidden.new_empty((0,)),
+        hidden.new_empty((n,), dtype=torch.float32),
+        hidden.new_empty((n if accuracy else 0,), dtype=torch.float32),
+    )
 
 
-def _backward_none(grad_rows, grad_lse, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap,
-                   grads, check_target=True, class_weight=None):
+def _backward_none(
+    grad_rows,
+    grad_lse,
+    hidden,
+    weight,
+    target,
+    bias,
+    lse,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    grads,
+    check_target=True,
+    class_weight=None,
+):
     """(grad_hidden, grad_weight, grad_bias) of reduction "none" for the rows' gradients
     grad_rows (N,) and, when not None, the LSE's grad_lse (N,) (a z-loss's): each chunk's logits
     again, dlogits with each row's gradients, the products.
@@ -198,34 +254,60 @@ def _backward_none(grad_rows, grad_lse, hidden, weight, target, bias, lse, ignor
     want_h, want_w, want_b = grads
     grad_hidden = torch.empty_like(hidden) if want_h else hidden.new_empty((0,))
     grad_weight = torch.empty_like(weight) if want_w else hidden.new_empty((0,))
-    grad_bias = torch.zeros(weight.shape[0], device=hidden.device, dtype=torch.float32) if want_b \
-        else hidden.new_empty((0,))
+    grad_bias = (
+        torch.zeros(weight.shape[0], device=hidden.device, dtype=torch.float32) if want_b else hidden.new_empty((0,))
+    )
     options = row_options(ignore_index, label_smoothing, softcap, class_weight)
     if not hidden.shape[0]:
         grad_hidden.zero_(), grad_weight.zero_()
     elif want_h or want_w or want_b:
         for i, r, logits in _chunks(hidden, weight, bias):
             # dlogits with each row's gradient, over the chunk's logits in place
-            launch_backward_rows(logits, target[r], lse[r], grad_rows[r], None if grad_lse is None else grad_lse[r],
-                                 logits, options)
-            _accumulate(logits, hidden[r], weight, grad_hidden[r] if want_h else None,
-                        grad_weight if want_w else None, grad_bias if want_b else None, i == 0)
+            launch_backward_rows(
+                logits, target[r], lse[r], grad_rows[r], None if grad_lse is None else grad_lse[r], logits, options
+            )
+            _accumulate(
+                logits,
+                hidden[r],
+                weight,
+                grad_hidden[r] if want_h else None,
+                grad_weight if want_w else None,
+                grad_bias if want_b else None,
+                i == 0,
+            )
     check()
     return grad_hidden, grad_weight, grad_bias.to(bias.dtype) if want_b else grad_bias
 
 
-def _fake_backward_none(grad_rows, grad_lse, hidden, weight, target, bias, lse, ignore_index, label_smoothing, softcap,
-                        grads, check_target=True, class_weight=None):
-    return (torch.empty_like(hidden) if grads[0] else hidden.new_empty((0,)),
-            torch.empty_like(weight) if grads[1] else hidden.new_empty((0,)),
-            bias.new_empty(bias.shape) if grads[2] else hidden.new_empty((0,)))
+def _fake_backward_none(
+    grad_rows,
+    grad_lse,
+    hidden,
+    weight,
+    target,
+    bias,
+    lse,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    grads,
+    check_target=True,
+    class_weight=None,
+):
+    return (
+        torch.empty_like(hidden) if grads[0] else hidden.new_empty((0,)),
+        torch.empty_like(weight) if grads[1] else hidden.new_empty((0,)),
+        bias.new_empty(bias.shape) if grads[2] else hidden.new_empty((0,)),
+    )
 
 
 fused_linear_cross_entropy_backward_op = define_op(
     "fused_linear_cross_entropy_backward(Tensor grad_rows, Tensor? grad_lse, Tensor hidden, Tensor weight, "
     "Tensor target, Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, float? softcap, bool[] grads, "
     "bool check_target=True, Tensor? class_weight=None) -> (Tensor, Tensor, Tensor)",
-    _backward_none, _fake_backward_none)
+    _backward_none,
+    _fake_backward_none,
+)
 
 
 def _setup(ctx, inputs, output):
@@ -245,11 +327,15 @@ def _backward(ctx, grad_loss, *unused):
     if grad_loss is None:  # the loss is not what was differentiated
         return (None,) * n_inputs
     if type(grad_loss) is torch.Tensor and torch.is_grad_enabled():
-        raise RuntimeError("llmk::fused_linear_cross_entropy has no double backward (its gradients were "
-                           "computed in the forward): call backward without create_graph=True")
+        raise RuntimeError(
+            "llmk::fused_linear_cross_entropy has no double backward (its gradients were "
+            "computed in the forward): call backward without create_graph=True"
+        )
     if ctx.used:
-        raise RuntimeError("llmk::fused_linear_cross_entropy scales the gradients it computed in the forward "
-                           "in place: backward through the same graph twice (retain_graph=True) is not supported")
+        raise RuntimeError(
+            "llmk::fused_linear_cross_entropy scales the gradients it computed in the forward "
+            "in place: backward through the same graph twice (retain_graph=True) is not supported"
+        )
     ctx.used = True
     grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
     out = []
@@ -273,14 +359,42 @@ fused_linear_cross_entropy_op = define_op(
     "fused_linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
     f"float label_smoothing, float? softcap, str reduction, bool[] grads, {OPTIONS_SCHEMA}) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-    _forward, _fake, backward=_backward, setup_context=_setup)
+    _forward,
+    _fake,
+    backward=_backward,
+    setup_context=_setup,
+)
 
 
-def _in_place_forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads,
-                      class_weight=None, lse_square_scale=0.0, accuracy=False):
+def _in_place_forward(
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    reduction,
+    grads,
+    class_weight=None,
+    lse_square_scale=0.0,
+    accuracy=False,
+):
     loss, _, grad_weight, grad_bias, lse, hits = _forward(
-        hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads, class_weight,
-        lse_square_scale, accuracy, over_hidden=True)
+        hidden,
+        weight,
+        target,
+        bias,
+        ignore_index,
+        label_smoothing,
+        softcap,
+        reduction,
+        grads,
+        class_weight,
+        lse_square_scale,
+        accuracy,
+        over_hidden=True,
+    )
     return loss, grad_weight, grad_bias, lse, hits
 
 
@@ -296,7 +410,9 @@ fused_linear_cross_entropy_in_place_op = define_op(
     "fused_linear_cross_entropy_in_place(Tensor(a!) hidden, Tensor weight, Tensor target, Tensor? bias, "
     f"int ignore_index, float label_smoothing, float? softcap, str reduction, bool[] grads, {OPTIONS_SCHEMA}) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    _in_place_forward, _fake_in_place)
+    _in_place_forward,
+    _fake_in_place,
+)
 
 
 def _in_place_safe(hidden, weight, target, bias, reduction, grads):
@@ -312,8 +428,12 @@ def _in_place_safe(hidden, weight, target, bias, reduction, grads):
     if functorch_active() or dispatch_mode_depth():
         return False
     base = hidden if hidden._base is None else hidden._base
-    if base.is_leaf or not hidden.is_contiguous() or hidden.storage_offset() \
-            or hidden.untyped_storage().nbytes() != hidden.numel() * hidden.element_size():
+    if (
+        base.is_leaf
+        or not hidden.is_contiguous()
+        or hidden.storage_offset()
+        or hidden.untyped_storage().nbytes() != hidden.numel() * hidden.element_size()
+    ):
         return False
     return all(t.untyped_storage().data_ptr() != hidden.untyped_storage().data_ptr() for t in tensors[1:])
 
@@ -324,11 +444,35 @@ class _GradInPlace(torch.autograd.Function):
     Returns (loss, lse, hits), the last two without gradient."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads,
-                class_weight, lse_square_scale, accuracy):
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        target,
+        bias,
+        ignore_index,
+        label_smoothing,
+        softcap,
+        reduction,
+        grads,
+        class_weight,
+        lse_square_scale,
+        accuracy,
+    ):
         loss, grad_weight, grad_bias, lse, hits = fused_linear_cross_entropy_in_place_op(
-            hidden, weight, target, bias, ignore_index, label_smoothing, softcap, reduction, grads, class_weight,
-            lse_square_scale, accuracy)
+            hidden,
+            weight,
+            target,
+            bias,
+            ignore_index,
+            label_smoothing,
+            softcap,
+            reduction,
+            grads,
+            class_weight,
+            lse_square_scale,
+            accuracy,
+        )
         # hidden's version moves: a node that saved hidden raises in its backward rather than read gradients
         torch.autograd.graph.increment_version(hidden)
         ctx.save_for_backward(hidden, grad_weight, grad_bias)  # hidden holds grad_hidden now
@@ -342,8 +486,9 @@ class _GradInPlace(torch.autograd.Function):
         return _backward(ctx, grad_loss)
 
 
-def _none_forward(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, class_weight=None,
-                  accuracy=False):
+def _none_forward(
+    hidden, weight, target, bias, ignore_index, label_smoothing, softcap, class_weight=None, accuracy=False
+):
     """reduction "none": (loss rows, LSE, hits), fp32 (N,) (hits (0,) without `accuracy`); the
     z-loss is the caller's, from the LSE (whose gradient the backward takes)."""
     n = hidden.shape[0]
@@ -373,9 +518,19 @@ def _backward_none_formula(ctx, grad_rows, grad_lse, _):
         grad_rows = torch.zeros_like(lse)
     need = ctx.needs_input_grad
     grads = [need[0], need[1], bias is not None and need[3]]
-    gh, gw, gb = fused_linear_cross_entropy_backward_op(grad_rows, grad_lse, hidden, weight, target, bias, lse,
-                                                         grads=grads, check_target=False, class_weight=class_weight,
-                                                         **ctx.options)
+    gh, gw, gb = fused_linear_cross_entropy_backward_op(
+        grad_rows,
+        grad_lse,
+        hidden,
+        weight,
+        target,
+        bias,
+        lse,
+        grads=grads,
+        check_target=False,
+        class_weight=class_weight,
+        **ctx.options,
+    )
     return (gh if grads[0] else None, gw if grads[1] else None, None, gb if grads[2] else None) + (None,) * 5
 
 
@@ -387,14 +542,30 @@ fused_linear_cross_entropy_none_op = define_op(
     lambda hidden, weight, target, bias, ignore_index, label_smoothing, softcap, class_weight=None, accuracy=False: (
         hidden.new_empty((hidden.shape[0],), dtype=torch.float32),
         hidden.new_empty((hidden.shape[0],), dtype=torch.float32),
-        hidden.new_empty((hidden.shape[0] if accuracy else 0,), dtype=torch.float32)),
-    backward=_backward_none_formula, setup_context=_setup_none)
+        hidden.new_empty((hidden.shape[0] if accuracy else 0,), dtype=torch.float32),
+    ),
+    backward=_backward_none_formula,
+    setup_context=_setup_none,
+)
 
 
-def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-                               label_smoothing=0.0, softcap=None, loss_dtype=None, grad_in_place=False, *,
-                               class_weight=None, lse_square_scale=0.0, return_z_loss=False,
-                               return_token_accuracy=False):
+def fused_linear_cross_entropy(
+    hidden,
+    weight,
+    target,
+    bias=None,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    softcap=None,
+    loss_dtype=None,
+    grad_in_place=False,
+    *,
+    class_weight=None,
+    lse_square_scale=0.0,
+    return_z_loss=False,
+    return_token_accuracy=False,
+):
     """cross_entropy(hidden @ weight.T + bias, target) without the logits in memory (module
     docstring; operators llmk::fused_linear_cross_entropy and llmk::fused_linear_cross_entropy_none).
 
@@ -426,8 +597,9 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     check_tensor("weight", weight, min_dim=2)
     check_same_device("weight", weight, "hidden", hidden)
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be (V, H={hidden.shape[-1]}) to match hidden {tuple(hidden.shape)}, "
-                         f"got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be (V, H={hidden.shape[-1]}) to match hidden {tuple(hidden.shape)}, got {tuple(weight.shape)}"
+        )
     if weight.shape[0] < 1:
         raise ValueError("weight must have at least one row (V >= 1 classes)")
     if weight.dtype != hidden.dtype:
@@ -436,11 +608,20 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
         check_tensor("bias", bias)
         check_same_device("bias", bias, "hidden", hidden)
         if tuple(bias.shape) != (weight.shape[0],) or bias.dtype != hidden.dtype:
-            raise ValueError(f"bias must be ({weight.shape[0]},) of dtype {hidden.dtype}, got "
-                             f"{tuple(bias.shape)} {bias.dtype}")
+            raise ValueError(
+                f"bias must be ({weight.shape[0]},) of dtype {hidden.dtype}, got {tuple(bias.shape)} {bias.dtype}"
+            )
     check_loss_args(target, hidden.shape[:-1], ignore_index, reduction, label_smoothing, hidden.device)
-    softcap = check_loss_options("class_weight", class_weight, weight.shape[0], hidden.device, lse_square_scale,
-                                 softcap, return_z_loss, return_token_accuracy)
+    softcap = check_loss_options(
+        "class_weight",
+        class_weight,
+        weight.shape[0],
+        hidden.device,
+        lse_square_scale,
+        softcap,
+        return_z_loss,
+        return_token_accuracy,
+    )
     if loss_dtype is not None and loss_dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"loss_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {loss_dtype!r}")
     dtype = loss_dtype or hidden.dtype
@@ -448,15 +629,34 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
     t1 = target.reshape(-1).contiguous()  # the row kernel reads one index a row at unit stride
     z_scale = float(lse_square_scale)
     if reduction == "none":
-        rows, lse, hits = fused_linear_cross_entropy_none_op(h2, weight, t1, bias, ignore_index=ignore_index,
-                                                             label_smoothing=float(label_smoothing), softcap=softcap,
-                                                             class_weight=class_weight,
-                                                             accuracy=return_token_accuracy)
+        rows, lse, hits = fused_linear_cross_entropy_none_op(
+            h2,
+            weight,
+            t1,
+            bias,
+            ignore_index=ignore_index,
+            label_smoothing=float(label_smoothing),
+            softcap=softcap,
+            class_weight=class_weight,
+            accuracy=return_token_accuracy,
+        )
         loss = reduce_rows(rows, target, ignore_index, "none", dtype, class_weight, lse, z_scale)
     else:
         grads = [needs_grad(hidden), needs_grad(weight), needs_grad(bias)]
-        args = (h2, weight, t1, bias, ignore_index, float(label_smoothing), softcap, reduction, grads, class_weight,
-                z_scale, return_token_accuracy)
+        args = (
+            h2,
+            weight,
+            t1,
+            bias,
+            ignore_index,
+            float(label_smoothing),
+            softcap,
+            reduction,
+            grads,
+            class_weight,
+            z_scale,
+            return_token_accuracy,
+        )
         if grad_in_place and _in_place_safe(hidden, weight, t1, bias, reduction, grads):
             loss, lse, hits = _GradInPlace.apply(*args)
         else:
@@ -464,5 +664,15 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-
         loss = loss.to(dtype)
     if not (return_z_loss or return_token_accuracy):
         return loss
-    return LossOutput(loss, *reduce_extras(target, ignore_index, reduction, dtype, lse if return_z_loss else None,
-                                           z_scale, hits if return_token_accuracy else None))
+    return LossOutput(
+        loss,
+        *reduce_extras(
+            target,
+            ignore_index,
+            reduction,
+            dtype,
+            lse if return_z_loss else None,
+            z_scale,
+            hits if return_token_accuracy else None,
+        ),
+    )

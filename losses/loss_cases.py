@@ -1,4 +1,5 @@
 """Targets shared by losses/test_cross_entropy.py and losses/test_fused_linear_cross_entropy.py."""
+
 import torch
 
 from llmk.common.device import DEVICE

@@ -17,6 +17,7 @@ Conventions shared by every loss in this folder (F.cross_entropy's, with the cla
 The math runs in fp32 (fp64 for fp64 inputs, as the tests' references do); the loss comes back in
 the logits' dtype, as F.cross_entropy's does.
 """
+
 import torch
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -60,15 +61,24 @@ def token_accuracy_ref(logits, target, ignore_index=-100, reduction="mean", soft
     return hits.sum() / kept.sum()
 
 
-def cross_entropy_ref(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, weight=None,
-                      lse_square_scale=0.0, softcap=None):
+def cross_entropy_ref(
+    logits,
+    target,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    weight=None,
+    lse_square_scale=0.0,
+    softcap=None,
+):
     """logits (..., V), target (...) -> the loss (a scalar, or (...) for "none") in logits' dtype:
     F.cross_entropy (with class weights (V,) as given) of the softcapped logits, plus z_loss_ref."""
     x = _capped(logits.to(_compute_dtype(logits)).reshape(-1, logits.shape[-1]), softcap)
     t = target.reshape(-1).long()
     w = None if weight is None else weight.to(x.dtype)
-    loss = torch.nn.functional.cross_entropy(x, t, weight=w, ignore_index=ignore_index, reduction=reduction,
-                                             label_smoothing=label_smoothing)
+    loss = torch.nn.functional.cross_entropy(
+        x, t, weight=w, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+    )
     if lse_square_scale:
         loss = loss + z_loss_ref(x, t, ignore_index, reduction, lse_square_scale)
     if reduction == "none":
@@ -76,20 +86,41 @@ def cross_entropy_ref(logits, target, ignore_index=-100, reduction="mean", label
     return loss.to(logits.dtype)
 
 
-def linear_cross_entropy_ref(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-                             label_smoothing=0.0, softcap=None, class_weight=None, lse_square_scale=0.0):
+def linear_cross_entropy_ref(
+    hidden,
+    weight,
+    target,
+    bias=None,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    softcap=None,
+    class_weight=None,
+    lse_square_scale=0.0,
+):
     """hidden (..., H), weight (V, H), bias (V,) or None -> cross_entropy_ref of
     hidden @ weight.T + bias (softcapped), every step in the compute dtype."""
     dtype = _compute_dtype(hidden)
     logits = hidden.to(dtype) @ weight.to(dtype).T
     if bias is not None:
         logits = logits + bias.to(dtype)
-    return cross_entropy_ref(logits, target, ignore_index, reduction, label_smoothing, class_weight,
-                             lse_square_scale, softcap).to(hidden.dtype)
+    return cross_entropy_ref(
+        logits, target, ignore_index, reduction, label_smoothing, class_weight, lse_square_scale, softcap
+    ).to(hidden.dtype)
 
 
-def linear_cross_entropy_same_dtype(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-                                    label_smoothing=0.0, softcap=None, class_weight=None, lse_square_scale=0.0):
+def linear_cross_entropy_same_dtype(
+    hidden,
+    weight,
+    target,
+    bias=None,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    softcap=None,
+    class_weight=None,
+    lse_square_scale=0.0,
+):
     """What a user writes in PyTorch: the logits in the input dtype (one GEMM, rounded), then
     F.cross_entropy on them and the z-loss of their logsumexp (the error the tests' 2x rule allows)."""
     logits = hidden @ weight.T
@@ -97,9 +128,14 @@ def linear_cross_entropy_same_dtype(hidden, weight, target, bias=None, ignore_in
         logits = logits + bias
     logits = _capped(logits, softcap).reshape(-1, weight.shape[0])
     t = target.reshape(-1).long()
-    loss = torch.nn.functional.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
-                                             label_smoothing=label_smoothing,
-                                             weight=None if class_weight is None else class_weight.to(logits.dtype))
+    loss = torch.nn.functional.cross_entropy(
+        logits,
+        t,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+        weight=None if class_weight is None else class_weight.to(logits.dtype),
+    )
     if lse_square_scale:
         kept = t != ignore_index
         rows = lse_square_scale * torch.where(kept, torch.logsumexp(logits, -1).square(), 0.0)

@@ -47,6 +47,7 @@ The shared row code also serves losses/fused_linear_cross_entropy_ops.py: `launc
 
 Operators: llmk::cross_entropy -> (loss rows, LSE, hits) and llmk::cross_entropy_backward.
 """
+
 import math
 from typing import NamedTuple, Optional
 
@@ -84,9 +85,23 @@ def _capped(x, softcap, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _row_loss(row_ptr, stride_col, target, n_cols, ignore_index, smoothing, softcap, weight_ptr, stride_w, weight_sum,
-              HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-              WITH_ARGMAX: tl.constexpr, BLOCK: tl.constexpr):
+def _row_loss(
+    row_ptr,
+    stride_col,
+    target,
+    n_cols,
+    ignore_index,
+    smoothing,
+    softcap,
+    weight_ptr,
+    stride_w,
+    weight_sum,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    WITH_ARGMAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """(loss, LSE, hit) of one row, fp32: one pass with an online max and sum. -inf logits (a masked
     vocabulary) are classes of probability 0, as in F.cross_entropy. With HAS_WEIGHT the loss is
     torch's weighted one, (1 - eps) w_t (lse - x_t) + eps / V * sum_j w_j (lse - x_j), weight_sum
@@ -136,9 +151,27 @@ def _row_loss(row_ptr, stride_col, target, n_cols, ignore_index, smoothing, soft
 
 
 @triton.jit
-def _row_grad(row_ptr, stride_col, grad_ptr, grad_stride_col, target, lse, scale, scale_lse, n_cols,
-              ignore_index, smoothing, softcap, weight_ptr, stride_w, weight_sum, HAS_SOFTCAP: tl.constexpr,
-              HAS_SMOOTHING: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+def _row_grad(
+    row_ptr,
+    stride_col,
+    grad_ptr,
+    grad_stride_col,
+    target,
+    lse,
+    scale,
+    scale_lse,
+    n_cols,
+    ignore_index,
+    smoothing,
+    softcap,
+    weight_ptr,
+    stride_w,
+    weight_sum,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Write scale * (p - (1 - eps) * onehot - eps / V) + scale_lse * p for one row (the first term
     zero for an ignored target), times the softcap's derivative; with HAS_WEIGHT the first term is
     scale * ((1 - eps) w_t (p - onehot) + eps / V (weight_sum p - w)). grad_ptr may be row_ptr (in
@@ -189,7 +222,7 @@ def _cross_entropy_fwd_kernel(
     # meta-parameters
     HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_Z_LOSS: tl.constexpr,
     WITH_ARGMAX: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     """Loss and LSE of row program_id(0) (and its hit, WITH_ARGMAX); with WRITE_GRAD also its
     gradient, scaled by the fp32 value at grad_scale_ptr (fused linear cross-entropy: 1 / n_valid
     or 1 / the targets' weight sum for "mean", 1 for "sum") and, HAS_Z_LOSS, the z-loss's
@@ -198,8 +231,23 @@ def _cross_entropy_fwd_kernel(
     row_ptr = logits_ptr + row * stride_row
     target = tl.load(target_ptr + row).to(tl.int64)
     weight_sum = _weight_sum(weight_sum_ptr, HAS_SMOOTHING, HAS_WEIGHT)
-    loss, lse, hit = _row_loss(row_ptr, stride_col, target, n_cols, ignore_index, smoothing, softcap, weight_ptr,
-                               stride_w, weight_sum, HAS_SOFTCAP, HAS_SMOOTHING, HAS_WEIGHT, WITH_ARGMAX, BLOCK)
+    loss, lse, hit = _row_loss(
+        row_ptr,
+        stride_col,
+        target,
+        n_cols,
+        ignore_index,
+        smoothing,
+        softcap,
+        weight_ptr,
+        stride_w,
+        weight_sum,
+        HAS_SOFTCAP,
+        HAS_SMOOTHING,
+        HAS_WEIGHT,
+        WITH_ARGMAX,
+        BLOCK,
+    )
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, lse)
     if WITH_ARGMAX:
@@ -210,9 +258,27 @@ def _cross_entropy_fwd_kernel(
             scale_lse = tl.where(target == ignore_index, 0.0, z_grad)
         else:
             scale_lse = 0.0
-        _row_grad(row_ptr, stride_col, grad_ptr + row * grad_stride_row, grad_stride_col, target, lse,
-                  tl.load(grad_scale_ptr), scale_lse, n_cols, ignore_index, smoothing, softcap, weight_ptr, stride_w,
-                  weight_sum, HAS_SOFTCAP, HAS_SMOOTHING, HAS_WEIGHT, BLOCK)
+        _row_grad(
+            row_ptr,
+            stride_col,
+            grad_ptr + row * grad_stride_row,
+            grad_stride_col,
+            target,
+            lse,
+            tl.load(grad_scale_ptr),
+            scale_lse,
+            n_cols,
+            ignore_index,
+            smoothing,
+            softcap,
+            weight_ptr,
+            stride_w,
+            weight_sum,
+            HAS_SOFTCAP,
+            HAS_SMOOTHING,
+            HAS_WEIGHT,
+            BLOCK,
+        )
 
 
 @triton.jit
@@ -226,7 +292,7 @@ def _cross_entropy_bwd_kernel(
     # meta-parameters
     HAS_GRAD_LSE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     """dlogits of row program_id(0) from its saved LSE, its loss's gradient and LSE's (if used: the
     z-loss's reaches the row through it). grad_ptr may be logits_ptr (fused linear cross-entropy's
     chunk buffer, rewritten in place)."""
@@ -236,16 +302,34 @@ def _cross_entropy_bwd_kernel(
         scale_lse = tl.load(grad_lse_ptr + row * stride_glse)
     else:
         scale_lse = 0.0
-    _row_grad(logits_ptr + row * stride_row, stride_col, grad_ptr + row * grad_stride_row, grad_stride_col, target,
-              tl.load(lse_ptr + row), tl.load(grad_loss_ptr + row * stride_gl), scale_lse, n_cols, ignore_index,
-              smoothing, softcap, weight_ptr, stride_w, _weight_sum(weight_sum_ptr, HAS_SMOOTHING, HAS_WEIGHT),
-              HAS_SOFTCAP, HAS_SMOOTHING, HAS_WEIGHT, BLOCK)
+    _row_grad(
+        logits_ptr + row * stride_row,
+        stride_col,
+        grad_ptr + row * grad_stride_row,
+        grad_stride_col,
+        target,
+        tl.load(lse_ptr + row),
+        tl.load(grad_loss_ptr + row * stride_gl),
+        scale_lse,
+        n_cols,
+        ignore_index,
+        smoothing,
+        softcap,
+        weight_ptr,
+        stride_w,
+        _weight_sum(weight_sum_ptr, HAS_SMOOTHING, HAS_WEIGHT),
+        HAS_SOFTCAP,
+        HAS_SMOOTHING,
+        HAS_WEIGHT,
+        BLOCK,
+    )
 
 
 class RowOptions(NamedTuple):
     """What the row kernels read beside the logits and targets. weight: None or the (V,) class
     weights, any float dtype and stride; weight_sum: their fp32 sum (a 0-d tensor, weighted
     smoothing reads it); lse_square_scale: the z-loss's factor (the forward's gradient only)."""
+
     ignore_index: int
     smoothing: float
     softcap: Optional[float] = None
@@ -261,8 +345,11 @@ def row_options(ignore_index, smoothing, softcap=None, weight=None, lse_square_s
 
 
 def _flags(options):
-    return dict(HAS_SOFTCAP=options.softcap is not None, HAS_SMOOTHING=options.smoothing > 0,
-                HAS_WEIGHT=options.weight is not None)
+    return dict(
+        HAS_SOFTCAP=options.softcap is not None,
+        HAS_SMOOTHING=options.smoothing > 0,
+        HAS_WEIGHT=options.weight is not None,
+    )
 
 
 def launch_rows(logits, target, loss, lse, options, grad_out=None, grad_scale=None, hits=None):
@@ -275,14 +362,32 @@ def launch_rows(logits, target, loss, lse, options, grad_out=None, grad_scale=No
     write = grad_out is not None
     weight = options.weight
     _cross_entropy_fwd_kernel[(n,)](
-        logits, target, loss, lse, hits if hits is not None else lse, grad_out if write else logits,
-        grad_scale if write else lse, weight if weight is not None else lse,
+        logits,
+        target,
+        loss,
+        lse,
+        hits if hits is not None else lse,
+        grad_out if write else logits,
+        grad_scale if write else lse,
+        weight if weight is not None else lse,
         options.weight_sum if options.weight_sum is not None else lse,
-        logits.stride(0), logits.stride(1), grad_out.stride(0) if write else 0, grad_out.stride(1) if write else 0,
+        logits.stride(0),
+        logits.stride(1),
+        grad_out.stride(0) if write else 0,
+        grad_out.stride(1) if write else 0,
         weight.stride(0) if weight is not None else 0,
-        v, options.ignore_index, options.smoothing, float(options.softcap or 1.0), options.lse_square_scale,
-        **_flags(options), HAS_Z_LOSS=write and options.lse_square_scale != 0, WITH_ARGMAX=hits is not None,
-        WRITE_GRAD=write, BLOCK=block_v(v), num_warps=NUM_WARPS)
+        v,
+        options.ignore_index,
+        options.smoothing,
+        float(options.softcap or 1.0),
+        options.lse_square_scale,
+        **_flags(options),
+        HAS_Z_LOSS=write and options.lse_square_scale != 0,
+        WITH_ARGMAX=hits is not None,
+        WRITE_GRAD=write,
+        BLOCK=block_v(v),
+        num_warps=NUM_WARPS,
+    )
 
 
 # Measurement switch, for scripts/target_check_cost.py only (it times the ops without the check):
@@ -306,8 +411,9 @@ def start_target_check(target, n_classes, ignore_index, enabled=True):
     (not for later work) and raises TargetError naming the bad value; call it once the loss kernels
     are launched. Where the check cannot run (CUDA-graph capture), is not wanted (not `enabled`,
     _CHECK_TARGETS off) or has nothing to read (an empty target), the function does nothing."""
-    if not (enabled and _CHECK_TARGETS and target.numel()) or (target.is_cuda and
-                                                               torch.cuda.is_current_stream_capturing()):
+    if not (enabled and _CHECK_TARGETS and target.numel()) or (
+        target.is_cuda and torch.cuda.is_current_stream_capturing()
+    ):
         return _unchecked
     kept = target.masked_fill(target == ignore_index, 0)  # class 0 exists (V >= 1): ignored entries pass
     bounds = torch.stack(torch.aminmax(kept))
@@ -339,8 +445,14 @@ def _rows(logits, target, ignore_index, label_smoothing, weight=None, softcap=No
     check = start_target_check(target, logits.shape[1], ignore_index)
     loss, lse, hits = _empty_rows(logits, n), _empty_rows(logits, n), _empty_rows(logits, n if accuracy else 0)
     if n:
-        launch_rows(logits, target, loss, lse, row_options(ignore_index, label_smoothing, softcap, weight),
-                    hits=hits if accuracy else None)
+        launch_rows(
+            logits,
+            target,
+            loss,
+            lse,
+            row_options(ignore_index, label_smoothing, softcap, weight),
+            hits=hits if accuracy else None,
+        )
     check()
     return loss, lse, hits
 
@@ -353,21 +465,50 @@ def launch_backward_rows(logits, target, lse, grad_loss, grad_lse, grad, options
     n, v = logits.shape
     weight = options.weight
     _cross_entropy_bwd_kernel[(n,)](
-        logits, target, lse, grad_loss, grad_lse if grad_lse is not None else lse, grad,
-        weight if weight is not None else lse, options.weight_sum if options.weight_sum is not None else lse,
-        logits.stride(0), logits.stride(1), grad.stride(0), grad.stride(1), grad_loss.stride(0),
-        grad_lse.stride(0) if grad_lse is not None else 0, weight.stride(0) if weight is not None else 0,
-        v, options.ignore_index, options.smoothing, float(options.softcap or 1.0),
-        HAS_GRAD_LSE=grad_lse is not None, **_flags(options), BLOCK=block_v(v), num_warps=NUM_WARPS)
+        logits,
+        target,
+        lse,
+        grad_loss,
+        grad_lse if grad_lse is not None else lse,
+        grad,
+        weight if weight is not None else lse,
+        options.weight_sum if options.weight_sum is not None else lse,
+        logits.stride(0),
+        logits.stride(1),
+        grad.stride(0),
+        grad.stride(1),
+        grad_loss.stride(0),
+        grad_lse.stride(0) if grad_lse is not None else 0,
+        weight.stride(0) if weight is not None else 0,
+        v,
+        options.ignore_index,
+        options.smoothing,
+        float(options.softcap or 1.0),
+        HAS_GRAD_LSE=grad_lse is not None,
+        **_flags(options),
+        BLOCK=block_v(v),
+        num_warps=NUM_WARPS,
+    )
 
 
-def _backward_rows(grad_loss, grad_lse, logits, target, lse, ignore_index, label_smoothing, check_target=True,
-                   weight=None, softcap=None):
+def _backward_rows(
+    grad_loss,
+    grad_lse,
+    logits,
+    target,
+    lse,
+    ignore_index,
+    label_smoothing,
+    check_target=True,
+    weight=None,
+    softcap=None,
+):
     check = start_target_check(target, logits.shape[1], ignore_index, check_target)
     grad = torch.empty_like(logits)
     if logits.shape[0]:
-        launch_backward_rows(logits, target, lse, grad_loss, grad_lse, grad,
-                             row_options(ignore_index, label_smoothing, softcap, weight))
+        launch_backward_rows(
+            logits, target, lse, grad_loss, grad_lse, grad, row_options(ignore_index, label_smoothing, softcap, weight)
+        )
     check()
     return grad
 
@@ -377,7 +518,9 @@ cross_entropy_backward_op = define_op(
     "cross_entropy_backward(Tensor grad_loss, Tensor? grad_lse, Tensor logits, Tensor target, Tensor lse, "
     "int ignore_index, float label_smoothing, bool check_target=True, Tensor? weight=None, float? softcap=None) "
     "-> Tensor",
-    _backward_rows, lambda grad_loss, grad_lse, logits, *rest: torch.empty_like(logits))
+    _backward_rows,
+    lambda grad_loss, grad_lse, logits, *rest: torch.empty_like(logits),
+)
 
 
 def _setup(ctx, inputs, output):
@@ -394,8 +537,9 @@ def _backward(ctx, grad_loss, grad_lse, _):
         return (None,) * 7
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
-    grad = cross_entropy_backward_op(grad_loss, grad_lse, logits, target, lse, check_target=False, weight=weight,
-                                     softcap=ctx.softcap, **ctx.options)
+    grad = cross_entropy_backward_op(
+        grad_loss, grad_lse, logits, target, lse, check_target=False, weight=weight, softcap=ctx.softcap, **ctx.options
+    )
     return grad, None, None, None, None, None, None
 
 
@@ -407,7 +551,11 @@ def _fake_rows(logits, target, ignore_index, label_smoothing, weight=None, softc
 cross_entropy_op = define_op(
     "cross_entropy(Tensor logits, Tensor target, int ignore_index, float label_smoothing, Tensor? weight=None, "
     "float? softcap=None, bool accuracy=False) -> (Tensor, Tensor, Tensor)",
-    _rows, _fake_rows, backward=_backward, setup_context=_setup)
+    _rows,
+    _fake_rows,
+    backward=_backward,
+    setup_context=_setup,
+)
 
 
 def check_loss_args(target, expected_shape, ignore_index, reduction, label_smoothing, device):
@@ -419,8 +567,9 @@ def check_loss_args(target, expected_shape, ignore_index, reduction, label_smoot
     if target.device != device:
         raise ValueError(f"target is on {target.device} but the logits are on {device}")
     if tuple(target.shape) != tuple(expected_shape):
-        raise ValueError(f"target must have shape {tuple(expected_shape)} (one class index a row), "
-                         f"got {tuple(target.shape)}")
+        raise ValueError(
+            f"target must have shape {tuple(expected_shape)} (one class index a row), got {tuple(target.shape)}"
+        )
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
     if reduction not in REDUCTIONS:
@@ -429,8 +578,9 @@ def check_loss_args(target, expected_shape, ignore_index, reduction, label_smoot
         raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
 
 
-def check_loss_options(weight_name, weight, n_classes, device, lse_square_scale, softcap, return_z_loss,
-                       return_token_accuracy):
+def check_loss_options(
+    weight_name, weight, n_classes, device, lse_square_scale, softcap, return_z_loss, return_token_accuracy
+):
     """The options both losses take beside F.cross_entropy's: class weights (named weight_name),
     the z-loss, the softcap and the extra outputs. Returns softcap as the operators' float or None."""
     if weight is not None:
@@ -439,16 +589,24 @@ def check_loss_options(weight_name, weight, n_classes, device, lse_square_scale,
         if not weight.is_floating_point():
             raise TypeError(f"{weight_name} must have a floating-point dtype (one weight a class), got {weight.dtype}")
         if tuple(weight.shape) != (n_classes,) or weight.device != device:
-            raise ValueError(f"{weight_name} must have shape ({n_classes},) (one weight a class) on {device}, got "
-                             f"{tuple(weight.shape)} on {weight.device}")
+            raise ValueError(
+                f"{weight_name} must have shape ({n_classes},) (one weight a class) on {device}, got "
+                f"{tuple(weight.shape)} on {weight.device}"
+            )
         if needs_grad(weight):
-            raise ValueError(f"{weight_name} must not require grad: the loss has no gradient for the class weights "
-                             "(as F.cross_entropy's); pass weight.detach()")
-    if not isinstance(lse_square_scale, (int, float)) or isinstance(lse_square_scale, bool) \
-            or not (math.isfinite(lse_square_scale) and lse_square_scale >= 0):
+            raise ValueError(
+                f"{weight_name} must not require grad: the loss has no gradient for the class weights "
+                "(as F.cross_entropy's); pass weight.detach()"
+            )
+    if (
+        not isinstance(lse_square_scale, (int, float))
+        or isinstance(lse_square_scale, bool)
+        or not (math.isfinite(lse_square_scale) and lse_square_scale >= 0)
+    ):
         raise ValueError(f"lse_square_scale must be a finite number >= 0 (0: no z-loss), got {lse_square_scale!r}")
-    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
-                                    and math.isfinite(softcap) and softcap > 0):
+    if softcap is not None and not (
+        isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and math.isfinite(softcap) and softcap > 0
+    ):
         raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
     for name, flag in (("return_z_loss", return_z_loss), ("return_token_accuracy", return_token_accuracy)):
         if not isinstance(flag, bool):
@@ -500,6 +658,7 @@ class LossOutput(NamedTuple):
     """What a loss returns when an extra output is asked for: the loss (z-loss included), the
     z-loss term (reduced as the loss, detached: for logging) and the token accuracy (fp32, no
     gradient), each None when not asked for."""
+
     loss: torch.Tensor
     z_loss: Optional[torch.Tensor]
     token_accuracy: Optional[torch.Tensor]
@@ -520,8 +679,19 @@ def reduce_extras(target, ignore_index, reduction, dtype, lse=None, lse_square_s
     return z, hits
 
 
-def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, weight=None,
-                  lse_square_scale=0.0, softcap=None, return_z_loss=False, return_token_accuracy=False):
+def cross_entropy(
+    logits,
+    target,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    *,
+    weight=None,
+    lse_square_scale=0.0,
+    softcap=None,
+    return_z_loss=False,
+    return_token_accuracy=False,
+):
     """Cross-entropy of logits against class indices (operators llmk::cross_entropy and
     llmk::cross_entropy_backward), as F.cross_entropy with the class dimension last.
 
@@ -554,15 +724,38 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
     if logits.shape[-1] < 1:
         raise ValueError(f"logits must have at least one class (last dim), got shape {tuple(logits.shape)}")
     check_loss_args(target, logits.shape[:-1], ignore_index, reduction, label_smoothing, logits.device)
-    softcap = check_loss_options("weight", weight, logits.shape[-1], logits.device, lse_square_scale, softcap,
-                                 return_z_loss, return_token_accuracy)
+    softcap = check_loss_options(
+        "weight",
+        weight,
+        logits.shape[-1],
+        logits.device,
+        lse_square_scale,
+        softcap,
+        return_z_loss,
+        return_token_accuracy,
+    )
     flat = target.reshape(-1).contiguous()
-    rows, lse, hits = cross_entropy_op(logits.reshape(-1, logits.shape[-1]), flat, ignore_index=ignore_index,
-                                       label_smoothing=float(label_smoothing), weight=weight, softcap=softcap,
-                                       accuracy=return_token_accuracy)
+    rows, lse, hits = cross_entropy_op(
+        logits.reshape(-1, logits.shape[-1]),
+        flat,
+        ignore_index=ignore_index,
+        label_smoothing=float(label_smoothing),
+        weight=weight,
+        softcap=softcap,
+        accuracy=return_token_accuracy,
+    )
     loss = reduce_rows(rows, target, ignore_index, reduction, logits.dtype, weight, lse, float(lse_square_scale))
     if not (return_z_loss or return_token_accuracy):
         return loss
-    return LossOutput(loss, *reduce_extras(target, ignore_index, reduction, logits.dtype,
-                                           lse if return_z_loss else None, float(lse_square_scale),
-                                           hits if return_token_accuracy else None))
+    return LossOutput(
+        loss,
+        *reduce_extras(
+            target,
+            ignore_index,
+            reduction,
+            logits.dtype,
+            lse if return_z_loss else None,
+            float(lse_square_scale),
+            hits if return_token_accuracy else None,
+        ),
+    )

@@ -1,5 +1,6 @@
 """Argument checks of the gated MLP activations (SwiGLU and GeGLU; the Triton kernels and the CUDA
 comparison in cuda_cpp/)."""
+
 from llmk.common.validation import check_same_device, check_tensor
 
 

@@ -1,5 +1,6 @@
 """Gated-unit inputs and forward checks for any implementation `glu.fn(gate, up, out=None)`: the
 Triton SwiGLU and GeGLU (mlp/test_glu.py) and the CUDA SwiGLU (cuda_cpp/test_cuda_kernels.py)."""
+
 import contextlib
 from dataclasses import dataclass
 from typing import Callable
@@ -16,6 +17,7 @@ class Glu:
     """One gated unit under test. fn(gate, up, out=None): the implementation, its activation's
     arguments bound; ref(gate, up): the reference, run on fp64 copies; eager(gate, up): PyTorch's
     same-dtype computation (it rounds act(gate) before the product), whose error bounds ours."""
+
     name: str
     fn: Callable
     ref: Callable
@@ -55,9 +57,11 @@ def check_extremes(dtype, glu):
     with overflow_expected():
         y = glu.fn(gate, up, out=poisoned(gate.shape, dtype))
     big = (gate.double() * up.double()).to(dtype)
-    return [Outcome("act(-1e4) * up == 0", bool((y[pick == 0] == 0).all())),
-            Outcome("act(1e4) * up == 1e4 * up", bool((y[pick == 1] == big[pick == 1]).all())),
-            Outcome("act(NaN) * up is NaN", bool(y[pick == 2].isnan().all()))]
+    return [
+        Outcome("act(-1e4) * up == 0", bool((y[pick == 0] == 0).all())),
+        Outcome("act(1e4) * up == 1e4 * up", bool((y[pick == 1] == big[pick == 1]).all())),
+        Outcome("act(NaN) * up is NaN", bool(y[pick == 2].isnan().all())),
+    ]
 
 
 def check_every_value(dtype, glu):

@@ -20,6 +20,7 @@ What the table has to get right for a streaming kernel:
 - no predicates: BLOCK_N is chosen to divide n_cols when a nearby power of two does, and masks
   that are known true at compile time (EVEN_M, EVEN_N) are dropped by the compiler.
 """
+
 import functools
 from dataclasses import dataclass
 
@@ -79,8 +80,7 @@ def tile_config_for(row, n_rows, n_cols, elem_size, min_programs=MIN_PROGRAMS):
     block_n = min(widest, next_power_of_2(n_cols))
     # of the widest block, its half and its quarter, the one that pads n_cols least (the larger on
     # a tie): 11008 = 43 * 256 takes 256 and no mask, where 1024 would leave a 3/4-empty last tile
-    block_n = min((block_n, max(1, block_n // 2), max(1, block_n // 4)),
-                  key=lambda b: cdiv(n_cols, b) * b)
+    block_n = min((block_n, max(1, block_n // 2), max(1, block_n // 4)), key=lambda b: cdiv(n_cols, b) * b)
     block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
 
     def n_tiles(bm, bn):
@@ -93,13 +93,13 @@ def tile_config_for(row, n_rows, n_cols, elem_size, min_programs=MIN_PROGRAMS):
             block_n //= 2
     # at least one 16-byte vector a thread: fewer warps for small tiles
     warps = max(1, min(warps, block_m * block_n * elem_size // (32 * 16)))
-    return TileConfig(block_m, block_n, warps, n_tiles(block_m, block_n),
-                      n_rows % block_m == 0, n_cols % block_n == 0)
+    return TileConfig(block_m, block_n, warps, n_tiles(block_m, block_n), n_rows % block_m == 0, n_cols % block_n == 0)
 
 
 @triton.jit
-def tile_offsets(pid, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+def tile_offsets(
+    pid, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr
+):
     """Program pid's tile -> (rows int64 (BLOCK_M,), cols (BLOCK_N,), mask (BLOCK_M, BLOCK_N) of
     the elements in the matrix, mask (BLOCK_N,) of the columns in it). A mask known to be all
     true is a constant, so the compiler drops it from every load and store."""
@@ -152,8 +152,7 @@ class BandConfig:
 def band_config(kernel, n_rows, n_cols, elem_size, reduce_rows):
     """Launch parameters of `kernel` (a BAND_TABLE key); reduce_rows: whether the rows are summed
     (if not, a band is one iteration: the plain tiling)."""
-    return band_config_for(BAND_TABLE[kernel][elem_size], n_rows, n_cols, elem_size,
-                           BAND_ROWS if reduce_rows else 1)
+    return band_config_for(BAND_TABLE[kernel][elem_size], n_rows, n_cols, elem_size, BAND_ROWS if reduce_rows else 1)
 
 
 def band_config_for(row, n_rows, n_cols, elem_size, band_rows, min_programs=MIN_PROGRAMS):
@@ -166,5 +165,6 @@ def band_config_for(row, n_rows, n_cols, elem_size, band_rows, min_programs=MIN_
     while rows > tile.BLOCK_M and cdiv(n_rows, rows) * n_col_tiles < min_programs:
         rows //= 2
     n_bands = cdiv(n_rows, rows)
-    return BandConfig(tile.BLOCK_M, tile.BLOCK_N, rows, tile.num_warps, n_bands, n_bands * n_col_tiles,
-                      tile.EVEN_M, tile.EVEN_N)
+    return BandConfig(
+        tile.BLOCK_M, tile.BLOCK_N, rows, tile.num_warps, n_bands, n_bands * n_col_tiles, tile.EVEN_M, tile.EVEN_N
+    )

@@ -5,6 +5,7 @@ dtype once, as the fused kernels do. PyTorch's own same-dtype calls round in bet
 `F.gelu(x + bias)` rounds x + bias first, `F.silu(gate) * up` rounds silu(gate) first (and
 `F.gelu(gate) * up` gelu(gate)).
 """
+
 import math
 
 import torch
@@ -24,8 +25,8 @@ def _compute_dtype(t):
 
 def _gelu(xf, approximate):
     """GELU of xf, already in the compute dtype.
-        none: 0.5 * x * (1 + erf(x / sqrt(2)))
-        tanh: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
+    none: 0.5 * x * (1 + erf(x / sqrt(2)))
+    tanh: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
     """
     check_approximate(approximate)
     if approximate == "none":

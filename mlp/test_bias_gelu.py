@@ -8,6 +8,7 @@ rounded once, within the error bound of its order of summation (dbias_tol).
 
     python mlp/test_bias_gelu.py        (or: pytest mlp/test_bias_gelu.py)
 """
+
 import contextlib
 import dataclasses
 
@@ -60,8 +61,12 @@ def sum_depth(cfg, n_rows, n_cols):
     its steps. Recursive and tree summation of terms t_i in fp32 err by at most depth * 2^-24 *
     sum |t_i| (first order)."""
     block_b = min(reduce_step(cfg.n_bands, n_cols), cfg.n_bands)
-    return (max(cfg.BLOCK_M, 2).bit_length() + min(cfg.ROWS, n_rows) // cfg.BLOCK_M
-            + max(block_b, 2).bit_length() + -(-cfg.n_bands // block_b))
+    return (
+        max(cfg.BLOCK_M, 2).bit_length()
+        + min(cfg.ROWS, n_rows) // cfg.BLOCK_M
+        + max(block_b, 2).bit_length()
+        + -(-cfg.n_bands // block_b)
+    )
 
 
 def dbias_tol(dy, bias_dtype, cfg):
@@ -72,11 +77,14 @@ def dbias_tol(dy, bias_dtype, cfg):
     depth = sum_depth(cfg, *dy2.shape)
     info = torch.finfo(bias_dtype)
     # |dy| is exact in dy's dtype; summed in fp64 without an fp64 copy (2^31+ elements on the GPU)
-    atol = (depth * 2 ** -24 * GELU_SLOPE_MAX + 2 ** -20) * dy2.abs().sum(0, dtype=torch.float64) \
-        + info.tiny * info.eps / 2
-    return Tol(atol, UNIT_ROUNDOFF[bias_dtype], "fp32 summation of dx (depth * 2^-24 * sum |dx|), each term's "
-                                                "fp32 error, one rounding to bias's dtype (half an ulp, of a "
-                                                "subnormal too)")
+    atol = (depth * 2**-24 * GELU_SLOPE_MAX + 2**-20) * dy2.abs().sum(0, dtype=torch.float64) + info.tiny * info.eps / 2
+    return Tol(
+        atol,
+        UNIT_ROUNDOFF[bias_dtype],
+        "fp32 summation of dx (depth * 2^-24 * sum |dx|), each term's "
+        "fp32 error, one rounding to bias's dtype (half an ulp, of a "
+        "subnormal too)",
+    )
 
 
 def grad_tol(dy, dtype, bias_dtype, cfg):
@@ -96,8 +104,17 @@ def check(shape, dtype, approximate="none", pad=None, scale=1.0, bias_dtype=None
     return [compare("y", y, ref, ONE_ROUNDING[dtype], torch_out=torch_out)]
 
 
-def check_grad(shape, dtype, approximate="none", pad=None, scale=1.0, bias_dtype=None, has_bias=True, wrt=(0, 1),
-               dy_layout="packed"):
+def check_grad(
+    shape,
+    dtype,
+    approximate="none",
+    pad=None,
+    scale=1.0,
+    bias_dtype=None,
+    has_bias=True,
+    wrt=(0, 1),
+    dy_layout="packed",
+):
     """dx and dbias (or one of them, wrt) against autograd through the fp64 reference."""
     x = rand(shape, dtype, pad=pad, scale=scale)
     b = rand((shape[-1],), bias_dtype or dtype) if has_bias else None
@@ -107,9 +124,17 @@ def check_grad(shape, dtype, approximate="none", pad=None, scale=1.0, bias_dtype
     # PyTorch's own same-dtype gradients bound ours; it needs x and bias in one dtype
     torch_fn = None if bias_dtype else lambda x, b: F.gelu(x if b is None else x + b, approximate=approximate)
     with overflow_expected() if scale > 100 else contextlib.nullcontext():
-        return check_grads(f"bias_gelu {approximate}", lambda x, b: bias_gelu(x, b, approximate),
-                           lambda x, b: bias_gelu_ref(x, b, approximate), (x, b), wrt if has_bias else (0,), NAMES,
-                           grad_tol(dy, dtype, bias_dtype or dtype, cfg), torch_fn=torch_fn, grad_outputs=[dy])
+        return check_grads(
+            f"bias_gelu {approximate}",
+            lambda x, b: bias_gelu(x, b, approximate),
+            lambda x, b: bias_gelu_ref(x, b, approximate),
+            (x, b),
+            wrt if has_bias else (0,),
+            NAMES,
+            grad_tol(dy, dtype, bias_dtype or dtype, cfg),
+            torch_fn=torch_fn,
+            grad_outputs=[dy],
+        )
 
 
 def check_grad_every_value(dtype, approximate):
@@ -118,9 +143,17 @@ def check_grad_every_value(dtype, approximate):
     x = every_value(dtype, fp32_limit=8.0)
     dy = upstream(x.shape, dtype)
     with overflow_expected():
-        return check_grads(f"bias_gelu {approximate}", lambda x: bias_gelu(x, None, approximate),
-                           lambda x: bias_gelu_ref(x, None, approximate), (x,), (0,), NAMES, ONE_ROUNDING[dtype],
-                           torch_fn=lambda x: F.gelu(x, approximate=approximate), grad_outputs=[dy])
+        return check_grads(
+            f"bias_gelu {approximate}",
+            lambda x: bias_gelu(x, None, approximate),
+            lambda x: bias_gelu_ref(x, None, approximate),
+            (x,),
+            (0,),
+            NAMES,
+            ONE_ROUNDING[dtype],
+            torch_fn=lambda x: F.gelu(x, approximate=approximate),
+            grad_outputs=[dy],
+        )
 
 
 def check_extremes(dtype, approximate):
@@ -130,9 +163,11 @@ def check_extremes(dtype, approximate):
     x = torch.tensor([-1e4, 1e4, float("nan")], device=DEVICE)[pick].to(dtype)
     with overflow_expected():
         y = bias_gelu(x, None, approximate, out=poisoned(x.shape, dtype))
-    return [Outcome("gelu(-1e4) == 0", bool((y[pick == 0] == 0).all())),
-            Outcome("gelu(1e4) == 1e4", bool((y[pick == 1] == x[pick == 1]).all())),
-            Outcome("gelu(NaN) is NaN", bool(y[pick == 2].isnan().all()))]
+    return [
+        Outcome("gelu(-1e4) == 0", bool((y[pick == 0] == 0).all())),
+        Outcome("gelu(1e4) == 1e4", bool((y[pick == 1] == x[pick == 1]).all())),
+        Outcome("gelu(NaN) is NaN", bool(y[pick == 2].isnan().all())),
+    ]
 
 
 # The exact form's own error in fp32 (mlp/triton_bias_gelu.py): relative < 2e-6 where |y| > 1e-4,
@@ -170,14 +205,16 @@ def check_huge(n_cols):
 def check_many_bands():
     """More bands than the reduce's step (reduce_step): it adds them in two steps. One-row bands of
     8 columns keep the interpreter's work small."""
-    shape, dtype = (reduce_step(2 ** 20, 8) + 6, 8), torch.float16
+    shape, dtype = (reduce_step(2**20, 8) + 6, 8), torch.float16
     x, b, dy = rand(shape, dtype), rand((shape[-1],), dtype), rand(shape, dtype)
     cfg = band_config_for((8, 8, 1), *shape, x.element_size(), 1, min_programs=1)
     db = poisoned((shape[-1],), dtype)
     launch_bias_gelu_backward(dy, x, b, "none", None, db, cfg)
     _, want = grads_of(bias_gelu_ref, (x, b), (1,), [dy], dtype=torch.float64)
-    return [Outcome("bands past one step", cfg.n_bands > reduce_step(cfg.n_bands, shape[-1]), note=str(cfg)),
-            compare("dbias", db, want[0], dbias_tol(dy, dtype, cfg))]
+    return [
+        Outcome("bands past one step", cfg.n_bands > reduce_step(cfg.n_bands, shape[-1]), note=str(cfg)),
+        compare("dbias", db, want[0], dbias_tol(dy, dtype, cfg)),
+    ]
 
 
 def check_grad_huge(n_cols):
@@ -188,11 +225,15 @@ def check_grad_huge(n_cols):
     dy = upstream((rows, n_cols), torch.float16)
     dx, db = grads_of(bias_gelu, (x, b), (0, 1), [dy])[1]
     _, want = grads_of(bias_gelu_ref, (x[-4:], b), (0,), [dy[-4:]], dtype=torch.float64)
-    db_ref = sum(grads_of(bias_gelu_ref, (x[i:i + 2 ** 16], b), (1,), [dy[i:i + 2 ** 16]], dtype=torch.float64)[1][0]
-                 for i in range(0, rows, 2 ** 16))
+    db_ref = sum(
+        grads_of(bias_gelu_ref, (x[i : i + 2**16], b), (1,), [dy[i : i + 2**16]], dtype=torch.float64)[1][0]
+        for i in range(0, rows, 2**16)
+    )
     cfg = band_config("bias_gelu_backward", rows, n_cols, 2, True)
-    return [compare("dx, last rows", dx[-4:], want[0], ONE_ROUNDING[torch.float16]),
-            compare("dbias", db, db_ref, dbias_tol(dy, torch.float16, cfg))]
+    return [
+        compare("dx, last rows", dx[-4:], want[0], ONE_ROUNDING[torch.float16]),
+        compare("dbias", db, db_ref, dbias_tol(dy, torch.float16, cfg)),
+    ]
 
 
 def check_errors():
@@ -211,8 +252,7 @@ def check_errors():
         expect_raises("0-dim x", lambda: bias_gelu(x[0, 0], b), ValueError, "x"),
         expect_raises("out shape", lambda: bias_gelu(x, b, out=x[:2].clone()), ValueError, "out"),
         expect_raises("out dtype", lambda: bias_gelu(x, b, out=x.float()), ValueError, "out"),
-        expect_raises("out strided", lambda: bias_gelu(x, b, out=x.clone().t().contiguous().t()),
-                      ValueError, "out"),
+        expect_raises("out strided", lambda: bias_gelu(x, b, out=x.clone().t().contiguous().t()), ValueError, "out"),
     ]
 
 
@@ -224,10 +264,16 @@ def check_grad_mode():
     with torch.no_grad():
         y, y_out = bias_gelu(x, b_param), bias_gelu(x, b_param, out=poisoned(x.shape, x.dtype))
     y_grad = bias_gelu(x, b_param)
-    return [expect_raises("bias requires grad, out=", lambda: bias_gelu(x, b_param, out=torch.empty_like(x)),
-                          RuntimeError, "llmk::bias_gelu_out is forward-only"),
-            Outcome("under grad: as under no_grad", torch.equal(y_grad, y) and y_grad.requires_grad),
-            Outcome("under no_grad: as with a plain bias", torch.equal(y, bias_gelu(x, b)) and torch.equal(y_out, y))]
+    return [
+        expect_raises(
+            "bias requires grad, out=",
+            lambda: bias_gelu(x, b_param, out=torch.empty_like(x)),
+            RuntimeError,
+            "llmk::bias_gelu_out is forward-only",
+        ),
+        Outcome("under grad: as under no_grad", torch.equal(y_grad, y) and y_grad.requires_grad),
+        Outcome("under no_grad: as with a plain bias", torch.equal(y, bias_gelu(x, b)) and torch.equal(y_out, y)),
+    ]
 
 
 def check_grad_empty():
@@ -261,22 +307,32 @@ def cases():
         for approximate in APPROXIMATIONS:
             for n in WIDTHS:
                 add((3, n), dtype, approximate)
-            add((3, 5120), dtype, approximate, scale=1e4)          # large values: exp overflows, no NaN
-            out.append(Case(f"extremes {dtype_name(dtype)} {approximate}", check_extremes,
-                            dict(dtype=dtype, approximate=approximate)))
-            out.append(Case(f"every value {dtype_name(dtype)} {approximate}", check_every_value,
-                            dict(dtype=dtype, approximate=approximate)))
+            add((3, 5120), dtype, approximate, scale=1e4)  # large values: exp overflows, no NaN
+            out.append(
+                Case(
+                    f"extremes {dtype_name(dtype)} {approximate}",
+                    check_extremes,
+                    dict(dtype=dtype, approximate=approximate),
+                )
+            )
+            out.append(
+                Case(
+                    f"every value {dtype_name(dtype)} {approximate}",
+                    check_every_value,
+                    dict(dtype=dtype, approximate=approximate),
+                )
+            )
         add((1, 4096), dtype)
-        add((37, 64), dtype)                                      # several row tiles, the last one partial
-        add((257, 123), dtype, "tanh")                            # row and column masks together
+        add((37, 64), dtype)  # several row tiles, the last one partial
+        add((257, 123), dtype, "tanh")  # row and column masks together
         add((2, 3, 123), dtype)
-        add((5, 760), dtype, pad=(0, 8))                          # row stride 768, a view, no copy
-        add((2, 5, 1000), dtype, "tanh", pad=(0, 3, 0))           # leading dims that cannot merge
+        add((5, 760), dtype, pad=(0, 8))  # row stride 768, a view, no copy
+        add((2, 5, 1000), dtype, "tanh", pad=(0, 3, 0))  # leading dims that cannot merge
         add((4096, 16384), dtype, gpu_only=True)
         add((8192, 14336), dtype, "tanh", gpu_only=True)
-        add((2049, 11008), dtype, gpu_only=True, pad=(0, 64))     # 11008 = 43 * 256: column tiles of 256
-    add((2, 4096), torch.bfloat16, bias_dtype=torch.float32)      # a bias kept in fp32
-    add((5, 1000), torch.float16, has_bias=False)                 # plain GELU
+        add((2049, 11008), dtype, gpu_only=True, pad=(0, 64))  # 11008 = 43 * 256: column tiles of 256
+    add((2, 4096), torch.bfloat16, bias_dtype=torch.float32)  # a bias kept in fp32
+    add((5, 1000), torch.float16, has_bias=False)  # plain GELU
     add((5, 1000), torch.float32, "tanh", has_bias=False)
 
     def grad(shape, dtype, approximate="none", gpu_only=False, **extra):  # named apart from the forward's
@@ -287,9 +343,9 @@ def cases():
         for approximate in APPROXIMATIONS:
             grad((3, 1000), dtype, approximate)
         grad((257, 123), dtype, "tanh" if dtype == torch.bfloat16 else "none")  # row and column masks
-        grad((1, 4096), dtype)                                    # one row
-        grad((2, 3, 123), dtype, "tanh")                          # dbias summed over two leading dims
-        grad((2, 5, 1000), dtype, pad=(0, 3, 0))                  # leading dims that cannot merge
+        grad((1, 4096), dtype)  # one row
+        grad((2, 3, 123), dtype, "tanh")  # dbias summed over two leading dims
+        grad((2, 5, 1000), dtype, pad=(0, 3, 0))  # leading dims that cannot merge
         grad((33, 64), dtype, pad=(0, 8), dy_layout="transposed")  # x a view of row stride 72; dy copied
         grad((4096, 16384), dtype, gpu_only=True)
         grad((8192, 14336), dtype, "tanh", gpu_only=True)
@@ -297,22 +353,30 @@ def cases():
     # saturated GELU, slopes 0 or 1 and no NaN: every fp16 and bf16 value (to 3e38), fp32 values to ~4e4
     for approximate in APPROXIMATIONS:
         for dtype in (torch.float16, torch.bfloat16):
-            out.append(Case(f"grad every value {dtype_name(dtype)} {approximate}", check_grad_every_value,
-                            dict(dtype=dtype, approximate=approximate)))
+            out.append(
+                Case(
+                    f"grad every value {dtype_name(dtype)} {approximate}",
+                    check_grad_every_value,
+                    dict(dtype=dtype, approximate=approximate),
+                )
+            )
         grad((3, 5120), torch.float32, approximate, scale=1e4)
-    grad((5, 1), torch.float16)                                   # one column: dbias sums a column
+    grad((5, 1), torch.float16)  # one column: dbias sums a column
     grad((37, 64), torch.bfloat16, "tanh", dy_layout="expanded")  # dy with row stride 0 (a broadcast)
-    grad((2, 4096), torch.bfloat16, bias_dtype=torch.float32)     # a bias kept in fp32: dbias in fp32
-    grad((5, 1000), torch.float16, has_bias=False)                # plain GELU
-    grad((7, 1000), torch.float16, wrt=(0,))                      # dx only: no partial sums
-    grad((7, 1000), torch.bfloat16, "tanh", wrt=(1,))             # dbias only: dx is not written
-    return out + [Case("dbias over more bands than one reduce step", check_many_bands),
-                  Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
-                  Case("empty input", check_empty), Case("grad mode", check_grad_mode),
-                  Case("grad of empty input", check_grad_empty),
-                  Case("2^31+ elements", check_huge, dict(n_cols=4096), gpu_only=True),
-                  Case("grad 2^31+ elements", check_grad_huge, dict(n_cols=4096), gpu_only=True,
-                       gpu_gb=38)]  # 36.5 GB printed
+    grad((2, 4096), torch.bfloat16, bias_dtype=torch.float32)  # a bias kept in fp32: dbias in fp32
+    grad((5, 1000), torch.float16, has_bias=False)  # plain GELU
+    grad((7, 1000), torch.float16, wrt=(0,))  # dx only: no partial sums
+    grad((7, 1000), torch.bfloat16, "tanh", wrt=(1,))  # dbias only: dx is not written
+    return out + [
+        Case("dbias over more bands than one reduce step", check_many_bands),
+        Case("allocates its output", check_own_buffer),
+        Case("bad input", check_errors),
+        Case("empty input", check_empty),
+        Case("grad mode", check_grad_mode),
+        Case("grad of empty input", check_grad_empty),
+        Case("2^31+ elements", check_huge, dict(n_cols=4096), gpu_only=True),
+        Case("grad 2^31+ elements", check_grad_huge, dict(n_cols=4096), gpu_only=True, gpu_gb=38),
+    ]  # 36.5 GB printed
 
 
 CASES = cases()
@@ -324,8 +388,10 @@ def check_forced(row, shape, dtype):
     cfg = tile_config_for(row, *shape, x.element_size(), min_programs=1)
     y = poisoned(shape, dtype)
     launch_bias_gelu(x, b, "none", y, cfg)
-    return [Outcome("whole tile", cfg.BLOCK_M * cfg.BLOCK_N == row[1], note=str(cfg)),
-            compare("y", y, bias_gelu_ref(x.double(), b.double()), ONE_ROUNDING[dtype], torch_out=F.gelu(x + b))]
+    return [
+        Outcome("whole tile", cfg.BLOCK_M * cfg.BLOCK_N == row[1], note=str(cfg)),
+        compare("y", y, bias_gelu_ref(x.double(), b.double()), ONE_ROUNDING[dtype], torch_out=F.gelu(x + b)),
+    ]
 
 
 CASES += forced_tile_cases("bias_gelu", check_forced)
@@ -342,11 +408,15 @@ def check_forced_backward(row, shape, dtype):
     launch_bias_gelu_backward(dy, x, b, "tanh", dx, db, cfg)
     _, want = grads_of(lambda x, b: bias_gelu_ref(x, b, "tanh"), (x, b), (0, 1), [dy], dtype=torch.float64)
     _, theirs = grads_of(lambda x, b: F.gelu(x + b, approximate="tanh"), (x, b), (0, 1), [dy])
-    return [Outcome("whole tile, several iterations a band",
-                    cfg.BLOCK_M * cfg.BLOCK_N == row[1] and cfg.ROWS > cfg.BLOCK_M and shape[0] % cfg.ROWS != 0,
-                    note=str(cfg)),
-            compare("dx", dx, want[0], ONE_ROUNDING[dtype], torch_out=theirs[0]),
-            compare("dbias", db, want[1], dbias_tol(dy, dtype, cfg), torch_out=theirs[1])]
+    return [
+        Outcome(
+            "whole tile, several iterations a band",
+            cfg.BLOCK_M * cfg.BLOCK_N == row[1] and cfg.ROWS > cfg.BLOCK_M and shape[0] % cfg.ROWS != 0,
+            note=str(cfg),
+        ),
+        compare("dx", dx, want[0], ONE_ROUNDING[dtype], torch_out=theirs[0]),
+        compare("dbias", db, want[1], dbias_tol(dy, dtype, cfg), torch_out=theirs[1]),
+    ]
 
 
 CASES += forced_tile_cases("bias_gelu_backward", check_forced_backward, shape=(37, 1000), table=BAND_TABLE)

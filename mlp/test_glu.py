@@ -9,6 +9,7 @@ unit; the forward checks are shared with the CUDA SwiGLU's tests (mlp/glu_cases.
 
     python mlp/test_glu.py        (or: pytest mlp/test_glu.py)
 """
+
 import contextlib
 import dataclasses
 import functools
@@ -58,16 +59,22 @@ IN_PLACE_SHAPE = (37, 123) if INTERPRET else (257, 123)
 class TritonGlu(Glu):
     """A unit of mlp/triton_glu.py: also its kernels' ACTIVATION, its operators' name and their
     arguments after gate and up."""
+
     activation: str = ""
     op: str = ""
     values: tuple = ()
 
 
 def gelu_unit(name, approximate):
-    return TritonGlu(name, functools.partial(geglu, approximate=approximate),
-                     functools.partial(geglu_ref, approximate=approximate),
-                     lambda gate, up: F.gelu(gate, approximate=approximate) * up,
-                     GELU_ACTIVATION[approximate], "geglu", (approximate,))
+    return TritonGlu(
+        name,
+        functools.partial(geglu, approximate=approximate),
+        functools.partial(geglu_ref, approximate=approximate),
+        lambda gate, up: F.gelu(gate, approximate=approximate) * up,
+        GELU_ACTIVATION[approximate],
+        "geglu",
+        (approximate,),
+    )
 
 
 SWIGLU = TritonGlu("swiglu", swiglu, swiglu_ref, lambda gate, up: F.silu(gate) * up, "silu", "swiglu")
@@ -75,14 +82,33 @@ GEGLU = gelu_unit("geglu", "tanh")  # Gemma's, geglu's default
 UNITS = (SWIGLU, GEGLU, gelu_unit("geglu none", "none"))
 
 
-def check_grad(shape, dtype, glu, layout="separate", pad=None, gate_scale=1.0, up_scale=1.0, wrt=(0, 1),
-               dy_layout="packed", dy_scale=1.0):
+def check_grad(
+    shape,
+    dtype,
+    glu,
+    layout="separate",
+    pad=None,
+    gate_scale=1.0,
+    up_scale=1.0,
+    wrt=(0, 1),
+    dy_layout="packed",
+    dy_scale=1.0,
+):
     """dgate and dup (or one of them, wrt) against autograd through the fp64 reference."""
     gate, up = inputs(shape, dtype, layout, pad, gate_scale, up_scale)
     dy = upstream(shape, dtype, dy_layout, dy_scale)
     with overflow_expected() if gate_scale > 100 else contextlib.nullcontext():
-        return check_grads(glu.name, glu.fn, glu.ref, (gate, up), wrt, NAMES, ONE_ROUNDING[dtype],
-                           torch_fn=glu.eager, grad_outputs=[dy])
+        return check_grads(
+            glu.name,
+            glu.fn,
+            glu.ref,
+            (gate, up),
+            wrt,
+            NAMES,
+            ONE_ROUNDING[dtype],
+            torch_fn=glu.eager,
+            grad_outputs=[dy],
+        )
 
 
 def check_grad_in_place(shape, dtype, glu, layout="separate"):
@@ -96,8 +122,17 @@ def check_grad_in_place(shape, dtype, glu, layout="separate"):
     def in_place(g, u):
         return glu.fn(g * 1, u * 1, grad_in_place=True)
 
-    outcomes = check_grads(f"{glu.name} grad_in_place", in_place, glu.ref, (gate, up), (0, 1), NAMES,
-                           ONE_ROUNDING[dtype], torch_fn=glu.eager, grad_outputs=[dy])
+    outcomes = check_grads(
+        f"{glu.name} grad_in_place",
+        in_place,
+        glu.ref,
+        (gate, up),
+        (0, 1),
+        NAMES,
+        ONE_ROUNDING[dtype],
+        torch_fn=glu.eager,
+        grad_outputs=[dy],
+    )
     _, plain = grads_of(lambda g, u: glu.fn(g * 1, u * 1), (gate, up), (0, 1), [dy])
     _, got = grads_of(in_place, (gate, up), (0, 1), [dy])
     return outcomes + [compare(f"d{name} = plain op's", g, w, EXACT) for name, g, w in zip(NAMES, got, plain)]
@@ -114,24 +149,44 @@ def check_in_place_rules(glu):
     gate, up = leaf_gate * 1, leaf_up * 1
     y = fn(gate, up, grad_in_place=True)
     dgate, dup = torch.autograd.grad(y, (gate, up), dy, retain_graph=True)
-    outcomes.append(Outcome("non-leaf contiguous gate, up: gradients written over them",
-                            dgate.data_ptr() == gate.data_ptr() and dup.data_ptr() == up.data_ptr()
-                            and torch.equal(dgate, want[0]) and torch.equal(dup, want[1])))
-    outcomes.append(expect_raises("a second backward (retain_graph) raises",
-                                  lambda: torch.autograd.grad(y, (gate, up), dy), RuntimeError,
-                                  "modified by an inplace operation"))
+    outcomes.append(
+        Outcome(
+            "non-leaf contiguous gate, up: gradients written over them",
+            dgate.data_ptr() == gate.data_ptr()
+            and dup.data_ptr() == up.data_ptr()
+            and torch.equal(dgate, want[0])
+            and torch.equal(dup, want[1]),
+        )
+    )
+    outcomes.append(
+        expect_raises(
+            "a second backward (retain_graph) raises",
+            lambda: torch.autograd.grad(y, (gate, up), dy),
+            RuntimeError,
+            "modified by an inplace operation",
+        )
+    )
 
     kept = (leaf_gate.detach().clone(), leaf_up.detach().clone())
     got = torch.autograd.grad(fn(leaf_gate, leaf_up, grad_in_place=True), (leaf_gate, leaf_up), dy)
-    outcomes.append(Outcome("leaves: new gradients, the leaves unchanged",
-                            torch.equal(leaf_gate, kept[0]) and torch.equal(leaf_up, kept[1])
-                            and all(torch.equal(g, w) for g, w in zip(got, want))))
+    outcomes.append(
+        Outcome(
+            "leaves: new gradients, the leaves unchanged",
+            torch.equal(leaf_gate, kept[0])
+            and torch.equal(leaf_up, kept[1])
+            and all(torch.equal(g, w) for g, w in zip(got, want)),
+        )
+    )
 
     fused = torch.cat([leaf_gate, leaf_up], -1)  # a fused projection's output: its halves are strided
     before = fused.detach().clone()
     got = torch.autograd.grad(fn(*fused.chunk(2, -1), grad_in_place=True), (leaf_gate, leaf_up), dy)
-    outcomes.append(Outcome("halves of one buffer: new gradients, the buffer unchanged",
-                            torch.equal(fused, before) and all(torch.equal(g, w) for g, w in zip(got, want))))
+    outcomes.append(
+        Outcome(
+            "halves of one buffer: new gradients, the buffer unchanged",
+            torch.equal(fused, before) and all(torch.equal(g, w) for g, w in zip(got, want)),
+        )
+    )
 
     same = leaf_gate * 1  # fn(x, x): one tensor, two gradients
     got = torch.autograd.grad(fn(same, same, grad_in_place=True), (leaf_gate,), dy)[0]
@@ -141,18 +196,30 @@ def check_in_place_rules(glu):
     gate, up = leaf_gate * 1, leaf_up.detach() * 1  # dup not wanted
     before = gate.detach().clone()
     got = torch.autograd.grad(fn(gate, up, grad_in_place=True), (gate,), dy)[0]
-    outcomes.append(Outcome("one gradient wanted: a new tensor, gate unchanged",
-                            torch.equal(got, want[0]) and got.data_ptr() != gate.data_ptr()
-                            and torch.equal(gate, before)))
+    outcomes.append(
+        Outcome(
+            "one gradient wanted: a new tensor, gate unchanged",
+            torch.equal(got, want[0]) and got.data_ptr() != gate.data_ptr() and torch.equal(gate, before),
+        )
+    )
 
     op = getattr(torch.ops.llmk, f"{glu.op}_backward_in_place").default
-    outcomes.append(opcheck(f"opcheck llmk::{glu.op}_backward_in_place", op,
-                            (dy, leaf_gate.detach().clone(), leaf_up.detach().clone(), *glu.values)))
-    compiled = torch.compile(lambda g, u: fn(g * 1, u * 1, grad_in_place=True), fullgraph=True,
-                             backend="aot_eager" if INTERPRET else "inductor")
+    outcomes.append(
+        opcheck(
+            f"opcheck llmk::{glu.op}_backward_in_place",
+            op,
+            (dy, leaf_gate.detach().clone(), leaf_up.detach().clone(), *glu.values),
+        )
+    )
+    compiled = torch.compile(
+        lambda g, u: fn(g * 1, u * 1, grad_in_place=True),
+        fullgraph=True,
+        backend="aot_eager" if INTERPRET else "inductor",
+    )
     got = torch.autograd.grad(compiled(leaf_gate, leaf_up), (leaf_gate, leaf_up), dy)
-    outcomes.append(Outcome("torch.compile(fullgraph=True): the plain gradients",
-                            all(torch.equal(g, w) for g, w in zip(got, want))))
+    outcomes.append(
+        Outcome("torch.compile(fullgraph=True): the plain gradients", all(torch.equal(g, w) for g, w in zip(got, want)))
+    )
     return outcomes
 
 
@@ -163,8 +230,17 @@ def check_grad_every_value(dtype, glu):
     up = (torch.rand(gate.shape, device=DEVICE) * 2 - 1).to(dtype)
     dy = (torch.rand(gate.shape, device=DEVICE) * 2 - 1).to(dtype)
     with overflow_expected():
-        return check_grads(glu.name, glu.fn, glu.ref, (gate, up), (0, 1), NAMES, ONE_ROUNDING[dtype],
-                           torch_fn=glu.eager, grad_outputs=[dy])
+        return check_grads(
+            glu.name,
+            glu.fn,
+            glu.ref,
+            (gate, up),
+            (0, 1),
+            NAMES,
+            ONE_ROUNDING[dtype],
+            torch_fn=glu.eager,
+            grad_outputs=[dy],
+        )
 
 
 def check_grad_huge(n_cols, glu):
@@ -181,10 +257,13 @@ def check_grad_huge(n_cols, glu):
 def check_approximate_errors():
     """geglu's approximate: F.gelu's two names only, checked by the function and by the operator."""
     gate, up = rand((4, 64), torch.float16), rand((4, 64), torch.float16)
-    return [expect_raises("approximate='foo'", lambda: geglu(gate, up, "foo"), ValueError, "'foo'"),
-            expect_raises("approximate=None", lambda: geglu(gate, up, None), ValueError, "approximate"),
-            expect_raises("llmk::geglu, approximate='foo'", lambda: torch.ops.llmk.geglu(gate, up, "foo"), ValueError,
-                          "approximate")]
+    return [
+        expect_raises("approximate='foo'", lambda: geglu(gate, up, "foo"), ValueError, "'foo'"),
+        expect_raises("approximate=None", lambda: geglu(gate, up, None), ValueError, "approximate"),
+        expect_raises(
+            "llmk::geglu, approximate='foo'", lambda: torch.ops.llmk.geglu(gate, up, "foo"), ValueError, "approximate"
+        ),
+    ]
 
 
 def check_grad_mode(glu):
@@ -195,10 +274,16 @@ def check_grad_mode(glu):
     with torch.no_grad():
         y, y_out = glu.fn(gate, up_grad), glu.fn(gate, up_grad, out=poisoned(gate.shape, gate.dtype))
     y_grad = glu.fn(gate, up_grad)
-    return [expect_raises("up requires grad, out=", lambda: glu.fn(gate, up_grad, out=torch.empty_like(gate)),
-                          RuntimeError, f"llmk::{glu.op}_out is forward-only"),
-            Outcome("under grad: as under no_grad", torch.equal(y_grad, y) and y_grad.requires_grad),
-            Outcome("under no_grad: as on a plain up", torch.equal(y, glu.fn(gate, up)) and torch.equal(y_out, y))]
+    return [
+        expect_raises(
+            "up requires grad, out=",
+            lambda: glu.fn(gate, up_grad, out=torch.empty_like(gate)),
+            RuntimeError,
+            f"llmk::{glu.op}_out is forward-only",
+        ),
+        Outcome("under grad: as under no_grad", torch.equal(y_grad, y) and y_grad.requires_grad),
+        Outcome("under no_grad: as on a plain up", torch.equal(y, glu.fn(gate, up)) and torch.equal(y_out, y)),
+    ]
 
 
 def check_grad_empty(glu):
@@ -222,37 +307,38 @@ def unit_cases(glu):
 
     def add(shape, dtype, gpu_only=False, fn=glu_cases.check, prefix="", **extra):
         named = shape_case(fn, shape, dtype, gpu_only, **extra)
-        out.append(dataclasses.replace(named, name=f"{glu.name} {prefix}{named.name}",
-                                       kwargs=dict(named.kwargs, glu=glu)))
+        out.append(
+            dataclasses.replace(named, name=f"{glu.name} {prefix}{named.name}", kwargs=dict(named.kwargs, glu=glu))
+        )
 
     for dtype in DTYPES:
         for n in WIDTHS:
             add((3, n), dtype)
         add((1, 4096), dtype)
-        add((37, 64), dtype)                                      # several row tiles, the last one partial
-        add((257, 123), dtype)                                    # row and column masks together
+        add((37, 64), dtype)  # several row tiles, the last one partial
+        add((257, 123), dtype)  # row and column masks together
         add((2, 3, 123), dtype)
-        add((5, 1000), dtype, layout="fused")                     # halves of one (5, 2000) buffer
-        add((5, 760), dtype, pad=(0, 8))                          # gate row stride 768, up packed
-        add((2, 5, 1000), dtype, pad=(0, 3, 0))                   # leading dims that cannot merge
-        add((33, 64), dtype, layout="transposed")                 # last dim strided: one copy
+        add((5, 1000), dtype, layout="fused")  # halves of one (5, 2000) buffer
+        add((5, 760), dtype, pad=(0, 8))  # gate row stride 768, up packed
+        add((2, 5, 1000), dtype, pad=(0, 3, 0))  # leading dims that cannot merge
+        add((33, 64), dtype, layout="transposed")  # last dim strided: one copy
         # large gates: exp overflows, no NaN; up small enough that fp16 does not overflow
         add((3, 5120), dtype, gate_scale=1e4, up_scale=0.1)
         case(f"extremes {dtype_name(dtype)}", glu_cases.check_extremes, dtype=dtype)
         case(f"every value {dtype_name(dtype)}", glu_cases.check_every_value, dtype=dtype)
         add((8192, 14336), dtype, gpu_only=True)
         add((4096, 16384), dtype, gpu_only=True, layout="fused")
-        add((2049, 11008), dtype, gpu_only=True, pad=(0, 64))     # 11008 = 43 * 256: column tiles of 256
+        add((2049, 11008), dtype, gpu_only=True, pad=(0, 64))  # 11008 = 43 * 256: column tiles of 256
 
     def grad(shape, dtype, gpu_only=False, **extra):  # named apart from the forward's cases of a shape
         add(shape, dtype, gpu_only, fn=check_grad, prefix="grad ", **extra)
 
     for dtype in DTYPES:  # gradients
         grad((3, 1000), dtype)
-        grad((1, 4096), dtype)                                    # one row
-        grad((257, 123), dtype)                                   # row and column masks together
-        grad((2, 5, 1000), dtype, pad=(0, 3, 0))                  # leading dims that cannot merge
-        grad((5, 1000), dtype, layout="fused")                    # halves of one (5, 2000) buffer
+        grad((1, 4096), dtype)  # one row
+        grad((257, 123), dtype)  # row and column masks together
+        grad((2, 5, 1000), dtype, pad=(0, 3, 0))  # leading dims that cannot merge
+        grad((5, 1000), dtype, layout="fused")  # halves of one (5, 2000) buffer
         grad((33, 64), dtype, layout="transposed", dy_layout="transposed")  # last dims strided: copies
         grad((8192, 14336), dtype, gpu_only=True)
         grad((4096, 16384), dtype, gpu_only=True, layout="fused")
@@ -265,13 +351,17 @@ def unit_cases(glu):
     for dtype in DTYPES:  # grad_in_place=True (the model patch's MLP)
         add(IN_PLACE_SHAPE, dtype, fn=check_grad_in_place, prefix="grad in place ")
     add((8192, 14336), torch.bfloat16, gpu_only=True, fn=check_grad_in_place, prefix="grad in place ")
-    grad((5, 1), torch.float16)                                   # one column
-    grad((37, 64), torch.bfloat16, dy_layout="expanded")          # dy with row stride 0 (a broadcast)
-    grad((7, 1000), torch.float16, wrt=(0,))                      # dgate only
-    grad((7, 1000), torch.bfloat16, wrt=(1,))                     # dup only: up is not read
-    for name, fn in (("allocates its output", glu_cases.check_own_buffer), ("bad input", glu_cases.check_errors),
-                     ("empty input", glu_cases.check_empty), ("grad mode", check_grad_mode),
-                     ("grad of empty input", check_grad_empty)):
+    grad((5, 1), torch.float16)  # one column
+    grad((37, 64), torch.bfloat16, dy_layout="expanded")  # dy with row stride 0 (a broadcast)
+    grad((7, 1000), torch.float16, wrt=(0,))  # dgate only
+    grad((7, 1000), torch.bfloat16, wrt=(1,))  # dup only: up is not read
+    for name, fn in (
+        ("allocates its output", glu_cases.check_own_buffer),
+        ("bad input", glu_cases.check_errors),
+        ("empty input", glu_cases.check_empty),
+        ("grad mode", check_grad_mode),
+        ("grad of empty input", check_grad_empty),
+    ):
         case(name, fn)
     return out
 
@@ -279,15 +369,17 @@ def unit_cases(glu):
 def cases():
     out = [c for glu in UNITS for c in unit_cases(glu)]
     # the rules and the operators of each family (geglu none differs from geglu only in its argument)
-    out += [Case(f"{glu.name} grad in place: where it writes over gate and up", check_in_place_rules, dict(glu=glu))
-            for glu in (SWIGLU, GEGLU)]
+    out += [
+        Case(f"{glu.name} grad in place: where it writes over gate and up", check_in_place_rules, dict(glu=glu))
+        for glu in (SWIGLU, GEGLU)
+    ]
     out.append(Case("geglu bad approximate", check_approximate_errors))
     # 64-bit offsets: the kernels' own, whatever the activation (the GPU memory each needs: its peak
     # printed on a GPU, rounded up)
-    return out + [Case("swiglu 2^31+ elements", glu_cases.check_huge, dict(n_cols=14336, glu=SWIGLU), gpu_only=True,
-                       gpu_gb=23),
-                  Case("swiglu grad 2^31+ elements", check_grad_huge, dict(n_cols=14336, glu=SWIGLU), gpu_only=True,
-                       gpu_gb=28)]
+    return out + [
+        Case("swiglu 2^31+ elements", glu_cases.check_huge, dict(n_cols=14336, glu=SWIGLU), gpu_only=True, gpu_gb=23),
+        Case("swiglu grad 2^31+ elements", check_grad_huge, dict(n_cols=14336, glu=SWIGLU), gpu_only=True, gpu_gb=28),
+    ]
 
 
 CASES = cases()
@@ -302,8 +394,15 @@ def check_forced(row, shape, dtype):
     for glu in UNITS:
         y = poisoned(shape, dtype)
         launch_glu(gate, up, y, glu.activation, cfg)
-        outcomes.append(compare(f"{glu.name} y", y, glu.ref(gate.double(), up.double()), ONE_ROUNDING[dtype],
-                                torch_out=glu.eager(gate, up)))
+        outcomes.append(
+            compare(
+                f"{glu.name} y",
+                y,
+                glu.ref(gate.double(), up.double()),
+                ONE_ROUNDING[dtype],
+                torch_out=glu.eager(gate, up),
+            )
+        )
     return outcomes
 
 
@@ -320,8 +419,10 @@ def check_forced_backward(row, shape, dtype):
         launch_glu_backward(dy, gate, up, dgate, dup, glu.activation, cfg)
         _, want = grads_of(glu.ref, (gate, up), (0, 1), [dy], dtype=torch.float64)
         _, theirs = grads_of(glu.eager, (gate, up), (0, 1), [dy])
-        outcomes += [compare(f"{glu.name} dgate", dgate, want[0], ONE_ROUNDING[dtype], torch_out=theirs[0]),
-                     compare(f"{glu.name} dup", dup, want[1], ONE_ROUNDING[dtype], torch_out=theirs[1])]
+        outcomes += [
+            compare(f"{glu.name} dgate", dgate, want[0], ONE_ROUNDING[dtype], torch_out=theirs[0]),
+            compare(f"{glu.name} dup", dup, want[1], ONE_ROUNDING[dtype], torch_out=theirs[1]),
+        ]
     return outcomes
 
 

@@ -23,6 +23,7 @@ band of 128 rows (~1% at e = 2); without dx (only bias requires grad) 2*M*O*e.
 Tiling (2D tiles over rows and columns, 64-bit offsets; bands of rows for dbias) and its tables:
 mlp/launch_config.py.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -45,11 +46,12 @@ def _bias_gelu_kernel(
     # meta-parameters
     HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     rows, cols, mask, in_cols = tile_offsets(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N)
     # x is read exactly once: do not let it push the bias out of L2
-    z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
+    z = tl.load(
+        x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+    ).to(tl.float32)
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=in_cols, other=0.0, eviction_policy="evict_last")
         z += b.to(tl.float32)[None, :]
@@ -63,8 +65,10 @@ def check_bias_gelu_args(x, bias, approximate):
         check_tensor("bias", bias)
         check_same_device("bias", bias, "x", x)
         if tuple(bias.shape) != (x.shape[-1],):
-            raise ValueError(f"bias must have shape ({x.shape[-1]},) to match the last dim of x "
-                             f"{tuple(x.shape)}; got {tuple(bias.shape)}")
+            raise ValueError(
+                f"bias must have shape ({x.shape[-1]},) to match the last dim of x "
+                f"{tuple(x.shape)}; got {tuple(bias.shape)}"
+            )
     check_approximate(approximate)
 
 
@@ -87,10 +91,21 @@ def launch_bias_gelu(x, bias, approximate, y, cfg=None):
     b = bias.contiguous() if bias is not None else x2  # x2: a placeholder pointer, never read
     # y is contiguous: row stride N
     _bias_gelu[(cfg.grid,)](
-        x2, b, y, n_rows, n_cols, stride_x, n_cols,
-        HAS_BIAS=bias is not None, TANH=approximate == "tanh",
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
-        num_warps=cfg.num_warps)
+        x2,
+        b,
+        y,
+        n_rows,
+        n_cols,
+        stride_x,
+        n_cols,
+        HAS_BIAS=bias is not None,
+        TANH=approximate == "tanh",
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        EVEN_M=cfg.EVEN_M,
+        EVEN_N=cfg.EVEN_N,
+        num_warps=cfg.num_warps,
+    )
 
 
 @triton.jit
@@ -102,7 +117,7 @@ def _bias_gelu_backward_kernel(
     # meta-parameters
     HAS_BIAS: tl.constexpr, TANH: tl.constexpr, X_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     """Program (band, column tile): dx over ROWS rows of BLOCK_N columns, BLOCK_M rows an iteration;
     with BIAS_GRAD, the band's fp32 column sums of dx into row `band` of partial (n_bands, n_cols)."""
     n_col_tiles = tl.cdiv(n_cols, BLOCK_N)
@@ -123,10 +138,12 @@ def _bias_gelu_backward_kernel(
         else:
             mask = (rows < n_rows)[:, None] & in_cols[None, :]
         # x and dy are read exactly once: do not let them push the bias out of L2
-        z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_first").to(tl.float32)
+        z = tl.load(
+            x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+        ).to(tl.float32)
+        dy = tl.load(
+            dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+        ).to(tl.float32)
         if HAS_BIAS:
             z += b[None, :]
         dx = dy * gelu_grad(z, TANH)  # 0 outside the mask: dy = 0 there and gelu' of a bias is finite
@@ -159,10 +176,27 @@ def launch_bias_gelu_backward(dy, x, bias, approximate, dx, dbias, cfg=None):
     b = bias.contiguous() if bias is not None else x2  # x2: a placeholder pointer, never read
     # dx is contiguous (row stride N); x2 stands in for it when it is not wanted, never written
     _bias_gelu_backward[(cfg.grid,)](
-        dy2, x2, b, x2 if dx is None else dx, partial, n_rows, n_cols, stride_dy, stride_x, n_cols,
-        HAS_BIAS=bias is not None, TANH=approximate == "tanh", X_GRAD=dx is not None, BIAS_GRAD=dbias is not None,
-        ROWS=cfg.ROWS, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
-        num_warps=cfg.num_warps)
+        dy2,
+        x2,
+        b,
+        x2 if dx is None else dx,
+        partial,
+        n_rows,
+        n_cols,
+        stride_dy,
+        stride_x,
+        n_cols,
+        HAS_BIAS=bias is not None,
+        TANH=approximate == "tanh",
+        X_GRAD=dx is not None,
+        BIAS_GRAD=dbias is not None,
+        ROWS=cfg.ROWS,
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        EVEN_M=cfg.EVEN_M,
+        EVEN_N=cfg.EVEN_N,
+        num_warps=cfg.num_warps,
+    )
     if dbias is not None:
         sum_partials(partial, dbias)
 
@@ -184,7 +218,10 @@ def _backward_impl(dy, x, bias, approximate, x_grad, bias_grad):
 
 bias_gelu_backward_op = define_op(
     "bias_gelu_backward(Tensor dy, Tensor x, Tensor? bias, str approximate, bool x_grad, bool bias_grad) "
-    "-> (Tensor, Tensor)", _backward_impl, _backward_empty)
+    "-> (Tensor, Tensor)",
+    _backward_impl,
+    _backward_empty,
+)
 
 
 def _setup_context(ctx, inputs, output):
@@ -200,8 +237,13 @@ def _backward(ctx, dy):
 
 
 bias_gelu_op, bias_gelu_out_op = define_ops(
-    "bias_gelu", "Tensor x, Tensor? bias, str approximate", lambda x, bias, approximate: contiguous_like(x),
-    launch_bias_gelu, backward=_backward, setup_context=_setup_context)
+    "bias_gelu",
+    "Tensor x, Tensor? bias, str approximate",
+    lambda x, bias, approximate: contiguous_like(x),
+    launch_bias_gelu,
+    backward=_backward,
+    setup_context=_setup_context,
+)
 
 
 def bias_gelu(x, bias, approximate="none", out=None):

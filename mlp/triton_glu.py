@@ -45,6 +45,7 @@ in-place rules exist once; geglu's take `str approximate` after up:
     swiglu_backward_in_place(dy, gate!, up!) -> ()
 Tiling (2D tiles over rows and columns, 64-bit offsets) and its table: mlp/launch_config.py.
 """
+
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +73,7 @@ def _glu_kernel(
     # meta-parameters
     ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     rows, cols, mask, _ = tile_offsets(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N)
     # no eviction hint: evict_first on these loads lost 4-6% on an H200 (docs/tuning/mlp.md)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -105,9 +106,21 @@ def launch_glu(gate, up, y, activation, cfg=None):
         cfg = tile_config("swiglu", n_rows, n_cols, gate.element_size())
     # y is contiguous: row stride N
     _glu_launch[(cfg.grid,)](
-        g2, u2, y, n_rows, n_cols, stride_g, stride_u, n_cols, ACTIVATION=activation,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
-        num_warps=cfg.num_warps)
+        g2,
+        u2,
+        y,
+        n_rows,
+        n_cols,
+        stride_g,
+        stride_u,
+        n_cols,
+        ACTIVATION=activation,
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        EVEN_M=cfg.EVEN_M,
+        EVEN_N=cfg.EVEN_N,
+        num_warps=cfg.num_warps,
+    )
 
 
 @triton.jit
@@ -119,15 +132,16 @@ def _glu_backward_kernel(
     # meta-parameters
     ACTIVATION: tl.constexpr, GATE_GRAD: tl.constexpr, UP_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     rows, cols, mask, _ = tile_offsets(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N, EVEN_M, EVEN_N)
     dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if GATE_GRAD:  # up is read only for dgate
         u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dgate = dy * u * activate_grad(g, ACTIVATION)
-        tl.store(dgate_ptr + rows[:, None] * stride_dgm + cols[None, :], dgate.to(dgate_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(
+            dgate_ptr + rows[:, None] * stride_dgm + cols[None, :], dgate.to(dgate_ptr.dtype.element_ty), mask=mask
+        )
     if UP_GRAD:
         dup = dy * activate(g, ACTIVATION)
         tl.store(dup_ptr + rows[:, None] * stride_dum + cols[None, :], dup.to(dup_ptr.dtype.element_ty), mask=mask)
@@ -151,11 +165,27 @@ def launch_glu_backward(dy, gate, up, dgate, dup, activation, cfg=None):
         cfg = tile_config("swiglu_backward", n_rows, n_cols, gate.element_size())
     # dgate and dup are contiguous (row stride N); g2 stands in as a placeholder pointer, never written
     _glu_backward_launch[(cfg.grid,)](
-        dy2, g2, u2, g2 if dgate is None else dgate, g2 if dup is None else dup, n_rows, n_cols,
-        stride_dy, stride_g, stride_u, n_cols, n_cols,
-        ACTIVATION=activation, GATE_GRAD=dgate is not None, UP_GRAD=dup is not None,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, EVEN_M=cfg.EVEN_M, EVEN_N=cfg.EVEN_N,
-        num_warps=cfg.num_warps)
+        dy2,
+        g2,
+        u2,
+        g2 if dgate is None else dgate,
+        g2 if dup is None else dup,
+        n_rows,
+        n_cols,
+        stride_dy,
+        stride_g,
+        stride_u,
+        n_cols,
+        n_cols,
+        ACTIVATION=activation,
+        GATE_GRAD=dgate is not None,
+        UP_GRAD=dup is not None,
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        EVEN_M=cfg.EVEN_M,
+        EVEN_N=cfg.EVEN_N,
+        num_warps=cfg.num_warps,
+    )
 
 
 def _in_place_safe(ctx, dy, gate, up):
@@ -174,10 +204,11 @@ def _in_place_safe(ctx, dy, gate, up):
 class GluOps:
     """The operators of one gated unit (define_glu_ops); each takes the unit's extra arguments
     (geglu's approximate) after gate and up."""
-    functional: Op         # llmk::<name>(gate, up, ...) -> y
-    out: Op                # llmk::<name>_out(gate, up, ..., out!) -> ()
-    grad_in_place: Op      # llmk::<name>_grad_in_place(gate, up, ...) -> y
-    backward: Op           # llmk::<name>_backward(dy, gate, up, ..., gate_grad, up_grad) -> (dgate, dup)
+
+    functional: Op  # llmk::<name>(gate, up, ...) -> y
+    out: Op  # llmk::<name>_out(gate, up, ..., out!) -> ()
+    grad_in_place: Op  # llmk::<name>_grad_in_place(gate, up, ...) -> y
+    backward: Op  # llmk::<name>_backward(dy, gate, up, ..., gate_grad, up_grad) -> (dgate, dup)
     backward_in_place: Op  # llmk::<name>_backward_in_place(dy, gate!, up!, ...) -> ()
 
 
@@ -202,19 +233,25 @@ def define_glu_ops(name, extra, activation):
         """(dgate, dup): new contiguous tensors like gate, 0-size where that gradient is not wanted
         (an op may not return None). Also the backward op's fake implementation."""
         gate_grad, up_grad = values_and_flags[-2:]
-        return (contiguous_like(gate) if gate_grad else gate.new_empty((0,)),
-                contiguous_like(gate) if up_grad else gate.new_empty((0,)))
+        return (
+            contiguous_like(gate) if gate_grad else gate.new_empty((0,)),
+            contiguous_like(gate) if up_grad else gate.new_empty((0,)),
+        )
 
     def backward_impl(dy, gate, up, *values_and_flags):
         *values, gate_grad, up_grad = values_and_flags
         dgate, dup = backward_empty(dy, gate, up, gate_grad, up_grad)
         if gate_grad or up_grad:
-            launch_glu_backward(dy, gate, up, dgate if gate_grad else None, dup if up_grad else None,
-                                activation(*values))
+            launch_glu_backward(
+                dy, gate, up, dgate if gate_grad else None, dup if up_grad else None, activation(*values)
+            )
         return dgate, dup
 
-    backward_op = define_op(f"{name}_backward(Tensor dy, {args}, bool gate_grad, bool up_grad) -> (Tensor, Tensor)",
-                            backward_impl, backward_empty)
+    backward_op = define_op(
+        f"{name}_backward(Tensor dy, {args}, bool gate_grad, bool up_grad) -> (Tensor, Tensor)",
+        backward_impl,
+        backward_empty,
+    )
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs.gate, inputs.up)  # act is recomputed, y is not kept
@@ -234,7 +271,9 @@ def define_glu_ops(name, extra, activation):
 
     backward_in_place_op = define_op(
         f"{name}_backward_in_place(Tensor dy, Tensor(a!) gate, Tensor(b!) up{tail}) -> ()",
-        backward_in_place_impl, no_outputs)
+        backward_in_place_impl,
+        no_outputs,
+    )
 
     def backward_grad_in_place(ctx, dy):
         gate, up = ctx.saved_tensors
@@ -245,8 +284,13 @@ def define_glu_ops(name, extra, activation):
             torch.autograd.graph.increment_version(t)
         return gate, up, *(None for _ in ctx.values)
 
-    grad_in_place_op = define_op(f"{name}_grad_in_place({args}) -> Tensor", functional_op.impl, empty,
-                                 backward=backward_grad_in_place, setup_context=setup_context)
+    grad_in_place_op = define_op(
+        f"{name}_grad_in_place({args}) -> Tensor",
+        functional_op.impl,
+        empty,
+        backward=backward_grad_in_place,
+        setup_context=setup_context,
+    )
     return GluOps(functional_op, out_op, grad_in_place_op, backward_op, backward_in_place_op)
 
 

@@ -23,6 +23,7 @@ Layer state: keys, values (B, Hkv, T, D) as uint8 (the e4m3 bytes: concatenation
 bytes), k_scale, v_scale (B, Hkv, T) fp32. The tensors the layer returns on a decode step are the
 e4m3 views; their scales are found through _SCALES, keyed by those views.
 """
+
 import functools
 
 import torch
@@ -184,8 +185,10 @@ def _sliding_layer_class():
                 self.cumulative_length = 0 if self.keys is None else self.keys.shape[-2]
                 return
             if not self.record_past:
-                raise RuntimeError("crop: the sliding window is full and the layer kept no past states "
-                                   "(activate_past_recording() first)")
+                raise RuntimeError(
+                    "crop: the sliding window is full and the layer kept no past states "
+                    "(activate_past_recording() first)"
+                )
             if tokens_to_remove > 0:
                 raise RuntimeError("crop: a full sliding window is cropped by a negative count of tokens")
             if tokens_to_remove < 0:
@@ -220,8 +223,9 @@ def FP8KVCache(config=None):  # noqa: N802 (a class to its callers)
         elif kind == "sliding_attention":
             layers.append(_sliding_layer_class()(kwargs["sliding_window"]))
         else:
-            raise ValueError(f"FP8KVCache: config has a {kind!r} layer; it takes full_attention and "
-                             "sliding_attention layers")
+            raise ValueError(
+                f"FP8KVCache: config has a {kind!r} layer; it takes full_attention and sliding_attention layers"
+            )
     return Cache(layers=layers)
 
 

@@ -1,5 +1,6 @@
 """FSDP2 sharding of a transformers causal LM, as the FSDP2 test and benchmark use it: patch first
 (models/hf_patch.py), then shard; run one process a GPU under torchrun."""
+
 import torch
 
 from llmk.common.device import DEVICE

@@ -136,6 +136,7 @@ The original code runs instead of a kernel whenever the kernel does not cover th
 kernel_calls(model) counts the kernel calls and the fallbacks, so a caller can see which path ran.
 The attention registry entry stays after unpatching: it is inert unless a config selects it.
 """
+
 import importlib
 from dataclasses import dataclass
 
@@ -163,8 +164,16 @@ from llmk.models.patch_state import (
     restore_forward,
 )
 
-__all__ = ["KERNELS", "OPT_IN", "SUPPORTED", "patch_model", "unpatch_model", "kernel_calls", "cache_argument",
-           "output_cache"]
+__all__ = [
+    "KERNELS",
+    "OPT_IN",
+    "SUPPORTED",
+    "patch_model",
+    "unpatch_model",
+    "kernel_calls",
+    "cache_argument",
+    "output_cache",
+]
 
 KERNELS = ("rmsnorm", "residual_rmsnorm", "swiglu", "geglu", "rope", "attention", "cross_entropy", "moe")
 # asked for by name only, never by default: they change the numbers by design (FP8's rounding)
@@ -177,6 +186,7 @@ class _Family:
     DecoderLayer (and TopKRouter / Experts) class names; its RMSNorm's offset (Gemma's x * rstd *
     (1 + weight)); whether its decoder layer also norms the attention's and the MLP's outputs
     (Gemma's four norms a layer); whether it has sparse MoE blocks."""
+
     module: str
     prefix: str
     norm_offset: float = 0.0
@@ -198,8 +208,11 @@ SUPPORTED = {
 
 
 def _check_kernels(kernels):
-    if isinstance(kernels, str) or not isinstance(kernels, (tuple, list, set, frozenset)) \
-            or not all(isinstance(k, str) for k in kernels):
+    if (
+        isinstance(kernels, str)
+        or not isinstance(kernels, (tuple, list, set, frozenset))
+        or not all(isinstance(k, str) for k in kernels)
+    ):
         raise TypeError(f"kernels must be a tuple of names from {KERNELS}, got {kernels!r}")
     unknown = [k for k in kernels if k not in KERNELS + OPT_IN]
     if unknown:
@@ -214,12 +227,15 @@ def _modeling_module(model):
     except ImportError as e:
         raise ImportError("patch_model needs transformers (pip install transformers)") from e
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"model must be a transformers model (LlamaForCausalLM, Qwen3ForCausalLM, ...), "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a transformers model (LlamaForCausalLM, Qwen3ForCausalLM, ...), got {type(model).__name__}"
+        )
     model_type = getattr(model.config, "model_type", None)
     if model_type not in SUPPORTED:
-        raise ValueError(f"model: patch_model supports config.model_type {', '.join(map(repr, SUPPORTED))}; "
-                         f"got {model_type!r} ({type(model).__name__})")
+        raise ValueError(
+            f"model: patch_model supports config.model_type {', '.join(map(repr, SUPPORTED))}; "
+            f"got {model_type!r} ({type(model).__name__})"
+        )
     family = SUPPORTED[model_type]
     return importlib.import_module(family.module), family
 
@@ -233,9 +249,11 @@ def _mlp_kernel(config, kernels):
         return entry
     asked = [k for k in ("swiglu", "geglu") if k in kernels]
     if asked:
-        raise ValueError(f"kernels: {' and '.join(map(repr, asked))} cover the activations "
-                         f"{', '.join(a for a, e in MLP_KERNELS.items() if e[0] in asked)}, but the model's is "
-                         f"{activation!r}; leave {'them' if len(asked) > 1 else 'it'} out")
+        raise ValueError(
+            f"kernels: {' and '.join(map(repr, asked))} cover the activations "
+            f"{', '.join(a for a, e in MLP_KERNELS.items() if e[0] in asked)}, but the model's is "
+            f"{activation!r}; leave {'them' if len(asked) > 1 else 'it'} out"
+        )
     return None
 
 
@@ -264,12 +282,18 @@ def patch_model(model, kernels=KERNELS):
     # Mixtral has no dense MLP class; only the MoE families have routers and experts
     norm_cls, mlp_cls, attention_cls, layer_cls, router_cls, experts_cls = (
         getattr(modeling, prefix + name, None)
-        for name in ("RMSNorm", "MLP", "Attention", "DecoderLayer", "TopKRouter", "Experts"))
+        for name in ("RMSNorm", "MLP", "Attention", "DecoderLayer", "TopKRouter", "Experts")
+    )
     moe = family.moe and "moe" in kernels
     modules = list(model.modules())
     # the decoder layers' own linears (attention and MLP projections): the LM head stays 16-bit
-    layer_linears = {id(m) for layer in modules if isinstance(layer, layer_cls) for m in layer.modules()
-                     if type(m) is torch.nn.Linear}
+    layer_linears = {
+        id(m)
+        for layer in modules
+        if isinstance(layer, layer_cls)
+        for m in layer.modules()
+        if type(m) is torch.nn.Linear
+    }
     if not any(isinstance(m, attention_cls) for m in modules):
         raise ValueError(f"model: found no {attention_cls.__name__} modules in {type(model).__name__}")
 

@@ -26,6 +26,7 @@ torch as Hugging Face computes it, SDPA):
 For inference: the decode kernels and the out= calls the layer makes are forward-only, so call
 both passes under torch.no_grad() or torch.inference_mode().
 """
+
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
@@ -47,14 +48,14 @@ from llmk.normalization.triton_rmsnorm import rmsnorm
 @dataclass(frozen=True)
 class LayerConfig:
     name: str
-    hidden: int        # model width
-    heads: int         # query heads H
-    kv_heads: int      # key/value heads Hkv (H a multiple of it: GQA)
-    head_dim: int      # D (1 to 256: the decode kernel's head dims)
+    hidden: int  # model width
+    heads: int  # query heads H
+    kv_heads: int  # key/value heads Hkv (H a multiple of it: GQA)
+    head_dim: int  # D (1 to 256: the decode kernel's head dims)
     intermediate: int  # MLP width I
-    eps: float         # RMSNorm epsilon
+    eps: float  # RMSNorm epsilon
     rope_theta: float
-    qkv_bias: bool     # Qwen2: the q, k, v projections carry a bias
+    qkv_bias: bool  # Qwen2: the q, k, v projections carry a bias
 
     @property
     def qkv_width(self):
@@ -63,8 +64,12 @@ class LayerConfig:
     @property
     def n_params(self):
         """Parameters of the layer: both norms, q/k/v (and bias), o, gate/up and down."""
-        return (2 * self.hidden + self.qkv_width * (self.hidden + self.qkv_bias)
-                + self.hidden * self.heads * self.head_dim + 3 * self.intermediate * self.hidden)
+        return (
+            2 * self.hidden
+            + self.qkv_width * (self.hidden + self.qkv_bias)
+            + self.hidden * self.heads * self.head_dim
+            + 3 * self.intermediate * self.hidden
+        )
 
 
 CONFIGS = {
@@ -81,6 +86,7 @@ class LayerWeights:
     """One layer's parameters, nn.Linear layout (out_features, in_features):
     input_norm (hidden,); wqkv (qkv_width, hidden), rows q | k | v; bqkv (qkv_width,) or None;
     wo (hidden, H * D); post_norm (hidden,); w_gate_up (2 I, hidden), rows gate | up; w_down (hidden, I)."""
+
     config: LayerConfig
     input_norm: torch.Tensor
     wqkv: torch.Tensor
@@ -91,8 +97,11 @@ class LayerWeights:
     w_down: torch.Tensor
 
     def tensors(self):
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "config" and getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "config" and getattr(self, f.name) is not None
+        }
 
     def to(self, dtype):
         """The same weights in `dtype` (fp32: the exact widening, for references)."""
@@ -113,17 +122,22 @@ def make_weights(config, dtype=torch.bfloat16, device="cpu", seed=0):
     gen = torch.Generator().manual_seed(seed)
 
     def linear(n, k):
-        return torch.randn(n, k, generator=gen) * k ** -0.5
+        return torch.randn(n, k, generator=gen) * k**-0.5
 
     def vector(n, mean, std):
         return mean + std * torch.randn(n, generator=gen)
 
     c = config
     w = LayerWeights(
-        c, input_norm=vector(c.hidden, 1.0, NORM_WEIGHT_STD), wqkv=linear(c.qkv_width, c.hidden),
+        c,
+        input_norm=vector(c.hidden, 1.0, NORM_WEIGHT_STD),
+        wqkv=linear(c.qkv_width, c.hidden),
         bqkv=vector(c.qkv_width, 0.0, BIAS_STD) if c.qkv_bias else None,
-        wo=linear(c.hidden, c.heads * c.head_dim), post_norm=vector(c.hidden, 1.0, NORM_WEIGHT_STD),
-        w_gate_up=linear(2 * c.intermediate, c.hidden), w_down=linear(c.hidden, c.intermediate))
+        wo=linear(c.hidden, c.heads * c.head_dim),
+        post_norm=vector(c.hidden, 1.0, NORM_WEIGHT_STD),
+        w_gate_up=linear(2 * c.intermediate, c.hidden),
+        w_down=linear(c.hidden, c.intermediate),
+    )
     return replace(w, **{name: t.to(device=device, dtype=dtype) for name, t in w.tensors().items()})
 
 
@@ -242,6 +256,7 @@ def decode_step(weights, x, k_cache, v_cache, lengths, cos, sin, paged=None, num
 def _sdpa_backends(q):
     """SDPA's flash backend for fp16 / bf16 on the GPU (FlashAttention-2), else PyTorch's choice."""
     from torch.nn.attention import SDPBackend
+
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return [SDPBackend.FLASH_ATTENTION]
     return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -252,6 +267,7 @@ def _sdpa(q, k, v, config, causal=False, mask=None):
     always on (a no-op for H = Hkv): torch.compile with dynamic shapes traces the config's ints as
     symbols, and SDPA takes no symbolic bool."""
     from torch.nn.attention import sdpa_kernel
+
     group = config.heads // config.kv_heads
     if mask is not None:  # a mask: K and V expanded to H heads, any backend that takes a mask
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

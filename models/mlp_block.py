@@ -8,6 +8,7 @@ compute dtype (bf16), as mixed-precision training does, so the gradients reach t
 through the casts. `forward(params, x, ops)` runs on ours ("llmk": rmsnorm, matmul, swiglu) or on
 PyTorch's ("torch": F.rms_norm, F.linear = cuBLAS, F.silu(g) * u) with the same parameters.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -24,11 +25,14 @@ def make_params(hidden, intermediate, device, seed=0):
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def linear(n, k):
-        return ((torch.rand(n, k, generator=gen) * 2 - 1) / k ** 0.5).to(device).requires_grad_()
+        return ((torch.rand(n, k, generator=gen) * 2 - 1) / k**0.5).to(device).requires_grad_()
 
-    return {"norm": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(device).requires_grad_(),
-            "gate": linear(intermediate, hidden), "up": linear(intermediate, hidden),
-            "down": linear(hidden, intermediate)}
+    return {
+        "norm": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(device).requires_grad_(),
+        "gate": linear(intermediate, hidden),
+        "up": linear(intermediate, hidden),
+        "down": linear(hidden, intermediate),
+    }
 
 
 def forward(params, x, ops, dtype=torch.bfloat16):

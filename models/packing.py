@@ -1,6 +1,7 @@
 """One set of token sequences as the two batches a causal LM trains on: one padding-free row, as
 transformers' DataCollatorWithFlattening builds it, and a right-padded batch with its attention
 mask. Both hold the same (context, target) pairs, so their losses agree."""
+
 import torch
 
 IGNORE_INDEX = -100  # HF's causal-LM loss ignores these labels
@@ -19,6 +20,8 @@ def packed_and_padded(seqs):
     padded = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=ids.dtype, device=device)
     mask = torch.zeros_like(padded)
     for row, seq in enumerate(seqs):
-        padded[row, :len(seq)], mask[row, :len(seq)] = seq, 1
-    return (dict(input_ids=ids, position_ids=position_ids, labels=labels),
-            dict(input_ids=padded, attention_mask=mask, labels=padded.masked_fill(mask == 0, IGNORE_INDEX)))
+        padded[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+    return (
+        dict(input_ids=ids, position_ids=position_ids, labels=labels),
+        dict(input_ids=padded, attention_mask=mask, labels=padded.masked_fill(mask == 0, IGNORE_INDEX)),
+    )

@@ -2,6 +2,7 @@
 registered with its AttentionMaskInterface mask function, that runs the flash kernel, its packed
 form on padded and padding-free prefills (the plans below), or the decode kernel, and hands any
 other call to the model's own attention implementation."""
+
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ class _MaskInfo:
     packed kernel's plan (_padded_plan, _packed_plan; False: the dense kernel's call; (): the
     original's), made by the first attention call that gets the mask and kept for the forward's
     other layers."""
+
     padding: torch.Tensor | None
     lengths: tuple
     varlen: tuple | bool | None = None
@@ -72,9 +74,15 @@ def _decode_lengths(state, batch, n_keys, device):
 def _fp8_decode_covers(state, module, query, key, attention_mask, kwargs):
     """Whether decode_attention takes a decode step on an FP8KVCache: one query a sequence, no mask
     (a plain causal step), a head dim and dtype it takes, no autograd."""
-    return (query.shape[2] == 1 and attention_mask is None and query.shape[-1] in state.decode_head_dims
-            and kernel_ready(query, dtypes=ATTENTION_DTYPES) and query.device == key.device
-            and not needs_grad(query) and not (module.training and kwargs.get("dropout", 0.0) > 0))
+    return (
+        query.shape[2] == 1
+        and attention_mask is None
+        and query.shape[-1] in state.decode_head_dims
+        and kernel_ready(query, dtypes=ATTENTION_DTYPES)
+        and query.device == key.device
+        and not needs_grad(query)
+        and not (module.training and kwargs.get("dropout", 0.0) > 0)
+    )
 
 
 def _window_only_decode(query, key, attention_mask, kwargs):
@@ -86,8 +94,12 @@ def _window_only_decode(query, key, attention_mask, kwargs):
     the cache keeps the window's alone (DynamicSlidingWindowLayer, FP8KVCache(config)). One host sync
     a forward (the first sliding layer's; not under torch.compile or CUDA graph capture, where the
     step goes to the original)."""
-    if (query.shape[2] != 1 or kwargs.get("sliding_window") is None or torch.compiler.is_compiling()
-            or (query.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if (
+        query.shape[2] != 1
+        or kwargs.get("sliding_window") is None
+        or torch.compiler.is_compiling()
+        or (query.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
         return False
     info = _MASKS.get(attention_mask)
     if info is None or info.lengths[:2] != (1, key.shape[2]):
@@ -95,9 +107,14 @@ def _window_only_decode(query, key, attention_mask, kwargs):
     if info.window_only is None:
         _, kv_length, q_offset, kv_offset = info.lengths
         padding = info.padding
-        info.window_only = int(q_offset) == int(kv_offset) + kv_length - 1 and (padding is None or (
-            padding.dim() == 2 and padding.shape[1] >= kv_offset + kv_length
-            and bool(padding[:, kv_offset:kv_offset + kv_length].all())))
+        info.window_only = int(q_offset) == int(kv_offset) + kv_length - 1 and (
+            padding is None
+            or (
+                padding.dim() == 2
+                and padding.shape[1] >= kv_offset + kv_length
+                and bool(padding[:, kv_offset : kv_offset + kv_length].all())
+            )
+        )
     return info.window_only
 
 
@@ -131,8 +148,9 @@ def _packed_plan(position_ids, batch, n_tokens):
     starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
     if not starts[:, 1:].any():
         return None
-    cu_seqlens = torch.nn.functional.pad(starts.flatten().nonzero().flatten().to(torch.int32), (0, 1),
-                                         value=batch * n_tokens)
+    cu_seqlens = torch.nn.functional.pad(
+        starts.flatten().nonzero().flatten().to(torch.int32), (0, 1), value=batch * n_tokens
+    )
     return None, cu_seqlens, int(cu_seqlens.diff().max()), True
 
 
@@ -146,12 +164,19 @@ def _packed_call(module, query, key, attention_mask, kwargs):
     The plan is made once a forward."""
     batch, _, n_queries, _ = query.shape
     is_causal = kwargs.get("is_causal")
-    prefill = (n_queries > 1 and key.shape[2] == n_queries
-               and (getattr(module, "is_causal", True) if is_causal is None else is_causal))
+    prefill = (
+        n_queries > 1
+        and key.shape[2] == n_queries
+        and (getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    )
     position_ids = kwargs.get("position_ids")
     if attention_mask is None:  # plain causal, unless position_ids restart
-        if (not prefill or position_ids is None or torch.compiler.is_compiling()
-                or (query.is_cuda and torch.cuda.is_current_stream_capturing())):
+        if (
+            not prefill
+            or position_ids is None
+            or torch.compiler.is_compiling()
+            or (query.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):
             return True, None
         if position_ids not in _POSITIONS:
             _POSITIONS[position_ids] = _packed_plan(position_ids, batch, n_queries) or False
@@ -179,8 +204,9 @@ def _varlen_attention(query, key, value, plan, scaling, options):
         q, k, v = (t.transpose(1, 2).reshape(batch * n_tokens, t.shape[1], head_dim) for t in (query, key, value))
     else:  # the real tokens only, gathered by (row, column) from the (B, T, H, D) views: one copy each
         q, k, v = (t.transpose(1, 2)[indices] for t in (query, key, value))
-    out = flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True,
-                                 sm_scale=scaling, **options)
+    out = flash_attention_varlen(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True, sm_scale=scaling, **options
+    )
     if indices is None:
         return out.view(batch, n_tokens, heads, head_dim)
     return out.new_zeros(batch, n_tokens, heads, head_dim).index_put_(indices, out)
@@ -192,8 +218,9 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     """
     state = getattr(module, STATE_ATTR, None)
     if state is None:
-        raise RuntimeError(f"attention implementation {ATTENTION_NAME!r} runs only in a model prepared "
-                           "by models.hf_patch.patch_model")
+        raise RuntimeError(
+            f"attention implementation {ATTENTION_NAME!r} runs only in a model prepared by models.hf_patch.patch_model"
+        )
     original_mask = attention_mask  # what a call the kernels do not take goes to the original with
     if attention_mask is not None and _window_only_decode(query, key, attention_mask, kwargs):
         attention_mask = None  # the window goes to the kernels as an option (_score_options)
@@ -207,8 +234,16 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
             lengths = _decode_lengths(state, batch, key.shape[2], query.device)
             scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
             k_scale, v_scale = (s.transpose(1, 2) for s in scales)  # (B, Hkv, T) -> (B, T, Hkv) views
-            out = state.decode_attention(query[:, :, 0], key.transpose(1, 2), value.transpose(1, 2), lengths, scaling,
-                                         k_scale=k_scale, v_scale=v_scale, **_score_options(kwargs, key.shape[2]))
+            out = state.decode_attention(
+                query[:, :, 0],
+                key.transpose(1, 2),
+                value.transpose(1, 2),
+                lengths,
+                scaling,
+                k_scale=k_scale,
+                v_scale=v_scale,
+                **_score_options(kwargs, key.shape[2]),
+            )
             return out.unsqueeze(1), None
         key, value = dequantized(key, value, query.dtype)
     # the kernels' own limits first: a call they cannot take anyway pays for no packed plan
@@ -222,7 +257,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         count(state, "attention fallback")
         return state.attention_fallback(module, query, key, value, original_mask, **kwargs)
     batch, heads, n_queries, head_dim = query.shape
-    scaling = kwargs.get("scaling") or head_dim ** -0.5
+    scaling = kwargs.get("scaling") or head_dim**-0.5
     if plan is not None:
         count(state, "flash_attention_varlen")
         return _varlen_attention(query, key, value, plan, scaling, options), None
@@ -231,8 +266,9 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
         count(state, "decode_attention")
         lengths = _decode_lengths(state, batch, key.shape[2], query.device)
         # (B, Hkv, T, D) cache -> (B, T, Hkv, D) view, no copy
-        out = state.decode_attention(query[:, :, 0], key.transpose(1, 2), value.transpose(1, 2), lengths, scaling,
-                                     **options)
+        out = state.decode_attention(
+            query[:, :, 0], key.transpose(1, 2), value.transpose(1, 2), lengths, scaling, **options
+        )
         return out.unsqueeze(1), None
     is_causal = kwargs.get("is_causal")
     causal = (getattr(module, "is_causal", True) if is_causal is None else is_causal) and n_queries > 1
@@ -265,6 +301,7 @@ def _mask_function(sdpa_mask, mask_functions):
             lengths = tuple(kwargs.get(k, 0) for k in ("q_length", "kv_length", "q_offset", "kv_offset"))
             _MASKS[mask] = _MaskInfo(kwargs.get("attention_mask"), lengths)
         return mask
+
     return attention_mask
 
 
@@ -282,9 +319,11 @@ def check_attention_implementation(original):
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     if original not in ALL_MASK_ATTENTION_FUNCTIONS:
-        raise ValueError(f"kernels: 'attention' falls back to the model's attention implementation, which must "
-                         f"be one with a mask function ({', '.join(ALL_MASK_ATTENTION_FUNCTIONS)}); got "
-                         f"{original!r}. Leave 'attention' out of kernels to keep it.")
+        raise ValueError(
+            f"kernels: 'attention' falls back to the model's attention implementation, which must "
+            f"be one with a mask function ({', '.join(ALL_MASK_ATTENTION_FUNCTIONS)}); got "
+            f"{original!r}. Leave 'attention' out of kernels to keep it."
+        )
 
 
 def select_attention(model, modeling, state):

@@ -18,6 +18,7 @@ llama-1.5b step each of these small products waits on the host more than on the 
 concatenated weight is a copy made each call (12 MB at the llama-1.5b layer, saved for the
 backward), its gradient split back by autograd; the split's backward joins dq, dk and dv into one
 tensor."""
+
 import functools
 
 import torch
@@ -75,8 +76,11 @@ def rmsnorm_forward(norm, original, state, hidden_states):
     if hidden_states.dtype == norm.weight.dtype and kernel_ready(hidden_states, norm.weight):
         count(state, "rmsnorm")
         if _casts_for_fp8(state, norm, hidden_states):
-            return _keep_for_linears(state, norm, rmsnorm_fp8(hidden_states, norm.weight, _norm_eps(norm),
-                                                              offset=state.norm_offset, keep_y=True))
+            return _keep_for_linears(
+                state,
+                norm,
+                rmsnorm_fp8(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset, keep_y=True),
+            )
         return rmsnorm(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset)
     count(state, "rmsnorm fallback")
     return original(hidden_states)
@@ -85,13 +89,17 @@ def rmsnorm_forward(norm, original, state, hidden_states):
 def _add_and_norm(state, hidden_states, residual, norm):
     """(norm(residual + hidden_states), residual + hidden_states): one residual_rmsnorm pass where
     it covers the call, else the add and the module."""
-    if (hidden_states.shape == residual.shape and hidden_states.dtype == residual.dtype == norm.weight.dtype
-            and not (norm._forward_hooks or norm._forward_pre_hooks)
-            and kernel_ready(hidden_states, residual, norm.weight)):
+    if (
+        hidden_states.shape == residual.shape
+        and hidden_states.dtype == residual.dtype == norm.weight.dtype
+        and not (norm._forward_hooks or norm._forward_pre_hooks)
+        and kernel_ready(hidden_states, residual, norm.weight)
+    ):
         count(state, "residual_rmsnorm")
         if _casts_for_fp8(state, norm, hidden_states):
-            made = rmsnorm_fp8(hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset,
-                               residual=residual, keep_y=True)
+            made = rmsnorm_fp8(
+                hidden_states, norm.weight, _norm_eps(norm), offset=state.norm_offset, residual=residual, keep_y=True
+            )
             return _keep_for_linears(state, norm, made), made.residual_out
         return residual_rmsnorm(hidden_states, residual, norm.weight, _norm_eps(norm), offset=state.norm_offset)
     count(state, "residual_rmsnorm fallback")
@@ -99,32 +107,52 @@ def _add_and_norm(state, hidden_states, residual, norm):
     return norm(residual), residual
 
 
-def decoder_layer_forward(layer, original, state, hidden_states, attention_mask=None, position_ids=None,
-                          use_cache=False, position_embeddings=None, **kwargs):
+def decoder_layer_forward(
+    layer,
+    original,
+    state,
+    hidden_states,
+    attention_mask=None,
+    position_ids=None,
+    use_cache=False,
+    position_embeddings=None,
+    **kwargs,
+):
     """The decoder layer (transformers 5.17 and newer, every supported family): hidden_states
     (B, T, N) -> (B, T, N), the layer's steps with the add after attention fused into
     post_attention_layernorm. The KV cache stays in kwargs under the name the caller gave it
     (`cache`, or `past_key_values` before transformers renamed it), so no version warns."""
     residual = hidden_states
-    hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states),
-                                       attention_mask=attention_mask, position_ids=position_ids,
-                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    hidden_states, _ = layer.self_attn(
+        hidden_states=layer.input_layernorm(hidden_states),
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
     hidden_states, residual = _add_and_norm(state, hidden_states, residual, layer.post_attention_layernorm)
     return residual + layer.mlp(hidden_states)
 
 
-def sandwich_layer_forward(layer, original, state, hidden_states, position_embeddings=None, attention_mask=None,
-                           position_ids=None, **kwargs):
+def sandwich_layer_forward(
+    layer, original, state, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None, **kwargs
+):
     """Gemma 2 / Gemma 3's decoder layer (transformers 5.17 and newer), whose attention and MLP
     outputs are normed too: hidden_states (B, T, N) -> (B, T, N), the add after
     post_attention_layernorm fused into pre_feedforward_layernorm. The cache travels in kwargs, as
     in decoder_layer_forward."""
     residual = hidden_states
-    hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states),
-                                       position_embeddings=position_embeddings, attention_mask=attention_mask,
-                                       position_ids=position_ids, **kwargs)
-    hidden_states, residual = _add_and_norm(state, layer.post_attention_layernorm(hidden_states), residual,
-                                            layer.pre_feedforward_layernorm)
+    hidden_states, _ = layer.self_attn(
+        hidden_states=layer.input_layernorm(hidden_states),
+        position_embeddings=position_embeddings,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        **kwargs,
+    )
+    hidden_states, residual = _add_and_norm(
+        state, layer.post_attention_layernorm(hidden_states), residual, layer.pre_feedforward_layernorm
+    )
     return residual + layer.post_feedforward_layernorm(layer.mlp(hidden_states))
 
 
@@ -135,17 +163,24 @@ def checkpointed(layer_forward):
     forward the instance has, ours included. Later versions checkpoint inside the class's forward,
     which an instance forward replaces: there this wrapper does what that class forward would (the
     cache left out, use_cache off, the layer's checkpoint function around the call)."""
+
     @functools.wraps(layer_forward)
     def forward(layer, original, state, *args, **kwargs):
-        if (getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled()
-                and _checkpoints_in_forward()):
+        if (
+            getattr(layer, "gradient_checkpointing", False)
+            and layer.training
+            and torch.is_grad_enabled()
+            and _checkpoints_in_forward()
+        ):
             if kwargs.get("use_cache"):
                 kwargs["use_cache"] = False
             if not getattr(layer, "_can_checkpoint_with_cache", False):
                 kwargs.update({name: None for name in ("cache", "past_key_values") if kwargs.get(name) is not None})
             return layer._gradient_checkpointing_func(
-                functools.partial(layer_forward, layer, original, state, **kwargs), *args)
+                functools.partial(layer_forward, layer, original, state, **kwargs), *args
+            )
         return layer_forward(layer, original, state, *args, **kwargs)
+
     return forward
 
 
@@ -167,8 +202,11 @@ def mlp_forward(mlp, original, state, x):
         # the projections are this call's own temporaries: the backward may write over them
         gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         if _casts_for_fp8(state, mlp, gate):  # the gated unit casts for down_proj (its backward makes new dgate, dup)
-            made = swiglu_fp8(gate, up, keep_y=True) if kernel == "swiglu" else \
-                geglu_fp8(gate, up, approximate, keep_y=True)
+            made = (
+                swiglu_fp8(gate, up, keep_y=True)
+                if kernel == "swiglu"
+                else geglu_fp8(gate, up, approximate, keep_y=True)
+            )
             return mlp.down_proj(_keep_for_linears(state, mlp, made))
         if kernel == "swiglu":
             return mlp.down_proj(swiglu(gate, up, grad_in_place=True))
@@ -181,9 +219,12 @@ def _fp8_ready(linear, x):
     """Whether fp8_linear takes linear(x): 16-bit x of the weight's dtype (and the bias's), on the
     kernels' device, no hooks on the module."""
     weight, bias = linear.weight, linear.bias
-    return (x.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)
-            and not (linear._forward_hooks or linear._forward_pre_hooks)
-            and kernel_ready(x, weight, dtypes=FP8_DTYPES))
+    return (
+        x.dtype == weight.dtype
+        and (bias is None or bias.dtype == weight.dtype)
+        and not (linear._forward_hooks or linear._forward_pre_hooks)
+        and kernel_ready(x, weight, dtypes=FP8_DTYPES)
+    )
 
 
 def _fused_part(linear, x):
@@ -201,8 +242,11 @@ def _fused_qkv(state, members, x):
     k's and v's parts wait in _FP8_FUSED. None where a member's call would not take fp8_linear, or
     the biases are not all there or all absent (then each runs on its own)."""
     biases = [m.bias for m in members]
-    if (torch.compiler.is_compiling() or not all(_fp8_ready(m, x) for m in members)
-            or len({b is None for b in biases}) > 1):
+    if (
+        torch.compiler.is_compiling()
+        or not all(_fp8_ready(m, x) for m in members)
+        or len({b is None for b in biases}) > 1
+    ):
         return None
     cast = _cast_input(x, readers=len(members))
     if cast is not None:

@@ -3,6 +3,7 @@ forwards of a sparse MoE block's router (moe/triton_moe_routing.py: softmax, top
 renormalization in one kernel) and of its experts (moe/moe_experts_ops.py: the grouped GEMMs, forward
 and backward), and the same experts kernel as a transformers experts implementation, EXPERTS_NAME,
 for models selected with `experts_implementation="llmk_moe"` without the rest of the patch."""
+
 import torch
 
 from llmk.mlp.triton_glu import GELU_ACTIVATION
@@ -28,9 +29,11 @@ def router_forward(router, original, state, hidden_states):
     them to the logits' dtype."""
     hidden_states = hidden_states.reshape(-1, router.hidden_dim)
     renormalize = bool(getattr(router, "norm_topk_prob", True))  # Mixtral's router always renormalizes
-    if (kernel_ready(hidden_states, router.weight, dtypes=MOE_DTYPES) and router.top_k <= min(MAX_TOP_K,
-                                                                                               router.num_experts)
-            and router.num_experts <= MAX_EXPERTS):
+    if (
+        kernel_ready(hidden_states, router.weight, dtypes=MOE_DTYPES)
+        and router.top_k <= min(MAX_TOP_K, router.num_experts)
+        and router.num_experts <= MAX_EXPERTS
+    ):
         count(state, "moe_route")
         logits = torch.nn.functional.linear(hidden_states, router.weight)
         weights, ids = moe_route(logits, router.top_k, "softmax", renormalize)
@@ -46,14 +49,20 @@ def _covered(experts, activation, hidden_states, top_k_index):
     kernels' device and one dtype, no autocast (whose products would run in another dtype)."""
     from transformers.integrations.moe import _default_apply_gate
 
-    return (activation is not None and getattr(experts, "has_gate", True) and not getattr(experts, "has_bias", False)
-            and not getattr(experts, "is_transposed", False) and getattr(experts, "is_concatenated", True)
-            and getattr(type(experts), "_apply_gate", _default_apply_gate) is _default_apply_gate
-            and hidden_states.dim() == 2 and top_k_index.dim() == 2
-            and top_k_index.shape[1] <= min(MAX_TOP_K, experts.gate_up_proj.shape[0])
-            and hidden_states.dtype == experts.gate_up_proj.dtype == experts.down_proj.dtype
-            and not torch.is_autocast_enabled(hidden_states.device.type)
-            and kernel_ready(hidden_states, experts.gate_up_proj, experts.down_proj, dtypes=MOE_DTYPES))
+    return (
+        activation is not None
+        and getattr(experts, "has_gate", True)
+        and not getattr(experts, "has_bias", False)
+        and not getattr(experts, "is_transposed", False)
+        and getattr(experts, "is_concatenated", True)
+        and getattr(type(experts), "_apply_gate", _default_apply_gate) is _default_apply_gate
+        and hidden_states.dim() == 2
+        and top_k_index.dim() == 2
+        and top_k_index.shape[1] <= min(MAX_TOP_K, experts.gate_up_proj.shape[0])
+        and hidden_states.dtype == experts.gate_up_proj.dtype == experts.down_proj.dtype
+        and not torch.is_autocast_enabled(hidden_states.device.type)
+        and kernel_ready(hidden_states, experts.gate_up_proj, experts.down_proj, dtypes=MOE_DTYPES)
+    )
 
 
 def experts_forward(experts, original, state, hidden_states, top_k_index, top_k_weights):
@@ -61,8 +70,9 @@ def experts_forward(experts, original, state, hidden_states, top_k_index, top_k_
     top_k_index and top_k_weights (T, top_k) -> (T, H), through moe_experts where it covers the call."""
     if _covered(experts, state.moe_activation, hidden_states, top_k_index):
         count(state, "moe_experts")
-        return moe_experts(hidden_states, top_k_weights, top_k_index, experts.gate_up_proj, experts.down_proj,
-                           state.moe_activation)
+        return moe_experts(
+            hidden_states, top_k_weights, top_k_index, experts.gate_up_proj, experts.down_proj, state.moe_activation
+        )
     count(state, "moe_experts fallback")
     return original(hidden_states, top_k_index, top_k_weights)
 
@@ -87,5 +97,4 @@ def register_experts_implementation():
     return EXPERTS_NAME
 
 
-__all__ = ["EXPERTS_NAME", "expert_activation", "experts_forward", "register_experts_implementation",
-           "router_forward"]
+__all__ = ["EXPERTS_NAME", "expert_activation", "experts_forward", "register_experts_implementation", "router_forward"]

@@ -2,6 +2,7 @@
 modeling file's global apply_rotary_pos_emb, which is replaced by a dispatcher (reference counted
 over the patched models of that file). The dispatcher runs attention/triton_rope.py only inside
 the forward of a patched attention module, which marks itself in a thread-local."""
+
 import functools
 import sys
 import threading
@@ -37,12 +38,17 @@ def _rope_dispatcher(original):
         state = getattr(_running, "state", None)
         if state is None:  # not called from a patched attention module
             return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-        if (unsqueeze_dim == 1 and cos.dtype in (torch.float32, q.dtype) and sin.dtype == cos.dtype
-                and kernel_ready(q, k, cos, sin)):
+        if (
+            unsqueeze_dim == 1
+            and cos.dtype in (torch.float32, q.dtype)
+            and sin.dtype == cos.dtype
+            and kernel_ready(q, k, cos, sin)
+        ):
             count(state, "rope")
             return apply_rope(q, k, cos, sin)
         count(state, "rope fallback")
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
     return apply_rotary_pos_emb
 
 

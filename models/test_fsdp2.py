@@ -32,6 +32,7 @@ well as its kernels. Also: every parameter is a DTensor sharded over the ranks, 
 counts every kernel in every layer of every step and no fallback (the fused loss included: the
 root's all-gather leaves lm_head a plain nn.Linear without hooks during the forward).
 """
+
 import argparse
 import dataclasses
 import datetime
@@ -67,11 +68,19 @@ CONTROL_TIMEOUT_S = 3600  # between cases: the launcher's timeout ends a run stu
 # Model and batch per rank: head dim 64 (4 heads over 256), GQA (2 KV heads), 4 layers so that
 # sharded layers sit between the root's embedding and head. The interpreter runs the kernels on the
 # CPU at a shorter sequence and 2 layers, which keeps a --cpu-gloo run to minutes.
-CONFIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-              vocab_size=1024, tie_word_embeddings=False, use_cache=False, rms_norm_eps=1e-6,
-              # N(0, 0.05^2) weights rather than HF's 0.02: attention scores of O(1), so attention
-              # is far from uniform and a wrong mask or rotation shows in the loss (test_hf_patch.py)
-              initializer_range=0.05)
+CONFIG = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    tie_word_embeddings=False,
+    use_cache=False,
+    rms_norm_eps=1e-6,
+    # N(0, 0.05^2) weights rather than HF's 0.02: attention scores of O(1), so attention
+    # is far from uniform and a wrong mask or rotation shows in the loss (test_hf_patch.py)
+    initializer_range=0.05,
+)
 SIZE = dict(layers=2, batch=2, seq=32) if INTERPRET else dict(layers=4, batch=2, seq=256)
 
 
@@ -103,6 +112,7 @@ def train(model, data, optimizer="torch", token_errors=False):
     stepping each rank's shards)."""
     if optimizer == "triton":
         from llmk.optimizers.triton_adam import TritonAdamW
+
         opt = TritonAdamW(model.parameters(), lr=LR)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
@@ -127,8 +137,11 @@ def sharded_over_ranks(model):
     from torch.distributed.tensor import DTensor, Shard
 
     world = torch.distributed.get_world_size()
-    return [n for n, p in model.named_parameters()
-            if not (isinstance(p, DTensor) and p.placements == (Shard(0),) and p.device_mesh.size() == world)]
+    return [
+        n
+        for n, p in model.named_parameters()
+        if not (isinstance(p, DTensor) and p.placements == (Shard(0),) and p.device_mesh.size() == world)
+    ]
 
 
 def loss_noise_floor(plain_tokens, ref_tokens):
@@ -149,7 +162,7 @@ def check_fsdp2(kind, optimizer="torch", fp8=False):
     """fp8: the opt-in fp8_linear on top of the default kernels (the rules' factor FP8_FACTOR)."""
     from llmk.models.hf_patch import KERNELS, kernel_calls, patch_model
 
-    seed = int(torch.randint(0, 2 ** 31, (1,)).item())  # the case seed, the same on every rank
+    seed = int(torch.randint(0, 2**31, (1,)).item())  # the case seed, the same on every rank
     ref = shard(build(kind, torch.bfloat16, seed).float())  # the bf16 weights, widened: exact
     plain = shard(build(kind, torch.bfloat16, seed))
     # patch first, then shard
@@ -163,8 +176,13 @@ def check_fsdp2(kind, optimizer="torch", fp8=False):
     u = UNIT_ROUNDOFF[torch.bfloat16]
 
     unsharded = sharded_over_ranks(patched)
-    outcomes = [Outcome(f"parameters sharded over {torch.distributed.get_world_size()} ranks", not unsharded,
-                        note=", ".join(unsharded)[:100])]
+    outcomes = [
+        Outcome(
+            f"parameters sharded over {torch.distributed.get_world_size()} ranks",
+            not unsharded,
+            note=", ".join(unsharded)[:100],
+        )
+    ]
     # FP8's roundings move each update a little, and AdamW's normalized steps carry that into every
     # later loss: by step 3 the fp8 case came to 0.36-0.73 of its 32x bound over 13 runs on two
     # H200s, and one run in 11 failed a case whose row was not kept. Its loss is held to the rule at
@@ -177,56 +195,103 @@ def check_fsdp2(kind, optimizer="torch", fp8=False):
         bound = factor * noise + u * abs(r)
         worst = max(worst, (abs(o - r) / bound, step, abs(o - r), bound))
     steps = f"{STEPS} steps: losses" if ruled == STEPS else "the first step's loss"
-    outcomes.append(Outcome(f"{steps} within {factor}x the unpatched model's bf16 noise + 2^-8 |loss|",
-                            worst[0] <= 1.0, worst[2], limit=f"{worst[3]:.3g}", torch_err=noise,
-                            note=f"worst step {worst[1]}; final: patched {losses[-1]:.5g}, "
-                                 f"unpatched {plain_losses[-1]:.5g}, fp32 {ref_losses[-1]:.5g}; "
-                                 f"noise floor {floor:.2g}"))
-    outcomes.append(Outcome("the loss fell (updates reach every shard)", losses[-1] < 0.8 * losses[0],
-                            note=f"{losses[0]:.4g} -> {losses[-1]:.4g}"))
+    outcomes.append(
+        Outcome(
+            f"{steps} within {factor}x the unpatched model's bf16 noise + 2^-8 |loss|",
+            worst[0] <= 1.0,
+            worst[2],
+            limit=f"{worst[3]:.3g}",
+            torch_err=noise,
+            note=f"worst step {worst[1]}; final: patched {losses[-1]:.5g}, "
+            f"unpatched {plain_losses[-1]:.5g}, fp32 {ref_losses[-1]:.5g}; "
+            f"noise floor {floor:.2g}",
+        )
+    )
+    outcomes.append(
+        Outcome(
+            "the loss fell (updates reach every shard)",
+            losses[-1] < 0.8 * losses[0],
+            note=f"{losses[0]:.4g} -> {losses[-1]:.4g}",
+        )
+    )
     for name in ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight", "model.embed_tokens.weight"):
         share = gradient_share(grads[name], ref_grads[name], plain_grads[name], factor)
         err = (grads[name] - ref_grads[name]).abs().max().item()
-        outcomes.append(Outcome(f"first backward: grad {name}", share <= 1.0, err,
-                                torch_err=(plain_grads[name] - ref_grads[name]).abs().max().item(),
-                                note=f"{share:.2f} of its bound"))
+        outcomes.append(
+            Outcome(
+                f"first backward: grad {name}",
+                share <= 1.0,
+                err,
+                torch_err=(plain_grads[name] - ref_grads[name]).abs().max().item(),
+                note=f"{share:.2f} of its bound",
+            )
+        )
     outcomes.append(gradients_rule(grads, ref_grads, plain_grads, prefix="first backward: all ", factor=factor))
     calls = kernel_calls(patched)
     n_layers = SIZE["layers"]
-    per_forward = dict(rmsnorm=n_layers + 1, residual_rmsnorm=n_layers, swiglu=n_layers, rope=n_layers,
-                       flash_attention=n_layers, cross_entropy=1)  # rmsnorm: each input_layernorm, the final norm
+    per_forward = dict(
+        rmsnorm=n_layers + 1,
+        residual_rmsnorm=n_layers,
+        swiglu=n_layers,
+        rope=n_layers,
+        flash_attention=n_layers,
+        cross_entropy=1,
+    )  # rmsnorm: each input_layernorm, the final norm
     if fp8:  # every decoder linear; all but o_proj reading the rows their producer cast
-        per_forward.update({"fp8_linear": 7 * n_layers, "fp8_linear, input cast by its producer": 6 * n_layers,
-                            "fp8_linear, q/k/v as one product": n_layers})
+        per_forward.update(
+            {
+                "fp8_linear": 7 * n_layers,
+                "fp8_linear, input cast by its producer": 6 * n_layers,
+                "fp8_linear, q/k/v as one product": n_layers,
+            }
+        )
     expected = {k: STEPS * v for k, v in per_forward.items()}
-    outcomes.append(Outcome("kernel_calls: every kernel, every layer and step, no fallback", calls == expected,
-                            note=f"{calls}"[:120]))
+    outcomes.append(
+        Outcome(
+            "kernel_calls: every kernel, every layer and step, no fallback", calls == expected, note=f"{calls}"[:120]
+        )
+    )
     return outcomes
 
 
-CASES = [Case(f"{kind} bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} AdamW steps",
-              check_fsdp2, dict(kind=kind)) for kind in ("llama", "qwen2")] + [
-    Case(f"llama bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} TritonAdamW steps (patched)",
-         check_fsdp2, dict(kind="llama", optimizer="triton")),
-    Case(f"llama bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} AdamW steps, fp8_linear",
-         check_fsdp2, dict(kind="llama", fp8=True))]
+CASES = [
+    Case(
+        f"{kind} bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} AdamW steps",
+        check_fsdp2,
+        dict(kind=kind),
+    )
+    for kind in ("llama", "qwen2")
+] + [
+    Case(
+        f"llama bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} TritonAdamW steps (patched)",
+        check_fsdp2,
+        dict(kind="llama", optimizer="triton"),
+    ),
+    Case(
+        f"llama bf16 L{SIZE['layers']} B{SIZE['batch']}xT{SIZE['seq']} a rank, {STEPS} AdamW steps, fp8_linear",
+        check_fsdp2,
+        dict(kind="llama", fp8=True),
+    ),
+]
 
 
 # ---------------------------------------------------------------------------------------------
 # workers (under torchrun) and the launcher
 
 
-
 def _ranks_follow(cases, control):
     """Rank 0's copies of `cases`: each first tells the other ranks, over `control`, which case to
     run, so that every rank enters a case's collectives together even where run_cases makes rank 0
     wait for its turn on a shared GPU, skips a case, or runs one again (devtools/testing.py)."""
+
     def announce_and_check(index, case):
         torch.distributed.broadcast_object_list([index], src=0, group=control)
         return case.fn(**case.kwargs)
 
-    return [dataclasses.replace(case, fn=functools.partial(announce_and_check, i, case), kwargs={})
-            for i, case in enumerate(cases)]
+    return [
+        dataclasses.replace(case, fn=functools.partial(announce_and_check, i, case), kwargs={})
+        for i, case in enumerate(cases)
+    ]
 
 
 def worker():
@@ -238,8 +303,9 @@ def worker():
     if DEVICE == "cuda":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # read when NCCL makes its communicator
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo",
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(
+        "nccl" if DEVICE == "cuda" else "gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    )
     # the case announcements: a rank waits there while rank 0 waits for a GPU turn, up to the launcher's timeout
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
     try:
@@ -295,8 +361,16 @@ def launch(cpu_gloo=False, timeout_s=LAUNCH_TIMEOUT_S):
     if cpu_gloo:
         env["TRITON_INTERPRET"] = "1"  # common.device then puts every tensor on the CPU
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // N_RANKS)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(N_RANKS),
-               str(pathlib.Path(__file__).resolve().relative_to(ROOT)), "--worker"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(N_RANKS),
+        str(pathlib.Path(__file__).resolve().relative_to(ROOT)),
+        "--worker",
+    ]
     print(f"{TITLE}: {' '.join(command[1:])} (TEST_SEED={env['TEST_SEED']}, timeout {timeout_s}s)", flush=True)
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timed_out = threading.Event()
@@ -321,8 +395,11 @@ def launch(cpu_gloo=False, timeout_s=LAUNCH_TIMEOUT_S):
     if timed_out.is_set():
         print(f"{TITLE}: torchrun ran past {timeout_s}s and was stopped (a rank stuck in a collective?)", flush=True)
     elif code != 0 and counts is None:
-        print(f"{TITLE}: torchrun exited {code} before rank 0 printed its results (a worker crashed or could "
-              "not start; its traceback is above)", flush=True)
+        print(
+            f"{TITLE}: torchrun exited {code} before rank 0 printed its results (a worker crashed or could "
+            "not start; its traceback is above)",
+            flush=True,
+        )
     elif code != 0 and counts[1] == 0:
         print(f"{TITLE}: every case passed, but torchrun exited {code} (a worker failed after the cases)", flush=True)
     if counts is None:  # the cases never reported: each counts as failed
@@ -340,14 +417,24 @@ def test_fsdp2():  # pytest: one test, the launcher as `make test` runs it
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.strip().splitlines()[1:]))
+    parser = argparse.ArgumentParser(
+        description=__doc__.strip().splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.strip().splitlines()[1:]),
+    )
     parser.add_argument("--worker", action="store_true", help="run as one rank under torchrun")
-    parser.add_argument("--cpu-gloo", action="store_true",
-                        help="launch the workers on the CPU (gloo, Triton's interpreter), for a machine without GPUs")
-    parser.add_argument("--timeout", type=int, default=LAUNCH_TIMEOUT_S, metavar="S",
-                        help=f"stop torchrun after S seconds (default {LAUNCH_TIMEOUT_S})")
+    parser.add_argument(
+        "--cpu-gloo",
+        action="store_true",
+        help="launch the workers on the CPU (gloo, Triton's interpreter), for a machine without GPUs",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=LAUNCH_TIMEOUT_S,
+        metavar="S",
+        help=f"stop torchrun after S seconds (default {LAUNCH_TIMEOUT_S})",
+    )
     args = parser.parse_args()
     if args.worker:
         return worker()

@@ -19,6 +19,7 @@ of the kernel tests for the whole model: the patched model's largest error is at
 unpatched model's, plus one unit roundoff of the largest logit. The GEMMs' roundings dominate both
 errors, so the two come out close.
 """
+
 import copy
 import importlib.util
 import sys
@@ -35,6 +36,7 @@ SKIP_REASON = "transformers not installed"
 INSTALL_HINT = "an optional dependency: pip install transformers==5.17.0"
 if not HAVE_TRANSFORMERS and "pytest" in sys.modules:
     import pytest
+
     pytest.skip(f"{SKIP_REASON} ({INSTALL_HINT})", allow_module_level=True)
 
 # fp32 model: the kernels reorder fp32 sums only (~1e-6 relative); the logits are O(1)
@@ -45,10 +47,24 @@ FP32_TOL = Tol(1e-4, 1e-4, "fp32 throughout; only summation order differs")
 # is still four of the interpreter's 128-wide loss chunks, the last one ragged: the loss kernel's
 # cost there is a chunk a row, so a larger one only lengthens every training step.
 SIZES = {
-    "tiny": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                 intermediate_size=512, num_hidden_layers=2, vocab_size=500),
-    "gpu": dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=4, head_dim=128,
-                intermediate_size=5504, num_hidden_layers=4, vocab_size=32000),
+    "tiny": dict(
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        vocab_size=500,
+    ),
+    "gpu": dict(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=5504,
+        num_hidden_layers=4,
+        vocab_size=32000,
+    ),
 }
 # Weights N(0, s^2) with s = 0.05 * sqrt(256 / hidden) rather than HF's fixed 0.02: attention scores
 # of O(1) at every width, so attention is far from uniform and a wrong mask or rotation shows in the
@@ -61,8 +77,12 @@ NORM_WEIGHT_STD = 0.2
 
 # Gemma's caps, low enough that the random weights' scores and logits reach them (its own: 50, 30),
 # and its query_pre_attn_scalar apart from head_dim, so that a wrong scale shows
-GEMMA = dict(attn_logit_softcapping=5.0, final_logit_softcapping=3.0, query_pre_attn_scalar=48,
-             hidden_activation="gelu_pytorch_tanh")
+GEMMA = dict(
+    attn_logit_softcapping=5.0,
+    final_logit_softcapping=3.0,
+    query_pre_attn_scalar=48,
+    hidden_activation="gelu_pytorch_tanh",
+)
 # The MoE families: MOE_EXPERTS experts of 128, every token on all of them, Qwen3-MoE's second layer
 # a dense MLP. Every expert, not the top 2 of 8: a top-k choice is discontinuous, and two experts'
 # logits within a rounding of each other (a few percent of tokens a layer in bf16) go either way
@@ -80,19 +100,28 @@ MOE_EXPERTS = 2 if INTERPRET else 4
 MOE = dict(num_experts_per_tok=MOE_EXPERTS, router_aux_loss_coef=0.1)
 MOE_TRAINING = dict(output_router_logits=True)
 # the test's kinds -> (config class, model class) name in transformers, and config defaults
-FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
-            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
-            "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
-            "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA),
-            "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA, attn_logit_softcapping=None,
-                                                                      final_logit_softcapping=None)),
-            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(MOE, moe_intermediate_size=128,
-                                                                        num_experts=MOE_EXPERTS,
-                                                                        mlp_only_layers=[1], norm_topk_prob=True)),
-            "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(MOE, intermediate_size=128,
-                                                                    num_local_experts=MOE_EXPERTS,
-                                                                    sliding_window=None))}
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(GEMMA, attn_logit_softcapping=None, final_logit_softcapping=None),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(MOE, moe_intermediate_size=128, num_experts=MOE_EXPERTS, mlp_only_layers=[1], norm_topk_prob=True),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(MOE, intermediate_size=128, num_local_experts=MOE_EXPERTS, sliding_window=None),
+    ),
+}
 
 
 def make_model(kind, size, dtype, **config_extra):
@@ -104,8 +133,9 @@ def make_model(kind, size, dtype, **config_extra):
 
     config_name, model_name, defaults = FAMILIES[kind]
     init_std = INIT_STD * (256 / SIZES[size]["hidden_size"]) ** 0.5
-    config = getattr(transformers, config_name)(**(SIZES[size] | defaults | config_extra), initializer_range=init_std,
-                                                rms_norm_eps=1e-6)
+    config = getattr(transformers, config_name)(
+        **(SIZES[size] | defaults | config_extra), initializer_range=init_std, rms_norm_eps=1e-6
+    )
     model = getattr(transformers, model_name)(config)
     if kind == "gemma2" and config.attn_logit_softcapping:
         model.set_attn_implementation("eager")  # transformers' SDPA path drops the cap; eager applies it
@@ -138,7 +168,7 @@ def run_steps(model, ids, attention_mask, next_tokens, cache=None):
     name = cache_argument(model)
     for step in range(next_tokens.shape[1]):
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = model(next_tokens[:, step:step + 1], attention_mask=mask, use_cache=True, **{name: cache})
+        out = model(next_tokens[:, step : step + 1], attention_mask=mask, use_cache=True, **{name: cache})
         logits.append(out.logits.float())
     return logits
 
@@ -160,8 +190,11 @@ def greedy_tokens(model, ids, attention_mask, n_steps):
 
 def logits_tol(dtype, ref, n_layers):
     u = UNIT_ROUNDOFF[dtype]
-    return Tol((2 * n_layers + 2) * u * ref.abs().max().item(), 0.0,
-               "(2L + 2) roundings of the residual stream, each u * max|logit|")
+    return Tol(
+        (2 * n_layers + 2) * u * ref.abs().max().item(),
+        0.0,
+        "(2L + 2) roundings of the residual stream, each u * max|logit|",
+    )
 
 
 def check_logits(name, out, ref, lowp, dtype, n_layers, rows=None):
@@ -174,9 +207,16 @@ def check_logits(name, out, ref, lowp, dtype, n_layers, rows=None):
     ours = (out.double() - ref.double()).abs().max().item()
     theirs = (lowp.double() - ref.double()).abs().max().item()
     slack = UNIT_ROUNDOFF[dtype] * ref.abs().max().item()
-    outcomes.append(Outcome(f"{name}: 2x unpatched", ours <= 2 * theirs + slack, ours, torch_err=theirs,
-                            limit=f"2x torch + {slack:.1e}", note="" if ours <= 2 * theirs + slack
-                            else "error above 2x the unpatched model's"))
+    outcomes.append(
+        Outcome(
+            f"{name}: 2x unpatched",
+            ours <= 2 * theirs + slack,
+            ours,
+            torch_err=theirs,
+            limit=f"2x torch + {slack:.1e}",
+            note="" if ours <= 2 * theirs + slack else "error above 2x the unpatched model's",
+        )
+    )
     return outcomes
 
 
@@ -197,15 +237,20 @@ def restored(model, modeling, original_rope, original_attention, before, after, 
     limit = 0.0 if DEVICE != "cuda" else UNPATCHED_GPU_ULPS * ulp
     return [
         Outcome("unpatched: bit-identical prefill logits", torch.equal(before[0], after[0]), diffs[0]),
-        Outcome("unpatched: decode logits" + (" (run-to-run noise)" if limit else ", bit-identical"),
-                max(diffs[1:], default=0.0) <= limit, max(diffs[1:], default=0.0),
-                limit=f"{UNPATCHED_GPU_ULPS} u*max|ref|" if limit else "0",
-                note=f"{max(diffs[1:], default=0.0) / ulp:.2g} u*max|ref|"),
+        Outcome(
+            "unpatched: decode logits" + (" (run-to-run noise)" if limit else ", bit-identical"),
+            max(diffs[1:], default=0.0) <= limit,
+            max(diffs[1:], default=0.0),
+            limit=f"{UNPATCHED_GPU_ULPS} u*max|ref|" if limit else "0",
+            note=f"{max(diffs[1:], default=0.0) / ulp:.2g} u*max|ref|",
+        ),
         Outcome("unpatched: no instance forward left", not leftover, note=", ".join(leftover)[:70]),
         Outcome("unpatched: apply_rotary_pos_emb restored", modeling.apply_rotary_pos_emb is original_rope),
-        Outcome("unpatched: attention implementation restored",
-                model.config._attn_implementation == original_attention,
-                note=f"{model.config._attn_implementation} vs {original_attention}"),
+        Outcome(
+            "unpatched: attention implementation restored",
+            model.config._attn_implementation == original_attention,
+            note=f"{model.config._attn_implementation} vs {original_attention}",
+        ),
     ]
 
 
@@ -267,8 +312,11 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
     # every module of the model went through a kernel, on every forward
     n_forwards = n_steps + 1
     # post_attention_layernorm runs fused with the residual add before it, in residual_rmsnorm
-    expected = {"rmsnorm": (norms_a_layer(model) * n_layers + 1) * n_forwards,
-                "residual_rmsnorm": n_layers * n_forwards, "rope": n_layers * n_forwards} | mlp_calls(model, n_forwards)
+    expected = {
+        "rmsnorm": (norms_a_layer(model) * n_layers + 1) * n_forwards,
+        "residual_rmsnorm": n_layers * n_forwards,
+        "rope": n_layers * n_forwards,
+    } | mlp_calls(model, n_forwards)
     if dtype == torch.float32:  # flash_attention takes fp16 / bf16
         expected["attention fallback"] = n_layers * n_forwards
     elif padded or window:
@@ -280,7 +328,7 @@ def check_model(kind, dtype, size="tiny", batch=2, n_steps=3, padded=None, windo
         kinds = getattr(model.config, "layer_types", None) or ["sliding_attention" if window else "full"] * n_layers
         n_sliding = sum(kind == "sliding_attention" for kind in kinds) if window else 0
         length = ids.shape[1]  # step s's query is position length + s, its window's keys from length + s + 1 - W
-        clear = sum(bool(mask[:, max(0, length + s + 1 - window):].all()) for s in range(n_steps)) if window else 0
+        clear = sum(bool(mask[:, max(0, length + s + 1 - window) :].all()) for s in range(n_steps)) if window else 0
         decode = "decode_attention" if model.config.head_dim in DECODE_HEAD_DIMS else "flash_attention"
         kernel_steps = n_sliding * clear + (0 if padded else (n_layers - n_sliding) * n_steps)
         if kernel_steps:
@@ -339,8 +387,9 @@ def check_fp8_kv_cache(kind, padded=False, window=None):
     from llmk.models.fp8_kv_cache import FP8KVCache
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
-    model, ref_model = make_model(kind, "tiny", torch.bfloat16, **({} if window is None else
-                                                                   dict(sliding_window=window)))
+    model, ref_model = make_model(
+        kind, "tiny", torch.bfloat16, **({} if window is None else dict(sliding_window=window))
+    )
     ids = prompt("tiny", 2)
     mask = torch.ones_like(ids)
     if padded:
@@ -357,29 +406,52 @@ def check_fp8_kv_cache(kind, padded=False, window=None):
     if window:
         every_key = run_steps(model, ids, mask, next_tokens, cache=FP8KVCache())
         kept = {type(layer).__name__: layer.keys.shape[2] for layer in windowed.layers}
-        outcomes += [Outcome("FP8KVCache(config): the logits of FP8KVCache(), bit for bit",
-                             all(torch.equal(a, b) for a, b in zip(fp8, every_key))),
-                     Outcome(f"sliding layers keep {window - 1} keys", kept.get("FP8KVSlidingLayer") == window - 1,
-                             note=str(kept))]
+        outcomes += [
+            Outcome(
+                "FP8KVCache(config): the logits of FP8KVCache(), bit for bit",
+                all(torch.equal(a, b) for a, b in zip(fp8, every_key)),
+            ),
+            Outcome(
+                f"sliding layers keep {window - 1} keys", kept.get("FP8KVSlidingLayer") == window - 1, note=str(kept)
+            ),
+        ]
     unpatch_model(model)
     n_layers = model.config.num_hidden_layers
     outcomes.append(Outcome("prefill logits = the 16-bit cache's", torch.equal(fp8[0], same_values[0])))
     for step in range(1, len(ref)):
         tol = logits_tol(torch.bfloat16, ref[step], n_layers)
-        outcomes.append(compare(f"decode {step} logits vs a 16-bit cache of the e4m3 values", fp8[step],
-                                same_values[step], tol))
-        outcomes.append(compare(f"decode {step} logits", fp8[step], ref[step],
-                                Tol(E4M3_FACTOR * tol.atol, 0.0, f"{E4M3_FACTOR}x: {tol.why}")))
+        outcomes.append(
+            compare(f"decode {step} logits vs a 16-bit cache of the e4m3 values", fp8[step], same_values[step], tol)
+        )
+        outcomes.append(
+            compare(
+                f"decode {step} logits",
+                fp8[step],
+                ref[step],
+                Tol(E4M3_FACTOR * tol.atol, 0.0, f"{E4M3_FACTOR}x: {tol.why}"),
+            )
+        )
         ours = (fp8[step].double() - ref[step].double()).abs().max().item()
         theirs = (before[step].double() - ref[step].double()).abs().max().item()
         slack = E4M3_FACTOR * UNIT_ROUNDOFF[torch.bfloat16] * ref[step].abs().max().item()
-        outcomes.append(Outcome(f"decode {step}: {E4M3_FACTOR} x 2x unpatched",
-                                ours <= E4M3_FACTOR * 2 * theirs + slack, ours, torch_err=theirs))
+        outcomes.append(
+            Outcome(
+                f"decode {step}: {E4M3_FACTOR} x 2x unpatched",
+                ours <= E4M3_FACTOR * 2 * theirs + slack,
+                ours,
+                torch_err=theirs,
+            )
+        )
     steps = n_layers * (len(ref) - 1)
     ran = calls.get("attention fallback", 0) if padded else calls.get("decode_attention e4m3")
-    outcomes.append(Outcome("the e4m3 steps ran " + ("the original attention, dequantized" if padded
-                                                     else "decode_attention on the e4m3 cache"),
-                            ran == steps, note=f"{calls}"[:120]))
+    outcomes.append(
+        Outcome(
+            "the e4m3 steps ran "
+            + ("the original attention, dequantized" if padded else "decode_attention on the e4m3 cache"),
+            ran == steps,
+            note=f"{calls}"[:120],
+        )
+    )
     return outcomes
 
 
@@ -403,17 +475,25 @@ def check_fp8_cache_layer():
     def same(label):
         keys = dequantize_kv(mine.keys.view(torch.float8_e4m3fn), mine.k_scale, torch.bfloat16)
         values = dequantize_kv(mine.values.view(torch.float8_e4m3fn), mine.v_scale, torch.bfloat16)
-        ok = (mine.get_seq_length() == theirs.get_seq_length() and torch.equal(keys, theirs.keys)
-              and torch.equal(values, theirs.values))
-        return Outcome(f"FP8KVCache layer after {label} = the rounded 16-bit layer's", ok,
-                       note=f"lengths {mine.get_seq_length()} and {theirs.get_seq_length()}")
+        ok = (
+            mine.get_seq_length() == theirs.get_seq_length()
+            and torch.equal(keys, theirs.keys)
+            and torch.equal(values, theirs.values)
+        )
+        return Outcome(
+            f"FP8KVCache layer after {label} = the rounded 16-bit layer's",
+            ok,
+            note=f"lengths {mine.get_seq_length()} and {theirs.get_seq_length()}",
+        )
 
     outcomes = [same("a prefill and a decode step")]
-    for label, call in (("crop(0)", lambda layer: layer.crop(0)), ("crop(-2)", lambda layer: layer.crop(-2)),
-                        ("reorder_cache", lambda layer: layer.reorder_cache(torch.tensor([1, 0], device=DEVICE))),
-                        ("batch_repeat_interleave(2)", lambda layer: layer.batch_repeat_interleave(2)),
-                        ("batch_select_indices", lambda layer: layer.batch_select_indices(
-                            torch.tensor([0, 3], device=DEVICE)))):
+    for label, call in (
+        ("crop(0)", lambda layer: layer.crop(0)),
+        ("crop(-2)", lambda layer: layer.crop(-2)),
+        ("reorder_cache", lambda layer: layer.reorder_cache(torch.tensor([1, 0], device=DEVICE))),
+        ("batch_repeat_interleave(2)", lambda layer: layer.batch_repeat_interleave(2)),
+        ("batch_select_indices", lambda layer: layer.batch_select_indices(torch.tensor([0, 3], device=DEVICE))),
+    ):
         call(mine)
         call(theirs)
         outcomes.append(same(label))
@@ -425,8 +505,9 @@ def check_fp8_cache_layer():
     ids = torch.cat([prompt("tiny", 1)] * 2, dim=1)  # a repeated prompt: prompt lookup finds candidates
     options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        greedy = model.generate(ids, past_key_values=FP8KVCache(), output_scores=True, return_dict_in_generate=True,
-                                **options)
+        greedy = model.generate(
+            ids, past_key_values=FP8KVCache(), output_scores=True, return_dict_in_generate=True, **options
+        )
         lookup = model.generate(ids, past_key_values=FP8KVCache(), prompt_lookup_num_tokens=3, **options)
     plain, new = greedy.sequences, slice(ids.shape[1], None)
     # the same tokens, up to a near tie: prompt lookup verifies its candidates in one multi-token
@@ -465,16 +546,27 @@ def check_fp8_sliding_layer():
     def agree(label, got=None, want=None):
         keys = dequantize_kv(mine.keys.view(torch.float8_e4m3fn), mine.k_scale, torch.bfloat16)
         values = dequantize_kv(mine.values.view(torch.float8_e4m3fn), mine.v_scale, torch.bfloat16)
-        ok = (torch.equal(keys, theirs.keys) and torch.equal(values, theirs.values)
-              and mine.get_seq_length() == theirs.get_seq_length()
-              and mine.get_mask_sizes(1) == theirs.get_mask_sizes(1))
+        ok = (
+            torch.equal(keys, theirs.keys)
+            and torch.equal(values, theirs.values)
+            and mine.get_seq_length() == theirs.get_seq_length()
+            and mine.get_mask_sizes(1) == theirs.get_mask_sizes(1)
+        )
         if got is not None:
             scales = cache_scales(*got)
-            ok = ok and scales is not None and all(
-                torch.equal(dequantize_kv(g, sc, torch.bfloat16), w) for g, sc, w in zip(got, scales, want))
-        outcomes.append(Outcome(f"sliding layer after {label} = transformers' of the rounded values", ok,
-                                note=f"kept {mine.keys.shape[2]} and {theirs.keys.shape[2]}, lengths "
-                                     f"{mine.get_seq_length()} and {theirs.get_seq_length()}"))
+            ok = (
+                ok
+                and scales is not None
+                and all(torch.equal(dequantize_kv(g, sc, torch.bfloat16), w) for g, sc, w in zip(got, scales, want))
+            )
+        outcomes.append(
+            Outcome(
+                f"sliding layer after {label} = transformers' of the rounded values",
+                ok,
+                note=f"kept {mine.keys.shape[2]} and {theirs.keys.shape[2]}, lengths "
+                f"{mine.get_seq_length()} and {theirs.get_seq_length()}",
+            )
+        )
 
     def step(t):
         k, v = (torch.randn(2, 2, t, 64, device=DEVICE).to(torch.bfloat16) for _ in range(2))
@@ -508,16 +600,20 @@ def check_generate(kind, dtype):
     n_new = 4
     with torch.no_grad():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=n_new, do_sample=False, pad_token_id=0)
-        ref_logits = ref_model(out).logits.float()[:, ids.shape[1] - 1:-1]  # the logits each pick came from
-    picked = ref_logits.gather(-1, out[:, ids.shape[1]:, None])[..., 0]
+        ref_logits = ref_model(out).logits.float()[:, ids.shape[1] - 1 : -1]  # the logits each pick came from
+    picked = ref_logits.gather(-1, out[:, ids.shape[1] :, None])[..., 0]
     gap = (ref_logits.max(-1).values - picked).max().item()
     limit = 2 * logits_tol(dtype, ref_logits, model.config.num_hidden_layers).atol
     calls = kernel_calls(model)
     attention_calls = calls.get("flash_attention", 0) + calls.get("decode_attention", 0)
-    return [Outcome("picked logit within 2 tol of the max", gap <= limit, gap, limit=f"{limit:.3g}"),
-            Outcome("attention kernels ran in every layer and step",
-                    attention_calls == model.config.num_hidden_layers * n_new
-                    and "attention fallback" not in calls, note=f"{calls}"[:120])]
+    return [
+        Outcome("picked logit within 2 tol of the max", gap <= limit, gap, limit=f"{limit:.3g}"),
+        Outcome(
+            "attention kernels ran in every layer and step",
+            attention_calls == model.config.num_hidden_layers * n_new and "attention fallback" not in calls,
+            note=f"{calls}"[:120],
+        ),
+    ]
 
 
 def check_cache(cache_kind, kind="llama", dtype=torch.bfloat16, window=None, second="original", first="kernel"):
@@ -539,8 +635,11 @@ def check_cache(cache_kind, kind="llama", dtype=torch.bfloat16, window=None, sec
 
     @torch.no_grad()
     def run(m):
-        cache = {"dynamic": lambda: DynamicCache(config=m.config), "whole": DynamicCache,
-                 "static": lambda: StaticCache(config=m.config, max_cache_len=32)}[cache_kind]()
+        cache = {
+            "dynamic": lambda: DynamicCache(config=m.config),
+            "whole": DynamicCache,
+            "static": lambda: StaticCache(config=m.config, max_cache_len=32),
+        }[cache_kind]()
         name = cache_argument(m)
         first = m(ids, use_cache=True, **{name: cache}).logits.float()
         second = m(chunk if cache_kind == "dynamic" else chunk[:, :1], use_cache=True, **{name: cache})
@@ -583,8 +682,9 @@ def check_training(kind, checkpointing=False):
     backward, under HF's checkpoint call)."""
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
-    model, ref = make_model(kind, "tiny", torch.bfloat16, **(MOE_TRAINING if "num_experts_per_tok" in FAMILIES[kind][2]
-                                                              else {}))
+    model, ref = make_model(
+        kind, "tiny", torch.bfloat16, **(MOE_TRAINING if "num_experts_per_tok" in FAMILIES[kind][2] else {})
+    )
     plain = copy.deepcopy(model)
     for m in (model, ref, plain):
         m.train()
@@ -603,16 +703,23 @@ def check_training(kind, checkpointing=False):
     calls = kernel_calls(model)
     unpatch_model(model)
     again_loss, again_grads = training_step(model, batch)
-    outcomes = [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9),
-                gradients_rule(grads, ref_grads, plain_grads)]
+    outcomes = [
+        training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9),
+        gradients_rule(grads, ref_grads, plain_grads),
+    ]
     ran = {k for k, v in calls.items() if v and "fallback" not in k}
     fallbacks = {k: v for k, v in calls.items() if "fallback" in k}
     every = {"rmsnorm", "residual_rmsnorm", "rope", "flash_attention", "cross_entropy", *mlp_calls(model, 1)}
     outcomes.append(Outcome("every kernel ran, no fallback", ran >= every and not fallbacks, note=f"{calls}"[:120]))
     if checkpointing:  # each layer's kernels ran twice: the forward, and its recomputation
         n_layers = model.config.num_hidden_layers
-        outcomes.append(Outcome("layers recomputed in the backward", calls.get("residual_rmsnorm") == 2 * n_layers
-                                and calls.get(mlp_kernel(model)) == 2 * n_layers, note=f"{calls}"[:120]))
+        outcomes.append(
+            Outcome(
+                "layers recomputed in the backward",
+                calls.get("residual_rmsnorm") == 2 * n_layers and calls.get(mlp_kernel(model)) == 2 * n_layers,
+                note=f"{calls}"[:120],
+            )
+        )
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     return outcomes + [Outcome("unpatched: the original step, bit for bit", same)]
 
@@ -657,9 +764,11 @@ def check_compiled_layers(kind, n_layers=COMPILED_LAYERS):
             layer._compiled_call_impl = None  # as nn.Module.compile left it unset
         unpatch_model(model)
         torch._dynamo.reset()
-    return [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9),
-            gradients_rule(grads, ref_grads, plain_grads),
-            Outcome(f"one graph for {n_layers} layers", graphs == 1, note=f"{graphs} graphs{why}")]
+    return [
+        training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9),
+        gradients_rule(grads, ref_grads, plain_grads),
+        Outcome(f"one graph for {n_layers} layers", graphs == 1, note=f"{graphs} graphs{why}"),
+    ]
 
 
 def _compile_reasons(counters):
@@ -701,25 +810,33 @@ def check_fp8_training(kind):
     again_loss, again_grads = training_step(model, batch)
     n_linears = sum(type(m) is torch.nn.Linear for layer in model.model.layers for m in layer.modules())
     n_cast = 6 * len(model.model.layers)  # all but o_proj: q, k, v from the input norm, gate, up, down
-    outcomes = [training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9, factor=FP8_FACTOR, floor=noise),
-                gradients_rule(grads, ref_grads, plain_grads, factor=FP8_FACTOR),
-                Outcome(f"fp8_linear ran {n_linears} times (the decoder layers' linears), no fallback",
-                        calls.get("fp8_linear") == n_linears and not calls.get("fp8_linear fallback"),
-                        note=f"{calls}"[:120]),
-                Outcome(f"{n_cast} of them read their input's e4m3 rows from its producer",
-                        calls.get("fp8_linear, input cast by its producer") == n_cast,
-                        note=f"{calls.get('fp8_linear, input cast by its producer')}"),
-                Outcome("q, k and v as one product in each layer",
-                        calls.get("fp8_linear, q/k/v as one product") == len(model.model.layers),
-                        note=f"{calls.get('fp8_linear, q/k/v as one product')}")]
+    outcomes = [
+        training_rule("loss", loss, ref_loss, plain_loss, slack=1e-9, factor=FP8_FACTOR, floor=noise),
+        gradients_rule(grads, ref_grads, plain_grads, factor=FP8_FACTOR),
+        Outcome(
+            f"fp8_linear ran {n_linears} times (the decoder layers' linears), no fallback",
+            calls.get("fp8_linear") == n_linears and not calls.get("fp8_linear fallback"),
+            note=f"{calls}"[:120],
+        ),
+        Outcome(
+            f"{n_cast} of them read their input's e4m3 rows from its producer",
+            calls.get("fp8_linear, input cast by its producer") == n_cast,
+            note=f"{calls.get('fp8_linear, input cast by its producer')}",
+        ),
+        Outcome(
+            "q, k and v as one product in each layer",
+            calls.get("fp8_linear, q/k/v as one product") == len(model.model.layers),
+            note=f"{calls.get('fp8_linear, q/k/v as one product')}",
+        ),
+    ]
     same = torch.equal(again_loss, plain_loss) and all(torch.equal(again_grads[n], plain_grads[n]) for n in plain_grads)
     from llmk.models.patch_layers import _FP8_FUSED, _FP8_INPUTS
 
-    return outcomes + [Outcome("unpatched: the original step, bit for bit", same),
-                       Outcome("no cast rows left waiting for a reader", len(_FP8_INPUTS) == 0,
-                               note=f"{len(_FP8_INPUTS)} left"),
-                       Outcome("no q/k/v parts left waiting for their linear", len(_FP8_FUSED) == 0,
-                               note=f"{len(_FP8_FUSED)} left")]
+    return outcomes + [
+        Outcome("unpatched: the original step, bit for bit", same),
+        Outcome("no cast rows left waiting for a reader", len(_FP8_INPUTS) == 0, note=f"{len(_FP8_INPUTS)} left"),
+        Outcome("no q/k/v parts left waiting for their linear", len(_FP8_FUSED) == 0, note=f"{len(_FP8_FUSED)} left"),
+    ]
 
 
 # one single-token sequence: nothing to predict in it. The longest 9 in the interpreter, where the
@@ -755,27 +872,46 @@ def check_packed_training(kind):
     u = UNIT_ROUNDOFF[torch.bfloat16]
     outcomes, losses = [], {}
     for name, batch in zip(("padding-free", "padded"), random_batches(PACKED_LENGTHS)):
-        (ref_loss, ref_grads), (plain_loss, plain_grads), (loss, grads) = (training_step(m, batch)
-                                                                           for m in (ref, plain, model))
+        (ref_loss, ref_grads), (plain_loss, plain_grads), (loss, grads) = (
+            training_step(m, batch) for m in (ref, plain, model)
+        )
         losses[name] = (loss, ref_loss, plain_loss)
-        outcomes += [training_rule(f"{name}: loss", loss, ref_loss, plain_loss),
-                     gradients_rule(grads, ref_grads, plain_grads, prefix=f"{name}: ")]
+        outcomes += [
+            training_rule(f"{name}: loss", loss, ref_loss, plain_loss),
+            gradients_rule(grads, ref_grads, plain_grads, prefix=f"{name}: "),
+        ]
     packed_batch = random_batches(PACKED_LENGTHS)[0]  # fresh tokens: the reference is the patched model itself
     model.zero_grad(set_to_none=True)
     without_cache = model(**packed_batch).loss
     with_cache = model(**(packed_batch | dict(use_cache=True))).loss
-    outcomes.append(Outcome("padding-free, use_cache=True (no mask): the same loss",
-                            torch.equal(with_cache, without_cache)))
+    outcomes.append(
+        Outcome("padding-free, use_cache=True (no mask): the same loss", torch.equal(with_cache, without_cache))
+    )
     (packed, ref_packed, _), (padded, ref_padded, plain_padded) = losses["padding-free"], losses["padded"]
-    outcomes.append(compare("padding-free loss = padded loss", packed, padded,
-                            Tol(2 * (plain_padded - ref_padded).abs().item() + 2 * u * ref_padded.abs().item()
-                                + (ref_packed - ref_padded).abs().item(), 0.0,
-                                "the rule, both ways, + the reference's own difference", rounding_check=False)))
+    outcomes.append(
+        compare(
+            "padding-free loss = padded loss",
+            packed,
+            padded,
+            Tol(
+                2 * (plain_padded - ref_padded).abs().item()
+                + 2 * u * ref_padded.abs().item()
+                + (ref_packed - ref_padded).abs().item(),
+                0.0,
+                "the rule, both ways, + the reference's own difference",
+                rounding_check=False,
+            ),
+        )
+    )
     calls = kernel_calls(model)
     n_layers = model.config.num_hidden_layers
-    outcomes.append(Outcome("the packed kernel ran in every layer, no attention fallback",
-                            calls.get("flash_attention_varlen") == 4 * n_layers and "attention fallback" not in calls,
-                            note=f"{calls}"[:120]))
+    outcomes.append(
+        Outcome(
+            "the packed kernel ran in every layer, no attention fallback",
+            calls.get("flash_attention_varlen") == 4 * n_layers and "attention fallback" not in calls,
+            note=f"{calls}"[:120],
+        )
+    )
     return outcomes
 
 
@@ -798,23 +934,35 @@ def check_training_options():
     shift = torch.full_like(ids, -100)
     shift[0, 2], shift[1, 7], shift[1, 3] = ids[0, 5], ids[1, 1], ids[1, 9]
     outcomes = []
-    for name, kwargs in (("shift_labels", dict(labels=ids, shift_labels=shift)),
-                         ("num_items_in_batch", dict(labels=ids, num_items_in_batch=torch.tensor(20)))):
+    for name, kwargs in (
+        ("shift_labels", dict(labels=ids, shift_labels=shift)),
+        ("num_items_in_batch", dict(labels=ids, num_items_in_batch=torch.tensor(20))),
+    ):
         ref_loss, plain_loss, loss = (m(input_ids=ids, **kwargs).loss.double() for m in (ref, plain, model))
         outcomes.append(training_rule(name, loss, ref_loss, plain_loss))
     # the loss writes its gradient over the final hidden states unless the output returns them
-    hidden = [m(input_ids=ids, labels=ids, output_hidden_states=True).hidden_states[-1].double()
-              for m in (ref, plain, model)]
+    hidden = [
+        m(input_ids=ids, labels=ids, output_hidden_states=True).hidden_states[-1].double() for m in (ref, plain, model)
+    ]
     outcomes.append(training_rule("output_hidden_states: the last one", hidden[2], hidden[0], hidden[1]))
     as_tuple = model(input_ids=ids, labels=ids, return_dict=False)
     as_dict = model(input_ids=ids, labels=ids)
-    outcomes.append(Outcome("return_dict=False: a tuple, loss first",
-                            isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], as_dict.loss)))
+    outcomes.append(
+        Outcome(
+            "return_dict=False: a tuple, loss first",
+            isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], as_dict.loss),
+        )
+    )
     model.eval()
     outcomes.append(Outcome("eval with labels: logits kept", model(input_ids=ids, labels=ids).logits is not None))
     calls = kernel_calls(model)
-    outcomes.append(Outcome("the fused loss ran, no fallback", calls.get("cross_entropy", 0) >= 5
-                            and not calls.get("cross_entropy fallback"), note=f"{calls}"[:100]))
+    outcomes.append(
+        Outcome(
+            "the fused loss ran, no fallback",
+            calls.get("cross_entropy", 0) >= 5 and not calls.get("cross_entropy fallback"),
+            note=f"{calls}"[:100],
+        )
+    )
     return outcomes
 
 
@@ -850,7 +998,8 @@ def check_experts_implementation():
     ran = ops.names.count("llmk.moe_experts")
     return check_logits("prefill logits", got, ref, before, torch.bfloat16, model.config.num_hidden_layers) + [
         Outcome(f"llmk::moe_experts ran in the {n_sparse} sparse layer(s)", ran == n_sparse, note=f"{ran} calls"),
-        Outcome(f"{original} again: the original logits, bit for bit", torch.equal(before, after))]
+        Outcome(f"{original} again: the original logits, bit for bit", torch.equal(before, after)),
+    ]
 
 
 def check_other_model_untouched():
@@ -872,9 +1021,14 @@ def check_other_model_untouched():
         unpatch_model(second)
         unpatch_model(first)
     n_layers = first.config.num_hidden_layers
-    return [Outcome("unpatched model bit-identical beside a patched one", torch.equal(before, during)),
-            Outcome("kernels=('rmsnorm',) runs rmsnorm only", subset_calls == {"rmsnorm": 2 * n_layers + 1}
-                    and subset_attention == "sdpa", note=f"{subset_calls} {subset_attention}"[:120])]
+    return [
+        Outcome("unpatched model bit-identical beside a patched one", torch.equal(before, during)),
+        Outcome(
+            "kernels=('rmsnorm',) runs rmsnorm only",
+            subset_calls == {"rmsnorm": 2 * n_layers + 1} and subset_attention == "sdpa",
+            note=f"{subset_calls} {subset_attention}"[:120],
+        ),
+    ]
 
 
 def check_errors():
@@ -883,8 +1037,14 @@ def check_errors():
 
     from llmk.models.hf_patch import kernel_calls, patch_model, unpatch_model
 
-    small = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
-                 num_hidden_layers=1, vocab_size=64)
+    small = dict(
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        vocab_size=64,
+    )
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=64))
     gelu_llama = LlamaForCausalLM(LlamaConfig(**small, hidden_act="gelu"))
     relu_llama = LlamaForCausalLM(LlamaConfig(**small, hidden_act="relu"))
@@ -899,8 +1059,9 @@ def check_errors():
         expect_raises("not a model", lambda: patch_model(torch.nn.Linear(2, 2)), TypeError, "model"),
         expect_raises("unknown kernel", lambda: patch_model(llama, kernels=("rmsnorm", "gelu")), ValueError, "kernels"),
         expect_raises("kernels as one string", lambda: patch_model(llama, kernels="rmsnorm"), TypeError, "kernels"),
-        expect_raises("swiglu alone on a GELU MLP", lambda: patch_model(gelu_llama, kernels=("swiglu",)), ValueError,
-                      "'gelu'"),
+        expect_raises(
+            "swiglu alone on a GELU MLP", lambda: patch_model(gelu_llama, kernels=("swiglu",)), ValueError, "'gelu'"
+        ),
         expect_raises("no MLP kernel for ReLU", lambda: patch_model(relu_llama), ValueError, "'relu'"),
         expect_raises("unpatch an unpatched model", lambda: unpatch_model(llama), ValueError, "not patched"),
         expect_raises("attention implementation without a mask", lambda: patch_model(paged), ValueError, "kernels"),
@@ -953,8 +1114,9 @@ def check_silent(kind):
                 warnings.simplefilter("always")
                 run_steps(model, ids, torch.ones_like(ids), prompt("tiny", 2)[:, :2])
                 with torch.no_grad():
-                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
-                                   pad_token_id=0)
+                    model.generate(
+                        ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0
+                    )
                 model.train()
                 model(input_ids=ids, labels=ids).loss.backward()
                 model.eval()
@@ -968,8 +1130,13 @@ def check_silent(kind):
     unpatch_model(model)
     unpatched = messages()
     extra = [m for m in patched if m not in unpatched]
-    return [Outcome("patched: no warning the unpatched model does not give", not extra,
-                    note="; ".join(extra)[:110] or f"{len(patched)} patched, {len(unpatched)} unpatched")]
+    return [
+        Outcome(
+            "patched: no warning the unpatched model does not give",
+            not extra,
+            note="; ".join(extra)[:110] or f"{len(patched)} patched, {len(unpatched)} unpatched",
+        )
+    ]
 
 
 def model_cases():
@@ -978,41 +1145,74 @@ def model_cases():
         cases.append(Case(f"{kind} bf16 prefill + 3 decode steps", check_model, dict(kind=kind, dtype=torch.bfloat16)))
     cases += [
         Case("llama fp16 prefill + 3 decode steps", check_model, dict(kind="llama", dtype=torch.float16)),
-        Case("qwen2 bf16 left-padded (packed prefill)", check_model,
-             dict(kind="qwen2", dtype=torch.bfloat16, padded="left")),
-        Case("qwen3 bf16 right-padded (packed prefill)", check_model,
-             dict(kind="qwen3", dtype=torch.bfloat16, padded="right")),
-        Case("qwen3_moe bf16 left-padded (packed prefill; the experts take the padding rows too)", check_model,
-             dict(kind="qwen3_moe", dtype=torch.bfloat16, padded="left")),
+        Case(
+            "qwen2 bf16 left-padded (packed prefill)",
+            check_model,
+            dict(kind="qwen2", dtype=torch.bfloat16, padded="left"),
+        ),
+        Case(
+            "qwen3 bf16 right-padded (packed prefill)",
+            check_model,
+            dict(kind="qwen3", dtype=torch.bfloat16, padded="right"),
+        ),
+        Case(
+            "qwen3_moe bf16 left-padded (packed prefill; the experts take the padding rows too)",
+            check_model,
+            dict(kind="qwen3_moe", dtype=torch.bfloat16, padded="left"),
+        ),
         # no padding: transformers still masks the window, and the dense kernel takes it
         Case("mistral bf16 sliding window 8 < T", check_model, dict(kind="mistral", dtype=torch.bfloat16, window=8)),
         Case("gemma2 bf16 sliding window 8 < T", check_model, dict(kind="gemma2", dtype=torch.bfloat16, window=8)),
         # padded: the packed kernel, with the window on every layer (Mistral) or every other one (Gemma 2)
-        Case("mistral bf16 sliding window 8 < T, left-padded", check_model,
-             dict(kind="mistral", dtype=torch.bfloat16, window=8, padded="left")),
-        Case("gemma2 bf16 sliding window 8 < T, right-padded", check_model,
-             dict(kind="gemma2", dtype=torch.bfloat16, window=8, padded="right")),
+        Case(
+            "mistral bf16 sliding window 8 < T, left-padded",
+            check_model,
+            dict(kind="mistral", dtype=torch.bfloat16, window=8, padded="left"),
+        ),
+        Case(
+            "gemma2 bf16 sliding window 8 < T, right-padded",
+            check_model,
+            dict(kind="gemma2", dtype=torch.bfloat16, window=8, padded="right"),
+        ),
         Case("llama fp32 (attention falls back)", check_model, dict(kind="llama", dtype=torch.float32, n_steps=1)),
         Case("llama bf16 DynamicCache, second prefill chunk", check_cache, dict(cache_kind="dynamic")),
         Case("llama bf16 StaticCache prefill + decode step", check_cache, dict(cache_kind="static")),
         # a window's mask at decode: a static sliding layer with unwritten slots (window 16 > 13 + 1
         # tokens) keeps it (the original); a full one (window 8) holds the window's keys alone and a
         # cache of every token gives the window to the decode kernel as its option; an fp32 model keeps it
-        Case("mistral bf16 sliding window 16, StaticCache prefill + decode step (slots unwritten)", check_cache,
-             dict(cache_kind="static", kind="mistral", window=16, first="original")),
-        Case("mistral bf16 sliding window 8, StaticCache prefill + decode step (window full)", check_cache,
-             dict(cache_kind="static", kind="mistral", window=8, second="decode")),
-        Case("mistral bf16 sliding window 8, decode step on a cache of every token", check_cache,
-             dict(cache_kind="whole", kind="mistral", window=8, second="decode")),
-        Case("mistral fp32 sliding window 8, decode step on a cache of every token (the original)", check_cache,
-             dict(cache_kind="whole", kind="mistral", dtype=torch.float32, window=8)),
+        Case(
+            "mistral bf16 sliding window 16, StaticCache prefill + decode step (slots unwritten)",
+            check_cache,
+            dict(cache_kind="static", kind="mistral", window=16, first="original"),
+        ),
+        Case(
+            "mistral bf16 sliding window 8, StaticCache prefill + decode step (window full)",
+            check_cache,
+            dict(cache_kind="static", kind="mistral", window=8, second="decode"),
+        ),
+        Case(
+            "mistral bf16 sliding window 8, decode step on a cache of every token",
+            check_cache,
+            dict(cache_kind="whole", kind="mistral", window=8, second="decode"),
+        ),
+        Case(
+            "mistral fp32 sliding window 8, decode step on a cache of every token (the original)",
+            check_cache,
+            dict(cache_kind="whole", kind="mistral", dtype=torch.float32, window=8),
+        ),
         Case("qwen2 bf16 generate()", check_generate, dict(kind="qwen2", dtype=torch.bfloat16)),
         Case("llama bf16 e4m3 KV cache (FP8KVCache), 3 decode steps", check_fp8_kv_cache, dict(kind="llama")),
-        Case("qwen3 bf16 e4m3 KV cache, left-padded (decode steps dequantized)", check_fp8_kv_cache,
-             dict(kind="qwen3", padded=True)),
+        Case(
+            "qwen3 bf16 e4m3 KV cache, left-padded (decode steps dequantized)",
+            check_fp8_kv_cache,
+            dict(kind="qwen3", padded=True),
+        ),
         Case("FP8KVCache's layer methods; generate() with prompt lookup", check_fp8_cache_layer),
-        Case("gemma2 bf16 e4m3 KV cache, sliding window 8 < T (FP8KVCache(config))", check_fp8_kv_cache,
-             dict(kind="gemma2", window=8)),
+        Case(
+            "gemma2 bf16 e4m3 KV cache, sliding window 8 < T (FP8KVCache(config))",
+            check_fp8_kv_cache,
+            dict(kind="gemma2", window=8),
+        ),
         Case("FP8KVCache(config)'s sliding layer against transformers'", check_fp8_sliding_layer),
     ]
     for kind in KINDS:
@@ -1022,23 +1222,37 @@ def model_cases():
         # gpu_only: the padding-free path (sequences found from position_ids, the packed kernel) is the
         # patch's own, not the family's: llama's case runs it in the interpreter, and Qwen3's q and k
         # norms, which do not depend on positions, train in its plain training step
-        Case("qwen3 bf16 training step, padding-free and padded batches", check_packed_training, dict(kind="qwen3"),
-             gpu_only=True),
+        Case(
+            "qwen3 bf16 training step, padding-free and padded batches",
+            check_packed_training,
+            dict(kind="qwen3"),
+            gpu_only=True,
+        ),
         # the experts take a padding-free batch's rows as they take a padded one's (the padding rows
         # too, their gradients zero); without the routers' auxiliary loss (MOE_TRAINING), which the
         # plain qwen3_moe training step checks; gpu_only for the interpreter's minutes, as qwen3's
-        Case("qwen3_moe bf16 training step, padding-free and padded batches", check_packed_training,
-             dict(kind="qwen3_moe"), gpu_only=True),
+        Case(
+            "qwen3_moe bf16 training step, padding-free and padded batches",
+            check_packed_training,
+            dict(kind="qwen3_moe"),
+            gpu_only=True,
+        ),
         Case("llama bf16 training step, fp8_linear", check_fp8_training, dict(kind="llama")),
-        Case("qwen2 bf16 training step, fp8_linear (biased q/k/v)", check_fp8_training, dict(kind="qwen2"),
-             gpu_only=True),  # a minute in the interpreter: the llama case covers the CPU lane
-        Case("llama bf16 training step, gradient checkpointing", check_training,
-             dict(kind="llama", checkpointing=True)),
-        Case("training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict",
-             check_training_options),
+        Case(
+            "qwen2 bf16 training step, fp8_linear (biased q/k/v)", check_fp8_training, dict(kind="qwen2"), gpu_only=True
+        ),  # a minute in the interpreter: the llama case covers the CPU lane
+        Case(
+            "llama bf16 training step, gradient checkpointing", check_training, dict(kind="llama", checkpointing=True)
+        ),
+        Case(
+            "training step: shift_labels, num_items_in_batch, output_hidden_states, return_dict", check_training_options
+        ),
         Case("qwen3_moe: the experts kernel as transformers' experts implementation", check_experts_implementation),
-        Case(f"llama bf16 training step, each of {COMPILED_LAYERS} layers compiled: one graph", check_compiled_layers,
-             dict(kind="llama")),
+        Case(
+            f"llama bf16 training step, each of {COMPILED_LAYERS} layers compiled: one graph",
+            check_compiled_layers,
+            dict(kind="llama"),
+        ),
         Case("unpatched model beside a patched one; kernel subset", check_other_model_untouched),
         Case("errors", check_errors),
         Case("llama: no warning the unpatched model does not give", check_silent, dict(kind="llama")),
@@ -1048,8 +1262,14 @@ def model_cases():
         for dtype in (torch.bfloat16, torch.float16):
             name = f"{kind} {'bf16' if dtype == torch.bfloat16 else 'fp16'} hd128 T300 x2, 8 decode steps"
             cases.append(Case(name, check_model, dict(kind=kind, dtype=dtype, size="gpu", n_steps=8), gpu_only=True))
-    cases.append(Case("llama bf16 hd128 T300 left-padded", check_model,
-                      dict(kind="llama", dtype=torch.bfloat16, size="gpu", padded="left"), gpu_only=True))
+    cases.append(
+        Case(
+            "llama bf16 hd128 T300 left-padded",
+            check_model,
+            dict(kind="llama", dtype=torch.bfloat16, size="gpu", padded="left"),
+            gpu_only=True,
+        )
+    )
     return cases
 
 
@@ -1063,5 +1283,8 @@ def test_case(case):
 if __name__ == "__main__":
     if not HAVE_TRANSFORMERS:
         print(f"models/test_hf_patch.py: {SKIP_REASON} ({INSTALL_HINT})")
-    main("HF Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, Qwen3-MoE and Mixtral patched with our kernels", CASES,
-         skip_reason=None if HAVE_TRANSFORMERS else SKIP_REASON)
+    main(
+        "HF Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, Qwen3-MoE and Mixtral patched with our kernels",
+        CASES,
+        skip_reason=None if HAVE_TRANSFORMERS else SKIP_REASON,
+    )

@@ -28,6 +28,7 @@ max|y| after the projections: every element must be within LAYER_ROUNDINGS * u *
 2x rule of the kernel tests holds for the whole layer: our largest error at most twice the PyTorch
 bf16 layer's, plus u * max|ref|.
 """
+
 import dataclasses
 import json
 import pathlib
@@ -77,8 +78,12 @@ def layer_config(kind):
 
 def layer_tol(ref):
     u = UNIT_ROUNDOFF[DTYPE]
-    return Tol(LAYER_ROUNDINGS * u * ref.abs().max().item(), 0.0,
-               f"{LAYER_ROUNDINGS} roundings of u * max|ref| (module docstring)", rounding_check=False)
+    return Tol(
+        LAYER_ROUNDINGS * u * ref.abs().max().item(),
+        0.0,
+        f"{LAYER_ROUNDINGS} roundings of u * max|ref| (module docstring)",
+        rounding_check=False,
+    )
 
 
 def check_layer(name, out, ref, lowp):
@@ -87,9 +92,17 @@ def check_layer(name, out, ref, lowp):
     theirs = (lowp.double() - ref.double()).abs().max().item()
     slack = UNIT_ROUNDOFF[DTYPE] * ref.abs().max().item()
     ok = ours <= 2 * theirs + slack
-    return [compare(name, out, ref, layer_tol(ref)),
-            Outcome(f"{name}: 2x PyTorch bf16", ok, ours, torch_err=theirs, limit=f"2x torch + {slack:.1e}",
-                    note="" if ok else "error above 2x the PyTorch layer's")]
+    return [
+        compare(name, out, ref, layer_tol(ref)),
+        Outcome(
+            f"{name}: 2x PyTorch bf16",
+            ok,
+            ours,
+            torch_err=theirs,
+            limit=f"2x torch + {slack:.1e}",
+            note="" if ok else "error above 2x the PyTorch layer's",
+        ),
+    ]
 
 
 def rand(*shape):
@@ -111,8 +124,11 @@ def decode_inputs(config, batch, t_max, paged=False):
     inputs = dict(x=rand(batch, config.hidden), k_cache=k_cache, v_cache=v_cache, lengths=lengths, paged=None)
     if paged:
         perm = torch.randperm(batch * t_max // PAGE_SIZE, device=DEVICE).view(batch, -1)
-        inputs.update(k_cache=to_pages(k_cache, perm, PAGE_SIZE), v_cache=to_pages(v_cache, perm, PAGE_SIZE),
-                      paged=perm.to(torch.int32))
+        inputs.update(
+            k_cache=to_pages(k_cache, perm, PAGE_SIZE),
+            v_cache=to_pages(v_cache, perm, PAGE_SIZE),
+            paged=perm.to(torch.int32),
+        )
     return inputs
 
 
@@ -170,8 +186,10 @@ def check_prefill(kind):
     y, k, v = prefill(weights, x, cos, sin)
     y_t, k_t, _ = torch_prefill(weights, x, cos, sin)
     y_ref, k_ref, v_ref = torch_prefill(weights.to(torch.float32), x.float(), cos, sin)
-    return (check_layer("y", y, y_ref, y_t) + [compare("k (rotated)", k, k_ref, layer_tol(k_ref), torch_out=k_t),
-                                                compare("v", v, v_ref, layer_tol(v_ref))])
+    return check_layer("y", y, y_ref, y_t) + [
+        compare("k (rotated)", k, k_ref, layer_tol(k_ref), torch_out=k_t),
+        compare("v", v, v_ref, layer_tol(v_ref)),
+    ]
 
 
 @torch.no_grad()
@@ -184,10 +202,19 @@ def check_decode(kind, paged=False, num_splits=None):
     y, k_cache, v_cache = run_decode(decode_step, weights, inputs, cos, sin, num_splits=num_splits)
     y_t, _, _ = run_decode(torch_decode_step, weights, inputs, cos, sin)
     ref_in = cloned(inputs, torch.float32)
-    y_ref = torch_decode_step(weights.to(torch.float32), ref_in["x"], ref_in["k_cache"], ref_in["v_cache"],
-                              ref_in["lengths"], cos, sin, paged=ref_in["paged"])
-    return (check_layer(f"y, lengths {inputs['lengths'].tolist()}", y, y_ref, y_t)
-            + check_caches("step", inputs, (k_cache, v_cache), (ref_in["k_cache"], ref_in["v_cache"])))
+    y_ref = torch_decode_step(
+        weights.to(torch.float32),
+        ref_in["x"],
+        ref_in["k_cache"],
+        ref_in["v_cache"],
+        ref_in["lengths"],
+        cos,
+        sin,
+        paged=ref_in["paged"],
+    )
+    return check_layer(f"y, lengths {inputs['lengths'].tolist()}", y, y_ref, y_t) + check_caches(
+        "step", inputs, (k_cache, v_cache), (ref_in["k_cache"], ref_in["v_cache"])
+    )
 
 
 def check_forward_only():
@@ -196,8 +223,14 @@ def check_forward_only():
     inputs = decode_inputs(config, 2, 32)
     cos, sin = rope_tables(config, 32, DEVICE)
     x = inputs["x"].clone().requires_grad_()
-    return [expect_raises("grad on x: RuntimeError naming llmk::", lambda: decode_step(
-        weights, x, inputs["k_cache"], inputs["v_cache"], inputs["lengths"], cos, sin), (RuntimeError,), "llmk::")]
+    return [
+        expect_raises(
+            "grad on x: RuntimeError naming llmk::",
+            lambda: decode_step(weights, x, inputs["k_cache"], inputs["v_cache"], inputs["lengths"], cos, sin),
+            (RuntimeError,),
+            "llmk::",
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,8 +245,13 @@ def compiled_equal(check, out, want):
 
 
 def frame_rows(counter):
-    return [Outcome("one frame after two calls, no graph break", counter.frame_count == 1,
-                    note=f"{counter.frame_count} frames, {counter.op_count} ops")]
+    return [
+        Outcome(
+            "one frame after two calls, no graph break",
+            counter.frame_count == 1,
+            note=f"{counter.frame_count} frames, {counter.op_count} ops",
+        )
+    ]
 
 
 @torch.no_grad()
@@ -228,8 +266,11 @@ def check_compile_prefill(kind):
     outcomes = []
     for call in (1, 2):
         x = rand(b, t, config.hidden)
-        outcomes.append(compiled_equal(f"call {call}: y = eager", compiled(weights, x, cos, sin)[0],
-                                       prefill(weights, x, cos, sin)[0]))
+        outcomes.append(
+            compiled_equal(
+                f"call {call}: y = eager", compiled(weights, x, cos, sin)[0], prefill(weights, x, cos, sin)[0]
+            )
+        )
     return outcomes + frame_rows(counter)
 
 
@@ -247,9 +288,10 @@ def check_compile_decode(kind, paged=False):
         inputs = decode_inputs(config, b, t_max, paged)
         y, k_cache, v_cache = run_decode(compiled, weights, inputs, cos, sin)
         y_e, k_e, v_e = run_decode(decode_step, weights, inputs, cos, sin)
-        outcomes += [compiled_equal(f"call {call}: y = eager", y, y_e),
-                     compiled_equal(f"call {call}: caches = eager", torch.stack((k_cache, v_cache)),
-                                    torch.stack((k_e, v_e)))]
+        outcomes += [
+            compiled_equal(f"call {call}: y = eager", y, y_e),
+            compiled_equal(f"call {call}: caches = eager", torch.stack((k_cache, v_cache)), torch.stack((k_e, v_e))),
+        ]
     return outcomes + frame_rows(counter)
 
 
@@ -259,8 +301,11 @@ def check_compile_decode(kind, paged=False):
 # (label, kind, B, T_max, paged, num_splits): B = 1, 4, 16 as the heuristics split them, split-KV
 # forced, and paged with split-KV forced
 GRAPH_ROWS = [
-    ("B1", "llama", 1, 300, False, None), ("B4", "qwen2", 4, 300, False, None), ("B16", "llama", 16, 300, False, None),
-    ("B4 split-KV 4", "llama", 4, 300, False, 4), ("B4 paged split-KV 3", "qwen2", 4, 320, True, 3),
+    ("B1", "llama", 1, 300, False, None),
+    ("B4", "qwen2", 4, 300, False, None),
+    ("B16", "llama", 16, 300, False, None),
+    ("B4 split-KV 4", "llama", 4, 300, False, 4),
+    ("B4 paged split-KV 3", "qwen2", 4, 320, True, 3),
 ]
 
 
@@ -276,8 +321,17 @@ def graph_rows():
         cos, sin = rope_tables(GPU_CONFIGS[kind], t_max, DEVICE)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = decode_step(weights[kind], static["x"], static["k_cache"], static["v_cache"], static["lengths"],
-                            cos, sin, paged=static["paged"], num_splits=splits)
+            y = decode_step(
+                weights[kind],
+                static["x"],
+                static["k_cache"],
+                static["v_cache"],
+                static["lengths"],
+                cos,
+                sin,
+                paged=static["paged"],
+                num_splits=splits,
+            )
         captured.append((graph, y, static, cos, sin))
     results = {}
     for (label, kind, b, t_max, paged, splits), (graph, y, static, cos, sin) in zip(GRAPH_ROWS, captured):
@@ -289,27 +343,47 @@ def graph_rows():
         graph.replay()
         y_e, k_e, v_e = run_decode(decode_step, weights[kind], fresh, cos, sin, num_splits=splits)
         ref_in = cloned(fresh, torch.float32)
-        y_ref = torch_decode_step(weights[kind].to(torch.float32), ref_in["x"], ref_in["k_cache"],
-                                  ref_in["v_cache"], ref_in["lengths"], cos, sin, paged=ref_in["paged"])
-        results[label] = [compare("replay = eager on new inputs", y, y_e, layer_tol(y_ref)),
-                          compare("replay vs fp32 reference", y, y_ref, layer_tol(y_ref)),
-                          compare("replay's caches = eager's", torch.stack((static["k_cache"], static["v_cache"])),
-                                  torch.stack((k_e, v_e)), layer_tol(k_e))]
+        y_ref = torch_decode_step(
+            weights[kind].to(torch.float32),
+            ref_in["x"],
+            ref_in["k_cache"],
+            ref_in["v_cache"],
+            ref_in["lengths"],
+            cos,
+            sin,
+            paged=ref_in["paged"],
+        )
+        results[label] = [
+            compare("replay = eager on new inputs", y, y_e, layer_tol(y_ref)),
+            compare("replay vs fp32 reference", y, y_ref, layer_tol(y_ref)),
+            compare(
+                "replay's caches = eager's",
+                torch.stack((static["k_cache"], static["v_cache"])),
+                torch.stack((k_e, v_e)),
+                layer_tol(k_e),
+            ),
+        ]
     return results
 
 
 def graph_results():
     """graph_rows() in a fresh process, run once for all GRAPH_ROWS cases: {label: [Outcome, ...]}."""
     if not hasattr(graph_results, "cache"):
-        proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), GRAPH_ROWS_FLAG], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, str(pathlib.Path(__file__).resolve()), GRAPH_ROWS_FLAG],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         lines = [line for line in proc.stdout.splitlines() if line.startswith(GRAPH_ROWS_FLAG)]
         if proc.returncode or not lines:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            graph_results.cache = {label: [Outcome("capture process", False, note=tail[:120])]
-                                   for label, *_ in GRAPH_ROWS}
+            graph_results.cache = {
+                label: [Outcome("capture process", False, note=tail[:120])] for label, *_ in GRAPH_ROWS
+            }
         else:
-            rows = json.loads(lines[-1][len(GRAPH_ROWS_FLAG):])
+            rows = json.loads(lines[-1][len(GRAPH_ROWS_FLAG) :])
             graph_results.cache = {label: [Outcome(**o) for o in outs] for label, outs in rows.items()}
     return graph_results.cache
 
@@ -322,8 +396,11 @@ def origin(error):
     """An error's first line, and the frames in this repository that its text names (a CUDA graph
     tree's message on a tensor left in its pool carries the allocation's stack)."""
     text = str(error)
-    frames = [line.strip().replace(f'File "{ROOT}/', "").replace('", line ', ":") for line in text.splitlines()
-              if str(ROOT) in line and "test_llama_layer" not in line]
+    frames = [
+        line.strip().replace(f'File "{ROOT}/', "").replace('", line ', ":")
+        for line in text.splitlines()
+        if str(ROOT) in line and "test_llama_layer" not in line
+    ]
     return text.splitlines()[0][:100] + (f" Allocated in: {'; '.join(frames)}" if frames else "")
 
 
@@ -350,12 +427,23 @@ def check_reduce_overhead():
         except RuntimeError as e:
             return outcomes + [Outcome(f"call {call}", False, note=origin(e))]
         y_e, k_e, v_e = run_decode(decode_step, weights, fresh, cos, sin)
-        outcomes += [compare(f"call {call}: y = eager", y, y_e, layer_tol(y_e)),
-                     compare(f"call {call}: caches = eager", torch.stack((static["k_cache"], static["v_cache"])),
-                             torch.stack((k_e, v_e)), layer_tol(k_e))]
+        outcomes += [
+            compare(f"call {call}: y = eager", y, y_e, layer_tol(y_e)),
+            compare(
+                f"call {call}: caches = eager",
+                torch.stack((static["k_cache"], static["v_cache"])),
+                torch.stack((k_e, v_e)),
+                layer_tol(k_e),
+            ),
+        ]
     skipped = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - skips
-    outcomes.append(Outcome("ran as a CUDA graph (no cudagraph skip)", skipped == 0,
-                            note=f"{skipped} cudagraph skips: see the warning above" if skipped else ""))
+    outcomes.append(
+        Outcome(
+            "ran as a CUDA graph (no cudagraph skip)",
+            skipped == 0,
+            note=f"{skipped} cudagraph skips: see the warning above" if skipped else "",
+        )
+    )
     return outcomes
 
 
@@ -363,20 +451,33 @@ def check_reduce_overhead():
 
 CASES = (
     # first: the CUDA graph rows start their process before anything here has run an op
-    [Case(f"CUDA graph, no warm-up: decode_step {label}", check_graph, dict(label=label), gpu_only=True)
-     for label, *_ in GRAPH_ROWS]
+    [
+        Case(f"CUDA graph, no warm-up: decode_step {label}", check_graph, dict(label=label), gpu_only=True)
+        for label, *_ in GRAPH_ROWS
+    ]
     + [Case(f"prefill {kind}", check_prefill, dict(kind=kind)) for kind in ("llama", "qwen2")]
     + [Case(f"decode_step {kind}", check_decode, dict(kind=kind)) for kind in ("llama", "qwen2")]
-    + [Case("decode_step llama split-KV 3", check_decode, dict(kind="llama", num_splits=3)),
-       Case("decode_step qwen2 paged split-KV 2", check_decode, dict(kind="qwen2", paged=True, num_splits=2)),
-       Case("decode_step: forward-only", check_forward_only)]
-    + [Case(f"torch.compile {COMPILE_BACKEND}: prefill {kind}", check_compile_prefill, dict(kind=kind))
-       for kind in ("llama", "qwen2")]
-    + [Case(f"torch.compile {COMPILE_BACKEND}: decode_step {kind}", check_compile_decode, dict(kind=kind))
-       for kind in ("llama", "qwen2")]
-    + [Case(f"torch.compile {COMPILE_BACKEND}: decode_step qwen2 paged", check_compile_decode,
-            dict(kind="qwen2", paged=True)),
-       Case("torch.compile reduce-overhead: decode_step qwen2", check_reduce_overhead, gpu_only=True)]
+    + [
+        Case("decode_step llama split-KV 3", check_decode, dict(kind="llama", num_splits=3)),
+        Case("decode_step qwen2 paged split-KV 2", check_decode, dict(kind="qwen2", paged=True, num_splits=2)),
+        Case("decode_step: forward-only", check_forward_only),
+    ]
+    + [
+        Case(f"torch.compile {COMPILE_BACKEND}: prefill {kind}", check_compile_prefill, dict(kind=kind))
+        for kind in ("llama", "qwen2")
+    ]
+    + [
+        Case(f"torch.compile {COMPILE_BACKEND}: decode_step {kind}", check_compile_decode, dict(kind=kind))
+        for kind in ("llama", "qwen2")
+    ]
+    + [
+        Case(
+            f"torch.compile {COMPILE_BACKEND}: decode_step qwen2 paged",
+            check_compile_decode,
+            dict(kind="qwen2", paged=True),
+        ),
+        Case("torch.compile reduce-overhead: decode_step qwen2", check_reduce_overhead, gpu_only=True),
+    ]
 )
 
 
@@ -386,10 +487,11 @@ def test_case(case):
 
 if __name__ == "__main__":
     if GRAPH_ROWS_FLAG in sys.argv:
-        print(GRAPH_ROWS_FLAG + json.dumps({label: [dataclasses.asdict(o) for o in outs]
-                                            for label, outs in graph_rows().items()}))
+        print(
+            GRAPH_ROWS_FLAG
+            + json.dumps({label: [dataclasses.asdict(o) for o in outs] for label, outs in graph_rows().items()})
+        )
         sys.exit(0)
     if INTERPRET:
-        print("GPU-only rows left out here (they need CUDA): "
-              + "; ".join(c.name for c in CASES if c.gpu_only))
+        print("GPU-only rows left out here (they need CUDA): " + "; ".join(c.name for c in CASES if c.gpu_only))
     main("decoder layer (models/llama_layer.py): ours against PyTorch, compiled, in CUDA graphs", CASES)

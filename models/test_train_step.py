@@ -31,7 +31,7 @@ def batches(tokens, hidden, seed):
     """STEPS (x, target) pairs in fp32 (BATCHES of them, cycled), the same for every run: the target is x plus a
     random smooth function of x, so the block's MLP (not its residual path) has something to fit."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    teacher = torch.randn(hidden, hidden, generator=gen) / hidden ** 0.5
+    teacher = torch.randn(hidden, hidden, generator=gen) / hidden**0.5
     pairs = []
     for _ in range(BATCHES):
         x = torch.randn(tokens, hidden, generator=gen)
@@ -60,7 +60,7 @@ def train(ops, dtype, data, shape, seed, compiled=False):
 
 
 def check_training(tokens, hidden, intermediate, compiled=False):
-    seed = int(torch.randint(0, 2 ** 31, (1,)).item())  # fresh per run; the case seed makes it repeatable
+    seed = int(torch.randint(0, 2**31, (1,)).item())  # fresh per run; the case seed makes it repeatable
     data = batches(tokens, hidden, seed)
     shape = (hidden, intermediate)
     ref = train("torch", torch.float32, data, shape, seed)
@@ -74,15 +74,27 @@ def check_training(tokens, hidden, intermediate, compiled=False):
         if abs(o - r) - bound > worst[0] or step == 0:
             worst = (max(abs(o - r) - bound, 0.0), step, abs(o - r))
         if not abs(o - r) <= bound:
-            outcomes.append(Outcome(f"step {step}: loss within bf16 noise", False, abs(o - r),
-                                    note=f"ours {o:.6g}, torch bf16 {t:.6g}, fp32 {r:.6g}, bound {bound:.3g}"))
+            outcomes.append(
+                Outcome(
+                    f"step {step}: loss within bf16 noise",
+                    False,
+                    abs(o - r),
+                    note=f"ours {o:.6g}, torch bf16 {t:.6g}, fp32 {r:.6g}, bound {bound:.3g}",
+                )
+            )
             break
     else:
-        outcomes.append(Outcome(f"{STEPS} steps: losses within 2x torch's bf16 noise + 2^-8 |loss|", True,
-                                note=f"final: ours {ours[-1]:.5g}, torch bf16 {theirs[-1]:.5g}, fp32 {ref[-1]:.5g}"))
+        outcomes.append(
+            Outcome(
+                f"{STEPS} steps: losses within 2x torch's bf16 noise + 2^-8 |loss|",
+                True,
+                note=f"final: ours {ours[-1]:.5g}, torch bf16 {theirs[-1]:.5g}, fp32 {ref[-1]:.5g}",
+            )
+        )
     fell = ours[-1] < 0.7 * ours[0]
-    outcomes.append(Outcome("the loss fell (gradients reach every parameter)", fell,
-                            note=f"{ours[0]:.4g} -> {ours[-1]:.4g}"))
+    outcomes.append(
+        Outcome("the loss fell (gradients reach every parameter)", fell, note=f"{ours[0]:.4g} -> {ours[-1]:.4g}")
+    )
     return outcomes
 
 
@@ -93,8 +105,7 @@ def cases():
         Case("MLP block T48 H64 I96, eager", check_training, small),
         Case(f"MLP block T48 H64 I96, torch.compile ({COMPILE_BACKEND})", check_training, dict(small, compiled=True)),
         Case("MLP block T4096 H1024 I2816, eager", check_training, large, gpu_only=True),
-        Case("MLP block T4096 H1024 I2816, torch.compile", check_training, dict(large, compiled=True),
-             gpu_only=True),
+        Case("MLP block T4096 H1024 I2816, torch.compile", check_training, dict(large, compiled=True), gpu_only=True),
     ]
 
 

@@ -34,6 +34,7 @@ form keeps the gathered x (S x H), gate | up, act(gate), h and the down projecti
 Expert weights may be any strided views (a transposed layout is read in place); x may have any
 strides; the routing weights are taken in fp32 (their gradient returns in their dtype).
 """
+
 import torch
 
 from llmk.common.ops import define_op, needs_grad
@@ -79,9 +80,13 @@ def _sizes(x, ids, w_gate_up):
 def _experts_empty(x, weights, ids, w_gate_up, w_down, activation, save):
     n_tokens, hidden, top_k, n_experts, inter = _sizes(x, ids, w_gate_up)
     rows = n_tokens * top_k
-    return (x.new_empty((n_tokens, hidden)), x.new_empty((rows if save else 0, 2 * inter)),
-            x.new_empty((rows, inter)), x.new_empty((rows,), dtype=torch.int64),
-            x.new_empty((n_experts + 1,), dtype=torch.int64))
+    return (
+        x.new_empty((n_tokens, hidden)),
+        x.new_empty((rows if save else 0, 2 * inter)),
+        x.new_empty((rows, inter)),
+        x.new_empty((rows,), dtype=torch.int64),
+        x.new_empty((n_experts + 1,), dtype=torch.int64),
+    )
 
 
 def _experts(x, weights, ids, w_gate_up, w_down, activation, save):
@@ -92,8 +97,17 @@ def _experts(x, weights, ids, w_gate_up, w_down, activation, save):
     pre, h = x.new_empty((rows if save else 0, 2 * inter)), x.new_empty((rows, inter))
     y = x.new_empty((rows, hidden))
     if y.numel():
-        expert_rows(x, w_gate_up, h, order, offsets, epilogue="glu", activation=activation, top_k=top_k,
-                    pre=pre if save else None)
+        expert_rows(
+            x,
+            w_gate_up,
+            h,
+            order,
+            offsets,
+            epilogue="glu",
+            activation=activation,
+            top_k=top_k,
+            pre=pre if save else None,
+        )
         expert_rows(h, w_down, y, order, offsets, epilogue="scatter", scale=weights.reshape(-1).float().contiguous())
     out = y.view(n_tokens, top_k, hidden).sum(1) if y.numel() else x.new_zeros((n_tokens, hidden))
     return out, pre, h, order, offsets
@@ -101,8 +115,10 @@ def _experts(x, weights, ids, w_gate_up, w_down, activation, save):
 
 def _backward_empty(dout, x, weights, w_gate_up, w_down, pre, h, order, offsets, activation, weight_grads):
     """The gradients' buffers; the expert weights' are empty (0-element) when not weight_grads."""
+
     def expert_grad(w):
         return w.new_empty(w.shape if weight_grads else (0,))
+
     return x.new_empty(x.shape), weights.new_empty(weights.shape), expert_grad(w_gate_up), expert_grad(w_down)
 
 
@@ -113,8 +129,9 @@ def _experts_backward(dout, x, weights, w_gate_up, w_down, pre, h, order, offset
     n_tokens, hidden = x.shape
     top_k = weights.shape[1]
     rows, inter = order.shape[0], w_down.shape[2]
-    dx, dweights, dw_gate_up, dw_down = _backward_empty(dout, x, weights, w_gate_up, w_down, pre, h, order, offsets,
-                                                        activation, weight_grads)
+    dx, dweights, dw_gate_up, dw_down = _backward_empty(
+        dout, x, weights, w_gate_up, w_down, pre, h, order, offsets, activation, weight_grads
+    )
     if not rows:
         return dx.zero_(), dweights.zero_(), dw_gate_up.zero_(), dw_down.zero_()
     scale = weights.reshape(-1).float().contiguous()
@@ -124,8 +141,18 @@ def _experts_backward(dout, x, weights, w_gate_up, w_down, pre, h, order, offset
     # order, d w_down's operand
     copy = weight_grads and COPY_DOUT_ROWS
     dout_rows = x.new_empty((rows, hidden)) if copy else None
-    launch_expert_rows(dout, w_down.transpose(1, 2), dpre[:, :inter], order, offsets, gather=True, epilogue="store",
-                       top_k=top_k, scale=scale, a_copy=dout_rows)
+    launch_expert_rows(
+        dout,
+        w_down.transpose(1, 2),
+        dpre[:, :inter],
+        order,
+        offsets,
+        gather=True,
+        epilogue="store",
+        top_k=top_k,
+        scale=scale,
+        a_copy=dout_rows,
+    )
     if weight_grads and not copy:
         dout_rows = launch_gather_rows(dout, order, top_k, scale=scale)
     # then in place: d gate | d up, and the routing weights' gradient
@@ -147,7 +174,9 @@ def _experts_backward(dout, x, weights, w_gate_up, w_down, pre, h, order, offset
 moe_experts_backward_op = define_op(
     "moe_experts_backward(Tensor dout, Tensor x, Tensor weights, Tensor w_gate_up, Tensor w_down, Tensor pre, "
     "Tensor h, Tensor order, Tensor offsets, str activation, bool weight_grads) -> (Tensor, Tensor, Tensor, Tensor)",
-    _experts_backward, _backward_empty)
+    _experts_backward,
+    _backward_empty,
+)
 
 
 def _setup_context(ctx, inputs, output):
@@ -161,23 +190,46 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, *unused):
     x, weights, w_gate_up, w_down, pre, h, order, offsets = ctx.saved_tensors
     if pre.shape[0] != order.shape[0]:
-        raise RuntimeError("llmk::moe_experts ran with save=False, which keeps no gate | up for a backward: "
-                           "call moe_experts (it sets save when an input requires grad)")
+        raise RuntimeError(
+            "llmk::moe_experts ran with save=False, which keeps no gate | up for a backward: "
+            "call moe_experts (it sets save when an input requires grad)"
+        )
     if dout is None:
         return None, None, None, None, None, None, None
     x_grad, weights_grad, _, w1_grad, w2_grad = ctx.needs_input_grad[:5]
     weight_grads = bool(w1_grad or w2_grad)
-    dx, dweights, dw_gate_up, dw_down = moe_experts_backward_op(dout, x, weights, w_gate_up, w_down, pre, h,
-                                                                order, offsets, activation=ctx.activation,
-                                                                weight_grads=weight_grads)
-    return (dx if x_grad else None, dweights if weights_grad else None, None, dw_gate_up if w1_grad else None,
-            dw_down if w2_grad else None, None, None)
+    dx, dweights, dw_gate_up, dw_down = moe_experts_backward_op(
+        dout,
+        x,
+        weights,
+        w_gate_up,
+        w_down,
+        pre,
+        h,
+        order,
+        offsets,
+        activation=ctx.activation,
+        weight_grads=weight_grads,
+    )
+    return (
+        dx if x_grad else None,
+        dweights if weights_grad else None,
+        None,
+        dw_gate_up if w1_grad else None,
+        dw_down if w2_grad else None,
+        None,
+        None,
+    )
 
 
 moe_experts_op = define_op(
     "moe_experts(Tensor x, Tensor weights, Tensor ids, Tensor w_gate_up, Tensor w_down, str activation, bool save)"
     " -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    _experts, _experts_empty, backward=_backward, setup_context=_setup_context)
+    _experts,
+    _experts_empty,
+    backward=_backward,
+    setup_context=_setup_context,
+)
 
 
 def check_experts_args(x, weights, ids, w_gate_up, w_down, activation):
@@ -194,12 +246,15 @@ def check_experts_args(x, weights, ids, w_gate_up, w_down, activation):
     if tuple(weights.shape) != tuple(ids.shape):
         raise ValueError(f"weights must have ids' shape {tuple(ids.shape)}; got {tuple(weights.shape)}")
     if w_gate_up.dim() != 3 or w_gate_up.shape[2] != hidden or w_gate_up.shape[1] % 2 or not w_gate_up.shape[1]:
-        raise ValueError(f"w_gate_up must be (experts, 2 * intermediate, hidden = {hidden}); "
-                         f"got shape {tuple(w_gate_up.shape)}")
+        raise ValueError(
+            f"w_gate_up must be (experts, 2 * intermediate, hidden = {hidden}); got shape {tuple(w_gate_up.shape)}"
+        )
     n_experts, inter = w_gate_up.shape[0], w_gate_up.shape[1] // 2
     if tuple(w_down.shape) != (n_experts, hidden, inter):
-        raise ValueError(f"w_down must be (experts, hidden, intermediate) = {(n_experts, hidden, inter)} "
-                         f"(w_gate_up's); got shape {tuple(w_down.shape)}")
+        raise ValueError(
+            f"w_down must be (experts, hidden, intermediate) = {(n_experts, hidden, inter)} "
+            f"(w_gate_up's); got shape {tuple(w_down.shape)}"
+        )
     if ids.shape[1] > n_experts:
         raise ValueError(f"ids has top_k = {ids.shape[1]} columns, more than the {n_experts} experts")
     if activation not in ACTIVATIONS:

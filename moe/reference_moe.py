@@ -7,6 +7,7 @@ in expert order, the lowest index first) and weighs them by the scores: softmax 
 the chosen ones (Qwen3's norm_topk_prob, Mixtral always). Both scores grow with the logit, so the
 top-k of the scores is the top-k of the logits.
 """
+
 import torch
 
 
@@ -31,8 +32,11 @@ def permute_ref(ids, n_experts):
     return torch.tensor(order, dtype=torch.int64), counts, offsets
 
 
-ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
-               "gelu_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh")}
+ACTIVATIONS = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+}
 
 
 def experts_ref(x, weights, ids, w_gate_up, w_down, activation="silu", dtype=torch.float64):
@@ -64,8 +68,12 @@ def experts_grad_scales(x, weights, ids, w_gate_up, w_down, grad_out, activation
     with few tokens, one of them large."""
     act = ACTIVATIONS[activation]
     x, w, w1, w2, g = (t.double() for t in (x, weights, w_gate_up, w_down, grad_out))
-    sq = {"x": torch.zeros_like(x), "weights": torch.zeros_like(w), "w_gate_up": torch.zeros_like(w1),
-          "w_down": torch.zeros_like(w2)}
+    sq = {
+        "x": torch.zeros_like(x),
+        "weights": torch.zeros_like(w),
+        "w_gate_up": torch.zeros_like(w1),
+        "w_down": torch.zeros_like(w2),
+    }
     for e in range(w1.shape[0]):
         tokens, slots = torch.where(ids == e)
         if not tokens.numel():
@@ -85,7 +93,7 @@ def experts_grad_scales(x, weights, ids, w_gate_up, w_down, grad_out, activation
         dy = g[tokens] * w[tokens, slots, None]  # the gradient of the expert's output rows
         dhid = dy @ w2[e]
         s_dhid = torch.maximum(dhid.abs(), (dy.square() @ w2[e].square()).sqrt())
-        s_dgate = (s_dhid * (up * d1).abs() + dhid.abs() * (d1.abs() * s_up + up.abs() * d2 * s_gate))
+        s_dgate = s_dhid * (up * d1).abs() + dhid.abs() * (d1.abs() * s_up + up.abs() * d2 * s_gate)
         s_dup = s_dhid * a.abs() + dhid.abs() * d1.abs() * s_gate
         s_dz = torch.cat([s_dgate, s_dup], dim=-1)
         y = hid @ w2[e].t()

@@ -16,6 +16,7 @@ experts_grad_scales its four gradients stay within 4.7 u T). A row sent to the w
 missing routing weight or an unwritten tile is off by about T. The kernels' own buffers are
 checked for unwritten elements by launching them into NaN-poisoned ones.
 """
+
 import dataclasses
 
 import torch
@@ -49,8 +50,12 @@ from llmk.moe.triton_moe_routing import moe_route, permute
 
 def out_tolerance(ref, dtype):
     atol = (8 * UNIT_ROUNDOFF[dtype] * sum_scale(ref)).clamp_min(1e-5)
-    return Tol(atol, UNIT_ROUNDOFF[dtype], "one or two roundings of each input of the sums, one of the output",
-               rounding_check=False)
+    return Tol(
+        atol,
+        UNIT_ROUNDOFF[dtype],
+        "one or two roundings of each input of the sums, one of the output",
+        rounding_check=False,
+    )
 
 
 def layer(t, h, inter, e, k, dtype, routing="router", strided=False, transposed=False):
@@ -65,11 +70,11 @@ def layer(t, h, inter, e, k, dtype, routing="router", strided=False, transposed=
     elif routing == "few":
         ids = torch.stack([torch.zeros_like(ids[:, 0]), torch.full_like(ids[:, 0], 2)], 1)[:, :k]
     if transposed:
-        w_gate_up = rand((e, h, 2 * inter), dtype, scale=h ** -0.5).transpose(1, 2)
-        w_down = rand((e, inter, h), dtype, scale=inter ** -0.5).transpose(1, 2)
+        w_gate_up = rand((e, h, 2 * inter), dtype, scale=h**-0.5).transpose(1, 2)
+        w_down = rand((e, inter, h), dtype, scale=inter**-0.5).transpose(1, 2)
     else:
-        w_gate_up = rand((e, 2 * inter, h), dtype, scale=h ** -0.5)
-        w_down = rand((e, h, inter), dtype, scale=inter ** -0.5)
+        w_gate_up = rand((e, 2 * inter, h), dtype, scale=h**-0.5)
+        w_down = rand((e, h, inter), dtype, scale=inter**-0.5)
     return x, weights, ids, w_gate_up, w_down
 
 
@@ -79,8 +84,10 @@ def check_forward(t, h, inter, e, k, dtype, activation="silu", **kw):
         out = moe_experts(*args, activation)
     ref = experts_ref(*args, activation)
     theirs = experts_ref(*args, activation, dtype=dtype)
-    return [Outcome("output shape, dtype", out.shape == x.shape and out.dtype == dtype),
-            compare("out", out, ref, out_tolerance(ref, dtype), torch_out=theirs)]
+    return [
+        Outcome("output shape, dtype", out.shape == x.shape and out.dtype == dtype),
+        compare("out", out, ref, out_tolerance(ref, dtype), torch_out=theirs),
+    ]
 
 
 def check_backward(t, h, inter, e, k, dtype, activation="silu", **kw):
@@ -97,9 +104,17 @@ def check_backward(t, h, inter, e, k, dtype, activation="silu", **kw):
 
     grad_out = torch.randn(args[0].shape, device=args[0].device).to(dtype)
     tol = grad_tolerance(dtype, experts_grad_scales(*args, grad_out, activation))
-    return check_grads("", ours, reference, args, (0, 1, 3, 4), ("x", "weights", "ids", "w_gate_up", "w_down"),
-                       lambda name, ref: dataclasses.replace(tol(name, ref), rounding_check=False),
-                       torch_fn=torch_fn, grad_outputs=[grad_out])
+    return check_grads(
+        "",
+        ours,
+        reference,
+        args,
+        (0, 1, 3, 4),
+        ("x", "weights", "ids", "w_gate_up", "w_down"),
+        lambda name, ref: dataclasses.replace(tol(name, ref), rounding_check=False),
+        torch_fn=torch_fn,
+        grad_outputs=[grad_out],
+    )
 
 
 def check_poisoned(t, h, inter, e, k, dtype, tma):
@@ -112,8 +127,10 @@ def check_poisoned(t, h, inter, e, k, dtype, tma):
     order, _, offsets = permute(ids, e)
     scale = weights.reshape(-1).contiguous()
     pre, hid, y = poisoned((rows, 2 * inter), dtype), poisoned((rows, inter), dtype), poisoned((rows, h), dtype)
-    taken = [expert_rows(x, w_gate_up, hid, order, offsets, epilogue="glu", top_k=k, pre=pre),
-             expert_rows(hid, w_down, y, order, offsets, epilogue="scatter", scale=scale)]
+    taken = [
+        expert_rows(x, w_gate_up, hid, order, offsets, epilogue="glu", top_k=k, pre=pre),
+        expert_rows(hid, w_down, y, order, offsets, epilogue="scatter", scale=scale),
+    ]
     # and the row kernel, the path of short runs and of operands the TMA kernel cannot take
     pre_rows, hid_rows, y_rows = (poisoned(tuple(t.shape), dtype) for t in (pre, hid, y))
     launch_expert_rows(x, w_gate_up, hid_rows, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre_rows)
@@ -121,8 +138,18 @@ def check_poisoned(t, h, inter, e, k, dtype, tma):
     dout = rand((t, h), dtype)
     dpre, dout_rows = poisoned((rows, 2 * inter), dtype), poisoned((rows, h), dtype)
     dweights = poisoned((t, k), torch.float32)
-    launch_expert_rows(dout, w_down.transpose(1, 2), dpre[:, :inter], order, offsets, gather=True, epilogue="store",
-                       top_k=k, scale=scale, a_copy=dout_rows)
+    launch_expert_rows(
+        dout,
+        w_down.transpose(1, 2),
+        dpre[:, :inter],
+        order,
+        offsets,
+        gather=True,
+        epilogue="store",
+        top_k=k,
+        scale=scale,
+        a_copy=dout_rows,
+    )
     launch_glu_backward_rows(dpre, pre, order, scale, dweights, "silu")
     dx_rows = poisoned((rows, h), dtype)
     taken.append(expert_rows(dpre, w_gate_up.transpose(1, 2), dx_rows, order, offsets, epilogue="scatter"))
@@ -132,26 +159,53 @@ def check_poisoned(t, h, inter, e, k, dtype, tma):
     launch_expert_weight_grad(dout_rows, hid, dw_down, offsets, kind="down")
     idle = torch.ones(e, dtype=torch.bool, device=DEVICE)
     idle[ids.reshape(-1).long()] = False
-    outcomes = [Outcome(f"{name}: every element written", not bool(buf.isnan().any()),
-                        note=f"{int(buf.isnan().sum())}/{buf.numel()} NaN")
-                for name, buf in (("gate | up", pre), ("h", hid), ("y", y), ("d gate | d up", dpre),
-                                  ("d weights", dweights), ("dx rows", dx_rows),
-                                  ("d w_gate_up", dw_gate_up), ("d w_down", dw_down))]
-    outcomes.append(Outcome(f"gate/up, down and dx by the {'TMA' if tma else 'row'} kernel", taken == [tma] * 3,
-                            note=f"TMA taken: {taken}"))
+    outcomes = [
+        Outcome(
+            f"{name}: every element written",
+            not bool(buf.isnan().any()),
+            note=f"{int(buf.isnan().sum())}/{buf.numel()} NaN",
+        )
+        for name, buf in (
+            ("gate | up", pre),
+            ("h", hid),
+            ("y", y),
+            ("d gate | d up", dpre),
+            ("d weights", dweights),
+            ("dx rows", dx_rows),
+            ("d w_gate_up", dw_gate_up),
+            ("d w_down", dw_down),
+        )
+    ]
+    outcomes.append(
+        Outcome(
+            f"gate/up, down and dx by the {'TMA' if tma else 'row'} kernel",
+            taken == [tma] * 3,
+            note=f"TMA taken: {taken}",
+        )
+    )
     for name, got, ref in (("gate | up", pre, pre_rows), ("h", hid, hid_rows), ("y", y, y_rows)):
         diff = (got.float() - ref.float()).abs().max()
-        outcomes.append(Outcome(f"{name}: the row kernel's bit for bit", torch.equal(got, ref),
-                                note=f"max diff {diff:.3g}"))
+        outcomes.append(
+            Outcome(f"{name}: the row kernel's bit for bit", torch.equal(got, ref), note=f"max diff {diff:.3g}")
+        )
     # x's gather, and dh's GEMM keeping the rows it reads: exactly those rows (scaled once, in fp32)
     tokens = order // k
     want = (x[tokens], (dout[tokens].float() * scale[order][:, None]).to(dtype))
     for name, got, ref in (("x rows", x_rows, want[0]), ("weight * dout rows", dout_rows, want[1])):
-        outcomes.append(Outcome(f"{name} in expert order: exact", torch.equal(got, ref),
-                                note=f"{int((got != ref).sum())}/{ref.numel()} differ"))
-    outcomes.append(Outcome("experts with no token: zero weight gradients",
-                            bool((dw_gate_up[idle] == 0).all()) and bool((dw_down[idle] == 0).all()),
-                            note=f"{int(idle.sum())} idle experts"))
+        outcomes.append(
+            Outcome(
+                f"{name} in expert order: exact",
+                torch.equal(got, ref),
+                note=f"{int((got != ref).sum())}/{ref.numel()} differ",
+            )
+        )
+    outcomes.append(
+        Outcome(
+            "experts with no token: zero weight gradients",
+            bool((dw_gate_up[idle] == 0).all()) and bool((dw_down[idle] == 0).all()),
+            note=f"{int(idle.sum())} idle experts",
+        )
+    )
     return outcomes
 
 
@@ -164,54 +218,87 @@ def check_edges():
     outcomes.append(Outcome("T = 0: empty output", tuple(out.shape) == (0, 32)))
     leaves = [t.requires_grad_() for t in (x, weights, w_gate_up, w_down)]
     moe_experts(x, weights, ids, w_gate_up, w_down).sum().backward()
-    outcomes.append(Outcome("T = 0: zero weight gradients", all(t.grad is not None for t in leaves)
-                            and not bool(w_gate_up.grad.any()) and not bool(w_down.grad.any())))
+    outcomes.append(
+        Outcome(
+            "T = 0: zero weight gradients",
+            all(t.grad is not None for t in leaves) and not bool(w_gate_up.grad.any()) and not bool(w_down.grad.any()),
+        )
+    )
     x, weights, ids, w_gate_up, w_down = layer(6, 32, 24, 4, 2, torch.float32)
     grads = [t.requires_grad_() for t in (x, weights, w_gate_up, w_down)]
-    outcomes.append(opcheck("opcheck llmk::moe_experts", moe_experts_op.overload,
-                            (*grads[:2], ids, *grads[2:], "silu", True)))
+    outcomes.append(
+        opcheck("opcheck llmk::moe_experts", moe_experts_op.overload, (*grads[:2], ids, *grads[2:], "silu", True))
+    )
     out = moe_experts(x, weights, ids, w_gate_up, w_down)
     dout = rand((1, 32), torch.float32).expand(6, 32)
     expanded = torch.autograd.grad(out, grads, dout, retain_graph=True)
     plain = torch.autograd.grad(out, grads, dout.contiguous(), retain_graph=True)
-    outcomes.append(Outcome("stride-0 dout: the contiguous one's gradients, bit for bit",
-                            all(torch.equal(a, b) for a, b in zip(expanded, plain))))
+    outcomes.append(
+        Outcome(
+            "stride-0 dout: the contiguous one's gradients, bit for bit",
+            all(torch.equal(a, b) for a, b in zip(expanded, plain)),
+        )
+    )
     frozen = moe_experts(x, weights, ids, w_gate_up.detach(), w_down.detach())
     got = torch.autograd.grad(frozen, grads[:2], dout.contiguous())
-    outcomes.append(Outcome("frozen experts: dx and d weights unchanged",
-                            all(torch.equal(a, b) for a, b in zip(got, plain[:2]))))
+    outcomes.append(
+        Outcome("frozen experts: dx and d weights unchanged", all(torch.equal(a, b) for a, b in zip(got, plain[:2])))
+    )
     return outcomes
 
 
 def check_errors():
     x, weights, ids, w_gate_up, w_down = layer(4, 32, 16, 4, 2, torch.bfloat16)
     return [
-        expect_raises("top_k > E", lambda: moe_experts(x, *layer(4, 32, 16, 8, 6, torch.bfloat16)[1:3], w_gate_up,
-                                                       w_down), ValueError, "top_k"),
-        expect_raises("weights' shape", lambda: moe_experts(x, weights[:, :1], ids, w_gate_up, w_down), ValueError,
-                      "weights"),
+        expect_raises(
+            "top_k > E",
+            lambda: moe_experts(x, *layer(4, 32, 16, 8, 6, torch.bfloat16)[1:3], w_gate_up, w_down),
+            ValueError,
+            "top_k",
+        ),
+        expect_raises(
+            "weights' shape", lambda: moe_experts(x, weights[:, :1], ids, w_gate_up, w_down), ValueError, "weights"
+        ),
         expect_raises("ids' rows", lambda: moe_experts(x, weights, ids[:3], w_gate_up, w_down), ValueError, "ids"),
         expect_raises("float ids", lambda: moe_experts(x, weights, ids.float(), w_gate_up, w_down), TypeError, "ids"),
-        expect_raises("w_gate_up's hidden", lambda: moe_experts(x, weights, ids, w_gate_up[..., :16], w_down),
-                      ValueError, "w_gate_up"),
-        expect_raises("w_gate_up odd rows", lambda: moe_experts(x, weights, ids, w_gate_up[:, :31], w_down),
-                      ValueError, "w_gate_up"),
-        expect_raises("w_down's shape", lambda: moe_experts(x, weights, ids, w_gate_up, w_down[:, :, :8]),
-                      ValueError, "w_down"),
-        expect_raises("w_down's experts", lambda: moe_experts(x, weights, ids, w_gate_up, w_down[:3]), ValueError,
-                      "w_down"),
-        expect_raises("w_down's dtype", lambda: moe_experts(x, weights, ids, w_gate_up, w_down.float()), TypeError,
-                      "w_down"),
+        expect_raises(
+            "w_gate_up's hidden",
+            lambda: moe_experts(x, weights, ids, w_gate_up[..., :16], w_down),
+            ValueError,
+            "w_gate_up",
+        ),
+        expect_raises(
+            "w_gate_up odd rows",
+            lambda: moe_experts(x, weights, ids, w_gate_up[:, :31], w_down),
+            ValueError,
+            "w_gate_up",
+        ),
+        expect_raises(
+            "w_down's shape", lambda: moe_experts(x, weights, ids, w_gate_up, w_down[:, :, :8]), ValueError, "w_down"
+        ),
+        expect_raises(
+            "w_down's experts", lambda: moe_experts(x, weights, ids, w_gate_up, w_down[:3]), ValueError, "w_down"
+        ),
+        expect_raises(
+            "w_down's dtype", lambda: moe_experts(x, weights, ids, w_gate_up, w_down.float()), TypeError, "w_down"
+        ),
         expect_raises("3-D x", lambda: moe_experts(x[None], weights, ids, w_gate_up, w_down), ValueError, "x"),
-        expect_raises("activation", lambda: moe_experts(x, weights, ids, w_gate_up, w_down, "relu"), ValueError,
-                      "activation"),
-    ] + ([  # the ids' range is checked on the CPU only: on a GPU it would cost a host sync a call (an id out of
-        # range there trips a device-side assert, as an out-of-range index of torch's embedding does)
-        expect_raises("id past E (CPU)", lambda: moe_experts(x, weights, ids + 4, w_gate_up, w_down), ValueError,
-                      "ids"),
-        expect_raises("negative id (CPU)", lambda: moe_experts(x, weights, ids - 4, w_gate_up, w_down), ValueError,
-                      "ids"),
-    ] if DEVICE == "cpu" else [])
+        expect_raises(
+            "activation", lambda: moe_experts(x, weights, ids, w_gate_up, w_down, "relu"), ValueError, "activation"
+        ),
+    ] + (
+        [  # the ids' range is checked on the CPU only: on a GPU it would cost a host sync a call (an id out of
+            # range there trips a device-side assert, as an out-of-range index of torch's embedding does)
+            expect_raises(
+                "id past E (CPU)", lambda: moe_experts(x, weights, ids + 4, w_gate_up, w_down), ValueError, "ids"
+            ),
+            expect_raises(
+                "negative id (CPU)", lambda: moe_experts(x, weights, ids - 4, w_gate_up, w_down), ValueError, "ids"
+            ),
+        ]
+        if DEVICE == "cpu"
+        else []
+    )
 
 
 def cases():
@@ -223,40 +310,151 @@ def cases():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         dt = dtype_name(dtype)
         add(f"E8 top2 T37 H48 I40 {dt}", check_forward, t=37, h=48, inter=40, e=8, k=2, dtype=dtype)
-        add(f"E16 top4 T5 H64 I24 (experts with no token) {dt}", check_forward, t=5, h=64, inter=24, e=16, k=4,
-            dtype=dtype)
+        add(
+            f"E16 top4 T5 H64 I24 (experts with no token) {dt}",
+            check_forward,
+            t=5,
+            h=64,
+            inter=24,
+            e=16,
+            k=4,
+            dtype=dtype,
+        )
     add("one token E16 top4 bf16", check_forward, t=1, h=48, inter=32, e=16, k=4, dtype=torch.bfloat16)
-    add("every token on one expert E4 top2 T40 bf16", check_forward, t=40, h=32, inter=24, e=4, k=2,
-        dtype=torch.bfloat16, routing="one")
-    add("x row-strided, weights transposed E8 top2 T21 bf16", check_forward, t=21, h=40, inter=24, e=8, k=2,
-        dtype=torch.bfloat16, strided=True, transposed=True)
+    add(
+        "every token on one expert E4 top2 T40 bf16",
+        check_forward,
+        t=40,
+        h=32,
+        inter=24,
+        e=4,
+        k=2,
+        dtype=torch.bfloat16,
+        routing="one",
+    )
+    add(
+        "x row-strided, weights transposed E8 top2 T21 bf16",
+        check_forward,
+        t=21,
+        h=40,
+        inter=24,
+        e=8,
+        k=2,
+        dtype=torch.bfloat16,
+        strided=True,
+        transposed=True,
+    )
     for activation in ("gelu", "gelu_tanh"):
-        add(f"GeGLU ({activation}) E8 top2 T19 bf16", check_forward, t=19, h=32, inter=40, e=8, k=2,
-            dtype=torch.bfloat16, activation=activation)
+        add(
+            f"GeGLU ({activation}) E8 top2 T19 bf16",
+            check_forward,
+            t=19,
+            h=32,
+            inter=40,
+            e=8,
+            k=2,
+            dtype=torch.bfloat16,
+            activation=activation,
+        )
     for dtype in (torch.float32, torch.bfloat16):
         dt = dtype_name(dtype)
         add(f"grads E8 top2 T29 H40 I24 {dt}", check_backward, t=29, h=40, inter=24, e=8, k=2, dtype=dtype)
-    add("grads every token on one expert, others none E4 top2 T18 bf16", check_backward, t=18, h=32, inter=16, e=4,
-        k=2, dtype=torch.bfloat16, routing="few")
-    add("grads x row-strided, weights transposed, GeGLU tanh E6 top3 T11 fp16", check_backward, t=11, h=32, inter=24,
-        e=6, k=3, dtype=torch.float16, strided=True, transposed=True, activation="gelu_tanh")
+    add(
+        "grads every token on one expert, others none E4 top2 T18 bf16",
+        check_backward,
+        t=18,
+        h=32,
+        inter=16,
+        e=4,
+        k=2,
+        dtype=torch.bfloat16,
+        routing="few",
+    )
+    add(
+        "grads x row-strided, weights transposed, GeGLU tanh E6 top3 T11 fp16",
+        check_backward,
+        t=11,
+        h=32,
+        inter=24,
+        e=6,
+        k=3,
+        dtype=torch.float16,
+        strided=True,
+        transposed=True,
+        activation="gelu_tanh",
+    )
     add("grads one token E8 top2 bf16", check_backward, t=1, h=32, inter=16, e=8, k=2, dtype=torch.bfloat16)
-    add("kernels write every element E8 top2 T13", check_poisoned, t=13, h=40, inter=24, e=8, k=2,
-        dtype=torch.bfloat16, tma=INTERPRET)
+    add(
+        "kernels write every element E8 top2 T13",
+        check_poisoned,
+        t=13,
+        h=40,
+        inter=24,
+        e=8,
+        k=2,
+        dtype=torch.bfloat16,
+        tma=INTERPRET,
+    )
     add("edges, opcheck", check_edges)
     add("bad input", check_errors)
-    add("Qwen3-30B-A3B widths E128 top8 T512 bf16", check_forward, True, t=512, h=2048, inter=768, e=128, k=8,
-        dtype=torch.bfloat16)
-    add("grads Qwen3-30B-A3B widths E128 top8 T256 bf16", check_backward, True, t=256, h=2048, inter=768, e=128, k=8,
-        dtype=torch.bfloat16)
+    add(
+        "Qwen3-30B-A3B widths E128 top8 T512 bf16",
+        check_forward,
+        True,
+        t=512,
+        h=2048,
+        inter=768,
+        e=128,
+        k=8,
+        dtype=torch.bfloat16,
+    )
+    add(
+        "grads Qwen3-30B-A3B widths E128 top8 T256 bf16",
+        check_backward,
+        True,
+        t=256,
+        h=2048,
+        inter=768,
+        e=128,
+        k=8,
+        dtype=torch.bfloat16,
+    )
     # 128 rows an expert: MOE_CONFIGS' long-run tiles (prefill, training), which the cases above (at most
     # 64 rows an expert) never reach
-    add("grads Qwen3-30B-A3B widths E128 top8 T2048 bf16 (long-run tiles)", check_backward, True, t=2048, h=2048,
-        inter=768, e=128, k=8, dtype=torch.bfloat16)
-    add("kernels write every element E16 top2 T1024 H512 I384 bf16 (long-run tiles)", check_poisoned, True, t=1024,
-        h=512, inter=384, e=16, k=2, dtype=torch.bfloat16, tma=True)
-    add("Mixtral-like E8 top2 T300 H1024 I3584 bf16", check_forward, True, t=300, h=1024, inter=3584, e=8, k=2,
-        dtype=torch.bfloat16)
+    add(
+        "grads Qwen3-30B-A3B widths E128 top8 T2048 bf16 (long-run tiles)",
+        check_backward,
+        True,
+        t=2048,
+        h=2048,
+        inter=768,
+        e=128,
+        k=8,
+        dtype=torch.bfloat16,
+    )
+    add(
+        "kernels write every element E16 top2 T1024 H512 I384 bf16 (long-run tiles)",
+        check_poisoned,
+        True,
+        t=1024,
+        h=512,
+        inter=384,
+        e=16,
+        k=2,
+        dtype=torch.bfloat16,
+        tma=True,
+    )
+    add(
+        "Mixtral-like E8 top2 T300 H1024 I3584 bf16",
+        check_forward,
+        True,
+        t=300,
+        h=1024,
+        inter=3584,
+        e=8,
+        k=2,
+        dtype=torch.bfloat16,
+    )
     return out
 
 

@@ -43,6 +43,7 @@ elements forward): at decode sizes (S <= 512) the weights dominate.
 Block sizes: MOE_CONFIGS (by the size of the row runs and the epilogue), WEIGHT_GRAD_CONFIGS,
 GLU_ROWS / GLU_COLS and GATHER_ROWS / GATHER_COLS.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -67,12 +68,32 @@ from llmk.common.triton_utils import activate, activate_grad
 # runs the scatter form was 0.85-0.97x at the same tile, so short runs keep the row kernel
 # (docs/tuning/moe.md).
 MOE_CONFIGS = [
-    (16, dict(glu=(16, 64, 128, 4, 4), store=(16, 64, 128, 4, 4), scatter=(16, 64, 128, 4, 4), glu_tma=None,
-              scatter_tma=None)),
-    (64, dict(glu=(64, 32, 64, 4, 4), store=(64, 64, 64, 4, 4), scatter=(64, 64, 64, 4, 4), glu_tma=None,
-              scatter_tma=None)),
-    (None, dict(glu=(128, 128, 64, 8, 3), store=(128, 256, 64, 8, 3), scatter=(128, 256, 64, 8, 3),
-                glu_tma=(128, 128, 64, 8, 3), scatter_tma=(128, 256, 64, 8, 4))),
+    (
+        16,
+        dict(
+            glu=(16, 64, 128, 4, 4),
+            store=(16, 64, 128, 4, 4),
+            scatter=(16, 64, 128, 4, 4),
+            glu_tma=None,
+            scatter_tma=None,
+        ),
+    ),
+    (
+        64,
+        dict(
+            glu=(64, 32, 64, 4, 4), store=(64, 64, 64, 4, 4), scatter=(64, 64, 64, 4, 4), glu_tma=None, scatter_tma=None
+        ),
+    ),
+    (
+        None,
+        dict(
+            glu=(128, 128, 64, 8, 3),
+            store=(128, 256, 64, 8, 3),
+            scatter=(128, 256, 64, 8, 3),
+            glu_tma=(128, 128, 64, 8, 3),
+            scatter_tma=(128, 256, 64, 8, 4),
+        ),
+    ),
 ]
 # Weight gradients: (BLOCK_P, BLOCK_Q, BLOCK_R, num_warps, num_stages), BLOCK_R rows of the
 # expert's run a step; dw_gate_up (P = 2I, Q = H) and dw_down (P = H, Q = I). Over operands in
@@ -176,10 +197,12 @@ def _expert_rows_kernel(
     GATHER: tl.constexpr, EPILOGUE: tl.constexpr, ACTIVATION: tl.constexpr, SCALE: tl.constexpr,
     STORE_PRE: tl.constexpr, COPY_A: tl.constexpr, E_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
+):  # fmt: skip
     """One program: BLOCK_M sorted rows of one expert x BLOCK_N columns, all of K, then the epilogue."""
-    tl.static_assert(EPILOGUE == "glu" or EPILOGUE == "scatter" or EPILOGUE == "store",
-                     "EPILOGUE must be 'glu', 'scatter' or 'store'")
+    tl.static_assert(
+        EPILOGUE == "glu" or EPILOGUE == "scatter" or EPILOGUE == "store",
+        "EPILOGUE must be 'glu', 'scatter' or 'store'",
+    )
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     n_tiles_m = tl.num_programs(0) // n_tiles_n
     pid_m, pid_n = grouped_order(tl.program_id(0), n_tiles_m, n_tiles_n, GROUP_M)
@@ -218,8 +241,11 @@ def _expert_rows_kernel(
                     # dot's, and the GPU gave wrong rows and dh where this copy took it (docs/tuning/moe.md)
                     again = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                     copy = again.to(tl.float32) * w[:, None] if SCALE else again
-                    tl.store(a_copy_ptr + rows64[:, None] * K + (k * BLOCK_K + rk)[None, :],
-                             copy.to(a_copy_ptr.dtype.element_ty), mask=row_ok[:, None] & k_ok[None, :])
+                    tl.store(
+                        a_copy_ptr + rows64[:, None] * K + (k * BLOCK_K + rk)[None, :],
+                        copy.to(a_copy_ptr.dtype.element_ty),
+                        mask=row_ok[:, None] & k_ok[None, :],
+                    )
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
         mask = row_ok[:, None] & (rn < N)[None, :]
@@ -232,16 +258,19 @@ def _expert_rows_kernel(
                 tl.store(pre_ptr + pre_offs, acc.to(pre_ptr.dtype.element_ty), mask=mask)
                 tl.store(pre_ptr + pre_offs + N, acc_up.to(pre_ptr.dtype.element_ty), mask=mask)
             h = activate(acc, ACTIVATION) * acc_up
-            tl.store(c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn,
-                     h.to(c_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn, h.to(c_ptr.dtype.element_ty), mask=mask
+            )
         elif EPILOGUE == "scatter":
             if SCALE:
                 acc = acc * w[:, None]
-            tl.store(c_ptr + pos[:, None] * stride_cm + rn[None, :] * stride_cn,
-                     acc.to(c_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                c_ptr + pos[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask
+            )
         else:
-            tl.store(c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn,
-                     acc.to(c_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask
+            )
 
 
 @triton.jit
@@ -252,7 +281,7 @@ def _glu_backward_rows_kernel(
     dpre_ptr, pre_ptr, order_ptr, scale_ptr, dweights_ptr,
     n_rows, N,
     ACTIVATION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """BLOCK_R sorted rows a program, all N columns BLOCK_N at a time: d weight = sum over the
     columns of dh * act(gate) * up (dh dotted with h, recomputed in fp32), then with dh' = dh * weight
     d gate = dh' * up * act'(gate) and d up = dh' * act(gate), in place of dh."""
@@ -272,8 +301,7 @@ def _glu_backward_rows_kernel(
         act = activate(gate, ACTIVATION)
         share += tl.sum(dh * act * up, axis=1)  # masked columns: act(0) * 0
         dh = dh * w[:, None]
-        tl.store(dpre_ptr + offs, (dh * up * activate_grad(gate, ACTIVATION)).to(dpre_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(dpre_ptr + offs, (dh * up * activate_grad(gate, ACTIVATION)).to(dpre_ptr.dtype.element_ty), mask=mask)
         tl.store(dpre_ptr + offs + N, (dh * act).to(dpre_ptr.dtype.element_ty), mask=mask)
     tl.store(dweights_ptr + pos, share.to(dweights_ptr.dtype.element_ty), mask=ok)
 
@@ -289,7 +317,7 @@ def _expert_weight_grad_kernel(
     stride_am, stride_ap, stride_bm, stride_bq, stride_ce, stride_cp, stride_cq,
     # meta-parameters
     DOT_PRECISION: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr,
-):
+):  # fmt: skip
     """One program: a BLOCK_P x BLOCK_Q tile of expert e's gradient, summed over the expert's rows
     (none: a tile of zeros, the gradient of an expert that got no token)."""
     tiles_p = tl.cdiv(P, BLOCK_P)
@@ -322,7 +350,7 @@ def _gather_rows_kernel(
     a_ptr, out_ptr, order_ptr, scale_ptr,
     n_rows, N, top_k, stride_am, stride_an,
     SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     """out[r] = a[order[r] // top_k] (with SCALE: times scale[order[r]] in fp32, rounded once, as an
     eager product of dout and the weight would be): BLOCK_R rows x BLOCK_N columns a program."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -336,8 +364,22 @@ def _gather_rows_kernel(
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_expert_rows(a, b, c, order, offsets, *, gather, epilogue, activation="silu", top_k=1, scale=None,
-                       pre=None, a_copy=None, config=None):
+def launch_expert_rows(
+    a,
+    b,
+    c,
+    order,
+    offsets,
+    *,
+    gather,
+    epilogue,
+    activation="silu",
+    top_k=1,
+    scale=None,
+    pre=None,
+    a_copy=None,
+    config=None,
+):
     """Launch _expert_rows_kernel on checked arguments. a (T, K) with gather else (S, K); b (E, N
     or 2N, K) by strides (glu: N is the half width); c (S, N) by strides; order (S,), offsets
     (E + 1,); scale (S,) fp32 (scatter: times the output; a_copy: times the copy); pre (S, 2N)
@@ -350,14 +392,40 @@ def launch_expert_rows(a, b, c, order, offsets, *, gather, epilogue, activation=
     dummy = order  # never read: pointers of the forms that take no such tensor
     grid = (row_tiles(n_rows, n_experts, bm) * cdiv(n, bn),)
     _expert_rows_kernel[grid](
-        a, b, c, order, offsets, scale if scale is not None else dummy, pre if pre is not None else dummy,
+        a,
+        b,
+        c,
+        order,
+        offsets,
+        scale if scale is not None else dummy,
+        pre if pre is not None else dummy,
         a_copy if a_copy is not None else dummy,
-        n, k, n_experts, top_k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
-        GATHER=gather, EPILOGUE=epilogue, ACTIVATION=activation, SCALE=scale is not None,
-        STORE_PRE=epilogue == "glu" and pre is not None, COPY_A=a_copy is not None,
-        E_PAD=next_power_of_2(n_experts), DOT_PRECISION=dot_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
+        n,
+        k,
+        n_experts,
+        top_k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        b.stride(2),
+        c.stride(0),
+        c.stride(1),
+        GATHER=gather,
+        EPILOGUE=epilogue,
+        ACTIVATION=activation,
+        SCALE=scale is not None,
+        STORE_PRE=epilogue == "glu" and pre is not None,
+        COPY_A=a_copy is not None,
+        E_PAD=next_power_of_2(n_experts),
+        DOT_PRECISION=dot_precision(a),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=GROUP_M,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def launch_glu_backward_rows(dpre, pre, order, scale, dweights, activation, config=None):
@@ -371,8 +439,18 @@ def launch_glu_backward_rows(dpre, pre, order, scale, dweights, activation, conf
     block_r, block_n, warps = config
     block_n = min(block_n, next_power_of_2(n))
     _glu_backward_rows_kernel[(cdiv(n_rows, block_r),)](
-        dpre, pre, order, scale, dweights, n_rows, n, ACTIVATION=activation, BLOCK_R=block_r, BLOCK_N=block_n,
-        num_warps=warps)
+        dpre,
+        pre,
+        order,
+        scale,
+        dweights,
+        n_rows,
+        n,
+        ACTIVATION=activation,
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        num_warps=warps,
+    )
 
 
 def launch_expert_weight_grad(a, b, c, offsets, *, kind, config=None):
@@ -381,13 +459,31 @@ def launch_expert_weight_grad(a, b, c, offsets, *, kind, config=None):
     (d w_down), the WEIGHT_GRAD_CONFIGS entry."""
     n_experts, p, q = c.shape
     if config is None:
-        config = ((interpret_block(p), interpret_block(q), INTERPRET_ROWS, 1, 1) if INTERPRET
-                  else WEIGHT_GRAD_CONFIGS[kind])
+        config = (
+            (interpret_block(p), interpret_block(q), INTERPRET_ROWS, 1, 1) if INTERPRET else WEIGHT_GRAD_CONFIGS[kind]
+        )
     bp, bq, br, warps, stages = config
     _expert_weight_grad_kernel[(n_experts * cdiv(p, bp) * cdiv(q, bq),)](
-        a, b, c, offsets, p, q,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), c.stride(2),
-        DOT_PRECISION=dot_precision(a), BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=br, num_warps=warps, num_stages=stages)
+        a,
+        b,
+        c,
+        offsets,
+        p,
+        q,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        c.stride(2),
+        DOT_PRECISION=dot_precision(a),
+        BLOCK_P=bp,
+        BLOCK_Q=bq,
+        BLOCK_R=br,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def launch_gather_rows(a, order, top_k, scale=None):
@@ -398,10 +494,27 @@ def launch_gather_rows(a, order, top_k, scale=None):
     if out.numel():
         block_n = min(GATHER_COLS, next_power_of_2(n))
         _gather_rows_kernel[(cdiv(n_rows, GATHER_ROWS), cdiv(n, block_n))](
-            a, out, order, scale if scale is not None else order, n_rows, n, top_k, a.stride(0), a.stride(1),
-            SCALE=scale is not None, BLOCK_R=GATHER_ROWS, BLOCK_N=block_n, num_warps=4)
+            a,
+            out,
+            order,
+            scale if scale is not None else order,
+            n_rows,
+            n,
+            top_k,
+            a.stride(0),
+            a.stride(1),
+            SCALE=scale is not None,
+            BLOCK_R=GATHER_ROWS,
+            BLOCK_N=block_n,
+            num_warps=4,
+        )
     return out
 
 
-__all__ = ["launch_expert_rows", "launch_expert_weight_grad", "launch_gather_rows", "launch_glu_backward_rows",
-           "rows_config"]
+__all__ = [
+    "launch_expert_rows",
+    "launch_expert_weight_grad",
+    "launch_gather_rows",
+    "launch_glu_backward_rows",
+    "rows_config",
+]

@@ -25,6 +25,7 @@ the weights' gradient g reaches the logits through the scores, the choice being 
     sigmoid, renormalized:  dx[ids] = (g - sum(w * g)) / sum(s) * s * (1 - s)
 moe_permute is PyTorch ops (a stable sort and a sum by expert), differentiable in nothing.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -54,13 +55,16 @@ def _route_kernel(
     # meta-parameters
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-):
+):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # 64-bit: rows * stride
     cols = tl.arange(0, BLOCK_E)
     row_ok = rows < n_tokens
     col_ok = cols < n_experts
-    x = tl.load(logits_ptr + rows[:, None] * stride_lt + cols[None, :] * stride_le,
-                mask=row_ok[:, None] & col_ok[None, :], other=float("-inf")).to(tl.float32)
+    x = tl.load(
+        logits_ptr + rows[:, None] * stride_lt + cols[None, :] * stride_le,
+        mask=row_ok[:, None] & col_ok[None, :],
+        other=float("-inf"),
+    ).to(tl.float32)
     rank = tl.where(x != x, float("-inf"), x)  # the choice's key: a NaN never goes before a number
     taken = tl.zeros([BLOCK_T, BLOCK_E], tl.int32) != 0  # the experts chosen so far
     slots = tl.arange(0, K_PAD)
@@ -108,9 +112,21 @@ def launch_moe_route(logits, top_k, scoring, renormalize, weights, ids):
     n_tokens, n_experts = logits.shape
     block_t = route_tokens(n_experts)
     _route_kernel[(cdiv(n_tokens, block_t),)](
-        logits, weights, ids, n_tokens, n_experts, logits.stride(0), logits.stride(1), TOP_K=top_k,
-        K_PAD=next_power_of_2(top_k), SIGMOID=scoring == "sigmoid", RENORMALIZE=renormalize, BLOCK_T=block_t,
-        BLOCK_E=next_power_of_2(n_experts), num_warps=4)
+        logits,
+        weights,
+        ids,
+        n_tokens,
+        n_experts,
+        logits.stride(0),
+        logits.stride(1),
+        TOP_K=top_k,
+        K_PAD=next_power_of_2(top_k),
+        SIGMOID=scoring == "sigmoid",
+        RENORMALIZE=renormalize,
+        BLOCK_T=block_t,
+        BLOCK_E=next_power_of_2(n_experts),
+        num_warps=4,
+    )
 
 
 def _route_empty(logits, top_k, scoring, renormalize):
@@ -153,8 +169,13 @@ def _backward(ctx, grad_weights, grad_ids):
     return route_backward(grad_weights, logits, weights, ids, ctx.scoring, ctx.renormalize), None, None, None
 
 
-moe_route_op = define_op("moe_route(Tensor logits, int top_k, str scoring, bool renormalize) -> (Tensor, Tensor)",
-                         _route, _route_empty, backward=_backward, setup_context=_setup_context)
+moe_route_op = define_op(
+    "moe_route(Tensor logits, int top_k, str scoring, bool renormalize) -> (Tensor, Tensor)",
+    _route,
+    _route_empty,
+    backward=_backward,
+    setup_context=_setup_context,
+)
 
 
 def check_route_args(logits, top_k, scoring, renormalize):
@@ -165,8 +186,10 @@ def check_route_args(logits, top_k, scoring, renormalize):
     if not 1 <= n_experts <= MAX_EXPERTS:
         raise ValueError(f"logits must have 1..{MAX_EXPERTS} experts (dim 1); got {n_experts}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(n_experts, MAX_TOP_K):
-        raise ValueError(f"top_k must be an int in 1..{min(n_experts, MAX_TOP_K)} (the number of experts, at "
-                         f"most MAX_TOP_K); got {top_k!r}")
+        raise ValueError(
+            f"top_k must be an int in 1..{min(n_experts, MAX_TOP_K)} (the number of experts, at "
+            f"most MAX_TOP_K); got {top_k!r}"
+        )
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}; got {scoring!r}")
     if not isinstance(renormalize, bool):
@@ -217,5 +240,14 @@ def permute(ids, n_experts):
     return order, counts, torch.cat([counts.new_zeros(1), counts.cumsum(0)])
 
 
-__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "SCORINGS", "check_ids_range", "launch_moe_route", "moe_permute", "moe_route",
-           "moe_route_op", "permute"]
+__all__ = [
+    "MAX_EXPERTS",
+    "MAX_TOP_K",
+    "SCORINGS",
+    "check_ids_range",
+    "launch_moe_route",
+    "moe_permute",
+    "moe_route",
+    "moe_route_op",
+    "permute",
+]

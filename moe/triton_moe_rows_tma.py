@@ -34,6 +34,7 @@ others run the row kernel, as do short runs (decode), where this kernel was slow
 (MOE_CONFIGS' glu_tma and scatter_tma rows). Triton's interpreter emulates the descriptors: the
 CPU lane runs this kernel with INTERPRET_SMS programs, each walking several tiles.
 """
+
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -79,7 +80,7 @@ def _expert_rows_tma_kernel(
     STORE_PRE: tl.constexpr, B_TRANSPOSED: tl.constexpr, E_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr,
-):
+):  # fmt: skip
     """Program p computes tiles p, p + NUM_SMS, ...: BLOCK_M sorted rows of one expert x BLOCK_N
     columns (glu: of gate and of up), all of K, then the epilogue."""
     tl.static_assert(EPILOGUE == "glu" or EPILOGUE == "scatter", "EPILOGUE must be 'glu' or 'scatter'")
@@ -130,18 +131,21 @@ def _expert_rows_tma_kernel(
                 tl.store(pre_ptr + pre_offs, gate.to(pre_ptr.dtype.element_ty), mask=mask)
                 tl.store(pre_ptr + pre_offs + N, up.to(pre_ptr.dtype.element_ty), mask=mask)
             h = activate(gate, ACTIVATION) * up
-            tl.store(c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn, h.to(c_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(
+                c_ptr + rows64[:, None] * stride_cm + rn[None, :] * stride_cn, h.to(c_ptr.dtype.element_ty), mask=mask
+            )
         else:
             pos = tl.load(order_ptr + rows, mask=row_ok, other=0)
             if SCALE:
                 acc = acc * tl.load(scale_ptr + pos, mask=row_ok, other=0.0)[:, None]
-            tl.store(c_ptr + pos[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(
+                c_ptr + pos[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask
+            )
 
 
-def launch_expert_rows_tma(a, b, c, order, offsets, config, *, epilogue, activation="silu", top_k=1, scale=None,
-                           pre=None):
+def launch_expert_rows_tma(
+    a, b, c, order, offsets, config, *, epilogue, activation="silu", top_k=1, scale=None, pre=None
+):
     """Launch _expert_rows_tma_kernel on checked arguments that `fit`. glu: a = x (T, K) gathered
     through the order, b (E, 2N, K), c = h (S, N), pre (S, 2N) contiguous or None; scatter: a (S, K)
     in expert order, b (E, N, K) by strides, c (S, N) by strides in token order, scale (S,) fp32 or
@@ -164,12 +168,36 @@ def launch_expert_rows_tma(a, b, c, order, offsets, config, *, epilogue, activat
     num_sms = sm_count(a.device, INTERPRET_SMS)
     dummy = order  # never read: pointers of the forms that take no such tensor
     _expert_rows_tma_kernel[(num_sms,)](
-        a_arg, b_desc, c, order, offsets, scale if scale is not None else dummy, pre if pre is not None else dummy,
-        n, k, n_experts, top_k, *strides, c.stride(0), c.stride(1),
-        GATHER=glu, EPILOGUE=epilogue, ACTIVATION=activation, SCALE=scale is not None,
-        STORE_PRE=pre is not None, B_TRANSPOSED=transposed, E_PAD=next_power_of_2(n_experts),
-        DOT_PRECISION=dot_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, NUM_SMS=num_sms,
-        num_warps=warps, num_stages=stages)
+        a_arg,
+        b_desc,
+        c,
+        order,
+        offsets,
+        scale if scale is not None else dummy,
+        pre if pre is not None else dummy,
+        n,
+        k,
+        n_experts,
+        top_k,
+        *strides,
+        c.stride(0),
+        c.stride(1),
+        GATHER=glu,
+        EPILOGUE=epilogue,
+        ACTIVATION=activation,
+        SCALE=scale is not None,
+        STORE_PRE=pre is not None,
+        B_TRANSPOSED=transposed,
+        E_PAD=next_power_of_2(n_experts),
+        DOT_PRECISION=dot_precision(a),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=GROUP_M,
+        NUM_SMS=num_sms,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 __all__ = ["fits", "launch_expert_rows_tma"]

@@ -1,5 +1,6 @@
 """Argument checks of the row-wise norms (RMSNorm, LayerNorm, residual RMSNorm; the Triton kernels,
 RMSNorm + linear in gemm/ and the CUDA comparison in cuda_cpp/)."""
+
 import math
 
 from llmk.common.validation import check_same_device, check_tensor
@@ -14,8 +15,10 @@ def check_norm_args(x, weight, eps, x_name="x", weight_name="weight", offset=0.0
         check_tensor(weight_name, weight)
         check_same_device(weight_name, weight, x_name, x)
         if tuple(weight.shape) != (n_cols,):
-            raise ValueError(f"{weight_name} must have shape ({n_cols},) to match the last dim of "
-                             f"{x_name} {tuple(x.shape)}; got {tuple(weight.shape)}")
+            raise ValueError(
+                f"{weight_name} must have shape ({n_cols},) to match the last dim of "
+                f"{x_name} {tuple(x.shape)}; got {tuple(weight.shape)}"
+            )
     if isinstance(eps, bool):  # a flag passed where eps goes would be taken as 1.0
         raise TypeError(f"eps must be a number, not a bool; got {eps!r}")
     if not isinstance(eps, (int, float)) or not eps >= 0:
@@ -32,5 +35,7 @@ def check_residual(residual, x):
     check_tensor("residual", residual)
     check_same_device("residual", residual, "x", x)
     if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise ValueError(f"residual must match x: shape {tuple(x.shape)} dtype {x.dtype}; "
-                         f"got {tuple(residual.shape)} {residual.dtype}")
+        raise ValueError(
+            f"residual must match x: shape {tuple(x.shape)} dtype {x.dtype}; "
+            f"got {tuple(residual.shape)} {residual.dtype}"
+        )

@@ -10,6 +10,7 @@ Every norm has two kernels:
 The tables were measured by scripts/tune/norm_sweep.py on an H200 (bf16); the figures, and what
 was tried and lost, are in docs/tuning/normalization.md.
 """
+
 import functools
 from dataclasses import dataclass
 
@@ -18,12 +19,14 @@ from llmk.common.ints import cdiv, next_power_of_2
 
 # Fused kernel, by padded row bytes (next_power_of_2(N) * element size):
 #   (max row bytes, BLOCK_M rows per program, num_warps)
+# fmt: off
 FUSED_TABLE = [
     (128, 64, 4),   # N <= 64 fp16: many short rows a program, or launch count is the whole cost
     (512, 16, 4),   # N <= 256 fp16: 16 rows x 256 = 32 values a thread
     (1024, 4, 2),   # N = 512: 4 rows of 2 warps, the best of the sweep
     (2048, 2, 4),   # N = 1024: 2 rows of 4 warps; wider rows go to the looped kernel
 ]
+# fmt: on
 
 # LayerNorm keeps rows up to 4 KB in the fused kernel (4 warps) when they fill at least 3/4 of the
 # padded block: its looped kernel makes three passes, and at N = 2048 the one read wins; from
@@ -34,6 +37,7 @@ LAYERNORM_FUSED_TABLE = [(4096, 4)]
 # Looped kernel, by padded row bytes: (max row bytes, chunk bytes). num_warps = chunk bytes / 512,
 # one 16-byte load per thread per chunk (at most 32 warps). Wider rows take wider chunks: fewer
 # trips of the loop, until a chunk's registers cost programs per SM.
+# fmt: off
 LOOP_CHUNK_TABLE = [
     (4096, 2048),     # N = 2048 bf16
     (8192, 4096),     # N = 4096
@@ -41,6 +45,7 @@ LOOP_CHUNK_TABLE = [
     (65536, 16384),   # N = 32768
     (None, 32768),    # N = 65536 and up
 ]
+# fmt: on
 # A chunk that does not divide N leaves most of its last chunk masked (N = 5120 in 4096-value
 # chunks lost a fifth of its bandwidth), so of the chunk, its half and its quarter, the one that
 # pads N least is taken (the larger on a tie).
@@ -68,8 +73,9 @@ def table_row(n_cols, elem_size, layernorm=False):
         for i, (max_bytes, _) in enumerate(LAYERNORM_FUSED_TABLE):
             if row_bytes <= max_bytes:
                 return "layernorm_fused", i
-    return "looped", next(i for i, (max_bytes, _) in enumerate(LOOP_CHUNK_TABLE)
-                          if max_bytes is None or row_bytes <= max_bytes)
+    return "looped", next(
+        i for i, (max_bytes, _) in enumerate(LOOP_CHUNK_TABLE) if max_bytes is None or row_bytes <= max_bytes
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -128,8 +134,9 @@ def backward_table_row(n_cols, kernel="rmsnorm"):
     for i, (max_n, _, _, _) in enumerate(BACKWARD_FUSED_TABLE[kernel]):
         if block_n <= max_n:
             return "fused", i
-    return "looped", next(i for i, (max_n, _, _, _) in enumerate(BACKWARD_LOOP_TABLE[kernel])
-                          if max_n is None or block_n <= max_n)
+    return "looped", next(
+        i for i, (max_n, _, _, _) in enumerate(BACKWARD_LOOP_TABLE[kernel]) if max_n is None or block_n <= max_n
+    )
 
 
 def backward_config(n_rows, n_cols, elem_size, device, kernel="rmsnorm"):
@@ -149,5 +156,11 @@ def _backward_config(n_rows, n_cols, elem_size, sms, kernel):
     _, block_m, chunk, prefetch = BACKWARD_LOOP_TABLE[kernel][i]
     chunk = min(chunk, block_n)
     chunk = min((chunk, chunk // 2, chunk // 4), key=lambda c: cdiv(n_cols, c) * c)  # as looped_config
-    return RowConfig(True, block_m, chunk, min(32, max(4, block_m * chunk * elem_size // 512)),
-                     min(sms, cdiv(n_rows, block_m)), prefetch)
+    return RowConfig(
+        True,
+        block_m,
+        chunk,
+        min(32, max(4, block_m * chunk * elem_size // 512)),
+        min(sms, cdiv(n_rows, block_m)),
+        prefetch,
+    )

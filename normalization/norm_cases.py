@@ -3,6 +3,7 @@
 One list for RMSNorm, residual RMSNorm and LayerNorm so the three cannot drift apart. Cases with
 `gpu_only` are too large for the interpreter (seconds per case on 2 CPU cores is the budget there).
 """
+
 import torch
 
 from llmk.devtools.testing import TOLERANCES, Case, Outcome, Tol, dtype_name
@@ -27,26 +28,30 @@ def norm_inputs():
 
     def add(shape, dtype, gpu_only=False, **extra):
         label = " ".join(f"{k}={v if k != 'weight_dtype' else dtype_name(v)}" for k, v in extra.items())
-        cases.append((f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(),
-                      dict(shape=shape, dtype=dtype, **extra), gpu_only))
+        cases.append(
+            (f"{tuple(shape)} {dtype_name(dtype)} {label}".strip(), dict(shape=shape, dtype=dtype, **extra), gpu_only)
+        )
 
     for dtype in DTYPES:
         for n in WIDTHS:
             add((3, n), dtype)
-        switches = ([b for b, _, _ in FUSED_TABLE] + [b for b, _ in LAYERNORM_FUSED_TABLE]
-                    + [b for b, _ in LOOP_CHUNK_TABLE if b])
+        switches = (
+            [b for b, _, _ in FUSED_TABLE]
+            + [b for b, _ in LAYERNORM_FUSED_TABLE]
+            + [b for b, _ in LOOP_CHUNK_TABLE if b]
+        )
         for max_bytes in switches:  # either side of each row of the tables
             widest = max_bytes * 8 // torch.finfo(dtype).bits
             add((2, widest), dtype)
             add((2, widest + 1), dtype)
         add((1, 4096), dtype)
         add((2, 3, 123), dtype)
-        add((5, 760), dtype, pad=(0, 8))                      # row stride 768, a view, no copy
-        add((2, 5, 1000), dtype, pad=(0, 3, 0))               # leading dims that cannot merge
-        add((3, 5120), dtype, scale=1e4)                      # squares overflow fp16: fp32 math
+        add((5, 760), dtype, pad=(0, 8))  # row stride 768, a view, no copy
+        add((2, 5, 1000), dtype, pad=(0, 3, 0))  # leading dims that cannot merge
+        add((3, 5120), dtype, scale=1e4)  # squares overflow fp16: fp32 math
         for n in (123, 5120):  # where eps matters, through the fused and the looped kernel
-            add((3, n), dtype, scale=0.0)                     # all-zero rows: rsqrt(eps), not inf
-            add((3, n), dtype, scale=1e-3)                    # mean(x^2) ~ eps
+            add((3, n), dtype, scale=0.0)  # all-zero rows: rsqrt(eps), not inf
+            add((3, n), dtype, scale=1e-3)  # mean(x^2) ~ eps
         add((4096, 4096), dtype, gpu_only=True)
         add((2049, 5120), dtype, gpu_only=True, pad=(0, 64))
         add((1000, 65537), dtype, gpu_only=True)
@@ -70,8 +75,13 @@ def check_table_rows():
             if table == "layernorm_fused" and not layernorm:
                 continue
             missing = [rows[i] for i in range(len(rows)) if (table, i) not in reached]
-            outcomes.append(Outcome(f"{'layernorm' if layernorm else 'rmsnorm'} {table}: every row", not missing,
-                                    note=f"no input reaches {missing}" if missing else f"{len(rows)} rows"))
+            outcomes.append(
+                Outcome(
+                    f"{'layernorm' if layernorm else 'rmsnorm'} {table}: every row",
+                    not missing,
+                    note=f"no input reaches {missing}" if missing else f"{len(rows)} rows",
+                )
+            )
     return outcomes
 
 
@@ -80,16 +90,24 @@ def norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge, h
     allocation, bad input, empty input, tensors past 2^31 elements through each kernel (huge_gb:
     the GPU memory each of those needs, where it is a large share of a card), and that the inputs
     reach every row of the launch tables."""
-    return ([Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_inputs()]
-            + [Case("allocates its output", check_own_buffer), Case("bad input", check_errors),
-               Case("empty input", check_empty), Case("every launch-table row reached", check_table_rows)]
-            + [Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True, gpu_gb=huge_gb)
-               for kernel, n in (("fused", 1000), ("looped", 4096), ("wide rows", 65537))])
+    return (
+        [Case(name, check, kwargs, gpu_only) for name, kwargs, gpu_only in norm_inputs()]
+        + [
+            Case("allocates its output", check_own_buffer),
+            Case("bad input", check_errors),
+            Case("empty input", check_empty),
+            Case("every launch-table row reached", check_table_rows),
+        ]
+        + [
+            Case(f"2^31+ elements, {kernel}", check_huge, dict(n_cols=n), gpu_only=True, gpu_gb=huge_gb)
+            for kernel, n in (("fused", 1000), ("looped", 4096), ("wide rows", 65537))
+        ]
+    )
 
 
 def huge_rows(n_cols):
     """A row count putting the tensor just past 2^31 elements: offsets must be 64-bit."""
-    return (2 ** 31) // n_cols + 3
+    return (2**31) // n_cols + 3
 
 
 # Backward cases. The widths reach every row of BACKWARD_FUSED_TABLE (BLOCK_M from 128 rows a step
@@ -112,25 +130,30 @@ def grad_inputs():
 
     def add(shape, dtype, gpu_only=False, **extra):
         label = " ".join(f"{k}={v if k != 'weight_dtype' else dtype_name(v)}" for k, v in extra.items())
-        cases.append((f"grad {tuple(shape)} {dtype_name(dtype)} {label}".strip(),
-                      dict(shape=shape, dtype=dtype, **extra), gpu_only))
+        cases.append(
+            (
+                f"grad {tuple(shape)} {dtype_name(dtype)} {label}".strip(),
+                dict(shape=shape, dtype=dtype, **extra),
+                gpu_only,
+            )
+        )
 
     for dtype in DTYPES:
         for n in GRAD_WIDTHS:
             add((GRAD_ROWS, n), dtype)
         for n, rows in GRAD_WIDE[dtype]:
             add((rows, n), dtype)
-        add((1, 4096), dtype)                                 # one row: one program, two idle
-        add((5, 760), dtype, pad=(0, 8))                      # row stride 768, a view
-        add((2, 5, 100), dtype, pad=(0, 3, 0))                # leading dims that cannot merge
-        add((4096, 4096), dtype, gpu_only=True)               # many rows a program: dweight's sum
+        add((1, 4096), dtype)  # one row: one program, two idle
+        add((5, 760), dtype, pad=(0, 8))  # row stride 768, a view
+        add((2, 5, 100), dtype, pad=(0, 3, 0))  # leading dims that cannot merge
+        add((4096, 4096), dtype, gpu_only=True)  # many rows a program: dweight's sum
         add((2049, 5120), dtype, gpu_only=True, pad=(0, 64))
         add((1000, 65537), dtype, gpu_only=True)
         add((300, 131072), dtype, gpu_only=True)
-        add((64, 8300), dtype, gpu_only=True)                 # the looped kernel in every dtype, partial chunk
-    add((9, 41), torch.float16, wrt="x")                      # dweight not wanted: None
-    add((9, 41), torch.bfloat16, wrt="weight")                # dx not wanted: None
-    add((4, 4500), torch.float32, wrt="weight")               # the widest fused row, dx not wanted
+        add((64, 8300), dtype, gpu_only=True)  # the looped kernel in every dtype, partial chunk
+    add((9, 41), torch.float16, wrt="x")  # dweight not wanted: None
+    add((9, 41), torch.bfloat16, wrt="weight")  # dx not wanted: None
+    add((4, 4500), torch.float32, wrt="weight")  # the widest fused row, dx not wanted
     add((2, 4096), torch.bfloat16, weight_dtype=torch.float32)
     return cases
 
@@ -145,19 +168,26 @@ def check_backward_table_rows():
         for name, table in (("fused", BACKWARD_FUSED_TABLE[kernel]), ("looped", BACKWARD_LOOP_TABLE[kernel])):
             rows += len(table)
             missing += [f"{kernel} {name} {table[i]}" for i in range(len(table)) if (name, i) not in reached]
-    return [Outcome("backward: every row", not missing,
-                    note=f"no input reaches {missing}" if missing else f"{rows} rows")]
+    return [
+        Outcome("backward: every row", not missing, note=f"no input reaches {missing}" if missing else f"{rows} rows")
+    ]
 
 
 def grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb=None):
     """A norm test's backward cases: every input of grad_inputs(), empty input under grad, the
     backward table rows reached, and 2^31+ elements through the fused and the looped backward
     (huge_gb: the GPU memory each of those needs, as its peak printed on a GPU)."""
-    return ([Case(name, check_grad, kwargs, gpu_only) for name, kwargs, gpu_only in grad_inputs()]
-            + [Case("grad of empty input", check_grad_empty),
-               Case("every backward-table row reached", check_backward_table_rows)]
-            + [Case(f"grad 2^31+ elements, {kernel}", check_grad_huge, dict(n_cols=n), gpu_only=True,
-                    gpu_gb=huge_gb) for kernel, n in (("fused", 1000), ("looped", 65537))])
+    return (
+        [Case(name, check_grad, kwargs, gpu_only) for name, kwargs, gpu_only in grad_inputs()]
+        + [
+            Case("grad of empty input", check_grad_empty),
+            Case("every backward-table row reached", check_backward_table_rows),
+        ]
+        + [
+            Case(f"grad 2^31+ elements, {kernel}", check_grad_huge, dict(n_cols=n), gpu_only=True, gpu_gb=huge_gb)
+            for kernel, n in (("fused", 1000), ("looped", 65537))
+        ]
+    )
 
 
 def gemma_cases(check, check_grad):
@@ -168,18 +198,24 @@ def gemma_cases(check, check_grad):
 
     def add(check_fn, prefix, shape, dtype, gpu_only=False, **extra):
         label = " ".join(f"{k}={v if k != 'weight_dtype' else dtype_name(v)}" for k, v in extra.items())
-        cases.append(Case(f"{prefix}{tuple(shape)} {dtype_name(dtype)} offset=1 {label}".strip(), check_fn,
-                          dict(shape=shape, dtype=dtype, offset=1.0, **extra), gpu_only))
+        cases.append(
+            Case(
+                f"{prefix}{tuple(shape)} {dtype_name(dtype)} offset=1 {label}".strip(),
+                check_fn,
+                dict(shape=shape, dtype=dtype, offset=1.0, **extra),
+                gpu_only,
+            )
+        )
 
     for dtype in DTYPES:
         add(check, "", (3, 1000), dtype, weight_scale=0.1)
-        add(check, "", (3, 65537), dtype, weight_scale=0.1)           # the looped kernel
-        add(check, "", (2, 5, 256), dtype, weight_scale=0.1)          # q/k norms: one head's 256 values a row
+        add(check, "", (3, 65537), dtype, weight_scale=0.1)  # the looped kernel
+        add(check, "", (2, 5, 256), dtype, weight_scale=0.1)  # q/k norms: one head's 256 values a row
         add(check_grad, "grad ", (GRAD_ROWS, 1000), dtype, weight_scale=0.1)
         add(check_grad, "grad ", (GRAD_ROWS, 123), dtype, weight_scale=0.0)
         add(check, "", (4096, 4096), dtype, gpu_only=True, weight_scale=0.1)
         add(check_grad, "grad ", (4096, 4096), dtype, gpu_only=True, weight_scale=0.1)
-    add(check, "", (3, 123), torch.bfloat16, weight_scale=0.0)        # Gemma's init: y = x * rstd
+    add(check, "", (3, 123), torch.bfloat16, weight_scale=0.0)  # Gemma's init: y = x * rstd
     add(check, "", (2, 4096), torch.bfloat16, weight_dtype=torch.float32, weight_scale=0.1)
     add(check_grad, "grad ", (7, 8300), torch.bfloat16, weight_scale=0.1)  # the looped backward
     add(check_grad, "grad ", (4, 4500), torch.float32, weight_scale=0.1)
@@ -201,22 +237,28 @@ def no_weight_cases(check, check_grad):
     def add(check_fn, prefix, shape, dtype, gpu_only=False, **extra):
         label = " ".join(f"{k}={v}" for k, v in extra.items())
         scale = dict(scale=forward_scale) if check_fn is check else {}
-        cases.append(Case(f"{prefix}{tuple(shape)} {dtype_name(dtype)} weight=None {label}".strip(), check_fn,
-                          dict(shape=shape, dtype=dtype, affine=False, **scale, **extra), gpu_only))
+        cases.append(
+            Case(
+                f"{prefix}{tuple(shape)} {dtype_name(dtype)} weight=None {label}".strip(),
+                check_fn,
+                dict(shape=shape, dtype=dtype, affine=False, **scale, **extra),
+                gpu_only,
+            )
+        )
 
     for dtype in DTYPES:
         add(check, "", (3, 123), dtype)
-        add(check, "", (3, 65537), dtype)                            # the looped kernel
+        add(check, "", (3, 65537), dtype)  # the looped kernel
         add(check_grad, "grad ", (GRAD_ROWS, 1000), dtype)
         add(check, "", (4096, 4096), dtype, gpu_only=True)
         add(check_grad, "grad ", (4096, 4096), dtype, gpu_only=True)
         add(check_grad, "grad ", (300, 131072), dtype, gpu_only=True)  # the looped backward, wide rows
-    add(check, "", (5, 760), torch.float16, pad=(0, 8))              # row stride 768, a view
-    add(check, "", (1, 4096), torch.bfloat16, offset=1.0)            # one row; offset ignored
-    add(check, "", (2, 5, 1000), torch.bfloat16, pad=(0, 3, 0))      # leading dims that cannot merge
+    add(check, "", (5, 760), torch.float16, pad=(0, 8))  # row stride 768, a view
+    add(check, "", (1, 4096), torch.bfloat16, offset=1.0)  # one row; offset ignored
+    add(check, "", (2, 5, 1000), torch.bfloat16, pad=(0, 3, 0))  # leading dims that cannot merge
     add(check_grad, "grad ", (5, 760), torch.bfloat16, pad=(0, 8))
     add(check_grad, "grad ", (1, 4096), torch.float16, offset=1.0)
-    add(check_grad, "grad ", (7, 8300), torch.bfloat16)             # the looped backward
+    add(check_grad, "grad ", (7, 8300), torch.bfloat16)  # the looped backward
     add(check_grad, "grad ", (4, 4500), torch.float32)
     return cases
 
@@ -225,13 +267,13 @@ def no_weight_cases(check, check_grad):
 # carries an error of about sqrt(n) roundings of the sum of their magnitudes (random signs; the
 # probabilistic bound of Higham and Mary, 2019, with lambda = 2); the tolerance adds that to the one
 # rounding of the result (TOLERANCES[dtype]'s rtol): the atol is a tensor, each element's bound.
-U32 = 2.0 ** -24
+U32 = 2.0**-24
 
 
 def sum_error(n):
     """Roundings, in units of fp32's unit roundoff times the sum of |terms|, of an fp32 sum of n
     terms (2 sqrt(n)), plus 8 for the products and the rsqrt that feed it."""
-    return 2 * n ** 0.5 + 8
+    return 2 * n**0.5 + 8
 
 
 def grad_tol(dtype, atol):
@@ -276,7 +318,7 @@ def dx_atol(x_hat, g, rstd, centred=False):
     return U32 * rstd * bound
 
 
-def chunked_param_grad(n_rows, terms, rows_per_chunk=2 ** 16):
+def chunked_param_grad(n_rows, terms, rows_per_chunk=2**16):
     """A parameter gradient over a tensor too large for fp64 whole: the sum over rows of
     terms(start, stop) (fp64, (stop - start, N)), a chunk of rows at a time, and its
     param_grad_atol bound. Returns (gradient, atol)."""

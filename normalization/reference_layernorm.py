@@ -3,6 +3,7 @@
 Biased variance, two passes (mean, then centred squares) so large offsets do not cancel; the math
 runs in fp32 (fp64 for fp64 inputs) and is cast to the input dtype once.
 """
+
 import torch
 
 

@@ -4,6 +4,7 @@ The math runs in fp32 (or fp64 when given fp64 inputs, as the tests do) and is c
 dtype once, as Hugging Face's GemmaRMSNorm does (its LlamaRMSNorm rounds x * rstd before the
 weight multiplies it). These are the `eager` baselines of the benchmark too.
 """
+
 import torch
 
 

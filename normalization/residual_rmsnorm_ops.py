@@ -13,6 +13,7 @@ returned for both, as autograd's own add does). Saved: u (an output, alive anywa
 block's skip) and weight. Traffic: read u, dy, du, write dx: 4*N*e a row (3*N*e when u's gradient
 is undefined, du = None).
 """
+
 import torch
 
 from llmk.common.ops import define_op, define_ops
@@ -32,9 +33,13 @@ def _backward_impl(dy, du, u, weight, eps, weight_grad, offset):
 
 residual_rmsnorm_backward_op = define_op(
     "residual_rmsnorm_backward(Tensor dy, Tensor? du, Tensor u, Tensor? weight, float eps, bool weight_grad,"
-    " float offset) -> (Tensor, Tensor)", _backward_impl,
-    lambda dy, du, u, weight, eps, weight_grad, offset: (u.new_empty(u.shape),
-                                                             weight_grad_buffer(u, weight, weight_grad)))
+    " float offset) -> (Tensor, Tensor)",
+    _backward_impl,
+    lambda dy, du, u, weight, eps, weight_grad, offset: (
+        u.new_empty(u.shape),
+        weight_grad_buffer(u, weight, weight_grad),
+    ),
+)
 
 
 def _setup_context(ctx, inputs, output):
@@ -50,8 +55,9 @@ def _backward(ctx, dy, du):
     if dy is None:  # only u is used: y's gradient is zero (rare; not worth a kernel variant)
         dy = torch.zeros_like(u)
     wants_x, wants_residual, wants_weight = ctx.needs_input_grad[:3]
-    dx, dweight = residual_rmsnorm_backward_op(dy, du, u, weight, eps=ctx.eps, weight_grad=wants_weight,
-                                               offset=ctx.offset)
+    dx, dweight = residual_rmsnorm_backward_op(
+        dy, du, u, weight, eps=ctx.eps, weight_grad=wants_weight, offset=ctx.offset
+    )
     return (dx if wants_x else None), (dx if wants_residual else None), (dweight if wants_weight else None), None, None
 
 
@@ -66,8 +72,14 @@ def _into(x, residual, weight, eps, offset, y, u):
 
 
 residual_rmsnorm_op, residual_rmsnorm_out_op = define_ops(
-    "residual_rmsnorm", "Tensor x, Tensor residual, Tensor? weight, float eps, float offset", _empty, _into,
-    outs=("out", "residual_out"), backward=_backward, setup_context=_setup_context)
+    "residual_rmsnorm",
+    "Tensor x, Tensor residual, Tensor? weight, float eps, float offset",
+    _empty,
+    _into,
+    outs=("out", "residual_out"),
+    backward=_backward,
+    setup_context=_setup_context,
+)
 
 
 def residual_rmsnorm(x, residual, weight, eps=1e-6, out=None, residual_out=None, *, offset=0.0):

@@ -1,6 +1,7 @@
 """RMSNorm checks for any implementation `impl(x, weight, eps, out=None)`: the Triton kernel
 (normalization/test_rmsnorm.py) and the CUDA one (cuda_cpp/test_cuda_kernels.py); the gradient
 checks (check_grad*) for an implementation with a backward."""
+
 import torch
 import torch.nn.functional as F
 
@@ -90,36 +91,62 @@ def check_grad(shape, dtype, impl, pad=None, wrt=None, weight_dtype=None, offset
     x, dy = rand(shape, dtype, pad=pad), rand(shape, dtype, pad=pad)
     if not affine:
         atol = rms_grad_atol(x, None, dy)["x"]
-        return check_grads("", lambda x: impl(x, None, EPS, **offset_kwargs(offset)),
-                           lambda x: rmsnorm_ref(x, None, EPS, offset), (x,), (0,), ("x",), grad_tol(dtype, atol),
-                           torch_fn=lambda x: F.rms_norm(x, (shape[-1],), None, EPS), grad_outputs=[dy])
+        return check_grads(
+            "",
+            lambda x: impl(x, None, EPS, **offset_kwargs(offset)),
+            lambda x: rmsnorm_ref(x, None, EPS, offset),
+            (x,),
+            (0,),
+            ("x",),
+            grad_tol(dtype, atol),
+            torch_fn=lambda x: F.rms_norm(x, (shape[-1],), None, EPS),
+            grad_outputs=[dy],
+        )
     w = rand((shape[-1],), weight_dtype or dtype, scale=weight_scale)
     atol = rms_grad_atol(x, w, dy, offset=offset)
     torch_fn = (lambda x, w: F.rms_norm(x, (shape[-1],), w + offset, EPS)) if weight_dtype is None else None
-    return check_grads("", lambda x, w: impl(x, w, EPS, **offset_kwargs(offset)),
-                       lambda x, w: rmsnorm_ref(x, w, EPS, offset), (x, w),
-                       {"x": (0,), "weight": (1,)}.get(wrt, (0, 1)), ("x", "weight"),
-                       lambda name, _: grad_tol(x.dtype if name == "x" else w.dtype, atol[name]),
-                       torch_fn=torch_fn, grad_outputs=[dy])
+    return check_grads(
+        "",
+        lambda x, w: impl(x, w, EPS, **offset_kwargs(offset)),
+        lambda x, w: rmsnorm_ref(x, w, EPS, offset),
+        (x, w),
+        {"x": (0,), "weight": (1,)}.get(wrt, (0, 1)),
+        ("x", "weight"),
+        lambda name, _: grad_tol(x.dtype if name == "x" else w.dtype, atol[name]),
+        torch_fn=torch_fn,
+        grad_outputs=[dy],
+    )
 
 
 def check_grad_empty(impl):
     x, w = rand((2, 0, 64), torch.bfloat16), rand((64,), torch.bfloat16)
-    return check_grads("empty", lambda x, w: impl(x, w, EPS), lambda x, w: rmsnorm_ref(x, w, EPS), (x, w),
-                       (0, 1), ("x", "weight"), TOLERANCES[torch.bfloat16])
+    return check_grads(
+        "empty",
+        lambda x, w: impl(x, w, EPS),
+        lambda x, w: rmsnorm_ref(x, w, EPS),
+        (x, w),
+        (0, 1),
+        ("x", "weight"),
+        TOLERANCES[torch.bfloat16],
+    )
 
 
 def check_grad_huge(n_cols, impl):
     """Past 2^31 elements (bf16): dx of the last rows, where a 32-bit offset would wrap, and
     dweight over every row."""
     rows = huge_rows(n_cols)
-    x, dy, w = (rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16),
-                rand((n_cols,), torch.bfloat16))
+    x, dy, w = (
+        rand((rows, n_cols), torch.bfloat16),
+        rand((rows, n_cols), torch.bfloat16),
+        rand((n_cols,), torch.bfloat16),
+    )
     xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
     dx, dw = torch.autograd.grad(impl(xg, wg, EPS), (xg, wg), dy)
     _, (dx_ref,) = grads_of(lambda x, w: rmsnorm_ref(x, w, EPS), (x[-4:], w), (0,), [dy[-4:]], dtype=torch.float64)
-    dw_ref, dw_atol = chunked_param_grad(rows, lambda start, stop: dy[start:stop].double() * x_hat(x[start:stop]),
-                                         2 ** 26 // n_cols)  # 64M fp64 values a chunk
-    return [compare("dx, last rows", dx[-4:], dx_ref,
-                    tol=grad_tol(torch.bfloat16, rms_grad_atol(x[-4:], w, dy[-4:])["x"])),
-            compare("dweight", dw, dw_ref, tol=grad_tol(torch.bfloat16, dw_atol))]
+    dw_ref, dw_atol = chunked_param_grad(
+        rows, lambda start, stop: dy[start:stop].double() * x_hat(x[start:stop]), 2**26 // n_cols
+    )  # 64M fp64 values a chunk
+    return [
+        compare("dx, last rows", dx[-4:], dx_ref, tol=grad_tol(torch.bfloat16, rms_grad_atol(x[-4:], w, dy[-4:])["x"])),
+        compare("dweight", dw, dw_ref, tol=grad_tol(torch.bfloat16, dw_atol)),
+    ]

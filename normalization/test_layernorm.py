@@ -56,7 +56,7 @@ def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None, offset=0.0, affi
     # Cancellation (E[x^2] - E[x]^2) would be ~2^-24 * offset^2 / std^2 relative: 6% of y at 1000.
     # No rounding-bias check there: the fp32 mean's own error (up to an ulp of the offset) shifts
     # every (x - mean) of a row the same way, a shared bias of up to half an ulp of y, not of rounding.
-    tol = replace(TOLERANCES[dtype], atol=TOLERANCES[dtype].atol + 2 ** -20 * offset, rounding_check=not offset)
+    tol = replace(TOLERANCES[dtype], atol=TOLERANCES[dtype].atol + 2**-20 * offset, rounding_check=not offset)
     return [compare("y", y, ref, tol=tol, torch_out=torch_out)]  # inf/NaN where ref is finite fails too
 
 
@@ -85,9 +85,12 @@ def check_errors():
         expect_raises("bias elsewhere", lambda: layernorm(x, w, w.to(other)), ValueError, "bias"),
         expect_raises("eps < 0", lambda: layernorm(x, w, eps=-1e-5), ValueError, "eps"),
         expect_raises("out dtype", lambda: layernorm(x, w, out=x.float()), ValueError, "out"),
-        expect_raises("out= under grad (forward-only)",
-                      lambda: layernorm(x.clone().requires_grad_(), w, out=torch.empty_like(x)),
-                      RuntimeError, "without out"),
+        expect_raises(
+            "out= under grad (forward-only)",
+            lambda: layernorm(x.clone().requires_grad_(), w, out=torch.empty_like(x)),
+            RuntimeError,
+            "without out",
+        ),
     ]
 
 
@@ -104,9 +107,11 @@ def grad_atol(x, w, dy):
     rstd = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + EPS)
     x_hat = centred * rstd
     g = dyd * w.double() if w is not None else dyd
-    return dict(x=dx_atol(x_hat, g, rstd, centred=True),
-                weight=param_grad_atol(dyd * x_hat, dyd.abs() * x_hat_error(xd, x_hat, rstd, centred=True)),
-                bias=param_grad_atol(dyd))
+    return dict(
+        x=dx_atol(x_hat, g, rstd, centred=True),
+        weight=param_grad_atol(dyd * x_hat, dyd.abs() * x_hat_error(xd, x_hat, rstd, centred=True)),
+        bias=param_grad_atol(dyd),
+    )
 
 
 def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, affine=(True, True), offset=0.0, lead=False):
@@ -124,16 +129,30 @@ def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, affine=(True
     present = [i for i, t in enumerate((x, w, b)) if t is not None]
     wrt = {"x": (0,), "weight": (1,), "bias": (2,)}[wrt] if wrt else tuple(present)
     torch_fn = (lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS)) if weight_dtype is None else None
-    return check_grads("", lambda x, w, b: layernorm(x, w, b, EPS), lambda x, w, b: layernorm_ref(x, w, b, EPS),
-                       (x, w, b), wrt, ("x", "weight", "bias"),
-                       lambda name, _: grad_tol(x.dtype if name == "x" else (weight_dtype or dtype), atol[name]),
-                       torch_fn=torch_fn, grad_outputs=[dy])
+    return check_grads(
+        "",
+        lambda x, w, b: layernorm(x, w, b, EPS),
+        lambda x, w, b: layernorm_ref(x, w, b, EPS),
+        (x, w, b),
+        wrt,
+        ("x", "weight", "bias"),
+        lambda name, _: grad_tol(x.dtype if name == "x" else (weight_dtype or dtype), atol[name]),
+        torch_fn=torch_fn,
+        grad_outputs=[dy],
+    )
 
 
 def check_grad_empty():
     x, w, b = rand((0, 64), torch.float16), rand((64,), torch.float16), rand((64,), torch.float16)
-    return check_grads("empty", lambda x, w, b: layernorm(x, w, b, EPS), lambda x, w, b: layernorm_ref(x, w, b, EPS),
-                       (x, w, b), (0, 1, 2), ("x", "weight", "bias"), TOLERANCES[torch.float16])
+    return check_grads(
+        "empty",
+        lambda x, w, b: layernorm(x, w, b, EPS),
+        lambda x, w, b: layernorm_ref(x, w, b, EPS),
+        (x, w, b),
+        (0, 1, 2),
+        ("x", "weight", "bias"),
+        TOLERANCES[torch.float16],
+    )
 
 
 def check_grad_huge(n_cols):
@@ -145,11 +164,12 @@ def check_grad_huge(n_cols):
     leaves = [t.detach().requires_grad_() for t in (x, w, b)]
     dx, _, db = torch.autograd.grad(layernorm(*leaves, EPS), leaves, dy)
     last = [t.detach().double().requires_grad_() for t in (x[-4:], w, b)]
-    dx_ref, = torch.autograd.grad(layernorm_ref(*last, EPS), last[:1], dy[-4:].double())
-    db_ref, db_atol = chunked_param_grad(rows, lambda start, stop: dy[start:stop].double(), 2 ** 26 // n_cols)
-    return [compare("dx, last rows", dx[-4:], dx_ref,
-                    tol=grad_tol(torch.bfloat16, grad_atol(x[-4:], w, dy[-4:])["x"])),
-            compare("dbias", db, db_ref, tol=grad_tol(torch.bfloat16, db_atol))]
+    (dx_ref,) = torch.autograd.grad(layernorm_ref(*last, EPS), last[:1], dy[-4:].double())
+    db_ref, db_atol = chunked_param_grad(rows, lambda start, stop: dy[start:stop].double(), 2**26 // n_cols)
+    return [
+        compare("dx, last rows", dx[-4:], dx_ref, tol=grad_tol(torch.bfloat16, grad_atol(x[-4:], w, dy[-4:])["x"])),
+        compare("dbias", db, db_ref, tol=grad_tol(torch.bfloat16, db_atol)),
+    ]
 
 
 CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge)
@@ -157,27 +177,45 @@ CASES += grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb=23)  
 # without weight or bias: the fused kernel in fp32 and bf16, the looped one in fp32 (8300: five
 # chunks of 2048, the last partial)
 AFFINE = {"no bias": (True, False), "bias only": (False, True), "no affine": (False, False)}
-CASES += [Case(f"grad {shape} {dtype_name(dtype)} {name}", check_grad,
-               dict(shape=shape, dtype=dtype, affine=AFFINE[name]))
-          for shape, dtype, names in (((7, 123), torch.float32, AFFINE), ((7, 123), torch.bfloat16, AFFINE),
-                                      ((2, 8300), torch.float32, ("bias only", "no affine")))
-          for name in names]
+CASES += [
+    Case(f"grad {shape} {dtype_name(dtype)} {name}", check_grad, dict(shape=shape, dtype=dtype, affine=AFFINE[name]))
+    for shape, dtype, names in (
+        ((7, 123), torch.float32, AFFINE),
+        ((7, 123), torch.bfloat16, AFFINE),
+        ((2, 8300), torch.float32, ("bias only", "no affine")),
+    )
+    for name in names
+]
 CASES.append(Case("grad (9, 41) fp16 wrt=bias", check_grad, dict(shape=(9, 41), dtype=torch.float16, wrt="bias")))
 # a large mean in the looped backward, whose one pass over x sums x minus the first chunk's mean:
 # on every value, and on the first eighth alone (that shift then far from the row's mean)
-CASES += [Case(f"grad (2, 8300) fp32 {name}offset=1000", check_grad,
-               dict(shape=(2, 8300), dtype=torch.float32, offset=1000.0, lead=lead))
-          for name, lead in (("", False), ("first eighth ", True))]
+CASES += [
+    Case(
+        f"grad (2, 8300) fp32 {name}offset=1000",
+        check_grad,
+        dict(shape=(2, 8300), dtype=torch.float32, offset=1000.0, lead=lead),
+    )
+    for name, lead in (("", False), ("first eighth ", True))
+]
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     # the fused kernel (123) and the looped one with 1, several and many chunks;
     # each with and without weight and bias
     for n in (123, 4096, 20000, 65537):
-        CASES += [Case(f"(3, {n}) {dtype_name(dtype)} {name} offset=1000", check,
-                       dict(shape=(3, n), dtype=dtype, offset=1000.0, affine=affine))
-                  for name, affine in (("w+b", (True, True)), ("no bias", (True, False)),
-                                       ("no affine", (False, False)))]
-        CASES.append(Case(f"(3, {n}) {dtype_name(dtype)} first eighth offset=1000", check,
-                          dict(shape=(3, n), dtype=dtype, offset=1000.0, lead=True)))
+        CASES += [
+            Case(
+                f"(3, {n}) {dtype_name(dtype)} {name} offset=1000",
+                check,
+                dict(shape=(3, n), dtype=dtype, offset=1000.0, affine=affine),
+            )
+            for name, affine in (("w+b", (True, True)), ("no bias", (True, False)), ("no affine", (False, False)))
+        ]
+        CASES.append(
+            Case(
+                f"(3, {n}) {dtype_name(dtype)} first eighth offset=1000",
+                check,
+                dict(shape=(3, n), dtype=dtype, offset=1000.0, lead=True),
+            )
+        )
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -43,8 +43,7 @@ def outcomes(x, r, w, y, u, with_torch=True, offset=0.0):
     y_ref = rmsnorm_ref(u.double(), as_double(w), EPS, offset)  # normalize u as it was stored
     torch_u = x + r
     torch_y = F.rms_norm(torch_u, (x.shape[-1],), torch_weight(w, offset), EPS) if with_torch else None
-    return [compare("u", u, u_ref, torch_out=torch_u),
-            compare("y", y, y_ref, torch_out=torch_y)]
+    return [compare("u", u, u_ref, torch_out=torch_u), compare("y", y, y_ref, torch_out=torch_y)]
 
 
 def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None, offset=0.0, weight_scale=1.0, affine=True):
@@ -56,8 +55,9 @@ def check(shape, dtype, pad=None, scale=1.0, weight_dtype=None, offset=0.0, weig
     x = rand(shape, dtype, pad=pad, scale=scale)
     r = rand(shape, dtype, pad=pad, scale=scale)
     w = weight_or_none(shape, weight_dtype or dtype, affine, weight_scale)
-    y, u = residual_rmsnorm(x, r, w, EPS, out=poisoned(shape, dtype), residual_out=poisoned(shape, dtype),
-                            offset=offset)
+    y, u = residual_rmsnorm(
+        x, r, w, EPS, out=poisoned(shape, dtype), residual_out=poisoned(shape, dtype), offset=offset
+    )
     return outcomes(x, r, w, y, u, with_torch=weight_dtype is None, offset=offset)
 
 
@@ -86,11 +86,18 @@ def check_errors():
         expect_raises("residual elsewhere", lambda: residual_rmsnorm(x, x.to(other), w), ValueError, "residual"),
         expect_raises("weight size", lambda: residual_rmsnorm(x, x, w[:32]), ValueError, "weight"),
         expect_raises("int x", lambda: residual_rmsnorm(x.to(torch.int32), x, w), TypeError, "x"),
-        expect_raises("residual_out shape", lambda: residual_rmsnorm(x, x, w, residual_out=x[:1].clone()),
-                      ValueError, "residual_out"),
-        expect_raises("residual_out= under grad (forward-only)",
-                      lambda: residual_rmsnorm(x, x.clone().requires_grad_(), w, residual_out=torch.empty_like(x)),
-                      RuntimeError, "without out/residual_out"),
+        expect_raises(
+            "residual_out shape",
+            lambda: residual_rmsnorm(x, x, w, residual_out=x[:1].clone()),
+            ValueError,
+            "residual_out",
+        ),
+        expect_raises(
+            "residual_out= under grad (forward-only)",
+            lambda: residual_rmsnorm(x, x.clone().requires_grad_(), w, residual_out=torch.empty_like(x)),
+            RuntimeError,
+            "without out/residual_out",
+        ),
     ]
 
 
@@ -104,16 +111,19 @@ def reference(dtype, outputs, offset=0.0):
     """The fp64 reference of the gradient checks: u rounded to `dtype` in the forward, as the
     kernel stores and normalizes it, with the identity as its derivative (rounding has none to
     follow); outputs "both" -> (y, u), "y" -> y alone."""
+
     def ref(x, r, w):
         u = x + r
         u = u + (u.to(dtype).to(u.dtype) - u).detach()
         y = rmsnorm_ref(u, w, EPS, offset)
         return (y, u) if outputs == "both" else y
+
     return ref
 
 
-def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, outputs="both", offset=0.0, weight_scale=1.0,
-               affine=True):
+def check_grad(
+    shape, dtype, pad=None, wrt=None, weight_dtype=None, outputs="both", offset=0.0, weight_scale=1.0, affine=True
+):
     """Gradients through y and u (outputs="both") or y alone (u's gradient undefined: du = None),
     against the fp64 reference and PyTorch's add + F.rms_norm (2x rule). offset, weight_scale,
     affine: as check takes them (affine=False: dx and dresidual only)."""
@@ -127,24 +137,46 @@ def check_grad(shape, dtype, pad=None, wrt=None, weight_dtype=None, outputs="bot
     grad_outputs = [dy, du] if outputs == "both" else [dy]
     if not affine:
         ref = reference(dtype, outputs, offset)
-        return check_grads(outputs, lambda x, r: pick(*residual_rmsnorm(x, r, None, EPS, offset=offset)),
-                           lambda x, r: ref(x, r, None), (x, r), (0, 1), ("x", "residual"),
-                           lambda name, _: grad_tol(dtype, atol[name]),
-                           torch_fn=lambda x, r: pick(F.rms_norm(x + r, (shape[-1],), None, EPS), x + r),
-                           grad_outputs=grad_outputs)
-    torch_fn = ((lambda x, r, w: pick(F.rms_norm(x + r, (shape[-1],), w + offset, EPS), x + r))
-                if weight_dtype is None else None)
-    return check_grads(outputs, lambda x, r, w: pick(*residual_rmsnorm(x, r, w, EPS, offset=offset)),
-                       reference(dtype, outputs, offset),
-                       (x, r, w), {"x": (0,), "weight": (2,)}.get(wrt, (0, 1, 2)), ("x", "residual", "weight"),
-                       lambda name, _: grad_tol(dtype if name != "weight" else w.dtype, atol[name]),
-                       torch_fn=torch_fn, grad_outputs=grad_outputs)
+        return check_grads(
+            outputs,
+            lambda x, r: pick(*residual_rmsnorm(x, r, None, EPS, offset=offset)),
+            lambda x, r: ref(x, r, None),
+            (x, r),
+            (0, 1),
+            ("x", "residual"),
+            lambda name, _: grad_tol(dtype, atol[name]),
+            torch_fn=lambda x, r: pick(F.rms_norm(x + r, (shape[-1],), None, EPS), x + r),
+            grad_outputs=grad_outputs,
+        )
+    torch_fn = (
+        (lambda x, r, w: pick(F.rms_norm(x + r, (shape[-1],), w + offset, EPS), x + r))
+        if weight_dtype is None
+        else None
+    )
+    return check_grads(
+        outputs,
+        lambda x, r, w: pick(*residual_rmsnorm(x, r, w, EPS, offset=offset)),
+        reference(dtype, outputs, offset),
+        (x, r, w),
+        {"x": (0,), "weight": (2,)}.get(wrt, (0, 1, 2)),
+        ("x", "residual", "weight"),
+        lambda name, _: grad_tol(dtype if name != "weight" else w.dtype, atol[name]),
+        torch_fn=torch_fn,
+        grad_outputs=grad_outputs,
+    )
 
 
 def check_grad_empty():
     x, w = rand((0, 64), torch.bfloat16), rand((64,), torch.bfloat16)
-    return check_grads("empty", lambda x, r, w: residual_rmsnorm(x, r, w, EPS), reference(torch.bfloat16, "both"),
-                       (x, x.clone(), w), (0, 1, 2), ("x", "residual", "weight"), TOLERANCES[torch.bfloat16])
+    return check_grads(
+        "empty",
+        lambda x, r, w: residual_rmsnorm(x, r, w, EPS),
+        reference(torch.bfloat16, "both"),
+        (x, x.clone(), w),
+        (0, 1, 2),
+        ("x", "residual", "weight"),
+        TOLERANCES[torch.bfloat16],
+    )
 
 
 def check_grad_huge(n_cols):
@@ -152,34 +184,50 @@ def check_grad_huge(n_cols):
     dweight over every row (fp64, a chunk of rows at a time)."""
     rows = huge_rows(n_cols)
     x, r = rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16)
-    dy, du, w = (rand((rows, n_cols), torch.bfloat16), rand((rows, n_cols), torch.bfloat16),
-                 rand((n_cols,), torch.bfloat16))
+    dy, du, w = (
+        rand((rows, n_cols), torch.bfloat16),
+        rand((rows, n_cols), torch.bfloat16),
+        rand((n_cols,), torch.bfloat16),
+    )
     leaves = [t.detach().requires_grad_() for t in (x, r, w)]
     y, u = residual_rmsnorm(*leaves, EPS)
     dx, dw = torch.autograd.grad((y, u), (leaves[0], leaves[2]), (dy, du))
     del y
     u = u.detach()
     last = [t.detach().double().requires_grad_() for t in (u[-4:], w)]
-    dx_ref, = torch.autograd.grad(rmsnorm_ref(*last, EPS), last[:1], dy[-4:].double())
+    (dx_ref,) = torch.autograd.grad(rmsnorm_ref(*last, EPS), last[:1], dy[-4:].double())
 
     def terms(start, stop):
         ud = u[start:stop].double()
         return dy[start:stop].double() * ud * torch.rsqrt(ud.pow(2).mean(-1, keepdim=True) + EPS)
 
-    dw_ref, dw_atol = chunked_param_grad(rows, terms, 2 ** 26 // n_cols)
-    return [compare("dx, last rows", dx[-4:], dx_ref + du[-4:].double(),
-                    tol=grad_tol(torch.bfloat16, rms_grad_atol(u[-4:], w, dy[-4:], du[-4:])["x"])),
-            compare("dweight", dw, dw_ref, tol=grad_tol(torch.bfloat16, dw_atol))]
+    dw_ref, dw_atol = chunked_param_grad(rows, terms, 2**26 // n_cols)
+    return [
+        compare(
+            "dx, last rows",
+            dx[-4:],
+            dx_ref + du[-4:].double(),
+            tol=grad_tol(torch.bfloat16, rms_grad_atol(u[-4:], w, dy[-4:], du[-4:])["x"]),
+        ),
+        compare("dweight", dw, dw_ref, tol=grad_tol(torch.bfloat16, dw_atol)),
+    ]
 
 
 CASES = norm_cases(check, check_own_buffer, check_errors, check_empty, check_huge, huge_gb=23)  # 21.5 GB printed
 CASES += grad_cases(check_grad, check_grad_empty, check_grad_huge, huge_gb=32)  # 30.1 GB printed
-CASES += [Case(f"grad {shape} {dtype_name(dtype)} y only", check_grad, dict(shape=shape, dtype=dtype, outputs="y"))
-          for shape, dtype in (((7, 123), torch.bfloat16), ((4, 4500), torch.float32))]
+CASES += [
+    Case(f"grad {shape} {dtype_name(dtype)} y only", check_grad, dict(shape=shape, dtype=dtype, outputs="y"))
+    for shape, dtype in (((7, 123), torch.bfloat16), ((4, 4500), torch.float32))
+]
 CASES += gemma_cases(check, check_grad)
 CASES += no_weight_cases(check, check_grad)
-CASES.append(Case("grad (7, 123) bf16 weight=None y only", check_grad,
-                  dict(shape=(7, 123), dtype=torch.bfloat16, outputs="y", affine=False)))
+CASES.append(
+    Case(
+        "grad (7, 123) bf16 weight=None y only",
+        check_grad,
+        dict(shape=(7, 123), dtype=torch.bfloat16, outputs="y", affine=False),
+    )
+)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -4,6 +4,7 @@ weight (Llama's and Gemma's forms) and without one (weight None).
 
     python normalization/test_rmsnorm.py        (or: pytest normalization/test_rmsnorm.py)
 """
+
 import functools
 
 import torch
@@ -30,9 +31,12 @@ def check_errors():
         expect_raises("offset a bool", lambda: rmsnorm(x, w, offset=True), TypeError, "offset"),
         expect_raises("offset inf", lambda: rmsnorm(x, w, offset=float("inf")), ValueError, "offset"),
         expect_raises("out shape", lambda: rmsnorm(x, w, out=x[:2].clone()), ValueError, "out"),
-        expect_raises("out= under grad (forward-only)",
-                      lambda: rmsnorm(x, w.clone().requires_grad_(), out=torch.empty_like(x)),
-                      RuntimeError, "without out"),
+        expect_raises(
+            "out= under grad (forward-only)",
+            lambda: rmsnorm(x, w.clone().requires_grad_(), out=torch.empty_like(x)),
+            RuntimeError,
+            "without out",
+        ),
     ]
 
 
@@ -48,16 +52,22 @@ def check_backward_function():
     got_gemma = rmsnorm_backward(dy, x, w, 1e-6, offset=1.0)
     _, (dx_plain,) = grads_of(lambda x: rmsnorm(x, None, 1e-6), (x,), (0,), [dy])
     got_plain = rmsnorm_backward(dy, x, None, 1e-6, offset=1.0)
-    return [Outcome("dx = autograd's", torch.equal(got_dx, dx) and got_dx.is_contiguous()),
-            Outcome("dweight = autograd's", torch.equal(got_dw, dw)),
-            Outcome("offset=1.0: autograd's dx and dweight", all(map(torch.equal, got_gemma, gemma))
-                    and not torch.equal(got_gemma[0], dx)),
-            Outcome("weight_grad=False: dweight None, same dx", none is None and torch.equal(only_dx, dx)),
-            Outcome("weight None: autograd's dx, dweight None", torch.equal(got_plain[0], dx_plain)
-                    and got_plain[1] is None and not torch.equal(dx_plain, dx)),
-            expect_raises("dy shape", lambda: rmsnorm_backward(dy[:2], x, w), ValueError, "dy"),
-            expect_raises("dy dtype", lambda: rmsnorm_backward(dy.float(), x, w), ValueError, "dy"),
-            expect_raises("int dy", lambda: rmsnorm_backward(dy.to(torch.int32), x, w), TypeError, "dy")]
+    return [
+        Outcome("dx = autograd's", torch.equal(got_dx, dx) and got_dx.is_contiguous()),
+        Outcome("dweight = autograd's", torch.equal(got_dw, dw)),
+        Outcome(
+            "offset=1.0: autograd's dx and dweight",
+            all(map(torch.equal, got_gemma, gemma)) and not torch.equal(got_gemma[0], dx),
+        ),
+        Outcome("weight_grad=False: dweight None, same dx", none is None and torch.equal(only_dx, dx)),
+        Outcome(
+            "weight None: autograd's dx, dweight None",
+            torch.equal(got_plain[0], dx_plain) and got_plain[1] is None and not torch.equal(dx_plain, dx),
+        ),
+        expect_raises("dy shape", lambda: rmsnorm_backward(dy[:2], x, w), ValueError, "dy"),
+        expect_raises("dy dtype", lambda: rmsnorm_backward(dy.float(), x, w), ValueError, "dy"),
+        expect_raises("int dy", lambda: rmsnorm_backward(dy.to(torch.int32), x, w), TypeError, "dy"),
+    ]
 
 
 def check_empty():
@@ -67,16 +77,24 @@ def check_empty():
 
 
 # the checks of outputs are shared with cuda_cpp's RMSNorm: normalization/rmsnorm_cases.py
-CASES = norm_cases(functools.partial(checks.check, impl=rmsnorm),
-                   functools.partial(checks.check_own_buffer, impl=rmsnorm), check_errors, check_empty,
-                   functools.partial(checks.check_huge, impl=rmsnorm))
-CASES += grad_cases(functools.partial(checks.check_grad, impl=rmsnorm),
-                    functools.partial(checks.check_grad_empty, impl=rmsnorm),
-                    functools.partial(checks.check_grad_huge, impl=rmsnorm), huge_gb=23)  # 21.5 GB printed
+CASES = norm_cases(
+    functools.partial(checks.check, impl=rmsnorm),
+    functools.partial(checks.check_own_buffer, impl=rmsnorm),
+    check_errors,
+    check_empty,
+    functools.partial(checks.check_huge, impl=rmsnorm),
+)
+CASES += grad_cases(
+    functools.partial(checks.check_grad, impl=rmsnorm),
+    functools.partial(checks.check_grad_empty, impl=rmsnorm),
+    functools.partial(checks.check_grad_huge, impl=rmsnorm),
+    huge_gb=23,
+)  # 21.5 GB printed
 CASES.append(Case("grad: rmsnorm_backward", check_backward_function))
 CASES += gemma_cases(functools.partial(checks.check, impl=rmsnorm), functools.partial(checks.check_grad, impl=rmsnorm))
-CASES += no_weight_cases(functools.partial(checks.check, impl=rmsnorm),
-                         functools.partial(checks.check_grad, impl=rmsnorm))
+CASES += no_weight_cases(
+    functools.partial(checks.check, impl=rmsnorm), functools.partial(checks.check_grad, impl=rmsnorm)
+)
 
 
 def test_case(case):  # pytest: the root conftest parametrizes `case` from CASES

@@ -11,6 +11,7 @@ normalization/launch_config.py picks the kernel and its launch.
 Backward (normalization/triton_norm_backward.py, operator llmk::layernorm_backward): the forward
 saves x and weight; mean and rstd are recomputed (read x, dy, write dx: 3*N*e a row).
 """
+
 import triton
 import triton.language as tl
 
@@ -32,13 +33,14 @@ def _layernorm_fused_kernel(
     eps,
     # meta-parameters
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     in_row = cols < n_cols
     mask = (rows < n_rows)[:, None] & in_row[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
+    x = tl.load(
+        x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+    ).to(tl.float32)
     mean = tl.sum(x, axis=1) / n_cols
     centred = tl.where(mask, x - mean[:, None], 0.0)
     rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
@@ -59,7 +61,7 @@ def _layernorm_looped_kernel(
     eps,
     # meta-parameters
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     """One row per program in BLOCK_N chunks, three passes: the mean, the mean of squared
     deviations from it (the textbook two-pass variance: nothing cancels however large the mean),
     then normalize. Passes 2 and 3 re-read the row from L1/L2; each loop carries one accumulator.
@@ -74,8 +76,9 @@ def _layernorm_looped_kernel(
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = col_mask(cols, n_cols, EVEN_N)
-        acc += tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
-                       eviction_policy="evict_last").to(tl.float32)
+        acc += tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(
+            tl.float32
+        )
     mean = tl.sum(acc, axis=0) / n_cols
     # pass 2: squared deviations from the mean
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -90,15 +93,15 @@ def _layernorm_looped_kernel(
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = col_mask(cols, n_cols, EVEN_N)
-        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         y = (x - mean) * rstd
         if HAS_WEIGHT:
             y *= tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         if HAS_BIAS:
             y += tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")  # y is not read again: keep L2 for x
+        tl.store(
+            y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first"
+        )  # y is not read again: keep L2 for x
 
 
 # direct launches from a specialization's second on (common/direct_launch.py): at decode and
@@ -118,14 +121,35 @@ def launch_layernorm(x, weight, bias, eps, y, cfg=None):
     if cfg is None:
         cfg = row_config(n_rows, n_cols, x.element_size(), layernorm=True)
     # y is contiguous: row stride N. Absent weight/bias: x stands in as a never-read placeholder pointer
-    args = (x2, weight.contiguous() if weight is not None else x2, bias.contiguous() if bias is not None else x2, y,
-            n_rows, n_cols, stride_x, n_cols, eps)
+    args = (
+        x2,
+        weight.contiguous() if weight is not None else x2,
+        bias.contiguous() if bias is not None else x2,
+        y,
+        n_rows,
+        n_cols,
+        stride_x,
+        n_cols,
+        eps,
+    )
     if cfg.looped:
-        _looped[(cfg.grid,)](*args, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_N=cfg.BLOCK_N,
-                             EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+        _looped[(cfg.grid,)](
+            *args,
+            HAS_WEIGHT=weight is not None,
+            HAS_BIAS=bias is not None,
+            BLOCK_N=cfg.BLOCK_N,
+            EVEN_N=n_cols % cfg.BLOCK_N == 0,
+            num_warps=cfg.num_warps,
+        )
     else:
-        _fused[(cfg.grid,)](*args, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=cfg.BLOCK_M,
-                            BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+        _fused[(cfg.grid,)](
+            *args,
+            HAS_WEIGHT=weight is not None,
+            HAS_BIAS=bias is not None,
+            BLOCK_M=cfg.BLOCK_M,
+            BLOCK_N=cfg.BLOCK_N,
+            num_warps=cfg.num_warps,
+        )
 
 
 def _grad_buffer(param, wanted):
@@ -137,17 +161,20 @@ def _backward_impl(dy, x, weight, bias, eps, weight_grad, bias_grad):
     dx = contiguous_like(x)
     dweight = _grad_buffer(weight if weight is not None else x, weight_grad)
     dbias = _grad_buffer(bias if bias is not None else x, bias_grad)
-    launch_layernorm_backward(dy, x, weight, eps, dx, dweight if weight_grad else None,
-                              dbias if bias_grad else None)
+    launch_layernorm_backward(dy, x, weight, eps, dx, dweight if weight_grad else None, dbias if bias_grad else None)
     return dx, dweight, dbias
 
 
 layernorm_backward_op = define_op(
     "layernorm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, float eps, bool weight_grad, "
-    "bool bias_grad) -> (Tensor, Tensor, Tensor)", _backward_impl,
+    "bool bias_grad) -> (Tensor, Tensor, Tensor)",
+    _backward_impl,
     lambda dy, x, weight, bias, eps, weight_grad, bias_grad: (
-        x.new_empty(x.shape), _grad_buffer(weight if weight is not None else x, weight_grad),
-        _grad_buffer(bias if bias is not None else x, bias_grad)))
+        x.new_empty(x.shape),
+        _grad_buffer(weight if weight is not None else x, weight_grad),
+        _grad_buffer(bias if bias is not None else x, bias_grad),
+    ),
+)
 
 
 def _setup_context(ctx, inputs, output):
@@ -159,8 +186,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy):
     x, weight, bias = ctx.saved_tensors
     wants_x, wants_weight, wants_bias = ctx.needs_input_grad[:3]
-    dx, dweight, dbias = layernorm_backward_op(dy, x, weight, bias, eps=ctx.eps, weight_grad=wants_weight,
-                                               bias_grad=wants_bias)
+    dx, dweight, dbias = layernorm_backward_op(
+        dy, x, weight, bias, eps=ctx.eps, weight_grad=wants_weight, bias_grad=wants_bias
+    )
     return (dx if wants_x else None), (dweight if wants_weight else None), (dbias if wants_bias else None), None
 
 
@@ -170,8 +198,13 @@ def _empty(x, weight, bias, eps):
 
 
 layernorm_op, layernorm_out_op = define_ops(
-    "layernorm", "Tensor x, Tensor? weight, Tensor? bias, float eps", _empty, launch_layernorm,
-    backward=_backward, setup_context=_setup_context)
+    "layernorm",
+    "Tensor x, Tensor? weight, Tensor? bias, float eps",
+    _empty,
+    launch_layernorm,
+    backward=_backward,
+    setup_context=_setup_context,
+)
 
 
 def layernorm(x, weight=None, bias=None, eps=1e-5, out=None):

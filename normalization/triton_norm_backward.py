@@ -24,6 +24,7 @@ fixed order and rounds once to the weight's dtype. Two kernels per norm, as in t
   the dw partial chunk is read, added to and written back in the program's own row of the buffer
   (L2-resident) once a step, or kept in registers when the row is one chunk.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -53,7 +54,7 @@ def _rmsnorm_bwd_fused_kernel(
     # meta-parameters
     HAS_DU: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
-):
+):  # fmt: skip
     """Persistent: program p takes row blocks p, p + P, p + 2P, ...; dw partial -> dw_ptr[p, :].
     PREFETCH: each step loads the next block's x and dy (raw, BLOCK_M * BLOCK_N values of each in
     flight) before computing on its own, for when one program an SM leaves nothing else to hide the
@@ -89,8 +90,9 @@ def _rmsnorm_bwd_fused_kernel(
         c = tl.sum(g * x_hat, axis=1) / n_cols
         dx = (g - x_hat * c[:, None]) * rstd[:, None]
         if HAS_DU:
-            dx += tl.load(du_ptr + rows[:, None] * stride_dum + cols[None, :], mask=mask, other=0.0,
-                          eviction_policy="evict_first").to(tl.float32)
+            dx += tl.load(
+                du_ptr + rows[:, None] * stride_dum + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+            ).to(tl.float32)
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if WEIGHT_GRAD:
             dw += tl.sum(dy * x_hat, axis=0)
@@ -109,7 +111,7 @@ def _rmsnorm_bwd_looped_kernel(
     # meta-parameters
     HAS_DU: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, ONE_CHUNK: tl.constexpr, PREFETCH: tl.constexpr,
-):
+):  # fmt: skip
     """Persistent, BLOCK_M rows at a time in (BLOCK_M, BLOCK_N) chunks: pass 1 sums x^2 and x * g,
     pass 2 re-reads x and dy (from L1/L2), writes dx and adds the chunk's dy * x̂, summed over the
     BLOCK_M rows, into this program's row dw_ptr[p, :] (zeroed by the launcher): one read-add-write
@@ -126,10 +128,12 @@ def _rmsnorm_bwd_looped_kernel(
         rows = tl.cast(pid, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_N)
         ahead = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-        x_ahead = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=ahead, other=0.0,
-                          eviction_policy="evict_last")
-        dy_ahead = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=ahead, other=0.0,
-                           eviction_policy="evict_last")
+        x_ahead = tl.load(
+            x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=ahead, other=0.0, eviction_policy="evict_last"
+        )
+        dy_ahead = tl.load(
+            dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=ahead, other=0.0, eviction_policy="evict_last"
+        )
     for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
         rows = tl.cast(block, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
         row_ok = (rows < n_rows)[:, None]
@@ -148,10 +152,18 @@ def _rmsnorm_bwd_looped_kernel(
                 next_rows = rows + wrap * step
                 next_cols = (start + BLOCK_N) * (1 - wrap) + tl.arange(0, BLOCK_N)
                 ahead = (next_rows < n_rows)[:, None] & (next_cols < n_cols)[None, :]
-                x_ahead = tl.load(x_ptr + next_rows[:, None] * stride_xm + next_cols[None, :], mask=ahead,
-                                  other=0.0, eviction_policy="evict_last")
-                dy_ahead = tl.load(dy_ptr + next_rows[:, None] * stride_dym + next_cols[None, :], mask=ahead,
-                                   other=0.0, eviction_policy="evict_last")
+                x_ahead = tl.load(
+                    x_ptr + next_rows[:, None] * stride_xm + next_cols[None, :],
+                    mask=ahead,
+                    other=0.0,
+                    eviction_policy="evict_last",
+                )
+                dy_ahead = tl.load(
+                    dy_ptr + next_rows[:, None] * stride_dym + next_cols[None, :],
+                    mask=ahead,
+                    other=0.0,
+                    eviction_policy="evict_last",
+                )
             else:
                 x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
                 dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -178,10 +190,18 @@ def _rmsnorm_bwd_looped_kernel(
             else:
                 dx = (dy - x * c[:, None]) * rstd[:, None]
             if HAS_DU:
-                dx += tl.load(du_ptr + rows[:, None] * stride_dum + cols[None, :], mask=mask, other=0.0,
-                              eviction_policy="evict_first").to(tl.float32)
-            tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask,
-                     eviction_policy="evict_first")  # dx is not read again: keep L2 for x and dy
+                dx += tl.load(
+                    du_ptr + rows[:, None] * stride_dum + cols[None, :],
+                    mask=mask,
+                    other=0.0,
+                    eviction_policy="evict_first",
+                ).to(tl.float32)
+            tl.store(
+                dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+                eviction_policy="evict_first",
+            )  # dx is not read again: keep L2 for x and dy
             if WEIGHT_GRAD:
                 # rows past the end: 0, not 0 * rsqrt(eps = 0) = NaN
                 dw_chunk = tl.sum(tl.where(mask, dy * (x * rstd[:, None]), 0.0), axis=0)
@@ -205,7 +225,7 @@ def _layernorm_bwd_fused_kernel(
     # meta-parameters
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
-):
+):  # fmt: skip
     """Persistent like the RMSNorm one (PREFETCH the same); dw and db partials -> dw_ptr[p, :],
     db_ptr[p, :]."""
     pid = tl.program_id(0)
@@ -262,7 +282,7 @@ def _layernorm_bwd_looped_kernel(
     # meta-parameters
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, ONE_CHUNK: tl.constexpr,
-):
+):  # fmt: skip
     """Persistent, one row at a time in BLOCK_N chunks, three passes: the mean of x; the squared
     deviations, g and g * (x - mean); then dx and the dw/db partials (read-add-write of this
     program's rows of dw_ptr and db_ptr, zeroed by the launcher; with ONE_CHUNK, N <= BLOCK_N,
@@ -311,8 +331,12 @@ def _layernorm_bwd_looped_kernel(
                 g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             x_hat = (x - mean) * rstd
             dx = (g - x_hat * c1 - c2) * rstd
-            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask,
-                     eviction_policy="evict_first")
+            tl.store(
+                dx_ptr + row * stride_dxm + cols,
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+                eviction_policy="evict_first",
+            )
             if WEIGHT_GRAD:
                 if ONE_CHUNK:
                     dw_acc += dy * x_hat
@@ -365,20 +389,43 @@ def launch_rmsnorm_backward(dy, x, weight, du, eps, dx, dweight, cfg=None, sum_b
     (x2, stride_x), (dy2, stride_dy) = rows_of(x), rows_of(dy)
     du2, stride_du = rows_of(du) if du is not None else (dy2, stride_dy)
     if cfg is None:
-        cfg = backward_config(n_rows, n_cols, x.element_size(), x.device,
-                              "rmsnorm" if du is None else "residual_rmsnorm")
+        cfg = backward_config(
+            n_rows, n_cols, x.element_size(), x.device, "rmsnorm" if du is None else "residual_rmsnorm"
+        )
     partial = _partials(cfg, n_cols, x.device, dweight is not None)
     # dx is contiguous: row stride N
-    args = (dy2, x2, weight.contiguous() if weight is not None else x2, du2, dx, partial, n_rows, n_cols,
-            stride_dy, stride_x, stride_du, n_cols, eps, offset)
+    args = (
+        dy2,
+        x2,
+        weight.contiguous() if weight is not None else x2,
+        du2,
+        dx,
+        partial,
+        n_rows,
+        n_cols,
+        stride_dy,
+        stride_x,
+        stride_du,
+        n_cols,
+        eps,
+        offset,
+    )
     flags = dict(HAS_DU=du is not None, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=dweight is not None)
     if cfg.looped:
-        _rmsnorm_looped[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                     EVEN_N=n_cols % cfg.BLOCK_N == 0, ONE_CHUNK=n_cols <= cfg.BLOCK_N,
-                                     PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
+        _rmsnorm_looped[(cfg.grid,)](
+            *args,
+            **flags,
+            BLOCK_M=cfg.BLOCK_M,
+            BLOCK_N=cfg.BLOCK_N,
+            EVEN_N=n_cols % cfg.BLOCK_N == 0,
+            ONE_CHUNK=n_cols <= cfg.BLOCK_N,
+            PREFETCH=cfg.prefetch,
+            num_warps=cfg.num_warps,
+        )
     else:
-        _rmsnorm_fused[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                    PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
+        _rmsnorm_fused[(cfg.grid,)](
+            *args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps
+        )
     if dweight is not None:
         sum_partials(partial, dweight, sum_blocks)
 
@@ -401,15 +448,34 @@ def launch_layernorm_backward(dy, x, weight, eps, dx, dweight, dbias, cfg=None, 
     dw_partial = _partials(cfg, n_cols, x.device, dweight is not None)
     db_partial = _partials(cfg, n_cols, x.device, dbias is not None)
     # dx is contiguous: row stride N
-    args = (dy2, x2, weight.contiguous() if weight is not None else x2, dx, dw_partial, db_partial,
-            n_rows, n_cols, stride_dy, stride_x, n_cols, eps)
+    args = (
+        dy2,
+        x2,
+        weight.contiguous() if weight is not None else x2,
+        dx,
+        dw_partial,
+        db_partial,
+        n_rows,
+        n_cols,
+        stride_dy,
+        stride_x,
+        n_cols,
+        eps,
+    )
     flags = dict(HAS_WEIGHT=weight is not None, WEIGHT_GRAD=dweight is not None, BIAS_GRAD=dbias is not None)
     if cfg.looped:
-        _layernorm_looped[(cfg.grid,)](*args, **flags, BLOCK_N=cfg.BLOCK_N, EVEN_N=n_cols % cfg.BLOCK_N == 0,
-                                       ONE_CHUNK=n_cols <= cfg.BLOCK_N, num_warps=cfg.num_warps)
+        _layernorm_looped[(cfg.grid,)](
+            *args,
+            **flags,
+            BLOCK_N=cfg.BLOCK_N,
+            EVEN_N=n_cols % cfg.BLOCK_N == 0,
+            ONE_CHUNK=n_cols <= cfg.BLOCK_N,
+            num_warps=cfg.num_warps,
+        )
     else:
-        _layernorm_fused[(cfg.grid,)](*args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                                      PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
+        _layernorm_fused[(cfg.grid,)](
+            *args, **flags, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps
+        )
     for grad, partial in ((dweight, dw_partial), (dbias, db_partial)):
         if grad is not None:
             sum_partials(partial, grad, sum_blocks)

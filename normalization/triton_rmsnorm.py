@@ -21,6 +21,7 @@ Backward (normalization/triton_norm_backward.py): the operator llmk::rmsnorm_bac
 autograd calls and `rmsnorm_backward` exposes; the forward saves x and weight only (rstd is
 recomputed from x: read x, dy, write dx, 3*N*e a row). Without a weight there is no dweight.
 """
+
 import triton
 import triton.language as tl
 
@@ -42,17 +43,17 @@ def _rmsnorm_fused_kernel(
     eps, offset,
     # meta-parameters
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # 64-bit: rows*stride can pass 2^31
     cols = tl.arange(0, BLOCK_N)
     in_row = cols < n_cols
     mask = (rows < n_rows)[:, None] & in_row[None, :]
     # x and residual are read exactly once: do not let them push the weight out of L2
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first")
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first")
+        r = tl.load(
+            res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+        )
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # u is rounded before it is normalized
         tl.store(u_ptr + rows[:, None] * stride_um + cols[None, :], x, mask=mask)
     x = x.to(tl.float32)
@@ -75,7 +76,7 @@ def _rmsnorm_looped_kernel(
     eps, offset,
     # meta-parameters
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-):
+):  # fmt: skip
     """One row per program in BLOCK_N chunks: pass 1 sums squares, pass 2 re-reads (from L1/L2).
 
     The row length and strides are compile-time constants, as in Inductor's static-shape kernels:
@@ -111,8 +112,9 @@ def _rmsnorm_looped_kernel(
             y = x.to(tl.float32) * rstd * w
         else:
             y = x.to(tl.float32) * rstd
-        tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")  # y is not read again: keep L2 for x
+        tl.store(
+            y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first"
+        )  # y is not read again: keep L2 for x
 
 
 # direct launches from a specialization's second on (common/direct_launch.py): at decode and
@@ -135,14 +137,39 @@ def launch_rmsnorm(x, residual, weight, eps, y, u, cfg=None, offset=0.0):
     if cfg is None:
         cfg = row_config(n_rows, n_cols, x.element_size())
     # y and u are contiguous: row stride N. No weight: x stands in as a pointer the kernel never reads
-    args = (x2, r2, weight.contiguous() if weight is not None else x2, y, y if u is None else u, n_rows, n_cols,
-            stride_x, stride_r, n_cols, n_cols, eps, offset)
+    args = (
+        x2,
+        r2,
+        weight.contiguous() if weight is not None else x2,
+        y,
+        y if u is None else u,
+        n_rows,
+        n_cols,
+        stride_x,
+        stride_r,
+        n_cols,
+        n_cols,
+        eps,
+        offset,
+    )
     if cfg.looped:
-        _looped[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-                             BLOCK_N=cfg.BLOCK_N, EVEN_N=n_cols % cfg.BLOCK_N == 0, num_warps=cfg.num_warps)
+        _looped[(cfg.grid,)](
+            *args,
+            HAS_RESIDUAL=residual is not None,
+            HAS_WEIGHT=weight is not None,
+            BLOCK_N=cfg.BLOCK_N,
+            EVEN_N=n_cols % cfg.BLOCK_N == 0,
+            num_warps=cfg.num_warps,
+        )
     else:
-        _fused[(cfg.grid,)](*args, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-                            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps)
+        _fused[(cfg.grid,)](
+            *args,
+            HAS_RESIDUAL=residual is not None,
+            HAS_WEIGHT=weight is not None,
+            BLOCK_M=cfg.BLOCK_M,
+            BLOCK_N=cfg.BLOCK_N,
+            num_warps=cfg.num_warps,
+        )
 
 
 def weight_grad_buffer(x, weight, weight_grad):
@@ -163,8 +190,10 @@ def _rmsnorm_backward_impl(dy, x, weight, eps, weight_grad, offset):
 
 rmsnorm_backward_op = define_op(
     "rmsnorm_backward(Tensor dy, Tensor x, Tensor? weight, float eps, bool weight_grad, float offset)"
-    " -> (Tensor, Tensor)", _rmsnorm_backward_impl,
-    lambda dy, x, weight, eps, weight_grad, offset: (x.new_empty(x.shape), weight_grad_buffer(x, weight, weight_grad)))
+    " -> (Tensor, Tensor)",
+    _rmsnorm_backward_impl,
+    lambda dy, x, weight, eps, weight_grad, offset: (x.new_empty(x.shape), weight_grad_buffer(x, weight, weight_grad)),
+)
 
 
 def _setup_context(ctx, inputs, output):
@@ -174,8 +203,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     x, weight = ctx.saved_tensors
-    dx, dweight = rmsnorm_backward_op(dy, x, weight, eps=ctx.eps, weight_grad=ctx.needs_input_grad[1],
-                                       offset=ctx.offset)
+    dx, dweight = rmsnorm_backward_op(
+        dy, x, weight, eps=ctx.eps, weight_grad=ctx.needs_input_grad[1], offset=ctx.offset
+    )
     return (dx if ctx.needs_input_grad[0] else None), (dweight if ctx.needs_input_grad[1] else None), None, None
 
 
@@ -190,8 +220,13 @@ def _into(x, weight, eps, offset, out):
 
 
 rmsnorm_op, rmsnorm_out_op = define_ops(
-    "rmsnorm", "Tensor x, Tensor? weight, float eps, float offset", _empty, _into,
-    backward=_backward, setup_context=_setup_context)
+    "rmsnorm",
+    "Tensor x, Tensor? weight, float eps, float offset",
+    _empty,
+    _into,
+    backward=_backward,
+    setup_context=_setup_context,
+)
 
 
 def rmsnorm(x, weight, eps=1e-6, out=None, *, offset=0.0):

@@ -13,6 +13,7 @@ of the Triton kernel: bf16 params, fp32 state, fp32 math. A bf16 state is loaded
 math runs there, and m and v are rounded back to bf16 once per step (the kernel's state_dtype=None
 for bf16 params, and torch's fused AdamW).
 """
+
 import torch
 
 
@@ -28,8 +29,8 @@ def adamw_step_ref(param, grad, exp_avg, exp_avg_sq, step, *, lr, beta1, beta2, 
     w = param.detach().to(compute)  # param itself when the dtypes agree: updated in place
     g = grad.to(compute)
     # bias corrections in Python floats (float64), as torch does for a float lr and betas
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
     if weight_decay != 0:
         w.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(g, 1 - beta1)
@@ -41,4 +42,3 @@ def adamw_step_ref(param, grad, exp_avg, exp_avg_sq, step, *, lr, beta1, beta2, 
     if exp_avg is not state[0]:
         state[0].copy_(exp_avg)
         state[1].copy_(exp_avg_sq)
-

@@ -10,6 +10,7 @@ m and v to bf16 once a step.
 
     python optimizers/test_adam.py        (or: pytest optimizers)
 """
+
 import copy
 
 import torch
@@ -21,12 +22,20 @@ from llmk.optimizers.reference_adam import adamw_step_ref
 from llmk.optimizers.triton_adam import TritonAdamW
 
 STEPS = 20
-FP32 = Tol(1e-6, 5e-6, "elementwise fp32 math, no sums: a step rounds w, m, v an ulp or two (2^-24 "
-                       "relative each); 20 steps: 40 * 2^-24 = 2.4e-6, twice that; m cancels near 0: atol")
-BF16 = Tol(1e-5, 2 ** -6, "w rounded to bf16 once a step, as the reference does; an fp32 ulp of "
-                          "difference (the GPU contracts w*decay + step into an FMA, the reference "
-                          "does not) flips that rounding for ~1e-4 of the values a step, so over 20 "
-                          "steps and 10^6 values some flip twice: two bf16 ulps (2^-6 relative)")
+FP32 = Tol(
+    1e-6,
+    5e-6,
+    "elementwise fp32 math, no sums: a step rounds w, m, v an ulp or two (2^-24 "
+    "relative each); 20 steps: 40 * 2^-24 = 2.4e-6, twice that; m cancels near 0: atol",
+)
+BF16 = Tol(
+    1e-5,
+    2**-6,
+    "w rounded to bf16 once a step, as the reference does; an fp32 ulp of "
+    "difference (the GPU contracts w*decay + step into an FMA, the reference "
+    "does not) flips that rounding for ~1e-4 of the values a step, so over 20 "
+    "steps and 10^6 values some flip twice: two bf16 ulps (2^-6 relative)",
+)
 # A flip next to a power of two can put our w and the reference's on either side of it. There they
 # part: above, a step smaller than half the larger ulp rounds back to where w was; below, the same
 # step moves w an ulp. One w then stalls while the other walks, by at most lr |m / sqrt(v)| (about
@@ -63,10 +72,12 @@ class Trio:
         # fp32 params and state: a float64 reference; bf16 params or a bf16 state: the kernel's
         # roundings (w to its dtype, m and v to theirs, once a step) on fp32 math
         self.exact_ref = state_dtype == torch.float32
-        self.ref = [[x.double() if x.dtype == torch.float32 and self.exact_ref else x.clone() for x in xs]
-                    for xs in start]
-        state_dtype = [torch.float64 if dt == torch.float32 and self.exact_ref else (state_dtype or dt)
-                       for dt in self.dtypes]
+        self.ref = [
+            [x.double() if x.dtype == torch.float32 and self.exact_ref else x.clone() for x in xs] for xs in start
+        ]
+        state_dtype = [
+            torch.float64 if dt == torch.float32 and self.exact_ref else (state_dtype or dt) for dt in self.dtypes
+        ]
         self.ref_m = [[torch.zeros(x.shape, dtype=sd, device=DEVICE) for x in xs] for xs, sd in zip(start, state_dtype)]
         self.ref_v = [[m.clone() for m in ms] for ms in self.ref_m]
         self.ref_step = [[0] * len(xs) for xs in start]
@@ -83,9 +94,18 @@ class Trio:
                 if g is not None:
                     group = self.opt.param_groups[gi]  # lr as our scheduler set it
                     self.ref_step[gi][j] += 1
-                    adamw_step_ref(self.ref[gi][j], g, self.ref_m[gi][j], self.ref_v[gi][j], self.ref_step[gi][j],
-                                   lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
-                                   eps=group["eps"], weight_decay=group["weight_decay"])
+                    adamw_step_ref(
+                        self.ref[gi][j],
+                        g,
+                        self.ref_m[gi][j],
+                        self.ref_v[gi][j],
+                        self.ref_step[gi][j],
+                        lr=group["lr"],
+                        beta1=group["betas"][0],
+                        beta2=group["betas"][1],
+                        eps=group["eps"],
+                        weight_decay=group["weight_decay"],
+                    )
         self.opt.step()
         self.torch_opt.step()
         for sched in self.schedulers:
@@ -101,8 +121,13 @@ class Trio:
         step counts; params that never had a grad untouched and without state."""
         out = []
         for dtype in dict.fromkeys(self.dtypes):
-            idx = [(gi, j) for gi, dt in enumerate(self.dtypes) if dt == dtype
-                   for j in range(len(self.ours[gi])) if self.ref_step[gi][j]]
+            idx = [
+                (gi, j)
+                for gi, dt in enumerate(self.dtypes)
+                if dt == dtype
+                for j in range(len(self.ours[gi]))
+                if self.ref_step[gi][j]
+            ]
             if not idx:
                 continue
             name = "fp32" if dtype == torch.float32 else "bf16"
@@ -116,8 +141,10 @@ class Trio:
             w = flat(self.ours)
             refs = {"w": flat(self.ref), "exp_avg": flat(self.ref_m), "exp_avg_sq": flat(self.ref_v)}
             if dtype == torch.float32 and self.exact_ref:
-                theirs = {"w": flat(self.theirs), **{k: flat_state(self.torch_opt, self.theirs, k)
-                                                      for k in ("exp_avg", "exp_avg_sq")}}
+                theirs = {
+                    "w": flat(self.theirs),
+                    **{k: flat_state(self.torch_opt, self.theirs, k) for k in ("exp_avg", "exp_avg_sq")},
+                }
                 for key in refs:
                     ours = w if key == "w" else flat_state(self.opt, self.ours, key)
                     out.append(compare(f"{name} {key} vs fp64 ref", ours, refs[key], FP32, torch_out=theirs[key]))
@@ -133,13 +160,17 @@ class Trio:
                     else:
                         out.append(compare(f"{name} {key} vs ref", ours, refs[key], state_tol))
                     if ours.dtype != refs[key].dtype:
-                        out.append(Outcome(f"{name} {key} dtype", False,
-                                           note=f"{ours.dtype}, expected {refs[key].dtype}"))
+                        out.append(
+                            Outcome(f"{name} {key} dtype", False, note=f"{ours.dtype}, expected {refs[key].dtype}")
+                        )
         steps = [[self.opt.state[p]["step"].item() if p in self.opt.state else 0 for p in ps] for ps in self.ours]
         out.append(Outcome("step counts", steps == self.ref_step, note=str(steps)[:70]))
-        untouched = [torch.equal(p.detach(), x) and p not in self.opt.state
-                     for ps, xs, counts in zip(self.ours, self.start, self.ref_step)
-                     for p, x, c in zip(ps, xs, counts) if c == 0]
+        untouched = [
+            torch.equal(p.detach(), x) and p not in self.opt.state
+            for ps, xs, counts in zip(self.ours, self.start, self.ref_step)
+            for p, x, c in zip(ps, xs, counts)
+            if c == 0
+        ]
         if untouched:
             out.append(Outcome("no-grad params untouched, no state", all(untouched)))
         return out
@@ -168,7 +199,7 @@ def compare_bf16_w(check, w, ref, lr):
 # apart (an fp32 difference flipped one rounding) one can stay while the other walks, lagging by
 # under half an ulp (2^-8 relative) a step (seen: m -0.0598 against -0.0581, 7 ulps, 1 of 2240
 # values, 20 steps)
-BF16_STATE_STALL = Tol(1e-5, BF16_STALL_STEPS * 2 ** -8, "a stall: half an ulp a step", rounding_check=False)
+BF16_STATE_STALL = Tol(1e-5, BF16_STALL_STEPS * 2**-8, "a stall: half an ulp a step", rounding_check=False)
 
 
 def check_tensor(numel, weight_decay):
@@ -185,8 +216,13 @@ def check_groups():
     trio = Trio(GROUPS, scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1 / (1 + 0.1 * s)))
     out = trio.run(has_grad=no_grad_at(skip=[(1, 2)], even_only=[(0, 1)]))
     lrs = [g["lr"] for g in trio.opt.param_groups]
-    return out + [Outcome("scheduler set lr", lrs == [g["lr"] for g in trio.torch_opt.param_groups]
-                          and lrs[0] < GROUPS[0]["lr"], note=str(lrs)[:70])]
+    return out + [
+        Outcome(
+            "scheduler set lr",
+            lrs == [g["lr"] for g in trio.torch_opt.param_groups] and lrs[0] < GROUPS[0]["lr"],
+            note=str(lrs)[:70],
+        )
+    ]
 
 
 def check_bf16(shapes, weight_decay):
@@ -196,8 +232,10 @@ def check_bf16(shapes, weight_decay):
 def check_state_dtype(state_dtype, dtypes):
     """m and v in bf16 (state_dtype bf16, or None: each param's dtype), against the reference with
     the same roundings; one launch a step still."""
-    trio = Trio([{"shapes": MLP_SHAPES[:4], "dtype": dtypes[0]}, {"shapes": MLP_SHAPES[4:], "dtype": dtypes[1]}],
-                state_dtype=state_dtype)
+    trio = Trio(
+        [{"shapes": MLP_SHAPES[:4], "dtype": dtypes[0]}, {"shapes": MLP_SHAPES[4:], "dtype": dtypes[1]}],
+        state_dtype=state_dtype,
+    )
     return trio.run() + [launches_per_step(trio, expected=len(set(dtypes)))]
 
 
@@ -225,16 +263,26 @@ def check_dtensor():
             ours.step()
             theirs.step()
         w = torch.cat([p.detach().full_tensor().flatten() for p in sharded])
-        out = [compare("w", w, torch.cat([q.detach().flatten() for q in plain]), EXACT),
-               Outcome("m, v kept as DTensors", all(isinstance(ours.state[p][k], DTensor)
-                                                    for p in sharded for k in ("exp_avg", "exp_avg_sq")))]
+        out = [
+            compare("w", w, torch.cat([q.detach().flatten() for q in plain]), EXACT),
+            Outcome(
+                "m, v kept as DTensors",
+                all(isinstance(ours.state[p][k], DTensor) for p in sharded for k in ("exp_avg", "exp_avg_sq")),
+            ),
+        ]
         sharded[0].grad = distribute_tensor(grads[0][0].clone(), mesh, [Replicate()])
         before = snapshot(ours)
         out.append(expect_raises("grad placed unlike its param", ours.step, ValueError, "param 0"))
         after = snapshot(ours)
-        out.append(Outcome("grad placed unlike its param: untouched, step counts too",
-                           all(torch.equal(p, q) and all(torch.equal(s[k], t[k]) for k in s)
-                               for (p, s), (q, t) in zip(before, after))))
+        out.append(
+            Outcome(
+                "grad placed unlike its param: untouched, step counts too",
+                all(
+                    torch.equal(p, q) and all(torch.equal(s[k], t[k]) for k in s)
+                    for (p, s), (q, t) in zip(before, after)
+                ),
+            )
+        )
         return out
     finally:
         if started:
@@ -290,24 +338,46 @@ def check_state_dict(first_name):
     first, second = kinds[first_name], kinds["triton" if first_name == "torch" else "torch"]
     has_grad = no_grad_at(skip=[(1, 2)], even_only=[(0, 1)])
     start = [[rand(s, torch.float32) for s in g["shapes"]] for g in GROUPS]
-    grads = [[[rand(s, torch.float32) if has_grad(gi, j, step) else None for j, s in enumerate(g["shapes"])]
-               for gi, g in enumerate(GROUPS)] for step in range(STEPS)]
+    grads = [
+        [
+            [rand(s, torch.float32) if has_grad(gi, j, step) else None for j, s in enumerate(g["shapes"])]
+            for gi, g in enumerate(GROUPS)
+        ]
+        for step in range(STEPS)
+    ]
     params, opt = switch_run(start, grads, first, second, STEPS // 2)
     base_params, base = switch_run(start, grads, torch.optim.AdamW, torch.optim.AdamW, None)
     flat = lambda ps: torch.cat([p.detach().flatten() for group in ps for p in group])  # noqa: E731
     sd, base_sd = opt.state_dict(), base.state_dict()
     out = [compare("w", flat(params), flat(base_params), FP32)]
     for key in ("exp_avg", "exp_avg_sq"):
-        out.append(compare(key, torch.cat([v[key].flatten() for v in sd["state"].values()]),
-                           torch.cat([v[key].flatten() for v in base_sd["state"].values()]), FP32))
-    same_steps = {k: v["step"].item() for k, v in sd["state"].items()} == \
-                 {k: v["step"].item() for k, v in base_sd["state"].items()}
-    same_kinds = all(v["step"].dtype == base_sd["state"][k]["step"].dtype and v["step"].device.type == "cpu"
-                     for k, v in sd["state"].items())
-    out.append(Outcome("state keys and step counts", same_steps and same_kinds
-                       and sd["state"].keys() == base_sd["state"].keys()))
-    out.append(Outcome("param_groups equal", sd["param_groups"] == base_sd["param_groups"],
-                       note="" if sd["param_groups"] == base_sd["param_groups"] else str(sd["param_groups"][0])[:70]))
+        out.append(
+            compare(
+                key,
+                torch.cat([v[key].flatten() for v in sd["state"].values()]),
+                torch.cat([v[key].flatten() for v in base_sd["state"].values()]),
+                FP32,
+            )
+        )
+    same_steps = {k: v["step"].item() for k, v in sd["state"].items()} == {
+        k: v["step"].item() for k, v in base_sd["state"].items()
+    }
+    same_kinds = all(
+        v["step"].dtype == base_sd["state"][k]["step"].dtype and v["step"].device.type == "cpu"
+        for k, v in sd["state"].items()
+    )
+    out.append(
+        Outcome(
+            "state keys and step counts", same_steps and same_kinds and sd["state"].keys() == base_sd["state"].keys()
+        )
+    )
+    out.append(
+        Outcome(
+            "param_groups equal",
+            sd["param_groups"] == base_sd["param_groups"],
+            note="" if sd["param_groups"] == base_sd["param_groups"] else str(sd["param_groups"][0])[:70],
+        )
+    )
     return out
 
 
@@ -323,27 +393,38 @@ def check_bf16_state_dict():
     loaded = TritonAdamW(params)
     loaded.load_state_dict(copy.deepcopy(opt.state_dict()))
     keys = ("exp_avg", "exp_avg_sq")
-    kept = all(loaded.state[p][k].dtype == torch.float32 and torch.equal(loaded.state[p][k], opt.state[p][k])
-               for p in params for k in keys)
+    kept = all(
+        loaded.state[p][k].dtype == torch.float32 and torch.equal(loaded.state[p][k], opt.state[p][k])
+        for p in params
+        for k in keys
+    )
     theirs = [p.detach().clone().requires_grad_() for p in params]
     torch_opt = torch.optim.AdamW(theirs)
     torch_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # rounds m and v to bf16
     back = TritonAdamW(params)
     back.load_state_dict(copy.deepcopy(torch_opt.state_dict()))
-    upcast = all(back.state[p][k].dtype == torch.float32
-                 and torch.equal(back.state[p][k], torch_opt.state[q][k].float())
-                 for p, q in zip(params, theirs) for k in keys)
+    upcast = all(
+        back.state[p][k].dtype == torch.float32 and torch.equal(back.state[p][k], torch_opt.state[q][k].float())
+        for p, q in zip(params, theirs)
+        for k in keys
+    )
     same = TritonAdamW(params, state_dtype=None)  # torch's bf16 state kept as it is
     same.load_state_dict(copy.deepcopy(torch_opt.state_dict()))
-    kept_bf16 = all(same.state[p][k].dtype == torch.bfloat16 and torch.equal(same.state[p][k], torch_opt.state[q][k])
-                    for p, q in zip(params, theirs) for k in keys)
+    kept_bf16 = all(
+        same.state[p][k].dtype == torch.bfloat16 and torch.equal(same.state[p][k], torch_opt.state[q][k])
+        for p, q in zip(params, theirs)
+        for k in keys
+    )
     rounded = TritonAdamW(params, state_dtype=None)  # our fp32 state rounded once, to bf16
     rounded.load_state_dict(copy.deepcopy(opt.state_dict()))
     rounded.step()
     converted = all(rounded.state[p][k].dtype == torch.bfloat16 for p in params for k in keys)
-    return [Outcome("ours -> ours: fp32 m, v unrounded", kept), Outcome("torch bf16 -> ours: fp32 m, v", upcast),
-            Outcome("torch bf16 -> ours, state_dtype=None: bf16 kept", kept_bf16),
-            Outcome("ours fp32 -> ours, state_dtype=None: bf16 after a step", converted)]
+    return [
+        Outcome("ours -> ours: fp32 m, v unrounded", kept),
+        Outcome("torch bf16 -> ours: fp32 m, v", upcast),
+        Outcome("torch bf16 -> ours, state_dtype=None: bf16 kept", kept_bf16),
+        Outcome("ours fp32 -> ours, state_dtype=None: bf16 after a step", converted),
+    ]
 
 
 def check_layouts():
@@ -369,8 +450,10 @@ def check_layouts():
         adamw_step_ref(bf16_ref, bf16.grad, m, v, s, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2)
         opt.step()
         torch_opt.step()
-    out = [compare(f"fp32 {name}", p.detach(), q.detach(), FP32)
-           for name, p, q in zip(("unaligned", "transposed", "grad strides"), ours, theirs)]
+    out = [
+        compare(f"fp32 {name}", p.detach(), q.detach(), FP32)
+        for name, p, q in zip(("unaligned", "transposed", "grad strides"), ours, theirs)
+    ]
     out.append(compare("bf16 unaligned", bf16.detach(), bf16_ref, BF16))
     out.append(Outcome("transposed state keeps the layout", opt.state[ours[1]]["exp_avg"].stride() == (1, 48)))
     return out
@@ -387,10 +470,14 @@ def check_misc():
             p.grad, q.grad = g.clone(), g.clone()
         loss = opt.step(lambda: torch.tensor(2.5))
         torch_opt.step()
-    out = [Outcome("closure's loss returned", float(loss) == 2.5),
-           compare("w", ours[1].detach(), theirs[1].detach(), FP32),
-           Outcome("empty params counted steps", [opt.state[p]["step"].item() for p in ours] ==
-                   [torch_opt.state[q]["step"].item() for q in theirs])]
+    out = [
+        Outcome("closure's loss returned", float(loss) == 2.5),
+        compare("w", ours[1].detach(), theirs[1].detach(), FP32),
+        Outcome(
+            "empty params counted steps",
+            [opt.state[p]["step"].item() for p in ours] == [torch_opt.state[q]["step"].item() for q in theirs],
+        ),
+    ]
     opt.zero_grad(set_to_none=False)
     out.append(Outcome("zero_grad(set_to_none=False)", all(p.grad is not None and not p.grad.any() for p in ours)))
     opt.zero_grad()
@@ -402,8 +489,11 @@ def check_misc():
 
 
 def snapshot(opt):
-    return [(p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items()})
-            for g in opt.param_groups for p in g["params"]]
+    return [
+        (p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items()})
+        for g in opt.param_groups
+        for p in g["params"]
+    ]
 
 
 def check_errors():
@@ -418,8 +508,9 @@ def check_errors():
 
     def untouched(label):
         after = snapshot(opt)
-        same = all(torch.equal(p, q) and all(torch.equal(s[k], t[k]) for k in s)
-                   for (p, s), (q, t) in zip(before, after))
+        same = all(
+            torch.equal(p, q) and all(torch.equal(s[k], t[k]) for k in s) for (p, s), (q, t) in zip(before, after)
+        )
         return Outcome(f"{label}: untouched", same)
 
     def step_with(label, edit, undo, match, exc=(ValueError, TypeError)):
@@ -432,19 +523,33 @@ def check_errors():
     grad4 = params[4].grad
     sparse = grad4.to_sparse()
     out = []
-    out += step_with("sparse grad of param 4", lambda: setattr(params[4], "grad", sparse),
-                     lambda: setattr(params[4], "grad", grad4), "param 4")
+    out += step_with(
+        "sparse grad of param 4",
+        lambda: setattr(params[4], "grad", sparse),
+        lambda: setattr(params[4], "grad", grad4),
+        "param 4",
+    )
 
     def set_wrong_shape():
         params[4].grad = rand((5,), torch.float32)
         params[4].grad.data = rand((2, 3), torch.float32)  # .data skips the shape check of .grad's setter
+
     out += step_with("grad shape != param shape", set_wrong_shape, lambda: setattr(params[4], "grad", grad4), "(2, 3)")
-    for key, bad, match in (("lr", -1e-3, "lr"), ("betas", (1.0, 0.999), "betas[0]"),
-                            ("betas", (0.9, -0.1), "betas[1]"), ("eps", -1e-8, "eps"),
-                            ("weight_decay", -0.1, "weight_decay"), ("amsgrad", True, "amsgrad")):
+    for key, bad, match in (
+        ("lr", -1e-3, "lr"),
+        ("betas", (1.0, 0.999), "betas[0]"),
+        ("betas", (0.9, -0.1), "betas[1]"),
+        ("eps", -1e-8, "eps"),
+        ("weight_decay", -0.1, "weight_decay"),
+        ("amsgrad", True, "amsgrad"),
+    ):
         good = group[key]
-        out += step_with(f"group {key}={bad}", lambda k=key, b=bad: group.__setitem__(k, b),
-                         lambda k=key, g=good: group.__setitem__(k, g), match)
+        out += step_with(
+            f"group {key}={bad}",
+            lambda k=key, b=bad: group.__setitem__(k, b),
+            lambda k=key, g=good: group.__setitem__(k, g),
+            match,
+        )
     p = params[0]
     other = "cpu" if DEVICE == "cuda" else "meta"
     out += [
@@ -453,18 +558,25 @@ def check_errors():
         expect_raises("beta2 < 0", lambda: TritonAdamW([p], betas=(0.9, -0.5)), ValueError, "betas[1]"),
         expect_raises("eps < 0", lambda: TritonAdamW([p], eps=-1e-8), ValueError, "eps"),
         expect_raises("weight_decay < 0", lambda: TritonAdamW([p], weight_decay=-1.0), ValueError, "weight_decay"),
-        expect_raises("group lr < 0", lambda: TritonAdamW([{"params": [p], "lr": -1.0}]),
-                      ValueError, "param_groups[0]"),
+        expect_raises(
+            "group lr < 0", lambda: TritonAdamW([{"params": [p], "lr": -1.0}]), ValueError, "param_groups[0]"
+        ),
         expect_raises("amsgrad", lambda: TritonAdamW([p], amsgrad=True), ValueError, "amsgrad"),
         expect_raises("maximize", lambda: TritonAdamW([p], maximize=True), ValueError, "maximize"),
-        expect_raises("state_dtype fp16", lambda: TritonAdamW([p], state_dtype=torch.float16),
-                      TypeError, "state_dtype"),
+        expect_raises(
+            "state_dtype fp16", lambda: TritonAdamW([p], state_dtype=torch.float16), TypeError, "state_dtype"
+        ),
         expect_raises("fp16 param", lambda: TritonAdamW([rand((3,), torch.float16)]), TypeError, "fp32 or bf16"),
-        expect_raises("int param", lambda: TritonAdamW([torch.zeros(3, dtype=torch.int32, device=DEVICE)]),
-                      TypeError, "fp32 or bf16"),
+        expect_raises(
+            "int param",
+            lambda: TritonAdamW([torch.zeros(3, dtype=torch.int32, device=DEVICE)]),
+            TypeError,
+            "fp32 or bf16",
+        ),
         expect_raises(f"param on {other}", lambda: TritonAdamW([torch.zeros(3, device=other)]), ValueError, "device"),
-        expect_raises("overlapping param", lambda: TritonAdamW([torch.zeros(1, device=DEVICE).expand(4)]),
-                      ValueError, "dense"),
+        expect_raises(
+            "overlapping param", lambda: TritonAdamW([torch.zeros(1, device=DEVICE).expand(4)]), ValueError, "dense"
+        ),
     ]
     return out
 
@@ -473,10 +585,14 @@ def check_op():
     """llmk::adamw_step as an operator: opcheck on one step's lists (one transposed param, grads in
     another layout, per-param scalars); the kernel through the dispatcher equals the direct call;
     forward-only: with grad mode on and a param that requires grad it raises naming the op."""
+
     def inputs():
         params = [rand((33, 7), torch.float32), rand((20, 9), torch.float32).t(), rand((300,), torch.float32)]
-        grads = [rand((33, 7), torch.float32).t().contiguous().t(),  # both in another layout than their param
-                 rand((9, 20), torch.float32), rand((300,), torch.float32)]
+        grads = [
+            rand((33, 7), torch.float32).t().contiguous().t(),  # both in another layout than their param
+            rand((9, 20), torch.float32),
+            rand((300,), torch.float32),
+        ]
         exp_avgs = [torch.randn_like(p) for p in params]
         exp_avg_sqs = [torch.rand_like(p) for p in params]
         hyper = [1e-2, 0.9, 0.999, 1e-8, 0.1, 3.0] * 2 + [1e-3, 0.8, 0.99, 1e-6, 0.0, 1.0]
@@ -489,19 +605,34 @@ def check_op():
     triton_adam.adamw_step_op(*direct)
     torch.ops.llmk.adamw_step.default(*through)
     for i, key in ((0, "params"), (2, "exp_avgs"), (3, "exp_avg_sqs")):
-        out.append(compare(f"dispatcher = direct: {key}", torch.cat([t.flatten() for t in direct[i]]),
-                           torch.cat([t.flatten() for t in through[i]]), EXACT))
+        out.append(
+            compare(
+                f"dispatcher = direct: {key}",
+                torch.cat([t.flatten() for t in direct[i]]),
+                torch.cat([t.flatten() for t in through[i]]),
+                EXACT,
+            )
+        )
     params, *rest = inputs()
     params[0].requires_grad_()
-    out.append(expect_raises("grad mode, param requires grad", lambda: triton_adam.adamw_step_op(params, *rest),
-                             RuntimeError, "llmk::adamw_step"))
+    out.append(
+        expect_raises(
+            "grad mode, param requires grad",
+            lambda: triton_adam.adamw_step_op(params, *rest),
+            RuntimeError,
+            "llmk::adamw_step",
+        )
+    )
     with torch.no_grad():
         triton_adam.adamw_step_op(params, *rest)
     out.append(Outcome("under torch.no_grad(): runs", True))
     bad = inputs()
     bad[2][1] = bad[2][1].contiguous()  # m not in its transposed param's layout
-    out.append(expect_raises("m in another layout than its param", lambda: triton_adam.adamw_step_op(*bad),
-                             ValueError, "tensor 1"))
+    out.append(
+        expect_raises(
+            "m in another layout than its param", lambda: triton_adam.adamw_step_op(*bad), ValueError, "tensor 1"
+        )
+    )
     return out
 
 
@@ -522,10 +653,13 @@ def check_requires_grad():
         opt.step()
         torch_opt.step()
     flat = lambda ps: torch.cat([p.detach().flatten() for p in ps])  # noqa: E731
-    out = [compare("w vs torch", flat(params), flat(theirs), FP32),
-           Outcome("params still require grad, grad mode on", all(p.requires_grad for p in params)
-                   and torch.is_grad_enabled()),
-           Outcome("step hooks ran", calls == ["pre", "post"] * 3, note=str(calls)[:70])]
+    out = [
+        compare("w vs torch", flat(params), flat(theirs), FP32),
+        Outcome(
+            "params still require grad, grad mode on", all(p.requires_grad for p in params) and torch.is_grad_enabled()
+        ),
+        Outcome("step hooks ran", calls == ["pre", "post"] * 3, note=str(calls)[:70]),
+    ]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         opt.step()
     label = f"Optimizer.step#{TritonAdamW.__name__}.step"
@@ -549,28 +683,40 @@ def check_huge(n):
 
 
 CASES = (
-    [Case(f"{n} params wd={wd}", check_tensor, dict(numel=n, weight_decay=wd), gpu_only=n > 10 ** 5)
-     for n in (1, 1000, 65539, 10 ** 6 + 3) for wd in (0.0, 1e-2) if (n, wd) != (65539, 0.0)]
+    [
+        Case(f"{n} params wd={wd}", check_tensor, dict(numel=n, weight_decay=wd), gpu_only=n > 10**5)
+        for n in (1, 1000, 65539, 10**6 + 3)
+        for wd in (0.0, 1e-2)
+        if (n, wd) != (65539, 0.0)
+    ]
     + [Case(f"MLP params wd={wd}", check_mlp, dict(weight_decay=wd)) for wd in (0.0, 1e-2)]
-    + [Case("param groups, no-grad param, lagging step, scheduler", check_groups),
-       Case("bf16 MLP params", check_bf16, dict(shapes=MLP_SHAPES, weight_decay=1e-2)),
-       Case("bf16 10^6+3 params", check_bf16, dict(shapes=[(10 ** 6 + 3,)], weight_decay=1e-2), gpu_only=True),
-       Case("fp32 + bf16 params", check_mixed_dtypes),
-       Case("DTensor params (FSDP2), one rank", check_dtensor),
-       Case("bf16 params, state_dtype=None (bf16 m, v)", check_state_dtype,
-            dict(state_dtype=None, dtypes=(torch.bfloat16, torch.bfloat16))),
-       Case("fp32 + bf16 params, state_dtype=bf16", check_state_dtype,
-            dict(state_dtype=torch.bfloat16, dtypes=(torch.float32, torch.bfloat16))),
-       Case("one launch for a model's list", check_one_launch),
-       Case("state_dict torch -> triton", check_state_dict, dict(first_name="torch")),
-       Case("state_dict triton -> torch", check_state_dict, dict(first_name="triton")),
-       Case("bf16 state_dict", check_bf16_state_dict),
-       Case("layouts", check_layouts),
-       Case("empty params, closure, zero_grad", check_misc),
-       Case("bad input", check_errors),
-       Case("llmk::adamw_step operator", check_op),
-       Case("params that require grad, step hooks", check_requires_grad),
-       Case("2^31+ elements", check_huge, dict(n=2 ** 31 + 5), gpu_only=True, gpu_gb=36)]  # 34.4 GB printed
+    + [
+        Case("param groups, no-grad param, lagging step, scheduler", check_groups),
+        Case("bf16 MLP params", check_bf16, dict(shapes=MLP_SHAPES, weight_decay=1e-2)),
+        Case("bf16 10^6+3 params", check_bf16, dict(shapes=[(10**6 + 3,)], weight_decay=1e-2), gpu_only=True),
+        Case("fp32 + bf16 params", check_mixed_dtypes),
+        Case("DTensor params (FSDP2), one rank", check_dtensor),
+        Case(
+            "bf16 params, state_dtype=None (bf16 m, v)",
+            check_state_dtype,
+            dict(state_dtype=None, dtypes=(torch.bfloat16, torch.bfloat16)),
+        ),
+        Case(
+            "fp32 + bf16 params, state_dtype=bf16",
+            check_state_dtype,
+            dict(state_dtype=torch.bfloat16, dtypes=(torch.float32, torch.bfloat16)),
+        ),
+        Case("one launch for a model's list", check_one_launch),
+        Case("state_dict torch -> triton", check_state_dict, dict(first_name="torch")),
+        Case("state_dict triton -> torch", check_state_dict, dict(first_name="triton")),
+        Case("bf16 state_dict", check_bf16_state_dict),
+        Case("layouts", check_layouts),
+        Case("empty params, closure, zero_grad", check_misc),
+        Case("bad input", check_errors),
+        Case("llmk::adamw_step operator", check_op),
+        Case("params that require grad, step hooks", check_requires_grad),
+        Case("2^31+ elements", check_huge, dict(n=2**31 + 5), gpu_only=True, gpu_gb=36),
+    ]  # 34.4 GB printed
 )
 # the case of this tier that runs each CONFIGS entry (one per param dtype)
 CONFIG_CASES = {torch.float32: "MLP params wd=0.01", torch.bfloat16: "bf16 MLP params"}

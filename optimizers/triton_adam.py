@@ -68,24 +68,42 @@ from llmk.common.ops import Op, define_op, no_outputs
 # an SM. bf16 takes 2048 so that its w and g loads are 16 bytes too. Sized from the registers of
 # the kernel compiled for sm_90 (H100, H200), not swept: docs/tuning/optimizers.md.
 CONFIGS = {torch.float32: (1024, 4), torch.bfloat16: (2048, 4)}
-ADDR_COLS = 6    # tensor table, int64: w, g, m, v addresses, numel, 1 if all four 16-byte aligned
+ADDR_COLS = 6  # tensor table, int64: w, g, m, v addresses, numel, 1 if all four 16-byte aligned
 SCALAR_COLS = 8  # tensor table, fp32: see _scalars()
-HYPER_COLS = 6   # llmk::adamw_step's hyper, per param or shared: lr, beta1, beta2, eps, weight_decay, step
+HYPER_COLS = 6  # llmk::adamw_step's hyper, per param or shared: lr, beta1, beta2, eps, weight_decay, step
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 _PARAM_DTYPE_SET = _STATE_DTYPE_SET = frozenset(PARAM_DTYPES)  # m and v: the same two dtypes
 # torch.optim.AdamW options this kernel does not implement, with the one value it takes; they stay
 # in the param groups so that state dicts load into either optimizer
-FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False,
-                 "decoupled_weight_decay": True}
+FIXED_OPTIONS = {
+    "amsgrad": False,
+    "maximize": False,
+    "capturable": False,
+    "differentiable": False,
+    "decoupled_weight_decay": True,
+}
 _FIXED_VALUES = tuple(FIXED_OPTIONS.values())
 _PLAIN_NUMBERS = frozenset((float, int))  # not bool, which _number refuses
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not a DTensor (FSDP2's params) or another subclass
 
 
 @triton.jit
-def _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
-                 neg_step_size, PARAM_BF16: tl.constexpr, STATE_BF16: tl.constexpr, SIZE: tl.constexpr,
-                 FAST: tl.constexpr):
+def _adamw_block(
+    row,
+    start,
+    numel,
+    decay,
+    lerp_weight,
+    beta2,
+    one_minus_beta2,
+    bc2_sqrt,
+    eps,
+    neg_step_size,
+    PARAM_BF16: tl.constexpr,
+    STATE_BF16: tl.constexpr,
+    SIZE: tl.constexpr,
+    FAST: tl.constexpr,
+):
     """Elements [start, start + SIZE) of one tensor; row is its row of the address table, the
     scalars are its columns of _scalars(). FAST: all SIZE elements exist and w, g, m, v are
     16-byte aligned."""
@@ -135,7 +153,7 @@ def _adamw_kernel(
     # meta-parameters
     PARAM_BF16: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
     ADDR_COLS: tl.constexpr, SCALAR_COLS: tl.constexpr, UNIFORM: tl.constexpr,
-):
+):  # fmt: skip
     pid = tl.program_id(0)
     t = tl.load(block_table + 2 * pid).to(tl.int64)
     start = tl.load(block_table + 2 * pid + 1).to(tl.int64) * BLOCK  # 64-bit: tensors past 2^31
@@ -152,14 +170,42 @@ def _adamw_kernel(
         eps = tl.load(s + 5)
         neg_step_size = tl.load(s + 6)
     if (aligned != 0) & (start + BLOCK <= numel):
-        _adamw_block(row, start, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
-                     neg_step_size, PARAM_BF16, STATE_BF16, BLOCK, FAST=True)
+        _adamw_block(
+            row,
+            start,
+            numel,
+            decay,
+            lerp_weight,
+            beta2,
+            one_minus_beta2,
+            bc2_sqrt,
+            eps,
+            neg_step_size,
+            PARAM_BF16,
+            STATE_BF16,
+            BLOCK,
+            FAST=True,
+        )
     else:
         # a tensor's last block, or an unaligned view: masked 4-byte accesses, each holding a
         # 64-bit address, so in TAIL pieces that need no more registers than the fast path
         for sub in range(start, tl.minimum(start + BLOCK, numel), TAIL):
-            _adamw_block(row, sub, numel, decay, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps,
-                         neg_step_size, PARAM_BF16, STATE_BF16, TAIL, FAST=False)
+            _adamw_block(
+                row,
+                sub,
+                numel,
+                decay,
+                lerp_weight,
+                beta2,
+                one_minus_beta2,
+                bc2_sqrt,
+                eps,
+                neg_step_size,
+                PARAM_BF16,
+                STATE_BF16,
+                TAIL,
+                FAST=False,
+            )
 
 
 # Device tables, cached by content on the host and shared by every optimizer, so a table is right
@@ -211,17 +257,22 @@ def _launch_tables(device, block, rows):
 def _tensors_error(i, p, g, m, v, device, dtype, state_dtype):
     """The error for tensor i of an llmk::adamw_step call that failed its fast check, or None."""
     if p.dtype != dtype or g.dtype != dtype or m.dtype != state_dtype or v.dtype != state_dtype:
-        return TypeError(f"adamw_step: tensor {i}: expected params and grads of {dtype}, m and v of "
-                         f"{state_dtype} (the first param's and state's); got {p.dtype}, {g.dtype}, "
-                         f"{m.dtype}, {v.dtype}")
+        return TypeError(
+            f"adamw_step: tensor {i}: expected params and grads of {dtype}, m and v of "
+            f"{state_dtype} (the first param's and state's); got {p.dtype}, {g.dtype}, "
+            f"{m.dtype}, {v.dtype}"
+        )
     if not p.device == g.device == m.device == v.device == device:
         return ValueError(f"adamw_step: tensor {i}: every tensor must be on {device} (the first param's)")
     if not p.shape == g.shape == m.shape == v.shape:
-        return ValueError(f"adamw_step: tensor {i}: grad, exp_avg and exp_avg_sq must have the param's "
-                          f"shape {tuple(p.shape)}")
+        return ValueError(
+            f"adamw_step: tensor {i}: grad, exp_avg and exp_avg_sq must have the param's shape {tuple(p.shape)}"
+        )
     if not (_is_dense(p) and _same_layout(m, p) and _same_layout(v, p)):
-        return ValueError(f"adamw_step: tensor {i}: the param must be dense, exp_avg and exp_avg_sq in "
-                          f"its layout (strides {p.stride()})")
+        return ValueError(
+            f"adamw_step: tensor {i}: the param must be dense, exp_avg and exp_avg_sq in "
+            f"its layout (strides {p.stride()})"
+        )
     return None
 
 
@@ -241,11 +292,15 @@ def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
     """
     n = len(params)
     if not len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n:
-        raise ValueError(f"adamw_step: params, grads, exp_avgs and exp_avg_sqs must have one length, got "
-                         f"{n}, {len(grads)}, {len(exp_avgs)}, {len(exp_avg_sqs)}")
+        raise ValueError(
+            f"adamw_step: params, grads, exp_avgs and exp_avg_sqs must have one length, got "
+            f"{n}, {len(grads)}, {len(exp_avgs)}, {len(exp_avg_sqs)}"
+        )
     if len(hyper) not in (HYPER_COLS, HYPER_COLS * n):
-        raise ValueError(f"adamw_step: hyper must hold {HYPER_COLS} values (every param's) or {HYPER_COLS} "
-                         f"per param ({HYPER_COLS * n}), got {len(hyper)}")
+        raise ValueError(
+            f"adamw_step: hyper must hold {HYPER_COLS} values (every param's) or {HYPER_COLS} "
+            f"per param ({HYPER_COLS * n}), got {len(hyper)}"
+        )
     if n == 0:
         return
     device, dtype = params[0].device, params[0].dtype
@@ -259,10 +314,14 @@ def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
         # the usual case in one test: contiguous tensors of the expected dtypes, shapes and device
         if not checked and not (
-                p.dtype == g.dtype == dtype and m.dtype == v.dtype == state_dtype
-                and p.shape == g.shape == m.shape == v.shape
-                and p.device == g.device == m.device == v.device == device
-                and p.is_contiguous() and m.is_contiguous() and v.is_contiguous()):
+            p.dtype == g.dtype == dtype
+            and m.dtype == v.dtype == state_dtype
+            and p.shape == g.shape == m.shape == v.shape
+            and p.device == g.device == m.device == v.device == device
+            and p.is_contiguous()
+            and m.is_contiguous()
+            and v.is_contiguous()
+        ):
             error = _tensors_error(i, p, g, m, v, device, dtype, state_dtype)
             if error is not None:
                 raise error
@@ -277,7 +336,7 @@ def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
         return
     keys = None
     if len(hyper) > HYPER_COLS:
-        keys = [tuple(hyper[i:i + HYPER_COLS]) for i in range(0, len(hyper), HYPER_COLS)]
+        keys = [tuple(hyper[i : i + HYPER_COLS]) for i in range(0, len(hyper), HYPER_COLS)]
         distinct = dict.fromkeys(keys)
         if len(distinct) == 1:
             keys = None
@@ -288,8 +347,15 @@ def _adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper, checked=False):
             distinct[key] = _scalars(*key)
         host = torch.tensor([x for key in keys for x in distinct[key]], dtype=torch.float32)
         scalars, scalar_table = (0.0,) * 7, _to_device(host, device)
-    constexprs = (dtype == torch.bfloat16, state_dtype == torch.bfloat16, block, block // 4, ADDR_COLS, SCALAR_COLS,
-                  keys is None)
+    constexprs = (
+        dtype == torch.bfloat16,
+        state_dtype == torch.bfloat16,
+        block,
+        block // 4,
+        ADDR_COLS,
+        SCALAR_COLS,
+        keys is None,
+    )
     _launch(device, n_blocks, (blocks, addr_table, scalar_table, *scalars), constexprs, num_warps)
     del keep  # grad copies are freed after the launch is queued (stream-ordered reuse)
 
@@ -318,7 +384,10 @@ def _launch(device, n_blocks, args, constexprs, num_warps):
 
 adamw_step_op = define_op(
     "adamw_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-    "float[] hyper) -> ()", _adamw_step, no_outputs)
+    "float[] hyper) -> ()",
+    _adamw_step,
+    no_outputs,
+)
 # TritonAdamW's eager calls: the same operator, whose implementation skips the checks that
 # TritonAdamW has made already (a third of a 201-tensor step's host time). Under torch.compile or a
 # dispatch mode the call goes through the dispatcher to adamw_step_op's checked implementation.
@@ -339,17 +408,40 @@ class TritonAdamW(torch.optim.Optimizer):
     A step checks every param, grad and group first, and raises before it writes anything.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
-                 differentiable=False, fused=None, state_dtype=torch.float32):
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=1e-2,
+        amsgrad=False,
+        *,
+        maximize=False,
+        foreach=None,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+        state_dtype=torch.float32,
+    ):
         if state_dtype is not None and state_dtype not in _STATE_DTYPE_SET:
-            raise TypeError(f"state_dtype must be torch.float32, torch.bfloat16 or None (each param's dtype), "
-                            f"got {state_dtype!r}")
+            raise TypeError(
+                f"state_dtype must be torch.float32, torch.bfloat16 or None (each param's dtype), got {state_dtype!r}"
+            )
         self.state_dtype = state_dtype
-        defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas, eps=eps,
-                        weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                        foreach=foreach, capturable=capturable, differentiable=differentiable,
-                        fused=fused, decoupled_weight_decay=True)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas) if isinstance(betas, list) else betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=True,
+        )
         _check_group(defaults, "")
         super().__init__(params, defaults)  # calls add_param_group, which checks every group
 
@@ -364,8 +456,13 @@ class TritonAdamW(torch.optim.Optimizer):
 
         @functools.wraps(func)
         def wrapper(self, *args, **kwargs):
-            if (torch.compiler.is_compiling() or torch.autograd._profiler_enabled()
-                    or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks or _global_step_hooks()):
+            if (
+                torch.compiler.is_compiling()
+                or torch.autograd._profiler_enabled()
+                or self._optimizer_step_pre_hooks
+                or self._optimizer_step_post_hooks
+                or _global_step_hooks()
+            ):
                 return hooked(self, *args, **kwargs)
             out = func(self, *args, **kwargs)
             self._optimizer_step_code()  # where a profiler tracing Python finds the step
@@ -538,11 +635,14 @@ def _check_placements(name, p, g, state):
         if any(isinstance(t, dtensor) for t in others):
             raise ValueError(f"{_name(name)} is a plain tensor, but its grad or state is a DTensor")
         return False
-    if any(not isinstance(t, dtensor) or t.placements != p.placements or t.device_mesh != p.device_mesh
-           for t in others):
+    if any(
+        not isinstance(t, dtensor) or t.placements != p.placements or t.device_mesh != p.device_mesh for t in others
+    ):
         got = [getattr(t, "placements", type(t).__name__) for t in others]
-        raise ValueError(f"{_name(name)} is a DTensor placed {p.placements}: its grad, exp_avg and exp_avg_sq must "
-                         f"be DTensors placed alike; got {got}")
+        raise ValueError(
+            f"{_name(name)} is a DTensor placed {p.placements}: its grad, exp_avg and exp_avg_sq must "
+            f"be DTensors placed alike; got {got}"
+        )
     return True
 
 
@@ -571,10 +671,18 @@ def _to_device(host, device):
 
 def _scalars(lr, beta1, beta2, eps, weight_decay, step):
     """The SCALAR_COLS fp32 columns of one tensor, from float64 as torch.optim.AdamW computes them."""
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
-    return (1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, bias_correction2 ** 0.5, eps,
-            -(lr / bias_correction1), 0.0)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    return (
+        1 - lr * weight_decay,
+        1 - beta1,
+        beta2,
+        1 - beta2,
+        bias_correction2**0.5,
+        eps,
+        -(lr / bias_correction1),
+        0.0,
+    )
 
 
 def _step_dtype():
@@ -596,16 +704,25 @@ def _check_group(group, where):
     unsupported option of a param group; return (lr, beta1, beta2, eps, weight_decay)."""
     lr, betas, eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
     # every step of a training loop: plain numbers in range and the fixed options at their values
-    if (type(lr) in _PLAIN_NUMBERS and type(eps) in _PLAIN_NUMBERS and type(weight_decay) in _PLAIN_NUMBERS
-            and type(betas) is tuple and len(betas) == 2
-            and type(betas[0]) in _PLAIN_NUMBERS and type(betas[1]) in _PLAIN_NUMBERS
-            and lr >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1 and eps >= 0 and weight_decay >= 0
-            and tuple(group.get(name) for name in FIXED_OPTIONS) == _FIXED_VALUES):
+    if (
+        type(lr) in _PLAIN_NUMBERS
+        and type(eps) in _PLAIN_NUMBERS
+        and type(weight_decay) in _PLAIN_NUMBERS
+        and type(betas) is tuple
+        and len(betas) == 2
+        and type(betas[0]) in _PLAIN_NUMBERS
+        and type(betas[1]) in _PLAIN_NUMBERS
+        and lr >= 0
+        and 0 <= betas[0] < 1
+        and 0 <= betas[1] < 1
+        and eps >= 0
+        and weight_decay >= 0
+        and tuple(group.get(name) for name in FIXED_OPTIONS) == _FIXED_VALUES
+    ):
         return float(lr), float(betas[0]), float(betas[1]), float(eps), float(weight_decay)
     for name, value in FIXED_OPTIONS.items():
         if group.get(name, value) != value:
-            raise ValueError(f"{where}{name}={group[name]!r} is not supported by TritonAdamW "
-                             f"(only {name}={value})")
+            raise ValueError(f"{where}{name}={group[name]!r} is not supported by TritonAdamW (only {name}={value})")
     lr = _number(where, "lr", lr)
     if not lr >= 0:
         raise ValueError(f"{where}lr must be >= 0, got {lr}")
@@ -640,16 +757,32 @@ def _fits(p, g, state, state_dtype):
     (m and v of state_dtype, or p's dtype for None, contiguous like p; a CPU step tensor). False
     sends the param through the checks that name it, and its state through _state()."""
     dtype, device = p.dtype, p.device
-    if not (type(g) is torch.Tensor and type(p) in _PLAIN_TENSORS and dtype in _PARAM_DTYPE_SET
-            and device.type == DEVICE and g.layout == torch.strided and g.dtype == dtype and g.device == device
-            and g.shape == p.shape and p.is_contiguous()):
+    if not (
+        type(g) is torch.Tensor
+        and type(p) in _PLAIN_TENSORS
+        and dtype in _PARAM_DTYPE_SET
+        and device.type == DEVICE
+        and g.layout == torch.strided
+        and g.dtype == dtype
+        and g.device == device
+        and g.shape == p.shape
+        and p.is_contiguous()
+    ):
         return False
     if not state:
         return True
     m, v, step = state.get("exp_avg"), state.get("exp_avg_sq"), state.get("step")
-    return (type(m) is torch.Tensor and type(v) is torch.Tensor and type(step) is torch.Tensor
-            and m.dtype == v.dtype == (state_dtype or dtype) and m.shape == p.shape == v.shape
-            and m.device == device == v.device and m.is_contiguous() and v.is_contiguous() and step.is_cpu)
+    return (
+        type(m) is torch.Tensor
+        and type(v) is torch.Tensor
+        and type(step) is torch.Tensor
+        and m.dtype == v.dtype == (state_dtype or dtype)
+        and m.shape == p.shape == v.shape
+        and m.device == device == v.device
+        and m.is_contiguous()
+        and v.is_contiguous()
+        and step.is_cpu
+    )
 
 
 def _check_param(name, p):
@@ -661,14 +794,18 @@ def _check_param(name, p):
     if p.device.type != DEVICE:
         raise ValueError(f"{_name(name)} must be on the {DEVICE} device, got a tensor on {p.device}")
     if not _is_dense(p):
-        raise ValueError(f"{_name(name)} must be dense (contiguous, or contiguous with its dims permuted); "
-                         f"got shape {tuple(p.shape)} with strides {p.stride()}")
+        raise ValueError(
+            f"{_name(name)} must be dense (contiguous, or contiguous with its dims permuted); "
+            f"got shape {tuple(p.shape)} with strides {p.stride()}"
+        )
 
 
 def _check_grad(name, p, g):
     if g.layout != torch.strided:
-        raise ValueError(f"{_name(name)} has a sparse grad ({g.layout}); AdamW needs dense grads "
-                         "(torch.optim.SparseAdam takes sparse ones)")
+        raise ValueError(
+            f"{_name(name)} has a sparse grad ({g.layout}); AdamW needs dense grads "
+            "(torch.optim.SparseAdam takes sparse ones)"
+        )
     if g.shape != p.shape:
         raise ValueError(f"{_name(name)}: grad shape {tuple(g.shape)} differs from the param's shape {tuple(p.shape)}")
     if g.dtype != p.dtype:
@@ -684,10 +821,11 @@ def _check_state(name, p, state):
             raise ValueError(f"{_name(name)}: optimizer state lacks {key!r} (not an Adam/AdamW state?)")
     for key in ("exp_avg", "exp_avg_sq"):
         t = state[key]
-        if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.device != p.device \
-                or not t.is_floating_point():
-            raise ValueError(f"{_name(name)}: state {key!r} must be a float tensor of shape {tuple(p.shape)} "
-                             f"on {p.device}, like the param")
+        if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.device != p.device or not t.is_floating_point():
+            raise ValueError(
+                f"{_name(name)}: state {key!r} must be a float tensor of shape {tuple(p.shape)} "
+                f"on {p.device}, like the param"
+            )
 
 
 def _is_dense(t):

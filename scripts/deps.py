@@ -3,6 +3,7 @@ imports it may be about to install): install whatever requirements.txt names tha
 too old, then this checkout as the package `llmk` if it is not installed (`pip install -e .`, the
 README's set-up), and nothing when all is there (so it also works on a machine without network
 access). An `llmk` installed from another checkout stops it: the tests would run that one's code."""
+
 import importlib.util
 import pathlib
 import re
@@ -26,7 +27,7 @@ def requirement_specs(lines):
         line = line.split("#")[0].strip()
         if line:
             name = re.split(r"[<>=!~ ]", line, maxsplit=1)[0]
-            out[name.lower()] = line[len(name):].strip()
+            out[name.lower()] = line[len(name) :].strip()
     return out
 
 
@@ -91,5 +92,4 @@ if __name__ == "__main__":
     if where is None:
         sys.exit(install_checkout())
     if where != ROOT:
-        sys.exit(f"llmk is installed from {where}, not from this checkout ({ROOT}): "
-                 f"pip install -e {ROOT}")
+        sys.exit(f"llmk is installed from {where}, not from this checkout ({ROOT}): pip install -e {ROOT}")

@@ -9,6 +9,7 @@ and the gradients themselves (grad_hidden + grad_weight); peak - grads is the sc
     python scripts/flce_chunk_sweep.py            (GPU; Liger where importable)
     python scripts/flce_chunk_sweep.py --smoke    (interpreter, a tiny shape: the code runs)
 """
+
 import argparse
 
 import torch
@@ -50,6 +51,7 @@ def provider(fn, hidden, weight, target):
         if forward_only:
             return loss, None
         return torch.autograd.grad(loss, (h, w))
+
     return call
 
 
@@ -61,12 +63,15 @@ def main():
     chunks = (8,) if args.smoke else CHUNKS
     lig = None if args.smoke else liger("fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction")
     default = flce.CHUNK_ROWS, flce.MAX_CHUNK_BYTES
-    print(f"{'shape':>22} {'provider':>14} {'rows C':>7} {'ms':>8} {'TFLOP/s':>8} {'peak MB':>8} "
-          f"{'fwd MB':>8} {'grads MB':>9} {'scratch':>8}", flush=True)
+    print(
+        f"{'shape':>22} {'provider':>14} {'rows C':>7} {'ms':>8} {'TFLOP/s':>8} {'peak MB':>8} "
+        f"{'fwd MB':>8} {'grads MB':>9} {'scratch':>8}",
+        flush=True,
+    )
     for n, h, v in shapes:
         torch.manual_seed(0)
         hidden = torch.randn(n, h, device=DEVICE, dtype=torch.bfloat16)
-        weight = (torch.randn(v, h, device=DEVICE) * h ** -0.5).to(torch.bfloat16)
+        weight = (torch.randn(v, h, device=DEVICE) * h**-0.5).to(torch.bfloat16)
         target = torch.randint(0, v, (n,), device=DEVICE)
         runs = [(f"ours {c} rows", None, c) for c in chunks]
         if lig is not None and not isinstance(lig, str):
@@ -75,7 +80,7 @@ def main():
             print(f"liger skipped: {lig}")
         for name, fn, c in runs:
             if c is not None:
-                flce.CHUNK_ROWS, flce.MAX_CHUNK_BYTES = c, 2 ** 40
+                flce.CHUNK_ROWS, flce.MAX_CHUNK_BYTES = c, 2**40
                 fn = flce.fused_linear_cross_entropy
                 rows = flce.chunk_rows(n, v, 2)
             else:
@@ -85,8 +90,11 @@ def main():
             ms = time_ms(call)
             peak, fwd, kept = memory(call)
             scratch = None if peak is None else round(peak - kept, 1)
-            print(f"{f'{n}x{h}x{v}':>22} {name:>14} {rows:>7} {ms:8.2f} {6 * n * h * v / ms / 1e9:8.1f} "
-                  f"{peak!s:>8} {fwd!s:>8} {kept!s:>9} {scratch!s:>8}", flush=True)
+            print(
+                f"{f'{n}x{h}x{v}':>22} {name:>14} {rows:>7} {ms:8.2f} {6 * n * h * v / ms / 1e9:8.1f} "
+                f"{peak!s:>8} {fwd!s:>8} {kept!s:>9} {scratch!s:>8}",
+                flush=True,
+            )
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
         flce.CHUNK_ROWS, flce.MAX_CHUNK_BYTES = default

@@ -10,6 +10,7 @@ The cases are real launches' arguments (attention/gluon_flash_attention_fwd.py's
 gluon_attention_args on CPU tensors), bound and specialized as a launch binds them. Exits 1 if
 any case fails to compile or spills (past MEASURED_SPILLS' allowance).
 """
+
 import os
 import re
 import sys
@@ -32,15 +33,34 @@ def attention_cases():
     from llmk.attention.attention_checks import attention_mask
     from llmk.attention.gluon_flash_attention_fwd import DYNAMIC, GLUON_HEAD_DIMS, gluon_attention_args
 
-    def case(d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0, lse=True, transposed=False,
-             config=None, varlen=False):
+    def case(
+        d,
+        dtype=torch.bfloat16,
+        causal=False,
+        window=(-1, -1),
+        softcap=0.0,
+        lse=True,
+        transposed=False,
+        config=None,
+        varlen=False,
+    ):
         b, h, hkv, t = 2, 8, 2, 1000
         if varlen:  # (total, H, D) tensors as the packed (1, H, total, D) views, three sequences
             q, k, v = (torch.empty(t, n, d, dtype=dtype).unsqueeze(0).transpose(1, 2) for n in (h, hkv, hkv))
             cu = torch.tensor([0, 300, 700, 1000], dtype=torch.int32)
             lse_t = torch.empty(1, h, t, dtype=torch.float32) if lse else None
-            return gluon_attention_args(q, k, v, torch.empty_like(q), causal, d ** -0.5, lse_t,
-                                        attention_mask(window, softcap), config, (cu, cu, 400))
+            return gluon_attention_args(
+                q,
+                k,
+                v,
+                torch.empty_like(q),
+                causal,
+                d**-0.5,
+                lse_t,
+                attention_mask(window, softcap),
+                config,
+                (cu, cu, 400),
+            )
         if transposed:
             q = torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2)
         else:
@@ -48,39 +68,42 @@ def attention_cases():
         k, v = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(2))
         lse_t = torch.empty(b, h, t, dtype=torch.float32) if lse else None
         mask = attention_mask(window, softcap)
-        return gluon_attention_args(q, k, v, torch.empty_like(q), causal, d ** -0.5, lse_t, mask, config)
+        return gluon_attention_args(q, k, v, torch.empty_like(q), causal, d**-0.5, lse_t, mask, config)
 
     cases = []
     for d in GLUON_HEAD_DIMS:
-        cases += [(f"hd{d} full", case(d)), (f"hd{d} causal", case(d, causal=True)),
-                  (f"hd{d} fp16 no-lse", case(d, torch.float16, lse=False)),
-                  (f"hd{d} window", case(d, window=(256, 0))), (f"hd{d} softcap causal", case(d, causal=True,
-                                                                                           softcap=30.0)),
-                  (f"hd{d} BTHD", case(d, transposed=True)),
-                  (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False, False, False))),
-                  (f"hd{d} causal split release", case(d, causal=True, config=(128, 128, 2, True, True, False))),
-                  (f"hd{d} window split release", case(d, window=(256, 0), config=(128, 64, 3, True, True, False))),
-                  (f"hd{d} persistent", case(d, config=(128, 128, 2, True, True, True))),
-                  (f"hd{d} causal persistent", case(d, causal=True, config=(128, 128, 2, True, True, True))),
-                  (f"hd{d} window persistent lockstep", case(d, window=(256, 0),
-                                                             config=(128, 64, 2, False, False, True))),
-                  (f"hd{d} causal dynamic", case(d, causal=True, config=(128, 128, 2, True, True, DYNAMIC))),
-                  (f"hd{d} full dynamic", case(d, config=(128, 128, 2, True, False, DYNAMIC))),
-                  (f"hd{d} window dynamic lockstep", case(d, window=(256, 0),
-                                                          config=(128, 64, 2, False, False, DYNAMIC))),
-                  (f"hd{d} varlen", case(d, varlen=True)), (f"hd{d} varlen causal", case(d, causal=True, varlen=True)),
-                  (f"hd{d} varlen causal one tile a program", case(d, causal=True, varlen=True,
-                                                                   config=(128, 128, 2, True, True, 0))),
-                  (f"hd{d} varlen window static", case(d, window=(256, 0), varlen=True,
-                                                       config=(128, 128, 2, True, True, 1)))]
+        cases += [
+            (f"hd{d} full", case(d)),
+            (f"hd{d} causal", case(d, causal=True)),
+            (f"hd{d} fp16 no-lse", case(d, torch.float16, lse=False)),
+            (f"hd{d} window", case(d, window=(256, 0))),
+            (f"hd{d} softcap causal", case(d, causal=True, softcap=30.0)),
+            (f"hd{d} BTHD", case(d, transposed=True)),
+            (f"hd{d} causal lockstep", case(d, causal=True, config=(128, 128, 2, False, False, False))),
+            (f"hd{d} causal split release", case(d, causal=True, config=(128, 128, 2, True, True, False))),
+            (f"hd{d} window split release", case(d, window=(256, 0), config=(128, 64, 3, True, True, False))),
+            (f"hd{d} persistent", case(d, config=(128, 128, 2, True, True, True))),
+            (f"hd{d} causal persistent", case(d, causal=True, config=(128, 128, 2, True, True, True))),
+            (f"hd{d} window persistent lockstep", case(d, window=(256, 0), config=(128, 64, 2, False, False, True))),
+            (f"hd{d} causal dynamic", case(d, causal=True, config=(128, 128, 2, True, True, DYNAMIC))),
+            (f"hd{d} full dynamic", case(d, config=(128, 128, 2, True, False, DYNAMIC))),
+            (f"hd{d} window dynamic lockstep", case(d, window=(256, 0), config=(128, 64, 2, False, False, DYNAMIC))),
+            (f"hd{d} varlen", case(d, varlen=True)),
+            (f"hd{d} varlen causal", case(d, causal=True, varlen=True)),
+            (
+                f"hd{d} varlen causal one tile a program",
+                case(d, causal=True, varlen=True, config=(128, 128, 2, True, True, 0)),
+            ),
+            (f"hd{d} varlen window static", case(d, window=(256, 0), varlen=True, config=(128, 128, 2, True, True, 1))),
+        ]
     return cases
 
 
 # What ptxas may spill (bytes a thread, at most) in a config the A/B measured fastest with it, or
 # one still to measure: (kernel, head dim, config) -> bytes. Anything else that spills fails.
 MEASURED_SPILLS = {
-    ("dkdv", 64, (128, 128, 2)): 32,   # +5-9% over (64, 128, 2), which does not spill
-    ("dkdv", 128, (64, 128, 2)): 8,    # causal: one register, once a query block
+    ("dkdv", 64, (128, 128, 2)): 32,  # +5-9% over (64, 128, 2), which does not spill
+    ("dkdv", 128, (64, 128, 2)): 8,  # causal: one register, once a query block
     # packed batches (the sequence's bounds live beside the masks'): dk/dv at hd 128, a few scalars
     # reloaded once a query block (68 bytes causal, 100-108 under a window as the source moved:
     # ptxas's choice, not the loop's code); at hd 64 160 causal (8 under a window), yet +4% over
@@ -101,13 +124,24 @@ def backward_cases(kernel):
 
     from llmk.attention import gluon_flash_attention_bwd as bwd
 
-    table, others, make = {"dkdv": (bwd.GLUON_DKDV_CONFIG, bwd.DKDV_AB_CONFIGS, bwd.gluon_dkdv_args),
-                           "dq": (bwd.GLUON_DQ_CONFIG, bwd.DQ_AB_CONFIGS, bwd.gluon_dq_args)}[kernel]
+    table, others, make = {
+        "dkdv": (bwd.GLUON_DKDV_CONFIG, bwd.DKDV_AB_CONFIGS, bwd.gluon_dkdv_args),
+        "dq": (bwd.GLUON_DQ_CONFIG, bwd.DQ_AB_CONFIGS, bwd.gluon_dq_args),
+    }[kernel]
 
     from llmk.attention.attention_checks import attention_mask
 
-    def case(d, dtype=torch.bfloat16, causal=False, hkv=2, transposed=False, config=None, window=None,
-             softcap=None, varlen=False):
+    def case(
+        d,
+        dtype=torch.bfloat16,
+        causal=False,
+        hkv=2,
+        transposed=False,
+        config=None,
+        window=None,
+        softcap=None,
+        varlen=False,
+    ):
         mask = attention_mask(window, softcap)
         b, h, t = 2, 8, 1000
         cu_seqlens = None
@@ -125,26 +159,31 @@ def backward_cases(kernel):
             k, v, dk, dv = (torch.empty(b, hkv, t, d, dtype=dtype) for _ in range(4))
         lse, delta = (bwd.stats_buffer(b, h, t, "cpu") for _ in range(2))
         if kernel == "dkdv":
-            return make(q, k, v, do, lse, delta, dk, dv, causal, d ** -0.5, config, mask=mask, cu_seqlens=cu_seqlens)
-        return make(q, k, v, do, lse, delta, dq, causal, d ** -0.5, config, mask=mask, cu_seqlens=cu_seqlens)
+            return make(q, k, v, do, lse, delta, dk, dv, causal, d**-0.5, config, mask=mask, cu_seqlens=cu_seqlens)
+        return make(q, k, v, do, lse, delta, dq, causal, d**-0.5, config, mask=mask, cu_seqlens=cu_seqlens)
 
     cases = []
     for d in table:
         allowed = MEASURED_SPILLS.get((kernel, d, table[d]), 0)
         # a packed batch's allowance (the same configs keep its sequence's bounds live too)
         packed = MEASURED_SPILLS.get((kernel, d, table[d], "packed"), 0)
-        cases += [(f"hd{d} full", case(d), allowed), (f"hd{d} causal", case(d, causal=True), allowed),
-                  (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8), allowed),
-                  (f"hd{d} BTHD causal", case(d, causal=True, transposed=True), allowed),
-                  (f"hd{d} window (255, 0)", case(d, causal=True, window=(255, 0)), allowed),
-                  (f"hd{d} softcap causal", case(d, causal=True, softcap=30.0), allowed),
-                  (f"hd{d} varlen full", case(d, varlen=True), packed),
-                  (f"hd{d} varlen causal", case(d, causal=True, varlen=True), packed),
-                  (f"hd{d} varlen window (255, 0)", case(d, causal=True, window=(255, 0), varlen=True), packed),
-                  (f"hd{d} varlen softcap causal", case(d, causal=True, softcap=30.0, varlen=True), packed)]
+        cases += [
+            (f"hd{d} full", case(d), allowed),
+            (f"hd{d} causal", case(d, causal=True), allowed),
+            (f"hd{d} fp16 MHA", case(d, torch.float16, hkv=8), allowed),
+            (f"hd{d} BTHD causal", case(d, causal=True, transposed=True), allowed),
+            (f"hd{d} window (255, 0)", case(d, causal=True, window=(255, 0)), allowed),
+            (f"hd{d} softcap causal", case(d, causal=True, softcap=30.0), allowed),
+            (f"hd{d} varlen full", case(d, varlen=True), packed),
+            (f"hd{d} varlen causal", case(d, causal=True, varlen=True), packed),
+            (f"hd{d} varlen window (255, 0)", case(d, causal=True, window=(255, 0), varlen=True), packed),
+            (f"hd{d} varlen softcap causal", case(d, causal=True, softcap=30.0, varlen=True), packed),
+        ]
         # the A/B's other configs (scripts/tune/gluon_backward_ab.py)
-        cases += [(f"hd{d} causal {config}", case(d, causal=True, config=config),
-                   MEASURED_SPILLS.get((kernel, d, config), 0)) for config in others.get(d, ())]
+        cases += [
+            (f"hd{d} causal {config}", case(d, causal=True, config=config), MEASURED_SPILLS.get((kernel, d, config), 0))
+            for config in others.get(d, ())
+        ]
     return cases
 
 
@@ -160,8 +199,12 @@ def ptxas_report(ptx):
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        log = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
+        log = subprocess.run(
+            [ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     regs = max(int(r) for r in re.findall(r"Used (\d+) registers", log))
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     return regs, spills
@@ -190,18 +233,23 @@ def main():
     import triton
 
     from llmk.attention.attention_paths import GLUON_TRITON_VERSIONS
+
     if triton.__version__ not in GLUON_TRITON_VERSIONS:
-        print(f"Triton {triton.__version__}: the Gluon kernels are written for {GLUON_TRITON_VERSIONS}; "
-              "install one of those to compile them")
+        print(
+            f"Triton {triton.__version__}: the Gluon kernels are written for {GLUON_TRITON_VERSIONS}; "
+            "install one of those to compile them"
+        )
         return 2
     from llmk.attention.gluon_flash_attention_bwd import _gluon_dkdv_kernel, _gluon_dq_kernel
     from llmk.attention.gluon_flash_attention_fwd import _gluon_attention_fwd_kernel
 
     only = sys.argv[1:]  # kernel names to compile ("attention", "dkdv", "dq"); all by default
     failed = 0
-    for label, kernel, cases in (("attention", _gluon_attention_fwd_kernel, attention_cases),
-                                 ("dkdv", _gluon_dkdv_kernel, lambda: backward_cases("dkdv")),
-                                 ("dq", _gluon_dq_kernel, lambda: backward_cases("dq"))):
+    for label, kernel, cases in (
+        ("attention", _gluon_attention_fwd_kernel, attention_cases),
+        ("dkdv", _gluon_dkdv_kernel, lambda: backward_cases("dkdv")),
+        ("dq", _gluon_dq_kernel, lambda: backward_cases("dq")),
+    ):
         if only and label not in only:
             continue
         for name, (grid, args, meta), *allowed in cases():
@@ -209,10 +257,14 @@ def main():
             try:
                 ck = compile_case(kernel, args, meta)
                 n_regs, spills = ptxas_report(ck.asm["ptx"])
-                verdict = ("ok  " if not spills else f"ok (spills <= {allowed} measured)" if spills <= allowed
-                           else "FAIL")
-                print(f"{verdict} {label} {name}: shared={ck.metadata.shared} "
-                      f"regs={n_regs} spill_bytes={spills} {ptx_features(ck.asm['ptx'])}", flush=True)
+                verdict = (
+                    "ok  " if not spills else f"ok (spills <= {allowed} measured)" if spills <= allowed else "FAIL"
+                )
+                print(
+                    f"{verdict} {label} {name}: shared={ck.metadata.shared} "
+                    f"regs={n_regs} spill_bytes={spills} {ptx_features(ck.asm['ptx'])}",
+                    flush=True,
+                )
                 failed += spills > allowed
             except Exception as e:  # noqa: BLE001 - report every case, then fail
                 msg = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()

@@ -25,6 +25,7 @@ than the plain figure, and Python-heavy paths (Triton's JITFunction.run binding 
 autograd.Function.apply, our argument checks) are inflated against C++ ones (allocation, the launch
 itself): read the split, not the absolute figures.
 """
+
 import argparse
 import cProfile
 import pathlib
@@ -92,8 +93,9 @@ def profile(call, calls):
     a thread of its own (CUDA tensors), "backward". The GPU's queue is drained before and after."""
     sync = (lambda: None) if INTERPRET else torch.cuda.synchronize
     calling, backward = cProfile.Profile(), cProfile.Profile()
-    separate = (not INTERPRET and sys.version_info < (3, 12)
-                and on_backward_thread(lambda: None) != threading.get_ident())
+    separate = (
+        not INTERPRET and sys.version_info < (3, 12) and on_backward_thread(lambda: None) != threading.get_ident()
+    )
     sync()
     if separate:
         on_backward_thread(backward.enable)
@@ -111,9 +113,11 @@ def profile(call, calls):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.strip().splitlines()[1:]))
+    parser = argparse.ArgumentParser(
+        description=__doc__.strip().splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.strip().splitlines()[1:]),
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device, few calls (numbers meaningless)")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma list of {', '.join(OPS)} (default: all)")
     parser.add_argument("--calls", type=int, default=None, help="profiled calls an op (default 500; smoke 3)")
@@ -125,8 +129,10 @@ def main():
     if unknown:
         parser.error(f"--ops: unknown {', '.join(unknown)}; expected a comma list of {', '.join(OPS)}")
     if not args.smoke and INTERPRET:
-        print(f"{parser.prog}: no CUDA GPU here; the profile needs one (use --smoke to run the code on tiny shapes)",
-              file=sys.stderr)
+        print(
+            f"{parser.prog}: no CUDA GPU here; the profile needs one (use --smoke to run the code on tiny shapes)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     calls = args.calls or (3 if args.smoke else 500)
     warmup = args.warmup or (1 if args.smoke else 20)
@@ -143,8 +149,10 @@ def main():
             plain = host_time_us(call, calls=calls, rounds=1)
             threads = profile(call, calls)
         profiled = ", ".join(f"{s.total_tt / calls * 1e6:.1f} us on the {name} thread" for name, s in threads.items())
-        print(f"\n=== {op} {case.shape} bf16, {TRAIN_MODE}: {plain:.1f} CPU us a call unprofiled; profiled "
-              f"({calls} calls): {profiled}")
+        print(
+            f"\n=== {op} {case.shape} bf16, {TRAIN_MODE}: {plain:.1f} CPU us a call unprofiled; profiled "
+            f"({calls} calls): {profiled}"
+        )
         for name, stats in threads.items():
             for sort, title in (("cumulative", "by cumulative time"), ("tottime", "by own time")):
                 print(f"\n{op}, {name} thread, top {args.top} {title}:")

@@ -9,6 +9,7 @@ meta is the first part's, with every part's command, the lowest copy bandwidth, 
 report prints them) naming the parts. --commit: the commit that holds the measured tree, for runs of
 a working tree committed after them (the parts then say dirty); --note: one more note.
 """
+
 import argparse
 import json
 import pathlib
@@ -43,13 +44,18 @@ def merge(parts, commit=None, note=None):
     notes = list(meta.get("notes") or [])
     meta.pop("note", None)  # a part's own note speaks of that part: kept below, naming it
     notes += [f"`{m['command']}`: {m['note']}" for m in metas if m.get("note")]
-    notes.append(f"Merged from {len(parts)} runs on one {meta['gpu']}: " + "; ".join(
-        f"`{m['command']}` ({m['date']}, {str(m.get('commit'))[:12]})" for m in metas) + ".")
+    notes.append(
+        f"Merged from {len(parts)} runs on one {meta['gpu']}: "
+        + "; ".join(f"`{m['command']}` ({m['date']}, {str(m.get('commit'))[:12]})" for m in metas)
+        + "."
+    )
     if commit:
         dirty = [m for m in metas if m.get("dirty")]
         for m in dirty:  # the other parts' rows were measured at their own (clean) commits
-            notes.append(f"`{m['command']}` measured a working tree of {m['commit'][:12]} with changes since "
-                         f"committed as {commit[:12]}.")
+            notes.append(
+                f"`{m['command']}` measured a working tree of {m['commit'][:12]} with changes since "
+                f"committed as {commit[:12]}."
+            )
         meta["commit"], meta["dirty"] = commit, False
     if note:
         notes.append(note)

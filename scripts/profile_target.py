@@ -7,6 +7,7 @@ kernel WARMUP times (the first call compiles and autotunes), then PROFILED times
 range named "profile", the only launches the profiler looks at. Shapes are the benchmarks' headline
 shapes, large enough to be past L2 (50 MB) where the kernel streams memory.
 """
+
 import sys
 
 import torch
@@ -16,6 +17,7 @@ WARMUP, PROFILED = 3, 1
 
 def _rmsnorm():
     from llmk.normalization.triton_rmsnorm import rmsnorm
+
     x = torch.randn(16384, 4096, device="cuda", dtype=torch.float16)
     w = torch.randn(4096, device="cuda", dtype=torch.float16)
     return lambda: rmsnorm(x, w)
@@ -23,12 +25,14 @@ def _rmsnorm():
 
 def _softmax():
     from llmk.attention.triton_softmax import softmax
+
     x = torch.randn(16384, 4096, device="cuda", dtype=torch.float16)
     return lambda: softmax(x)
 
 
 def _swiglu():
     from llmk.mlp.triton_glu import swiglu
+
     g = torch.randn(8192, 14336, device="cuda", dtype=torch.bfloat16)
     u = torch.randn_like(g)
     return lambda: swiglu(g, u)
@@ -36,6 +40,7 @@ def _swiglu():
 
 def _rope():
     from llmk.attention.triton_rope import apply_rope
+
     q = torch.randn(1, 32, 8192, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 8, 8192, 128, device="cuda", dtype=torch.bfloat16)
     cos = torch.randn(8192, 128, device="cuda", dtype=torch.bfloat16)
@@ -45,12 +50,14 @@ def _rope():
 
 def _flash_attention():
     from llmk.attention.flash_attention_ops import flash_attention
+
     q, k, v = (torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     return lambda: flash_attention(q, k, v)
 
 
 def _matmul():
     from llmk.gemm.matmul_ops import matmul
+
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     return lambda: matmul(a, b)
@@ -58,6 +65,7 @@ def _matmul():
 
 def _decode_attention():
     from llmk.inference.triton_inference_attention import decode_attention
+
     B, H, HKV, T, D = 16, 32, 8, 4096, 128
     q = torch.randn(B, H, D, device="cuda", dtype=torch.float16)
     k = torch.randn(B, T, HKV, D, device="cuda", dtype=torch.float16)

@@ -12,6 +12,7 @@ each recorded launch bound and specialized as a launch would be, then compiled. 
 launcher differs between the trees fails on one side and is reported, not compared. Prints one
 line a kernel, IDENTICAL or DIFFERENT (with both line counts), and exits 1 if any differs.
 """
+
 import importlib.util
 import inspect
 import os
@@ -44,8 +45,9 @@ def normalized_ptx(text):
 
 def _load_tree(tree):
     os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU target even on a machine without one
-    spec = importlib.util.spec_from_file_location("llmk", os.path.join(tree, "__init__.py"),
-                                                  submodule_search_locations=[tree])
+    spec = importlib.util.spec_from_file_location(
+        "llmk", os.path.join(tree, "__init__.py"), submodule_search_locations=[tree]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["llmk"] = module
     spec.loader.exec_module(module)
@@ -66,6 +68,7 @@ def _compile_cases(tree, out_dir, case_set):
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: captured.append((self, args, kwargs))
     try:  # the direct launches (common/direct_launch.py) through kernel[grid], so they are recorded too
         from llmk.common.direct_launch import Launcher
+
         Launcher.launch = lambda self, grid, args, keywords: self.kernel[grid](*args, **keywords)
     except ImportError:  # a revision from before it
         pass
@@ -83,8 +86,9 @@ def _compile_cases(tree, out_dir, case_set):
             binder = create_function_from_signature(fn.signature, fn.params, backend)
             bound, specialization, opts = binder(*args, **kwargs)
             options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, opts)
-            compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
-                                      options=options.__dict__)
+            compiled = triton.compile(
+                ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__
+            )
             name = f"{case}__{fn.__name__}"
             seen[name] = seen.get(name, 0) + 1
             if seen[name] > 1:  # a second launch of the kernel in one case: its own file
@@ -103,6 +107,7 @@ def _compile_cases(tree, out_dir, case_set):
             window= and softcap= before (a revision from before then compares too)."""
             if "mask" in inspect.signature(launcher).parameters:
                 from llmk.attention.attention_checks import attention_mask
+
                 return dict(mask=attention_mask(window, softcap or None))
             return dict(window=window, softcap=softcap)
 
@@ -113,38 +118,72 @@ def _compile_cases(tree, out_dir, case_set):
             b, h, hkv, t = (1 if varlen else 2), 8, 2, 1024
             q, out = empty(b, h, t, d, dtype=bf16), empty(b, h, t, d, dtype=bf16)
             k, v = empty(b, hkv, t, d, dtype=bf16), empty(b, hkv, t, d, dtype=bf16)
-            fwd.launch_flash_attention(q, k, v, out, causal, 0.125, lse=empty(b, h, t), cu_seqlens=packed(varlen, 1),
-                                       window_split=window_split,
-                                       **mask_options(fwd.launch_flash_attention, window, softcap))
+            fwd.launch_flash_attention(
+                q,
+                k,
+                v,
+                out,
+                causal,
+                0.125,
+                lse=empty(b, h, t),
+                cu_seqlens=packed(varlen, 1),
+                window_split=window_split,
+                **mask_options(fwd.launch_flash_attention, window, softcap),
+            )
 
         def backward(d, causal, window, softcap, varlen, deterministic, tma):
             b, h, hkv, t = (1 if varlen else 2), 8, 2, 1024
             q, do, o, dq = (empty(b, h, t, d, dtype=bf16) for _ in range(4))
             k, v, dk, dv = (empty(b, hkv, t, d, dtype=bf16) for _ in range(4))
             bwd.tma_reduce_available = lambda device: tma
-            bwd.launch_flash_attention_backward(do, q, k, v, o, empty(b, h, t), dq, dk, dv, causal, 0.125,
-                                                cu_seqlens=packed(varlen, 2), deterministic=deterministic,
-                                                **mask_options(bwd.launch_flash_attention_backward, window, softcap))
+            bwd.launch_flash_attention_backward(
+                do,
+                q,
+                k,
+                v,
+                o,
+                empty(b, h, t),
+                dq,
+                dk,
+                dv,
+                causal,
+                0.125,
+                cu_seqlens=packed(varlen, 2),
+                deterministic=deterministic,
+                **mask_options(bwd.launch_flash_attention_backward, window, softcap),
+            )
 
         plain, w127, w64 = (-1, -1), (127, 0), (64, 32)
-        cases += [(f"fwd_hd{d}_{name}", lambda d=d, a=a: forward(d, *a)) for d, name, a in (
-            (128, "full", (False, plain, 0.0, False)), (128, "causal", (True, plain, 0.0, False)),
-            (128, "causal_softcap_packed", (True, plain, 30.0, True)), (128, "window", (False, w127, 0.0, False)),
-            (128, "causal_window_softcap_packed", (True, w127, 30.0, True)),
-            (128, "window_2side", (False, w64, 0.0, False)),
-            (128, "window_one_loop", (False, w127, 0.0, False, False)), (64, "causal", (True, plain, 0.0, False)),
-            (64, "window_softcap_packed", (False, w64, 30.0, True)))]
-        cases += [(f"bwd_hd{d}_{name}", lambda d=d, a=a: backward(d, *a)) for d, name, a in (
-            (128, "causal_two_pass", (True, plain, 0.0, False, True, False)),
-            (128, "causal_atomic", (True, plain, 0.0, False, False, False)),
-            (128, "causal_tma", (True, plain, 0.0, False, False, True)),
-            (128, "full_two_pass", (False, plain, 0.0, False, True, False)),
-            (128, "causal_window_softcap_packed", (True, w127, 30.0, True, True, False)),
-            (128, "causal_window_softcap_packed_tma", (True, w127, 30.0, True, False, True)),
-            (128, "window_2side", (False, w64, 0.0, False, True, False)),
-            (64, "causal_two_pass", (True, plain, 0.0, False, True, False)))]
+        cases += [
+            (f"fwd_hd{d}_{name}", lambda d=d, a=a: forward(d, *a))
+            for d, name, a in (
+                (128, "full", (False, plain, 0.0, False)),
+                (128, "causal", (True, plain, 0.0, False)),
+                (128, "causal_softcap_packed", (True, plain, 30.0, True)),
+                (128, "window", (False, w127, 0.0, False)),
+                (128, "causal_window_softcap_packed", (True, w127, 30.0, True)),
+                (128, "window_2side", (False, w64, 0.0, False)),
+                (128, "window_one_loop", (False, w127, 0.0, False, False)),
+                (64, "causal", (True, plain, 0.0, False)),
+                (64, "window_softcap_packed", (False, w64, 30.0, True)),
+            )
+        ]
+        cases += [
+            (f"bwd_hd{d}_{name}", lambda d=d, a=a: backward(d, *a))
+            for d, name, a in (
+                (128, "causal_two_pass", (True, plain, 0.0, False, True, False)),
+                (128, "causal_atomic", (True, plain, 0.0, False, False, False)),
+                (128, "causal_tma", (True, plain, 0.0, False, False, True)),
+                (128, "full_two_pass", (False, plain, 0.0, False, True, False)),
+                (128, "causal_window_softcap_packed", (True, w127, 30.0, True, True, False)),
+                (128, "causal_window_softcap_packed_tma", (True, w127, 30.0, True, False, True)),
+                (128, "window_2side", (False, w64, 0.0, False, True, False)),
+                (64, "causal_two_pass", (True, plain, 0.0, False, True, False)),
+            )
+        ]
     elif case_set == "decode":
         import llmk.inference.triton_inference_attention as ia
+
         ia.sm_count = lambda *args: 132  # an H100's or H200's
 
         def decode(b, h, hkv, t, d, splits):
@@ -152,13 +191,16 @@ def _compile_cases(tree, out_dir, case_set):
             k, v = empty(b, t, hkv, d, dtype=f16), empty(b, t, hkv, d, dtype=f16)
             ia._launch(q, k, v, lengths, None, 1, t, None, None, splits, t)
 
-        cases += [(f"decode_hd{d}_B{b}_H{h}_{hkv}_T{t}", lambda a=(b, h, hkv, t, d, s): decode(*a))
-                  for d in (64, 80, 96, 128, 256) for b, h, hkv, t, s in ((16, 32, 32, 4096, 1), (1, 32, 8, 8192, None),
-                                                                          (4, 32, 1, 4096, 1))]
+        cases += [
+            (f"decode_hd{d}_B{b}_H{h}_{hkv}_T{t}", lambda a=(b, h, hkv, t, d, s): decode(*a))
+            for d in (64, 80, 96, 128, 256)
+            for b, h, hkv, t, s in ((16, 32, 32, 4096, 1), (1, 32, 8, 8192, None), (4, 32, 1, 4096, 1))
+        ]
     elif case_set == "norm":
         import llmk.common.reduce as reduce
         import llmk.normalization.launch_config as launch_config
         from llmk.normalization.triton_norm_backward import launch_rmsnorm_backward
+
         launch_config.sm_count = reduce.sm_count = lambda *args: 132  # an H100's or H200's
         from llmk.normalization.triton_rmsnorm import launch_rmsnorm
 
@@ -172,14 +214,21 @@ def _compile_cases(tree, out_dir, case_set):
             w = empty(n, dtype=bf16)
             launch_rmsnorm_backward(dy, x, w, empty(m, n, dtype=bf16) if du else None, 1e-6, dx, empty(n, dtype=bf16))
 
-        cases += [(f"rmsnorm_fwd_N{n}{'_residual' if r else ''}", lambda n=n, r=r: norm_forward(4096, n, r))
-                  for n in (1024, 4096, 8192) for r in (False, True)]
-        cases += [(f"rmsnorm_bwd_N{n}{'_du' if du else ''}", lambda n=n, du=du: norm_backward(4096, n, du))
-                  for n in (4096, 16384) for du in (False, True)]
+        cases += [
+            (f"rmsnorm_fwd_N{n}{'_residual' if r else ''}", lambda n=n, r=r: norm_forward(4096, n, r))
+            for n in (1024, 4096, 8192)
+            for r in (False, True)
+        ]
+        cases += [
+            (f"rmsnorm_bwd_N{n}{'_du' if du else ''}", lambda n=n, du=du: norm_backward(4096, n, du))
+            for n in (4096, 16384)
+            for du in (False, True)
+        ]
     elif case_set == "fp8":
         import llmk.inference.triton_inference_attention as ia
         from llmk.gemm.triton_fp8_producers import launch_glu_fp8, launch_rmsnorm_fp8
         from llmk.gemm.triton_fp8_quant import launch_quantize_fp8
+
         ia.sm_count = lambda *args: 132
         e4m3 = torch.float8_e4m3fn
 
@@ -190,6 +239,7 @@ def _compile_cases(tree, out_dir, case_set):
             try:  # v token-minor, as the caches store an e4m3 v
                 import llmk.inference.paged_kv_cache as pkv
                 from llmk.inference.kv_cache import TOKEN_ALIGN, token_minor
+
                 # (PAGE_ALIGN came after token_minor, at 1)
                 v = token_minor(shape, e4m3, "cpu", getattr(pkv, "PAGE_ALIGN", 1) if paged else TOKEN_ALIGN)
             except ImportError:  # a revision from before it
@@ -205,29 +255,46 @@ def _compile_cases(tree, out_dir, case_set):
             launch_rmsnorm_fp8(x, r, w, 1e-6, 0.0, empty(m, n, dtype=e4m3), empty(m), None, u)
 
         def glu_e4m3(m, n):
-            launch_glu_fp8(empty(m, n, dtype=bf16), empty(m, n, dtype=bf16), "silu", empty(m, n, dtype=e4m3),
-                           empty(m))
+            launch_glu_fp8(empty(m, n, dtype=bf16), empty(m, n, dtype=bf16), "silu", empty(m, n, dtype=e4m3), empty(m))
 
-        cases += [(f"decode_e4m3_hd{d}_B{b}_{hkv}_T{t}{'_paged' if p else ''}",
-                   lambda a=(b, hkv, t, d, s, p): decode_e4m3(*a))
-                  for d in (96, 128) for b, hkv, t, s in ((16, 8, 4096, 1), (1, 8, 8192, None)) for p in (False, True)]
-        cases += [(f"rmsnorm_e4m3_N{n}{'_residual' if r else ''}", lambda n=n, r=r: rmsnorm_e4m3(4096, n, r))
-                  for n in (4096, 16384) for r in (False, True)]
+        cases += [
+            (
+                f"decode_e4m3_hd{d}_B{b}_{hkv}_T{t}{'_paged' if p else ''}",
+                lambda a=(b, hkv, t, d, s, p): decode_e4m3(*a),
+            )
+            for d in (96, 128)
+            for b, hkv, t, s in ((16, 8, 4096, 1), (1, 8, 8192, None))
+            for p in (False, True)
+        ]
+        cases += [
+            (f"rmsnorm_e4m3_N{n}{'_residual' if r else ''}", lambda n=n, r=r: rmsnorm_e4m3(4096, n, r))
+            for n in (4096, 16384)
+            for r in (False, True)
+        ]
         cases += [(f"swiglu_e4m3_N{n}", lambda n=n: glu_e4m3(4096, n)) for n in (4096, 14336)]
-        cases += [("quantize_e4m3_row_N4096", lambda: launch_quantize_fp8(
-            empty(4096, 4096, dtype=bf16), empty(4096, 4096, dtype=e4m3), empty(4096), "row"))]
+        cases += [
+            (
+                "quantize_e4m3_row_N4096",
+                lambda: launch_quantize_fp8(
+                    empty(4096, 4096, dtype=bf16), empty(4096, 4096, dtype=e4m3), empty(4096), "row"
+                ),
+            )
+        ]
     elif case_set == "moe":
         from llmk.moe.triton_moe_routing import launch_moe_route
 
         def route(t, e, k, scoring):
-            launch_moe_route(empty(t, e, dtype=bf16), k, scoring, True, empty(t, k),
-                             empty(t, k, dtype=torch.int32))
+            launch_moe_route(empty(t, e, dtype=bf16), k, scoring, True, empty(t, k), empty(t, k, dtype=torch.int32))
 
-        cases += [(f"moe_route_E{e}_top{k}_{scoring}", lambda a=(16384, e, k, scoring): route(*a))
-                  for e, k, scoring in ((128, 8, "softmax"), (8, 2, "softmax"), (256, 8, "sigmoid"))]
+        cases += [
+            (f"moe_route_E{e}_top{k}_{scoring}", lambda a=(16384, e, k, scoring): route(*a))
+            for e, k, scoring in ((128, 8, "softmax"), (8, 2, "softmax"), (256, 8, "sigmoid"))
+        ]
         from llmk.moe import triton_moe_gemm as gemm
+
         try:
             from llmk.moe import triton_moe_rows_tma as tma
+
             tma.sm_count = lambda *args: 132  # an H100's or H200's
         except ImportError:  # a tree from before the persistent kernel
             tma = None
@@ -242,35 +309,62 @@ def _compile_cases(tree, out_dir, case_set):
             gemm.launch_expert_rows(x, w1, hid, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
             gemm.launch_expert_rows(hid, w2, y, order, offsets, gather=False, epilogue="scatter", scale=scale)
             if hasattr(gemm, "launch_glu_backward_rows"):
-                gemm.launch_expert_rows(x, w2.transpose(1, 2), pre[:, :inter], order, offsets, gather=True,
-                                        epilogue="store", top_k=k, scale=scale, a_copy=y)
+                gemm.launch_expert_rows(
+                    x,
+                    w2.transpose(1, 2),
+                    pre[:, :inter],
+                    order,
+                    offsets,
+                    gather=True,
+                    epilogue="store",
+                    top_k=k,
+                    scale=scale,
+                    a_copy=y,
+                )
                 gemm.launch_glu_backward_rows(pre, pre, order, scale, empty(t, k), "silu")
             else:  # the SwiGLU backward in the GEMM's epilogue, its d weight in column-tile partials
                 config = gemm.rows_config(rows, e, "glu_backward", inter, h)
-                gemm.launch_expert_rows(x, w2.transpose(1, 2), None, order, offsets, gather=True,
-                                        epilogue="glu_backward", top_k=k, scale=scale, pre=pre, dpre=pre,
-                                        partial=empty(gemm.n_tiles(inter, config), rows), config=config)
+                gemm.launch_expert_rows(
+                    x,
+                    w2.transpose(1, 2),
+                    None,
+                    order,
+                    offsets,
+                    gather=True,
+                    epilogue="glu_backward",
+                    top_k=k,
+                    scale=scale,
+                    pre=pre,
+                    dpre=pre,
+                    partial=empty(gemm.n_tiles(inter, config), rows),
+                    config=config,
+                )
             gemm.launch_expert_rows(pre, w1.transpose(1, 2), y, order, offsets, gather=False, epilogue="scatter")
             if not hasattr(gemm, "launch_gather_rows"):  # the weight kernel gathered its rows itself
                 gemm.launch_expert_weight_grad(pre, x, w1, order, offsets, a_gather=False, b_gather=True, top_k=k)
-                gemm.launch_expert_weight_grad(x, hid, w2, order, offsets, a_gather=True, b_gather=False, top_k=k,
-                                               scale=scale)
+                gemm.launch_expert_weight_grad(
+                    x, hid, w2, order, offsets, a_gather=True, b_gather=False, top_k=k, scale=scale
+                )
                 return
             gemm.launch_expert_weight_grad(pre, gemm.launch_gather_rows(x, order, k), w1, offsets, kind="gate_up")
             gemm.launch_expert_weight_grad(y, hid, w2, offsets, kind="down")
             if tma is None:
                 return
             # the persistent TMA forms of gate/up, down and dx, where MOE_CONFIGS gives the run a tile
-            for epilogue, a, b, c, kw in (("glu", x, w1, hid, dict(top_k=k, pre=pre)),
-                                          ("scatter", hid, w2, y, dict(scale=scale)),
-                                          ("scatter", pre, w1.transpose(1, 2), y, {})):
+            for epilogue, a, b, c, kw in (
+                ("glu", x, w1, hid, dict(top_k=k, pre=pre)),
+                ("scatter", hid, w2, y, dict(scale=scale)),
+                ("scatter", pre, w1.transpose(1, 2), y, {}),
+            ):
                 config = gemm.rows_config(rows, e, epilogue + "_tma", c.shape[1], b.shape[2])
                 if config is not None:
                     tma.launch_expert_rows_tma(a, b, c, order, offsets, config, epilogue=epilogue, **kw)
 
-        cases += [("moe_experts_qwen3_T16384", lambda: experts(16384, 2048, 768, 128, 8)),
-                  ("moe_experts_qwen3_T16", lambda: experts(16, 2048, 768, 128, 8)),
-                  ("moe_experts_mixtral_T4096", lambda: experts(4096, 4096, 14336, 8, 2))]
+        cases += [
+            ("moe_experts_qwen3_T16384", lambda: experts(16384, 2048, 768, 128, 8)),
+            ("moe_experts_qwen3_T16", lambda: experts(16, 2048, 768, 128, 8)),
+            ("moe_experts_mixtral_T4096", lambda: experts(4096, 4096, 14336, 8, 2)),
+        ]
     failed = 0
     for case, launch in cases:
         try:
@@ -298,8 +392,9 @@ def main(argv):
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         other = pathlib.Path(tmp, "tree")
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), rev], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), rev], check=True, capture_output=True
+        )
         try:
             differ = 0
             for case_set in sets:
@@ -308,8 +403,12 @@ def main(argv):
                     out = outs[label] = pathlib.Path(tmp, f"{label}_{case_set}")
                     out.mkdir()
                     env = dict(os.environ, TRITON_CACHE_DIR=str(pathlib.Path(tmp, f"cache_{label}")))
-                    proc = subprocess.run([sys.executable, __file__, "--compile", str(tree), str(out), case_set],
-                                          env=env, capture_output=True, text=True)
+                    proc = subprocess.run(
+                        [sys.executable, __file__, "--compile", str(tree), str(out), case_set],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                    )
                     for line in proc.stdout.splitlines():
                         if line.startswith("FAILED"):
                             print(f"{label}: {line}")

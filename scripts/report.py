@@ -15,6 +15,7 @@ strongest peer, its share of the copy bandwidth), one table per op (the best fig
 in bold, ours also as a share of the copy bandwidth), the same from GPU time where rows carry
 graph_ms, and the charts. Rows or providers missing from a file leave gaps, not errors.
 """
+
 import argparse
 import ast
 import functools
@@ -41,8 +42,24 @@ OURS = ("triton", "triton-gluon", "triton-paged", "triton+bf16-state", "triton+t
 # each area's page (benchmarks/<area>_page.py), in the order of the docs
 
 
-AREA_NAMES = ("norm", "softmax", "rope", "attention", "mlp", "gemm", "moe", "inference", "losses", "train",
-              "train_fsdp2", "optimizer", "host", "e2e", "cuda_vs_triton", "decode_step")
+AREA_NAMES = (
+    "norm",
+    "softmax",
+    "rope",
+    "attention",
+    "mlp",
+    "gemm",
+    "moe",
+    "inference",
+    "losses",
+    "train",
+    "train_fsdp2",
+    "optimizer",
+    "host",
+    "e2e",
+    "cuda_vs_triton",
+    "decode_step",
+)
 
 
 @functools.cache
@@ -50,19 +67,37 @@ def area_page(name):
     """The area's PAGE (benchmarks/<name>_page.py), its module imported when first asked for."""
     return importlib.import_module(f"llmk.benchmarks.{name}_page").PAGE
 
+
 # The README's table: (kernel, area, index of the area's group it sums up)
 SUMMARY = [
-    ("RMSNorm", "norm", 0), ("LayerNorm", "norm", 1), ("residual add + RMSNorm", "norm", 2),
-    ("softmax", "softmax", 0), ("RoPE", "rope", 0), ("FlashAttention (full)", "attention", 0),
-    ("FlashAttention (causal)", "attention", 1), ("FlashAttention, Gluon sm_90 (full)", "attention", 11),
-    ("FlashAttention, Gluon sm_90 (causal)", "attention", 12), ("bias + GELU", "mlp", 0), ("SwiGLU", "mlp", 1),
-    ("matmul", "gemm", 0), ("matmul, decode", "gemm", 2), ("rmsnorm_linear, decode", "gemm", 6),
-    ("decode attention", "inference", 0), ("paged decode attention", "inference", 2),
-    ("AdamW", "optimizer", 0), ("Llama/Qwen prefill, patched", "e2e", 0), ("Llama/Qwen decode, patched", "e2e", 2),
+    ("RMSNorm", "norm", 0),
+    ("LayerNorm", "norm", 1),
+    ("residual add + RMSNorm", "norm", 2),
+    ("softmax", "softmax", 0),
+    ("RoPE", "rope", 0),
+    ("FlashAttention (full)", "attention", 0),
+    ("FlashAttention (causal)", "attention", 1),
+    ("FlashAttention, Gluon sm_90 (full)", "attention", 11),
+    ("FlashAttention, Gluon sm_90 (causal)", "attention", 12),
+    ("bias + GELU", "mlp", 0),
+    ("SwiGLU", "mlp", 1),
+    ("matmul", "gemm", 0),
+    ("matmul, decode", "gemm", 2),
+    ("rmsnorm_linear, decode", "gemm", 6),
+    ("decode attention", "inference", 0),
+    ("paged decode attention", "inference", 2),
+    ("AdamW", "optimizer", 0),
+    ("Llama/Qwen prefill, patched", "e2e", 0),
+    ("Llama/Qwen decode, patched", "e2e", 2),
     ("decoder layer decode step", "decode_step", 0),
-    ("RMSNorm fwd+bwd", "norm", 4), ("LayerNorm fwd+bwd", "norm", 5), ("residual add + RMSNorm fwd+bwd", "norm", 6),
-    ("softmax fwd+bwd", "softmax", 2), ("RoPE fwd+bwd", "rope", 2), ("SwiGLU fwd+bwd", "mlp", 3),
-    ("bias + GELU fwd+bwd", "mlp", 4), ("matmul bwd", "gemm", 9),
+    ("RMSNorm fwd+bwd", "norm", 4),
+    ("LayerNorm fwd+bwd", "norm", 5),
+    ("residual add + RMSNorm fwd+bwd", "norm", 6),
+    ("softmax fwd+bwd", "softmax", 2),
+    ("RoPE fwd+bwd", "rope", 2),
+    ("SwiGLU fwd+bwd", "mlp", 3),
+    ("bias + GELU fwd+bwd", "mlp", 4),
+    ("matmul bwd", "gemm", 9),
 ]
 
 
@@ -109,8 +144,8 @@ class Match:
     shape: str
     dtype: str
     ours: dict
-    peer: str        # the strongest peer's name
-    speedup: float   # peer time / our time: > 1 when ours is faster
+    peer: str  # the strongest peer's name
+    speedup: float  # peer time / our time: > 1 when ours is faster
 
 
 def mode_of(row):
@@ -154,25 +189,35 @@ def standing(ms):
     pct = [m.ours["pct_copy"] for m in ms if m.ours.get("pct_copy") is not None]
     tflops = [m.ours["TFLOPs"] for m in ms if m.ours.get("TFLOPs") is not None]
     peers = [m.peer for m in ms]
-    return dict(n=len(ms), ahead=sum(s >= 1 for s in speed), median=ratio(statistics.median(speed)),
-                range=span(speed, "x"), pct=span(pct, "%", lambda v: f"{v:.0f}") if pct else None,
-                tflops=span(tflops, " TFLOP/s", fmt) if tflops and not pct else None,
-                peer=max(dict.fromkeys(peers), key=peers.count))  # a tie: the first seen, every run alike
+    return dict(
+        n=len(ms),
+        ahead=sum(s >= 1 for s in speed),
+        median=ratio(statistics.median(speed)),
+        range=span(speed, "x"),
+        pct=span(pct, "%", lambda v: f"{v:.0f}") if pct else None,
+        tflops=span(tflops, " TFLOP/s", fmt) if tflops and not pct else None,
+        peer=max(dict.fromkeys(peers), key=peers.count),
+    )  # a tie: the first seen, every run alike
 
 
 def peak_sentence(rows, group, ms, peer="liger"):
-    """"; peak memory at most Liger's at K of N (ours x-y MB, Liger's ...)" for training groups whose
+    """ "; peak memory at most Liger's at K of N (ours x-y MB, Liger's ...)" for training groups whose
     rows carry peak_MB and have a Liger row; "" otherwise."""
-    peak = {(r["op"], r["shape"], r["dtype"], r["provider"]): r.get("peak_MB") for r in rows
-            if mode_of(r) == group.mode and r.get("peak_MB") is not None}
+    peak = {
+        (r["op"], r["shape"], r["dtype"], r["provider"]): r.get("peak_MB")
+        for r in rows
+        if mode_of(r) == group.mode and r.get("peak_MB") is not None
+    }
     pairs = [(peak.get((m.op, m.shape, m.dtype, group.ours)), peak.get((m.op, m.shape, m.dtype, peer))) for m in ms]
     pairs = [(o, p) for o, p in pairs if o is not None and p is not None]
     if not pairs:
         return ""
     at_most = sum(o <= p for o, p in pairs)
-    return (f"; peak memory at most {peer}'s at {at_most} of {len(pairs)} "
-            f"(ours {span([o for o, _ in pairs], ' MB', fmt)}, "
-            f"{peer}'s {span([p for _, p in pairs], ' MB', fmt)})")
+    return (
+        f"; peak memory at most {peer}'s at {at_most} of {len(pairs)} "
+        f"(ours {span([o for o, _ in pairs], ' MB', fmt)}, "
+        f"{peer}'s {span([p for _, p in pairs], ' MB', fmt)})"
+    )
 
 
 def group_sentences(area, rows):
@@ -185,9 +230,11 @@ def group_sentences(area, rows):
         s = standing(ms)
         who = "ours" if g.ours == "triton" else f"`{g.ours}`"
         peer = "the strongest peer" if not g.peers else " / ".join(f"`{p}`" for p in g.peers)
-        line = (f"**{', '.join(g.ops)}**{'' if g.mode == 'fwd' else ' ' + g.mode}, {g.label} ({s['n']} rows): "
-                f"{who} at or above {peer} at {s['ahead']} of {s['n']}; "
-                f"{who} / {peer.removeprefix('the ')} {s['median']}x median ({s['range']})")
+        line = (
+            f"**{', '.join(g.ops)}**{'' if g.mode == 'fwd' else ' ' + g.mode}, {g.label} ({s['n']} rows): "
+            f"{who} at or above {peer} at {s['ahead']} of {s['n']}; "
+            f"{who} / {peer.removeprefix('the ')} {s['median']}x median ({s['range']})"
+        )
         if s["pct"]:
             line += f"; {who} at {s['pct']} of copy bandwidth"
         elif s["tflops"]:
@@ -195,13 +242,18 @@ def group_sentences(area, rows):
         line += peak_sentence(rows, g, ms)
         behind = sorted((m for m in ms if m.speedup < 1), key=lambda m: m.speedup)
         if behind:
-            shown = ", ".join(f"{m.shape} {m.dtype}" + (f" {m.op}" if len(g.ops) > 1 else "") +
-                              f" ({m.peer}, {ratio(m.speedup)}x)" for m in behind[:6])
+            shown = ", ".join(
+                f"{m.shape} {m.dtype}" + (f" {m.op}" if len(g.ops) > 1 else "") + f" ({m.peer}, {ratio(m.speedup)}x)"
+                for m in behind[:6]
+            )
             more = f" and {len(behind) - 6} more" if len(behind) > 6 else ""
             line += f". Behind at {shown}{more}"
             notes = area.leader_notes
-            why = [g.why] if g.why else [notes.get((p, g.graph), notes.get(p))
-                                         for p in dict.fromkeys(m.peer for m in behind)]
+            why = (
+                [g.why]
+                if g.why
+                else [notes.get((p, g.graph), notes.get(p)) for p in dict.fromkeys(m.peer for m in behind)]
+            )
             why = [w for w in dict.fromkeys(why) if w and w not in said]  # each reason once a page
             said.update(why)
             if why:
@@ -280,8 +332,14 @@ def run_line(meta):
 
 def run_table(meta):
     """The run's meta as a two-column table: every scalar field, the commit with its dirty flag."""
-    names = {"gpu": "GPU", "date": "date", "torch": "torch", "triton": "triton",
-             "copy_GBps": "copy bandwidth (GB/s, device to device)", "command": "command"}
+    names = {
+        "gpu": "GPU",
+        "date": "date",
+        "torch": "torch",
+        "triton": "triton",
+        "copy_GBps": "copy bandwidth (GB/s, device to device)",
+        "command": "command",
+    }
     out = ["| | |", "|---|---|"]
     for key, value in meta.items():
         if key == "dirty" or isinstance(value, (dict, list)):
@@ -310,8 +368,7 @@ def docstring(area):
 
 def charts(area, results=RESULTS):
     """The area's PNGs, linked from docs/results/ (named <area>_... or <area>-...)."""
-    found = sorted(p.name for p in results.glob(f"{area}*.png")
-                   if p.name[len(area):len(area) + 1] in ("_", "-", "."))
+    found = sorted(p.name for p in results.glob(f"{area}*.png") if p.name[len(area) : len(area) + 1] in ("_", "-", "."))
     rel = pathlib.Path("..", "..", results.relative_to(ROOT)) if results.is_relative_to(ROOT) else results
     return [f"![{name[:-4]}]({(rel / name).as_posix()})" for name in found]
 
@@ -321,16 +378,21 @@ def e2e_extra(meta):
     models = meta.get("models") or {}
     out = []
     if models:
-        out += ["### Where the time goes", "",
-                "One prefill under torch.profiler: time in GEMM kernels over all CUDA kernel time.", "",
-                "| model | T | eager GEMM share | patched GEMM share | eager kernel time (ms) "
-                "| patched kernel time (ms) |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            "### Where the time goes",
+            "",
+            "One prefill under torch.profiler: time in GEMM kernels over all CUDA kernel time.",
+            "",
+            "| model | T | eager GEMM share | patched GEMM share | eager kernel time (ms) | patched kernel time (ms) |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, m in models.items():
             prof = m.get("profile") or {}
             e, t = prof.get("eager", {}), prof.get("triton", {})
-            out.append(f"| {name} | {e.get('T', t.get('T', ''))} | {fmt(e.get('gemm_share'))} | "
-                       f"{fmt(t.get('gemm_share'))} | {fmt(e.get('total_ms'))} | {fmt(t.get('total_ms'))} |")
+            out.append(
+                f"| {name} | {e.get('T', t.get('T', ''))} | {fmt(e.get('gemm_share'))} | "
+                f"{fmt(t.get('gemm_share'))} | {fmt(e.get('total_ms'))} | {fmt(t.get('total_ms'))} |"
+            )
         out.append("")
     return out
 
@@ -340,16 +402,22 @@ def train_extra(meta):
     shares = meta.get("attention_share") or {}
     if not shares:
         return []
-    out = ["### Attention's share of the step", "",
-           "One step of the loss-curve model under torch.profiler: the time of attention's kernels (forward and "
-           "backward), and its share of the timed step's ms; `triton, tl attention` is the patched model with its "
-           "attention on the tl kernels (`LLMK_ATTENTION_PATH=tl`), the share before the Gluon kernels.", "",
-           "| provider | step (ms) | attention kernels (ms) | attention's share of the step |",
-           "|---|---|---|---|"]
+    out = [
+        "### Attention's share of the step",
+        "",
+        "One step of the loss-curve model under torch.profiler: the time of attention's kernels (forward and "
+        "backward), and its share of the timed step's ms; `triton, tl attention` is the patched model with its "
+        "attention on the tl kernels (`LLMK_ATTENTION_PATH=tl`), the share before the Gluon kernels.",
+        "",
+        "| provider | step (ms) | attention kernels (ms) | attention's share of the step |",
+        "|---|---|---|---|",
+    ]
     for label, share in shares.items():
         part = share["ms"] / share["step_ms"] if share.get("ms") is not None and share.get("step_ms") else None
-        out.append(f"| {label} | {fmt(share.get('step_ms'))} | {fmt(share.get('ms'))} | "
-                   f"{'' if part is None else f'{100 * part:.1f}%'} |")
+        out.append(
+            f"| {label} | {fmt(share.get('step_ms'))} | {fmt(share.get('ms'))} | "
+            f"{'' if part is None else f'{100 * part:.1f}%'} |"
+        )
     return out + [""]
 
 
@@ -364,12 +432,21 @@ def run_notes(meta):
 
 
 HOST_BOUND_US = 5  # the operator layer's budget a call: Op call over its implementation
-HOST_COLUMNS = (("public", "public (a)"), ("op", "op (b)"), ("impl", "impl (c)"), ("torch.ops", "torch.ops (d)"),
-                ("launcher", "launcher (e)"))
+HOST_COLUMNS = (
+    ("public", "public (a)"),
+    ("op", "op (b)"),
+    ("impl", "impl (c)"),
+    ("torch.ops", "torch.ops (d)"),
+    ("launcher", "launcher (e)"),
+)
 HOST_MODES = {"no_grad": "torch.no_grad()", "inference_mode": "torch.inference_mode()"}
 HOST_TRAIN_MODE = "fwd+bwd"  # one forward + backward call, grad mode on
-HOST_TRAIN_COLUMNS = (("public", "ours"), ("liger", "Liger"), ("torch.compile", "torch.compile"),
-                      ("pytorch", "PyTorch"))
+HOST_TRAIN_COLUMNS = (
+    ("public", "ours"),
+    ("liger", "Liger"),
+    ("torch.compile", "torch.compile"),
+    ("pytorch", "PyTorch"),
+)
 HOST_NATIVE_BOUND = 2  # ours within 2x the host time of eager PyTorch's counterpart
 
 
@@ -411,16 +488,23 @@ def host_sentences(rows):
         costs = {key: host_layer(by) for key, by in ours.items() if host_layer(by) is not None}
         if costs:
             over = [f"{op} {shape} ({fmt(v)} us)" for (op, shape), v in costs.items() if v > HOST_BOUND_US]
-            layer.append(f"under {words}, {host_span(costs.values())} over {len(costs)} rows, median "
-                         f"{fmt(statistics.median(costs.values()))} us, within ~{HOST_BOUND_US} us at "
-                         f"{len(costs) - len(over)} of {len(costs)}"
-                         + (f" (over it: {', '.join(over)})" if over else ""))
-        extra = [host_us(by, "torch.ops") - host_us(by, "impl") for by in ours.values()
-                 if host_us(by, "torch.ops") is not None and host_us(by, "impl") is not None]
+            layer.append(
+                f"under {words}, {host_span(costs.values())} over {len(costs)} rows, median "
+                f"{fmt(statistics.median(costs.values()))} us, within ~{HOST_BOUND_US} us at "
+                f"{len(costs) - len(over)} of {len(costs)}" + (f" (over it: {', '.join(over)})" if over else "")
+            )
+        extra = [
+            host_us(by, "torch.ops") - host_us(by, "impl")
+            for by in ours.values()
+            if host_us(by, "torch.ops") is not None and host_us(by, "impl") is not None
+        ]
         if extra:
             dispatch.append(f"median {fmt(statistics.median(extra))} us ({host_span(extra)}) under {words}")
-        ratios = [host_us(by, "public") / host_us(by, "pytorch") for by in ours.values()
-                  if host_us(by, "public") and host_us(by, "pytorch")]
+        ratios = [
+            host_us(by, "public") / host_us(by, "pytorch")
+            for by in ours.values()
+            if host_us(by, "public") and host_us(by, "pytorch")
+        ]
         if ratios:
             versus.append(f"{ratio(statistics.median(ratios))}x median ({span(ratios, 'x')}) under {words}")
     out = []
@@ -429,20 +513,31 @@ def host_sentences(rows):
     if layer:
         out.append(f"- **The operator layer, (b) - (c)**: {'; '.join(layer)}.")
     if dispatch:
-        out.append(f"- **Through the dispatcher, (d) - (c)**, as a compiled graph calls an operator: "
-                   f"{'; '.join(dispatch)}.")
+        out.append(
+            f"- **Through the dispatcher, (d) - (c)**, as a compiled graph calls an operator: {'; '.join(dispatch)}."
+        )
     if versus:
-        out.append(f"- **Against PyTorch**, the public function's host time over its counterpart's: "
-                   f"{'; '.join(versus)}.")
+        out.append(
+            f"- **Against PyTorch**, the public function's host time over its counterpart's: {'; '.join(versus)}."
+        )
     cells = host_cells(rows, "no_grad")
-    ways = [("`torch.library.Library` (ours)", "rmsnorm"), ("`torch.library.custom_op`", "rmsnorm via custom_op"),
-            ("`triton_op` + `wrap_triton`", "rmsnorm via triton_op")]
+    ways = [
+        ("`torch.library.Library` (ours)", "rmsnorm"),
+        ("`torch.library.custom_op`", "rmsnorm via custom_op"),
+        ("`triton_op` + `wrap_triton`", "rmsnorm via triton_op"),
+    ]
     found = [(name, next((by for (op, _), by in cells.items() if op == label), {})) for name, label in ways]
-    parts = [f"{name} {fmt(host_us(by, 'public'))} us public, {fmt(host_us(by, 'torch.ops'))} us through "
-             f"torch.ops" for name, by in found if host_us(by, "public") is not None]
+    parts = [
+        f"{name} {fmt(host_us(by, 'public'))} us public, {fmt(host_us(by, 'torch.ops'))} us through torch.ops"
+        for name, by in found
+        if host_us(by, "public") is not None
+    ]
     if len(parts) > 1:
-        out.append("- **rmsnorm registered three ways**, same checks and launcher, under torch.no_grad(): "
-                   + "; ".join(parts) + ".")
+        out.append(
+            "- **rmsnorm registered three ways**, same checks and launcher, under torch.no_grad(): "
+            + "; ".join(parts)
+            + "."
+        )
     return out
 
 
@@ -460,32 +555,42 @@ def host_table(rows, mode):
         layer = host_layer(by)
         line.append(fmt(layer) if layer is not None else "")
         r = by.get("pytorch") or {}
-        line += ["error" if r.get("error") else fmt(r.get("us")),
-                 f"`{r['pytorch_call']}`" if r.get("pytorch_call") else ""]
+        line += [
+            "error" if r.get("error") else fmt(r.get("us")),
+            f"`{r['pytorch_call']}`" if r.get("pytorch_call") else "",
+        ]
         out.append("| " + " | ".join(line) + " |")
     return out
 
 
 def host_train_ratios(cells, peer):
     """{(op, shape): ours / peer} of the rows where both were timed."""
-    return {key: host_us(by, "public") / host_us(by, peer) for key, by in cells.items()
-            if host_us(by, "public") and host_us(by, peer)}
+    return {
+        key: host_us(by, "public") / host_us(by, peer)
+        for key, by in cells.items()
+        if host_us(by, "public") and host_us(by, peer)
+    }
 
 
 def host_train_sentence(cells):
     """How many ops are within Liger's host time and within HOST_NATIVE_BOUND x eager PyTorch's."""
     parts = []
-    peers = (("liger", "Liger", 1, "Liger's host time"),
-             ("pytorch", "PyTorch", HOST_NATIVE_BOUND, f"{HOST_NATIVE_BOUND}x eager PyTorch's"))
+    peers = (
+        ("liger", "Liger", 1, "Liger's host time"),
+        ("pytorch", "PyTorch", HOST_NATIVE_BOUND, f"{HOST_NATIVE_BOUND}x eager PyTorch's"),
+    )
     for peer, name, bound, within in peers:
         ratios = host_train_ratios(cells, peer)
         if not ratios:
             parts.append(f"{name} not timed in this run")
             continue
         over = [f"{op} {ratio(v)}x" for (op, _), v in ratios.items() if v > bound]
-        parts.append(f"within {within} at {len(ratios) - len(over)} of {len(ratios)} ops (ours / {name} median "
-                     f"{ratio(statistics.median(ratios.values()))}x, {span(ratios.values(), 'x')}"
-                     + (f"; past it: {', '.join(over)}" if over else "") + ")")
+        parts.append(
+            f"within {within} at {len(ratios) - len(over)} of {len(ratios)} ops (ours / {name} median "
+            f"{ratio(statistics.median(ratios.values()))}x, {span(ratios.values(), 'x')}"
+            + (f"; past it: {', '.join(over)}" if over else "")
+            + ")"
+        )
     return "- **Ours in training**: " + "; ".join(parts) + "."
 
 
@@ -496,12 +601,17 @@ def host_train_figures(rows):
     cells = host_cells(rows, HOST_TRAIN_MODE)
     if not cells:
         return out + ["Not measured in this run: its results have no `fwd+bwd` rows.", ""]
-    out += ["The forward on inputs that require grad, then `torch.autograd.grad` of its outputs, grad mode on "
-            "(the benchmark's docstring). ours / Liger and ours / PyTorch are ratios of host time: below 1.00 ours "
-            "costs the host less. A dash: not timed (the reasons follow the table).", "",
-            host_train_sentence(cells), ""]
-    head = ["op", "shape"] + [name for _, name in HOST_TRAIN_COLUMNS] + ["ours / Liger", "ours / PyTorch",
-                                                                          "PyTorch call"]
+    out += [
+        "The forward on inputs that require grad, then `torch.autograd.grad` of its outputs, grad mode on "
+        "(the benchmark's docstring). ours / Liger and ours / PyTorch are ratios of host time: below 1.00 ours "
+        "costs the host less. A dash: not timed (the reasons follow the table).",
+        "",
+        host_train_sentence(cells),
+        "",
+    ]
+    head = (
+        ["op", "shape"] + [name for _, name in HOST_TRAIN_COLUMNS] + ["ours / Liger", "ours / PyTorch", "PyTorch call"]
+    )
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     not_timed = {}
     for (op, shape), by in cells.items():
@@ -528,13 +638,16 @@ def host_figures(meta, rows):
     and any failed rows."""
     out = ["## What the figures say", "", "CPU microseconds a call, timed as the run's `timer` says.", ""]
     out += host_sentences(rows)
-    out += ["- (b) - (c) is the operator layer's own cost in an eager call (`common/ops.py`, `Op`); "
-            "(a) - (b) is the argument checks (and the binding of arguments passed by name), (c) - (e) the output's "
-            "allocation; (d) is the "
-            "dispatcher's path, which eager calls on plain tensors skip and a compiled graph takes.",
-            "- The `via custom_op` and `via triton_op` rows register the same launcher the other two "
-            "ways torch.library offers, in the benchmark's own namespace, with rmsnorm's checks "
-            "before the call.", ""]
+    out += [
+        "- (b) - (c) is the operator layer's own cost in an eager call (`common/ops.py`, `Op`); "
+        "(a) - (b) is the argument checks (and the binding of arguments passed by name), (c) - (e) the output's "
+        "allocation; (d) is the "
+        "dispatcher's path, which eager calls on plain tensors skip and a compiled graph takes.",
+        "- The `via custom_op` and `via triton_op` rows register the same launcher the other two "
+        "ways torch.library offers, in the benchmark's own namespace, with rmsnorm's checks "
+        "before the call.",
+        "",
+    ]
     for mode, words in HOST_MODES.items():
         table_lines = host_table(rows, mode)
         if len(table_lines) > 2:
@@ -557,16 +670,25 @@ def host_figures(meta, rows):
 def decode_step_figures(meta, rows):
     """The decode_step page's figures: sentences, the graph speedup per shape, the ms tables, charts."""
     area = area_page("decode_step")
-    out = ["## What the figures say", "",
-           "Each way of running ours against PyTorch's step run the same way, as a ratio of times: above "
-           "1.00x ours is faster.", ""]
+    out = [
+        "## What the figures say",
+        "",
+        "Each way of running ours against PyTorch's step run the same way, as a ratio of times: above "
+        "1.00x ours is faster.",
+        "",
+    ]
     out += group_sentences(area, rows) + [f"- {n}" for n in area.notes] + [""]
     ms = {(r["op"], r["shape"], r["provider"]): r["ms"] for r in rows}
     pairs = (("ours-graph", "torch-graph"), ("ours-reduce-overhead", "torch-reduce-overhead"))
     head = ["layer", "B x T"] + [p for pair in pairs for p in pair + ("speedup",)]
-    out += ["## ours-graph against torch-graph", "",
-            "ms a step, and the speedup of ours (PyTorch's ms / ours): above 1.00 ours is faster.", "",
-            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += [
+        "## ours-graph against torch-graph",
+        "",
+        "ms a step, and the speedup of ours (PyTorch's ms / ours): above 1.00 ours is faster.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for op, shape in dict.fromkeys((r["op"], r["shape"]) for r in rows):
         line = [op, shape]
         for ours, peer in pairs:
@@ -585,9 +707,16 @@ def page(area_name, results=RESULTS):
     area = area_page(area_name)
     meta, rows = load(area_name, results)
     src = f"benchmarks/results/{area_name}.json"
-    out = [f"# {area.title}", "",
-           f"<!-- generated by `make report` (scripts/report.py) from {src}: edit those, not this file -->", "",
-           area.intro, "", "## What was measured", ""]
+    out = [
+        f"# {area.title}",
+        "",
+        f"<!-- generated by `make report` (scripts/report.py) from {src}: edit those, not this file -->",
+        "",
+        area.intro,
+        "",
+        "## What was measured",
+        "",
+    ]
     doc = docstring(area_name)
     if doc:
         out += [f"From the benchmark's docstring (`{bench_file(area_name)}`):", "", "```text", doc, "```", ""]
@@ -598,35 +727,53 @@ def page(area_name, results=RESULTS):
         out += train_extra(meta)
     if area.render:  # the name of a function here that writes the page's figures
         return "\n".join(out + globals()[area.render](meta, rows)).rstrip() + "\n"
-    out += ["## What the figures say", "",
-            "Ours against the strongest peer of each row (the fastest provider that is not ours), as a "
-            "ratio of times: above 1.00x ours is faster.", ""]
+    out += [
+        "## What the figures say",
+        "",
+        "Ours against the strongest peer of each row (the fastest provider that is not ours), as a "
+        "ratio of times: above 1.00x ours is faster.",
+        "",
+    ]
     out += group_sentences(area, rows) + [f"- {n}" for n in area.notes] + [""]
     extras = ("config", "splits", "tok_s")
     for op, mode in dict.fromkeys((r["op"], mode_of(r)) for r in rows):
         sel = [r for r in rows if r["op"] == op and mode_of(r) == mode]
         metric = metric_of(sel, area.lower_is_better)
         unit = {"ms": "ms (lower is better)", "GBps": "GB/s", "TFLOPs": "TFLOP/s"}[metric]
-        share = ("; ours also as a share of the copy bandwidth"
-                 if any(r.get("pct_copy") is not None for r in sel) else "")
-        out += [f"## {op}" + ("" if mode == "fwd" else f", {mode}"), "",
-                f"{unit}, timed as the docstring above says{share}.", ""]
+        share = (
+            "; ours also as a share of the copy bandwidth" if any(r.get("pct_copy") is not None for r in sel) else ""
+        )
+        out += [
+            f"## {op}" + ("" if mode == "fwd" else f", {mode}"),
+            "",
+            f"{unit}, timed as the docstring above says{share}.",
+            "",
+        ]
         out += table(sel, op, metric, area.lower_is_better, extras=extras) + [""]
         if any(r.get("peak_MB") is not None for r in sel):
-            out += [f"### {op}, {mode}: peak memory", "",
-                    "MB above what was allocated before the call (`peak_MB`: outputs, saved tensors, "
-                    "gradients, scratch); lower is better.", ""]
+            out += [
+                f"### {op}, {mode}: peak memory",
+                "",
+                "MB above what was allocated before the call (`peak_MB`: outputs, saved tensors, "
+                "gradients, scratch); lower is better.",
+                "",
+            ]
             out += table(sel, op, "peak_MB", lower_is_better=True) + [""]
         for field_name, caption in MEMORY_SPLIT:
             if any(r.get(field_name) is not None for r in sel):
                 out += [f"### {op}, {mode}: {field_name}", "", caption, ""]
-                out += table([r for r in sel if r.get(field_name) is not None], op, field_name,
-                             lower_is_better=True) + [""]
+                out += table(
+                    [r for r in sel if r.get(field_name) is not None], op, field_name, lower_is_better=True
+                ) + [""]
         graph = [graph_row(r) for r in sel if r.get("graph_ms")]
         if graph:
-            out += [f"### {op}, GPU time", "",
-                    f"{unit} from GPU time alone (`graph_ms`: CUDA-graph replays after an L2 flush, "
-                    "the host out of the loop), for the rows and providers that carry it.", ""]
+            out += [
+                f"### {op}, GPU time",
+                "",
+                f"{unit} from GPU time alone (`graph_ms`: CUDA-graph replays after an L2 flush, "
+                "the host out of the loop), for the rows and providers that carry it.",
+                "",
+            ]
             out += table(graph, op, metric, area.lower_is_better, extras=extras) + [""]
     pictures = charts(area_name, results)
     if pictures:
@@ -636,17 +783,22 @@ def page(area_name, results=RESULTS):
 
 # What peak_MB is made of, where a benchmark records it (train_fsdp2): (field, the table's caption)
 MEMORY_SPLIT = (
-    ("steady_MB", "MB allocated after the timed steps, on the fullest GPU (`steady_MB`: parameters, "
-                  "gradients, optimizer state): what stays between steps."),
+    (
+        "steady_MB",
+        "MB allocated after the timed steps, on the fullest GPU (`steady_MB`: parameters, "
+        "gradients, optimizer state): what stays between steps.",
+    ),
     ("state_MB", "MB of optimizer state on the fullest GPU (`state_MB`: m and v, each rank's shards)."),
 )
 
 
 def summary(results=RESULTS):
     """The README's table: one row per kernel against its strongest peer."""
-    out = ["| kernel | shapes | strongest peer | speedup (peer time / ours), median (range) | ahead at | ours "
-           "| GPU | details |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| kernel | shapes | strongest peer | speedup (peer time / ours), median (range) | ahead at | ours "
+        "| GPU | details |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for kernel, area_name, index in SUMMARY:
         if not (results / f"{area_name}.json").exists():
             continue
@@ -657,9 +809,11 @@ def summary(results=RESULTS):
             continue
         s = standing(ms)
         ours = s["pct"] and f"{s['pct']} of copy" or s["tflops"] or ""
-        out.append(f"| {kernel} | {group.label} | {s['peer']} | {s['median']}x ({s['range']}) | "
-                   f"{s['ahead']} of {s['n']} | {ours} | {meta.get('gpu', '').removeprefix('NVIDIA ')} | "
-                   f"[{area_name}](docs/results/{area_name}.md) |")
+        out.append(
+            f"| {kernel} | {group.label} | {s['peer']} | {s['median']}x ({s['range']}) | "
+            f"{s['ahead']} of {s['n']} | {ours} | {meta.get('gpu', '').removeprefix('NVIDIA ')} | "
+            f"[{area_name}](docs/results/{area_name}.md) |"
+        )
     return "\n".join(out)
 
 
@@ -667,7 +821,7 @@ def with_summary(readme_text, table_text):
     begin, end = readme_text.find(SUMMARY_BEGIN), readme_text.find(SUMMARY_END)
     if begin < 0 or end < begin:
         raise ValueError(f"README.md: missing the markers {SUMMARY_BEGIN!r} ... {SUMMARY_END!r}")
-    return readme_text[:begin + len(SUMMARY_BEGIN)] + "\n" + table_text + "\n" + readme_text[end:]
+    return readme_text[: begin + len(SUMMARY_BEGIN)] + "\n" + table_text + "\n" + readme_text[end:]
 
 
 def outputs(results=RESULTS, pages=PAGES, readme=README):
@@ -679,9 +833,11 @@ def outputs(results=RESULTS, pages=PAGES, readme=README):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="examples:\n" + __doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n" + __doc__.split("\n\n")[1],
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a page or the README table is out of date")
     parser.add_argument("--table", metavar="JSON", help="print the tables of one results file and exit")
     parser.add_argument("--min-elements", type=int, default=0, help="with --table: skip smaller shapes")
@@ -699,8 +855,11 @@ def main(argv=None):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if args.check:
-        print(f"out of date (run `make report`): {', '.join(map(str, stale))}" if stale
-              else "docs/results and README table up to date")
+        print(
+            f"out of date (run `make report`): {', '.join(map(str, stale))}"
+            if stale
+            else "docs/results and README table up to date"
+        )
         return 1 if stale else 0
     print(f"wrote {len(stale)} file(s): {', '.join(map(str, stale))}" if stale else "nothing to update")
     return 0

@@ -2,6 +2,7 @@
 benchmarks/*_bench.py in turn, every one or those named; exit nonzero if any fails (an error, or a
 row over the max_err gate). A smoke run may take several at once (--jobs: each printed whole when
 it ends); a GPU run takes one at a time, since benchmarks sharing the GPU time each other's work."""
+
 import argparse
 import concurrent.futures
 import pathlib
@@ -17,21 +18,28 @@ SMOKE_LONGEST = ("train", "decode_step", "attention", "gemm")
 
 def benchmarks():
     """{name: script path relative to the root}: "norm" for benchmarks/norm_bench.py."""
-    return {p.name[:-len("_bench.py")]: p.relative_to(ROOT) for p in sorted((ROOT / "benchmarks").glob("*_bench.py"))}
+    return {p.name[: -len("_bench.py")]: p.relative_to(ROOT) for p in sorted((ROOT / "benchmarks").glob("*_bench.py"))}
 
 
 def parse_args(argv):
     names = benchmarks()
     parser = argparse.ArgumentParser(
-        prog="python -m llmk.scripts.run_benchmarks", description=" ".join(__doc__.split()),
+        prog="python -m llmk.scripts.run_benchmarks",
+        description=" ".join(__doc__.split()),
         epilog="Any other option goes to every benchmark (--only, --dtype, --warmup, --rep, --out, --replot; "
-               "see python benchmarks/norm_bench.py --help). "
-               "make bench BENCH=norm,attention and make bench-smoke BENCH=norm ARGS='--dtype bf16' pass the same.")
-    parser.add_argument("--bench", default=None, metavar="NAMES",
-                        help=f"comma list of benchmarks to run (default: all of {', '.join(names)})")
+        "see python benchmarks/norm_bench.py --help). "
+        "make bench BENCH=norm,attention and make bench-smoke BENCH=norm ARGS='--dtype bf16' pass the same.",
+    )
+    parser.add_argument(
+        "--bench",
+        default=None,
+        metavar="NAMES",
+        help=f"comma list of benchmarks to run (default: all of {', '.join(names)})",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in the interpreter, into build/bench-smoke")
-    parser.add_argument("--jobs", "-j", type=int, default=1,
-                        help="with --smoke: benchmarks run at once (default 1, streamed)")
+    parser.add_argument(
+        "--jobs", "-j", type=int, default=1, help="with --smoke: benchmarks run at once (default 1, streamed)"
+    )
     args, rest = parser.parse_known_args(argv)
     if args.jobs < 1 or (args.jobs > 1 and not args.smoke):
         parser.error(f"--jobs: 1, or more with --smoke (a GPU run times one benchmark at a time), got {args.jobs}")
@@ -50,17 +58,26 @@ def run_one(rel, forwarded, stream):
     if stream:
         print(f"\n=== {rel} {' '.join(forwarded)}", flush=True)
         return subprocess.call([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT), "", time.perf_counter() - t0
-    proc = subprocess.run([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-u", str(rel), *forwarded],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc.returncode, proc.stdout, time.perf_counter() - t0
 
 
 def main(argv):
     args, scripts, rest = parse_args(argv)
     from llmk.common.device import INTERPRET
+
     if INTERPRET and not args.smoke and "--replot" not in rest:
-        print("make bench: no CUDA GPU on this machine; benchmarks need one "
-              "(`make bench-smoke` runs their code on tiny shapes in the interpreter)", file=sys.stderr)
+        print(
+            "make bench: no CUDA GPU on this machine; benchmarks need one "
+            "(`make bench-smoke` runs their code on tiny shapes in the interpreter)",
+            file=sys.stderr,
+        )
         return 2
     forwarded = (["--smoke"] if args.smoke else []) + rest
     failed = []
@@ -71,14 +88,20 @@ def main(argv):
             rel = futures[future]
             code, output, seconds = future.result()
             if args.jobs > 1:
-                print(f"\n=== {rel} {' '.join(forwarded)}\n{output}", end="" if output.endswith("\n") else "\n",
-                      flush=True)
+                print(
+                    f"\n=== {rel} {' '.join(forwarded)}\n{output}",
+                    end="" if output.endswith("\n") else "\n",
+                    flush=True,
+                )
             print(f"=== {rel}: exit {code} in {seconds:.0f}s", flush=True)
             if code != 0:
                 failed.append(str(rel))
     out = "build/bench-smoke" if args.smoke else "benchmarks/results"
-    print(f"\n{len(scripts) - len(failed)} of {len(scripts)} benchmarks ran, {len(failed)} failed, "
-          f"in {time.perf_counter() - start:.0f}s; JSON and charts in {out}", flush=True)
+    print(
+        f"\n{len(scripts) - len(failed)} of {len(scripts)} benchmarks ran, {len(failed)} failed, "
+        f"in {time.perf_counter() - start:.0f}s; JSON and charts in {out}",
+        flush=True,
+    )
     if failed:
         print(f"benchmarks that failed: {', '.join(sorted(failed))}", file=sys.stderr)
     return 1 if failed else 0

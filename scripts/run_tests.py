@@ -9,6 +9,7 @@ share of the cases (devtools.testing's LLMK_TEST_SHARD): their compiles, not the
 and without the split one script is the whole suite's wall time. Not in the interpreter: there
 no script is near the suite's time a job, and each shard would pay the script's set-up again
 (CI, two jobs: the split scripts took 30% longer summed)."""
+
 import argparse
 import concurrent.futures
 import os
@@ -39,8 +40,9 @@ def run_script(rel, stream, shard=None):
     if it printed no count line, its exit code, its output (streamed as it comes when `stream`,
     else returned whole), and its failed rows, each table's title line (with its seed) first."""
     env = dict(os.environ, LLMK_TEST_SHARD=shard) if shard else None
-    proc = subprocess.Popen([sys.executable, "-u", str(rel)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(rel)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     counts, lines, failures, seed_line = None, [], [], None
     for line in proc.stdout:
         if stream:
@@ -68,9 +70,12 @@ def timed_run(rel, stream, shard):
 def units(scripts, jobs, interpret):
     """(script, shard or None) to run: on a GPU (not `interpret`) with jobs > 1 the SHARDS scripts
     as min(their count, jobs) shards each, first (the longest start first), then the rest in order."""
-    split = [(rel, f"{i}/{n}") for rel in scripts
-             if jobs > 1 and not interpret and (n := min(SHARDS.get(str(rel), 1), jobs)) > 1
-             for i in range(1, n + 1)]
+    split = [
+        (rel, f"{i}/{n}")
+        for rel in scripts
+        if jobs > 1 and not interpret and (n := min(SHARDS.get(str(rel), 1), jobs)) > 1
+        for i in range(1, n + 1)
+    ]
     whole = [(rel, None) for rel in scripts if not any(rel == r for r, _ in split)]
     return split + whole
 
@@ -93,8 +98,10 @@ def main(patterns, jobs=1):
         if jobs == 1:
             for rel in scripts:
                 print(f"\n=== {rel}", flush=True)
-        futures = {pool.submit(timed_run, rel, jobs == 1, shard): (rel, shard)
-                   for rel, shard in units(scripts, jobs, INTERPRET)}
+        futures = {
+            pool.submit(timed_run, rel, jobs == 1, shard): (rel, shard)
+            for rel, shard in units(scripts, jobs, INTERPRET)
+        }
         for future in concurrent.futures.as_completed(futures):
             rel, shard = futures[future]
             rel = f"{rel} (shard {shard})" if shard else rel
@@ -131,7 +138,12 @@ def main(patterns, jobs=1):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Run test scripts; the last line counts their cases.")
     parser.add_argument("patterns", nargs="*", default=["*/test_*.py"], help="globs from the repository root")
-    parser.add_argument("--jobs", "-j", type=int, default=1,
-                        help="scripts run at once (default 1, streamed; more prints each script when it ends)")
+    parser.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        help="scripts run at once (default 1, streamed; more prints each script when it ends)",
+    )
     args = parser.parse_args()
     sys.exit(main(args.patterns, max(1, args.jobs)))

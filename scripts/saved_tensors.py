@@ -5,6 +5,7 @@ saved it, summed per node; the models are benchmarks/train_bench.py's with fewer
     python scripts/saved_tensors.py [--model llama-1.5b] [--layers 2]   (GPU; Liger where importable)
     python scripts/saved_tensors.py --smoke                             (interpreter, tiny model)
 """
+
 import argparse
 import collections
 import importlib.util
@@ -40,8 +41,9 @@ def saved_by_node(model, ids):
                     key = t.untyped_storage().data_ptr()
                     if key not in seen:
                         seen.add(key)
-                        sizes[(type(node).__name__, tuple(t.shape), str(t.dtype).replace("torch.", ""))] += \
+                        sizes[(type(node).__name__, tuple(t.shape), str(t.dtype).replace("torch.", ""))] += (
                             t.untyped_storage().nbytes() / MB
+                        )
         stack.extend(n for n, _ in node.next_functions)
     return sizes
 

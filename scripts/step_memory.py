@@ -9,6 +9,7 @@ live block has its allocation's Python stack; a second step is the one read, aft
 has made the optimizer's state. Prints, per provider, the peak, the phase it fell in and the places
 holding the most at that moment; then each place's difference between the first two providers.
 """
+
 import argparse
 import collections
 
@@ -51,8 +52,7 @@ def peak_blocks(trace, start):
 
 
 def measure(kind, config, provider, ids):
-    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
-                                             max_entries=4_000_000)
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=4_000_000)
     model = build(kind, config)
     undo = prepare(model, kind, provider, smoke=False)
     opt = optimizer(model, provider, 1e-4)

@@ -13,6 +13,7 @@ What to expect: the check enqueues four small kernels over the N targets and a 1
 host ahead of the loss kernels, and the host waits for that copy once they are launched, so the
 GPU keeps the loss kernels queued meanwhile: a few to tens of us against calls of milliseconds.
 """
+
 import argparse
 import statistics
 import sys
@@ -40,7 +41,7 @@ def cross_entropy_call(n, v):
 
 def fused_linear_call(n, h, v):
     hidden = torch.randn(n, h, device=DEVICE, dtype=DTYPE)
-    weight = (torch.randn(v, h, device=DEVICE) * h ** -0.5).to(DTYPE)
+    weight = (torch.randn(v, h, device=DEVICE) * h**-0.5).to(DTYPE)
     target = torch.randint(0, v, (n,), device=DEVICE)
     return train_call(fused_linear_cross_entropy, [hidden, weight, target], (0, 1), "fwd+bwd")
 
@@ -62,16 +63,21 @@ def main():
     ce_shape, lce_shape = (SMOKE_CE_SHAPE, SMOKE_LCE_SHAPE) if args.smoke else (CE_SHAPE, LCE_SHAPE)
     print(f"target check cost, fwd+bwd, bf16, on {describe()}")
     print(f"{'op':<28} {'shape':<22} {'check on ms':>11} {'off ms':>9} {'cost us':>9} {'cost %':>7}")
-    for name, make, shape in (("cross_entropy", cross_entropy_call, ce_shape),
-                              ("fused_linear_cross_entropy", fused_linear_call, lce_shape)):
+    for name, make, shape in (
+        ("cross_entropy", cross_entropy_call, ce_shape),
+        ("fused_linear_cross_entropy", fused_linear_call, lce_shape),
+    ):
         call = make(*shape)
         times = {True: [], False: []}
         for _ in range(ROUNDS):
             for check in (True, False):
                 times[check].append(timed(call, check))
         on, off = statistics.median(times[True]), statistics.median(times[False])
-        print(f"{name:<28} {str(shape):<22} {on:>11.3f} {off:>9.3f} {(on - off) * 1e3:>9.1f} "
-              f"{(on - off) / off * 100:>7.2f}", flush=True)
+        print(
+            f"{name:<28} {str(shape):<22} {on:>11.3f} {off:>9.3f} {(on - off) * 1e3:>9.1f} "
+            f"{(on - off) / off * 100:>7.2f}",
+            flush=True,
+        )
         del call
         if not INTERPRET:
             torch.cuda.empty_cache()

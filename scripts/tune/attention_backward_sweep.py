@@ -28,6 +28,7 @@ count has 5).
 Kernels compile first in SWEEP_JOBS processes at once (default: the host's cores less one) on small
 inputs of the same specializations (sweep_common.precompile).
 """
+
 import os
 import statistics
 
@@ -59,23 +60,59 @@ ROUNDS = 3
 # Candidates: configs a Triton 3.9 sm_90 compile (ptxas) showed spilling 1 KB or more a thread were
 # left out (128-key dk/dv blocks with 4 warps at head dim 128, for one)
 TWO_PASS_DKDV = {
-    64: [(64, 128, 8, 3), (32, 128, 4, 3), (128, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 5),
-         (64, 128, 8, 2)],
-    128: [(32, 64, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 4), (64, 128, 8, 4),
-          (32, 64, 4, 2)],
+    64: [
+        (64, 128, 8, 3),
+        (32, 128, 4, 3),
+        (128, 128, 8, 3),
+        (32, 64, 4, 3),
+        (64, 64, 4, 3),
+        (32, 128, 4, 5),
+        (64, 128, 8, 2),
+    ],
+    128: [
+        (32, 64, 4, 3),
+        (64, 128, 8, 3),
+        (64, 128, 8, 2),
+        (64, 64, 4, 3),
+        (32, 64, 4, 4),
+        (64, 128, 8, 4),
+        (32, 64, 4, 2),
+    ],
     256: [(32, 32, 8, 2), (32, 64, 8, 1), (32, 64, 4, 2), (16, 64, 4, 2)],
 }
 TWO_PASS_DQ = {
     64: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 4, 3)],
-    128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 5), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4),
-          (128, 32, 4, 3)],
+    128: [
+        (128, 64, 8, 2),
+        (128, 64, 8, 3),
+        (128, 32, 4, 5),
+        (64, 64, 4, 3),
+        (64, 32, 4, 3),
+        (64, 64, 4, 4),
+        (128, 32, 4, 3),
+    ],
     256: [(64, 32, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 64, 4, 2)],
 }
 ONE_PASS = {
-    64: [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
-         (32, 128, 8, 3)],
-    128: [(64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 4), (32, 64, 4, 3), (32, 64, 4, 4),
-          (64, 128, 8, 2), (16, 128, 8, 3)],
+    64: [
+        (32, 128, 4, 3),
+        (64, 128, 8, 3),
+        (64, 128, 8, 2),
+        (128, 128, 8, 2),
+        (64, 64, 4, 3),
+        (32, 64, 4, 3),
+        (32, 128, 8, 3),
+    ],
+    128: [
+        (64, 128, 8, 3),
+        (32, 128, 8, 3),
+        (32, 128, 8, 2),
+        (32, 128, 8, 4),
+        (32, 64, 4, 3),
+        (32, 64, 4, 4),
+        (64, 128, 8, 2),
+        (16, 128, 8, 3),
+    ],
     256: [(32, 64, 8, 2), (32, 32, 8, 2), (16, 64, 4, 2), (32, 64, 4, 2)],
 }
 SMOKE_CONFIG = (16, 16, 1, 1)
@@ -117,6 +154,7 @@ def spills(kernels):
 
 def sdpa_backward_ms(q, k, v, do, causal, backend):
     from torch.nn.attention import sdpa_kernel
+
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     with sdpa_kernel(backend):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
@@ -157,9 +195,17 @@ class Problem:
         self.want = tuple(g.clone() for g in self.grads)
 
     def launch(self, config, dq_add, deterministic=False, dp_first=None):
-        return launch_flash_attention_backward(*self.tensors, *self.views, self.causal, self.scale,
-                                               cu_seqlens=self.cu, config=config, dq_add=dq_add,
-                                               deterministic=deterministic, dp_first=dp_first)
+        return launch_flash_attention_backward(
+            *self.tensors,
+            *self.views,
+            self.causal,
+            self.scale,
+            cu_seqlens=self.cu,
+            config=config,
+            dq_add=dq_add,
+            deterministic=deterministic,
+            dp_first=dp_first,
+        )
 
 
 def warm(task):
@@ -179,8 +225,9 @@ def warm(task):
         cu = (cu_seqlens, cu_seqlens, t // 2 + 3, t // 2 + 3)
     grads = [torch.empty_like(x) for x in (q, k, v)]
     try:
-        launch_flash_attention_backward(do, q, k, v, o, lse, *grads, causal, d ** -0.5, cu_seqlens=cu, config=config,
-                                        dq_add=dq_add, dp_first=dp_first)
+        launch_flash_attention_backward(
+            do, q, k, v, o, lse, *grads, causal, d**-0.5, cu_seqlens=cu, config=config, dq_add=dq_add, dp_first=dp_first
+        )
     except Exception:  # noqa: BLE001  (a config that does not fit: the sweep reports it)
         pass
 
@@ -190,8 +237,11 @@ def launches(d, smoke):
     the best dk/dv config, is not known ahead: all are compiled with the table's)."""
     dkdv_list, dq_list, one_pass = configs_of(d, smoke)
     (table_dkdv, table_dq), _ = table_launches(d, smoke)
-    return ([((c, table_dq), None) for c in dkdv_list] + [((table_dkdv, c), None) for c in dq_list]
-            + [((c, None), add) for c in one_pass for add in adds(smoke)])
+    return (
+        [((c, table_dq), None) for c in dkdv_list]
+        + [((table_dkdv, c), None) for c in dq_list]
+        + [((c, None), add) for c in one_pass for add in adds(smoke)]
+    )
 
 
 def schedule_launches(d, smoke):
@@ -199,26 +249,36 @@ def schedule_launches(d, smoke):
     (dp_first_when) and in the other one."""
     two, one = table_launches(d, smoke)
     order = dp_first_when(d)
-    return [(name if first == order else f"{name} dP {'first' if first else 'last'}", config, add, first)
-            for name, config, add in [("two-pass", two, None)] + [(f"one-pass {add}", (one, None), add)
-                                                                  for add in adds(smoke)]
-            for first in (order, not order)]
+    return [
+        (name if first == order else f"{name} dP {'first' if first else 'last'}", config, add, first)
+        for name, config, add in [("two-pass", two, None)]
+        + [(f"one-pass {add}", (one, None), add) for add in adds(smoke)]
+        for first in (order, not order)
+    ]
 
 
 def warm_tasks(dims, dtype_name, smoke):
     tasks = []
     for d in dims:
         _, h, hkv, _ = (SMOKE_SHAPES if smoke else SHAPES)[d]
-        tasks += [(d, h, hkv, causal, False, config, add, None, dtype_name)
-                  for causal in (False, True) for config, add in launches(d, smoke)]
+        tasks += [
+            (d, h, hkv, causal, False, config, add, None, dtype_name)
+            for causal in (False, True)
+            for config, add in launches(d, smoke)
+        ]
     if not smoke:
         for b, h, hkv, t, d in SCHEDULE_SHAPES:
             if d in dims:
-                tasks += [(d, h, hkv, causal, False, config, add, first, dtype_name)
-                          for causal in (False, True) for _, config, add, first in schedule_launches(d, smoke)]
+                tasks += [
+                    (d, h, hkv, causal, False, config, add, first, dtype_name)
+                    for causal in (False, True)
+                    for _, config, add, first in schedule_launches(d, smoke)
+                ]
         if VARLEN[5] in dims:
-            tasks += [(VARLEN[5], VARLEN[4], VARLEN[4], True, True, config, add, first, dtype_name)
-                      for _, config, add, first in schedule_launches(VARLEN[5], smoke)]
+            tasks += [
+                (VARLEN[5], VARLEN[4], VARLEN[4], True, True, config, add, first, dtype_name)
+                for _, config, add, first in schedule_launches(VARLEN[5], smoke)
+            ]
     return list(dict.fromkeys(tasks))
 
 
@@ -229,38 +289,68 @@ def run_config(problem, label, config, dq_add, cudnn, picked):
     except Exception as e:  # noqa: BLE001
         print(f"    {label}  REFUSED ({type(e).__name__}: {str(e)[:80]})", flush=True)
         return None
-    return report_config(f"{label}{spills(kernels)}", lambda: problem.launch(config, dq_add), problem.grads,
-                         problem.want, picked, flops=problem.flops, sdpa_TFLOPs=cudnn, may_refuse=True,
-                         versus="sdpa-cudnn")
+    return report_config(
+        f"{label}{spills(kernels)}",
+        lambda: problem.launch(config, dq_add),
+        problem.grads,
+        problem.want,
+        picked,
+        flops=problem.flops,
+        sdpa_TFLOPs=cudnn,
+        may_refuse=True,
+        versus="sdpa-cudnn",
+    )
 
 
 def sweep_configs(d, dtype, smoke, best):
     from torch.nn.attention import SDPBackend
+
     b, h, hkv, t = (SMOKE_SHAPES if smoke else SHAPES)[d]
     dkdv_list, dq_list, one_pass = configs_of(d, smoke)
     table_two, table_one = table_launches(d, smoke)
     for causal in (False, True):
         problem = Problem(dtype, causal, (b, h, hkv, t, d))
         # the interpreter has no cuDNN or flash backend: its math backend stands in (numbers mean nothing)
-        backends = {"math": SDPBackend.MATH} if smoke else \
-            {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+        backends = (
+            {"math": SDPBackend.MATH}
+            if smoke
+            else {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+        )
         do, q, k, v = problem.tensors[:4]
-        rates = {name: tflops(problem.flops, sdpa_backward_ms(q, k, v, do, causal, backend))
-                 for name, backend in backends.items()}
+        rates = {
+            name: tflops(problem.flops, sdpa_backward_ms(q, k, v, do, causal, backend))
+            for name, backend in backends.items()
+        }
         mask = "causal" if causal else "full"
-        print(f"B{b} H{h} T{t} D{d} {mask} backward: "
-              + ", ".join(f"sdpa-{name} {rate:.0f}" for name, rate in rates.items()) + " TFLOP/s", flush=True)
+        print(
+            f"B{b} H{h} T{t} D{d} {mask} backward: "
+            + ", ".join(f"sdpa-{name} {rate:.0f}" for name, rate in rates.items())
+            + " TFLOP/s",
+            flush=True,
+        )
         cudnn = next(iter(rates.values()))
         two = {}
         for c in dkdv_list:
-            two[(c, table_two[1])] = run_config(problem, f"two-pass dkdv {c} dq {table_two[1]}", (c, table_two[1]),
-                                                None, cudnn, (c, table_two[1]) == table_two)
+            two[(c, table_two[1])] = run_config(
+                problem,
+                f"two-pass dkdv {c} dq {table_two[1]}",
+                (c, table_two[1]),
+                None,
+                cudnn,
+                (c, table_two[1]) == table_two,
+            )
         ok = {c: r for c, r in two.items() if r}
         best_dkdv = max(ok, key=ok.get)[0] if ok else table_two[0]
         for c in dq_list:
             if (best_dkdv, c) not in two:
-                two[(best_dkdv, c)] = run_config(problem, f"two-pass dkdv {best_dkdv} dq {c}", (best_dkdv, c), None,
-                                                 cudnn, (best_dkdv, c) == table_two)
+                two[(best_dkdv, c)] = run_config(
+                    problem,
+                    f"two-pass dkdv {best_dkdv} dq {c}",
+                    (best_dkdv, c),
+                    None,
+                    cudnn,
+                    (best_dkdv, c) == table_two,
+                )
         one = {}
         for c in one_pass:
             for add in adds(smoke):
@@ -280,8 +370,11 @@ def compare_schedules(problem, label, d, smoke):
         for name, config, add, first in schedule_launches(d, smoke):
             problem.launch(config, add, dp_first=first)
             times[name].append(time_ms(lambda: problem.launch(config, add, dp_first=first)))
-    print(f"  {label}: " + "; ".join(f"{name} {tflops(problem.flops, statistics.median(ts)):.0f}"
-                                      for name, ts in times.items()), flush=True)
+    print(
+        f"  {label}: "
+        + "; ".join(f"{name} {tflops(problem.flops, statistics.median(ts)):.0f}" for name, ts in times.items()),
+        flush=True,
+    )
 
 
 def main():
@@ -305,13 +398,22 @@ def main():
         extra = [] if args.smoke else [s for s in SCHEDULE_SHAPES if s[4] == d]
         for b, h, hkv, t, _ in [(b, h, hkv, t, d)] + extra:
             for causal in (False, True):
-                compare_schedules(Problem(dtype, causal, (b, h, hkv, t, d)),
-                                  f"B{b} H{h}/{hkv} T{t} D{d} {'causal' if causal else 'full'}", d, args.smoke)
+                compare_schedules(
+                    Problem(dtype, causal, (b, h, hkv, t, d)),
+                    f"B{b} H{h}/{hkv} T{t} D{d} {'causal' if causal else 'full'}",
+                    d,
+                    args.smoke,
+                )
     if not args.smoke and VARLEN[5] in dims:
         from llmk.benchmarks.attention_bench import varlen_lengths
+
         n, low, high, total, h, d = VARLEN
-        compare_schedules(Problem(dtype, True, lengths=varlen_lengths(n, low, high, total), heads=h, dim=d),
-                          f"packed {n} sequences {low}..{high}, {total} tokens, H{h} D{d} causal", d, args.smoke)
+        compare_schedules(
+            Problem(dtype, True, lengths=varlen_lengths(n, low, high, total), heads=h, dim=d),
+            f"packed {n} sequences {low}..{high}, {total} tokens, H{h} D{d} causal",
+            d,
+            args.smoke,
+        )
 
 
 if __name__ == "__main__":

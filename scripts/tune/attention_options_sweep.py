@@ -19,6 +19,7 @@ what the masks and edges cost beside the causal grid's shape. A config whose
 output differs from the table's by more than 2% of its largest value prints BAD, one that does
 not fit prints REFUSED; '*' marks the table's pick. Kernels compile first in SWEEP_JOBS processes.
 """
+
 import os
 
 import torch
@@ -37,19 +38,37 @@ from sweep_common import parse_sweep_args, precompile, report_config
 
 DTYPES = {"bf16": torch.bfloat16}
 # name, (B, H, T, D), window left or None, softcap or None
-PROBLEMS = [("window 4096 T16384", (1, 32, 16384, 128), 4095, None),
-            ("window 1024 T4096", (4, 32, 4096, 128), 1023, None),
-            ("softcap 50 hd128", (4, 32, 4096, 128), None, 50.0),
-            ("softcap 50 hd256", (2, 8, 4096, 256), None, 50.0)]
+PROBLEMS = [
+    ("window 4096 T16384", (1, 32, 16384, 128), 4095, None),
+    ("window 1024 T4096", (4, 32, 4096, 128), 1023, None),
+    ("softcap 50 hd128", (4, 32, 4096, 128), None, 50.0),
+    ("softcap 50 hd256", (2, 8, 4096, 256), None, 50.0),
+]
 SMOKE_PROBLEMS = [("window 8 T40", (1, 2, 40, 32), 8, None), ("softcap 5 T40", (1, 2, 40, 32), None, 5.0)]
 # forward (BLOCK_M, BLOCK_N, num_warps, num_stages) tried at each head dim beside the table's
-FORWARD = {128: [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 8, 3),
-                 (64, 64, 4, 3), (64, 128, 4, 3)],
-           256: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3)]}
+FORWARD = {
+    128: [
+        (128, 64, 8, 3),
+        (128, 64, 8, 4),
+        (128, 128, 8, 2),
+        (128, 128, 8, 3),
+        (128, 32, 8, 3),
+        (64, 64, 4, 3),
+        (64, 128, 4, 3),
+    ],
+    256: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3)],
+}
 # backward (dk/dv config, dq config or None for the one-pass schedule) beside backward_config's
-BACKWARD = {128: [((64, 128, 8, 3), None), ((64, 128, 8, 3), (128, 64, 8, 2)), ((64, 64, 4, 3), None),
-                  ((128, 64, 8, 2), None), ((64, 128, 8, 2), None)],
-            256: [((32, 64, 8, 2), None), ((32, 64, 8, 1), (64, 32, 4, 2)), ((32, 32, 4, 2), None)]}
+BACKWARD = {
+    128: [
+        ((64, 128, 8, 3), None),
+        ((64, 128, 8, 3), (128, 64, 8, 2)),
+        ((64, 64, 4, 3), None),
+        ((128, 64, 8, 2), None),
+        ((64, 128, 8, 2), None),
+    ],
+    256: [((32, 64, 8, 2), None), ((32, 64, 8, 1), (64, 32, 4, 2)), ((32, 32, 4, 2), None)],
+}
 SMOKE_CONFIG = (16, 16, 1, 1)
 WARM_T = 256
 
@@ -82,12 +101,13 @@ def warm(task):
     try:
         if fwd is not None:
             for split in (True, False) if left is not None else (True,):
-                launch_flash_attention(q, k, v, torch.empty_like(q), True, d ** -0.5, config=fwd, window_split=split,
-                                       **opts)
+                launch_flash_attention(
+                    q, k, v, torch.empty_like(q), True, d**-0.5, config=fwd, window_split=split, **opts
+                )
         if bwd is not None:
             o, lse = flash_attention_train_op(q, k, v, True, None, None)
             grads = [torch.empty_like(x) for x in (q, k, v)]
-            launch_flash_attention_backward(do, q, k, v, o, lse, *grads, True, d ** -0.5, config=bwd, **opts)
+            launch_flash_attention_backward(do, q, k, v, o, lse, *grads, True, d**-0.5, config=bwd, **opts)
     except Exception:  # noqa: BLE001  (a config that does not fit: the sweep reports it)
         pass
 
@@ -95,7 +115,7 @@ def warm(task):
 def sweep_problem(name, shape, left, softcap, smoke):
     b, h, t, d = shape
     q, k, v, do = (torch.randn(b, h, t, d, device=DEVICE).to(torch.bfloat16) for _ in range(4))
-    scale = d ** -0.5
+    scale = d**-0.5
     out = torch.empty_like(q)
     opts = options(left, softcap)
     fwd_flops = attention_flops(b, h, t, d, True, left)
@@ -112,35 +132,60 @@ def sweep_problem(name, shape, left, softcap, smoke):
     for config in dict.fromkeys(forward_configs(d, smoke) + [picked]):
         for split in splits:
             call = lambda config=config, split=split: launch_flash_attention(  # noqa: E731
-                q, k, v, out, True, scale, config=config, window_split=split, **opts)
-            report_config("{} x {}, {} warps, {} stages".format(*config) + ("" if split else ", one masked loop"),
-                          call, out, want, config == picked and split, flops=fwd_flops, sdpa_TFLOPs=off_fwd,
-                          may_refuse=True, versus="off")
+                q, k, v, out, True, scale, config=config, window_split=split, **opts
+            )
+            report_config(
+                "{} x {}, {} warps, {} stages".format(*config) + ("" if split else ", one masked loop"),
+                call,
+                out,
+                want,
+                config == picked and split,
+                flops=fwd_flops,
+                sdpa_TFLOPs=off_fwd,
+                may_refuse=True,
+                versus="off",
+            )
     if left is not None:  # the window's work without its masks: each query block against as many keys, unmasked
         keys = left + 1 + picked[0]
         with forced_path("tl"):
             ms = time_ms(lambda: flash_attention(q, k[:, :, :keys], v[:, :, :keys], out=out))
         rate = tflops(4 * b * h * d * t * keys, ms)
-        print(f"    unmasked, {keys} keys a query (the window's blocks, table config): {rate:.0f} TFLOP/s "
-              f"{rate / off_fwd:.2f}x off", flush=True)
+        print(
+            f"    unmasked, {keys} keys a query (the window's blocks, table config): {rate:.0f} TFLOP/s "
+            f"{rate / off_fwd:.2f}x off",
+            flush=True,
+        )
     # the backward: off with the table's pick, then the option's configs
     with torch.no_grad():
         o_off, lse_off = flash_attention_train_op(q, k, v, True, None, None)
         o, lse = flash_attention_train_op(q, k, v, True, None, None, False, *opts["mask"])
     grads = tuple(torch.empty_like(x) for x in (q, k, v))
-    off_bwd = tflops(2.5 * off_flops, time_ms(lambda: launch_flash_attention_backward(
-        do, q, k, v, o_off, lse_off, *grads, True, scale)))
+    off_bwd = tflops(
+        2.5 * off_flops,
+        time_ms(lambda: launch_flash_attention_backward(do, q, k, v, o_off, lse_off, *grads, True, scale)),
+    )
     print(f"{name} backward: off {off_bwd:.0f} TFLOP/s", flush=True)
     launch_flash_attention_backward(do, q, k, v, o, lse, *grads, True, scale, deterministic=True, **opts)
     want = tuple(g.clone() for g in grads)
     table = (SMOKE_CONFIG, SMOKE_CONFIG) if smoke else table_backward(d)
     for config in dict.fromkeys(backward_configs(d, smoke) + [table]):
         label = "{} x {}, {} warps, {} stages".format(*config[0]) + (
-            " one pass" if config[1] is None else " + dq {} x {}, {} warps, {} stages".format(*config[1]))
+            " one pass" if config[1] is None else " + dq {} x {}, {} warps, {} stages".format(*config[1])
+        )
         call = lambda config=config: launch_flash_attention_backward(  # noqa: E731
-            do, q, k, v, o, lse, *grads, True, scale, config=config, **opts)
-        report_config(label, call, grads, want, config == table, flops=2.5 * fwd_flops, sdpa_TFLOPs=off_bwd,
-                      may_refuse=True, versus="off")
+            do, q, k, v, o, lse, *grads, True, scale, config=config, **opts
+        )
+        report_config(
+            label,
+            call,
+            grads,
+            want,
+            config == table,
+            flops=2.5 * fwd_flops,
+            sdpa_TFLOPs=off_bwd,
+            may_refuse=True,
+            versus="off",
+        )
 
 
 def main():

@@ -15,6 +15,7 @@ common.timing.time_ms. One line a config: TFLOP/s and its ratio to SDPA's; '*' m
 table picks. Read off: the best config per shape and mask. Kernels compile first in SWEEP_JOBS
 processes at once (default: the host's cores less one; sweep_common.precompile).
 """
+
 import contextlib
 import os
 
@@ -42,8 +43,14 @@ def candidates(head_dim, smoke):
     if smoke:
         return [(16, 16, 1, 1), (32, 16, 1, 1)]
     block_d = max(16, next_power_of_2(head_dim))
-    return [(bm, bn, warps, stages) for bm in (64, 128) for bn in (32, 64, 128) for warps in (4, 8)
-            for stages in (2, 3, 4) if stages * 2 * bn * block_d * 2 <= SMEM_BYTES]
+    return [
+        (bm, bn, warps, stages)
+        for bm in (64, 128)
+        for bn in (32, 64, 128)
+        for warps in (4, 8)
+        for stages in (2, 3, 4)
+        if stages * 2 * bn * block_d * 2 <= SMEM_BYTES
+    ]
 
 
 def warm(task):
@@ -61,12 +68,17 @@ def sdpa_backend(cudnn):
     if not cudnn:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
 
 
 def main():
-    args = parse_sweep_args(__doc__, "attention_sweep", DTYPES, flags={
-        "--cudnn": "time SDPA on its cuDNN backend instead of its default pick (not in the interpreter)"})
+    args = parse_sweep_args(
+        __doc__,
+        "attention_sweep",
+        DTYPES,
+        flags={"--cudnn": "time SDPA on its cuDNN backend instead of its default pick (not in the interpreter)"},
+    )
     dtype = DTYPES[args.dtype]
     cudnn = args.cudnn and not args.smoke  # the interpreter has no cuDNN backend
     versus = "sdpa-cudnn" if cudnn else "SDPA"
@@ -74,8 +86,18 @@ def main():
     shapes = SMOKE_SHAPES if args.smoke else [s for s in SHAPES if not dims or s[3] in dims]
     jobs = int(os.environ.get("SWEEP_JOBS", max(1, (os.cpu_count() or 2) - 1)))
     print(f"{describe()}, {args.dtype}, compiling in {jobs} processes", flush=True)
-    precompile(warm, list(dict.fromkeys((d, h, causal, config, args.dtype) for _, h, _, d in shapes
-                                        for causal in (False, True) for config in candidates(d, args.smoke))), jobs)
+    precompile(
+        warm,
+        list(
+            dict.fromkeys(
+                (d, h, causal, config, args.dtype)
+                for _, h, _, d in shapes
+                for causal in (False, True)
+                for config in candidates(d, args.smoke)
+            )
+        ),
+        jobs,
+    )
     for b, h, t, d in shapes:
         q, k, v = (torch.randn(b, h, t, d, device=DEVICE).to(dtype) for _ in range(3))
         out = torch.empty_like(q)
@@ -89,8 +111,17 @@ def main():
             for config in dict.fromkeys(candidates(d, args.smoke) + [picked]):
                 call = lambda: flash_attention(q, k, v, causal=causal, out=out, config=config)  # noqa: E731
                 name = "{} x {}, {} warps, {} stages".format(*config)
-                report_config(name, call, out, ref, config == picked, flops=flops, sdpa_TFLOPs=sdpa, may_refuse=True,
-                              versus=versus)
+                report_config(
+                    name,
+                    call,
+                    out,
+                    ref,
+                    config == picked,
+                    flops=flops,
+                    sdpa_TFLOPs=sdpa,
+                    may_refuse=True,
+                    versus=versus,
+                )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ a (M, K), W (N, K) as nn.Linear holds it, dz (M, N); bf16; times in us (do_bench
 flushed). Every TMA config is checked against cuBLAS before it is timed. The figures behind the
 backward's choices are in docs/tuning/gemm.md.
 """
+
 import sys
 
 import torch
@@ -26,8 +27,9 @@ from llmk.gemm.triton_matmul_backward import epilogue_backward
 SHAPES = ((4096, 4096, 4096), (8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336))
 # TMA_CONFIGS and a few more: 256 x 128 tiles (the transposed operand's long side along M), 128 x 256
 # with the c tile stored whole, 128 x 128 with two warpgroups
-CONFIGS = list(dict.fromkeys(list(tma.TMA_CONFIGS) + [(256, 128, 64, 8, 3, 2), (128, 256, 64, 8, 3, 1),
-                                                      (128, 128, 64, 8, 4, 1)]))
+CONFIGS = list(
+    dict.fromkeys(list(tma.TMA_CONFIGS) + [(256, 128, 64, 8, 3, 2), (128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1)])
+)
 DTYPE = torch.bfloat16
 
 
@@ -61,7 +63,7 @@ def sweep(label, ref_fn, out, run_cfg, auto_fn, sms):
 def whole_calls(m, n, k):
     """Training calls as benchmarks/gemm_bench.py times them, for matmul, bias_gelu, bias_silu."""
     a = torch.randn(m, k, device="cuda").to(DTYPE)
-    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(DTYPE)
+    w = (torch.randn(n, k, device="cuda") * k**-0.5).to(DTYPE)
     bias = torch.randn(n, device="cuda").to(DTYPE)
     dc = torch.randn(m, n, device="cuda").to(DTYPE)
     for act in (None, "gelu", "silu"):
@@ -85,40 +87,62 @@ def whole_calls(m, n, k):
 def main():
     sms = sm_count(torch.device("cuda"), 0)
     torch.manual_seed(0)
-    for m, n, k in (SHAPES[:1] if "--quick" in sys.argv else SHAPES):
+    for m, n, k in SHAPES[:1] if "--quick" in sys.argv else SHAPES:
         print(f"M, N, K = {m}, {n}, {k}", flush=True)
         whole_calls(m, n, k)  # first: the autotuner picks inside autograd's backward, as in the benchmark
         for key, meta in triton_matmul_common._PICKED.items():
             if key[0] is tma._matmul_tma_kernel:
-                print(f"    picked MNK {key[1:4]} a_rowmajor={key[4]} b_stride1={key[5]} z={key[8]}: "
-                      f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{meta['num_warps']} "
-                      f"s{meta['num_stages']} e{meta['EPILOGUE_SPLIT']}", flush=True)
+                print(
+                    f"    picked MNK {key[1:4]} a_rowmajor={key[4]} b_stride1={key[5]} z={key[8]}: "
+                    f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{meta['num_warps']} "
+                    f"s{meta['num_stages']} e{meta['EPILOGUE_SPLIT']}",
+                    flush=True,
+                )
         a = torch.randn(m, k, device="cuda").to(DTYPE)
-        w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(DTYPE)
+        w = (torch.randn(n, k, device="cuda") * k**-0.5).to(DTYPE)
         dz = torch.randn(m, n, device="cuda").to(DTYPE)
         bias = torch.randn(n, device="cuda").to(DTYPE)
         da = torch.empty(m, k, device="cuda", dtype=DTYPE)
         dwt = torch.empty(n, k, device="cuda", dtype=DTYPE)
-        sweep("NN da = dz @ W", lambda: torch.mm(dz, w), da,
-              lambda cfg: tma.launch_matmul_tma(dz, w, None, None, da, sms, cfg),
-              lambda: tm.matmul_op(dz, w, None, None), sms)
-        sweep("TN dW = dz^T @ a", lambda: torch.mm(dz.T, a), dwt,
-              lambda cfg: tma.launch_matmul_tma(dz.T, a, None, None, dwt, sms, cfg),
-              lambda: tm.matmul_op(dz.T, a, None, None), sms)
+        sweep(
+            "NN da = dz @ W",
+            lambda: torch.mm(dz, w),
+            da,
+            lambda cfg: tma.launch_matmul_tma(dz, w, None, None, da, sms, cfg),
+            lambda: tm.matmul_op(dz, w, None, None),
+            sms,
+        )
+        sweep(
+            "TN dW = dz^T @ a",
+            lambda: torch.mm(dz.T, a),
+            dwt,
+            lambda cfg: tma.launch_matmul_tma(dz.T, a, None, None, dwt, sms, cfg),
+            lambda: tm.matmul_op(dz.T, a, None, None),
+            sms,
+        )
         c = torch.empty(m, n, device="cuda", dtype=DTYPE)
         z = torch.empty_like(c)
-        sweep("fwd+z gelu", lambda: F.linear(a, w, bias), z,
-              lambda cfg: tma.launch_matmul_tma(a, w.T, bias, "gelu", c, sms, cfg, z),
-              lambda: tm.matmul_train_op(a, w.T, bias, "gelu"), sms)
-        print(f"  fwd no z (auto) {us(lambda: tm.matmul_op(a, w.T, bias, 'gelu')):.0f}, "
-              f"cuBLAS+gelu {us(lambda: F.gelu(F.linear(a, w, bias))):.0f}", flush=True)
+        sweep(
+            "fwd+z gelu",
+            lambda: F.linear(a, w, bias),
+            z,
+            lambda cfg: tma.launch_matmul_tma(a, w.T, bias, "gelu", c, sms, cfg, z),
+            lambda: tm.matmul_train_op(a, w.T, bias, "gelu"),
+            sms,
+        )
+        print(
+            f"  fwd no z (auto) {us(lambda: tm.matmul_op(a, w.T, bias, 'gelu')):.0f}, "
+            f"cuBLAS+gelu {us(lambda: F.gelu(F.linear(a, w, bias))):.0f}",
+            flush=True,
+        )
         for act, fn in (("gelu", F.gelu), ("silu", F.silu)):
             zz = torch.randn(m, n, device="cuda").to(DTYPE).requires_grad_()
             y = fn(zz)
 
             def eager(y=y, zz=zz):
-                g, = torch.autograd.grad(y, zz, dz, retain_graph=True)
+                (g,) = torch.autograd.grad(y, zz, dz, retain_graph=True)
                 return g, g.sum(0)
+
             ours = us(lambda: epilogue_backward(dz, zz.detach(), bias, act, True))
             print(f"  dz+dbias {act}: ours {ours:.0f}, eager {us(eager):.0f}", flush=True)
 

@@ -16,6 +16,7 @@ figures behind them are in docs/tuning/inference.md.
 Each line: a shape, the shipped heuristics' pick and time for both kernels, then the five fastest
 configs of each, "BLOCK_N/warps/stages/splits us".
 """
+
 import sys
 import time
 
@@ -30,8 +31,19 @@ from llmk.inference.paged_kv_cache import as_value_pages, to_pages
 
 H, PS = 32, 16  # PS: tokens a page
 D = int(next((arg[3:] for arg in sys.argv[1:] if arg.startswith("hd=")), 128))
-SHAPES = [(1, 32, 512), (1, 32, 1024), (1, 8, 512), (16, 8, 512), (16, 8, 1024), (16, 8, 2048),  # (B, Hkv, T)
-          (1, 32, 8192), (1, 8, 8192), (16, 8, 8192), (16, 32, 2048), (4, 8, 8192)]
+SHAPES = [
+    (1, 32, 512),
+    (1, 32, 1024),
+    (1, 8, 512),
+    (16, 8, 512),
+    (16, 8, 1024),
+    (16, 8, 2048),  # (B, Hkv, T)
+    (1, 32, 8192),
+    (1, 8, 8192),
+    (16, 8, 8192),
+    (16, 32, 2048),
+    (4, 8, 8192),
+]
 BLOCKS = [(32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]
 WAVES = "waves" in sys.argv[1:] or "bench" in sys.argv[1:]
 if "waves" in sys.argv[1:]:
@@ -42,8 +54,18 @@ if "bench" in sys.argv[1:]:  # inference_bench's head-dim rows, deeper pipelines
     BLOCKS = [(64, 4, 3), (64, 4, 4), (64, 4, 5), (64, 8, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4), (32, 4, 6)]
 if "e4m3" in sys.argv[1:]:  # the bytes halve: deeper pipelines and larger blocks for the same bytes in flight
     SHAPES = [(1, 8, 8192), (1, 8, 32768), (16, 8, 8192), (16, 8, 32768), (64, 8, 8192), (16, 32, 8192)]
-    BLOCKS = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 4, 3), (128, 8, 3),
-              (128, 8, 4), (256, 8, 2)]
+    BLOCKS = [
+        (32, 4, 3),
+        (64, 4, 2),
+        (64, 4, 3),
+        (64, 4, 4),
+        (64, 8, 3),
+        (128, 4, 2),
+        (128, 4, 3),
+        (128, 8, 3),
+        (128, 8, 4),
+        (256, 8, 2),
+    ]
 E4M3 = "e4m3" in sys.argv[1:]
 MAX_PROGRAMS = 8 * 132
 
@@ -64,8 +86,7 @@ def decode_inputs(b, hkv, t):
 
 def main():
     t00 = time.perf_counter()
-    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, f"hd {D}",
-          flush=True)
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__, f"hd {D}", flush=True)
     n_sms = sm_count(0, ia.INTERPRET_SMS)
     for b, hkv, t in SHAPES:
         q, k, v, lengths, table, kp, vp = decode_inputs(b, hkv, t)
@@ -81,9 +102,12 @@ def main():
             scales, paged_scales = dict(k_scale=ks, v_scale=vs), dict(k_scale=ksp, v_scale=vsp)
         else:
             scales = paged_scales = {}
-        calls = {"contig": lambda cfg: ia.decode_attention(q, k, v, lengths, max_length=t, config=cfg, **scales),
-                 "paged": lambda cfg: ia.paged_decode_attention(q, kp, vp, table, lengths, max_length=t, config=cfg,
-                                                                **paged_scales)}
+        calls = {
+            "contig": lambda cfg: ia.decode_attention(q, k, v, lengths, max_length=t, config=cfg, **scales),
+            "paged": lambda cfg: ia.paged_decode_attention(
+                q, kp, vp, table, lengths, max_length=t, config=cfg, **paged_scales
+            ),
+        }
         cells = [f"16-bit contig {base_us:.1f}"]
         for kind, call in calls.items():
             auto = ia.decode_config(b, hkv, H // hkv, D, t, n_sms, kind == "paged", e4m3=E4M3)
@@ -103,8 +127,10 @@ def main():
                     found.append((gpu_us(lambda: call(cfg)), f"{bn}/{warps}/{stages}/{s}"))
             found.sort()
             ratio = f" ({base_us / auto_us:.2f}x, best {base_us / found[0][0]:.2f}x)" if E4M3 and found else ""
-            cells.append(f"{kind} auto {auto.BLOCK_N}/{auto.num_warps}/{auto.num_stages}/{auto.num_splits} "
-                         f"{auto_us:.1f}{ratio}; best " + ", ".join(f"{name} {us:.1f}" for us, name in found[:5]))
+            cells.append(
+                f"{kind} auto {auto.BLOCK_N}/{auto.num_warps}/{auto.num_stages}/{auto.num_splits} "
+                f"{auto_us:.1f}{ratio}; best " + ", ".join(f"{name} {us:.1f}" for us, name in found[:5])
+            )
         print(f"B{b} Hkv{hkv} T{t}: " + " || ".join(cells), flush=True)
     print(f"total {time.perf_counter() - t00:.0f} s")
 

@@ -13,6 +13,7 @@ docs/tuning/inference.md has the figures.
 
     python scripts/tune/decode_head_dims.py        (~2 min on an H200)
 """
+
 import dataclasses
 import time
 
@@ -32,8 +33,19 @@ STREAM_BLOCK_N = 64
 
 
 @triton.jit
-def _per_head_stream(k_ptr, v_ptr, out_ptr, stride_kb, stride_kt, stride_kh, n_kv_heads, T,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+def _per_head_stream(
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    n_kv_heads,
+    T,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // n_kv_heads).to(tl.int64)
@@ -88,18 +100,42 @@ def main():
             diff = (outs["one tile"] - outs["two parts"]).abs().max().item()
             block_d = ia.one_tile(d)
             out = torch.empty(b * hkv * splits * block_d, device="cuda")
-            row["per-head stream"] = graph_time_ms(lambda: _per_head_stream[(b * hkv, splits)](
-                k, v, out, k.stride(0), k.stride(1), k.stride(2), hkv, t, HEAD_DIM=d, BLOCK_D=block_d,
-                BLOCK_N=STREAM_BLOCK_N, num_warps=4, num_stages=3)) * 1e3
+            row["per-head stream"] = (
+                graph_time_ms(
+                    lambda: _per_head_stream[(b * hkv, splits)](
+                        k,
+                        v,
+                        out,
+                        k.stride(0),
+                        k.stride(1),
+                        k.stride(2),
+                        hkv,
+                        t,
+                        HEAD_DIM=d,
+                        BLOCK_D=block_d,
+                        BLOCK_N=STREAM_BLOCK_N,
+                        num_warps=4,
+                        num_stages=3,
+                    )
+                )
+                * 1e3
+            )
             n = k.numel()
             programs = b * hkv * splits
             while n % (programs * 4096):
                 programs //= 2
             out2 = torch.empty(programs * 4096, device="cuda")
-            row["contiguous stream"] = graph_time_ms(lambda: _contiguous_stream[(programs,)](
-                k, v, out2, n // programs, BLOCK=4096, num_warps=8)) * 1e3
-            cells.append(f"hd {d}: " + ", ".join(f"{name} {us:.1f} us {share(us)}" for name, us in row.items())
-                         + f" (one tile - two parts: max {diff:.1e})")
+            row["contiguous stream"] = (
+                graph_time_ms(
+                    lambda: _contiguous_stream[(programs,)](k, v, out2, n // programs, BLOCK=4096, num_warps=8)
+                )
+                * 1e3
+            )
+            cells.append(
+                f"hd {d}: "
+                + ", ".join(f"{name} {us:.1f} us {share(us)}" for name, us in row.items())
+                + f" (one tile - two parts: max {diff:.1e})"
+            )
         print(f"B{b} Hkv{hkv} T{t} (splits as shipped)\n  " + "\n  ".join(cells), flush=True)
     print(f"total {time.perf_counter() - t0:.0f} s")
 

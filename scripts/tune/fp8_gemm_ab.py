@@ -18,6 +18,7 @@ dequantized product in fp32). Times are triton.testing.do_bench medians, TFLOP/s
     python scripts/tune/fp8_gemm_ab.py --compile   (no GPU needed, Triton 3.6+: ptxas's registers and
                                                    spills for sm_90a of every config above)
 """
+
 import argparse
 import os
 import re
@@ -27,9 +28,18 @@ SHAPES = {
     "small": [(128, 4096, 4096), (512, 4096, 4096), (1024, 4096, 14336)],
     # llama-1.5b (hidden 2048, 32 heads over 8 of 64, MLP 8192) at B2 x T4096 = 8192 tokens, (M, N, K):
     # the forward x @ W^T, the input gradient dy @ W, the weight gradient dy^T @ x
-    "llama": [(8192, 2048, 2048), (8192, 512, 2048), (8192, 8192, 2048), (8192, 2048, 8192),  # forward
-              (8192, 2048, 512), (8192, 2048, 8192),                                         # input gradient
-              (2048, 2048, 8192), (512, 2048, 8192), (8192, 2048, 8192), (2048, 8192, 8192)],  # weight gradient
+    "llama": [
+        (8192, 2048, 2048),
+        (8192, 512, 2048),
+        (8192, 8192, 2048),
+        (8192, 2048, 8192),  # forward
+        (8192, 2048, 512),
+        (8192, 2048, 8192),  # input gradient
+        (2048, 2048, 8192),
+        (512, 2048, 8192),
+        (8192, 2048, 8192),
+        (2048, 8192, 8192),
+    ],  # weight gradient
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) weighed beside the table's. ptxas for sm_90a
 # (--compile, Triton 3.6), registers a thread with promotion / without: none of these spills but the
@@ -41,7 +51,7 @@ AB_CONFIGS = [
     (128, 128, 128, 4, 4),  # 255 / 206
     (256, 128, 128, 8, 3),  # 254 / 244
     (128, 128, 256, 8, 3),  # 181 / 130, 192 KB of stages
-    (64, 128, 128, 4, 4),   # 167 / 124: small M
+    (64, 128, 128, 4, 4),  # 167 / 124: small M
     (128, 128, 128, 8, 4),  # 163 / 126
 ]
 # the TMA kernel's (..., EPILOGUE_SPLIT) beside FP8_TMA_TABLE's; registers promoted / not (--compile)
@@ -50,8 +60,8 @@ TMA_AB_CONFIGS = [
     (256, 128, 128, 8, 3, 2),  # 254 / 214
     (128, 256, 128, 8, 3, 2),  # 255, 280 bytes spilled / 162
     (128, 128, 128, 4, 4, 1),  # 254 / 168
-    (128, 256, 64, 8, 4, 2),   # 255, 280 bytes spilled / 162
-    (64, 128, 128, 4, 4, 1),   # 162 / 104
+    (128, 256, 64, 8, 4, 2),  # 255, 280 bytes spilled / 162
+    (64, 128, 128, 4, 4, 1),  # 162 / 104
 ]
 MAX_REL = 1e-2
 
@@ -71,8 +81,13 @@ def variants(m):
         for config in dict.fromkeys((*tables.values(), *others)):
             for promote in (True, False):
                 mark = " (table)" if config == tables[promote] else ""
-                out.append((f"{kernel} {config}{mark}, {'promoted' if promote else 'not promoted'}", kernel,
-                            dict(config=config, promote=promote)))
+                out.append(
+                    (
+                        f"{kernel} {config}{mark}, {'promoted' if promote else 'not promoted'}",
+                        kernel,
+                        dict(config=config, promote=promote),
+                    )
+                )
     return out
 
 
@@ -85,6 +100,7 @@ def launcher(kernel):
     if kernel == "ptr":
         return launch_fp8_matmul
     import torch
+
     sms = sm_count(torch.device("cuda"), INTERPRET_SMS) if torch.cuda.is_available() else 132
     return lambda *args, **kw: launch_fp8_matmul_tma(*args, num_sms=sms, **kw)
 
@@ -125,8 +141,9 @@ def shape_rows(m, n, k):
             print(f"{name} | {label} | BAD | max |diff| / max |ref| {err:.3g}", flush=True)
             return
         ms = triton.testing.do_bench(call)
-        print(f"{name} | {label} | {flops(m, n, k) / ms / 1e9:.0f} TFLOP/s | {ms:.4f} ms | rel err {err:.2g}",
-              flush=True)
+        print(
+            f"{name} | {label} | {flops(m, n, k) / ms / 1e9:.0f} TFLOP/s | {ms:.4f} ms | rel err {err:.2g}", flush=True
+        )
 
     for label, kernel, kw in variants(m):
         launch = launcher(kernel)
@@ -136,16 +153,25 @@ def shape_rows(m, n, k):
         rows_b = torch.arange(n, device="cuda") // 128
         wb = (qwb.float().view(n, k // 128, 128) * swb[rows_b][:, :, None]).view(n, k)
         want = (qb.float().view(m, k // 128, 128) * sba[:, :, None]).view(m, k) @ wb.T
-        time_row("block 1x128 / 128x128 (table)", lambda: launch_fp8_matmul(qb, qwb.T, sba, swb.T, None, None, c),
-                 want)
-    time_row("torch._scaled_mm row-wise (peer)", lambda: torch._scaled_mm(
-        qa, qw.T, scale_a=sa[:, None], scale_b=sw[None, :], out_dtype=torch.bfloat16), ref)
-    time_row("torch._scaled_mm row-wise, use_fast_accum (peer)", lambda: torch._scaled_mm(
-        qa, qw.T, scale_a=sa[:, None], scale_b=sw[None, :], out_dtype=torch.bfloat16, use_fast_accum=True), ref)
+        time_row("block 1x128 / 128x128 (table)", lambda: launch_fp8_matmul(qb, qwb.T, sba, swb.T, None, None, c), want)
+    time_row(
+        "torch._scaled_mm row-wise (peer)",
+        lambda: torch._scaled_mm(qa, qw.T, scale_a=sa[:, None], scale_b=sw[None, :], out_dtype=torch.bfloat16),
+        ref,
+    )
+    time_row(
+        "torch._scaled_mm row-wise, use_fast_accum (peer)",
+        lambda: torch._scaled_mm(
+            qa, qw.T, scale_a=sa[:, None], scale_b=sw[None, :], out_dtype=torch.bfloat16, use_fast_accum=True
+        ),
+        ref,
+    )
     one = torch.ones((), device="cuda")
-    time_row("torch._scaled_mm tensor-wise (peer, unit scales)", lambda: torch._scaled_mm(
-        qa, qw.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-        (qa.float() @ qw.float().T).to(torch.bfloat16))
+    time_row(
+        "torch._scaled_mm tensor-wise (peer, unit scales)",
+        lambda: torch._scaled_mm(qa, qw.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+        (qa.float() @ qw.float().T).to(torch.bfloat16),
+    )
     time_row("cuBLAS bf16 (x @ W^T)", lambda: x @ w.T, x @ w.T)
 
 
@@ -176,8 +202,11 @@ def compile_configs():
         ptx = compiled.asm["ptx"]
         regs, spills = ptxas_report(ptx)
         waits = len(re.findall(r"wgmma\.wait_group", ptx))
-        print(f"{label}: {regs} registers, {spills} bytes spilled, shared {compiled.metadata.shared}, "
-              f"{waits} wgmma waits", flush=True)
+        print(
+            f"{label}: {regs} registers, {spills} bytes spilled, shared {compiled.metadata.shared}, "
+            f"{waits} wgmma waits",
+            flush=True,
+        )
 
 
 def main():

@@ -20,6 +20,7 @@ Read off: the best config per shape, and at the end each candidate's geometric-m
 all shapes and dtypes of its layout, relative to the best at each: the GEMV_CONFIGS row is the
 candidate with the smallest, unless one shape loses badly with it.
 """
+
 import math
 import sys
 import time
@@ -48,20 +49,20 @@ SHAPES = [(48, 80), (100, 257)] if SMOKE else [(4096, 4096), (2048, 4096), (8192
 # per power of two of the splits its shapes take: 12 rows, about 70 builds in all.
 CANDIDATES = {
     "row_major": [
-        (256, 32, 4, 3, 2),   # 512-byte rows, three stages
-        (256, 32, 4, 1, 4),   # not pipelined: registers bound the loads in flight, twice the programs
-        (128, 64, 4, 3, 2),   # 256-byte rows, twice the strips and half the split
-        (256, 64, 8, 3, 2),   # 32 KB stages
-        (512, 16, 4, 4, 2),   # 1 KB rows, four stages
-        (128, 32, 4, 4, 4),   # 8 KB stages, four programs an SM
+        (256, 32, 4, 3, 2),  # 512-byte rows, three stages
+        (256, 32, 4, 1, 4),  # not pipelined: registers bound the loads in flight, twice the programs
+        (128, 64, 4, 3, 2),  # 256-byte rows, twice the strips and half the split
+        (256, 64, 8, 3, 2),  # 32 KB stages
+        (512, 16, 4, 4, 2),  # 1 KB rows, four stages
+        (128, 32, 4, 4, 4),  # 8 KB stages, four programs an SM
     ],
     "linear": [
-        (8, 512, 4, 3, 4),    # 1 KB runs of each row, three stages
-        (8, 512, 4, 1, 4),    # _rmsnorm_gemv_kernel's tile, not pipelined
-        (16, 512, 8, 3, 2),   # 16 KB stages, half the programs
-        (4, 1024, 4, 3, 4),   # 2 KB runs of each row
-        (16, 256, 4, 4, 4),   # 8 KB stages, four of them
-        (32, 256, 8, 3, 2),   # 32 rows a program
+        (8, 512, 4, 3, 4),  # 1 KB runs of each row, three stages
+        (8, 512, 4, 1, 4),  # _rmsnorm_gemv_kernel's tile, not pipelined
+        (16, 512, 8, 3, 2),  # 16 KB stages, half the programs
+        (4, 1024, 4, 3, 4),  # 2 KB runs of each row
+        (16, 256, 4, 4, 4),  # 8 KB stages, four of them
+        (32, 256, 8, 3, 2),  # 32 rows a program
     ],
 }
 LAYOUT_NAMES = {"row_major": "b (K,N)", "linear": "W.T"}
@@ -91,8 +92,11 @@ def sweep(dtype, layout, n, k, n_sms, copy, rel_times):
     """Print one row per provider of one shape and the best GEMV config; add each candidate's GPU
     time over the best candidate's to rel_times[layout][config]."""
     a = torch.randn(1, k, device=DEVICE).to(dtype)
-    b = torch.randn(k, n, device=DEVICE).to(dtype) if layout == "row_major" else \
-        torch.randn(n, k, device=DEVICE).to(dtype).t()
+    b = (
+        torch.randn(k, n, device=DEVICE).to(dtype)
+        if layout == "row_major"
+        else torch.randn(n, k, device=DEVICE).to(dtype).t()
+    )
     c = torch.empty(1, n, device=DEVICE, dtype=dtype)
     expected = a.float() @ b.float()
     n_bytes = (k * n + k + n) * a.element_size()
@@ -103,11 +107,14 @@ def sweep(dtype, layout, n, k, n_sms, copy, rel_times):
             c.fill_(float("nan"))
             launch()
             return c
+
         return fn
 
-    providers = {"cuBLAS": (lambda: torch.matmul(a, b), None, None),
-                 # the tiled tensor-core kernel with its split-K (what M = 1 ran before the GEMV)
-                 "tiled": (lambda: launch_matmul(a, b, None, None, c, kernel="tiled"), "tiled", None)}
+    providers = {
+        "cuBLAS": (lambda: torch.matmul(a, b), None, None),
+        # the tiled tensor-core kernel with its split-K (what M = 1 ran before the GEMV)
+        "tiled": (lambda: launch_matmul(a, b, None, None, c, kernel="tiled"), "tiled", None),
+    }
     for config in CANDIDATES[layout]:
         split = gemv_plan(n, k, layout == "row_major", n_sms, config)[-1]
         label = config_name(config) + ("*" if config == GEMV_CONFIGS[layout] else "")
@@ -121,7 +128,7 @@ def sweep(dtype, layout, n, k, n_sms, copy, rel_times):
         except Exception as e:  # out of shared memory or registers
             print(f"{head}  {label:24s} {type(e).__name__}: {str(e)[:60]}", flush=True)
             continue
-        if not err < 2 ** -6:
+        if not err < 2**-6:
             print(f"{head}  {label:24s} BAD (rel err {err:.3g})", flush=True)
             continue
         gpu, eager = gpu_us(fn), eager_us(fn)
@@ -129,13 +136,18 @@ def sweep(dtype, layout, n, k, n_sms, copy, rel_times):
         if config not in (None, "tiled"):
             gemv_us[config] = gpu
         pct = 100 * gbps(n_bytes, gpu * 1e-3) / copy
-        print(f"{head}  {label:24s} {split if split else '':>5} {gpu:8.1f} {eager:8.1f} {pct:6.1f}% "
-              f"{cublas_us / gpu:8.2f}", flush=True)
+        print(
+            f"{head}  {label:24s} {split if split else '':>5} {gpu:8.1f} {eager:8.1f} {pct:6.1f}% "
+            f"{cublas_us / gpu:8.2f}",
+            flush=True,
+        )
     if gemv_us:
         best = min(gemv_us, key=gemv_us.get)
-        print(f"{head}  best {config_name(best)}: {gemv_us[best]:.1f} us, "
-              f"{100 * gbps(n_bytes, gemv_us[best] * 1e-3) / copy:.0f}% copy, {cublas_us / gemv_us[best]:.2f}x cuBLAS",
-              flush=True)
+        print(
+            f"{head}  best {config_name(best)}: {gemv_us[best]:.1f} us, "
+            f"{100 * gbps(n_bytes, gemv_us[best] * 1e-3) / copy:.0f}% copy, {cublas_us / gemv_us[best]:.2f}x cuBLAS",
+            flush=True,
+        )
         for config, us in gemv_us.items():
             rel_times[layout].setdefault(config, []).append(us / gemv_us[best])
     del a, b, c, expected
@@ -147,10 +159,15 @@ def main():
     t0 = time.perf_counter()
     n_sms = sm_count(torch.device(DEVICE), INTERPRET_SMS)
     copy = copy_bandwidth_GBps(1 << 20 if SMOKE else 1 << 30)
-    print(f"{describe()}, {n_sms} SMs; triton {triton.__version__}, torch {torch.__version__}; "
-          f"copy bandwidth {copy:.0f} GB/s")
-    print(f"{'dtype':5s} {'layout':8s} {'N':>6s} {'K':>6s}  {'provider':24s} {'split':>5s} {'GPU us':>8s} "
-          f"{'eager us':>8s} {'% copy':>7s} {'x cuBLAS':>8s}", flush=True)
+    print(
+        f"{describe()}, {n_sms} SMs; triton {triton.__version__}, torch {torch.__version__}; "
+        f"copy bandwidth {copy:.0f} GB/s"
+    )
+    print(
+        f"{'dtype':5s} {'layout':8s} {'N':>6s} {'K':>6s}  {'provider':24s} {'split':>5s} {'GPU us':>8s} "
+        f"{'eager us':>8s} {'% copy':>7s} {'x cuBLAS':>8s}",
+        flush=True,
+    )
     rel_times = {layout: {} for layout in CANDIDATES}
     for dtype in DTYPES:
         for layout in CANDIDATES:
@@ -162,8 +179,10 @@ def main():
         for config in sorted(geomeans, key=geomeans.get):
             mark = "*" if config == GEMV_CONFIGS[layout] else " "
             geo, rels = geomeans[config], by_config[config]
-            print(f"  {LAYOUT_NAMES[layout]:8s} {config_name(config):24s}{mark} {geo:6.3f}  (worst {max(rels):.3f}, "
-                  f"{len(rels)} shapes)")
+            print(
+                f"  {LAYOUT_NAMES[layout]:8s} {config_name(config):24s}{mark} {geo:6.3f}  (worst {max(rels):.3f}, "
+                f"{len(rels)} shapes)"
+            )
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 

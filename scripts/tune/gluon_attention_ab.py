@@ -16,6 +16,7 @@ than the tl kernel's error x 2 + 1e-2 prints BAD and is not timed), then timed w
 triton.testing.do_bench (median). TFLOP/s count the visible pairs, 4 * B * H * D * pairs. A kernel
 that hangs (an mbarrier phase bug) ends the script after WATCHDOG_S with a message.
 """
+
 import argparse
 import os
 import threading
@@ -41,8 +42,10 @@ def parse_config(text):
     parts = tuple(int(p) for p in text.split(","))
     flags_ok = all(f in (0, 1) for f in parts[3:5]) and parts[5:] in ((), (0,), (1,), (2,))
     if len(parts) not in (4, 5, 6) or not flags_ok:
-        raise argparse.ArgumentTypeError("a config is BLOCK_M,BLOCK_N,STAGES,PINGPONG[,SPLIT_RELEASE[,GRID]] (flags "
-                                         f"0 or 1; GRID 0 one tile a program, 1 static, 2 dynamic), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            "a config is BLOCK_M,BLOCK_N,STAGES,PINGPONG[,SPLIT_RELEASE[,GRID]] (flags "
+            f"0 or 1; GRID 0 one tile a program, 1 static, 2 dynamic), got {text!r}"
+        )
     return parts + (0,) * (6 - len(parts))
 
 
@@ -50,12 +53,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dims", type=int, nargs="+", default=list(GLUON_HEAD_DIMS))
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
-    parser.add_argument("--configs", type=parse_config, nargs="*", default=None,
-                        help="Gluon configs to A/B (default: the table's full and causal rows, per head dim)")
-    parser.add_argument("--l2-mb", type=int, nargs="+", default=None,
-                        help="persistent configs (GRID 1 or 2) only: L2_BYTES values (MB) to A/B, the size of the "
-                             "groups of (batch, head) pairs a masked persistent grid takes at once (default: the "
-                             "module's)")
+    parser.add_argument(
+        "--configs",
+        type=parse_config,
+        nargs="*",
+        default=None,
+        help="Gluon configs to A/B (default: the table's full and causal rows, per head dim)",
+    )
+    parser.add_argument(
+        "--l2-mb",
+        type=int,
+        nargs="+",
+        default=None,
+        help="persistent configs (GRID 1 or 2) only: L2_BYTES values (MB) to A/B, the size of the "
+        "groups of (batch, head) pairs a masked persistent grid takes at once (default: the "
+        "module's)",
+    )
     args = parser.parse_args()
     default_l2 = gluon_fwd.L2_BYTES
     l2_sizes = [mb << 20 for mb in args.l2_mb] if args.l2_mb else [default_l2]
@@ -65,6 +78,7 @@ def main():
         os._exit(3)
 
     from torch.nn.attention import SDPBackend
+
     peers = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     print("shape | kernel | TFLOP/s | vs cudnn | max |err| vs fp32", flush=True)
@@ -76,7 +90,7 @@ def main():
                 q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 with torch.no_grad():
                     ref = sdpa(SDPBackend.EFFICIENT_ATTENTION)(q.float(), k.float(), v.float(), causal)
-                scale = d ** -0.5
+                scale = d**-0.5
                 name = f"B{b} H{h} T{t} D{d} {'causal' if causal else 'full'}"
                 out = torch.empty_like(q)
                 rows = {}
@@ -124,12 +138,13 @@ def main():
         q, k, v = (torch.randn(1, 1, 128, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         out = torch.empty_like(q)
         for causal in (False, True):
-            calls = [("tl", "launch_gluon_attention", lambda: launch_gluon_attention(q, k, v, out, causal, d ** -0.5)),
-                     ("tl", "launch_flash_attention (tl)",
-                      lambda: launch_flash_attention(q, k, v, out, causal, d ** -0.5)),
-                     ("tl", "sdpa-cudnn", lambda: peers["sdpa-cudnn"](q, k, v, causal)),
-                     ("gluon", "flash_attention, gluon path", lambda: flash_attention(q, k, v, causal=causal)),
-                     ("tl", "flash_attention, tl path", lambda: flash_attention(q, k, v, causal=causal))]
+            calls = [
+                ("tl", "launch_gluon_attention", lambda: launch_gluon_attention(q, k, v, out, causal, d**-0.5)),
+                ("tl", "launch_flash_attention (tl)", lambda: launch_flash_attention(q, k, v, out, causal, d**-0.5)),
+                ("tl", "sdpa-cudnn", lambda: peers["sdpa-cudnn"](q, k, v, causal)),
+                ("gluon", "flash_attention, gluon path", lambda: flash_attention(q, k, v, causal=causal)),
+                ("tl", "flash_attention, tl path", lambda: flash_attention(q, k, v, causal=causal)),
+            ]
             for path, name, fn in calls:
                 with forced_path(path):
                     us = host_time_us(fn)

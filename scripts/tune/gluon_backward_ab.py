@@ -22,6 +22,7 @@ gradient prints BAD and is not timed). Times are triton.testing.do_bench medians
     python scripts/tune/gluon_backward_ab.py                   (H100/H200, Triton 3.6: ~2 min)
     python scripts/tune/gluon_backward_ab.py --shapes causal   (the shapes whose name holds a word)
 """
+
 import argparse
 import math
 import os
@@ -82,8 +83,9 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
     scale = 1.0 / math.sqrt(d)
     mask = attention_mask(window, softcap)
     with torch.no_grad():
-        o, lse = flash_attention_train_op(q, k, v, causal, None, None, False, mask.window_left, mask.window_right,
-                                          mask.softcap)
+        o, lse = flash_attention_train_op(
+            q, k, v, causal, None, None, False, mask.window_left, mask.window_right, mask.softcap
+        )
     flops = 2.5 * attention_flops(b, h, t, d, causal, window[0] if window else None)
     grads = [torch.empty_like(x) for x in (q, k, v)]
 
@@ -92,33 +94,48 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
 
     backward(deterministic=True, gluon=())()
     want = [g.clone() for g in grads]
-    variants = [("tl, default schedule", backward(gluon=())),
-                ("tl, two passes", backward(deterministic=True, gluon=())),
-                ("Gluon dkdv + tl dq (tables)", backward(gluon=("dkdv", ))),
-                ("tl dk/dv + Gluon dq (tables)", backward(gluon=("dq", )))]
+    variants = [
+        ("tl, default schedule", backward(gluon=())),
+        ("tl, two passes", backward(deterministic=True, gluon=())),
+        ("Gluon dkdv + tl dq (tables)", backward(gluon=("dkdv",))),
+        ("tl dk/dv + Gluon dq (tables)", backward(gluon=("dq",))),
+    ]
     # under a softcap the dk/dv kernel reads GLUON_DKDV_SOFTCAP_CONFIG: its sweep stays on the other shapes
-    dkdv_tables = (gluon_bwd.GLUON_DKDV_SOFTCAP_CONFIG, {}) if softcap else (gluon_bwd.GLUON_DKDV_CONFIG,
-                                                                            gluon_bwd.DKDV_AB_CONFIGS)
+    dkdv_tables = (
+        (gluon_bwd.GLUON_DKDV_SOFTCAP_CONFIG, {})
+        if softcap
+        else (gluon_bwd.GLUON_DKDV_CONFIG, gluon_bwd.DKDV_AB_CONFIGS)
+    )
     pair = backward(gluon=("dkdv", "dq"))
-    for kernel, tables, others in (("dkdv", *dkdv_tables),
-                                   ("dq", gluon_bwd.GLUON_DQ_CONFIG, gluon_bwd.DQ_AB_CONFIGS)):
+    for kernel, tables, others in (("dkdv", *dkdv_tables), ("dq", gluon_bwd.GLUON_DQ_CONFIG, gluon_bwd.DQ_AB_CONFIGS)):
         table = tables[d]
         for config in (table, *others.get(d, ())) if kernel == "dkdv" else others[d]:
-            label = (f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
-                     if kernel == "dkdv" else f"Gluon dkdv (table) + Gluon dq {config}")
+            label = (
+                f"Gluon dkdv {config}{' (table)' if config == table else ''} + Gluon dq (table)"
+                if kernel == "dkdv"
+                else f"Gluon dkdv (table) + Gluon dq {config}"
+            )
             variants.append((label, with_entry(pair, tables, d, config)))
     if causal and window is None:
         deal = {rows: f"in groups of {rows} rows" if rows else "in the launch order" for rows in ROW_GROUPS}
-        variants += [(f"Gluon (tables), causal grids dealt {deal[rows]}",
-                      with_entry(pair, vars(gluon_bwd), "CAUSAL_ROW_GROUP", rows)) for rows in ROW_GROUPS]
+        variants += [
+            (
+                f"Gluon (tables), causal grids dealt {deal[rows]}",
+                with_entry(pair, vars(gluon_bwd), "CAUSAL_ROW_GROUP", rows),
+            )
+            for rows in ROW_GROUPS
+        ]
     time_variants(name, variants, grads, want, flops)
     if window is None and softcap is None:
         time_peer(name, q, k, v, do, causal, flops)
     if PROFILE:
+
         def forward():
             with forced_path("gluon"):
-                flash_attention_train_op(q, k, v, causal, None, None, False, mask.window_left, mask.window_right,
-                                         mask.softcap)
+                flash_attention_train_op(
+                    q, k, v, causal, None, None, False, mask.window_left, mask.window_right, mask.softcap
+                )
+
         calls = {"Gluon forward": forward, "Gluon (tables)": pair}
         if window is None and softcap is None:
             calls["sdpa cuDNN"] = lambda: sdpa_backward(q, k, v, do, causal)()  # a forward, then its backward
@@ -128,9 +145,11 @@ def shape_rows(name, b, h, hkv, t, d, causal, window, softcap):
 def with_entry(call, table, key, value):
     """call with table[key] = value around it (table_entry: the launchers read their tables, and
     CAUSAL_ROW_GROUP, at each launch)."""
+
     def run():
         with table_entry(table, key, value):
             call()
+
     return run
 
 
@@ -190,14 +209,18 @@ def time_variants(name, variants, grads, want, flops):
             g.fill_(float("nan"))
         call()
         torch.cuda.synchronize()
-        err = max(((g.float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-6)).item()
-                  for g, w in zip(grads, want))
+        err = max(
+            ((g.float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-6)).item()
+            for g, w in zip(grads, want)
+        )
         if not err <= 5e-2:
             print(f"{name} | {label} | BAD | max |diff| / max |grad| vs tl two-pass {err:.3g}", flush=True)
             continue
         ms = triton.testing.do_bench(call)
-        print(f"{name} | {label} | {flops / ms / 1e9:.0f} TFLOP/s | {ms:.3f} ms | max |diff| / max |grad| "
-              f"{err:.2g}", flush=True)
+        print(
+            f"{name} | {label} | {flops / ms / 1e9:.0f} TFLOP/s | {ms:.3f} ms | max |diff| / max |grad| {err:.2g}",
+            flush=True,
+        )
 
 
 def packed_rows(name, h, hkv, d):
@@ -223,13 +246,19 @@ def packed_rows(name, h, hkv, d):
 
     backward(deterministic=True, gluon=())()
     want = [g.clone() for g in grads]
-    variants = [("tl, default schedule", backward(gluon=())),
-                ("tl, two passes", backward(deterministic=True, gluon=())),
-                ("Gluon (tables)", backward(gluon=("dkdv", "dq")))]
+    variants = [
+        ("tl, default schedule", backward(gluon=())),
+        ("tl, two passes", backward(deterministic=True, gluon=())),
+        ("Gluon (tables)", backward(gluon=("dkdv", "dq"))),
+    ]
     for config in gluon_bwd.DKDV_AB_CONFIGS.get(d, ()):
         if gluon_bwd.PACKED_STATS_BLOCK % config[0] == 0:  # a packed batch's BLOCK_M divides packed_stats' blocks
-            variants.append((f"Gluon dkdv {config} + Gluon dq",
-                             with_entry(backward(gluon=("dkdv", "dq")), gluon_bwd.GLUON_DKDV_CONFIG, d, config)))
+            variants.append(
+                (
+                    f"Gluon dkdv {config} + Gluon dq",
+                    with_entry(backward(gluon=("dkdv", "dq")), gluon_bwd.GLUON_DKDV_CONFIG, d, config),
+                )
+            )
     time_variants(name, variants, grads, want, flops)
 
 
@@ -240,9 +269,12 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="*", default=[], help="words a shape's name must hold (any of them)")
-    parser.add_argument("--profile", action="store_true",
-                        help="also each shape's kernels under torch.profiler: the Gluon forward's and backward's, "
-                             "and cuDNN's forward and backward")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also each shape's kernels under torch.profiler: the Gluon forward's and backward's, "
+        "and cuDNN's forward and backward",
+    )
     args = parser.parse_args()
     global PROFILE
     PROFILE = args.profile

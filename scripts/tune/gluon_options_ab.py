@@ -15,6 +15,7 @@ prints BAD and is not timed). Times are triton.testing.do_bench medians.
     python scripts/tune/gluon_options_ab.py                (H100/H200, Triton 3.6: ~1 min)
     python scripts/tune/gluon_options_ab.py --only softcap
 """
+
 import argparse
 import math
 import os
@@ -74,7 +75,7 @@ def dense_rates():
         b = VARLEN_TOKENS // t
         q, k, v = randn(b, H, t, D), randn(b, H, t, D), randn(b, H, t, D)
         out = torch.empty_like(q)
-        ms = triton.testing.do_bench(lambda: launch_gluon_attention(q, k, v, out, True, D ** -0.5))
+        ms = triton.testing.do_bench(lambda: launch_gluon_attention(q, k, v, out, True, D**-0.5))
         rates[t] = attention_flops(b, H, t, D, True) / ms / 1e9
         print(f"dense causal B{b} T{t} | {rates[t]:.0f} TFLOP/s", flush=True)
     return rates
@@ -101,16 +102,30 @@ def packed_rows():
     out = torch.empty_like(q)
     flops = sum(attention_flops(1, H, n, D, True) for n in lengths)
     seqs = (cu, cu, max(lengths))
-    scale = D ** -0.5
+    scale = D**-0.5
     rows = {}
     launch_flash_attention(view(q), view(k), view(v), view(out), True, scale, None, seqs)
     want = out.clone()
-    timed("packed | tl", lambda: launch_flash_attention(view(q), view(k), view(v), view(out), True, scale, None, seqs),
-          out, want, flops, rows)
+    timed(
+        "packed | tl",
+        lambda: launch_flash_attention(view(q), view(k), view(v), view(out), True, scale, None, seqs),
+        out,
+        want,
+        flops,
+        rows,
+    )
     for name, grid in GRIDS.items():
         config = (*gluon_config(D, True)[:5], grid)
-        timed(f"packed | gluon {name}", lambda c=config: launch_gluon_attention(
-            view(q), view(k), view(v), view(out), True, scale, config=c, cu_seqlens=seqs), out, want, flops, rows)
+        timed(
+            f"packed | gluon {name}",
+            lambda c=config: launch_gluon_attention(
+                view(q), view(k), view(v), view(out), True, scale, config=c, cu_seqlens=seqs
+            ),
+            out,
+            want,
+            flops,
+            rows,
+        )
     rates = dense_rates()
     equal_ms = sum(attention_flops(1, H, n, D, True) / rate_at(rates, n) / 1e9 for n in lengths)
     print(f"packed | dense gluon on equal work | {flops / equal_ms / 1e9:.0f} TFLOP/s | {equal_ms:.3f} ms", flush=True)
@@ -122,24 +137,37 @@ def window_rows():
     t, left = 16384, 4095
     q, k, v = randn(1, H, t, D), randn(1, H, t, D), randn(1, H, t, D)
     out = torch.empty_like(q)
-    scale = D ** -0.5
+    scale = D**-0.5
     rows = {}
     causal_flops = attention_flops(1, H, t, D, True)
     launch_flash_attention(q, k, v, out, True, scale)
     want = out.clone()
-    causal_ms = timed("window off (causal) | gluon table", lambda: launch_gluon_attention(q, k, v, out, True, scale),
-                      out, want, causal_flops, rows)
+    causal_ms = timed(
+        "window off (causal) | gluon table",
+        lambda: launch_gluon_attention(q, k, v, out, True, scale),
+        out,
+        want,
+        causal_flops,
+        rows,
+    )
     mask = attention_mask((left, 0), None)
     launch_flash_attention(q, k, v, out, True, scale, mask=mask)
     want = out.clone()
     flops = 4 * H * D * window_pairs(t, left)
     for name, grid in GRIDS.items():
         config = (*gluon_config(D, False)[:5], grid)
-        ms = timed(f"window | gluon {name}", lambda c=config: launch_gluon_attention(
-            q, k, v, out, True, scale, mask=mask, config=c), out, want, flops, rows)
+        ms = timed(
+            f"window | gluon {name}",
+            lambda c=config: launch_gluon_attention(q, k, v, out, True, scale, mask=mask, config=c),
+            out,
+            want,
+            flops,
+            rows,
+        )
         if ms and causal_ms:
-            print(f"window | gluon {name} / causal TFLOP/s | {(flops / ms) / (causal_flops / causal_ms):.3f}",
-                  flush=True)
+            print(
+                f"window | gluon {name} / causal TFLOP/s | {(flops / ms) / (causal_flops / causal_ms):.3f}", flush=True
+            )
 
 
 def softcap_rows(dtype=DTYPE):
@@ -147,18 +175,30 @@ def softcap_rows(dtype=DTYPE):
     b, t = 4, 4096
     q, k, v = (torch.randn(b, H, t, D, device="cuda", dtype=dtype) for _ in range(3))
     out = torch.empty_like(q)
-    scale = D ** -0.5
+    scale = D**-0.5
     flops = attention_flops(b, H, t, D, True)
     rows = {}
     name = "fp16" if dtype == torch.float16 else "bf16"
     launch_flash_attention(q, k, v, out, True, scale)
-    off = timed(f"softcap off {name} | gluon", lambda: launch_gluon_attention(q, k, v, out, True, scale), out,
-                out.clone(), flops, rows)
+    off = timed(
+        f"softcap off {name} | gluon",
+        lambda: launch_gluon_attention(q, k, v, out, True, scale),
+        out,
+        out.clone(),
+        flops,
+        rows,
+    )
     mask = attention_mask(None, 50.0)
     launch_flash_attention(q, k, v, out, True, scale, mask=mask)
     want = out.clone()
-    on = timed(f"softcap 50 {name} | gluon", lambda: launch_gluon_attention(q, k, v, out, True, scale, mask=mask), out,
-               want, flops, rows)
+    on = timed(
+        f"softcap 50 {name} | gluon",
+        lambda: launch_gluon_attention(q, k, v, out, True, scale, mask=mask),
+        out,
+        want,
+        flops,
+        rows,
+    )
     if on and off:
         print(f"softcap {name} | time with / without | {on / off:.3f}", flush=True)
 
@@ -172,8 +212,9 @@ def main():
     timer.start()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=("packed", "window", "softcap"),
-                        default=("packed", "window", "softcap"))
+    parser.add_argument(
+        "--only", nargs="+", choices=("packed", "window", "softcap"), default=("packed", "window", "softcap")
+    )
     args = parser.parse_args()
     if "packed" in args.only:
         packed_rows()

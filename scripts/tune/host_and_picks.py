@@ -13,6 +13,7 @@ fused:   rmsnorm + matmul in one big-tile kernel (defined here), the squares sum
          rmsnorm_linear has no big-tile fused path.
 tma1024: 1024^3 and neighbours on each TMA config and a few more (TMA_CONFIGS).
 """
+
 import sys
 import time
 
@@ -41,8 +42,26 @@ def gpu_us(fn):
 
 
 @triton.jit
-def _rms_mm_v2(x_ptr, nw_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn, eps,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _rms_mm_v2(
+    x_ptr,
+    nw_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    sxm,
+    sxk,
+    swn,
+    swk,
+    sym,
+    syn,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
@@ -67,8 +86,11 @@ def _rms_mm_v2(x_ptr, nw_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, sy
     acc = acc * rstd[:, None]
     rm2 = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn2 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(y_ptr + rm2[:, None] * sym + rn2[None, :] * syn, acc.to(y_ptr.dtype.element_ty),
-             mask=(rm2 < M)[:, None] & (rn2 < N)[None, :])
+    tl.store(
+        y_ptr + rm2[:, None] * sym + rn2[None, :] * syn,
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(rm2 < M)[:, None] & (rn2 < N)[None, :],
+    )
 
 
 t00 = time.perf_counter()
@@ -80,8 +102,11 @@ if "host" in PARTS:
     a1024 = torch.randn(1024, 256, device=dev, dtype=dt)
     x4 = torch.randn(4, 4096, device=dev, dtype=dt)
     nw = torch.randn(4096, device=dev, dtype=dt)
-    x4s, nws, ws = (torch.randn(4, 512, device=dev, dtype=dt), torch.randn(512, device=dev, dtype=dt),
-                    torch.randn(512, 512, device=dev, dtype=dt))
+    x4s, nws, ws = (
+        torch.randn(4, 512, device=dev, dtype=dt),
+        torch.randn(512, device=dev, dtype=dt),
+        torch.randn(512, 512, device=dev, dtype=dt),
+    )
     q = torch.randn(1, 32, 128, device=dev, dtype=torch.float16)
     kc, vc = (torch.randn(1, 512, 8, 128, device=dev, dtype=torch.float16) for _ in range(2))
     lens = torch.full((1,), 512, dtype=torch.int32, device=dev)
@@ -103,8 +128,14 @@ if "host" in PARTS:
 if "auto" in PARTS:
     print("== autotuned picks (autotune_bench): GPU us (graph) and do_bench us, against cuBLAS")
     for dtype in (torch.bfloat16, torch.float16):
-        for (m, n, k) in ((1024, 1024, 1024), (2048, 2048, 2048), (16, 4096, 14336), (16, 4096, 4096), (32, 4096, 4096),
-                          (128, 4096, 4096)):
+        for m, n, k in (
+            (1024, 1024, 1024),
+            (2048, 2048, 2048),
+            (16, 4096, 14336),
+            (16, 4096, 4096),
+            (32, 4096, 4096),
+            (128, 4096, 4096),
+        ):
             a, b = torch.randn(m, k, device=dev).to(dtype), torch.randn(k, n, device=dev).to(dtype)
             c = torch.empty(m, n, device=dev, dtype=dtype)
             t0 = time.perf_counter()
@@ -114,23 +145,31 @@ if "auto" in PARTS:
             err = ((c.float() - a.float() @ b.float()).abs().max()).item()
             kern = tm.choose_kernel(a, b, c, m)
             pick = picked_config(tiled._matmul_kernel if kern == "tiled" else tma._matmul_tma_kernel, a, b, m, n, k)
-            pick = {kk: v for kk, v in (pick or {}).items()
-                    if kk in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps")}
+            pick = {
+                kk: v
+                for kk, v in (pick or {}).items()
+                if kk in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps")
+            }
             f_ours, f_cub = (lambda: tm.matmul(a, b, out=c)), (lambda: torch.matmul(a, b))
-            print(f"{str(dtype)[6:]} {m}x{n}x{k} [{kern}] tuned in {tune_s:.1f}s pick {pick} err {err:.3g}: "
-                  f"GPU ours {gpu_us(f_ours):.1f} cuBLAS {gpu_us(f_cub):.1f} | do_bench ours "
-                  f"{1e3 * triton.testing.do_bench(f_ours, return_mode='median'):.1f} cuBLAS "
-                  f"{1e3 * triton.testing.do_bench(f_cub, return_mode='median'):.1f}", flush=True)
+            print(
+                f"{str(dtype)[6:]} {m}x{n}x{k} [{kern}] tuned in {tune_s:.1f}s pick {pick} err {err:.3g}: "
+                f"GPU ours {gpu_us(f_ours):.1f} cuBLAS {gpu_us(f_cub):.1f} | do_bench ours "
+                f"{1e3 * triton.testing.do_bench(f_ours, return_mode='median'):.1f} cuBLAS "
+                f"{1e3 * triton.testing.do_bench(f_cub, return_mode='median'):.1f}",
+                flush=True,
+            )
 
 if "m1" in PARTS:
     print("== M = 1, b row-major: split configs, GPU us (graph)")
     for dtype in (torch.bfloat16,):
-        for (n, k) in ((2048, 4096), (4096, 4096), (8192, 4096), (4096, 14336), (14336, 4096)):
+        for n, k in ((2048, 4096), (4096, 4096), (8192, 4096), (4096, 14336), (14336, 4096)):
             a = torch.randn(1, k, device=dev).to(dtype)
             b = torch.randn(k, n, device=dev).to(dtype)
             c = torch.empty(1, n, device=dev, dtype=dtype)
-            cells = [f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}",
-                     f"auto {gpu_us(lambda: tm.matmul(a, b, out=c)):.1f}"]
+            cells = [
+                f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}",
+                f"auto {gpu_us(lambda: tm.matmul(a, b, out=c)):.1f}",
+            ]
             for cfg in ((16, 128, 128, 4, 4), (16, 256, 64, 8, 4), (16, 256, 64, 4, 4), (16, 256, 128, 8, 3)):
                 for sk in (1, 2, 4, 8):
                     fn = lambda: tm.launch_matmul(a, b, None, None, c, config=cfg, split_k=sk)  # noqa
@@ -147,22 +186,53 @@ if "fused" in PARTS:
             dtype = torch.bfloat16
             x = torch.randn(m, 4096, device=dev).to(dtype)
             nwt = (1 + 0.1 * torch.randn(4096, device=dev)).to(dtype)
-            w = (torch.randn(n, 4096, device=dev) * 4096 ** -0.5).to(dtype)
+            w = (torch.randn(n, 4096, device=dev) * 4096**-0.5).to(dtype)
             y = torch.empty(m, n, device=dev, dtype=dtype)
             xf = x.float()
             ref = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * nwt.float()) @ w.float().t()
-            cells = [f"ours+cuBLAS {gpu_us(lambda: torch.matmul(rmsnorm(x, nwt, 1e-6), w.t())):.1f}",
-                     f"decode {gpu_us(lambda: trl.rmsnorm_linear(x, nwt, w, path='decode')):.1f}"]
-            for cfg in ((16, 64, 256, 4, 4), (16, 64, 256, 4, 3), (16, 32, 256, 4, 4), (32, 64, 128, 4, 4),
-                        (32, 64, 256, 4, 3), (64, 64, 128, 4, 6), (64, 64, 128, 4, 4), (32, 128, 128, 4, 4),
-                        (64, 128, 128, 4, 3), (16, 128, 128, 4, 4)):
+            cells = [
+                f"ours+cuBLAS {gpu_us(lambda: torch.matmul(rmsnorm(x, nwt, 1e-6), w.t())):.1f}",
+                f"decode {gpu_us(lambda: trl.rmsnorm_linear(x, nwt, w, path='decode')):.1f}",
+            ]
+            for cfg in (
+                (16, 64, 256, 4, 4),
+                (16, 64, 256, 4, 3),
+                (16, 32, 256, 4, 4),
+                (32, 64, 128, 4, 4),
+                (32, 64, 256, 4, 3),
+                (64, 64, 128, 4, 6),
+                (64, 64, 128, 4, 4),
+                (32, 128, 128, 4, 4),
+                (64, 128, 128, 4, 3),
+                (16, 128, 128, 4, 4),
+            ):
                 bm, bn, bk, wp, st = cfg
                 grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
 
                 def fn():
-                    _rms_mm_v2[grid](x, nwt, w, y, m, n, 4096, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                                     y.stride(0), y.stride(1), 1e-6, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=16,
-                                     num_warps=wp, num_stages=st)
+                    _rms_mm_v2[grid](
+                        x,
+                        nwt,
+                        w,
+                        y,
+                        m,
+                        n,
+                        4096,
+                        x.stride(0),
+                        x.stride(1),
+                        w.stride(0),
+                        w.stride(1),
+                        y.stride(0),
+                        y.stride(1),
+                        1e-6,
+                        BLOCK_M=bm,
+                        BLOCK_N=bn,
+                        BLOCK_K=bk,
+                        GROUP_M=16,
+                        num_warps=wp,
+                        num_stages=st,
+                    )
+
                 try:
                     y.fill_(float("nan"))
                     fn()
@@ -176,16 +246,27 @@ if "fused" in PARTS:
 if "small" in PARTS:
     print("== small M GPU us (graph), b row-major and W.T: cuBLAS, tiled configs, split")
     for dtype in (torch.bfloat16, torch.float16):
-        for (m, n, k) in ((16, 4096, 14336), (16, 4096, 4096), (1, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096),
-                          (32, 14336, 4096), (64, 14336, 4096)):
+        for m, n, k in (
+            (16, 4096, 14336),
+            (16, 4096, 4096),
+            (1, 4096, 4096),
+            (32, 4096, 4096),
+            (64, 4096, 4096),
+            (32, 14336, 4096),
+            (64, 14336, 4096),
+        ):
             for lin in (False, True):
                 a = torch.randn(m, k, device=dev).to(dtype)
                 w = torch.randn(n, k, device=dev).to(dtype)
                 b = w.T if lin else w.T.contiguous()
                 c = torch.empty(m, n, device=dev, dtype=dtype)
                 cells = [f"cuBLAS {gpu_us(lambda: torch.matmul(a, b)):.1f}"]
-                for cfg in ([cf for cf in tiled.CONFIGS if cf[0] <= max(16, m) and cf[0] < 128]
-                            + [(16, 64, 256, 4, 4), (32, 128, 128, 4, 4), (64, 128, 128, 4, 3), (16, 256, 64, 4, 4)]):
+                for cfg in [cf for cf in tiled.CONFIGS if cf[0] <= max(16, m) and cf[0] < 128] + [
+                    (16, 64, 256, 4, 4),
+                    (32, 128, 128, 4, 4),
+                    (64, 128, 128, 4, 3),
+                    (16, 256, 64, 4, 4),
+                ]:
                     fn = lambda: tm.launch_matmul(a, b, None, None, c, config=cfg)  # noqa: E731
                     try:
                         cells.append(f"{cfg} {gpu_us(fn):.1f}")
@@ -207,10 +288,16 @@ if "small" in PARTS:
 
 if "tma1024" in PARTS:
     print("== TMA configs at 1024^3 and neighbours, GPU us (graph)")
-    extra = [(128, 128, 64, 8, 3, 1), (64, 128, 64, 4, 4, 1), (128, 64, 64, 4, 4, 1), (64, 64, 128, 4, 4, 1),
-             (64, 128, 128, 4, 3, 1), (64, 256, 64, 4, 3, 1)]
+    extra = [
+        (128, 128, 64, 8, 3, 1),
+        (64, 128, 64, 4, 4, 1),
+        (128, 64, 64, 4, 4, 1),
+        (64, 64, 128, 4, 4, 1),
+        (64, 128, 128, 4, 3, 1),
+        (64, 256, 64, 4, 3, 1),
+    ]
     for dtype in (torch.bfloat16, torch.float16):
-        for (m, n, k) in ((1024, 1024, 1024), (1024, 4096, 4096), (2048, 2048, 2048)):
+        for m, n, k in ((1024, 1024, 1024), (1024, 4096, 4096), (2048, 2048, 2048)):
             a, b = torch.randn(m, k, device=dev).to(dtype), torch.randn(k, n, device=dev).to(dtype)
             c = torch.empty(m, n, device=dev, dtype=dtype)
             ref = a.float() @ b.float()

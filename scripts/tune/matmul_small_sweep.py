@@ -24,6 +24,7 @@ Read off:
     joins the table (prune_configs must let it through for that M); "matmul()" shows whether the
     autotuner then finds it.
 """
+
 import sys
 import time
 
@@ -38,25 +39,44 @@ from llmk.gemm.triton_matmul_tiled import INTERPRET_SMS, plan, tuned
 
 DTYPE = torch.float16 if "--fp16" in sys.argv else torch.bfloat16
 QUICK = "--quick" in sys.argv
-SHAPES = [(1024, 1024, 1024)] + [(m, n, k) for m in (1, 16, 128)
-                                 for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))]
+SHAPES = [(1024, 1024, 1024)] + [
+    (m, n, k) for m in (1, 16, 128) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))
+]
 SHAPES += [(1, 2048, 4096), (1, 8192, 4096), (4, 4096, 4096), (8, 4096, 4096), (8, 4096, 14336)]  # table edges
 if "--bench" in sys.argv:  # benchmarks/gemm_bench.py's matmul shapes
     SHAPES = [(s, s, s) for s in (1024, 2048, 4096, 8192)] + [
-        (m, n, k) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)) for m in (1, 16, 128, 2048, 4096, 8192)]
+        (m, n, k) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)) for m in (1, 16, 128, 2048, 4096, 8192)
+    ]
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); a shape tries those with BLOCK_M <= its M
 # rounded up to 16 and, past 256 rows, BLOCK_M >= 64 (as prune_configs)
 ONE_KERNEL = [
-    (16, 32, 256, 4, 4), (16, 64, 128, 4, 4), (16, 128, 128, 4, 4),
+    (16, 32, 256, 4, 4),
+    (16, 64, 128, 4, 4),
+    (16, 128, 128, 4, 4),
     (32, 64, 128, 4, 4),
-    (64, 64, 64, 4, 6), (64, 64, 128, 4, 4), (64, 64, 128, 4, 5), (64, 64, 128, 4, 6), (64, 64, 256, 4, 3),
-    (64, 128, 64, 4, 4), (64, 128, 64, 4, 5), (64, 128, 128, 4, 3),
-    (128, 64, 64, 4, 4), (128, 64, 64, 4, 5), (128, 64, 64, 4, 6), (128, 64, 128, 4, 3),
-    (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+    (64, 64, 64, 4, 6),
+    (64, 64, 128, 4, 4),
+    (64, 64, 128, 4, 5),
+    (64, 64, 128, 4, 6),
+    (64, 64, 256, 4, 3),
+    (64, 128, 64, 4, 4),
+    (64, 128, 64, 4, 5),
+    (64, 128, 128, 4, 3),
+    (128, 64, 64, 4, 4),
+    (128, 64, 64, 4, 5),
+    (128, 64, 64, 4, 6),
+    (128, 64, 128, 4, 3),
+    (128, 128, 64, 4, 4),
+    (128, 256, 64, 8, 3),
 ]
 SPLIT_TILES = [
-    (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 256, 64, 4, 4),
-    (64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4),
+    (16, 64, 128, 4, 4),
+    (16, 128, 128, 4, 4),
+    (16, 256, 64, 4, 4),
+    (64, 64, 128, 4, 4),
+    (64, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+    (128, 128, 64, 4, 4),
 ]
 SPLITS = (2, 4, 8, 16)
 
@@ -91,7 +111,7 @@ def run_candidate(a, b, c, expected, config, split_k):
         print(f"    {name(config)} split {split_k}: {type(e).__name__} {str(e)[:80]}")
         return None
     err = ((c.float() - expected).abs().max() / expected.abs().max()).item()
-    if not err < 2 ** -6:
+    if not err < 2**-6:
         print(f"    {name(config)} split {split_k}: BAD (rel err {err:.3g})")
         return None
     return bench_us(fn)
@@ -116,10 +136,12 @@ def sweep_shape(m, n, k, num_sms):
         kw = picked.kwargs
         path = f"autotune {kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{picked.num_warps} s{picked.num_stages}"
     ours = lambda: matmul(a, b)  # noqa: E731
-    head = (f"{f'{m}x{n}x{k}':>16s} cuBLAS {cublas:7.1f}  matmul() {cell(shipped, cublas)} [{path}]\n"
-            f"    graphs: cuBLAS {graph_us(lambda: torch.matmul(a, b)):6.1f} matmul() {graph_us(ours):6.1f}; "
-            f"host: cuBLAS {host_time_us(lambda: torch.matmul(a, b), calls=100):5.1f} "
-            f"matmul() {host_time_us(ours, calls=100):5.1f}")
+    head = (
+        f"{f'{m}x{n}x{k}':>16s} cuBLAS {cublas:7.1f}  matmul() {cell(shipped, cublas)} [{path}]\n"
+        f"    graphs: cuBLAS {graph_us(lambda: torch.matmul(a, b)):6.1f} matmul() {graph_us(ours):6.1f}; "
+        f"host: cuBLAS {host_time_us(lambda: torch.matmul(a, b), calls=100):5.1f} "
+        f"matmul() {host_time_us(ours, calls=100):5.1f}"
+    )
     if QUICK:
         print(head, flush=True)
         return
@@ -142,8 +164,10 @@ def sweep_shape(m, n, k, num_sms):
         split_lines.append(f"    sK {name(cfg):>20s} {tiles:4d} tiles {tiles / num_sms:5.2f}/SM " + " ".join(cells))
     timed = {cfg: us for cfg, us in one.items() if us is not None}
     best_one = min(timed, key=timed.get) if timed else None
-    print(head + f"\n    best 1k {cell(timed.get(best_one), cublas)} [{name(best_one) if best_one else '-'}]"
-          f"  best sK {cell(best_split[0], cublas)} [{best_split[1]}]")
+    print(
+        head + f"\n    best 1k {cell(timed.get(best_one), cublas)} [{name(best_one) if best_one else '-'}]"
+        f"  best sK {cell(best_split[0], cublas)} [{best_split[1]}]"
+    )
     print("    1k " + "  ".join(f"{name(cfg)} {cell(us, cublas)}" for cfg, us in one.items()))
     print("\n".join(split_lines), flush=True)
     del a, b, c, expected
@@ -153,8 +177,16 @@ def sweep_shape(m, n, k, num_sms):
 if __name__ == "__main__":
     t0 = time.perf_counter()
     num_sms = sm_count(torch.device("cuda", torch.cuda.current_device()), INTERPRET_SMS)
-    print(torch.cuda.get_device_name(), num_sms, "SMs; triton", triton.__version__, "torch", torch.__version__,
-          "dtype", DTYPE)
+    print(
+        torch.cuda.get_device_name(),
+        num_sms,
+        "SMs; triton",
+        triton.__version__,
+        "torch",
+        torch.__version__,
+        "dtype",
+        DTYPE,
+    )
     print("sK columns: SPLIT_K = " + ", ".join(map(str, SPLITS)) + "; us (cuBLAS / ours)")
     for shape in SHAPES:
         sweep_shape(*shape, num_sms)

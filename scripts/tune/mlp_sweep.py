@@ -31,8 +31,12 @@ SMOKE_SHAPES = ((5, 1000), (64, 4096))
 
 
 def candidates(smoke):
-    rows = [(widest, tile, warps) for widest in (512, 1024, 2048) for tile in (1024, 2048, 4096, 8192)
-            for warps in (2, 4, 8)]
+    rows = [
+        (widest, tile, warps)
+        for widest in (512, 1024, 2048)
+        for tile in (1024, 2048, 4096, 8192)
+        for warps in (2, 4, 8)
+    ]
     return rows[:2] + rows[-2:] if smoke else rows
 
 

@@ -29,6 +29,7 @@ grouped_mm line times torch._grouped_mm on the same product over operands alread
 (the gathers and epilogues it leaves to other kernels are not in it): the GEMM alone. Read off, per
 launch and row class, the candidate best or within 2% at the most shapes.
 """
+
 import argparse
 import functools
 import sys
@@ -61,13 +62,37 @@ DEFAULT_SHAPES = ("qwen3-t16384", "mixtral-t4096")
 SMOKE_SHAPES = {"tiny": (37, 64, 48, 8, 2)}
 # rows candidates for long runs (prefill, training) and short ones (decode); the shipped config is
 # always added
-LONG_ROWS = [(128, 64, 64, 8, 3), (128, 64, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4),
-             (128, 256, 64, 8, 3), (128, 64, 128, 8, 3), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4),
-             (64, 64, 64, 4, 4), (128, 128, 64, 4, 3)]
-SHORT_ROWS = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), (16, 32, 128, 4, 4),
-              (32, 64, 128, 4, 4), (16, 128, 64, 4, 4), (64, 64, 64, 4, 4)]
-WEIGHT = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 4), (128, 256, 64, 8, 3),
-          (256, 128, 64, 8, 3), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)]
+LONG_ROWS = [
+    (128, 64, 64, 8, 3),
+    (128, 64, 64, 8, 4),
+    (128, 128, 64, 8, 3),
+    (128, 128, 64, 8, 4),
+    (128, 256, 64, 8, 3),
+    (128, 64, 128, 8, 3),
+    (128, 128, 128, 8, 2),
+    (64, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4),
+    (128, 128, 64, 4, 3),
+]
+SHORT_ROWS = [
+    (16, 64, 128, 4, 4),
+    (16, 128, 128, 4, 4),
+    (16, 64, 256, 4, 3),
+    (16, 32, 128, 4, 4),
+    (32, 64, 128, 4, 4),
+    (16, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4),
+]
+WEIGHT = [
+    (128, 128, 64, 8, 3),
+    (128, 128, 64, 8, 4),
+    (128, 128, 32, 8, 4),
+    (128, 256, 64, 8, 3),
+    (256, 128, 64, 8, 3),
+    (128, 128, 128, 8, 2),
+    (64, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+]
 # the SwiGLU backward's pass over dh: (BLOCK_R, BLOCK_N, num_warps)
 GLU_PASS = [(8, 256, 4), (32, 256, 4), (16, 512, 4), (32, 256, 8), (64, 128, 4), (4, 1024, 4)]
 SMOKE_ROWS = [(16, 16, 16, 1, 1), (16, 32, 16, 1, 1)]
@@ -80,8 +105,8 @@ MAX_REL_ERR = 0.02  # max |err| over max |ref|, each output: a right tile's roun
 def problem(t, h, inter, e, k, dtype):
     """The layer's tensors and routing, and what the forward leaves for the backward."""
     x = torch.randn(t, h, device=DEVICE, dtype=dtype)
-    w_gate_up = torch.randn(e, 2 * inter, h, device=DEVICE, dtype=dtype) * h ** -0.5
-    w_down = torch.randn(e, h, inter, device=DEVICE, dtype=dtype) * inter ** -0.5
+    w_gate_up = torch.randn(e, 2 * inter, h, device=DEVICE, dtype=dtype) * h**-0.5
+    w_down = torch.randn(e, h, inter, device=DEVICE, dtype=dtype) * inter**-0.5
     weights, ids = moe_route(torch.randn(t, e, device=DEVICE), k)
     order, counts, offsets = permute(ids, e)
     s = t * k
@@ -90,9 +115,22 @@ def problem(t, h, inter, e, k, dtype):
     h_act = torch.empty(s, inter, device=DEVICE, dtype=dtype)
     launch_expert_rows(x, w_gate_up, h_act, order, offsets, gather=True, epilogue="glu", top_k=k, pre=pre)
     dout = torch.randn(t, h, device=DEVICE, dtype=dtype)
-    return dict(x=x, w_gate_up=w_gate_up, w_down=w_down, order=order, counts=counts, offsets=offsets, scale=scale,
-                pre=pre, h=h_act, dout=dout, dpre=torch.randn(s, 2 * inter, device=DEVICE, dtype=dtype), top_k=k,
-                x_rows=launch_gather_rows(x, order, k), dout_rows=launch_gather_rows(dout, order, k, scale=scale))
+    return dict(
+        x=x,
+        w_gate_up=w_gate_up,
+        w_down=w_down,
+        order=order,
+        counts=counts,
+        offsets=offsets,
+        scale=scale,
+        pre=pre,
+        h=h_act,
+        dout=dout,
+        dpre=torch.randn(s, 2 * inter, device=DEVICE, dtype=dtype),
+        top_k=k,
+        x_rows=launch_gather_rows(x, order, k),
+        dout_rows=launch_gather_rows(dout, order, k, scale=scale),
+    )
 
 
 def launches(p):
@@ -119,8 +157,19 @@ def launches(p):
     def dh(cfg, copy=True):  # as the backward runs it: with the weight gradients' copy of its rows
         out = torch.empty(s, inter, device=DEVICE, dtype=x.dtype)
         kept = torch.empty(s, h, device=DEVICE, dtype=x.dtype) if copy else None
-        launch_expert_rows(p["dout"], wd.transpose(1, 2), out, order, offsets, gather=True, epilogue="store",
-                           top_k=k, scale=p["scale"], a_copy=kept, config=cfg)
+        launch_expert_rows(
+            p["dout"],
+            wd.transpose(1, 2),
+            out,
+            order,
+            offsets,
+            gather=True,
+            epilogue="store",
+            top_k=k,
+            scale=p["scale"],
+            a_copy=kept,
+            config=cfg,
+        )
         return (out, kept) if copy else out
 
     def dx(cfg, tma=False):
@@ -140,11 +189,17 @@ def launches(p):
 
     gemm = 2 * s * h * inter
     on_tma = functools.partial  # the same launch, in the persistent TMA kernel
-    return {"gate_up": ("glu", 2 * gemm, gate_up), "gate_up_tma": ("glu_tma", 2 * gemm, on_tma(gate_up, tma=True)),
-            "down": ("scatter", gemm, down), "down_tma": ("scatter_tma", gemm, on_tma(down, tma=True)),
-            "dh": ("store", gemm, dh), "dx": ("scatter", 2 * gemm, dx),
-            "dx_tma": ("scatter_tma", 2 * gemm, on_tma(dx, tma=True)),
-            "dw_up": ("weight", 2 * gemm, dw_up), "dw_down": ("weight", gemm, dw_down)}
+    return {
+        "gate_up": ("glu", 2 * gemm, gate_up),
+        "gate_up_tma": ("glu_tma", 2 * gemm, on_tma(gate_up, tma=True)),
+        "down": ("scatter", gemm, down),
+        "down_tma": ("scatter_tma", gemm, on_tma(down, tma=True)),
+        "dh": ("store", gemm, dh),
+        "dx": ("scatter", 2 * gemm, dx),
+        "dx_tma": ("scatter_tma", 2 * gemm, on_tma(dx, tma=True)),
+        "dw_up": ("weight", 2 * gemm, dw_up),
+        "dw_down": ("weight", gemm, dw_down),
+    }
 
 
 def grouped_mm_calls(p):
@@ -157,20 +212,26 @@ def grouped_mm_calls(p):
     offs = p["counts"].cumsum(0).to(torch.int32)
     wgu, wd = p["w_gate_up"], p["w_down"]
     gm = torch._grouped_mm
-    calls = {"gate_up": lambda: gm(xs, wgu.transpose(1, 2), offs=offs),
-             "down": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
-             "dh": lambda: gm(dout_s, wd, offs=offs),
-             "dx": lambda: gm(p["dpre"], wgu, offs=offs),
-             "dw_up": lambda: gm(p["dpre"].t(), xs, offs=offs),
-             "dw_down": lambda: gm(dout_s.t(), p["h"], offs=offs)}
+    calls = {
+        "gate_up": lambda: gm(xs, wgu.transpose(1, 2), offs=offs),
+        "down": lambda: gm(p["h"], wd.transpose(1, 2), offs=offs),
+        "dh": lambda: gm(dout_s, wd, offs=offs),
+        "dx": lambda: gm(p["dpre"], wgu, offs=offs),
+        "dw_up": lambda: gm(p["dpre"].t(), xs, offs=offs),
+        "dw_down": lambda: gm(dout_s.t(), p["h"], offs=offs),
+    }
     return {**calls, **{f"{name}_tma": calls[name] for name in ("gate_up", "down", "dx")}}  # the same products
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=tuple(SHAPES), action="append", help=f"default: {DEFAULT_SHAPES}")
-    parser.add_argument("--launch", choices=("gate_up", "gate_up_tma", "down", "down_tma", "dh", "dx", "dx_tma",
-                                             "dw_up", "dw_down"), action="append", help="default: all nine")
+    parser.add_argument(
+        "--launch",
+        choices=("gate_up", "gate_up_tma", "down", "down_tma", "dh", "dx", "dx_tma", "dw_up", "dw_down"),
+        action="append",
+        help="default: all nine",
+    )
     parser.add_argument("--smoke", action="store_true", help="interpreter, tiny shapes: numbers mean nothing")
     args = parser.parse_args()
     if args.smoke != INTERPRET:
@@ -189,7 +250,7 @@ def main():
                 pool = SMOKE_WEIGHT if args.smoke else WEIGHT
             else:
                 base = launch.removesuffix("_tma")
-                n, kk = ((inter, h) if base in ("gate_up", "dh") else (h, inter if base == "down" else 2 * inter))
+                n, kk = (inter, h) if base in ("gate_up", "dh") else (h, inter if base == "down" else 2 * inter)
                 # the TMA forms on short runs, which ship the row kernel: its tile as the reference
                 shipped = rows_config(t * k, e, kind, n, kk) or rows_config(t * k, e, kind.removesuffix("_tma"), n, kk)
                 pool = SMOKE_ROWS if args.smoke else (SHORT_ROWS if shipped[0] <= 32 else LONG_ROWS)
@@ -205,15 +266,19 @@ def main():
                     print(f"  {'*' if cfg == shipped else ' '} {cfg}  REFUSED ({type(exc).__name__})", flush=True)
                     continue
                 outs = out if isinstance(out, tuple) else (out,)
-                err = max((o.float() - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
-                          for o, r in zip(outs, refs))
+                err = max(
+                    (o.float() - r).abs().max().item() / max(r.abs().max().item(), 1e-30) for o, r in zip(outs, refs)
+                )
                 if not err <= MAX_REL_ERR:
-                    print(f"  {'*' if cfg == shipped else ' '} {cfg}  BAD (max |err| / max |ref| {err:.3g})",
-                          flush=True)
+                    print(
+                        f"  {'*' if cfg == shipped else ' '} {cfg}  BAD (max |err| / max |ref| {err:.3g})", flush=True
+                    )
                     continue
                 ms = time_ms(lambda: run(cfg))
-                print(f"  {'*' if cfg == shipped else ' '} {cfg}  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms",
-                      flush=True)
+                print(
+                    f"  {'*' if cfg == shipped else ' '} {cfg}  {tflops(flops, ms):6.0f} TFLOP/s  {ms:.4f} ms",
+                    flush=True,
+                )
             if launch in GATHERS:  # its operand's copy into expert order, a launch of its own
                 operand = GATHERS[launch]
                 ms = time_ms(lambda: launch_gather_rows(p[operand], p["order"], p["top_k"]))
@@ -225,8 +290,11 @@ def main():
                 print(f"    (a gather of weight * dout's rows instead  {ms:.4f} ms)")
                 dpre, dweights = torch.empty_like(p["pre"]), torch.empty(t, k, device=DEVICE)
                 for cfg in [None] + ([] if args.smoke else GLU_PASS):
-                    ms = time_ms(lambda: launch_glu_backward_rows(dpre, p["pre"], p["order"], p["scale"], dweights,
-                                                                  "silu", config=cfg))
+                    ms = time_ms(
+                        lambda: launch_glu_backward_rows(
+                            dpre, p["pre"], p["order"], p["scale"], dweights, "silu", config=cfg
+                        )
+                    )
                     print(f"    + SwiGLU backward pass {cfg or '(shipped)'}  {ms:.4f} ms", flush=True)
             if launch in baselines:
                 try:

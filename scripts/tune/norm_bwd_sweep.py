@@ -39,29 +39,72 @@ SMOKE_SHAPES = ((40, 64), (9, 3000))
 EPS = 1e-6
 # (looped, BLOCK_M or 1, chunk or None for the padded row, warps, programs an SM, prefetch), by N
 BWD_CANDIDATES = {
-    1024: [(False, 8, None, 16, 1, True), (False, 4, None, 8, 1, True), (False, 4, None, 8, 2, True),
-           (False, 4, None, 8, 2, False), (False, 4, None, 4, 2, True), (False, 4, None, 4, 4, True),
-           (False, 4, None, 4, 4, False), (False, 2, None, 4, 4, True), (False, 2, None, 4, 8, False),
-           (False, 8, None, 8, 2, True), (False, 8, None, 8, 2, False), (False, 1, None, 4, 8, False)],
-    4096: [(False, 2, None, 16, 1, True), (False, 2, None, 16, 1, False), (False, 1, None, 16, 1, True),
-           (False, 1, None, 8, 2, True), (False, 1, None, 8, 2, False), (False, 1, None, 4, 4, False),
-           (True, 1, None, 8, 1, True), (True, 1, None, 8, 2, True), (True, 1, 2048, 4, 4, True)],
-    8192: [(True, 1, None, 32, 1, True), (True, 1, None, 16, 1, True), (True, 1, None, 16, 2, True),
-           (True, 1, 4096, 16, 1, True), (True, 1, 4096, 16, 2, True), (False, 1, None, 32, 1, True),
-           (False, 1, None, 32, 1, False), (False, 1, None, 16, 2, False), (False, 1, None, 16, 1, True)],
-    32768: [(True, 2, 4096, 32, 1, True), (True, 2, 4096, 32, 1, False), (True, 1, 8192, 32, 1, True),
-            (True, 1, 8192, 32, 1, False), (True, 4, 2048, 32, 1, True), (True, 2, 8192, 32, 1, True),
-            (True, 1, 16384, 32, 1, False), (True, 1, 16384, 32, 1, True)],
+    1024: [
+        (False, 8, None, 16, 1, True),
+        (False, 4, None, 8, 1, True),
+        (False, 4, None, 8, 2, True),
+        (False, 4, None, 8, 2, False),
+        (False, 4, None, 4, 2, True),
+        (False, 4, None, 4, 4, True),
+        (False, 4, None, 4, 4, False),
+        (False, 2, None, 4, 4, True),
+        (False, 2, None, 4, 8, False),
+        (False, 8, None, 8, 2, True),
+        (False, 8, None, 8, 2, False),
+        (False, 1, None, 4, 8, False),
+    ],
+    4096: [
+        (False, 2, None, 16, 1, True),
+        (False, 2, None, 16, 1, False),
+        (False, 1, None, 16, 1, True),
+        (False, 1, None, 8, 2, True),
+        (False, 1, None, 8, 2, False),
+        (False, 1, None, 4, 4, False),
+        (True, 1, None, 8, 1, True),
+        (True, 1, None, 8, 2, True),
+        (True, 1, 2048, 4, 4, True),
+    ],
+    8192: [
+        (True, 1, None, 32, 1, True),
+        (True, 1, None, 16, 1, True),
+        (True, 1, None, 16, 2, True),
+        (True, 1, 4096, 16, 1, True),
+        (True, 1, 4096, 16, 2, True),
+        (False, 1, None, 32, 1, True),
+        (False, 1, None, 32, 1, False),
+        (False, 1, None, 16, 2, False),
+        (False, 1, None, 16, 1, True),
+    ],
+    32768: [
+        (True, 2, 4096, 32, 1, True),
+        (True, 2, 4096, 32, 1, False),
+        (True, 1, 8192, 32, 1, True),
+        (True, 1, 8192, 32, 1, False),
+        (True, 4, 2048, 32, 1, True),
+        (True, 2, 8192, 32, 1, True),
+        (True, 1, 16384, 32, 1, False),
+        (True, 1, 16384, 32, 1, True),
+    ],
 }
 BWD_CANDIDATES[131072] = BWD_CANDIDATES[32768]
 WIDE_SHAPES = ((4096, 32768), (4096, 131072))
 WIDE_N = {n for _, n in WIDE_SHAPES}
 # layernorm and residual: the best-looking few of each width (fewer compiles); LayerNorm's looped
 # kernel takes one row a step and has no prefetch: of the wide ones, those alone
-SHORT = {1024: [0, 2, 3, 5, 6, 8, 9], 4096: [0, 1, 3, 4, 6, 7], 8192: [0, 1, 2, 4, 5, 7],
-         32768: [0, 1, 2, 3, 4, 6], 131072: [0, 1, 2, 3, 4, 6]}
-SMOKE_CANDIDATES = [(False, 2, None, 4, 1, True), (False, 1, None, 4, 2, False), (True, 1, None, 4, 1, True),
-                    (True, 1, 1024, 4, 2, True), (True, 1, 1024, 4, 1, False)]
+SHORT = {
+    1024: [0, 2, 3, 5, 6, 8, 9],
+    4096: [0, 1, 3, 4, 6, 7],
+    8192: [0, 1, 2, 4, 5, 7],
+    32768: [0, 1, 2, 3, 4, 6],
+    131072: [0, 1, 2, 3, 4, 6],
+}
+SMOKE_CANDIDATES = [
+    (False, 2, None, 4, 1, True),
+    (False, 1, None, 4, 2, False),
+    (True, 1, None, 4, 1, True),
+    (True, 1, 1024, 4, 2, True),
+    (True, 1, 1024, 4, 1, False),
+]
 
 
 def make_cfg(spec, n_rows, n_cols, sms):
@@ -119,8 +162,11 @@ def sweep_kernel(kernel, shapes, dtype, copy_GBps, smoke):
         else:
             fwd = lambda: launch_rmsnorm(x, None, w, EPS, y, None)  # noqa: E731
         ms = graph_time_ms(fwd, reps=10, warmup_ms=10, rep_ms=40)
-        print(f"{kernel} {n_rows}x{n_cols}: forward {ms:.4f} ms {gbps(2 * x.numel() * e, ms) / copy_GBps:5.1%}"
-              f" ({row_config(n_rows, n_cols, e, kernel == 'layernorm')})", flush=True)
+        print(
+            f"{kernel} {n_rows}x{n_cols}: forward {ms:.4f} ms {gbps(2 * x.numel() * e, ms) / copy_GBps:5.1%}"
+            f" ({row_config(n_rows, n_cols, e, kernel == 'layernorm')})",
+            flush=True,
+        )
         n_bytes = (4 if du is not None else 3) * x.numel() * e
         picked = backward_config(n_rows, n_cols, e, x.device, kernel)
         specs = SMOKE_CANDIDATES if smoke else BWD_CANDIDATES[n_cols]
@@ -132,7 +178,8 @@ def sweep_kernel(kernel, shapes, dtype, copy_GBps, smoke):
         for cfg in dict.fromkeys([picked] + cfgs):
             if kernel == "layernorm":
                 call = lambda cfg=cfg: launch_layernorm_backward(  # noqa: E731
-                    dy, x, w, EPS, dx, grads[0], grads[1], cfg)
+                    dy, x, w, EPS, dx, grads[0], grads[1], cfg
+                )
             else:
                 call = lambda cfg=cfg: launch_rmsnorm_backward(dy, x, w, du, EPS, dx, grads[0], cfg)  # noqa: E731
             name = describe(cfg, sms)
@@ -152,8 +199,11 @@ def sweep_kernel(kernel, shapes, dtype, copy_GBps, smoke):
 
 def sweep_reduce(copy_GBps, smoke):
     """The dweight reduce alone: (P, N) fp32 -> (N,) bf16, sum_config's pick against others."""
-    shapes = ((3, 64), (6, 1000)) if smoke else ((132, 1024), (264, 1024), (528, 1024), (132, 8192), (264, 8192),
-                                                 (132, 32768), (264, 32768))
+    shapes = (
+        ((3, 64), (6, 1000))
+        if smoke
+        else ((132, 1024), (264, 1024), (528, 1024), (132, 8192), (264, 8192), (132, 32768), (264, 32768))
+    )
     for p, n in shapes:
         partial = torch.randn(p, n, device=DEVICE)
         out = torch.empty(n, device=DEVICE, dtype=torch.bfloat16)
@@ -165,15 +215,21 @@ def sweep_reduce(copy_GBps, smoke):
             if (out.float() - ref).abs().max().item() > 0.02 * ref.abs().max().item():
                 line.append(f"{blocks} BAD")
                 continue
-            ms = graph_time_ms(lambda blocks=blocks: sum_partials(partial, out, blocks),
-                               reps=10, warmup_ms=10, rep_ms=30)
+            ms = graph_time_ms(
+                lambda blocks=blocks: sum_partials(partial, out, blocks), reps=10, warmup_ms=10, rep_ms=30
+            )
             line.append(f"{blocks} {ms * 1e3:.1f}us")
         print(f"reduce {p}x{n}: " + ", ".join(line), flush=True)
 
 
 def main():
-    args = parse_sweep_args(__doc__, "norm_bwd_sweep", DTYPES, kernels=KERNELS,
-                            flags={"--wide": "only the looped kernel's widths (4096 x 32768 and x 131072)"})
+    args = parse_sweep_args(
+        __doc__,
+        "norm_bwd_sweep",
+        DTYPES,
+        kernels=KERNELS,
+        flags={"--wide": "only the looped kernel's widths (4096 x 32768 and x 131072)"},
+    )
     dtype = DTYPES[args.dtype]
     copy_GBps = measure_copy(args)
     if not args.wide:

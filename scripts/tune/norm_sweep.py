@@ -53,8 +53,11 @@ def make_call(kernel, x, cfg):
     y = torch.empty_like(x)
     if kernel == "layernorm":
         b = torch.randn(n, device=DEVICE).to(x.dtype)
-        return ((lambda: launch_layernorm(x, w, b, EPS, y, cfg)), y,
-                F.layer_norm(x.float(), (n,), w.float(), b.float(), EPS))
+        return (
+            (lambda: launch_layernorm(x, w, b, EPS, y, cfg)),
+            y,
+            F.layer_norm(x.float(), (n,), w.float(), b.float(), EPS),
+        )
     if kernel == "residual_rmsnorm":
         r, u = torch.randn_like(x), torch.empty_like(x)
         ref = F.rms_norm((x + r).float(), (n,), w.float(), EPS)

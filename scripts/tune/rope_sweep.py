@@ -38,8 +38,9 @@ def candidates(seq_len, head_dim, smoke):
 
 
 def main():
-    args = parse_sweep_args(__doc__, "rope_sweep", DTYPES,
-                            flags={"--interleaved": "pairs (x[2i], x[2i+1]) instead of halves"})
+    args = parse_sweep_args(
+        __doc__, "rope_sweep", DTYPES, flags={"--interleaved": "pairs (x[2i], x[2i+1]) instead of halves"}
+    )
     dtype = DTYPES[args.dtype]
     copy_GBps = measure_copy(args, f"{'interleaved' if args.interleaved else 'half'} layout")
     for head_dim in (64, 128) if args.smoke else HEAD_DIMS:
@@ -55,8 +56,9 @@ def main():
         for cfg in dict.fromkeys(candidates(seq_len, head_dim, args.smoke) + [picked]):
             call = lambda: launch_rope(q, k, cos, sin, q_out, k_out, args.interleaved, cfg)  # noqa: E731
             name = f"{cfg.BLOCK_T:2d} positions x {cfg.BLOCK_HQ:2d} heads, {cfg.num_warps} warps"
-            report_config(name, call, (q_out, k_out), (q_ref, k_ref), cfg == picked,
-                          n_bytes=n_bytes, copy_GBps=copy_GBps)
+            report_config(
+                name, call, (q_out, k_out), (q_ref, k_ref), cfg == picked, n_bytes=n_bytes, copy_GBps=copy_GBps
+            )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ rl:    rmsnorm_linear's decode kernel over (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, wa
 split: decode attention, contiguous | paged, GPU us at each split count.
 1024:  1024^3 one-kernel configs and split-K, GPU us / do_bench us, against cuBLAS.
 """
+
 import sys
 import time
 
@@ -54,7 +55,7 @@ def line(label, fns, ref=None):
 def rl_data(m, n, k=4096, dtype=torch.bfloat16):
     x = torch.randn(m, k, device="cuda").to(dtype)
     nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(dtype)
-    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype)
+    w = (torch.randn(n, k, device="cuda") * k**-0.5).to(dtype)
     xf = x.float()
     ref = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.float()) @ w.float().t()
     return x, nw, w, ref
@@ -67,14 +68,23 @@ if "host" in PARTS:
     for dtype in (torch.bfloat16,):
         for m, n, k in ((1, 4096, 4096), (1, 8192, 4096), (16, 4096, 4096), (1024, 1024, 1024), (128, 4096, 4096)):
             a, b = torch.randn(m, k, device="cuda").to(dtype), torch.randn(k, n, device="cuda").to(dtype)
-            line(f"matmul {m}x{n}x{k}", {"triton": lambda: tm.matmul(a, b), "cuBLAS": lambda: torch.matmul(a, b)},
-                 a.float() @ b.float())
+            line(
+                f"matmul {m}x{n}x{k}",
+                {"triton": lambda: tm.matmul(a, b), "cuBLAS": lambda: torch.matmul(a, b)},
+                a.float() @ b.float(),
+            )
     for n in (4096, 14336):
         for m in (1, 4, 16, 32):
             x, nw, w, ref = rl_data(m, n)
-            line(f"rms_lin M{m} N{n}", {"triton": lambda: trl.rmsnorm_linear(x, nw, w),
-                                        "F.rms+cuBLAS": lambda: torch.matmul(F.rms_norm(x, (4096,), nw, 1e-6), w.t()),
-                                        "ours+cuBLAS": lambda: torch.matmul(rmsnorm(x, nw, 1e-6), w.t())}, ref)
+            line(
+                f"rms_lin M{m} N{n}",
+                {
+                    "triton": lambda: trl.rmsnorm_linear(x, nw, w),
+                    "F.rms+cuBLAS": lambda: torch.matmul(F.rms_norm(x, (4096,), nw, 1e-6), w.t()),
+                    "ours+cuBLAS": lambda: torch.matmul(rmsnorm(x, nw, 1e-6), w.t()),
+                },
+                ref,
+            )
     for hkv in (8, 32):
         q = torch.randn(1, 32, 128, device="cuda", dtype=torch.float16)
         k, v = (torch.randn(1, 8192, hkv, 128, device="cuda", dtype=torch.float16) for _ in range(2))
@@ -84,18 +94,42 @@ if "host" in PARTS:
         def flash():
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return F.scaled_dot_product_attention(q[:, :, None], k4, v4, enable_gqa=hkv != 32)
-        line(f"decode B1 Hkv{hkv} T8192", {"triton": lambda: ia.decode_attention(q, k, v, lengths, max_length=8192),
-                                            "sdpa-flash": flash})
+
+        line(
+            f"decode B1 Hkv{hkv} T8192",
+            {"triton": lambda: ia.decode_attention(q, k, v, lengths, max_length=8192), "sdpa-flash": flash},
+        )
 
 if "rl" in PARTS:
     print("== rmsnorm_linear decode configs (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps, stages): GPU us (graph)")
     cands = {
-        16: [(16, 128, 128, 4, 8, 1), (16, 128, 128, 4, 8, 2), (16, 128, 128, 8, 8, 1), (16, 64, 128, 4, 4, 2),
-             (16, 128, 64, 4, 8, 3), (16, 256, 64, 4, 8, 2)],
-        32: [(32, 128, 128, 4, 8, 1), (32, 128, 128, 4, 8, 2), (32, 128, 128, 2, 8, 2), (32, 64, 128, 4, 4, 1),
-             (32, 64, 128, 4, 4, 2), (32, 128, 64, 4, 8, 3), (32, 256, 64, 4, 8, 2)],
-        64: [(64, 64, 128, 4, 4, 1), (64, 64, 128, 4, 4, 2), (64, 128, 128, 4, 8, 1), (64, 128, 128, 4, 8, 2),
-             (64, 128, 64, 4, 8, 3), (64, 128, 64, 2, 8, 3), (64, 256, 64, 2, 8, 2), (64, 64, 64, 4, 4, 3)],
+        16: [
+            (16, 128, 128, 4, 8, 1),
+            (16, 128, 128, 4, 8, 2),
+            (16, 128, 128, 8, 8, 1),
+            (16, 64, 128, 4, 4, 2),
+            (16, 128, 64, 4, 8, 3),
+            (16, 256, 64, 4, 8, 2),
+        ],
+        32: [
+            (32, 128, 128, 4, 8, 1),
+            (32, 128, 128, 4, 8, 2),
+            (32, 128, 128, 2, 8, 2),
+            (32, 64, 128, 4, 4, 1),
+            (32, 64, 128, 4, 4, 2),
+            (32, 128, 64, 4, 8, 3),
+            (32, 256, 64, 4, 8, 2),
+        ],
+        64: [
+            (64, 64, 128, 4, 4, 1),
+            (64, 64, 128, 4, 4, 2),
+            (64, 128, 128, 4, 8, 1),
+            (64, 128, 128, 4, 8, 2),
+            (64, 128, 64, 4, 8, 3),
+            (64, 128, 64, 2, 8, 3),
+            (64, 256, 64, 2, 8, 2),
+            (64, 64, 64, 4, 4, 3),
+        ],
     }
     for n in (4096, 14336):
         for m in (16, 32, 48, 64):
@@ -125,19 +159,40 @@ if "rl" in PARTS:
 if "split" in PARTS:
     print("== decode splits, H32 hd128 fp16, GPU us (graph): contiguous | paged (16-token pages, shuffled)")
     from llmk.scripts.tune.decode_configs import D, H, decode_inputs
-    for b, hkv, t in ((1, 8, 512), (1, 8, 1024), (1, 8, 2048), (1, 8, 4096), (1, 8, 8192), (1, 8, 16384),
-                      (1, 32, 512), (1, 32, 1024), (1, 32, 2048), (1, 32, 8192), (2, 8, 8192), (4, 8, 8192),
-                      (4, 32, 8192), (16, 8, 512), (16, 8, 2048), (16, 32, 512)):
+
+    for b, hkv, t in (
+        (1, 8, 512),
+        (1, 8, 1024),
+        (1, 8, 2048),
+        (1, 8, 4096),
+        (1, 8, 8192),
+        (1, 8, 16384),
+        (1, 32, 512),
+        (1, 32, 1024),
+        (1, 32, 2048),
+        (1, 32, 8192),
+        (2, 8, 8192),
+        (4, 8, 8192),
+        (4, 32, 8192),
+        (16, 8, 512),
+        (16, 8, 2048),
+        (16, 32, 512),
+    ):
         q, k, v, lengths, table, kp, vp = decode_inputs(b, hkv, t)
         ca = ia.decode_config(b, hkv, H // hkv, D, t, 132).num_splits
         pa = ia.decode_config(b, hkv, H // hkv, D, t, 132, True).num_splits
         splits = sorted({s for s in (1, 2, 4, 8, 16, 32, 64) if s * 64 <= t} | {ca, pa})
         cont = [gpu_us(lambda: ia.decode_attention(q, k, v, lengths, num_splits=s, max_length=t)) for s in splits]
-        paged = [gpu_us(lambda: ia.paged_decode_attention(q, kp, vp, table, lengths, num_splits=s, max_length=t))
-                 for s in splits]
-        print(f"B{b} Hkv{hkv} T{t} (auto c{ca} p{pa}): " + " ".join(
-            f"s{s} {c:.1f}|{p:.1f}" for s, c, p in zip(splits, cont, paged))
-            + f"  best c {min(cont):.1f} p {min(paged):.1f} ({min(cont) / min(paged):.2f})", flush=True)
+        paged = [
+            gpu_us(lambda: ia.paged_decode_attention(q, kp, vp, table, lengths, num_splits=s, max_length=t))
+            for s in splits
+        ]
+        print(
+            f"B{b} Hkv{hkv} T{t} (auto c{ca} p{pa}): "
+            + " ".join(f"s{s} {c:.1f}|{p:.1f}" for s, c, p in zip(splits, cont, paged))
+            + f"  best c {min(cont):.1f} p {min(paged):.1f} ({min(cont) / min(paged):.2f})",
+            flush=True,
+        )
 if "1024" in PARTS:
     print("== 1024^3 one-kernel configs and split-K, GPU us (graph) / do_bench us")
     for dtype in (torch.bfloat16, torch.float16):

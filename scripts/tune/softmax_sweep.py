@@ -65,7 +65,7 @@ def main():
     dtype = DTYPES[args.dtype]
     n_sms = sm_count(torch.device(DEVICE).index or 0, INTERPRET_SMS)
     copy_GBps = measure_copy(args, f"{n_sms} SMs")
-    shapes = SMOKE_SHAPES if args.smoke else tuple((2 ** 24 // n, n) for n in WIDTHS) + WIDE
+    shapes = SMOKE_SHAPES if args.smoke else tuple((2**24 // n, n) for n in WIDTHS) + WIDE
     for n_rows, n_cols in shapes:
         x = torch.randn(n_rows, n_cols, device=DEVICE).to(dtype)
         y = torch.empty_like(x)
@@ -74,8 +74,15 @@ def main():
         print(f"{n_rows} x {n_cols}", flush=True)
         for cfg in dict.fromkeys(candidates(n_rows, n_cols, args.smoke) + [picked]):
             call = lambda: launch_softmax(x, y, cfg)  # noqa: E731
-            report_config(describe_config(cfg), call, y, ref, cfg == picked,
-                          n_bytes=2 * x.numel() * x.element_size(), copy_GBps=copy_GBps)
+            report_config(
+                describe_config(cfg),
+                call,
+                y,
+                ref,
+                cfg == picked,
+                n_bytes=2 * x.numel() * x.element_size(),
+                copy_GBps=copy_GBps,
+            )
 
 
 if __name__ == "__main__":

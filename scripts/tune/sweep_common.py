@@ -4,6 +4,7 @@ are read against, and the one line a config prints (checked first, then timed).
 
 Import it after `common`, whose import sets the interpreter switch before triton is imported.
 """
+
 import argparse
 import sys
 
@@ -19,12 +20,14 @@ def parse_sweep_args(doc, name, dtypes, kernels=None, flags=None):
     """The sweep's arguments: --kernel (repeatable; only where `kernels` is given), --dtype (a key of
     `dtypes`, the first by default), a store_true option for each {"--flag": help} of `flags`, and
     --smoke. Exits unless --smoke runs in the interpreter and a full sweep on a GPU."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     if kernels:
         default = "both" if len(kernels) == 2 else "all"
-        parser.add_argument("--kernel", choices=kernels, action="append",
-                            help=f"kernel(s) to sweep (default: {default})")
+        parser.add_argument(
+            "--kernel", choices=kernels, action="append", help=f"kernel(s) to sweep (default: {default})"
+        )
     parser.add_argument("--dtype", choices=dtypes, default=next(iter(dtypes)))
     for flag, text in (flags or {}).items():
         parser.add_argument(flag, action="store_true", help=text)
@@ -48,6 +51,7 @@ def precompile(warm, tasks, jobs):
         return
     import concurrent.futures
     import multiprocessing
+
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(warm, tasks))
 
@@ -60,8 +64,19 @@ def measure_copy(args, *details):
     return copy_GBps
 
 
-def report_config(name, call, out, ref, picked, n_bytes=None, copy_GBps=None, flops=None, sdpa_TFLOPs=None,
-                  may_refuse=False, versus="SDPA"):
+def report_config(
+    name,
+    call,
+    out,
+    ref,
+    picked,
+    n_bytes=None,
+    copy_GBps=None,
+    flops=None,
+    sdpa_TFLOPs=None,
+    may_refuse=False,
+    versus="SDPA",
+):
     """Runs call() once, checks `out` against `ref` (tensors, or tuples of them), then times it and
     prints one line: GB/s and % of copy_GBps for `n_bytes` a call, or TFLOP/s and the ratio to
     sdpa_TFLOPs (the baseline named `versus`) for `flops`. A wrong result prints BAD; where may_refuse, a
