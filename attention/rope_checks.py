@@ -2,7 +2,7 @@
 
 import torch
 
-from llmk.common.validation import check_out, check_same_device, check_tensor
+from llmk.common.validation import check_out, check_same_device, check_tensor, contiguous_like
 
 ROPE_MAX_HEAD_DIM = 1024  # the RoPE kernels (Triton and CUDA) hold half a head in one block
 
@@ -32,8 +32,9 @@ def check_rope_args(q, k, cos, sin, interleaved, partial=False):
             f"q and k need {'a' if partial else 'an even'} head dim D <= {ROPE_MAX_HEAD_DIM}"
             f"{'' if partial else ' (pairs of features are rotated)'}; got D = {head_dim}"
         )
+    table_dtypes = (torch.float32,) if q.dtype == torch.float32 else (torch.float32, q.dtype)
     for name, table in (("cos", cos), ("sin", sin)):
-        check_tensor(name, table, dtypes=tuple(dict.fromkeys((torch.float32, q.dtype))))
+        check_tensor(name, table, dtypes=table_dtypes)
         check_same_device(name, table, "q", q)
     rotary_dim, r = (cos.shape[-1], "R") if partial else (head_dim, "D")
     for name, table in (("cos", cos), ("sin", sin)):
@@ -59,10 +60,7 @@ def check_rope_args(q, k, cos, sin, interleaved, partial=False):
 def rope_outputs(q, k, out):
     """(q_out, k_out): the checked `out` pair, or new contiguous tensors shaped and typed like q, k."""
     if out is None:
-        return (
-            torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            torch.empty(k.shape, dtype=k.dtype, device=k.device),
-        )
+        return contiguous_like(q), contiguous_like(k)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"out must be a (q_out, k_out) pair or None, got {type(out).__name__}")
     check_out("out[0] (q_out)", out[0], q.shape, q.dtype, q.device)

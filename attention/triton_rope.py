@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from llmk.attention.rope_checks import check_rope_args, rope_outputs
+from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.ops import define_op, define_ops
 
@@ -250,6 +251,11 @@ def _table_strides(table):
     return (0 if table.shape[0] == 1 else table.stride(0), table.stride(1), table.stride(2))
 
 
+# a direct launch from a specialization's second on (common/direct_launch.py): RoPE runs on a
+# decode step's one position, where its 34 arguments cost JITFunction.run more than the GPU's work
+_rope_launch = Launcher(_rope_kernel)
+
+
 def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None, backward=False):
     """Launch on validated arguments (shapes as in apply_rope; the rotary dim R is the tables' last
     dim); writes q_out, k_out (contiguous). cfg: a RopeConfig, by default rope_config's. backward:
@@ -263,7 +269,7 @@ def launch_rope(q, k, cos, sin, q_out, k_out, interleaved, cfg=None, backward=Fa
     n_q_blocks = cdiv(n_q_heads, cfg.BLOCK_HQ)
     n_blocks = n_q_blocks + cdiv(n_k_heads, cfg.BLOCK_HK)
     grid = (cdiv(n_rows, cfg.BLOCK_T) * n_blocks,)
-    _rope_kernel[grid](
+    _rope_launch[grid](
         q,
         k,
         cos,

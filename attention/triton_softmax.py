@@ -39,10 +39,11 @@ import triton
 import triton.language as tl
 
 from llmk.common.device import sm_count
+from llmk.common.direct_launch import Launcher
 from llmk.common.ints import cdiv, next_power_of_2
 from llmk.common.ops import define_op, define_ops
 from llmk.common.triton_utils import LOG2E, col_mask
-from llmk.common.validation import as_rows, check_out, check_tensor
+from llmk.common.validation import check_out, check_tensor, contiguous_like, rows_of
 
 # A lane's running max starts at -FLT_MAX, not -inf, so a lane that has seen only -inf computes
 # x - m = -inf (exp 0) instead of -inf - (-inf) = NaN, and keeps s = 0.
@@ -282,43 +283,51 @@ def _softmax_split_write_kernel(
     )  # y is not read again: keep L2 for x
 
 
-def launch_softmax(x2, y2, cfg=None):
-    """Launch on validated arguments: x2 (M, N) with unit column stride, y2 (M, N) written in place
-    (it may be x2 itself: each element is read before the program that writes it writes it).
-    cfg: a SoftmaxConfig to use instead of softmax_config's choice (for tuning sweeps)."""
-    n_rows, n_cols = x2.shape
+# direct launches from a specialization's second on (common/direct_launch.py): one step's attention
+# scores at decode are a few rows, where the host's cost of a launch is the softmax's
+_fused, _looped = Launcher(_softmax_fused_kernel), Launcher(_softmax_looped_kernel)
+_split_stats, _split_write = Launcher(_softmax_split_stats_kernel), Launcher(_softmax_split_write_kernel)
+
+
+def launch_softmax(x, y, cfg=None):
+    """Launch on validated arguments: x (..., N), N >= 1, any strides (rows_of: a contiguous x as
+    it is, another as rows of unit column stride, a view or one copy); y contiguous, shaped like
+    x, written in place (it may be x itself: each element is read before the program that writes
+    it writes it). cfg: a SoftmaxConfig to use instead of softmax_config's choice (for tuning
+    sweeps)."""
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    x, stride_x = rows_of(x)
     if cfg is None:
-        cfg = softmax_config(n_rows, n_cols, sm_count(x2.device.index or 0, INTERPRET_SMS))
-    even = n_cols % cfg.BLOCK_N == 0
+        cfg = softmax_config(n_rows, n_cols, sm_count(x.device.index or 0, INTERPRET_SMS))
     if cfg.path == "fused":
-        _softmax_fused_kernel[(cdiv(n_rows, cfg.BLOCK_M),)](
-            x2,
-            y2,
-            n_rows,
-            n_cols,
-            x2.stride(0),
-            y2.stride(0),
-            BLOCK_M=cfg.BLOCK_M,
-            BLOCK_N=cfg.BLOCK_N,
-            num_warps=cfg.num_warps,
+        _fused[(cdiv(n_rows, cfg.BLOCK_M),)](
+            x, y, n_rows, n_cols, stride_x, n_cols, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps
         )
     elif cfg.path == "looped":
-        _softmax_looped_kernel[(n_rows,)](
-            x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK_N=cfg.BLOCK_N, EVEN_N=even, num_warps=cfg.num_warps
+        _looped[(n_rows,)](
+            x,
+            y,
+            n_cols,
+            stride_x,
+            n_cols,
+            BLOCK_N=cfg.BLOCK_N,
+            EVEN_N=n_cols % cfg.BLOCK_N == 0,
+            num_warps=cfg.num_warps,
         )
     else:
         n_tiles = n_rows * cfg.n_splits
-        stats = torch.empty((2, n_tiles), dtype=torch.float32, device=x2.device)
-        _softmax_split_stats_kernel[(n_tiles,)](
-            x2, stats, n_cols, x2.stride(0), cfg.n_splits, n_tiles, SEG=cfg.seg_len, num_warps=cfg.num_warps
+        stats = torch.empty((2, n_tiles), dtype=torch.float32, device=x.device)
+        _split_stats[(n_tiles,)](
+            x, stats, n_cols, stride_x, cfg.n_splits, n_tiles, SEG=cfg.seg_len, num_warps=cfg.num_warps
         )
-        _softmax_split_write_kernel[(n_tiles,)](
-            x2,
-            y2,
+        _split_write[(n_tiles,)](
+            x,
+            y,
             stats,
             n_cols,
-            x2.stride(0),
-            y2.stride(0),
+            stride_x,
+            n_cols,
             cfg.n_splits,
             n_tiles,
             SPLITS=next_power_of_2(cfg.n_splits),
@@ -436,23 +445,29 @@ def _softmax_bwd_split_write_kernel(
     tl.store(dx_ptr + row64 * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_softmax_backward(dy2, y2, dx2, cfg=None):
-    """Launch the backward on validated arguments: dy2, y2 (M, N) with unit column stride, dx2
-    (M, N) written (unit column stride). cfg: a SoftmaxConfig to use instead of
-    softmax_backward_config's choice (for tuning sweeps)."""
-    n_rows, n_cols = y2.shape
+_bwd_fused, _bwd_looped = Launcher(_softmax_bwd_fused_kernel), Launcher(_softmax_bwd_looped_kernel)
+_bwd_split_dot, _bwd_split_write = Launcher(_softmax_bwd_split_dot_kernel), Launcher(_softmax_bwd_split_write_kernel)
+
+
+def launch_softmax_backward(dy, y, dx, cfg=None):
+    """Launch the backward on validated arguments: y (..., N), N >= 1, and dx contiguous, dy shaped
+    like them with any strides (rows_of, as launch_softmax's x); dx written. cfg: a SoftmaxConfig
+    to use instead of softmax_backward_config's choice (for tuning sweeps)."""
+    n_cols = y.shape[-1]
+    n_rows = y.numel() // n_cols
+    dy, stride_dy = rows_of(dy)
     if cfg is None:
-        cfg = softmax_backward_config(n_rows, n_cols, sm_count(y2.device.index or 0, INTERPRET_SMS))
-    strides = (y2.stride(0), dy2.stride(0), dx2.stride(0))
+        cfg = softmax_backward_config(n_rows, n_cols, sm_count(y.device.index or 0, INTERPRET_SMS))
+    strides = (n_cols, stride_dy, n_cols)  # y, dy, dx
     if cfg.path == "fused":
-        _softmax_bwd_fused_kernel[(cdiv(n_rows, cfg.BLOCK_M),)](
-            y2, dy2, dx2, n_rows, n_cols, *strides, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps
+        _bwd_fused[(cdiv(n_rows, cfg.BLOCK_M),)](
+            y, dy, dx, n_rows, n_cols, *strides, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps
         )
     elif cfg.path == "looped":
-        _softmax_bwd_looped_kernel[(n_rows,)](
-            y2,
-            dy2,
-            dx2,
+        _bwd_looped[(n_rows,)](
+            y,
+            dy,
+            dx,
             n_cols,
             *strides,
             BLOCK_N=cfg.BLOCK_N,
@@ -461,14 +476,14 @@ def launch_softmax_backward(dy2, y2, dx2, cfg=None):
         )
     else:
         n_tiles = n_rows * cfg.n_splits
-        dots = torch.empty((n_tiles,), dtype=torch.float32, device=y2.device)
-        _softmax_bwd_split_dot_kernel[(n_tiles,)](
-            y2, dy2, dots, n_cols, *strides[:2], cfg.n_splits, SEG=cfg.seg_len, num_warps=cfg.num_warps
+        dots = torch.empty((n_tiles,), dtype=torch.float32, device=y.device)
+        _bwd_split_dot[(n_tiles,)](
+            y, dy, dots, n_cols, *strides[:2], cfg.n_splits, SEG=cfg.seg_len, num_warps=cfg.num_warps
         )
-        _softmax_bwd_split_write_kernel[(n_tiles,)](
-            y2,
-            dy2,
-            dx2,
+        _bwd_split_write[(n_tiles,)](
+            y,
+            dy,
+            dx,
             dots,
             n_cols,
             *strides,
@@ -484,17 +499,16 @@ def _softmax_backward(dy, y):
     """dx for the saved output y (contiguous, (..., N)) and the upstream gradient dy shaped like
     it, any strides: one that as_rows cannot view as rows of unit column stride (an expanded
     gradient, as y.sum()'s) is copied once."""
-    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    dx = contiguous_like(y)
     if y.numel():
-        n_cols = y.shape[-1]
-        launch_softmax_backward(as_rows(dy), y.view(-1, n_cols), dx.view(-1, n_cols))
+        launch_softmax_backward(dy, y, dx)
     return dx
 
 
 softmax_backward_op = define_op(
     "softmax_backward(Tensor dy, Tensor y) -> Tensor",
     _softmax_backward,
-    lambda dy, y: torch.empty(y.shape, dtype=y.dtype, device=y.device),
+    lambda dy, y: contiguous_like(y),
 )
 
 
@@ -509,13 +523,13 @@ def _softmax_grad(ctx, dy):
 
 def _softmax_into(x, y):
     """y = softmax(x) for a checked x and a contiguous y shaped like it (it may be x itself)."""
-    if x.numel():  # no rows, or rows of no values: nothing to write (and no (-1, 0) view)
-        launch_softmax(as_rows(x), y.view(-1, x.shape[-1]))
+    if x.numel():  # no rows, or rows of no values: nothing to write
+        launch_softmax(x, y)
 
 
 def _softmax_empty(x):
     """The operator's new output (its fake implementation too)."""
-    return x.new_empty(x.shape)
+    return contiguous_like(x)
 
 
 softmax_op, softmax_out_op = define_ops(

@@ -23,7 +23,7 @@ from triton.backends.compiler import BaseBackend
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from llmk.common.device import DEVICE, INTERPRET
-from llmk.common.direct_launch import Launcher, arg_key
+from llmk.common.direct_launch import Launcher, arg_key, specialization_key
 from llmk.devtools.testing import Case, Outcome, main
 
 
@@ -90,7 +90,17 @@ def check_key_fine_enough():
         for a, b in itertools.combinations(args[:8], 2)
         if arg_key(a)[0] == arg_key(b)[0] and triton_spec(a) != triton_spec(b)
     ]
-    return outcomes + [Outcome("a key without the alignment bit is caught", bool(coarse))]
+    # specialization_key keys sizes and tensors inline: each element must be arg_key's
+    inline = specialization_key(args)
+    differ = [(a, k) for a, k in zip(args, inline) if k != arg_key(a)]
+    return outcomes + [
+        Outcome("a key without the alignment bit is caught", bool(coarse)),
+        Outcome(
+            "specialization_key is arg_key of each argument",
+            len(inline) == len(args) and not differ,
+            note="; ".join(f"{a!r}: {k} vs {arg_key(a)}" for a, k in differ[:3]),
+        ),
+    ]
 
 
 @triton.jit

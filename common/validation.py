@@ -3,7 +3,7 @@ message that names the argument and says what was expected."""
 
 import torch
 
-from llmk.common.device import DEVICE
+from llmk.common.device import DEVICE, INTERPRET
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -16,7 +16,7 @@ def check_tensor(name, t, dtypes=FLOAT_DTYPES, min_dim=1):
     if t.dtype not in dtypes:
         wanted = ", ".join(DTYPE_NAMES.get(d, str(d)) for d in dtypes)
         raise TypeError(f"{name} must have dtype {wanted}; got {t.dtype}")
-    if t.device.type != DEVICE:
+    if not (t.is_cpu if INTERPRET else t.is_cuda):  # t.device.type costs ~0.4 us of host time, these ~0.05
         raise ValueError(f"{name} must be on the {DEVICE} device, got a tensor on {t.device}")
     if t.dim() < min_dim:
         raise ValueError(f"{name} must have at least {min_dim} dim(s), got shape {tuple(t.shape)}")
