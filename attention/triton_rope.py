@@ -252,7 +252,7 @@ def _table_strides(table):
 
 
 # a direct launch from a specialization's second on (common/direct_launch.py): RoPE runs on a
-# decode step's one position, where its 34 arguments cost JITFunction.run more than the GPU's work
+# decode step's one position, where its 32 runtime arguments cost JITFunction.run more than the GPU's work
 _rope_launch = Launcher(_rope_kernel)
 
 
