@@ -66,7 +66,6 @@ gluon also runs either alone, with the tl kernel for the other (tests and the A/
 Written against Triton 3.6's Gluon, as the forward (attention/gluon_flash_attention_fwd.py, whose
 layout helpers and descriptors they share). They do not run in the interpreter.
 """
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -136,7 +135,7 @@ CAUSAL_ROW_GROUP = 4
 # the other configs scripts/tune/gluon_backward_ab.py weighs (and scripts/gluon_compile.py compiles)
 DKDV_AB_CONFIGS = {
     64: ((64, 128, 2), (64, 128, 3)),
-    128: ((32, 128, 3),),  # (64, 128, 3): within -6..+6% of two stages, spilling 68 bytes
+    128: ((32, 128, 3), ),  # (64, 128, 3): within -6..+6% of two stages, spilling 68 bytes
 }
 
 
@@ -157,9 +156,8 @@ def _query_stats(lse_ptr, delta_ptr, offset, queries, n_queries):
 
 
 @gluon.jit
-def _rows_out(
-    out, smem, smem4, desc, ptr, stride_h, stride_m, batch, head, start, first_row, n_rows, VARLEN: gl.constexpr
-):
+def _rows_out(out, smem, smem4, desc, ptr, stride_h, stride_m, batch, head, start, first_row, n_rows,
+              VARLEN: gl.constexpr):
     """A consumer warpgroup's rows first_row .. of (batch, head) out, tokens from start: by TMA from
     smem (its (M, D) rows of a tile, smem4 their (1, 1, M, D) view), whose copy clips at the
     tensor's end; or, where a packed sequence of n_rows tokens ends within them (the rows past it
@@ -196,33 +194,9 @@ def _masked_rows_out(out, ptr, stride_h, stride_m, head, start, first_row, n_row
 
 
 @gluon.jit
-def _dkdv_producer(
-    q_desc,
-    do_desc,
-    k_desc,
-    v_desc,
-    lse_desc,
-    delta_desc,
-    q_bufs,
-    do_bufs,
-    lse_bufs,
-    delta_bufs,
-    k_tile,
-    v_tile,
-    kv_bar,
-    ready,
-    empty,
-    batch,
-    kv_head,
-    kv_group,
-    n_heads,
-    q_start,
-    k_start,
-    stats_start,
-    start_n,
-    lo,
-    n_blocks,
-):
+def _dkdv_producer(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                   k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group, n_heads, q_start, k_start,
+                   stats_start, start_n, lo, n_blocks):
     """One warp: the program's K and V blocks once, then for each query head of the group and each
     of its n_blocks query blocks from lo, q's and dO's tiles and their LSE and delta values into
     the ring, a stage once the consumers released it (the first lap's waits pass). Tokens count
@@ -239,64 +213,22 @@ def _dkdv_producer(
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         head = kv_head * kv_group + it // n_blocks
         row = lo + (it % n_blocks) * BLOCK_M
-        mbarrier.expect(
-            ready.index(s),
-            q_desc.block_type.nbytes
-            + do_desc.block_type.nbytes
-            + lse_desc.block_type.nbytes
-            + delta_desc.block_type.nbytes,
-        )
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes +
+                        lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [batch, head, q_start + row, 0], ready.index(s), q_bufs.index(s))
         tma.async_copy_global_to_shared(do_desc, [batch, head, q_start + row, 0], ready.index(s), do_bufs.index(s))
-        tma.async_copy_global_to_shared(
-            lse_desc, [batch * n_heads + head, stats_start + row], ready.index(s), lse_bufs.index(s)
-        )
-        tma.async_copy_global_to_shared(
-            delta_desc, [batch * n_heads + head, stats_start + row], ready.index(s), delta_bufs.index(s)
-        )
+        tma.async_copy_global_to_shared(lse_desc, [batch * n_heads + head, stats_start + row], ready.index(s),
+                                        lse_bufs.index(s))
+        tma.async_copy_global_to_shared(delta_desc, [batch * n_heads + head, stats_start + row], ready.index(s),
+                                        delta_bufs.index(s))
 
 
 @gluon.jit
-def _dkdv_consumer(
-    q_bufs,
-    do_bufs,
-    lse_bufs,
-    delta_bufs,
-    k_tile,
-    v_tile,
-    kv_bar,
-    ready,
-    empty,
-    dk_desc,
-    dv_desc,
-    dk_ptr,
-    stride_dkh,
-    stride_dkm,
-    dv_ptr,
-    stride_dvh,
-    stride_dvm,
-    batch,
-    kv_head,
-    kv_group,
-    n_keys,
-    k_start,
-    start_n,
-    lo,
-    lead_hi,
-    unmasked_hi,
-    n_blocks,
-    causal_shift,
-    qk_scale,
-    sm_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    VARLEN: gl.constexpr,
-    WG: gl.constexpr,
-):
+def _dkdv_consumer(q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc, dv_desc,
+                   dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, kv_group, n_keys,
+                   k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift, qk_scale, sm_scale,
+                   window_left, window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dk, dv of the program's keys WG * 64 .. WG * 64 + 63 over the
     producer's query blocks (module docstring), then out by TMA through its rows of K's and V's
     tiles. VARLEN: a packed sequence's keys from k_start: the query rows past its end (the next
@@ -331,7 +263,7 @@ def _dkdv_consumer(
         s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
         s_t = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))  # S^T done; dP^T may still run
+        s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))  # S^T done; dP^T may still run
         # the stats come from the stage as they are needed: held across the products they spill.
         # Rows past the head's end read LSE 0 (the copy clips there), as their q and dO rows do;
         # a packed sequence's, +inf (packed_stats)
@@ -353,9 +285,8 @@ def _dkdv_consumer(
                 # window_visible's, transposed: key j, query i' = i + causal_shift, j - i' in [-left, right]
                 keys = gl.expand_dims(keys, 1)
                 if WINDOW:
-                    visible = (keys >= gl.expand_dims(queries + (causal_shift - window_left), 0)) & (
-                        keys <= gl.expand_dims(queries + (causal_shift + window_right), 0)
-                    )
+                    visible = ((keys >= gl.expand_dims(queries + (causal_shift - window_left), 0))
+                               & (keys <= gl.expand_dims(queries + (causal_shift + window_right), 0)))
                 else:
                     visible = keys <= gl.expand_dims(queries + causal_shift, 0)
                 p_t = gl.where(visible, p_t, 0.0)
@@ -364,7 +295,7 @@ def _dkdv_consumer(
         p16 = gl.convert_layout(p_t.to(dtype), a_layout)
         if SOFTCAP:  # dS^T = P^T (dP^T - delta) (1 - tanh^2): the factor folds into P^T's copy
             p_t = p_t * (1.0 - t * t)
-        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t,))
+        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t, ))
         delta = delta_bufs.index(s).reshape([BLOCK_M]).load(queries_l)  # 0 where LSE is -inf (the preprocess)
         ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
         dv = warpgroup_mma(p16, do_t, dv, is_async=True)
@@ -372,36 +303,10 @@ def _dkdv_consumer(
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
     # the last products that read its K and V rows are done: they take dk and dv on their way out
-    _rows_out(
-        (dk * sm_scale).to(dtype),
-        k_t,
-        k_rows,
-        dk_desc,
-        dk_ptr,
-        stride_dkh,
-        stride_dkm,
-        batch,
-        kv_head,
-        k_start,
-        first_key,
-        n_keys,
-        VARLEN,
-    )
-    _rows_out(
-        dv.to(dtype),
-        v_t,
-        v_rows,
-        dv_desc,
-        dv_ptr,
-        stride_dvh,
-        stride_dvm,
-        batch,
-        kv_head,
-        k_start,
-        first_key,
-        n_keys,
-        VARLEN,
-    )
+    _rows_out((dk * sm_scale).to(dtype), k_t, k_rows, dk_desc, dk_ptr, stride_dkh, stride_dkm, batch, kv_head, k_start,
+              first_key, n_keys, VARLEN)
+    _rows_out(dv.to(dtype), v_t, v_rows, dv_desc, dv_ptr, stride_dvh, stride_dvm, batch, kv_head, k_start, first_key,
+              n_keys, VARLEN)
 
 
 @gluon.jit
@@ -431,57 +336,16 @@ def _heavy_first(ROWS: gl.constexpr):
 
 
 # not value-specialized (the forward's _INT_ARGS says why)
-_INT_ARGS = (
-    "stride_dkh",
-    "stride_dkm",
-    "stride_dvh",
-    "stride_dvm",
-    "n_seqs",
-    "n_kv_heads",
-    "kv_group",
-    "n_queries",
-    "n_keys",
-    "window_left",
-    "window_right",
-)
+_INT_ARGS = ("stride_dkh", "stride_dkm", "stride_dvh", "stride_dvm", "n_seqs", "n_kv_heads", "kv_group", "n_queries",
+             "n_keys", "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_INT_ARGS)
-def _gluon_dkdv_kernel(
-    q_desc,
-    do_desc,
-    k_desc,
-    v_desc,
-    dk_desc,
-    dv_desc,
-    lse_desc,
-    delta_desc,
-    dk_ptr,
-    stride_dkh,
-    stride_dkm,
-    dv_ptr,
-    stride_dvh,
-    stride_dvm,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    n_seqs,
-    n_kv_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    qk_scale,
-    sm_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    STAGES: gl.constexpr,
-    VARLEN: gl.constexpr,
-    STATS_BLOCK: gl.constexpr,
-    ROW_GROUP: gl.constexpr,
-):
+def _gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dk_ptr, stride_dkh,
+                       stride_dkm, dv_ptr, stride_dvh, stride_dvm, cu_seqlens_q, cu_seqlens_k, n_seqs, n_kv_heads,
+                       kv_group, n_queries, n_keys, qk_scale, sm_scale, window_left, window_right, softcap_log2,
+                       CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr,
+                       VARLEN: gl.constexpr, STATS_BLOCK: gl.constexpr, ROW_GROUP: gl.constexpr):
     """A grid of (key blocks, batch x kv heads), dealt by _heavy_first where ROW_GROUP > 0. q, dO
     (B, H, Tq, D) and k, v (B, Hkv, Tk, D) through 4-D descriptors of (1, 1, BLOCK_M, D) and (1, 1,
     BLOCK_N, D) tiles, dk and dv of (1, 1, WG_ROWS, D) ones; lse and delta fp32 (B, H, Tq) through
@@ -495,9 +359,8 @@ def _gluon_dkdv_kernel(
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
-        batch, start_n, k_start, n_keys, q_start, n_queries = _sequence_block(
-            cu_seqlens_k, cu_seqlens_q, n_seqs, BLOCK_N
-        )
+        batch, start_n, k_start, n_keys, q_start, n_queries = _sequence_block(cu_seqlens_k, cu_seqlens_q, n_seqs,
+                                                                              BLOCK_N)
         if start_n * BLOCK_N >= n_keys:
             return
         stats_start = (q_start // STATS_BLOCK + batch) * STATS_BLOCK  # packed_stats' place of the sequence
@@ -514,9 +377,8 @@ def _gluon_dkdv_kernel(
         k_start = 0
         stats_start = 0
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    lo, lead_hi, _, unmasked_hi, hi = query_blocks(
-        start_n, n_queries, causal_shift, window_left, window_right, CAUSAL, WINDOW, BLOCK_M, BLOCK_N
-    )
+    lo, lead_hi, _, unmasked_hi, hi = query_blocks(start_n, n_queries, causal_shift, window_left, window_right, CAUSAL,
+                                                   WINDOW, BLOCK_M, BLOCK_N)
     n_blocks = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_M)
 
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -535,128 +397,21 @@ def _gluon_dkdv_kernel(
 
     # two consumer warpgroups, a partition each (they drift apart: one's softmax runs under the
     # other's products); worker partitions take scalars, descriptors and shared-memory handles
-    gl.warp_specialize(
-        [
-            (
-                _dkdv_consumer,
-                (
-                    q_bufs,
-                    do_bufs,
-                    lse_bufs,
-                    delta_bufs,
-                    k_tile,
-                    v_tile,
-                    kv_bar,
-                    ready,
-                    empty,
-                    dk_desc,
-                    dv_desc,
-                    dk_ptr,
-                    stride_dkh,
-                    stride_dkm,
-                    dv_ptr,
-                    stride_dvh,
-                    stride_dvm,
-                    batch,
-                    kv_head,
-                    kv_group,
-                    n_keys,
-                    k_start,
-                    start_n,
-                    lo,
-                    lead_hi,
-                    unmasked_hi,
-                    n_blocks,
-                    causal_shift,
-                    qk_scale,
-                    sm_scale,
-                    window_left,
-                    window_right,
-                    softcap_log2,
-                    CAUSAL,
-                    WINDOW,
-                    SOFTCAP,
-                    VARLEN,
-                    0,
-                ),
-            ),
-            (
-                _dkdv_consumer,
-                (
-                    q_bufs,
-                    do_bufs,
-                    lse_bufs,
-                    delta_bufs,
-                    k_tile,
-                    v_tile,
-                    kv_bar,
-                    ready,
-                    empty,
-                    dk_desc,
-                    dv_desc,
-                    dk_ptr,
-                    stride_dkh,
-                    stride_dkm,
-                    dv_ptr,
-                    stride_dvh,
-                    stride_dvm,
-                    batch,
-                    kv_head,
-                    kv_group,
-                    n_keys,
-                    k_start,
-                    start_n,
-                    lo,
-                    lead_hi,
-                    unmasked_hi,
-                    n_blocks,
-                    causal_shift,
-                    qk_scale,
-                    sm_scale,
-                    window_left,
-                    window_right,
-                    softcap_log2,
-                    CAUSAL,
-                    WINDOW,
-                    SOFTCAP,
-                    VARLEN,
-                    1,
-                ),
-            ),
-            (
-                _dkdv_producer,
-                (
-                    q_desc,
-                    do_desc,
-                    k_desc,
-                    v_desc,
-                    lse_desc,
-                    delta_desc,
-                    q_bufs,
-                    do_bufs,
-                    lse_bufs,
-                    delta_bufs,
-                    k_tile,
-                    v_tile,
-                    kv_bar,
-                    ready,
-                    empty,
-                    batch,
-                    kv_head,
-                    kv_group,
-                    n_kv_heads * kv_group,
-                    q_start,
-                    k_start,
-                    stats_start,
-                    start_n,
-                    lo,
-                    n_blocks,
-                ),
-            ),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )
+    gl.warp_specialize([
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
+                          dv_desc, dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head,
+                          kv_group, n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
+                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN,
+                          0)),
+        (_dkdv_consumer, (q_bufs, do_bufs, lse_bufs, delta_bufs, k_tile, v_tile, kv_bar, ready, empty, dk_desc,
+                          dv_desc, dk_ptr, stride_dkh, stride_dkm, dv_ptr, stride_dvh, stride_dvm, batch, kv_head,
+                          kv_group, n_keys, k_start, start_n, lo, lead_hi, unmasked_hi, n_blocks, causal_shift,
+                          qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN,
+                          1)),
+        (_dkdv_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs,
+                          delta_bufs, k_tile, v_tile, kv_bar, ready, empty, batch, kv_head, kv_group,
+                          n_kv_heads * kv_group, q_start, k_start, stats_start, start_n, lo, n_blocks)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def gluon_backward_supported(q, k, v, do, dq, dk, dv):
@@ -664,20 +419,15 @@ def gluon_backward_supported(q, k, v, do, dq, dk, dv):
     (causal, a window, a softcap), a head dim of GLUON_DKDV_CONFIG (GLUON_DQ_CONFIG's), fp16 or
     bf16, at most MAX_GRID_Y (batch, head) pairs (their grids' y extent), every tensor laid out as
     TMA reads it in place."""
-    return (
-        q.shape[3] in GLUON_DKDV_CONFIG
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and q.shape[0] * q.shape[1] <= MAX_GRID_Y
-        and gluon_layout_ok(q, k, v, do, dq, dk, dv)
-    )
+    return (q.shape[3] in GLUON_DKDV_CONFIG and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[0] * q.shape[1] <= MAX_GRID_Y and gluon_layout_ok(q, k, v, do, dq, dk, dv))
 
 
 def _check_stats(lse, delta):
     """The kernels read lse and delta with one pair of (batch, head) strides and a unit token stride."""
     if lse.stride() != delta.stride() or lse.stride(-1) != 1:
-        raise ValueError(
-            f"lse and delta: the same strides with a unit last one, got {lse.stride()} and {delta.stride()}"
-        )
+        raise ValueError(f"lse and delta: the same strides with a unit last one, got {lse.stride()} and "
+                         f"{delta.stride()}")
 
 
 def stats_buffer(b, h, tq, device):
@@ -736,10 +486,8 @@ def _stats_layout_ok(t):
 def _stats_descriptor(t, block):
     """A 2-D TMA descriptor over t's (B * H, Tq) rows (stats_buffer's layout) for (1, block) blocks."""
     if not _stats_layout_ok(t):
-        raise ValueError(
-            f"lse and delta: laid out as stats_buffer lays them out for the dk/dv kernel, got "
-            f"strides {t.stride()} at {t.data_ptr():#x}"
-        )
+        raise ValueError(f"lse and delta: laid out as stats_buffer lays them out for the dk/dv kernel, got "
+                         f"strides {t.stride()} at {t.data_ptr():#x}")
     b, h, tq = t.shape
     return _Descriptor(t, [b * h, tq], [t.stride(1), 1], [1, block], gl.NVMMASharedLayout(0, 32, rank=2))
 
@@ -787,49 +535,20 @@ def gluon_dkdv_args(q, k, v, do, lse, delta, dk, dv, causal, scale, config=None,
     table = GLUON_DKDV_SOFTCAP_CONFIG if mask.softcap else GLUON_DKDV_CONFIG
     block_m, block_n, stages = config or table[d]
     if block_n != 2 * WG_ROWS:
-        raise ValueError(
-            f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), got {config}"
-        )
+        raise ValueError(f"config: the dk/dv kernel's BLOCK_N is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} keys), "
+                         f"got {config}")
     if cu_seqlens is not None and PACKED_STATS_BLOCK % block_m:
-        raise ValueError(
-            f"config: a packed batch's BLOCK_M divides {PACKED_STATS_BLOCK} (packed_stats' blocks), got {config}"
-        )
+        raise ValueError(f"config: a packed batch's BLOCK_M divides {PACKED_STATS_BLOCK} (packed_stats' blocks), got "
+                         f"{config}")
     grid, (cu_q, cu_k, n_seqs) = _packed(cu_seqlens, block_n, tk, b, hkv)
     if cu_q is not None:
         lse, delta = packed_stats(lse, delta, cu_q)
-    args = (
-        _descriptor(q, block_m),
-        _descriptor(do, block_m),
-        _descriptor(k, block_n),
-        _descriptor(v, block_n),
-        _descriptor(dk, WG_ROWS),
-        _descriptor(dv, WG_ROWS),
-        _stats_descriptor(lse, block_m),
-        _stats_descriptor(delta, block_m),
-        dk,
-        dk.stride(1),
-        dk.stride(2),
-        dv,
-        dv.stride(1),
-        dv.stride(2),
-        cu_q,
-        cu_k,
-        n_seqs,
-        hkv,
-        h // hkv,
-        tq,
-        tk,
-        *mask_args,
-    )
-    meta = dict(
-        mask_flags,
-        STAGES=stages,
-        VARLEN=cu_q is not None,
-        STATS_BLOCK=PACKED_STATS_BLOCK,
-        ROW_GROUP=_row_group(mask_flags, cu_q),
-        num_warps=4,
-        maxnreg=MAXNREG,
-    )
+    args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+            _descriptor(dk, WG_ROWS), _descriptor(dv, WG_ROWS), _stats_descriptor(lse, block_m),
+            _stats_descriptor(delta, block_m), dk, dk.stride(1), dk.stride(2), dv, dv.stride(1), dv.stride(2), cu_q,
+            cu_k, n_seqs, hkv, h // hkv, tq, tk, *mask_args)
+    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, STATS_BLOCK=PACKED_STATS_BLOCK,
+                ROW_GROUP=_row_group(mask_flags, cu_q), num_warps=4, maxnreg=MAXNREG)
     return grid, args, meta
 
 
@@ -862,27 +581,8 @@ DQ_AB_CONFIGS = {
 
 
 @gluon.jit
-def _dq_producer(
-    q_desc,
-    do_desc,
-    k_desc,
-    v_desc,
-    q_tile,
-    do_tile,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    ready,
-    empty,
-    batch,
-    head,
-    kv_head,
-    q_start,
-    k_start,
-    start_m,
-    lo,
-    n_iter,
-):
+def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, batch, head,
+                 kv_head, q_start, k_start, start_m, lo, n_iter):
     """One warp: the program's q and dO tiles once, then its key blocks lo, lo + BLOCK_N, ...: each
     block's K and V into the ring, a stage once the consumers released it. Tokens count from
     q_start and k_start (a packed sequence's first; 0 dense)."""
@@ -902,44 +602,11 @@ def _dq_producer(
 
 
 @gluon.jit
-def _dq_consumer(
-    q_tile,
-    do_tile,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    ready,
-    empty,
-    dq_desc,
-    dq_ptr,
-    stride_dqh,
-    stride_dqm,
-    lse_ptr,
-    delta_ptr,
-    stride_lb,
-    stride_lh,
-    batch,
-    head,
-    q_start,
-    start_m,
-    lo,
-    unmasked_lo,
-    unmasked_hi,
-    n_iter,
-    n_queries,
-    n_keys,
-    causal_shift,
-    qk_scale,
-    sm_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    VARLEN: gl.constexpr,
-    WG: gl.constexpr,
-):
+def _dq_consumer(q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, dq_ptr, stride_dqh, stride_dqm,
+                 lse_ptr, delta_ptr, stride_lb, stride_lh, batch, head, q_start, start_m, lo, unmasked_lo,
+                 unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale, sm_scale, window_left, window_right,
+                 softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                 VARLEN: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG: dq of the program's queries WG * 64 .. WG * 64 + 63 over the
     producer's key blocks, the tl dq kernel's arithmetic (_dq_key_blocks):
         S = q k^T and dP = dO v^T    issued together, asynchronously
@@ -981,7 +648,7 @@ def _dq_consumer(
         s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)  # never read (use_acc=False)
         s_b = warpgroup_mma(q_t, k_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_t, v_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_b = warpgroup_mma_wait(num_outstanding=1, deps=(s_b,))  # S done; dP may still run
+        s_b = warpgroup_mma_wait(num_outstanding=1, deps=(s_b, ))  # S done; dP may still run
         if SOFTCAP:  # P, then P (1 - tanh^2) in t's place: dS's one factor
             t = tanh_approx(s_b * qk_scale)
             p = gl.exp2(softcap_log2 * t - lse2) * (1.0 - t * t)
@@ -999,77 +666,26 @@ def _dq_consumer(
             if WINDOW:
                 visible = visible & (rel >= -window_left) & (rel <= window_right)
             p = gl.where(visible, p, 0.0)
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         ds = p * (dp - delta)
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), a_layout), k_t, dq, is_async=True)
-        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         mbarrier.arrive(empty.index(s))  # every product of this warpgroup that read the stage is done
     # every product that read its rows of q's tile is done: they take dq on its way out
-    _rows_out(
-        (dq * sm_scale).to(dtype),
-        q_t,
-        q_rows,
-        dq_desc,
-        dq_ptr,
-        stride_dqh,
-        stride_dqm,
-        batch,
-        head,
-        q_start,
-        first_row,
-        n_queries,
-        VARLEN,
-    )
+    _rows_out((dq * sm_scale).to(dtype), q_t, q_rows, dq_desc, dq_ptr, stride_dqh, stride_dqm, batch, head, q_start,
+              first_row, n_queries, VARLEN)
 
 
-_DQ_INT_ARGS = (
-    "stride_dqh",
-    "stride_dqm",
-    "stride_lb",
-    "stride_lh",
-    "n_seqs",
-    "n_heads",
-    "kv_group",
-    "n_queries",
-    "n_keys",
-    "window_left",
-    "window_right",
-)
+_DQ_INT_ARGS = ("stride_dqh", "stride_dqm", "stride_lb", "stride_lh", "n_seqs", "n_heads", "kv_group", "n_queries",
+                "n_keys", "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_DQ_INT_ARGS)
-def _gluon_dq_kernel(
-    q_desc,
-    do_desc,
-    k_desc,
-    v_desc,
-    dq_desc,
-    dq_ptr,
-    stride_dqh,
-    stride_dqm,
-    lse_ptr,
-    delta_ptr,
-    stride_lb,
-    stride_lh,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    n_seqs,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    qk_scale,
-    sm_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    STAGES: gl.constexpr,
-    VARLEN: gl.constexpr,
-    ROW_GROUP: gl.constexpr,
-):
+def _gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, dq_ptr, stride_dqh, stride_dqm, lse_ptr, delta_ptr,
+                     stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_seqs, n_heads, kv_group, n_queries, n_keys,
+                     qk_scale, sm_scale, window_left, window_right, softcap_log2, CAUSAL: gl.constexpr,
+                     WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+                     ROW_GROUP: gl.constexpr):
     """A grid of (query blocks, batch x heads), causal in the forward's order (the longest rows
     first), dealt by _heavy_first where ROW_GROUP > 0 (a packed batch's blocks in their sequences'
     order). q, dO, dq (B, H, Tq, D) and k, v (B, Hkv, Tk, D) through 4-D descriptors of (1, 1,
@@ -1079,9 +695,8 @@ def _gluon_dq_kernel(
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if VARLEN:
-        batch, start_m, q_start, n_queries, k_start, n_keys = _sequence_block(
-            cu_seqlens_q, cu_seqlens_k, n_seqs, BLOCK_M
-        )
+        batch, start_m, q_start, n_queries, k_start, n_keys = _sequence_block(cu_seqlens_q, cu_seqlens_k, n_seqs,
+                                                                              BLOCK_M)
         if start_m * BLOCK_M >= n_queries:
             return
         batch = batch * 0  # the views' one batch
@@ -1100,9 +715,8 @@ def _gluon_dq_kernel(
         k_start = 0
     kv_head = head // kv_group
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
-    lo, unmasked_lo, unmasked_hi, hi = key_blocks(
-        start_m, n_keys, causal_shift, window_left, window_right, CAUSAL, WINDOW, True, BLOCK_M, BLOCK_N
-    )
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
+                                                  WINDOW, True, BLOCK_M, BLOCK_N)
     n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
 
     q_tile = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
@@ -1117,118 +731,18 @@ def _gluon_dq_kernel(
         mbarrier.init(ready.index(st), count=1)
         mbarrier.init(empty.index(st), count=2)  # each consumer warpgroup releases a stage
 
-    gl.warp_specialize(
-        [
-            (
-                _dq_consumer,
-                (
-                    q_tile,
-                    do_tile,
-                    k_bufs,
-                    v_bufs,
-                    q_bar,
-                    ready,
-                    empty,
-                    dq_desc,
-                    dq_ptr,
-                    stride_dqh,
-                    stride_dqm,
-                    lse_ptr,
-                    delta_ptr,
-                    stride_lb,
-                    stride_lh,
-                    batch,
-                    head,
-                    q_start,
-                    start_m,
-                    lo,
-                    unmasked_lo,
-                    unmasked_hi,
-                    n_iter,
-                    n_queries,
-                    n_keys,
-                    causal_shift,
-                    qk_scale,
-                    sm_scale,
-                    window_left,
-                    window_right,
-                    softcap_log2,
-                    CAUSAL,
-                    WINDOW,
-                    SOFTCAP,
-                    VARLEN,
-                    0,
-                ),
-            ),
-            (
-                _dq_consumer,
-                (
-                    q_tile,
-                    do_tile,
-                    k_bufs,
-                    v_bufs,
-                    q_bar,
-                    ready,
-                    empty,
-                    dq_desc,
-                    dq_ptr,
-                    stride_dqh,
-                    stride_dqm,
-                    lse_ptr,
-                    delta_ptr,
-                    stride_lb,
-                    stride_lh,
-                    batch,
-                    head,
-                    q_start,
-                    start_m,
-                    lo,
-                    unmasked_lo,
-                    unmasked_hi,
-                    n_iter,
-                    n_queries,
-                    n_keys,
-                    causal_shift,
-                    qk_scale,
-                    sm_scale,
-                    window_left,
-                    window_right,
-                    softcap_log2,
-                    CAUSAL,
-                    WINDOW,
-                    SOFTCAP,
-                    VARLEN,
-                    1,
-                ),
-            ),
-            (
-                _dq_producer,
-                (
-                    q_desc,
-                    do_desc,
-                    k_desc,
-                    v_desc,
-                    q_tile,
-                    do_tile,
-                    k_bufs,
-                    v_bufs,
-                    q_bar,
-                    ready,
-                    empty,
-                    batch,
-                    head,
-                    kv_head,
-                    q_start,
-                    k_start,
-                    start_m,
-                    lo,
-                    n_iter,
-                ),
-            ),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )
+    gl.warp_specialize([
+        (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, dq_ptr, stride_dqh,
+                        stride_dqm, lse_ptr, delta_ptr, stride_lb, stride_lh, batch, head, q_start, start_m, lo,
+                        unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale, sm_scale,
+                        window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN, 0)),
+        (_dq_consumer, (q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty, dq_desc, dq_ptr, stride_dqh,
+                        stride_dqm, lse_ptr, delta_ptr, stride_lb, stride_lh, batch, head, q_start, start_m, lo,
+                        unmasked_lo, unmasked_hi, n_iter, n_queries, n_keys, causal_shift, qk_scale, sm_scale,
+                        window_left, window_right, softcap_log2, CAUSAL, WINDOW, SOFTCAP, VARLEN, 1)),
+        (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_tile, do_tile, k_bufs, v_bufs, q_bar, ready, empty,
+                        batch, head, kv_head, q_start, k_start, start_m, lo, n_iter)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=NO_MASK, cu_seqlens=None):
@@ -1240,42 +754,16 @@ def gluon_dq_args(q, k, v, do, lse, delta, dq, causal, scale, config=None, mask=
     hkv, tk = k.shape[1], k.shape[2]
     block_m, block_n, stages = config or GLUON_DQ_CONFIG[d]
     if block_m != 2 * WG_ROWS:
-        raise ValueError(
-            f"config: the dq kernel's BLOCK_M is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} queries), got {config}"
-        )
+        raise ValueError(f"config: the dq kernel's BLOCK_M is {2 * WG_ROWS} (two warpgroups of {WG_ROWS} queries), "
+                         f"got {config}")
     _check_stats(lse, delta)
     mask_args, mask_flags = _mask_meta(causal, mask, tq, tk, scale)
     grid, (cu_q, cu_k, n_seqs) = _packed(cu_seqlens, block_m, tq, b, h)
-    args = (
-        _descriptor(q, block_m),
-        _descriptor(do, block_m),
-        _descriptor(k, block_n),
-        _descriptor(v, block_n),
-        _descriptor(dq, WG_ROWS),
-        dq,
-        dq.stride(1),
-        dq.stride(2),
-        lse,
-        delta,
-        lse.stride(0),
-        lse.stride(1),
-        cu_q,
-        cu_k,
-        n_seqs,
-        h,
-        h // hkv,
-        tq,
-        tk,
-        *mask_args,
-    )
-    meta = dict(
-        mask_flags,
-        STAGES=stages,
-        VARLEN=cu_q is not None,
-        ROW_GROUP=_row_group(mask_flags, cu_q),
-        num_warps=4,
-        maxnreg=MAXNREG,
-    )
+    args = (_descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+            _descriptor(dq, WG_ROWS), dq, dq.stride(1), dq.stride(2), lse, delta, lse.stride(0), lse.stride(1), cu_q,
+            cu_k, n_seqs, h, h // hkv, tq, tk, *mask_args)
+    meta = dict(mask_flags, STAGES=stages, VARLEN=cu_q is not None, ROW_GROUP=_row_group(mask_flags, cu_q), num_warps=4,
+                maxnreg=MAXNREG)
     return grid, args, meta
 
 
@@ -1290,17 +778,6 @@ def launch_gluon_dq(q, k, v, do, lse, delta, dq, causal, scale, config=None, mas
     _gluon_dq_kernel[grid](*args, **meta)
 
 
-__all__ = [
-    "CAUSAL_ROW_GROUP",
-    "DKDV_AB_CONFIGS",
-    "DQ_AB_CONFIGS",
-    "GLUON_DKDV_CONFIG",
-    "GLUON_DQ_CONFIG",
-    "as_stats_buffer",
-    "gluon_backward_supported",
-    "stats_buffer",
-    "gluon_dkdv_args",
-    "gluon_dq_args",
-    "launch_gluon_dkdv",
-    "launch_gluon_dq",
-]
+__all__ = ["CAUSAL_ROW_GROUP", "DKDV_AB_CONFIGS", "DQ_AB_CONFIGS", "GLUON_DKDV_CONFIG", "GLUON_DQ_CONFIG",
+           "as_stats_buffer", "gluon_backward_supported", "stats_buffer",
+           "gluon_dkdv_args", "gluon_dq_args", "launch_gluon_dkdv", "launch_gluon_dq"]

@@ -49,7 +49,6 @@ Written against Triton 3.6's Gluon (triton.experimental.gluon), whose spelling c
 releases: attention/attention_paths.py imports this module only on an sm_90 GPU with a Triton
 version in GLUON_TRITON_VERSIONS. It does not run in the interpreter.
 """
-
 import functools
 
 import torch
@@ -160,26 +159,9 @@ def packed_sequence(g, cu_seqlens, n_seqs, BLOCK: gl.constexpr):
 
 
 @gluon.jit
-def _tile_of(
-    tile,
-    n_m,
-    n_bh,
-    l2_pairs,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    window_left,
-    window_right,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    VARLEN: gl.constexpr,
-    LPT: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-):
+def _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
+             window_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """What tile `tile` covers: (descriptor batch, head, kv head, q_start, k_start, off_m,
     n_queries, n_keys, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter).
     Dense, n_m query blocks x n_bh (batch, head) pairs: tiles take a pair's query blocks one after
@@ -234,27 +216,13 @@ def _tile_of(
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
     # the key range, as the tl kernel takes it: [lo, hi) visited, [unmasked_lo, unmasked_hi)
     # wholly visible to every row, lo and the unmasked bounds multiples of BLOCK_N
-    lo, unmasked_lo, unmasked_hi, hi = key_blocks(
-        start_m, n_keys, causal_shift, window_left, window_right, CAUSAL, WINDOW, True, BLOCK_M, BLOCK_N
-    )
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL,
+                                                  WINDOW, True, BLOCK_M, BLOCK_N)
     n_iter = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
     if VARLEN:  # a tile past its sequence's last query block: no work (its rows would see keys)
         n_iter = n_iter * (off_m < n_queries).to(gl.int32)
-    return (
-        desc_batch,
-        head,
-        kv_head,
-        q_start,
-        k_start,
-        off_m,
-        n_queries,
-        n_keys,
-        causal_shift,
-        lo,
-        unmasked_lo,
-        unmasked_hi,
-        n_iter,
-    )
+    return (desc_batch, head, kv_head, q_start, k_start, off_m, n_queries, n_keys, causal_shift, lo, unmasked_lo,
+            unmasked_hi, n_iter)
 
 
 @gluon.jit
@@ -270,39 +238,10 @@ def _load_q(q_desc, q_smem, q_bar, q_empty, batch, head, q_row, t_local):
 
 
 @gluon.jit
-def _producer_tile(
-    q_desc,
-    k_desc,
-    v_desc,
-    q_smem,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    q_empty,
-    k_ready,
-    v_ready,
-    k_empty,
-    v_empty,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    n_m,
-    n_bh,
-    l2_pairs,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    window_left,
-    window_right,
-    tile,
-    kv_count,
-    t_local,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    VARLEN: gl.constexpr,
-    LPT: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr,
-):
+def _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, window_left,
+                   window_right, tile, kv_count, t_local, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   VARLEN: gl.constexpr, LPT: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
     """_producer's copies for one tile, its t_local-th, after kv_count key blocks: returns the
     count after it."""
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -310,25 +249,8 @@ def _producer_tile(
     N_Q: gl.constexpr = q_smem.type.shape[0]
     TILE_M: gl.constexpr = q_smem.type.shape[3]
     desc_batch, head, kv_head, q_start, k_start, off_m, n_q, n_k, shift, lo, u_lo, u_hi, n_iter = _tile_of(
-        tile,
-        n_m,
-        n_bh,
-        l2_pairs,
-        n_heads,
-        kv_group,
-        n_queries,
-        n_keys,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        window_left,
-        window_right,
-        CAUSAL,
-        WINDOW,
-        VARLEN,
-        LPT,
-        N_Q * TILE_M,
-        BLOCK_N,
-    )
+        tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k, window_left,
+        window_right, CAUSAL, WINDOW, VARLEN, LPT, N_Q * TILE_M, BLOCK_N)
     if n_iter == 0:
         _load_q(q_desc, q_smem, q_bar, q_empty, desc_batch, head, q_start + off_m, t_local)
     for it in range(n_iter):
@@ -380,42 +302,11 @@ def _read_tile(sched, sched_ready, sched_empty, t_local):
 
 
 @gluon.jit
-def _producer(
-    q_desc,
-    k_desc,
-    v_desc,
-    q_smem,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    q_empty,
-    k_ready,
-    v_ready,
-    k_empty,
-    v_empty,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    tile_counter,
-    sched,
-    sched_ready,
-    sched_empty,
-    n_tiles,
-    n_m,
-    n_bh,
-    l2_pairs,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    window_left,
-    window_right,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    VARLEN: gl.constexpr,
-    LPT: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr,
-    GRID: gl.constexpr,
-):
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+              cu_seqlens_q, cu_seqlens_k, tile_counter, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs,
+              n_heads, kv_group, n_queries, n_keys, window_left, window_right, CAUSAL: gl.constexpr,
+              WINDOW: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
+              GRID: gl.constexpr):
     """One warp, for each of this program's tiles: its key and value blocks lo, lo + BLOCK_N, ...
     into the ring, and after the first of them its q tiles (one a consumer warpgroup group), once
     the consumers are done with the last tile's (q_empty). A stage is refilled once every consumer
@@ -429,39 +320,10 @@ def _producer(
         tile = gl.program_id(0)
         while tile < n_tiles:
             _publish_tile(sched, sched_ready, sched_empty, tile, t_local)
-            kv_count = _producer_tile(
-                q_desc,
-                k_desc,
-                v_desc,
-                q_smem,
-                k_bufs,
-                v_bufs,
-                q_bar,
-                q_empty,
-                k_ready,
-                v_ready,
-                k_empty,
-                v_empty,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                n_m,
-                n_bh,
-                l2_pairs,
-                n_heads,
-                kv_group,
-                n_queries,
-                n_keys,
-                window_left,
-                window_right,
-                tile,
-                kv_count,
-                t_local,
-                CAUSAL,
-                WINDOW,
-                VARLEN,
-                LPT,
-                SPLIT_RELEASE,
-            )
+            kv_count = _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                                      v_ready, k_empty, v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs,
+                                      n_heads, kv_group, n_queries, n_keys, window_left, window_right, tile, kv_count,
+                                      t_local, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE)
             # every program's first tile is its program id: the counter numbers the rest. Each program
             # ends on one grab past the last tile, so a launch makes n_tiles grabs in all: the one
             # that finds n_tiles - 1 is the last, and puts the counter back to zero for the next launch
@@ -475,93 +337,21 @@ def _producer(
         kv_count = 0
         t_local = 0
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            kv_count = _producer_tile(
-                q_desc,
-                k_desc,
-                v_desc,
-                q_smem,
-                k_bufs,
-                v_bufs,
-                q_bar,
-                q_empty,
-                k_ready,
-                v_ready,
-                k_empty,
-                v_empty,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                n_m,
-                n_bh,
-                l2_pairs,
-                n_heads,
-                kv_group,
-                n_queries,
-                n_keys,
-                window_left,
-                window_right,
-                tile,
-                kv_count,
-                t_local,
-                CAUSAL,
-                WINDOW,
-                VARLEN,
-                LPT,
-                SPLIT_RELEASE,
-            )
+            kv_count = _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                                      v_ready, k_empty, v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs,
+                                      n_heads, kv_group, n_queries, n_keys, window_left, window_right, tile, kv_count,
+                                      t_local, CAUSAL, WINDOW, VARLEN, LPT, SPLIT_RELEASE)
             t_local += 1
     else:
-        _producer_tile(
-            q_desc,
-            k_desc,
-            v_desc,
-            q_smem,
-            k_bufs,
-            v_bufs,
-            q_bar,
-            q_empty,
-            k_ready,
-            v_ready,
-            k_empty,
-            v_empty,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            n_m,
-            n_bh,
-            l2_pairs,
-            n_heads,
-            kv_group,
-            n_queries,
-            n_keys,
-            window_left,
-            window_right,
-            gl.program_id(0),
-            0,
-            0,
-            CAUSAL,
-            WINDOW,
-            VARLEN,
-            LPT,
-            SPLIT_RELEASE,
-        )
+        _producer_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                       v_empty, cu_seqlens_q, cu_seqlens_k, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys,
+                       window_left, window_right, gl.program_id(0), 0, 0, CAUSAL, WINDOW, VARLEN, LPT,
+                       SPLIT_RELEASE)
 
 
 @gluon.jit
-def _scores_to_p(
-    qk,
-    m_i,
-    start_n,
-    rows,
-    n_keys,
-    causal_shift,
-    qk_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    MASKED: gl.constexpr,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-):
+def _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left, window_right, softcap_log2,
+                 MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr):
     """(p, m_new, alpha) of one block of raw scores qk (BLOCK_M, BLOCK_N), in exp2's units: the
     same arithmetic as the tl kernel's _attend_key_blocks."""
     scale = qk_scale
@@ -593,62 +383,18 @@ def _scores_to_p(
 
 
 @gluon.jit
-def _softmax_block(
-    qk,
-    m_i,
-    it,
-    lo,
-    unmasked_lo,
-    unmasked_hi,
-    rows,
-    n_keys,
-    causal_shift,
-    qk_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    BLOCK_N: gl.constexpr,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-):
+def _softmax_block(qk, m_i, it, lo, unmasked_lo, unmasked_hi, rows, n_keys, causal_shift, qk_scale, window_left,
+                   window_right, softcap_log2, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   SOFTCAP: gl.constexpr):
     """_scores_to_p of iteration it's block, masked only when a mask cuts it (outside
     [unmasked_lo, unmasked_hi))."""
     start_n = lo + it * BLOCK_N
     if (start_n < unmasked_lo) | (start_n >= unmasked_hi):
-        p, m_new, alpha = _scores_to_p(
-            qk,
-            m_i,
-            start_n,
-            rows,
-            n_keys,
-            causal_shift,
-            qk_scale,
-            window_left,
-            window_right,
-            softcap_log2,
-            True,
-            CAUSAL,
-            WINDOW,
-            SOFTCAP,
-        )
+        p, m_new, alpha = _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left,
+                                       window_right, softcap_log2, True, CAUSAL, WINDOW, SOFTCAP)
     else:
-        p, m_new, alpha = _scores_to_p(
-            qk,
-            m_i,
-            start_n,
-            rows,
-            n_keys,
-            causal_shift,
-            qk_scale,
-            window_left,
-            window_right,
-            softcap_log2,
-            False,
-            CAUSAL,
-            WINDOW,
-            SOFTCAP,
-        )
+        p, m_new, alpha = _scores_to_p(qk, m_i, start_n, rows, n_keys, causal_shift, qk_scale, window_left,
+                                       window_right, softcap_log2, False, CAUSAL, WINDOW, SOFTCAP)
     return p, m_new, alpha
 
 
@@ -668,51 +414,12 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_tile(
-    q_smem,
-    o_smem,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    q_empty,
-    k_ready,
-    v_ready,
-    k_empty,
-    v_empty,
-    turn,
-    o_desc,
-    o_ptr,
-    stride_oh,
-    stride_om,
-    lse_ptr,
-    stride_lb,
-    stride_lh,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    n_m,
-    n_bh,
-    l2_pairs,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    qk_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    tile,
-    kv_count,
-    t_local,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    STORE_LSE: gl.constexpr,
-    VARLEN: gl.constexpr,
-    LPT: gl.constexpr,
-    WG: gl.constexpr,
-    PINGPONG: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr,
-):
+def _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                   o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
+                   l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                   tile, kv_count, t_local, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                   STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr,
+                   PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr):
     """_consumer's work on one tile, this program's t_local-th, after kv_count key blocks: returns
     the count after it. The ping-pong turns taken before follow from the two: a tile takes
     n_iter + 1 turns, an empty one (n_iter = 0) one with no products, so that is kv_count +
@@ -734,28 +441,9 @@ def _consumer_tile(
     o_tile4 = o_smem.index(WG)
     o_tile = o_tile4.reshape([BLOCK_M, HEAD_D])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    batch, head, kv_head, q_start, k_start, off_m, n_q, n_k, causal_shift, lo, unmasked_lo, unmasked_hi, n_iter = (
-        _tile_of(
-            tile,
-            n_m,
-            n_bh,
-            l2_pairs,
-            n_heads,
-            kv_group,
-            n_queries,
-            n_keys,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            window_left,
-            window_right,
-            CAUSAL,
-            WINDOW,
-            VARLEN,
-            LPT,
-            N_Q * BLOCK_M,
-            BLOCK_N,
-        )
-    )
+    batch, head, kv_head, q_start, k_start, off_m, n_q, n_k, causal_shift, lo, unmasked_lo, unmasked_hi, \
+        n_iter = _tile_of(tile, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
+                          window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, N_Q * BLOCK_M, BLOCK_N)
     off_m = off_m + WG * BLOCK_M
     rows = off_m + gl.arange(0, BLOCK_M, layout=row_s)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
@@ -768,32 +456,15 @@ def _consumer_tile(
         s0 = kv_count % STAGES
         _take_turn(turn, turns, WG, PINGPONG)
         mbarrier.wait(k_ready.index(s0), (kv_count // STAGES) & 1)
-        qk = warpgroup_mma(
-            q_tile, k_bufs.index(s0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero, use_acc=False, is_async=True
-        )
+        qk = warpgroup_mma(q_tile, k_bufs.index(s0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                           use_acc=False, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
-        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
         if SPLIT_RELEASE:
             mbarrier.arrive(k_empty.index(s0))
-        p, m_i, alpha = _softmax_block(
-            qk,
-            m_i,
-            0,
-            lo,
-            unmasked_lo,
-            unmasked_hi,
-            rows,
-            n_k,
-            causal_shift,
-            qk_scale,
-            window_left,
-            window_right,
-            softcap_log2,
-            BLOCK_N,
-            CAUSAL,
-            WINDOW,
-            SOFTCAP,
-        )
+        p, m_i, alpha = _softmax_block(qk, m_i, 0, lo, unmasked_lo, unmasked_hi, rows, n_k, causal_shift,
+                                       qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL,
+                                       WINDOW, SOFTCAP)
         l_i = gl.sum(p, axis=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)  # outside the turn: the products issue sooner
         for it in range(1, n_iter):
@@ -803,37 +474,20 @@ def _consumer_tile(
             # issue this block's S, then the previous block's P v behind it on the tensor cores
             _take_turn(turn, turns + it, WG, PINGPONG)
             mbarrier.wait(k_ready.index(s), (c // STAGES) & 1)
-            qk = warpgroup_mma(
-                q_tile, k_bufs.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero, use_acc=False, is_async=True
-            )
+            qk = warpgroup_mma(q_tile, k_bufs.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_bufs.index(prev).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             _pass_turn(turn, WG, PINGPONG)
-            qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))  # S done; P v may still run
+            qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # S done; P v may still run
             if SPLIT_RELEASE:
                 mbarrier.arrive(k_empty.index(s))
-            p, m_i, alpha = _softmax_block(
-                qk,
-                m_i,
-                it,
-                lo,
-                unmasked_lo,
-                unmasked_hi,
-                rows,
-                n_k,
-                causal_shift,
-                qk_scale,
-                window_left,
-                window_right,
-                softcap_log2,
-                BLOCK_N,
-                CAUSAL,
-                WINDOW,
-                SOFTCAP,
-            )
+            p, m_i, alpha = _softmax_block(qk, m_i, it, lo, unmasked_lo, unmasked_hi, rows, n_k, causal_shift,
+                                           qk_scale, window_left, window_right, softcap_log2, BLOCK_N, CAUSAL,
+                                           WINDOW, SOFTCAP)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(prev))  # P v of stage prev is done (and its S, before it)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         mbarrier.arrive(q_empty)  # every S of the tile is done: q's tile may take the next tile's q
@@ -843,7 +497,7 @@ def _consumer_tile(
         mbarrier.wait(v_ready.index(last), (c_last // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(last))
     else:
         mbarrier.arrive(q_empty)
@@ -889,53 +543,12 @@ def _store_o(o_tile, o_tile4, o_desc, out, batch, head, row):
 
 
 @gluon.jit
-def _consumer(
-    q_smem,
-    o_smem,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    q_empty,
-    k_ready,
-    v_ready,
-    k_empty,
-    v_empty,
-    turn,
-    o_desc,
-    o_ptr,
-    stride_oh,
-    stride_om,
-    lse_ptr,
-    stride_lb,
-    stride_lh,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    sched,
-    sched_ready,
-    sched_empty,
-    n_tiles,
-    n_m,
-    n_bh,
-    l2_pairs,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    qk_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    STORE_LSE: gl.constexpr,
-    VARLEN: gl.constexpr,
-    LPT: gl.constexpr,
-    WG: gl.constexpr,
-    PINGPONG: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr,
-    GRID: gl.constexpr,
-):
+def _consumer(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc, o_ptr,
+              stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, sched, sched_ready,
+              sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left,
+              window_right, softcap_log2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, LPT: gl.constexpr, WG: gl.constexpr,
+              PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr, GRID: gl.constexpr):
     """For each of this program's tiles, consumer WG's rows of it (WG * BLOCK_M on from the tile's
     first): S and O by wgmma, the online softmax, then O and LSE out. PINGPONG: two consumers
     take turns issuing their products (_take_turn), so one's softmax runs while the other's
@@ -950,205 +563,47 @@ def _consumer(
         tile = _read_tile(sched, sched_ready, sched_empty, 0)
         while tile < n_tiles:
             kv_count = _consumer_tile(
-                q_smem,
-                o_smem,
-                k_bufs,
-                v_bufs,
-                q_bar,
-                q_empty,
-                k_ready,
-                v_ready,
-                k_empty,
-                v_empty,
-                turn,
-                o_desc,
-                o_ptr,
-                stride_oh,
-                stride_om,
-                lse_ptr,
-                stride_lb,
-                stride_lh,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                n_m,
-                n_bh,
-                l2_pairs,
-                n_heads,
-                kv_group,
-                n_queries,
-                n_keys,
-                qk_scale,
-                window_left,
-                window_right,
-                softcap_log2,
-                tile,
-                kv_count,
-                t_local,
-                CAUSAL,
-                WINDOW,
-                SOFTCAP,
-                STORE_LSE,
-                VARLEN,
-                LPT,
-                WG,
-                PINGPONG,
-                SPLIT_RELEASE,
-            )
+                q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
+                l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                tile, kv_count, t_local, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG,
+                SPLIT_RELEASE)
             t_local += 1
             tile = _read_tile(sched, sched_ready, sched_empty, t_local)
     elif GRID == STATIC:
         kv_count = 0  # key blocks consumed before this tile (the ring's stage and parity)
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             kv_count = _consumer_tile(
-                q_smem,
-                o_smem,
-                k_bufs,
-                v_bufs,
-                q_bar,
-                q_empty,
-                k_ready,
-                v_ready,
-                k_empty,
-                v_empty,
-                turn,
-                o_desc,
-                o_ptr,
-                stride_oh,
-                stride_om,
-                lse_ptr,
-                stride_lb,
-                stride_lh,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                n_m,
-                n_bh,
-                l2_pairs,
-                n_heads,
-                kv_group,
-                n_queries,
-                n_keys,
-                qk_scale,
-                window_left,
-                window_right,
-                softcap_log2,
-                tile,
-                kv_count,
-                (tile - gl.program_id(0)) // gl.num_programs(0),
-                CAUSAL,
-                WINDOW,
-                SOFTCAP,
-                STORE_LSE,
-                VARLEN,
-                LPT,
-                WG,
-                PINGPONG,
-                SPLIT_RELEASE,
-            )
+                q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k, n_m, n_bh,
+                l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                tile, kv_count, (tile - gl.program_id(0)) // gl.num_programs(0), CAUSAL, WINDOW, SOFTCAP, STORE_LSE,
+                VARLEN, LPT, WG, PINGPONG, SPLIT_RELEASE)
     else:
-        _consumer_tile(
-            q_smem,
-            o_smem,
-            k_bufs,
-            v_bufs,
-            q_bar,
-            q_empty,
-            k_ready,
-            v_ready,
-            k_empty,
-            v_empty,
-            turn,
-            o_desc,
-            o_ptr,
-            stride_oh,
-            stride_om,
-            lse_ptr,
-            stride_lb,
-            stride_lh,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            n_m,
-            n_bh,
-            l2_pairs,
-            n_heads,
-            kv_group,
-            n_queries,
-            n_keys,
-            qk_scale,
-            window_left,
-            window_right,
-            softcap_log2,
-            gl.program_id(0),
-            0,
-            0,
-            CAUSAL,
-            WINDOW,
-            SOFTCAP,
-            STORE_LSE,
-            VARLEN,
-            LPT,
-            WG,
-            PINGPONG,
-            SPLIT_RELEASE,
-        )
+        _consumer_tile(q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                       o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q, cu_seqlens_k,
+                       n_m, n_bh, l2_pairs,
+                       n_heads, kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2,
+                       gl.program_id(0), 0, 0, CAUSAL, WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, WG, PINGPONG,
+                       SPLIT_RELEASE)
     tma.store_wait(pendings=0)
 
 
 # The kernel's int arguments are not specialized on their values (a shape or a stride would
 # otherwise compile a variant for each value of 1 and each multiple of 16, and the direct launch's
 # key could not see them): only their width, int32 or int64, is part of the specialization
-_INT_ARGS = (
-    "stride_oh",
-    "stride_om",
-    "stride_lb",
-    "stride_lh",
-    "n_tiles",
-    "n_m",
-    "n_bh",
-    "l2_pairs",
-    "n_heads",
-    "kv_group",
-    "n_queries",
-    "n_keys",
-    "window_left",
-    "window_right",
-)
+_INT_ARGS = ("stride_oh", "stride_om", "stride_lb", "stride_lh", "n_tiles", "n_m", "n_bh", "l2_pairs", "n_heads",
+             "kv_group", "n_queries", "n_keys", "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_INT_ARGS)
 def _gluon_attention_fwd_kernel(
-    q_desc,
-    k_desc,
-    v_desc,
-    o_desc,
-    o_ptr,
-    lse_ptr,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    tile_counter,
-    stride_oh,
-    stride_om,
-    stride_lb,
-    stride_lh,
-    n_tiles,
-    n_m,
-    n_bh,
-    l2_pairs,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    qk_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    CAUSAL: gl.constexpr,
-    WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    STORE_LSE: gl.constexpr,
-    VARLEN: gl.constexpr,
-    STAGES: gl.constexpr,
-    PINGPONG: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr,
+    q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, cu_seqlens_q, cu_seqlens_k, tile_counter,
+    stride_oh, stride_om, stride_lb, stride_lh,
+    n_tiles, n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, qk_scale,
+    window_left, window_right, softcap_log2,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
+    VARLEN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
     GRID: gl.constexpr,
 ):
     """n_tiles: n_m query blocks x n_bh (batch, head) pairs, or a packed batch's count (_tile_of;
@@ -1163,25 +618,8 @@ def _gluon_attention_fwd_kernel(
     LPT: gl.constexpr = (GRID != ONE_TILE) and (CAUSAL or WINDOW) and not VARLEN
     if VARLEN and GRID == ONE_TILE:  # a tile past its sequence's end returns at once
         _, _, _, _, _, off_m, n_q, _, _, _, _, _, _ = _tile_of(
-            gl.program_id(0),
-            n_m,
-            n_bh,
-            l2_pairs,
-            n_heads,
-            kv_group,
-            n_queries,
-            n_keys,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            window_left,
-            window_right,
-            CAUSAL,
-            WINDOW,
-            VARLEN,
-            LPT,
-            BLOCK_M,
-            BLOCK_N,
-        )
+            gl.program_id(0), n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, cu_seqlens_q, cu_seqlens_k,
+            window_left, window_right, CAUSAL, WINDOW, VARLEN, LPT, BLOCK_M, BLOCK_N)
         if off_m >= n_q:
             return
 
@@ -1215,247 +653,34 @@ def _gluon_attention_fwd_kernel(
     # worker partitions take scalars, descriptors and shared-memory handles; the argument lists are
     # spelled out in each branch (a jit function cannot go into a tuple)
     if PINGPONG:
-        gl.warp_specialize(
-            [
-                (
-                    _consumer,
-                    (
-                        q_smem,
-                        o_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        q_empty,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        turn,
-                        o_desc,
-                        o_ptr,
-                        stride_oh,
-                        stride_om,
-                        lse_ptr,
-                        stride_lb,
-                        stride_lh,
-                        cu_seqlens_q,
-                        cu_seqlens_k,
-                        sched,
-                        sched_ready,
-                        sched_empty,
-                        n_tiles,
-                        n_m,
-                        n_bh,
-                        l2_pairs,
-                        n_heads,
-                        kv_group,
-                        n_queries,
-                        n_keys,
-                        qk_scale,
-                        window_left,
-                        window_right,
-                        softcap_log2,
-                        CAUSAL,
-                        WINDOW,
-                        SOFTCAP,
-                        STORE_LSE,
-                        VARLEN,
-                        LPT,
-                        0,
-                        True,
-                        SPLIT_RELEASE,
-                        GRID,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        q_smem,
-                        o_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        q_empty,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        turn,
-                        o_desc,
-                        o_ptr,
-                        stride_oh,
-                        stride_om,
-                        lse_ptr,
-                        stride_lb,
-                        stride_lh,
-                        cu_seqlens_q,
-                        cu_seqlens_k,
-                        sched,
-                        sched_ready,
-                        sched_empty,
-                        n_tiles,
-                        n_m,
-                        n_bh,
-                        l2_pairs,
-                        n_heads,
-                        kv_group,
-                        n_queries,
-                        n_keys,
-                        qk_scale,
-                        window_left,
-                        window_right,
-                        softcap_log2,
-                        CAUSAL,
-                        WINDOW,
-                        SOFTCAP,
-                        STORE_LSE,
-                        VARLEN,
-                        LPT,
-                        1,
-                        True,
-                        SPLIT_RELEASE,
-                        GRID,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        q_desc,
-                        k_desc,
-                        v_desc,
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        q_empty,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        cu_seqlens_q,
-                        cu_seqlens_k,
-                        tile_counter,
-                        sched,
-                        sched_ready,
-                        sched_empty,
-                        n_tiles,
-                        n_m,
-                        n_bh,
-                        l2_pairs,
-                        n_heads,
-                        kv_group,
-                        n_queries,
-                        n_keys,
-                        window_left,
-                        window_right,
-                        CAUSAL,
-                        WINDOW,
-                        VARLEN,
-                        LPT,
-                        SPLIT_RELEASE,
-                        GRID,
-                    ),
-                ),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )
+        gl.warp_specialize([
+            (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
+                         cu_seqlens_k, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads,
+                         kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, CAUSAL,
+                         WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, 0, True, SPLIT_RELEASE, GRID)),
+            (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
+                         cu_seqlens_k, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads,
+                         kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, CAUSAL,
+                         WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, 1, True, SPLIT_RELEASE, GRID)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                         v_empty, cu_seqlens_q, cu_seqlens_k, tile_counter, sched, sched_ready, sched_empty, n_tiles,
+                         n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, window_left, window_right, CAUSAL,
+                         WINDOW, VARLEN, LPT, SPLIT_RELEASE, GRID)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize(
-            [
-                (
-                    _consumer,
-                    (
-                        q_smem,
-                        o_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        q_empty,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        turn,
-                        o_desc,
-                        o_ptr,
-                        stride_oh,
-                        stride_om,
-                        lse_ptr,
-                        stride_lb,
-                        stride_lh,
-                        cu_seqlens_q,
-                        cu_seqlens_k,
-                        sched,
-                        sched_ready,
-                        sched_empty,
-                        n_tiles,
-                        n_m,
-                        n_bh,
-                        l2_pairs,
-                        n_heads,
-                        kv_group,
-                        n_queries,
-                        n_keys,
-                        qk_scale,
-                        window_left,
-                        window_right,
-                        softcap_log2,
-                        CAUSAL,
-                        WINDOW,
-                        SOFTCAP,
-                        STORE_LSE,
-                        VARLEN,
-                        LPT,
-                        0,
-                        False,
-                        SPLIT_RELEASE,
-                        GRID,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        q_desc,
-                        k_desc,
-                        v_desc,
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        q_empty,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        cu_seqlens_q,
-                        cu_seqlens_k,
-                        tile_counter,
-                        sched,
-                        sched_ready,
-                        sched_empty,
-                        n_tiles,
-                        n_m,
-                        n_bh,
-                        l2_pairs,
-                        n_heads,
-                        kv_group,
-                        n_queries,
-                        n_keys,
-                        window_left,
-                        window_right,
-                        CAUSAL,
-                        WINDOW,
-                        VARLEN,
-                        LPT,
-                        SPLIT_RELEASE,
-                        GRID,
-                    ),
-                ),
-            ],
-            [1],
-            [PRODUCER_REGS],
-        )
+        gl.warp_specialize([
+            (_consumer, (q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_desc, o_ptr, stride_oh, stride_om, lse_ptr, stride_lb, stride_lh, cu_seqlens_q,
+                         cu_seqlens_k, sched, sched_ready, sched_empty, n_tiles, n_m, n_bh, l2_pairs, n_heads,
+                         kv_group, n_queries, n_keys, qk_scale, window_left, window_right, softcap_log2, CAUSAL,
+                         WINDOW, SOFTCAP, STORE_LSE, VARLEN, LPT, 0, False, SPLIT_RELEASE, GRID)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                         v_empty, cu_seqlens_q, cu_seqlens_k, tile_counter, sched, sched_ready, sched_empty, n_tiles,
+                         n_m, n_bh, l2_pairs, n_heads, kv_group, n_queries, n_keys, window_left, window_right, CAUSAL,
+                         WINDOW, VARLEN, LPT, SPLIT_RELEASE, GRID)),
+        ], [1], [PRODUCER_REGS])
 
 
 # the persistent grid's size for a tensor off the GPU (scripts/gluon_compile.py): an H100 SXM's or H200's SMs
@@ -1498,9 +723,8 @@ def _tile_layout(block, head_dim, dtype):
     shape checked as TensorDescriptor checks it: made once (get_default_for takes ~7 us of the
     host's time, and a launch builds four descriptors)."""
     validate_block_shape([1, 1, block, head_dim])
-    return gl.NVMMASharedLayout.get_default_for(
-        [1, 1, block, head_dim], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
-    )
+    return gl.NVMMASharedLayout.get_default_for([1, 1, block, head_dim],
+                                                gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
 class _Descriptor(TensorDescriptor):
@@ -1515,9 +739,8 @@ class _Descriptor(TensorDescriptor):
 
 def _descriptor(t, block):
     """A 4-D TMA descriptor over t (B, H, T, D), in place, for (1, 1, block, D) tiles."""
-    return _Descriptor(
-        t, list(t.shape), list(t.stride()), [1, 1, block, t.shape[3]], _tile_layout(block, t.shape[3], t.dtype)
-    )
+    return _Descriptor(t, list(t.shape), list(t.stride()), [1, 1, block, t.shape[3]],
+                       _tile_layout(block, t.shape[3], t.dtype))
 
 
 def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, config=None, cu_seqlens=None):
@@ -1553,45 +776,12 @@ def gluon_attention_args(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, co
     kv_bytes = 2 * max(tk, 1) * d * q.element_size()  # a kv head's K and V
     l2_pairs = max(1, min(n_bh, max(1, L2_BYTES // kv_bytes) * (h // hkv)))
     counter = _tile_counter(q.device) if grid == DYNAMIC else None
-    args = (
-        _descriptor(q, tile_m),
-        _descriptor(k, block_n),
-        _descriptor(v, block_n),
-        _descriptor(out, tile_m),
-        out,
-        lse,
-        cu_q,
-        cu_k,
-        counter,
-        out.stride(1),
-        out.stride(2),
-        *lse_strides,
-        n_tiles,
-        n_m,
-        n_bh,
-        l2_pairs,
-        h,
-        h // hkv,
-        tq,
-        tk,
-        qk_scale,
-        left,
-        right,
-        softcap_log2,
-    )
-    meta = dict(
-        CAUSAL=causal,
-        WINDOW=has_window,
-        SOFTCAP=has_softcap,
-        STORE_LSE=lse is not None,
-        VARLEN=cu_q is not None,
-        STAGES=stages,
-        PINGPONG=bool(pingpong),
-        SPLIT_RELEASE=bool(split_release),
-        GRID=grid,
-        num_warps=num_warps,
-        maxnreg=MAXNREG,
-    )
+    args = (_descriptor(q, tile_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, tile_m), out,
+            lse, cu_q, cu_k, counter, out.stride(1), out.stride(2), *lse_strides, n_tiles, n_m, n_bh, l2_pairs, h,
+            h // hkv, tq, tk, qk_scale, left, right, softcap_log2)
+    meta = dict(CAUSAL=causal, WINDOW=has_window, SOFTCAP=has_softcap, STORE_LSE=lse is not None,
+                VARLEN=cu_q is not None, STAGES=stages, PINGPONG=bool(pingpong), SPLIT_RELEASE=bool(split_release),
+                GRID=grid, num_warps=num_warps, maxnreg=MAXNREG)
     sms = sm_count(q.device, HOPPER_SMS) if q.device.type == "cuda" else HOPPER_SMS
     return (n_tiles if grid == ONE_TILE else min(n_tiles, sms),), args, meta
 
@@ -1611,7 +801,7 @@ def launch_gluon_attention(q, k, v, out, causal, scale, lse=None, mask=NO_MASK, 
 
 # compiled kernels by _launch_key: the second launch of a key on goes straight to the kernel
 _COMPILED = {}
-INT32_MAX = 2**31 - 1
+INT32_MAX = 2 ** 31 - 1
 
 
 def _launch_key(device, args, meta):
@@ -1625,23 +815,11 @@ def _launch_key(device, args, meta):
     assert len(args) == len(names), f"{len(args)} arguments for the kernel's {len(names)}"
     named = dict(zip(names, args))
     q_desc, k_desc = named["q_desc"], named["k_desc"]
-    optional = tuple(
-        None if named[n] is None else (named[n].dtype, named[n].data_ptr() % 16 == 0)
-        for n in ("lse_ptr", "cu_seqlens_q", "cu_seqlens_k", "tile_counter")
-    )
+    optional = tuple(None if named[n] is None else (named[n].dtype, named[n].data_ptr() % 16 == 0)
+                     for n in ("lse_ptr", "cu_seqlens_q", "cu_seqlens_k", "tile_counter"))
     narrow = tuple(-INT32_MAX - 1 <= named[n] <= INT32_MAX for n in _INT_ARGS)
-    return (
-        device,
-        q_desc.base.dtype,
-        q_desc.block_shape[2],
-        k_desc.block_shape[2],
-        q_desc.block_shape[3],
-        optional,
-        narrow,
-        tuple(meta.items()),
-        knobs.runtime.debug,
-        knobs.compilation.instrumentation_mode,
-    )
+    return (device, q_desc.base.dtype, q_desc.block_shape[2], k_desc.block_shape[2], q_desc.block_shape[3], optional,
+            narrow, tuple(meta.items()), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
 
 
 def _launch(device, grid, args, meta):
@@ -1669,14 +847,5 @@ def _arg_names():
     return tuple(p.name for p in _gluon_attention_fwd_kernel.params if not p.is_constexpr)
 
 
-__all__ = [
-    "DYNAMIC",
-    "GLUON_CONFIG_TABLE",
-    "GLUON_HEAD_DIMS",
-    "ONE_TILE",
-    "STATIC",
-    "gluon_attention_args",
-    "gluon_config",
-    "gluon_layout_ok",
-    "launch_gluon_attention",
-]
+__all__ = ["DYNAMIC", "GLUON_CONFIG_TABLE", "GLUON_HEAD_DIMS", "ONE_TILE", "STATIC", "gluon_attention_args",
+           "gluon_config", "gluon_layout_ok", "launch_gluon_attention"]

@@ -50,7 +50,6 @@ no key: LSE is replaced by +inf so its recomputed probabilities are exp2(-inf) =
 end are masked in the dq pass; in the dk/dv pass their rows are computed and never stored.
 Packed sequences (VARLEN) are read as in the forward (attention/triton_flash_attention_fwd.py).
 """
-
 import functools
 
 import torch
@@ -100,8 +99,8 @@ PREPROCESS_VALUES = 8192
 # How the dk/dv launch adds a key block's share of dq into the fp32 buffer (its DQ_ADD); constexprs,
 # so the kernels may read them
 DQ_TWO_PASS = tl.constexpr(0)  # none: the two-pass schedule's dq launch makes dq
-DQ_ATOMICS = tl.constexpr(1)  # fp32 atomic adds, one a value (every GPU, and the interpreter)
-DQ_TMA = tl.constexpr(2)  # one TMA bulk reduction a (BLOCK_M, BLOCK_D) tile (Hopper and later)
+DQ_ATOMICS = tl.constexpr(1)   # fp32 atomic adds, one a value (every GPU, and the interpreter)
+DQ_TMA = tl.constexpr(2)       # one TMA bulk reduction a (BLOCK_M, BLOCK_D) tile (Hopper and later)
 DQ_ADDS = {"atomics": DQ_ATOMICS.value, "tma": DQ_TMA.value}  # the launcher's dq_add names
 
 
@@ -152,34 +151,14 @@ def backward_config(head_dim, deterministic, kv_group, tma_reduce):
 
 @triton.jit
 def _preprocess_kernel(
-    o_ptr,
-    do_ptr,
-    lse_ptr,
-    dlse_ptr,
-    delta_ptr,
-    dq_acc_ptr,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_lb,
-    stride_lh,  # of lse, delta and dlse, unit token stride
-    stride_ab,
-    stride_ah,
-    stride_am,  # of the one-pass schedule's fp32 dq (unit dim stride)
-    n_heads,
-    n_queries,
-    n_bh,
-    HAS_DLSE: tl.constexpr,
-    ZERO_DQ: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    GRID_Y: tl.constexpr,
+    o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, dq_acc_ptr,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_lb, stride_lh,  # of lse, delta and dlse, unit token stride
+    stride_ab, stride_ah, stride_am,  # of the one-pass schedule's fp32 dq (unit dim stride)
+    n_heads, n_queries, n_bh,
+    HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, GRID_Y: tl.constexpr,
 ):
     """delta = rowsum(dO * O) - dLSE for BLOCK_M queries of one (batch, head), 0 where a query sees
     no key (LSE -inf: its P is 0, and a non-finite O or dLSE there would make 0 * NaN in dS), and
@@ -194,16 +173,10 @@ def _preprocess_kernel(
     rows = offs_m.to(tl.int64)[:, None]
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < n_queries)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(
-        o_ptr + batch * stride_ob + head * stride_oh + rows * stride_om + offs_d[None, :] * stride_od,
-        mask=mask,
-        other=0.0,
-    )
-    do = tl.load(
-        do_ptr + batch * stride_dob + head * stride_doh + rows * stride_dom + offs_d[None, :] * stride_dod,
-        mask=mask,
-        other=0.0,
-    )
+    o = tl.load(o_ptr + batch * stride_ob + head * stride_oh + rows * stride_om
+                + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + rows * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row = batch * stride_lb + head * stride_lh + offs_m
     if HAS_DLSE:
@@ -212,11 +185,8 @@ def _preprocess_kernel(
     delta = tl.where(lse == float("-inf"), 0.0, delta)
     tl.store(delta_ptr + row, delta, mask=offs_m < n_queries)
     if ZERO_DQ:
-        tl.store(
-            dq_acc_ptr + batch * stride_ab + head * stride_ah + rows * stride_am + offs_d[None, :],
-            tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
-            mask=mask,
-        )
+        tl.store(dq_acc_ptr + batch * stride_ab + head * stride_ah + rows * stride_am + offs_d[None, :],
+                 tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=mask)
 
 
 @triton.jit
@@ -233,40 +203,12 @@ def _row_stats(lse_base, delta_base, offs_m, n_queries):
 
 @triton.jit
 def _dkdv_query_blocks(
-    dk,
-    dv,
-    k,
-    v,
-    q_base,
-    do_base,
-    lse_base,
-    delta_base,
-    dq_acc_base,
-    dq_desc,
-    dq_row0,
-    stride_qm,
-    stride_qd,
-    stride_dom,
-    stride_dod,
-    stride_am,
-    offs_n,
-    offs_d,
-    lo,
-    hi,
-    n_queries,
-    causal_shift,
-    qk_scale,
-    sm_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    MASKED: tl.constexpr,
-    DQ_ADD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    DP_FIRST: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+    stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+    offs_n, offs_d, lo, hi, n_queries, causal_shift, qk_scale, sm_scale,
+    window_left, window_right, softcap_log2,
+    MASKED: tl.constexpr, DQ_ADD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    DP_FIRST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Add queries [lo, hi) of one head to the dk, dv accumulators of keys offs_n (transposed
     products: pT = P^T is (BLOCK_N, BLOCK_M)). MASKED blocks apply the causal diagonal, or the
@@ -283,9 +225,8 @@ def _dkdv_query_blocks(
         q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_mask, other=0.0)
         lse2, delta = _row_stats(lse_base, delta_base, offs_m, n_queries)
         if DP_FIRST:  # dP^T issued beside S^T: dS^T is then formed while the dv product runs
-            do = tl.load(
-                do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_mask, other=0.0
-            )
+            do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_mask,
+                         other=0.0)
             sT = tl.dot(k, tl.trans(q))
             dpT = tl.dot(v, tl.trans(do))
         else:
@@ -306,9 +247,8 @@ def _dkdv_query_blocks(
             else:
                 pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, pT, 0.0)
         if not DP_FIRST:
-            do = tl.load(
-                do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_mask, other=0.0
-            )
+            do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_mask,
+                         other=0.0)
         dv = tl.dot(pT.to(do.dtype), do, dv)
         if not DP_FIRST:
             dpT = tl.dot(v, tl.trans(do))
@@ -328,16 +268,14 @@ def _dkdv_query_blocks(
                 dq_desc.atomic_add([dq_row0 + start_m, 0], dq)
             else:
                 # relaxed: nothing in this launch reads dq, so no ordering is needed, only the sum
-                tl.atomic_add(
-                    dq_acc_base + offs_m[:, None] * stride_am + offs_d[None, :], dq, mask=row_mask, sem="relaxed"
-                )
+                tl.atomic_add(dq_acc_base + offs_m[:, None] * stride_am + offs_d[None, :], dq, mask=row_mask,
+                              sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def window_query_range(
-    start_n, n_queries, causal_shift, window_left, window_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
+def window_query_range(start_n, n_queries, causal_shift, window_left, window_right,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The dk/dv kernel's window_key_range: (lo, unmasked_lo, unmasked_hi, hi) of key block
     start_n. Query i sees key j when j - right <= i' <= j + left (i' = i + causal_shift): queries
     [unmasked_lo, unmasked_hi) see every key of the block (no mask; the last, ragged block of the
@@ -356,17 +294,8 @@ def window_query_range(
 
 
 @triton.jit
-def query_blocks(
-    start_n,
-    n_queries,
-    causal_shift,
-    window_left,
-    window_right,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def query_blocks(start_n, n_queries, causal_shift, window_left, window_right, CAUSAL: tl.constexpr,
+                 WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(lo, lead_hi, unmasked_lo, unmasked_hi, hi) of key block start_n, for the dk/dv kernel:
     queries [unmasked_lo, unmasked_hi) see every key of the block (no mask), [lo, lead_hi) and,
     under a window, [unmasked_hi, hi) some of them (masked), the others none (skipped). A
@@ -374,9 +303,8 @@ def query_blocks(
     query that sees the block's first key to where every query sees all of it (lead_hi: that, or
     the queries' end) and whose middle runs to the end; without either, every query unmasked."""
     if WINDOW:
-        lo, unmasked_lo, unmasked_hi, hi = window_query_range(
-            start_n, n_queries, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N
-        )
+        lo, unmasked_lo, unmasked_hi, hi = window_query_range(start_n, n_queries, causal_shift, window_left,
+                                                              window_right, BLOCK_M, BLOCK_N)
         lead_hi = unmasked_lo
     elif CAUSAL:
         lo = tl.maximum(start_n * BLOCK_N - causal_shift, 0) // BLOCK_M * BLOCK_M
@@ -414,7 +342,7 @@ def _dkdv_kernel(
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DQ_ADD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr,
     DP_FIRST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-):  # fmt: skip
+):
     start_n = tl.program_id(0)
     bh = program_pair(GRID_Y)
     if bh >= n_bh:
@@ -433,32 +361,17 @@ def _dkdv_kernel(
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (offs_n < n_keys)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    k = tl.load(
-        k_ptr
-        + batch * stride_kb
-        + kv_head * stride_kh
-        + (k_start + offs_n[:, None]) * stride_kn
-        + offs_d[None, :] * stride_kd,
-        mask=kv_mask,
-        other=0.0,
-    )
-    v = tl.load(
-        v_ptr
-        + batch * stride_vb
-        + kv_head * stride_vh
-        + (k_start + offs_n[:, None]) * stride_vn
-        + offs_d[None, :] * stride_vd,
-        mask=kv_mask,
-        other=0.0,
-    )
+    k = tl.load(k_ptr + batch * stride_kb + kv_head * stride_kh + (k_start + offs_n[:, None]) * stride_kn
+                + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + batch * stride_vb + kv_head * stride_vh + (k_start + offs_n[:, None]) * stride_vn
+                + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
     # masked lead (causal's diagonal, a window's edge), unmasked middle, masked tail (a window's)
-    lo, lead_hi, unmasked_lo, unmasked_hi, hi = query_blocks(
-        start_n, n_queries, causal_shift, window_left, window_right, CAUSAL, WINDOW, BLOCK_M, BLOCK_N
-    )
+    lo, lead_hi, unmasked_lo, unmasked_hi, hi = query_blocks(start_n, n_queries, causal_shift, window_left,
+                                                             window_right, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     for g in range(kv_group):  # the query heads that share this kv head
         head = kv_head * kv_group + g
         q_base = q_ptr + batch * stride_qb + head * stride_qh + q_start * stride_qm
@@ -474,165 +387,35 @@ def _dkdv_kernel(
             dq_row0 = 0
         if CAUSAL or WINDOW:
             dk, dv = _dkdv_query_blocks(
-                dk,
-                dv,
-                k,
-                v,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                dq_acc_base,
-                dq_desc,
-                dq_row0,
-                stride_qm,
-                stride_qd,
-                stride_dom,
-                stride_dod,
-                stride_am,
-                offs_n,
-                offs_d,
-                lo,
-                lead_hi,
-                n_queries,
-                causal_shift,
-                qk_scale,
-                sm_scale,
-                window_left,
-                window_right,
-                softcap_log2,
-                True,
-                DQ_ADD,
-                HEAD_DIM,
-                BLOCK_M,
-                DP_FIRST,
-                WINDOW,
-                SOFTCAP,
-            )
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+                offs_n, offs_d, lo, lead_hi, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, WINDOW, SOFTCAP)
         dk, dv = _dkdv_query_blocks(
-            dk,
-            dv,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            dq_acc_base,
-            dq_desc,
-            dq_row0,
-            stride_qm,
-            stride_qd,
-            stride_dom,
-            stride_dod,
-            stride_am,
-            offs_n,
-            offs_d,
-            unmasked_lo,
-            unmasked_hi,
-            n_queries,
-            causal_shift,
-            qk_scale,
-            sm_scale,
-            window_left,
-            window_right,
-            softcap_log2,
-            False,
-            DQ_ADD,
-            HEAD_DIM,
-            BLOCK_M,
-            DP_FIRST,
-            WINDOW,
-            SOFTCAP,
-        )
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+            stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+            offs_n, offs_d, unmasked_lo, unmasked_hi, n_queries, causal_shift, qk_scale, sm_scale,
+            window_left, window_right, softcap_log2, False, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, WINDOW, SOFTCAP)
         if WINDOW:
             dk, dv = _dkdv_query_blocks(
-                dk,
-                dv,
-                k,
-                v,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                dq_acc_base,
-                dq_desc,
-                dq_row0,
-                stride_qm,
-                stride_qd,
-                stride_dom,
-                stride_dod,
-                stride_am,
-                offs_n,
-                offs_d,
-                unmasked_hi,
-                hi,
-                n_queries,
-                causal_shift,
-                qk_scale,
-                sm_scale,
-                window_left,
-                window_right,
-                softcap_log2,
-                True,
-                DQ_ADD,
-                HEAD_DIM,
-                BLOCK_M,
-                DP_FIRST,
-                WINDOW,
-                SOFTCAP,
-            )
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_acc_base, dq_desc, dq_row0,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_am,
+                offs_n, offs_d, unmasked_hi, hi, n_queries, causal_shift, qk_scale, sm_scale,
+                window_left, window_right, softcap_log2, True, DQ_ADD, HEAD_DIM, BLOCK_M, DP_FIRST, WINDOW, SOFTCAP)
 
     dk *= sm_scale
-    tl.store(
-        dk_ptr
-        + batch * stride_dkb
-        + kv_head * stride_dkh
-        + (k_start + offs_n[:, None]) * stride_dkn
-        + offs_d[None, :] * stride_dkd,
-        dk.to(dk_ptr.dtype.element_ty),
-        mask=kv_mask,
-    )
-    tl.store(
-        dv_ptr
-        + batch * stride_dvb
-        + kv_head * stride_dvh
-        + (k_start + offs_n[:, None]) * stride_dvn
-        + offs_d[None, :] * stride_dvd,
-        dv.to(dv_ptr.dtype.element_ty),
-        mask=kv_mask,
-    )
+    tl.store(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + (k_start + offs_n[:, None]) * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + batch * stride_dvb + kv_head * stride_dvh + (k_start + offs_n[:, None]) * stride_dvn
+             + offs_d[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
 def _dq_key_blocks(
-    dq,
-    q,
-    do,
-    lse2,
-    delta,
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    offs_m,
-    offs_d,
-    lo,
-    hi,
-    n_keys,
-    causal_shift,
-    qk_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale, window_left, window_right, softcap_log2,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Add keys [lo, hi) to the dq accumulator of queries offs_m. MASKED blocks check the causal
     diagonal (or the window) and the end of the keys. SOFTCAP as in _dkdv_query_blocks."""
@@ -669,63 +452,24 @@ def _dq_key_blocks(
 
 @triton.jit
 def _dq_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dq_ptr,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_dqb,
-    stride_dqh,
-    stride_dqm,
-    stride_dqd,
-    stride_lb,
-    stride_lh,
-    n_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    qk_scale,
-    sm_scale,
-    n_bh,
-    window_left,
-    window_right,
-    softcap_log2,  # as the forward takes them
-    CAUSAL: tl.constexpr,
-    VARLEN: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    GRID_Y: tl.constexpr,
-    WINDOW: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_seqlens_q, cu_seqlens_k,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_lb, stride_lh,
+    n_heads, kv_group, n_queries, n_keys, qk_scale, sm_scale, n_bh,
+    window_left, window_right, softcap_log2,  # as the forward takes them
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRID_Y: tl.constexpr, WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
 ):
     start_m, bh = query_program(CAUSAL or WINDOW, GRID_Y)  # the forward's prologue, its block order
     if bh >= n_bh:
         return
     batch, head, kv_head, q_start, n_queries, k_start, n_keys = query_sequences(
-        cu_seqlens_q, cu_seqlens_k, bh, n_heads, kv_group, n_queries, n_keys, VARLEN
-    )
+        cu_seqlens_q, cu_seqlens_k, bh, n_heads, kv_group, n_queries, n_keys, VARLEN)
     if VARLEN:
         if start_m * BLOCK_M >= n_queries:
             return
@@ -733,24 +477,10 @@ def _dq_kernel(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q_mask = (offs_m < n_queries)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(
-        q_ptr
-        + batch * stride_qb
-        + head * stride_qh
-        + (q_start + offs_m[:, None]) * stride_qm
-        + offs_d[None, :] * stride_qd,
-        mask=q_mask,
-        other=0.0,
-    )
-    do = tl.load(
-        do_ptr
-        + batch * stride_dob
-        + head * stride_doh
-        + (q_start + offs_m[:, None]) * stride_dom
-        + offs_d[None, :] * stride_dod,
-        mask=q_mask,
-        other=0.0,
-    )
+    q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + offs_m[:, None]) * stride_qm
+                + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + (q_start + offs_m[:, None]) * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=q_mask, other=0.0)
     row = batch * stride_lb + head * stride_lh + q_start
     lse2, delta = _row_stats(lse_ptr + row, delta_ptr + row, offs_m, n_queries)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -759,132 +489,27 @@ def _dq_kernel(
 
     causal_shift = n_keys - n_queries
     # the forward's blocks: masked lead (a window's left edge), unmasked middle, masked tail
-    lo, unmasked_lo, unmasked_hi, hi = key_blocks(
-        start_m, n_keys, causal_shift, window_left, window_right, CAUSAL, WINDOW, True, BLOCK_M, BLOCK_N
-    )
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right,
+                                                  CAUSAL, WINDOW, True, BLOCK_M, BLOCK_N)
     DIAGONAL: tl.constexpr = CAUSAL and not WINDOW  # a window's mask holds the causal bound itself
     if WINDOW:
-        dq = _dq_key_blocks(
-            dq,
-            q,
-            do,
-            lse2,
-            delta,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            offs_m,
-            offs_d,
-            lo,
-            unmasked_lo,
-            n_keys,
-            causal_shift,
-            qk_scale,
-            window_left,
-            window_right,
-            softcap_log2,
-            True,
-            DIAGONAL,
-            HEAD_DIM,
-            BLOCK_N,
-            WINDOW,
-            SOFTCAP,
-        )
-    dq = _dq_key_blocks(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        offs_m,
-        offs_d,
-        unmasked_lo,
-        unmasked_hi,
-        n_keys,
-        causal_shift,
-        qk_scale,
-        window_left,
-        window_right,
-        softcap_log2,
-        False,
-        DIAGONAL,
-        HEAD_DIM,
-        BLOCK_N,
-        WINDOW,
-        SOFTCAP,
-    )
-    dq = _dq_key_blocks(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        offs_m,
-        offs_d,
-        unmasked_hi,
-        hi,
-        n_keys,
-        causal_shift,
-        qk_scale,
-        window_left,
-        window_right,
-        softcap_log2,
-        True,
-        DIAGONAL,
-        HEAD_DIM,
-        BLOCK_N,
-        WINDOW,
-        SOFTCAP,
-    )
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, lo, unmasked_lo, n_keys, causal_shift, qk_scale, window_left,
+                            window_right, softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_N, WINDOW, SOFTCAP)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left,
+                        window_right, softcap_log2, False, DIAGONAL, HEAD_DIM, BLOCK_N, WINDOW, SOFTCAP)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left,
+                        window_right, softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_N, WINDOW, SOFTCAP)
     dq *= sm_scale
-    tl.store(
-        dq_ptr
-        + batch * stride_dqb
-        + head * stride_dqh
-        + (q_start + offs_m[:, None]) * stride_dqm
-        + offs_d[None, :] * stride_dqd,
-        dq.to(dq_ptr.dtype.element_ty),
-        mask=q_mask,
-    )
+    tl.store(dq_ptr + batch * stride_dqb + head * stride_dqh + (q_start + offs_m[:, None]) * stride_dqm
+             + offs_d[None, :] * stride_dqd, dq.to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
-def launch_flash_attention_backward(
-    do,
-    q,
-    k,
-    v,
-    o,
-    lse,
-    dq,
-    dk,
-    dv,
-    causal,
-    scale,
-    dlse=None,
-    cu_seqlens=None,
-    config=None,
-    deterministic=False,
-    dq_add=None,
-    dp_first=None,
-    grid_y=MAX_GRID_Y,
-    mask=NO_MASK,
-    gluon=None,
-):
+def launch_flash_attention_backward(do, q, k, v, o, lse, dq, dk, dv, causal, scale, dlse=None,
+                                    cu_seqlens=None, config=None, deterministic=False, dq_add=None,
+                                    dp_first=None, grid_y=MAX_GRID_Y, mask=NO_MASK, gluon=None):
     """Write dq, dk, dv (shaped and typed like q, k, v; any strides) on validated arguments.
     do, o: like q (B, H, Tq, D); k, v (B, Hkv, Tk, D); lse: fp32 (B, H, Tq), unit token stride,
     as the forward wrote it; dlse: None or lse's gradient, shaped like it. scale: sm_scale.
@@ -923,17 +548,16 @@ def launch_flash_attention_backward(
         if not INTERPRET:  # Gluon is imported on a GPU only
             from llmk.attention.gluon_flash_attention_bwd import gluon_backward_supported
         if INTERPRET or not gluon_backward_supported(q, k, v, do, dq, dk, dv):
-            raise ValueError(
-                "gluon: the Gluon backward kernels take fp16/bf16 calls on a GPU with head dims 64 or "
-                "128 and layouts TMA reads in place"
-            )
+            raise ValueError("gluon: the Gluon backward kernels take fp16/bf16 calls on a GPU with head dims 64 or "
+                             "128 and layouts TMA reads in place")
         if config is not None and config[1] is None:
-            raise ValueError("gluon: the two-pass schedule's config, (dk/dv config, dq config), got a one-pass one")
+            raise ValueError("gluon: the two-pass schedule's config, (dk/dv config, dq config), got a "
+                             "one-pass one")
     if gluon:
         deterministic = True  # the schedule the Gluon kernels make
     block_d = max(16, next_power_of_2(d))
     # TMA wants 16-byte rows (D fp32 values) and 32-bit row coordinates
-    tma = d % 4 == 0 and q.numel() // d < 2**31 and tma_reduce_available(q.device)
+    tma = d % 4 == 0 and q.numel() // d < 2 ** 31 and tma_reduce_available(q.device)
     (dkdv_m, dkdv_n, dkdv_warps, dkdv_stages), dq_config = config or backward_config(d, deterministic, h // hkv, tma)
     one_pass = dq_config is None
     if dq_add is None:
@@ -954,27 +578,9 @@ def launch_flash_attention_backward(
     acc_strides = dq_acc.stride()[:3] if one_pass else (0, 0, 0)
     pre_block = 16 if INTERPRET else PREPROCESS_VALUES // block_d
     _preprocess_kernel[attention_grid(cdiv(tq, pre_block), b * h, grid_y)](
-        o,
-        do,
-        lse,
-        dlse,
-        delta,
-        dq_acc,
-        *o.stride(),
-        *do.stride(),
-        delta.stride(0),
-        delta.stride(1),
-        *acc_strides,
-        h,
-        tq,
-        b * h,
-        HAS_DLSE=dlse is not None,
-        ZERO_DQ=one_pass,
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        BLOCK_M=pre_block,
-        GRID_Y=grid_y,
-    )
+        o, do, lse, dlse, delta, dq_acc, *o.stride(), *do.stride(), delta.stride(0), delta.stride(1), *acc_strides,
+        h, tq, b * h, HAS_DLSE=dlse is not None, ZERO_DQ=one_pass, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_M=pre_block, GRID_Y=grid_y)
 
     cu_q = cu_k = None
     max_q, max_k = tq, tk
@@ -1000,52 +606,13 @@ def launch_flash_attention_backward(
         dkdv_kernel = None
     else:
         dkdv_kernel = _dkdv_kernel[attention_grid(cdiv(max_k, dkdv_n), b * hkv, grid_y)](
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
-            dk,
-            dv,
-            dq_acc,
-            dq_desc,
-            cu_q,
-            cu_k,
-            *strides[0],
-            *strides[1],
-            *strides[2],
-            *strides[3],
-            batch(dk),
-            *dk.stride()[1:],
-            batch(dv),
-            *dv.stride()[1:],
-            *lse_strides,
-            *acc_strides,
-            hkv,
-            h // hkv,
-            tq,
-            tk,
-            qk_scale,
-            scale,
-            b * hkv,
-            left,
-            right,
-            softcap_log2,
-            CAUSAL=causal,
-            VARLEN=cu_q is not None,
-            DQ_ADD=dq_add,
-            HEAD_DIM=d,
-            BLOCK_D=block_d,
-            BLOCK_M=dkdv_m,
-            BLOCK_N=dkdv_n,
-            GRID_Y=grid_y,
-            DP_FIRST=dp_first_when(d) if dp_first is None else dp_first,
-            WINDOW=has_window,
-            SOFTCAP=has_softcap,
-            num_warps=dkdv_warps,
-            num_stages=dkdv_stages,
-        )
+            q, k, v, do, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k,
+            *strides[0], *strides[1], *strides[2], *strides[3], batch(dk), *dk.stride()[1:],
+            batch(dv), *dv.stride()[1:], *lse_strides, *acc_strides,
+            hkv, h // hkv, tq, tk, qk_scale, scale, b * hkv, left, right, softcap_log2,
+            CAUSAL=causal, VARLEN=cu_q is not None, DQ_ADD=dq_add, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=dkdv_m,
+            BLOCK_N=dkdv_n, GRID_Y=grid_y, DP_FIRST=dp_first_when(d) if dp_first is None else dp_first,
+            WINDOW=has_window, SOFTCAP=has_softcap, num_warps=dkdv_warps, num_stages=dkdv_stages)
     if one_pass:
         dq.copy_(dq_acc)  # one rounding of the fp32 sums
         return None if INTERPRET else (dkdv_kernel,)
@@ -1056,42 +623,10 @@ def launch_flash_attention_backward(
         return None
     dq_m, dq_n, dq_warps, dq_stages = dq_config
     dq_kernel = _dq_kernel[attention_grid(cdiv(max_q, dq_m), b * h, grid_y)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        cu_q,
-        cu_k,
-        *strides[0],
-        *strides[1],
-        *strides[2],
-        *strides[3],
-        batch(dq),
-        *dq.stride()[1:],
-        *lse_strides,
-        h,
-        h // hkv,
-        tq,
-        tk,
-        qk_scale,
-        scale,
-        b * h,
-        left,
-        right,
-        softcap_log2,
-        CAUSAL=causal,
-        VARLEN=cu_q is not None,
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        BLOCK_M=dq_m,
-        BLOCK_N=dq_n,
-        GRID_Y=grid_y,
-        WINDOW=has_window,
-        SOFTCAP=has_softcap,
-        num_warps=dq_warps,
-        num_stages=dq_stages,
-    )
+        q, k, v, do, lse, delta, dq, cu_q, cu_k,
+        *strides[0], *strides[1], *strides[2], *strides[3], batch(dq), *dq.stride()[1:], *lse_strides,
+        h, h // hkv, tq, tk, qk_scale, scale, b * h, left, right, softcap_log2,
+        CAUSAL=causal, VARLEN=cu_q is not None, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_M=dq_m, BLOCK_N=dq_n, GRID_Y=grid_y, WINDOW=has_window, SOFTCAP=has_softcap,
+        num_warps=dq_warps, num_stages=dq_stages)
     return None if INTERPRET or gluon else (dkdv_kernel, dq_kernel)

@@ -40,7 +40,6 @@ sequence's bounds on the device, so the host never waits for them; a program who
 lies past its sequence's end returns at once. The public functions and their checks are in
 attention/flash_attention_ops.py.
 """
-
 import triton
 import triton.language as tl
 
@@ -58,7 +57,6 @@ MAX_HEAD_DIM = 256
 # Measured by scripts/tune/attention_sweep.py on an H200 (fp16, full and causal), the windowed row
 # by scripts/tune/attention_options_sweep.py on an H100 (bf16); the figures and the configs that
 # lost are in docs/tuning/attention.md.
-# fmt: off
 CONFIG_TABLE = [
     (64, None, False, 128, 64, 8, 3),    # small heads: a tall q block; 8 warps beat 4
     (128, 1024, False, 64, 64, 4, 3),    # short sequences: half-height q blocks make twice the programs
@@ -68,7 +66,6 @@ CONFIG_TABLE = [
     (128, None, False, 128, 64, 8, 3),   # long sequences: 8 warps (4 lost 40%); 4 stages no better
     (256, None, False, 128, 64, 8, 2),   # wide heads: a stage is 64 KB of K and V, two fit; 64 x 32 lost
 ]
-# fmt: on
 # The interpreter runs tl.dot in numpy: small blocks keep CPU tests quick and give short sequences
 # several blocks, so the masked and unmasked loops and the causal diagonal are all exercised.
 # The tests force every CONFIG_TABLE row as well (attention/test_flash_attention.py).
@@ -100,33 +97,12 @@ def window_visible(keys, queries, causal_shift, window_left, window_right):
 
 @triton.jit
 def _attend_key_blocks(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    offs_m,
-    offs_d,
-    lo,
-    hi,
-    n_keys,
-    causal_shift,
-    qk_scale,
-    window_left,
-    window_right,
-    softcap_log2,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    acc, l_i, m_i, q,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, lo, hi, n_keys, causal_shift, qk_scale,
+    window_left, window_right, softcap_log2,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED blocks check the causal diagonal (or the
     window) and the end of the keys; the others are wholly visible to every row of the block.
@@ -243,9 +219,8 @@ def key_range(start_m, n_keys, causal_shift, CAUSAL: tl.constexpr, BLOCK_M: tl.c
 
 
 @triton.jit
-def window_key_range(
-    start_m, n_keys, causal_shift, window_left, window_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
+def window_key_range(start_m, n_keys, causal_shift, window_left, window_right,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """key_range under a sliding window: (lo, unmasked_lo, unmasked_hi, hi) of query block
     start_m. Keys [unmasked_lo, unmasked_hi) are whole blocks inside every row's window (no mask);
     [lo, unmasked_lo) and [unmasked_hi, hi) are cut by some row's window or by the end of the keys
@@ -264,27 +239,16 @@ def window_key_range(
 
 
 @triton.jit
-def key_blocks(
-    start_m,
-    n_keys,
-    causal_shift,
-    window_left,
-    window_right,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    WINDOW_SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def key_blocks(start_m, n_keys, causal_shift, window_left, window_right, CAUSAL: tl.constexpr,
+               WINDOW: tl.constexpr, WINDOW_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(lo, unmasked_lo, unmasked_hi, hi) of query block start_m, for the forward and the dq kernel:
     keys [unmasked_lo, unmasked_hi) are whole blocks every row sees (no mask), [lo, unmasked_lo) and
     [unmasked_hi, hi) are masked, keys outside [lo, hi) are seen by no row. A window's
     (window_key_range; without WINDOW_SPLIT every block masked, in the lead); else key_range's,
     with no lead (lo = unmasked_lo = 0)."""
     if WINDOW:
-        lo, unmasked_lo, unmasked_hi, hi = window_key_range(
-            start_m, n_keys, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N
-        )
+        lo, unmasked_lo, unmasked_hi, hi = window_key_range(start_m, n_keys, causal_shift, window_left,
+                                                            window_right, BLOCK_M, BLOCK_N)
         if not WINDOW_SPLIT:  # window_split's alternative: every block in the lead
             unmasked_lo = hi
             unmasked_hi = hi
@@ -314,13 +278,12 @@ def _flash_attention_fwd_kernel(
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GRID_Y: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW_SPLIT: tl.constexpr,
-):  # fmt: skip
+):
     start_m, bh = query_program(CAUSAL or WINDOW, GRID_Y)
     if bh >= n_bh:
         return
     batch, head, kv_head, q_start, n_queries, k_start, n_keys = query_sequences(
-        cu_seqlens_q, cu_seqlens_k, bh, n_heads, kv_group, n_queries, n_keys, VARLEN
-    )
+        cu_seqlens_q, cu_seqlens_k, bh, n_heads, kv_group, n_queries, n_keys, VARLEN)
     if VARLEN:
         if start_m * BLOCK_M >= n_queries:  # a packed sequence shorter than the grid's longest
             return
@@ -340,104 +303,27 @@ def _flash_attention_fwd_kernel(
 
     causal_shift = n_keys - n_queries  # query i sees keys j <= i + causal_shift
     # masked lead (a window's left edge), unmasked middle, masked tail: keys outside [lo, hi) skipped
-    lo, unmasked_lo, unmasked_hi, hi = key_blocks(
-        start_m, n_keys, causal_shift, window_left, window_right, CAUSAL, WINDOW, WINDOW_SPLIT, BLOCK_M, BLOCK_N
-    )
+    lo, unmasked_lo, unmasked_hi, hi = key_blocks(start_m, n_keys, causal_shift, window_left, window_right,
+                                                  CAUSAL, WINDOW, WINDOW_SPLIT, BLOCK_M, BLOCK_N)
     DIAGONAL: tl.constexpr = CAUSAL and not WINDOW  # a window's mask holds the causal bound itself
     if WINDOW:
         acc, l_i, m_i = _attend_key_blocks(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            offs_m,
-            offs_d,
-            lo,
-            unmasked_lo,
-            n_keys,
-            causal_shift,
-            qk_scale,
-            window_left,
-            window_right,
-            softcap_log2,
-            True,
-            DIAGONAL,
-            HEAD_DIM,
-            BLOCK_D,
-            BLOCK_N,
-            WINDOW,
-            SOFTCAP,
-        )
+            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, lo, unmasked_lo, n_keys, causal_shift, qk_scale, window_left, window_right,
+            softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_D, BLOCK_N, WINDOW, SOFTCAP)
     acc, l_i, m_i = _attend_key_blocks(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        offs_m,
-        offs_d,
-        unmasked_lo,
-        unmasked_hi,
-        n_keys,
-        causal_shift,
-        qk_scale,
-        window_left,
-        window_right,
-        softcap_log2,
-        False,
-        DIAGONAL,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_N,
-        WINDOW,
-        SOFTCAP,
-    )
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, unmasked_lo, unmasked_hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+        softcap_log2, False, DIAGONAL, HEAD_DIM, BLOCK_D, BLOCK_N, WINDOW, SOFTCAP)
     acc, l_i, m_i = _attend_key_blocks(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        offs_m,
-        offs_d,
-        unmasked_hi,
-        hi,
-        n_keys,
-        causal_shift,
-        qk_scale,
-        window_left,
-        window_right,
-        softcap_log2,
-        True,
-        DIAGONAL,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_N,
-        WINDOW,
-        SOFTCAP,
-    )
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, unmasked_hi, hi, n_keys, causal_shift, qk_scale, window_left, window_right,
+        softcap_log2, True, DIAGONAL, HEAD_DIM, BLOCK_D, BLOCK_N, WINDOW, SOFTCAP)
 
     # a row with no visible key has l = 0 and acc = 0: dividing by 1 gives the zeros of the convention
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(
-        o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, out.to(o_ptr.dtype.element_ty), mask=q_mask
-    )
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(o_ptr.dtype.element_ty), mask=q_mask)
     if STORE_LSE:
         # m and log2(l) are in units of scaled log2: LSE = (m + log2(l)) * ln(2); -inf where l = 0
         seen = l_i > 0.0
@@ -465,20 +351,8 @@ def kernel_mask(causal, mask, n_queries, n_keys):
     return False, True, left, right
 
 
-def launch_flash_attention(
-    q,
-    k,
-    v,
-    out,
-    causal,
-    scale,
-    lse=None,
-    cu_seqlens=None,
-    config=None,
-    grid_y=MAX_GRID_Y,
-    mask=NO_MASK,
-    window_split=True,
-):
+def launch_flash_attention(q, k, v, out, causal, scale, lse=None, cu_seqlens=None, config=None,
+                           grid_y=MAX_GRID_Y, mask=NO_MASK, window_split=True):
     """Launch on validated arguments; writes out and, when given, lse.
     q, out (B, H, Tq, D); k, v (B, Hkv, Tk, D), any strides, Tq >= 1. lse: None or fp32 (B, H, Tq)
     with unit token stride. scale: sm_scale as a float.
@@ -506,42 +380,12 @@ def launch_flash_attention(
     lse_strides = (0 if cu_q is not None else lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     qk_scale, softcap_log2, has_softcap = softcap_scales(scale, mask.softcap)
     _flash_attention_fwd_kernel[attention_grid(cdiv(tq, block_m), b * h, grid_y)](
-        q,
-        k,
-        v,
-        out,
-        lse,
-        cu_q,
-        cu_k,
-        batch_strides[0],
-        *q.stride()[1:],
-        batch_strides[1],
-        *k.stride()[1:],
-        batch_strides[2],
-        *v.stride()[1:],
-        batch_strides[3],
-        *out.stride()[1:],
-        *lse_strides,
-        h,
-        h // hkv,
-        tq,
-        tk,
-        qk_scale,
-        b * h,
-        left,
-        right,
-        softcap_log2,
-        CAUSAL=causal,
-        VARLEN=cu_q is not None,
-        STORE_LSE=lse is not None,
-        HEAD_DIM=d,
-        BLOCK_D=max(16, next_power_of_2(d)),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        GRID_Y=grid_y,
-        WINDOW=has_window,
-        SOFTCAP=has_softcap,
-        WINDOW_SPLIT=window_split,
-        num_warps=num_warps,
+        q, k, v, out, lse, cu_q, cu_k,
+        batch_strides[0], *q.stride()[1:], batch_strides[1], *k.stride()[1:],
+        batch_strides[2], *v.stride()[1:], batch_strides[3], *out.stride()[1:], *lse_strides,
+        h, h // hkv, tq, tk, qk_scale, b * h, left, right, softcap_log2,
+        CAUSAL=causal, VARLEN=cu_q is not None, STORE_LSE=lse is not None,
+        HEAD_DIM=d, BLOCK_D=max(16, next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, GRID_Y=grid_y,
+        WINDOW=has_window, SOFTCAP=has_softcap, WINDOW_SPLIT=window_split, num_warps=num_warps,
         num_stages=num_stages,
     )

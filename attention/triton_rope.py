@@ -140,62 +140,16 @@ def _rope_kernel(
         ).to(tl.float32)
     if BACKWARD:  # the transpose: x1 c1 - x2 (-s2) and x2 c2 + x1 (-s1)
         s1, s2 = -s2, -s1
+    # fmt: off
     if head_block < n_q_blocks:
-        _rope_heads(
-            q_ptr,
-            q_out_ptr,
-            head_block * BLOCK_HQ,
-            n_q_heads,
-            b,
-            t,
-            in_rows,
-            stride_qb,
-            stride_qh,
-            stride_qt,
-            stride_qd,
-            stride_qob,
-            stride_qoh,
-            stride_qot,
-            c1,
-            s1,
-            c2,
-            s2,
-            INTERLEAVED,
-            HALF,
-            PASS,
-            BLOCK_HQ,
-            BLOCK_T,
-            BLOCK_HALF,
-            BLOCK_PASS,
-        )
+        _rope_heads(q_ptr, q_out_ptr, head_block * BLOCK_HQ, n_q_heads, b, t, in_rows,
+                    stride_qb, stride_qh, stride_qt, stride_qd, stride_qob, stride_qoh, stride_qot,
+                    c1, s1, c2, s2, INTERLEAVED, HALF, PASS, BLOCK_HQ, BLOCK_T, BLOCK_HALF, BLOCK_PASS)
     else:
-        _rope_heads(
-            k_ptr,
-            k_out_ptr,
-            (head_block - n_q_blocks) * BLOCK_HK,
-            n_k_heads,
-            b,
-            t,
-            in_rows,
-            stride_kb,
-            stride_kh,
-            stride_kt,
-            stride_kd,
-            stride_kob,
-            stride_koh,
-            stride_kot,
-            c1,
-            s1,
-            c2,
-            s2,
-            INTERLEAVED,
-            HALF,
-            PASS,
-            BLOCK_HK,
-            BLOCK_T,
-            BLOCK_HALF,
-            BLOCK_PASS,
-        )
+        _rope_heads(k_ptr, k_out_ptr, (head_block - n_q_blocks) * BLOCK_HK, n_k_heads, b, t, in_rows,
+                    stride_kb, stride_kh, stride_kt, stride_kd, stride_kob, stride_koh, stride_kot,
+                    c1, s1, c2, s2, INTERLEAVED, HALF, PASS, BLOCK_HK, BLOCK_T, BLOCK_HALF, BLOCK_PASS)
+    # fmt: on
 
 
 # Tile of one program: BLOCK_T positions x BLOCK_H heads x BLOCK_D (= next_power_of_2(D)) values

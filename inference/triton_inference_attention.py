@@ -80,7 +80,6 @@ on the device (no host sync) and clamped to [0, T_max] (or to the block table's 
 length cannot read out of bounds. The interpreter reads e4m3's NaN byte as 480: an e4m3 cache
 holds no NaN there (its values come from finite K and V).
 """
-
 import functools
 import math
 from dataclasses import dataclass
@@ -150,7 +149,6 @@ MHA_USE_DOT = True
 # The table counts programs and tokens, not bytes: every head dim splits (B, Hkv, T) as its
 # BLOCK_TABLE row's own dim does (hd 80 and 96 as hd 128), a program's share of the cache in bytes
 # scaling with D.
-# fmt: off
 SPLIT_TABLE = [
     (1 / 2, 1, 2, 64),  # under half a program an SM (B1..B8 at Hkv 8, B1..B2 at Hkv 32): one
                         # contiguous or two paged programs an SM, down to one block a program
@@ -158,7 +156,6 @@ SPLIT_TABLE = [
                         # n_sms / 2 programs, where a target of one rounds down to 1)
     (4, 16, 16, 512),   # one to four programs an SM: finer splits even out the last wave
 ]
-# fmt: on
 # Head dims in parts (head_dim_parts): a D between two powers of two runs as the lower power and a
 # second part, its remainder rounded up to a power of two of at least MIN_PART, where the two together
 # are narrower than the one padded tile (hd 80 and 96: 64 + 32 against 128). The second part is a
@@ -198,7 +195,7 @@ E4M3_SPLIT_TABLE = [
 FP16_TOP = tl.constexpr(16384.0)
 # and the block's largest V scale they divide by is at least 2^-64: acc, rescaled into its units for
 # the product, then stays below fp32's largest unless |V| passes 2^50 beside a block that small
-V_SCALE_FLOOR = tl.constexpr(2.0**-64)
+V_SCALE_FLOOR = tl.constexpr(2.0 ** -64)
 MAX_SPLITS = 64  # the merge kernel holds one head's partials as a [MAX_SPLITS, one_tile(D)] tile
 INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; the tests force splits
 # ---------------------------------------------------------------------------------------------
@@ -206,11 +203,11 @@ INTERPRET_SMS = 2  # the interpreter has no SMs: 2 keeps its split grids small; 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    BLOCK_N: int  # tokens a block
+    BLOCK_N: int      # tokens a block
     num_warps: int
     num_stages: int
-    use_dot: bool  # tl.dot on the padded group (True) or broadcast multiply-sum (False: G == 1 only)
-    num_splits: int  # programs a (sequence, kv head); 1 is the unsplit path
+    use_dot: bool     # tl.dot on the padded group (True) or broadcast multiply-sum (False: G == 1 only)
+    num_splits: int   # programs a (sequence, kv head); 1 is the unsplit path
     head_parts: bool = True  # the head dim in two parts where head_dim_parts splits it (else one tile)
 
 
@@ -249,11 +246,8 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
     G = group query heads a kv head, on a GPU with n_sms SMs; paged: a paged cache; num_splits: a
     split count to use instead of the table's (the paged blocks follow it); e4m3: an e4m3 cache
     (E4M3_BLOCK_TABLE's rows where one takes the head dim)."""
-    e4m3_row = (
-        None
-        if INTERPRET or not e4m3
-        else next((row[2:] for row in E4M3_BLOCK_TABLE if row[0] <= head_dim <= row[1]), None)
-    )
+    e4m3_row = None if INTERPRET or not e4m3 else \
+        next((row[2:] for row in E4M3_BLOCK_TABLE if row[0] <= head_dim <= row[1]), None)
     if e4m3_row is not None:  # its own blocks for both kernels, and its own split targets
         block_n, num_warps, num_stages, mha_stages = e4m3_row
         num_stages = mha_stages if group == 1 else num_stages
@@ -261,21 +255,13 @@ def decode_config(batch, n_kv_heads, group, head_dim, max_length, n_sms, paged=F
         block_n, num_warps, num_stages = INTERPRET_BLOCK
     else:
         block_n, num_warps, num_stages = next(row[1:] for row in BLOCK_TABLE if head_dim <= row[0])
-    splits = num_splits or split_count(
-        batch * n_kv_heads, max_length, n_sms, block_n, paged, SPLIT_TABLE if e4m3_row is None else E4M3_SPLIT_TABLE
-    )
+    splits = num_splits or split_count(batch * n_kv_heads, max_length, n_sms, block_n, paged,
+                                       SPLIT_TABLE if e4m3_row is None else E4M3_SPLIT_TABLE)
     if paged and e4m3_row is None:
-        block_n, num_warps, num_stages = paged_blocks(
-            block_n, num_warps, num_stages, splits, max_length, batch * n_kv_heads < n_sms
-        )
-    return DecodeConfig(
-        block_n,
-        num_warps,
-        num_stages,
-        group > 1 or MHA_USE_DOT,
-        splits,
-        batch * n_kv_heads * splits <= PARTS_MAX_WAVES * n_sms,
-    )
+        block_n, num_warps, num_stages = paged_blocks(block_n, num_warps, num_stages, splits, max_length,
+                                                      batch * n_kv_heads < n_sms)
+    return DecodeConfig(block_n, num_warps, num_stages, group > 1 or MHA_USE_DOT, splits,
+                        batch * n_kv_heads * splits <= PARTS_MAX_WAVES * n_sms)
 
 
 def paged_blocks(block_n, num_warps, num_stages, num_splits, max_length, under_one_per_sm):
@@ -306,16 +292,8 @@ def _tile_mask(rows_ok, cols_ok, PAD_D: tl.constexpr):
 
 
 @triton.jit
-def _load_part(
-    base,
-    rows,
-    rows_ok,
-    stride_d,
-    COL0: tl.constexpr,
-    WIDTH: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    MASK_ROWS: tl.constexpr,
-):
+def _load_part(base, rows, rows_ok, stride_d, COL0: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MASK_ROWS: tl.constexpr):
     """Columns COL0 .. COL0 + WIDTH of the rows at offsets `rows` [R] (elements) from base: [R, WIDTH],
     zeros in the rows not rows_ok (MASK_ROWS) and in the columns past HEAD_DIM; a whole tile within D
     loads with no mask at all."""
@@ -332,7 +310,8 @@ def _load_part(
 
 
 @triton.jit
-def _store_part(base, rows, rows_ok, stride_d, tile, COL0: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _store_part(base, rows, rows_ok, stride_d, tile, COL0: tl.constexpr, WIDTH: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
     """Store tile [R, WIDTH] to columns COL0 .. COL0 + WIDTH of the rows at offsets `rows` [R] from base,
     in the rows rows_ok and the columns within HEAD_DIM."""
     cols = COL0 + tl.arange(0, WIDTH)
@@ -387,39 +366,13 @@ def _accumulate(acc, p, v, alpha, v_scale, KV_SCALED: tl.constexpr, USE_DOT: tl.
 
 @triton.jit
 def _attend_kv_blocks(
-    acc,
-    acc2,
-    l_i,
-    m_i,
-    q,
-    q2,
-    k_base,
-    v_base,
-    table_base,
-    ks_base,
-    vs_base,
-    stride_kp,
-    stride_kt,
-    stride_kd,
-    stride_vp,
-    stride_vt,
-    stride_vd,
-    stride_sp,
-    stride_st,
-    lo,
-    hi,
-    qk_scale,
-    softcap_log2,
-    MASKED: tl.constexpr,
-    PAGED: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    KV_SCALED: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_D2: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    acc, acc2, l_i, m_i, q, q2,
+    k_base, v_base, table_base, ks_base, vs_base,
+    stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_sp, stride_st,
+    lo, hi, qk_scale, softcap_log2,
+    MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr,
+    SOFTCAP: tl.constexpr, KV_SCALED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Fold tokens [lo, hi) of one sequence and kv head into the group's (acc, acc2, l_i, m_i).
 
@@ -517,7 +470,7 @@ def _decode_attention_kernel(
     BLOCK_D2: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, USE_DOT: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     KV_SCALED: tl.constexpr,
-):  # fmt: skip
+):
     """Program (sequence * Hkv + kv head, split): the G query heads of one kv head over one range."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -579,75 +532,15 @@ def _decode_attention_kernel(
     if BLOCK_D2 > 0:
         acc2 = tl.zeros([GROUP_PAD, BLOCK_D2], dtype=tl.float32)
     acc, acc2, l_i, m_i = _attend_kv_blocks(
-        acc,
-        acc2,
-        l_i,
-        m_i,
-        q,
-        q2,
-        k_base,
-        v_base,
-        table_base,
-        ks_base,
-        vs_base,
-        stride_kp,
-        stride_kt,
-        stride_kd,
-        stride_vp,
-        stride_vt,
-        stride_vd,
-        stride_sp,
-        stride_st,
-        lo,
-        full_end,
-        qk_scale,
-        softcap_log2,
-        False,
-        PAGED,
-        PAGE_SIZE,
-        USE_DOT,
-        SOFTCAP,
-        KV_SCALED,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_D2,
-        BLOCK_N,
-    )
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base, ks_base, vs_base,
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_sp, stride_st, lo, full_end,
+        qk_scale, softcap_log2, False, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, KV_SCALED, HEAD_DIM, BLOCK_D, BLOCK_D2,
+        BLOCK_N)
     acc, acc2, l_i, m_i = _attend_kv_blocks(
-        acc,
-        acc2,
-        l_i,
-        m_i,
-        q,
-        q2,
-        k_base,
-        v_base,
-        table_base,
-        ks_base,
-        vs_base,
-        stride_kp,
-        stride_kt,
-        stride_kd,
-        stride_vp,
-        stride_vt,
-        stride_vd,
-        stride_sp,
-        stride_st,
-        full_end,
-        hi,
-        qk_scale,
-        softcap_log2,
-        True,
-        PAGED,
-        PAGE_SIZE,
-        USE_DOT,
-        SOFTCAP,
-        KV_SCALED,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_D2,
-        BLOCK_N,
-    )
+        acc, acc2, l_i, m_i, q, q2, k_base, v_base, table_base, ks_base, vs_base,
+        stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_sp, stride_st, full_end, hi,
+        qk_scale, softcap_log2, True, PAGED, PAGE_SIZE, USE_DOT, SOFTCAP, KV_SCALED, HEAD_DIM, BLOCK_D, BLOCK_D2,
+        BLOCK_N)
 
     if SPLIT:  # an empty range writes m = -inf, l = 0, acc = 0: weight 0 in the merge
         n_parts = tl.num_programs(0).to(tl.int64) * GROUP * tl.num_programs(1)  # B * H * splits
@@ -677,7 +570,7 @@ def _merge_splits_kernel(
     n_heads, num_splits,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_PAD: tl.constexpr,
-):  # fmt: skip
+):
     """Program (sequence * H + head): O = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max m)."""
     row = tl.program_id(0).to(tl.int64)
     batch = row // n_heads
@@ -691,11 +584,8 @@ def _merge_splits_kernel(
     parts = row * num_splits + offs_s
     m = tl.load(part_ptr + parts, mask=in_range, other=float("-inf"))
     l_s = tl.load(part_ptr + n_parts + parts, mask=in_range, other=0.0)
-    acc = tl.load(
-        part_ptr + 2 * n_parts + parts[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=_tile_mask(in_range, d_ok, PAD_D),
-        other=0.0,
-    )
+    acc = tl.load(part_ptr + 2 * n_parts + parts[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=_tile_mask(in_range, d_ok, PAD_D), other=0.0)
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # length 0: every split empty, every weight 0
     w = tl.math.exp2(m - m_max)
@@ -730,18 +620,15 @@ def _check_common(q, k, v, lengths, sm_scale, k_name, v_name, k_scale=None, v_sc
         raise ValueError(f"{k_name}'s last dim must be q's head_dim {d}, got shape {tuple(k.shape)}")
     hkv = k.shape[2]
     if hkv < 1 or h % hkv:
-        raise ValueError(f"q's head count {h} must be a multiple of {k_name}'s kv head count {hkv} (MHA, GQA or MQA)")
+        raise ValueError(f"q's head count {h} must be a multiple of {k_name}'s kv head count {hkv} "
+                         "(MHA, GQA or MQA)")
     _check_scales(k, v, k_scale, v_scale, q, k_name, v_name)
     check_tensor("lengths", lengths, (torch.int32,))
     check_same_device("lengths", lengths, "q", q)
     if tuple(lengths.shape) != (b,):
         raise ValueError(f"lengths must have shape (B,) = ({b},), got {tuple(lengths.shape)}")
-    if sm_scale is not None and not (
-        isinstance(sm_scale, (int, float))
-        and not isinstance(sm_scale, bool)
-        and sm_scale > 0
-        and math.isfinite(sm_scale)
-    ):
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and not isinstance(sm_scale, bool)
+                                     and sm_scale > 0 and math.isfinite(sm_scale)):
         raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
     return b, h, d
 
@@ -761,16 +648,12 @@ def _check_scales(k, v, k_scale, v_scale, q, k_name, v_name):
         check_tensor(name, t, (torch.float32,))
         check_same_device(name, t, "q", q)
         if tuple(t.shape) != tuple(k.shape[:3]):
-            raise ValueError(
-                f"{name} must be {tuple(k.shape[:3])}, a scale a (token, kv head) of {k_name}, "
-                f"got shape {tuple(t.shape)}"
-            )
-    if [st for st, n in zip(k_scale.stride(), k_scale.shape) if n > 1] != [
-        st for st, n in zip(v_scale.stride(), v_scale.shape) if n > 1
-    ]:
-        raise ValueError(
-            f"k_scale and v_scale must have one layout, got strides {k_scale.stride()} and {v_scale.stride()}"
-        )
+            raise ValueError(f"{name} must be {tuple(k.shape[:3])}, a scale a (token, kv head) of {k_name}, "
+                             f"got shape {tuple(t.shape)}")
+    if [st for st, n in zip(k_scale.stride(), k_scale.shape) if n > 1] != \
+            [st for st, n in zip(v_scale.stride(), v_scale.shape) if n > 1]:
+        raise ValueError(f"k_scale and v_scale must have one layout, got strides {k_scale.stride()} and "
+                         f"{v_scale.stride()}")
 
 
 def _is_int(value):
@@ -781,22 +664,15 @@ def _is_int(value):
 def _check_options(num_splits, max_length, out, config, q):
     if config is not None and not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
-    if config is not None and not (
-        all(_is_int(v) for v in (config.BLOCK_N, config.num_warps, config.num_stages, config.num_splits))
-        and isinstance(config.use_dot, bool)
-        and isinstance(config.head_parts, bool)
-    ):
-        raise TypeError(
-            f"config must have int BLOCK_N, num_warps, num_stages, num_splits and bool use_dot and "
-            f"head_parts, got {config}"
-        )
-    if config is not None and not (
-        config.BLOCK_N >= 16 and config.BLOCK_N & (config.BLOCK_N - 1) == 0 and 1 <= config.num_splits <= MAX_SPLITS
-    ):
-        raise ValueError(
-            f"config must have a power-of-two BLOCK_N >= 16 (tl.dot's smallest) and num_splits in "
-            f"1..{MAX_SPLITS}, got {config}"
-        )
+    if config is not None and not (all(_is_int(v) for v in (config.BLOCK_N, config.num_warps, config.num_stages,
+                                                                config.num_splits))
+                                   and isinstance(config.use_dot, bool) and isinstance(config.head_parts, bool)):
+        raise TypeError(f"config must have int BLOCK_N, num_warps, num_stages, num_splits and bool use_dot and "
+                        f"head_parts, got {config}")
+    if config is not None and not (config.BLOCK_N >= 16 and config.BLOCK_N & (config.BLOCK_N - 1) == 0
+                                   and 1 <= config.num_splits <= MAX_SPLITS):
+        raise ValueError(f"config must have a power-of-two BLOCK_N >= 16 (tl.dot's smallest) and num_splits in "
+                         f"1..{MAX_SPLITS}, got {config}")
     if num_splits is not None and not (_is_int(num_splits) and 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be None or an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     if max_length is not None and not (_is_int(max_length) and max_length >= 0):
@@ -805,24 +681,8 @@ def _check_options(num_splits, max_length, out, config, q):
         check_out("out", out, q.shape, q.dtype, q.device)
 
 
-def _launch(
-    q,
-    k,
-    v,
-    lengths,
-    table,
-    page_size,
-    max_tokens,
-    out,
-    sm_scale,
-    num_splits,
-    max_length,
-    cfg=None,
-    window_left=-1,
-    softcap=0.0,
-    k_scale=None,
-    v_scale=None,
-):
+def _launch(q, k, v, lengths, table, page_size, max_tokens, out, sm_scale, num_splits, max_length, cfg=None,
+            window_left=-1, softcap=0.0, k_scale=None, v_scale=None):
     """Launch on validated arguments. k, v: (B, T_max, Hkv, D) (table None) or pages
     (P, PAGE_SIZE, Hkv, D) with table (B, max_pages) int32. max_tokens: the tokens a sequence can
     hold. cfg: a DecodeConfig to use instead of decode_config's choice. window_left: the keys
@@ -843,17 +703,8 @@ def _launch(
         longest = max_tokens if max_length is None else min(max_length, max_tokens)
         if window_left >= 0:  # the split heuristic counts the tokens a program reads
             longest = min(longest, window_left + 1)
-        cfg = decode_config(
-            b,
-            hkv,
-            group,
-            d,
-            longest,
-            sm_count(q.device.index or 0, INTERPRET_SMS),
-            paged,
-            num_splits,
-            k_scale is not None,
-        )
+        cfg = decode_config(b, hkv, group, d, longest, sm_count(q.device.index or 0, INTERPRET_SMS), paged, num_splits,
+                            k_scale is not None)
     splits = num_splits or cfg.num_splits
     use_dot = cfg.use_dot or group > 1  # the broadcast product is written for one query head
     part = split_k_buffers(q.device, b * h * splits * (d + 2))[0] if splits > 1 else out  # out: unused
@@ -862,95 +713,31 @@ def _launch(
     block_d, block_d2 = head_dim_parts(d, group_pad) if cfg.head_parts else (one_tile(d), 0)
     scaled = k_scale is not None
     _decode_attention_kernel[(b * hkv, splits)](
-        q,
-        k,
-        v,
-        lengths,
-        table if paged else lengths,
-        out,
-        part,
-        k_scale if scaled else part,
-        v_scale if scaled else part,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *(k_scale.stride() if scaled else (0, 0, 0)),
-        table.stride(0) if paged else 0,
-        *out.stride(),
-        hkv,
-        max_tokens,
-        qk_scale,
-        window_left,
-        softcap_log2,
-        GROUP=group,
-        GROUP_PAD=group_pad,
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        BLOCK_D2=block_d2,
-        BLOCK_N=cfg.BLOCK_N,
-        SPLIT=splits > 1,
-        PAGED=paged,
-        PAGE_SIZE=page_size,
-        USE_DOT=use_dot,
-        WINDOW=window_left >= 0,
-        SOFTCAP=has_softcap,
-        KV_SCALED=scaled,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        q, k, v, lengths, table if paged else lengths, out, part, k_scale if scaled else part,
+        v_scale if scaled else part, *q.stride(), *k.stride(), *v.stride(),
+        *(k_scale.stride() if scaled else (0, 0, 0)), table.stride(0) if paged else 0, *out.stride(),
+        hkv, max_tokens, qk_scale, window_left, softcap_log2,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_D2=block_d2, BLOCK_N=cfg.BLOCK_N, SPLIT=splits > 1, PAGED=paged, PAGE_SIZE=page_size, USE_DOT=use_dot,
+        WINDOW=window_left >= 0, SOFTCAP=has_softcap, KV_SCALED=scaled,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         splits_pad = next_power_of_2(splits)
         block_d = one_tile(d)  # the merge moves (D + 2) * 4 bytes a split: one tile serves
         _merge_splits_kernel[(b * h,)](
-            part,
-            out,
-            *out.stride(),
-            h,
-            splits,
-            HEAD_DIM=d,
-            BLOCK_D=block_d,
-            SPLITS_PAD=splits_pad,
-            num_warps=4 if splits_pad * block_d <= 4096 else 8,
+            part, out, *out.stride(), h, splits,
+            HEAD_DIM=d, BLOCK_D=block_d, SPLITS_PAD=splits_pad, num_warps=4 if splits_pad * block_d <= 4096 else 8,
         )
     return out
 
 
-def _launch_paged(
-    q,
-    k_pages,
-    v_pages,
-    block_table,
-    lengths,
-    sm_scale,
-    num_splits,
-    max_length,
-    out,
-    cfg=None,
-    window_left=-1,
-    softcap=0.0,
-    k_scale=None,
-    v_scale=None,
-):
+def _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out, cfg=None,
+                  window_left=-1, softcap=0.0, k_scale=None, v_scale=None):
     page_size = k_pages.shape[1]
     max_tokens = block_table.shape[1] * page_size if k_pages.shape[0] else 0
-    return _launch(
-        q,
-        k_pages,
-        v_pages,
-        lengths,
-        block_table,
-        page_size,
-        max_tokens,
-        out,
-        sm_scale,
-        num_splits,
-        max_length,
-        cfg,
-        window_left,
-        softcap,
-        k_scale,
-        v_scale,
-    )
+    return _launch(q, k_pages, v_pages, lengths, block_table, page_size, max_tokens, out, sm_scale, num_splits,
+                   max_length, cfg, window_left, softcap, k_scale, v_scale)
 
 
 def _decode_options(window_left, softcap):
@@ -959,76 +746,23 @@ def _decode_options(window_left, softcap):
     return check_window((window_left, -1), "(window_left, -1)")[0], check_softcap(softcap)
 
 
-def _decode_attention_into(
-    q,
-    k_cache,
-    v_cache,
-    lengths,
-    sm_scale,
-    num_splits,
-    max_length,
-    out,
-    window_left=-1,
-    softcap=0.0,
-    k_scale=None,
-    v_scale=None,
-):
+def _decode_attention_into(q, k_cache, v_cache, lengths, sm_scale, num_splits, max_length, out, window_left=-1,
+                           softcap=0.0, k_scale=None, v_scale=None):
     """llmk::decode_attention_out: out comes before the options in its schema (the calls written
     before them pass it eighth)."""
     window_left, softcap = _decode_options(window_left, softcap)
     _check_scales(k_cache, v_cache, k_scale, v_scale, q, "k_cache", "v_cache")
-    _launch(
-        q,
-        k_cache,
-        v_cache,
-        lengths,
-        None,
-        1,
-        k_cache.shape[1],
-        out,
-        sm_scale,
-        num_splits,
-        max_length,
-        window_left=window_left,
-        softcap=softcap,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
+    _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits, max_length,
+            window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
 
 
-def _paged_decode_attention_into(
-    q,
-    k_pages,
-    v_pages,
-    block_table,
-    lengths,
-    sm_scale,
-    num_splits,
-    max_length,
-    out,
-    window_left=-1,
-    softcap=0.0,
-    k_scale=None,
-    v_scale=None,
-):
+def _paged_decode_attention_into(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
+                                 window_left=-1, softcap=0.0, k_scale=None, v_scale=None):
     """llmk::paged_decode_attention_out, out before the options as in decode_attention_out."""
     window_left, softcap = _decode_options(window_left, softcap)
     _check_scales(k_pages, v_pages, k_scale, v_scale, q, "k_pages", "v_pages")
-    _launch_paged(
-        q,
-        k_pages,
-        v_pages,
-        block_table,
-        lengths,
-        sm_scale,
-        num_splits,
-        max_length,
-        out,
-        window_left=window_left,
-        softcap=softcap,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
+    _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
+                  window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
 
 
 _DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_length"
@@ -1037,19 +771,11 @@ _DECODE_ARGS = "Tensor lengths, float? sm_scale, int? num_splits, int? max_lengt
 # v_scale None: a 16-bit cache.
 _DECODE_OPTIONS = "int window_left=-1, float softcap=0.0, Tensor? k_scale=None, Tensor? v_scale=None"
 decode_attention_op, decode_attention_out_op = define_ops(
-    "decode_attention",
-    f"Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}",
-    lambda q, *_: q.new_empty(q.shape),
-    _decode_attention_into,
-    options=_DECODE_OPTIONS,
-)
+    "decode_attention", f"Tensor q, Tensor k_cache, Tensor v_cache, {_DECODE_ARGS}",
+    lambda q, *_: q.new_empty(q.shape), _decode_attention_into, options=_DECODE_OPTIONS)
 paged_decode_attention_op, paged_decode_attention_out_op = define_ops(
-    "paged_decode_attention",
-    f"Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}",
-    lambda q, *_: q.new_empty(q.shape),
-    _paged_decode_attention_into,
-    options=_DECODE_OPTIONS,
-)
+    "paged_decode_attention", f"Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, {_DECODE_ARGS}",
+    lambda q, *_: q.new_empty(q.shape), _paged_decode_attention_into, options=_DECODE_OPTIONS)
 
 
 def _check_forced_grad(name, *tensors):
@@ -1058,22 +784,8 @@ def _check_forced_grad(name, *tensors):
         raise forward_only_error(name)
 
 
-def decode_attention(
-    q,
-    k_cache,
-    v_cache,
-    lengths,
-    sm_scale=None,
-    *,
-    window=None,
-    softcap=None,
-    num_splits=None,
-    max_length=None,
-    out=None,
-    config=None,
-    k_scale=None,
-    v_scale=None,
-):
+def decode_attention(q, k_cache, v_cache, lengths, sm_scale=None, *, window=None, softcap=None, num_splits=None,
+                     max_length=None, out=None, config=None, k_scale=None, v_scale=None):
     """Attention of one new token per sequence against a contiguous KV cache (operators
     llmk::decode_attention and llmk::decode_attention_out).
 
@@ -1102,63 +814,24 @@ def decode_attention(
     """
     _check_common(q, k_cache, v_cache, lengths, sm_scale, "k_cache", "v_cache", k_scale, v_scale)
     if k_cache.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"k_cache must be (B={q.shape[0]}, T_max, Hkv, D) to match q {tuple(q.shape)}, got {tuple(k_cache.shape)}"
-        )
+        raise ValueError(f"k_cache must be (B={q.shape[0]}, T_max, Hkv, D) to match q {tuple(q.shape)}, "
+                         f"got {tuple(k_cache.shape)}")
     _check_options(num_splits, max_length, out, config, q)
     window_left, softcap = check_window(window)[0], check_softcap(softcap)
     if config is not None:
         _check_forced_grad("decode_attention", q, k_cache, v_cache, k_scale, v_scale)
-        return _launch(
-            q,
-            k_cache,
-            v_cache,
-            lengths,
-            None,
-            1,
-            k_cache.shape[1],
-            out,
-            sm_scale,
-            num_splits,
-            max_length,
-            config,
-            window_left,
-            softcap,
-            k_scale,
-            v_scale,
-        )
-    options = dict(
-        sm_scale=None if sm_scale is None else float(sm_scale),
-        num_splits=num_splits,
-        max_length=max_length,
-        window_left=window_left,
-        softcap=softcap,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
+        return _launch(q, k_cache, v_cache, lengths, None, 1, k_cache.shape[1], out, sm_scale, num_splits,
+                       max_length, config, window_left, softcap, k_scale, v_scale)
+    options = dict(sm_scale=None if sm_scale is None else float(sm_scale), num_splits=num_splits,
+                   max_length=max_length, window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if out is None:
         return decode_attention_op(q, k_cache, v_cache, lengths, **options)
     decode_attention_out_op(q, k_cache, v_cache, lengths, out=out, **options)
     return out
 
 
-def paged_decode_attention(
-    q,
-    k_pages,
-    v_pages,
-    block_table,
-    lengths,
-    sm_scale=None,
-    *,
-    window=None,
-    softcap=None,
-    num_splits=None,
-    max_length=None,
-    out=None,
-    config=None,
-    k_scale=None,
-    v_scale=None,
-):
+def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, sm_scale=None, *, window=None, softcap=None,
+                           num_splits=None, max_length=None, out=None, config=None, k_scale=None, v_scale=None):
     """Attention of one new token per sequence against a paged KV cache (same kernel as
     decode_attention; token t of sequence b is slot t % PAGE_SIZE of page block_table[b, t // PAGE_SIZE];
     operators llmk::paged_decode_attention and llmk::paged_decode_attention_out).
@@ -1184,31 +857,10 @@ def paged_decode_attention(
     window_left, softcap = check_window(window)[0], check_softcap(softcap)
     if config is not None:
         _check_forced_grad("paged_decode_attention", q, k_pages, v_pages, k_scale, v_scale)
-        return _launch_paged(
-            q,
-            k_pages,
-            v_pages,
-            block_table,
-            lengths,
-            sm_scale,
-            num_splits,
-            max_length,
-            out,
-            config,
-            window_left,
-            softcap,
-            k_scale,
-            v_scale,
-        )
-    options = dict(
-        sm_scale=None if sm_scale is None else float(sm_scale),
-        num_splits=num_splits,
-        max_length=max_length,
-        window_left=window_left,
-        softcap=softcap,
-        k_scale=k_scale,
-        v_scale=v_scale,
-    )
+        return _launch_paged(q, k_pages, v_pages, block_table, lengths, sm_scale, num_splits, max_length, out,
+                             config, window_left, softcap, k_scale, v_scale)
+    options = dict(sm_scale=None if sm_scale is None else float(sm_scale), num_splits=num_splits,
+                   max_length=max_length, window_left=window_left, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if out is None:
         return paged_decode_attention_op(q, k_pages, v_pages, block_table, lengths, **options)
     paged_decode_attention_out_op(q, k_pages, v_pages, block_table, lengths, out=out, **options)
