@@ -19,7 +19,8 @@ Providers: triton, eager (the reference), torch.compile of it, the vendor op, an
 gradient; LigerLayerNormFunction; LigerFusedAddRMSNormFunction), skipped where not installed.
 
 Sweeps: hidden size N at 16384 rows; rows M at N = 4096; wide rows N = 32768..131072 at 4096 rows;
-training: NORM_TRAIN_SWEEPS (16384 rows at N = 1024..8192, 4096 rows at N = 32768 and 131072).
+training: NORM_TRAIN_SWEEPS (16384 rows at N = 1024..8192, 2048 and 8192 rows at N = 5120, 4096 rows
+at N = 32768 and 131072).
     python benchmarks/norm_bench.py            (GPU; writes benchmarks/results/norm.json and PNGs)
     python benchmarks/norm_bench.py --smoke    (interpreter, tiny shapes, build/bench-smoke)
     python benchmarks/norm_bench.py --only rmsnorm --dtype bf16 --csv norm.csv   (a subset)

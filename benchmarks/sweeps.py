@@ -63,9 +63,12 @@ NORM_SWEEPS = [
 ]
 NORM_SMOKE_SWEEPS = [("hidden size N", [(n, (4, n)) for n in (64, 1000)]), ("rows M", [(m, (m, 256)) for m in (1, 3)])]
 # Training rows (fwd+bwd, bwd): the shapes (16384 x 4096, 16384 x 8192, 4096 x 32768), a
-# short row, and the widest row; few, so the training part of the GPU run stays short.
+# short row, and the widest row; few, so the training part of the GPU run stays short. The medium
+# rows at N = 5120 are where the host's time per call is near the GPU's (8192 x 5120: ~0.1 ms of
+# GPU work a fwd+bwd), so there the wall time shows what a call costs the host against F.rms_norm.
 NORM_TRAIN_SWEEPS = [
     ("hidden size N (16384 rows)", [(n, (16384, n)) for n in (1024, 4096, 8192)]),
+    ("rows M (N = 5120)", [(m, (m, 5120)) for m in (2048, 8192)]),
     ("wide rows N (4096 rows)", [(n, (4096, n)) for n in (32768, 131072)]),
 ]
 NORM_TRAIN_SMOKE_SWEEPS = [("hidden size N", [(n, (5, n)) for n in (64, 1000)])]
