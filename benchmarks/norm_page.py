@@ -1,7 +1,7 @@
 """The results page of the norm area (docs/results/norm.md): its title, intro, the groups of rows its
 sentences sum up, and its notes (benchmarks/pages.py; scripts/report.py renders it)."""
 
-from llmk.benchmarks.pages import TRAIN, TRAIN_NOTE, Area, Group, big
+from llmk.benchmarks.pages import TRAIN, TRAIN_NOTE, Area, Group, big, dims
 
 PAGE = Area(
     "Normalization: RMSNorm, LayerNorm, residual add + RMSNorm",
@@ -23,7 +23,7 @@ PAGE = Area(
         Group(
             ("rmsnorm",),
             "medium rows (N = 5120), wall time (do_bench)",
-            lambda s: s.endswith("x5120"),
+            lambda s: dims(s)[-1:] == (5120,),
             mode="fwd+bwd",
             peers=("F.rms_norm",),
         ),
