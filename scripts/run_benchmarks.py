@@ -6,9 +6,10 @@ it ends); a GPU run takes one at a time, since benchmarks sharing the GPU time e
 import argparse
 import concurrent.futures
 import pathlib
-import subprocess
 import sys
 import time
+
+from llmk.scripts.script_process import start, use_fork_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # a smoke run with --jobs starts these first, the longest in CI's interpreter (seconds on 2 cores:
@@ -57,15 +58,14 @@ def run_one(rel, forwarded, stream):
     t0 = time.perf_counter()
     if stream:
         print(f"\n=== {rel} {' '.join(forwarded)}", flush=True)
-        return subprocess.call([sys.executable, "-u", str(rel), *forwarded], cwd=ROOT), "", time.perf_counter() - t0
-    proc = subprocess.run(
-        [sys.executable, "-u", str(rel), *forwarded],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return proc.returncode, proc.stdout, time.perf_counter() - t0
+    output, wait = start(rel, forwarded)
+    lines = []
+    for line in output:
+        if stream:
+            print(line, end="", flush=True)
+        else:
+            lines.append(line)
+    return wait(), "".join(lines), time.perf_counter() - t0
 
 
 def main(argv):
@@ -80,6 +80,8 @@ def main(argv):
         )
         return 2
     forwarded = (["--smoke"] if args.smoke else []) + rest
+    if INTERPRET:
+        use_fork_server()
     failed = []
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:

@@ -8,16 +8,18 @@ On a GPU with --jobs above 1 the longest scripts (SHARDS) run as several process
 share of the cases (devtools.testing's LLMK_TEST_SHARD): their compiles, not the GPU, bound them,
 and without the split one script is the whole suite's wall time. Not in the interpreter: there
 no script is near the suite's time a job, and each shard would pay the script's set-up again
-(CI, two jobs: the split scripts took 30% longer summed)."""
+(CI, two jobs: the split scripts took 30% longer summed).
+In the interpreter the scripts are children of one fork server that has imported torch and Triton
+(scripts/script_process.py)."""
 
 import argparse
 import concurrent.futures
-import os
 import pathlib
 import re
-import subprocess
 import sys
 import time
+
+from llmk.scripts.script_process import start, use_fork_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # devtools.testing.count_line writes it
@@ -39,12 +41,9 @@ def run_script(rel, stream, shard=None):
     """Run one test script (or its `shard`, "i/n"); (passed, failed, skipped, skip reason) or None
     if it printed no count line, its exit code, its output (streamed as it comes when `stream`,
     else returned whole), and its failed rows, each table's title line (with its seed) first."""
-    env = dict(os.environ, LLMK_TEST_SHARD=shard) if shard else None
-    proc = subprocess.Popen(
-        [sys.executable, "-u", str(rel)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+    output, wait = start(rel, env={"LLMK_TEST_SHARD": shard} if shard else None)
     counts, lines, failures, seed_line = None, [], [], None
-    for line in proc.stdout:
+    for line in output:
         if stream:
             print(line, end="", flush=True)
         else:
@@ -58,8 +57,7 @@ def run_script(rel, stream, shard=None):
                 failures.append(seed_line)
                 seed_line = None
             failures.append(line.rstrip()[:240])
-    proc.wait()
-    return counts, proc.returncode, "".join(lines), failures
+    return counts, wait(), "".join(lines), failures
 
 
 def timed_run(rel, stream, shard):
@@ -91,6 +89,8 @@ def main(patterns, jobs=1):
         return 1
     scripts = sorted(p.relative_to(ROOT) for pat in patterns for p in ROOT.glob(pat))
     started = time.perf_counter()
+    if INTERPRET:
+        use_fork_server()
     passed = failed = 0
     skipped = {}  # reason -> cases
     broken, failures = [], {}
