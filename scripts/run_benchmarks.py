@@ -83,7 +83,7 @@ def main(argv):
     if INTERPRET:
         use_fork_server()
     failed = []
-    start = time.perf_counter()
+    began = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(run_one, rel, forwarded, args.jobs == 1): rel for rel in scripts}
         for future in concurrent.futures.as_completed(futures):
@@ -101,7 +101,7 @@ def main(argv):
     out = "build/bench-smoke" if args.smoke else "benchmarks/results"
     print(
         f"\n{len(scripts) - len(failed)} of {len(scripts)} benchmarks ran, {len(failed)} failed, "
-        f"in {time.perf_counter() - start:.0f}s; JSON and charts in {out}",
+        f"in {time.perf_counter() - began:.0f}s; JSON and charts in {out}",
         flush=True,
     )
     if failed:

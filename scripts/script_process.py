@@ -8,16 +8,20 @@ stdout and stderr as one text stream, then its exit code.
 
 A script is a fresh interpreter, or, after use_fork_server(), a child of one fork server that has
 imported torch, Triton and the test harness once (PRELOAD). In the interpreter those imports are
-~2 s of CPU a script, a tenth of CI's two test lanes and its smoke benchmarks. The child still runs
-the script as a fresh interpreter would: its folder first on sys.path, its own argv and environment,
-a fresh `random` seed (the harness's TEST_SEED). Not on a GPU: a forked process must not inherit
-CUDA state, and there the imports are a small share of a script's time.
+~2 s of CPU a script, a tenth of CI's two test lanes and its smoke benchmarks. The child runs the
+script as `python <script>` from the repository root would: its folder first on sys.path, its argv,
+cwd and extra environment, its own `random` state (random reseeds in a forked child). What it
+shares with its siblings: the server's str hash seed, and whatever the preloaded modules read from
+the environment when imported (TRITON_INTERPRET, OMP_NUM_THREADS: the runner's, as for every
+script). It ends through multiprocessing, so atexit handlers do not run (no script registers one),
+and an uncaught exception's traceback is headed by the child's process name. On a GPU, where the
+imports are a small share of a script's time, each script is a fresh interpreter.
 """
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import pathlib
-import random
 import runpy
 import subprocess
 import sys
@@ -27,7 +31,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # what every test and benchmark script imports first
 PRELOAD = ["torch", "triton", "triton.language", "numpy", "llmk.devtools.testing"]
 _SERVER = []  # the fork server's multiprocessing context, once use_fork_server() has run
-_STARTING = threading.Lock()  # one child started at a time: the runners' threads share the server
+# multiprocessing's bookkeeping of its children is not thread-safe: start() polls every live child
+# and a join reads a child's exit status once, so two threads at once can lose a status (read as
+# 255). Starts and joins take turns; the waits for an end happen outside
+_CHILDREN = threading.Lock()
 
 
 def use_fork_server():
@@ -46,10 +53,9 @@ def _child(rel, args, env, writer):
     sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)
     os.environ.update(env)
-    random.seed()  # the server's state would be every child's
     path = str(ROOT / rel)
     os.chdir(ROOT)
-    sys.argv = [path, *args]
+    sys.argv = [str(rel), *args]
     sys.path[0] = os.path.dirname(path)
     runpy.run_path(path, run_name="__main__")
 
@@ -62,7 +68,7 @@ def start(rel, args=(), env=None):
     if _SERVER:
         reader, writer = _SERVER[0].Pipe(duplex=False)
         child = _SERVER[0].Process(target=_child, args=(str(rel), list(args), env, writer))
-        with _STARTING:
+        with _CHILDREN:
             child.start()
         writer.close()  # the child's copy is then the only writer: the output ends when it exits
         output = open(os.dup(reader.fileno()), encoding="utf-8", errors="replace")
@@ -70,8 +76,12 @@ def start(rel, args=(), env=None):
 
         def wait():
             output.close()
-            child.join()
-            return child.exitcode
+            multiprocessing.connection.wait([child.sentinel])
+            with _CHILDREN:
+                child.join()
+                code = child.exitcode
+                child.close()
+            return code
 
         return output, wait
     proc = subprocess.Popen(
