@@ -30,7 +30,7 @@ import threading
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # what every test and benchmark script imports first
 PRELOAD = ["torch", "triton", "triton.language", "numpy", "llmk.devtools.testing"]
-_SERVER = []  # the fork server's multiprocessing context, once use_fork_server() has run
+_server = None  # the fork server's multiprocessing context, once use_fork_server() has run
 # multiprocessing's bookkeeping of its children is not thread-safe: start() polls every live child
 # and a join reads a child's exit status once, so two threads at once can lose a status (read as
 # 255). Starts and joins take turns; the waits for an end happen outside
@@ -39,9 +39,10 @@ _CHILDREN = threading.Lock()
 
 def use_fork_server():
     """Start the scripts from here on as children of a fork server that has imported PRELOAD."""
-    if not _SERVER:
-        _SERVER.append(multiprocessing.get_context("forkserver"))
-        _SERVER[0].set_forkserver_preload(PRELOAD)
+    global _server
+    if _server is None:
+        _server = multiprocessing.get_context("forkserver")
+        _server.set_forkserver_preload(PRELOAD)
 
 
 def _child(rel, args, env, writer):
@@ -65,9 +66,9 @@ def start(rel, args=(), env=None):
     variables `env`: (its output, a text stream of lines that ends when the script does; a call
     that returns its exit code, made after the output has ended)."""
     env = env or {}
-    if _SERVER:
-        reader, writer = _SERVER[0].Pipe(duplex=False)
-        child = _SERVER[0].Process(target=_child, args=(str(rel), list(args), env, writer))
+    if _server is not None:
+        reader, writer = _server.Pipe(duplex=False)
+        child = _server.Process(target=_child, args=(str(rel), list(args), env, writer))
         with _CHILDREN:
             child.start()
         writer.close()  # the child's copy is then the only writer: the output ends when it exits
